@@ -1,0 +1,114 @@
+// The user-facing differentiable ops (mg::add, mg::matmul, mg::relu, ...): each runs the
+// kernels forward and records a node whose backward sits beside it in autograd/*_ops.cc.
+#pragma once
+
+#include <vector>
+
+#include "autograd/grad_mode.h"
+#include "core/tensor.h"
+
+namespace mg {
+
+// ---- elementwise (broadcasting) ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double s);
+Tensor sub(const Tensor& a, double s);
+Tensor mul(const Tensor& a, double s);
+Tensor div(const Tensor& a, double s);
+Tensor rsub(double s, const Tensor& a);  // s - a
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor rsqrt(const Tensor& a);
+Tensor abs(const Tensor& a);
+Tensor square(const Tensor& a);
+Tensor pow(const Tensor& a, double exponent);
+Tensor pow(const Tensor& a, const Tensor& exponent);
+Tensor relu(const Tensor& a);
+Tensor gelu(const Tensor& a, bool tanh_approx = false);
+Tensor silu(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor clamp(const Tensor& a, double lo, double hi);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// Comparisons (not differentiable; b8 results).
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+
+// ---- in-place (version-counted; an in-place op on a saved tensor fails at backward) ----
+Tensor& add_(Tensor& a, const Tensor& b);
+Tensor& add_(Tensor& a, double s);
+Tensor& mul_(Tensor& a, const Tensor& b);
+Tensor& mul_(Tensor& a, double s);
+Tensor& relu_(Tensor& a);
+Tensor& fill_(Tensor& a, double v);
+Tensor& zero_(Tensor& a);
+
+// ---- reductions ----
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor max(const Tensor& a, int64_t dim, bool keepdim = false);  // values; gradient to the argmax
+Tensor amax(const Tensor& a);  // max over all elements
+Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);
+Tensor var(const Tensor& a, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
+
+// ---- linear algebra ----
+Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor bmm(const Tensor& a, const Tensor& b);
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
+
+// ---- softmax family ----
+Tensor softmax(const Tensor& a, int64_t dim);
+Tensor log_softmax(const Tensor& a, int64_t dim);
+
+// ---- shape (differentiable free-function forms of the Tensor methods) ----
+Tensor reshape(const Tensor& a, const Shape& shape);
+Tensor flatten(const Tensor& a, int64_t start_dim = 0, int64_t end_dim = -1);
+Tensor transpose(const Tensor& a, int64_t d0, int64_t d1);
+Tensor permute(const Tensor& a, const Shape& dims);
+Tensor cat(const std::vector<Tensor>& ts, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& ts, int64_t dim = 0);
+
+// ---- indexing ----
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
+Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
+Tensor one_hot(const Tensor& indices, int64_t num_classes);  // not differentiable
+Tensor& scatter_(Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);
+
+// ---- losses (reduction: "mean", "sum" or "none") ----
+// Class-index targets (i64). A floating (one-hot) target is a clear mg::DTypeError.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::string& reduction = "mean",
+                     int64_t ignore_index = -100, double label_smoothing = 0.0);
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const std::string& reduction = "mean",
+                int64_t ignore_index = -100);
+Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction = "mean");
+
+// ---- regularization ----
+// Inverted dropout with a Philox mask; identity when !training or p == 0.
+Tensor dropout(const Tensor& a, double p, bool training);
+
+// Operators.
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator+(const Tensor& a, double s) { return add(a, s); }
+inline Tensor operator-(const Tensor& a, double s) { return sub(a, s); }
+inline Tensor operator*(const Tensor& a, double s) { return mul(a, s); }
+inline Tensor operator/(const Tensor& a, double s) { return div(a, s); }
+inline Tensor operator*(double s, const Tensor& a) { return mul(a, s); }
+inline Tensor operator+(double s, const Tensor& a) { return add(a, s); }
+inline Tensor operator-(double s, const Tensor& a) { return rsub(s, a); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
+
+}  // namespace mg

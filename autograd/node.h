@@ -1,0 +1,102 @@
+// The tape's vocabulary: a Node is one recorded op; its edges point at the nodes that
+// produced its inputs; SavedTensor keeps what backward needs and checks it wasn't modified.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mg::autograd {
+
+struct Node;
+
+// Where a gradient flows: input `input_nr` of `node` (null node = no gradient needed).
+struct Edge {
+  std::shared_ptr<Node> node;
+  uint32_t input_nr = 0;
+  bool valid() const { return node != nullptr; }
+};
+
+// A tensor stashed for backward. Remembers the version it was saved at; unpack() raises
+// mg::AutogradError naming the op if an in-place op changed it since.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  SavedTensor(const Tensor& t, const char* op);
+  Tensor unpack() const;
+  void reset() { data_ = Tensor(); }
+  bool defined() const { return data_.defined(); }
+
+ private:
+  Tensor data_;  // detached: saving never creates a reference cycle through grad_fn
+  uint32_t saved_version_ = 0;
+  const char* op_ = "";
+  bool was_defined_ = false;
+};
+
+struct Node : std::enable_shared_from_this<Node> {
+  virtual ~Node() = default;
+  // Gradients w.r.t. this node's outputs in, gradients w.r.t. its inputs out (one per edge;
+  // an undefined Tensor means zero).
+  virtual std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) = 0;
+  // Drops everything saved for backward (called after apply unless retain_graph).
+  virtual void release_saved() {}
+  virtual std::string name() const = 0;
+
+  std::vector<Edge> next_edges;
+  uint32_t num_outputs = 1;
+  uint64_t sequence_nr = 0;  // creation order: later nodes run first on ties
+  bool released = false;
+  // Input metadata so undefined/zero grads can be materialized with the right shape.
+  std::vector<Shape> output_shapes;
+  std::vector<DType> output_dtypes;
+  std::vector<Device> output_devices;
+};
+
+// Accumulates into a leaf's .grad (the sink of every path to a leaf).
+struct AccumulateGrad final : Node {
+  explicit AccumulateGrad(const Tensor& leaf);
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+  std::string name() const override { return "AccumulateGrad"; }
+  std::weak_ptr<TensorImpl> leaf;
+};
+
+// A node whose backward is a closure written beside the forward (Flashlight style).
+// Saved tensors live in the closure's captures; release_saved() destroys the closure.
+struct FunctionNode final : Node {
+  using Backward = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs)>;
+  FunctionNode(std::string op_name, Backward fn) : op_name_(std::move(op_name)), fn_(std::move(fn)) {}
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+  void release_saved() override { fn_ = nullptr; }
+  std::string name() const override { return op_name_; }
+
+ private:
+  std::string op_name_;
+  Backward fn_;
+};
+
+// The edge a gradient for `t` should flow into (its grad_fn, or its leaf accumulator).
+Edge gradient_edge(const Tensor& t);
+
+// True when grad mode is on and some input requires grad.
+bool any_requires_grad(const std::vector<Tensor>& inputs);
+
+// Records `outputs` as produced by an op with backward `fn` over `inputs`: creates the node,
+// wires edges for inputs that require grad, and sets each output's grad_fn. No-op (outputs
+// stay plain) when no input requires grad or grad mode is off.
+void record(const char* op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+            FunctionNode::Backward fn);
+inline void record(const char* op, const std::vector<Tensor>& inputs, const Tensor& output,
+                   FunctionNode::Backward fn) {
+  record(op, inputs, std::vector<Tensor>{output}, std::move(fn));
+}
+
+// Checks an in-place op on `t` is allowed (not a leaf requiring grad while grad mode is on)
+// and bumps its version counter. `op` names the in-place op for the error message.
+void check_inplace(const Tensor& t, const char* op);
+
+}  // namespace mg::autograd

@@ -1,0 +1,172 @@
+#include "core/allocator.h"
+
+#include <cstdlib>
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace mg {
+
+const char* memory_category_name(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::Other: return "other";
+    case MemoryCategory::Parameters: return "parameters";
+    case MemoryCategory::Gradients: return "gradients";
+    case MemoryCategory::OptimizerState: return "optimizer_state";
+    case MemoryCategory::Activations: return "activations";
+    case MemoryCategory::Data: return "data";
+    case MemoryCategory::kCount: break;
+  }
+  return "?";
+}
+
+namespace {
+thread_local MemoryCategory tl_category = MemoryCategory::Other;
+}
+
+MemoryCategoryGuard::MemoryCategoryGuard(MemoryCategory c) : prev_(tl_category) { tl_category = c; }
+MemoryCategoryGuard::~MemoryCategoryGuard() { tl_category = prev_; }
+MemoryCategory MemoryCategoryGuard::current() { return tl_category; }
+
+CategoryStats& CategoryStats::get(Device d) {
+  // One slot for the CPU and up to 64 CUDA devices; never destroyed (storages may be
+  // released during static destruction).
+  static CategoryStats* slots = new CategoryStats[65];
+  int i = d.is_cpu() ? 0 : 1 + d.index;
+  MG_CHECK(i >= 0 && i < 65, DeviceError, "CategoryStats: device index ", d.index, " out of range");
+  return slots[i];
+}
+
+void CategoryStats::on_alloc(MemoryCategory c, int64_t bytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  by_cat_[static_cast<size_t>(c)].add(bytes);
+  int64_t old_peak = total_.peak;
+  total_.add(bytes);
+  if (total_.peak > old_peak)
+    for (size_t i = 0; i < by_cat_.size(); ++i) at_peak_[i] = by_cat_[i].current;
+}
+
+void CategoryStats::on_free(MemoryCategory c, int64_t bytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  by_cat_[static_cast<size_t>(c)].sub(bytes);
+  total_.sub(bytes);
+}
+
+MemoryCounter CategoryStats::counter(MemoryCategory c) const {
+  std::lock_guard<std::mutex> g(mu_);
+  return by_cat_[static_cast<size_t>(c)];
+}
+
+std::array<int64_t, static_cast<size_t>(MemoryCategory::kCount)> CategoryStats::at_peak() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return at_peak_;
+}
+
+MemoryCounter CategoryStats::total() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return total_;
+}
+
+void CategoryStats::reset_peak() {
+  std::lock_guard<std::mutex> g(mu_);
+  total_.reset_peak();
+  for (size_t i = 0; i < by_cat_.size(); ++i) {
+    by_cat_[i].reset_peak();
+    at_peak_[i] = by_cat_[i].current;
+  }
+}
+
+void* CpuAllocator::allocate(size_t nbytes) {
+  size_t n = (nbytes + 63) / 64 * 64;
+  if (n == 0) n = 64;
+  void* p = std::aligned_alloc(64, n);
+  MG_CHECK(p != nullptr, OutOfMemoryError, "CpuAllocator: failed to allocate ", format_bytes(static_cast<int64_t>(nbytes)),
+           " (", format_bytes(bytes_.current), " currently allocated by memgrad on the CPU)");
+  std::lock_guard<std::mutex> g(mu_);
+  bytes_.add(static_cast<int64_t>(nbytes));
+  count_.add(1);
+  return p;
+}
+
+void CpuAllocator::deallocate(void* ptr, size_t nbytes) {
+  if (!ptr) return;
+  std::free(ptr);
+  std::lock_guard<std::mutex> g(mu_);
+  bytes_.sub(static_cast<int64_t>(nbytes));
+  count_.sub(1);
+}
+
+std::map<std::string, int64_t> CpuAllocator::memory_stats() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::map<std::string, int64_t> m;
+  auto put = [&](const std::string& k, const MemoryCounter& c) {
+    m[k + ".current"] = c.current;
+    m[k + ".peak"] = c.peak;
+    m[k + ".allocated"] = c.allocated;
+    m[k + ".freed"] = c.freed;
+  };
+  put("allocated_bytes.all", bytes_);
+  put("reserved_bytes.all", bytes_);
+  put("active_bytes.all", bytes_);
+  put("allocation.all", count_);
+  return m;
+}
+
+void CpuAllocator::reset_peak_memory_stats() {
+  std::lock_guard<std::mutex> g(mu_);
+  bytes_.reset_peak();
+  count_.reset_peak();
+}
+
+CpuAllocator& cpu_allocator() {
+  static CpuAllocator* a = new CpuAllocator();
+  return *a;
+}
+
+namespace {
+AllocatorFactory g_cuda_factory = nullptr;
+}
+
+void register_cuda_allocator(AllocatorFactory f) { g_cuda_factory = f; }
+bool cuda_allocator_registered() { return g_cuda_factory != nullptr; }
+
+Allocator& allocator_for(Device d) {
+  if (d.is_cpu()) return cpu_allocator();
+  MG_CHECK(g_cuda_factory != nullptr, DeviceError, "allocator_for(", d,
+           "): this build of memgrad has no CUDA backend (built with --config=nocuda or without the toolkit)");
+  return g_cuda_factory(d.index);
+}
+
+static int64_t stat(Device d, const char* key) {
+  auto m = allocator_for(d).memory_stats();
+  auto it = m.find(key);
+  return it == m.end() ? 0 : it->second;
+}
+
+int64_t memory_allocated(Device d) { return stat(d, "allocated_bytes.all.current"); }
+int64_t max_memory_allocated(Device d) { return stat(d, "allocated_bytes.all.peak"); }
+int64_t memory_reserved(Device d) { return stat(d, "reserved_bytes.all.current"); }
+int64_t max_memory_reserved(Device d) { return stat(d, "reserved_bytes.all.peak"); }
+void reset_peak_memory_stats(Device d) {
+  allocator_for(d).reset_peak_memory_stats();
+  CategoryStats::get(d).reset_peak();
+}
+std::map<std::string, int64_t> memory_stats(Device d) { return allocator_for(d).memory_stats(); }
+
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes < 0 ? -bytes : bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[64];
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%s%lld B", bytes < 0 ? "-" : "", static_cast<long long>(bytes < 0 ? -bytes : bytes));
+  else
+    std::snprintf(buf, sizeof buf, "%s%.2f %s", bytes < 0 ? "-" : "", v, units[u]);
+  return buf;
+}
+
+}  // namespace mg

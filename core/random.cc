@@ -1,0 +1,158 @@
+#include "core/random.h"
+
+#include <cmath>
+#include <numeric>
+
+#include "core/strided_loop.h"
+
+namespace mg {
+
+void philox4x32(uint64_t counter, uint64_t subsequence, uint64_t key, uint32_t out[4]) {
+  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32);
+  uint32_t c2 = static_cast<uint32_t>(subsequence), c3 = static_cast<uint32_t>(subsequence >> 32);
+  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+  for (int r = 0; r < 10; ++r) {
+    uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
+    uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
+    uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+    uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+    c1 = static_cast<uint32_t>(p1);
+    c3 = static_cast<uint32_t>(p0);
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+
+void Generator::manual_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> g(mu_);
+  state_.seed = seed;
+  state_.offset = 0;
+}
+PhiloxState Generator::get_state() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return state_;
+}
+void Generator::set_state(PhiloxState s) {
+  std::lock_guard<std::mutex> g(mu_);
+  state_ = s;
+}
+uint64_t Generator::reserve(uint64_t blocks) {
+  std::lock_guard<std::mutex> g(mu_);
+  uint64_t o = state_.offset;
+  state_.offset += blocks;
+  return o;
+}
+
+Generator& default_generator() {
+  static Generator* g = new Generator(0x5eed);
+  return *g;
+}
+void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+
+namespace {
+enum Kind { kUniform = 0, kNormal = 1, kBernoulli = 2 };
+
+inline double u32_to_unit(uint32_t x) { return (x >> 8) * (1.0 / 16777216.0); }  // [0, 1)
+
+// Element i's value of the stream; the CUDA backend computes exactly this per element.
+inline double philox_value(int kind, uint64_t seed, uint64_t base, int64_t i, double a, double b) {
+  uint32_t r[4];
+  if (kind == kNormal) {
+    philox4x32(base + static_cast<uint64_t>(i) / 2, 0, seed, r);
+    int j = static_cast<int>(i & 1) * 2;
+    double u1 = 1.0 - u32_to_unit(r[j]);  // (0, 1]
+    double u2 = u32_to_unit(r[j + 1]);
+    return a + b * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+  philox4x32(base + static_cast<uint64_t>(i) / 4, 0, seed, r);
+  double u = u32_to_unit(r[i & 3]);
+  if (kind == kBernoulli) return u < a ? 1.0 : 0.0;
+  return a + (b - a) * u;
+}
+
+void philox_fill(const Tensor& t, int kind, double a, double b, Generator* gen) {
+  Generator& g = gen ? *gen : default_generator();
+  const int64_t n = t.numel();
+  uint64_t blocks = kind == kNormal ? (n + 1) / 2 : (n + 3) / 4;
+  uint64_t base = g.reserve(blocks);
+  uint64_t seed = g.seed();
+  if (t.is_cuda()) {
+    MG_CHECK(cuda_hooks().philox_fill != nullptr, DeviceError, "random fill: no CUDA backend in this build");
+    cuda_hooks().philox_fill(t, kind, seed, base, a, b);
+    return;
+  }
+  // Logical (row-major) element order, whatever the strides.
+  Tensor c = t.is_contiguous() ? t : empty(t.sizes(), {t.dtype(), t.device()});
+  MG_DISPATCH_FLOAT(t.dtype(), "random fill", [&] {
+    auto* p = static_cast<scalar_t*>(c.raw_data());
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<scalar_t>(static_cast<opmath_t<scalar_t>>(philox_value(kind, seed, base, i, a, b)));
+  });
+  if (!c.is_same(t)) raw::copy_(t, c);
+}
+}  // namespace
+
+void uniform_(const Tensor& t, double low, double high, Generator* gen) { philox_fill(t, kUniform, low, high, gen); }
+void normal_(const Tensor& t, double mean, double std, Generator* gen) {
+  MG_CHECK(std >= 0, ValueError, "normal_: std must be >= 0, got ", std);
+  philox_fill(t, kNormal, mean, std, gen);
+}
+void bernoulli_(const Tensor& t, double p, Generator* gen) {
+  MG_CHECK(p >= 0 && p <= 1, ValueError, "bernoulli_: probability must be in [0, 1], got ", p);
+  philox_fill(t, kBernoulli, p, 0, gen);
+}
+
+static Tensor make_random(const Shape& shape, TensorOptions opts, const std::function<void(const Tensor&)>& fill) {
+  MG_CHECK(is_floating(opts.dtype), DTypeError, "rand/randn: expected a floating dtype, got ", opts.dtype);
+  bool rg = opts.requires_grad;
+  opts.requires_grad = false;
+  Tensor t = empty(shape, opts);
+  fill(t);
+  if (rg) t.requires_grad_(true);
+  return t;
+}
+
+Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) {
+  return make_random(shape, opts, [&](const Tensor& t) { uniform_(t, 0, 1, gen); });
+}
+Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
+  return make_random(shape, opts, [&](const Tensor& t) { normal_(t, 0, 1, gen); });
+}
+Tensor uniform(const Shape& shape, double low, double high, TensorOptions opts, Generator* gen) {
+  return make_random(shape, opts, [&](const Tensor& t) { uniform_(t, low, high, gen); });
+}
+Tensor normal(const Shape& shape, double mean, double std, TensorOptions opts, Generator* gen) {
+  return make_random(shape, opts, [&](const Tensor& t) { normal_(t, mean, std, gen); });
+}
+
+Tensor randperm(int64_t n, Generator* gen) {
+  MG_CHECK(n >= 0, ValueError, "randperm: n must be >= 0, got ", n);
+  Generator& g = gen ? *gen : default_generator();
+  std::vector<int64_t> v(n);
+  std::iota(v.begin(), v.end(), 0);
+  uint64_t base = g.reserve(static_cast<uint64_t>(n));
+  // Fisher-Yates with one Philox block per swap: reproducible from the generator state.
+  for (int64_t i = n - 1; i > 0; --i) {
+    uint32_t r[4];
+    philox4x32(base + static_cast<uint64_t>(i), 0, g.seed(), r);
+    uint64_t x = (static_cast<uint64_t>(r[0]) << 32) | r[1];
+    int64_t j = static_cast<int64_t>(x % static_cast<uint64_t>(i + 1));
+    std::swap(v[i], v[j]);
+  }
+  return from_vector(v, {n});
+}
+
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts, Generator* gen) {
+  MG_CHECK(high > low, ValueError, "randint: high (", high, ") must be greater than low (", low, ")");
+  Tensor u = empty(shape, {DType::f64, Device::cpu()});
+  uniform_(u, 0, 1, gen);
+  const double* p = u.data_ptr<double>();
+  std::vector<int64_t> v(u.numel());
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = std::min<int64_t>(high - 1, low + static_cast<int64_t>(p[i] * static_cast<double>(high - low)));
+  return from_vector(v, shape, opts);
+}
+
+}  // namespace mg

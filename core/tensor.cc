@@ -1,0 +1,560 @@
+#include "core/tensor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+
+#include "core/strided_loop.h"
+
+namespace mg {
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+StorageImpl::~StorageImpl() {
+  if (counted) CategoryStats::get(device).on_free(category, static_cast<int64_t>(nbytes));
+  if (deleter) {
+    deleter(data);
+  } else if (allocator) {
+    allocator->deallocate(data, nbytes);
+  }
+}
+
+Storage make_storage(size_t nbytes, Device device) {
+  auto s = std::make_shared<StorageImpl>();
+  Allocator& a = allocator_for(device);
+  s->data = a.allocate(nbytes);
+  s->nbytes = nbytes;
+  s->device = device;
+  s->allocator = &a;
+  s->category = MemoryCategoryGuard::current();
+  s->counted = true;
+  CategoryStats::get(device).on_alloc(s->category, static_cast<int64_t>(nbytes));
+  return s;
+}
+
+Storage adopt_storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter) {
+  auto s = std::make_shared<StorageImpl>();
+  s->data = data;
+  s->nbytes = nbytes;
+  s->device = device;
+  s->deleter = std::move(deleter);
+  return s;
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape st(shape.size());
+  int64_t acc = 1;
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 1; i >= 0; --i) {
+    st[i] = acc;
+    acc *= std::max<int64_t>(shape[i], 1);
+  }
+  return st;
+}
+
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
+  int64_t n = std::max<int64_t>(ndim, 1);
+  MG_CHECK(dim >= -n && dim < n, IndexError, op, ": dim ", dim, " out of range for a tensor with ", ndim,
+           " dims (expected [", -n, ", ", n - 1, "])");
+  return dim < 0 ? dim + n : dim;
+}
+
+static Tensor make_tensor(Storage st, Shape sizes, Shape strides, int64_t offset, DType dtype,
+                          std::shared_ptr<uint32_t> version = nullptr) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(st);
+  impl->sizes = std::move(sizes);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = dtype;
+  impl->version = version ? std::move(version) : std::make_shared<uint32_t>(0);
+  return Tensor(std::move(impl));
+}
+
+int64_t Tensor::size(int64_t d) const { return impl_->sizes[wrap_dim(d, dim(), "size")]; }
+int64_t Tensor::stride(int64_t d) const { return impl_->strides[wrap_dim(d, dim(), "stride")]; }
+int64_t Tensor::numel() const { return shape_numel(impl_->sizes); }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int64_t i = dim() - 1; i >= 0; --i) {
+    if (impl_->sizes[i] == 1) continue;
+    if (impl_->strides[i] != expected) return false;
+    expected *= impl_->sizes[i];
+  }
+  return true;
+}
+
+void* Tensor::raw_data() const {
+  return static_cast<char*>(impl_->storage->data) + impl_->offset * static_cast<int64_t>(element_size());
+}
+
+Tensor& Tensor::requires_grad_(bool on) {
+  MG_CHECK(!on || is_floating(dtype()), AutogradError, "requires_grad_: only floating tensors can require grad, got ",
+           dtype());
+  MG_CHECK(is_leaf(), AutogradError,
+           "requires_grad_: can only change requires_grad of leaf tensors (this one is the output of an op; use detach())");
+  autograd_meta().requires_grad = on;
+  return *this;
+}
+
+AutogradMeta& Tensor::autograd_meta() const {
+  if (!impl_->autograd) impl_->autograd = std::make_shared<AutogradMeta>();
+  return *impl_->autograd;
+}
+
+Tensor Tensor::grad() const {
+  if (!impl_->autograd || !impl_->autograd->grad) return Tensor();
+  return Tensor(impl_->autograd->grad);
+}
+
+void Tensor::set_grad(const Tensor& g) const {
+  if (g.defined()) {
+    MG_CHECK(g.sizes() == sizes(), ShapeError, "set_grad: gradient shape ", shape_str(g.sizes()),
+             " does not match tensor shape ", shape_str(sizes()));
+    MG_CHECK(g.device() == device(), DeviceError, "set_grad: gradient on ", g.device(), ", tensor on ", device());
+  }
+  autograd_meta().grad = g.impl_ptr();
+}
+
+const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const {
+  static const std::shared_ptr<autograd::Node> none;
+  return impl_->autograd ? impl_->autograd->grad_fn : none;
+}
+
+void Tensor::retain_grad() const { autograd_meta().retains_grad = true; }
+
+Tensor Tensor::detach() const {
+  auto impl = std::make_shared<TensorImpl>(*impl_);
+  impl->autograd = nullptr;
+  return Tensor(std::move(impl));
+}
+
+double Tensor::item() const {
+  MG_CHECK(numel() == 1, ValueError, "item: expected a tensor with one element, got shape ", shape_str(sizes()),
+           " (", numel(), " elements)");
+  Tensor c = is_cuda() ? raw::to_device(*this, Device::cpu()) : *this;
+  double v = 0;
+  MG_DISPATCH_ALL(c.dtype(), "item", [&] { v = static_cast<double>(static_cast<opmath_t<scalar_t>>(*static_cast<scalar_t*>(c.raw_data()))); });
+  return v;
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  Tensor c = raw::contiguous(raw::to_dtype(is_cuda() ? raw::to_device(*this, Device::cpu()) : *this, dtype_of<T>));
+  const T* p = c.data_ptr<T>();
+  return std::vector<T>(p, p + c.numel());
+}
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
+
+std::string Tensor::str() const {
+  std::ostringstream os;
+  os << *this;
+  return os.str();
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  if (!t.defined()) return os << "Tensor(undefined)";
+  std::vector<double> v = t.to_vector<double>();
+  const Shape& s = t.sizes();
+  const int64_t nd = t.dim();
+  const bool fp = is_floating(t.dtype());
+  const int64_t limit = 6;  // elements shown per dim edge when summarizing
+  std::function<void(int64_t, int64_t, int)> rec = [&](int64_t d, int64_t base, int indent) {
+    if (d == nd) {
+      if (fp) os << std::setprecision(5) << v[base]; else os << static_cast<long long>(v[base]);
+      return;
+    }
+    int64_t stride = 1;
+    for (int64_t k = d + 1; k < nd; ++k) stride *= s[k];
+    os << "[";
+    for (int64_t i = 0; i < s[d]; ++i) {
+      if (s[d] > 2 * limit && i == limit) {
+        os << "...";
+        i = s[d] - limit - 1;
+        if (d + 1 < nd) os << ",\n" << std::string(indent + 1, ' '); else os << ", ";
+        continue;
+      }
+      if (i) {
+        if (d + 1 < nd) os << ",\n" << std::string(indent + 1, ' '); else os << ", ";
+      }
+      rec(d + 1, base + i * stride, indent + 1);
+    }
+    os << "]";
+  };
+  os << "tensor(";
+  if (nd == 0) rec(0, 0, 7); else rec(0, 0, 7);
+  os << ", shape=" << shape_str(s) << ", dtype=" << t.dtype() << ", device=" << t.device();
+  if (t.requires_grad()) os << ", requires_grad";
+  return os << ")";
+}
+
+// ---------------- factories ----------------
+
+Tensor empty(const Shape& shape, TensorOptions opts) {
+  for (int64_t s : shape) MG_CHECK(s >= 0, ShapeError, "empty: negative size in shape ", shape_str(shape));
+  Storage st = make_storage(static_cast<size_t>(shape_numel(shape)) * dtype_size(opts.dtype), opts.device);
+  Tensor t = make_tensor(std::move(st), shape, contiguous_strides(shape), 0, opts.dtype);
+  if (opts.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor full(const Shape& shape, double value, TensorOptions opts) {
+  bool rg = opts.requires_grad;
+  opts.requires_grad = false;
+  Tensor t = empty(shape, opts);
+  raw::fill_(t, value);
+  if (rg) t.requires_grad_(true);
+  return t;
+}
+Tensor zeros(const Shape& shape, TensorOptions opts) { return full(shape, 0.0, opts); }
+Tensor ones(const Shape& shape, TensorOptions opts) { return full(shape, 1.0, opts); }
+Tensor scalar_tensor(double value, TensorOptions opts) { return full({}, value, opts); }
+Tensor empty_like(const Tensor& t) { return empty(t.sizes(), {t.dtype(), t.device()}); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), {t.dtype(), t.device()}); }
+Tensor ones_like(const Tensor& t) { return ones(t.sizes(), {t.dtype(), t.device()}); }
+Tensor full_like(const Tensor& t, double value) { return full(t.sizes(), value, {t.dtype(), t.device()}); }
+
+Tensor arange(double start, double end, double step, TensorOptions opts) {
+  MG_CHECK(step != 0, ValueError, "arange: step must be nonzero");
+  MG_CHECK((end - start) / step >= 0, ValueError, "arange: start ", start, ", end ", end, " and step ", step,
+           " are inconsistent");
+  int64_t n = static_cast<int64_t>(std::ceil((end - start) / step));
+  Tensor h = empty({n}, {opts.dtype, Device::cpu()});
+  MG_DISPATCH_ALL(opts.dtype, "arange", [&] {
+    auto* p = h.data_ptr<scalar_t>();
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<scalar_t>(static_cast<opmath_t<scalar_t>>(start + i * step));
+  });
+  return opts.device.is_cpu() ? h : raw::to_device(h, opts.device);
+}
+Tensor arange(int64_t end, TensorOptions opts) { return arange(0.0, static_cast<double>(end), 1.0, opts); }
+
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptions opts) {
+  MG_CHECK(shape_numel(shape) == static_cast<int64_t>(values.size()), ShapeError, "from_vector: ", values.size(),
+           " values do not fill shape ", shape_str(shape), " (", shape_numel(shape), " elements)");
+  Tensor h = empty(shape, {dtype_of<T>, Device::cpu()});
+  if (!values.empty()) {
+    if constexpr (std::is_same_v<T, bool>) {
+      bool* p = h.data_ptr<bool>();
+      for (size_t i = 0; i < values.size(); ++i) p[i] = values[i];
+    } else {
+      std::memcpy(h.raw_data(), values.data(), values.size() * sizeof(T));
+    }
+  }
+  Tensor out = h;
+  if (opts.dtype != dtype_of<T>) out = raw::to_dtype(out, opts.dtype);
+  if (!opts.device.is_cpu()) out = raw::to_device(out, opts.device);
+  if (opts.requires_grad) out.requires_grad_(true);
+  return out;
+}
+template Tensor from_vector<double>(const std::vector<double>&, const Shape&, TensorOptions);
+template Tensor from_vector<float>(const std::vector<float>&, const Shape&, TensorOptions);
+template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, TensorOptions);
+template Tensor from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, TensorOptions);
+template Tensor from_vector<uint8_t>(const std::vector<uint8_t>&, const Shape&, TensorOptions);
+template Tensor from_vector<bool>(const std::vector<bool>&, const Shape&, TensorOptions);
+template Tensor from_vector<Half>(const std::vector<Half>&, const Shape&, TensorOptions);
+template Tensor from_vector<BFloat16>(const std::vector<BFloat16>&, const Shape&, TensorOptions);
+
+Tensor tensor(std::initializer_list<double> values, const Shape& shape, TensorOptions opts) {
+  return from_vector(std::vector<double>(values), shape, opts);
+}
+
+CudaHooks& cuda_hooks() {
+  static CudaHooks h;
+  return h;
+}
+
+// ---------------- raw views ----------------
+namespace raw {
+
+Tensor as_strided(const Tensor& t, const Shape& sizes, const Shape& strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = t.storage();
+  impl->sizes = sizes;
+  impl->strides = strides;
+  impl->offset = offset;
+  impl->dtype = t.dtype();
+  impl->version = t.impl()->version;
+  impl->view_base = t.impl()->view_base ? t.impl()->view_base : t.impl_ptr();
+  return Tensor(std::move(impl));
+}
+
+Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
+  Shape out = shape;
+  int64_t infer = -1, known = 1;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == -1) {
+      MG_CHECK(infer < 0, ShapeError, op, ": only one dimension can be -1, got ", shape_str(shape));
+      infer = static_cast<int64_t>(i);
+    } else {
+      MG_CHECK(out[i] >= 0, ShapeError, op, ": invalid size ", out[i], " in shape ", shape_str(shape));
+      known *= out[i];
+    }
+  }
+  if (infer >= 0) {
+    MG_CHECK(known != 0 && numel % known == 0, ShapeError, op, ": shape ", shape_str(shape),
+             " is invalid for input of size ", numel);
+    out[infer] = numel / known;
+  }
+  MG_CHECK(shape_numel(out) == numel, ShapeError, op, ": shape ", shape_str(shape), " is invalid for input of size ",
+           numel);
+  return out;
+}
+
+// Can `t` be viewed as `shape` without copying? (PyTorch's computeStride.)
+bool viewable(const Tensor& t, const Shape& shape, Shape* strides_out) {
+  const Shape& old_sizes = t.sizes();
+  const Shape& old_strides = t.strides();
+  Shape new_strides(shape.size());
+  if (t.numel() == 0 || old_sizes.empty()) {
+    *strides_out = contiguous_strides(shape);
+    return true;
+  }
+  int64_t view_d = static_cast<int64_t>(shape.size()) - 1;
+  int64_t chunk_base_stride = old_strides.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t tensor_d = static_cast<int64_t>(old_sizes.size()) - 1; tensor_d >= 0; tensor_d--) {
+    tensor_numel *= old_sizes[tensor_d];
+    if (tensor_d == 0 ||
+        (old_sizes[tensor_d - 1] != 1 && old_strides[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
+        new_strides[view_d] = view_numel * chunk_base_stride;
+        view_numel *= shape[view_d];
+        view_d--;
+      }
+      if (view_numel != tensor_numel) return false;
+      if (tensor_d > 0) {
+        chunk_base_stride = old_strides[tensor_d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return false;
+  *strides_out = new_strides;
+  return true;
+}
+
+Tensor view(const Tensor& t, const Shape& shape) {
+  Shape s = infer_shape(shape, t.numel(), "view");
+  Shape st;
+  MG_CHECK(viewable(t, s, &st), ShapeError, "view: cannot view a tensor of shape ", shape_str(t.sizes()),
+           " with strides ", shape_str(t.strides()), " as ", shape_str(s),
+           " without copying (use reshape, or call contiguous() first)");
+  return as_strided(t, s, st, t.offset());
+}
+
+Tensor reshape(const Tensor& t, const Shape& shape) {
+  Shape s = infer_shape(shape, t.numel(), "reshape");
+  Shape st;
+  if (viewable(t, s, &st)) return as_strided(t, s, st, t.offset());
+  return view(contiguous(t), s);
+}
+
+Tensor permute(const Tensor& t, const Shape& dims) {
+  const int64_t nd = t.dim();
+  MG_CHECK(static_cast<int64_t>(dims.size()) == nd, ShapeError, "permute: got ", dims.size(), " dims ",
+           shape_str(dims), " for a tensor with ", nd, " dims");
+  Shape sizes(nd), strides(nd);
+  std::vector<bool> seen(nd, false);
+  for (int64_t i = 0; i < nd; ++i) {
+    int64_t d = wrap_dim(dims[i], nd, "permute");
+    MG_CHECK(!seen[d], ShapeError, "permute: dim ", d, " repeated in ", shape_str(dims));
+    seen[d] = true;
+    sizes[i] = t.sizes()[d];
+    strides[i] = t.strides()[d];
+  }
+  return as_strided(t, sizes, strides, t.offset());
+}
+
+Tensor transpose(const Tensor& t, int64_t d0, int64_t d1) {
+  const int64_t nd = t.dim();
+  if (nd == 0) return as_strided(t, t.sizes(), t.strides(), t.offset());
+  d0 = wrap_dim(d0, nd, "transpose");
+  d1 = wrap_dim(d1, nd, "transpose");
+  Shape sizes = t.sizes(), strides = t.strides();
+  std::swap(sizes[d0], sizes[d1]);
+  std::swap(strides[d0], strides[d1]);
+  return as_strided(t, sizes, strides, t.offset());
+}
+
+Tensor unsqueeze(const Tensor& t, int64_t dim) {
+  const int64_t nd = t.dim();
+  dim = wrap_dim(dim, nd + 1, "unsqueeze");
+  Shape sizes = t.sizes(), strides = t.strides();
+  int64_t st = dim < nd ? sizes[dim] * strides[dim] : 1;
+  sizes.insert(sizes.begin() + dim, 1);
+  strides.insert(strides.begin() + dim, st);
+  return as_strided(t, sizes, strides, t.offset());
+}
+
+Tensor squeeze(const Tensor& t, int64_t dim) {
+  const int64_t nd = t.dim();
+  if (nd == 0) return as_strided(t, t.sizes(), t.strides(), t.offset());
+  dim = wrap_dim(dim, nd, "squeeze");
+  Shape sizes = t.sizes(), strides = t.strides();
+  if (sizes[dim] != 1) return as_strided(t, sizes, strides, t.offset());
+  sizes.erase(sizes.begin() + dim);
+  strides.erase(strides.begin() + dim);
+  return as_strided(t, sizes, strides, t.offset());
+}
+
+Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t step) {
+  const int64_t nd = t.dim();
+  MG_CHECK(nd > 0, ShapeError, "slice: cannot slice a 0-dim tensor");
+  dim = wrap_dim(dim, nd, "slice");
+  MG_CHECK(step > 0, ValueError, "slice: step must be positive, got ", step);
+  const int64_t n = t.sizes()[dim];
+  if (start < 0) start += n;
+  if (end < 0) end += n;
+  start = std::clamp<int64_t>(start, 0, n);
+  end = std::clamp<int64_t>(end, start, n);
+  Shape sizes = t.sizes(), strides = t.strides();
+  sizes[dim] = (end - start + step - 1) / step;
+  strides[dim] *= step;
+  return as_strided(t, sizes, strides, t.offset() + start * t.strides()[dim]);
+}
+
+Tensor select(const Tensor& t, int64_t dim, int64_t index) {
+  const int64_t nd = t.dim();
+  MG_CHECK(nd > 0, ShapeError, "select: cannot select from a 0-dim tensor");
+  dim = wrap_dim(dim, nd, "select");
+  const int64_t n = t.sizes()[dim];
+  MG_CHECK(index >= -n && index < n, IndexError, "select: index ", index, " out of range for dim ", dim, " of size ", n);
+  if (index < 0) index += n;
+  Shape sizes = t.sizes(), strides = t.strides();
+  int64_t off = t.offset() + index * strides[dim];
+  sizes.erase(sizes.begin() + dim);
+  strides.erase(strides.begin() + dim);
+  return as_strided(t, sizes, strides, off);
+}
+
+Tensor expand(const Tensor& t, const Shape& shape) {
+  const int64_t nd = t.dim();
+  const int64_t nn = static_cast<int64_t>(shape.size());
+  MG_CHECK(nn >= nd, ShapeError, "expand: target shape ", shape_str(shape), " has fewer dims than the tensor's ",
+           shape_str(t.sizes()));
+  Shape sizes(nn), strides(nn);
+  for (int64_t i = nn - 1; i >= 0; --i) {
+    int64_t j = i - (nn - nd);
+    int64_t want = shape[i];
+    if (j >= 0) {
+      int64_t have = t.sizes()[j];
+      if (want == -1) want = have;
+      MG_CHECK(have == want || have == 1, ShapeError, "expand: cannot expand shape ", shape_str(t.sizes()), " to ",
+               shape_str(shape), " (dim ", i, ": ", have, " vs ", want, ")");
+      sizes[i] = want;
+      strides[i] = have == want ? t.strides()[j] : 0;
+    } else {
+      MG_CHECK(want >= 0, ShapeError, "expand: -1 not allowed for new leading dim in ", shape_str(shape));
+      sizes[i] = want;
+      strides[i] = 0;
+    }
+  }
+  return as_strided(t, sizes, strides, t.offset());
+}
+
+Tensor contiguous(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  return clone(t);
+}
+
+Tensor clone(const Tensor& t) {
+  Tensor out = empty(t.sizes(), {t.dtype(), t.device()});
+  copy_(out, t);
+  return out;
+}
+
+Tensor to_dtype(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  Tensor out = empty(t.sizes(), {dtype, t.device()});
+  copy_(out, t);
+  return out;
+}
+
+Tensor to_device(const Tensor& t, Device device, bool non_blocking) {
+  if (t.device() == device) return t;
+  Tensor out = empty(t.sizes(), {t.dtype(), device});
+  copy_(out, t, non_blocking);
+  return out;
+}
+
+template <class D, class S>
+static void copy_loop(const Tensor& dst, const Tensor& src) {
+  auto* dp = static_cast<D*>(dst.raw_data());
+  const auto* sp = static_cast<const S*>(src.raw_data());
+  strided_loop<2>(dst.sizes(), {dst.strides(), src.strides()}, [&](auto off, auto inner, int64_t n) {
+    D* d = dp + off[0];
+    const S* s = sp + off[1];
+    const int64_t ds = inner[0], ss = inner[1];
+    if constexpr (std::is_same_v<D, S>) {
+      if (ds == 1 && ss == 1) {
+        std::memcpy(d, s, n * sizeof(D));
+        return;
+      }
+      for (int64_t i = 0; i < n; ++i) d[i * ds] = s[i * ss];
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        if constexpr (std::is_same_v<D, bool>)
+          d[i * ds] = static_cast<opmath_t<S>>(s[i * ss]) != 0;
+        else
+          d[i * ds] = static_cast<D>(static_cast<opmath_t<D>>(static_cast<opmath_t<S>>(s[i * ss])));
+      }
+    }
+  });
+}
+
+void copy_(const Tensor& dst, const Tensor& src, bool non_blocking) {
+  MG_CHECK(dst.defined() && src.defined(), ValueError, "copy_: undefined tensor");
+  Tensor s = src;
+  if (s.sizes() != dst.sizes()) s = expand(s, dst.sizes());
+  if (dst.is_cuda() || s.is_cuda()) {
+    MG_CHECK(cuda_hooks().copy != nullptr, DeviceError, "copy_: CUDA tensor (", dst.device(), " <- ", s.device(),
+             ") but the CUDA backend is not available in this build");
+    cuda_hooks().copy(dst, s, non_blocking);
+    return;
+  }
+  MG_DISPATCH_ALL(dst.dtype(), "copy_", [&] {
+    using D = scalar_t;
+    MG_DISPATCH_ALL(s.dtype(), "copy_", [&] { copy_loop<D, scalar_t>(dst, s); });
+  });
+}
+
+void fill_(const Tensor& dst, double value) {
+  if (dst.is_cuda()) {
+    MG_CHECK(cuda_hooks().fill != nullptr, DeviceError, "fill_: CUDA tensor but no CUDA backend in this build");
+    cuda_hooks().fill(dst, value);
+    return;
+  }
+  MG_DISPATCH_ALL(dst.dtype(), "fill_", [&] {
+    scalar_t v;
+    if constexpr (std::is_same_v<scalar_t, bool>) v = value != 0; else v = static_cast<scalar_t>(static_cast<opmath_t<scalar_t>>(value));
+    auto* p = static_cast<scalar_t*>(dst.raw_data());
+    strided_loop<1>(dst.sizes(), {dst.strides()}, [&](auto off, auto inner, int64_t n) {
+      scalar_t* d = p + off[0];
+      for (int64_t i = 0; i < n; ++i) d[i * inner[0]] = v;
+    });
+  });
+}
+
+}  // namespace raw
+}  // namespace mg

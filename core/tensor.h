@@ -1,0 +1,228 @@
+// The Tensor: a refcounted handle to strided view over a Storage, with dtype, device, a
+// version counter shared by all views, and the autograd fields autograd/ gives meaning to.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace mg {
+
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& s);
+
+// A block of memory from an Allocator (or adopted external memory with its own deleter).
+struct StorageImpl {
+  void* data = nullptr;
+  size_t nbytes = 0;
+  Device device;
+  Allocator* allocator = nullptr;
+  MemoryCategory category = MemoryCategory::Other;
+  std::function<void(void*)> deleter;  // for adopted memory (mmap, user buffers)
+  bool counted = false;
+
+  StorageImpl() = default;
+  StorageImpl(const StorageImpl&) = delete;
+  StorageImpl& operator=(const StorageImpl&) = delete;
+  ~StorageImpl();
+};
+using Storage = std::shared_ptr<StorageImpl>;
+
+// Allocates nbytes on `device` under the current MemoryCategoryGuard category.
+Storage make_storage(size_t nbytes, Device device);
+// Wraps memory memgrad did not allocate; `deleter` runs when the last view dies.
+Storage adopt_storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter);
+
+namespace autograd { struct Node; }
+struct TensorImpl;
+
+// Opaque to core/: autograd/ reads and writes these.
+struct AutogradMeta {
+  bool requires_grad = false;
+  bool retains_grad = false;
+  std::shared_ptr<TensorImpl> grad;
+  std::shared_ptr<autograd::Node> grad_fn;
+  uint32_t output_nr = 0;
+  std::weak_ptr<autograd::Node> grad_accumulator;
+};
+
+struct TensorImpl {
+  Storage storage;
+  Shape sizes;
+  Shape strides;
+  int64_t offset = 0;  // in elements
+  DType dtype = DType::f32;
+  std::shared_ptr<uint32_t> version;  // shared with every view of the same storage
+  std::shared_ptr<AutogradMeta> autograd;
+  std::shared_ptr<TensorImpl> view_base;  // set for views (the tensor the view was taken of)
+};
+
+struct TensorOptions {
+  DType dtype = DType::f32;
+  Device device = Device::cpu();
+  bool requires_grad = false;
+  TensorOptions() = default;
+  TensorOptions(DType d) : dtype(d) {}  // NOLINT
+  TensorOptions(Device d) : device(d) {}  // NOLINT
+  TensorOptions(DType t, Device d, bool rg = false) : dtype(t), device(d), requires_grad(rg) {}
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return impl_ != nullptr; }
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
+
+  const Shape& sizes() const { return impl_->sizes; }
+  const Shape& shape() const { return impl_->sizes; }
+  const Shape& strides() const { return impl_->strides; }
+  int64_t size(int64_t dim) const;
+  int64_t stride(int64_t dim) const;
+  int64_t dim() const { return static_cast<int64_t>(impl_->sizes.size()); }
+  int64_t numel() const;
+  int64_t offset() const { return impl_->offset; }
+  DType dtype() const { return impl_->dtype; }
+  Device device() const { return impl_->storage->device; }
+  bool is_cuda() const { return device().is_cuda(); }
+  size_t element_size() const { return dtype_size(dtype()); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
+  bool is_contiguous() const;
+  const Storage& storage() const { return impl_->storage; }
+
+  // Pointer to the first element (storage base + offset).
+  void* raw_data() const;
+  template <class T>
+  T* data_ptr() const {
+    MG_CHECK(dtype_of<T> == dtype(), DTypeError, "data_ptr: tensor has dtype ", dtype(), ", asked for ",
+             dtype_of<T>);
+    return static_cast<T*>(raw_data());
+  }
+
+  // Version counter: bumped by every in-place op; saved tensors compare against it.
+  uint32_t version() const { return *impl_->version; }
+  void bump_version() const { ++*impl_->version; }
+
+  // --- autograd fields (meaning given by autograd/) ---
+  bool requires_grad() const { return impl_->autograd && impl_->autograd->requires_grad; }
+  // Only leaves may be flagged; raises mg::AutogradError on a non-leaf or integer tensor.
+  Tensor& requires_grad_(bool on = true);
+  Tensor grad() const;
+  void set_grad(const Tensor& g) const;
+  const std::shared_ptr<autograd::Node>& grad_fn() const;
+  bool is_leaf() const { return !impl_->autograd || !impl_->autograd->grad_fn; }
+  AutogradMeta& autograd_meta() const;  // creates it on first use
+  void retain_grad() const;
+  // Shares storage, no autograd history.
+  Tensor detach() const;
+  // Defined in autograd/engine.cc: backpropagates from this tensor.
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+
+  // --- views and conversions (differentiable; defined in autograd/) ---
+  Tensor view(const Shape& shape) const;
+  Tensor reshape(const Shape& shape) const;
+  Tensor permute(const Shape& dims) const;
+  Tensor transpose(int64_t d0, int64_t d1) const;
+  Tensor t() const;  // 2-D transpose
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor squeeze(int64_t dim) const;
+  Tensor squeeze() const;
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
+  Tensor select(int64_t dim, int64_t index) const;
+  Tensor expand(const Shape& shape) const;
+  Tensor contiguous() const;
+  Tensor clone() const;
+  Tensor to(DType dtype) const;
+  Tensor to(Device device, bool non_blocking = false) const;
+  Tensor cpu() const { return to(Device::cpu()); }
+  Tensor cuda(int index = 0) const { return to(Device::cuda(index)); }
+
+  // --- in-place (version-counted; defined in autograd/) ---
+  Tensor& copy_(const Tensor& src);
+  Tensor& fill_(double value);
+  Tensor& zero_();
+
+  // --- host access ---
+  double item() const;  // one-element tensor as double
+  template <class T>
+  T item() const { return static_cast<T>(item()); }
+  // Copies all elements (in logical order) to the host, converted to T.
+  template <class T>
+  std::vector<T> to_vector() const;
+  std::string str() const;
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// --- factories (core: never differentiable, but may create leaves with requires_grad) ---
+Tensor empty(const Shape& shape, TensorOptions opts = {});
+Tensor zeros(const Shape& shape, TensorOptions opts = {});
+Tensor ones(const Shape& shape, TensorOptions opts = {});
+Tensor full(const Shape& shape, double value, TensorOptions opts = {});
+Tensor scalar_tensor(double value, TensorOptions opts = {});
+Tensor arange(double start, double end, double step = 1.0, TensorOptions opts = {DType::i64});
+Tensor arange(int64_t end, TensorOptions opts = {DType::i64});
+Tensor empty_like(const Tensor& t);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor full_like(const Tensor& t, double value);
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptions opts = {dtype_of<T>});
+// Convenience: a float tensor from a flat list, e.g. tensor({1, 2, 3, 4}, {2, 2}).
+Tensor tensor(std::initializer_list<double> values, const Shape& shape, TensorOptions opts = {});
+
+// Contiguous strides for a shape.
+Shape contiguous_strides(const Shape& shape);
+int64_t shape_numel(const Shape& shape);
+// Wraps a possibly negative dim into [0, ndim); raises mg::IndexError naming `op`.
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
+
+// Raw (non-differentiable) building blocks used by kernels/ and autograd/.
+namespace raw {
+Tensor as_strided(const Tensor& t, const Shape& sizes, const Shape& strides, int64_t offset);
+Tensor view(const Tensor& t, const Shape& shape);  // -1 allowed once; must be viewable
+bool viewable(const Tensor& t, const Shape& shape, Shape* strides_out);
+Shape infer_shape(const Shape& shape, int64_t numel, const char* op);
+Tensor reshape(const Tensor& t, const Shape& shape);  // view if possible, else copy
+Tensor permute(const Tensor& t, const Shape& dims);
+Tensor transpose(const Tensor& t, int64_t d0, int64_t d1);
+Tensor unsqueeze(const Tensor& t, int64_t dim);
+Tensor squeeze(const Tensor& t, int64_t dim);
+Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t step);
+Tensor select(const Tensor& t, int64_t dim, int64_t index);
+Tensor expand(const Tensor& t, const Shape& shape);
+Tensor contiguous(const Tensor& t);
+Tensor clone(const Tensor& t);
+Tensor to_dtype(const Tensor& t, DType dtype);
+Tensor to_device(const Tensor& t, Device device, bool non_blocking = false);
+// dst[...] = src[...] with broadcasting of src to dst's shape and dtype conversion.
+void copy_(const Tensor& dst, const Tensor& src, bool non_blocking = false);
+void fill_(const Tensor& dst, double value);
+}  // namespace raw
+
+// CUDA hooks: the CUDA backend registers these at start-up; the CPU build leaves them null.
+struct CudaHooks {
+  void (*copy)(const Tensor& dst, const Tensor& src, bool non_blocking) = nullptr;  // any side on CUDA
+  void (*fill)(const Tensor& dst, double value) = nullptr;
+  void (*philox_fill)(const Tensor& dst, int kind, uint64_t seed, uint64_t offset, double a, double b) = nullptr;
+};
+CudaHooks& cuda_hooks();
+
+}  // namespace mg
