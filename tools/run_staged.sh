@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs on the device machine: every staged test binary (gtest XML + logs into $OUT), then
+# the benchmarks. Prints the plain line "N passed, M failed, K skipped" for the tests.
+set -uo pipefail
+cd "$(dirname "$0")"
+OUT=${OUT:-/tmp/mg_out}
+mkdir -p "$OUT/xml"
+# cuBLAS/cuDNN: the toolkit's, or the ones PyTorch's wheels ship.
+LIBS=$PWD/lib:/usr/local/cuda/lib64
+for d in $(python3 -c 'import nvidia, os; b=os.path.dirname(nvidia.__path__[0]); print(" ".join(os.path.join(r) for r, ds, fs in os.walk(b+"/nvidia") if r.endswith("/lib")))' 2>/dev/null); do
+  LIBS=$LIBS:$d
+done
+export LD_LIBRARY_PATH=$LIBS:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+what=${1:-all}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  for b in bin/tests_*; do
+    n=$(basename "$b")
+    echo "=== $n"
+    timeout 300 "$b" --gtest_output="xml:$OUT/xml/$n.xml" > "$OUT/$n.log" 2>&1
+    rc=$?
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|tests? ran|Failure|error" "$OUT/$n.log" | tail -15
+    [ $rc -ne 0 ] && echo "!!! $n exited with $rc" && tail -30 "$OUT/$n.log"
+  done
+  python3 - "$OUT/xml" <<'PY'
+import os, sys, xml.etree.ElementTree as ET
+p = f = s = 0
+for fn in os.listdir(sys.argv[1]):
+    for tc in ET.parse(os.path.join(sys.argv[1], fn)).getroot().iter("testcase"):
+        if tc.find("failure") is not None: f += 1
+        elif tc.find("skipped") is not None or tc.get("result") == "skipped": s += 1
+        else: p += 1
+print(f"{p} passed, {f} failed, {s} skipped")
+PY
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  for b in bin/bench_*; do
+    [ -x "$b" ] || continue
+    echo "=== $(basename "$b")"
+    timeout 300 "$b" --benchmark_out="$OUT/$(basename "$b").json" --benchmark_out_format=json 2>&1 | tail -40
+  done
+fi

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds the test and bench binaries here (the device machine has no Bazel, gtest or
+# Eigen) and stages them, with the few shared libraries the device lacks, into .stage/.
+# Then, on the device machine (device tool, carry [".stage"]):
+#   bash .stage/run.sh [tests|bench|all]      # results under $OUT
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Every test target, plus bench and example binaries.
+TESTS=$(bazel query 'kind(cc_test, //tests/...)' 2>/dev/null)
+BINS=$(bazel query 'kind(cc_binary, //bench/... + //examples/...)' 2>/dev/null || true)
+bazel build --config=cuda --jobs="${MG_JOBS:-2}" $TESTS $BINS
+
+rm -rf .stage
+mkdir -p .stage/bin .stage/lib
+for t in $TESTS $BINS; do
+  p=${t#//}
+  p=bazel-bin/${p/://}
+  [ -x "$p" ] && cp "$p" ".stage/bin/$(echo "${t#//}" | tr '/:' '__')"
+done
+# Debian's Google Benchmark is a shared library; the device image has none.
+for so in /usr/lib/x86_64-linux-gnu/libbenchmark.so.1*; do cp -L "$so" .stage/lib/ 2>/dev/null || true; done
+cp tools/run_staged.sh .stage/run.sh
+du -sh .stage
+echo "staged $(ls .stage/bin | wc -l) binaries into .stage/"
