@@ -1,0 +1,182 @@
+#include "data/idx.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+namespace mg::data {
+
+namespace {
+
+struct GzCloser {
+  void operator()(gzFile_s* f) const { gzclose(f); }
+};
+using GzFile = std::unique_ptr<gzFile_s, GzCloser>;
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Reads exactly n bytes or reports what is missing; `what` names the part of the file.
+void read_exact(gzFile f, const std::string& path, void* dst, size_t n, const std::string& what) {
+  auto* p = static_cast<unsigned char*>(dst);
+  size_t got = 0;
+  while (got < n) {
+    const unsigned chunk = static_cast<unsigned>(std::min<size_t>(n - got, 1u << 30));
+    const int r = gzread(f, p + got, chunk);
+    if (r < 0) {
+      int errnum = 0;
+      const char* msg = gzerror(f, &errnum);
+      MG_CHECK(errnum != Z_BUF_ERROR, IOError, "read_idx: ", path, ": truncated file: expected ", n, " bytes of ",
+               what, ", got ", got, " (the compressed stream ends early)");
+      MG_THROW(IOError, "read_idx: ", path, ": corrupt or unreadable while reading ", what, " (",
+               errnum == Z_ERRNO ? std::strerror(errno) : msg, ")");
+    }
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  MG_CHECK(got == n, IOError, "read_idx: ", path, ": truncated file: expected ", n, " bytes of ", what, ", got ", got);
+}
+
+struct TypeInfo {
+  int file_size;  // bytes per element in the file
+  DType dtype;    // what it is stored as in memory
+};
+
+bool type_info(uint8_t code, TypeInfo* out) {
+  switch (code) {
+    case 0x08: *out = {1, DType::u8}; return true;
+    case 0x09: *out = {1, DType::i32}; return true;
+    case 0x0B: *out = {2, DType::i32}; return true;
+    case 0x0C: *out = {4, DType::i32}; return true;
+    case 0x0D: *out = {4, DType::f32}; return true;
+    case 0x0E: *out = {8, DType::f64}; return true;
+    default: return false;
+  }
+}
+
+uint32_t be32(const unsigned char* b) {
+  return (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | uint32_t{b[3]};
+}
+
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08X", v);
+  return buf;
+}
+
+template <class T>
+T load_be(const unsigned char* b, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v = (v << 8) | b[i];
+  if constexpr (std::is_same_v<T, float>) {
+    uint32_t u = static_cast<uint32_t>(v);
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  } else if constexpr (std::is_same_v<T, double>) {
+    double d;
+    std::memcpy(&d, &v, 8);
+    return d;
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+}  // namespace
+
+Tensor read_idx(const std::string& path) {
+  GzFile f(gzopen(path.c_str(), "rb"));
+  MG_CHECK(f != nullptr, IOError, "read_idx: cannot open ", path, ": ", std::strerror(errno));
+  gzbuffer(f.get(), 1 << 17);
+
+  unsigned char magic[4];
+  read_exact(f.get(), path, magic, 4, "header (the 4-byte magic number)");
+  TypeInfo ti{};
+  MG_CHECK(magic[0] == 0 && magic[1] == 0 && type_info(magic[2], &ti) && magic[3] >= 1 && magic[3] <= 8, IOError,
+           "read_idx: ", path, ": bad magic number ", hex32(be32(magic)),
+           ": expected 0x0000TTNN with TT an IDX type (08, 09, 0B, 0C, 0D, 0E) and NN the number of dims (1..8); "
+           "is this an IDX file?");
+  const int ndim = magic[3];
+  std::vector<unsigned char> dimbuf(4 * ndim);
+  read_exact(f.get(), path, dimbuf.data(), dimbuf.size(), "header (" + std::to_string(ndim) + " dimension sizes)");
+  Shape shape(ndim);
+  size_t numel = 1;
+  for (int d = 0; d < ndim; ++d) {
+    shape[d] = be32(&dimbuf[4 * d]);
+    MG_CHECK(shape[d] < (int64_t{1} << 31), IOError, "read_idx: ", path, ": dimension ", d, " has size ", shape[d],
+             ", which is not plausible (corrupt header?)");
+    numel *= static_cast<size_t>(shape[d]);
+    MG_CHECK(numel < (size_t{1} << 40), IOError, "read_idx: ", path, ": header dims ", shape_str(shape),
+             " describe more than 2^40 elements (corrupt header?)");
+  }
+
+  Tensor out = empty(shape, {ti.dtype, Device::cpu()});
+  const std::string what = "data for shape " + shape_str(shape);
+  if (ti.dtype == DType::u8) {
+    read_exact(f.get(), path, out.raw_data(), numel, what);
+  } else {
+    std::vector<unsigned char> raw(numel * ti.file_size);
+    read_exact(f.get(), path, raw.data(), raw.size(), what);
+    const int fs = ti.file_size;
+    const bool is_signed_byte = magic[2] == 0x09, is_short = magic[2] == 0x0B;
+    if (ti.dtype == DType::i32) {
+      int32_t* p = out.data_ptr<int32_t>();
+      for (size_t i = 0; i < numel; ++i) {
+        uint32_t u = load_be<uint32_t>(&raw[i * fs], fs);
+        p[i] = is_signed_byte ? static_cast<int8_t>(u) : is_short ? static_cast<int16_t>(u) : static_cast<int32_t>(u);
+      }
+    } else if (ti.dtype == DType::f32) {
+      float* p = out.data_ptr<float>();
+      for (size_t i = 0; i < numel; ++i) p[i] = load_be<float>(&raw[i * fs], fs);
+    } else {
+      double* p = out.data_ptr<double>();
+      for (size_t i = 0; i < numel; ++i) p[i] = load_be<double>(&raw[i * fs], fs);
+    }
+  }
+  return out;
+}
+
+void write_idx(const std::string& path, const Tensor& t) {
+  MG_CHECK(t.defined() && !t.is_cuda(), ValueError, "write_idx: expected a defined CPU tensor");
+  MG_CHECK(t.dim() >= 1 && t.dim() <= 8, ValueError, "write_idx: IDX holds 1 to 8 dims, got ", t.dim());
+  uint8_t code = 0;
+  int fs = 0;
+  switch (t.dtype()) {
+    case DType::u8: code = 0x08; fs = 1; break;
+    case DType::i32: code = 0x0C; fs = 4; break;
+    case DType::f32: code = 0x0D; fs = 4; break;
+    case DType::f64: code = 0x0E; fs = 8; break;
+    default: MG_THROW(DTypeError, "write_idx: unsupported dtype ", t.dtype(), " (u8, i32, f32, f64)");
+  }
+  std::vector<unsigned char> bytes = {0, 0, code, static_cast<unsigned char>(t.dim())};
+  auto put_be = [&](uint64_t v, int n) {
+    for (int i = n - 1; i >= 0; --i) bytes.push_back(static_cast<unsigned char>(v >> (8 * i)));
+  };
+  for (int64_t s : t.sizes()) put_be(static_cast<uint64_t>(s), 4);
+  Tensor c = raw::contiguous(t);
+  const auto* p = static_cast<const unsigned char*>(c.raw_data());
+  for (int64_t i = 0; i < c.numel(); ++i) {
+    uint64_t v = 0;
+    std::memcpy(&v, p + i * fs, fs);  // little-endian host: the low fs bytes
+    put_be(v, fs);
+  }
+  GzFile f(gzopen(path.c_str(), ends_with(path, ".gz") ? "wb" : "wbT"));
+  MG_CHECK(f != nullptr, IOError, "write_idx: cannot open ", path, " for writing: ", std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const unsigned chunk = static_cast<unsigned>(std::min<size_t>(bytes.size() - done, 1u << 30));
+    const int w = gzwrite(f.get(), bytes.data() + done, chunk);
+    MG_CHECK(w > 0, IOError, "write_idx: write to ", path, " failed");
+    done += static_cast<size_t>(w);
+  }
+  MG_CHECK(gzclose(f.release()) == Z_OK, IOError, "write_idx: closing ", path, " failed");
+}
+
+}  // namespace mg::data

@@ -1,0 +1,53 @@
+#include "nn/linear.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "autograd/functions.h"
+#include "nn/init.h"
+
+namespace mg::nn {
+
+namespace {
+Tensor make_param(const Shape& shape, TensorOptions opts) {
+  MemoryCategoryGuard g(MemoryCategory::Parameters);
+  return empty(shape, {opts.dtype, opts.device});
+}
+
+int64_t checked(int64_t n, const char* what) {
+  MG_CHECK(n > 0, ValueError, "Linear: ", what, " must be positive, got ", n);
+  return n;
+}
+}  // namespace
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias, TensorOptions opts, Generator* gen)
+    : Module("Linear"),
+      in_features(checked(in, "in_features")),
+      out_features(checked(out, "out_features")),
+      weight(register_parameter("weight", make_param({out, in}, opts))),
+      bias(register_parameter("bias", with_bias ? make_param({out}, opts) : Tensor())) {
+  reset_parameters(gen);
+}
+
+void Linear::reset_parameters(Generator* gen) {
+  init::kaiming_uniform_(weight, std::sqrt(5.0), "fan_in", "leaky_relu", gen);
+  if (bias.defined()) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+    init::uniform_(bias, -bound, bound, gen);
+  }
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  MG_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in_features, ShapeError, "Linear(in_features=", in_features,
+           ", out_features=", out_features, "): input's last dim must be ", in_features, ", got shape ",
+           x.defined() ? shape_str(x.sizes()) : std::string("(undefined)"));
+  return mg::linear(x, weight, bias);
+}
+
+std::string Linear::extra_repr() const {
+  std::ostringstream os;
+  os << "in_features=" << in_features << ", out_features=" << out_features << ", bias=" << (bias.defined() ? "true" : "false");
+  return os.str();
+}
+
+}  // namespace mg::nn

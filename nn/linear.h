@@ -1,0 +1,27 @@
+// nn::Linear: y = x @ W^T + b over the last dim, initialised like torch.nn.Linear
+// (weight and bias ~ U(-1/sqrt(in), 1/sqrt(in))).
+#pragma once
+
+#include "core/random.h"
+#include "nn/module.h"
+
+namespace mg::nn {
+
+class Linear : public Module {
+ public:
+  // Parameters are allocated under MemoryCategory::Parameters; `gen` null = default generator.
+  Linear(int64_t in_features, int64_t out_features, bool bias = true, TensorOptions opts = {},
+         Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  // kaiming_uniform_(weight, a = sqrt(5)) and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+  void reset_parameters(Generator* gen = nullptr);
+  std::string extra_repr() const override;
+
+  const int64_t in_features;
+  const int64_t out_features;
+  // Bound to the registry: assigning here re-points the registered parameter (weight tying).
+  Tensor& weight;  // [out, in]
+  Tensor& bias;    // [out], undefined when bias = false
+};
+
+}  // namespace mg::nn

@@ -1,0 +1,76 @@
+// Optimizer base: parameter groups with their own hyper-parameters (falling back to the
+// optimizer's defaults), lazily created per-parameter state, zero_grad() and step().
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mg::optim {
+
+// One group of parameters and the options that differ from the optimizer's defaults, e.g.
+// {backbone->parameters(), {{"lr", 1e-5}}}. After the optimizer adopts the group, `options`
+// holds every option (the defaults filled in), so schedulers can read and set "lr".
+struct ParamGroup {
+  std::vector<Tensor> params;
+  std::map<std::string, double> options;
+
+  double get(const std::string& key) const;  // mg::ValueError when absent
+  void set(const std::string& key, double value) { options[key] = value; }
+  double lr() const { return get("lr"); }
+  void set_lr(double lr) { set("lr", lr); }
+};
+
+// Per-parameter state (momentum buffers, Adam moments) and a step count.
+struct ParamState {
+  std::map<std::string, Tensor> buffers;
+  int64_t step = 0;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient (under NoGradGuard, in place).
+  virtual void step() = 0;
+  // Drops (set_to_none, PyTorch's default) or zero-fills every parameter's .grad.
+  void zero_grad(bool set_to_none = true);
+
+  // Adds a group; missing options take the defaults. A parameter may be in only one group.
+  void add_param_group(ParamGroup group);
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  const std::map<std::string, double>& defaults() const { return defaults_; }
+
+  // The state of `p`, or null if the optimizer has not created it yet (state is lazy:
+  // the first step() that sees a gradient for p creates it).
+  const ParamState* state(const Tensor& p) const;
+  size_t state_size() const { return state_.size(); }
+  // Bytes held by all state buffers (what MemoryCategory::OptimizerState counts).
+  int64_t state_nbytes() const;
+
+ protected:
+  // `defaults` lists every option the optimizer knows; a group naming any other key is a
+  // ValueError (a typo like "learning_rate" should not silently use the default).
+  Optimizer(std::string name, std::map<std::string, double> defaults);
+  // Checks one fully-populated group's options (ranges, combinations); throws ValueError.
+  virtual void validate(const ParamGroup& group) const = 0;
+  // Creates the state on first use. Call under MemoryCategoryGuard(OptimizerState).
+  ParamState& state_for(const Tensor& p);
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  std::map<std::string, double> defaults_;
+  std::vector<ParamGroup> groups_;
+  std::unordered_map<const TensorImpl*, ParamState> state_;
+};
+
+}  // namespace mg::optim

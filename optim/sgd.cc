@@ -1,0 +1,71 @@
+#include "optim/sgd.h"
+
+#include <cmath>
+
+#include "autograd/grad_mode.h"
+#include "kernels/ops.h"
+
+namespace mg::optim {
+
+namespace {
+std::map<std::string, double> to_map(const SGDOptions& o) {
+  return {{"lr", o.lr},
+          {"momentum", o.momentum},
+          {"dampening", o.dampening},
+          {"weight_decay", o.weight_decay},
+          {"nesterov", o.nesterov ? 1.0 : 0.0},
+          {"maximize", o.maximize ? 1.0 : 0.0}};
+}
+}  // namespace
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions defaults) : SGD(std::vector<ParamGroup>{{std::move(params), {}}}, defaults) {}
+
+SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults) : Optimizer("SGD", to_map(defaults)) {
+  MG_CHECK(!groups.empty(), ValueError, "SGD: got an empty list of parameter groups");
+  for (auto& g : groups) add_param_group(std::move(g));
+}
+
+void SGD::validate(const ParamGroup& g) const {
+  const double lr = g.get("lr"), mu = g.get("momentum"), tau = g.get("dampening"), wd = g.get("weight_decay");
+  MG_CHECK(std::isfinite(lr) && lr >= 0.0, ValueError, "SGD: invalid learning rate: ", lr, " (must be >= 0)");
+  MG_CHECK(std::isfinite(mu) && mu >= 0.0, ValueError, "SGD: invalid momentum value: ", mu, " (must be >= 0)");
+  MG_CHECK(std::isfinite(wd) && wd >= 0.0, ValueError, "SGD: invalid weight_decay value: ", wd, " (must be >= 0)");
+  MG_CHECK(std::isfinite(tau), ValueError, "SGD: invalid dampening value: ", tau);
+  MG_CHECK(g.get("nesterov") == 0.0 || (mu > 0.0 && tau == 0.0), ValueError,
+           "SGD: nesterov momentum requires a momentum > 0 and zero dampening (got momentum=", mu, ", dampening=", tau,
+           ")");
+}
+
+void SGD::step() {
+  NoGradGuard ng;
+  MemoryCategoryGuard cat(MemoryCategory::OptimizerState);
+  for (ParamGroup& g : param_groups()) {
+    validate(g);  // a scheduler or the user may have edited the options since
+    const double lr = g.get("lr"), mu = g.get("momentum"), tau = g.get("dampening"), wd = g.get("weight_decay");
+    const bool nesterov = g.get("nesterov") != 0.0, maximize = g.get("maximize") != 0.0;
+    for (const Tensor& p : g.params) {
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      MG_CHECK(grad.sizes() == p.sizes() && grad.device() == p.device(), ValueError,
+               "SGD: gradient of shape ", shape_str(grad.sizes()), " on ", grad.device(), " does not match parameter ",
+               shape_str(p.sizes()), " on ", p.device());
+      // d_p aliases the gradient unless something has to be combined into it.
+      Tensor d_p = grad;
+      if (wd != 0.0 || maximize) d_p = kernels::axpby(grad, maximize ? -1.0 : 1.0, p, wd);
+      if (mu != 0.0) {
+        ParamState& st = state_for(p);
+        Tensor& buf = st.buffers["momentum_buffer"];
+        if (!buf.defined()) {
+          buf = raw::clone(d_p);
+        } else {
+          kernels::axpby_(buf, mu, d_p, 1.0 - tau);
+        }
+        d_p = nesterov ? kernels::axpby(d_p, 1.0, buf, mu) : buf;
+        ++st.step;
+      }
+      kernels::axpby_(p, 1.0, d_p, -lr);
+    }
+  }
+}
+
+}  // namespace mg::optim
