@@ -516,6 +516,8 @@ static void copy_loop(const Tensor& dst, const Tensor& src) {
       for (int64_t i = 0; i < n; ++i) {
         if constexpr (std::is_same_v<D, bool>)
           d[i * ds] = static_cast<opmath_t<S>>(s[i * ss]) != 0;
+        else if constexpr (std::is_integral_v<D>)  // through i64: defined for negative -> unsigned
+          d[i * ds] = static_cast<D>(static_cast<int64_t>(static_cast<opmath_t<S>>(s[i * ss])));
         else
           d[i * ds] = static_cast<D>(static_cast<opmath_t<D>>(static_cast<opmath_t<S>>(s[i * ss])));
       }

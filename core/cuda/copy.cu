@@ -1,0 +1,201 @@
+// Copies (any dtype to any dtype, any strides, host<->device), fills and Philox random
+// fills on CUDA. Registered as core's CUDA hooks, so raw::copy_/fill_/uniform_ just work.
+#include <cuda_runtime.h>
+
+#include "core/cuda/check.h"
+#include "core/cuda/dtype_cuda.cuh"
+#include "core/device_runtime.h"
+#include "core/random.h"
+
+namespace mg::cuda {
+
+StridedIndexer make_indexer(const Tensor& t) {
+  StridedIndexer ix;
+  MG_CHECK(t.dim() <= kMaxDims, ShapeError, "CUDA kernels: at most ", kMaxDims, " dims supported, got ", t.dim());
+  ix.ndim = static_cast<int>(t.dim());
+  for (int d = 0; d < ix.ndim; ++d) {
+    ix.sizes[d] = t.sizes()[d];
+    ix.strides[d] = t.strides()[d];
+  }
+  return ix;
+}
+
+namespace {
+
+cudaStream_t current_stream(int device) { return static_cast<cudaStream_t>(Stream::current(device).handle()); }
+
+template <class D, class S>
+__global__ void copy_kernel(D* dst, StridedIndexer di, const S* src, StridedIndexer si, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[di(i)] = from_double<D>(to_double(src[si(i)]));
+  }
+}
+
+template <class T>
+__global__ void copy_same_kernel(T* dst, StridedIndexer di, const T* src, StridedIndexer si, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[di(i)] = src[si(i)];
+  }
+}
+
+// Both on the same device.
+void device_copy(const Tensor& dst, const Tensor& src) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  DeviceGuard g(dst.device().index);
+  cudaStream_t st = current_stream(dst.device().index);
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+    MG_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDeviceToDevice, st));
+    return;
+  }
+  StridedIndexer di = make_indexer(dst), si = make_indexer(src);
+  if (dst.dtype() == src.dtype()) {
+    MG_CUDA_DISPATCH_ALL(dst.dtype(), "copy_", [&] {
+      copy_same_kernel<scalar_t><<<grid_for(n), 256, 0, st>>>(static_cast<scalar_t*>(dst.raw_data()), di,
+                                                               static_cast<const scalar_t*>(src.raw_data()), si, n);
+    });
+  } else {
+    MG_CUDA_DISPATCH_ALL(dst.dtype(), "copy_", [&] {
+      using D = scalar_t;
+      MG_CUDA_DISPATCH_ALL(src.dtype(), "copy_", [&] {
+        copy_kernel<D, scalar_t><<<grid_for(n), 256, 0, st>>>(static_cast<D*>(dst.raw_data()), di,
+                                                              static_cast<const scalar_t*>(src.raw_data()), si, n);
+      });
+    });
+  }
+  MG_CUDA_CHECK_LAUNCH("copy_");
+}
+
+void cuda_copy(const Tensor& dst, const Tensor& src, bool non_blocking) {
+  if (dst.numel() == 0) return;
+  if (dst.is_cuda() && src.is_cuda()) {
+    if (dst.device() == src.device()) return device_copy(dst, src);
+    // Peer copy through a contiguous staging tensor on the destination device.
+    Tensor s = raw::contiguous(src);
+    Tensor stage = empty(src.sizes(), {src.dtype(), dst.device()});
+    MG_CUDA_CHECK(cudaMemcpyPeer(stage.raw_data(), dst.device().index, s.raw_data(), src.device().index, s.nbytes()));
+    return device_copy(dst, stage);
+  }
+  if (dst.is_cuda()) {
+    // Host -> device: make the host side contiguous in the destination dtype, then one memcpy.
+    Tensor h = raw::contiguous(raw::to_dtype(src, dst.dtype()));
+    DeviceGuard g(dst.device().index);
+    cudaStream_t st = current_stream(dst.device().index);
+    Tensor target = dst.is_contiguous() ? dst : empty(dst.sizes(), {dst.dtype(), dst.device()});
+    MG_CUDA_CHECK(cudaMemcpyAsync(target.raw_data(), h.raw_data(), h.nbytes(), cudaMemcpyHostToDevice, st));
+    if (!target.is_same(dst)) device_copy(dst, target);
+    // The host buffer may be a temporary: without pinned, caller-owned memory, wait.
+    if (!non_blocking || !h.is_same(src)) MG_CUDA_CHECK(cudaStreamSynchronize(st));
+    return;
+  }
+  // Device -> host.
+  DeviceGuard g(src.device().index);
+  cudaStream_t st = current_stream(src.device().index);
+  Tensor d = src.is_contiguous() ? src : raw::contiguous(src);
+  Tensor h = (dst.is_contiguous() && dst.dtype() == src.dtype()) ? dst : empty(src.sizes(), {src.dtype(), Device::cpu()});
+  MG_CUDA_CHECK(cudaMemcpyAsync(h.raw_data(), d.raw_data(), d.nbytes(), cudaMemcpyDeviceToHost, st));
+  if (!non_blocking || !h.is_same(dst)) MG_CUDA_CHECK(cudaStreamSynchronize(st));
+  if (!h.is_same(dst)) raw::copy_(dst, h);
+}
+
+template <class T>
+__global__ void fill_kernel(T* dst, StridedIndexer di, T v, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[di(i)] = v;
+}
+
+template <class T>
+T host_value(double v) {
+  if constexpr (std::is_same_v<T, __half>) return __float2half(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, bool>) return v != 0;
+  else if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<long long>(v));
+  else return static_cast<T>(v);
+}
+
+void cuda_fill(const Tensor& dst, double value) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  DeviceGuard g(dst.device().index);
+  cudaStream_t st = current_stream(dst.device().index);
+  if (value == 0.0 && dst.is_contiguous()) {
+    MG_CUDA_CHECK(cudaMemsetAsync(dst.raw_data(), 0, dst.nbytes(), st));
+    return;
+  }
+  StridedIndexer di = make_indexer(dst);
+  MG_CUDA_DISPATCH_ALL(dst.dtype(), "fill_", [&] {
+    scalar_t v = host_value<scalar_t>(value);
+    fill_kernel<scalar_t><<<grid_for(n), 256, 0, st>>>(static_cast<scalar_t*>(dst.raw_data()), di, v, n);
+  });
+  MG_CUDA_CHECK_LAUNCH("fill_");
+}
+
+// Same Philox4x32-10 as core/random.cc, so CPU and CUDA draw identical streams.
+__device__ __forceinline__ void philox(uint64_t counter, uint64_t key, uint32_t out[4]) {
+  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    uint32_t n0 = hi1 ^ c1 ^ k0;
+    uint32_t n2 = hi0 ^ c3 ^ k1;
+    c1 = lo1;
+    c3 = lo0;
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+
+template <class T>
+__global__ void philox_kernel(T* dst, StridedIndexer di, int kind, uint64_t seed, uint64_t base, double a, double b,
+                              int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t r[4];
+    double v;
+    if (kind == 1) {
+      philox(base + static_cast<uint64_t>(i) / 2, seed, r);
+      int j = static_cast<int>(i & 1) * 2;
+      double u1 = 1.0 - (r[j] >> 8) * (1.0 / 16777216.0);
+      double u2 = (r[j + 1] >> 8) * (1.0 / 16777216.0);
+      v = a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    } else {
+      philox(base + static_cast<uint64_t>(i) / 4, seed, r);
+      double u = (r[i & 3] >> 8) * (1.0 / 16777216.0);
+      v = kind == 2 ? (u < a ? 1.0 : 0.0) : a + (b - a) * u;
+    }
+    if constexpr (std::is_same_v<T, double>) dst[di(i)] = v;
+    else dst[di(i)] = from_float<T>(static_cast<float>(v));
+  }
+}
+
+void cuda_philox_fill(const Tensor& dst, int kind, uint64_t seed, uint64_t offset, double a, double b) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  DeviceGuard g(dst.device().index);
+  cudaStream_t st = current_stream(dst.device().index);
+  StridedIndexer di = make_indexer(dst);
+  MG_CUDA_DISPATCH_FLOAT(dst.dtype(), "random fill", [&] {
+    philox_kernel<scalar_t><<<grid_for(n), 256, 0, st>>>(static_cast<scalar_t*>(dst.raw_data()), di, kind, seed,
+                                                         offset, a, b, n);
+  });
+  MG_CUDA_CHECK_LAUNCH("random fill");
+}
+
+}  // namespace
+
+// Called once from the CUDA backend's registration (core/cuda/backend.cc).
+void register_copy_hooks() {
+  cuda_hooks().copy = &cuda_copy;
+  cuda_hooks().fill = &cuda_fill;
+  cuda_hooks().philox_fill = &cuda_philox_fill;
+}
+
+}  // namespace mg::cuda
