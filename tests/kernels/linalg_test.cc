@@ -1,0 +1,1 @@
+#include "tests/kernels/test_util.h"
