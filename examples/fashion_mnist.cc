@@ -1,0 +1,401 @@
+// The main job: trains an MLP on Fashion-MNIST with SGD + momentum and reports the test
+// accuracy and the peak memory by category (parameters, gradients, optimizer state, ...).
+//
+//   bazel run //examples:fashion_mnist -- --epochs 2 --batch-size 64 --seed 0
+//
+// The last stdout line is one JSON object (see docs/training.md) for scripts to parse.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "autograd/functions.h"
+#include "autograd/grad_mode.h"
+#include "core/allocator.h"
+#include "core/device_runtime.h"
+#include "core/random.h"
+#include "data/dataloader.h"
+#include "data/fashion_mnist.h"
+#include "kernels/ops.h"
+#include "nn/nn.h"
+#include "optim/sgd.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+const std::vector<std::string> kModels = {"mlp"};
+
+struct Flags {
+  int64_t epochs = 2;
+  int64_t batch_size = 64;
+  double lr = 0.05;
+  double momentum = 0.9;
+  double weight_decay = 0.0;
+  double dropout = 0.0;
+  std::vector<int64_t> hidden = {256, 128};
+  uint64_t seed = 0;
+  std::string model = "mlp";
+  std::string device;  // empty: cuda when available, else cpu
+  int64_t limit_train = -1;
+  int64_t eval_batch_size = 1000;
+  std::string data_dir;
+  bool progress = true;
+};
+
+const char* kUsage = R"(usage: fashion_mnist [flags]
+
+Trains an MLP on Fashion-MNIST with SGD + momentum; prints the test accuracy and the peak
+memory by category after each epoch, and one JSON line at the end.
+
+  --epochs N          passes over the training set (default 2)
+  --batch-size N      training batch size (default 64)
+  --lr X              learning rate (default 0.05)
+  --momentum X        SGD momentum (default 0.9)
+  --weight-decay X    L2 penalty (default 0)
+  --dropout P         dropout after each hidden ReLU, 0 = none (default 0)
+  --hidden A,B,...    hidden layer widths (default 256,128)
+  --seed N            seeds init, dropout and shuffling (default 0)
+  --model NAME        model architecture: mlp (default mlp)
+  --device D          cpu, cuda or cuda:N (default: cuda when available, else cpu)
+  --limit-train N     train on the first N images only (default: all 60000)
+  --eval-batch-size N test-set batch size (default 1000)
+  --data-dir PATH     directory with the IDX .gz files (default $MG_FASHION_MNIST or
+                      /usr/share/datasets/fashion-mnist)
+  --no-progress       no progress bar on stderr
+  --help              this text
+)";
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::cerr << "fashion_mnist: " << msg << "\n(run with --help for the list of flags)\n";
+  std::exit(2);
+}
+
+int64_t parse_int(const std::string& flag, const std::string& v) {
+  try {
+    size_t pos = 0;
+    long long x = std::stoll(v, &pos);
+    if (pos == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  usage_error(flag + " expects an integer, got \"" + v + "\"");
+}
+
+double parse_double(const std::string& flag, const std::string& v) {
+  try {
+    size_t pos = 0;
+    double x = std::stod(v, &pos);
+    if (pos == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  usage_error(flag + " expects a number, got \"" + v + "\"");
+}
+
+Flags parse_flags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i], value;
+    if (arg == "--help" || arg == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    }
+    if (arg == "--no-progress") {
+      f.progress = false;
+      continue;
+    }
+    if (arg.rfind("--", 0) != 0) usage_error("unexpected argument \"" + arg + "\"");
+    auto eq = arg.find('=');
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    } else {
+      if (i + 1 >= argc) usage_error(arg + " needs a value");
+      value = argv[++i];
+    }
+    if (arg == "--epochs") f.epochs = parse_int(arg, value);
+    else if (arg == "--batch-size") f.batch_size = parse_int(arg, value);
+    else if (arg == "--lr") f.lr = parse_double(arg, value);
+    else if (arg == "--momentum") f.momentum = parse_double(arg, value);
+    else if (arg == "--weight-decay") f.weight_decay = parse_double(arg, value);
+    else if (arg == "--dropout") f.dropout = parse_double(arg, value);
+    else if (arg == "--seed") f.seed = static_cast<uint64_t>(parse_int(arg, value));
+    else if (arg == "--model") f.model = value;
+    else if (arg == "--device") f.device = value;
+    else if (arg == "--limit-train") f.limit_train = parse_int(arg, value);
+    else if (arg == "--eval-batch-size") f.eval_batch_size = parse_int(arg, value);
+    else if (arg == "--data-dir") f.data_dir = value;
+    else if (arg == "--hidden") {
+      f.hidden.clear();
+      std::stringstream ss(value);
+      for (std::string tok; std::getline(ss, tok, ',');) f.hidden.push_back(parse_int(arg, tok));
+    } else {
+      usage_error("unknown flag " + arg);
+    }
+  }
+  if (f.epochs < 1) usage_error("--epochs must be >= 1");
+  if (f.batch_size < 1) usage_error("--batch-size must be >= 1");
+  if (f.eval_batch_size < 1) usage_error("--eval-batch-size must be >= 1");
+  if (f.limit_train == 0 || f.limit_train < -1) usage_error("--limit-train must be a positive number of images");
+  if (!(f.dropout >= 0 && f.dropout < 1)) usage_error("--dropout must be in [0, 1)");
+  for (int64_t h : f.hidden)
+    if (h < 1) usage_error("--hidden widths must be positive");
+  bool known = false;
+  std::string valid;
+  for (auto& m : kModels) {
+    known |= m == f.model;
+    valid += (valid.empty() ? "" : ", ") + m;
+  }
+  if (!known) usage_error("unknown --model \"" + f.model + "\" (valid: " + valid + ")");
+  return f;
+}
+
+mg::Device pick_device(const std::string& spec) {
+  if (spec.empty()) return mg::cuda::is_available() ? mg::Device::cuda(0) : mg::Device::cpu();
+  mg::Device d;
+  try {
+    d = mg::Device(spec);
+  } catch (const mg::Error&) {
+    usage_error("unknown --device \"" + spec + "\" (valid: cpu, cuda, cuda:N)");
+  }
+  if (d.is_cuda()) {
+    const int n = mg::cuda::device_count();
+    if (n == 0)
+      usage_error("--device " + spec +
+                  ": no CUDA device is available (this build has no CUDA backend, or no GPU is visible); "
+                  "use --device cpu");
+    if (d.index >= n) usage_error("--device " + spec + ": only " + std::to_string(n) + " CUDA device(s) visible");
+  }
+  return d;
+}
+
+std::shared_ptr<mg::nn::Sequential> make_mlp(const Flags& f, mg::Device device) {
+  auto model = std::make_shared<mg::nn::Sequential>();
+  model->push_back(std::make_shared<mg::nn::Flatten>());
+  int64_t in = mg::data::FashionMNIST::kImageSize * mg::data::FashionMNIST::kImageSize;
+  for (int64_t h : f.hidden) {
+    model->push_back(std::make_shared<mg::nn::Linear>(in, h, true, mg::TensorOptions(mg::DType::f32, device)));
+    // In place: the Linear output is not needed by backward, so ReLU can overwrite it.
+    model->push_back(std::make_shared<mg::nn::ReLU>(/*inplace=*/true));
+    if (f.dropout > 0) model->push_back(std::make_shared<mg::nn::Dropout>(f.dropout));
+    in = h;
+  }
+  model->push_back(std::make_shared<mg::nn::Linear>(in, mg::data::FashionMNIST::kNumClasses, true,
+                                                    mg::TensorOptions(mg::DType::f32, device)));
+  return model;
+}
+
+// Single \r-updated line on stderr, throttled so it never costs measurable time.
+class ProgressBar {
+ public:
+  explicit ProgressBar(bool on) : on_(on), tty_(isatty(STDERR_FILENO)) {}
+  void update(int64_t epoch, int64_t epochs, int64_t batch, int64_t total, double loss, double ips, bool force) {
+    if (!on_) return;
+    const auto now = Clock::now();
+    const double min_interval = tty_ ? 0.1 : 2.0;
+    if (!force && std::chrono::duration<double>(now - last_).count() < min_interval) return;
+    last_ = now;
+    constexpr int kWidth = 24;
+    const int filled = static_cast<int>(kWidth * batch / std::max<int64_t>(total, 1));
+    std::string bar(filled, '=');
+    if (filled < kWidth) bar += '>' + std::string(kWidth - filled - 1, ' ');
+    std::fprintf(stderr, "\repoch %lld/%lld [%s] %lld/%lld  loss %.4f  %.0f img/s ", static_cast<long long>(epoch),
+                 static_cast<long long>(epochs), bar.c_str(), static_cast<long long>(batch),
+                 static_cast<long long>(total), loss, ips);
+    std::fflush(stderr);
+  }
+  void finish() {
+    if (on_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  bool on_, tty_;
+  Clock::time_point last_{};
+};
+
+const std::vector<std::pair<const char*, mg::MemoryCategory>> kCategories = {
+    {"parameters", mg::MemoryCategory::Parameters},
+    {"gradients", mg::MemoryCategory::Gradients},
+    {"optimizer_state", mg::MemoryCategory::OptimizerState},
+    {"activations", mg::MemoryCategory::Activations},
+    {"data", mg::MemoryCategory::Data},
+    {"other", mg::MemoryCategory::Other},
+};
+
+// Each category's own peak, plus the total's peak.
+nlohmann::json peak_bytes(mg::Device d) {
+  auto& stats = mg::CategoryStats::get(d);
+  nlohmann::json j;
+  for (auto& [name, c] : kCategories) j[name] = stats.counter(c).peak;
+  j["total"] = stats.total().peak;
+  return j;
+}
+
+// The breakdown at the moment the total peaked (what was live together).
+nlohmann::json at_peak_bytes(mg::Device d) {
+  auto& stats = mg::CategoryStats::get(d);
+  auto at = stats.at_peak();
+  nlohmann::json j;
+  for (auto& [name, c] : kCategories) j[name] = at[static_cast<size_t>(c)];
+  j["total"] = stats.total().peak;
+  return j;
+}
+
+std::string memory_line(const nlohmann::json& peaks) {
+  std::string s;
+  for (const char* k : {"parameters", "gradients", "optimizer_state", "activations", "data", "total"}) {
+    if (!s.empty()) s += ", ";
+    s += std::string(k) + " " + mg::format_bytes(peaks[k].get<int64_t>());
+  }
+  return s;
+}
+
+// Fraction of correctly classified test images.
+double evaluate(mg::nn::Module& model, mg::data::DataLoader& loader, mg::Device device) {
+  model.eval();
+  mg::NoGradGuard no_grad;
+  int64_t correct = 0, seen = 0;
+  for (auto& batch : loader) {
+    mg::MemoryCategoryGuard act(mg::MemoryCategory::Activations);
+    mg::Tensor logits = model(batch.data.to(device));
+    std::vector<int64_t> pred = mg::kernels::argmax(logits, 1).to_vector<int64_t>();
+    std::vector<int64_t> label = batch.target.to_vector<int64_t>();
+    for (size_t i = 0; i < pred.size(); ++i) correct += pred[i] == label[i];
+    seen += static_cast<int64_t>(pred.size());
+  }
+  return seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0.0;
+}
+
+int run(const Flags& f) {
+  const auto t_start = Clock::now();
+  const mg::Device device = pick_device(f.device);
+  mg::manual_seed(f.seed);
+
+  const std::string root = f.data_dir.empty() ? mg::data::FashionMNIST::default_root() : f.data_dir;
+  mg::data::FashionMNISTOptions train_opts;
+  train_opts.normalize = true;
+  train_opts.limit = f.limit_train;
+  mg::data::FashionMNISTOptions test_opts;
+  test_opts.normalize = true;
+  auto train_set = std::make_shared<mg::data::FashionMNIST>(mg::data::Split::Train, root, train_opts);
+  auto test_set = std::make_shared<mg::data::FashionMNIST>(mg::data::Split::Test, root, test_opts);
+  const double load_seconds = seconds_since(t_start);
+
+  mg::data::DataLoaderOptions lo;
+  lo.batch_size = f.batch_size;
+  lo.shuffle = true;
+  lo.seed = f.seed;
+  mg::data::DataLoader train_loader(train_set, lo);
+  mg::data::DataLoaderOptions eo;
+  eo.batch_size = f.eval_batch_size;
+  mg::data::DataLoader test_loader(test_set, eo);
+
+  auto model = make_mlp(f, device);
+  mg::optim::SGDOptions so;
+  so.lr = f.lr;
+  so.momentum = f.momentum;
+  so.weight_decay = f.weight_decay;
+  mg::optim::SGD optimizer(model->parameters(), so);
+
+  std::cout << "fashion_mnist: " << train_set->size() << " train / " << test_set->size() << " test images from "
+            << root << " (loaded in " << std::fixed;
+  std::cout.precision(2);
+  std::cout << load_seconds << " s), device " << device << ", seed " << f.seed << "\nmodel: " << *model << "\n"
+            << model->num_parameters() << " parameters; SGD lr " << f.lr << " momentum " << f.momentum
+            << ", batch size " << f.batch_size << "\n";
+
+  // Peaks from here on measure training (the data set itself stays counted under "data").
+  mg::CategoryStats::get(device).reset_peak();
+  if (!device.is_cpu()) mg::CategoryStats::get(mg::Device::cpu()).reset_peak();
+
+  ProgressBar bar(f.progress);
+  const auto t_train = Clock::now();
+  double accuracy = 0.0, last_loss = 0.0;
+  int64_t images = 0;
+  nlohmann::json epochs = nlohmann::json::array();
+  for (int64_t epoch = 1; epoch <= f.epochs; ++epoch) {
+    model->train();
+    const auto t_epoch = Clock::now();
+    double loss_sum = 0.0;
+    int64_t batches = 0, epoch_images = 0;
+    for (auto it = train_loader.begin(); it != train_loader.end(); ++it) {
+      mg::Tensor x = it->data.to(device), y = it->target.to(device);
+      mg::Tensor loss;
+      {
+        mg::MemoryCategoryGuard act(mg::MemoryCategory::Activations);
+        loss = mg::cross_entropy((*model)(x), y);
+      }
+      {
+        // Gradients (and the short-lived temporaries of backward) are allocated here.
+        mg::MemoryCategoryGuard grads(mg::MemoryCategory::Gradients);
+        optimizer.zero_grad();
+        loss.backward();
+      }
+      optimizer.step();  // momentum buffers: MemoryCategory::OptimizerState
+      const double l = loss.item();
+      loss_sum += l;
+      ++batches;
+      epoch_images += x.size(0);
+      bar.update(epoch, f.epochs, it.batch() + 1, train_loader.size(), loss_sum / batches,
+                 epoch_images / std::max(seconds_since(t_epoch), 1e-9), it.batch() + 1 == train_loader.size());
+    }
+    bar.finish();
+    const double train_seconds = seconds_since(t_epoch);
+    images += epoch_images;
+    last_loss = loss_sum / std::max<int64_t>(batches, 1);
+    accuracy = evaluate(*model, test_loader, device);
+    const nlohmann::json peaks = peak_bytes(device);
+    std::cout << "epoch " << epoch << "/" << f.epochs << ": train loss " << last_loss << ", test accuracy "
+              << 100.0 * accuracy << "%, " << train_seconds << " s (" << static_cast<int64_t>(epoch_images / train_seconds)
+              << " img/s)\n  peak memory: " << memory_line(peaks) << std::endl;
+    epochs.push_back({{"epoch", epoch},
+                      {"train_loss", last_loss},
+                      {"test_accuracy", accuracy},
+                      {"train_seconds", train_seconds}});
+  }
+  const double train_total = seconds_since(t_train);
+
+  nlohmann::json out = {
+      {"test_accuracy", accuracy},
+      {"final_train_loss", last_loss},
+      {"seconds", seconds_since(t_start)},
+      {"train_seconds", train_total},
+      {"images_per_second", images / std::max(train_total, 1e-9)},
+      {"epochs", f.epochs},
+      {"batch_size", f.batch_size},
+      {"lr", f.lr},
+      {"momentum", f.momentum},
+      {"seed", f.seed},
+      {"model", f.model},
+      {"device", device.str()},
+      {"train_examples", train_set->size()},
+      {"test_examples", test_set->size()},
+      {"num_parameters", model->num_parameters()},
+      {"peak_bytes", peak_bytes(device)},
+      {"at_peak_bytes", at_peak_bytes(device)},
+      {"per_epoch", epochs},
+  };
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Flags flags = parse_flags(argc, argv);
+  try {
+    return run(flags);
+  } catch (const mg::Error& e) {
+    std::cerr << "\nfashion_mnist: error: " << e.what() << "\n";
+    return 1;
+  }
+}
