@@ -55,6 +55,9 @@ struct Node : std::enable_shared_from_this<Node> {
   std::vector<Shape> output_shapes;
   std::vector<DType> output_dtypes;
   std::vector<Device> output_devices;
+  // Weak handles to the tensors this node produced, so the engine can fill the .grad of a
+  // non-leaf output that asked for retain_grad() (weak: outputs own their grad_fn, not back).
+  std::vector<std::weak_ptr<TensorImpl>> output_tensors;
 };
 
 // Accumulates into a leaf's .grad (the sink of every path to a leaf).
@@ -98,5 +101,26 @@ inline void record(const char* op, const std::vector<Tensor>& inputs, const Tens
 // Checks an in-place op on `t` is allowed (not a leaf requiring grad while grad mode is on)
 // and bumps its version counter. `op` names the in-place op for the error message.
 void check_inplace(const Tensor& t, const char* op);
+
+// ---- helpers for writing differentiable ops (used across autograd/*_ops.cc) ----
+
+// Runs `write` as the in-place op `op` on `t`: check_inplace first, then the write. The
+// version ends exactly one higher whether or not `write` bumps it itself, and is restored
+// if `write` throws (bad input leaves the tensor as it was).
+void inplace_update(const Tensor& t, const char* op, const std::function<void()>& write);
+
+// record() for an op that modified `self` in place: the node's first edge is self's previous
+// history, then one per tensor in `others`; self's grad_fn becomes the new node (history
+// rebase). `fn` returns {grad for old self, grads for others...}. No-op when nothing
+// requires grad or grad mode is off.
+void record_inplace(const char* op, const Tensor& self, const std::vector<Tensor>& others,
+                    FunctionNode::Backward fn);
+
+// A gradient brought back to an input's shape (summing out broadcast dims) and dtype.
+// Undefined stays undefined.
+Tensor reduce_grad(const Tensor& g, const Shape& shape, DType dtype);
+
+// True when `t` is defined and requires grad (decides what an op must save).
+inline bool needs_grad(const Tensor& t) { return t.defined() && t.requires_grad(); }
 
 }  // namespace mg::autograd

@@ -1,0 +1,119 @@
+// Joining and indexing: cat/stack hand each input its slice of the gradient; gather and
+// index_select scatter-add it back; scatter_ is in-place (history rebase).
+#include "autograd/functions.h"
+#include "autograd/node.h"
+#include "kernels/ops.h"
+
+namespace mg {
+
+using autograd::any_requires_grad;
+using autograd::needs_grad;
+using autograd::record;
+using autograd::reduce_grad;
+using autograd::SavedTensor;
+using Grads = std::vector<Tensor>;
+
+Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
+  Tensor out = kernels::cat(ts, dim);
+  if (!any_requires_grad(ts)) return out;
+  const int64_t d = wrap_dim(dim, out.dim(), "cat");
+  std::vector<Shape> shapes;
+  std::vector<DType> dtypes;
+  std::vector<bool> needed;
+  for (const Tensor& t : ts) {
+    shapes.push_back(t.sizes());
+    dtypes.push_back(t.dtype());
+    needed.push_back(needs_grad(t));
+  }
+  record("cat", ts, out, [d, shapes, dtypes, needed](const Grads& g) {
+    Grads gs(shapes.size());
+    int64_t off = 0;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      // An empty 1-D input next to N-D ones is skipped by cat (PyTorch's legacy rule).
+      if (static_cast<int64_t>(shapes[i].size()) != g[0].dim()) continue;
+      const int64_t n = shapes[i][d];
+      if (needed[i]) gs[i] = reduce_grad(raw::slice(g[0], d, off, off + n, 1), shapes[i], dtypes[i]);
+      off += n;
+    }
+    return gs;
+  });
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& ts, int64_t dim) {
+  Tensor out = kernels::stack(ts, dim);
+  if (!any_requires_grad(ts)) return out;
+  const int64_t d = wrap_dim(dim, out.dim(), "stack");
+  std::vector<Shape> shapes;
+  std::vector<DType> dtypes;
+  std::vector<bool> needed;
+  for (const Tensor& t : ts) {
+    shapes.push_back(t.sizes());
+    dtypes.push_back(t.dtype());
+    needed.push_back(needs_grad(t));
+  }
+  record("stack", ts, out, [d, shapes, dtypes, needed](const Grads& g) {
+    Grads gs(shapes.size());
+    for (size_t i = 0; i < shapes.size(); ++i)
+      if (needed[i]) gs[i] = reduce_grad(raw::select(g[0], d, static_cast<int64_t>(i)), shapes[i], dtypes[i]);
+    return gs;
+  });
+  return out;
+}
+
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
+  Tensor out = kernels::gather(a, dim, index);
+  if (any_requires_grad({a}))
+    record("gather", {a, index}, out,
+           [shape = a.sizes(), dt = a.dtype(), dim, si = SavedTensor(index, "gather")](const Grads& g) {
+             Tensor z = zeros(shape, {g[0].dtype(), g[0].device()});
+             kernels::scatter_add_(z, dim, si.unpack(), g[0]);
+             return Grads{reduce_grad(z, shape, dt), Tensor()};
+           });
+  return out;
+}
+
+Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
+  Tensor out = kernels::index_select(a, dim, index);
+  if (any_requires_grad({a}))
+    record("index_select", {a, index}, out,
+           [shape = a.sizes(), dt = a.dtype(), dim, si = SavedTensor(index, "index_select")](const Grads& g) {
+             Tensor z = zeros(shape, {g[0].dtype(), g[0].device()});
+             kernels::index_add_(z, dim, si.unpack(), g[0]);
+             return Grads{reduce_grad(z, shape, dt), Tensor()};
+           });
+  return out;
+}
+
+Tensor one_hot(const Tensor& indices, int64_t num_classes) { return kernels::one_hot(indices, num_classes); }
+
+Tensor& scatter_(Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+  autograd::inplace_update(self, "scatter_", [&] { kernels::scatter_(self, dim, index, src); });
+  if (any_requires_grad({self, src}))
+    autograd::record_inplace(
+        "scatter_", self, {src},
+        [dim, si = SavedTensor(index, "scatter_"), self_shape = self.sizes(), self_dt = self.dtype(), src_shape = src.sizes(),
+         src_dt = src.dtype(), need_self = needs_grad(self), need_src = needs_grad(src)](const Grads& g) {
+          Tensor idx = si.unpack(), g_self, g_src;
+          if (need_self) {  // overwritten positions got nothing from the old self
+            g_self = raw::clone(g[0]);
+            kernels::scatter_(g_self, dim, idx, zeros(idx.sizes(), {g[0].dtype(), g[0].device()}));
+            g_self = reduce_grad(g_self, self_shape, self_dt);
+          }
+          if (need_src) {
+            Tensor picked = kernels::gather(g[0], dim, idx);  // index-shaped
+            if (picked.sizes() == src_shape) {
+              g_src = reduce_grad(picked, src_shape, src_dt);
+            } else {  // src larger than index: only its leading corner was used
+              g_src = zeros(src_shape, {src_dt, g[0].device()});
+              Tensor corner = g_src;
+              for (int64_t d = 0; d < idx.dim(); ++d) corner = raw::slice(corner, d, 0, idx.size(d), 1);
+              raw::copy_(corner, picked);
+            }
+          }
+          return Grads{g_self, g_src};
+        });
+  return self;
+}
+
+}  // namespace mg

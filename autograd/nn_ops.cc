@@ -1,0 +1,199 @@
+// Softmax family, losses and dropout. cross_entropy is log_softmax + nll_loss (plus the
+// label-smoothing term), so its backward is theirs; nll_loss scatters -g into the target column.
+#include "autograd/functions.h"
+#include "autograd/node.h"
+#include "core/random.h"
+#include "kernels/ops.h"
+
+namespace mg {
+
+using autograd::any_requires_grad;
+using autograd::record;
+using autograd::reduce_grad;
+using autograd::SavedTensor;
+using Grads = std::vector<Tensor>;
+
+// ---------------- softmax family ----------------
+
+Tensor softmax(const Tensor& a, int64_t dim) {
+  Tensor y = kernels::softmax(a, dim);
+  if (any_requires_grad({a}))
+    record("softmax", {a}, y, [dim, dt = a.dtype(), sy = SavedTensor(y, "softmax")](const Grads& g) {
+      Tensor yv = sy.unpack();
+      return Grads{reduce_grad(kernels::softmax_backward(g[0], yv, dim), yv.sizes(), dt)};
+    });
+  return y;
+}
+
+Tensor log_softmax(const Tensor& a, int64_t dim) {
+  Tensor y = kernels::log_softmax(a, dim);
+  if (any_requires_grad({a}))
+    record("log_softmax", {a}, y, [dim, dt = a.dtype(), sy = SavedTensor(y, "log_softmax")](const Grads& g) {
+      Tensor yv = sy.unpack();
+      return Grads{reduce_grad(kernels::log_softmax_backward(g[0], yv, dim), yv.sizes(), dt)};
+    });
+  return y;
+}
+
+// ---------------- losses ----------------
+
+namespace {
+enum class Reduction { None, Sum, Mean };
+
+Reduction parse_reduction(const std::string& r, const char* op) {
+  if (r == "mean") return Reduction::Mean;
+  if (r == "sum") return Reduction::Sum;
+  if (r == "none") return Reduction::None;
+  MG_THROW(ValueError, op, ": reduction must be \"mean\", \"sum\" or \"none\", got \"", r, "\"");
+}
+
+// Class scores [N, C, d1, ...] (or [C]) and targets [N, d1, ...] (or []) as [M, C] and [M]:
+// the class dim moves last (differentiably) and everything else is flattened into rows.
+struct Rows {
+  Tensor scores;  // [M, C]
+  Tensor target;  // i64 [M]
+  Shape target_shape;
+};
+
+Rows to_rows(const Tensor& scores, const Tensor& target, const char* op) {
+  MG_CHECK(scores.defined() && target.defined(), ValueError, op, ": undefined input");
+  MG_CHECK(is_floating(scores.dtype()), DTypeError, op, ": input must be floating, got ", scores.dtype());
+  MG_CHECK(!is_floating(target.dtype()), DTypeError, op, ": target must hold class indices (i64), got ",
+           target.dtype(), " of shape ", shape_str(target.sizes()),
+           "; one-hot targets: use target.argmax(1) to get class indices (probabilities as targets are not supported)");
+  MG_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32, DTypeError, op,
+           ": target must hold class indices (i64), got ", target.dtype());
+  MG_CHECK(scores.dim() >= 1, ShapeError, op, ": input must have a class dim, got a 0-dim tensor");
+  Shape expected;
+  if (scores.dim() == 1) {
+    expected = {};
+  } else {
+    expected = scores.sizes();
+    expected.erase(expected.begin() + 1);
+  }
+  MG_CHECK(target.sizes() == expected, ShapeError, op, ": target shape ", shape_str(target.sizes()),
+           " does not match input shape ", shape_str(scores.sizes()), " (expected target of shape ",
+           shape_str(expected), ": one class index per row)");
+  const int64_t C = scores.dim() == 1 ? scores.size(0) : scores.size(1);
+  Rows r;
+  r.target_shape = target.sizes();
+  if (scores.dim() == 1) {
+    r.scores = scores.unsqueeze(0);
+  } else if (scores.dim() == 2) {
+    r.scores = scores;
+  } else {
+    Shape perm{0};
+    for (int64_t d = 2; d < scores.dim(); ++d) perm.push_back(d);
+    perm.push_back(1);
+    r.scores = scores.permute(perm).reshape({-1, C});
+  }
+  Tensor t = target.dtype() == DType::i64 ? target : kernels::cast(target, DType::i64);
+  r.target = raw::reshape(t, {-1});
+  return r;
+}
+
+// Out-of-range labels are an IndexError naming the first offender (checked on the host
+// for CPU targets; the CUDA kernel checks its own).
+void check_labels(const Tensor& target, int64_t C, int64_t ignore_index, const char* op) {
+  if (target.is_cuda()) return;
+  Tensor t = raw::contiguous(target);
+  const int64_t* p = t.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    MG_CHECK(p[i] == ignore_index || (p[i] >= 0 && p[i] < C), IndexError, op, ": target ", p[i], " at position ", i,
+             " is out of range for ", C, " classes (expected [0, ", C - 1, "] or ignore_index ", ignore_index, ")");
+}
+
+// True (b8) for rows that count, false for ignore_index rows.
+Tensor is_valid(const Tensor& target, int64_t ignore_index) {
+  Tensor ign = scalar_tensor(static_cast<double>(ignore_index), {DType::i64, target.device()});
+  return kernels::binary(kernels::Binary::Ne, target, ign);
+}
+Tensor valid_mask(const Tensor& target, int64_t ignore_index, DType dtype) {
+  return kernels::cast(is_valid(target, ignore_index), dtype);
+}
+
+// nll over rows: log_probs [M, C], target i64 [M]; returns [M] / scalar per reduction.
+Tensor nll_rows(const Tensor& lp, const Tensor& target, Reduction red, int64_t ignore_index) {
+  Tensor per = kernels::nll_loss_forward(lp, target, ignore_index);  // [M], 0 where ignored
+  Tensor keep = is_valid(target, ignore_index);
+  Tensor valid = kernels::cast(keep, lp.dtype());
+  Tensor count = kernels::sum(valid);  // stays on the device: no host sync
+  Tensor out = red == Reduction::None ? per
+               : red == Reduction::Sum ? kernels::sum(per)
+                                       : kernels::div(kernels::sum(per), count);
+  if (any_requires_grad({lp})) {
+    // Ignored rows scatter a 0 into column 0 (their label may be any value, e.g. -100).
+    Tensor safe = kernels::where(keep, target, scalar_tensor(0.0, {DType::i64, target.device()}));
+    record("nll_loss", {lp}, out,
+           [red, shape = lp.sizes(), dt = lp.dtype(), valid, count, safe = raw::unsqueeze(safe, 1)](const Grads& g) {
+             Tensor coef = red == Reduction::Mean ? kernels::div(g[0], count) : g[0];  // [M] or 0-dim
+             Tensor src = kernels::unary(kernels::Unary::Neg, kernels::mul(coef, valid));
+             Tensor z = zeros(shape, {src.dtype(), src.device()});
+             kernels::scatter_(z, 1, safe, raw::unsqueeze(src, 1));
+             return Grads{reduce_grad(z, shape, dt)};
+           });
+  }
+  return out;
+}
+}  // namespace
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const std::string& reduction, int64_t ignore_index) {
+  const Reduction red = parse_reduction(reduction, "nll_loss");
+  Rows r = to_rows(log_probs, target, "nll_loss");
+  check_labels(r.target, r.scores.size(1), ignore_index, "nll_loss");
+  Tensor out = nll_rows(r.scores, r.target, red, ignore_index);
+  return red == Reduction::None ? out.reshape(r.target_shape) : out;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::string& reduction, int64_t ignore_index,
+                     double label_smoothing) {
+  const Reduction red = parse_reduction(reduction, "cross_entropy");
+  MG_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError,
+           "cross_entropy: label_smoothing must be in [0, 1], got ", label_smoothing);
+  Rows r = to_rows(logits, target, "cross_entropy");
+  const int64_t C = r.scores.size(1);
+  check_labels(r.target, C, ignore_index, "cross_entropy");
+  Tensor lp = log_softmax(r.scores, 1);
+  if (label_smoothing == 0.0) {
+    Tensor out = nll_rows(lp, r.target, red, ignore_index);
+    return red == Reduction::None ? out.reshape(r.target_shape) : out;
+  }
+  // (1 - e) * nll + e/C * (-sum_c log p_c), ignored rows contributing nothing to either term.
+  Tensor valid = valid_mask(r.target, ignore_index, lp.dtype());
+  Tensor nll = nll_rows(lp, r.target, Reduction::None, ignore_index);
+  Tensor smooth = mul(neg(sum(lp, {1})), valid);
+  Tensor per = add(mul(nll, 1.0 - label_smoothing), mul(smooth, label_smoothing / static_cast<double>(C)));
+  if (red == Reduction::None) return per.reshape(r.target_shape);
+  Tensor total = sum(per);
+  return red == Reduction::Sum ? total : div(total, kernels::sum(valid));
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {
+  const Reduction red = parse_reduction(reduction, "mse_loss");
+  MG_CHECK(input.sizes() == target.sizes(), ShapeError, "mse_loss: input shape ", shape_str(input.sizes()),
+           " and target shape ", shape_str(target.sizes()),
+           " differ (broadcasting them is almost always a bug, e.g. [N, 1] vs [N]; reshape one of them)");
+  MG_CHECK(is_floating(input.dtype()) && is_floating(target.dtype()), DTypeError,
+           "mse_loss: input and target must be floating, got ", input.dtype(), " and ", target.dtype());
+  Tensor sq = square(sub(input, target));
+  return red == Reduction::None ? sq : red == Reduction::Sum ? sum(sq) : mean(sq);
+}
+
+// ---------------- dropout ----------------
+
+Tensor dropout(const Tensor& a, double p, bool training) {
+  MG_CHECK(p >= 0.0 && p < 1.0, ValueError, "dropout: probability p must be in [0, 1), got ", p);
+  if (!training || p == 0.0) return a;
+  MG_CHECK(is_floating(a.dtype()), DTypeError, "dropout: input must be floating, got ", a.dtype());
+  // Inverted dropout: keep with probability 1 - p and scale by 1 / (1 - p), so eval is identity.
+  Tensor keep = empty(a.sizes(), {a.dtype(), a.device()});
+  bernoulli_(keep, 1.0 - p);
+  Tensor mask = kernels::mul_scalar(keep, 1.0 / (1.0 - p));
+  keep = Tensor();
+  Tensor out = kernels::mul(a, mask);
+  if (any_requires_grad({a}))
+    record("dropout", {a}, out, [mask](const Grads& g) { return Grads{kernels::mul(g[0], mask)}; });
+  return out;
+}
+
+}  // namespace mg

@@ -1,0 +1,191 @@
+// The tape's building blocks: SavedTensor's version check, AccumulateGrad, record() and the
+// in-place bookkeeping (check_inplace, history rebase).
+#include "autograd/node.h"
+
+#include <atomic>
+#include <limits>
+
+#include "autograd/grad_mode.h"
+#include "kernels/ops.h"
+
+namespace mg::autograd {
+
+namespace {
+std::atomic<uint64_t> g_next_sequence_nr{0};
+
+constexpr const char* kSecondBackward =
+    "Trying to backward through the graph a second time (or directly access saved tensors after they have "
+    "already been freed); use retain_graph=true";
+
+void fill_output_meta(Node& node, const std::vector<Tensor>& outputs) {
+  node.num_outputs = static_cast<uint32_t>(outputs.size());
+  node.output_shapes.clear();
+  node.output_dtypes.clear();
+  node.output_devices.clear();
+  node.output_tensors.clear();
+  for (const Tensor& o : outputs) {
+    node.output_shapes.push_back(o.defined() ? o.sizes() : Shape{});
+    node.output_dtypes.push_back(o.defined() ? o.dtype() : DType::f32);
+    node.output_devices.push_back(o.defined() ? o.device() : Device::cpu());
+    node.output_tensors.push_back(o.defined() ? std::weak_ptr<TensorImpl>(o.impl_ptr()) : std::weak_ptr<TensorImpl>());
+  }
+}
+
+// Makes `t` an output of `node`: integer outputs never require grad.
+void set_history(const Tensor& t, const std::shared_ptr<Node>& node, uint32_t output_nr) {
+  if (!t.defined() || !is_floating(t.dtype())) return;
+  AutogradMeta& m = t.autograd_meta();
+  m.requires_grad = true;
+  m.grad_fn = node;
+  m.output_nr = output_nr;
+}
+
+// The in-place legality check without the version bump.
+void check_inplace_allowed(const Tensor& t, const char* op) {
+  if (!is_grad_enabled() || !t.requires_grad()) return;
+  MG_CHECK(!t.is_leaf(), AutogradError, "a leaf Variable that requires grad is being used in an in-place operation (",
+           op, "); wrap it in mg::no_grad if this is an update (e.g. an optimizer step)");
+  const auto& base = t.impl()->view_base;
+  MG_CHECK(!(base && base->autograd && base->autograd->requires_grad && !base->autograd->grad_fn), AutogradError,
+           "a view of a leaf Variable that requires grad is being used in an in-place operation (", op, ")");
+}
+}  // namespace
+
+// ---------------- SavedTensor ----------------
+
+SavedTensor::SavedTensor(const Tensor& t, const char* op) : op_(op), was_defined_(t.defined()) {
+  if (t.defined()) {
+    data_ = t.detach();  // shares storage and the version counter, drops the history
+    saved_version_ = t.version();
+  }
+}
+
+Tensor SavedTensor::unpack() const {
+  if (!was_defined_) return Tensor();
+  MG_CHECK(data_.defined(), AutogradError, kSecondBackward, " (a tensor saved by '", op_, "' was already freed)");
+  MG_CHECK(data_.version() == saved_version_, AutogradError,
+           "one of the variables needed for gradient computation has been modified by an inplace operation: "
+           "the tensor saved by '",
+           op_, "' is at version ", data_.version(), ", expected version ", saved_version_,
+           " (of shape ", shape_str(data_.sizes()), ", ", data_.dtype(),
+           "); clone it before modifying it in place, or do the in-place op out of place");
+  return data_;
+}
+
+// ---------------- AccumulateGrad ----------------
+
+AccumulateGrad::AccumulateGrad(const Tensor& t) : leaf(t.impl_ptr()) {
+  // Leaves' sinks run as soon as they are ready, so their gradient buffers die early.
+  sequence_nr = std::numeric_limits<uint64_t>::max();
+  fill_output_meta(*this, {t});
+  output_tensors.clear();  // the leaf is tracked through `leaf`
+}
+
+std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
+  auto impl = leaf.lock();
+  if (!impl || grads.empty() || !grads[0].defined()) return {};
+  Tensor t(impl);
+  Tensor g = std::move(grads[0]);
+  grads.clear();
+  MG_CHECK(g.sizes() == t.sizes(), AutogradError, "AccumulateGrad: gradient of shape ", shape_str(g.sizes()),
+           " for a leaf of shape ", shape_str(t.sizes()));
+  if (g.dtype() != t.dtype()) g = kernels::cast(g, t.dtype());
+  if (g.device() != t.device()) g = raw::to_device(g, t.device());
+  Tensor old = t.grad();
+  if (!old.defined()) {
+    // Keep the incoming buffer only when nothing else can see it (no other path's gradient,
+    // no view, dense); otherwise store a fresh copy so a later in-place update of .grad
+    // (an optimizer, zero_grad) never writes into a gradient someone else holds.
+    const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && !g.impl()->autograd &&
+                           !g.impl()->view_base && g.is_contiguous() && g.offset() == 0;
+    t.set_grad(exclusive ? g : raw::clone(g));
+  } else {
+    // Out of place: a grad captured earlier (e.g. by the user) keeps its value.
+    t.set_grad(kernels::add(old, g));
+  }
+  return {};
+}
+
+// ---------------- FunctionNode ----------------
+
+std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grads) {
+  MG_CHECK(!released && fn_, AutogradError, kSecondBackward, " (node '", op_name_, "' already ran and freed its saved tensors)");
+  return fn_(grads);
+}
+
+// ---------------- edges and recording ----------------
+
+Edge gradient_edge(const Tensor& t) {
+  if (!t.defined() || !t.impl()->autograd) return {};
+  AutogradMeta& m = *t.impl()->autograd;
+  if (m.grad_fn) return {m.grad_fn, m.output_nr};
+  if (!m.requires_grad) return {};
+  std::shared_ptr<Node> acc = m.grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t);
+    m.grad_accumulator = acc;
+  }
+  return {acc, 0};
+}
+
+bool any_requires_grad(const std::vector<Tensor>& inputs) {
+  if (!is_grad_enabled()) return false;
+  for (const Tensor& t : inputs)
+    if (needs_grad(t)) return true;
+  return false;
+}
+
+void record(const char* op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+            FunctionNode::Backward fn) {
+  if (!any_requires_grad(inputs)) return;
+  for (const Tensor& o : outputs)
+    for (const Tensor& i : inputs)
+      MG_CHECK(!(o.defined() && o.is_same(i)), AutogradError, "record(", op,
+               "): an output is the same tensor object as an input (return a new view or use record_inplace)");
+  auto node = std::make_shared<FunctionNode>(op, std::move(fn));
+  node->sequence_nr = g_next_sequence_nr++;
+  node->next_edges.reserve(inputs.size());
+  for (const Tensor& i : inputs) node->next_edges.push_back(needs_grad(i) ? gradient_edge(i) : Edge{});
+  fill_output_meta(*node, outputs);
+  for (size_t k = 0; k < outputs.size(); ++k) set_history(outputs[k], node, static_cast<uint32_t>(k));
+}
+
+void record_inplace(const char* op, const Tensor& self, const std::vector<Tensor>& others, FunctionNode::Backward fn) {
+  std::vector<Tensor> inputs;
+  inputs.reserve(others.size() + 1);
+  inputs.push_back(self);
+  inputs.insert(inputs.end(), others.begin(), others.end());
+  if (!any_requires_grad(inputs) || !is_floating(self.dtype())) return;
+  auto node = std::make_shared<FunctionNode>(op, std::move(fn));
+  node->sequence_nr = g_next_sequence_nr++;
+  node->next_edges.reserve(inputs.size());
+  for (const Tensor& i : inputs) node->next_edges.push_back(needs_grad(i) ? gradient_edge(i) : Edge{});
+  fill_output_meta(*node, {self});
+  set_history(self, node, 0);
+}
+
+void check_inplace(const Tensor& t, const char* op) {
+  check_inplace_allowed(t, op);
+  t.bump_version();
+}
+
+void inplace_update(const Tensor& t, const char* op, const std::function<void()>& write) {
+  check_inplace_allowed(t, op);
+  const uint32_t v0 = t.version();
+  try {
+    write();
+  } catch (...) {
+    *t.impl()->version = v0;
+    throw;
+  }
+  *t.impl()->version = v0 + 1;
+}
+
+Tensor reduce_grad(const Tensor& g, const Shape& shape, DType dtype) {
+  if (!g.defined()) return g;
+  Tensor r = g.sizes() == shape ? g : kernels::sum_to(g, shape);
+  if (r.dtype() != dtype) r = kernels::cast(r, dtype);
+  return r;
+}
+
+}  // namespace mg::autograd
