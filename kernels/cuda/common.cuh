@@ -1,0 +1,177 @@
+// Shared pieces of the CUDA kernels: the stream to launch on, an N-operand offset
+// calculator over collapsed dims, the math type of each element type, and warp reductions.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cmath>
+#include <type_traits>
+
+#include "core/cuda/check.h"
+#include "core/cuda/dtype_cuda.cuh"
+#include "core/device_runtime.h"
+#include "core/tensor.h"
+
+namespace mg::kernels::cuda {
+
+using mg::cuda::from_float;
+using mg::cuda::kMaxDims;
+using mg::cuda::to_float;
+
+inline cudaStream_t stream_of(const Tensor& t) {
+  return static_cast<cudaStream_t>(mg::cuda::Stream::current(t.device().index).handle());
+}
+
+constexpr int kBlock = 256;
+
+// Blocks for a grid-stride loop over n items: enough to fill the GPU, never more than needed.
+inline unsigned blocks_for(int64_t n, int block = kBlock) {
+  int64_t g = (n + block - 1) / block;
+  const int64_t cap = 132LL * 32;  // 32 blocks per SM of an H200 is plenty for grid-stride loops
+  return static_cast<unsigned>(g < 1 ? 1 : (g > cap ? cap : g));
+}
+
+// Offsets of N operands for a linear index over a common shape, dims collapsed on the host
+// (size-1 dims dropped, dims contiguous in every operand merged). Dim 0 is innermost.
+template <int N>
+struct OffsetCalc {
+  int ndim = 0;
+  int64_t sizes[kMaxDims];
+  int64_t strides[kMaxDims][N];
+  __device__ __forceinline__ void get(int64_t linear, int64_t (&off)[N]) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) off[i] = 0;
+    for (int d = 0; d < ndim; ++d) {
+      const int64_t q = linear / sizes[d];
+      const int64_t idx = linear - q * sizes[d];
+      linear = q;
+#pragma unroll
+      for (int i = 0; i < N; ++i) off[i] += idx * strides[d][i];
+    }
+  }
+};
+
+// Builds the calculator for `shape` and each operand's strides (same rank as shape).
+template <int N>
+OffsetCalc<N> make_offset_calc(const Shape& shape, const std::array<const Shape*, N>& strides) {
+  OffsetCalc<N> oc;
+  int nd = 0;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    if (shape[d] == 1) continue;
+    if (nd > 0) {
+      bool merge = true;
+      for (int i = 0; i < N; ++i)
+        if ((*strides[i])[d] != oc.strides[nd - 1][i] * oc.sizes[nd - 1]) merge = false;
+      if (merge) {
+        oc.sizes[nd - 1] *= shape[d];
+        continue;
+      }
+    }
+    MG_CHECK(nd < kMaxDims, ShapeError, "CUDA kernels: at most ", kMaxDims, " non-mergeable dims, got shape ",
+             shape_str(shape));
+    oc.sizes[nd] = shape[d];
+    for (int i = 0; i < N; ++i) oc.strides[nd][i] = (*strides[i])[d];
+    ++nd;
+  }
+  oc.ndim = nd;
+  return oc;
+}
+
+// ---- element types and their math types ----
+// Math type: f32 for f32/f16/bf16, f64 for f64, the integer itself (u8/bool widen to int).
+template <class T> struct MathOf { using type = T; };
+template <> struct MathOf<__half> { using type = float; };
+template <> struct MathOf<__nv_bfloat16> { using type = float; };
+template <> struct MathOf<uint8_t> { using type = int32_t; };
+template <> struct MathOf<bool> { using type = int32_t; };
+template <class T> using math_t = typename MathOf<T>::type;
+
+template <class T> inline constexpr bool is_float_v =
+    std::is_floating_point_v<T> || std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+
+template <class T>
+__device__ __forceinline__ math_t<T> load_m(T v) {
+  if constexpr (std::is_same_v<T, __half>) return __half2float(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
+  else return static_cast<math_t<T>>(v);
+}
+template <class T, class M>
+__device__ __forceinline__ T store_m(M v) {
+  if constexpr (std::is_same_v<T, __half>) return __float2half(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, bool>) return v != M(0);
+  else return static_cast<T>(v);
+}
+// Element to double (for comparisons against double bounds).
+template <class T>
+__device__ __forceinline__ double load_d(T v) {
+  return static_cast<double>(load_m(v));
+}
+
+// Float/double overloads so templates on the math type pick the right precision.
+__device__ __forceinline__ float m_exp(float x) { return expf(x); }
+__device__ __forceinline__ double m_exp(double x) { return exp(x); }
+__device__ __forceinline__ float m_log(float x) { return logf(x); }
+__device__ __forceinline__ double m_log(double x) { return log(x); }
+__device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float m_erf(float x) { return erff(x); }
+__device__ __forceinline__ double m_erf(double x) { return erf(x); }
+__device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
+__device__ __forceinline__ float m_pow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double m_pow(double x, double y) { return pow(x, y); }
+__device__ __forceinline__ float m_abs(float x) { return fabsf(x); }
+__device__ __forceinline__ double m_abs(double x) { return fabs(x); }
+template <class M>
+__device__ __forceinline__ bool m_isnan(M v) {
+  if constexpr (std::is_floating_point_v<M>) return isnan(v);
+  else return false;
+}
+
+// ---- reductions within a warp ----
+template <class A>
+__device__ __forceinline__ A warp_sum(A v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <class A>
+__device__ __forceinline__ A warp_max(A v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    A w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+
+// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread
+// gets the result. `shm` holds 32 values.
+template <class A>
+__device__ __forceinline__ A block_sum(A v, A* shm) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();  // shm may still be read from a previous call
+  if (lane == 0) shm[warp] = v;
+  __syncthreads();
+  v = lane < nw ? shm[lane] : A(0);
+  return warp_sum(v);
+}
+template <class A>
+__device__ __forceinline__ A block_max(A v, A* shm, A lowest) {
+  v = warp_max(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) shm[warp] = v;
+  __syncthreads();
+  v = lane < nw ? shm[lane] : lowest;
+  return warp_max(v);
+}
+
+#define MG_GRID_STRIDE(i, n)                                                                        \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+}  // namespace mg::kernels::cuda

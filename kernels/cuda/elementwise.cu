@@ -1,0 +1,363 @@
+// Elementwise CUDA kernels: one kernel per element type (and output type), the op chosen
+// by a switch on an op code inside it, so compile time grows with dtypes, not dtypes x ops.
+// Contiguous same-shape operands take a 16-byte vectorized path; everything else goes
+// through an N-operand offset calculator (broadcast operands have stride 0).
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace mg::kernels::cuda {
+namespace {
+
+// Op codes beyond the public enums: fused forms that reuse the same kernels.
+constexpr int kClamp = 100;          // unary; p0 = lo, p1 = hi
+constexpr int kAxpby = 200;          // binary; p0 = alpha, p1 = beta
+constexpr int kClampBackward = 201;  // binary (grad, x); p0 = lo, p1 = hi
+constexpr int kLogicalNot = 202;     // binary (a, a) -> a == 0
+
+struct Params {
+  double p0 = 0, p1 = 0;
+};
+
+constexpr double kSqrt1_2 = 0.70710678118654752440;
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;
+constexpr double kTanhK = 0.7978845608028654;  // sqrt(2/pi)
+constexpr double kTanhC = 0.044715;
+
+template <class T>
+__device__ __forceinline__ T unary_op(int op, T xv, const Params& p) {
+  using M = math_t<T>;
+  const M x = load_m(xv);
+  if constexpr (std::is_floating_point_v<M>) {
+    switch (op) {
+      case static_cast<int>(Unary::Neg): return store_m<T>(-x);
+      case static_cast<int>(Unary::Exp): return store_m<T>(m_exp(x));
+      case static_cast<int>(Unary::Log): return store_m<T>(m_log(x));
+      case static_cast<int>(Unary::Sqrt): return store_m<T>(m_sqrt(x));
+      case static_cast<int>(Unary::Rsqrt): return store_m<T>(M(1) / m_sqrt(x));
+      case static_cast<int>(Unary::Abs): return store_m<T>(m_abs(x));
+      case static_cast<int>(Unary::Relu): return store_m<T>(x < M(0) ? M(0) : x);  // NaN stays NaN
+      case static_cast<int>(Unary::Gelu): return store_m<T>(M(0.5) * x * (M(1) + m_erf(x * M(kSqrt1_2))));
+      case static_cast<int>(Unary::GeluTanh):
+        return store_m<T>(M(0.5) * x * (M(1) + m_tanh(M(kTanhK) * (x + M(kTanhC) * x * x * x))));
+      case static_cast<int>(Unary::Sigmoid): return store_m<T>(M(1) / (M(1) + m_exp(-x)));
+      case static_cast<int>(Unary::Tanh): return store_m<T>(m_tanh(x));
+      case static_cast<int>(Unary::Sign): return store_m<T>(M((M(0) < x) - (x < M(0))));
+      case static_cast<int>(Unary::Reciprocal): return store_m<T>(M(1) / x);
+      case static_cast<int>(Unary::Square): return store_m<T>(x * x);
+      case static_cast<int>(Unary::Silu): return store_m<T>(x / (M(1) + m_exp(-x)));
+      case static_cast<int>(Unary::LogicalNot): return store_m<T>(M(x == M(0)));
+      case kClamp: {
+        M v = x < M(p.p0) ? M(p.p0) : x;
+        return store_m<T>(v > M(p.p1) ? M(p.p1) : v);
+      }
+      default: return xv;
+    }
+  } else {
+    switch (op) {
+      case static_cast<int>(Unary::Neg): return store_m<T>(-x);
+      case static_cast<int>(Unary::Abs): return store_m<T>(x < M(0) ? M(-x) : x);
+      case static_cast<int>(Unary::Relu): return store_m<T>(x < M(0) ? M(0) : x);
+      case static_cast<int>(Unary::Sign): return store_m<T>(M((M(0) < x) - (x < M(0))));
+      case static_cast<int>(Unary::Square): return store_m<T>(x * x);
+      case static_cast<int>(Unary::LogicalNot): return store_m<T>(M(x == M(0)));
+      case kClamp: {
+        // In double so infinite bounds never become integers.
+        double v = static_cast<double>(x);
+        v = v < p.p0 ? p.p0 : v;
+        v = v > p.p1 ? p.p1 : v;
+        return store_m<T>(static_cast<M>(v));
+      }
+      default: return xv;
+    }
+  }
+}
+
+template <class T, class O>
+__device__ __forceinline__ O binary_op(int op, T av, T bv, const Params& p) {
+  using M = math_t<T>;
+  const M x = load_m(av), y = load_m(bv);
+  if constexpr (std::is_same_v<O, bool> && !std::is_same_v<T, bool>) {
+    switch (op) {
+      case static_cast<int>(Binary::Eq): return x == y;
+      case static_cast<int>(Binary::Ne): return x != y;
+      case static_cast<int>(Binary::Lt): return x < y;
+      case static_cast<int>(Binary::Le): return x <= y;
+      case static_cast<int>(Binary::Gt): return x > y;
+      case static_cast<int>(Binary::Ge): return x >= y;
+      case kLogicalNot: return x == M(0);
+      default: return false;
+    }
+  } else {
+    switch (op) {
+      case static_cast<int>(Binary::Add): return store_m<O>(x + y);
+      case static_cast<int>(Binary::Sub): return store_m<O>(x - y);
+      case static_cast<int>(Binary::Mul): return store_m<O>(x * y);
+      case static_cast<int>(Binary::Maximum):
+        return store_m<O>(m_isnan(x) ? x : (m_isnan(y) ? y : (x > y ? x : y)));
+      case static_cast<int>(Binary::Minimum):
+        return store_m<O>(m_isnan(x) ? x : (m_isnan(y) ? y : (x < y ? x : y)));
+      case static_cast<int>(Binary::Eq): return store_m<O>(M(x == y));
+      case static_cast<int>(Binary::Ne): return store_m<O>(M(x != y));
+      case static_cast<int>(Binary::Lt): return store_m<O>(M(x < y));
+      case static_cast<int>(Binary::Le): return store_m<O>(M(x <= y));
+      case static_cast<int>(Binary::Gt): return store_m<O>(M(x > y));
+      case static_cast<int>(Binary::Ge): return store_m<O>(M(x >= y));
+      case kLogicalNot: return store_m<O>(M(x == M(0)));
+      case kClampBackward: {
+        const double v = static_cast<double>(x);
+        return (v >= p.p0 && v <= p.p1) ? av : store_m<O>(M(0));
+      }
+      default: break;
+    }
+    if constexpr (std::is_floating_point_v<M>) {
+      switch (op) {
+        case static_cast<int>(Binary::Div): return store_m<O>(x / y);
+        case static_cast<int>(Binary::Pow): return store_m<O>(m_pow(x, y));
+        case kAxpby: return store_m<O>(x * M(p.p0) + y * M(p.p1));
+        case static_cast<int>(Binary::ReluBackward): return y > M(0) ? av : store_m<O>(M(0));
+        case static_cast<int>(Binary::GeluBackward): {
+          const M cdf = M(0.5) * (M(1) + m_erf(y * M(kSqrt1_2)));
+          const M pdf = M(kInvSqrt2Pi) * m_exp(M(-0.5) * y * y);
+          return store_m<O>(x * (cdf + y * pdf));
+        }
+        case static_cast<int>(Binary::GeluTanhBackward): {
+          const M t = m_tanh(M(kTanhK) * (y + M(kTanhC) * y * y * y));
+          const M d = M(0.5) * (M(1) + t) + M(0.5) * y * (M(1) - t * t) * M(kTanhK) * (M(1) + M(3 * kTanhC) * y * y);
+          return store_m<O>(x * d);
+        }
+        case static_cast<int>(Binary::SigmoidBackward): return store_m<O>(x * y * (M(1) - y));
+        case static_cast<int>(Binary::TanhBackward): return store_m<O>(x * (M(1) - y * y));
+        case static_cast<int>(Binary::SiluBackward): {
+          const M s = M(1) / (M(1) + m_exp(-y));
+          return store_m<O>(x * s * (M(1) + y * (M(1) - s)));
+        }
+        default: return store_m<O>(M(0));
+      }
+    } else {
+      switch (op) {
+        case static_cast<int>(Binary::Pow):
+          return store_m<O>(static_cast<M>(static_cast<int64_t>(pow(static_cast<double>(x), static_cast<double>(y)))));
+        case kAxpby: {
+          const double r = static_cast<double>(x) * p.p0 + static_cast<double>(y) * p.p1;
+          if constexpr (std::is_same_v<O, bool>) return r != 0.0;
+          else return static_cast<O>(static_cast<int64_t>(r));
+        }
+        default: return store_m<O>(M(0));
+      }
+    }
+  }
+}
+
+// ---- kernels ----
+
+// Elements per 16-byte vector.
+template <class T>
+constexpr int vec_of() {
+  return sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+}
+template <class T, int V>
+struct alignas(sizeof(T) * V) VecT {
+  T v[V];
+};
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+template <class T>
+__global__ void unary_contig_kernel(int op, Params p, const T* a, T* out, int64_t n) {
+  constexpr int V = vec_of<T>();
+  using Vec = VecT<T, V>;
+  const int64_t nv = n / V;
+  MG_GRID_STRIDE(i, nv) {
+    Vec x = reinterpret_cast<const Vec*>(a)[i];
+#pragma unroll
+    for (int j = 0; j < V; ++j) x.v[j] = unary_op<T>(op, x.v[j], p);
+    reinterpret_cast<Vec*>(out)[i] = x;
+  }
+  const int64_t tail = nv * V + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (tail < n) out[tail] = unary_op<T>(op, a[tail], p);
+}
+
+template <class T>
+__global__ void unary_strided_kernel(int op, Params p, const T* a, T* out, OffsetCalc<2> oc, int64_t n) {
+  MG_GRID_STRIDE(i, n) {
+    int64_t off[2];
+    oc.get(i, off);
+    out[off[0]] = unary_op<T>(op, a[off[1]], p);
+  }
+}
+
+template <class T, class O>
+__global__ void binary_contig_kernel(int op, Params p, const T* a, const T* b, O* out, int64_t n) {
+  constexpr int V = vec_of<T>() < vec_of<O>() ? vec_of<T>() : vec_of<O>();
+  using VecI = VecT<T, V>;
+  using VecO = VecT<O, V>;
+  const int64_t nv = n / V;
+  MG_GRID_STRIDE(i, nv) {
+    const VecI x = reinterpret_cast<const VecI*>(a)[i];
+    const VecI y = reinterpret_cast<const VecI*>(b)[i];
+    VecO r;
+#pragma unroll
+    for (int j = 0; j < V; ++j) r.v[j] = binary_op<T, O>(op, x.v[j], y.v[j], p);
+    reinterpret_cast<VecO*>(out)[i] = r;
+  }
+  const int64_t tail = nv * V + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (tail < n) out[tail] = binary_op<T, O>(op, a[tail], b[tail], p);
+}
+
+template <class T, class O>
+__global__ void binary_strided_kernel(int op, Params p, const T* a, const T* b, O* out, OffsetCalc<3> oc,
+                                      int64_t n) {
+  MG_GRID_STRIDE(i, n) {
+    int64_t off[3];
+    oc.get(i, off);
+    out[off[0]] = binary_op<T, O>(op, a[off[1]], b[off[2]], p);
+  }
+}
+
+template <class T>
+__global__ void where_kernel(const bool* c, const T* a, const T* b, T* out, OffsetCalc<4> oc, int64_t n) {
+  MG_GRID_STRIDE(i, n) {
+    int64_t off[4];
+    oc.get(i, off);
+    out[off[0]] = c[off[1]] ? a[off[2]] : b[off[3]];
+  }
+}
+
+// True when t covers exactly out's elements in the same (contiguous) order.
+bool flat_like(const Tensor& t, const Tensor& out) { return t.sizes() == out.sizes() && t.is_contiguous(); }
+
+bool float_only_unary(Unary op) {
+  switch (op) {
+    case Unary::Neg: case Unary::Abs: case Unary::Relu: case Unary::Sign: case Unary::Square:
+    case Unary::LogicalNot:
+      return false;
+    default:
+      return true;
+  }
+}
+
+bool float_only_binary(int op) {
+  switch (op) {
+    case static_cast<int>(Binary::Add): case static_cast<int>(Binary::Sub): case static_cast<int>(Binary::Mul):
+    case static_cast<int>(Binary::Pow): case static_cast<int>(Binary::Maximum):
+    case static_cast<int>(Binary::Minimum): case static_cast<int>(Binary::Eq): case static_cast<int>(Binary::Ne):
+    case static_cast<int>(Binary::Lt): case static_cast<int>(Binary::Le): case static_cast<int>(Binary::Gt):
+    case static_cast<int>(Binary::Ge): case kAxpby: case kClampBackward: case kLogicalNot:
+      return false;
+    default:
+      return true;
+  }
+}
+
+bool is_comparison(int op) {
+  return op == static_cast<int>(Binary::Eq) || op == static_cast<int>(Binary::Ne) ||
+         op == static_cast<int>(Binary::Lt) || op == static_cast<int>(Binary::Le) ||
+         op == static_cast<int>(Binary::Gt) || op == static_cast<int>(Binary::Ge) || op == kLogicalNot;
+}
+
+void launch_unary(int op, Params p, const Tensor& a, const Tensor& out, const char* name) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  mg::cuda::DeviceGuard g(out.device());
+  cudaStream_t st = stream_of(out);
+  MG_CUDA_DISPATCH_ALL(a.dtype(), name, [&] {
+    using T = scalar_t;
+    const T* pa = static_cast<const T*>(a.raw_data());
+    T* po = static_cast<T*>(out.raw_data());
+    if (out.is_contiguous() && flat_like(a, out) && aligned16(pa) && aligned16(po)) {
+      unary_contig_kernel<T><<<blocks_for(n / vec_of<T>() + 1), kBlock, 0, st>>>(op, p, pa, po, n);
+    } else {
+      auto oc = make_offset_calc<2>(out.sizes(), {&out.strides(), &a.strides()});
+      unary_strided_kernel<T><<<blocks_for(n), kBlock, 0, st>>>(op, p, pa, po, oc, n);
+    }
+  });
+  MG_CUDA_CHECK_LAUNCH(name);
+}
+
+template <class T, class O>
+void launch_binary_t(int op, Params p, const Tensor& a, const Tensor& b, const Tensor& out, cudaStream_t st) {
+  const int64_t n = out.numel();
+  const T* pa = static_cast<const T*>(a.raw_data());
+  const T* pb = static_cast<const T*>(b.raw_data());
+  O* po = static_cast<O*>(out.raw_data());
+  if (out.is_contiguous() && flat_like(a, out) && flat_like(b, out) && aligned16(pa) && aligned16(pb) &&
+      aligned16(po)) {
+    binary_contig_kernel<T, O><<<blocks_for(n / vec_of<T>() + 1), kBlock, 0, st>>>(op, p, pa, pb, po, n);
+  } else {
+    auto oc = make_offset_calc<3>(out.sizes(), {&out.strides(), &a.strides(), &b.strides()});
+    binary_strided_kernel<T, O><<<blocks_for(n), kBlock, 0, st>>>(op, p, pa, pb, po, oc, n);
+  }
+}
+
+void launch_binary(int op, Params p, const Tensor& a, const Tensor& b, const Tensor& out, const char* name) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  MG_CHECK(!float_only_binary(op) || is_floating(a.dtype()), DTypeError, name, ": op not supported for dtype ",
+           a.dtype());
+  mg::cuda::DeviceGuard g(out.device());
+  cudaStream_t st = stream_of(out);
+  if (out.dtype() == DType::b8 && a.dtype() != DType::b8) {
+    MG_CHECK(is_comparison(op), DTypeError, name, ": b8 output only for comparisons");
+    MG_CUDA_DISPATCH_ALL(a.dtype(), name, [&] { launch_binary_t<scalar_t, bool>(op, p, a, b, out, st); });
+  } else {
+    MG_CHECK(out.dtype() == a.dtype(), DTypeError, name, ": output dtype ", out.dtype(), " differs from input ",
+             a.dtype());
+    MG_CUDA_DISPATCH_ALL(a.dtype(), name, [&] { launch_binary_t<scalar_t, scalar_t>(op, p, a, b, out, st); });
+  }
+  MG_CUDA_CHECK_LAUNCH(name);
+}
+
+}  // namespace
+
+void unary(Unary op, const Tensor& a, const Tensor& out) {
+  if (op == Unary::LogicalNot && out.dtype() != a.dtype())
+    return launch_binary(kLogicalNot, {}, a, a, out, "logical_not");
+  MG_CHECK(!float_only_unary(op) || is_floating(a.dtype()), DTypeError, "unary: op not supported for dtype ",
+           a.dtype());
+  launch_unary(static_cast<int>(op), {}, a, out, "unary");
+}
+
+void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  launch_binary(static_cast<int>(op), {}, a, b, out, "binary");
+}
+
+void clamp(const Tensor& a, double lo, double hi, const Tensor& out) {
+  launch_unary(kClamp, {lo, hi}, a, out, "clamp");
+}
+
+void clamp_backward(const Tensor& grad, const Tensor& x, double lo, double hi, const Tensor& out) {
+  launch_binary(kClampBackward, {lo, hi}, grad, x, out, "clamp_backward");
+}
+
+void axpby(const Tensor& a, double alpha, const Tensor& b, double beta, const Tensor& out) {
+  launch_binary(kAxpby, {alpha, beta}, a, b, out, "axpby");
+}
+
+void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  MG_CHECK(cond.dtype() == DType::b8, DTypeError, "where: condition must be b8, got ", cond.dtype());
+  mg::cuda::DeviceGuard g(out.device());
+  cudaStream_t st = stream_of(out);
+  auto oc = make_offset_calc<4>(out.sizes(), {&out.strides(), &cond.strides(), &a.strides(), &b.strides()});
+  // Only the bytes move: dispatch on the element size.
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    where_kernel<T><<<blocks_for(n), kBlock, 0, st>>>(static_cast<const bool*>(cond.raw_data()),
+                                                      static_cast<const T*>(a.raw_data()),
+                                                      static_cast<const T*>(b.raw_data()),
+                                                      static_cast<T*>(out.raw_data()), oc, n);
+  };
+  switch (dtype_size(out.dtype())) {
+    case 1: run(uint8_t{}); break;
+    case 2: run(uint16_t{}); break;
+    case 4: run(uint32_t{}); break;
+    case 8: run(uint64_t{}); break;
+    default: MG_THROW(DTypeError, "where: unsupported dtype ", out.dtype());
+  }
+  MG_CUDA_CHECK_LAUNCH("where");
+}
+
+}  // namespace mg::kernels::cuda
