@@ -183,7 +183,6 @@ void Module::zero_grad(bool set_to_none) {
     } else {
       NoGradGuard ng;
       kernels::fill_(g, 0.0);
-      g.bump_version();
     }
   }
 }

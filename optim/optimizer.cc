@@ -57,7 +57,6 @@ void Optimizer::zero_grad(bool set_to_none) {
       } else {
         NoGradGuard ng;
         kernels::fill_(grad, 0.0);
-        grad.bump_version();
       }
     }
 }

@@ -22,7 +22,9 @@ void write_bytes(const std::string& path, const std::vector<unsigned char>& byte
   const bool gz = path.size() > 3 && path.substr(path.size() - 3) == ".gz";
   gzFile f = gzopen(path.c_str(), gz ? "wb" : "wbT");
   ASSERT_NE(f, nullptr);
-  if (!bytes.empty()) ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+  if (!bytes.empty()) {
+    ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+  }
   ASSERT_EQ(gzclose(f), Z_OK);
 }
 
