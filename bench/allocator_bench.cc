@@ -1,0 +1,113 @@
+// The caching allocator's cost and its memory efficiency:
+//  - alloc+free pairs through the caching allocator vs raw cudaMalloc/cudaFree (H200);
+//  - a replayed GPT-2 training-step trace and a growing-batch trace: peak reserved over
+//    peak allocated, with and without expandable segments (real device and fake device).
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+
+#include "bench/training_trace.h"
+#include "core/cuda/caching_allocator.h"
+#include "core/cuda/cuda_device_memory.h"
+#include "core/cuda/fake_device.h"
+#include "core/device_runtime.h"
+
+namespace mg::bench {
+namespace {
+
+bool have_gpu(benchmark::State& state) {
+  if (cuda::is_available()) return true;
+  state.SkipWithError("no CUDA device");
+  return false;
+}
+
+void BM_CudaMallocFree(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  const size_t bytes = static_cast<size_t>(state.range(0));
+  for (auto _ : state) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      state.SkipWithError("cudaMalloc failed");
+      return;
+    }
+    cudaFree(p);
+  }
+  state.SetLabel("raw cudaMalloc+cudaFree");
+}
+
+void BM_CachingAllocFree(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  const size_t bytes = static_cast<size_t>(state.range(0));
+  cuda::CudaDeviceMemory mem(0);
+  cuda::CachingAllocator a(mem, 0);
+  a.free(a.allocate(bytes));  // warm: the segment is cached
+  for (auto _ : state) {
+    void* p = a.allocate(bytes);
+    benchmark::DoNotOptimize(p);
+    a.free(p);
+  }
+  a.empty_cache();
+  state.SetLabel("memgrad caching allocator");
+}
+
+BENCHMARK(BM_CudaMallocFree)->Arg(4 << 10)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
+BENCHMARK(BM_CachingAllocFree)->Arg(4 << 10)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
+
+// Replays a trace; reports peak reserved / peak allocated (1.0 = no waste).
+void replay(benchmark::State& state, cuda::DeviceMemory& mem, const std::vector<TraceEvent>& trace, bool expandable) {
+  double ratio = 0, peak_alloc = 0, peak_res = 0;
+  for (auto _ : state) {
+    cuda::CachingAllocator a(mem, 0);
+    a.set_expandable_segments(expandable);
+    std::map<int64_t, void*> live;
+    for (const TraceEvent& e : trace) {
+      if (e.alloc) {
+        live[e.id] = a.allocate(e.bytes);
+      } else {
+        a.free(live[e.id]);
+        live.erase(e.id);
+      }
+    }
+    for (auto& kv : live) a.free(kv.second);
+    peak_alloc = static_cast<double>(a.max_memory_allocated());
+    peak_res = static_cast<double>(a.max_memory_reserved());
+    ratio = peak_res / peak_alloc;
+    a.empty_cache();
+  }
+  state.counters["peak_alloc_GiB"] = peak_alloc / (1 << 30);
+  state.counters["peak_reserved_GiB"] = peak_res / (1 << 30);
+  state.counters["reserved_over_alloc"] = ratio;
+}
+
+void BM_TraceGpt2Step(benchmark::State& state) {
+  const bool expandable = state.range(0) != 0;
+  const bool real = state.range(1) != 0;
+  GptShape shape;  // GPT-2 124M, B=8, T=1024, f32
+  auto trace = gpt_training_step_trace(shape, 2);
+  if (real) {
+    if (!have_gpu(state)) return;
+    cuda::CudaDeviceMemory mem(0);
+    replay(state, mem, trace, expandable);
+  } else {
+    cuda::FakeDevice mem(size_t{140} << 30);
+    replay(state, mem, trace, expandable);
+  }
+  state.SetLabel(std::string(real ? "H200" : "fake device") + (expandable ? ", expandable segments" : ", segments"));
+}
+BENCHMARK(BM_TraceGpt2Step)->ArgsProduct({{0, 1}, {0, 1}})->Iterations(1)->Unit(benchmark::kMillisecond);
+
+void BM_TraceGrowingBatch(benchmark::State& state) {
+  const bool expandable = state.range(0) != 0;
+  auto trace = growing_batch_trace(size_t{24} << 20, 12, 1.15);
+  cuda::FakeDevice mem(size_t{140} << 30);
+  replay(state, mem, trace, expandable);
+  state.SetLabel(expandable ? "expandable segments" : "segments");
+}
+BENCHMARK(BM_TraceGrowingBatch)->Arg(0)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace mg::bench
+
+BENCHMARK_MAIN();
