@@ -53,8 +53,9 @@ void softmax_t(const Tensor& a, int64_t dim, bool log, const Tensor& out) {
     M s = 0;
     if (log) {
       for (int64_t j = 0; j < K; ++j) s += std::exp(buf[j] - mx);
-      const M lse = mx + std::log(s);
-      for (int64_t j = 0; j < K; ++j) y[j * sk[1]] = static_cast<T>(buf[j] - lse);
+      // (x - max) - log(s): subtracting the max first keeps precision for large logits.
+      const M ls = std::log(s);
+      for (int64_t j = 0; j < K; ++j) y[j * sk[1]] = static_cast<T>((buf[j] - mx) - ls);
     } else {
       for (int64_t j = 0; j < K; ++j) {
         buf[j] = std::exp(buf[j] - mx);
