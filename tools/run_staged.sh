@@ -3,8 +3,11 @@
 # the benchmarks. Prints the plain line "N passed, M failed, K skipped" for the tests.
 set -uo pipefail
 cd "$(dirname "$0")"
-OUT=${OUT:-/tmp/mg_out}
-mkdir -p "$OUT/xml"
+FINAL=${OUT:-/tmp/mg_out}
+# Only 8 files come back from $OUT: work in a scratch folder, then tar it into $OUT.
+OUT=$(mktemp -d)
+mkdir -p "$OUT/xml" "$FINAL"
+trap 'tar -czf "$FINAL/results.tgz" -C "$OUT" . 2>/dev/null' EXIT
 # cuBLAS/cuDNN: the toolkit's, or the ones PyTorch's wheels ship.
 LIBS=$PWD/lib:/usr/local/cuda/lib64
 for d in $(python3 -c 'import nvidia, os; b=os.path.dirname(nvidia.__path__[0]); print(" ".join(os.path.join(r) for r, ds, fs in os.walk(b+"/nvidia") if r.endswith("/lib")))' 2>/dev/null); do
