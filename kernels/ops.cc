@@ -441,7 +441,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   } else if (B.dim() == 2) {
     // [..., n, k] @ [k, m]: fold the batch into rows, one GEMM.
     batch.assign(A.sizes().begin(), A.sizes().end() - 2);
-    Tensor A2 = raw::reshape(A, {-1, ka});
+    Tensor A2 = raw::reshape(A, {shape_numel(batch) * n, ka});
     Tensor o2 = empty({A2.size(0), m}, {a.dtype(), dev});
     MG_KERNEL(dev, gemm, A2, false, B, false, o2, 1.0, 0.0);
     Shape s = batch;
@@ -481,7 +481,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
     MG_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), ShapeError, "linear: bias shape ", shape_str(bias.sizes()),
              " should be [", w.size(0), "]");
   }
-  Tensor x2 = raw::reshape(x, {-1, x.size(-1)});
+  const int64_t rows = shape_numel(Shape(x.sizes().begin(), x.sizes().end() - 1));
+  Tensor x2 = raw::reshape(x, {rows, x.size(-1)});
   Tensor out = empty({x2.size(0), w.size(0)}, {x.dtype(), dev});
   MG_KERNEL(dev, linear, x2, w, bias, out);
   Shape s(x.sizes().begin(), x.sizes().end() - 1);

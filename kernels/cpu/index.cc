@@ -94,6 +94,23 @@ void scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor&
 void index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
   std::vector<int64_t> idx = index_values(index);
   const int64_t size = a.dim() ? a.size(dim) : 1;
+  if (a.dim() > 0 && a.is_contiguous() && out.is_contiguous()) {
+    // Rows of `inner` elements: one memcpy per (outer, index) pair (embedding lookups).
+    for (size_t i = 0; i < idx.size(); ++i) checked(idx[i], size, "index_select", dim);
+    int64_t outer = 1, inner = 1;
+    for (int64_t d = 0; d < dim; ++d) outer *= a.size(d);
+    for (int64_t d = dim + 1; d < a.dim(); ++d) inner *= a.size(d);
+    const size_t row = static_cast<size_t>(inner) * a.element_size();
+    const char* pa = static_cast<const char*>(a.raw_data());
+    char* po = static_cast<char*>(out.raw_data());
+    const int64_t n = static_cast<int64_t>(idx.size());
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t j = idx[i] < 0 ? idx[i] + size : idx[i];
+        std::memcpy(po + (o * n + i) * row, pa + (o * size + j) * row, row);
+      }
+    return;
+  }
   for (size_t i = 0; i < idx.size(); ++i) {
     const int64_t j = checked(idx[i], size, "index_select", dim);
     if (a.dim() == 0) {

@@ -350,3 +350,51 @@ TEST(Elementwise, EmptyTensors) {
 
 }  // namespace
 }  // namespace mg
+
+namespace mg {
+namespace {
+using namespace mg::testing;
+namespace k = mg::kernels;
+
+// Naive broadcast reference: value of `t` (shape s) at the output multi-index `idx`.
+double at_bcast(const std::vector<double>& v, const Shape& s, const Shape& out, const std::vector<int64_t>& idx) {
+  const size_t off = out.size() - s.size();
+  int64_t flat = 0;
+  for (size_t d = 0; d < s.size(); ++d) flat = flat * s[d] + (s[d] == 1 ? 0 : idx[off + d]);
+  return v[flat];
+}
+
+TEST(Binary, RandomBroadcastShapesVsNaive) {
+  const std::vector<std::pair<Shape, Shape>> cases = {
+      {{2, 1, 3}, {4, 1}}, {{5}, {3, 1}}, {{1}, {2, 2}},        {{3, 1, 1}, {1, 4, 5}},
+      {{2, 3, 4}, {4}},    {{}, {2, 3}},  {{1, 1, 7}, {6, 1, 1}}, {{4, 1, 3, 1}, {2, 1, 5}}};
+  Generator g(50);
+  for (const auto& [sa, sb] : cases) {
+    Tensor a = randn(sa, {DType::f64}, &g), b = randn(sb, {DType::f64}, &g);
+    Tensor r = k::mul(k::add(a, b), b);
+    const Shape out = k::broadcast_shapes(sa, sb, "test");
+    ASSERT_EQ(r.sizes(), out);
+    std::vector<double> va = vals(a), vb = vals(b), want;
+    std::vector<int64_t> idx(out.size(), 0);
+    for (int64_t n = 0; n < shape_numel(out); ++n) {
+      int64_t rem = n;
+      for (int64_t d = static_cast<int64_t>(out.size()) - 1; d >= 0; --d) {
+        idx[d] = rem % out[d];
+        rem /= out[d];
+      }
+      const double x = at_bcast(va, sa, out, idx), y = at_bcast(vb, sb, out, idx);
+      want.push_back((x + y) * y);
+    }
+    expect_near(r, want, 1e-12);
+    // The same through f32 with a permuted (non-contiguous) copy of the output shape.
+    if (out.size() >= 2) {
+      Tensor a32 = k::cast(a, DType::f32), b32 = k::cast(b, DType::f32);
+      Tensor full_a = raw::contiguous(raw::expand(a32, out));
+      Tensor perm = raw::transpose(raw::contiguous(raw::transpose(full_a, 0, 1)), 0, 1);  // same values, strided
+      expect_near(k::mul(k::add(perm, b32), b32), want, 1e-4);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mg

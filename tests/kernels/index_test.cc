@@ -120,3 +120,37 @@ TEST(Index, NllLossForward) {
 
 }  // namespace
 }  // namespace mg
+
+namespace mg {
+namespace {
+using namespace mg::testing;
+namespace k = mg::kernels;
+
+TEST(Index, StridedAndNegativeIndices) {
+  Generator g(60);
+  Tensor a = randn({4, 5}, {DType::f64}, &g);
+  Tensor at = raw::transpose(a, 0, 1);  // [5, 4], not contiguous: the per-slice path
+  Tensor idx = T({3, -1, 0}, {3}, DType::i64);
+  Tensor r = k::index_select(at, 0, idx);
+  Tensor want = k::index_select(raw::contiguous(at), 0, idx);
+  expect_close(r, want, 0);
+  expect_close(raw::select(r, 0, 1), raw::select(at, 0, 4), 0);
+  expect_close(k::index_select(a, 1, idx), raw::transpose(r, 0, 1), 0);
+  // gather/scatter on 3-D, other dtypes.
+  Tensor b = k::cast(k::mul_scalar(randn({2, 3, 4}, {DType::f32}, &g), 10), DType::i64);
+  Tensor gi = randint(0, 3, {2, 2, 4}, {DType::i64}, &g);
+  Tensor gb = k::gather(b, 1, gi);
+  std::vector<double> vb = vals(b), vi = vals(gi), vg = vals(gb);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j)
+      for (int l = 0; l < 4; ++l)
+        EXPECT_EQ(vg[(i * 2 + j) * 4 + l], vb[(i * 3 + static_cast<int>(vi[(i * 2 + j) * 4 + l])) * 4 + l]);
+  Tensor h = k::cast(T({1, 2, 3}, {3}), DType::f16);
+  expect_near(k::gather(h, 0, T({2, 2}, {2}, DType::i32)), {3, 3});
+  Tensor s = zeros({2, 3, 4}, {DType::i64});
+  k::scatter_add_(s, 1, gi, k::gather(b, 1, gi));
+  EXPECT_EQ(k::sum(s).item(), k::sum(gb).item());
+}
+
+}  // namespace
+}  // namespace mg

@@ -188,3 +188,13 @@ TEST(Linalg, Errors) {
 
 }  // namespace
 }  // namespace mg
+
+namespace mg {
+namespace {
+namespace k = mg::kernels;
+TEST(Linalg, ZeroInnerDimWithBatch) {
+  mg::testing::expect_near(k::matmul(zeros({2, 1, 0}), zeros({0, 2})), {0, 0, 0, 0});
+  mg::testing::expect_near(k::linear(zeros({2, 0}), zeros({3, 0}), ones({3})), {1, 1, 1, 1, 1, 1});
+}
+}  // namespace
+}  // namespace mg
