@@ -90,8 +90,8 @@ TEST(SGD, StateIsLazyAndCountedAsOptimizerState) {
 
 TEST(SGD, ParamGroupsWithTheirOwnLr) {
   // The seeds' example: a pretrained backbone at 1e-5, a fresh head at 1e-3.
-  auto backbone = std::make_shared<nn::Linear>(4, 4);
-  auto head = std::make_shared<nn::Linear>(4, 2);
+  auto backbone = std::make_shared<nn::Linear>(4, 4, true, TensorOptions(DType::f64));
+  auto head = std::make_shared<nn::Linear>(4, 2, true, TensorOptions(DType::f64));
   SGD opt({{backbone->parameters(), {{"lr", 1e-5}}}, {head->parameters(), {{"lr", 1e-3}}}}, make(1e-2, 0.9));
   ASSERT_EQ(opt.param_groups().size(), 2u);
   EXPECT_DOUBLE_EQ(opt.param_groups()[0].lr(), 1e-5);
