@@ -132,7 +132,9 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
   Mat am = mat_of(A, trans_a), bm = mat_of(B, trans_b), cm = mat_of(out, false);
   cublasOperation_t opc;
   int64_t ldc;
-  if (blas_view(cm, &opc, &ldc)) {
+  // cuBLAS must not write into an operand: an aliased output goes through a temporary.
+  const bool aliased = out.storage() == A.storage() || out.storage() == B.storage();
+  if (!aliased && blas_view(cm, &opc, &ldc)) {
     if (opc == CUBLAS_OP_N) {
       gemm_colmajor(cm, ldc, am, bm, k, out.dtype(), alpha, beta, 1, 0, 0, 0, op, out.device().index);
     } else {

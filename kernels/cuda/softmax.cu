@@ -1,0 +1,231 @@
+// Softmax and log-softmax along one dim on CUDA, computed in f32 (f64 for f64), stable
+// (the row max is subtracted before exp), with the CPU kernel's semantics for inf rows.
+// Unit-stride rows: a warp per row (a block for rows over 1024 elements) with shuffle
+// reductions; rows along a strided dim: a thread per row (neighbouring rows are
+// neighbours in memory then, so loads still coalesce). Three passes read a row: max,
+// sum, write; the second and third mostly hit L1/L2.
+#include <cstdint>
+#include <limits>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace mg::kernels::cuda {
+namespace {
+
+template <class M>
+struct RowStats {
+  M mx, s;
+};
+
+// For the forward: after the max and sum of exp(x - max) of a row.
+template <class M>
+__device__ __forceinline__ M fix_max(M mx) {
+  // A row of all -inf has no finite max; using 0 keeps exp(-inf) = 0 (NaN result, like PyTorch).
+  return isinf(mx) ? (mx > M(0) ? mx : M(0)) : mx;
+}
+
+template <class T, class M>
+__device__ __forceinline__ T softmax_out(M x, M mx, M inv_or_logs, bool log) {
+  return log ? store_m<T>((x - mx) - inv_or_logs) : store_m<T>(m_exp(x - mx) * inv_or_logs);
+}
+
+// blockDim = (tx, ty): tx threads per row (32, or more with ty == 1).
+template <class T>
+__global__ void softmax_rows_kernel(const T* a, T* out, OffsetCalc<2> oc, int64_t rows, int64_t K, bool log) {
+  using M = math_t<T>;
+  __shared__ M shm[32];
+  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.y) + threadIdx.y;
+  const bool big = blockDim.x > 32;
+  if (!big && row >= rows) return;  // whole warps only
+  int64_t off[2];
+  oc.get(row, off);
+  const T* x = a + off[1];
+  T* y = out + off[0];
+  M mx = -std::numeric_limits<M>::infinity();
+  for (int64_t j = threadIdx.x; j < K; j += blockDim.x) {
+    const M v = load_m(x[j]);
+    mx = v > mx ? v : mx;
+  }
+  mx = big ? block_max(mx, shm, -std::numeric_limits<M>::infinity()) : warp_max(mx);
+  mx = fix_max(mx);
+  M s = 0;
+  for (int64_t j = threadIdx.x; j < K; j += blockDim.x) s += m_exp(load_m(x[j]) - mx);
+  s = big ? block_sum(s, shm) : warp_sum(s);
+  const M c = log ? m_log(s) : M(1) / s;
+  for (int64_t j = threadIdx.x; j < K; j += blockDim.x) y[j] = softmax_out<T>(load_m(x[j]), mx, c, log);
+}
+
+template <class T>
+__global__ void softmax_cols_kernel(const T* a, T* out, OffsetCalc<2> oc, int64_t rows, int64_t K, int64_t sa,
+                                    int64_t so, bool log) {
+  using M = math_t<T>;
+  MG_GRID_STRIDE(row, rows) {
+    int64_t off[2];
+    oc.get(row, off);
+    const T* x = a + off[1];
+    T* y = out + off[0];
+    M mx = -std::numeric_limits<M>::infinity();
+    for (int64_t j = 0; j < K; ++j) {
+      const M v = load_m(x[j * sa]);
+      mx = v > mx ? v : mx;
+    }
+    mx = fix_max(mx);
+    M s = 0;
+    for (int64_t j = 0; j < K; ++j) s += m_exp(load_m(x[j * sa]) - mx);
+    const M c = log ? m_log(s) : M(1) / s;
+    for (int64_t j = 0; j < K; ++j) y[j * so] = softmax_out<T>(load_m(x[j * sa]), mx, c, log);
+  }
+}
+
+// log:     grad_in = g - exp(y) * sum(g)
+// softmax: grad_in = y * (g - sum(g * y))
+template <class T, class M>
+__device__ __forceinline__ M bwd_term(M g, M yv, bool log) {
+  return log ? g : g * yv;
+}
+template <class T, class M>
+__device__ __forceinline__ T bwd_out(M g, M yv, M s, bool log) {
+  return log ? store_m<T>(g - m_exp(yv) * s) : store_m<T>(yv * (g - s));
+}
+
+template <class T>
+__global__ void softmax_bwd_rows_kernel(const T* grad, const T* yt, T* out, OffsetCalc<3> oc, int64_t rows,
+                                        int64_t K, bool log) {
+  using M = math_t<T>;
+  __shared__ M shm[32];
+  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.y) + threadIdx.y;
+  const bool big = blockDim.x > 32;
+  if (!big && row >= rows) return;
+  int64_t off[3];
+  oc.get(row, off);
+  const T* g = grad + off[0];
+  const T* y = yt + off[1];
+  T* r = out + off[2];
+  M s = 0;
+  for (int64_t j = threadIdx.x; j < K; j += blockDim.x) s += bwd_term<T>(load_m(g[j]), load_m(y[j]), log);
+  s = big ? block_sum(s, shm) : warp_sum(s);
+  for (int64_t j = threadIdx.x; j < K; j += blockDim.x) r[j] = bwd_out<T>(load_m(g[j]), load_m(y[j]), s, log);
+}
+
+template <class T>
+__global__ void softmax_bwd_cols_kernel(const T* grad, const T* yt, T* out, OffsetCalc<3> oc, int64_t rows, int64_t K,
+                                        int64_t sg, int64_t sy, int64_t so, bool log) {
+  using M = math_t<T>;
+  MG_GRID_STRIDE(row, rows) {
+    int64_t off[3];
+    oc.get(row, off);
+    const T* g = grad + off[0];
+    const T* y = yt + off[1];
+    T* r = out + off[2];
+    M s = 0;
+    for (int64_t j = 0; j < K; ++j) s += bwd_term<T>(load_m(g[j * sg]), load_m(y[j * sy]), log);
+    for (int64_t j = 0; j < K; ++j) r[j * so] = bwd_out<T>(load_m(g[j * sg]), load_m(y[j * sy]), s, log);
+  }
+}
+
+// Launch shape for unit-stride rows of K elements.
+void row_launch(int64_t rows, int64_t K, dim3* grid, dim3* block) {
+  const int tx = K > 1024 ? (K > 8192 ? 1024 : 256) : 32;
+  *block = dim3(tx, tx == 32 ? 8 : 1);
+  const int64_t g = (rows + block->y - 1) / block->y;
+  MG_CHECK(g <= 0x7fffffff, ShapeError, "softmax: too many rows (", rows, ")");
+  *grid = dim3(static_cast<unsigned>(g));
+}
+
+// The shape with `dim` collapsed to 1: one entry per row.
+Shape rows_shape(const Tensor& t, int64_t dim) {
+  Shape s = t.sizes();
+  if (!s.empty()) s[dim] = 1;
+  return s;
+}
+
+}  // namespace
+
+void softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) {
+  const char* op = log ? "log_softmax" : "softmax";
+  const int64_t K = a.dim() ? a.size(dim) : 1;
+  if (a.numel() == 0) return;
+  const int64_t rows = a.numel() / K;
+  const int64_t sa = a.dim() ? a.stride(dim) : 1, so = out.dim() ? out.stride(dim) : 1;
+  mg::cuda::DeviceGuard g(out.device());
+  cudaStream_t st = stream_of(out);
+  const Shape rs = rows_shape(a, dim);
+  auto oc = make_offset_calc<2>(rs, {&out.strides(), &a.strides()});
+  MG_CUDA_DISPATCH_FLOAT(a.dtype(), op, [&] {
+    using T = scalar_t;
+    const T* pa = static_cast<const T*>(a.raw_data());
+    T* po = static_cast<T*>(out.raw_data());
+    const bool unit = (sa == 1 && so == 1) || K == 1;
+    if (unit || rows < 64) {
+      if (!unit) {
+        // Few long strided rows: run on a contiguous copy with the dim moved last.
+        Tensor at = raw::contiguous(raw::transpose(a, dim, a.dim() - 1));
+        Tensor ot = empty(at.sizes(), {out.dtype(), out.device()});
+        const Shape rs2 = rows_shape(at, at.dim() - 1);
+        auto oc2 = make_offset_calc<2>(rs2, {&ot.strides(), &at.strides()});
+        dim3 grid, block;
+        row_launch(rows, K, &grid, &block);
+        softmax_rows_kernel<T><<<grid, block, 0, st>>>(static_cast<const T*>(at.raw_data()),
+                                                       static_cast<T*>(ot.raw_data()), oc2, rows, K, log);
+        MG_CUDA_CHECK_LAUNCH(op);
+        raw::copy_(out, raw::transpose(ot, dim, a.dim() - 1));
+        return;
+      }
+      dim3 grid, block;
+      row_launch(rows, K, &grid, &block);
+      softmax_rows_kernel<T><<<grid, block, 0, st>>>(pa, po, oc, rows, K, log);
+    } else {
+      softmax_cols_kernel<T><<<blocks_for(rows), kBlock, 0, st>>>(pa, po, oc, rows, K, sa, so, log);
+    }
+    MG_CUDA_CHECK_LAUNCH(op);
+  });
+}
+
+void softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log, const Tensor& out) {
+  const char* op = log ? "log_softmax_backward" : "softmax_backward";
+  const int64_t K = y.dim() ? y.size(dim) : 1;
+  if (y.numel() == 0) return;
+  const int64_t rows = y.numel() / K;
+  const int64_t sg = y.dim() ? grad.stride(dim) : 1, sy = y.dim() ? y.stride(dim) : 1,
+                so = y.dim() ? out.stride(dim) : 1;
+  mg::cuda::DeviceGuard g(out.device());
+  cudaStream_t st = stream_of(out);
+  const Shape rs = rows_shape(y, dim);
+  MG_CUDA_DISPATCH_FLOAT(y.dtype(), op, [&] {
+    using T = scalar_t;
+    const bool unit = (sg == 1 && sy == 1 && so == 1) || K == 1;
+    if (unit || rows < 64) {
+      if (!unit) {
+        const int64_t last = y.dim() - 1;
+        Tensor gt = raw::contiguous(raw::transpose(grad, dim, last));
+        Tensor yt = raw::contiguous(raw::transpose(y, dim, last));
+        Tensor ot = empty(yt.sizes(), {out.dtype(), out.device()});
+        const Shape rs2 = rows_shape(yt, last);
+        auto oc2 = make_offset_calc<3>(rs2, {&gt.strides(), &yt.strides(), &ot.strides()});
+        dim3 grid, block;
+        row_launch(rows, K, &grid, &block);
+        softmax_bwd_rows_kernel<T><<<grid, block, 0, st>>>(static_cast<const T*>(gt.raw_data()),
+                                                           static_cast<const T*>(yt.raw_data()),
+                                                           static_cast<T*>(ot.raw_data()), oc2, rows, K, log);
+        MG_CUDA_CHECK_LAUNCH(op);
+        raw::copy_(out, raw::transpose(ot, dim, last));
+        return;
+      }
+      auto oc = make_offset_calc<3>(rs, {&grad.strides(), &y.strides(), &out.strides()});
+      dim3 grid, block;
+      row_launch(rows, K, &grid, &block);
+      softmax_bwd_rows_kernel<T><<<grid, block, 0, st>>>(static_cast<const T*>(grad.raw_data()),
+                                                         static_cast<const T*>(y.raw_data()),
+                                                         static_cast<T*>(out.raw_data()), oc, rows, K, log);
+    } else {
+      auto oc = make_offset_calc<3>(rs, {&grad.strides(), &y.strides(), &out.strides()});
+      softmax_bwd_cols_kernel<T><<<blocks_for(rows), kBlock, 0, st>>>(
+          static_cast<const T*>(grad.raw_data()), static_cast<const T*>(y.raw_data()),
+          static_cast<T*>(out.raw_data()), oc, rows, K, sg, sy, so, log);
+    }
+    MG_CUDA_CHECK_LAUNCH(op);
+  });
+}
+
+}  // namespace mg::kernels::cuda
