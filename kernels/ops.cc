@@ -50,6 +50,8 @@ Device check_device(const char* op, std::initializer_list<const Tensor*> ts) {
 const char* unary_name(Unary op) {
   static const char* names[] = {"neg",     "exp",  "log",  "sqrt",       "rsqrt",  "abs",  "relu", "gelu", "gelu_tanh",
                                 "sigmoid", "tanh", "sign", "reciprocal", "square", "silu", "logical_not"};
+  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(Unary::LogicalNot) + 1,
+                "a Unary op was added: name it here");
   return names[static_cast<int>(op)];
 }
 
@@ -57,6 +59,8 @@ const char* binary_name(Binary op) {
   static const char* names[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le",
                                 "gt", "ge", "relu_backward", "gelu_backward", "gelu_tanh_backward",
                                 "sigmoid_backward", "tanh_backward", "silu_backward"};
+  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(Binary::SiluBackward) + 1,
+                "a Binary op was added: name it here");
   return names[static_cast<int>(op)];
 }
 
@@ -180,8 +184,10 @@ void binary_(Binary op, const Tensor& a, const Tensor& b) {
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), name);
   MG_CHECK(shape == a.sizes(), ShapeError, name, "_: cannot broadcast ", shape_str(b.sizes()),
            " to the in-place operand's shape ", shape_str(a.sizes()));
-  if (is_comparison(op) || (op == Binary::Div && !is_floating(a.dtype())) || is_backward(op)) {
-    // The result has another dtype (b8 or floating): compute out of place, cast back.
+  if (is_comparison(op) || (op == Binary::Div && !is_floating(a.dtype())) || is_backward(op) ||
+      result_type(a, b) != a.dtype()) {
+    // The result has another dtype (b8, floating, or b's wider type): compute out of place
+    // in that type, then cast back, so b is never rounded to a's dtype first.
     Tensor r = binary(op, a, b);
     raw::copy_(a, r);
   } else {
@@ -240,7 +246,11 @@ void axpby_(const Tensor& a, double alpha, const Tensor& b, double beta) {
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), "axpby_");
   MG_CHECK(shape == a.sizes(), ShapeError, "axpby_: cannot broadcast ", shape_str(b.sizes()),
            " to the in-place operand's shape ", shape_str(a.sizes()));
-  MG_KERNEL(a.device(), axpby, a, alpha, bcast(cast_to(b, a.dtype()), shape), beta, a);
+  if (result_type(a, b) != a.dtype()) {
+    raw::copy_(a, axpby(a, alpha, b, beta));  // compute in b's wider type, round once
+  } else {
+    MG_KERNEL(a.device(), axpby, a, alpha, bcast(cast_to(b, a.dtype()), shape), beta, a);
+  }
   a.bump_version();
 }
 

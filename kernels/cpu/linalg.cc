@@ -92,6 +92,8 @@ void gemm_t(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& ou
   Mat cm = mat_of(out, false);
   int64_t ldc;
   Layout lc = layout(cm, &ldc);
+  // Eigen's noalias products must not write into an operand.
+  if (out.storage() == A.storage() || out.storage() == B.storage()) lc = Layout::None;
   if (lc == Layout::Row) {
     gemm_mapped<T>(am, bm, static_cast<T*>(cm.p), ldc, T(alpha), T(beta));
   } else if (lc == Layout::Col) {

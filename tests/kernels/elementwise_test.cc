@@ -398,3 +398,24 @@ TEST(Binary, RandomBroadcastShapesVsNaive) {
 
 }  // namespace
 }  // namespace mg
+
+namespace mg {
+namespace {
+using namespace mg::testing;
+namespace k = mg::kernels;
+TEST(Binary, InPlaceWithWiderOperandRoundsOnce) {
+  // bf16 a += f32 b: computed in f32 and rounded once (b is not rounded to bf16 first).
+  Tensor a = k::cast(T({256}, {1}), DType::bf16);
+  // 256 + 1.00390625 = 257.0039 -> 258 in bf16 (step 2); rounding b first gives 256 + 1 = 257 -> 256 (ties to even).
+  k::binary_(k::Binary::Add, a, T({1.00390625}, {1}));
+  expect_near(a, {258});
+  Tensor c = k::cast(T({1}, {1}), DType::bf16);
+  // 1 + (2^-8 + 1e-6) -> 1.0078125 (step 2^-7); rounding b to bf16 first loses the 1e-6 and ties to 1.0.
+  k::axpby_(c, 1.0, T({0.00390625 + 1e-6}, {1}), 1.0);
+  expect_near(c, {1.0078125});
+  Tensor i = T({1, 2}, {2}, DType::i64);
+  k::binary_(k::Binary::Mul, i, scalar_tensor(2.5));  // computed in f32, truncated back
+  expect_near(i, {2, 5});
+}
+}  // namespace
+}  // namespace mg

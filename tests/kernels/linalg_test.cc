@@ -198,3 +198,17 @@ TEST(Linalg, ZeroInnerDimWithBatch) {
 }
 }  // namespace
 }  // namespace mg
+
+namespace mg {
+namespace {
+namespace k = mg::kernels;
+TEST(Gemm, OutputAliasingAnInput) {
+  Generator g(70);
+  Tensor a = randn({3, 3}, {DType::f64}, &g), b = randn({3, 3}, {DType::f64}, &g);
+  Tensor want = k::matmul(a, b);
+  Tensor a2 = raw::clone(a);
+  k::gemm(a2, false, b, false, a2, 1.0, 0.0);  // a2 = a2 @ b
+  mg::testing::expect_close(a2, want, 1e-12);
+}
+}  // namespace
+}  // namespace mg
