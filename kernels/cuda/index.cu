@@ -1,0 +1,289 @@
+// Indexing on CUDA: one_hot, gather/scatter(_add), index_select/index_add, nll_loss.
+// Index values are validated on the device before any kernel reads through them: a check
+// kernel records the first bad value and one small device->host read raises
+// mg::IndexError with the CPU kernels' message (an index in [-size, size) is legal and
+// wraps, like the CPU side). i32 indices are widened to i64 first (index tensors are small).
+// Pure data movement dispatches on the element size; the adding forms use atomics.
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace mg::kernels::cuda {
+namespace {
+
+struct BadIndex {
+  unsigned long long flag;
+  long long value;
+};
+
+// Legal: lo <= v < hi, or v == ignore when use_ignore.
+__global__ void check_index_kernel(const int64_t* idx, OffsetCalc<1> oc, int64_t n, int64_t lo, int64_t hi,
+                                   bool use_ignore, int64_t ignore, BadIndex* bad) {
+  MG_GRID_STRIDE(i, n) {
+    int64_t off[1];
+    oc.get(i, off);
+    const int64_t v = idx[off[0]];
+    if ((v < lo || v >= hi) && !(use_ignore && v == ignore)) {
+      if (atomicCAS(&bad->flag, 0ull, 1ull) == 0ull) bad->value = v;
+    }
+  }
+}
+
+// i64 view of an index tensor (i32 is widened on the device).
+Tensor as_i64(const Tensor& index) { return index.dtype() == DType::i64 ? index : raw::to_dtype(index, DType::i64); }
+
+// Returns the first out-of-range value found (has_bad false when all are legal).
+bool find_bad(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, int64_t ignore, int64_t* value) {
+  const int64_t n = idx.numel();
+  if (n == 0) return false;
+  cudaStream_t st = stream_of(idx);
+  Tensor buf = empty({2}, {DType::i64, idx.device()});
+  MG_CUDA_CHECK(cudaMemsetAsync(buf.raw_data(), 0, sizeof(BadIndex), st));
+  auto oc = make_offset_calc<1>(idx.sizes(), {&idx.strides()});
+  check_index_kernel<<<blocks_for(n), kBlock, 0, st>>>(static_cast<const int64_t*>(idx.raw_data()), oc, n, lo, hi,
+                                                      use_ignore, ignore, static_cast<BadIndex*>(buf.raw_data()));
+  MG_CUDA_CHECK_LAUNCH("index check");
+  BadIndex host{};
+  MG_CUDA_CHECK(cudaMemcpyAsync(&host, buf.raw_data(), sizeof(BadIndex), cudaMemcpyDeviceToHost, st));
+  MG_CUDA_CHECK(cudaStreamSynchronize(st));
+  *value = host.value;
+  return host.flag != 0;
+}
+
+// gather/scatter/index_select/index_add: [-size, size) is legal.
+void check_dim_index(const Tensor& idx, int64_t size, int64_t dim, const char* op) {
+  int64_t v;
+  if (find_bad(idx, -size, size, false, 0, &v))
+    MG_THROW(IndexError, op, ": index ", v, " is out of bounds for dim ", dim, " with size ", size);
+}
+
+__device__ __forceinline__ int64_t wrap(int64_t j, int64_t size) { return j < 0 ? j + size : j; }
+
+// out[o] = a[base + wrap(index[i]) * sd] over index's (or out's) shape.
+template <class E>
+__global__ void gather_kernel(const E* a, const int64_t* idx, E* out, OffsetCalc<3> oc, int64_t n, int64_t size,
+                              int64_t sd) {
+  MG_GRID_STRIDE(i, n) {
+    int64_t off[3];
+    oc.get(i, off);  // out, index, a (dim stride zeroed)
+    const int64_t j = wrap(idx[off[1]], size);
+    out[off[0]] = a[off[2] + j * sd];
+  }
+}
+
+template <class E>
+__global__ void scatter_kernel(E* self, const int64_t* idx, const E* src, OffsetCalc<3> oc, int64_t n, int64_t size,
+                               int64_t sd) {
+  MG_GRID_STRIDE(i, n) {
+    int64_t off[3];
+    oc.get(i, off);  // self (dim stride zeroed), index, src
+    const int64_t j = wrap(idx[off[1]], size);
+    self[off[0] + j * sd] = src[off[2]];
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void atomic_add(T* p, T v) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, int32_t> ||
+                std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+    atomicAdd(p, v);
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));  // two's complement
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (v) *p = true;  // x + y != 0 is x || y; racing writers all store true
+  } else {  // uint8_t: CAS on the aligned 32-bit word that holds it
+    unsigned int* word = reinterpret_cast<unsigned int*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
+    const unsigned int shift = (reinterpret_cast<uintptr_t>(p) & 3) * 8;
+    unsigned int old = *word, assumed;
+    do {
+      assumed = old;
+      const unsigned int byte = ((assumed >> shift) + static_cast<unsigned int>(v)) & 0xffu;
+      old = atomicCAS(word, assumed, (assumed & ~(0xffu << shift)) | (byte << shift));
+    } while (old != assumed);
+  }
+}
+
+template <class T>
+__global__ void scatter_add_kernel(T* self, const int64_t* idx, const T* src, OffsetCalc<3> oc, int64_t n,
+                                   int64_t size, int64_t sd) {
+  MG_GRID_STRIDE(i, n) {
+    int64_t off[3];
+    oc.get(i, off);
+    const int64_t j = wrap(idx[off[1]], size);
+    atomic_add(self + off[0] + j * sd, src[off[2]]);
+  }
+}
+
+__global__ void one_hot_kernel(const int64_t* idx, int64_t* out, OffsetCalc<2> oc, int64_t n, int64_t sc) {
+  MG_GRID_STRIDE(i, n) {
+    int64_t off[2];
+    oc.get(i, off);  // index, out row
+    out[off[1] + idx[off[0]] * sc] = 1;
+  }
+}
+
+template <class T>
+__global__ void nll_kernel(const T* lp, const int64_t* target, T* out, OffsetCalc<3> oc, int64_t n, int64_t sc,
+                           int64_t ignore) {
+  MG_GRID_STRIDE(i, n) {
+    int64_t off[3];
+    oc.get(i, off);  // out, target, log_probs (class dim removed)
+    const int64_t t = target[off[1]];
+    out[off[0]] = t == ignore ? store_m<T>(math_t<T>(0)) : store_m<T>(-load_m(lp[off[2] + t * sc]));
+  }
+}
+
+Shape strides_without(const Tensor& t, int64_t dim) {
+  Shape s = t.strides();
+  if (!s.empty()) s[dim] = 0;
+  return s;
+}
+
+// Strides that walk a 1-D (or 0-D) index along `dim` of an n-dim shape.
+Shape index_strides_along(const Tensor& index, int64_t dim, int64_t ndim) {
+  Shape s(ndim, 0);
+  if (ndim > 0 && index.dim() == 1) s[dim] = index.stride(0);
+  return s;
+}
+
+// Runs f(tag) with tag's type the unsigned integer of t's element size.
+template <class F>
+void by_size(DType t, const char* op, F f) {
+  switch (dtype_size(t)) {
+    case 1: f(uint8_t{}); break;
+    case 2: f(uint16_t{}); break;
+    case 4: f(uint32_t{}); break;
+    case 8: f(uint64_t{}); break;
+    default: MG_THROW(DTypeError, op, ": unsupported dtype ", t);
+  }
+}
+
+}  // namespace
+
+void one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) {
+  mg::cuda::DeviceGuard g(out.device());
+  Tensor idx = as_i64(indices);
+  int64_t v;
+  if (find_bad(idx, 0, num_classes, false, 0, &v))
+    MG_THROW(IndexError, "one_hot: class index ", v, " out of range [0, ", num_classes, ")");
+  raw::fill_(out, 0.0);
+  const int64_t n = idx.numel();
+  if (n == 0 || num_classes == 0) return;
+  Shape ost(out.strides().begin(), out.strides().end() - 1);
+  auto oc = make_offset_calc<2>(idx.sizes(), {&idx.strides(), &ost});
+  one_hot_kernel<<<blocks_for(n), kBlock, 0, stream_of(out)>>>(
+      static_cast<const int64_t*>(idx.raw_data()), static_cast<int64_t*>(out.raw_data()), oc, n, out.strides().back());
+  MG_CUDA_CHECK_LAUNCH("one_hot");
+}
+
+void gather(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
+  mg::cuda::DeviceGuard g(out.device());
+  Tensor idx = as_i64(index);
+  const int64_t size = a.dim() ? a.size(dim) : 1;
+  const int64_t sd = a.dim() ? a.stride(dim) : 0;
+  check_dim_index(idx, size, dim, "gather");
+  const int64_t n = idx.numel();
+  if (n == 0) return;
+  const Shape ast = strides_without(a, dim);
+  auto oc = make_offset_calc<3>(idx.sizes(), {&out.strides(), &idx.strides(), &ast});
+  by_size(a.dtype(), "gather", [&](auto tag) {
+    using E = decltype(tag);
+    gather_kernel<E><<<blocks_for(n), kBlock, 0, stream_of(out)>>>(static_cast<const E*>(a.raw_data()),
+                                                                   static_cast<const int64_t*>(idx.raw_data()),
+                                                                   static_cast<E*>(out.raw_data()), oc, n, size, sd);
+  });
+  MG_CUDA_CHECK_LAUNCH("gather");
+}
+
+void scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, bool add) {
+  const char* op = add ? "scatter_add_" : "scatter_";
+  mg::cuda::DeviceGuard g(self.device());
+  Tensor idx = as_i64(index);
+  const int64_t size = self.dim() ? self.size(dim) : 1;
+  const int64_t sd = self.dim() ? self.stride(dim) : 0;
+  check_dim_index(idx, size, dim, op);
+  const int64_t n = idx.numel();
+  if (n == 0) return;
+  const Shape sst = strides_without(self, dim);
+  auto oc = make_offset_calc<3>(idx.sizes(), {&sst, &idx.strides(), &src.strides()});
+  cudaStream_t st = stream_of(self);
+  const int64_t* pi = static_cast<const int64_t*>(idx.raw_data());
+  if (add) {
+    MG_CUDA_DISPATCH_ALL(self.dtype(), op, [&] {
+      scatter_add_kernel<scalar_t><<<blocks_for(n), kBlock, 0, st>>>(
+          static_cast<scalar_t*>(self.raw_data()), pi, static_cast<const scalar_t*>(src.raw_data()), oc, n, size, sd);
+    });
+  } else {
+    by_size(self.dtype(), op, [&](auto tag) {
+      using E = decltype(tag);
+      scatter_kernel<E><<<blocks_for(n), kBlock, 0, st>>>(static_cast<E*>(self.raw_data()), pi,
+                                                          static_cast<const E*>(src.raw_data()), oc, n, size, sd);
+    });
+  }
+  MG_CUDA_CHECK_LAUNCH(op);
+}
+
+void index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
+  mg::cuda::DeviceGuard g(out.device());
+  Tensor idx = as_i64(index);
+  const int64_t size = a.dim() ? a.size(dim) : 1;
+  check_dim_index(idx, size, dim, "index_select");
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  if (a.dim() == 0) return raw::copy_(out, a);
+  // The gather pattern over out's shape: the index walks along `dim`, `a` is fixed there.
+  const Shape ist = index_strides_along(idx, dim, out.dim());
+  const Shape ast = strides_without(a, dim);
+  auto oc = make_offset_calc<3>(out.sizes(), {&out.strides(), &ist, &ast});
+  by_size(a.dtype(), "index_select", [&](auto tag) {
+    using E = decltype(tag);
+    gather_kernel<E><<<blocks_for(n), kBlock, 0, stream_of(out)>>>(
+        static_cast<const E*>(a.raw_data()), static_cast<const int64_t*>(idx.raw_data()),
+        static_cast<E*>(out.raw_data()), oc, n, size, a.stride(dim));
+  });
+  MG_CUDA_CHECK_LAUNCH("index_select");
+}
+
+void index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+  mg::cuda::DeviceGuard g(self.device());
+  Tensor idx = as_i64(index);
+  const int64_t size = self.dim() ? self.size(dim) : 1;
+  check_dim_index(idx, size, dim, "index_add_");
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  const Shape sst = strides_without(self, dim);
+  const Shape ist = index_strides_along(idx, dim, src.dim());
+  auto oc = make_offset_calc<3>(src.sizes(), {&sst, &ist, &src.strides()});
+  const int64_t sd = self.dim() ? self.stride(dim) : 0;
+  MG_CUDA_DISPATCH_ALL(self.dtype(), "index_add_", [&] {
+    scatter_add_kernel<scalar_t><<<blocks_for(n), kBlock, 0, stream_of(self)>>>(
+        static_cast<scalar_t*>(self.raw_data()), static_cast<const int64_t*>(idx.raw_data()),
+        static_cast<const scalar_t*>(src.raw_data()), oc, n, size, sd);
+  });
+  MG_CUDA_CHECK_LAUNCH("index_add_");
+}
+
+void nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, const Tensor& out) {
+  mg::cuda::DeviceGuard g(out.device());
+  Tensor tgt = as_i64(target);
+  const int64_t cdim = log_probs.dim() == 1 ? 0 : 1;
+  const int64_t C = log_probs.size(cdim);
+  const int64_t sc = log_probs.stride(cdim);
+  int64_t v;
+  if (find_bad(tgt, 0, C, true, ignore_index, &v))
+    MG_THROW(IndexError, "nll_loss_forward: target ", v, " out of range [0, ", C, ")");
+  const int64_t n = tgt.numel();
+  if (n == 0) return;
+  Shape lp_st = log_probs.strides();
+  lp_st.erase(lp_st.begin() + cdim);
+  auto oc = make_offset_calc<3>(tgt.sizes(), {&out.strides(), &tgt.strides(), &lp_st});
+  MG_CUDA_DISPATCH_FLOAT(log_probs.dtype(), "nll_loss_forward", [&] {
+    nll_kernel<scalar_t><<<blocks_for(n), kBlock, 0, stream_of(out)>>>(
+        static_cast<const scalar_t*>(log_probs.raw_data()), static_cast<const int64_t*>(tgt.raw_data()),
+        static_cast<scalar_t*>(out.raw_data()), oc, n, sc, ignore_index);
+  });
+  MG_CUDA_CHECK_LAUNCH("nll_loss_forward");
+}
+
+}  // namespace mg::kernels::cuda
