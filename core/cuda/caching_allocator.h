@@ -1,0 +1,239 @@
+// The block-caching device allocator: PyTorch's CUDACachingAllocator semantics (pools, best-fit,
+// split/coalesce, stream-ordered reuse, limits, retry-then-OOM, stats), over any DeviceMemory.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/cuda/device_memory.h"
+#include "core/cuda/memory_snapshot.h"
+
+namespace mg::cuda {
+
+// PyTorch's constants (c10/cuda/CUDACachingAllocator.cpp), same meaning.
+inline constexpr std::size_t kMinBlockSize = 512;             // every size rounds up to this
+inline constexpr std::size_t kSmallSize = std::size_t{1} << 20;  // largest "small" request
+inline constexpr std::size_t kSmallBuffer = std::size_t{2} << 20;  // small-pool segment size
+inline constexpr std::size_t kLargeBuffer = std::size_t{20} << 20;  // segment for 1-10 MiB
+inline constexpr std::size_t kMinLargeAlloc = std::size_t{10} << 20;
+inline constexpr std::size_t kRoundLarge = std::size_t{2} << 20;  // segment rounding above 10 MiB
+
+// One counter, tracked PyTorch-style: current value, high-water mark, and totals of increases
+// ("allocated") and decreases ("freed") since the last reset.
+struct Stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;
+  std::int64_t freed = 0;
+  void update(std::int64_t delta);
+};
+
+enum StatType : int { kAllPools = 0, kSmallPool = 1, kLargePool = 2 };
+using StatArray = std::array<Stat, 3>;  // indexed by StatType
+
+struct DeviceStats {
+  StatArray allocation;            // blocks handed out by allocate()
+  StatArray segment;               // device allocations (segments)
+  StatArray active;                // allocated + pending-free blocks
+  StatArray inactive_split;        // free blocks that are part of a split segment
+  StatArray allocated_bytes;
+  StatArray reserved_bytes;        // bytes held from the device
+  StatArray active_bytes;
+  StatArray inactive_split_bytes;  // memory that fragmentation may strand
+  StatArray requested_bytes;       // what callers asked for, before rounding
+  Stat oversize_allocations;       // allocations >= max_split_size
+  Stat oversize_segments;
+  std::int64_t num_alloc_retries = 0;  // allocations that had to free cache and retry
+  std::int64_t num_ooms = 0;
+  std::int64_t num_device_alloc = 0;   // successful malloc + map calls
+  std::int64_t num_device_free = 0;    // free + unmap calls
+  std::int64_t num_sync_all_streams = 0;  // times the allocator waited for every pending event
+};
+
+// Where the cache loses memory to fragmentation. ratio = 1 - largest_free / free_cached:
+// 0 means all cached memory is one usable block, near 1 means it is shattered.
+struct FragmentationInfo {
+  std::size_t largest_free_block = 0;
+  std::size_t free_cached = 0;           // inactive blocks (reusable now)
+  std::size_t reserved_unallocated = 0;  // reserved - allocated (includes pending frees)
+  double ratio = 0.0;
+};
+
+class CachingAllocator {
+ public:
+  explicit CachingAllocator(DeviceMemory& device, int device_index = 0);
+  // Returns every segment to the device; pointers still allocated become invalid.
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // nullptr for 0 bytes. Throws mg::OutOfMemoryError (state unchanged) when nothing works.
+  void* allocate(std::size_t bytes, StreamId stream = kDefaultStream);
+  // nullptr is a no-op; anything else must be a pointer allocate() returned (mg::ValueError).
+  void free(void* ptr);
+  // The block's usable size (>= the rounded request).
+  std::size_t allocation_size(void* ptr) const;
+  // ptr is (also) used by work queued on `stream`: on free, reuse waits for that work.
+  void record_stream(void* ptr, StreamId stream);
+
+  // Waits for pending frees, then returns every fully free segment (and free tail pages of
+  // expandable segments) to the device.
+  void empty_cache();
+
+  // Caps reserved bytes at fraction * device total; fraction in (0, 1].
+  void set_memory_fraction(double fraction);
+  // Caps reserved bytes at `bytes` (> 0). Does not free anything by itself: when the cache is
+  // over the new cap, later allocations free cache before growing.
+  void set_memory_limit(std::size_t bytes);
+  void clear_memory_limit();
+  std::size_t memory_limit() const;  // 0 when unlimited
+
+  // Settings (apply to segments created afterwards).
+  // Expandable segments need DeviceMemory::supports_virtual_memory(); otherwise ignored.
+  void set_expandable_segments(bool enabled);
+  // Blocks >= this are never split, and small requests never take them. > 20 MiB, or SIZE_MAX.
+  void set_max_split_size(std::size_t bytes);
+  // PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax, e.g. "expandable_segments:True,max_split_size_mb:128".
+  // Also understands per_process_memory_fraction:0.5. Unknown keys raise mg::ValueError.
+  void configure(const std::string& config);
+
+  // --- torch.cuda-style accessors ---
+  std::size_t memory_allocated() const;
+  std::size_t max_memory_allocated() const;
+  std::size_t memory_reserved() const;
+  std::size_t max_memory_reserved() const;
+  void reset_peak_memory_stats();
+  void reset_accumulated_memory_stats();
+  DeviceStats stats() const;
+  // Keys as in torch.cuda.memory_stats(): "allocated_bytes.all.current", "segment.large_pool.peak",
+  // "num_alloc_retries", ... plus "fragmentation.*" and "memory_limit".
+  std::map<std::string, std::int64_t> memory_stats() const;
+  FragmentationInfo fragmentation() const;
+  std::string memory_summary() const;
+
+  // --- snapshots and history ---
+  MemorySnapshot snapshot() const;
+  // Keeps the last max_entries trace entries in a ring buffer; disabling clears it.
+  void record_history(bool enabled, std::size_t max_entries = 100000);
+  void write_snapshot_json(const std::string& path) const;
+  void write_timeline_html(const std::string& path) const;
+
+  // Walks every segment, block, pool and counter and raises mg::Error on the first broken
+  // invariant. O(blocks); meant for tests and debugging.
+  void check_invariants() const;
+
+  int device_index() const { return device_index_; }
+
+ private:
+  struct Segment;
+  struct Block {
+    std::uintptr_t addr = 0;
+    std::size_t size = 0;
+    std::size_t requested = 0;
+    StreamId stream = kDefaultStream;
+    Segment* segment = nullptr;
+    Block* prev = nullptr;
+    Block* next = nullptr;
+    bool allocated = false;
+    bool oversize = false;         // counted in oversize_allocations
+    bool counted_split = false;    // counted in inactive_split while in the pool
+    int event_count = 0;           // outstanding events before reuse
+    std::vector<StreamId> stream_uses;
+    std::string context;
+    bool is_free() const { return !allocated && event_count == 0; }
+  };
+  struct Segment {
+    std::uintptr_t addr = 0;
+    std::size_t size = 0;       // backed bytes (mapped prefix for expandable)
+    std::size_t va_size = 0;    // reserved address range (expandable only)
+    std::size_t page = 0;       // mapping unit (expandable only)
+    StreamId stream = kDefaultStream;
+    bool small = false;
+    bool expandable = false;
+    bool oversize = false;
+    Block* head = nullptr;
+  };
+  struct BlockLess {
+    bool operator()(const Block* a, const Block* b) const;
+  };
+  struct BlockPool {
+    std::set<Block*, BlockLess> blocks;
+  };
+  struct PendingEvent {
+    EventId event;
+    Block* block;
+  };
+
+  // caching_allocator.cc: the allocation machinery.
+  BlockPool& pool_for(bool small) { return small ? small_pool_ : large_pool_; }
+  const BlockPool& pool_for(bool small) const { return small ? small_pool_ : large_pool_; }
+  void pool_insert(Block* b);
+  void pool_erase(Block* b);
+  Block* find_free_block(bool small, StreamId stream, std::size_t size);
+  Block* get_new_memory(bool small, StreamId stream, std::size_t size, bool* limit_hit);
+  Block* alloc_segment(bool small, StreamId stream, std::size_t size, bool* limit_hit);
+  Block* grow_expandable(bool small, StreamId stream, std::size_t size, bool* limit_hit);
+  std::size_t bytes_to_release(std::size_t want);
+  std::size_t release_cached(std::size_t needed);
+  std::size_t releasable_bytes(const Segment& s) const;
+  std::size_t release_segment(Segment* s);
+  bool should_split(const Block* b, std::size_t size) const;
+  void* take_block(Block* b, std::size_t size, std::size_t requested);
+  void free_block(Block* b);
+  void insert_events(Block* b);
+  void process_events();
+  void synchronize_and_free_events();
+  void empty_cache_locked();
+  Block* lookup_allocated(void* ptr, const char* op) const;
+  void trace(TraceAction action, std::uintptr_t addr, std::size_t size, StreamId stream,
+             const std::string& context);
+  void update(StatArray& stat, bool small, std::int64_t delta);
+
+  // caching_allocator_stats.cc: reporting and settings.
+  [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size, StreamId stream, bool limit_hit);
+  FragmentationInfo fragmentation_locked() const;
+  std::map<std::string, std::int64_t> memory_stats_locked() const;
+  MemorySnapshot snapshot_locked() const;
+
+  DeviceMemory& device_;
+  const int device_index_;
+  mutable std::mutex mutex_;
+
+  BlockPool small_pool_;
+  BlockPool large_pool_;
+  std::map<std::uintptr_t, std::unique_ptr<Segment>> segments_;
+  std::map<std::pair<bool, StreamId>, Segment*> expandable_segments_;  // (small, stream)
+  std::unordered_map<std::uintptr_t, Block*> allocated_blocks_;
+  std::map<StreamId, std::deque<PendingEvent>> events_;  // per stream, in record order
+
+  DeviceStats stats_;
+  std::size_t limit_ = 0;  // 0 = unlimited
+  double fraction_ = 0.0;  // what set_memory_fraction asked, for messages
+  bool expandable_ = false;
+  std::size_t max_split_size_ = SIZE_MAX;
+
+  bool history_enabled_ = false;
+  std::size_t history_max_ = 0;
+  std::deque<TraceEntry> history_;
+  std::uint64_t history_dropped_ = 0;
+  std::uint64_t seq_ = 0;
+  const std::chrono::steady_clock::time_point start_;
+};
+
+// The size a request is rounded to (multiple of 512, at least 512).
+std::size_t round_size(std::size_t bytes);
+// The segment size a new device allocation gets for a rounded request (non-expandable).
+std::size_t segment_size_for(std::size_t rounded);
+
+}  // namespace mg::cuda
