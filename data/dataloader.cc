@@ -37,6 +37,7 @@ DataLoader::Iterator DataLoader::begin() {
   MG_CHECK(static_cast<int64_t>(order_.size()) == n, ValueError, "DataLoader: the dataset changed size from ",
            order_.size(), " to ", n);
   if (opts_.shuffle) {
+    MemoryCategoryGuard g(MemoryCategory::Data);  // the sampler's permutation is data too
     Tensor perm = randperm(n, opts_.generator ? opts_.generator : &own_gen_);
     const int64_t* p = perm.data_ptr<int64_t>();
     order_.assign(p, p + n);

@@ -39,7 +39,7 @@ const std::vector<std::string> kModels = {"mlp"};
 struct Flags {
   int64_t epochs = 2;
   int64_t batch_size = 64;
-  double lr = 0.05;
+  double lr = 0.02;
   double momentum = 0.9;
   double weight_decay = 0.0;
   double dropout = 0.0;
@@ -60,7 +60,7 @@ memory by category after each epoch, and one JSON line at the end.
 
   --epochs N          passes over the training set (default 2)
   --batch-size N      training batch size (default 64)
-  --lr X              learning rate (default 0.05)
+  --lr X              learning rate (default 0.02)
   --momentum X        SGD momentum (default 0.9)
   --weight-decay X    L2 penalty (default 0)
   --dropout P         dropout after each hidden ReLU, 0 = none (default 0)
