@@ -9,10 +9,11 @@
 namespace mg::kernels::cpu {
 namespace {
 
+// Like PyTorch, negative indices are out of bounds here (no Python-style wrapping).
 inline int64_t checked(int64_t i, int64_t size, const char* op, int64_t dim) {
-  if (i < -size || i >= size)
+  if (i < 0 || i >= size)
     MG_THROW(IndexError, op, ": index ", i, " is out of bounds for dim ", dim, " with size ", size);
-  return i < 0 ? i + size : i;
+  return i;
 }
 
 // Reads the index tensor (i64 or i32) as int64 values in logical order.
@@ -106,7 +107,7 @@ void index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tenso
     const int64_t n = static_cast<int64_t>(idx.size());
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t i = 0; i < n; ++i) {
-        const int64_t j = idx[i] < 0 ? idx[i] + size : idx[i];
+        const int64_t j = idx[i];
         std::memcpy(po + (o * n + i) * row, pa + (o * size + j) * row, row);
       }
     return;
@@ -126,7 +127,7 @@ void index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tenso
   const int64_t size = self.dim() ? self.size(dim) : 1;
   for (size_t i = 0; i < idx.size(); ++i) checked(idx[i], size, "index_add_", dim);
   for (size_t i = 0; i < idx.size(); ++i) {
-    const int64_t j = idx[i] < 0 ? idx[i] + size : idx[i];
+    const int64_t j = idx[i];
     if (self.dim() == 0) {
       binary(Binary::Add, self, src, self);
     } else {

@@ -29,7 +29,7 @@ TEST(Index, Gather) {
   Tensor i0 = T({1, 0, 1}, {1, 3}, DType::i32);
   expect_near(k::gather(a, 0, i0), {4, 2, 6});
   expect_near(k::gather(raw::transpose(a, 0, 1), 0, T({1, 2}, {1, 2}, DType::i64)), {2, 6});
-  expect_near(k::gather(a, 1, T({-1}, {1, 1}, DType::i64)), {3});  // negative wraps like Python
+  EXPECT_MG_ERROR(k::gather(a, 1, T({-1}, {1, 1}, DType::i64)), IndexError, "gather: index -1");  // like PyTorch
   EXPECT_MG_ERROR(k::gather(a, 1, T({3}, {1, 1}, DType::i64)), IndexError, "gather: index 3");
   EXPECT_MG_ERROR(k::gather(a, 1, T({0}, {1}, DType::i64)), ShapeError, "gather");
   EXPECT_MG_ERROR(k::gather(a, 0, T({0, 0, 0, 0}, {1, 4}, DType::i64)), ShapeError, "gather");
@@ -130,12 +130,14 @@ TEST(Index, StridedAndNegativeIndices) {
   Generator g(60);
   Tensor a = randn({4, 5}, {DType::f64}, &g);
   Tensor at = raw::transpose(a, 0, 1);  // [5, 4], not contiguous: the per-slice path
-  Tensor idx = T({3, -1, 0}, {3}, DType::i64);
+  Tensor idx = T({3, 4, 0}, {3}, DType::i64);
   Tensor r = k::index_select(at, 0, idx);
   Tensor want = k::index_select(raw::contiguous(at), 0, idx);
   expect_close(r, want, 0);
   expect_close(raw::select(r, 0, 1), raw::select(at, 0, 4), 0);
   expect_close(k::index_select(a, 1, idx), raw::transpose(r, 0, 1), 0);
+  EXPECT_MG_ERROR(k::index_select(at, 0, T({-1}, {1}, DType::i64)), IndexError, "index_select: index -1");
+  EXPECT_MG_ERROR(k::index_select(a, 0, T({-1}, {1}, DType::i64)), IndexError, "index_select: index -1");
   // gather/scatter on 3-D, other dtypes.
   Tensor b = k::cast(k::mul_scalar(randn({2, 3, 4}, {DType::f32}, &g), 10), DType::i64);
   Tensor gi = randint(0, 3, {2, 2, 4}, {DType::i64}, &g);
