@@ -94,7 +94,8 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   const int64_t n = sizes()[d];
   MG_CHECK(start >= -n && start <= n, IndexError, "narrow: start ", start, " out of range for dim ", d, " of size ", n);
   if (start < 0) start += n;
-  MG_CHECK(length >= 0 && start + length <= n, IndexError, "narrow: start (", start, ") + length (", length,
+  MG_CHECK(length >= 0, ValueError, "narrow: length must be non-negative, got ", length);
+  MG_CHECK(start + length <= n, IndexError, "narrow: start (", start, ") + length (", length,
            ") exceeds dim ", d, " of size ", n);
   return slice(d, start, start + length, 1);
 }
