@@ -334,12 +334,8 @@ int run(const Flags& f) {
         mg::MemoryCategoryGuard act(mg::MemoryCategory::Activations);
         loss = mg::cross_entropy((*model)(x), y);
       }
-      {
-        // Gradients (and the short-lived temporaries of backward) are allocated here.
-        mg::MemoryCategoryGuard grads(mg::MemoryCategory::Gradients);
-        optimizer.zero_grad();
-        loss.backward();
-      }
+      optimizer.zero_grad();
+      loss.backward();  // the engine allocates under MemoryCategory::Gradients itself
       optimizer.step();  // momentum buffers: MemoryCategory::OptimizerState
       const double l = loss.item();
       loss_sum += l;
