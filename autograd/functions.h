@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "autograd/conv_functions.h"
 #include "autograd/grad_mode.h"
 #include "core/tensor.h"
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "nn/activation.h"
+#include "nn/conv.h"
 #include "nn/init.h"
 #include "nn/linear.h"
 #include "nn/loss.h"

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
 
 namespace mg::kernels::cpu {
@@ -53,5 +54,28 @@ void index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tenso
 void index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);
 // out has target's shape; class dim of log_probs is 1 (0 for 1-D input).
 void nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, const Tensor& out);
+
+// ---- convolution, pooling, batch norm (conv.cc, pool.cc, norm.cc) ----
+// nn_ops.cc has validated the arguments and made inputs contiguous NCHW, f32 or f64; outputs
+// are allocated contiguous and fully overwritten.
+void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args, const Tensor& out);
+void conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Conv2dArgs& args, const Tensor& grad_x);
+void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Conv2dArgs& args, const Tensor& grad_w);
+void max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, const Tensor& indices);
+void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_x);
+void avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out);
+void avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& args, const Tensor& grad_x);
+void adaptive_avg_pool2d(const Tensor& x, const Tensor& out);
+void adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& grad_x);
+// x [N, C, S] viewed; weight/bias/running stats [C] of x's dtype (weight/bias/running may be
+// undefined); save_mean/save_invstd [C] of x's dtype.
+void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                                 const Tensor& running_var, double momentum, double eps, const Tensor& out,
+                                 const Tensor& save_mean, const Tensor& save_invstd);
+void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                             const Tensor& running_var, double eps, const Tensor& out);
+void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                         const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight,
+                         const Tensor& grad_bias);
 
 }  // namespace mg::kernels::cpu

@@ -1,0 +1,40 @@
+// Differentiable convolution, pooling and batch normalization (PyTorch's F.conv2d,
+// F.max_pool2d, ...): forward and backward sit side by side in autograd/conv_ops.cc.
+#pragma once
+
+#include <optional>
+#include <utility>
+
+#include "core/tensor.h"
+#include "kernels/nn_ops.h"  // mg::Int2
+
+namespace mg {
+
+// Inputs are NCHW [N, C, H, W] or unbatched [C, H, W]; a channels-last (NHWC-permuted)
+// tensor is accepted and copied to contiguous NCHW first. Outputs are contiguous NCHW.
+
+// weight [O, C/groups, kH, kW], bias [O] or undefined. groups == C (and O a multiple of C)
+// is a depthwise convolution.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), Int2 stride = 1,
+              Int2 padding = 0, Int2 dilation = 1, int64_t groups = 1);
+
+// stride defaults to kernel_size. Padding must be at most half the (dilated) kernel.
+Tensor max_pool2d(const Tensor& x, Int2 kernel_size, std::optional<Int2> stride = std::nullopt, Int2 padding = 0,
+                  Int2 dilation = 1, bool ceil_mode = false);
+// Also returns the i64 argmax of each window as a flat index into its H*W plane.
+std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Int2 kernel_size,
+                                                  std::optional<Int2> stride = std::nullopt, Int2 padding = 0,
+                                                  Int2 dilation = 1, bool ceil_mode = false);
+Tensor avg_pool2d(const Tensor& x, Int2 kernel_size, std::optional<Int2> stride = std::nullopt, Int2 padding = 0,
+                  bool ceil_mode = false, bool count_include_pad = true);
+// Output [N, C, output_size.h, output_size.w]; windows may overlap when sizes don't divide.
+Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size);
+
+// x [N, C, *]. training: normalize with the batch's statistics (biased variance) and, when
+// running_mean/var are given, update them in place with `momentum` (unbiased variance);
+// otherwise normalize with running_mean/var. weight/bias [C] may be undefined.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight = Tensor(), const Tensor& bias = Tensor(), bool training = false,
+                  double momentum = 0.1, double eps = 1e-5);
+
+}  // namespace mg

@@ -1,0 +1,148 @@
+// Batch normalization on the CPU over x viewed as [N, C, S] (S = H*W, or 1 for [N, C]):
+// per-channel statistics in f64 accumulators (two passes: mean, then squared deviations,
+// which stays accurate where E[x^2] - E[x]^2 would cancel), then one fused scale+shift pass.
+#include <cmath>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace mg::kernels::cpu {
+namespace {
+
+struct NCS {
+  int64_t N, C, S;
+  int64_t M() const { return N * S; }  // values per channel
+};
+
+NCS ncs(const Tensor& x) {
+  int64_t S = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) S *= x.size(d);
+  return {x.size(0), x.size(1), S};
+}
+
+template <class T>
+T* ptr(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.raw_data()) : nullptr;
+}
+
+// f(value_ptr, segment_length) over channel c's segments (one contiguous run of S per sample).
+template <class T, class F>
+void for_channel(const NCS& s, T* base, int64_t c, F f) {
+  for (int64_t n = 0; n < s.N; ++n) f(base + (n * s.C + c) * s.S, s.S);
+}
+
+template <class T>
+void normalize_channel(const NCS& s, const T* x, T* out, int64_t c, double scale, double shift) {
+  const T sc = static_cast<T>(scale), sh = static_cast<T>(shift);
+  for (int64_t n = 0; n < s.N; ++n) {
+    const int64_t o = (n * s.C + c) * s.S;
+    for (int64_t k = 0; k < s.S; ++k) out[o + k] = x[o + k] * sc + sh;
+  }
+}
+
+template <class T>
+void forward_training_t(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                        const Tensor& running_var, double momentum, double eps, const Tensor& out,
+                        const Tensor& save_mean, const Tensor& save_invstd) {
+  const NCS s = ncs(x);
+  const T* px = ptr<T>(x);
+  const T *pw = ptr<T>(weight), *pb = ptr<T>(bias);
+  T *prm = ptr<T>(running_mean), *prv = ptr<T>(running_var);
+  T *po = ptr<T>(out), *pm = ptr<T>(save_mean), *pi = ptr<T>(save_invstd);
+  const double M = static_cast<double>(s.M());
+  for (int64_t c = 0; c < s.C; ++c) {
+    double sum = 0;
+    for_channel(s, px, c, [&](const T* v, int64_t n) {
+      for (int64_t k = 0; k < n; ++k) sum += v[k];
+    });
+    const double mean = sum / M;
+    double sq = 0;
+    for_channel(s, px, c, [&](const T* v, int64_t n) {
+      for (int64_t k = 0; k < n; ++k) {
+        const double d = v[k] - mean;
+        sq += d * d;
+      }
+    });
+    const double var = sq / M;
+    const double invstd = 1.0 / std::sqrt(var + eps);
+    pm[c] = static_cast<T>(mean);
+    pi[c] = static_cast<T>(invstd);
+    const double scale = (pw ? pw[c] : 1.0) * invstd;
+    normalize_channel(s, px, po, c, scale, (pb ? pb[c] : 0.0) - mean * scale);
+    if (prm) prm[c] = static_cast<T>((1.0 - momentum) * prm[c] + momentum * mean);
+    if (prv) prv[c] = static_cast<T>((1.0 - momentum) * prv[c] + momentum * var * M / (M - 1.0));
+  }
+}
+
+template <class T>
+void forward_eval_t(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                    const Tensor& running_var, double eps, const Tensor& out) {
+  const NCS s = ncs(x);
+  const T *pw = ptr<T>(weight), *pb = ptr<T>(bias), *prm = ptr<T>(running_mean), *prv = ptr<T>(running_var);
+  for (int64_t c = 0; c < s.C; ++c) {
+    const double invstd = 1.0 / std::sqrt(static_cast<double>(prv[c]) + eps);
+    const double scale = (pw ? pw[c] : 1.0) * invstd;
+    normalize_channel(s, ptr<T>(x), ptr<T>(out), c, scale, (pb ? pb[c] : 0.0) - prm[c] * scale);
+  }
+}
+
+template <class T>
+void backward_t(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight,
+                const Tensor& grad_bias) {
+  const NCS s = ncs(x);
+  const T *pg = ptr<T>(grad_out), *px = ptr<T>(x), *pw = ptr<T>(weight);
+  const T *pm = ptr<T>(mean), *pi = ptr<T>(invstd);
+  T *pdx = ptr<T>(grad_x), *pdw = ptr<T>(grad_weight), *pdb = ptr<T>(grad_bias);
+  const double M = static_cast<double>(s.M());
+  for (int64_t c = 0; c < s.C; ++c) {
+    const double mu = pm[c], is = pi[c], w = pw ? pw[c] : 1.0;
+    double sum_g = 0, sum_gd = 0;  // sum(g), sum(g * (x - mean))
+    for (int64_t n = 0; n < s.N; ++n) {
+      const int64_t o = (n * s.C + c) * s.S;
+      for (int64_t k = 0; k < s.S; ++k) {
+        sum_g += pg[o + k];
+        sum_gd += pg[o + k] * (px[o + k] - mu);
+      }
+    }
+    if (pdw) pdw[c] = static_cast<T>(sum_gd * is);
+    if (pdb) pdb[c] = static_cast<T>(sum_g);
+    if (!pdx) continue;
+    // training: dx = w*is * (g - mean(g) - (x - mu) * is^2 * mean(g * (x - mu)));
+    // eval: the statistics are constants, dx = w*is * g.
+    const T a = static_cast<T>(w * is);
+    const T mg = training ? static_cast<T>(sum_g / M) : T(0);
+    const T k2 = training ? static_cast<T>(is * is * sum_gd / M) : T(0);
+    const T muT = static_cast<T>(mu);
+    for (int64_t n = 0; n < s.N; ++n) {
+      const int64_t o = (n * s.C + c) * s.S;
+      for (int64_t k = 0; k < s.S; ++k) pdx[o + k] = a * (pg[o + k] - mg - (px[o + k] - muT) * k2);
+    }
+  }
+}
+
+}  // namespace
+
+void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                                 const Tensor& running_var, double momentum, double eps, const Tensor& out,
+                                 const Tensor& save_mean, const Tensor& save_invstd) {
+  if (x.dtype() == DType::f64)
+    return forward_training_t<double>(x, weight, bias, running_mean, running_var, momentum, eps, out, save_mean,
+                                      save_invstd);
+  forward_training_t<float>(x, weight, bias, running_mean, running_var, momentum, eps, out, save_mean, save_invstd);
+}
+
+void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                             const Tensor& running_var, double eps, const Tensor& out) {
+  if (x.dtype() == DType::f64) return forward_eval_t<double>(x, weight, bias, running_mean, running_var, eps, out);
+  forward_eval_t<float>(x, weight, bias, running_mean, running_var, eps, out);
+}
+
+void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                         const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight,
+                         const Tensor& grad_bias) {
+  if (x.dtype() == DType::f64)
+    return backward_t<double>(grad_out, x, weight, mean, invstd, training, grad_x, grad_weight, grad_bias);
+  backward_t<float>(grad_out, x, weight, mean, invstd, training, grad_x, grad_weight, grad_bias);
+}
+
+}  // namespace mg::kernels::cpu

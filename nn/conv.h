@@ -1,0 +1,87 @@
+// Convolution, pooling and batch-norm layers as Modules (torch.nn.Conv2d, MaxPool2d,
+// AvgPool2d, AdaptiveAvgPool2d, BatchNorm2d), thin wrappers over autograd/conv_functions.h.
+#pragma once
+
+#include <optional>
+
+#include "autograd/conv_functions.h"
+#include "core/random.h"
+#include "nn/module.h"
+
+namespace mg::nn {
+
+// NCHW input [N, C, H, W] (or [C, H, W]); channels-last tensors are accepted (copied to NCHW).
+class Conv2d : public Module {
+ public:
+  // Parameters are allocated under MemoryCategory::Parameters; `gen` null = default generator.
+  Conv2d(int64_t in_channels, int64_t out_channels, Int2 kernel_size, Int2 stride = 1, Int2 padding = 0,
+         Int2 dilation = 1, int64_t groups = 1, bool bias = true, TensorOptions opts = {}, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  // PyTorch's init: kaiming_uniform_(weight, a = sqrt(5)), bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+  // with fan_in = in_channels / groups * kH * kW.
+  void reset_parameters(Generator* gen = nullptr);
+  std::string extra_repr() const override;
+
+  const int64_t in_channels, out_channels;
+  const Int2 kernel_size, stride, padding, dilation;
+  const int64_t groups;
+  Tensor& weight;  // [out, in / groups, kH, kW]
+  Tensor& bias;    // [out], undefined when bias = false
+};
+
+class MaxPool2d : public Module {
+ public:
+  // stride defaults to kernel_size.
+  explicit MaxPool2d(Int2 kernel_size, std::optional<Int2> stride = std::nullopt, Int2 padding = 0,
+                     Int2 dilation = 1, bool ceil_mode = false);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  Int2 kernel_size, stride, padding, dilation;
+  bool ceil_mode;
+};
+
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(Int2 kernel_size, std::optional<Int2> stride = std::nullopt, Int2 padding = 0,
+                     bool ceil_mode = false, bool count_include_pad = true);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  Int2 kernel_size, stride, padding;
+  bool ceil_mode, count_include_pad;
+};
+
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(Int2 output_size);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  Int2 output_size;
+};
+
+// Per-channel normalization over (N, H, W) of a 4-D input. train(): batch statistics, and
+// (with track_running_stats) running_mean/running_var updated with `momentum` (nullopt =
+// cumulative average, 1/num_batches_tracked) and num_batches_tracked += 1. eval(): running
+// statistics (or batch statistics when track_running_stats is false).
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, std::optional<double> momentum = 0.1,
+                       bool affine = true, bool track_running_stats = true, TensorOptions opts = {});
+  Tensor forward(const Tensor& x) override;
+  // running_mean = 0, running_var = 1, num_batches_tracked = 0.
+  void reset_running_stats();
+  // reset_running_stats(), weight = 1, bias = 0.
+  void reset_parameters();
+  std::string extra_repr() const override;
+
+  const int64_t num_features;
+  const double eps;
+  const std::optional<double> momentum;
+  const bool affine, track_running_stats;
+  Tensor& weight;               // [C], undefined when !affine
+  Tensor& bias;                 // [C], undefined when !affine
+  Tensor& running_mean;         // [C] buffer, undefined when !track_running_stats
+  Tensor& running_var;          // [C] buffer
+  Tensor& num_batches_tracked;  // i64 scalar buffer
+};
+
+}  // namespace mg::nn
