@@ -1,8 +1,8 @@
 // Indexing on CUDA: one_hot, gather/scatter(_add), index_select/index_add, nll_loss.
 // Index values are validated on the device before any kernel reads through them: a check
 // kernel records the first bad value and one small device->host read raises
-// mg::IndexError with the CPU kernels' message (an index in [-size, size) is legal and
-// wraps, like the CPU side). i32 indices are widened to i64 first (index tensors are small).
+// mg::IndexError with the CPU kernels' message (legal: [0, size); negative indices are out
+// of bounds, like PyTorch and the CPU side). i32 indices are widened to i64 first (index tensors are small).
 // Pure data movement dispatches on the element size; the adding forms use atomics.
 #include <cstdint>
 
@@ -51,23 +51,22 @@ bool find_bad(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, int64_
   return host.flag != 0;
 }
 
-// gather/scatter/index_select/index_add: [-size, size) is legal.
+// gather/scatter/index_select/index_add: [0, size) is legal.
 void check_dim_index(const Tensor& idx, int64_t size, int64_t dim, const char* op) {
   int64_t v;
-  if (find_bad(idx, -size, size, false, 0, &v))
+  if (find_bad(idx, 0, size, false, 0, &v))
     MG_THROW(IndexError, op, ": index ", v, " is out of bounds for dim ", dim, " with size ", size);
 }
 
-__device__ __forceinline__ int64_t wrap(int64_t j, int64_t size) { return j < 0 ? j + size : j; }
-
-// out[o] = a[base + wrap(index[i]) * sd] over index's (or out's) shape.
+// out[o] = a[base + index[i] * sd] over index's (or out's) shape.
 template <class E>
 __global__ void gather_kernel(const E* a, const int64_t* idx, E* out, OffsetCalc<3> oc, int64_t n, int64_t size,
                               int64_t sd) {
   MG_GRID_STRIDE(i, n) {
     int64_t off[3];
     oc.get(i, off);  // out, index, a (dim stride zeroed)
-    const int64_t j = wrap(idx[off[1]], size);
+    const int64_t j = idx[off[1]];
+    if (j < 0 || j >= size) continue;  // never taken: checked before launch
     out[off[0]] = a[off[2] + j * sd];
   }
 }
@@ -78,7 +77,8 @@ __global__ void scatter_kernel(E* self, const int64_t* idx, const E* src, Offset
   MG_GRID_STRIDE(i, n) {
     int64_t off[3];
     oc.get(i, off);  // self (dim stride zeroed), index, src
-    const int64_t j = wrap(idx[off[1]], size);
+    const int64_t j = idx[off[1]];
+    if (j < 0 || j >= size) continue;  // never taken: checked before launch
     self[off[0] + j * sd] = src[off[2]];
   }
 }
@@ -110,27 +110,31 @@ __global__ void scatter_add_kernel(T* self, const int64_t* idx, const T* src, Of
   MG_GRID_STRIDE(i, n) {
     int64_t off[3];
     oc.get(i, off);
-    const int64_t j = wrap(idx[off[1]], size);
+    const int64_t j = idx[off[1]];
+    if (j < 0 || j >= size) continue;  // never taken: checked before launch
     atomic_add(self + off[0] + j * sd, src[off[2]]);
   }
 }
 
-__global__ void one_hot_kernel(const int64_t* idx, int64_t* out, OffsetCalc<2> oc, int64_t n, int64_t sc) {
+__global__ void one_hot_kernel(const int64_t* idx, int64_t* out, OffsetCalc<2> oc, int64_t n, int64_t sc,
+                               int64_t classes) {
   MG_GRID_STRIDE(i, n) {
     int64_t off[2];
     oc.get(i, off);  // index, out row
-    out[off[1] + idx[off[0]] * sc] = 1;
+    const int64_t c = idx[off[0]];
+    if (c >= 0 && c < classes) out[off[1] + c * sc] = 1;  // always true: checked before launch
   }
 }
 
 template <class T>
 __global__ void nll_kernel(const T* lp, const int64_t* target, T* out, OffsetCalc<3> oc, int64_t n, int64_t sc,
-                           int64_t ignore) {
+                           int64_t classes, int64_t ignore) {
   MG_GRID_STRIDE(i, n) {
     int64_t off[3];
     oc.get(i, off);  // out, target, log_probs (class dim removed)
     const int64_t t = target[off[1]];
-    out[off[0]] = t == ignore ? store_m<T>(math_t<T>(0)) : store_m<T>(-load_m(lp[off[2] + t * sc]));
+    const bool skip = t == ignore || t < 0 || t >= classes;  // out of range never gets here: checked before launch
+    out[off[0]] = skip ? store_m<T>(math_t<T>(0)) : store_m<T>(-load_m(lp[off[2] + t * sc]));
   }
 }
 
@@ -173,7 +177,7 @@ void one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) {
   Shape ost(out.strides().begin(), out.strides().end() - 1);
   auto oc = make_offset_calc<2>(idx.sizes(), {&idx.strides(), &ost});
   one_hot_kernel<<<blocks_for(n), kBlock, 0, stream_of(out)>>>(
-      static_cast<const int64_t*>(idx.raw_data()), static_cast<int64_t*>(out.raw_data()), oc, n, out.strides().back());
+      static_cast<const int64_t*>(idx.raw_data()), static_cast<int64_t*>(out.raw_data()), oc, n, out.strides().back(), num_classes);
   MG_CUDA_CHECK_LAUNCH("one_hot");
 }
 
@@ -281,7 +285,7 @@ void nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ign
   MG_CUDA_DISPATCH_FLOAT(log_probs.dtype(), "nll_loss_forward", [&] {
     nll_kernel<scalar_t><<<blocks_for(n), kBlock, 0, stream_of(out)>>>(
         static_cast<const scalar_t*>(log_probs.raw_data()), static_cast<const int64_t*>(tgt.raw_data()),
-        static_cast<scalar_t*>(out.raw_data()), oc, n, sc, ignore_index);
+        static_cast<scalar_t*>(out.raw_data()), oc, n, sc, C, ignore_index);
   });
   MG_CUDA_CHECK_LAUNCH("nll_loss_forward");
 }

@@ -1,0 +1,596 @@
+// CUDA vs CPU parity for every op in kernels/ops.h: the same random inputs (same views:
+// strided, transposed, broadcast; sizes 1, 33, 1000, 4097) run on the CPU and on cuda:0,
+// compared in f64/f32/f16/bf16 with per-dtype tolerances. Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/device_runtime.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "kernels/ops.h"
+
+namespace mg {
+namespace {
+namespace k = mg::kernels;
+using View = std::function<Tensor(const Tensor&)>;
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!mg::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
+
+const std::vector<DType> kFloats = {DType::f32, DType::f16, DType::bf16, DType::f64};
+
+double tol_of(DType t, bool matmul = false) {
+  switch (t) {
+    case DType::f64: return 1e-9;
+    case DType::f32: return matmul ? 1e-4 : 1e-5;
+    case DType::f16: return 1e-2;
+    case DType::bf16: return 2e-2;
+    default: return 0;  // integers and bools: exact
+  }
+}
+
+Tensor to_cuda(const Tensor& t) { return raw::to_device(t, Device::cuda(0)); }
+
+// Uniform values in [lo, hi) of dtype `dt` on the CPU (integers: rounded).
+Tensor host(const Shape& s, DType dt, Generator& g, double lo = -2, double hi = 2) {
+  Tensor f = uniform(s, lo, hi, {DType::f64}, &g);
+  if (dt == DType::b8) return k::binary(k::Binary::Gt, f, scalar_tensor(0.5 * (lo + hi), {DType::f64}));
+  if (!is_floating(dt)) {
+    std::vector<double> v = f.to_vector<double>();
+    for (double& x : v) x = std::floor(x);
+    return raw::to_dtype(from_vector(v, s, {DType::f64}), dt);
+  }
+  return raw::to_dtype(f, dt);
+}
+
+// Compares a CPU result with a CUDA one: |x - y| <= tol * (|x| + rms(x)); NaN/inf must match.
+void expect_parity(const Tensor& cpu, const Tensor& gpu, double tol, const std::string& what) {
+  ASSERT_TRUE(gpu.is_cuda()) << what;
+  ASSERT_EQ(cpu.sizes(), gpu.sizes()) << what;
+  ASSERT_EQ(cpu.dtype(), gpu.dtype()) << what;
+  std::vector<double> a = cpu.to_vector<double>(), b = gpu.to_vector<double>();
+  double rms = 0;
+  int64_t finite = 0;
+  for (double x : a)
+    if (std::isfinite(x)) rms += x * x, ++finite;
+  rms = finite ? std::sqrt(rms / finite) : 0;
+  int bad = 0;
+  for (size_t i = 0; i < a.size() && bad < 5; ++i) {
+    const bool ok = std::isnan(a[i]) ? std::isnan(b[i])
+                    : std::isinf(a[i]) ? a[i] == b[i]
+                                       : std::abs(a[i] - b[i]) <= tol * (std::abs(a[i]) + rms);
+    if (!ok) {
+      ++bad;
+      ADD_FAILURE() << what << ": element " << i << " of " << shape_str(cpu.sizes()) << " " << cpu.dtype()
+                    << ": cpu " << a[i] << " vs cuda " << b[i];
+    }
+  }
+}
+
+// Views applied identically on both devices.
+struct NamedView {
+  std::string name;
+  Shape base;
+  View view;
+};
+std::vector<NamedView> unary_views() {
+  return {
+      {"n1", {1}, [](const Tensor& t) { return t; }},
+      {"n33", {33}, [](const Tensor& t) { return t; }},
+      {"n1000", {1000}, [](const Tensor& t) { return t; }},
+      {"n4097", {4097}, [](const Tensor& t) { return t; }},
+      {"transposed", {40, 33}, [](const Tensor& t) { return raw::transpose(t, 0, 1); }},
+      {"stepped", {33, 64}, [](const Tensor& t) { return raw::slice(t, 1, 1, 64, 2); }},
+      {"offset", {4098}, [](const Tensor& t) { return raw::slice(t, 0, 1, 4098, 1); }},  // unaligned start
+  };
+}
+
+class CudaParity : public ::testing::Test {
+ protected:
+  Generator g{20240607};
+};
+
+// ---------------------------------------------------------------- elementwise
+
+TEST_F(CudaParity, UnaryFloat) {
+  SKIP_WITHOUT_CUDA();
+  using U = k::Unary;
+  const std::vector<U> ops = {U::Neg,     U::Exp,  U::Log,  U::Sqrt,       U::Rsqrt,  U::Abs,  U::Relu, U::Gelu,
+                              U::GeluTanh, U::Sigmoid, U::Tanh, U::Sign, U::Reciprocal, U::Square, U::Silu};
+  for (DType dt : kFloats)
+    for (const auto& v : unary_views())
+      for (U op : ops) {
+        const bool positive = op == U::Log || op == U::Sqrt || op == U::Rsqrt || op == U::Reciprocal;
+        Tensor base = host(v.base, dt, g, positive ? 0.1 : -3, 3);
+        Tensor gb = to_cuda(base);
+        const std::string what = "unary " + std::to_string(static_cast<int>(op)) + " " + v.name;
+        expect_parity(k::unary(op, v.view(base)), k::unary(op, v.view(gb)), tol_of(dt), what);
+        // In place on the view.
+        Tensor c = raw::clone(base), gc = raw::clone(gb);
+        k::unary_(op, v.view(c));
+        k::unary_(op, v.view(gc));
+        expect_parity(c, gc, tol_of(dt), what + " in-place");
+      }
+}
+
+TEST_F(CudaParity, UnaryIntegerAndLogicalNot) {
+  SKIP_WITHOUT_CUDA();
+  using U = k::Unary;
+  for (DType dt : {DType::i64, DType::i32, DType::u8})
+    for (const auto& v : unary_views())
+      for (U op : {U::Neg, U::Abs, U::Relu, U::Sign, U::Square, U::LogicalNot}) {
+        Tensor base = host(v.base, dt, g, dt == DType::u8 ? 0 : -50, 50);
+        expect_parity(k::unary(op, v.view(base)), k::unary(op, v.view(to_cuda(base))), 0,
+                      "int unary " + std::to_string(static_cast<int>(op)) + " " + v.name);
+      }
+  Tensor b = host({1000}, DType::b8, g);
+  expect_parity(k::unary(U::LogicalNot, b), k::unary(U::LogicalNot, to_cuda(b)), 0, "logical_not b8");
+  // exp of an integer tensor promotes to f32.
+  Tensor i = host({33}, DType::i32, g, -3, 3);
+  expect_parity(k::unary(U::Exp, i), k::unary(U::Exp, to_cuda(i)), 1e-5, "exp i32");
+}
+
+struct BinCase {
+  std::string name;
+  Shape sa, sb;
+  View va, vb;
+};
+std::vector<BinCase> binary_cases() {
+  auto id = [](const Tensor& t) { return t; };
+  return {
+      {"same1", {1}, {1}, id, id},
+      {"same33", {33}, {33}, id, id},
+      {"same4097", {4097}, {4097}, id, id},
+      {"bcast_row_col", {33, 1}, {1, 40}, id, id},
+      {"bcast_3d", {5, 1, 7}, {3, 1}, id, id},
+      {"scalar", {1000}, {}, id, id},
+      {"transposed", {40, 33}, {33, 40}, [](const Tensor& t) { return raw::transpose(t, 0, 1); }, id},
+      {"stepped", {33, 64}, {33, 32}, [](const Tensor& t) { return raw::slice(t, 1, 0, 64, 2); }, id},
+      {"unaligned", {4098}, {4097}, [](const Tensor& t) { return raw::slice(t, 0, 1, 4098, 1); }, id},
+  };
+}
+
+TEST_F(CudaParity, BinaryFloat) {
+  SKIP_WITHOUT_CUDA();
+  using B = k::Binary;
+  const std::vector<B> ops = {B::Add,          B::Sub,          B::Mul,          B::Div,
+                              B::Pow,          B::Maximum,      B::Minimum,      B::Eq,
+                              B::Ne,           B::Lt,           B::Le,           B::Gt,
+                              B::Ge,           B::ReluBackward, B::GeluBackward, B::GeluTanhBackward,
+                              B::SigmoidBackward, B::TanhBackward, B::SiluBackward};
+  for (DType dt : kFloats)
+    for (const auto& c : binary_cases())
+      for (B op : ops) {
+        const bool pos_a = op == B::Pow;
+        Tensor a = host(c.sa, dt, g, pos_a ? 0.1 : -2, 2);
+        // Coarse values so comparisons see ties; away from 0 for Div.
+        Tensor b = op == B::Div ? host(c.sb, dt, g, 0.5, 2) : host(c.sb, dt, g, -2, 2);
+        if (op >= B::Eq && op <= B::Ge) {  // coarse values: comparisons see ties
+          a = k::unary(k::Unary::Sign, a);
+          b = k::unary(k::Unary::Sign, b);
+        }
+        const std::string what = "binary " + std::to_string(static_cast<int>(op)) + " " + c.name;
+        Tensor ga = to_cuda(a), gb = to_cuda(b);
+        expect_parity(k::binary(op, c.va(a), c.vb(b)), k::binary(op, c.va(ga), c.vb(gb)), tol_of(dt), what);
+        // In place where b broadcasts to a.
+        Tensor av = c.va(a);
+        if (k::broadcast_shapes(av.sizes(), c.vb(b).sizes(), "t") == av.sizes()) {
+          Tensor x = raw::clone(a), gx = raw::clone(ga);
+          k::binary_(op, c.va(x), c.vb(b));
+          k::binary_(op, c.va(gx), c.vb(gb));
+          expect_parity(x, gx, tol_of(dt), what + " in-place");
+        }
+      }
+}
+
+TEST_F(CudaParity, BinaryIntegerAndBool) {
+  SKIP_WITHOUT_CUDA();
+  using B = k::Binary;
+  for (DType dt : {DType::i64, DType::i32, DType::u8, DType::b8})
+    for (const auto& c : binary_cases())
+      for (B op : {B::Add, B::Mul, B::Maximum, B::Minimum, B::Eq, B::Ne, B::Lt, B::Le, B::Gt, B::Ge, B::Sub, B::Div}) {
+        if (dt == DType::b8 && op == B::Sub) continue;
+        Tensor a = host(c.sa, dt, g, 0, 9), b = host(c.sb, dt, g, 1, 9);
+        expect_parity(k::binary(op, c.va(a), c.vb(b)), k::binary(op, c.va(to_cuda(a)), c.vb(to_cuda(b))),
+                      op == B::Div ? 1e-5 : 0, "int binary " + std::to_string(static_cast<int>(op)) + " " + c.name);
+      }
+  // Mixed dtypes promote the same way on both devices.
+  Tensor i = host({33}, DType::i32, g, -5, 5), f = host({33}, DType::f16, g);
+  expect_parity(k::add(i, f), k::add(to_cuda(i), to_cuda(f)), 1e-2, "i32 + f16");
+}
+
+TEST_F(CudaParity, ScalarClampAxpbyWhere) {
+  SKIP_WITHOUT_CUDA();
+  for (DType dt : kFloats) {
+    const double tol = tol_of(dt);
+    for (const auto& v : unary_views()) {
+      Tensor a = host(v.base, dt, g, 0.1, 3), ga = to_cuda(a);
+      expect_parity(k::add_scalar(v.view(a), 1.5), k::add_scalar(v.view(ga), 1.5), tol, "add_scalar " + v.name);
+      expect_parity(k::mul_scalar(v.view(a), -0.5), k::mul_scalar(v.view(ga), -0.5), tol, "mul_scalar " + v.name);
+      for (double e : {2.0, 0.5, 3.0, -1.5})
+        expect_parity(k::pow_scalar(v.view(a), e), k::pow_scalar(v.view(ga), e), tol, "pow_scalar " + v.name);
+      expect_parity(k::clamp(v.view(a), 0.5, 2.0), k::clamp(v.view(ga), 0.5, 2.0), tol, "clamp " + v.name);
+      expect_parity(k::clamp(v.view(a), -INFINITY, 1.0), k::clamp(v.view(ga), -INFINITY, 1.0), tol, "clamp hi");
+      Tensor gr = host(v.base, dt, g), ggr = to_cuda(gr);
+      expect_parity(k::clamp_backward(v.view(gr), v.view(a), 0.5, 2.0),
+                    k::clamp_backward(v.view(ggr), v.view(ga), 0.5, 2.0), tol, "clamp_backward " + v.name);
+      expect_parity(k::axpby(v.view(a), 0.9, v.view(gr), -0.1), k::axpby(v.view(ga), 0.9, v.view(ggr), -0.1), tol,
+                    "axpby " + v.name);
+      Tensor x = raw::clone(a), gx = raw::clone(ga);
+      k::axpby_(v.view(x), 0.5, v.view(gr), 2.0);
+      k::axpby_(v.view(gx), 0.5, v.view(ggr), 2.0);
+      expect_parity(x, gx, tol, "axpby_ " + v.name);
+    }
+    // Broadcast axpby and where.
+    Tensor a = host({33, 40}, dt, g), b = host({40}, dt, g), c = host({33, 1}, DType::b8, g);
+    expect_parity(k::axpby(a, 2.0, b, 3.0), k::axpby(to_cuda(a), 2.0, to_cuda(b), 3.0), tol, "axpby bcast");
+    expect_parity(k::where(c, a, b), k::where(to_cuda(c), to_cuda(a), to_cuda(b)), 0, "where bcast");
+    Tensor at = raw::transpose(host({40, 33}, dt, g), 0, 1);
+    expect_parity(k::where(c, at, b), k::where(to_cuda(c), raw::transpose(to_cuda(raw::transpose(at, 0, 1)), 0, 1),
+                                               to_cuda(b)),
+                  0, "where transposed");
+  }
+  for (DType dt : {DType::i64, DType::i32, DType::u8}) {
+    Tensor a = host({1000}, dt, g, 0, 100), b = host({1000}, dt, g, 0, 100);
+    expect_parity(k::clamp(a, 10, 50), k::clamp(to_cuda(a), 10, 50), 0, "int clamp");
+    expect_parity(k::clamp(a, 10, INFINITY), k::clamp(to_cuda(a), 10, INFINITY), 0, "int clamp inf");
+    expect_parity(k::axpby(a, 1.0, b, 2.0), k::axpby(to_cuda(a), 1.0, to_cuda(b), 2.0), 0, "int axpby");
+    Tensor c = host({1000}, DType::b8, g);
+    expect_parity(k::where(c, a, b), k::where(to_cuda(c), to_cuda(a), to_cuda(b)), 0, "int where");
+  }
+}
+
+TEST_F(CudaParity, CastFillCopy) {
+  SKIP_WITHOUT_CUDA();
+  const std::vector<DType> all = {DType::f64, DType::f32, DType::f16, DType::bf16,
+                                  DType::i64, DType::i32, DType::u8,  DType::b8};
+  for (DType from : all)
+    for (DType to : all) {
+      Tensor a = host({33, 31}, from, g, 0, 100);
+      expect_parity(k::cast(raw::transpose(a, 0, 1), to), k::cast(raw::transpose(to_cuda(a), 0, 1), to), 0,
+                    std::string("cast ") + dtype_name(from) + "->" + dtype_name(to));
+    }
+  Tensor z = zeros({33, 40}), gz = to_cuda(z);
+  k::fill_(raw::slice(z, 1, 0, 40, 3), 2.5);
+  k::fill_(raw::slice(gz, 1, 0, 40, 3), 2.5);
+  expect_parity(z, gz, 0, "fill_ stepped");
+  Tensor s = host({40}, DType::f32, g);
+  k::copy_(z, s);
+  k::copy_(gz, to_cuda(s));
+  expect_parity(z, gz, 0, "copy_ broadcast");
+}
+
+// ---------------------------------------------------------------- reductions
+
+struct RedCase {
+  Shape shape;
+  View view;
+  std::vector<std::vector<int64_t>> dimsets;
+};
+std::vector<RedCase> red_cases() {
+  auto id = [](const Tensor& t) { return t; };
+  return {
+      {{1}, id, {{}, {0}}},
+      {{4097}, id, {{}, {0}}},
+      {{5, 33, 17}, id, {{}, {0}, {1}, {-1}, {0, 2}, {1, 2}}},
+      {{17, 33, 5}, [](const Tensor& t) { return raw::permute(t, {2, 1, 0}); }, {{}, {0}, {2}, {0, 1}}},
+      {{3, 100000}, id, {{1}, {0}, {}}},   // long rows: split partials
+      {{100000, 3}, id, {{0}, {1}}},       // long columns: split partials
+      {{300, 1000}, id, {{0}, {1}}},
+      {{2, 3000, 7}, id, {{1}, {0, 2}}},
+  };
+}
+
+TEST_F(CudaParity, SumMeanVar) {
+  SKIP_WITHOUT_CUDA();
+  for (DType dt : kFloats)
+    for (const auto& c : red_cases())
+      for (const auto& dims : c.dimsets)
+        for (bool keep : {false, true}) {
+          // Positive inputs: no cancellation, so relative tolerances hold for long sums.
+          Tensor a = host(c.shape, dt, g, 0.5, 1.5), ga = to_cuda(a);
+          const std::string what = shape_str(c.shape) + " dims " + shape_str(dims);
+          const double tol = std::max(tol_of(dt), 1e-5);
+          expect_parity(k::sum(c.view(a), dims, keep), k::sum(c.view(ga), dims, keep), tol, "sum " + what);
+          expect_parity(k::mean(c.view(a), dims, keep), k::mean(c.view(ga), dims, keep), tol, "mean " + what);
+          for (int64_t corr : {0, 1})
+            expect_parity(k::var(c.view(a), dims, corr, keep), k::var(c.view(ga), dims, corr, keep),
+                          std::max(tol, 1e-4), "var " + what);
+        }
+  for (DType dt : {DType::i64, DType::i32, DType::u8, DType::b8}) {
+    Tensor a = host({33, 1000}, dt, g, 0, 100);
+    for (std::vector<int64_t> dims : {std::vector<int64_t>{}, {0}, {1}})
+      expect_parity(k::sum(a, dims), k::sum(to_cuda(a), dims), 0, std::string("int sum ") + dtype_name(dt));
+  }
+}
+
+TEST_F(CudaParity, MaxMinArgmax) {
+  SKIP_WITHOUT_CUDA();
+  for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i64, DType::i32, DType::u8})
+    for (const auto& c : red_cases())
+      for (int64_t dim = 0; dim < static_cast<int64_t>(c.shape.size()); ++dim) {
+        // Few distinct values: ties must resolve to the first index on both devices.
+        Tensor a = host(c.shape, dt, g, 0, 8);
+        if (is_floating(dt)) a = k::unary(k::Unary::Sign, k::add_scalar(a, -4));
+        Tensor ga = to_cuda(a);
+        const std::string what = std::string(dtype_name(dt)) + " " + shape_str(c.shape) + " dim " + std::to_string(dim);
+        auto [v, i] = k::max(c.view(a), dim);
+        auto [gv, gi] = k::max(c.view(ga), dim);
+        expect_parity(v, gv, 0, "max values " + what);
+        expect_parity(i, gi, 0, "max indices " + what);
+        auto [v2, i2] = k::min(c.view(a), dim, true);
+        auto [gv2, gi2] = k::min(c.view(ga), dim, true);
+        expect_parity(v2, gv2, 0, "min values " + what);
+        expect_parity(i2, gi2, 0, "min indices " + what);
+        expect_parity(k::argmax(c.view(a), -1), k::argmax(c.view(ga), -1), 0, "argmax " + what);
+      }
+  // NaN wins, at its first index.
+  Tensor a = host({4, 5000}, DType::f32, g);
+  std::vector<float> v = a.to_vector<float>();
+  v[3] = NAN, v[7] = NAN, v[5000 + 4999] = NAN;
+  a = from_vector(v, {4, 5000});
+  for (int64_t dim : {0, 1}) {
+    auto [x, i] = k::max(a, dim);
+    auto [gx, gi] = k::max(to_cuda(a), dim);
+    expect_parity(x, gx, 0, "max NaN");
+    expect_parity(i, gi, 0, "argmax NaN");
+  }
+  Tensor big = host({3000000}, DType::f32, g);
+  expect_parity(k::max_all(big), k::max_all(to_cuda(big)), 0, "max_all 3M");
+}
+
+TEST_F(CudaParity, SumToSumSquaresNonfinite) {
+  SKIP_WITHOUT_CUDA();
+  for (DType dt : kFloats) {
+    const double tol = std::max(tol_of(dt), 1e-5);
+    Tensor gr = host({8, 33, 40}, dt, g, 0.5, 1.5);
+    for (const Shape& s : {Shape{40}, Shape{33, 1}, Shape{1, 40}, Shape{8, 1, 40}, Shape{}})
+      expect_parity(k::sum_to(gr, s), k::sum_to(to_cuda(gr), s), tol, "sum_to " + shape_str(s));
+    for (int64_t n : {1, 33, 1000, 4097, 1000003}) {
+      Tensor a = host({n}, dt, g);
+      expect_parity(k::sum_squares(a), k::sum_squares(to_cuda(a)), std::max(tol_of(dt), 1e-5), "sum_squares");
+      EXPECT_FALSE(k::has_nonfinite(to_cuda(a)));
+      for (double bad : {INFINITY, -INFINITY, NAN}) {
+        std::vector<double> v = a.to_vector<double>();
+        v[n - 1] = bad;
+        Tensor b = raw::to_dtype(from_vector(v, {n}, {DType::f64}), dt);
+        EXPECT_TRUE(k::has_nonfinite(to_cuda(b))) << n;
+        EXPECT_TRUE(k::has_nonfinite(raw::slice(to_cuda(b), 0, n - 1, n, 1)));
+      }
+    }
+  }
+  EXPECT_FALSE(k::has_nonfinite(to_cuda(host({33}, DType::i32, g))));
+  Tensor t = raw::transpose(host({33, 40}, DType::f32, g), 0, 1);
+  expect_parity(k::sum_squares(t), k::sum_squares(to_cuda(raw::contiguous(t))), 1e-5, "sum_squares transposed");
+}
+
+// ---------------------------------------------------------------- linear algebra
+
+TEST_F(CudaParity, Gemm) {
+  SKIP_WITHOUT_CUDA();
+  struct Dims { int64_t n, k, m; };
+  for (DType dt : kFloats) {
+    const double tol = tol_of(dt, true);
+    for (Dims d : {Dims{33, 65, 17}, Dims{1, 1000, 1}, Dims{128, 64, 96}, Dims{5, 1, 7}, Dims{4097, 3, 2}})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (double beta : {0.0, 0.5}) {
+            Tensor a = host(ta ? Shape{d.k, d.n} : Shape{d.n, d.k}, dt, g);
+            Tensor b = host(tb ? Shape{d.m, d.k} : Shape{d.k, d.m}, dt, g);
+            Tensor c = host({d.n, d.m}, dt, g), gc = to_cuda(c);
+            k::gemm(a, ta, b, tb, c, 1.5, beta);
+            k::gemm(to_cuda(a), ta, to_cuda(b), tb, gc, 1.5, beta);
+            expect_parity(c, gc, tol, "gemm " + std::to_string(d.n) + "x" + std::to_string(d.k) + "x" +
+                                          std::to_string(d.m) + (ta ? " ta" : "") + (tb ? " tb" : ""));
+          }
+    // Operands that need a copy (stepped), a column-major output, and a stepped output.
+    Tensor a = host({33, 130}, dt, g), b = host({65, 17}, dt, g);
+    auto av = [](const Tensor& t) { return raw::slice(t, 1, 0, 130, 2); };
+    Tensor c = empty({17, 33}, {dt}), gc = empty({17, 33}, {dt, Device::cuda(0)});
+    k::gemm(av(a), false, b, false, raw::transpose(c, 0, 1), 1.0, 0.0);
+    k::gemm(av(to_cuda(a)), false, to_cuda(b), false, raw::transpose(gc, 0, 1), 1.0, 0.0);
+    expect_parity(c, gc, tol, "gemm stepped a, column-major out");
+    Tensor c2 = zeros({33, 34}, {dt}), gc2 = zeros({33, 34}, {dt, Device::cuda(0)});
+    k::gemm(av(a), false, b, false, raw::slice(c2, 1, 0, 34, 2), 1.0, 1.0);
+    k::gemm(av(to_cuda(a)), false, to_cuda(b), false, raw::slice(gc2, 1, 0, 34, 2), 1.0, 1.0);
+    expect_parity(c2, gc2, tol, "gemm stepped out");
+  }
+}
+
+TEST_F(CudaParity, MatmulBmmLinear) {
+  SKIP_WITHOUT_CUDA();
+  struct MM { Shape a, b; };
+  for (DType dt : kFloats) {
+    const double tol = tol_of(dt, true);
+    for (const MM& c : {MM{{7}, {7}}, MM{{7}, {7, 5}}, MM{{3, 7}, {7}}, MM{{33, 65}, {65, 17}},
+                        MM{{2, 5, 7}, {7, 4}}, MM{{2, 1, 5, 7}, {3, 7, 4}}, MM{{4, 33, 65}, {4, 65, 17}},
+                        MM{{1, 1000}, {1000, 1}}}) {
+      Tensor a = host(c.a, dt, g), b = host(c.b, dt, g);
+      expect_parity(k::matmul(a, b), k::matmul(to_cuda(a), to_cuda(b)), tol,
+                    "matmul " + shape_str(c.a) + " @ " + shape_str(c.b));
+    }
+    // bmm with transposed per-batch operands and a broadcast (stride-0) batch.
+    Tensor a = host({6, 65, 33}, dt, g), b = host({1, 65, 17}, dt, g);
+    auto at = [](const Tensor& t) { return raw::transpose(t, 1, 2); };
+    auto bx = [](const Tensor& t) { return raw::expand(t, {6, 65, 17}); };
+    expect_parity(k::bmm(at(a), bx(b)), k::bmm(at(to_cuda(a)), bx(to_cuda(b))), tol, "bmm transposed/broadcast");
+    // linear with and without bias, 3-D input.
+    Tensor x = host({4, 33, 65}, dt, g), w = host({17, 65}, dt, g), bias = host({17}, dt, g);
+    expect_parity(k::linear(x, w, bias), k::linear(to_cuda(x), to_cuda(w), to_cuda(bias)), tol, "linear bias");
+    expect_parity(k::linear(x, w), k::linear(to_cuda(x), to_cuda(w)), tol, "linear");
+  }
+}
+
+// ---------------------------------------------------------------- softmax family
+
+TEST_F(CudaParity, Softmax) {
+  SKIP_WITHOUT_CUDA();
+  struct SC { Shape s; int64_t dim; };
+  for (DType dt : kFloats)
+    for (const SC& c : {SC{{33, 1000}, -1}, SC{{33, 1000}, 0}, SC{{4, 5000}, 1}, SC{{2, 20000}, -1}, SC{{64, 3, 7}, 1},
+                        SC{{10, 70}, 0}, SC{{3000, 20}, 0}, SC{{1}, 0}, SC{{4097}, 0}, SC{{5, 1}, 1}}) {
+      Tensor a = host(c.s, dt, g, -8, 8), ga = to_cuda(a);
+      const std::string what = shape_str(c.s) + " dim " + std::to_string(c.dim);
+      const double tol = tol_of(dt);
+      for (bool log : {false, true}) {
+        Tensor y = log ? k::log_softmax(a, c.dim) : k::softmax(a, c.dim);
+        Tensor gy = log ? k::log_softmax(ga, c.dim) : k::softmax(ga, c.dim);
+        expect_parity(y, gy, tol, (log ? "log_softmax " : "softmax ") + what);
+        Tensor gr = host(c.s, dt, g), ggr = to_cuda(gr);
+        // Backward from the same y on both sides (the CPU's), to isolate the backward kernel.
+        Tensor gyc = to_cuda(y);
+        Tensor dx = log ? k::log_softmax_backward(gr, y, c.dim) : k::softmax_backward(gr, y, c.dim);
+        Tensor gdx = log ? k::log_softmax_backward(ggr, gyc, c.dim) : k::softmax_backward(ggr, gyc, c.dim);
+        expect_parity(dx, gdx, std::max(tol, 1e-5), (log ? "log_softmax_backward " : "softmax_backward ") + what);
+      }
+    }
+  // Rows with -inf entries, an all -inf row, and a transposed input.
+  std::vector<float> v(4 * 40, 0.f);
+  Generator g2(3);
+  Tensor r = randn({4 * 40}, {DType::f32}, &g2);
+  v = r.to_vector<float>();
+  v[0] = -INFINITY, v[5] = -INFINITY;
+  for (int j = 0; j < 40; ++j) v[40 + j] = -INFINITY;
+  v[120] = INFINITY;
+  Tensor a = from_vector(v, {4, 40});
+  for (bool log : {false, true}) {
+    expect_parity(log ? k::log_softmax(a, 1) : k::softmax(a, 1), log ? k::log_softmax(to_cuda(a), 1)
+                                                                      : k::softmax(to_cuda(a), 1),
+                  1e-5, "softmax inf rows");
+    Tensor t = raw::transpose(a, 0, 1);
+    Tensor gt = raw::transpose(to_cuda(a), 0, 1);
+    expect_parity(log ? k::log_softmax(t, 0) : k::softmax(t, 0), log ? k::log_softmax(gt, 0) : k::softmax(gt, 0),
+                  1e-5, "softmax transposed");
+  }
+}
+
+// ---------------------------------------------------------------- indexing
+
+Tensor idx_tensor(const std::vector<int64_t>& v, const Shape& s, DType dt = DType::i64) {
+  return raw::to_dtype(from_vector(v, s), dt);
+}
+
+std::vector<int64_t> rand_idx(Generator& g, int64_t n, int64_t lo, int64_t hi) {
+  return randint(lo, hi, {n}, {DType::i64}, &g).to_vector<int64_t>();
+}
+
+TEST_F(CudaParity, OneHotGatherScatter) {
+  SKIP_WITHOUT_CUDA();
+  for (DType it : {DType::i64, DType::i32}) {
+    Tensor lab = idx_tensor(rand_idx(g, 1000, 0, 10), {10, 100}, it);
+    expect_parity(k::one_hot(lab, 10), k::one_hot(to_cuda(lab), 10), 0, "one_hot");
+    EXPECT_THROW(k::one_hot(to_cuda(lab), 5), IndexError);
+    for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i64, DType::i32, DType::u8}) {
+      Tensor a = host({33, 40}, dt, g, 0, 50), ga = to_cuda(a);
+      for (int64_t dim : {0, 1}) {
+        const int64_t size = a.size(dim);
+        Tensor idx = idx_tensor(rand_idx(g, 20 * 30, 0, size), {20, 30}, it), gidx = to_cuda(idx);
+        expect_parity(k::gather(a, dim, idx), k::gather(ga, dim, gidx), 0, "gather");
+        expect_parity(k::gather(raw::transpose(a, 0, 1), dim, idx), k::gather(raw::transpose(ga, 0, 1), dim, gidx),
+                      0, "gather transposed");
+        // scatter_add_ (duplicates accumulate) into a copy.
+        Tensor src = host({20, 30}, dt, g, 0, 5), gsrc = to_cuda(src);
+        Tensor s = raw::clone(a), gs = raw::clone(ga);
+        k::scatter_add_(s, dim, idx, src);
+        k::scatter_add_(gs, dim, gidx, gsrc);
+        expect_parity(s, gs, std::max(tol_of(dt), 1e-6), "scatter_add_");
+        // scatter_ with unique targets along dim (a permutation per line), so order can't matter.
+        Shape is = dim == 0 ? Shape{33, 30} : Shape{20, 40};
+        std::vector<int64_t> u;
+        const int64_t lines = dim == 0 ? 30 : 20;
+        std::vector<std::vector<int64_t>> perms;
+        for (int64_t l = 0; l < lines; ++l) perms.push_back(randperm(size, &g).to_vector<int64_t>());
+        for (int64_t i = 0; i < is[0]; ++i)
+          for (int64_t j = 0; j < is[1]; ++j) u.push_back(dim == 0 ? perms[j][i] : perms[i][j]);
+        Tensor uidx = idx_tensor(u, is, it);
+        Tensor src2 = host(is, dt, g, 0, 5);
+        Tensor s2 = raw::clone(a), gs2 = raw::clone(ga);
+        k::scatter_(s2, dim, uidx, src2);
+        k::scatter_(gs2, dim, to_cuda(uidx), to_cuda(src2));
+        expect_parity(s2, gs2, 0, "scatter_");
+      }
+      Tensor bad = idx_tensor({0, 40}, {1, 2}, it);
+      EXPECT_THROW(k::gather(ga, 1, to_cuda(bad)), IndexError);
+      EXPECT_THROW(k::scatter_add_(raw::clone(ga), 1, to_cuda(bad), to_cuda(host({1, 2}, dt, g))), IndexError);
+    }
+  }
+}
+
+TEST_F(CudaParity, IndexSelectIndexAddNll) {
+  SKIP_WITHOUT_CUDA();
+  for (DType it : {DType::i64, DType::i32})
+    for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i64, DType::i32}) {
+      Tensor a = host({33, 40, 5}, dt, g, 0, 50), ga = to_cuda(a);
+      for (int64_t dim : {0, 1, 2}) {
+        const int64_t size = a.size(dim);
+        Tensor idx = idx_tensor(rand_idx(g, 77, 0, size), {77}, it), gidx = to_cuda(idx);
+        expect_parity(k::index_select(a, dim, idx), k::index_select(ga, dim, gidx), 0, "index_select");
+        expect_parity(k::index_select(raw::permute(a, {2, 0, 1}), (dim + 1) % 3, idx),
+                      k::index_select(raw::permute(ga, {2, 0, 1}), (dim + 1) % 3, gidx), 0, "index_select permuted");
+        Shape ss = a.sizes();
+        ss[dim] = 77;
+        Tensor src = host(ss, dt, g, 0, 5);
+        Tensor s = raw::clone(a), gs = raw::clone(ga);
+        k::index_add_(s, dim, idx, src);
+        k::index_add_(gs, dim, gidx, to_cuda(src));
+        expect_parity(s, gs, std::max(tol_of(dt), 1e-6), "index_add_");
+      }
+      Tensor scalar_idx = idx_tensor({2}, {}, it);
+      expect_parity(k::index_select(a, 1, scalar_idx), k::index_select(ga, 1, to_cuda(scalar_idx)), 0,
+                    "index_select 0-d index");
+      EXPECT_THROW(k::index_select(ga, 0, to_cuda(idx_tensor({33}, {1}, it))), IndexError);
+      EXPECT_THROW(k::index_select(ga, 0, to_cuda(idx_tensor({-1}, {1}, it))), IndexError);
+    }
+  for (DType dt : kFloats)
+    for (DType it : {DType::i64, DType::i32}) {
+      Tensor lp = k::log_softmax(host({64, 10}, dt, g), 1);
+      std::vector<int64_t> t = rand_idx(g, 64, 0, 10);
+      t[3] = -100, t[10] = -100;
+      Tensor tg = idx_tensor(t, {64}, it);
+      expect_parity(k::nll_loss_forward(lp, tg), k::nll_loss_forward(to_cuda(lp), to_cuda(tg)), 0, "nll 2-D");
+      Tensor lp4 = host({2, 10, 3, 4}, dt, g);
+      Tensor tg4 = idx_tensor(rand_idx(g, 24, 0, 10), {2, 3, 4}, it);
+      expect_parity(k::nll_loss_forward(lp4, tg4, 7), k::nll_loss_forward(to_cuda(lp4), to_cuda(tg4), 7), 0,
+                    "nll 4-D");
+      Tensor lp1 = host({10}, dt, g);
+      Tensor tg0 = idx_tensor({4}, {}, it);
+      expect_parity(k::nll_loss_forward(lp1, tg0), k::nll_loss_forward(to_cuda(lp1), to_cuda(tg0)), 0, "nll 1-D");
+      t[5] = 10;
+      EXPECT_THROW(k::nll_loss_forward(to_cuda(lp), to_cuda(idx_tensor(t, {64}, it))), IndexError);
+    }
+}
+
+TEST_F(CudaParity, CatStack) {
+  SKIP_WITHOUT_CUDA();
+  for (DType dt : {DType::f32, DType::bf16, DType::i64}) {
+    Tensor a = host({3, 33}, dt, g), b = host({5, 33}, dt, g), c = raw::transpose(host({33, 2}, dt, g), 0, 1);
+    expect_parity(k::cat({a, b, c}, 0), k::cat({to_cuda(a), to_cuda(b), raw::transpose(to_cuda(raw::transpose(c, 0, 1)), 0, 1)}, 0), 0,
+                  "cat");
+    expect_parity(k::stack({a, a}, 1), k::stack({to_cuda(a), to_cuda(a)}, 1), 0, "stack");
+  }
+}
+
+TEST_F(CudaParity, NonDefaultStream) {
+  SKIP_WITHOUT_CUDA();
+  // Every op launches on the current stream: results are right under a StreamGuard too.
+  mg::cuda::Stream s = mg::cuda::Stream::create(0);
+  Tensor a = host({33, 65}, DType::f32, g), b = host({65, 17}, DType::f32, g);
+  Tensor ga = to_cuda(a), gb = to_cuda(b);
+  Tensor r, y, m;
+  {
+    mg::cuda::StreamGuard guard(s);
+    r = k::matmul(ga, gb);
+    y = k::softmax(r, 1);
+    m = k::sum(y, {0});
+    s.synchronize();
+  }
+  expect_parity(k::matmul(a, b), r, 1e-4, "matmul on a side stream");
+  expect_parity(k::sum(k::softmax(k::matmul(a, b), 1), {0}), m, 1e-4, "softmax+sum on a side stream");
+}
+
+}  // namespace
+}  // namespace mg
