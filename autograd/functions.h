@@ -6,6 +6,7 @@
 
 #include "autograd/conv_functions.h"
 #include "autograd/grad_mode.h"
+#include "autograd/transformer_functions.h"
 #include "core/tensor.h"
 
 namespace mg {

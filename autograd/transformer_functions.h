@@ -1,0 +1,37 @@
+// Differentiable transformer ops (PyTorch's F.layer_norm, F.embedding,
+// F.scaled_dot_product_attention): forward and backward side by side in autograd/transformer_ops.cc.
+#pragma once
+
+#include <optional>
+
+#include "core/tensor.h"
+
+namespace mg {
+
+// Normalizes over the trailing dims `normalized_shape` (they must equal x's last dims), then
+// scales by weight and shifts by bias (each of normalized_shape, or undefined). Saves only
+// x, weight and the per-row mean/rstd for backward (not the normalized activations).
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+
+// Rows of weight [num_embeddings, dim] picked by integer indices (i64 or i32, any shape) ->
+// [*indices.shape, dim]. The gradient is dense: grad rows are index_add-ed into a zero
+// [num_embeddings, dim] tensor, so a repeated index accumulates. An index outside
+// [0, num_embeddings) is an mg::IndexError naming it and num_embeddings.
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+
+// softmax(q @ k^T * scale + mask) @ v for q [..., L, E], k [..., S, E], v [..., S, Ev] (same
+// leading dims, one floating dtype) -> [..., L, Ev]. scale defaults to 1 / sqrt(E). causal
+// masks key j for query i when j > i (PyTorch's top-left alignment when L != S). dropout_p
+// drops attention weights whenever it is > 0 (pass 0 in eval, like PyTorch's functional).
+// Dispatches to the fastest path available for the inputs; today that is sdpa_reference.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
+                                    double dropout_p = 0.0, std::optional<double> scale = std::nullopt);
+
+// The plain path, composed of matmul / where / softmax / dropout / matmul: it materializes
+// the [L, S] score and probability matrices (and keeps them for backward). It stays as the
+// reference the memory-efficient (flash-style) paths are tested against.
+Tensor sdpa_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false, double dropout_p = 0.0,
+                      std::optional<double> scale = std::nullopt);
+
+}  // namespace mg

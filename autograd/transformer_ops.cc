@@ -1,0 +1,137 @@
+// Layer norm, embedding and scaled dot-product attention. Layer norm's backward is the
+// fused kernel (it needs only x, weight and the row statistics); embedding's is an
+// index_add into a dense zero gradient; attention's reference path is composed of
+// differentiable ops, so its backward is theirs.
+#include <cmath>
+#include <limits>
+
+#include "autograd/functions.h"
+#include "autograd/node.h"
+#include "kernels/ops.h"
+#include "kernels/transformer_ops.h"
+
+namespace mg {
+
+using autograd::any_requires_grad;
+using autograd::needs_grad;
+using autograd::record;
+using autograd::reduce_grad;
+using autograd::SavedTensor;
+using Grads = std::vector<Tensor>;
+
+// ---------------- layer norm ----------------
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  auto [out, mean, rstd] = kernels::layer_norm_forward(x, normalized_shape, weight, bias, eps);
+  if (!any_requires_grad({x, weight, bias})) return out;
+  const std::array<bool, 3> mask{needs_grad(x), needs_grad(weight), needs_grad(bias)};
+  // The normalized activations are not saved: backward recomputes them from the statistics.
+  record("layer_norm", {x, weight, bias}, out,
+         [mask, normalized_shape, sx = SavedTensor(x, "layer_norm"),
+          sw = weight.defined() ? SavedTensor(weight, "layer_norm") : SavedTensor(), smean = SavedTensor(mean, "layer_norm"),
+          srstd = SavedTensor(rstd, "layer_norm"), x_dt = x.dtype(), w_dt = weight.defined() ? weight.dtype() : x.dtype(),
+          b_dt = bias.defined() ? bias.dtype() : x.dtype()](const Grads& g) {
+           Tensor xv = sx.unpack();
+           auto [gx, gw, gb] = kernels::layer_norm_backward(g[0], xv, normalized_shape, smean.unpack(),
+                                                            srstd.unpack(), sw.unpack(), mask);
+           return Grads{reduce_grad(gx, xv.sizes(), x_dt), reduce_grad(gw, normalized_shape, w_dt),
+                        reduce_grad(gb, normalized_shape, b_dt)};
+         });
+  return out;
+}
+
+// ---------------- embedding ----------------
+
+namespace {
+// Host-side bounds check with a message naming the index, where it sits and the table size
+// (CUDA indices are checked by the index_select kernel itself).
+template <class I>
+void check_embedding_indices(const Tensor& flat, int64_t num_embeddings) {
+  const I* p = flat.data_ptr<I>();
+  for (int64_t i = 0; i < flat.numel(); ++i)
+    MG_CHECK(p[i] >= 0 && p[i] < num_embeddings, IndexError, "embedding: index ", static_cast<int64_t>(p[i]),
+             " at position ", i, " is out of range for num_embeddings ", num_embeddings, " (valid indices are 0..",
+             num_embeddings - 1, ")");
+}
+}  // namespace
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  MG_CHECK(weight.defined() && indices.defined(), ValueError, "embedding: got an undefined tensor");
+  MG_CHECK(weight.dim() == 2, ShapeError, "embedding: weight must be 2-D [num_embeddings, embedding_dim], got shape ",
+           shape_str(weight.sizes()));
+  MG_CHECK(indices.dtype() == DType::i64 || indices.dtype() == DType::i32, DTypeError,
+           "embedding: indices must be integers (i64 or i32), got ", indices.dtype());
+  MG_CHECK(indices.device() == weight.device(), DeviceError, "embedding: indices are on ", indices.device(),
+           " but weight is on ", weight.device());
+  const int64_t V = weight.size(0), D = weight.size(1);
+  Tensor flat = raw::reshape(raw::contiguous(indices), {indices.numel()});
+  if (!flat.is_cuda())
+    MG_DISPATCH_INDEX(flat.dtype(), "embedding", [&] { check_embedding_indices<scalar_t>(flat, V); });
+  Shape out_shape = indices.sizes();
+  out_shape.push_back(D);
+  Tensor out = raw::view(kernels::index_select(weight, 0, flat), out_shape);
+  if (any_requires_grad({weight}))
+    record("embedding", {weight}, out, [V, D, dt = weight.dtype(), si = SavedTensor(flat, "embedding")](const Grads& g) {
+      // Dense gradient: one row per embedding, repeated indices add up (no sparse gradients).
+      Tensor z = zeros({V, D}, {g[0].dtype(), g[0].device()});
+      kernels::index_add_(z, 0, si.unpack(), raw::reshape(g[0], {-1, D}));
+      return Grads{reduce_grad(z, {V, D}, dt)};
+    });
+  return out;
+}
+
+// ---------------- scaled dot-product attention ----------------
+
+namespace {
+double check_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p, std::optional<double> scale) {
+  const char* op = "scaled_dot_product_attention";
+  MG_CHECK(q.defined() && k.defined() && v.defined(), ValueError, op, ": got an undefined tensor");
+  MG_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim(), ShapeError, op,
+           ": query, key and value must have the same rank >= 2 ([..., L, E], [..., S, E], [..., S, Ev]), got ",
+           shape_str(q.sizes()), ", ", shape_str(k.sizes()), " and ", shape_str(v.sizes()));
+  MG_CHECK(is_floating(q.dtype()) && q.dtype() == k.dtype() && q.dtype() == v.dtype(), DTypeError, op,
+           ": query, key and value must share one floating dtype, got ", q.dtype(), ", ", k.dtype(), " and ",
+           v.dtype());
+  MG_CHECK(q.device() == k.device() && q.device() == v.device(), DeviceError, op, ": query, key and value are on ",
+           q.device(), ", ", k.device(), " and ", v.device());
+  MG_CHECK(q.size(-1) == k.size(-1), ShapeError, op, ": query head dim ", q.size(-1), " does not match key head dim ",
+           k.size(-1), " (query ", shape_str(q.sizes()), ", key ", shape_str(k.sizes()), ")");
+  MG_CHECK(k.size(-2) == v.size(-2), ShapeError, op, ": key has ", k.size(-2), " positions but value has ", v.size(-2),
+           " (key ", shape_str(k.sizes()), ", value ", shape_str(v.sizes()), ")");
+  for (int64_t d = 0; d < q.dim() - 2; ++d)
+    MG_CHECK(q.size(d) == k.size(d) && q.size(d) == v.size(d), ShapeError, op,
+             ": query, key and value must have the same batch/head dims, got ", shape_str(q.sizes()), ", ",
+             shape_str(k.sizes()), " and ", shape_str(v.sizes()), " (dim ", d, ")");
+  MG_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, ValueError, op, ": dropout_p must be in [0, 1), got ", dropout_p);
+  MG_CHECK(!scale || std::isfinite(*scale), ValueError, op, ": scale must be finite, got ", scale.value_or(0.0));
+  return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+}
+}  // namespace
+
+Tensor sdpa_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
+                      std::optional<double> scale) {
+  const double s = check_sdpa(q, k, v, dropout_p, scale);
+  Tensor scores = mul(matmul(q, transpose(k, -2, -1)), s);  // [..., L, S]
+  if (causal) {
+    const int64_t L = q.size(-2), S = k.size(-2);
+    const TensorOptions idx{DType::i64, q.device()};
+    // allowed[i, j] = (j <= i): query i sees keys 0..i.
+    Tensor allowed = kernels::binary(kernels::Binary::Ge, raw::view(arange(L, idx), {L, 1}),
+                                     raw::view(arange(S, idx), {1, S}));
+    Tensor neg_inf = scalar_tensor(-std::numeric_limits<double>::infinity(), {scores.dtype(), scores.device()});
+    scores = where(allowed, scores, neg_inf);
+  }
+  Tensor attn = softmax(scores, -1);
+  if (dropout_p > 0.0) attn = dropout(attn, dropout_p, /*training=*/true);
+  return matmul(attn, v);
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
+                                    std::optional<double> scale) {
+  // The memory-efficient CUDA path (never materializing [L, S] for backward) will be chosen
+  // here for CUDA inputs; every other case is the reference.
+  return sdpa_reference(q, k, v, causal, dropout_p, scale);
+}
+
+}  // namespace mg

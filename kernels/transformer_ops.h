@@ -1,0 +1,56 @@
+// Raw (no autograd) transformer kernels: layer norm forward and backward. Each checks its
+// inputs (naming the op and the values), then runs cpu/layernorm.cc or a composed CUDA path.
+#pragma once
+
+#include <array>
+#include <tuple>
+
+#include "core/tensor.h"
+
+namespace mg::kernels {
+
+// Statistics dtype: f64 for f64 input, f32 otherwise (f16/bf16 accumulate in f32).
+DType layer_norm_stats_dtype(DType x);
+
+// Normalizes x over its trailing dims `normalized_shape` (which must match x's last dims):
+// out = (x - mean) * rstd * weight + bias, rstd = 1 / sqrt(var + eps), biased variance.
+// weight/bias have normalized_shape or are undefined. Returns (out [x's shape, x's dtype],
+// mean, rstd) with mean/rstd shaped x.shape[:-k] + [1] * k (PyTorch's shape) in
+// layer_norm_stats_dtype.
+std::tuple<Tensor, Tensor, Tensor> layer_norm_forward(const Tensor& x, const Shape& normalized_shape,
+                                                      const Tensor& weight, const Tensor& bias, double eps);
+
+// Returns (grad_x, grad_weight, grad_bias), all in x's dtype; an entry is undefined when its
+// mask bit is false. mean/rstd are layer_norm_forward's; weight may be undefined (no affine).
+//   xhat = (x - mean) * rstd,  g = grad_out * weight
+//   grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat))   (means over the normalized dims)
+//   grad_weight = sum over rows of grad_out * xhat,  grad_bias = sum over rows of grad_out
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
+                                                       const Shape& normalized_shape, const Tensor& mean,
+                                                       const Tensor& rstd, const Tensor& weight,
+                                                       std::array<bool, 3> mask = {true, true, true});
+
+// The same two functions composed of generic kernels (mean, mul, rsqrt, ...): the plain
+// reference the loop kernel is tested against, and the path CUDA tensors take until a fused
+// CUDA layer norm lands.
+std::tuple<Tensor, Tensor, Tensor> layer_norm_forward_composed(const Tensor& x, const Shape& normalized_shape,
+                                                               const Tensor& weight, const Tensor& bias, double eps);
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward_composed(const Tensor& grad_out, const Tensor& x,
+                                                                const Shape& normalized_shape, const Tensor& mean,
+                                                                const Tensor& rstd, const Tensor& weight,
+                                                                std::array<bool, 3> mask = {true, true, true});
+
+// Declared here rather than in cpu/cpu_ops.h so the transformer kernels stay in their own files.
+namespace cpu {
+// x [M, N] contiguous; weight/bias [N] contiguous of x's dtype or undefined; out [M, N] of x's
+// dtype, mean/rstd [M] of the stats dtype, all contiguous and fully overwritten.
+void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                        const Tensor& mean, const Tensor& rstd);
+// grad_out, x [M, N] contiguous of one dtype; mean/rstd [M]; weight [N] or undefined. Each
+// output (grad_x [M, N], grad_weight/grad_bias [N]) is written when defined.
+void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight,
+                         const Tensor& grad_bias);
+}  // namespace cpu
+
+}  // namespace mg::kernels
