@@ -113,6 +113,21 @@ std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grads) {
   return fn_(grads);
 }
 
+FunctionNode::~FunctionNode() {
+  thread_local std::vector<std::shared_ptr<Node>> pending;
+  thread_local bool draining = false;
+  for (Edge& e : next_edges)
+    if (e.node && e.node.use_count() == 1) pending.push_back(std::move(e.node));
+  if (draining) return;  // an outer destructor's loop owns `pending`
+  draining = true;
+  while (!pending.empty()) {
+    std::shared_ptr<Node> n = std::move(pending.back());
+    pending.pop_back();
+    n.reset();  // its destructor pushes its own last-owner children onto `pending`
+  }
+  draining = false;
+}
+
 // ---------------- edges and recording ----------------
 
 Edge gradient_edge(const Tensor& t) {

@@ -73,6 +73,9 @@ struct AccumulateGrad final : Node {
 struct FunctionNode final : Node {
   using Backward = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs)>;
   FunctionNode(std::string op_name, Backward fn) : op_name_(std::move(op_name)), fn_(std::move(fn)) {}
+  // Tears the graph down iteratively: a long chain (a loss summed over 1M steps) destroyed
+  // recursively would overflow the stack.
+  ~FunctionNode() override;
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
   void release_saved() override { fn_ = nullptr; }
   std::string name() const override { return op_name_; }

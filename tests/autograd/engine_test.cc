@@ -127,7 +127,7 @@ TEST(Engine, NoGradUsesLessPeakMemory) {
   const int64_t without = peak_of_chain(false);
   const int64_t mb4 = 4 << 20;
   EXPECT_GE(with_graph, 9 * mb4) << "grad mode keeps the 10 exp/tanh outputs (4 MiB each) for backward";
-  EXPECT_LE(without, 3 * mb4) << "no_grad keeps at most a couple of 4 MiB tensors alive";
+  EXPECT_LE(without, 4 * mb4) << "no_grad keeps at most a few 4 MiB tensors alive";
   EXPECT_LT(without * 3, with_graph);  // measured: 12 MiB vs 40 MiB
 }
 
@@ -302,11 +302,15 @@ TEST(Engine, MixedDtypesGetTheirInputsDtype) {
 }
 
 TEST(Engine, DeepChainDoesNotOverflow) {
+  // Backward and graph teardown are both iterative (a loss accumulated over many steps).
   Tensor x = leaf({1.0}, {1});
   Tensor y = x;
-  for (int i = 0; i < 20000; ++i) y = y + 1.0;
+  for (int i = 0; i < 200000; ++i) y = y + 1.0;
   sum(y).backward();
   EXPECT_EQ(vals(x.grad())[0], 1.0);
+  Tensor z = x;
+  for (int i = 0; i < 200000; ++i) z = z * 1.0;
+  z = Tensor();  // destroyed without ever running backward
 }
 
 TEST(Engine, BackwardFromLeafAndMultipleRoots) {
