@@ -1,0 +1,250 @@
+// layer_norm, embedding and scaled dot-product attention: finite-difference gradients in
+// f64, the loop kernel against its composed reference, the causal mask, and bad input.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/transformer_ops.h"
+#include "tests/autograd/gradcheck.h"
+
+namespace mg {
+namespace {
+
+using V = std::vector<Tensor>;
+
+Tensor rn(const Shape& s, uint64_t seed, bool grad = true) {
+  Generator g(seed);
+  Tensor t = randn(s, {DType::f64}, &g);
+  if (grad) t.requires_grad_(true);
+  return t;
+}
+
+void expect_close(const Tensor& a, const Tensor& b, double tol) {
+  ASSERT_EQ(a.sizes(), b.sizes());
+  auto av = a.to_vector<double>(), bv = b.to_vector<double>();
+  for (size_t i = 0; i < av.size(); ++i) ASSERT_NEAR(av[i], bv[i], tol) << "element " << i;
+}
+
+// ---------------- layer norm ----------------
+
+TEST(LayerNormGrad, LastDimWeightBias) {
+  EXPECT_TRUE(gradcheck([](const V& x) { return layer_norm(x[0], {5}, x[1], x[2]); },
+                        {rn({3, 5}, 1), rn({5}, 2), rn({5}, 3)}));
+}
+
+TEST(LayerNormGrad, LastTwoDimsWeightBias) {
+  EXPECT_TRUE(gradcheck([](const V& x) { return layer_norm(x[0], {3, 4}, x[1], x[2], 1e-3); },
+                        {rn({2, 3, 4}, 4), rn({3, 4}, 5), rn({3, 4}, 6)}));
+}
+
+TEST(LayerNormGrad, NoAffineAndOnlySomeInputs) {
+  EXPECT_TRUE(gradcheck([](const V& x) { return layer_norm(x[0], {6}); }, {rn({4, 6}, 7)}));
+  // Only the parameters require grad (x is a constant input).
+  EXPECT_TRUE(gradcheck([](const V& x) { return layer_norm(x[0], {4}, x[1], x[2]); },
+                        {rn({2, 3, 4}, 8, false), rn({4}, 9), rn({4}, 10)}));
+  // Weight without bias, and a non-contiguous input.
+  EXPECT_TRUE(gradcheck([](const V& x) { return layer_norm(transpose(x[0], 0, 1), {3}, x[1]); },
+                        {rn({3, 4}, 11), rn({3}, 12)}));
+}
+
+TEST(LayerNorm, MatchesFormulaAndStatistics) {
+  Tensor x = tensor({1, 2, 3, 4, -1, 0, 1, 6}, {2, 4}, {DType::f64});
+  auto [y, mean, rstd] = kernels::layer_norm_forward(x, {4}, Tensor(), Tensor(), 0.0);
+  EXPECT_EQ(mean.sizes(), (Shape{2, 1}));
+  auto m = mean.to_vector<double>(), r = rstd.to_vector<double>();
+  EXPECT_DOUBLE_EQ(m[0], 2.5);
+  EXPECT_DOUBLE_EQ(m[1], 1.5);
+  EXPECT_NEAR(r[0], 1 / std::sqrt(1.25), 1e-12);
+  EXPECT_NEAR(r[1], 1 / std::sqrt((6.25 + 2.25 + 0.25 + 20.25) / 4), 1e-12);
+  auto yv = y.to_vector<double>();
+  EXPECT_NEAR(yv[0], (1 - 2.5) * r[0], 1e-12);
+  EXPECT_NEAR(yv[7], (6 - 1.5) * r[1], 1e-12);
+}
+
+TEST(LayerNorm, LoopKernelMatchesComposedReference) {
+  for (DType dt : {DType::f64, DType::f32}) {
+    Generator g(21);
+    Tensor x = randn({3, 2, 7}, {dt}, &g), w = randn({2, 7}, {dt}, &g), b = randn({2, 7}, {dt}, &g);
+    Tensor go = randn({3, 2, 7}, {dt}, &g);
+    const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
+    auto [y, mean, rstd] = kernels::layer_norm_forward(x, {2, 7}, w, b, 1e-5);
+    auto [yr, meanr, rstdr] = kernels::layer_norm_forward_composed(x, {2, 7}, w, b, 1e-5);
+    expect_close(y, yr, tol);
+    expect_close(mean, meanr, tol);
+    expect_close(rstd, rstdr, tol);
+    auto [gx, gw, gb] = kernels::layer_norm_backward(go, x, {2, 7}, mean, rstd, w);
+    auto [gxr, gwr, gbr] = kernels::layer_norm_backward_composed(go, x, {2, 7}, mean, rstd, w);
+    expect_close(gx, gxr, tol);
+    expect_close(gw, gwr, tol * 10);
+    expect_close(gb, gbr, tol * 10);
+    // The mask skips outputs.
+    auto [gx2, gw2, gb2] = kernels::layer_norm_backward(go, x, {2, 7}, mean, rstd, w, {true, false, false});
+    EXPECT_TRUE(gx2.defined());
+    EXPECT_FALSE(gw2.defined());
+    EXPECT_FALSE(gb2.defined());
+  }
+}
+
+TEST(LayerNorm, HalfTypesComputeInF32) {
+  Generator g(5);
+  Tensor x = randn({4, 16}, {DType::f32}, &g);
+  Tensor ref = layer_norm(x, {16});
+  for (DType dt : {DType::f16, DType::bf16}) {
+    auto [y, mean, rstd] = kernels::layer_norm_forward(x.to(dt), {16}, Tensor(), Tensor(), 1e-5);
+    EXPECT_EQ(y.dtype(), dt);
+    EXPECT_EQ(mean.dtype(), DType::f32);
+    expect_close(y.to(DType::f32), ref, 3e-2);
+  }
+}
+
+TEST(LayerNormErrors, ShapeMismatchesAreClear) {
+  Tensor x = randn({2, 3, 5});
+  try {
+    layer_norm(x, {4});
+    FAIL() << "expected ShapeError";
+  } catch (const ShapeError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("layer_norm"), std::string::npos) << m;
+    EXPECT_NE(m.find("[4]"), std::string::npos) << m;
+    EXPECT_NE(m.find("[2, 3, 5]"), std::string::npos) << m;
+  }
+  EXPECT_THROW(layer_norm(x, {2, 3, 5, 1}), ShapeError);  // more dims than the input
+  EXPECT_THROW(layer_norm(x, {}), ValueError);
+  EXPECT_THROW(layer_norm(x, {5}, randn({4})), ShapeError);  // weight shape
+  EXPECT_THROW(layer_norm(x, {3, 5}, Tensor(), randn({5})), ShapeError);  // bias shape
+  EXPECT_THROW(layer_norm(x, {5}, Tensor(), Tensor(), -1.0), ValueError);
+  EXPECT_THROW(layer_norm(arange(5), {5}), DTypeError);
+}
+
+// ---------------- embedding ----------------
+
+TEST(EmbeddingGrad, RepeatedIndicesAccumulate) {
+  Tensor idx = from_vector<int64_t>({1, 3, 1, 0, 1, 3}, {2, 3});
+  EXPECT_TRUE(gradcheck([idx](const V& x) { return embedding(x[0], idx); }, {rn({5, 4}, 31)}));
+  // Explicitly: with d loss / d out = 1, row r of the gradient is (count of r) * ones.
+  Tensor w = rn({5, 4}, 32);
+  sum(embedding(w, idx)).backward();
+  auto gv = w.grad().to_vector<double>();
+  const double count[5] = {1, 3, 0, 2, 0};
+  for (int r = 0; r < 5; ++r)
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(gv[r * 4 + c], count[r]);
+}
+
+TEST(Embedding, PicksRowsAnyIndexShapeAndI32) {
+  Tensor w = rn({6, 3}, 33, false);
+  Tensor out = embedding(w, from_vector<int32_t>({5, 0, 2}, {3}));
+  EXPECT_EQ(out.sizes(), (Shape{3, 3}));
+  auto wv = w.to_vector<double>(), ov = out.to_vector<double>();
+  for (int c = 0; c < 3; ++c) {
+    EXPECT_EQ(ov[c], wv[15 + c]);
+    EXPECT_EQ(ov[3 + c], wv[c]);
+    EXPECT_EQ(ov[6 + c], wv[6 + c]);
+  }
+  EXPECT_EQ(embedding(w, scalar_tensor(4, {DType::i64})).sizes(), (Shape{3}));
+  EXPECT_EQ(embedding(w, from_vector<int64_t>({1, 2, 3, 4}, {2, 1, 2})).sizes(), (Shape{2, 1, 2, 3}));
+}
+
+TEST(EmbeddingErrors, OutOfRangeNamesIndexAndSize) {
+  Tensor w = randn({5, 2});
+  for (int64_t bad : {7, -1}) {
+    try {
+      embedding(w, from_vector<int64_t>({0, 4, bad}, {3}));
+      FAIL() << "expected IndexError";
+    } catch (const IndexError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("embedding: index " + std::to_string(bad)), std::string::npos) << m;
+      EXPECT_NE(m.find("num_embeddings 5"), std::string::npos) << m;
+    }
+  }
+  EXPECT_THROW(embedding(w, tensor({1, 2}, {2})), DTypeError);
+  EXPECT_THROW(embedding(randn({5}), from_vector<int64_t>({0}, {1})), ShapeError);
+}
+
+// ---------------- scaled dot-product attention ----------------
+
+TEST(SdpaGrad, NonCausal) {
+  EXPECT_TRUE(gradcheck([](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); },
+                        {rn({2, 3, 4}, 41), rn({2, 5, 4}, 42), rn({2, 5, 3}, 43)}));
+}
+
+TEST(SdpaGrad, CausalWithHeads) {
+  EXPECT_TRUE(gradcheck([](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2], true); },
+                        {rn({1, 2, 4, 3}, 44), rn({1, 2, 4, 3}, 45), rn({1, 2, 4, 3}, 46)}));
+}
+
+TEST(SdpaGrad, ExplicitScaleCausalAndNot) {
+  for (bool causal : {false, true})
+    EXPECT_TRUE(gradcheck(
+        [causal](const V& x) { return sdpa_reference(x[0], x[1], x[2], causal, 0.0, 0.7); },
+        {rn({2, 4, 3}, 47), rn({2, 4, 3}, 48), rn({2, 4, 2}, 49)}))
+        << "causal " << causal;
+}
+
+TEST(SdpaGrad, DropoutWithFixedSeed) {
+  EXPECT_TRUE(gradcheck(
+      [](const V& x) {
+        manual_seed(123);  // the same dropout mask on every evaluation
+        return scaled_dot_product_attention(x[0], x[1], x[2], true, 0.3);
+      },
+      {rn({2, 4, 3}, 50), rn({2, 4, 3}, 51), rn({2, 4, 3}, 52)}));
+}
+
+TEST(Sdpa, MatchesManualSoftmaxAttention) {
+  Tensor q = rn({3, 2}, 53, false), k = rn({4, 2}, 54, false), v = rn({4, 3}, 55, false);
+  Tensor out = scaled_dot_product_attention(q, k, v, false, 0.0, 0.5);
+  auto qv = q.to_vector<double>(), kv = k.to_vector<double>(), vv = v.to_vector<double>();
+  auto ov = out.to_vector<double>();
+  for (int i = 0; i < 3; ++i) {
+    double p[4], z = 0;
+    for (int j = 0; j < 4; ++j) {
+      p[j] = std::exp(0.5 * (qv[i * 2] * kv[j * 2] + qv[i * 2 + 1] * kv[j * 2 + 1]));
+      z += p[j];
+    }
+    for (int c = 0; c < 3; ++c) {
+      double ref = 0;
+      for (int j = 0; j < 4; ++j) ref += p[j] / z * vv[j * 3 + c];
+      EXPECT_NEAR(ov[i * 3 + c], ref, 1e-12);
+    }
+  }
+}
+
+TEST(Sdpa, CausalOutputIgnoresLaterPositions) {
+  const int64_t T = 6;
+  Tensor q = rn({2, T, 4}, 56, false), k = rn({2, T, 4}, 57, false), v = rn({2, T, 4}, 58, false);
+  Tensor out = scaled_dot_product_attention(q, k, v, true);
+  for (int64_t t = 0; t < T - 1; ++t) {
+    // Replace every position after t in q, k and v with fresh values.
+    auto perturb = [&](const Tensor& a, uint64_t seed) {
+      Tensor b = raw::clone(a);
+      raw::copy_(raw::slice(b, 1, t + 1, T, 1), rn({2, T - t - 1, 4}, seed, false));
+      return b;
+    };
+    Tensor out2 = scaled_dot_product_attention(perturb(q, 60 + t), perturb(k, 70 + t), perturb(v, 80 + t), true);
+    expect_close(raw::slice(out2, 1, 0, t + 1, 1), raw::slice(out, 1, 0, t + 1, 1), 1e-12);
+    // ... while a later position does change (the perturbation is visible there).
+    auto a = raw::slice(out2, 1, T - 1, T, 1).to_vector<double>(), b = raw::slice(out, 1, T - 1, T, 1).to_vector<double>();
+    EXPECT_NE(a, b);
+  }
+  // Position 0 attends only to itself: its output is v[:, 0].
+  expect_close(raw::select(out, 1, 0), raw::select(v, 1, 0), 1e-12);
+}
+
+TEST(SdpaErrors, MismatchedShapesAreClear) {
+  try {
+    scaled_dot_product_attention(randn({2, 3, 4}), randn({2, 3, 5}), randn({2, 3, 4}));
+    FAIL() << "expected ShapeError";
+  } catch (const ShapeError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("scaled_dot_product_attention: query head dim 4 does not match key head dim 5"),
+              std::string::npos)
+        << m;
+  }
+  EXPECT_THROW(scaled_dot_product_attention(randn({2, 3, 4}), randn({2, 3, 4}), randn({2, 2, 4})), ShapeError);
+  EXPECT_THROW(scaled_dot_product_attention(randn({2, 3, 4}), randn({3, 3, 4}), randn({3, 3, 4})), ShapeError);
+  EXPECT_THROW(scaled_dot_product_attention(randn({3, 4}), randn({2, 3, 4}), randn({2, 3, 4})), ShapeError);
+  EXPECT_THROW(scaled_dot_product_attention(randn({3, 4}), randn({3, 4}).to(DType::f64), randn({3, 4})), DTypeError);
+  EXPECT_THROW(scaled_dot_product_attention(randn({3, 4}), randn({3, 4}), randn({3, 4}), false, 1.0), ValueError);
+}
+
+}  // namespace
+}  // namespace mg
