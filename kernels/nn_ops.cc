@@ -105,7 +105,7 @@ Shape conv_out_shape(const char* op, const Shape& x, const Shape& w, const Conv2
   MG_CHECK(O % G == 0, ValueError, op, ": groups=", G, " must divide the output channels (weight ", shape_str(w),
            " has ", O, ")");
   MG_CHECK(C == w[1] * G, ShapeError, op, ": input has ", C, " channels but weight expects ", w[1] * G,
-           " (groups=", G, "; input ", shape_str(x), ", weight ", shape_str(w), ")");
+           " (groups=", G, "); input ", shape_str(x), ", weight ", shape_str(w));
   MG_CHECK(w[2] >= 1 && w[3] >= 1 && O >= 1, ShapeError, op, ": weight ", shape_str(w), " has an empty dimension");
   const int64_t Ho = conv_output_size(x[2], w[2], a.stride.h, a.padding.h, a.dilation.h);
   const int64_t Wo = conv_output_size(x[3], w[3], a.stride.w, a.padding.w, a.dilation.w);
