@@ -105,8 +105,8 @@ __device__ __forceinline__ O binary_op(int op, T av, T bv, const Params& p) {
       case static_cast<int>(Binary::Gt): return store_m<O>(M(x > y));
       case static_cast<int>(Binary::Ge): return store_m<O>(M(x >= y));
       case kLogicalNot: return store_m<O>(M(x == M(0)));
-      case kClampBackward: {
-        const double v = static_cast<double>(x);
+      case kClampBackward: {  // a = grad, b = x
+        const double v = static_cast<double>(y);
         return (v >= p.p0 && v <= p.p1) ? av : store_m<O>(M(0));
       }
       default: break;

@@ -435,7 +435,9 @@ TEST_F(CudaParity, Softmax) {
                         SC{{10, 70}, 0}, SC{{3000, 20}, 0}, SC{{1}, 0}, SC{{4097}, 0}, SC{{5, 1}, 1}}) {
       Tensor a = host(c.s, dt, g, -8, 8), ga = to_cuda(a);
       const std::string what = shape_str(c.s) + " dim " + std::to_string(c.dim);
-      const double tol = tol_of(dt);
+      // The CPU sums a row sequentially in f32: for long rows its own error passes 1e-5.
+      const int64_t K = c.s[c.dim < 0 ? c.dim + static_cast<int64_t>(c.s.size()) : c.dim];
+      const double tol = dt == DType::f32 && K > 1000 ? 1e-4 : tol_of(dt);
       for (bool log : {false, true}) {
         Tensor y = log ? k::log_softmax(a, c.dim) : k::softmax(a, c.dim);
         Tensor gy = log ? k::log_softmax(ga, c.dim) : k::softmax(ga, c.dim);
@@ -490,8 +492,10 @@ TEST_F(CudaParity, OneHotGatherScatter) {
         const int64_t size = a.size(dim);
         Tensor idx = idx_tensor(rand_idx(g, 20 * 30, 0, size), {20, 30}, it), gidx = to_cuda(idx);
         expect_parity(k::gather(a, dim, idx), k::gather(ga, dim, gidx), 0, "gather");
-        expect_parity(k::gather(raw::transpose(a, 0, 1), dim, idx), k::gather(raw::transpose(ga, 0, 1), dim, gidx),
-                      0, "gather transposed");
+        const int64_t tsize = a.size(1 - dim);  // the transposed view's size along dim
+        Tensor tidx = idx_tensor(rand_idx(g, 20 * 30, 0, tsize), {20, 30}, it);
+        expect_parity(k::gather(raw::transpose(a, 0, 1), dim, tidx),
+                      k::gather(raw::transpose(ga, 0, 1), dim, to_cuda(tidx)), 0, "gather transposed");
         // scatter_add_ (duplicates accumulate) into a copy.
         Tensor src = host({20, 30}, dt, g, 0, 5), gsrc = to_cuda(src);
         Tensor s = raw::clone(a), gs = raw::clone(ga);
