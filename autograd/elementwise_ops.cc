@@ -99,9 +99,6 @@ Tensor pow(const Tensor& a, const Tensor& exponent) {
   return out;
 }
 
-Tensor maximum(const Tensor& a, const Tensor& b);
-Tensor minimum(const Tensor& a, const Tensor& b);
-
 namespace {
 // max/min: the gradient goes to the winner, split evenly on ties (PyTorch's convention).
 Tensor extremum(const char* op, Binary which, Binary wins, const Tensor& a, const Tensor& b) {
