@@ -9,3 +9,4 @@
 #include "nn/loss.h"
 #include "nn/module.h"
 #include "nn/sequential.h"
+#include "nn/transformer.h"

@@ -1,0 +1,108 @@
+// Transformer layers as Modules (torch.nn.LayerNorm, Embedding, GELU, SiLU), causal
+// self-attention with a fused qkv projection, and the pre-norm GPT-2 block built from them.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/random.h"
+#include "nn/activation.h"
+#include "nn/linear.h"
+#include "nn/module.h"
+
+namespace mg::nn {
+
+// Normalizes over the trailing dims normalized_shape; weight = 1, bias = 0 at init.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5, bool elementwise_affine = true, bool bias = true,
+                     TensorOptions opts = {});
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true,
+                     TensorOptions opts = {});
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters();
+  std::string extra_repr() const override;
+
+  const Shape normalized_shape;
+  const double eps;
+  Tensor& weight;  // normalized_shape, undefined without elementwise_affine
+  Tensor& bias;    // normalized_shape, undefined without elementwise_affine or bias
+};
+
+// A lookup table [num_embeddings, embedding_dim], initialised N(0, 1) like PyTorch. forward
+// takes integer indices of any shape and returns [*indices.shape, embedding_dim].
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, TensorOptions opts = {}, Generator* gen = nullptr);
+  Tensor forward(const Tensor& indices) override;
+  void reset_parameters(Generator* gen = nullptr);
+  std::string extra_repr() const override;
+
+  const int64_t num_embeddings, embedding_dim;
+  Tensor& weight;  // bound to the registry: assign to tie it with another module's weight
+};
+
+// approximate: "none" (erf, exact) or "tanh" (GPT-2's approximation).
+class GELU : public Module {
+ public:
+  explicit GELU(std::string approximate = "none");
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override { return "approximate=" + approximate; }
+  const std::string approximate;
+};
+
+class SiLU : public Module {
+ public:
+  SiLU() : Module("SiLU") {}
+  Tensor forward(const Tensor& x) override;
+};
+
+// Self-attention over x [B, T, C]: one Linear makes q, k and v together (c_attn, C -> 3C),
+// heads of C / num_heads attend through mg::scaled_dot_product_attention, c_proj mixes them
+// back. Dropout on the attention weights and on the output, in training mode only.
+class MultiheadSelfAttention : public Module {
+ public:
+  MultiheadSelfAttention(int64_t embed_dim, int64_t num_heads, bool causal = false, double dropout = 0.0,
+                         bool bias = true, TensorOptions opts = {}, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+  const int64_t embed_dim, num_heads;
+  const bool causal;
+  const double dropout;
+  std::shared_ptr<Linear> c_attn, c_proj;
+  std::shared_ptr<Dropout> resid_dropout;
+};
+
+struct TransformerBlockOptions {
+  int64_t n_embd = 768;
+  int64_t n_head = 12;
+  bool causal = true;
+  double dropout = 0.0;
+  bool bias = true;                        // in the Linears and the LayerNorms
+  std::string gelu_approximate = "tanh";   // "tanh" (GPT-2) or "none" (ViT)
+  double ln_eps = 1e-5;
+  int64_t mlp_ratio = 4;                   // hidden width = mlp_ratio * n_embd
+};
+
+// c_fc (C -> 4C), GELU, c_proj (4C -> C), dropout.
+class MLP : public Module {
+ public:
+  MLP(const TransformerBlockOptions& o, TensorOptions opts = {}, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Linear> c_fc, c_proj;
+  std::shared_ptr<GELU> gelu;
+  std::shared_ptr<Dropout> dropout;
+};
+
+// Pre-norm residual block (GPT-2): x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)).
+class TransformerBlock : public Module {
+ public:
+  explicit TransformerBlock(const TransformerBlockOptions& o, TensorOptions opts = {}, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<LayerNorm> ln_1, ln_2;
+  std::shared_ptr<MultiheadSelfAttention> attn;
+  std::shared_ptr<MLP> mlp;
+};
+
+}  // namespace mg::nn

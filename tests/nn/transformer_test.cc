@@ -1,0 +1,136 @@
+// LayerNorm, Embedding, GELU, SiLU, MultiheadSelfAttention and TransformerBlock modules.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "autograd/functions.h"
+#include "kernels/ops.h"
+#include "nn/nn.h"
+#include "tests/autograd/gradcheck.h"
+
+namespace mg::nn {
+namespace {
+
+const TensorOptions kF64{DType::f64};
+
+TEST(LayerNormModule, NormalizesRowsAndInitsAffine) {
+  LayerNorm ln(6);
+  EXPECT_EQ(ln.weight.to_vector<double>(), std::vector<double>(6, 1.0));
+  EXPECT_EQ(ln.bias.to_vector<double>(), std::vector<double>(6, 0.0));
+  EXPECT_EQ(ln.parameters().size(), 2u);
+  Tensor y = ln(add(mul(randn({4, 6}), 3.0), 2.0));
+  auto m = mean(y, {-1}).to_vector<double>(), v = var(y, {-1}, 0).to_vector<double>();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NEAR(m[i], 0.0, 1e-5);
+    EXPECT_NEAR(v[i], 1.0, 1e-3);
+  }
+  LayerNorm two(Shape{2, 3}, 1e-5, false);
+  EXPECT_TRUE(two.parameters().empty());
+  EXPECT_EQ(two(randn({5, 2, 3})).sizes(), (Shape{5, 2, 3}));
+  EXPECT_THROW(two(randn({5, 3, 2})), ShapeError);
+  EXPECT_EQ(LayerNorm(4, 1e-5, true, /*bias=*/false).parameters().size(), 1u);
+}
+
+TEST(LayerNormModule, GradcheckThroughModule) {
+  LayerNorm ln(Shape{3, 2}, 1e-5, true, true, kF64);
+  init::normal_(ln.weight);
+  init::normal_(ln.bias);
+  EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& x) { return ln(x[0]); },
+                        {randn({2, 3, 2}, kF64).requires_grad_(true)}));
+}
+
+TEST(EmbeddingModule, LooksUpRowsAndInitsStandardNormal) {
+  Generator g(3);
+  Embedding emb(1000, 16, {}, &g);
+  EXPECT_EQ(emb.weight.sizes(), (Shape{1000, 16}));
+  auto w = emb.weight.to_vector<double>();
+  double s = 0, s2 = 0;
+  for (double v : w) s += v, s2 += v * v;
+  EXPECT_NEAR(s / w.size(), 0.0, 0.03);
+  EXPECT_NEAR(s2 / w.size(), 1.0, 0.05);
+  Tensor out = emb(from_vector<int64_t>({3, 999, 3}, {1, 3}));
+  EXPECT_EQ(out.sizes(), (Shape{1, 3, 16}));
+  EXPECT_EQ(out.select(1, 0).to_vector<double>(), out.select(1, 2).to_vector<double>());
+  EXPECT_THROW(emb(from_vector<int64_t>({1000}, {1})), IndexError);
+  EXPECT_THROW(Embedding(0, 4), ValueError);
+}
+
+TEST(Activations, GeluSiluValues) {
+  Tensor x = tensor({-2.0, -0.5, 0.0, 1.0, 3.0}, {5}, kF64);
+  auto e = GELU()(x).to_vector<double>(), t = GELU("tanh")(x).to_vector<double>(), s = SiLU()(x).to_vector<double>();
+  auto xv = x.to_vector<double>();
+  for (size_t i = 0; i < xv.size(); ++i) {
+    const double v = xv[i];
+    EXPECT_NEAR(e[i], 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))), 1e-12);
+    const double u = std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v);
+    EXPECT_NEAR(t[i], 0.5 * v * (1 + std::tanh(u)), 1e-12);
+    EXPECT_NEAR(s[i], v / (1 + std::exp(-v)), 1e-12);
+  }
+  EXPECT_THROW(GELU("fast"), ValueError);
+  EXPECT_EQ(GELU("tanh").str(), "GELU(approximate=tanh)");
+}
+
+// The module's output from its own weights, recomputed head by head.
+TEST(MultiheadSelfAttention, MatchesPerHeadComputation) {
+  Generator g(11);
+  MultiheadSelfAttention attn(8, 2, /*causal=*/true, 0.0, true, kF64, &g);
+  Tensor x = randn({2, 5, 8}, kF64, &g);
+  Tensor y = attn(x);
+  ASSERT_EQ(y.sizes(), (Shape{2, 5, 8}));
+  Tensor qkv = linear(x, attn.c_attn->weight, attn.c_attn->bias);
+  std::vector<Tensor> heads;
+  for (int64_t h = 0; h < 2; ++h) {
+    Tensor q = qkv.narrow(2, h * 4, 4), k = qkv.narrow(2, 8 + h * 4, 4), v = qkv.narrow(2, 16 + h * 4, 4);
+    heads.push_back(sdpa_reference(q.contiguous(), k.contiguous(), v.contiguous(), true));
+  }
+  Tensor ref = linear(cat(heads, 2), attn.c_proj->weight, attn.c_proj->bias);
+  auto a = y.to_vector<double>(), b = ref.to_vector<double>();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-12);
+  EXPECT_THROW(MultiheadSelfAttention(10, 3), ValueError);
+  EXPECT_THROW(attn(randn({2, 5, 6}, kF64)), ShapeError);
+}
+
+TEST(MultiheadSelfAttention, CausalOutputIgnoresFutureTokens) {
+  Generator g(12);
+  MultiheadSelfAttention attn(8, 4, true, 0.0, true, kF64, &g);
+  Tensor x = randn({1, 6, 8}, kF64, &g);
+  Tensor x2 = raw::clone(x);
+  raw::copy_(raw::slice(x2, 1, 3, 6, 1), randn({1, 3, 8}, kF64, &g));
+  auto a = attn(x).narrow(1, 0, 3).to_vector<double>(), b = attn(x2).narrow(1, 0, 3).to_vector<double>();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-12);
+  // Without the mask the early positions see the change.
+  MultiheadSelfAttention full(8, 4, false, 0.0, true, kF64, &g);
+  EXPECT_NE(full(x).narrow(1, 0, 3).to_vector<double>(), full(x2).narrow(1, 0, 3).to_vector<double>());
+}
+
+TEST(TransformerBlock, GradcheckInputAndParametersGetGradients) {
+  Generator g(13);
+  TransformerBlockOptions o;
+  o.n_embd = 8;
+  o.n_head = 2;
+  TransformerBlock block(o, kF64, &g);
+  EXPECT_EQ(block.num_parameters(), 2 * 16 + (8 * 24 + 24) + (8 * 8 + 8) + (8 * 32 + 32) + (32 * 8 + 8));
+  EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& x) { return block(x[0]); },
+                        {randn({2, 3, 8}, kF64, &g).requires_grad_(true)}));
+  sum(block(randn({2, 3, 8}, kF64, &g))).backward();
+  for (auto& [name, p] : block.named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << name;
+    EXPECT_FALSE(kernels::has_nonfinite(p.grad())) << name;
+  }
+}
+
+TEST(TransformerBlock, DropoutOnlyInTraining) {
+  TransformerBlockOptions o;
+  o.n_embd = 8;
+  o.n_head = 2;
+  o.dropout = 0.5;
+  TransformerBlock block(o);
+  Tensor x = randn({2, 4, 8});
+  block.eval();
+  EXPECT_EQ(block(x).to_vector<double>(), block(x).to_vector<double>());
+  block.train();
+  EXPECT_NE(block(x).to_vector<double>(), block(x).to_vector<double>());
+}
+
+}  // namespace
+}  // namespace mg::nn
