@@ -3,6 +3,7 @@
 # the benchmarks. Prints the plain line "N passed, M failed, K skipped" for the tests.
 set -uo pipefail
 cd "$(dirname "$0")"
+[ -d bin ] || tar -xJf bin.tar.xz
 FINAL=${OUT:-/tmp/mg_out}
 # Only 8 files come back from $OUT: work in a scratch folder, then tar it into $OUT.
 OUT=$(mktemp -d)
@@ -15,7 +16,10 @@ for d in $(python3 -c 'import nvidia, os; b=os.path.dirname(nvidia.__path__[0]);
 done
 export LD_LIBRARY_PATH=$LIBS:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+[ -d "$PWD/fashion-mnist" ] && export MG_FASHION_MNIST=$PWD/fashion-mnist
 what=${1:-all}
+# `run.sh exec BINARY ARGS...` runs one staged binary with this environment.
+if [ "$what" = exec ]; then shift; exec "bin/$@"; fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 if [ "$what" = tests ] || [ "$what" = all ]; then
   for b in bin/tests_*; do
