@@ -1,0 +1,84 @@
+#include "nn/models/gpt.h"
+
+#include <cmath>
+
+#include "autograd/functions.h"
+#include "nn/init.h"
+
+namespace mg::nn {
+
+namespace {
+const GPTConfig& checked(const GPTConfig& c) {
+  MG_CHECK(c.vocab_size > 0 && c.block_size > 0 && c.n_layer >= 0 && c.n_head > 0 && c.n_embd > 0, ValueError,
+           "GPT: vocab_size, block_size, n_head and n_embd must be positive and n_layer >= 0");
+  MG_CHECK(c.n_embd % c.n_head == 0, ValueError, "GPT: n_embd (", c.n_embd, ") must be a multiple of n_head (",
+           c.n_head, ")");
+  return c;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+GPT::GPT(const GPTConfig& cfg, TensorOptions opts, Generator* gen, bool init_weights)
+    : Module("GPT"), config(checked(cfg)) {
+  const GPTConfig& c = config;
+  transformer = register_module("transformer", std::make_shared<Module>("Transformer"));
+  wte = transformer->register_module("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd, opts, gen));
+  wpe = transformer->register_module("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd, opts, gen));
+  drop = transformer->register_module("drop", std::make_shared<Dropout>(c.dropout));
+  TransformerBlockOptions bo;
+  bo.n_embd = c.n_embd;
+  bo.n_head = c.n_head;
+  bo.causal = true;
+  bo.dropout = c.dropout;
+  bo.bias = c.bias;
+  bo.gelu_approximate = "tanh";
+  h = transformer->register_module("h", std::make_shared<Sequential>());
+  for (int64_t i = 0; i < c.n_layer; ++i) h->push_back(std::make_shared<TransformerBlock>(bo, opts, gen));
+  ln_f = transformer->register_module("ln_f", std::make_shared<LayerNorm>(c.n_embd, 1e-5, true, c.bias, opts));
+  lm_head = register_module("lm_head", std::make_shared<Linear>(c.n_embd, c.vocab_size, false, opts, gen));
+  // Weight tying: the head's slot now holds wte's tensor, so both modules own one Parameter
+  // (parameters() lists it once, under its first name transformer.wte.weight). Its gradient
+  // is the sum of the embedding's and the head's contributions.
+  if (c.tied_head) lm_head->weight = wte->weight;
+  if (!init_weights) return;
+  // GPT-2 init (nanoGPT's _init_weights plus the scaled residual projections).
+  const double std_proj = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer > 0 ? c.n_layer : 1));
+  for (auto& [name, p] : named_parameters()) {
+    if (ends_with(name, "wte.weight") || ends_with(name, "wpe.weight")) {
+      // Embedding drew N(0, 1) already: scaling gives N(0, 0.02^2) without drawing again.
+      NoGradGuard ng;
+      mul_(p, 0.02);
+    } else if (ends_with(name, "c_proj.weight")) {
+      init::normal_(p, 0.0, std_proj, gen);
+    } else if (p.dim() == 2) {  // Linear and Embedding weights
+      init::normal_(p, 0.0, 0.02, gen);
+    } else if (ends_with(name, ".bias")) {
+      init::zeros_(p);
+    }
+  }
+}
+
+Tensor GPT::forward(const Tensor& idx) {
+  MG_CHECK(idx.defined() && idx.dim() == 2, ShapeError, "GPT: idx must be token ids [B, T], got ",
+           idx.defined() ? shape_str(idx.sizes()) : std::string("(undefined)"));
+  const int64_t T = idx.size(1);
+  MG_CHECK(T <= config.block_size, ValueError, "GPT: sequence length ", T, " exceeds block_size ", config.block_size);
+  Tensor pos = arange(T, {DType::i64, idx.device()});
+  Tensor x = (*drop)(add((*wte)(idx), (*wpe)(pos)));  // [B, T, C] + [T, C]
+  x = (*ln_f)((*h)(x));
+  return (*lm_head)(x);
+}
+
+Tensor GPT::loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  MG_CHECK(logits.defined() && targets.defined() && logits.dim() == 3 && targets.dim() == 2 &&
+               logits.size(0) == targets.size(0) && logits.size(1) == targets.size(1),
+           ShapeError, "GPT::loss: expected logits [B, T, V] and targets [B, T], got ",
+           logits.defined() ? shape_str(logits.sizes()) : std::string("(undefined)"), " and ",
+           targets.defined() ? shape_str(targets.sizes()) : std::string("(undefined)"));
+  return cross_entropy(logits.reshape({-1, logits.size(2)}), targets.reshape({-1}), "mean", ignore_index);
+}
+
+}  // namespace mg::nn

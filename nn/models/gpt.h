@@ -1,0 +1,49 @@
+// A GPT-2 style decoder (nanoGPT's layout and parameter names): token + position
+// embeddings, pre-norm causal blocks, a final LayerNorm and an lm head tied to wte.
+#pragma once
+
+#include <memory>
+
+#include "nn/activation.h"
+#include "nn/linear.h"
+#include "nn/module.h"
+#include "nn/sequential.h"
+#include "nn/transformer.h"
+
+namespace mg::nn {
+
+struct GPTConfig {
+  int64_t vocab_size = 50304;  // GPT-2's 50257 padded up to a multiple of 64
+  int64_t block_size = 1024;   // longest sequence (rows of the position embedding)
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_embd = 768;
+  double dropout = 0.0;
+  bool bias = true;        // biases in the Linears and LayerNorms (GPT-2 has them)
+  bool tied_head = true;   // lm_head.weight IS transformer.wte.weight (one Parameter)
+};
+
+class GPT : public Module {
+ public:
+  // GPT-2's init: every Linear and Embedding weight ~ N(0, 0.02), biases 0, and the residual
+  // projections (attn.c_proj, mlp.c_proj) ~ N(0, 0.02 / sqrt(2 * n_layer)). init_weights =
+  // false skips that pass (the layers keep their own default init): for counting parameters
+  // or before loading a checkpoint, it saves ~124M normal draws on GPT-2 small.
+  explicit GPT(const GPTConfig& config, TensorOptions opts = {}, Generator* gen = nullptr, bool init_weights = true);
+
+  // idx: i64 token ids [B, T] with T <= block_size -> logits [B, T, vocab_size].
+  Tensor forward(const Tensor& idx) override;
+  // Mean next-token cross-entropy of logits [B, T, V] against targets [B, T] (the inputs
+  // shifted by one); positions whose target is ignore_index do not count.
+  static Tensor loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+
+  const GPTConfig config;
+  std::shared_ptr<Module> transformer;  // wte, wpe, drop, h, ln_f (nanoGPT's ModuleDict)
+  std::shared_ptr<Embedding> wte, wpe;
+  std::shared_ptr<Dropout> drop;
+  std::shared_ptr<Sequential> h;  // n_layer TransformerBlocks
+  std::shared_ptr<LayerNorm> ln_f;
+  std::shared_ptr<Linear> lm_head;  // no bias; its weight is wte's when tied
+};
+
+}  // namespace mg::nn

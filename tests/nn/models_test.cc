@@ -1,0 +1,266 @@
+// The reference models: published parameter counts (with shared weights counted once), tiny
+// forward/backward runs with finite losses and gradients, and GPT's tied embedding/head.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <iostream>
+
+#include "autograd/functions.h"
+#include "kernels/ops.h"
+#include "nn/models/gpt.h"
+#include "nn/models/mobilenet.h"
+#include "nn/models/resnet.h"
+#include "nn/models/vit.h"
+#include "optim/sgd.h"
+#include "tests/autograd/gradcheck.h"
+
+namespace mg::nn {
+namespace {
+
+const TensorOptions kF64{DType::f64};
+
+// Prints the count so docs/layers.md can quote what the test measured.
+int64_t count(const char* name, const Module& m) {
+  const int64_t n = m.num_parameters();
+  std::cout << "[params] " << name << " = " << n << "\n";
+  return n;
+}
+
+void expect_finite_grads(const Module& m) {
+  for (auto& [name, p] : m.named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << name << " got no gradient";
+    EXPECT_FALSE(kernels::has_nonfinite(p.grad())) << name;
+  }
+}
+
+// ---------------- published parameter counts ----------------
+
+TEST(ParameterCounts, ResNet) {
+  EXPECT_EQ(count("resnet18", *resnet18()), 11689512);
+  EXPECT_EQ(count("resnet50", *resnet50()), 25557032);
+}
+
+TEST(ParameterCounts, Gpt2SmallTiedHead) {
+  for (int64_t vocab : {50257, 50304}) {
+    GPTConfig c;
+    c.vocab_size = vocab;
+    GPT gpt(c, {}, nullptr, /*init_weights=*/false);  // only counting: skip the GPT-2 init pass
+    // One Parameter, two owners, listed once.
+    ASSERT_TRUE(gpt.lm_head->weight.is_same(gpt.wte->weight));
+    int64_t listed = 0;
+    for (auto& p : gpt.parameters()) listed += p.is_same(gpt.wte->weight);
+    EXPECT_EQ(listed, 1);
+    EXPECT_EQ(gpt.named_parameters()[0].first, "transformer.wte.weight");
+    const int64_t n = count(vocab == 50257 ? "gpt2 (vocab 50257, tied)" : "gpt2 (vocab 50304, tied)", gpt);
+    EXPECT_EQ(n, vocab == 50257 ? 124439808 : 124475904);
+  }
+}
+
+TEST(ParameterCounts, MobileNetAndViT) {
+  EXPECT_EQ(count("mobilenet_v1", MobileNet()), 4231976);
+  // torchvision's vit_b_16: the patch Linear has exactly the Conv2d(3, 768, 16, 16)'s weights.
+  EXPECT_EQ(count("vit_b_16", ViT(ViTConfig{})), 86567656);
+}
+
+TEST(ParameterCounts, DepthwiseSeparableVersusStandardConv) {
+  // One 3x3 block from 256 to 512 channels.
+  DepthwiseSeparable ds(256, 512, 1);
+  Conv2d standard(256, 512, 3, 1, 1, 1, 1, false);
+  EXPECT_EQ(ds.depthwise->weight.numel() + ds.pointwise->weight.numel(), 9 * 256 + 256 * 512);
+  EXPECT_EQ(standard.weight.numel(), 9 * 256 * 512);
+  std::cout << "[params] 3x3 256->512: standard " << standard.weight.numel() << ", depthwise-separable "
+            << ds.depthwise->weight.numel() + ds.pointwise->weight.numel() << "\n";
+}
+
+// ---------------- GPT ----------------
+
+GPTConfig tiny_gpt(int64_t layers = 2, int64_t d = 32, int64_t vocab = 50, int64_t block = 8) {
+  GPTConfig c;
+  c.vocab_size = vocab;
+  c.block_size = block;
+  c.n_layer = layers;
+  c.n_head = 4;
+  c.n_embd = d;
+  return c;
+}
+
+TEST(GPT, TinyForwardBackwardFinite) {
+  Generator g(1);
+  GPT gpt(tiny_gpt(), {}, &g);
+  Tensor idx = randint(0, 50, {2, 8}, {DType::i64}, &g), targets = randint(0, 50, {2, 8}, {DType::i64}, &g);
+  Tensor logits = gpt(idx);
+  ASSERT_EQ(logits.sizes(), (Shape{2, 8, 50}));
+  Tensor loss = GPT::loss(logits, targets);
+  const double l = loss.item();
+  EXPECT_TRUE(std::isfinite(l));
+  EXPECT_NEAR(l, std::log(50.0), 0.5);  // small init: close to uniform over the vocabulary
+  loss.backward();
+  expect_finite_grads(gpt);
+  // Untied: the head is its own [vocab, d] Parameter.
+  GPTConfig c = tiny_gpt();
+  c.tied_head = false;
+  GPT untied(c, {}, &g);
+  EXPECT_FALSE(untied.lm_head->weight.is_same(untied.wte->weight));
+  EXPECT_EQ(untied.num_parameters(), gpt.num_parameters() + 50 * 32);
+}
+
+double std_of(const Tensor& t) {
+  auto v = t.to_vector<double>();
+  double s2 = 0;
+  for (double x : v) s2 += x * x;
+  return std::sqrt(s2 / v.size());
+}
+
+TEST(GPT, Gpt2Init) {
+  Generator g(8);
+  GPT gpt(tiny_gpt(2, 64, 500, 64), {}, &g);
+  EXPECT_NEAR(std_of(gpt.wte->weight), 0.02, 0.001);
+  EXPECT_NEAR(std_of(gpt.wpe->weight), 0.02, 0.002);
+  auto* block = dynamic_cast<TransformerBlock*>((*gpt.h)[0].get());
+  ASSERT_NE(block, nullptr);
+  EXPECT_NEAR(std_of(block->attn->c_attn->weight), 0.02, 0.001);
+  EXPECT_NEAR(std_of(block->mlp->c_proj->weight), 0.02 / std::sqrt(4.0), 0.001);
+  EXPECT_EQ(std_of(block->attn->c_attn->bias), 0.0);
+  EXPECT_EQ(std_of(block->ln_1->weight), 1.0);
+}
+
+TEST(GPT, BadInput) {
+  GPT gpt(tiny_gpt());
+  EXPECT_THROW(gpt(zeros({1, 9}, {DType::i64})), ValueError);  // longer than block_size
+  EXPECT_THROW(gpt(zeros({8}, {DType::i64})), ShapeError);
+  EXPECT_THROW(gpt(full({1, 4}, 50, {DType::i64})), IndexError);  // token id outside the vocabulary
+  EXPECT_THROW(GPT::loss(randn({1, 4, 50}), zeros({1, 5}, {DType::i64})), ShapeError);
+}
+
+// The tied weight's gradient is the sum of what flows in through the embedding lookup and
+// through the head, and it is checked against finite differences in f64.
+TEST(GPT, TiedWeightGradientIsEmbeddingPlusHead) {
+  Generator g(2);
+  GPT gpt(tiny_gpt(1, 8, 11, 6), kF64, &g);
+  Tensor idx = randint(0, 11, {2, 5}, {DType::i64}, &g), targets = randint(0, 11, {2, 5}, {DType::i64}, &g);
+  const Tensor w = gpt.wte->weight;
+  auto loss_with = [&](const Tensor& emb_w, const Tensor& head_w) {
+    gpt.wte->weight = emb_w;
+    gpt.lm_head->weight = head_w;
+    Tensor l = GPT::loss(gpt(idx), targets);
+    gpt.wte->weight = w;
+    gpt.lm_head->weight = w;
+    return l;
+  };
+  EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& x) { return loss_with(x[0], x[0]); }, {w}));
+
+  gpt.zero_grad();
+  loss_with(w, w).backward();
+  Tensor tied = raw::clone(w.grad());
+  gpt.zero_grad();
+  loss_with(w, w.detach()).backward();  // embedding path only
+  Tensor via_embedding = raw::clone(w.grad());
+  gpt.zero_grad();
+  loss_with(w.detach(), w).backward();  // head path only
+  Tensor via_head = raw::clone(w.grad());
+  auto t = tied.to_vector<double>(), e = via_embedding.to_vector<double>(), h = via_head.to_vector<double>();
+  double emb_norm = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    EXPECT_NEAR(t[i], e[i] + h[i], 1e-12);
+    emb_norm += std::abs(e[i]);
+  }
+  EXPECT_GT(emb_norm, 0.0);  // both contributions are really there
+}
+
+TEST(GPT, SgdUpdatesTiedWeightOnce) {
+  Generator g(3);
+  GPT gpt(tiny_gpt(1, 8, 11, 6), kF64, &g);
+  Tensor idx = randint(0, 11, {2, 5}, {DType::i64}, &g), targets = randint(0, 11, {2, 5}, {DType::i64}, &g);
+  optim::SGDOptions o;
+  o.lr = 0.5;
+  optim::SGD sgd(gpt.parameters(), o);
+  GPT::loss(gpt(idx), targets).backward();
+  Tensor before = raw::clone(gpt.wte->weight), grad = raw::clone(gpt.wte->weight.grad());
+  sgd.step();
+  Tensor expected = kernels::axpby(before, 1.0, grad, -0.5);  // w - lr * g, applied once
+  auto a = gpt.wte->weight.to_vector<double>(), b = expected.to_vector<double>();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-14);
+  EXPECT_TRUE(gpt.lm_head->weight.is_same(gpt.wte->weight));  // still one tensor after the step
+}
+
+// ---------------- ViT ----------------
+
+ViTConfig tiny_vit() {
+  ViTConfig c;
+  c.image_size = 8;
+  c.patch_size = 4;
+  c.num_classes = 5;
+  c.dim = 16;
+  c.depth = 2;
+  c.heads = 2;
+  return c;
+}
+
+TEST(ViT, TinyForwardBackwardFinite) {
+  Generator g(4);
+  ViT vit(tiny_vit(), {}, &g);
+  EXPECT_EQ(vit.num_patches, 4);
+  Tensor x = randn({2, 3, 8, 8}, {}, &g);
+  Tensor logits = vit(x);
+  ASSERT_EQ(logits.sizes(), (Shape{2, 5}));
+  Tensor loss = cross_entropy(logits, from_vector<int64_t>({1, 4}, {2}));
+  EXPECT_TRUE(std::isfinite(loss.item()));
+  loss.backward();
+  expect_finite_grads(vit);
+  EXPECT_THROW(vit(randn({2, 3, 9, 9})), ShapeError);
+}
+
+TEST(ViT, PatchLinearEqualsStridedConv) {
+  Generator g(5);
+  ViT vit(tiny_vit(), kF64, &g);
+  Tensor x = randn({2, 3, 8, 8}, kF64, &g);
+  Tensor tokens = (*vit.patch_embed)(vit.patchify(x));  // [2, 4, 16]
+  Tensor w = vit.patch_embed->weight.reshape({16, 3, 4, 4});
+  Tensor conv = conv2d(x, w, vit.patch_embed->bias, 4);  // [2, 16, 2, 2]
+  Tensor ref = conv.flatten(2).transpose(1, 2);
+  auto a = tokens.to_vector<double>(), b = ref.to_vector<double>();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-12);
+}
+
+// ---------------- CNNs ----------------
+
+TEST(ResNet, Resnet18TinyInputForwardBackwardFinite) {
+  Generator g(6);
+  auto net = resnet18(10, {}, &g);
+  Tensor x = randn({2, 3, 32, 32}, {}, &g);
+  Tensor logits = (*net)(x);
+  ASSERT_EQ(logits.sizes(), (Shape{2, 10}));
+  Tensor loss = cross_entropy(logits, from_vector<int64_t>({3, 7}, {2}));
+  EXPECT_TRUE(std::isfinite(loss.item()));
+  loss.backward();
+  expect_finite_grads(*net);
+  // One 32x32 image in eval mode (running statistics; batch statistics of a 1x1 map are degenerate).
+  net->eval();
+  Tensor one = randn({1, 3, 32, 32}, {}, &g).requires_grad_(true);
+  sum((*net)(one)).backward();
+  EXPECT_FALSE(kernels::has_nonfinite(one.grad()));
+}
+
+TEST(ResNet, Resnet50TinyForward) {
+  auto net = resnet50(10);
+  net->eval();
+  NoGradGuard ng;
+  Tensor y = (*net)(randn({1, 3, 32, 32}));
+  ASSERT_EQ(y.sizes(), (Shape{1, 10}));
+  EXPECT_FALSE(kernels::has_nonfinite(y));
+}
+
+TEST(MobileNet, TinyForwardBackwardFinite) {
+  Generator g(7);
+  MobileNet net(10, 0.25, {}, &g);
+  Tensor logits = net(randn({2, 3, 32, 32}, {}, &g));
+  ASSERT_EQ(logits.sizes(), (Shape{2, 10}));
+  Tensor loss = cross_entropy(logits, from_vector<int64_t>({0, 9}, {2}));
+  EXPECT_TRUE(std::isfinite(loss.item()));
+  loss.backward();
+  expect_finite_grads(net);
+}
+
+}  // namespace
+}  // namespace mg::nn
