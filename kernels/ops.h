@@ -2,6 +2,7 @@
 // inputs, then switches on device (cpu/ or cuda/) and dtype. autograd/ builds on these.
 #pragma once
 
+#include <atomic>
 #include <utility>
 #include <vector>
 
@@ -70,6 +71,16 @@ Tensor sum_to(const Tensor& g, const Shape& shape);
 Tensor sum_squares(const Tensor& a);
 // True if any element is inf or NaN.
 bool has_nonfinite(const Tensor& a);
+
+// ---- settings ----
+// TF32 tensor-core math for f32 matmuls on CUDA (faster, ~1e-3 relative error). Off by
+// default, like PyTorch's torch.backends.cuda.matmul.allow_tf32.
+inline std::atomic<bool>& tf32_flag() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+inline void set_allow_tf32(bool on) { tf32_flag().store(on); }
+inline bool allow_tf32() { return tf32_flag().load(); }
 
 // ---- linear algebra ----
 // a @ b with PyTorch's matmul semantics (1-D, 2-D, batched with broadcasting of batch dims).

@@ -51,7 +51,7 @@ struct BlasType {
 BlasType blas_type(DType t, const char* op) {
   switch (t) {
     case DType::f64: return {CUDA_R_64F, CUBLAS_COMPUTE_64F, true};
-    case DType::f32: return {CUDA_R_32F, CUBLAS_COMPUTE_32F, false};
+    case DType::f32: return {CUDA_R_32F, allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, false};
     case DType::f16: return {CUDA_R_16F, CUBLAS_COMPUTE_32F, false};
     case DType::bf16: return {CUDA_R_16BF, CUBLAS_COMPUTE_32F, false};
     default: MG_THROW(DTypeError, op, ": cuBLAS needs f64, f32, f16 or bf16, got ", t);

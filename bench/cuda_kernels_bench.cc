@@ -1,0 +1,213 @@
+// CUDA kernel efficiency on the device, each against a baseline measured in the same run:
+//  - elementwise / softmax bandwidth as a fraction of a device-to-device copy;
+//  - GEMM TFLOP/s in f16/bf16 (and f32, f32+TF32) through kernels::matmul vs cuBLAS called
+//    directly at 8192^3.
+#include <benchmark/benchmark.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "core/device_runtime.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "kernels/ops.h"
+
+namespace mg::bench {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+double g_copy_gbps = 0;  // measured by BM_DeviceCopy, which runs first
+
+bool have_gpu(benchmark::State& state) {
+  if (cuda::is_available()) return true;
+  state.SkipWithError("no CUDA device");
+  return false;
+}
+
+const int64_t kN = int64_t{1} << 28;  // 256 Mi elements: 1 GiB in f32
+
+void BM_DeviceCopy(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  Tensor a = empty({kN}, {DType::f32, kGpu}), b = empty({kN}, {DType::f32, kGpu});
+  uniform_(a, -1, 1);
+  const double bytes = 2.0 * kN * 4;
+  double total_ms = 0;
+  int iters = 0;
+  cuda::Event start(true), stop(true);
+  cuda::Stream s = cuda::Stream::current(0);
+  for (auto _ : state) {
+    start.record(s);
+    cudaMemcpyAsync(b.raw_data(), a.raw_data(), kN * 4, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(s.handle()));
+    stop.record(s);
+    stop.synchronize();
+    float ms = start.elapsed_ms(stop);
+    total_ms += ms;
+    ++iters;
+    state.SetIterationTime(ms / 1e3);
+  }
+  g_copy_gbps = bytes * iters / (total_ms / 1e3) / 1e9;
+  state.counters["GB/s"] = g_copy_gbps;
+  state.SetLabel("cudaMemcpy device-to-device, read + write bytes");
+}
+BENCHMARK(BM_DeviceCopy)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// Runs fn under events and reports GB/s and fraction of the copy bandwidth.
+template <class F>
+void bandwidth(benchmark::State& state, double bytes, F&& fn) {
+  cuda::Event start(true), stop(true);
+  cuda::Stream s = cuda::Stream::current(0);
+  for (int i = 0; i < 2; ++i) fn();
+  double total_ms = 0;
+  int iters = 0;
+  for (auto _ : state) {
+    start.record(s);
+    fn();
+    stop.record(s);
+    stop.synchronize();
+    float ms = start.elapsed_ms(stop);
+    total_ms += ms;
+    ++iters;
+    state.SetIterationTime(ms / 1e3);
+  }
+  double gbps = bytes * iters / (total_ms / 1e3) / 1e9;
+  state.counters["GB/s"] = gbps;
+  if (g_copy_gbps > 0) state.counters["of_copy"] = gbps / g_copy_gbps;
+}
+
+DType dtype_arg(int64_t i) { return i == 0 ? DType::f32 : i == 1 ? DType::f16 : DType::bf16; }
+
+void BM_Add(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  DType dt = dtype_arg(state.range(0));
+  Tensor a = empty({kN}, {dt, kGpu}), b = empty({kN}, {dt, kGpu});
+  uniform_(a, -1, 1);
+  uniform_(b, -1, 1);
+  bandwidth(state, 3.0 * kN * dtype_size(dt), [&] { Tensor c = kernels::add(a, b); });
+  state.SetLabel(std::string("a + b, ") + dtype_name(dt));
+}
+BENCHMARK(BM_Add)->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+void BM_Gelu(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  DType dt = dtype_arg(state.range(0));
+  Tensor a = empty({kN}, {dt, kGpu});
+  uniform_(a, -3, 3);
+  bandwidth(state, 2.0 * kN * dtype_size(dt), [&] { Tensor c = kernels::unary(kernels::Unary::GeluTanh, a); });
+  state.SetLabel(std::string("gelu(tanh), ") + dtype_name(dt));
+}
+BENCHMARK(BM_Gelu)->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+void BM_BroadcastAdd(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  DType dt = dtype_arg(state.range(0));
+  const int64_t rows = kN / 4096;
+  Tensor a = empty({rows, 4096}, {dt, kGpu}), bias = empty({4096}, {dt, kGpu});
+  uniform_(a, -1, 1);
+  uniform_(bias, -1, 1);
+  bandwidth(state, 2.0 * kN * dtype_size(dt), [&] { Tensor c = kernels::add(a, bias); });
+  state.SetLabel(std::string("[R,4096] + [4096] bias, ") + dtype_name(dt));
+}
+BENCHMARK(BM_BroadcastAdd)->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+void BM_Softmax(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  DType dt = dtype_arg(state.range(0));
+  const int64_t cols = state.range(1), rows = kN / cols;
+  Tensor a = empty({rows, cols}, {dt, kGpu});
+  uniform_(a, -5, 5);
+  bandwidth(state, 2.0 * kN * dtype_size(dt), [&] { Tensor c = kernels::softmax(a, -1); });
+  state.SetLabel(std::string("softmax over ") + std::to_string(cols) + ", " + dtype_name(dt));
+}
+BENCHMARK(BM_Softmax)->ArgsProduct({{0, 1, 2}, {1024, 50304}})->UseManualTime()->Unit(benchmark::kMillisecond);
+
+void BM_Sum(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  DType dt = dtype_arg(state.range(0));
+  Tensor a = empty({kN / 4096, 4096}, {dt, kGpu});
+  uniform_(a, -1, 1);
+  bandwidth(state, 1.0 * kN * dtype_size(dt), [&] { Tensor c = kernels::sum(a, {-1}); });
+  state.SetLabel(std::string("row sums over 4096, ") + dtype_name(dt));
+}
+BENCHMARK(BM_Sum)->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// ---- GEMM ----
+const int64_t kM = 8192;
+
+void gemm_flops(benchmark::State& state, double total_ms, int iters) {
+  state.counters["TFLOP/s"] = 2.0 * kM * kM * kM * iters / (total_ms / 1e3) / 1e12;
+}
+
+void BM_Matmul(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  const int mode = static_cast<int>(state.range(0));  // 0 f32, 1 f32+tf32, 2 f16, 3 bf16
+  DType dt = mode <= 1 ? DType::f32 : mode == 2 ? DType::f16 : DType::bf16;
+  kernels::set_allow_tf32(mode == 1);
+  Tensor a = empty({kM, kM}, {dt, kGpu}), b = empty({kM, kM}, {dt, kGpu});
+  uniform_(a, -1, 1);
+  uniform_(b, -1, 1);
+  Tensor c = empty({kM, kM}, {dt, kGpu});
+  cuda::Event start(true), stop(true);
+  cuda::Stream s = cuda::Stream::current(0);
+  for (int i = 0; i < 3; ++i) kernels::gemm(a, false, b, false, c);
+  double total = 0;
+  int iters = 0;
+  for (auto _ : state) {
+    start.record(s);
+    kernels::gemm(a, false, b, false, c);
+    stop.record(s);
+    stop.synchronize();
+    float ms = start.elapsed_ms(stop);
+    total += ms;
+    ++iters;
+    state.SetIterationTime(ms / 1e3);
+  }
+  kernels::set_allow_tf32(false);
+  gemm_flops(state, total, iters);
+  state.SetLabel(std::string("memgrad kernels::gemm 8192^3 ") + dtype_name(dt) + (mode == 1 ? " (TF32)" : ""));
+}
+BENCHMARK(BM_Matmul)->DenseRange(0, 3)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+void BM_CublasDirect(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  const int mode = static_cast<int>(state.range(0));
+  DType dt = mode <= 1 ? DType::f32 : mode == 2 ? DType::f16 : DType::bf16;
+  cudaDataType_t ct = dt == DType::f32 ? CUDA_R_32F : dt == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
+  cublasComputeType_t comp = mode == 1 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  Tensor a = empty({kM, kM}, {dt, kGpu}), b = empty({kM, kM}, {dt, kGpu}), c = empty({kM, kM}, {dt, kGpu});
+  uniform_(a, -1, 1);
+  uniform_(b, -1, 1);
+  cublasHandle_t h;
+  cublasCreate(&h);
+  float alpha = 1, beta = 0;
+  auto run = [&] {
+    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, kM, kM, kM, &alpha, b.raw_data(), ct, kM, a.raw_data(), ct, kM, &beta,
+                 c.raw_data(), ct, kM, comp, CUBLAS_GEMM_DEFAULT);
+  };
+  for (int i = 0; i < 3; ++i) run();
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  double total = 0;
+  int iters = 0;
+  for (auto _ : state) {
+    cudaEventRecord(e0);
+    run();
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    total += ms;
+    ++iters;
+    state.SetIterationTime(ms / 1e3);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cublasDestroy(h);
+  gemm_flops(state, total, iters);
+  state.SetLabel(std::string("cuBLAS cublasGemmEx directly 8192^3 ") + dtype_name(dt) + (mode == 1 ? " (TF32)" : ""));
+}
+BENCHMARK(BM_CublasDirect)->DenseRange(0, 3)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace mg::bench
+
+BENCHMARK_MAIN();
