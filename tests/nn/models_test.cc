@@ -68,8 +68,32 @@ TEST(ParameterCounts, DepthwiseSeparableVersusStandardConv) {
   Conv2d standard(256, 512, 3, 1, 1, 1, 1, false);
   EXPECT_EQ(ds.depthwise->weight.numel() + ds.pointwise->weight.numel(), 9 * 256 + 256 * 512);
   EXPECT_EQ(standard.weight.numel(), 9 * 256 * 512);
-  std::cout << "[params] 3x3 256->512: standard " << standard.weight.numel() << ", depthwise-separable "
+  std::cout << "[params] 3x3 conv 256->512: standard " << standard.weight.numel() << ", depthwise-separable "
             << ds.depthwise->weight.numel() + ds.pointwise->weight.numel() << "\n";
+  // The whole MobileNet with each block's depthwise + pointwise pair replaced by one standard
+  // 3x3 conv of the same in/out channels (batch norms and the rest unchanged).
+  MobileNet net;
+  int64_t total = net.num_parameters();
+  for (size_t i = 0; i < net.features->size(); ++i)
+    if (auto* b = dynamic_cast<DepthwiseSeparable*>((*net.features)[i].get())) {
+      total -= b->depthwise->weight.numel() + b->pointwise->weight.numel() + b->bn1->num_parameters();
+      total += 9 * b->depthwise->in_channels * b->pointwise->out_channels;
+    }
+  EXPECT_EQ(total, 29294088);
+  std::cout << "[params] mobilenet_v1 with standard 3x3 convs = " << total << "\n";
+}
+
+TEST(ParameterCounts, BottleneckVersusBasicBlockAtSameWidth) {
+  // A ResNet-50 stage-1 block on 256 channels (1x1 256->64, 3x3 64->64, 1x1 64->256) against
+  // a BasicBlock of two 3x3 convs on 256 channels.
+  Bottleneck bottleneck(256, 64, 1, nullptr);
+  BasicBlock basic(256, 256, 1, nullptr);
+  const int64_t conv_b = bottleneck.conv1->weight.numel() + bottleneck.conv2->weight.numel() +
+                         bottleneck.conv3->weight.numel();
+  const int64_t conv_s = basic.conv1->weight.numel() + basic.conv2->weight.numel();
+  EXPECT_EQ(conv_b, 256 * 64 + 9 * 64 * 64 + 64 * 256);
+  EXPECT_EQ(conv_s, 2 * 9 * 256 * 256);
+  std::cout << "[params] 256-channel block convs: bottleneck " << conv_b << ", basic " << conv_s << "\n";
 }
 
 // ---------------- GPT ----------------
