@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device_runtime.h"
 #include "kernels/transformer_ops.h"
 #include "tests/autograd/gradcheck.h"
 
@@ -244,6 +245,54 @@ TEST(SdpaErrors, MismatchedShapesAreClear) {
   EXPECT_THROW(scaled_dot_product_attention(randn({3, 4}), randn({2, 3, 4}), randn({2, 3, 4})), ShapeError);
   EXPECT_THROW(scaled_dot_product_attention(randn({3, 4}), randn({3, 4}).to(DType::f64), randn({3, 4})), DTypeError);
   EXPECT_THROW(scaled_dot_product_attention(randn({3, 4}), randn({3, 4}), randn({3, 4}), false, 1.0), ValueError);
+}
+
+// ---------------- CUDA vs CPU (skipped without a GPU) ----------------
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device"
+
+// Runs fn on CPU leaves and on CUDA copies of them; compares the output and every gradient.
+void expect_cuda_matches_cpu(const std::function<Tensor(const V&)>& fn, const V& cpu_inputs, DType dt, double tol) {
+  V a, b;
+  for (const Tensor& t : cpu_inputs) {
+    const bool grad = is_floating(t.dtype());
+    Tensor c = is_floating(t.dtype()) ? t.to(dt) : t;
+    Tensor g = c.to(Device::cuda(0));
+    if (grad) {
+      c.requires_grad_(true);
+      g.requires_grad_(true);
+    }
+    a.push_back(c);
+    b.push_back(g);
+  }
+  Tensor ya = fn(a), yb = fn(b);
+  ASSERT_TRUE(yb.is_cuda());
+  expect_close(yb.cpu().to(DType::f64), ya.to(DType::f64), tol);
+  Tensor w = rn(ya.sizes(), 99, false).to(dt);
+  ya.backward(w);
+  yb.backward(w.to(Device::cuda(0)));
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].requires_grad()) expect_close(b[i].grad().cpu().to(DType::f64), a[i].grad().to(DType::f64), tol * 10);
+}
+
+TEST(TransformerCuda, LayerNormMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  for (DType dt : {DType::f32, DType::bf16})
+    expect_cuda_matches_cpu([](const V& x) { return layer_norm(x[0], {2, 16}, x[1], x[2]); },
+                            {rn({3, 2, 16}, 90, false), rn({2, 16}, 91, false), rn({2, 16}, 92, false)}, dt,
+                            dt == DType::f32 ? 1e-5 : 3e-2);
+}
+
+TEST(TransformerCuda, EmbeddingAndSdpaMatchCpu) {
+  SKIP_WITHOUT_CUDA();
+  Tensor idx = from_vector<int64_t>({1, 3, 1, 0, 1, 3}, {2, 3});
+  expect_cuda_matches_cpu([](const V& x) { return embedding(x[0], x[1]); }, {rn({5, 8}, 93, false), idx},
+                          DType::f32, 1e-6);
+  for (bool causal : {false, true})
+    expect_cuda_matches_cpu(
+        [causal](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2], causal); },
+        {rn({2, 2, 7, 8}, 94, false), rn({2, 2, 7, 8}, 95, false), rn({2, 2, 7, 8}, 96, false)}, DType::f32, 1e-5);
 }
 
 }  // namespace

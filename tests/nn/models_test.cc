@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "autograd/functions.h"
+#include "core/device_runtime.h"
 #include "kernels/ops.h"
 #include "nn/models/gpt.h"
 #include "nn/models/mobilenet.h"
@@ -284,6 +285,23 @@ TEST(MobileNet, TinyForwardBackwardFinite) {
   EXPECT_TRUE(std::isfinite(loss.item()));
   loss.backward();
   expect_finite_grads(net);
+}
+
+TEST(GPT, CudaMatchesCpu) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  Generator g1(9), g2(9);
+  GPT cpu(tiny_gpt(), {}, &g1), gpu(tiny_gpt(), {}, &g2);  // same seed: same weights
+  gpu.to(Device::cuda(0));
+  ASSERT_TRUE(gpu.lm_head->weight.is_same(gpu.wte->weight));  // still tied after the move
+  Generator g(10);
+  Tensor idx = randint(0, 50, {2, 8}, {DType::i64}, &g), targets = randint(0, 50, {2, 8}, {DType::i64}, &g);
+  Tensor la = GPT::loss(cpu(idx), targets);
+  Tensor lb = GPT::loss(gpu(idx.cuda()), targets.cuda());
+  EXPECT_NEAR(lb.cpu().item(), la.item(), 1e-4);
+  la.backward();
+  lb.backward();
+  auto a = cpu.wte->weight.grad().to_vector<double>(), b = gpu.wte->weight.grad().cpu().to_vector<double>();
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(b[i], a[i], 1e-4) << i;
 }
 
 }  // namespace
