@@ -2,10 +2,10 @@
 // the same pattern as ops.cc: check (naming the op and the values), decide shapes, make
 // inputs contiguous NCHW, allocate, call the backend through MG_NN_KERNEL.
 //
-// Adding the CUDA (cuDNN) path: implement the functions of cpu_ops.h's "convolution,
-// pooling, batch norm" section in mg::kernels::cuda, declare them in
-// kernels/cuda/cuda_nn_ops.h, and compile this file with MG_WITH_CUDA_NN_OPS (next to
-// MG_WITH_CUDA). Until then a CUDA tensor gets a DeviceError before anything is allocated.
+// The CUDA path (kernels/cuda/cuda_nn_ops.h: cuDNN convolutions, own pooling and batch-norm
+// kernels) is compiled in with MG_WITH_CUDA_NN_OPS (next to MG_WITH_CUDA); without it a CUDA
+// tensor gets a DeviceError before anything is allocated. CUDA convolutions take a
+// channels-last input as it is (cuDNN then runs NHWC); outputs stay contiguous NCHW.
 #include "kernels/nn_ops.h"
 
 #include <cmath>
@@ -83,6 +83,18 @@ Tensor prep(const Tensor& t, DType ct) {
   Tensor c = t.dtype() == ct ? t : raw::to_dtype(t, ct);
   return c.is_contiguous() ? c : raw::contiguous(c);
 }
+// prep() for a convolution operand: on CUDA a channels-last (NHWC-strided) tensor is
+// passed through, the CUDA kernel reads it in place.
+Tensor prep_conv(const Tensor& t, DType ct, Device dev) {
+  if (dev.is_cuda() && t.defined() && t.dtype() == ct && t.dim() == 4 && !t.is_contiguous()) {
+    const Shape& s = t.sizes();
+    const int64_t want[4] = {s[2] * s[3] * s[1], 1, s[3] * s[1], s[1]};
+    bool nhwc = true;
+    for (int d = 0; d < 4; ++d) nhwc &= s[d] == 1 || t.stride(d) == want[d];
+    if (nhwc) return t;
+  }
+  return prep(t, ct);
+}
 Tensor finish(const Tensor& t, DType want) { return t.dtype() == want ? t : raw::to_dtype(t, want); }
 
 void check_conv_args(const char* op, const Conv2dArgs& a) {
@@ -148,7 +160,7 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, cons
              " should be [", w.size(0), "]");
   const DType ct = compute_dtype(dev, x.dtype());
   Tensor out = empty(os, {ct, dev});
-  MG_NN_KERNEL(dev, conv2d_forward, prep(x, ct), prep(w, ct), prep(bias, ct), args, out);
+  MG_NN_KERNEL(dev, conv2d_forward, prep_conv(x, ct, dev), prep_conv(w, ct, dev), prep(bias, ct), args, out);
   return finish(out, x.dtype());
 }
 
@@ -161,7 +173,7 @@ Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Shap
   check_grad_shape(op, grad_out, conv_out_shape(op, x_shape, w.sizes(), args));
   const DType ct = compute_dtype(dev, w.dtype());
   Tensor gx = empty(x_shape, {ct, dev});
-  MG_NN_KERNEL(dev, conv2d_backward_input, prep(grad_out, ct), prep(w, ct), args, gx);
+  MG_NN_KERNEL(dev, conv2d_backward_input, prep_conv(grad_out, ct, dev), prep_conv(w, ct, dev), args, gx);
   return finish(gx, w.dtype());
 }
 
@@ -174,7 +186,7 @@ Tensor conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Sha
   check_grad_shape(op, grad_out, conv_out_shape(op, x.sizes(), w_shape, args));
   const DType ct = compute_dtype(dev, x.dtype());
   Tensor gw = empty(w_shape, {ct, dev});
-  MG_NN_KERNEL(dev, conv2d_backward_weight, prep(grad_out, ct), prep(x, ct), args, gw);
+  MG_NN_KERNEL(dev, conv2d_backward_weight, prep_conv(grad_out, ct, dev), prep_conv(x, ct, dev), args, gw);
   return finish(gw, x.dtype());
 }
 

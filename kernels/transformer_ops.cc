@@ -1,5 +1,6 @@
 // Validation and dispatch for kernels/transformer_ops.h. CPU tensors run the row loop in
-// cpu/layernorm.cc; other devices run the composed path (generic kernels that already
+// cpu/layernorm.cc, CUDA tensors the fused kernels of kernels/cuda/layernorm.cu (when built
+// with MG_WITH_CUDA_NN_OPS); any other device runs the composed path (generic kernels that
 // exist on every backend), which is also the loop kernel's test reference.
 #include "kernels/transformer_ops.h"
 
@@ -7,8 +8,24 @@
 
 #include "kernels/ops.h"
 
+#if defined(MG_WITH_CUDA) && defined(MG_WITH_CUDA_NN_OPS)
+#include "kernels/cuda/cuda_nn_ops.h"
+#define MG_LN_HAS_CUDA 1
+#define MG_LN_KERNEL(DEV, FN, ...)                             \
+  do {                                                         \
+    if ((DEV).is_cuda()) ::mg::kernels::cuda::FN(__VA_ARGS__); \
+    else ::mg::kernels::cpu::FN(__VA_ARGS__);                  \
+  } while (0)
+#else
+#define MG_LN_HAS_CUDA 0
+#define MG_LN_KERNEL(DEV, FN, ...) ::mg::kernels::cpu::FN(__VA_ARGS__)
+#endif
+
 namespace mg::kernels {
 namespace {
+
+// Devices with a layer-norm kernel of their own (the rest take the composed path).
+bool has_kernel(Device d) { return d.is_cpu() || (MG_LN_HAS_CUDA && d.is_cuda()); }
 
 struct LnShape {
   int64_t rows = 0, n = 1;  // x viewed as [rows, n]
@@ -77,7 +94,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_forward(const Tensor& x, const Sha
                                                       const Tensor& weight, const Tensor& bias, double eps) {
   const LnShape s = check_layer_norm("layer_norm", x, normalized_shape, weight, bias);
   check_eps(eps);
-  if (!x.device().is_cpu()) return layer_norm_forward_composed(x, normalized_shape, weight, bias, eps);
+  if (!has_kernel(x.device())) return layer_norm_forward_composed(x, normalized_shape, weight, bias, eps);
   const DType st = layer_norm_stats_dtype(x.dtype());
   Tensor out = empty({s.rows, s.n}, {x.dtype(), x.device()});
   Tensor mean = empty({s.rows}, {st, x.device()});
@@ -85,7 +102,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_forward(const Tensor& x, const Sha
   if (s.rows > 0) {
     Tensor w = weight.defined() ? as_rows(weight, x.dtype(), {s.n}) : Tensor();
     Tensor b = bias.defined() ? as_rows(bias, x.dtype(), {s.n}) : Tensor();
-    cpu::layer_norm_forward(as_rows(x, x.dtype(), {s.rows, s.n}), w, b, eps, out, mean, rstd);
+    MG_LN_KERNEL(x.device(), layer_norm_forward, as_rows(x, x.dtype(), {s.rows, s.n}), w, b, eps, out, mean, rstd);
   }
   return {raw::view(out, x.sizes()), raw::view(mean, s.stats), raw::view(rstd, s.stats)};
 }
@@ -101,7 +118,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, c
            shape_str(x.sizes()));
   check_same_device(op, x, grad_out, "grad_out");
   check_stats(op, s, x, mean, rstd);
-  if (!x.device().is_cpu())
+  if (!has_kernel(x.device()))
     return layer_norm_backward_composed(grad_out, x, normalized_shape, mean, rstd, weight, mask);
   const TensorOptions o{x.dtype(), x.device()};
   Tensor gx = mask[0] ? empty({s.rows, s.n}, o) : Tensor();
@@ -110,8 +127,9 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, c
   if (s.rows > 0 && (mask[0] || mask[1] || mask[2])) {
     const DType st = layer_norm_stats_dtype(x.dtype());
     Tensor w = weight.defined() ? as_rows(weight, x.dtype(), {s.n}) : Tensor();
-    cpu::layer_norm_backward(as_rows(grad_out, x.dtype(), {s.rows, s.n}), as_rows(x, x.dtype(), {s.rows, s.n}),
-                             as_rows(mean, st, {s.rows}), as_rows(rstd, st, {s.rows}), w, gx, gw, gb);
+    MG_LN_KERNEL(x.device(), layer_norm_backward, as_rows(grad_out, x.dtype(), {s.rows, s.n}),
+                 as_rows(x, x.dtype(), {s.rows, s.n}), as_rows(mean, st, {s.rows}), as_rows(rstd, st, {s.rows}), w, gx,
+                 gw, gb);
   }
   return {gx.defined() ? raw::view(gx, x.sizes()) : gx, gw.defined() ? raw::view(gw, normalized_shape) : gw,
           gb.defined() ? raw::view(gb, normalized_shape) : gb};

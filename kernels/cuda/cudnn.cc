@@ -1,0 +1,118 @@
+// Per-thread, per-device cuDNN handles (the pattern of cublas.cc). Handles are never
+// destroyed: a thread that ends returns its handles to a process-wide pool (cudnnDestroy at
+// process exit can run after the driver is gone), and the next thread reuses them.
+#include "kernels/cuda/cudnn.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "core/cuda/check.h"
+#include "core/cuda_memory.h"
+#include "core/device_runtime.h"
+
+namespace mg::kernels::cuda {
+namespace {
+
+std::mutex g_pool_mu;
+std::map<int, std::vector<cudnnHandle_t>>& pool() {
+  static auto* p = new std::map<int, std::vector<cudnnHandle_t>>();  // never destroyed
+  return *p;
+}
+
+struct ThreadHandles {
+  struct Entry {
+    cudnnHandle_t handle = nullptr;
+    void* bound_stream = nullptr;
+    bool bound = false;
+  };
+  std::map<int, Entry> by_device;
+  ~ThreadHandles() {
+    std::lock_guard<std::mutex> g(g_pool_mu);
+    for (auto& [dev, e] : by_device)
+      if (e.handle) pool()[dev].push_back(e.handle);
+  }
+};
+
+ThreadHandles& thread_handles() {
+  thread_local ThreadHandles h;
+  return h;
+}
+
+std::atomic<bool>& benchmark_flag() {
+  static std::atomic<bool> flag{[] {
+    const char* e = std::getenv("MG_CUDNN_BENCHMARK");
+    return e && e[0] == '1';
+  }()};
+  return flag;
+}
+
+size_t env_workspace_cap() {
+  static const size_t bytes = [] {
+    const char* e = std::getenv("MG_CUDNN_WORKSPACE_LIMIT_MB");
+    const long mb = e ? std::strtol(e, nullptr, 10) : 1024;
+    return static_cast<size_t>(mb < 0 ? 0 : mb) << 20;
+  }();
+  return bytes;
+}
+
+}  // namespace
+
+cudnnHandle_t cudnn_handle(int device) {
+  auto& e = thread_handles().by_device[device];
+  if (!e.handle) {
+    {
+      std::lock_guard<std::mutex> g(g_pool_mu);
+      auto& v = pool()[device];
+      if (!v.empty()) {
+        e.handle = v.back();
+        v.pop_back();
+      }
+    }
+    if (!e.handle) MG_CUDNN_CHECK(cudnnCreate(&e.handle));
+    e.bound = false;
+  }
+  void* stream = mg::cuda::Stream::current(device).handle();
+  if (!e.bound || e.bound_stream != stream) {
+    MG_CUDNN_CHECK(cudnnSetStream(e.handle, static_cast<cudaStream_t>(stream)));
+    e.bound_stream = stream;
+    e.bound = true;
+  }
+  return e.handle;
+}
+
+std::string cudnn_last_error() {
+  char buf[512] = {0};
+  cudnnGetLastErrorString(buf, sizeof(buf));
+  return buf[0] ? std::string(buf) : std::string("no further detail");
+}
+
+cudnnDataType_t cudnn_data_type(DType t, const char* op) {
+  switch (t) {
+    case DType::f64: return CUDNN_DATA_DOUBLE;
+    case DType::f32: return CUDNN_DATA_FLOAT;
+    case DType::f16: return CUDNN_DATA_HALF;
+    case DType::bf16: return CUDNN_DATA_BFLOAT16;
+    default: MG_THROW(DTypeError, op, ": cuDNN needs f64, f32, f16 or bf16, got ", t);
+  }
+}
+
+void set_cudnn_benchmark(bool on) { benchmark_flag().store(on); }
+bool cudnn_benchmark() { return benchmark_flag().load(); }
+
+size_t cudnn_workspace_limit(int device) {
+  // One workspace is one allocation: it comes either from the largest cached free block
+  // or from a new segment, which the driver's free memory bounds.
+  const mg::cuda::Fragmentation f = mg::cuda::fragmentation(device);
+  int64_t free_b = 0, total_b = 0;
+  mg::cuda::mem_get_info(device, &free_b, &total_b);
+  const int64_t avail = std::max<int64_t>(f.largest_free_block, free_b);
+  return std::min(env_workspace_cap(), static_cast<size_t>(std::max<int64_t>(avail, 0)));
+}
+
+}  // namespace mg::kernels::cuda

@@ -1,0 +1,221 @@
+// Layer norm on CUDA, llm.c style: x viewed as [M, N] rows, statistics in f32 (f64 for f64).
+//
+// Forward, two kernels with one contract (out, mean, rstd):
+//   - the obvious one, a thread per row (llm.c's layernorm_forward_kernel1), kept as the
+//     reference the fused kernel is tested against;
+//   - the one used, a warp per row: mean, then variance from the deviations (two passes
+//     over a row that sits in L1 after the first), then the normalized row, all in f32.
+// Backward: a warp per row writes dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w * xhat));
+// dweight = sum over rows of g * xhat and dbias = sum of g are column sums, taken without
+// atomics in two steps (a grid of row chunks writes f32 partial sums, one more kernel adds
+// the chunks in a fixed order), so results are deterministic.
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_nn_ops.h"
+
+namespace mg::kernels::cuda {
+namespace {
+
+constexpr int kRowsPerBlock = 8;  // warps per block, one row each
+
+template <class T>
+__device__ __forceinline__ math_t<T> opt(const T* p, int64_t j, math_t<T> dflt) {
+  return p ? load_m(p[j]) : dflt;
+}
+
+// ---------------------------------------------------------------- forward
+
+template <class T>
+__global__ void ln_fwd_reference_kernel(const T* x, const T* w, const T* b, T* out, math_t<T>* mean,
+                                        math_t<T>* rstd, int64_t rows, int64_t n, double eps) {
+  using A = math_t<T>;
+  MG_GRID_STRIDE(i, rows) {
+    const T* xr = x + i * n;
+    A s = 0;
+    for (int64_t j = 0; j < n; ++j) s += load_m(xr[j]);
+    const A m = s / static_cast<A>(n);
+    A v = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const A d = load_m(xr[j]) - m;
+      v += d * d;
+    }
+    const A r = A(1) / m_sqrt(v / static_cast<A>(n) + static_cast<A>(eps));
+    mean[i] = m;
+    rstd[i] = r;
+    for (int64_t j = 0; j < n; ++j)
+      out[i * n + j] = store_m<T>((load_m(xr[j]) - m) * r * opt(w, j, A(1)) + opt(b, j, A(0)));
+  }
+}
+
+template <class T>
+__global__ void ln_fwd_kernel(const T* x, const T* w, const T* b, T* out, math_t<T>* mean, math_t<T>* rstd,
+                              int64_t rows, int64_t n, double eps) {
+  using A = math_t<T>;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.y;
+  if (i >= rows) return;  // whole warps only: no block-wide sync below
+  const int lane = threadIdx.x;
+  const T* xr = x + i * n;
+  A s = 0;
+  for (int64_t j = lane; j < n; j += 32) s += load_m(xr[j]);
+  const A m = warp_sum(s) / static_cast<A>(n);
+  A v = 0;
+  for (int64_t j = lane; j < n; j += 32) {
+    const A d = load_m(xr[j]) - m;
+    v += d * d;
+  }
+  const A r = A(1) / m_sqrt(warp_sum(v) / static_cast<A>(n) + static_cast<A>(eps));
+  if (lane == 0) {
+    mean[i] = m;
+    rstd[i] = r;
+  }
+  T* yr = out + i * n;
+  for (int64_t j = lane; j < n; j += 32) yr[j] = store_m<T>((load_m(xr[j]) - m) * r * opt(w, j, A(1)) + opt(b, j, A(0)));
+}
+
+// ---------------------------------------------------------------- backward
+
+template <class T>
+__global__ void ln_bwd_dx_kernel(const T* g, const T* x, const math_t<T>* mean, const math_t<T>* rstd, const T* w,
+                                 T* dx, int64_t rows, int64_t n) {
+  using A = math_t<T>;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.y;
+  if (i >= rows) return;
+  const int lane = threadIdx.x;
+  const T* gr = g + i * n;
+  const T* xr = x + i * n;
+  const A m = mean[i], r = rstd[i];
+  A sg = 0, sgx = 0;
+  for (int64_t j = lane; j < n; j += 32) {
+    const A gw = load_m(gr[j]) * opt(w, j, A(1));
+    sg += gw;
+    sgx += gw * (load_m(xr[j]) - m) * r;
+  }
+  const A mean_g = warp_sum(sg) / static_cast<A>(n), mean_gx = warp_sum(sgx) / static_cast<A>(n);
+  T* dr = dx + i * n;
+  for (int64_t j = lane; j < n; j += 32) {
+    const A gw = load_m(gr[j]) * opt(w, j, A(1));
+    const A xhat = (load_m(xr[j]) - m) * r;
+    dr[j] = store_m<T>(r * (gw - mean_g - xhat * mean_gx));
+  }
+}
+
+// Block (32, 8) sums a 32-column strip over the rows of its chunk (chunk = blockIdx.y, rows
+// chunk, chunk + chunks, ... in steps of 8 per thread row), writing partial[0][chunk][j]
+// (dweight) and partial[1][chunk][j] (dbias).
+template <class T>
+__global__ void ln_bwd_params_partial_kernel(const T* g, const T* x, const math_t<T>* mean, const math_t<T>* rstd,
+                                             math_t<T>* partial, int64_t rows, int64_t n) {
+  using A = math_t<T>;
+  __shared__ A sw[kRowsPerBlock][33], sb[kRowsPerBlock][33];
+  const int64_t j = blockIdx.x * 32 + threadIdx.x;
+  const int64_t chunks = gridDim.y;
+  A dw = 0, db = 0;
+  if (j < n)
+    for (int64_t i = blockIdx.y * kRowsPerBlock + threadIdx.y; i < rows; i += chunks * kRowsPerBlock) {
+      const A gv = load_m(g[i * n + j]);
+      dw += gv * (load_m(x[i * n + j]) - mean[i]) * rstd[i];
+      db += gv;
+    }
+  sw[threadIdx.y][threadIdx.x] = dw;
+  sb[threadIdx.y][threadIdx.x] = db;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < n) {
+    for (int k = 1; k < kRowsPerBlock; ++k) dw += sw[k][threadIdx.x], db += sb[k][threadIdx.x];
+    partial[blockIdx.y * n + j] = dw;
+    partial[(chunks + blockIdx.y) * n + j] = db;
+  }
+}
+
+template <class T>
+__global__ void ln_bwd_params_final_kernel(const math_t<T>* partial, T* dw, T* db, int64_t chunks, int64_t n) {
+  using A = math_t<T>;
+  MG_GRID_STRIDE(j, n) {
+    A sw = 0, sb = 0;
+    for (int64_t c = 0; c < chunks; ++c) sw += partial[c * n + j], sb += partial[(chunks + c) * n + j];
+    if (dw) dw[j] = store_m<T>(sw);
+    if (db) db[j] = store_m<T>(sb);
+  }
+}
+
+template <class T>
+const T* cp(const Tensor& t) {
+  return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr;
+}
+template <class T>
+T* mp(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.raw_data()) : nullptr;
+}
+
+unsigned row_blocks(int64_t rows, const char* op) {
+  const int64_t b = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  MG_CHECK(b <= 0x7fffffff, ShapeError, op, ": too many rows (", rows, ")");
+  return static_cast<unsigned>(b);
+}
+
+template <bool kReference>
+void forward_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                  const Tensor& mean, const Tensor& rstd) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  if (rows == 0 || n == 0) return;
+  mg::cuda::DeviceGuard guard(x.device());
+  cudaStream_t st = stream_of(x);
+  MG_CUDA_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
+    using T = scalar_t;
+    using A = math_t<T>;
+    if constexpr (kReference)
+      ln_fwd_reference_kernel<T><<<blocks_for(rows, 128), 128, 0, st>>>(cp<T>(x), cp<T>(weight), cp<T>(bias),
+                                                                        mp<T>(out), mp<A>(mean), mp<A>(rstd), rows,
+                                                                        n, eps);
+    else
+      ln_fwd_kernel<T><<<row_blocks(rows, "layer_norm"), dim3(32, kRowsPerBlock), 0, st>>>(
+          cp<T>(x), cp<T>(weight), cp<T>(bias), mp<T>(out), mp<A>(mean), mp<A>(rstd), rows, n, eps);
+    MG_CUDA_CHECK_LAUNCH("layer_norm");
+  });
+}
+
+}  // namespace
+
+void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                        const Tensor& mean, const Tensor& rstd) {
+  forward_impl<false>(x, weight, bias, eps, out, mean, rstd);
+}
+
+void layer_norm_forward_reference(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                  const Tensor& out, const Tensor& mean, const Tensor& rstd) {
+  forward_impl<true>(x, weight, bias, eps, out, mean, rstd);
+}
+
+void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight,
+                         const Tensor& grad_bias) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  if (n == 0) return;
+  mg::cuda::DeviceGuard guard(x.device());
+  cudaStream_t st = stream_of(x);
+  MG_CUDA_DISPATCH_FLOAT(x.dtype(), "layer_norm_backward", [&] {
+    using T = scalar_t;
+    using A = math_t<T>;
+    if (grad_x.defined() && rows > 0) {
+      ln_bwd_dx_kernel<T><<<row_blocks(rows, "layer_norm_backward"), dim3(32, kRowsPerBlock), 0, st>>>(
+          cp<T>(grad_out), cp<T>(x), cp<A>(mean), cp<A>(rstd), cp<T>(weight), mp<T>(grad_x), rows, n);
+      MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
+    }
+    if (!grad_weight.defined() && !grad_bias.defined()) return;
+    // Enough row chunks to fill the GPU with column strips, each chunk at least 64 rows.
+    const int64_t strips = (n + 31) / 32;
+    const int64_t chunks = std::clamp<int64_t>(std::min((rows + 63) / 64, (4 * 132 + strips - 1) / strips), 1, 1024);
+    Tensor partial = empty({2, chunks, n}, {dtype_of<A>, x.device()});
+    MG_CHECK(strips <= 0x7fffffff, ShapeError, "layer_norm_backward: normalized size ", n, " is too large");
+    ln_bwd_params_partial_kernel<T><<<dim3(static_cast<unsigned>(strips), static_cast<unsigned>(chunks)),
+                                      dim3(32, kRowsPerBlock), 0, st>>>(cp<T>(grad_out), cp<T>(x), cp<A>(mean),
+                                                                        cp<A>(rstd), mp<A>(partial), rows, n);
+    MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
+    ln_bwd_params_final_kernel<T><<<blocks_for(n), kBlock, 0, st>>>(cp<A>(partial), mp<T>(grad_weight),
+                                                                    mp<T>(grad_bias), chunks, n);
+    MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
+  });
+}
+
+}  // namespace mg::kernels::cuda
