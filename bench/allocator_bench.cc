@@ -52,8 +52,26 @@ void BM_CachingAllocFree(benchmark::State& state) {
   state.SetLabel("memgrad caching allocator");
 }
 
+// The same pair on FakeDevice: the allocator's own CPU cost, measurable on a machine without a
+// GPU (the device is only touched on the warm-up allocation). Arg 1 = expandable segments.
+void BM_CachingAllocFreeFake(benchmark::State& state) {
+  const size_t bytes = static_cast<size_t>(state.range(0));
+  cuda::FakeDevice mem(size_t{140} << 30);
+  cuda::CachingAllocator a(mem, 0);
+  a.set_expandable_segments(state.range(1) != 0);
+  a.free(a.allocate(bytes));
+  for (auto _ : state) {
+    void* p = a.allocate(bytes);
+    benchmark::DoNotOptimize(p);
+    a.free(p);
+  }
+  a.empty_cache();
+  state.SetLabel(state.range(1) ? "fake device, expandable" : "fake device");
+}
+
 BENCHMARK(BM_CudaMallocFree)->Arg(4 << 10)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
 BENCHMARK(BM_CachingAllocFree)->Arg(4 << 10)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
+BENCHMARK(BM_CachingAllocFreeFake)->ArgsProduct({{4 << 10, 1 << 20, 64 << 20}, {0, 1}});
 
 // Replays a trace; reports peak reserved / peak allocated (1.0 = no waste).
 void replay(benchmark::State& state, cuda::DeviceMemory& mem, const std::vector<TraceEvent>& trace, bool expandable) {

@@ -34,20 +34,60 @@ std::size_t segment_size_for(std::size_t rounded) {
   return round_up(rounded, kRoundLarge);
 }
 
-void Stat::update(std::int64_t delta) {
-  current += delta;
-  if (delta > 0) {
-    allocated += delta;
-    peak = std::max(peak, current);
-  } else {
-    freed -= delta;
+// Hot-path stat updates whose sign is known: no branch on the sign, peak kept exact.
+inline void stat_add(Stat& s, std::int64_t v) {
+  s.current += v;
+  s.allocated += v;
+  if (s.current > s.peak) s.peak = s.current;
+}
+inline void stat_sub(Stat& s, std::int64_t v) {
+  s.current -= v;
+  s.freed += v;
+}
+inline void add(StatArray& a, int pool, std::int64_t v) {
+  stat_add(a[kAllPools], v);
+  stat_add(a[pool], v);
+}
+inline void sub(StatArray& a, int pool, std::int64_t v) {
+  stat_sub(a[kAllPools], v);
+  stat_sub(a[pool], v);
+}
+inline int pool_index(bool small) { return small ? kSmallPool : kLargePool; }
+
+void CachingAllocator::BlockIndex::insert(std::uintptr_t key, Block* b) {
+  if ((size_ + 1) * 2 > slots_.size()) {
+    std::vector<Slot> old(slots_.size() * 2);
+    old.swap(slots_);
+    mask_ = slots_.size() - 1;
+    --shift_;
+    for (const Slot& s : old) {
+      if (s.key == 0) continue;
+      std::size_t i = home(s.key);
+      while (slots_[i].key != 0) i = (i + 1) & mask_;
+      slots_[i] = s;
+    }
   }
+  std::size_t i = home(key);
+  while (slots_[i].key != 0) i = (i + 1) & mask_;
+  slots_[i] = Slot{key, b};
+  ++size_;
 }
 
-bool CachingAllocator::BlockLess::operator()(const Block* a, const Block* b) const {
-  if (a->stream != b->stream) return a->stream < b->stream;
-  if (a->size != b->size) return a->size < b->size;
-  return a->addr < b->addr;
+void CachingAllocator::BlockIndex::erase(std::uintptr_t key) {
+  std::size_t i = home(key);
+  while (slots_[i].key != key) i = (i + 1) & mask_;
+  // Backward shift: pull later entries of the probe run into the hole unless that would move
+  // them before their home slot, so lookups never need tombstones.
+  for (std::size_t j = (i + 1) & mask_; slots_[j].key != 0; j = (j + 1) & mask_) {
+    const std::size_t h = home(slots_[j].key);
+    const bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
+    if (!stays) {
+      slots_[i] = slots_[j];
+      i = j;
+    }
+  }
+  slots_[i] = Slot{};
+  --size_;
 }
 
 CachingAllocator::CachingAllocator(DeviceMemory& device, int device_index)
@@ -55,6 +95,8 @@ CachingAllocator::CachingAllocator(DeviceMemory& device, int device_index)
 
 CachingAllocator::~CachingAllocator() {
   std::lock_guard lock(mutex_);
+  for (Block* b : spare_blocks_) delete b;
+  spare_blocks_.clear();
   try {
     synchronize_and_free_events();
     for (auto& [addr, seg] : segments_) {
@@ -81,48 +123,113 @@ void CachingAllocator::update(StatArray& stat, bool small, std::int64_t delta) {
 }
 
 void CachingAllocator::trace(TraceAction action, std::uintptr_t addr, std::size_t size,
-                             StreamId stream, const std::string& context) {
-  if (!history_enabled_) return;
+                             StreamId stream, std::uint32_t context) {
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                       std::chrono::steady_clock::now() - start_).count();
   history_.push_back(TraceEntry{action, addr, size, stream, seq_++,
-                                static_cast<std::uint64_t>(ns), context});
+                                static_cast<std::uint64_t>(ns), AllocationContext::name(context)});
   while (history_.size() > history_max_) {
     history_.pop_front();
     ++history_dropped_;
   }
 }
 
-// Free blocks that share a segment with other blocks are "inactive split": counting them on the
-// way in and out of the pool keeps that stat exact without rescanning neighbours later.
-void CachingAllocator::pool_insert(Block* b) {
-  const bool small = b->segment->small;
-  b->counted_split = b->prev || b->next;
-  if (b->counted_split) {
-    update(stats_.inactive_split, small, 1);
-    update(stats_.inactive_split_bytes, small, static_cast<std::int64_t>(b->size));
-  }
-  pool_for(small).blocks.insert(b);
+CachingAllocator::Block* CachingAllocator::new_block() {
+  if (spare_blocks_.empty()) return new Block;
+  Block* b = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  return b;
 }
 
-void CachingAllocator::pool_erase(Block* b) {
-  const bool small = b->segment->small;
-  pool_for(small).blocks.erase(b);
+void CachingAllocator::delete_block(Block* b) {
+  b->requested = 0;
+  b->prev = b->next = nullptr;
+  b->segment = nullptr;
+  b->event_count = 0;
+  b->context = 0;
+  b->allocated = b->oversize = b->counted_split = false;
+  b->stream_uses.clear();  // keeps its capacity for the next record_stream
+  spare_blocks_.push_back(b);
+}
+
+// Free blocks that share a segment with other blocks are "inactive split": counting them on the
+// way in and out of the pool keeps that stat exact without rescanning neighbours later.
+void CachingAllocator::count_split(Block* b) {
+  b->counted_split = b->prev || b->next;
   if (b->counted_split) {
-    update(stats_.inactive_split, small, -1);
-    update(stats_.inactive_split_bytes, small, -static_cast<std::int64_t>(b->size));
+    const int p = pool_index(b->segment->small);
+    add(stats_.inactive_split, p, 1);
+    add(stats_.inactive_split_bytes, p, static_cast<std::int64_t>(b->size));
+  }
+}
+
+void CachingAllocator::uncount_split(Block* b) {
+  if (b->counted_split) {
+    const int p = pool_index(b->segment->small);
+    sub(stats_.inactive_split, p, 1);
+    sub(stats_.inactive_split_bytes, p, static_cast<std::int64_t>(b->size));
     b->counted_split = false;
   }
 }
 
+// Set nodes are recycled through spare_nodes_ (C++17 node handles), so this never allocates
+// once the allocator has warmed up.
+void CachingAllocator::pool_insert(Block* b) {
+  count_split(b);
+  BlockSet& set = pool_for(b->segment->small).blocks;
+  if (spare_nodes_.empty()) {
+    b->pool_it = set.insert(b).first;
+  } else {
+    BlockSet::node_type node = std::move(spare_nodes_.back());
+    spare_nodes_.pop_back();
+    node.value() = b;
+    b->pool_it = set.insert(std::move(node)).position;
+  }
+}
+
+void CachingAllocator::pool_erase(Block* b) {
+  spare_nodes_.push_back(pool_for(b->segment->small).blocks.extract(b->pool_it));
+  uncount_split(b);
+}
+
+// Gives a pooled block a new range. A split shrinks a block and a merge grows it, and usually
+// no other free block of the stream has a size in between, so the block keeps its place in the
+// set: two neighbour comparisons instead of an erase and an insert with their rebalancing.
+void CachingAllocator::pool_update(Block* b, std::uintptr_t addr, std::size_t size) {
+  uncount_split(b);
+  BlockSet& set = pool_for(b->segment->small).blocks;
+  const BlockKey key{b->stream, size, addr};
+  const BlockLess less;
+  const auto it = b->pool_it;
+  const bool in_order = (it == set.begin() || less(*std::prev(it), key)) &&
+                        (std::next(it) == set.end() || less(key, *std::next(it)));
+  if (in_order) {
+    b->addr = addr;  // the set orders by these fields; the order with every other block holds
+    b->size = size;
+  } else {
+    BlockSet::node_type node = set.extract(it);
+    b->addr = addr;
+    b->size = size;
+    b->pool_it = set.insert(std::move(node)).position;
+  }
+  count_split(b);
+}
+
+void CachingAllocator::unlink(Block* b) {
+  if (b->prev) {
+    b->prev->next = b->next;
+  } else {
+    b->segment->head = b->next;
+  }
+  if (b->next) b->next->prev = b->prev;
+}
+
+// Best fit: the smallest free block of this stream that holds `size`, lowest address first.
 CachingAllocator::Block* CachingAllocator::find_free_block(bool small, StreamId stream,
                                                            std::size_t size) {
-  BlockPool& pool = pool_for(small);
-  Block key;
-  key.stream = stream;
-  key.size = size;
-  auto it = pool.blocks.lower_bound(&key);
-  if (it == pool.blocks.end() || (*it)->stream != stream) return nullptr;
+  BlockSet& set = pool_for(small).blocks;
+  auto it = set.lower_bound(BlockKey{stream, size, 0});
+  if (it == set.end() || (*it)->stream != stream) return nullptr;
   Block* b = *it;
   // Expandable segments split freely, so the oversize rules only guard fixed segments.
   if (max_split_size_ != SIZE_MAX && !b->segment->expandable) {
@@ -158,7 +265,7 @@ CachingAllocator::Block* CachingAllocator::alloc_segment(bool small, StreamId st
   seg->stream = stream;
   seg->small = small;
   seg->oversize = seg_size >= max_split_size_;
-  auto* b = new Block;
+  Block* b = new_block();
   b->addr = seg->addr;
   b->size = seg_size;
   b->stream = stream;
@@ -168,7 +275,9 @@ CachingAllocator::Block* CachingAllocator::alloc_segment(bool small, StreamId st
   update(stats_.segment, small, 1);
   update(stats_.reserved_bytes, small, static_cast<std::int64_t>(seg_size));
   if (seg->oversize) stats_.oversize_segments.update(1);
-  trace(TraceAction::kSegmentAlloc, seg->addr, seg_size, stream, AllocationContext::current());
+  if (history_enabled_) {
+    trace(TraceAction::kSegmentAlloc, seg->addr, seg_size, stream, AllocationContext::current_id());
+  }
   segments_[seg->addr] = std::move(seg);
   pool_insert(b);
   return b;
@@ -218,7 +327,9 @@ CachingAllocator::Block* CachingAllocator::grow_expandable(bool small, StreamId 
   ++stats_.num_device_alloc;
   update(stats_.reserved_bytes, small, static_cast<std::int64_t>(need));
   const std::uintptr_t old_end = seg->addr + seg->size;
-  trace(TraceAction::kSegmentMap, old_end, need, stream, AllocationContext::current());
+  if (history_enabled_) {
+    trace(TraceAction::kSegmentMap, old_end, need, stream, AllocationContext::current_id());
+  }
   seg->size += need;
   if (fresh) {
     update(stats_.segment, small, 1);
@@ -226,12 +337,10 @@ CachingAllocator::Block* CachingAllocator::grow_expandable(bool small, StreamId 
     segments_[seg->addr] = std::move(fresh);
   }
   if (tail && tail->is_free()) {
-    pool_erase(tail);
-    tail->size += need;
-    pool_insert(tail);
+    pool_update(tail, tail->addr, tail->size + need);
     return tail;
   }
-  auto* b = new Block;
+  Block* b = new_block();
   b->addr = old_end;
   b->size = need;
   b->stream = stream;
@@ -300,13 +409,15 @@ std::size_t CachingAllocator::release_segment(Segment* s) {
   if (!s->expandable) {
     const std::size_t size = s->size;
     pool_erase(s->head);
-    delete s->head;
+    delete_block(s->head);
     device_.free(reinterpret_cast<void*>(addr));
     ++stats_.num_device_free;
     update(stats_.segment, small, -1);
     update(stats_.reserved_bytes, small, -static_cast<std::int64_t>(size));
     if (s->oversize) stats_.oversize_segments.update(-1);
-    trace(TraceAction::kSegmentFree, addr, size, s->stream, AllocationContext::current());
+    if (history_enabled_) {
+      trace(TraceAction::kSegmentFree, addr, size, s->stream, AllocationContext::current_id());
+    }
     segments_.erase(addr);
     return size;
   }
@@ -317,18 +428,15 @@ std::size_t CachingAllocator::release_segment(Segment* s) {
   device_.unmap(reinterpret_cast<void*>(start), bytes);
   ++stats_.num_device_free;
   update(stats_.reserved_bytes, small, -static_cast<std::int64_t>(bytes));
-  trace(TraceAction::kSegmentUnmap, start, bytes, s->stream, AllocationContext::current());
-  pool_erase(tail);
+  if (history_enabled_) {
+    trace(TraceAction::kSegmentUnmap, start, bytes, s->stream, AllocationContext::current_id());
+  }
   if (start == tail->addr) {
-    if (tail->prev) {
-      tail->prev->next = nullptr;
-    } else {
-      s->head = nullptr;
-    }
-    delete tail;
+    pool_erase(tail);
+    unlink(tail);
+    delete_block(tail);
   } else {
-    tail->size = start - tail->addr;
-    pool_insert(tail);
+    pool_update(tail, tail->addr, start - tail->addr);
   }
   s->size -= bytes;
   if (s->size == 0) {
@@ -347,35 +455,43 @@ bool CachingAllocator::should_split(const Block* b, std::size_t size) const {
   return size < max_split_size_ && remaining > kSmallSize;
 }
 
+// b is a free block in its pool, at least `size` bytes.
 void* CachingAllocator::take_block(Block* b, std::size_t size, std::size_t requested) {
-  pool_erase(b);
   Segment* seg = b->segment;
   if (should_split(b, size)) {
-    auto* rest = new Block;
-    rest->addr = b->addr + size;
-    rest->size = b->size - size;
-    rest->stream = b->stream;
-    rest->segment = seg;
-    rest->prev = b;
-    rest->next = b->next;
-    if (b->next) b->next->prev = rest;
-    b->next = rest;
-    b->size = size;
-    pool_insert(rest);
+    // Hand out the front as a new block; b keeps the rest (and usually its place in the pool).
+    Block* front = new_block();
+    front->addr = b->addr;
+    front->size = size;
+    front->stream = b->stream;
+    front->segment = seg;
+    front->prev = b->prev;
+    front->next = b;
+    if (b->prev) {
+      b->prev->next = front;
+    } else {
+      seg->head = front;
+    }
+    b->prev = front;
+    pool_update(b, b->addr + size, b->size - size);
+    b = front;
+  } else {
+    pool_erase(b);
   }
   b->allocated = true;
   b->requested = requested;
-  b->context = AllocationContext::current();
+  b->context = AllocationContext::current_id();
   b->oversize = b->size >= max_split_size_;
-  allocated_blocks_[b->addr] = b;
-  const bool small = seg->small;
-  update(stats_.allocation, small, 1);
-  update(stats_.allocated_bytes, small, static_cast<std::int64_t>(b->size));
-  update(stats_.requested_bytes, small, static_cast<std::int64_t>(requested));
-  update(stats_.active, small, 1);
-  update(stats_.active_bytes, small, static_cast<std::int64_t>(b->size));
+  allocated_blocks_.insert(b->addr, b);
+  const int p = pool_index(seg->small);
+  const auto bytes = static_cast<std::int64_t>(b->size);
+  add(stats_.allocation, p, 1);
+  add(stats_.allocated_bytes, p, bytes);
+  add(stats_.requested_bytes, p, static_cast<std::int64_t>(requested));
+  add(stats_.active, p, 1);
+  add(stats_.active_bytes, p, bytes);
   if (b->oversize) stats_.oversize_allocations.update(1);
-  trace(TraceAction::kAlloc, b->addr, b->size, b->stream, b->context);
+  if (history_enabled_) trace(TraceAction::kAlloc, b->addr, b->size, b->stream, b->context);
   return reinterpret_cast<void*>(b->addr);
 }
 
@@ -383,12 +499,12 @@ void* CachingAllocator::allocate(std::size_t bytes, StreamId stream) {
   if (bytes == 0) return nullptr;
   std::lock_guard lock(mutex_);
   if (bytes > kMaxRequest) throw_oom(bytes, bytes, stream, false);
-  process_events();
+  if (!events_.empty()) process_events();
   const std::size_t size = round_size(bytes);
   const bool small = size <= kSmallSize;
+  if (Block* b = find_free_block(small, stream, size)) return take_block(b, size, bytes);
   bool limit_hit = false;
-  Block* b = find_free_block(small, stream, size);
-  if (!b) b = get_new_memory(small, stream, size, &limit_hit);
+  Block* b = get_new_memory(small, stream, size, &limit_hit);
   bool retried = false;
   if (!b) {
     // A request larger than the device or the limit can never fit: flushing the cache for it
@@ -423,8 +539,7 @@ void* CachingAllocator::allocate(std::size_t bytes, StreamId stream) {
 
 CachingAllocator::Block* CachingAllocator::lookup_allocated(void* ptr, const char* op) const {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  auto it = allocated_blocks_.find(addr);
-  if (it != allocated_blocks_.end()) return it->second;
+  if (Block* b = allocated_blocks_.find(addr)) return b;
   // Say *why* the pointer is wrong: an interior pointer and a stale one need different fixes.
   auto seg = segments_.upper_bound(addr);
   if (seg != segments_.begin()) {
@@ -451,13 +566,13 @@ void CachingAllocator::free(void* ptr) {
   Block* b = lookup_allocated(ptr, "free");
   allocated_blocks_.erase(b->addr);
   b->allocated = false;
-  const bool small = b->segment->small;
-  update(stats_.allocation, small, -1);
-  update(stats_.allocated_bytes, small, -static_cast<std::int64_t>(b->size));
-  update(stats_.requested_bytes, small, -static_cast<std::int64_t>(b->requested));
+  const int p = pool_index(b->segment->small);
+  sub(stats_.allocation, p, 1);
+  sub(stats_.allocated_bytes, p, static_cast<std::int64_t>(b->size));
+  sub(stats_.requested_bytes, p, static_cast<std::int64_t>(b->requested));
   if (b->oversize) stats_.oversize_allocations.update(-1);
   b->oversize = false;
-  trace(TraceAction::kFreeRequested, b->addr, b->size, b->stream, b->context);
+  if (history_enabled_) trace(TraceAction::kFreeRequested, b->addr, b->size, b->stream, b->context);
   if (b->stream_uses.empty()) {
     free_block(b);
   } else {
@@ -466,33 +581,33 @@ void CachingAllocator::free(void* ptr) {
 }
 
 void CachingAllocator::free_block(Block* b) {
-  const bool small = b->segment->small;
-  update(stats_.active, small, -1);
-  update(stats_.active_bytes, small, -static_cast<std::int64_t>(b->size));
-  trace(TraceAction::kFreeCompleted, b->addr, b->size, b->stream, b->context);
+  const int pidx = pool_index(b->segment->small);
+  sub(stats_.active, pidx, 1);
+  sub(stats_.active_bytes, pidx, static_cast<std::int64_t>(b->size));
+  if (history_enabled_) trace(TraceAction::kFreeCompleted, b->addr, b->size, b->stream, b->context);
   b->requested = 0;
-  b->context.clear();
-  Segment* seg = b->segment;
-  if (Block* p = b->prev; p && p->is_free()) {
-    pool_erase(p);
-    b->addr = p->addr;
-    b->size += p->size;
-    b->prev = p->prev;
-    if (b->prev) {
-      b->prev->next = b;
-    } else {
-      seg->head = b;
-    }
-    delete p;
+  b->context = 0;
+  // Merge with free neighbours. A neighbour already in the pool absorbs b (and keeps its place
+  // in the pool when the order allows), so freeing a block carved from a free one is cheap.
+  Block* p = b->prev && b->prev->is_free() ? b->prev : nullptr;
+  Block* n = b->next && b->next->is_free() ? b->next : nullptr;
+  if (!p && !n) {
+    pool_insert(b);
+    return;
   }
-  if (Block* n = b->next; n && n->is_free()) {
+  std::uintptr_t addr = b->addr;
+  std::size_t size = b->size;
+  unlink(b);
+  delete_block(b);
+  if (p && n) {
+    size += n->size;
     pool_erase(n);
-    b->size += n->size;
-    b->next = n->next;
-    if (b->next) b->next->prev = b;
-    delete n;
+    unlink(n);
+    delete_block(n);
   }
-  pool_insert(b);
+  Block* keep = p ? p : n;
+  if (p) addr = p->addr;
+  pool_update(keep, addr, size + keep->size);
 }
 
 void CachingAllocator::record_stream(void* ptr, StreamId stream) {

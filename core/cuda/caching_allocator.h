@@ -12,7 +12,6 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -36,7 +35,15 @@ struct Stat {
   std::int64_t peak = 0;
   std::int64_t allocated = 0;
   std::int64_t freed = 0;
-  void update(std::int64_t delta);
+  void update(std::int64_t delta) {
+    current += delta;
+    if (delta > 0) {
+      allocated += delta;
+      if (current > peak) peak = current;
+    } else {
+      freed -= delta;
+    }
+  }
 };
 
 enum StatType : int { kAllPools = 0, kSmallPool = 1, kLargePool = 2 };
@@ -137,6 +144,27 @@ class CachingAllocator {
 
  private:
   struct Segment;
+  struct Block;
+  // A pool position without a Block: what lookups and order checks compare against.
+  struct BlockKey {
+    StreamId stream;
+    std::size_t size;
+    std::uintptr_t addr;
+  };
+  // Pool order: (stream, size, address). Transparent, so lower_bound takes a BlockKey.
+  struct BlockLess {
+    using is_transparent = void;
+    static BlockKey key(const Block* b);
+    static BlockKey key(const BlockKey& k) { return k; }
+    template <class A, class B>
+    bool operator()(const A& a, const B& b) const {
+      const BlockKey x = key(a), y = key(b);
+      if (x.stream != y.stream) return x.stream < y.stream;
+      if (x.size != y.size) return x.size < y.size;
+      return x.addr < y.addr;
+    }
+  };
+  using BlockSet = std::set<Block*, BlockLess>;
   struct Block {
     std::uintptr_t addr = 0;
     std::size_t size = 0;
@@ -145,12 +173,13 @@ class CachingAllocator {
     Segment* segment = nullptr;
     Block* prev = nullptr;
     Block* next = nullptr;
+    int event_count = 0;           // outstanding events before reuse
+    std::uint32_t context = 0;     // AllocationContext::current_id() at allocate()
     bool allocated = false;
     bool oversize = false;         // counted in oversize_allocations
     bool counted_split = false;    // counted in inactive_split while in the pool
-    int event_count = 0;           // outstanding events before reuse
     std::vector<StreamId> stream_uses;
-    std::string context;
+    BlockSet::iterator pool_it;    // where it sits in its pool; valid only while pooled
     bool is_free() const { return !allocated && event_count == 0; }
   };
   struct Segment {
@@ -164,22 +193,52 @@ class CachingAllocator {
     bool oversize = false;
     Block* head = nullptr;
   };
-  struct BlockLess {
-    bool operator()(const Block* a, const Block* b) const;
-  };
   struct BlockPool {
-    std::set<Block*, BlockLess> blocks;
+    BlockSet blocks;
   };
   struct PendingEvent {
     EventId event;
     Block* block;
   };
+  // Allocated blocks by address: open addressing with linear probing and backward-shift
+  // deletion, so free() finds its block without a node allocation or a pointer chase per probe.
+  class BlockIndex {
+   public:
+    BlockIndex() : slots_(64) {}
+    Block* find(std::uintptr_t key) const {
+      for (std::size_t i = home(key);; i = (i + 1) & mask_) {
+        if (slots_[i].key == key) return slots_[i].block;
+        if (slots_[i].key == 0) return nullptr;
+      }
+    }
+    void insert(std::uintptr_t key, Block* b);  // key must be absent (and non-zero)
+    void erase(std::uintptr_t key);             // key must be present
+    std::size_t size() const { return size_; }
+
+   private:
+    struct Slot {
+      std::uintptr_t key = 0;
+      Block* block = nullptr;
+    };
+    std::size_t home(std::uintptr_t key) const {
+      return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ULL) >> shift_);
+    }
+    std::vector<Slot> slots_;
+    std::size_t mask_ = 63;
+    std::size_t size_ = 0;
+    int shift_ = 58;  // 64 - log2(slots)
+  };
 
   // caching_allocator.cc: the allocation machinery.
   BlockPool& pool_for(bool small) { return small ? small_pool_ : large_pool_; }
   const BlockPool& pool_for(bool small) const { return small ? small_pool_ : large_pool_; }
+  Block* new_block();
+  void delete_block(Block* b);
   void pool_insert(Block* b);
   void pool_erase(Block* b);
+  void pool_update(Block* b, std::uintptr_t addr, std::size_t size);
+  void count_split(Block* b);
+  void uncount_split(Block* b);
   Block* find_free_block(bool small, StreamId stream, std::size_t size);
   Block* get_new_memory(bool small, StreamId stream, std::size_t size, bool* limit_hit);
   Block* alloc_segment(bool small, StreamId stream, std::size_t size, bool* limit_hit);
@@ -196,9 +255,12 @@ class CachingAllocator {
   void synchronize_and_free_events();
   void empty_cache_locked();
   Block* lookup_allocated(void* ptr, const char* op) const;
+  // Appends to the history; callers check history_enabled_ first (the hot path stays cheap).
   void trace(TraceAction action, std::uintptr_t addr, std::size_t size, StreamId stream,
-             const std::string& context);
+             std::uint32_t context);
   void update(StatArray& stat, bool small, std::int64_t delta);
+
+  static void unlink(Block* b);
 
   // caching_allocator_stats.cc: reporting and settings.
   [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size, StreamId stream, bool limit_hit);
@@ -214,8 +276,12 @@ class CachingAllocator {
   BlockPool large_pool_;
   std::map<std::uintptr_t, std::unique_ptr<Segment>> segments_;
   std::map<std::pair<bool, StreamId>, Segment*> expandable_segments_;  // (small, stream)
-  std::unordered_map<std::uintptr_t, Block*> allocated_blocks_;
+  BlockIndex allocated_blocks_;
   std::map<StreamId, std::deque<PendingEvent>> events_;  // per stream, in record order
+  // Recycled Block objects and pool-set nodes: a split or a merge reuses them instead of
+  // going to the heap, so a steady alloc/free pair makes no heap allocation at all.
+  std::vector<Block*> spare_blocks_;
+  std::vector<BlockSet::node_type> spare_nodes_;
 
   DeviceStats stats_;
   std::size_t limit_ = 0;  // 0 = unlimited
@@ -230,6 +296,10 @@ class CachingAllocator {
   std::uint64_t seq_ = 0;
   const std::chrono::steady_clock::time_point start_;
 };
+
+inline CachingAllocator::BlockKey CachingAllocator::BlockLess::key(const Block* b) {
+  return BlockKey{b->stream, b->size, b->addr};
+}
 
 // The size a request is rounded to (multiple of 512, at least 512).
 std::size_t round_size(std::size_t bytes);

@@ -219,7 +219,7 @@ MemorySnapshot CachingAllocator::snapshot_locked() const {
       bi.address = b->addr;
       bi.size = b->size;
       bi.requested_size = b->requested;
-      bi.context = b->context;
+      bi.context = AllocationContext::name(b->context);
       bi.state = b->allocated ? BlockState::kActiveAllocated
                  : b->event_count > 0 ? BlockState::kActivePendingFree
                                       : BlockState::kInactive;
@@ -255,7 +255,7 @@ void CachingAllocator::throw_oom(std::size_t bytes, std::size_t size, StreamId s
   std::size_t free_bytes = 0, total = 0;
   device_.mem_get_info(&free_bytes, &total);
   const std::string& context = AllocationContext::current();
-  trace(TraceAction::kOom, free_bytes, bytes, stream, context);
+  if (history_enabled_) trace(TraceAction::kOom, free_bytes, bytes, stream, AllocationContext::current_id());
   const FragmentationInfo f = fragmentation_locked();
   const auto allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].current);
   const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
@@ -416,8 +416,7 @@ void CachingAllocator::check_invariants() const {
       if (in_pool != b->is_free()) fail("pool membership wrong for block ", b->addr);
       if (b->allocated) {
         ++allocated_count;
-        auto it = allocated_blocks_.find(b->addr);
-        if (it == allocated_blocks_.end() || it->second != b) fail("allocated block not indexed");
+        if (allocated_blocks_.find(b->addr) != b) fail("allocated block not indexed");
         add(alloc_n, seg->small, 1);
         add(alloc_b, seg->small, static_cast<std::int64_t>(b->size));
         add(req_b, seg->small, static_cast<std::int64_t>(b->requested));

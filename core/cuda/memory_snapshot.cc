@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -17,6 +19,37 @@ namespace mg::cuda {
 namespace {
 
 thread_local std::string tls_context;
+thread_local std::uint32_t tls_context_id = 0;
+
+// Interned context strings, shared by all threads. A deque never moves its elements, so
+// name() can hand out references; each thread keeps a cache so that opening a scope it has
+// seen before takes no lock.
+struct ContextTable {
+  std::mutex mutex;
+  std::deque<std::string> names{std::string()};  // id 0 = no context
+  std::unordered_map<std::string, std::uint32_t> ids;
+};
+
+ContextTable& context_table() {
+  static ContextTable* table = new ContextTable;  // never destroyed: ids outlive statics
+  return *table;
+}
+
+std::uint32_t intern_context(const std::string& s) {
+  if (s.empty()) return 0;
+  thread_local std::unordered_map<std::string, std::uint32_t> cache;
+  if (auto it = cache.find(s); it != cache.end()) return it->second;
+  ContextTable& t = context_table();
+  std::uint32_t id;
+  {
+    std::lock_guard lock(t.mutex);
+    auto [it, inserted] = t.ids.try_emplace(s, static_cast<std::uint32_t>(t.names.size()));
+    if (inserted) t.names.push_back(s);
+    id = it->second;
+  }
+  cache.emplace(s, id);
+  return id;
+}
 
 std::string hex(std::uintptr_t v) {
   std::ostringstream os;
@@ -124,14 +157,27 @@ std::string format_bytes(std::uint64_t bytes) {
   return buf;
 }
 
-AllocationContext::AllocationContext(const std::string& name) : previous_length_(tls_context.size()) {
+AllocationContext::AllocationContext(const std::string& name)
+    : previous_length_(tls_context.size()), previous_id_(tls_context_id) {
   if (!tls_context.empty()) tls_context += '/';
   tls_context += name;
+  tls_context_id = intern_context(tls_context);
 }
 
-AllocationContext::~AllocationContext() { tls_context.resize(previous_length_); }
+AllocationContext::~AllocationContext() {
+  tls_context.resize(previous_length_);
+  tls_context_id = previous_id_;
+}
 
 const std::string& AllocationContext::current() { return tls_context; }
+
+std::uint32_t AllocationContext::current_id() { return tls_context_id; }
+
+const std::string& AllocationContext::name(std::uint32_t id) {
+  ContextTable& t = context_table();
+  std::lock_guard lock(t.mutex);
+  return id < t.names.size() ? t.names[id] : t.names[0];
+}
 
 std::string snapshot_to_json(const MemorySnapshot& snap, int indent) {
   using nlohmann::json;

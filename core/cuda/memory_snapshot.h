@@ -91,9 +91,16 @@ class AllocationContext {
   AllocationContext& operator=(const AllocationContext&) = delete;
   // "" outside any context.
   static const std::string& current();
+  // The current context as a small integer (0 = none). Each distinct context string is interned
+  // once, when a scope opens, so the allocator labels every block with an integer instead of
+  // copying a string per allocation; name() maps an id back (the reference stays valid forever).
+  // Distinct strings are kept for the life of the process: use a bounded set of names.
+  static std::uint32_t current_id();
+  static const std::string& name(std::uint32_t id);
 
  private:
   std::size_t previous_length_;
+  std::uint32_t previous_id_;
 };
 
 // "512 B", "1.50 KiB", "20.00 MiB", "1.25 GiB": what every message and table in this module uses.
