@@ -1,9 +1,12 @@
 // Layer norm, embedding and scaled dot-product attention. Layer norm's backward is the
 // fused kernel (it needs only x, weight and the row statistics); embedding's is an
 // index_add into a dense zero gradient; attention's reference path is composed of
-// differentiable ops, so its backward is theirs.
+// differentiable ops, so its backward is theirs, while its CUDA path is the flash kernel
+// pair of kernels/cuda/attention.cu, saving O(L) per row instead of the [L, S] matrices.
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string_view>
 
 #include "autograd/functions.h"
 #include "autograd/node.h"
@@ -127,10 +130,43 @@ Tensor sdpa_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool ca
   return matmul(attn, v);
 }
 
+namespace {
+// MG_SDPA=reference forces the composed path (A/B comparisons, debugging). Read on every
+// call, so a test or a benchmark can switch it at run time; getenv costs nothing next to a
+// kernel launch.
+bool sdpa_forced_reference() {
+  const char* e = std::getenv("MG_SDPA");
+  return e && std::string_view(e) == "reference";
+}
+
+// The memory-efficient path: the node saves q, k, v, out and the per-row logsumexp
+// ([..., L] f32), never the [L, S] probabilities; backward recomputes them tile by tile.
+// Its backward is a kernel, not differentiable ops, so no double backward through it.
+Tensor flash_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+  constexpr const char* op = "scaled_dot_product_attention";
+  auto [out, lse] = kernels::flash_attention_forward(q, k, v, causal, scale);
+  if (!any_requires_grad({q, k, v})) return out;
+  record(op, {q, k, v}, out,
+         [causal, scale, sq = SavedTensor(q, op), sk = SavedTensor(k, op), sv = SavedTensor(v, op),
+          so = SavedTensor(out, op), sl = SavedTensor(lse, op), q_shape = q.sizes(), k_shape = k.sizes(),
+          v_shape = v.sizes(), q_dt = q.dtype(), k_dt = k.dtype(), v_dt = v.dtype()](const Grads& g) {
+           auto [gq, gk, gv] = kernels::flash_attention_backward(g[0], sq.unpack(), sk.unpack(), sv.unpack(),
+                                                                 so.unpack(), sl.unpack(), causal, scale);
+           return Grads{reduce_grad(gq, q_shape, q_dt), reduce_grad(gk, k_shape, k_dt),
+                        reduce_grad(gv, v_shape, v_dt)};
+         });
+  return out;
+}
+}  // namespace
+
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
                                     std::optional<double> scale) {
-  // The memory-efficient CUDA path (never materializing [L, S] for backward) will be chosen
-  // here for CUDA inputs; every other case is the reference.
+  // CUDA inputs the flash kernels take (f32/f16/bf16, head dim <= 128, value head dim equal
+  // to the query's) run the memory-efficient path unless dropout is on; the rest (CPU, f64,
+  // dropout, MG_SDPA=reference) run the reference.
+  const double s = check_sdpa(q, k, v, dropout_p, scale);
+  if (dropout_p == 0.0 && q.is_cuda() && !sdpa_forced_reference() && kernels::flash_attention_supported(q, k, v))
+    return flash_sdpa(q, k, v, causal, s);
   return sdpa_reference(q, k, v, causal, dropout_p, scale);
 }
 

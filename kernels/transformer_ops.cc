@@ -1,7 +1,8 @@
 // Validation and dispatch for kernels/transformer_ops.h. CPU tensors run the row loop in
 // cpu/layernorm.cc, CUDA tensors the fused kernels of kernels/cuda/layernorm.cu (when built
 // with MG_WITH_CUDA_NN_OPS); any other device runs the composed path (generic kernels that
-// exist on every backend), which is also the loop kernel's test reference.
+// exist on every backend), which is also the loop kernel's test reference. Flash attention
+// exists on CUDA only (kernels/cuda/attention.cu); its reference is mg::sdpa_reference.
 #include "kernels/transformer_ops.h"
 
 #include <cmath>
@@ -133,6 +134,141 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, c
   }
   return {gx.defined() ? raw::view(gx, x.sizes()) : gx, gw.defined() ? raw::view(gw, normalized_shape) : gw,
           gb.defined() ? raw::view(gb, normalized_shape) : gb};
+}
+
+// ---------------------------------------------------------------- flash attention
+
+namespace {
+
+#if MG_LN_HAS_CUDA
+static_assert(kFlashAttentionMaxHeadDim == cuda::kFlashMaxHeadDim);
+#endif
+
+struct FlashShape {
+  Shape lead;  // the leading dims, flattened to bh
+  int64_t bh = 1, L = 0, S = 0, E = 0;
+};
+
+// Fails with an error naming `op` and the values, or (op == nullptr) just returns false.
+#define MG_FLASH_REQUIRE(cond, ErrorType, ...)      \
+  do {                                              \
+    if (!(cond)) {                                  \
+      if (!op) return false;                        \
+      MG_THROW(ErrorType, op, ": ", __VA_ARGS__);   \
+    }                                               \
+  } while (0)
+
+bool check_flash(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, FlashShape* shape) {
+  MG_FLASH_REQUIRE(q.defined() && k.defined() && v.defined(), ValueError, "got an undefined tensor");
+  MG_FLASH_REQUIRE(q.device() == k.device() && q.device() == v.device(), DeviceError, "query, key and value are on ",
+                   q.device(), ", ", k.device(), " and ", v.device());
+  MG_FLASH_REQUIRE(q.is_cuda(), DeviceError, "runs on CUDA only, got tensors on ", q.device(),
+                   " (the CPU path is sdpa_reference)");
+  MG_FLASH_REQUIRE(MG_LN_HAS_CUDA, DeviceError, "this build has no CUDA attention kernels");
+  MG_FLASH_REQUIRE(q.dtype() == k.dtype() && q.dtype() == v.dtype(), DTypeError,
+                   "query, key and value must share one dtype, got ", q.dtype(), ", ", k.dtype(), " and ", v.dtype());
+  MG_FLASH_REQUIRE(q.dtype() == DType::f32 || q.dtype() == DType::f16 || q.dtype() == DType::bf16, DTypeError,
+                   "expected f32, f16 or bf16, got ", q.dtype());
+  MG_FLASH_REQUIRE(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim(), ShapeError,
+                   "query, key and value must have one rank >= 2 ([..., L, E], [..., S, E], [..., S, E]), got ",
+                   shape_str(q.sizes()), ", ", shape_str(k.sizes()), " and ", shape_str(v.sizes()));
+  const int64_t E = q.size(-1);
+  MG_FLASH_REQUIRE(k.size(-1) == E && v.size(-1) == E, ShapeError,
+                   "query, key and value must share the head dim, got ", shape_str(q.sizes()), ", ",
+                   shape_str(k.sizes()), " and ", shape_str(v.sizes()));
+  MG_FLASH_REQUIRE(E >= 1 && E <= kFlashAttentionMaxHeadDim, ShapeError, "head dim must be in [1, ",
+                   kFlashAttentionMaxHeadDim, "], got ", E);
+  MG_FLASH_REQUIRE(k.size(-2) == v.size(-2), ShapeError, "key has ", k.size(-2), " positions but value has ",
+                   v.size(-2));
+  MG_FLASH_REQUIRE(k.size(-2) >= 1, ShapeError, "needs at least one key position, got key ", shape_str(k.sizes()));
+  FlashShape s;
+  for (int64_t d = 0; d < q.dim() - 2; ++d) {
+    MG_FLASH_REQUIRE(q.size(d) == k.size(d) && q.size(d) == v.size(d), ShapeError,
+                     "query, key and value must have the same batch/head dims, got ", shape_str(q.sizes()), ", ",
+                     shape_str(k.sizes()), " and ", shape_str(v.sizes()), " (dim ", d, ")");
+    s.lead.push_back(q.size(d));
+    s.bh *= q.size(d);
+  }
+  s.L = q.size(-2), s.S = k.size(-2), s.E = E;
+  if (shape) *shape = s;
+  return true;
+}
+
+#undef MG_FLASH_REQUIRE
+
+double flash_scale(const char* op, const FlashShape& s, std::optional<double> scale) {
+  MG_CHECK(!scale || std::isfinite(*scale), ValueError, op, ": scale must be finite, got ", scale.value_or(0.0));
+  return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(s.E));
+}
+
+// t as a contiguous [bh, n, e] tensor of dtype dt (a copy only when it is not one already).
+Tensor as_heads(const Tensor& t, DType dt, int64_t bh, int64_t n, int64_t e) {
+  return as_rows(t, dt, {bh, n, e});
+}
+
+Shape with_tail(Shape lead, std::initializer_list<int64_t> tail) {
+  lead.insert(lead.end(), tail);
+  return lead;
+}
+
+}  // namespace
+
+bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return check_flash(nullptr, q, k, v, nullptr);
+}
+
+std::tuple<Tensor, Tensor> flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                                   std::optional<double> scale) {
+  const char* op = "flash_attention_forward";
+  FlashShape s;
+  check_flash(op, q, k, v, &s);
+  const double sc = flash_scale(op, s, scale);
+  const TensorOptions o{q.dtype(), q.device()};
+  Tensor out = empty({s.bh, s.L, s.E}, o);
+  Tensor lse = empty({s.bh, s.L}, {DType::f32, q.device()});
+#if MG_LN_HAS_CUDA
+  cuda::flash_attention_forward(as_heads(q, q.dtype(), s.bh, s.L, s.E), as_heads(k, q.dtype(), s.bh, s.S, s.E),
+                                as_heads(v, q.dtype(), s.bh, s.S, s.E), causal, sc, out, lse);
+#else
+  (void)causal, (void)sc;
+#endif
+  return {raw::view(out, with_tail(s.lead, {s.L, s.E})), raw::view(lse, with_tail(s.lead, {s.L}))};
+}
+
+std::tuple<Tensor, Tensor, Tensor> flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                                            const Tensor& v, const Tensor& out,
+                                                            const Tensor& logsumexp, bool causal,
+                                                            std::optional<double> scale) {
+  const char* op = "flash_attention_backward";
+  FlashShape s;
+  check_flash(op, q, k, v, &s);
+  const double sc = flash_scale(op, s, scale);
+  const Shape out_shape = with_tail(s.lead, {s.L, s.E}), lse_shape = with_tail(s.lead, {s.L});
+  for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&grad_out, "grad_out"}, {&out, "out"}}) {
+    MG_CHECK(t->defined() && t->sizes() == out_shape, ShapeError, op, ": ", what, " must have shape ",
+             shape_str(out_shape), ", got ", t->defined() ? shape_str(t->sizes()) : std::string("undefined"));
+    check_same_device(op, q, *t, what);
+  }
+  MG_CHECK(is_floating(grad_out.dtype()), DTypeError, op, ": grad_out must be floating, got ", grad_out.dtype());
+  MG_CHECK(out.dtype() == q.dtype(), DTypeError, op, ": out must be ", q.dtype(), " like the query, got ",
+           out.dtype());
+  MG_CHECK(logsumexp.defined() && logsumexp.sizes() == lse_shape, ShapeError, op, ": logsumexp must have shape ",
+           shape_str(lse_shape), ", got ", logsumexp.defined() ? shape_str(logsumexp.sizes()) : std::string("undefined"));
+  MG_CHECK(logsumexp.dtype() == DType::f32, DTypeError, op, ": logsumexp must be f32, got ", logsumexp.dtype());
+  check_same_device(op, q, logsumexp, "logsumexp");
+  const TensorOptions o{q.dtype(), q.device()};
+  Tensor gq = empty({s.bh, s.L, s.E}, o), gk = empty({s.bh, s.S, s.E}, o), gv = empty({s.bh, s.S, s.E}, o);
+#if MG_LN_HAS_CUDA
+  const DType dt = q.dtype();
+  cuda::flash_attention_backward(as_heads(grad_out, dt, s.bh, s.L, s.E), as_heads(q, dt, s.bh, s.L, s.E),
+                                 as_heads(k, dt, s.bh, s.S, s.E), as_heads(v, dt, s.bh, s.S, s.E),
+                                 as_heads(out, dt, s.bh, s.L, s.E), as_rows(logsumexp, DType::f32, {s.bh, s.L}),
+                                 causal, sc, gq, gk, gv);
+#else
+  (void)causal, (void)sc;
+#endif
+  return {raw::view(gq, out_shape), raw::view(gk, with_tail(s.lead, {s.S, s.E})),
+          raw::view(gv, with_tail(s.lead, {s.S, s.E}))};
 }
 
 // ---------------------------------------------------------------- composed reference

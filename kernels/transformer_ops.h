@@ -1,8 +1,9 @@
-// Raw (no autograd) transformer kernels: layer norm forward and backward. Each checks its
-// inputs (naming the op and the values), then runs cpu/layernorm.cc or a composed CUDA path.
+// Raw (no autograd) transformer kernels: layer norm forward and backward, and memory-efficient
+// (flash) attention on CUDA. Each checks its inputs (naming the op and the values), then runs.
 #pragma once
 
 #include <array>
+#include <optional>
 #include <tuple>
 
 #include "core/tensor.h"
@@ -39,6 +40,30 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward_composed(const Tensor& gr
                                                                 const Shape& normalized_shape, const Tensor& mean,
                                                                 const Tensor& rstd, const Tensor& weight,
                                                                 std::array<bool, 3> mask = {true, true, true});
+
+// ---- memory-efficient ("flash") attention, CUDA only (kernels/cuda/attention.cu) ----
+// softmax(scale * q k^T, masked) v without ever storing the [L, S] matrix: tiles with an
+// online softmax forward, probabilities recomputed tile by tile backward. q [..., L, E], k and
+// v [..., S, E] (same leading dims, S >= 1, E <= kFlashAttentionMaxHeadDim), one dtype of
+// f32/f16/bf16 (f32 accumulation), on one CUDA device; strided views are made contiguous.
+// causal masks key j for query i when j > i; scale defaults to 1 / sqrt(E). CPU tensors (and
+// a build without CUDA kernels) raise mg::DeviceError: the CPU path is mg::sdpa_reference.
+constexpr int64_t kFlashAttentionMaxHeadDim = 128;
+
+// True when flash_attention_forward would accept q, k, v (device, dtype, shapes, build).
+bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v);
+
+// Returns (out [..., L, E] in q's dtype, logsumexp [..., L] f32): the natural-log logsumexp of
+// each row of the scaled, masked scores, all that backward needs besides q, k, v and out.
+std::tuple<Tensor, Tensor> flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                                   std::optional<double> scale = std::nullopt);
+
+// Returns (grad_q, grad_k, grad_v) in q's dtype, from grad_out (cast to q's dtype if needed)
+// and the forward's out and logsumexp; causal and scale must be the forward's.
+std::tuple<Tensor, Tensor, Tensor> flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                                            const Tensor& v, const Tensor& out,
+                                                            const Tensor& logsumexp, bool causal,
+                                                            std::optional<double> scale = std::nullopt);
 
 // Declared here rather than in cpu/cpu_ops.h so the transformer kernels stay in their own files.
 namespace cpu {

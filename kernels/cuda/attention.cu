@@ -1,0 +1,430 @@
+// Memory-efficient ("flash") attention on CUDA, llm.c style: the obvious tiled kernels, f32
+// accumulation on CUDA cores, and never a T x T matrix in device memory.
+//
+// Layout: q [BH, L, D], k and v [BH, S, D], contiguous, one element type (f32, f16, bf16);
+// out [BH, L, D] and lse [BH, L] in f32: the natural-log logsumexp of each row of the scaled,
+// masked scores. Causal masks key j for query i when j > i (top-left, as sdpa_reference).
+//
+// All three kernels have one shape: a block of 4 warps owns 16 "rows" of one side (4 per
+// warp) and walks the other side in tiles of 32, one entry per lane.
+//   forward  rows = queries, tiles of keys. Lane j scores s_ij = scale * q_i . k_j for the
+//            warp's 4 rows; the online softmax keeps a running max m and sum l per row and
+//            rescales the accumulator when m grows; then the lanes switch to head-dim
+//            columns (d = lane + 32 c) and add p_ij v_j, p_ij handed around by shuffles.
+//   backward delta_i = rowsum(dout_i * out_i) first, then two passes that recompute
+//            p_ij = exp(s_ij - lse_i) tile by tile, with ds_ij = p_ij (dout_i . v_j - delta_i):
+//            dkdv: rows = keys, tiles of queries: dv_j += p_ij dout_i, dk_j += scale ds_ij q_i;
+//            dq:   rows = queries, tiles of keys: dq_i += scale ds_ij k_j.
+//            Two passes instead of atomics: every gradient element is written once, with no
+//            f32 scratch for dq, and the result is deterministic. The price is computing
+//            q . k and dout . v twice.
+// Tiles sit in shared memory as f32 (converted once on load, zero past L, S and D). A tile
+// read one row per lane is padded to D + 1 floats a row, so the 32 lanes hit 32 banks; the
+// rows a whole warp reads together are broadcast and read 16 bytes at a time. Head dims are
+// bucketed to 32, 64 or 128 at compile time; the padding is zero, so any D <= 128 works.
+//
+// Speed, honestly: FMA on CUDA cores, no tensor cores (no mma/wgmma), so this runs well below
+// cuDNN / FlashAttention-2. What it guarantees is memory: O(BH * T * D), never O(T^2).
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_nn_ops.h"
+
+namespace mg::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRows = 4;                    // rows per warp
+constexpr int kBlockRows = kWarps * kRows;  // rows per block
+constexpr int kTile = 32;                   // entries of the other side per tile, one per lane
+constexpr unsigned kFull = 0xffffffffu;
+
+// dst[r * ld + d] = src row (r0 + r), column d, as f32, for r < n, d < kD; zero past len and D.
+template <class T, int kD>
+__device__ __forceinline__ void load_tile(float* dst, int ld, const T* src, int64_t r0, int n, int64_t len, int D) {
+  for (int e = threadIdx.x; e < n * kD; e += kThreads) {
+    const int r = e / kD, d = e % kD;
+    const int64_t i = r0 + r;
+    dst[r * ld + d] = (i < len && d < D) ? load_m(src[i * D + d]) : 0.f;
+  }
+}
+
+// s[r] = a . b[r] over kD. `a` is this lane's own row (padded layout, one float at a time);
+// the kRows rows b[r] = b + r * kD are the same for the whole warp (broadcast, float4).
+template <int kD>
+__device__ __forceinline__ void dot_rows(const float* a, const float* b, float (&s)[kRows]) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) s[r] = 0.f;
+#pragma unroll 4
+  for (int d = 0; d < kD; d += 4) {
+    const float a0 = a[d], a1 = a[d + 1], a2 = a[d + 2], a3 = a[d + 3];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float4 bv = *reinterpret_cast<const float4*>(b + r * kD + d);
+      s[r] += a0 * bv.x + a1 * bv.y + a2 * bv.z + a3 * bv.w;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- forward
+
+template <int kD>
+constexpr size_t fwd_smem_bytes() {
+  return sizeof(float) * (kBlockRows * kD + kTile * (kD + 1) + kTile * kD);
+}
+
+template <class T, int kD>
+__global__ void __launch_bounds__(kThreads)
+    flash_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                     float* __restrict__ lse, int64_t L, int64_t S, int D, float scale, bool causal) {
+  constexpr int kC = kD / 32, kPad = kD + 1;
+  extern __shared__ float4 smem4[];
+  float* Qs = reinterpret_cast<float*>(smem4);  // [kBlockRows][kD], broadcast
+  float* Ks = Qs + kBlockRows * kD;             // [kTile][kPad], one row per lane
+  float* Vs = Ks + kTile * kPad;                // [kTile][kD], lanes across d
+  const int64_t bh = blockIdx.y;
+  q += bh * L * D, out += bh * L * D, lse += bh * L;
+  k += bh * S * D, v += bh * S * D;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;  // the block's first query
+  const int64_t iw = i0 + warp * kRows;                               // the warp's first query
+  load_tile<T, kD>(Qs, kD, q, i0, kBlockRows, L, D);
+
+  float m[kRows], l[kRows], acc[kRows][kC];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    m[r] = -INFINITY, l[r] = 0.f;
+#pragma unroll
+    for (int c = 0; c < kC; ++c) acc[r][c] = 0.f;
+  }
+  // Causal: no query of this block sees a key past its last query.
+  const int64_t s_end = causal ? (S < i0 + kBlockRows ? S : i0 + kBlockRows) : S;
+  for (int64_t j0 = 0; j0 < s_end; j0 += kTile) {
+    __syncthreads();  // the previous tile is consumed (and Qs is written before the first)
+    load_tile<T, kD>(Ks, kPad, k, j0, kTile, S, D);
+    load_tile<T, kD>(Vs, kD, v, j0, kTile, S, D);
+    __syncthreads();
+    float p[kRows];
+    dot_rows<kD>(Ks + lane * kPad, Qs + warp * kRows * kD, p);
+    const int64_t j = j0 + lane;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const bool ok = j < S && (!causal || j <= iw + r);
+      const float s = ok ? p[r] * scale : -INFINITY;
+      // Key 0 is in the first tile and every query sees it, so m is finite from then on
+      // and m - mn below is never (-inf) - (-inf).
+      const float mn = fmaxf(m[r], warp_max(s));
+      const float corr = expf(m[r] - mn);  // 0 on the first tile
+      p[r] = expf(s - mn);
+      l[r] = l[r] * corr + warp_sum(p[r]);
+      m[r] = mn;
+#pragma unroll
+      for (int c = 0; c < kC; ++c) acc[r][c] *= corr;
+    }
+    for (int jj = 0; jj < kTile; ++jj) {
+      float vv[kC];
+#pragma unroll
+      for (int c = 0; c < kC; ++c) vv[c] = Vs[jj * kD + c * 32 + lane];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float pj = __shfl_sync(kFull, p[r], jj);
+#pragma unroll
+        for (int c = 0; c < kC; ++c) acc[r][c] += pj * vv[c];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t i = iw + r;
+    if (i >= L) continue;
+    const float inv = 1.f / l[r];
+#pragma unroll
+    for (int c = 0; c < kC; ++c) {
+      const int d = c * 32 + lane;
+      if (d < D) out[i * D + d] = store_m<T>(acc[r][c] * inv);
+    }
+    if (lane == 0) lse[i] = m[r] + logf(l[r]);
+  }
+}
+
+// ---------------------------------------------------------------- backward
+
+// delta[i] = sum_d out[i, d] * dout[i, d], a warp per row.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    flash_bwd_delta_kernel(const T* __restrict__ out, const T* __restrict__ dout, float* __restrict__ delta,
+                           int64_t rows, int D) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (i >= rows) return;  // whole warps only
+  const int lane = threadIdx.x & 31;
+  float s = 0.f;
+  for (int d = lane; d < D; d += 32) s += load_m(out[i * D + d]) * load_m(dout[i * D + d]);
+  s = warp_sum(s);
+  if (lane == 0) delta[i] = s;
+}
+
+template <int kD>
+constexpr size_t bwd_smem_bytes() {  // two broadcast row blocks + two padded tiles (both passes)
+  return sizeof(float) * (2 * kBlockRows * kD + 2 * kTile * (kD + 1));
+}
+
+// Rows = keys [j0, j0 + 16), tiles of queries; writes dk and dv of the block's keys.
+template <class T, int kD>
+__global__ void __launch_bounds__(kThreads)
+    flash_bwd_dkdv_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                          const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                          T* __restrict__ dk, T* __restrict__ dv, int64_t L, int64_t S, int D, float scale,
+                          bool causal) {
+  constexpr int kC = kD / 32, kPad = kD + 1;
+  extern __shared__ float4 smem4[];
+  float* Ks = reinterpret_cast<float*>(smem4);  // [kBlockRows][kD], broadcast
+  float* Vs = Ks + kBlockRows * kD;             // [kBlockRows][kD], broadcast
+  float* Qs = Vs + kBlockRows * kD;             // [kTile][kPad], one row per lane, then lanes across d
+  float* Os = Qs + kTile * kPad;                // [kTile][kPad], dout likewise
+  const int64_t bh = blockIdx.y;
+  q += bh * L * D, dout += bh * L * D, lse += bh * L, delta += bh * L;
+  k += bh * S * D, v += bh * S * D, dk += bh * S * D, dv += bh * S * D;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;  // the block's first key
+  const int64_t jw = j0 + warp * kRows;                               // the warp's first key
+  load_tile<T, kD>(Ks, kD, k, j0, kBlockRows, S, D);
+  load_tile<T, kD>(Vs, kD, v, j0, kBlockRows, S, D);
+
+  float gk[kRows][kC], gv[kRows][kC];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int c = 0; c < kC; ++c) gk[r][c] = gv[r][c] = 0.f;
+  // Causal: queries before j0 see none of the block's keys.
+  const int64_t i_begin = causal ? j0 / kTile * kTile : 0;
+  for (int64_t i0 = i_begin; i0 < L; i0 += kTile) {
+    __syncthreads();
+    load_tile<T, kD>(Qs, kPad, q, i0, kTile, L, D);
+    load_tile<T, kD>(Os, kPad, dout, i0, kTile, L, D);
+    __syncthreads();
+    const int64_t i = i0 + lane;  // this lane's query
+    const bool row_ok = i < L;
+    const float lse_i = row_ok ? lse[i] : 0.f, delta_i = row_ok ? delta[i] : 0.f;
+    float p[kRows], ds[kRows];
+    dot_rows<kD>(Qs + lane * kPad, Ks + warp * kRows * kD, p);   // q_i . k_j
+    dot_rows<kD>(Os + lane * kPad, Vs + warp * kRows * kD, ds);  // dout_i . v_j
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t j = jw + r;
+      const bool ok = row_ok && j < S && (!causal || j <= i);
+      p[r] = ok ? expf(p[r] * scale - lse_i) : 0.f;
+      ds[r] = p[r] * (ds[r] - delta_i);
+    }
+    for (int ii = 0; ii < kTile; ++ii) {
+      float qv[kC], ov[kC];
+#pragma unroll
+      for (int c = 0; c < kC; ++c) qv[c] = Qs[ii * kPad + c * 32 + lane], ov[c] = Os[ii * kPad + c * 32 + lane];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float pi = __shfl_sync(kFull, p[r], ii), dsi = __shfl_sync(kFull, ds[r], ii);
+#pragma unroll
+        for (int c = 0; c < kC; ++c) gv[r][c] += pi * ov[c], gk[r][c] += dsi * qv[c];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t j = jw + r;
+    if (j >= S) continue;
+#pragma unroll
+    for (int c = 0; c < kC; ++c) {
+      const int d = c * 32 + lane;
+      if (d < D) dk[j * D + d] = store_m<T>(gk[r][c] * scale), dv[j * D + d] = store_m<T>(gv[r][c]);
+    }
+  }
+}
+
+// Rows = queries [i0, i0 + 16), tiles of keys; writes dq of the block's queries.
+template <class T, int kD>
+__global__ void __launch_bounds__(kThreads)
+    flash_bwd_dq_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                        const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                        T* __restrict__ dq, int64_t L, int64_t S, int D, float scale, bool causal) {
+  constexpr int kC = kD / 32, kPad = kD + 1;
+  extern __shared__ float4 smem4[];
+  float* Qs = reinterpret_cast<float*>(smem4);  // [kBlockRows][kD], broadcast
+  float* Os = Qs + kBlockRows * kD;             // [kBlockRows][kD], dout, broadcast
+  float* Ks = Os + kBlockRows * kD;             // [kTile][kPad], one row per lane, then lanes across d
+  float* Vs = Ks + kTile * kPad;                // [kTile][kPad], one row per lane
+  const int64_t bh = blockIdx.y;
+  q += bh * L * D, dout += bh * L * D, dq += bh * L * D, lse += bh * L, delta += bh * L;
+  k += bh * S * D, v += bh * S * D;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
+  const int64_t iw = i0 + warp * kRows;
+  load_tile<T, kD>(Qs, kD, q, i0, kBlockRows, L, D);
+  load_tile<T, kD>(Os, kD, dout, i0, kBlockRows, L, D);
+
+  float lse_r[kRows], delta_r[kRows], acc[kRows][kC];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t i = iw + r;
+    lse_r[r] = i < L ? lse[i] : 0.f, delta_r[r] = i < L ? delta[i] : 0.f;
+#pragma unroll
+    for (int c = 0; c < kC; ++c) acc[r][c] = 0.f;
+  }
+  const int64_t s_end = causal ? (S < i0 + kBlockRows ? S : i0 + kBlockRows) : S;
+  for (int64_t j0 = 0; j0 < s_end; j0 += kTile) {
+    __syncthreads();
+    load_tile<T, kD>(Ks, kPad, k, j0, kTile, S, D);
+    load_tile<T, kD>(Vs, kPad, v, j0, kTile, S, D);
+    __syncthreads();
+    const int64_t j = j0 + lane;  // this lane's key
+    float p[kRows], ds[kRows];
+    dot_rows<kD>(Ks + lane * kPad, Qs + warp * kRows * kD, p);   // q_i . k_j
+    dot_rows<kD>(Vs + lane * kPad, Os + warp * kRows * kD, ds);  // dout_i . v_j
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t i = iw + r;
+      const bool ok = i < L && j < S && (!causal || j <= i);
+      p[r] = ok ? expf(p[r] * scale - lse_r[r]) : 0.f;
+      ds[r] = p[r] * (ds[r] - delta_r[r]);
+    }
+    for (int jj = 0; jj < kTile; ++jj) {
+      float kv[kC];
+#pragma unroll
+      for (int c = 0; c < kC; ++c) kv[c] = Ks[jj * kPad + c * 32 + lane];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float dsj = __shfl_sync(kFull, ds[r], jj);
+#pragma unroll
+        for (int c = 0; c < kC; ++c) acc[r][c] += dsj * kv[c];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t i = iw + r;
+    if (i >= L) continue;
+#pragma unroll
+    for (int c = 0; c < kC; ++c) {
+      const int d = c * 32 + lane;
+      if (d < D) dq[i * D + d] = store_m<T>(acc[r][c] * scale);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- host side
+
+template <class T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<T>{}, std::integral_constant<int, kD>{}) for the element type and the
+// head-dim bucket (32, 64, 128): the only instantiations there are.
+template <class F>
+void dispatch(DType dt, int64_t D, const char* op, F&& f) {
+  MG_CHECK(D >= 1 && D <= kFlashMaxHeadDim, ShapeError, op, ": head dim must be in [1, ",
+           kFlashMaxHeadDim, "], got ", D);
+  auto by_dim = [&](auto tag) {
+    if (D <= 32) f(tag, std::integral_constant<int, 32>{});
+    else if (D <= 64) f(tag, std::integral_constant<int, 64>{});
+    else f(tag, std::integral_constant<int, 128>{});
+  };
+  switch (dt) {
+    case DType::f32: by_dim(TypeTag<float>{}); break;
+    case DType::f16: by_dim(TypeTag<__half>{}); break;
+    case DType::bf16: by_dim(TypeTag<__nv_bfloat16>{}); break;
+    default: MG_THROW(DTypeError, op, ": expected f32, f16 or bf16, got ", dt);
+  }
+}
+
+// Blocks above 48 KiB of dynamic shared memory must opt in (per kernel, per device).
+template <class Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    MG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+// Runs launch(first_bh, count) over chunks of at most 65535 heads (the grid's y limit).
+template <class F>
+void for_head_chunks(int64_t BH, F&& launch) {
+  constexpr int64_t kMaxY = 65535;
+  for (int64_t b0 = 0; b0 < BH; b0 += kMaxY) launch(b0, static_cast<unsigned>(BH - b0 < kMaxY ? BH - b0 : kMaxY));
+}
+
+unsigned row_blocks(int64_t rows, int per_block, const char* op) {
+  const int64_t b = (rows + per_block - 1) / per_block;
+  MG_CHECK(b <= 0x7fffffff, ShapeError, op, ": sequence too long (", rows, ")");
+  return static_cast<unsigned>(b);
+}
+
+template <class T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.raw_data());
+}
+
+}  // namespace
+
+void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                             const Tensor& out, const Tensor& lse) {
+  const char* op = "flash_attention_forward";
+  const int64_t BH = q.size(0), L = q.size(1), S = k.size(1), D = q.size(2);
+  if (BH == 0 || L == 0) return;
+  MG_CHECK(S >= 1, ShapeError, op, ": needs at least one key");
+  mg::cuda::DeviceGuard guard(q.device());
+  cudaStream_t st = stream_of(q);
+  dispatch(q.dtype(), D, op, [&](auto tag, auto dim) {
+    using T = typename decltype(tag)::type;
+    constexpr int kD = decltype(dim)::value;
+    constexpr size_t smem = fwd_smem_bytes<kD>();
+    allow_smem(flash_fwd_kernel<T, kD>, smem);
+    const unsigned gx = row_blocks(L, kBlockRows, op);
+    for_head_chunks(BH, [&](int64_t b0, unsigned nb) {
+      const int64_t qo = b0 * L * D, ko = b0 * S * D;
+      flash_fwd_kernel<T, kD><<<dim3(gx, nb), kThreads, smem, st>>>(
+          ptr<const T>(q) + qo, ptr<const T>(k) + ko, ptr<const T>(v) + ko, ptr<T>(out) + qo, ptr<float>(lse) + b0 * L,
+          L, S, static_cast<int>(D), static_cast<float>(scale), causal);
+      MG_CUDA_CHECK_LAUNCH(op);
+    });
+  });
+}
+
+void flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, bool causal, double scale, const Tensor& grad_q,
+                              const Tensor& grad_k, const Tensor& grad_v) {
+  const char* op = "flash_attention_backward";
+  const int64_t BH = q.size(0), L = q.size(1), S = k.size(1), D = q.size(2);
+  if (BH == 0 || S == 0) return;
+  mg::cuda::DeviceGuard guard(q.device());
+  cudaStream_t st = stream_of(q);
+  Tensor delta = empty({BH, L}, {DType::f32, q.device()});
+  dispatch(q.dtype(), D, op, [&](auto tag, auto dim) {
+    using T = typename decltype(tag)::type;
+    constexpr int kD = decltype(dim)::value;
+    const int Di = static_cast<int>(D);
+    const float sc = static_cast<float>(scale);
+    if (L > 0) {
+      flash_bwd_delta_kernel<T><<<row_blocks(BH * L, kWarps, op), kThreads, 0, st>>>(
+          ptr<const T>(out), ptr<const T>(grad_out), ptr<float>(delta), BH * L, Di);
+      MG_CUDA_CHECK_LAUNCH(op);
+    }
+    constexpr size_t smem = bwd_smem_bytes<kD>();
+    allow_smem(flash_bwd_dkdv_kernel<T, kD>, smem);
+    allow_smem(flash_bwd_dq_kernel<T, kD>, smem);
+    for_head_chunks(BH, [&](int64_t b0, unsigned nb) {
+      const int64_t qo = b0 * L * D, ko = b0 * S * D, ro = b0 * L;
+      // With L == 0 this still runs and writes dk = dv = 0.
+      flash_bwd_dkdv_kernel<T, kD><<<dim3(row_blocks(S, kBlockRows, op), nb), kThreads, smem, st>>>(
+          ptr<const T>(q) + qo, ptr<const T>(k) + ko, ptr<const T>(v) + ko, ptr<const T>(grad_out) + qo,
+          ptr<const float>(lse) + ro, ptr<const float>(delta) + ro, ptr<T>(grad_k) + ko, ptr<T>(grad_v) + ko, L, S,
+          Di, sc, causal);
+      MG_CUDA_CHECK_LAUNCH(op);
+      if (L == 0) return;
+      flash_bwd_dq_kernel<T, kD><<<dim3(row_blocks(L, kBlockRows, op), nb), kThreads, smem, st>>>(
+          ptr<const T>(q) + qo, ptr<const T>(k) + ko, ptr<const T>(v) + ko, ptr<const T>(grad_out) + qo,
+          ptr<const float>(lse) + ro, ptr<const float>(delta) + ro, ptr<T>(grad_q) + qo, L, S, Di, sc, causal);
+      MG_CUDA_CHECK_LAUNCH(op);
+    });
+  });
+}
+
+}  // namespace mg::kernels::cuda

@@ -1,0 +1,295 @@
+// Flash attention (kernels/cuda/attention.cu) against the reference.
+// - Raw kernels: out, logsumexp and dq/dk/dv of kernels::flash_attention_* on CUDA vs
+//   mg::sdpa_reference (and a plain logsumexp loop) on the CPU in f64, computed on the very
+//   values the GPU sees (half inputs are rounded first), so only the GPU's own error counts.
+//   Causal and not; T in {1, 7, 64, 257, 1024}, D in {32, 64}, a few B*H, plus odd head dims
+//   (8, 80, 128: every head-dim bucket) and L != S; f32 (rtol 1e-4), f16 and bf16 (2e-2).
+// - Autograd: mg::scaled_dot_product_attention on CUDA (taking the flash path, with strided
+//   inputs) gives mg::sdpa_reference's output and gradients; MG_SDPA=reference switches.
+// - Memory: forward + backward at B=8, H=12, T=1024, D=64 in f32 peaks at least
+//   B*H*T*T*4 bytes below the reference (it never allocates a T x T buffer).
+// GPU tests skip without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "autograd/node.h"
+#include "autograd/transformer_functions.h"
+#include "core/allocator.h"
+#include "core/device_runtime.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "kernels/transformer_ops.h"
+
+namespace mg {
+namespace {
+namespace k = mg::kernels;
+
+double tol_of(DType t) { return t == DType::f32 ? 1e-4 : 2e-2; }
+
+std::string dstr(DType t) {
+  std::ostringstream os;
+  os << t;
+  return os.str();
+}
+
+Tensor to_cuda(const Tensor& t) { return raw::to_device(t, Device::cuda(0)); }
+
+// Uniform values in [lo, hi) of dtype dt on the CPU.
+Tensor host(const Shape& s, DType dt, Generator& g, double lo = -2, double hi = 2) {
+  return raw::to_dtype(uniform(s, lo, hi, {DType::f64}, &g), dt);
+}
+
+// |ref - got| <= tol * (|ref| + rms(ref)) elementwise (got may be on CUDA, any dtype).
+void expect_close(const Tensor& ref, const Tensor& got, double tol, const std::string& what) {
+  ASSERT_TRUE(ref.defined() && got.defined()) << what;
+  ASSERT_EQ(ref.sizes(), got.sizes()) << what;
+  std::vector<double> a = raw::contiguous(ref).to_vector<double>();
+  std::vector<double> b = raw::to_device(raw::contiguous(got), Device::cpu()).to_vector<double>();
+  double rms = 0;
+  for (double x : a) rms += x * x;
+  rms = a.empty() ? 0 : std::sqrt(rms / static_cast<double>(a.size()));
+  int bad = 0;
+  for (size_t i = 0; i < a.size() && bad < 5; ++i)
+    if (!(std::abs(a[i] - b[i]) <= tol * (std::abs(a[i]) + rms))) {
+      ++bad;
+      ADD_FAILURE() << what << ": element " << i << " of " << shape_str(ref.sizes()) << ": reference " << a[i]
+                    << " vs flash " << b[i] << " (tol " << tol << ", rms " << rms << ")";
+    }
+}
+
+// logsumexp over keys of scale * q k^T (masked), q [BH, L, D], k [BH, S, D] contiguous f64.
+Tensor logsumexp_ref(const Tensor& q, const Tensor& k, bool causal, double scale) {
+  const int64_t BH = q.size(0), L = q.size(1), S = k.size(1), D = q.size(2);
+  const double* qp = q.data_ptr<double>();
+  const double* kp = k.data_ptr<double>();
+  std::vector<double> out(static_cast<size_t>(BH * L)), s(static_cast<size_t>(S));
+  for (int64_t b = 0; b < BH; ++b)
+    for (int64_t i = 0; i < L; ++i) {
+      double m = -std::numeric_limits<double>::infinity();
+      const int64_t n = causal ? std::min(S, i + 1) : S;
+      for (int64_t j = 0; j < n; ++j) {
+        double d = 0;
+        for (int64_t e = 0; e < D; ++e) d += qp[(b * L + i) * D + e] * kp[(b * S + j) * D + e];
+        s[j] = d * scale;
+        m = std::max(m, s[j]);
+      }
+      double z = 0;
+      for (int64_t j = 0; j < n; ++j) z += std::exp(s[j] - m);
+      out[b * L + i] = m + std::log(z);
+    }
+  return from_vector<double>(out, {BH, L});
+}
+
+struct Case {
+  int64_t BH, L, S, D;
+  bool causal;
+};
+
+std::string name_of(const Case& c, DType dt) {
+  std::ostringstream os;
+  os << dstr(dt) << " BH=" << c.BH << " L=" << c.L << " S=" << c.S << " D=" << c.D << (c.causal ? " causal" : "");
+  return os.str();
+}
+
+class AttentionParity : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!mg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  }
+  Generator g{20241130};
+
+  // The raw kernels on CUDA vs sdpa_reference on the CPU in f64 (same rounded values).
+  void check_case(const Case& c, DType dt) {
+    const std::string what = name_of(c, dt);
+    SCOPED_TRACE(what);
+    Tensor q = host({c.BH, c.L, c.D}, dt, g), kk = host({c.BH, c.S, c.D}, dt, g), v = host({c.BH, c.S, c.D}, dt, g);
+    Tensor dout = host({c.BH, c.L, c.D}, dt, g);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+
+    auto [out, lse] = k::flash_attention_forward(to_cuda(q), to_cuda(kk), to_cuda(v), c.causal);
+    ASSERT_EQ(out.dtype(), dt);
+    ASSERT_EQ(lse.dtype(), DType::f32);
+    auto [gq, gk, gv] = k::flash_attention_backward(to_cuda(dout), to_cuda(q), to_cuda(kk), to_cuda(v), out, lse,
+                                                    c.causal);
+
+    // The reference, through autograd, on the CPU in f64.
+    Tensor q64 = raw::to_dtype(q, DType::f64), k64 = raw::to_dtype(kk, DType::f64), v64 = raw::to_dtype(v, DType::f64);
+    q64.requires_grad_(true), k64.requires_grad_(true), v64.requires_grad_(true);
+    Tensor ref = sdpa_reference(q64, k64, v64, c.causal);
+    std::vector<Tensor> grads = autograd::grad({ref}, {q64, k64, v64}, {raw::to_dtype(dout, DType::f64)});
+
+    const double tol = tol_of(dt);
+    expect_close(ref.detach(), out, tol, what + " out");
+    expect_close(logsumexp_ref(q64.detach(), k64.detach(), c.causal, scale), lse, 1e-4, what + " logsumexp");
+    expect_close(grads[0], gq, tol, what + " dq");
+    expect_close(grads[1], gk, tol, what + " dk");
+    expect_close(grads[2], gv, tol, what + " dv");
+  }
+};
+
+// ---------------------------------------------------------------- raw kernels
+
+TEST_F(AttentionParity, KernelsMatchReference) {
+  std::vector<Case> cases;
+  for (bool causal : {false, true})
+    for (int64_t T : {1, 7, 64, 257, 1024})
+      for (int64_t D : {32, 64}) cases.push_back({T >= 1024 ? 2 : 6, T, T, D, causal});
+  for (const Case& c : cases)
+    for (DType dt : {DType::f32, DType::f16, DType::bf16}) check_case(c, dt);
+}
+
+TEST_F(AttentionParity, OddHeadDimsAndLengths) {
+  // D = 8 and 80 are padded within their buckets (32, 128); D = 128 fills the largest bucket,
+  // whose backward needs more than 48 KiB of shared memory. L != S: causal is top-left.
+  const std::vector<Case> cases = {
+      {3, 33, 33, 8, false}, {3, 33, 33, 8, true},  {2, 65, 65, 80, true}, {2, 100, 100, 128, false},
+      {2, 100, 100, 128, true}, {2, 5, 37, 64, false}, {2, 5, 37, 64, true}, {2, 40, 9, 32, true},
+      {2, 40, 9, 32, false}, {1, 0, 5, 32, false}, {70000, 2, 3, 32, true},  // > 65535 heads: chunked grid
+  };
+  for (const Case& c : cases)
+    for (DType dt : {DType::f32, DType::bf16}) check_case(c, dt);
+}
+
+TEST_F(AttentionParity, StridedInputsAndScale) {
+  // [B, T, H, D] tensors seen as [B, H, T, D] (not contiguous), a custom scale.
+  const int64_t B = 2, T = 50, H = 3, D = 64;
+  Tensor q = host({B, T, H, D}, DType::f32, g), kk = host({B, T, H, D}, DType::f32, g);
+  Tensor v = host({B, T, H, D}, DType::f32, g), dout = host({B, H, T, D}, DType::f32, g);
+  auto bhtd = [](const Tensor& t) { return raw::transpose(t, 1, 2); };
+  auto [out, lse] = k::flash_attention_forward(bhtd(to_cuda(q)), bhtd(to_cuda(kk)), bhtd(to_cuda(v)), true, 0.3);
+  EXPECT_EQ(out.sizes(), (Shape{B, H, T, D}));
+  EXPECT_EQ(lse.sizes(), (Shape{B, H, T}));
+  auto [gq, gk, gv] = k::flash_attention_backward(to_cuda(dout), bhtd(to_cuda(q)), bhtd(to_cuda(kk)),
+                                                  bhtd(to_cuda(v)), out, lse, true, 0.3);
+  Tensor q64 = raw::contiguous(bhtd(raw::to_dtype(q, DType::f64)));
+  Tensor k64 = raw::contiguous(bhtd(raw::to_dtype(kk, DType::f64)));
+  Tensor v64 = raw::contiguous(bhtd(raw::to_dtype(v, DType::f64)));
+  q64.requires_grad_(true), k64.requires_grad_(true), v64.requires_grad_(true);
+  Tensor ref = sdpa_reference(q64, k64, v64, true, 0.0, 0.3);
+  std::vector<Tensor> grads = autograd::grad({ref}, {q64, k64, v64}, {raw::to_dtype(dout, DType::f64)});
+  expect_close(ref.detach(), out, 1e-4, "strided out");
+  expect_close(grads[0], gq, 1e-4, "strided dq");
+  expect_close(grads[1], gk, 1e-4, "strided dk");
+  expect_close(grads[2], gv, 1e-4, "strided dv");
+}
+
+// ---------------------------------------------------------------- autograd
+
+// scaled_dot_product_attention (flash) vs sdpa_reference, both on CUDA in dtype dt, on
+// [B, T, H, D] leaves transposed to [B, H, T, D] by the differentiable transpose.
+void expect_sdpa_matches_reference(DType dt, bool causal, Generator& g) {
+  const int64_t B = 2, T = 77, H = 3, D = 64;
+  const std::string what = dstr(dt) + (causal ? " causal" : "");
+  SCOPED_TRACE(what);
+  std::vector<Tensor> host_in = {host({B, T, H, D}, dt, g), host({B, T, H, D}, dt, g), host({B, T, H, D}, dt, g)};
+  Tensor dout = to_cuda(host({B, H, T, D}, dt, g));
+  auto run = [&](bool flash, std::vector<Tensor>* leaves) {
+    for (const Tensor& t : host_in) leaves->push_back(to_cuda(t).requires_grad_(true));
+    std::vector<Tensor> x;
+    for (const Tensor& t : *leaves) x.push_back(transpose(t, 1, 2));
+    Tensor out = flash ? scaled_dot_product_attention(x[0], x[1], x[2], causal)
+                       : sdpa_reference(x[0], x[1], x[2], causal);
+    out.backward(dout);
+    return out;
+  };
+  std::vector<Tensor> a, b;
+  Tensor out_flash = run(true, &a), out_ref = run(false, &b);
+  ASSERT_TRUE(out_flash.grad_fn() != nullptr);
+  EXPECT_EQ(out_flash.grad_fn()->name(), "scaled_dot_product_attention") << "the CUDA call took the reference path";
+  const double tol = dt == DType::f32 ? 1e-4 : 3e-2;  // the reference rounds its [T, T] matrices in half too
+  Tensor ref_out = raw::to_dtype(raw::to_device(out_ref.detach(), Device::cpu()), DType::f64);
+  expect_close(ref_out, out_flash.detach(), tol, what + " out");
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(a[i].grad().defined() && b[i].grad().defined());
+    EXPECT_EQ(a[i].grad().dtype(), dt);
+    expect_close(raw::to_dtype(raw::to_device(b[i].grad(), Device::cpu()), DType::f64), a[i].grad(), tol,
+                 what + " grad " + std::to_string(i));
+  }
+}
+
+TEST_F(AttentionParity, AutogradMatchesReference) {
+  for (DType dt : {DType::f32, DType::f16, DType::bf16})
+    for (bool causal : {false, true}) expect_sdpa_matches_reference(dt, causal, g);
+}
+
+TEST_F(AttentionParity, ReferenceWhenAskedOrUnsupported) {
+  Tensor q = to_cuda(host({2, 9, 16}, DType::f32, g)).requires_grad_(true);
+  auto node_name = [](const Tensor& t) { return t.grad_fn() ? t.grad_fn()->name() : std::string("none"); };
+  EXPECT_EQ(node_name(scaled_dot_product_attention(q, q, q)), "scaled_dot_product_attention");
+  ::setenv("MG_SDPA", "reference", 1);
+  const std::string forced = node_name(scaled_dot_product_attention(q, q, q));
+  ::unsetenv("MG_SDPA");
+  EXPECT_NE(forced, "scaled_dot_product_attention");
+  // Dropout, f64 and a head dim above 128 take the reference.
+  EXPECT_NE(node_name(scaled_dot_product_attention(q, q, q, false, 0.1)), "scaled_dot_product_attention");
+  Tensor q64 = to_cuda(host({2, 9, 16}, DType::f64, g)).requires_grad_(true);
+  EXPECT_FALSE(k::flash_attention_supported(q64, q64, q64));
+  EXPECT_NE(node_name(scaled_dot_product_attention(q64, q64, q64)), "scaled_dot_product_attention");
+  Tensor wide = to_cuda(host({1, 4, 136}, DType::f32, g));
+  EXPECT_FALSE(k::flash_attention_supported(wide, wide, wide));
+  EXPECT_EQ(scaled_dot_product_attention(wide, wide, wide).sizes(), (Shape{1, 4, 136}));
+}
+
+// ---------------------------------------------------------------- memory
+
+TEST_F(AttentionParity, FlashNeverAllocatesTxT) {
+  const int64_t B = 8, H = 12, T = 1024, D = 64;
+  const Device dev = Device::cuda(0);
+  Tensor q = randn({B, H, T, D}, {DType::f32, dev}, &g).requires_grad_(true);
+  Tensor kk = randn({B, H, T, D}, {DType::f32, dev}, &g).requires_grad_(true);
+  Tensor v = randn({B, H, T, D}, {DType::f32, dev}, &g).requires_grad_(true);
+  Tensor dout = randn({B, H, T, D}, {DType::f32, dev}, &g);
+  // Peak bytes above what is live before forward + backward (the inputs), grads included.
+  auto peak_of = [&](bool flash) {
+    for (const Tensor& t : {q, kk, v}) t.set_grad(Tensor());
+    mg::cuda::synchronize(0);
+    const int64_t base = memory_allocated(dev);
+    reset_peak_memory_stats(dev);
+    {
+      Tensor out = flash ? scaled_dot_product_attention(q, kk, v, true) : sdpa_reference(q, kk, v, true);
+      out.backward(dout);
+    }
+    mg::cuda::synchronize(0);
+    return max_memory_allocated(dev) - base;
+  };
+  const int64_t flash = peak_of(true), reference = peak_of(false), txt = B * H * T * T * 4;
+  std::cout << "sdpa forward+backward peak above inputs, B=8 H=12 T=1024 D=64 f32, causal: flash "
+            << format_bytes(flash) << ", reference " << format_bytes(reference) << " (one T x T f32 buffer: "
+            << format_bytes(txt) << ")\n";
+  EXPECT_LE(flash + txt, reference);
+}
+
+// ---------------------------------------------------------------- errors (no GPU needed)
+
+TEST(AttentionErrors, CpuAndBadShapesRaise) {
+  Tensor q = randn({2, 5, 8});
+  EXPECT_FALSE(k::flash_attention_supported(q, q, q));
+  EXPECT_THROW(k::flash_attention_forward(q, q, q, false), DeviceError);
+  try {
+    k::flash_attention_forward(q, q, q, false);
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("flash_attention_forward: runs on CUDA only"), std::string::npos) << e.what();
+  }
+  // The CPU path of the differentiable op is the reference, unchanged.
+  EXPECT_EQ(scaled_dot_product_attention(q, q, q).sizes(), (Shape{2, 5, 8}));
+  if (!mg::cuda::is_available()) return;
+  Tensor c = to_cuda(q);
+  EXPECT_THROW(k::flash_attention_forward(c, to_cuda(randn({2, 5, 4})), c, false), ShapeError);
+  EXPECT_THROW(k::flash_attention_forward(c, c, q, false), DeviceError);
+  EXPECT_THROW(k::flash_attention_forward(c, c, c, false, std::numeric_limits<double>::infinity()), ValueError);
+  auto [out, lse] = k::flash_attention_forward(c, c, c, false);
+  EXPECT_THROW(k::flash_attention_backward(out, c, c, c, out, raw::to_dtype(lse, DType::f16), false), DTypeError);
+  EXPECT_THROW(k::flash_attention_backward(to_cuda(randn({2, 4, 8})), c, c, c, out, lse, false), ShapeError);
+}
+
+}  // namespace
+}  // namespace mg
