@@ -26,6 +26,7 @@ strip .stage/bin/*
 n=$(ls .stage/bin | wc -l)
 tar -cJf .stage/bin.tar.xz -C .stage bin && rm -rf .stage/bin
 cp tools/run_staged.sh .stage/run.sh
+mkdir -p .stage/pytorch && cp bench/pytorch/*.py .stage/pytorch/
 # The device image has no Debian data sets: carry Fashion-MNIST (30 MB of .gz) when asked.
 if [ -n "${MG_STAGE_DATA:-}" ] && [ -d /usr/share/datasets/fashion-mnist ]; then
   mkdir -p .stage/fashion-mnist && cp /usr/share/datasets/fashion-mnist/*.gz .stage/fashion-mnist/
