@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <limits>
+#include <mutex>
+#include <unordered_map>
 
 #include "autograd/grad_mode.h"
 #include "kernels/ops.h"
@@ -72,6 +74,73 @@ Tensor SavedTensor::unpack() const {
   return data_;
 }
 
+// ---------------- post-accumulate-grad hooks ----------------
+
+namespace {
+struct HookEntry {
+  uint64_t handle;
+  std::weak_ptr<TensorImpl> leaf;  // guards against a new tensor at a dead one's address
+  PostAccumulateGradHook fn;
+};
+struct HookRegistry {
+  std::mutex mu;
+  std::atomic<size_t> count{0};  // fast path: no lookup while nothing is registered
+  uint64_t next_handle = 1;
+  std::unordered_map<const TensorImpl*, std::vector<HookEntry>> by_leaf;
+};
+HookRegistry& hooks() {
+  static HookRegistry* r = new HookRegistry();  // leaked: hooks may be removed during exit
+  return *r;
+}
+
+void run_post_accumulate_hooks(const Tensor& t) {
+  HookRegistry& r = hooks();
+  if (r.count.load(std::memory_order_relaxed) == 0) return;
+  std::vector<PostAccumulateGradHook> todo;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.by_leaf.find(t.impl());
+    if (it == r.by_leaf.end()) return;
+    for (const HookEntry& e : it->second)
+      if (e.leaf.lock() == t.impl_ptr()) todo.push_back(e.fn);
+  }
+  for (auto& fn : todo) fn(t);  // outside the lock: a hook may register or remove hooks
+}
+}  // namespace
+
+uint64_t register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook) {
+  MG_CHECK(leaf.defined() && leaf.is_leaf() && leaf.requires_grad(), AutogradError,
+           "register_post_accumulate_grad_hook: the tensor must be a leaf that requires grad");
+  HookRegistry& r = hooks();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto& list = r.by_leaf[leaf.impl()];
+  // Drop entries left by a dead tensor that had this address.
+  std::erase_if(list, [&](const HookEntry& e) {
+    bool stale = e.leaf.lock() != leaf.impl_ptr();
+    if (stale) r.count--;
+    return stale;
+  });
+  const uint64_t h = r.next_handle++;
+  list.push_back({h, leaf.impl_ptr(), std::move(hook)});
+  r.count++;
+  return h;
+}
+
+void remove_post_accumulate_grad_hook(uint64_t handle) {
+  HookRegistry& r = hooks();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (auto it = r.by_leaf.begin(); it != r.by_leaf.end(); ++it) {
+    auto& list = it->second;
+    for (auto e = list.begin(); e != list.end(); ++e) {
+      if (e->handle != handle) continue;
+      list.erase(e);
+      r.count--;
+      if (list.empty()) r.by_leaf.erase(it);
+      return;
+    }
+  }
+}
+
 // ---------------- AccumulateGrad ----------------
 
 AccumulateGrad::AccumulateGrad(const Tensor& t) : leaf(t.impl_ptr()) {
@@ -103,6 +172,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     // Out of place: a grad captured earlier (e.g. by the user) keeps its value.
     t.set_grad(kernels::add(old, g));
   }
+  run_post_accumulate_hooks(t);
   return {};
 }
 

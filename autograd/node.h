@@ -68,6 +68,16 @@ struct AccumulateGrad final : Node {
   std::weak_ptr<TensorImpl> leaf;
 };
 
+// Post-accumulate-grad hooks: called right after AccumulateGrad has stored a leaf's new
+// .grad (the total so far), with the leaf. DDP launches its gradient buckets from here, while
+// the rest of backward is still running. A hook may read and replace the leaf's .grad.
+using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
+// Returns a handle for remove_post_accumulate_grad_hook. Hooks run in registration order;
+// they live in a registry keyed by the leaf's TensorImpl (not in the leaf) and never keep
+// the leaf alive.
+uint64_t register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook);
+void remove_post_accumulate_grad_hook(uint64_t handle);
+
 // A node whose backward is a closure written beside the forward (Flashlight style).
 // Saved tensors live in the closure's captures; release_saved() destroys the closure.
 struct FunctionNode final : Node {
