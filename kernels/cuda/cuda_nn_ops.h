@@ -19,7 +19,7 @@ void conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Conv2d
 void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Conv2dArgs& args, const Tensor& grad_w);
 
 // ---- pooling (pool.cu); contiguous NCHW in and out ----
-void max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, const Tensor& indices);
+void max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, const Tensor& indices);  // indices may be undefined
 void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_x);
 void avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out);
 void avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& args, const Tensor& grad_x);

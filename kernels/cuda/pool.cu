@@ -38,6 +38,7 @@ __device__ __forceinline__ void tap_range(int64_t start, int64_t k, int64_t dil,
   if (*hi < *lo) *hi = *lo;
 }
 
+// idx may be null (inference: no indices wanted).
 template <class T>
 __global__ void max_pool_kernel(const T* x, T* out, int64_t* idx, PoolGeo g) {
   using M = math_t<T>;
@@ -51,7 +52,7 @@ __global__ void max_pool_kernel(const T* x, T* out, int64_t* idx, PoolGeo g) {
     tap_range(w0, g.kw, g.dw, g.W, &jlo, &jhi);
     if (ilo >= ihi || jlo >= jhi) {  // only dilation can leave a window without input
       out[i] = store_m<T>(-std::numeric_limits<M>::infinity());
-      idx[i] = -1;
+      if (idx) idx[i] = -1;  // the backward skips it
       continue;
     }
     // The first input element seeds the max: ties and all -inf windows pick the first position;
@@ -69,7 +70,7 @@ __global__ void max_pool_kernel(const T* x, T* out, int64_t* idx, PoolGeo g) {
       }
     }
     out[i] = store_m<T>(best);
-    idx[i] = arg;
+    if (idx) idx[i] = arg;
   }
 }
 
@@ -198,7 +199,7 @@ void max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, cons
   const PoolGeo g = geo(x.sizes(), out.sizes(), args);
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "max_pool2d", [&] {
     max_pool_kernel<scalar_t><<<blocks_for(out.numel()), kBlock, 0, stream_of(out)>>>(
-        cp<scalar_t>(x), mp<scalar_t>(out), mp<int64_t>(indices), g);
+        cp<scalar_t>(x), mp<scalar_t>(out), indices.defined() ? mp<int64_t>(indices) : nullptr, g);
     MG_CUDA_CHECK_LAUNCH("max_pool2d");
   });
 }

@@ -1,0 +1,421 @@
+// CUDA vs CPU parity for the layer kernels (kernels/nn_ops.h, kernels/transformer_ops.h):
+// conv2d forward / backward-data / backward-filter through cuDNN (stride, padding, dilation,
+// groups, depthwise, bias, channels-last input, benchmark mode), max / avg / adaptive-avg
+// pooling, batch norm (training with running statistics, eval, backward) and the fused layer
+// norm, in f32 (rtol 1e-4), f16 (1e-2), bf16 (2e-2) and f64, on fresh random inputs of odd
+// sizes. The CPU reference runs in f32 (f64 for f64) on the very values the GPU sees (half
+// inputs are rounded first), so only the GPU's own error is measured. Then the autograd ops
+// (mg::conv2d, ...) run a small CNN and a layer norm on CUDA tensors, gradients compared.
+// Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "autograd/conv_functions.h"
+#include "autograd/functions.h"
+#include "autograd/transformer_functions.h"
+#include "core/device_runtime.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "kernels/cuda/cuda_nn_ops.h"
+#include "kernels/cuda/cudnn.h"
+#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
+#include "kernels/transformer_ops.h"
+
+namespace mg {
+namespace {
+namespace k = mg::kernels;
+
+const std::vector<DType> kDtypes = {DType::f32, DType::f16, DType::bf16, DType::f64};
+
+double tol_of(DType t) {
+  switch (t) {
+    case DType::f64: return 1e-9;
+    case DType::f32: return 1e-4;
+    case DType::f16: return 1e-2;
+    default: return 2e-2;  // bf16
+  }
+}
+
+// The dtype the CPU reference computes in for GPU dtype `t`.
+DType ref_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+Tensor to_cuda(const Tensor& t) { return t.defined() ? raw::to_device(t, Device::cuda(0)) : t; }
+// The CPU reference's copy of a GPU input: the same (already rounded) values, in ref dtype.
+Tensor ref(const Tensor& t) { return t.defined() ? raw::to_dtype(t, ref_dtype(t.dtype())) : t; }
+
+// Uniform values in [lo, hi) of dtype `dt` on the CPU.
+Tensor host(const Shape& s, DType dt, Generator& g, double lo = -2, double hi = 2) {
+  return raw::to_dtype(uniform(s, lo, hi, {DType::f64}, &g), dt);
+}
+
+// |cpu - gpu| <= tol * (|cpu| + rms(cpu)) elementwise; NaN/inf must match. Shapes must
+// agree; dtypes may differ (the reference is f32 for half inputs).
+void expect_parity(const Tensor& cpu, const Tensor& gpu, double tol, const std::string& what) {
+  ASSERT_TRUE(cpu.defined() && gpu.defined()) << what;
+  ASSERT_TRUE(gpu.is_cuda()) << what;
+  ASSERT_EQ(cpu.sizes(), gpu.sizes()) << what;
+  std::vector<double> a = cpu.to_vector<double>(), b = gpu.to_vector<double>();
+  double rms = 0;
+  int64_t finite = 0;
+  for (double x : a)
+    if (std::isfinite(x)) rms += x * x, ++finite;
+  rms = finite ? std::sqrt(rms / finite) : 0;
+  int bad = 0;
+  for (size_t i = 0; i < a.size() && bad < 5; ++i) {
+    const bool ok = std::isnan(a[i]) ? std::isnan(b[i])
+                    : std::isinf(a[i]) ? a[i] == b[i]
+                                       : std::abs(a[i] - b[i]) <= tol * (std::abs(a[i]) + rms);
+    if (!ok) {
+      ++bad;
+      ADD_FAILURE() << what << ": element " << i << " of " << shape_str(cpu.sizes()) << " (gpu " << gpu.dtype()
+                    << "): cpu " << a[i] << " vs cuda " << b[i];
+    }
+  }
+}
+
+void expect_equal_i64(const Tensor& cpu, const Tensor& gpu, const std::string& what) {
+  ASSERT_EQ(cpu.sizes(), gpu.sizes()) << what;
+  std::vector<int64_t> a = cpu.to_vector<int64_t>(), b = gpu.to_vector<int64_t>();
+  int bad = 0;
+  for (size_t i = 0; i < a.size() && bad < 5; ++i)
+    if (a[i] != b[i]) ++bad, ADD_FAILURE() << what << ": index " << i << ": cpu " << a[i] << " vs cuda " << b[i];
+}
+
+std::string dstr(DType t) {
+  std::ostringstream os;
+  os << t;
+  return os.str();
+}
+
+class NnParity : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!mg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  }
+  Generator g{20241129};
+};
+
+// ---------------------------------------------------------------- convolution
+
+struct ConvCase {
+  std::string name;
+  Shape x, w;  // [N, C, H, W], [O, C/groups, kH, kW]
+  k::Conv2dArgs args;
+  bool bias;
+};
+
+std::vector<ConvCase> conv_cases() {
+  auto A = [](Int2 s, Int2 p, Int2 d, int64_t gr) {
+    k::Conv2dArgs a;
+    a.stride = s, a.padding = p, a.dilation = d, a.groups = gr;
+    return a;
+  };
+  return {
+      {"3x3 pad1 bias", {2, 3, 11, 13}, {5, 3, 3, 3}, A(1, 1, 1, 1), true},
+      {"3x5 stride2 pad(1,2)", {3, 4, 17, 10}, {6, 4, 3, 5}, A(2, Int2(1, 2), 1, 1), false},
+      {"dilation2 groups2", {2, 6, 15, 14}, {4, 3, 3, 3}, A(1, 2, 2, 2), true},
+      {"depthwise x2", {2, 8, 9, 9}, {16, 1, 3, 3}, A(1, 1, 1, 8), true},
+      {"depthwise stride2", {3, 5, 12, 7}, {5, 1, 5, 5}, A(2, 2, 1, 5), false},
+      {"1x1", {4, 7, 5, 5}, {9, 7, 1, 1}, A(1, 0, 1, 1), true},
+      {"mixed stride/dilation groups3", {2, 9, 16, 13}, {6, 3, 3, 2}, A(Int2(2, 3), Int2(2, 1), Int2(2, 1), 3), true},
+      {"batch1 7x7 stride2", {1, 3, 23, 19}, {8, 3, 7, 7}, A(2, 3, 1, 1), true},
+  };
+}
+
+// Forward, both backwards and the bias gradient of one case, GPU (dtype dt) vs CPU.
+void check_conv(Generator& g, const ConvCase& c, DType dt, bool channels_last_x = false) {
+  const std::string what = "conv " + c.name + " " + dstr(dt) + (channels_last_x ? " NHWC" : "");
+  Tensor x = host(c.x, dt, g), w = host(c.w, dt, g, -0.5, 0.5);
+  Tensor b = c.bias ? host({c.w[0]}, dt, g) : Tensor();
+  Tensor gx = to_cuda(x);
+  if (channels_last_x) gx = raw::permute(raw::contiguous(raw::permute(gx, {0, 2, 3, 1})), {0, 3, 1, 2});
+  Tensor y_cpu = k::conv2d_forward(ref(x), ref(w), ref(b), c.args);
+  Tensor y_gpu = k::conv2d_forward(gx, to_cuda(w), to_cuda(b), c.args);
+  ASSERT_EQ(y_gpu.dtype(), dt) << what;
+  expect_parity(y_cpu, y_gpu, tol_of(dt), what + " forward");
+
+  Tensor gy = host(y_cpu.sizes(), dt, g);
+  Tensor ggy = to_cuda(gy);
+  if (channels_last_x) ggy = raw::permute(raw::contiguous(raw::permute(ggy, {0, 2, 3, 1})), {0, 3, 1, 2});
+  expect_parity(k::conv2d_backward_input(ref(gy), ref(w), c.x, c.args),
+                k::conv2d_backward_input(ggy, to_cuda(w), c.x, c.args), tol_of(dt), what + " backward_input");
+  expect_parity(k::conv2d_backward_weight(ref(gy), ref(x), c.w, c.args),
+                k::conv2d_backward_weight(ggy, gx, c.w, c.args), tol_of(dt), what + " backward_weight");
+  if (c.bias)
+    expect_parity(k::conv2d_backward_bias(ref(gy)), k::conv2d_backward_bias(ggy), tol_of(dt), what + " backward_bias");
+}
+
+TEST_F(NnParity, Conv2dAllCasesAllDtypes) {
+  for (DType dt : kDtypes)
+    for (const ConvCase& c : conv_cases()) check_conv(g, c, dt);
+}
+
+TEST_F(NnParity, Conv2dChannelsLastInput) {
+  for (DType dt : {DType::f32, DType::f16, DType::bf16})
+    for (const ConvCase& c : conv_cases()) check_conv(g, c, dt, /*channels_last_x=*/true);
+}
+
+TEST_F(NnParity, Conv2dBenchmarkModeAgrees) {
+  k::cuda::set_cudnn_benchmark(true);
+  for (DType dt : {DType::f32, DType::bf16})
+    for (const ConvCase& c : conv_cases()) check_conv(g, c, dt);
+  k::cuda::set_cudnn_benchmark(false);
+}
+
+TEST_F(NnParity, Conv2dRepeatedShapeUsesCacheAndStaysExact) {
+  // The same shape twice (the second call takes the cached algorithm) with fresh data.
+  const ConvCase c = conv_cases()[0];
+  for (int rep = 0; rep < 3; ++rep) check_conv(g, c, DType::f32);
+}
+
+TEST_F(NnParity, Conv2dEmptyBatch) {
+  Tensor x = empty({0, 3, 8, 8}, {DType::f32, Device::cuda(0)});
+  Tensor w = to_cuda(host({4, 3, 3, 3}, DType::f32, g));
+  k::Conv2dArgs a;
+  a.padding = 1;
+  Tensor y = k::conv2d_forward(x, w, Tensor(), a);
+  EXPECT_EQ(y.sizes(), (Shape{0, 4, 8, 8}));
+  Tensor gw = k::conv2d_backward_weight(empty({0, 4, 8, 8}, {DType::f32, Device::cuda(0)}), x, {4, 3, 3, 3}, a);
+  for (double v : gw.to_vector<double>()) ASSERT_EQ(v, 0.0);
+}
+
+// ---------------------------------------------------------------- pooling
+
+struct PoolCase {
+  std::string name;
+  Shape x;
+  k::Pool2dArgs args;
+};
+
+std::vector<PoolCase> pool_cases(bool with_dilation) {
+  auto P = [](Int2 kk, Int2 s, Int2 p, Int2 d, bool ceil, bool cip) {
+    k::Pool2dArgs a;
+    a.kernel = kk, a.stride = s, a.padding = p, a.dilation = d, a.ceil_mode = ceil, a.count_include_pad = cip;
+    return a;
+  };
+  std::vector<PoolCase> v = {
+      {"k2 s2", {2, 3, 10, 14}, P(2, 2, 0, 1, false, true)},
+      {"k3 s2 p1", {2, 5, 15, 13}, P(3, 2, 1, 1, false, true)},
+      {"k3 s2 p1 ceil", {3, 2, 15, 12}, P(3, 2, 1, 1, true, true)},
+      {"k3 s1 p1 no-pad-count", {1, 4, 9, 11}, P(3, 1, 1, 1, false, false)},
+      {"k(2,4) s(1,3) p(1,2) ceil no-pad-count", {2, 3, 11, 17}, P(Int2(2, 4), Int2(1, 3), Int2(1, 2), 1, true, false)},
+      {"k5 s3 p2", {2, 3, 16, 16}, P(5, 3, 2, 1, false, true)},
+  };
+  if (with_dilation) {
+    v.push_back({"k3 s2 d2 p2", {2, 3, 15, 13}, P(3, 2, 2, 2, false, true)});
+    v.push_back({"k3 s1 d(1,3) p1 ceil", {2, 3, 12, 14}, P(3, 1, 1, Int2(1, 3), true, true)});
+  }
+  return v;
+}
+
+TEST_F(NnParity, MaxPool2dForwardIndicesBackward) {
+  for (DType dt : kDtypes)
+    for (const PoolCase& c : pool_cases(true)) {
+      const std::string what = "max_pool2d " + c.name + " " + dstr(dt);
+      Tensor x = host(c.x, dt, g);
+      auto [y_cpu, i_cpu] = k::max_pool2d(ref(x), c.args);
+      auto [y_gpu, i_gpu] = k::max_pool2d(to_cuda(x), c.args);
+      expect_parity(y_cpu, y_gpu, 0.0, what + " values");  // a max is exact
+      expect_equal_i64(i_cpu, i_gpu, what + " indices");
+      Tensor gy = host(y_cpu.sizes(), dt, g);
+      expect_parity(k::max_pool2d_backward(ref(gy), i_cpu, c.x), k::max_pool2d_backward(to_cuda(gy), i_gpu, c.x),
+                    tol_of(dt), what + " backward");
+    }
+}
+
+TEST_F(NnParity, MaxPool2dNaNPropagates) {
+  Tensor x = host({1, 1, 4, 4}, DType::f32, g);
+  std::vector<float> v = x.to_vector<float>();
+  v[5] = std::nanf("");
+  x = from_vector(v, {1, 1, 4, 4});
+  k::Pool2dArgs a;
+  a.kernel = 2, a.stride = 2;
+  auto [y_cpu, i_cpu] = k::max_pool2d(x, a);
+  auto [y_gpu, i_gpu] = k::max_pool2d(to_cuda(x), a);
+  expect_parity(y_cpu, y_gpu, 0.0, "max_pool2d NaN");
+  expect_equal_i64(i_cpu, i_gpu, "max_pool2d NaN indices");
+}
+
+TEST_F(NnParity, AvgPool2dForwardBackward) {
+  for (DType dt : kDtypes)
+    for (const PoolCase& c : pool_cases(false)) {
+      const std::string what = "avg_pool2d " + c.name + " " + dstr(dt);
+      Tensor x = host(c.x, dt, g);
+      Tensor y_cpu = k::avg_pool2d(ref(x), c.args);
+      expect_parity(y_cpu, k::avg_pool2d(to_cuda(x), c.args), tol_of(dt), what);
+      Tensor gy = host(y_cpu.sizes(), dt, g);
+      expect_parity(k::avg_pool2d_backward(ref(gy), c.x, c.args), k::avg_pool2d_backward(to_cuda(gy), c.x, c.args),
+                    tol_of(dt), what + " backward");
+    }
+}
+
+TEST_F(NnParity, AdaptiveAvgPool2dForwardBackward) {
+  const std::vector<std::pair<Shape, Int2>> cases = {
+      {{2, 3, 13, 11}, Int2(3, 5)}, {{2, 4, 7, 7}, Int2(1, 1)}, {{1, 3, 5, 6}, Int2(7, 4)},  // larger than input
+      {{3, 2, 16, 16}, Int2(4, 4)}, {{2, 5, 9, 1}, Int2(2, 1)},
+  };
+  for (DType dt : kDtypes)
+    for (const auto& [xs, os] : cases) {
+      const std::string what = "adaptive_avg_pool2d " + shape_str(xs) + " -> " + std::to_string(os.h) + "x" +
+                               std::to_string(os.w) + " " + dstr(dt);
+      Tensor x = host(xs, dt, g);
+      Tensor y_cpu = k::adaptive_avg_pool2d(ref(x), os);
+      expect_parity(y_cpu, k::adaptive_avg_pool2d(to_cuda(x), os), tol_of(dt), what);
+      Tensor gy = host(y_cpu.sizes(), dt, g);
+      expect_parity(k::adaptive_avg_pool2d_backward(ref(gy), xs), k::adaptive_avg_pool2d_backward(to_cuda(gy), xs),
+                    tol_of(dt), what + " backward");
+    }
+}
+
+// ---------------------------------------------------------------- batch norm
+
+TEST_F(NnParity, BatchNormTrainingEvalBackward) {
+  const std::vector<Shape> shapes = {{4, 5, 7, 9}, {16, 7}, {3, 6, 11}, {2, 3, 33, 31}};
+  for (DType dt : kDtypes)
+    for (const Shape& xs : shapes)
+      for (bool affine : {true, false}) {
+        const std::string what = "batch_norm " + shape_str(xs) + (affine ? " affine " : " plain ") + dstr(dt);
+        const int64_t C = xs[1];
+        Tensor x = host(xs, dt, g, -1, 3);  // mean far from 0
+        Tensor w = affine ? host({C}, dt, g, 0.5, 1.5) : Tensor(), b = affine ? host({C}, dt, g) : Tensor();
+        Tensor rm = host({C}, dt, g, -0.5, 0.5), rv = host({C}, dt, g, 0.5, 2);
+        // Training: out, batch statistics, running statistics updated in place.
+        Tensor rm_c = ref(rm), rv_c = ref(rv), rm_g = to_cuda(rm), rv_g = to_cuda(rv);
+        auto [o_c, m_c, is_c] = k::batch_norm_forward_training(ref(x), ref(w), ref(b), rm_c, rv_c, 0.1, 1e-5);
+        auto [o_g, m_g, is_g] =
+            k::batch_norm_forward_training(to_cuda(x), to_cuda(w), to_cuda(b), rm_g, rv_g, 0.1, 1e-5);
+        const double t = tol_of(dt);
+        expect_parity(o_c, o_g, t, what + " train out");
+        expect_parity(m_c, m_g, t, what + " save_mean");
+        expect_parity(is_c, is_g, t, what + " save_invstd");
+        expect_parity(rm_c, rm_g, t, what + " running_mean");
+        expect_parity(rv_c, rv_g, t, what + " running_var");
+        // Training backward with the GPU's own statistics on both sides.
+        Tensor gy = host(xs, dt, g);
+        Tensor m_r = raw::to_dtype(m_g.cpu(), ref_dtype(dt)), is_r = raw::to_dtype(is_g.cpu(), ref_dtype(dt));
+        auto [dx_c, dw_c, db_c] = k::batch_norm_backward(ref(gy), ref(x), ref(w), m_r, is_r, true);
+        auto [dx_g, dw_g, db_g] = k::batch_norm_backward(to_cuda(gy), to_cuda(x), to_cuda(w), m_g, is_g, true);
+        expect_parity(dx_c, dx_g, t, what + " train grad_x");
+        expect_parity(dw_c, dw_g, t, what + " grad_weight");
+        expect_parity(db_c, db_g, t, what + " grad_bias");
+        // Eval: running statistics as constants.
+        expect_parity(k::batch_norm_forward_eval(ref(x), ref(w), ref(b), ref(rm), ref(rv), 1e-5),
+                      k::batch_norm_forward_eval(to_cuda(x), to_cuda(w), to_cuda(b), to_cuda(rm), to_cuda(rv), 1e-5),
+                      t, what + " eval out");
+        Tensor inv = raw::to_dtype(k::unary(k::Unary::Rsqrt, k::add_scalar(ref(rv), 1e-5)), dt);
+        auto [ex_c, ew_c, eb_c] = k::batch_norm_backward(ref(gy), ref(x), ref(w), ref(rm), ref(inv), false);
+        auto [ex_g, ew_g, eb_g] =
+            k::batch_norm_backward(to_cuda(gy), to_cuda(x), to_cuda(w), to_cuda(rm), to_cuda(inv), false);
+        expect_parity(ex_c, ex_g, t, what + " eval grad_x");
+        expect_parity(ew_c, ew_g, t, what + " eval grad_weight");
+      }
+}
+
+// ---------------------------------------------------------------- layer norm
+
+struct LnCase {
+  Shape x, ns;
+  bool affine;
+};
+
+TEST_F(NnParity, LayerNormForwardBackward) {
+  const std::vector<LnCase> cases = {
+      {{3, 5, 37}, {37}, true}, {{7, 768}, {768}, true},     {{4, 2, 3, 9}, {3, 9}, false},
+      {{3, 4097}, {4097}, true}, {{1, 1}, {1}, true},        {{130, 33}, {33}, true},
+  };
+  for (DType dt : kDtypes)
+    for (const LnCase& c : cases) {
+      const std::string what = "layer_norm " + shape_str(c.x) + " " + dstr(dt);
+      const double t = tol_of(dt);
+      Tensor x = host(c.x, dt, g, -1, 3);
+      Tensor w = c.affine ? host(c.ns, dt, g, 0.5, 1.5) : Tensor(), b = c.affine ? host(c.ns, dt, g) : Tensor();
+      auto [o_c, m_c, r_c] = k::layer_norm_forward(ref(x), c.ns, ref(w), ref(b), 1e-5);
+      auto [o_g, m_g, r_g] = k::layer_norm_forward(to_cuda(x), c.ns, to_cuda(w), to_cuda(b), 1e-5);
+      expect_parity(o_c, o_g, t, what + " out");
+      expect_parity(m_c, m_g, dt == DType::f64 ? t : 1e-5, what + " mean");  // stats are f32 for half inputs
+      expect_parity(r_c, r_g, dt == DType::f64 ? t : 1e-4, what + " rstd");
+      Tensor gy = host(c.x, dt, g);
+      auto [dx_c, dw_c, db_c] = k::layer_norm_backward(ref(gy), ref(x), c.ns, m_c, r_c, ref(w));
+      auto [dx_g, dw_g, db_g] = k::layer_norm_backward(to_cuda(gy), to_cuda(x), c.ns, m_g, r_g, to_cuda(w));
+      expect_parity(dx_c, dx_g, t, what + " grad_x");
+      expect_parity(dw_c, dw_g, t, what + " grad_weight");
+      expect_parity(db_c, db_g, t, what + " grad_bias");
+      // Masked backward: only the parameter gradients.
+      auto [nx, mw, mb] = k::layer_norm_backward(to_cuda(gy), to_cuda(x), c.ns, m_g, r_g, to_cuda(w), {false, true, true});
+      EXPECT_FALSE(nx.defined()) << what;
+      expect_parity(dw_c, mw, t, what + " masked grad_weight");
+    }
+}
+
+TEST_F(NnParity, LayerNormFusedMatchesReferenceKernel) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int64_t n : {1, 31, 32, 33, 1000, 5000}) {
+      const int64_t rows = 37;
+      Tensor x = to_cuda(host({rows, n}, dt, g, -1, 3)), w = to_cuda(host({n}, dt, g)), b = to_cuda(host({n}, dt, g));
+      const TensorOptions o{dt, Device::cuda(0)}, so{DType::f32, Device::cuda(0)};
+      Tensor o1 = empty({rows, n}, o), m1 = empty({rows}, so), r1 = empty({rows}, so);
+      Tensor o2 = empty({rows, n}, o), m2 = empty({rows}, so), r2 = empty({rows}, so);
+      k::cuda::layer_norm_forward(x, w, b, 1e-5, o1, m1, r1);
+      k::cuda::layer_norm_forward_reference(x, w, b, 1e-5, o2, m2, r2);
+      const std::string what = "layer_norm fused vs reference n=" + std::to_string(n) + " " + dstr(dt);
+      expect_parity(o2.cpu(), o1, tol_of(dt), what + " out");
+      expect_parity(m2.cpu(), m1, 1e-5, what + " mean");
+      expect_parity(r2.cpu(), r1, 1e-4, what + " rstd");
+    }
+}
+
+// ---------------------------------------------------------------- autograd on CUDA tensors
+
+// A small CNN (conv -> batch norm (training) -> relu -> max pool -> conv (depthwise) -> avg
+// pool -> adaptive avg pool), then a layer norm over the features: the loss and every
+// gradient on CUDA match the CPU in f32.
+TEST_F(NnParity, AutogradOpsRunOnCudaTensors) {
+  Tensor x = host({3, 4, 19, 17}, DType::f32, g), w1 = host({8, 4, 3, 3}, DType::f32, g, -0.3, 0.3);
+  Tensor b1 = host({8}, DType::f32, g), gamma = host({8}, DType::f32, g, 0.5, 1.5), beta = host({8}, DType::f32, g);
+  Tensor w2 = host({8, 1, 3, 3}, DType::f32, g, -0.3, 0.3), lw = host({8 * 2 * 2}, DType::f32, g, 0.5, 1.5);
+  Tensor lb = host({8 * 2 * 2}, DType::f32, g);
+  struct Run {
+    Tensor loss;
+    std::vector<Tensor> leaves;
+    Tensor rm, rv;
+  };
+  auto run = [&](Device dev) {
+    Run r;
+    for (const Tensor& t : {x, w1, b1, gamma, beta, w2, lw, lb}) {
+      Tensor l = raw::to_device(t, dev);
+      l.requires_grad_(true);
+      r.leaves.push_back(l);
+    }
+    r.rm = zeros({8}, {DType::f32, dev});
+    r.rv = ones({8}, {DType::f32, dev});
+    const auto& L = r.leaves;
+    Tensor h = conv2d(L[0], L[1], L[2], 1, 1);
+    h = batch_norm(h, r.rm, r.rv, L[3], L[4], /*training=*/true);
+    h = max_pool2d(relu(h), 3, 2, 1);
+    h = conv2d(h, L[5], Tensor(), 1, 1, 1, /*groups=*/8);
+    h = avg_pool2d(h, 2, std::nullopt, 0, /*ceil_mode=*/true);
+    h = adaptive_avg_pool2d(h, Int2(2, 2));
+    h = layer_norm(h.reshape({3, 32}), {32}, L[6], L[7]);
+    r.loss = sum(mul(h, h));
+    r.loss.backward();
+    return r;
+  };
+  Run c = run(Device::cpu()), gpu = run(Device::cuda(0));
+  expect_parity(c.loss, gpu.loss, 1e-4, "autograd CNN loss");
+  const char* names[] = {"x", "w1", "b1", "gamma", "beta", "w2", "ln weight", "ln bias"};
+  for (size_t i = 0; i < c.leaves.size(); ++i) {
+    ASSERT_TRUE(gpu.leaves[i].grad().defined()) << names[i];
+    expect_parity(c.leaves[i].grad(), gpu.leaves[i].grad(), 1e-3, std::string("autograd CNN grad ") + names[i]);
+  }
+  expect_parity(c.rm, gpu.rm, 1e-4, "autograd CNN running_mean");
+  expect_parity(c.rv, gpu.rv, 1e-4, "autograd CNN running_var");
+}
+
+}  // namespace
+}  // namespace mg
