@@ -8,7 +8,8 @@ bash tools/setup.sh
 CONFIG=()
 [ -n "${CI:-}" ] && CONFIG+=(--config=ci)
 [ -n "${MG_BAZEL_CONFIG:-}" ] && CONFIG+=("--config=${MG_BAZEL_CONFIG}")
-bazel test "${CONFIG[@]}" --jobs="${MG_JOBS:-2}" //... "$@"
-rc=$?
-python3 tools/count_tests.py bazel-testlogs
+log=$(mktemp)
+bazel test "${CONFIG[@]}" --jobs="${MG_JOBS:-2}" //... "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+python3 tools/count_tests.py bazel-testlogs "$log"
 exit $rc
