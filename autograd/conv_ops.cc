@@ -68,14 +68,15 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Int2 st
 
 // ---------------- pooling ----------------
 
-std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Int2 kernel_size, std::optional<Int2> stride,
-                                                  Int2 padding, Int2 dilation, bool ceil_mode) {
-  const kernels::Pool2dArgs args = pool_args(kernel_size, stride, padding, dilation, ceil_mode, true);
+namespace {
+std::pair<Tensor, Tensor> max_pool2d_impl(const Tensor& x, const kernels::Pool2dArgs& args, bool want_indices) {
   Tensor indices;
   Tensor out = batched(x, "max_pool2d", [&](const Tensor& x4) {
-    auto [y, idx] = kernels::max_pool2d(x4, args);
-    indices = x.dim() == 3 ? raw::squeeze(idx, 0) : idx;
-    if (any_requires_grad({x4}))
+    const bool grad = any_requires_grad({x4});
+    // Inference skips the indices altogether.
+    auto [y, idx] = kernels::max_pool2d(x4, args, grad || want_indices);
+    if (want_indices) indices = x.dim() == 3 ? raw::squeeze(idx, 0) : idx;
+    if (grad)
       // The indices are the op's own (never handed out before this), so no version check.
       record("max_pool2d", {x4}, y, [idx = idx, xs = x4.sizes()](const Grads& g) {
         return Grads{kernels::max_pool2d_backward(g[0], idx, xs)};
@@ -84,10 +85,16 @@ std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Int2 kernel_s
   });
   return {out, indices};
 }
+}  // namespace
+
+std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, Int2 kernel_size, std::optional<Int2> stride,
+                                                  Int2 padding, Int2 dilation, bool ceil_mode) {
+  return max_pool2d_impl(x, pool_args(kernel_size, stride, padding, dilation, ceil_mode, true), true);
+}
 
 Tensor max_pool2d(const Tensor& x, Int2 kernel_size, std::optional<Int2> stride, Int2 padding, Int2 dilation,
                   bool ceil_mode) {
-  return max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode).first;
+  return max_pool2d_impl(x, pool_args(kernel_size, stride, padding, dilation, ceil_mode, true), false).first;
 }
 
 Tensor avg_pool2d(const Tensor& x, Int2 kernel_size, std::optional<Int2> stride, Int2 padding, bool ceil_mode,

@@ -224,14 +224,14 @@ Shape pool_out_shape(const char* op, const Shape& x, const Pool2dArgs& a, bool d
 
 }  // namespace
 
-std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dArgs& args) {
+std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dArgs& args, bool return_indices) {
   const char* op = "max_pool2d";
   check_defined(op, x, "input");
   const Device dev = check_device(op, {&x});
   check_floating(op, x, "input");
   const Shape os = pool_out_shape(op, x.sizes(), args, true);
   const DType ct = compute_dtype(dev, x.dtype());
-  Tensor out = empty(os, {ct, dev}), idx = empty(os, {DType::i64, dev});
+  Tensor out = empty(os, {ct, dev}), idx = return_indices ? empty(os, {DType::i64, dev}) : Tensor();
   MG_NN_KERNEL(dev, max_pool2d, prep(x, ct), args, out, idx);
   return {finish(out, x.dtype()), idx};
 }

@@ -52,8 +52,9 @@ struct Pool2dArgs {
   bool count_include_pad = true;  // avg_pool2d only
 };
 // Max over each window -> (values [N, C, Ho, Wo], i64 indices into each H*W plane, like
-// PyTorch's). NaN wins. Padding must be at most half the (dilated) kernel.
-std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dArgs& args);
+// PyTorch's). NaN wins. Padding must be at most half the (dilated) kernel. Without
+// return_indices the indices stay undefined (inference: no i64 tensor twice the output's size).
+std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dArgs& args, bool return_indices = true);
 // Scatters grad_out back to the argmax positions (overlapping windows accumulate).
 Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& x_shape);
 // Mean over each window; the divisor counts padding when count_include_pad (PyTorch rule).

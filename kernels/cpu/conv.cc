@@ -9,6 +9,7 @@
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -118,11 +119,12 @@ void gather_grad(const Geo& g, const T* gout, T* gmat, int64_t grp, int64_t n0, 
       std::memcpy(gmat + o * ld + (n - n0) * g.L, gout + (n * g.O + grp * g.Og + o) * g.L, sizeof(T) * g.L);
 }
 
-// Samples per chunk: keep the column buffer near 16 MiB (f32) so it stays cheap to
-// allocate and mostly cache-resident, but never below one sample.
-int64_t chunk_size(const Geo& g) {
+// Samples per chunk: at most ~4M column elements (16 MiB in f32), and few enough that
+// every worker gets a chunk; never below one sample.
+int64_t chunk_size(const Geo& g, int workers) {
   const int64_t per_sample = std::max<int64_t>(g.K * g.L, 1);
-  return std::clamp<int64_t>((int64_t{4} << 20) / per_sample, 1, std::max<int64_t>(g.N, 1));
+  const int64_t per_worker = (g.N + workers - 1) / workers;
+  return std::clamp<int64_t>((int64_t{4} << 20) / per_sample, 1, std::max<int64_t>(per_worker, 1));
 }
 
 // Runs f(chunk_begin, chunk_end, worker) over the batch in chunks, on up to `workers`
@@ -145,12 +147,11 @@ void for_chunks(int64_t N, int64_t chunk, int workers, F f) {
   for (auto& t : ts) t.join();
 }
 
-// Threads for one conv call: the hardware's, but only when each gets real work (thread
+// Threads for one conv call: all of them, but only when each gets real work (thread
 // start-up costs tens of microseconds).
 int num_workers(const Geo& g) {
-  static const int hw = std::max(1u, std::thread::hardware_concurrency());
   const double flops = 2.0 * g.N * g.O * g.L * g.K;
-  return flops < 4e6 ? 1 : hw;
+  return flops < 4e6 ? 1 : nn_num_threads();
 }
 
 // Per-worker scratch buffers, allocated before any thread starts (the allocator and the
@@ -173,8 +174,8 @@ void forward_t(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2
   const T* pw = static_cast<const T*>(w.raw_data());
   const T* pb = bias.defined() ? static_cast<const T*>(bias.raw_data()) : nullptr;
   T* po = static_cast<T*>(out.raw_data());
-  const int64_t chunk = chunk_size(g);
   const int workers = num_workers(g);
+  const int64_t chunk = chunk_size(g, workers);
   const std::vector<Tensor> cols = workspace<T>(workers, g.K * chunk * g.L), tmp = workspace<T>(workers, g.Og * chunk * g.L);
   for_chunks(g.N, chunk, workers, [&](int64_t n0, int64_t n1, int wkr) {
     const int64_t nl = (n1 - n0) * g.L;
@@ -201,8 +202,8 @@ void backward_input_t(const Tensor& gout, const Tensor& w, const Conv2dArgs& a, 
   const T* pw = static_cast<const T*>(w.raw_data());
   T* pdx = static_cast<T*>(gx.raw_data());
   std::fill(pdx, pdx + gx.numel(), T(0));
-  const int64_t chunk = chunk_size(g);
   const int workers = num_workers(g);
+  const int64_t chunk = chunk_size(g, workers);
   const std::vector<Tensor> dcols = workspace<T>(workers, g.K * chunk * g.L), gmat = workspace<T>(workers, g.Og * chunk * g.L);
   for_chunks(g.N, chunk, workers, [&](int64_t n0, int64_t n1, int wkr) {
     const int64_t nl = (n1 - n0) * g.L;
@@ -221,8 +222,8 @@ void backward_weight_t(const Tensor& gout, const Tensor& x, const Conv2dArgs& a,
   const T* pg = static_cast<const T*>(gout.raw_data());
   const T* px = static_cast<const T*>(x.raw_data());
   T* pdw = static_cast<T*>(gw.raw_data());
-  const int64_t chunk = chunk_size(g);
   const int workers = num_workers(g);
+  const int64_t chunk = chunk_size(g, workers);
   // One accumulator per worker (the weight is shared by every chunk), summed at the end.
   const std::vector<Tensor> cols = workspace<T>(workers, g.K * chunk * g.L), gmat = workspace<T>(workers, g.Og * chunk * g.L);
   std::vector<Tensor> acc = workspace<T>(workers - 1, gw.numel());
@@ -244,6 +245,29 @@ void backward_weight_t(const Tensor& gout, const Tensor& x, const Conv2dArgs& a,
 }
 
 }  // namespace
+
+int nn_num_threads() {
+  static const int n = [] {
+    if (const char* env = std::getenv("MG_NUM_THREADS")) {
+      const int v = std::atoi(env);
+      if (v >= 1) return v;
+    }
+    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }();
+  return n;
+}
+
+void nn_parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& f) {
+  if (n <= 0) return;
+  const int64_t t = std::clamp<int64_t>(n / std::max<int64_t>(grain, 1), 1, nn_num_threads());
+  if (t == 1) return f(0, n);
+  std::vector<std::thread> ts;
+  const int64_t per = (n + t - 1) / t;
+  for (int64_t k = 1; k < t; ++k)
+    if (k * per < n) ts.emplace_back(f, k * per, std::min(n, (k + 1) * per));
+  f(0, std::min(n, per));
+  for (auto& th : ts) th.join();
+}
 
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args, const Tensor& out) {
   if (x.dtype() == DType::f64) return forward_t<double>(x, w, bias, args, out);

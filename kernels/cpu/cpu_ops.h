@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "core/tensor.h"
 #include "kernels/nn_ops.h"
@@ -56,12 +57,17 @@ void index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tenso
 void nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, const Tensor& out);
 
 // ---- convolution, pooling, batch norm (conv.cc, pool.cc, norm.cc) ----
+// Threads these kernels use: $MG_NUM_THREADS if set, else the hardware's (defined in conv.cc).
+int nn_num_threads();
+// Runs f(begin, end) over contiguous slices of [0, n) on up to nn_num_threads() threads,
+// giving each at least `grain` items (one slice on the calling thread when n < 2 * grain).
+void nn_parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& f);
 // nn_ops.cc has validated the arguments and made inputs contiguous NCHW, f32 or f64; outputs
 // are allocated contiguous and fully overwritten.
 void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args, const Tensor& out);
 void conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Conv2dArgs& args, const Tensor& grad_x);
 void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Conv2dArgs& args, const Tensor& grad_w);
-void max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, const Tensor& indices);
+void max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, const Tensor& indices);  // indices may be undefined
 void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_x);
 void avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out);
 void avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& args, const Tensor& grad_x);

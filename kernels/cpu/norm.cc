@@ -1,6 +1,7 @@
 // Batch normalization on the CPU over x viewed as [N, C, S] (S = H*W, or 1 for [N, C]):
 // per-channel statistics in f64 accumulators (two passes: mean, then squared deviations,
 // which stays accurate where E[x^2] - E[x]^2 would cancel), then one fused scale+shift pass.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -24,10 +25,54 @@ T* ptr(const Tensor& t) {
   return t.defined() ? static_cast<T*>(t.raw_data()) : nullptr;
 }
 
-// f(value_ptr, segment_length) over channel c's segments (one contiguous run of S per sample).
-template <class T, class F>
-void for_channel(const NCS& s, T* base, int64_t c, F f) {
-  for (int64_t n = 0; n < s.N; ++n) f(base + (n * s.C + c) * s.S, s.S);
+// Channels per thread: enough that each thread has ~64K values.
+int64_t channel_grain(const NCS& s) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(s.M(), 1)); }
+
+// Channel c's sum of (x - shift) and of (x - shift)^2, in f64. Four independent
+// accumulators per sum let the additions pipeline (one chain would wait on every add).
+template <class T>
+void channel_sums(const NCS& s, const T* x, int64_t c, double shift, double* sum, double* sumsq) {
+  double a[4] = {0, 0, 0, 0}, q[4] = {0, 0, 0, 0};
+  for (int64_t n = 0; n < s.N; ++n) {
+    const T* v = x + (n * s.C + c) * s.S;
+    int64_t k = 0;
+    for (; k + 4 <= s.S; k += 4)
+      for (int u = 0; u < 4; ++u) {
+        const double d = static_cast<double>(v[k + u]) - shift;
+        a[u] += d;
+        q[u] += d * d;
+      }
+    for (; k < s.S; ++k) {
+      const double d = static_cast<double>(v[k]) - shift;
+      a[0] += d;
+      q[0] += d * d;
+    }
+  }
+  *sum = (a[0] + a[1]) + (a[2] + a[3]);
+  *sumsq = (q[0] + q[1]) + (q[2] + q[3]);
+}
+
+// Channel c's sum(g) and sum(g * (x - mean)), in f64, four accumulators each.
+template <class T>
+void grad_sums(const NCS& s, const T* g, const T* x, int64_t c, double mean, double* sum_g, double* sum_gd) {
+  double a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};
+  for (int64_t n = 0; n < s.N; ++n) {
+    const int64_t o = (n * s.C + c) * s.S;
+    int64_t k = 0;
+    for (; k + 4 <= s.S; k += 4)
+      for (int u = 0; u < 4; ++u) {
+        const double gv = g[o + k + u];
+        a[u] += gv;
+        b[u] += gv * (static_cast<double>(x[o + k + u]) - mean);
+      }
+    for (; k < s.S; ++k) {
+      const double gv = g[o + k];
+      a[0] += gv;
+      b[0] += gv * (static_cast<double>(x[o + k]) - mean);
+    }
+  }
+  *sum_g = (a[0] + a[1]) + (a[2] + a[3]);
+  *sum_gd = (b[0] + b[1]) + (b[2] + b[3]);
 }
 
 template <class T>
@@ -49,28 +94,23 @@ void forward_training_t(const Tensor& x, const Tensor& weight, const Tensor& bia
   T *prm = ptr<T>(running_mean), *prv = ptr<T>(running_var);
   T *po = ptr<T>(out), *pm = ptr<T>(save_mean), *pi = ptr<T>(save_invstd);
   const double M = static_cast<double>(s.M());
-  for (int64_t c = 0; c < s.C; ++c) {
-    double sum = 0;
-    for_channel(s, px, c, [&](const T* v, int64_t n) {
-      for (int64_t k = 0; k < n; ++k) sum += v[k];
-    });
-    const double mean = sum / M;
-    double sq = 0;
-    for_channel(s, px, c, [&](const T* v, int64_t n) {
-      for (int64_t k = 0; k < n; ++k) {
-        const double d = v[k] - mean;
-        sq += d * d;
-      }
-    });
-    const double var = sq / M;
-    const double invstd = 1.0 / std::sqrt(var + eps);
-    pm[c] = static_cast<T>(mean);
-    pi[c] = static_cast<T>(invstd);
-    const double scale = (pw ? pw[c] : 1.0) * invstd;
-    normalize_channel(s, px, po, c, scale, (pb ? pb[c] : 0.0) - mean * scale);
-    if (prm) prm[c] = static_cast<T>((1.0 - momentum) * prm[c] + momentum * mean);
-    if (prv) prv[c] = static_cast<T>((1.0 - momentum) * prv[c] + momentum * var * M / (M - 1.0));
-  }
+  nn_parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      // Two passes: the mean, then squared deviations from it (no E[x^2] - E[x]^2 cancellation).
+      double sum, unused, dev, sq;
+      channel_sums(s, px, c, 0.0, &sum, &unused);
+      const double mean = sum / M;
+      channel_sums(s, px, c, mean, &dev, &sq);
+      const double var = std::max(0.0, sq / M - (dev / M) * (dev / M));  // dev ~ 0: rounding of the mean
+      const double invstd = 1.0 / std::sqrt(var + eps);
+      pm[c] = static_cast<T>(mean);
+      pi[c] = static_cast<T>(invstd);
+      const double scale = (pw ? pw[c] : 1.0) * invstd;
+      normalize_channel(s, px, po, c, scale, (pb ? pb[c] : 0.0) - mean * scale);
+      if (prm) prm[c] = static_cast<T>((1.0 - momentum) * prm[c] + momentum * mean);
+      if (prv) prv[c] = static_cast<T>((1.0 - momentum) * prv[c] + momentum * var * M / (M - 1.0));
+    }
+  });
 }
 
 template <class T>
@@ -78,11 +118,13 @@ void forward_eval_t(const Tensor& x, const Tensor& weight, const Tensor& bias, c
                     const Tensor& running_var, double eps, const Tensor& out) {
   const NCS s = ncs(x);
   const T *pw = ptr<T>(weight), *pb = ptr<T>(bias), *prm = ptr<T>(running_mean), *prv = ptr<T>(running_var);
-  for (int64_t c = 0; c < s.C; ++c) {
-    const double invstd = 1.0 / std::sqrt(static_cast<double>(prv[c]) + eps);
-    const double scale = (pw ? pw[c] : 1.0) * invstd;
-    normalize_channel(s, ptr<T>(x), ptr<T>(out), c, scale, (pb ? pb[c] : 0.0) - prm[c] * scale);
-  }
+  nn_parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const double invstd = 1.0 / std::sqrt(static_cast<double>(prv[c]) + eps);
+      const double scale = (pw ? pw[c] : 1.0) * invstd;
+      normalize_channel(s, ptr<T>(x), ptr<T>(out), c, scale, (pb ? pb[c] : 0.0) - prm[c] * scale);
+    }
+  });
 }
 
 template <class T>
@@ -94,30 +136,26 @@ void backward_t(const Tensor& grad_out, const Tensor& x, const Tensor& weight, c
   const T *pm = ptr<T>(mean), *pi = ptr<T>(invstd);
   T *pdx = ptr<T>(grad_x), *pdw = ptr<T>(grad_weight), *pdb = ptr<T>(grad_bias);
   const double M = static_cast<double>(s.M());
-  for (int64_t c = 0; c < s.C; ++c) {
-    const double mu = pm[c], is = pi[c], w = pw ? pw[c] : 1.0;
-    double sum_g = 0, sum_gd = 0;  // sum(g), sum(g * (x - mean))
-    for (int64_t n = 0; n < s.N; ++n) {
-      const int64_t o = (n * s.C + c) * s.S;
-      for (int64_t k = 0; k < s.S; ++k) {
-        sum_g += pg[o + k];
-        sum_gd += pg[o + k] * (px[o + k] - mu);
+  nn_parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const double mu = pm[c], is = pi[c], w = pw ? pw[c] : 1.0;
+      double sum_g, sum_gd;  // sum(g), sum(g * (x - mean))
+      grad_sums(s, pg, px, c, mu, &sum_g, &sum_gd);
+      if (pdw) pdw[c] = static_cast<T>(sum_gd * is);
+      if (pdb) pdb[c] = static_cast<T>(sum_g);
+      if (!pdx) continue;
+      // training: dx = w*is * (g - mean(g) - (x - mu) * is^2 * mean(g * (x - mu)));
+      // eval: the statistics are constants, dx = w*is * g.
+      const T a = static_cast<T>(w * is);
+      const T mg = training ? static_cast<T>(sum_g / M) : T(0);
+      const T k2 = training ? static_cast<T>(is * is * sum_gd / M) : T(0);
+      const T muT = static_cast<T>(mu);
+      for (int64_t n = 0; n < s.N; ++n) {
+        const int64_t o = (n * s.C + c) * s.S;
+        for (int64_t k = 0; k < s.S; ++k) pdx[o + k] = a * (pg[o + k] - mg - (px[o + k] - muT) * k2);
       }
     }
-    if (pdw) pdw[c] = static_cast<T>(sum_gd * is);
-    if (pdb) pdb[c] = static_cast<T>(sum_g);
-    if (!pdx) continue;
-    // training: dx = w*is * (g - mean(g) - (x - mu) * is^2 * mean(g * (x - mu)));
-    // eval: the statistics are constants, dx = w*is * g.
-    const T a = static_cast<T>(w * is);
-    const T mg = training ? static_cast<T>(sum_g / M) : T(0);
-    const T k2 = training ? static_cast<T>(is * is * sum_gd / M) : T(0);
-    const T muT = static_cast<T>(mu);
-    for (int64_t n = 0; n < s.N; ++n) {
-      const int64_t o = (n * s.C + c) * s.S;
-      for (int64_t k = 0; k < s.S; ++k) pdx[o + k] = a * (pg[o + k] - mg - (px[o + k] - muT) * k2);
-    }
-  }
+  });
 }
 
 }  // namespace

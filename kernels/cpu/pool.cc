@@ -3,7 +3,10 @@
 // PyTorch's CPU kernels exactly, so outputs and gradients match it element for element.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 
@@ -25,40 +28,96 @@ T* ptr(const Tensor& t) {
   return static_cast<T*>(t.raw_data());
 }
 
+// Kernel taps k in [lo, hi) whose input position start + k*dil lies in [0, n).
+void tap_range(int64_t start, int64_t k, int64_t dil, int64_t n, int64_t* lo, int64_t* hi) {
+  *lo = start >= 0 ? 0 : (-start + dil - 1) / dil;
+  *hi = start + (k - 1) * dil < n ? k : (start >= n ? 0 : (n - 1 - start) / dil + 1);
+  if (*hi < *lo) *hi = *lo;
+}
+
+// Branch-free select (the argmax position in real data is unpredictable, so a branch
+// would mispredict about every other window).
+template <class T, class U>
+inline T pick(bool c, T a, T b) {
+  U ua, ub;
+  std::memcpy(&ua, &a, sizeof(T));
+  std::memcpy(&ub, &b, sizeof(T));
+  const U m = U(0) - static_cast<U>(c);
+  const U r = (ua & m) | (ub & ~m);
+  T out;
+  std::memcpy(&out, &r, sizeof(T));
+  return out;
+}
+template <class T>
+inline T pick_value(bool c, T a, T b) {
+  return pick<T, std::conditional_t<sizeof(T) == 8, uint64_t, uint32_t>>(c, a, b);
+}
+inline int64_t pick_index(bool c, int64_t a, int64_t b) { return pick<int64_t, uint64_t>(c, a, b); }
+
+// Planes per thread: enough that each thread has ~64K input elements.
+int64_t plane_grain(int64_t plane_elems) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(plane_elems, 1)); }
+
+// One output row at a time, tap by tap (window rows, then columns: PyTorch's visiting
+// order, so ties keep the first position and the last NaN wins). `indices` may be
+// undefined (no autograd): then only the values are computed.
 template <class T>
 void max_pool_t(const Tensor& x, const Pool2dArgs& a, const Tensor& out, const Tensor& indices) {
   const Planes p = planes(x.sizes(), out.sizes());
+  const int64_t sw = a.stride.w, pw = a.padding.w, dw = a.dilation.w, kw = a.kernel.w;
+  // Per output column: its first valid tap (seeds the max); per tap column: the output
+  // columns for which it is inside the input.
+  std::vector<int64_t> jlo(p.Wo), jhi(p.Wo), owlo(kw), owhi(kw);
+  for (int64_t ow = 0; ow < p.Wo; ++ow) tap_range(ow * sw - pw, kw, dw, p.W, &jlo[ow], &jhi[ow]);
+  for (int64_t j = 0; j < kw; ++j) {
+    const int64_t off = j * dw - pw;  // input column = ow * sw + off
+    owlo[j] = off >= 0 ? 0 : (-off + sw - 1) / sw;
+    owhi[j] = p.W - 1 - off < 0 ? 0 : std::min(p.Wo, (p.W - 1 - off) / sw + 1);
+  }
   const T* px = cptr<T>(x);
   T* po = ptr<T>(out);
-  int64_t* pi = ptr<int64_t>(indices);
-  for (int64_t q = 0; q < p.P; ++q) {
-    const T* plane = px + q * p.H * p.W;
-    for (int64_t oh = 0; oh < p.Ho; ++oh) {
-      const int64_t h0 = oh * a.stride.h - a.padding.h;
-      for (int64_t ow = 0; ow < p.Wo; ++ow) {
-        const int64_t w0 = ow * a.stride.w - a.padding.w;
-        T best = -std::numeric_limits<T>::infinity();
-        int64_t arg = -1;
-        for (int64_t i = 0; i < a.kernel.h; ++i) {
-          const int64_t ih = h0 + i * a.dilation.h;
-          if (ih < 0 || ih >= p.H) continue;
-          for (int64_t j = 0; j < a.kernel.w; ++j) {
-            const int64_t iw = w0 + j * a.dilation.w;
-            if (iw < 0 || iw >= p.W) continue;
-            const T v = plane[ih * p.W + iw];
-            // The first valid position wins ties and all -inf windows; NaN propagates
-            // (the last NaN, as in PyTorch).
-            if (arg < 0 || v > best || std::isnan(v)) {
-              best = v;
-              arg = ih * p.W + iw;
+  int64_t* pi = indices.defined() ? ptr<int64_t>(indices) : nullptr;
+  nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      const T* plane = px + q * p.H * p.W;
+      for (int64_t oh = 0; oh < p.Ho; ++oh) {
+        const int64_t h0 = oh * a.stride.h - a.padding.h;
+        int64_t ilo, ihi;
+        tap_range(h0, a.kernel.h, a.dilation.h, p.H, &ilo, &ihi);
+        T* orow = po + (q * p.Ho + oh) * p.Wo;
+        int64_t* irow = pi ? pi + (q * p.Ho + oh) * p.Wo : nullptr;
+        for (int64_t ow = 0; ow < p.Wo; ++ow) {
+          if (ilo >= ihi || jlo[ow] >= jhi[ow]) {  // only dilation can leave a window without input
+            orow[ow] = -std::numeric_limits<T>::infinity();
+            if (irow) irow[ow] = -1;  // the backward skips it
+            continue;
+          }
+          const int64_t first = (h0 + ilo * a.dilation.h) * p.W + ow * sw - pw + jlo[ow] * dw;
+          orow[ow] = plane[first];
+          if (irow) irow[ow] = first;
+        }
+        for (int64_t i = ilo; i < ihi; ++i) {
+          const int64_t rbase = (h0 + i * a.dilation.h) * p.W;
+          const T* row = plane + rbase;
+          for (int64_t j = 0; j < kw; ++j) {
+            const int64_t off = j * dw - pw;
+            if (irow) {
+              for (int64_t ow = owlo[j]; ow < owhi[j]; ++ow) {
+                const T v = row[ow * sw + off], b = orow[ow];
+                const bool take = (v > b) | (v != v);  // NaN propagates (PyTorch: val > max || isnan(val))
+                orow[ow] = pick_value(take, v, b);
+                irow[ow] = pick_index(take, rbase + ow * sw + off, irow[ow]);
+              }
+            } else {
+              for (int64_t ow = owlo[j]; ow < owhi[j]; ++ow) {
+                const T v = row[ow * sw + off], b = orow[ow];
+                orow[ow] = pick_value((v > b) | (v != v), v, b);
+              }
             }
           }
         }
-        po[(q * p.Ho + oh) * p.Wo + ow] = best;
-        pi[(q * p.Ho + oh) * p.Wo + ow] = arg;
       }
     }
-  }
+  });
 }
 
 template <class T>
@@ -69,11 +128,13 @@ void max_pool_backward_t(const Tensor& gout, const Tensor& indices, const Tensor
   T* pd = ptr<T>(gx);
   std::fill(pd, pd + gx.numel(), T(0));
   const int64_t L = p.Ho * p.Wo, HW = p.H * p.W;
-  for (int64_t q = 0; q < p.P; ++q)
-    for (int64_t l = 0; l < L; ++l) {
-      const int64_t k = pi[q * L + l];
-      if (k >= 0 && k < HW) pd[q * HW + k] += pg[q * L + l];
-    }
+  nn_parallel_for(p.P, plane_grain(HW), [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q)
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t k = pi[q * L + l];
+        if (k >= 0 && k < HW) pd[q * HW + k] += pg[q * L + l];
+      }
+  });
 }
 
 // PyTorch's avg-pool window: clipped to the input for summing; the divisor counts the part
@@ -99,17 +160,19 @@ void avg_pool_t(const Tensor& x, const Pool2dArgs& a, const Tensor& out) {
   const Planes p = planes(x.sizes(), out.sizes());
   const T* px = cptr<T>(x);
   T* po = ptr<T>(out);
-  for (int64_t q = 0; q < p.P; ++q) {
-    const T* plane = px + q * p.H * p.W;
-    for (int64_t oh = 0; oh < p.Ho; ++oh)
-      for (int64_t ow = 0; ow < p.Wo; ++ow) {
-        const AvgWindow win = avg_window(a, p.H, p.W, oh, ow);
-        double s = 0;
-        for (int64_t ih = win.h0; ih < win.h1; ++ih)
-          for (int64_t iw = win.w0; iw < win.w1; ++iw) s += plane[ih * p.W + iw];
-        po[(q * p.Ho + oh) * p.Wo + ow] = win.divisor > 0 ? static_cast<T>(s / win.divisor) : T(0);
-      }
-  }
+  nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      const T* plane = px + q * p.H * p.W;
+      for (int64_t oh = 0; oh < p.Ho; ++oh)
+        for (int64_t ow = 0; ow < p.Wo; ++ow) {
+          const AvgWindow win = avg_window(a, p.H, p.W, oh, ow);
+          double s = 0;
+          for (int64_t ih = win.h0; ih < win.h1; ++ih)
+            for (int64_t iw = win.w0; iw < win.w1; ++iw) s += plane[ih * p.W + iw];
+          po[(q * p.Ho + oh) * p.Wo + ow] = win.divisor > 0 ? static_cast<T>(s / win.divisor) : T(0);
+        }
+    }
+  });
 }
 
 template <class T>
@@ -118,17 +181,19 @@ void avg_pool_backward_t(const Tensor& gout, const Pool2dArgs& a, const Tensor& 
   const T* pg = cptr<T>(gout);
   T* pd = ptr<T>(gx);
   std::fill(pd, pd + gx.numel(), T(0));
-  for (int64_t q = 0; q < p.P; ++q) {
-    T* plane = pd + q * p.H * p.W;
-    for (int64_t oh = 0; oh < p.Ho; ++oh)
-      for (int64_t ow = 0; ow < p.Wo; ++ow) {
-        const AvgWindow win = avg_window(a, p.H, p.W, oh, ow);
-        if (win.divisor == 0) continue;
-        const T g = static_cast<T>(pg[(q * p.Ho + oh) * p.Wo + ow] / win.divisor);
-        for (int64_t ih = win.h0; ih < win.h1; ++ih)
-          for (int64_t iw = win.w0; iw < win.w1; ++iw) plane[ih * p.W + iw] += g;
-      }
-  }
+  nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      T* plane = pd + q * p.H * p.W;
+      for (int64_t oh = 0; oh < p.Ho; ++oh)
+        for (int64_t ow = 0; ow < p.Wo; ++ow) {
+          const AvgWindow win = avg_window(a, p.H, p.W, oh, ow);
+          if (win.divisor == 0) continue;
+          const T g = static_cast<T>(pg[(q * p.Ho + oh) * p.Wo + ow] / win.divisor);
+          for (int64_t ih = win.h0; ih < win.h1; ++ih)
+            for (int64_t iw = win.w0; iw < win.w1; ++iw) plane[ih * p.W + iw] += g;
+        }
+    }
+  });
 }
 
 // Adaptive window along one dim: [floor(o*in/out), ceil((o+1)*in/out)).
@@ -140,19 +205,21 @@ void adaptive_avg_t(const Tensor& x, const Tensor& out) {
   const Planes p = planes(x.sizes(), out.sizes());
   const T* px = cptr<T>(x);
   T* po = ptr<T>(out);
-  for (int64_t q = 0; q < p.P; ++q) {
-    const T* plane = px + q * p.H * p.W;
-    for (int64_t oh = 0; oh < p.Ho; ++oh) {
-      const int64_t h0 = start_index(oh, p.Ho, p.H), h1 = end_index(oh, p.Ho, p.H);
-      for (int64_t ow = 0; ow < p.Wo; ++ow) {
-        const int64_t w0 = start_index(ow, p.Wo, p.W), w1 = end_index(ow, p.Wo, p.W);
-        double s = 0;
-        for (int64_t ih = h0; ih < h1; ++ih)
-          for (int64_t iw = w0; iw < w1; ++iw) s += plane[ih * p.W + iw];
-        po[(q * p.Ho + oh) * p.Wo + ow] = static_cast<T>(s / static_cast<double>((h1 - h0) * (w1 - w0)));
+  nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      const T* plane = px + q * p.H * p.W;
+      for (int64_t oh = 0; oh < p.Ho; ++oh) {
+        const int64_t h0 = start_index(oh, p.Ho, p.H), h1 = end_index(oh, p.Ho, p.H);
+        for (int64_t ow = 0; ow < p.Wo; ++ow) {
+          const int64_t w0 = start_index(ow, p.Wo, p.W), w1 = end_index(ow, p.Wo, p.W);
+          double s = 0;
+          for (int64_t ih = h0; ih < h1; ++ih)
+            for (int64_t iw = w0; iw < w1; ++iw) s += plane[ih * p.W + iw];
+          po[(q * p.Ho + oh) * p.Wo + ow] = static_cast<T>(s / static_cast<double>((h1 - h0) * (w1 - w0)));
+        }
       }
     }
-  }
+  });
 }
 
 template <class T>
@@ -161,18 +228,20 @@ void adaptive_avg_backward_t(const Tensor& gout, const Tensor& gx) {
   const T* pg = cptr<T>(gout);
   T* pd = ptr<T>(gx);
   std::fill(pd, pd + gx.numel(), T(0));
-  for (int64_t q = 0; q < p.P; ++q) {
-    T* plane = pd + q * p.H * p.W;
-    for (int64_t oh = 0; oh < p.Ho; ++oh) {
-      const int64_t h0 = start_index(oh, p.Ho, p.H), h1 = end_index(oh, p.Ho, p.H);
-      for (int64_t ow = 0; ow < p.Wo; ++ow) {
-        const int64_t w0 = start_index(ow, p.Wo, p.W), w1 = end_index(ow, p.Wo, p.W);
-        const T g = static_cast<T>(pg[(q * p.Ho + oh) * p.Wo + ow] / static_cast<double>((h1 - h0) * (w1 - w0)));
-        for (int64_t ih = h0; ih < h1; ++ih)
-          for (int64_t iw = w0; iw < w1; ++iw) plane[ih * p.W + iw] += g;
+  nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      T* plane = pd + q * p.H * p.W;
+      for (int64_t oh = 0; oh < p.Ho; ++oh) {
+        const int64_t h0 = start_index(oh, p.Ho, p.H), h1 = end_index(oh, p.Ho, p.H);
+        for (int64_t ow = 0; ow < p.Wo; ++ow) {
+          const int64_t w0 = start_index(ow, p.Wo, p.W), w1 = end_index(ow, p.Wo, p.W);
+          const T g = static_cast<T>(pg[(q * p.Ho + oh) * p.Wo + ow] / static_cast<double>((h1 - h0) * (w1 - w0)));
+          for (int64_t ih = h0; ih < h1; ++ih)
+            for (int64_t iw = w0; iw < w1; ++iw) plane[ih * p.W + iw] += g;
+        }
       }
     }
-  }
+  });
 }
 
 }  // namespace

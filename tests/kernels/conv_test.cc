@@ -206,6 +206,10 @@ TEST(MaxPool2d, DilationAndCeilMode) {
   auto [yc, ic] = k::max_pool2d(x, pool(2, 2, 0, 1, true));  // ceil: a partial last window
   EXPECT_EQ(yc.sizes(), (Shape{1, 1, 3, 3}));
   expect_near(yc, {6, 8, 9, 16, 18, 19, 21, 23, 24});
+  // Dilation can make a window skip the whole input: its max is -inf, and it passes no gradient.
+  auto [ye, ie] = k::max_pool2d(ones({1, 1, 1, 1}), pool(2, 1, 1, 2));
+  expect_near(ye, {-INFINITY});
+  expect_near(k::max_pool2d_backward(ones({1, 1, 1, 1}), ie, {1, 1, 1, 1}), {0});
 }
 
 TEST(AvgPool2d, PaddingDivisorAndBackward) {
