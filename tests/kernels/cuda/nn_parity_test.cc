@@ -223,6 +223,9 @@ TEST_F(NnParity, MaxPool2dForwardIndicesBackward) {
       auto [y_gpu, i_gpu] = k::max_pool2d(to_cuda(x), c.args);
       expect_parity(y_cpu, y_gpu, 0.0, what + " values");  // a max is exact
       expect_equal_i64(i_cpu, i_gpu, what + " indices");
+      auto [y_inf, i_inf] = k::max_pool2d(to_cuda(x), c.args, /*return_indices=*/false);  // inference path
+      EXPECT_FALSE(i_inf.defined()) << what;
+      expect_parity(y_cpu, y_inf, 0.0, what + " values without indices");
       Tensor gy = host(y_cpu.sizes(), dt, g);
       expect_parity(k::max_pool2d_backward(ref(gy), i_cpu, c.x), k::max_pool2d_backward(to_cuda(gy), i_gpu, c.x),
                     tol_of(dt), what + " backward");
