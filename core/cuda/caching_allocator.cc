@@ -95,18 +95,21 @@ CachingAllocator::CachingAllocator(DeviceMemory& device, int device_index)
 
 CachingAllocator::~CachingAllocator() {
   std::lock_guard lock(mutex_);
-  for (Block* b : spare_blocks_) delete b;
-  spare_blocks_.clear();
   try {
     synchronize_and_free_events();
     for (auto& [addr, seg] : segments_) {
-      for (Block* b = seg->head; b;) {
-        Block* next = b->next;
-        delete b;
-        b = next;
-      }
       if (seg->expandable) {
-        if (seg->size > 0) device_.unmap(reinterpret_cast<void*>(seg->addr), seg->size);
+        // Unmap each backed run, then give the address range back.
+        for (Block* b = seg->head; b;) {
+          if (!b->mapped) {
+            b = b->next;
+            continue;
+          }
+          const std::uintptr_t start = b->addr;
+          while (b && b->mapped) b = b->next;
+          const std::uintptr_t end = b ? b->addr : seg->addr + seg->va_size;
+          device_.unmap(reinterpret_cast<void*>(start), end - start);
+        }
         device_.release_address(reinterpret_cast<void*>(seg->addr), seg->va_size);
       } else {
         device_.free(reinterpret_cast<void*>(seg->addr));
@@ -115,6 +118,14 @@ CachingAllocator::~CachingAllocator() {
   } catch (...) {
     // A destructor must not throw; the device is being torn down anyway.
   }
+  for (auto& [addr, seg] : segments_) {
+    for (Block* b = seg->head; b;) {
+      Block* next = b->next;
+      delete b;
+      b = next;
+    }
+  }
+  for (Block* b : spare_blocks_) delete b;
 }
 
 void CachingAllocator::update(StatArray& stat, bool small, std::int64_t delta) {
@@ -148,6 +159,7 @@ void CachingAllocator::delete_block(Block* b) {
   b->event_count = 0;
   b->context = 0;
   b->allocated = b->oversize = b->counted_split = false;
+  b->mapped = true;
   b->stream_uses.clear();  // keeps its capacity for the next record_stream
   spare_blocks_.push_back(b);
 }
@@ -226,9 +238,19 @@ void CachingAllocator::unlink(Block* b) {
 
 // Best fit: the smallest free block of this stream that holds `size`, lowest address first.
 CachingAllocator::Block* CachingAllocator::find_free_block(bool small, StreamId stream,
-                                                           std::size_t size) {
+                                                           std::size_t size, bool strict) {
   BlockSet& set = pool_for(small).blocks;
   auto it = set.lower_bound(BlockKey{stream, size, 0});
+  if (strict && segment_reuse_ratio_ > 0) {
+    // A cached segment that is entirely free was made for a request of its size: keep it whole
+    // for the next one rather than carving a small request out of it (see the docs). Blocks of
+    // expandable segments always have neighbours, so this only skips fixed segments.
+    while (it != set.end() && (*it)->stream == stream && !(*it)->prev && !(*it)->next &&
+           (*it)->size > kLargeBuffer &&
+           static_cast<double>((*it)->size) > segment_reuse_ratio_ * static_cast<double>(size)) {
+      ++it;
+    }
+  }
   if (it == set.end() || (*it)->stream != stream) return nullptr;
   Block* b = *it;
   // Expandable segments split freely, so the oversize rules only guard fixed segments.
@@ -239,6 +261,16 @@ CachingAllocator::Block* CachingAllocator::find_free_block(bool small, StreamId 
     if (size >= max_split_size_ && b->size >= size + kLargeBuffer) return nullptr;
   }
   return b;
+}
+
+// How far reserved memory may grow before new memory is paid for with cached memory:
+// (1 + slack) x the most ever allocated at once, counting the request being served.
+std::size_t CachingAllocator::growth_budget(std::size_t request) const {
+  if (reserved_slack_ < 0) return SIZE_MAX;
+  const auto& a = stats_.allocated_bytes[kAllPools];
+  const std::size_t live = std::max({allocated_hwm_, static_cast<std::size_t>(a.peak),
+                                     static_cast<std::size_t>(a.current) + request});
+  return static_cast<std::size_t>(static_cast<double>(live) * (1.0 + reserved_slack_));
 }
 
 CachingAllocator::Block* CachingAllocator::get_new_memory(bool small, StreamId stream,
@@ -252,8 +284,14 @@ CachingAllocator::Block* CachingAllocator::get_new_memory(bool small, StreamId s
 
 CachingAllocator::Block* CachingAllocator::alloc_segment(bool small, StreamId stream,
                                                          std::size_t seg_size, bool* limit_hit) {
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
-  if (limit_ != 0 && reserved + seg_size > limit_) {
+  // Growing past the budget: first give back entirely free segments too small for this
+  // request (they are what a growing workload leaves behind). Larger ones are kept: they serve
+  // their own size class, and freeing them would only make the next step allocate them again.
+  if (const std::size_t budget = growth_budget(seg_size); reserved() + seg_size > budget) {
+    release_cached(reserved() + seg_size - budget, /*below=*/seg_size);
+  }
+  const std::size_t reserved_now = reserved();
+  if (limit_ != 0 && reserved_now + seg_size > limit_) {
     *limit_hit = true;
     return nullptr;
   }
@@ -283,76 +321,232 @@ CachingAllocator::Block* CachingAllocator::alloc_segment(bool small, StreamId st
   return b;
 }
 
-// One reserved address range per (pool, stream) that grows page by page. A request that doesn't
-// fit extends the free tail block in place, so growing tensors never strand a whole old segment.
-CachingAllocator::Block* CachingAllocator::grow_expandable(bool small, StreamId stream,
-                                                           std::size_t size, bool* limit_hit) {
+// The (pool, stream)'s expandable segment, created on first use: an address range twice the
+// device's memory (address space is cheap, and the slack lets live blocks sit anywhere without
+// boxing in a large request), all of it one unmapped block.
+CachingAllocator::Segment* CachingAllocator::expandable_segment(bool small, StreamId stream,
+                                                               std::size_t size) {
+  if (auto it = expandable_segments_.find({small, stream}); it != expandable_segments_.end()) {
+    return it->second;
+  }
   const std::size_t gran = device_.granularity();
   const std::size_t page = round_up(small ? kSmallBuffer : kLargeBuffer, gran);
-  auto found = expandable_segments_.find({small, stream});
-  Segment* seg = found == expandable_segments_.end() ? nullptr : found->second;
-  Block* tail = nullptr;
-  for (Block* b = seg ? seg->head : nullptr; b; b = b->next) tail = b;
-  const std::size_t avail = tail && tail->is_free() ? tail->size : 0;
-  if (avail >= size) return tail;
-  const std::size_t need = round_up(size - avail, page);
-
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
-  if (limit_ != 0 && reserved + need > limit_) {
-    *limit_hit = true;
-    return nullptr;
-  }
-  std::unique_ptr<Segment> fresh;
-  if (!seg) {
-    std::size_t free_bytes = 0, total = 0;
-    device_.mem_get_info(&free_bytes, &total);
-    // Address space is cheap: reserve the whole device so the segment never has to move.
-    const std::size_t va = round_up(std::max(total, need), page);
-    void* base = device_.reserve_address(va);
-    if (!base) return nullptr;
-    fresh = std::make_unique<Segment>();
-    fresh->addr = reinterpret_cast<std::uintptr_t>(base);
-    fresh->va_size = va;
-    fresh->page = page;
-    fresh->stream = stream;
-    fresh->small = small;
-    fresh->expandable = true;
-    seg = fresh.get();
-  }
-  if (seg->size + need > seg->va_size ||
-      !device_.map(reinterpret_cast<void*>(seg->addr + seg->size), need)) {
-    if (fresh) device_.release_address(reinterpret_cast<void*>(fresh->addr), fresh->va_size);
-    return nullptr;
-  }
-  ++stats_.num_device_alloc;
-  update(stats_.reserved_bytes, small, static_cast<std::int64_t>(need));
-  const std::uintptr_t old_end = seg->addr + seg->size;
-  if (history_enabled_) {
-    trace(TraceAction::kSegmentMap, old_end, need, stream, AllocationContext::current_id());
-  }
-  seg->size += need;
-  if (fresh) {
-    update(stats_.segment, small, 1);
-    expandable_segments_[{small, stream}] = seg;
-    segments_[seg->addr] = std::move(fresh);
-  }
-  if (tail && tail->is_free()) {
-    pool_update(tail, tail->addr, tail->size + need);
-    return tail;
-  }
+  std::size_t free_bytes = 0, total = 0;
+  device_.mem_get_info(&free_bytes, &total);
+  const std::size_t va = round_up(std::max(2 * total, size), page);
+  void* base = device_.reserve_address(va);
+  if (!base) return nullptr;
+  auto seg = std::make_unique<Segment>();
+  seg->addr = reinterpret_cast<std::uintptr_t>(base);
+  seg->va_size = va;
+  seg->gran = gran;
+  seg->page = page;
+  seg->stream = stream;
+  seg->small = small;
+  seg->expandable = true;
   Block* b = new_block();
-  b->addr = old_end;
-  b->size = need;
+  b->addr = seg->addr;
+  b->size = va;
   b->stream = stream;
-  b->segment = seg;
-  b->prev = tail;
-  if (tail) {
-    tail->next = b;
-  } else {
-    seg->head = b;
+  b->segment = seg.get();
+  b->mapped = false;
+  seg->head = b;
+  Segment* raw = seg.get();
+  update(stats_.segment, small, 1);
+  expandable_segments_[{small, stream}] = raw;
+  segments_[raw->addr] = std::move(seg);
+  return raw;
+}
+
+// Called when an expandable segment has nothing mapped any more: one unmapped block is left.
+void CachingAllocator::release_expandable(Segment* s) {
+  device_.release_address(reinterpret_cast<void*>(s->addr), s->va_size);
+  update(stats_.segment, s->small, -1);
+  for (Block* b = s->head; b;) {
+    Block* next = b->next;
+    delete_block(b);
+    b = next;
   }
-  pool_insert(b);
-  return b;
+  expandable_segments_.erase({s->small, s->stream});
+  segments_.erase(s->addr);
+}
+
+// Makes room for `size` bytes in the (pool, stream)'s expandable segment by mapping pages into
+// the run of free address space that needs the fewest new pages: a hole left by freed (and
+// unmapped) blocks, or the unmapped end. Returns the pooled free block that holds the request.
+CachingAllocator::Block* CachingAllocator::grow_expandable(bool small, StreamId stream,
+                                                           std::size_t size, bool* limit_hit) {
+  Segment* seg = expandable_segment(small, stream, size);
+  if (!seg) return nullptr;
+  // Pages to map when the request takes `take` bytes from the start of unmapped block c. The
+  // unmapped end of the range grows by whole pages (fewer, larger map calls); holes by granules.
+  auto map_bytes = [seg](const Block* c, std::size_t take) {
+    const std::size_t unit = c->next ? seg->gran : seg->page;
+    return std::min(c->size, round_up(take, unit));
+  };
+  Block* start = nullptr;
+  std::uintptr_t run_end = 0;
+  std::size_t to_map = SIZE_MAX;
+  for (Block* b = seg->head; b; b = b->next) {
+    if (!b->is_free() || (b->prev && b->prev->is_free())) continue;  // runs start here only
+    std::size_t have = 0, m = 0;
+    Block* c = b;
+    for (; c && c->is_free(); c = c->next) {
+      if (have < size) {
+        const std::size_t take = std::min(c->size, size - have);
+        if (!c->mapped) m += map_bytes(c, take);
+        have += take;
+      }
+    }
+    if (have >= size && m < to_map) {
+      start = b;
+      run_end = c ? c->addr : seg->addr + seg->va_size;
+      to_map = m;
+    }
+  }
+  auto give_up = [&]() -> Block* {
+    growing_ = nullptr;
+    if (seg->size == 0) release_expandable(seg);
+    return nullptr;
+  };
+  if (!start) return give_up();  // no run of address space is long enough
+  // Pay for the new pages with free pages elsewhere (never from the run we are about to use)
+  // when mapping would exceed the limit or the growth budget.
+  std::size_t over = 0;
+  if (limit_ != 0 && reserved() + to_map > limit_) over = reserved() + to_map - limit_;
+  if (const std::size_t budget = growth_budget(size); reserved() + to_map > budget) {
+    over = std::max(over, reserved() + to_map - budget);
+  }
+  growing_ = seg;  // reclaiming must not release the segment we are about to map into
+  if (over > 0) reclaim_pages(over, start->addr, run_end);
+  if (limit_ != 0 && reserved() + to_map > limit_) {
+    *limit_hit = true;
+    return give_up();
+  }
+  const std::uintptr_t lo = start->addr, hi = lo + size;
+  Block* result = start->mapped ? start : nullptr;
+  for (Block* c = start; c && c->addr < hi;) {
+    if (c->mapped) {
+      c = c->next;
+      continue;
+    }
+    const std::size_t bytes = map_bytes(c, std::min(c->size, hi - c->addr));
+    if (!device_.map(reinterpret_cast<void*>(c->addr), bytes)) return give_up();
+    ++stats_.num_device_alloc;
+    update(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
+    seg->size += bytes;
+    if (history_enabled_) {
+      trace(TraceAction::kSegmentMap, c->addr, bytes, stream, AllocationContext::current_id());
+    }
+    if (bytes < c->size) {  // the rest stays unmapped
+      Block* rest = new_block();
+      rest->addr = c->addr + bytes;
+      rest->size = c->size - bytes;
+      rest->stream = stream;
+      rest->segment = seg;
+      rest->mapped = false;
+      rest->prev = c;
+      rest->next = c->next;
+      if (c->next) c->next->prev = rest;
+      c->next = rest;
+      c->size = bytes;
+    }
+    c->mapped = true;
+    result = insert_free(c);  // merges with the free blocks before it
+    c = result->next;
+  }
+  growing_ = nullptr;
+  return result;
+}
+
+// Unmaps the whole free pages of pooled block b in an expandable segment, at most max_bytes of
+// them (taken from the top, so the rest of the block stays usable). Returns the bytes unmapped.
+// May release the segment when nothing in it stays mapped.
+std::size_t CachingAllocator::unmap_free_pages(Block* b, std::size_t max_bytes) {
+  Segment* s = b->segment;
+  const std::uintptr_t end = b->end();
+  std::uintptr_t lo = s->addr + round_up(b->addr - s->addr, s->gran);
+  const std::uintptr_t hi = s->addr + (end - s->addr) / s->gran * s->gran;
+  if (hi <= lo || max_bytes == 0) return 0;
+  if (hi - lo > max_bytes) lo = hi - round_up(max_bytes, s->gran);
+  const std::size_t bytes = hi - lo;
+  device_.unmap(reinterpret_cast<void*>(lo), bytes);
+  ++stats_.num_device_free;
+  update(stats_.reserved_bytes, s->small, -static_cast<std::int64_t>(bytes));
+  s->size -= bytes;
+  if (history_enabled_) {
+    trace(TraceAction::kSegmentUnmap, lo, bytes, s->stream, AllocationContext::current_id());
+  }
+  auto insert_after = [](Block* at, Block* nb) {
+    nb->prev = at;
+    nb->next = at->next;
+    if (at->next) at->next->prev = nb;
+    at->next = nb;
+  };
+  auto make = [&](std::uintptr_t addr, std::size_t size, bool mapped) {
+    Block* nb = new_block();
+    nb->addr = addr;
+    nb->size = size;
+    nb->stream = b->stream;
+    nb->segment = s;
+    nb->mapped = mapped;
+    return nb;
+  };
+  Block* top = nullptr;  // [hi, end) stays mapped and free
+  if (hi < end) {
+    top = make(hi, end - hi, true);
+    insert_after(b, top);
+  }
+  Block* u;
+  if (lo > b->addr) {
+    u = make(lo, bytes, false);
+    insert_after(b, u);
+    pool_update(b, b->addr, lo - b->addr);
+  } else {
+    pool_erase(b);
+    b->mapped = false;
+    b->size = bytes;
+    u = b;
+  }
+  if (top) pool_insert(top);
+  if (u->prev && !u->prev->mapped) {  // join neighbouring unmapped ranges
+    Block* p = u->prev;
+    p->size += u->size;
+    unlink(u);
+    delete_block(u);
+    u = p;
+  }
+  if (u->next && !u->next->mapped) {
+    Block* n = u->next;
+    u->size += n->size;
+    unlink(n);
+    delete_block(n);
+  }
+  if (s->size == 0 && s != growing_) release_expandable(s);
+  return bytes;
+}
+
+// Unmaps at least `need` bytes of free pages from expandable segments (largest free blocks
+// first, fewest calls), leaving alone the blocks in [keep_lo, keep_hi). Returns the bytes.
+std::size_t CachingAllocator::reclaim_pages(std::size_t need, std::uintptr_t keep_lo,
+                                            std::uintptr_t keep_hi) {
+  std::vector<std::pair<std::size_t, Block*>> candidates;
+  for (const auto& [key, s] : expandable_segments_) {
+    for (Block* b = s->head; b; b = b->next) {
+      if (!b->pooled() || (b->addr < keep_hi && b->end() > keep_lo)) continue;
+      const std::uintptr_t lo = s->addr + round_up(b->addr - s->addr, s->gran);
+      const std::uintptr_t hi = s->addr + (b->end() - s->addr) / s->gran * s->gran;
+      if (hi > lo) candidates.emplace_back(hi - lo, b);
+    }
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [](const auto& x, const auto& y) { return x.first > y.first; });
+  std::size_t freed = 0;
+  for (const auto& [bytes, b] : candidates) {
+    if (freed >= need) break;
+    freed += unmap_free_pages(b, need - freed);
+  }
+  return freed;
 }
 
 // How much cached memory must go back before `want` more bytes can be reserved: whatever the
@@ -360,8 +554,8 @@ CachingAllocator::Block* CachingAllocator::grow_expandable(bool small, StreamId 
 // is fragmented), at least `want`.
 std::size_t CachingAllocator::bytes_to_release(std::size_t want) {
   std::size_t needed = 0;
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
-  if (limit_ != 0 && reserved + want > limit_) needed = reserved + want - limit_;
+  const std::size_t reserved_now = reserved();
+  if (limit_ != 0 && reserved_now + want > limit_) needed = reserved_now + want - limit_;
   std::size_t free_bytes = 0, total = 0;
   device_.mem_get_info(&free_bytes, &total);
   if (want > free_bytes) needed = std::max(needed, want - free_bytes);
@@ -370,22 +564,24 @@ std::size_t CachingAllocator::bytes_to_release(std::size_t want) {
 
 std::size_t CachingAllocator::releasable_bytes(const Segment& s) const {
   if (!s.expandable) return s.head && !s.head->next && s.head->is_free() ? s.size : 0;
-  Block* tail = nullptr;
-  for (Block* b = s.head; b; b = b->next) tail = b;
-  if (!tail || !tail->is_free()) return 0;
-  const std::uintptr_t start = s.addr + round_up(tail->addr - s.addr, s.page);
-  const std::uintptr_t end = s.addr + s.size;
-  return end > start ? end - start : 0;
+  std::size_t bytes = 0;
+  for (const Block* b = s.head; b; b = b->next) {
+    if (!b->pooled()) continue;
+    const std::uintptr_t lo = s.addr + round_up(b->addr - s.addr, s.gran);
+    const std::uintptr_t hi = s.addr + (b->end() - s.addr) / s.gran * s.gran;
+    if (hi > lo) bytes += hi - lo;
+  }
+  return bytes;
 }
 
-// Frees whole free segments (and free tail pages of expandable ones). With a target, it frees
+// Frees whole free segments (and the free pages of expandable ones). With a target, it frees
 // the smallest single segment that covers it, else the largest ones until covered: that keeps
 // as much cache as possible while still making room. SIZE_MAX frees everything.
-std::size_t CachingAllocator::release_cached(std::size_t needed) {
+std::size_t CachingAllocator::release_cached(std::size_t needed, std::size_t below) {
   std::vector<std::pair<std::size_t, Segment*>> candidates;
   for (auto& [addr, seg] : segments_) {
     const std::size_t r = releasable_bytes(*seg);
-    if (r > 0) candidates.emplace_back(r, seg.get());
+    if (r > 0 && (seg->expandable || seg->size < below)) candidates.emplace_back(r, seg.get());
   }
   std::sort(candidates.begin(), candidates.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -421,30 +617,12 @@ std::size_t CachingAllocator::release_segment(Segment* s) {
     segments_.erase(addr);
     return size;
   }
-  Block* tail = nullptr;
-  for (Block* b = s->head; b; b = b->next) tail = b;
-  const std::uintptr_t start = addr + round_up(tail->addr - addr, s->page);
-  const std::size_t bytes = addr + s->size - start;
-  device_.unmap(reinterpret_cast<void*>(start), bytes);
-  ++stats_.num_device_free;
-  update(stats_.reserved_bytes, small, -static_cast<std::int64_t>(bytes));
-  if (history_enabled_) {
-    trace(TraceAction::kSegmentUnmap, start, bytes, s->stream, AllocationContext::current_id());
+  std::vector<Block*> free_blocks;
+  for (Block* b = s->head; b; b = b->next) {
+    if (b->pooled()) free_blocks.push_back(b);
   }
-  if (start == tail->addr) {
-    pool_erase(tail);
-    unlink(tail);
-    delete_block(tail);
-  } else {
-    pool_update(tail, tail->addr, start - tail->addr);
-  }
-  s->size -= bytes;
-  if (s->size == 0) {
-    device_.release_address(reinterpret_cast<void*>(addr), s->va_size);
-    update(stats_.segment, small, -1);
-    expandable_segments_.erase({small, s->stream});
-    segments_.erase(addr);
-  }
+  std::size_t bytes = 0;
+  for (Block* b : free_blocks) bytes += unmap_free_pages(b, SIZE_MAX);  // may release s
   return bytes;
 }
 
@@ -503,16 +681,20 @@ void* CachingAllocator::allocate(std::size_t bytes, StreamId stream) {
   const std::size_t size = round_size(bytes);
   const bool small = size <= kSmallSize;
   if (Block* b = find_free_block(small, stream, size)) return take_block(b, size, bytes);
-  bool limit_hit = false;
-  Block* b = get_new_memory(small, stream, size, &limit_hit);
-  bool retried = false;
-  if (!b) {
-    // A request larger than the device or the limit can never fit: flushing the cache for it
-    // would only make the caller's next, smaller attempt slower.
+  {
+    // A request larger than the device or the limit can never fit: giving back cache for it
+    // (growth budget, retry) would only make the caller's next, smaller attempt slower.
     std::size_t free_bytes = 0, total = 0;
     device_.mem_get_info(&free_bytes, &total);
-    if (size > total || (limit_ != 0 && size > limit_)) throw_oom(bytes, size, stream, limit_hit);
+    if (size > total || (limit_ != 0 && size > limit_)) {
+      throw_oom(bytes, size, stream, limit_ != 0 && reserved() + size > limit_);
+    }
   }
+  bool limit_hit = false;
+  Block* b = get_new_memory(small, stream, size, &limit_hit);
+  // Rather than fail or flush the cache, carve the request out of a segment kept whole.
+  if (!b) b = find_free_block(small, stream, size, /*strict=*/false);
+  bool retried = false;
   if (!b) {
     // First give back only what is missing, keeping the rest of the cache warm.
     const bool vm = expandable_ && device_.supports_virtual_memory();
@@ -527,7 +709,7 @@ void* CachingAllocator::allocate(std::size_t bytes, StreamId stream) {
   if (!b) {
     // Then wait for every pending free and give back everything.
     synchronize_and_free_events();
-    b = find_free_block(small, stream, size);
+    b = find_free_block(small, stream, size, /*strict=*/false);
     if (!b && release_cached(SIZE_MAX) > 0) {
       if (!retried) ++stats_.num_alloc_retries;
       b = get_new_memory(small, stream, size, &limit_hit);
@@ -587,13 +769,18 @@ void CachingAllocator::free_block(Block* b) {
   if (history_enabled_) trace(TraceAction::kFreeCompleted, b->addr, b->size, b->stream, b->context);
   b->requested = 0;
   b->context = 0;
-  // Merge with free neighbours. A neighbour already in the pool absorbs b (and keeps its place
-  // in the pool when the order allows), so freeing a block carved from a free one is cheap.
-  Block* p = b->prev && b->prev->is_free() ? b->prev : nullptr;
-  Block* n = b->next && b->next->is_free() ? b->next : nullptr;
+  insert_free(b);
+}
+
+// Puts free, mapped, unpooled block b into its pool, merged with free neighbours. A neighbour
+// already in the pool absorbs b (and keeps its place in the pool when the order allows), so
+// freeing a block carved from a free one is cheap. Returns the pooled block.
+CachingAllocator::Block* CachingAllocator::insert_free(Block* b) {
+  Block* p = b->prev && b->prev->pooled() ? b->prev : nullptr;
+  Block* n = b->next && b->next->pooled() ? b->next : nullptr;
   if (!p && !n) {
     pool_insert(b);
-    return;
+    return b;
   }
   std::uintptr_t addr = b->addr;
   std::size_t size = b->size;
@@ -608,6 +795,7 @@ void CachingAllocator::free_block(Block* b) {
   Block* keep = p ? p : n;
   if (p) addr = p->addr;
   pool_update(keep, addr, size + keep->size);
+  return keep;
 }
 
 void CachingAllocator::record_stream(void* ptr, StreamId stream) {

@@ -27,6 +27,10 @@ inline constexpr std::size_t kSmallBuffer = std::size_t{2} << 20;  // small-pool
 inline constexpr std::size_t kLargeBuffer = std::size_t{20} << 20;  // segment for 1-10 MiB
 inline constexpr std::size_t kMinLargeAlloc = std::size_t{10} << 20;
 inline constexpr std::size_t kRoundLarge = std::size_t{2} << 20;  // segment rounding above 10 MiB
+// memgrad's fragmentation policies (not in PyTorch), see set_reserved_slack and
+// set_segment_reuse_ratio.
+inline constexpr double kDefaultReservedSlack = 0.02;
+inline constexpr double kDefaultSegmentReuseRatio = 8.0;
 
 // One counter, tracked PyTorch-style: current value, high-water mark, and totals of increases
 // ("allocated") and decreases ("freed") since the last reset.
@@ -109,10 +113,22 @@ class CachingAllocator {
   // Settings (apply to segments created afterwards).
   // Expandable segments need DeviceMemory::supports_virtual_memory(); otherwise ignored.
   void set_expandable_segments(bool enabled);
+  // Growth budget (beyond PyTorch; docs/caching_allocator.md "Keeping reserved close to
+  // allocated"): when a request needs new device memory and reserved would exceed
+  // (1 + slack) x the most ever allocated, cached memory pays for it first: expandable
+  // segments unmap free pages, fixed segments free entirely free segments smaller than the new
+  // one. Default 0.02; a negative value turns it off (PyTorch: cache is only freed on OOM).
+  void set_reserved_slack(double slack);
+  // Fixed segments: a request may split an entirely free cached segment larger than 20 MiB only
+  // if that segment is at most `ratio` times the request; otherwise it gets its own segment
+  // (and still takes the big one when the device or the limit refuses). Default 8; 0 turns
+  // it off (PyTorch's plain best fit).
+  void set_segment_reuse_ratio(double ratio);
   // Blocks >= this are never split, and small requests never take them. > 20 MiB, or SIZE_MAX.
   void set_max_split_size(std::size_t bytes);
   // PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax, e.g. "expandable_segments:True,max_split_size_mb:128".
-  // Also understands per_process_memory_fraction:0.5. Unknown keys raise mg::ValueError.
+  // Also understands per_process_memory_fraction:0.5, reserved_slack:0.02 and
+  // segment_reuse_ratio:8. Unknown keys raise mg::ValueError.
   void configure(const std::string& config);
 
   // --- torch.cuda-style accessors ---
@@ -176,17 +192,25 @@ class CachingAllocator {
     int event_count = 0;           // outstanding events before reuse
     std::uint32_t context = 0;     // AllocationContext::current_id() at allocate()
     bool allocated = false;
+    bool mapped = true;            // false: unbacked address range of an expandable segment
     bool oversize = false;         // counted in oversize_allocations
     bool counted_split = false;    // counted in inactive_split while in the pool
     std::vector<StreamId> stream_uses;
     BlockSet::iterator pool_it;    // where it sits in its pool; valid only while pooled
     bool is_free() const { return !allocated && event_count == 0; }
+    // Free and backed: exactly the blocks that sit in a pool.
+    bool pooled() const { return mapped && !allocated && event_count == 0; }
+    std::uintptr_t end() const { return addr + size; }
   };
+  // A fixed segment is one device allocation. An expandable segment is a reserved address range
+  // that blocks tile completely; each block is mapped (backed) or not, so free pages anywhere in
+  // it can be given back and the range grows wherever the cheapest free run is.
   struct Segment {
     std::uintptr_t addr = 0;
-    std::size_t size = 0;       // backed bytes (mapped prefix for expandable)
+    std::size_t size = 0;       // backed bytes (what counts as reserved)
     std::size_t va_size = 0;    // reserved address range (expandable only)
-    std::size_t page = 0;       // mapping unit (expandable only)
+    std::size_t gran = 0;       // device mapping granularity (expandable only)
+    std::size_t page = 0;       // mapping unit when growing into the end (expandable only)
     StreamId stream = kDefaultStream;
     bool small = false;
     bool expandable = false;
@@ -239,12 +263,21 @@ class CachingAllocator {
   void pool_update(Block* b, std::uintptr_t addr, std::size_t size);
   void count_split(Block* b);
   void uncount_split(Block* b);
-  Block* find_free_block(bool small, StreamId stream, std::size_t size);
+  Block* find_free_block(bool small, StreamId stream, std::size_t size, bool strict = true);
+  std::size_t growth_budget(std::size_t request) const;
   Block* get_new_memory(bool small, StreamId stream, std::size_t size, bool* limit_hit);
   Block* alloc_segment(bool small, StreamId stream, std::size_t size, bool* limit_hit);
   Block* grow_expandable(bool small, StreamId stream, std::size_t size, bool* limit_hit);
+  Segment* expandable_segment(bool small, StreamId stream, std::size_t size);
+  std::size_t unmap_free_pages(Block* b, std::size_t max_bytes);
+  std::size_t reclaim_pages(std::size_t need, std::uintptr_t keep_lo, std::uintptr_t keep_hi);
+  void release_expandable(Segment* s);
+  Block* insert_free(Block* b);
+  std::size_t reserved() const {
+    return static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
+  }
   std::size_t bytes_to_release(std::size_t want);
-  std::size_t release_cached(std::size_t needed);
+  std::size_t release_cached(std::size_t needed, std::size_t below = SIZE_MAX);
   std::size_t releasable_bytes(const Segment& s) const;
   std::size_t release_segment(Segment* s);
   bool should_split(const Block* b, std::size_t size) const;
@@ -288,6 +321,12 @@ class CachingAllocator {
   double fraction_ = 0.0;  // what set_memory_fraction asked, for messages
   bool expandable_ = false;
   std::size_t max_split_size_ = SIZE_MAX;
+  double reserved_slack_ = kDefaultReservedSlack;        // < 0: off
+  double segment_reuse_ratio_ = kDefaultSegmentReuseRatio;  // 0: off
+  // The most ever allocated at once, kept across reset_peak_memory_stats (which only resets
+  // what users see): the growth budget is measured against it.
+  std::size_t allocated_hwm_ = 0;
+  Segment* growing_ = nullptr;  // the expandable segment grow_expandable is working on
 
   bool history_enabled_ = false;
   std::size_t history_max_ = 0;

@@ -56,6 +56,8 @@ std::size_t CachingAllocator::max_memory_reserved() const {
 
 void CachingAllocator::reset_peak_memory_stats() {
   std::lock_guard lock(mutex_);
+  allocated_hwm_ = std::max(allocated_hwm_,
+                            static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].peak));
   for_each_stat_array(stats_, reset_peak);
 }
 
@@ -207,28 +209,36 @@ MemorySnapshot CachingAllocator::snapshot_locked() const {
   MemorySnapshot snap;
   snap.device = device_index_;
   snap.device_name = device_.name();
+  // Like PyTorch, an expandable segment shows up as one segment per run of mapped blocks, so
+  // every listed segment is backed memory that its blocks tile exactly.
   for (const auto& [addr, seg] : segments_) {
-    SegmentInfo si;
-    si.address = seg->addr;
-    si.total_size = seg->size;
-    si.stream = seg->stream;
-    si.is_small = seg->small;
-    si.expandable = seg->expandable;
-    for (const Block* b = seg->head; b; b = b->next) {
-      BlockInfo bi;
-      bi.address = b->addr;
-      bi.size = b->size;
-      bi.requested_size = b->requested;
-      bi.context = AllocationContext::name(b->context);
-      bi.state = b->allocated ? BlockState::kActiveAllocated
-                 : b->event_count > 0 ? BlockState::kActivePendingFree
-                                      : BlockState::kInactive;
-      if (b->allocated) si.allocated_size += b->size;
-      if (bi.state != BlockState::kInactive) si.active_size += b->size;
-      si.requested_size += b->requested;
-      si.blocks.push_back(std::move(bi));
+    for (const Block* b = seg->head; b;) {
+      if (!b->mapped) {
+        b = b->next;
+        continue;
+      }
+      SegmentInfo si;
+      si.address = b->addr;
+      si.stream = seg->stream;
+      si.is_small = seg->small;
+      si.expandable = seg->expandable;
+      for (; b && b->mapped; b = b->next) {
+        BlockInfo bi;
+        bi.address = b->addr;
+        bi.size = b->size;
+        bi.requested_size = b->requested;
+        bi.context = AllocationContext::name(b->context);
+        bi.state = b->allocated ? BlockState::kActiveAllocated
+                   : b->event_count > 0 ? BlockState::kActivePendingFree
+                                        : BlockState::kInactive;
+        if (b->allocated) si.allocated_size += b->size;
+        if (bi.state != BlockState::kInactive) si.active_size += b->size;
+        si.requested_size += b->requested;
+        si.total_size += b->size;
+        si.blocks.push_back(std::move(bi));
+      }
+      snap.segments.push_back(std::move(si));
     }
-    snap.segments.push_back(std::move(si));
   }
   snap.history.assign(history_.begin(), history_.end());
   snap.history_dropped = history_dropped_;
@@ -326,6 +336,19 @@ void CachingAllocator::set_expandable_segments(bool enabled) {
   expandable_ = enabled;
 }
 
+void CachingAllocator::set_reserved_slack(double slack) {
+  MG_CHECK(!std::isnan(slack), ValueError, "set_reserved_slack: slack must be a number");
+  std::lock_guard lock(mutex_);
+  reserved_slack_ = slack;
+}
+
+void CachingAllocator::set_segment_reuse_ratio(double ratio) {
+  MG_CHECK(ratio == 0.0 || ratio >= 1.0, ValueError,
+           "set_segment_reuse_ratio: ratio must be 0 (off) or >= 1, got ", ratio);
+  std::lock_guard lock(mutex_);
+  segment_reuse_ratio_ = ratio;
+}
+
 void CachingAllocator::set_max_split_size(std::size_t bytes) {
   MG_CHECK(bytes > kLargeBuffer, ValueError, "set_max_split_size: must be > ",
            format_bytes(kLargeBuffer), " (the 1-10 MiB segment size), got ", format_bytes(bytes));
@@ -368,6 +391,15 @@ void CachingAllocator::configure(const std::string& config) {
       MG_CHECK(value == "True" || value == "False" || value == "true" || value == "false", ValueError,
                "CachingAllocator::configure: expandable_segments must be True or False, got '", value, "'");
       set_expandable_segments(value == "True" || value == "true");
+    } else if (key == "reserved_slack" || key == "segment_reuse_ratio") {
+      const double v = std::strtod(value.c_str(), &rest);
+      MG_CHECK(*rest == '\0' && !value.empty(), ValueError, "CachingAllocator::configure: ", key,
+               " must be a number, got '", value, "'");
+      if (key == "reserved_slack") {
+        set_reserved_slack(v);
+      } else {
+        set_segment_reuse_ratio(v);
+      }
     } else if (key == "max_split_size_mb") {
       const double mb = std::strtod(value.c_str(), &rest);
       MG_CHECK(*rest == '\0' && !value.empty() && mb > 0, ValueError,
@@ -380,7 +412,8 @@ void CachingAllocator::configure(const std::string& config) {
       set_memory_fraction(fr);
     } else {
       MG_THROW(ValueError, "CachingAllocator::configure: unknown option '", key,
-               "' (known: expandable_segments, max_split_size_mb, per_process_memory_fraction)");
+               "' (known: expandable_segments, max_split_size_mb, per_process_memory_fraction, "
+               "reserved_slack, segment_reuse_ratio)");
     }
   }
 }
@@ -404,6 +437,7 @@ void CachingAllocator::check_invariants() const {
     add(seg_n, seg->small, 1);
     add(seg_b, seg->small, static_cast<std::int64_t>(seg->size));
     std::uintptr_t cursor = seg->addr;
+    std::size_t mapped = 0;
     const Block* prev = nullptr;
     for (const Block* b = seg->head; b; prev = b, b = b->next) {
       if (b->segment != seg.get() || b->prev != prev) fail("bad links at block ", b->addr);
@@ -411,9 +445,21 @@ void CachingAllocator::check_invariants() const {
       if (b->size % kMinBlockSize != 0) fail("unaligned block size ", b->size);
       if (b->stream != seg->stream) fail("block stream differs from its segment's");
       cursor += b->size;
-      if (b->is_free() && prev && prev->is_free()) fail("adjacent free blocks at ", b->addr);
-      const bool in_pool = pool_for(seg->small).blocks.count(const_cast<Block*>(b)) > 0;
-      if (in_pool != b->is_free()) fail("pool membership wrong for block ", b->addr);
+      if (b->mapped) {
+        mapped += b->size;
+      } else {
+        if (!seg->expandable) fail("unmapped block in a fixed segment at ", b->addr);
+        if (!b->is_free()) fail("unmapped block in use at ", b->addr);
+        if ((b->addr - seg->addr) % seg->gran != 0 || b->size % seg->gran != 0) {
+          fail("unmapped block not page-aligned at ", b->addr);
+        }
+        if (prev && !prev->mapped) fail("adjacent unmapped blocks at ", b->addr);
+      }
+      if (b->pooled() && prev && prev->pooled()) fail("adjacent free blocks at ", b->addr);
+      auto found = pool_for(seg->small).blocks.find(const_cast<Block*>(b));
+      const bool in_pool = found != pool_for(seg->small).blocks.end() && *found == b;
+      if (in_pool != b->pooled()) fail("pool membership wrong for block ", b->addr);
+      if (in_pool && b->pool_it != found) fail("stale pool iterator for block ", b->addr);
       if (b->allocated) {
         ++allocated_count;
         if (allocated_blocks_.find(b->addr) != b) fail("allocated block not indexed");
@@ -426,7 +472,7 @@ void CachingAllocator::check_invariants() const {
         add(active_b, seg->small, static_cast<std::int64_t>(b->size));
       }
       if (!b->allocated && b->event_count > 0) pending_events += b->event_count;
-      if (b->is_free()) {
+      if (b->pooled()) {
         ++pooled;
         if (b->counted_split != (b->prev || b->next)) fail("inactive_split flag stale");
         if (b->prev || b->next) {
@@ -435,7 +481,10 @@ void CachingAllocator::check_invariants() const {
         }
       }
     }
-    if (cursor != seg->addr + seg->size) fail("blocks don't cover segment ", seg->addr);
+    if (cursor != seg->addr + (seg->expandable ? seg->va_size : seg->size)) {
+      fail("blocks don't cover segment ", seg->addr);
+    }
+    if (mapped != seg->size) fail("segment ", seg->addr, " says ", seg->size, " bytes mapped, blocks ", mapped);
   }
   for (const auto& [key, seg] : expandable_segments_) {
     auto it = segments_.find(seg->addr);
@@ -445,6 +494,7 @@ void CachingAllocator::check_invariants() const {
     }
   }
   if (pooled != small_pool_.blocks.size() + large_pool_.blocks.size()) fail("stray pool entries");
+
   if (allocated_count != allocated_blocks_.size()) fail("stray allocated_blocks_ entries");
   std::size_t queued = 0;
   for (const auto& [s, q] : events_) queued += q.size();

@@ -21,11 +21,14 @@ struct RandomParams {
   unsigned seed;
   bool expandable;
   bool limit;
+  const char* config = "";         // CachingAllocator::configure
+  std::size_t granularity = 2 * MiB;  // the fake device's mapping unit
+  const char* name = "";
 };
 
 std::string param_name(const ::testing::TestParamInfo<RandomParams>& info) {
   return "seed" + std::to_string(info.param.seed) + (info.param.expandable ? "_expandable" : "") +
-         (info.param.limit ? "_limit" : "");
+         (info.param.limit ? "_limit" : "") + info.param.name;
 }
 
 class RandomOps : public ::testing::TestWithParam<RandomParams> {};
@@ -50,9 +53,10 @@ TEST_P(RandomOps, InvariantsHoldAfterEveryOp) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
 
-  FakeDevice dev(256 * MiB);
+  FakeDevice dev(256 * MiB, /*virtual_memory=*/true, prm.granularity);
   CachingAllocator a(dev);
   a.set_expandable_segments(prm.expandable);
+  a.configure(prm.config);
   if (prm.limit) a.set_memory_limit(160 * MiB);
   a.record_history(true, 5000);
 
@@ -136,7 +140,16 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(RandomParams{1, false, false}, RandomParams{2, false, false},
                       RandomParams{3, false, true}, RandomParams{4, false, true},
                       RandomParams{5, true, false}, RandomParams{6, true, false},
-                      RandomParams{7, true, true}, RandomParams{8, true, true}),
+                      RandomParams{7, true, true}, RandomParams{8, true, true},
+                      // PyTorch's policies: no growth budget, plain best fit.
+                      RandomParams{9, false, false, "reserved_slack:-1,segment_reuse_ratio:0", 2 * MiB, "_pytorch"},
+                      RandomParams{10, true, true, "reserved_slack:-1", 2 * MiB, "_pytorch"},
+                      // Aggressive policies: no slack, whole segments kept for requests >= 1/2.
+                      RandomParams{11, false, true, "reserved_slack:0,segment_reuse_ratio:2", 2 * MiB, "_tight"},
+                      RandomParams{12, true, false, "reserved_slack:0", 2 * MiB, "_tight"},
+                      // A fine mapping granularity: many partly used granules and small holes.
+                      RandomParams{13, true, false, "", 64 * KiB, "_gran64k"},
+                      RandomParams{14, true, true, "", 64 * KiB, "_gran64k"}),
     param_name);
 
 }  // namespace

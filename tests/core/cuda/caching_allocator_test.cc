@@ -207,6 +207,7 @@ TEST(CachingAllocator, MemoryLimitRaisesOomThenSmallerSucceeds) {
 TEST(CachingAllocator, MemoryFraction) {
   FakeDevice dev(100 * MiB);
   CachingAllocator a(dev);
+  a.set_reserved_slack(-1);  // the OOM retry path, not the growth budget that would preempt it
   a.set_memory_fraction(0.5);
   EXPECT_EQ(a.memory_limit(), 50 * MiB);
   const std::string msg = oom_message(a, 60 * MiB);
@@ -223,6 +224,7 @@ TEST(CachingAllocator, MemoryFraction) {
 TEST(CachingAllocator, RetryFreesOnlyWhatIsNeeded) {
   FakeDevice dev(100 * MiB);
   CachingAllocator a(dev);
+  a.set_reserved_slack(-1);  // the OOM retry path, not the growth budget that would preempt it
   std::vector<void*> ps;
   for (int i = 0; i < 4; ++i) ps.push_back(a.allocate(24 * MiB));
   for (void* p : ps) a.free(p);
@@ -243,6 +245,7 @@ TEST(CachingAllocator, RetryFreesOnlyWhatIsNeeded) {
 TEST(CachingAllocator, RetryPrefersOneSufficientSegment) {
   FakeDevice dev(64 * MiB);
   CachingAllocator a(dev);
+  a.set_reserved_slack(-1);
   void* s = a.allocate(20 * MiB);
   void* m = a.allocate(30 * MiB);
   a.free(s);
@@ -352,9 +355,9 @@ TEST(CachingAllocator, ExpandableSegmentsGrowInPlace) {
   void* q = a.allocate(5 * MiB);  // splits the same segment at 512 B granularity
   EXPECT_EQ(addr(q), addr(p) + 30 * MiB);
   a.free(q);
-  a.empty_cache();  // unmaps the free tail, keeps the pages under p
-  EXPECT_EQ(a.memory_reserved(), 40 * MiB);
-  EXPECT_EQ(dev.mapped_bytes(), 40 * MiB);
+  a.empty_cache();  // unmaps every free granule (2 MiB), keeps the pages under p
+  EXPECT_EQ(a.memory_reserved(), 30 * MiB);
+  EXPECT_EQ(dev.mapped_bytes(), 30 * MiB);
   expect_consistent(a, dev, {{p, 30 * MiB}});
   a.free(p);
   a.empty_cache();
@@ -384,14 +387,138 @@ TEST(CachingAllocator, ExpandableSegmentsSmallPoolAndStreams) {
 }
 
 TEST(CachingAllocator, ExpandableRetryUnmapsOtherCache) {
-  FakeDevice dev(100 * MiB);
+  for (const bool budget : {false, true}) {
+    SCOPED_TRACE(budget ? "growth budget" : "no growth budget");
+    FakeDevice dev(100 * MiB);
+    CachingAllocator a(dev);
+    a.set_expandable_segments(true);
+    if (!budget) a.set_reserved_slack(-1);
+    a.free(a.allocate(60 * MiB, 1));  // 60 MiB mapped and cached for stream 1
+    void* p = a.allocate(60 * MiB, 0);
+    // Without the budget the map fails and the OOM path unmaps stream 1's cache; with it, the
+    // cache pays for the new pages before anything fails.
+    EXPECT_EQ(a.stats().num_alloc_retries, budget ? 0 : 1);
+    EXPECT_EQ(a.memory_reserved(), 60 * MiB);
+    expect_consistent(a, dev, {{p, 60 * MiB}});
+    a.free(p);
+  }
+}
+
+TEST(CachingAllocator, ExpandableUnmapsAHoleToGrowAndMapsItBackLater) {
+  FakeDevice dev(GiB);
   CachingAllocator a(dev);
   a.set_expandable_segments(true);
-  a.free(a.allocate(60 * MiB, 1));  // 60 MiB mapped and cached for stream 1
-  void* p = a.allocate(60 * MiB, 0);
-  EXPECT_EQ(a.stats().num_alloc_retries, 1);
-  expect_consistent(a, dev, {{p, 60 * MiB}});
-  a.free(p);
+  void* x = a.allocate(40 * MiB);
+  void* y = a.allocate(40 * MiB);
+  void* z = a.allocate(40 * MiB);
+  a.free(y);  // a 40 MiB hole between x and z; 120 MiB mapped, 80 MiB live
+  void* big = a.allocate(60 * MiB);  // doesn't fit the hole: grows, paying with the hole's pages
+  // Peak allocated is 140 MiB now; reserved may be 2% above it, so 38 of the hole's 40 MiB
+  // (whole 2 MiB granules, from its top) went back before 60 MiB were mapped.
+  EXPECT_EQ(a.memory_reserved(), 142 * MiB);
+  EXPECT_EQ(dev.mapped_bytes(), 142 * MiB);
+  EXPECT_EQ(dev.unmap_calls(), 1);
+  EXPECT_LE(a.max_memory_reserved(), 142 * MiB);
+  // The snapshot lists the backed runs: [x + 2 MiB of the hole] and [z + big].
+  const MemorySnapshot snap = a.snapshot();
+  ASSERT_EQ(snap.segments.size(), 2u);
+  EXPECT_EQ(snap.segments[0].total_size, 42 * MiB);
+  EXPECT_EQ(snap.segments[1].total_size, 100 * MiB);
+  expect_consistent(a, dev, {{x, 40 * MiB}, {z, 40 * MiB}, {big, 60 * MiB}});
+  void* again = a.allocate(40 * MiB);  // fits the hole: its pages are mapped back
+  EXPECT_EQ(again, y);
+  EXPECT_EQ(a.memory_reserved(), 180 * MiB);
+  expect_consistent(a, dev, {{x, 40 * MiB}, {z, 40 * MiB}, {big, 60 * MiB}, {again, 40 * MiB}});
+  for (void* p : {x, z, big, again}) a.free(p);
+  a.empty_cache();
+  EXPECT_EQ(dev.live_bytes(), 0u);
+  EXPECT_EQ(dev.reserved_ranges(), 0u);
+  expect_consistent(a, dev, {});
+}
+
+TEST(CachingAllocator, ExpandableEmptyCacheUnmapsInteriorPages) {
+  FakeDevice dev(GiB);
+  CachingAllocator a(dev);
+  a.set_expandable_segments(true);
+  void* x = a.allocate(10 * MiB + 512);  // ends inside a granule
+  void* y = a.allocate(30 * MiB);
+  void* z = a.allocate(10 * MiB);
+  a.free(y);
+  a.empty_cache();
+  // Granules that a live block touches stay mapped: x's [0, 12 MiB) and z's [40, 52 MiB);
+  // everything else (y's hole and the free tail) goes back.
+  EXPECT_EQ(dev.mapped_bytes(), a.memory_reserved());
+  EXPECT_EQ(a.memory_reserved(), 24 * MiB);
+  expect_consistent(a, dev, {{x, 10 * MiB + 512}, {z, 10 * MiB}});
+  a.free(x);
+  a.free(z);
+  a.empty_cache();
+  EXPECT_EQ(dev.live_bytes(), 0u);
+  EXPECT_EQ(dev.reserved_ranges(), 0u);
+}
+
+TEST(CachingAllocator, WholeFreeSegmentsAreKeptForTheirSizeClass) {
+  FakeDevice dev(GiB);
+  CachingAllocator a(dev);
+  void* big = a.allocate(200 * MiB);
+  a.free(big);  // a whole free 200 MiB segment
+  void* small = a.allocate(12 * MiB);  // < 200/8: gets its own segment
+  EXPECT_EQ(dev.malloc_calls(), 2);
+  void* half = a.allocate(100 * MiB);  // <= 8x: reuses (splits) the cached segment
+  EXPECT_EQ(dev.malloc_calls(), 2);
+  EXPECT_EQ(half, big);
+  a.free(half);
+  a.free(small);
+  expect_consistent(a, dev, {});
+  // Under a limit that leaves no room for a new segment, the small request carves the big one
+  // instead of failing or flushing the cache.
+  FakeDevice dev2(GiB);
+  CachingAllocator c(dev2);
+  c.set_memory_limit(210 * MiB);
+  c.free(c.allocate(200 * MiB));
+  void* p = c.allocate(12 * MiB);
+  EXPECT_EQ(dev2.malloc_calls(), 1);
+  EXPECT_EQ(c.stats().num_alloc_retries, 0);
+  expect_consistent(c, dev2, {{p, 12 * MiB}});
+  c.free(p);
+  // segment_reuse_ratio:0 is PyTorch's plain best fit.
+  FakeDevice dev3(GiB);
+  CachingAllocator b(dev3);
+  b.configure("segment_reuse_ratio:0");
+  b.free(b.allocate(200 * MiB));
+  void* q = b.allocate(12 * MiB);
+  EXPECT_EQ(dev3.malloc_calls(), 1);
+  b.free(q);
+}
+
+TEST(CachingAllocator, GrowthBudgetFreesSmallerCachedSegments) {
+  FakeDevice dev(GiB);
+  CachingAllocator a(dev);
+  // Each round's tensors are a bit larger than the last round's: cached segments never fit.
+  std::size_t unit = 24 * MiB;
+  for (int round = 0; round < 6; ++round, unit = unit * 5 / 4) {
+    std::vector<void*> ps;
+    for (int i = 0; i < 4; ++i) ps.push_back(a.allocate(unit));
+    for (void* p : ps) a.free(p);
+  }
+  // Reserved stays within 2% of the peak allocated instead of summing every round's segments.
+  EXPECT_LE(static_cast<double>(a.max_memory_reserved()),
+            1.02 * static_cast<double>(a.max_memory_allocated()) + static_cast<double>(2 * MiB));
+  EXPECT_GT(a.stats().num_device_free, 0);
+  EXPECT_EQ(a.stats().num_alloc_retries, 0);
+  // PyTorch's behaviour (reserved_slack < 0) keeps everything cached.
+  FakeDevice dev2(4 * GiB);
+  CachingAllocator b(dev2);
+  b.configure("reserved_slack:-1");
+  unit = 24 * MiB;
+  for (int round = 0; round < 6; ++round, unit = unit * 5 / 4) {
+    std::vector<void*> ps;
+    for (int i = 0; i < 4; ++i) ps.push_back(b.allocate(unit));
+    for (void* p : ps) b.free(p);
+  }
+  EXPECT_GT(static_cast<double>(b.max_memory_reserved()),
+            3.0 * static_cast<double>(b.max_memory_allocated()));
+  EXPECT_EQ(b.stats().num_device_free, 0);
 }
 
 TEST(CachingAllocator, ExpandableNeedsVirtualMemory) {
