@@ -25,6 +25,11 @@ template <class T>
 using Map = Eigen::Map<RowMat<T>>;
 template <class T>
 using CMap = Eigen::Map<const RowMat<T>>;
+// A column block of a row-major matrix (row stride = the full matrix's width).
+template <class T>
+using SMap = Eigen::Map<RowMat<T>, 0, Eigen::OuterStride<>>;
+template <class T>
+using CSMap = Eigen::Map<const RowMat<T>, 0, Eigen::OuterStride<>>;
 
 struct Geo {
   int64_t N, C, H, W, O, kh, kw, Ho, Wo, G, Cg, Og, K, L;
@@ -119,12 +124,13 @@ void gather_grad(const Geo& g, const T* gout, T* gmat, int64_t grp, int64_t n0, 
       std::memcpy(gmat + o * ld + (n - n0) * g.L, gout + (n * g.O + grp * g.Og + o) * g.L, sizeof(T) * g.L);
 }
 
-// Samples per chunk: at most ~4M column elements (16 MiB in f32), and few enough that
-// every worker gets a chunk; never below one sample.
+// Samples per chunk: about 1M column elements (4 MiB in f32: the buffer is written by
+// im2col and read back by the GEMM right away, so it should stay near the cache), and few
+// enough that every worker gets a chunk; never below one sample.
 int64_t chunk_size(const Geo& g, int workers) {
   const int64_t per_sample = std::max<int64_t>(g.K * g.L, 1);
   const int64_t per_worker = (g.N + workers - 1) / workers;
-  return std::clamp<int64_t>((int64_t{4} << 20) / per_sample, 1, std::max<int64_t>(per_worker, 1));
+  return std::clamp<int64_t>((int64_t{1} << 20) / per_sample, 1, std::max<int64_t>(per_worker, 1));
 }
 
 // Runs f(chunk_begin, chunk_end, worker) over the batch in chunks, on up to `workers`
@@ -167,6 +173,11 @@ T* ptr(const Tensor& t) {
   return static_cast<T*>(t.raw_data());
 }
 
+// Feature maps at least this wide get one GEMM per sample writing straight into the NCHW
+// tensor (a column block of cols); narrower ones one GEMM per chunk through a scratch
+// matrix, so the GEMM stays wide (e.g. 7x7 maps late in a network).
+constexpr int64_t kDirectMinL = 64;
+
 template <class T>
 void forward_t(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& a, const Tensor& out) {
   const Geo g = geometry(x.sizes(), w.sizes(), out.size(2), out.size(3), a);
@@ -176,21 +187,35 @@ void forward_t(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2
   T* po = static_cast<T*>(out.raw_data());
   const int workers = num_workers(g);
   const int64_t chunk = chunk_size(g, workers);
-  const std::vector<Tensor> cols = workspace<T>(workers, g.K * chunk * g.L), tmp = workspace<T>(workers, g.Og * chunk * g.L);
+  const bool direct = g.L >= kDirectMinL;
+  const std::vector<Tensor> cols = workspace<T>(workers, g.K * chunk * g.L),
+                            tmp = workspace<T>(direct ? 0 : workers, g.Og * chunk * g.L);
   for_chunks(g.N, chunk, workers, [&](int64_t n0, int64_t n1, int wkr) {
     const int64_t nl = (n1 - n0) * g.L;
+    T* pc = ptr<T>(cols[wkr]);
     for (int64_t grp = 0; grp < g.G; ++grp) {
-      im2col(g, px, ptr<T>(cols[wkr]), grp, n0, n1);
-      Map<T> R(ptr<T>(tmp[wkr]), g.Og, nl);
-      R.noalias() = CMap<T>(pw + grp * g.Og * g.K, g.Og, g.K) * CMap<T>(ptr<T>(cols[wkr]), g.K, nl);
-      for (int64_t n = n0; n < n1; ++n)
-        for (int64_t o = 0; o < g.Og; ++o) {
-          const int64_t oc = grp * g.Og + o;
-          const T* src = ptr<T>(tmp[wkr]) + o * nl + (n - n0) * g.L;
-          T* dst = po + (n * g.O + oc) * g.L;
-          const T b = pb ? pb[oc] : T(0);
-          for (int64_t l = 0; l < g.L; ++l) dst[l] = src[l] + b;
+      im2col(g, px, pc, grp, n0, n1);
+      const CMap<T> Wg(pw + grp * g.Og * g.K, g.Og, g.K);
+      if (direct) {
+        for (int64_t n = n0; n < n1; ++n) {
+          Map<T> On(po + (n * g.O + grp * g.Og) * g.L, g.Og, g.L);
+          On.noalias() = Wg * CSMap<T>(pc + (n - n0) * g.L, g.K, g.L, Eigen::OuterStride<>(nl));
         }
+      } else {
+        Map<T> R(ptr<T>(tmp[wkr]), g.Og, nl);
+        R.noalias() = Wg * CMap<T>(pc, g.K, nl);
+        for (int64_t n = n0; n < n1; ++n)
+          for (int64_t o = 0; o < g.Og; ++o)
+            std::memcpy(po + (n * g.O + grp * g.Og + o) * g.L, ptr<T>(tmp[wkr]) + o * nl + (n - n0) * g.L,
+                        sizeof(T) * g.L);
+      }
+      if (pb)
+        for (int64_t n = n0; n < n1; ++n)
+          for (int64_t o = 0; o < g.Og; ++o) {
+            T* dst = po + (n * g.O + grp * g.Og + o) * g.L;
+            const T b = pb[grp * g.Og + o];
+            for (int64_t l = 0; l < g.L; ++l) dst[l] += b;
+          }
     }
   });
 }
@@ -204,14 +229,24 @@ void backward_input_t(const Tensor& gout, const Tensor& w, const Conv2dArgs& a, 
   std::fill(pdx, pdx + gx.numel(), T(0));
   const int workers = num_workers(g);
   const int64_t chunk = chunk_size(g, workers);
-  const std::vector<Tensor> dcols = workspace<T>(workers, g.K * chunk * g.L), gmat = workspace<T>(workers, g.Og * chunk * g.L);
+  const bool direct = g.L >= kDirectMinL;
+  const std::vector<Tensor> dcols = workspace<T>(workers, g.K * chunk * g.L),
+                            gmat = workspace<T>(direct ? 0 : workers, g.Og * chunk * g.L);
   for_chunks(g.N, chunk, workers, [&](int64_t n0, int64_t n1, int wkr) {
     const int64_t nl = (n1 - n0) * g.L;
+    T* pd = ptr<T>(dcols[wkr]);
     for (int64_t grp = 0; grp < g.G; ++grp) {
-      gather_grad(g, pg, ptr<T>(gmat[wkr]), grp, n0, n1);
-      Map<T> D(ptr<T>(dcols[wkr]), g.K, nl);
-      D.noalias() = CMap<T>(pw + grp * g.Og * g.K, g.Og, g.K).transpose() * CMap<T>(ptr<T>(gmat[wkr]), g.Og, nl);
-      col2im(g, pdx, ptr<T>(dcols[wkr]), grp, n0, n1);
+      const auto WgT = CMap<T>(pw + grp * g.Og * g.K, g.Og, g.K).transpose();
+      if (direct) {
+        for (int64_t n = n0; n < n1; ++n) {
+          SMap<T> Dn(pd + (n - n0) * g.L, g.K, g.L, Eigen::OuterStride<>(nl));
+          Dn.noalias() = WgT * CMap<T>(pg + (n * g.O + grp * g.Og) * g.L, g.Og, g.L);
+        }
+      } else {
+        gather_grad(g, pg, ptr<T>(gmat[wkr]), grp, n0, n1);
+        Map<T>(pd, g.K, nl).noalias() = WgT * CMap<T>(ptr<T>(gmat[wkr]), g.Og, nl);
+      }
+      col2im(g, pdx, pd, grp, n0, n1);
     }
   });
 }
@@ -224,18 +259,27 @@ void backward_weight_t(const Tensor& gout, const Tensor& x, const Conv2dArgs& a,
   T* pdw = static_cast<T*>(gw.raw_data());
   const int workers = num_workers(g);
   const int64_t chunk = chunk_size(g, workers);
+  const bool direct = g.L >= kDirectMinL;
+  const std::vector<Tensor> cols = workspace<T>(workers, g.K * chunk * g.L),
+                            gmat = workspace<T>(direct ? 0 : workers, g.Og * chunk * g.L);
   // One accumulator per worker (the weight is shared by every chunk), summed at the end.
-  const std::vector<Tensor> cols = workspace<T>(workers, g.K * chunk * g.L), gmat = workspace<T>(workers, g.Og * chunk * g.L);
   std::vector<Tensor> acc = workspace<T>(workers - 1, gw.numel());
   acc.insert(acc.begin(), gw);
   for (const Tensor& t : acc) std::fill(ptr<T>(t), ptr<T>(t) + t.numel(), T(0));
   for_chunks(g.N, chunk, workers, [&](int64_t n0, int64_t n1, int wkr) {
     const int64_t nl = (n1 - n0) * g.L;
+    T* pc = ptr<T>(cols[wkr]);
     for (int64_t grp = 0; grp < g.G; ++grp) {
-      im2col(g, px, ptr<T>(cols[wkr]), grp, n0, n1);
-      gather_grad(g, pg, ptr<T>(gmat[wkr]), grp, n0, n1);
+      im2col(g, px, pc, grp, n0, n1);
       Map<T> dW(ptr<T>(acc[wkr]) + grp * g.Og * g.K, g.Og, g.K);
-      dW.noalias() += CMap<T>(ptr<T>(gmat[wkr]), g.Og, nl) * CMap<T>(ptr<T>(cols[wkr]), g.K, nl).transpose();
+      if (direct) {
+        for (int64_t n = n0; n < n1; ++n)
+          dW.noalias() += CMap<T>(pg + (n * g.O + grp * g.Og) * g.L, g.Og, g.L) *
+                          CSMap<T>(pc + (n - n0) * g.L, g.K, g.L, Eigen::OuterStride<>(nl)).transpose();
+      } else {
+        gather_grad(g, pg, ptr<T>(gmat[wkr]), grp, n0, n1);
+        dW.noalias() += CMap<T>(ptr<T>(gmat[wkr]), g.Og, nl) * CMap<T>(pc, g.K, nl).transpose();
+      }
     }
   });
   for (size_t k = 1; k < acc.size(); ++k) {

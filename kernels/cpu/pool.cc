@@ -57,12 +57,67 @@ inline int64_t pick_index(bool c, int64_t a, int64_t b) { return pick<int64_t, u
 // Planes per thread: enough that each thread has ~64K input elements.
 int64_t plane_grain(int64_t plane_elems) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(plane_elems, 1)); }
 
+// One tap column of a row of windows: best[ow] = max(best[ow], row[ow * sw + off]) for ow in
+// [lo, hi), with the argmax (flat index rbase + ow * sw + off) when `arg` is non-null.
+// Plain parameters and __restrict let the compiler keep everything in registers.
+template <class T>
+void max_tap(const T* __restrict row, T* __restrict best, int64_t* __restrict arg, int64_t lo, int64_t hi,
+             int64_t sw, int64_t off, int64_t rbase) {
+  if (arg) {
+    for (int64_t ow = lo; ow < hi; ++ow) {
+      const T v = row[ow * sw + off], b = best[ow];
+      const bool take = (v > b) | (v != v);  // NaN propagates (PyTorch: val > max || isnan(val))
+      best[ow] = pick_value(take, v, b);
+      arg[ow] = pick_index(take, rbase + ow * sw + off, arg[ow]);
+    }
+  } else {
+    for (int64_t ow = lo; ow < hi; ++ow) {
+      const T v = row[ow * sw + off], b = best[ow];
+      best[ow] = pick_value((v > b) | (v != v), v, b);
+    }
+  }
+}
+
+// The common 2x2 / stride 2 / no padding case: four loads, the max in registers, one store.
+template <class T>
+void max_pool_2x2(const T* __restrict plane, int64_t W, int64_t Ho, int64_t Wo, T* __restrict out,
+                  int64_t* __restrict arg) {
+  for (int64_t oh = 0; oh < Ho; ++oh) {
+    const T* r0 = plane + 2 * oh * W;
+    const T* r1 = r0 + W;
+    for (int64_t ow = 0; ow < Wo; ++ow) {
+      const T c[4] = {r0[2 * ow], r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1]};
+      T best = c[0];
+      int64_t k = 0;
+      for (int64_t t = 1; t < 4; ++t) {
+        const bool take = (c[t] > best) | (c[t] != c[t]);
+        best = pick_value(take, c[t], best);
+        k = pick_index(take, t, k);
+      }
+      out[oh * Wo + ow] = best;
+      if (arg) arg[oh * Wo + ow] = 2 * oh * W + 2 * ow + (k >> 1) * W + (k & 1);
+    }
+  }
+}
+
 // One output row at a time, tap by tap (window rows, then columns: PyTorch's visiting
 // order, so ties keep the first position and the last NaN wins). `indices` may be
 // undefined (no autograd): then only the values are computed.
 template <class T>
 void max_pool_t(const Tensor& x, const Pool2dArgs& a, const Tensor& out, const Tensor& indices) {
   const Planes p = planes(x.sizes(), out.sizes());
+  const T* px = cptr<T>(x);
+  T* po = ptr<T>(out);
+  int64_t* pi = indices.defined() ? ptr<int64_t>(indices) : nullptr;
+  // (ceil_mode can add partial windows at the bottom/right edge: those take the general path.)
+  if (a.kernel == Int2(2) && a.stride == Int2(2) && a.padding == Int2(0) && a.dilation == Int2(1) &&
+      2 * p.Ho <= p.H && 2 * p.Wo <= p.W) {
+    nn_parallel_for(p.P, plane_grain(p.H * p.W), [=](int64_t q0, int64_t q1) {
+      for (int64_t q = q0; q < q1; ++q)
+        max_pool_2x2(px + q * p.H * p.W, p.W, p.Ho, p.Wo, po + q * p.Ho * p.Wo, pi ? pi + q * p.Ho * p.Wo : nullptr);
+    });
+    return;
+  }
   const int64_t sw = a.stride.w, pw = a.padding.w, dw = a.dilation.w, kw = a.kernel.w;
   // Per output column: its first valid tap (seeds the max); per tap column: the output
   // columns for which it is inside the input.
@@ -73,9 +128,6 @@ void max_pool_t(const Tensor& x, const Pool2dArgs& a, const Tensor& out, const T
     owlo[j] = off >= 0 ? 0 : (-off + sw - 1) / sw;
     owhi[j] = p.W - 1 - off < 0 ? 0 : std::min(p.Wo, (p.W - 1 - off) / sw + 1);
   }
-  const T* px = cptr<T>(x);
-  T* po = ptr<T>(out);
-  int64_t* pi = indices.defined() ? ptr<int64_t>(indices) : nullptr;
   nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q) {
       const T* plane = px + q * p.H * p.W;
@@ -97,23 +149,7 @@ void max_pool_t(const Tensor& x, const Pool2dArgs& a, const Tensor& out, const T
         }
         for (int64_t i = ilo; i < ihi; ++i) {
           const int64_t rbase = (h0 + i * a.dilation.h) * p.W;
-          const T* row = plane + rbase;
-          for (int64_t j = 0; j < kw; ++j) {
-            const int64_t off = j * dw - pw;
-            if (irow) {
-              for (int64_t ow = owlo[j]; ow < owhi[j]; ++ow) {
-                const T v = row[ow * sw + off], b = orow[ow];
-                const bool take = (v > b) | (v != v);  // NaN propagates (PyTorch: val > max || isnan(val))
-                orow[ow] = pick_value(take, v, b);
-                irow[ow] = pick_index(take, rbase + ow * sw + off, irow[ow]);
-              }
-            } else {
-              for (int64_t ow = owlo[j]; ow < owhi[j]; ++ow) {
-                const T v = row[ow * sw + off], b = orow[ow];
-                orow[ow] = pick_value((v > b) | (v != v), v, b);
-              }
-            }
-          }
+          for (int64_t j = 0; j < kw; ++j) max_tap(plane + rbase, orow, irow, owlo[j], owhi[j], sw, j * dw - pw, rbase);
         }
       }
     }

@@ -44,6 +44,7 @@ std::vector<Row> rows() {
   conv("conv2d_depthwise_multiplier", {1, 2, 5, 5}, {4, 1, 2, 2}, true, 2, 0, 1, 2);
   conv("conv2d_1x1", {2, 5, 3, 4}, {3, 5, 1, 1}, true, 1, 0, 1, 1);
   conv("conv2d_everything", {2, 4, 9, 8}, {4, 2, 3, 2}, true, {2, 3}, {2, 1}, {2, 1}, 2);
+  conv("conv2d_wide_map_per_sample_gemm", {2, 2, 9, 8}, {3, 2, 3, 3}, true, 1, 1, 1, 1);  // 72 outputs per map
   r.push_back({"conv2d_unbatched", {{2, 5, 4}, {3, 2, 2, 2}, {3}}, [](const V& v) {
                  return conv2d(v[0], v[1], v[2], 1, 1);
                }});

@@ -97,6 +97,8 @@ TEST(Conv2d, MatchesNaiveReference) {
       {{3, 5, 4, 4}, {2, 5, 1, 1}, args(1, 0, 1, 1), true},              // 1x1
       {{1, 2, 3, 3}, {2, 2, 3, 3}, args(3, 1, 1, 1), true},              // stride larger than the output
       {{0, 2, 4, 4}, {3, 2, 3, 3}, args(1, 1, 1, 1), true},              // empty batch
+      {{2, 4, 20, 18}, {6, 2, 3, 3}, args({1, 2}, 1, 1, 2), true},        // wide maps: one GEMM per sample
+      {{3, 3, 12, 12}, {3, 1, 3, 3}, args(1, {2, 1}, {2, 1}, 3), false},  // wide depthwise, dilated
   };
   for (const auto& c : cases) {
     check_against_naive(c, DType::f64, 1e-10);
