@@ -95,6 +95,8 @@ class CpuProcessGroup final : public ProcessGroup {
     worker_.join();
   }
 
+  void timeout_changed() override { star_->set_timeout(timeout()); }
+
   Device device() const override { return Device::cpu(); }
 
   WorkPtr all_reduce_async(const Tensor& t, ReduceOp op) override {
@@ -105,7 +107,7 @@ class CpuProcessGroup final : public ProcessGroup {
       Tensor r = exchange(OpCode::AllReduce, static_cast<int>(op), t, [&](std::vector<Tensor>& all) {
         return reduce(all, op);
       });
-      if (r.defined()) kernels::copy_(t, r);
+      if (r.defined()) kernels::copy_(raw::view(t, {t.numel()}), r);
     });
   }
 
@@ -114,7 +116,7 @@ class CpuProcessGroup final : public ProcessGroup {
     check_root(root, "broadcast");
     return enqueue([this, t, root] {
       Tensor r = exchange(OpCode::Broadcast, root, t, [&](std::vector<Tensor>& all) { return all[root]; });
-      if (r.defined() && rank() != root) kernels::copy_(t, r);
+      if (r.defined() && rank() != root) kernels::copy_(raw::view(t, {t.numel()}), r);
     });
   }
 

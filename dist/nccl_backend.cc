@@ -110,6 +110,8 @@ class NcclProcessGroup final : public ProcessGroup {
     }
   }
 
+  void timeout_changed() override { star_->set_timeout(timeout()); }
+
   Device device() const override { return Device::cuda(local_rank()); }
 
   WorkPtr all_reduce_async(const Tensor& t, ReduceOp op) override {

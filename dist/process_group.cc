@@ -106,6 +106,13 @@ std::shared_ptr<ProcessGroup> init_process_group(ProcessGroupOptions opts) {
 
 // ---------------- ProcessGroup ----------------
 
+void ProcessGroup::set_timeout(std::chrono::milliseconds t) {
+  MG_CHECK(t.count() > 0, ValueError, "set_timeout: ", describe(), ": the timeout must be positive, got ", t.count(),
+           " ms");
+  timeout_ = t;
+  timeout_changed();
+}
+
 std::string ProcessGroup::describe() const {
   return "rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) + " (" + backend_name(backend_) + ")";
 }
@@ -133,7 +140,7 @@ namespace {
 // Runs `fn` on a contiguous stand-in for `t` and copies the result back when it was not.
 template <class F>
 void on_contiguous(const Tensor& t, F&& fn) {
-  if (t.is_contiguous()) {
+  if (!t.defined() || t.is_contiguous()) {  // (an undefined tensor: the collective's check raises)
     fn(t);
     return;
   }

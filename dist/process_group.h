@@ -65,6 +65,8 @@ class ProcessGroup {
   int local_rank() const { return local_rank_; }
   Backend backend() const { return backend_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // Changes the limit for later waits (collectives, barriers) of this process group.
+  void set_timeout(std::chrono::milliseconds t);
   // The device collectives expect tensors on: cpu, or cuda:local_rank for NCCL.
   virtual Device device() const = 0;
 
@@ -97,6 +99,7 @@ class ProcessGroup {
   void check_tensor(const Tensor& t, const char* op) const;
   void check_sizes(const Tensor& small, const Tensor& big, const char* op) const;
   void check_root(int root, const char* op) const;
+  virtual void timeout_changed() {}
 
  private:
   int rank_, world_size_, local_rank_;

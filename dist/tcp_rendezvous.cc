@@ -276,15 +276,15 @@ std::unique_ptr<Star> Star::connect(const ProcessGroupOptions& o) {
 
 void Star::send(int peer, const void* data, size_t n, const std::string& what) {
   Socket& so = sock(peer, "send");
-  send_all_fd(so.fd(), data, n, Clock::now() + timeout_,
+  send_all_fd(so.fd(), data, n, Clock::now() + timeout(),
               who() + ": " + what + ": sending to rank " + std::to_string(peer));
 }
 
 void Star::recv(int peer, void* data, size_t n, const std::string& what) {
   Socket& so = sock(peer, "recv");
   const std::string prefix = who() + ": " + what + ": receiving from rank " + std::to_string(peer);
-  if (!recv_all_fd(so.fd(), data, n, Clock::now() + timeout_, prefix)) {
-    MG_THROW(Error, who(), ": timed out after ", seconds(timeout_), " in ", what, " waiting for rank ", peer,
+  if (!recv_all_fd(so.fd(), data, n, Clock::now() + timeout(), prefix)) {
+    MG_THROW(Error, who(), ": timed out after ", seconds(timeout()), " in ", what, " waiting for rank ", peer,
              rank_ == 0 ? " (did it call the same collective?)"
                         : " (rank 0 waits for every rank: some rank is missing, slow, or called another collective)");
   }

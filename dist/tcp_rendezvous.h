@@ -3,6 +3,7 @@
 // it to hand out its unique id and for barriers; the CPU backend moves all its data through it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -38,7 +39,8 @@ class Star {
 
   int rank() const { return rank_; }
   int size() const { return world_; }
-  std::chrono::milliseconds timeout() const { return timeout_; }
+  std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load()); }
+  void set_timeout(std::chrono::milliseconds t) { timeout_ms_ = t.count(); }
   // "rank 1 of 4": prefix for error messages.
   std::string who() const;
 
@@ -55,10 +57,10 @@ class Star {
   void barrier(const std::string& what);
 
  private:
-  Star(int rank, int world, std::chrono::milliseconds timeout) : rank_(rank), world_(world), timeout_(timeout) {}
+  Star(int rank, int world, std::chrono::milliseconds timeout) : rank_(rank), world_(world), timeout_ms_(timeout.count()) {}
   Socket& sock(int peer, const char* fn);
   int rank_, world_;
-  std::chrono::milliseconds timeout_;
+  std::atomic<int64_t> timeout_ms_;
   std::vector<Socket> peers_;  // rank 0: index r = rank r (0 unused); others: index 0 = rank 0
 };
 

@@ -1,5 +1,6 @@
-// ZeRO-1: the flat index space, the copies between parameters and this rank's shard, and the
-// step (gradients in, local update, chunked all-gather of the updated parameters out).
+// ZeRO-1: the flat index space cut into chunks, each chunk split N ways; this rank's pieces
+// are views of the parameters, so its optimizer updates them in place; the step then
+// all-gathers every rank's updated slice, one chunk at a time.
 #include "dist/zero.h"
 
 #include <algorithm>
@@ -34,79 +35,86 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, std
   MG_CHECK(pg_ != nullptr, ValueError, "ZeroRedundancyOptimizer: process group is null");
   MG_CHECK(!params_.empty(), ValueError, "ZeroRedundancyOptimizer: got no parameters");
   MG_CHECK(opts.chunk_mb > 0, ValueError, "ZeroRedundancyOptimizer: chunk_mb must be positive, got ", opts.chunk_mb);
-  const DType dtype = params_[0].dtype();
+  dtype_ = params_[0].dtype();
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     MG_CHECK(p.defined() && p.is_contiguous(), ValueError, "ZeroRedundancyOptimizer: parameter ", i,
              " must be a defined, contiguous tensor");
-    MG_CHECK(p.dtype() == dtype, DTypeError, "ZeroRedundancyOptimizer: parameter ", i, " is ", p.dtype(),
-             ", parameter 0 is ", dtype, " (one flat space needs one dtype)");
+    MG_CHECK(p.dtype() == dtype_, DTypeError, "ZeroRedundancyOptimizer: parameter ", i, " is ", p.dtype(),
+             ", parameter 0 is ", dtype_, " (one flat space needs one dtype)");
     MG_CHECK(p.device() == pg_->device(), DeviceError, "ZeroRedundancyOptimizer: parameter ", i, " is on ",
              p.device(), " but the process group works on ", pg_->device());
     offsets_.push_back(total_);
     total_ += p.numel();
   }
   const int64_t N = pg_->size();
-  const int64_t elems = std::max<int64_t>(1, static_cast<int64_t>(opts.chunk_mb * 1048576.0) / dtype_size(dtype));
+  const int64_t elems = std::max<int64_t>(1, static_cast<int64_t>(opts.chunk_mb * 1048576.0) / dtype_size(dtype_));
   const int64_t per_rank_cap = std::max<int64_t>(1, elems / N);
   for (int64_t g = 0; g < total_;) {
     const int64_t per_rank = std::min(per_rank_cap, (total_ - g + N - 1) / N);
-    chunks_.push_back({g, per_rank, shard_numel_});
+    chunks_.push_back({g, per_rank});
     shard_numel_ += per_rank;
     g += per_rank * N;
   }
-  {
-    NoGradGuard ng;
-    MemoryCategoryGuard cat(MemoryCategory::Parameters);
-    shard_ = zeros({shard_numel_}, {dtype, pg_->device()});
-    for (const Chunk& c : chunks_) {
-      const int64_t begin = c.global_begin + pg_->rank() * c.per_rank;
-      for_each_piece(begin, begin + c.per_rank, [&](size_t i, int64_t p_off, int64_t r_off, int64_t len) {
-        kernels::copy_(flat_slice(shard_, c.local_begin + r_off, len), flat_slice(params_[i], p_off, len));
-      });
-    }
-    shard_ = nn::parameter(shard_);
+  std::vector<Tensor> views;
+  for (size_t k = 0; k < chunks_.size(); ++k) {
+    const Chunk& c = chunks_[k];
+    const int64_t begin = c.global_begin + pg_->rank() * c.per_rank;
+    for_each_piece(begin, begin + c.per_rank, [&](size_t i, int64_t p_off, int64_t s_off, int64_t len) {
+      // A leaf that aliases the parameter's storage: updating it updates the parameter.
+      Tensor v = nn::parameter(flat_slice(params_[i].detach(), p_off, len));
+      pieces_.push_back({i, p_off, s_off, len, k, v});
+      views.push_back(v);
+    });
   }
-  {
-    MemoryCategoryGuard cat(MemoryCategory::Gradients);
-    shard_grad_ = zeros({shard_numel_}, {dtype, pg_->device()});
+  if (views.empty()) {
+    // A rank whose slice is all padding still needs an optimizer (with nothing to update).
+    views.push_back(nn::parameter(zeros({1}, {dtype_, pg_->device()})));
   }
-  local_ = make_local({shard_});
+  local_ = make_local(views);
   MG_CHECK(local_ != nullptr, ValueError, "ZeroRedundancyOptimizer: the factory returned no optimizer");
 }
 
 void ZeroRedundancyOptimizer::step() {
   NoGradGuard ng;
-  const int64_t N = pg_->size(), rank = pg_->rank();
-  // 1. This rank's slice of the (averaged) gradients.
-  kernels::fill_(shard_grad_, 0.0);
-  for (const Chunk& c : chunks_) {
-    Tensor mine = flat_slice(shard_grad_, c.local_begin, c.per_rank);
-    if (opts_.reduce_gradients) {
-      MemoryCategoryGuard cat(MemoryCategory::Gradients);
-      Tensor full = zeros({c.per_rank * N}, {shard_grad_.dtype(), pg_->device()});
+  const int64_t N = pg_->size();
+  // 1. Gradients for this rank's pieces: views of .grad (already averaged by DDP), or slices of
+  //    a reduce-scattered chunk.
+  std::vector<Tensor> reduced(chunks_.size());
+  if (opts_.reduce_gradients) {
+    MemoryCategoryGuard cat(MemoryCategory::Gradients);
+    for (size_t k = 0; k < chunks_.size(); ++k) {
+      const Chunk& c = chunks_[k];
+      Tensor full = zeros({c.per_rank * N}, {dtype_, pg_->device()});
       for_each_piece(c.global_begin, c.global_begin + c.per_rank * N,
                      [&](size_t i, int64_t p_off, int64_t r_off, int64_t len) {
                        Tensor g = params_[i].grad();
-                       if (g.defined())
-                         kernels::copy_(flat_slice(full, r_off, len), flat_slice(raw::contiguous(g), p_off, len));
+                       if (g.defined()) kernels::copy_(flat_slice(full, r_off, len), flat_slice(raw::contiguous(g), p_off, len));
                      });
-      pg_->reduce_scatter(mine, full, ReduceOp::Avg);
-    } else {
-      const int64_t begin = c.global_begin + rank * c.per_rank;
-      for_each_piece(begin, begin + c.per_rank, [&](size_t i, int64_t p_off, int64_t r_off, int64_t len) {
-        Tensor g = params_[i].grad();
-        if (g.defined()) kernels::copy_(flat_slice(mine, r_off, len), flat_slice(raw::contiguous(g), p_off, len));
-      });
+      reduced[k] = empty({c.per_rank}, {dtype_, pg_->device()});
+      pg_->reduce_scatter(reduced[k], full, ReduceOp::Avg);
     }
   }
-  shard_.set_grad(shard_grad_);
-  // 2. The local update (optimizer state for this slice only).
+  for (Piece& pc : pieces_) {
+    if (opts_.reduce_gradients) {
+      pc.view.set_grad(raw::slice(reduced[pc.chunk], 0, pc.slice_offset, pc.slice_offset + pc.len, 1));
+      continue;
+    }
+    Tensor g = params_[pc.param].grad();
+    pc.view.set_grad(g.defined() ? flat_slice(raw::contiguous(g), pc.param_offset, pc.len)
+                                 : zeros({pc.len}, {dtype_, pg_->device()}));
+  }
+  // 2. The local update, in place on the parameters (optimizer state for this slice only).
   local_->step();
-  // 3. Everyone's updated slices back into every parameter, one chunk at a time.
-  for (const Chunk& c : chunks_) {
-    Tensor gathered = empty({c.per_rank * N}, {shard_.dtype(), pg_->device()});
-    pg_->all_gather(gathered, flat_slice(shard_.detach(), c.local_begin, c.per_rank));
+  for (Piece& pc : pieces_) pc.view.set_grad(Tensor());
+  // 3. Every rank's updated slice into every parameter, one chunk at a time.
+  for (size_t k = 0; k < chunks_.size(); ++k) {
+    const Chunk& c = chunks_[k];
+    Tensor mine = zeros({c.per_rank}, {dtype_, pg_->device()});
+    for (const Piece& pc : pieces_)
+      if (pc.chunk == k) kernels::copy_(flat_slice(mine, pc.slice_offset, pc.len), flat_slice(params_[pc.param], pc.param_offset, pc.len));
+    Tensor gathered = empty({c.per_rank * N}, {dtype_, pg_->device()});
+    pg_->all_gather(gathered, mine);
     for_each_piece(c.global_begin, c.global_begin + c.per_rank * N,
                    [&](size_t i, int64_t p_off, int64_t r_off, int64_t len) {
                      kernels::copy_(flat_slice(params_[i], p_off, len), flat_slice(gathered, r_off, len));

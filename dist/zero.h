@@ -27,15 +27,17 @@ class ZeroRedundancyOptimizer {
   // Builds the optimizer for this rank's slice; it must update elementwise (SGD, Adam, AdamW:
   // not LARS/LAMB-style per-tensor norms), e.g.
   //   [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(p, opts); }
-  using Factory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor> shard)>;
+  // It receives views of the parameters' own storage (one per piece of a parameter this rank
+  // owns), so it updates the parameters in place: no copy of the shard is kept.
+  using Factory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor> pieces)>;
 
   // params: identical on every rank (broadcast them first, as DDP does), contiguous, one dtype,
   // on the process group's device.
   ZeroRedundancyOptimizer(std::vector<Tensor> params, std::shared_ptr<ProcessGroup> pg, const Factory& make_local,
                           ZeroOptions opts = {});
 
-  // One update of every parameter. A parameter without a gradient counts as a zero gradient
-  // (its slice may share a shard with others), unlike SGD, which skips it.
+  // One update of every parameter. Where a piece of a parameter has no gradient it counts as
+  // zero (SGD proper skips such a parameter; with DDP every parameter has one).
   void step();
   void zero_grad(bool set_to_none = true);
 
@@ -44,6 +46,7 @@ class ZeroRedundancyOptimizer {
   const optim::Optimizer& local_optimizer() const { return *local_; }
   // Bytes of optimizer state on this rank (about 1/N of the unsharded optimizer's).
   int64_t state_nbytes() const { return local_->state_nbytes(); }
+  // Elements this rank owns (its slice of the padded flat space) and in all parameters.
   int64_t shard_numel() const { return shard_numel_; }
   int64_t total_numel() const { return total_; }
 
@@ -51,7 +54,15 @@ class ZeroRedundancyOptimizer {
   struct Chunk {
     int64_t global_begin;  // in the flat space (padded at the end to a multiple of N)
     int64_t per_rank;      // this chunk's slice per rank
-    int64_t local_begin;   // where this rank's slice sits in the shard
+  };
+  // A run of one parameter inside this rank's slice of one chunk.
+  struct Piece {
+    size_t param;
+    int64_t param_offset;  // in the parameter's elements
+    int64_t slice_offset;  // in this rank's slice of the chunk
+    int64_t len;
+    size_t chunk;
+    Tensor view;           // the local optimizer's parameter: a view of params_[param]
   };
   // Calls fn(param index, offset in that param, offset in [begin, end), length) for every piece
   // of a parameter inside the flat range [begin, end).
@@ -62,11 +73,11 @@ class ZeroRedundancyOptimizer {
   std::vector<int64_t> offsets_;  // flat offset of each parameter
   std::shared_ptr<ProcessGroup> pg_;
   ZeroOptions opts_;
+  DType dtype_ = DType::f32;
   int64_t total_ = 0;
   int64_t shard_numel_ = 0;
   std::vector<Chunk> chunks_;
-  Tensor shard_;       // this rank's slice of the parameters (the local optimizer's parameter)
-  Tensor shard_grad_;
+  std::vector<Piece> pieces_;
   std::unique_ptr<optim::Optimizer> local_;
 };
 
