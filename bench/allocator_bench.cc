@@ -73,12 +73,17 @@ BENCHMARK(BM_CudaMallocFree)->Arg(4 << 10)->Arg(1 << 20)->Arg(64 << 20)->UseReal
 BENCHMARK(BM_CachingAllocFree)->Arg(4 << 10)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
 BENCHMARK(BM_CachingAllocFreeFake)->ArgsProduct({{4 << 10, 1 << 20, 64 << 20}, {0, 1}});
 
-// Replays a trace; reports peak reserved / peak allocated (1.0 = no waste).
-void replay(benchmark::State& state, cuda::DeviceMemory& mem, const std::vector<TraceEvent>& trace, bool expandable) {
-  double ratio = 0, peak_alloc = 0, peak_res = 0;
+// memgrad's fragmentation policies off: PyTorch's plain best fit, cache freed only on OOM.
+constexpr const char* kPyTorchPolicies = "reserved_slack:-1,segment_reuse_ratio:0";
+
+// Replays a trace; reports peak reserved / peak allocated (1.0 = no waste) and device calls.
+void replay(benchmark::State& state, cuda::DeviceMemory& mem, const std::vector<TraceEvent>& trace, bool expandable,
+            bool pytorch_policies) {
+  double ratio = 0, peak_alloc = 0, peak_res = 0, calls = 0;
   for (auto _ : state) {
     cuda::CachingAllocator a(mem, 0);
     a.set_expandable_segments(expandable);
+    if (pytorch_policies) a.configure(kPyTorchPolicies);
     std::map<int64_t, void*> live;
     for (const TraceEvent& e : trace) {
       if (e.alloc) {
@@ -92,38 +97,70 @@ void replay(benchmark::State& state, cuda::DeviceMemory& mem, const std::vector<
     peak_alloc = static_cast<double>(a.max_memory_allocated());
     peak_res = static_cast<double>(a.max_memory_reserved());
     ratio = peak_res / peak_alloc;
+    const cuda::DeviceStats st = a.stats();
+    calls = static_cast<double>(st.num_device_alloc + st.num_device_free);
     a.empty_cache();
   }
+  state.counters["device_calls"] = calls;
   state.counters["peak_alloc_GiB"] = peak_alloc / (1 << 30);
   state.counters["peak_reserved_GiB"] = peak_res / (1 << 30);
   state.counters["reserved_over_alloc"] = ratio;
 }
 
+// Args: expandable, real device, mapping unit in MiB (expandable segments: what each physical
+// allocation holds; CudaDeviceMemory's default is 16, the fake device's 2), PyTorch's policies.
 void BM_TraceGpt2Step(benchmark::State& state) {
   const bool expandable = state.range(0) != 0;
   const bool real = state.range(1) != 0;
+  const size_t unit = static_cast<size_t>(state.range(2)) << 20;
+  const bool pytorch = state.range(3) != 0;
   GptShape shape;  // GPT-2 124M, B=8, T=1024, f32
   auto trace = gpt_training_step_trace(shape, 2);
   if (real) {
     if (!have_gpu(state)) return;
-    cuda::CudaDeviceMemory mem(0);
-    replay(state, mem, trace, expandable);
+    cuda::CudaDeviceMemory mem(0, unit);
+    replay(state, mem, trace, expandable, pytorch);
   } else {
-    cuda::FakeDevice mem(size_t{140} << 30);
-    replay(state, mem, trace, expandable);
+    cuda::FakeDevice mem(size_t{140} << 30, true, unit);
+    replay(state, mem, trace, expandable, pytorch);
   }
-  state.SetLabel(std::string(real ? "H200" : "fake device") + (expandable ? ", expandable segments" : ", segments"));
+  state.SetLabel(std::string(real ? "H200" : "fake device") +
+                 (expandable ? ", expandable segments, unit " + std::to_string(unit >> 20) + " MiB" : ", segments") +
+                 (pytorch ? ", PyTorch policies" : ""));
 }
-BENCHMARK(BM_TraceGpt2Step)->ArgsProduct({{0, 1}, {0, 1}})->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_TraceGpt2Step)
+    ->Args({0, 0, 2, 0})
+    ->Args({1, 0, 2, 0})
+    ->Args({0, 0, 2, 1})
+    ->Args({1, 0, 2, 1})
+    ->Args({0, 1, 8, 0})
+    ->Args({1, 1, 2, 0})
+    ->Args({1, 1, 8, 0})
+    ->Args({1, 1, 16, 0})
+    ->Args({1, 1, 32, 0})
+    ->Args({1, 1, 64, 0})
+    ->Args({1, 1, 2, 1})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 
+// Args: expandable, real device, PyTorch's policies.
 void BM_TraceGrowingBatch(benchmark::State& state) {
   const bool expandable = state.range(0) != 0;
+  const bool real = state.range(1) != 0;
+  const bool pytorch = state.range(2) != 0;
   auto trace = growing_batch_trace(size_t{24} << 20, 12, 1.15);
-  cuda::FakeDevice mem(size_t{140} << 30);
-  replay(state, mem, trace, expandable);
-  state.SetLabel(expandable ? "expandable segments" : "segments");
+  if (real) {
+    if (!have_gpu(state)) return;
+    cuda::CudaDeviceMemory mem(0);
+    replay(state, mem, trace, expandable, pytorch);
+  } else {
+    cuda::FakeDevice mem(size_t{140} << 30);
+    replay(state, mem, trace, expandable, pytorch);
+  }
+  state.SetLabel(std::string(real ? "H200" : "fake device") + (expandable ? ", expandable segments" : ", segments") +
+                 (pytorch ? ", PyTorch policies" : ""));
 }
-BENCHMARK(BM_TraceGrowingBatch)->Arg(0)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_TraceGrowingBatch)->ArgsProduct({{0, 1}, {0, 1}, {0, 1}})->Iterations(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace mg::bench

@@ -1,5 +1,7 @@
 #include "core/cuda/cuda_device_memory.h"
 
+#include <algorithm>
+
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -62,7 +64,7 @@ CUmemAllocationProp prop_for(int device) {
 }
 }  // namespace
 
-CudaDeviceMemory::CudaDeviceMemory(int device) : device_(device) {
+CudaDeviceMemory::CudaDeviceMemory(int device, std::size_t map_unit) : device_(device) {
   name_ = get_device_properties(device).name;
   const DriverApi& d = driver();
   if (d.ok) {
@@ -71,7 +73,7 @@ CudaDeviceMemory::CudaDeviceMemory(int device) : device_(device) {
       CUmemAllocationProp prop = prop_for(device);
       size_t g = 0;
       if (d.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) == CUDA_SUCCESS && g > 0) {
-        granularity_ = g;
+        granularity_ = (std::max(map_unit, g) + g - 1) / g * g;
         vm_ok_ = true;
       }
     }
@@ -135,33 +137,54 @@ void* CudaDeviceMemory::reserve_address(std::size_t bytes) {
   return reinterpret_cast<void*>(p);
 }
 
+// One physical handle per granularity page, because the allocator may later unmap any page on
+// its own (a free hole inside an expandable segment). The access rights are set with one call
+// for the whole range: cuMemSetAccess accepts a range spanning many mappings, and it is as
+// expensive per call as the create and map together.
 bool CudaDeviceMemory::map(void* addr, std::size_t bytes) {
   const DriverApi& d = driver();
   CUmemAllocationProp prop = prop_for(device_);
-  CUmemAccessDesc access{};
-  access.location = prop.location;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   const auto base = reinterpret_cast<std::uintptr_t>(addr);
   for (std::size_t off = 0; off < bytes; off += granularity_) {
     CUmemGenericAllocationHandle h = 0;
-    CUresult r = d.mem_create(&h, granularity_, &prop, 0);
+    const CUresult r = d.mem_create(&h, granularity_, &prop, 0);
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-      if (off > 0) unmap(addr, off);  // all or nothing
+      release_pages(base, off);  // all or nothing; no kernel has seen these pages
       return false;
     }
     drv_check(r, "cuMemCreate");
-    drv_check(d.mem_map(static_cast<CUdeviceptr>(base + off), granularity_, 0, h, 0), "cuMemMap");
-    drv_check(d.mem_set_access(static_cast<CUdeviceptr>(base + off), granularity_, &access, 1), "cuMemSetAccess");
+    const CUresult m = d.mem_map(static_cast<CUdeviceptr>(base + off), granularity_, 0, h, 0);
+    if (m != CUDA_SUCCESS) {
+      (void)d.mem_release(h);
+      release_pages(base, off);
+      drv_check(m, "cuMemMap");
+    }
     page_handles_[base + off] = h;
+  }
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const CUresult a = d.mem_set_access(static_cast<CUdeviceptr>(base), bytes, &access, 1);
+  if (a != CUDA_SUCCESS) {
+    release_pages(base, bytes);
+    drv_check(a, "cuMemSetAccess");
   }
   return true;
 }
 
+// Queued kernels may still read the pages. The allocator only unmaps free blocks, whose last
+// use is ordered on their segment's stream (uses on other streams were waited for with events
+// before the block became free), so a sync of that stream would do; this interface doesn't name
+// the stream, so wait for the device. That is one sync per call, and the allocator makes one
+// call per contiguous free range, never one per page.
 void CudaDeviceMemory::unmap(void* addr, std::size_t bytes) {
-  const DriverApi& d = driver();
   DeviceGuard g(device_);
-  MG_CUDA_CHECK(cudaDeviceSynchronize());  // pages may still be read by queued kernels
-  const auto base = reinterpret_cast<std::uintptr_t>(addr);
+  MG_CUDA_CHECK(cudaDeviceSynchronize());
+  release_pages(reinterpret_cast<std::uintptr_t>(addr), bytes);
+}
+
+void CudaDeviceMemory::release_pages(std::uintptr_t base, std::size_t bytes) {
+  const DriverApi& d = driver();
   for (std::size_t off = 0; off < bytes; off += granularity_) {
     auto it = page_handles_.find(base + off);
     MG_CHECK(it != page_handles_.end(), CudaError, "unmap: page at ", base + off, " was not mapped");
