@@ -318,7 +318,9 @@ TEST(DistributedSampler, PartitionsLikePyTorch) {
           auto idx = s.indices();
           EXPECT_EQ(static_cast<int64_t>(idx.size()), s.num_samples());
           EXPECT_EQ(s.num_samples(), (N + R - 1) / R);
-          if (per >= 0) EXPECT_EQ(static_cast<int64_t>(idx.size()), per) << "ranks get equal shares";
+          if (per >= 0) {
+            EXPECT_EQ(static_cast<int64_t>(idx.size()), per) << "ranks get equal shares";
+          }
           per = idx.size();
           seen.insert(idx.begin(), idx.end());
         }
