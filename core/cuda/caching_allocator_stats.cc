@@ -201,6 +201,9 @@ std::string CachingAllocator::memory_summary() const {
                   "    max_split_size: " +
                   (max_split_size_ == SIZE_MAX ? std::string("unlimited")
                                                : format_bytes(max_split_size_)));
+  out += centered("reserved_slack: " + (reserved_slack_ < 0 ? std::string("off") : fixed(reserved_slack_, 3)) +
+                  "    segment_reuse_ratio: " +
+                  (segment_reuse_ratio_ == 0 ? std::string("off") : fixed(segment_reuse_ratio_, 1)));
   out += thick;
   return out;
 }
