@@ -1,0 +1,52 @@
+#include "core/autocast.h"
+
+#include <string>
+
+#include "core/error.h"
+
+namespace mg {
+
+namespace {
+thread_local AutocastState tl_state;
+}  // namespace
+
+namespace detail {
+void (*autocast_cache_clear_hook)() = nullptr;
+}  // namespace detail
+
+AutocastState autocast_state() { return tl_state; }
+void set_autocast_state(const AutocastState& s) { tl_state = s; }
+bool is_autocast_enabled(DeviceType t) { return tl_state.enabled(t); }
+DType autocast_dtype(DeviceType t) { return tl_state.dtype(t); }
+
+void clear_autocast_cache() {
+  if (detail::autocast_cache_clear_hook) detail::autocast_cache_clear_hook();
+}
+
+Autocast::Autocast(DeviceType device, DType dtype, bool enabled) : prev_(tl_state) {
+  if (enabled) {
+    const bool ok = device == DeviceType::CUDA ? (dtype == DType::f16 || dtype == DType::bf16)
+                                               : dtype == DType::bf16;
+    if (!ok)
+      MG_THROW(ValueError, "autocast: dtype ", dtype, " is not supported on ",
+               device == DeviceType::CUDA ? "cuda" : "cpu", " (cuda: f16 or bf16; cpu: bf16)");
+  }
+  AutocastState s = tl_state;
+  if (device == DeviceType::CUDA) {
+    s.cuda_enabled = enabled;
+    if (enabled) s.cuda_dtype = dtype;
+  } else {
+    s.cpu_enabled = enabled;
+    if (enabled) s.cpu_dtype = dtype;
+  }
+  if (enabled) ++s.nesting;
+  tl_state = s;
+}
+
+Autocast::~Autocast() {
+  const bool was_outermost = tl_state.nesting > 0 && prev_.nesting == 0;
+  tl_state = prev_;
+  if (was_outermost) clear_autocast_cache();
+}
+
+}  // namespace mg
