@@ -1,5 +1,6 @@
-// The main job: trains an MLP on Fashion-MNIST with SGD + momentum and reports the test
-// accuracy and the peak memory by category (parameters, gradients, optimizer state, ...).
+// The main job: trains an MLP or a CNN (--model cnn) on Fashion-MNIST with SGD + momentum
+// and reports the test accuracy and the peak memory by category (parameters, gradients,
+// optimizer state, ...).
 //
 //   bazel run //examples:fashion_mnist -- --epochs 2 --batch-size 64 --seed 0
 //
@@ -7,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -34,12 +36,16 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-const std::vector<std::string> kModels = {"mlp"};
+const std::vector<std::string> kModels = {"mlp", "cnn"};
+// Per-model recipe defaults (measured with seed 0, see docs/training.md).
+double default_lr(const std::string&) { return 0.02; }
+std::string default_schedule(const std::string& model) { return model == "cnn" ? "cosine" : "constant"; }
 
 struct Flags {
   int64_t epochs = 2;
   int64_t batch_size = 64;
-  double lr = 0.02;
+  double lr = -1;  // < 0: the model's default (kDefaultLr)
+  std::string lr_schedule;  // empty: the model's default
   double momentum = 0.9;
   double weight_decay = 0.0;
   double dropout = 0.0;
@@ -55,18 +61,24 @@ struct Flags {
 
 const char* kUsage = R"(usage: fashion_mnist [flags]
 
-Trains an MLP on Fashion-MNIST with SGD + momentum; prints the test accuracy and the peak
-memory by category after each epoch, and one JSON line at the end.
+Trains an MLP or a CNN on Fashion-MNIST with SGD + momentum; prints the test accuracy
+and the peak memory by category after each epoch, and one JSON line at the end.
 
   --epochs N          passes over the training set (default 2)
   --batch-size N      training batch size (default 64)
   --lr X              learning rate (default 0.02)
+  --lr-schedule S     constant, or cosine: the learning rate follows a half cosine from
+                      --lr down to 0 over all training steps (default constant for mlp,
+                      cosine for cnn)
   --momentum X        SGD momentum (default 0.9)
   --weight-decay X    L2 penalty (default 0)
   --dropout P         dropout after each hidden ReLU, 0 = none (default 0)
   --hidden A,B,...    hidden layer widths (default 256,128)
   --seed N            seeds init, dropout and shuffling (default 0)
-  --model NAME        model architecture: mlp (default mlp)
+  --model NAME        model architecture (default mlp): mlp (Linear layers of --hidden
+                      widths) or cnn (two Conv3x3-BatchNorm-ReLU-MaxPool2 blocks with
+                      32 and 64 channels, then Linear 3136-128-10; --dropout applies
+                      after its hidden ReLU)
   --device D          cpu, cuda or cuda:N (default: cuda when available, else cpu)
   --limit-train N     train on the first N images only (default: all 60000)
   --eval-batch-size N test-set batch size (default 1000)
@@ -125,6 +137,7 @@ Flags parse_flags(int argc, char** argv) {
     if (arg == "--epochs") f.epochs = parse_int(arg, value);
     else if (arg == "--batch-size") f.batch_size = parse_int(arg, value);
     else if (arg == "--lr") f.lr = parse_double(arg, value);
+    else if (arg == "--lr-schedule") f.lr_schedule = value;
     else if (arg == "--momentum") f.momentum = parse_double(arg, value);
     else if (arg == "--weight-decay") f.weight_decay = parse_double(arg, value);
     else if (arg == "--dropout") f.dropout = parse_double(arg, value);
@@ -156,6 +169,10 @@ Flags parse_flags(int argc, char** argv) {
     valid += (valid.empty() ? "" : ", ") + m;
   }
   if (!known) usage_error("unknown --model \"" + f.model + "\" (valid: " + valid + ")");
+  if (f.lr < 0) f.lr = default_lr(f.model);
+  if (f.lr_schedule.empty()) f.lr_schedule = default_schedule(f.model);
+  if (f.lr_schedule != "constant" && f.lr_schedule != "cosine")
+    usage_error("unknown --lr-schedule \"" + f.lr_schedule + "\" (valid: constant, cosine)");
   return f;
 }
 
@@ -191,6 +208,32 @@ std::shared_ptr<mg::nn::Sequential> make_mlp(const Flags& f, mg::Device device) 
   }
   model->push_back(std::make_shared<mg::nn::Linear>(in, mg::data::FashionMNIST::kNumClasses, true,
                                                     mg::TensorOptions(mg::DType::f32, device)));
+  return model;
+}
+
+// Conv(1->32, 3x3, pad 1)-BN-ReLU-MaxPool2 -> Conv(32->64)-BN-ReLU-MaxPool2 -> Flatten ->
+// Linear(64*7*7, 128)-ReLU[-Dropout] -> Linear(128, 10). The convolutions have no bias:
+// the batch norm right after them subtracts any per-channel constant anyway.
+std::shared_ptr<mg::nn::Sequential> make_cnn(const Flags& f, mg::Device device) {
+  namespace nn = mg::nn;
+  const mg::TensorOptions opts(mg::DType::f32, device);
+  auto model = std::make_shared<nn::Sequential>();
+  int64_t in = 1, side = mg::data::FashionMNIST::kImageSize;
+  for (int64_t out : {32, 64}) {
+    model->push_back(std::make_shared<nn::Conv2d>(in, out, 3, /*stride=*/1, /*padding=*/1, /*dilation=*/1,
+                                                  /*groups=*/1, /*bias=*/false, opts));
+    model->push_back(std::make_shared<nn::BatchNorm2d>(out, 1e-5, 0.1, true, true, opts));
+    // In place: batch norm's backward needs its input, not its output.
+    model->push_back(std::make_shared<nn::ReLU>(/*inplace=*/true));
+    model->push_back(std::make_shared<nn::MaxPool2d>(2));
+    in = out;
+    side /= 2;
+  }
+  model->push_back(std::make_shared<nn::Flatten>());
+  model->push_back(std::make_shared<nn::Linear>(in * side * side, 128, true, opts));
+  model->push_back(std::make_shared<nn::ReLU>(/*inplace=*/true));
+  if (f.dropout > 0) model->push_back(std::make_shared<nn::Dropout>(f.dropout));
+  model->push_back(std::make_shared<nn::Linear>(128, mg::data::FashionMNIST::kNumClasses, true, opts));
   return model;
 }
 
@@ -299,7 +342,7 @@ int run(const Flags& f) {
   eo.batch_size = f.eval_batch_size;
   mg::data::DataLoader test_loader(test_set, eo);
 
-  auto model = make_mlp(f, device);
+  auto model = f.model == "cnn" ? make_cnn(f, device) : make_mlp(f, device);
   mg::optim::SGDOptions so;
   so.lr = f.lr;
   so.momentum = f.momentum;
@@ -310,7 +353,7 @@ int run(const Flags& f) {
             << root << " (loaded in " << std::fixed;
   std::cout.precision(2);
   std::cout << load_seconds << " s), device " << device << ", seed " << f.seed << "\nmodel: " << *model << "\n"
-            << model->num_parameters() << " parameters; SGD lr " << f.lr << " momentum " << f.momentum
+            << model->num_parameters() << " parameters; SGD lr " << f.lr << " (" << f.lr_schedule << ") momentum " << f.momentum
             << ", batch size " << f.batch_size << "\n";
 
   // Peaks from here on measure training (the data set itself stays counted under "data").
@@ -318,6 +361,8 @@ int run(const Flags& f) {
   if (!device.is_cpu()) mg::CategoryStats::get(mg::Device::cpu()).reset_peak();
 
   ProgressBar bar(f.progress);
+  const int64_t total_steps = f.epochs * static_cast<int64_t>(train_loader.size());
+  int64_t step = 0;
   const auto t_train = Clock::now();
   double accuracy = 0.0, last_loss = 0.0;
   int64_t images = 0;
@@ -336,6 +381,10 @@ int run(const Flags& f) {
       }
       optimizer.zero_grad();
       loss.backward();  // the engine allocates under MemoryCategory::Gradients itself
+      if (f.lr_schedule == "cosine") {
+        const double t = static_cast<double>(step++) / static_cast<double>(total_steps);
+        for (auto& group : optimizer.param_groups()) group.set_lr(0.5 * f.lr * (1.0 + std::cos(M_PI * t)));
+      }
       optimizer.step();  // momentum buffers: MemoryCategory::OptimizerState
       const double l = loss.item();
       loss_sum += l;
@@ -369,6 +418,7 @@ int run(const Flags& f) {
       {"epochs", f.epochs},
       {"batch_size", f.batch_size},
       {"lr", f.lr},
+      {"lr_schedule", f.lr_schedule},
       {"momentum", f.momentum},
       {"seed", f.seed},
       {"model", f.model},
