@@ -56,6 +56,19 @@ void check_inplace_allowed(const Tensor& t, const char* op) {
 // ---------------- SavedTensor ----------------
 
 SavedTensor::SavedTensor(const Tensor& t, const char* op) : op_(op), was_defined_(t.defined()) {
+  if (t.defined() && t.impl()->autograd && t.impl()->autograd->grad_fn &&
+      t.impl()->autograd->grad_fn->recomputes_outputs()) {
+    // Only the very tensor the node produced (not a view of it) can be rebuilt as is.
+    const auto& node = t.impl()->autograd->grad_fn;
+    const uint32_t nr = t.impl()->autograd->output_nr;
+    if (nr < node->output_tensors.size() && node->output_tensors[nr].lock() == t.impl_ptr()) {
+      recompute_from_ = node;
+      output_nr_ = nr;
+      version_ = t.impl()->version;
+      saved_version_ = t.version();
+      return;
+    }
+  }
   if (t.defined()) {
     data_ = t.detach();  // shares storage and the version counter, drops the history
     saved_version_ = t.version();
@@ -64,6 +77,14 @@ SavedTensor::SavedTensor(const Tensor& t, const char* op) : op_(op), was_defined
 
 Tensor SavedTensor::unpack() const {
   if (!was_defined_) return Tensor();
+  if (recompute_from_) {
+    MG_CHECK(*version_ == saved_version_, AutogradError,
+             "one of the variables needed for gradient computation has been modified by an inplace operation: "
+             "the tensor saved by '",
+             op_, "' (recomputed from '", recompute_from_->name(), "') is at version ", *version_,
+             ", expected version ", saved_version_);
+    return recompute_from_->recompute_output(output_nr_);
+  }
   MG_CHECK(data_.defined(), AutogradError, kSecondBackward, " (a tensor saved by '", op_, "' was already freed)");
   MG_CHECK(data_.version() == saved_version_, AutogradError,
            "one of the variables needed for gradient computation has been modified by an inplace operation: "
@@ -218,6 +239,17 @@ bool any_requires_grad(const std::vector<Tensor>& inputs) {
   for (const Tensor& t : inputs)
     if (needs_grad(t)) return true;
   return false;
+}
+
+void record_node(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
+                 const std::vector<Tensor>& outputs) {
+  node->sequence_nr = g_next_sequence_nr++;
+  node->next_edges.clear();
+  node->next_edges.reserve(inputs.size());
+  for (const Tensor& i : inputs)
+    node->next_edges.push_back(is_grad_enabled() && needs_grad(i) ? gradient_edge(i) : Edge{});
+  fill_output_meta(*node, outputs);
+  for (size_t k = 0; k < outputs.size(); ++k) set_history(outputs[k], node, static_cast<uint32_t>(k));
 }
 
 void record(const char* op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,

@@ -28,11 +28,22 @@ class SavedTensor {
   SavedTensor() = default;
   SavedTensor(const Tensor& t, const char* op);
   Tensor unpack() const;
-  void reset() { data_ = Tensor(); }
-  bool defined() const { return data_.defined(); }
+  void reset() {
+    data_ = Tensor();
+    recompute_from_.reset();
+  }
+  bool defined() const { return data_.defined() || recompute_from_ != nullptr; }
+  // True when this saved tensor holds no data: unpack() recomputes it from the checkpoint
+  // region that produced it (selective recomputation).
+  bool is_recomputed() const { return recompute_from_ != nullptr; }
 
  private:
   Tensor data_;  // detached: saving never creates a reference cycle through grad_fn
+  // Set instead of data_ when the tensor is an output of a node that recomputes its
+  // outputs; version_ still guards against in-place changes of the original.
+  std::shared_ptr<Node> recompute_from_;
+  uint32_t output_nr_ = 0;
+  std::shared_ptr<uint32_t> version_;
   uint32_t saved_version_ = 0;
   const char* op_ = "";
   bool was_defined_ = false;
@@ -46,6 +57,11 @@ struct Node : std::enable_shared_from_this<Node> {
   // Drops everything saved for backward (called after apply unless retain_graph).
   virtual void release_saved() {}
   virtual std::string name() const = 0;
+  // A node that can rebuild its forward outputs (a checkpoint region marked
+  // recompute_outputs): tensors later ops save from it are not kept, SavedTensor::unpack
+  // asks for them again. The default node keeps nothing and cannot.
+  virtual bool recomputes_outputs() const { return false; }
+  virtual Tensor recompute_output(uint32_t /*output_nr*/) { return Tensor(); }
 
   std::vector<Edge> next_edges;
   uint32_t num_outputs = 1;
@@ -110,6 +126,13 @@ inline void record(const char* op, const std::vector<Tensor>& inputs, const Tens
                    FunctionNode::Backward fn) {
   record(op, inputs, std::vector<Tensor>{output}, std::move(fn));
 }
+
+// record() for a node built by the caller (a Node subclass such as the checkpoint node):
+// assigns its sequence number, wires an edge for every input that requires grad, and makes
+// each floating output require grad with `node` as its grad_fn (even when no input
+// requires grad: a checkpoint region's parameters are reached through the node itself).
+void record_node(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
+                 const std::vector<Tensor>& outputs);
 
 // Checks an in-place op on `t` is allowed (not a leaf requiring grad while grad mode is on)
 // and bumps its version counter. `op` names the in-place op for the error message.

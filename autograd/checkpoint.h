@@ -1,0 +1,56 @@
+// Gradient checkpointing (activation recomputation): a region's forward keeps only its
+// inputs, and its backward replays the region (same RNG stream, same autocast state).
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mg {
+
+struct CheckpointOptions {
+  // Replay with the RNG state the forward started from, so dropout draws the same masks.
+  bool preserve_rng_state = true;
+  // Also drop the region's outputs: a later op that saves one for backward keeps a handle
+  // to this region instead of the data, and the value is rebuilt from the region's inputs
+  // when that op's backward needs it. Meant for cheap regions (norms, activations) whose
+  // inputs are saved anyway: this is selective recomputation. Off, the outputs live as long
+  // as anything holds them, like any other tensor.
+  bool recompute_outputs = false;
+  // Names the region in error messages and in the tape ("checkpoint" by default).
+  const char* name = "checkpoint";
+};
+
+using CheckpointFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& inputs)>;
+
+// Runs fn(inputs) without recording its graph and returns its outputs, which take a single
+// node as their grad_fn. Backward replays fn with grad enabled on detached copies of the
+// inputs and backpropagates through the replay: gradients reach the inputs that require grad
+// and every parameter fn used (accumulated into their .grad, as a plain run would).
+// Works for several outputs, inputs that do not require grad (a region whose only grad
+// source is its parameters) and regions without parameters, and nests. With grad mode off
+// it simply runs fn. Undefined tensors are allowed as inputs and outputs.
+// fn must be a function of its inputs, the RNG and the autocast state only (like PyTorch's):
+// a replay that returns different shapes is an AutogradError.
+std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs,
+                               const CheckpointOptions& opts = {});
+Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input,
+                  const CheckpointOptions& opts = {});
+
+// Chen et al.'s segmented checkpointing over a chain: functions[0..n) split into
+// `segments` contiguous runs of (nearly) equal length; every run but the last is
+// checkpointed (the last one's activations are needed right away by backward). 1 <= segments.
+Tensor checkpoint_sequential(const std::vector<std::function<Tensor(const Tensor&)>>& functions, int64_t segments,
+                             const Tensor& input, const CheckpointOptions& opts = {});
+
+// Checkpoints exactly the runs [bounds[i], bounds[i+1]) whose flag is set; the others run
+// plainly. bounds starts at 0, ends at functions.size() and increases (the planner's output).
+Tensor checkpoint_segments(const std::vector<std::function<Tensor(const Tensor&)>>& functions,
+                           const std::vector<int64_t>& bounds, const std::vector<bool>& checkpointed,
+                           const Tensor& input, const CheckpointOptions& opts = {});
+
+// How many checkpoint replays this thread has run (tests and benches count recomputation).
+int64_t checkpoint_replay_count();
+
+}  // namespace mg
