@@ -25,9 +25,14 @@
 //
 // Speed, honestly: FMA on CUDA cores, no tensor cores (no mma/wgmma), so this runs well below
 // cuDNN / FlashAttention-2. What it guarantees is memory: O(BH * T * D), never O(T^2).
+// f16/bf16 at head dims 64 and 128 therefore go to the tensor-core kernels (attention_tc.cu);
+// these stay the reference and the fallback (f32, other head dims, MG_ATTENTION_KERNEL=simt).
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
+#include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_nn_ops.h"
 
@@ -362,7 +367,24 @@ T* ptr(const Tensor& t) {
   return static_cast<T*>(t.raw_data());
 }
 
+// The tensor-core kernels copy rows 16 bytes at a time.
+bool aligned16(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (reinterpret_cast<uintptr_t>(t->raw_data()) % 16 != 0) return false;
+  return true;
+}
+
 }  // namespace
+
+const char* flash_attention_kernel(DType dt, int64_t D) {
+  // Read at each call, so a benchmark or test can switch kernels within one process.
+  const char* env = std::getenv("MG_ATTENTION_KERNEL");
+  const std::string_view want = env ? env : "";
+  MG_CHECK(want.empty() || want == "auto" || want == "tc" || want == "simt", ValueError,
+           "flash_attention: MG_ATTENTION_KERNEL must be auto, tc or simt, got '", want, "'");
+  if (want == "simt") return "simt";
+  return (dt == DType::f16 || dt == DType::bf16) && attention_tc_head_dim_ok(D) ? "tc" : "simt";
+}
 
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                              const Tensor& out, const Tensor& lse) {
@@ -372,6 +394,13 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   MG_CHECK(S >= 1, ShapeError, op, ": needs at least one key");
   mg::cuda::DeviceGuard guard(q.device());
   cudaStream_t st = stream_of(q);
+  if (std::string_view(flash_attention_kernel(q.dtype(), D)) == "tc" && aligned16({&q, &k, &v, &out})) {
+    const TcForwardArgs a{q.dtype() == DType::bf16 ? TcElem::bf16 : TcElem::f16,
+                          q.raw_data(), k.raw_data(), v.raw_data(), out.raw_data(), ptr<float>(lse),
+                          BH, L, S, static_cast<int>(D), static_cast<float>(scale), causal};
+    MG_CUDA_CHECK(attention_tc_forward(a, st));
+    return;
+  }
   dispatch(q.dtype(), D, op, [&](auto tag, auto dim) {
     using T = typename decltype(tag)::type;
     constexpr int kD = decltype(dim)::value;
@@ -406,6 +435,15 @@ void flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Ten
       flash_bwd_delta_kernel<T><<<row_blocks(BH * L, kWarps, op), kThreads, 0, st>>>(
           ptr<const T>(out), ptr<const T>(grad_out), ptr<float>(delta), BH * L, Di);
       MG_CUDA_CHECK_LAUNCH(op);
+    }
+    if (std::string_view(flash_attention_kernel(q.dtype(), D)) == "tc" &&
+        aligned16({&grad_out, &q, &k, &v, &grad_q, &grad_k, &grad_v})) {
+      const TcBackwardArgs a{std::is_same_v<T, __nv_bfloat16> ? TcElem::bf16 : TcElem::f16,
+                             q.raw_data(), k.raw_data(), v.raw_data(), grad_out.raw_data(), ptr<const float>(lse),
+                             ptr<const float>(delta), grad_q.raw_data(), grad_k.raw_data(), grad_v.raw_data(),
+                             BH, L, S, Di, sc, causal};
+      MG_CUDA_CHECK(attention_tc_backward(a, st));
+      return;
     }
     constexpr size_t smem = bwd_smem_bytes<kD>();
     allow_smem(flash_bwd_dkdv_kernel<T, kD>, smem);

@@ -61,5 +61,9 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 void flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, bool causal, double scale, const Tensor& grad_q,
                               const Tensor& grad_k, const Tensor& grad_v);
+// Which kernels flash_attention_* run for this dtype and head dim: "tc" (tensor cores,
+// attention_tc.cu: f16/bf16 at D = 64 or 128, inputs 16-byte aligned) or "simt" (everything
+// else). MG_ATTENTION_KERNEL=simt forces "simt"; values other than auto/tc/simt raise ValueError.
+const char* flash_attention_kernel(DType dt, int64_t D);
 
 }  // namespace mg::kernels::cuda
