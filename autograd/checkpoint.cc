@@ -126,7 +126,55 @@ class CheckpointNode final : public autograd::Node {
   std::vector<Tensor> replay_inputs_, replay_outputs_;
 };
 
+thread_local const RecomputePolicy* t_policy = nullptr;
+thread_local int t_inside_region = 0;  // the op's own call inside its region runs plainly
+
+Tensor selective_hook(const char* op, const Tensor& x, const std::function<Tensor(const Tensor&)>& fn) {
+  if (t_inside_region || !t_policy || !is_grad_enabled() || !t_policy->recomputes(op)) return Tensor();
+  CheckpointOptions opts;
+  opts.recompute_outputs = true;
+  opts.name = op;  // a string literal at every call site
+  return checkpoint(
+      [fn](const Tensor& in) {
+        ++t_inside_region;
+        try {
+          Tensor r = fn(in);
+          --t_inside_region;
+          return r;
+        } catch (...) {
+          --t_inside_region;
+          throw;
+        }
+      },
+      x, opts);
+}
+
 }  // namespace
+
+RecomputePolicy RecomputePolicy::cheap_ops() { return {{"gelu", "silu", "layer_norm", "dropout", "softmax"}}; }
+
+bool RecomputePolicy::recomputes(const char* op) const {
+  for (const std::string& o : ops)
+    if (o == op) return true;
+  return false;
+}
+
+SelectiveRecompute::SelectiveRecompute(RecomputePolicy policy) : policy_(std::move(policy)), prev_(t_policy) {
+  static const char* known[] = {"gelu", "silu", "relu", "layer_norm", "dropout", "softmax"};
+  for (const std::string& o : policy_.ops) {
+    bool ok = false;
+    for (const char* k : known) ok |= o == k;
+    MG_CHECK(ok, ValueError, "SelectiveRecompute: unknown op kind \"", o,
+             "\" (known: gelu, silu, relu, layer_norm, dropout, softmax)");
+  }
+  t_policy = &policy_;
+  autograd::recompute_hook = selective_hook;
+}
+
+SelectiveRecompute::~SelectiveRecompute() {
+  t_policy = prev_;
+  if (!prev_) autograd::recompute_hook = nullptr;
+}
 
 int64_t checkpoint_replay_count() { return g_replays.load(); }
 

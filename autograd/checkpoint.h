@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -49,6 +50,32 @@ Tensor checkpoint_sequential(const std::vector<std::function<Tensor(const Tensor
 Tensor checkpoint_segments(const std::vector<std::function<Tensor(const Tensor&)>>& functions,
                            const std::vector<int64_t>& bounds, const std::vector<bool>& checkpointed,
                            const Tensor& input, const CheckpointOptions& opts = {});
+
+// Selective recomputation: a policy per op kind. Inside a SelectiveRecompute scope, each
+// op the policy names runs as its own recompute_outputs region: its output is not kept for
+// backward but rebuilt from its input (saved anyway) when needed, while everything else
+// (matmuls, convolutions, attention) keeps its saved tensors. Names: "gelu", "silu", "relu",
+// "layer_norm", "dropout", "softmax".
+struct RecomputePolicy {
+  std::vector<std::string> ops;
+  // gelu, silu, layer_norm, dropout, softmax: outputs a following matmul saves while their
+  // own inputs are saved anyway. relu is left out: its backward needs only its output, so
+  // recomputing it trades the output for the input and saves nothing.
+  static RecomputePolicy cheap_ops();
+  bool recomputes(const char* op) const;
+};
+
+class SelectiveRecompute {
+ public:
+  explicit SelectiveRecompute(RecomputePolicy policy);
+  ~SelectiveRecompute();
+  SelectiveRecompute(const SelectiveRecompute&) = delete;
+  SelectiveRecompute& operator=(const SelectiveRecompute&) = delete;
+
+ private:
+  RecomputePolicy policy_;
+  const RecomputePolicy* prev_;
+};
 
 // How many checkpoint replays this thread has run (tests and benches count recomputation).
 int64_t checkpoint_replay_count();

@@ -249,10 +249,16 @@ Tensor square(const Tensor& a) {
                           [](const Tensor& g, const Tensor& x) { return kernels::mul(g, kernels::mul_scalar(x, 2.0)); });
 }
 Tensor relu(const Tensor& a) {  // y > 0 exactly where x > 0, so the output is enough
+  if (autograd::recompute_hook)
+    if (Tensor r = autograd::recompute_hook("relu", a, [](const Tensor& x) { return relu(x); }); r.defined()) return r;
   return unary_from_output("relu", Unary::Relu, a,
                            [](const Tensor& g, const Tensor& y) { return kernels::binary(Binary::ReluBackward, g, y); });
 }
 Tensor gelu(const Tensor& a, bool tanh_approx) {
+  if (autograd::recompute_hook)
+    if (Tensor r = autograd::recompute_hook("gelu", a, [tanh_approx](const Tensor& x) { return gelu(x, tanh_approx); });
+        r.defined())
+      return r;
   if (tanh_approx)
     return unary_from_input("gelu", Unary::GeluTanh, a, [](const Tensor& g, const Tensor& x) {
       return kernels::binary(Binary::GeluTanhBackward, g, x);
@@ -261,6 +267,8 @@ Tensor gelu(const Tensor& a, bool tanh_approx) {
                           [](const Tensor& g, const Tensor& x) { return kernels::binary(Binary::GeluBackward, g, x); });
 }
 Tensor silu(const Tensor& a) {
+  if (autograd::recompute_hook)
+    if (Tensor r = autograd::recompute_hook("silu", a, [](const Tensor& x) { return silu(x); }); r.defined()) return r;
   return unary_from_input("silu", Unary::Silu, a,
                           [](const Tensor& g, const Tensor& x) { return kernels::binary(Binary::SiluBackward, g, x); });
 }

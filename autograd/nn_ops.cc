@@ -16,6 +16,9 @@ using Grads = std::vector<Tensor>;
 // ---------------- softmax family ----------------
 
 Tensor softmax(const Tensor& a, int64_t dim) {
+  if (autograd::recompute_hook)
+    if (Tensor r = autograd::recompute_hook("softmax", a, [dim](const Tensor& x) { return softmax(x, dim); }); r.defined())
+      return r;
   Tensor y = kernels::softmax(a, dim);
   if (any_requires_grad({a}))
     record("softmax", {a}, y, [dim, dt = a.dtype(), sy = SavedTensor(y, "softmax")](const Grads& g) {
@@ -182,6 +185,9 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& re
 // ---------------- dropout ----------------
 
 Tensor dropout(const Tensor& a, double p, bool training) {
+  if (autograd::recompute_hook && training && p > 0.0)
+    if (Tensor r = autograd::recompute_hook("dropout", a, [p](const Tensor& x) { return dropout(x, p, true); }); r.defined())
+      return r;
   MG_CHECK(p >= 0.0 && p < 1.0, ValueError, "dropout: probability p must be in [0, 1), got ", p);
   if (!training || p == 0.0) return a;
   MG_CHECK(is_floating(a.dtype()), DTypeError, "dropout: input must be floating, got ", a.dtype());

@@ -53,6 +53,8 @@ void check_inplace_allowed(const Tensor& t, const char* op) {
 }
 }  // namespace
 
+thread_local RecomputeHook recompute_hook = nullptr;
+
 // ---------------- SavedTensor ----------------
 
 SavedTensor::SavedTensor(const Tensor& t, const char* op) : op_(op), was_defined_(t.defined()) {

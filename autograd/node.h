@@ -134,6 +134,13 @@ inline void record(const char* op, const std::vector<Tensor>& inputs, const Tens
 void record_node(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
                  const std::vector<Tensor>& outputs);
 
+// Selective recomputation. While a RecomputePolicy scope (autograd/checkpoint.h) is active
+// this is set, and the cheap ops it may name (gelu, silu, relu, layer_norm, dropout,
+// softmax) call it first with a closure of themselves: when it returns a defined tensor the
+// op ran as a checkpoint region whose output is rebuilt, not stored, for backward.
+using RecomputeHook = Tensor (*)(const char* op, const Tensor& x, const std::function<Tensor(const Tensor&)>& fn);
+extern thread_local RecomputeHook recompute_hook;
+
 // Checks an in-place op on `t` is allowed (not a leaf requiring grad while grad mode is on)
 // and bumps its version counter. `op` names the in-place op for the error message.
 void check_inplace(const Tensor& t, const char* op);

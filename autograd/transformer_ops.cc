@@ -26,6 +26,13 @@ using Grads = std::vector<Tensor>;
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
+  if (autograd::recompute_hook)
+    if (Tensor r = autograd::recompute_hook("layer_norm", x,
+                                            [normalized_shape, weight, bias, eps](const Tensor& in) {
+                                              return layer_norm(in, normalized_shape, weight, bias, eps);
+                                            });
+        r.defined())
+      return r;
   auto [out, mean, rstd] = kernels::layer_norm_forward(x, normalized_shape, weight, bias, eps);
   if (!any_requires_grad({x, weight, bias})) return out;
   const std::array<bool, 3> mask{needs_grad(x), needs_grad(weight), needs_grad(bias)};

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "core/allocator.h"
@@ -236,6 +238,53 @@ TEST(Checkpoint, RecomputeOutputsDropsWhatConsumersSave) {
   sum(y).backward();
   EXPECT_EQ(checkpoint_replay_count() - replays, 1);  // shared by linear's backward and gelu's
   expect_bitwise(grads_of(all), want);
+}
+
+// A pre-norm MLP block with dropout: what the selective policy is for.
+Tensor mlp_block(const Tensor& x, const std::vector<Tensor>& p) {
+  Tensor h = layer_norm(x, {x.size(-1)}, p[0], p[1], 1e-5);
+  h = dropout(gelu(linear(h, p[2], p[3])), 0.1, true);
+  return add(x, linear(h, p[4]));
+}
+
+TEST(SelectiveRecompute, CheapOpsGradientsBitwiseAndLessMemory) {
+  const int64_t d = 32;
+  std::vector<Tensor> p{param({d}, DType::f64, 1), param({d}, DType::f64, 2), param({4 * d, d}, DType::f64, 3),
+                        param({4 * d}, DType::f64, 4), param({d, 4 * d}, DType::f64, 5)};
+  Tensor x = param({16, 8, d}, DType::f64, 6);
+  std::vector<Tensor> all = p;
+  all.push_back(x);
+  auto run = [&](bool selective, int64_t* kept) {
+    clear_grads(all);
+    manual_seed(5);
+    const int64_t base = memory_allocated();
+    Tensor y;
+    {
+      std::optional<SelectiveRecompute> scope;
+      if (selective) scope.emplace(RecomputePolicy::cheap_ops());
+      y = mlp_block(mlp_block(x, p), p);
+    }
+    *kept = memory_allocated() - base;
+    sum(square(y)).backward();
+    return grads_of(all);
+  };
+  int64_t kept_plain = 0, kept_selective = 0;
+  auto want = run(false, &kept_plain);
+  const int64_t replays = checkpoint_replay_count();
+  auto got = run(true, &kept_selective);
+  // layer_norm, gelu and dropout per block, each replayed once.
+  EXPECT_EQ(checkpoint_replay_count() - replays, 6);
+  expect_bitwise(got, want);
+  // Per block, plain keeps ln out (d) + mean/rstd, fc1 out (4d), gelu out (4d), mask (4d),
+  // dropout out (4d); selective keeps fc1 out (4d) and the regions' inputs.
+  EXPECT_LT(kept_selective, kept_plain / 2) << kept_selective << " vs " << kept_plain;
+}
+
+TEST(SelectiveRecompute, UnknownOpKindIsAValueError) {
+  EXPECT_THROW(SelectiveRecompute({{"matmul"}}), ValueError);
+  RecomputePolicy p{{"relu"}};
+  EXPECT_TRUE(p.recomputes("relu"));
+  EXPECT_FALSE(p.recomputes("gelu"));
 }
 
 TEST(Checkpoint, InPlaceOnSavedInputIsAnErrorAtBackward) {
