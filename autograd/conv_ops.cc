@@ -1,6 +1,7 @@
 // conv2d, pooling and batch_norm: each forward calls kernels/nn_ops.h and records a node
 // whose backward calls the matching *_backward kernel. Unbatched [C, H, W] inputs get a
 // batch dim of 1 on the way in and lose it on the way out (both differentiable views).
+#include "autograd/autocast_policy.h"
 #include "autograd/conv_functions.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
@@ -47,6 +48,8 @@ kernels::Pool2dArgs pool_args(Int2 kernel, std::optional<Int2> stride, Int2 padd
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Int2 stride, Int2 padding, Int2 dilation,
               int64_t groups) {
+  if (autocast::lower_needed({&x, &weight, &bias}))
+    return conv2d(autocast::lower(x), autocast::lower(weight), autocast::lower(bias), stride, padding, dilation, groups);
   const kernels::Conv2dArgs args{stride, padding, dilation, groups};
   return batched(x, "conv2d", [&](const Tensor& x4) {
     Tensor out = kernels::conv2d_forward(x4, weight, bias, args);
@@ -125,12 +128,28 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size) {
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
+  // Autocast: a half-precision activation keeps its dtype on CUDA (the kernel accumulates the
+  // statistics in f32; casting it up would store f32 activations); the CPU kernel is f32-only.
+  const bool autocast_half = x.defined() && is_autocast_enabled(x.device().type) &&
+                             (x.dtype() == DType::f16 || x.dtype() == DType::bf16);
+  if (autocast_half && !x.is_cuda())
+    return batch_norm(autocast::widen(x), running_mean, running_var, weight, bias, training, momentum, eps);
+  if (autocast_half && ((weight.defined() && weight.dtype() != x.dtype()) || (bias.defined() && bias.dtype() != x.dtype())))
+    return batch_norm(x, running_mean, running_var, autocast::cached_cast(weight, x.dtype()),
+                      autocast::cached_cast(bias, x.dtype()), training, momentum, eps);
+  if (autocast_half && !training && running_mean.defined() && running_mean.dtype() != x.dtype())
+    return batch_norm(x, kernels::cast(running_mean, x.dtype()), kernels::cast(running_var, x.dtype()), weight, bias,
+                      false, momentum, eps);
+  // Training under autocast: f32 running statistics, updated from the kernel's batch statistics.
+  const bool wide_stats = autocast_half && running_mean.defined() && running_mean.dtype() != x.dtype();
   const bool grad = any_requires_grad({x, weight, bias});
   const bool need_x = needs_grad(x), need_w = needs_grad(weight), need_b = needs_grad(bias);
   if (training) {
     Tensor rm = running_mean.defined() ? running_mean.detach() : running_mean;
     Tensor rv = running_var.defined() ? running_var.detach() : running_var;
-    auto [out, mean, invstd] = kernels::batch_norm_forward_training(x, weight, bias, rm, rv, momentum, eps);
+    auto [out, mean, invstd] = kernels::batch_norm_forward_training(x, weight, bias, wide_stats ? Tensor() : rm,
+                                                                    wide_stats ? Tensor() : rv, momentum, eps);
+    if (wide_stats) autocast::update_running_stats(rm, rv, mean, invstd, x.numel() / x.size(1), momentum, eps);
     if (grad)
       // mean/invstd are this op's own tensors: captured plainly, no version check needed.
       record("batch_norm", {x, weight, bias}, out,

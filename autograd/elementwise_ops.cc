@@ -1,5 +1,6 @@
 // Elementwise differentiable ops: forward through kernels::unary/binary, backward beside it.
 // Broadcast inputs get their gradient summed back (reduce_grad), promoted ones cast back.
+#include "autograd/autocast_policy.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "kernels/ops.h"
@@ -80,6 +81,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor pow(const Tensor& a, const Tensor& exponent) {
+  if (autocast::widen_needed({&a, &exponent})) return pow(autocast::widen(a), autocast::widen(exponent));
   Tensor out = kernels::binary(Binary::Pow, a, exponent);
   if (any_requires_grad({a, exponent})) {
     InMeta ma(a), mb(exponent);
@@ -174,6 +176,7 @@ Tensor rsub(double s, const Tensor& a) {
 }
 
 Tensor pow(const Tensor& a, double e) {
+  if (autocast::widen_needed({&a})) return pow(autocast::widen(a), e);
   Tensor out = kernels::pow_scalar(a, e);
   if (any_requires_grad({a}))
     record("pow", {a}, out, [ma = InMeta(a), e, sa = SavedTensor(a, "pow")](const Grads& g) {
@@ -226,9 +229,11 @@ Tensor neg(const Tensor& a) {
 }
 
 Tensor exp(const Tensor& a) {
+  if (autocast::widen_needed({&a})) return exp(autocast::widen(a));
   return unary_from_output("exp", Unary::Exp, a, [](const Tensor& g, const Tensor& y) { return kernels::mul(g, y); });
 }
 Tensor log(const Tensor& a) {
+  if (autocast::widen_needed({&a})) return log(autocast::widen(a));
   return unary_from_input("log", Unary::Log, a, [](const Tensor& g, const Tensor& x) { return kernels::div(g, x); });
 }
 Tensor sqrt(const Tensor& a) {  // 1 / (2 sqrt(x))

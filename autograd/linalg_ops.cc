@@ -1,5 +1,6 @@
 // matmul / bmm / linear: backward is two more matmuls (g @ b^T, a^T @ g), with broadcast
 // batch dims summed back and 1-D operands' promoted dims removed again.
+#include "autograd/autocast_policy.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "kernels/ops.h"
@@ -19,6 +20,7 @@ SavedTensor save_if(bool cond, const Tensor& t, const char* op) { return cond ? 
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (autocast::lower_needed({&a, &b})) return matmul(autocast::lower(a), autocast::lower(b));
   Tensor out = kernels::matmul(a, b);
   if (!any_requires_grad({a, b})) return out;
   const bool need_a = needs_grad(a), need_b = needs_grad(b);
@@ -55,6 +57,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  if (autocast::lower_needed({&a, &b})) return bmm(autocast::lower(a), autocast::lower(b));
   Tensor out = kernels::bmm(a, b);
   if (!any_requires_grad({a, b})) return out;
   const bool need_a = needs_grad(a), need_b = needs_grad(b);
@@ -78,6 +81,8 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  if (autocast::lower_needed({&x, &w, &bias}))
+    return linear(autocast::lower(x), autocast::lower(w), autocast::lower(bias));
   Tensor out = kernels::linear(x, w, bias);
   if (!any_requires_grad({x, w, bias})) return out;
   const bool need_x = needs_grad(x), need_w = needs_grad(w), need_b = needs_grad(bias);

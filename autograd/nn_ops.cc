@@ -1,5 +1,6 @@
 // Softmax family, losses and dropout. cross_entropy is log_softmax + nll_loss (plus the
 // label-smoothing term), so its backward is theirs; nll_loss scatters -g into the target column.
+#include "autograd/autocast_policy.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "core/random.h"
@@ -19,6 +20,7 @@ Tensor softmax(const Tensor& a, int64_t dim) {
   if (autograd::recompute_hook)
     if (Tensor r = autograd::recompute_hook("softmax", a, [dim](const Tensor& x) { return softmax(x, dim); }); r.defined())
       return r;
+  if (autocast::widen_needed({&a})) return softmax(autocast::widen(a), dim);
   Tensor y = kernels::softmax(a, dim);
   if (any_requires_grad({a}))
     record("softmax", {a}, y, [dim, dt = a.dtype(), sy = SavedTensor(y, "softmax")](const Grads& g) {
@@ -29,6 +31,7 @@ Tensor softmax(const Tensor& a, int64_t dim) {
 }
 
 Tensor log_softmax(const Tensor& a, int64_t dim) {
+  if (autocast::widen_needed({&a})) return log_softmax(autocast::widen(a), dim);
   Tensor y = kernels::log_softmax(a, dim);
   if (any_requires_grad({a}))
     record("log_softmax", {a}, y, [dim, dt = a.dtype(), sy = SavedTensor(y, "log_softmax")](const Grads& g) {
@@ -141,6 +144,7 @@ Tensor nll_rows(const Tensor& lp, const Tensor& target, Reduction red, int64_t i
 }  // namespace
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const std::string& reduction, int64_t ignore_index) {
+  if (autocast::widen_needed({&log_probs})) return nll_loss(autocast::widen(log_probs), target, reduction, ignore_index);
   const Reduction red = parse_reduction(reduction, "nll_loss");
   Rows r = to_rows(log_probs, target, "nll_loss");
   check_labels(r.target, r.scores.size(1), ignore_index, "nll_loss");
@@ -150,6 +154,8 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const std::string
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::string& reduction, int64_t ignore_index,
                      double label_smoothing) {
+  if (autocast::widen_needed({&logits}))
+    return cross_entropy(autocast::widen(logits), target, reduction, ignore_index, label_smoothing);
   const Reduction red = parse_reduction(reduction, "cross_entropy");
   MG_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError,
            "cross_entropy: label_smoothing must be in [0, 1], got ", label_smoothing);
@@ -172,6 +178,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::stri
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {
+  if (autocast::widen_needed({&input, &target}))
+    return mse_loss(autocast::widen(input), autocast::widen(target), reduction);
   const Reduction red = parse_reduction(reduction, "mse_loss");
   MG_CHECK(input.sizes() == target.sizes(), ShapeError, "mse_loss: input shape ", shape_str(input.sizes()),
            " and target shape ", shape_str(target.sizes()),

@@ -1,6 +1,7 @@
 // Reductions: the backward of each spreads the gradient back over the reduced dims.
 #include <algorithm>
 
+#include "autograd/autocast_policy.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "kernels/ops.h"
@@ -45,6 +46,7 @@ Tensor keep(const Tensor& g, const Shape& keep_shape) {
 }  // namespace
 
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  if (autocast::widen_needed({&a})) return sum(autocast::widen(a), dims, keepdim);
   Tensor out = kernels::sum(a, dims, keepdim);
   if (any_requires_grad({a})) {
     Shape ks = keepdim_shape(a.sizes(), reduced_mask(a.sizes(), dims, "sum"));
@@ -56,6 +58,7 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  if (autocast::widen_needed({&a})) return mean(autocast::widen(a), dims, keepdim);
   Tensor out = kernels::mean(a, dims, keepdim);
   if (any_requires_grad({a})) {
     auto mask = reduced_mask(a.sizes(), dims, "mean");
@@ -101,6 +104,7 @@ Tensor amax(const Tensor& a) {
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim) { return kernels::argmax(a, dim, keepdim); }
 
 Tensor var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+  if (autocast::widen_needed({&a})) return var(autocast::widen(a), dims, correction, keepdim);
   Tensor out = kernels::var(a, dims, correction, keepdim);
   if (any_requires_grad({a})) {
     auto mask = reduced_mask(a.sizes(), dims, "var");

@@ -8,6 +8,7 @@
 #include <limits>
 #include <string_view>
 
+#include "autograd/autocast_policy.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "kernels/ops.h"
@@ -33,6 +34,8 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                                             });
         r.defined())
       return r;
+  if (autocast::widen_needed({&x, &weight, &bias}))
+    return layer_norm(autocast::widen(x), normalized_shape, autocast::widen(weight), autocast::widen(bias), eps);
   auto [out, mean, rstd] = kernels::layer_norm_forward(x, normalized_shape, weight, bias, eps);
   if (!any_requires_grad({x, weight, bias})) return out;
   const std::array<bool, 3> mask{needs_grad(x), needs_grad(weight), needs_grad(bias)};
@@ -168,6 +171,9 @@ Tensor flash_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
                                     std::optional<double> scale) {
+  if (autocast::lower_needed({&q, &k, &v}))
+    return scaled_dot_product_attention(autocast::lower(q), autocast::lower(k), autocast::lower(v), causal, dropout_p,
+                                        scale);
   // CUDA inputs the flash kernels take (f32/f16/bf16, head dim <= 128, value head dim equal
   // to the query's) run the memory-efficient path unless dropout is on; the rest (CPU, f64,
   // dropout, MG_SDPA=reference) run the reference.

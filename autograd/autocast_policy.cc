@@ -1,0 +1,132 @@
+#include "autograd/autocast_policy.h"
+
+#include <memory>
+#include <unordered_map>
+
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "kernels/ops.h"
+
+namespace mg::autocast {
+
+namespace {
+
+bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
+
+// The device type autocast is consulted for: the first defined input's.
+const Tensor* first_defined(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t && t->defined()) return t;
+  return nullptr;
+}
+
+// Eligible for a cast to the low dtype: f32, or the other half type (PyTorch's rule: f64
+// is left alone so explicit double-precision code keeps working).
+bool lowerable(const Tensor& t, DType target) {
+  return t.defined() && is_floating(t.dtype()) && t.dtype() != DType::f64 && t.dtype() != target;
+}
+
+// The weight-cast cache. Keyed by the weight's TensorImpl; an entry is valid while the
+// weight is alive (weak_ptr), unmodified (version), cast to the same dtype, under the same
+// grad mode (a cast made under no_grad has no history to reuse under grad), and while its
+// cast node has not been released by a backward (gradient accumulation inside one region
+// runs backward between forwards; the stale node would refuse a second backward).
+struct Entry {
+  std::weak_ptr<TensorImpl> source;
+  uint32_t version = 0;
+  DType dtype = DType::f32;
+  bool with_grad = false;
+  Tensor cast;
+};
+struct Cache {
+  std::unordered_map<const TensorImpl*, Entry> entries;
+};
+thread_local Cache tl_cache;
+
+void clear_cache() { tl_cache.entries.clear(); }
+
+// Installed while static initializers run: the ops below are linked wherever autocast can
+// be entered, so this translation unit (and the hook) always comes along.
+[[maybe_unused]] const bool hook_installed = [] {
+  detail::autocast_cache_clear_hook = &clear_cache;
+  return true;
+}();
+
+bool cacheable(const Tensor& t) {
+  return t.is_leaf() && t.requires_grad() && t.dtype() == DType::f32 && autocast_state().nesting > 0;
+}
+
+}  // namespace
+
+Tensor cached_cast(const Tensor& t, DType dtype) {
+  if (!t.defined() || t.dtype() == dtype) return t;
+  if (!cacheable(t)) return t.to(dtype);
+  const bool grad = is_grad_enabled();
+  auto it = tl_cache.entries.find(t.impl());
+  if (it != tl_cache.entries.end()) {
+    const Entry& e = it->second;
+    const auto fn = e.cast.grad_fn();
+    const bool stale_node = grad && (!fn || fn->released);
+    if (e.source.lock() == t.impl_ptr() && e.version == t.version() && e.dtype == dtype && e.with_grad == grad &&
+        !stale_node)
+      return e.cast;
+  }
+  Tensor c = t.to(dtype);
+  tl_cache.entries[t.impl()] = Entry{t.impl_ptr(), t.version(), dtype, grad, c};
+  return c;
+}
+
+size_t cache_size() { return tl_cache.entries.size(); }
+
+bool lower_needed(std::initializer_list<const Tensor*> ts) {
+  const Tensor* f = first_defined(ts);
+  if (!f) return false;
+  const DeviceType dev = f->device().type;
+  if (!is_autocast_enabled(dev)) return false;
+  const DType target = autocast_dtype(dev);
+  for (const Tensor* t : ts)
+    if (t && lowerable(*t, target)) return true;
+  return false;
+}
+
+bool lower_needed(const std::vector<Tensor>& ts) {
+  for (const Tensor& t : ts)
+    if (t.defined() && is_autocast_enabled(t.device().type) && lowerable(t, autocast_dtype(t.device().type)))
+      return true;
+  return false;
+}
+
+Tensor lower(const Tensor& t) {
+  if (!t.defined() || !is_autocast_enabled(t.device().type)) return t;
+  const DType target = autocast_dtype(t.device().type);
+  if (!lowerable(t, target)) return t;
+  return cached_cast(t, target);
+}
+
+bool widen_needed(std::initializer_list<const Tensor*> ts) {
+  const Tensor* f = first_defined(ts);
+  if (!f || !is_autocast_enabled(f->device().type)) return false;
+  for (const Tensor* t : ts)
+    if (t && t->defined() && is_half(t->dtype())) return true;
+  return false;
+}
+
+Tensor widen(const Tensor& t) { return t.defined() && is_half(t.dtype()) ? t.to(DType::f32) : t; }
+
+void update_running_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
+                          const Tensor& invstd, int64_t count, double momentum, double eps) {
+  NoGradGuard ng;
+  const DType st = running_mean.dtype();
+  Tensor m = kernels::cast(mean, st);
+  // invstd = 1 / sqrt(var + eps) with the biased variance; the running one is unbiased.
+  Tensor is = kernels::cast(invstd, st);
+  Tensor var = kernels::add_scalar(kernels::unary(kernels::Unary::Reciprocal, kernels::unary(kernels::Unary::Square, is)),
+                                   -eps);
+  const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
+  kernels::axpby_(running_mean, 1.0 - momentum, m, momentum);
+  kernels::axpby_(running_var, 1.0 - momentum, var, momentum * unbias);
+  running_mean.bump_version();
+  running_var.bump_version();
+}
+
+}  // namespace mg::autocast

@@ -1,0 +1,318 @@
+// Autocast: the op policy (low precision for the matmul family, f32 for softmax / norms /
+// losses / reductions / exp-log-pow, promotion for mixed dtypes), the weight-cast cache,
+// nesting / disabling / thread locality, gradients in the forward's dtype, and the
+// large-logit softmax case. CPU cases use bf16; CUDA cases (f16 and bf16) skip without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "autograd/autocast_policy.h"
+#include "autograd/functions.h"
+#include "core/autocast.h"
+#include "core/device_runtime.h"
+#include "core/random.h"
+#include "kernels/ops.h"
+
+namespace mg {
+namespace {
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!mg::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
+
+// max |a - b| / max(1, max |b|), both read as f64 on the host.
+double rel_err(const Tensor& a, const Tensor& b) {
+  auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+  EXPECT_EQ(va.size(), vb.size());
+  double diff = 0, scale = 1;
+  for (size_t i = 0; i < va.size() && i < vb.size(); ++i) {
+    diff = std::max(diff, std::abs(va[i] - vb[i]));
+    scale = std::max(scale, std::abs(vb[i]));
+  }
+  return diff / scale;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.to_vector<double>() == b.to_vector<double>();
+}
+
+Tensor leaf(const Shape& s, Device d, Generator& g, double scale = 1.0) {
+  Tensor t = kernels::mul_scalar(randn(s, {DType::f32, d}, &g), scale);
+  t.requires_grad_();
+  return t;
+}
+
+// Every op family's output dtype inside a region on `dev` with low-precision dtype `lp`.
+void check_policy(Device dev, DType lp) {
+  Generator g(1);
+  Tensor x = leaf({4, 8}, dev, g), w = leaf({6, 8}, dev, g), b = leaf({6}, dev, g);
+  Tensor img = leaf({2, 3, 6, 6}, dev, g), cw = leaf({4, 3, 3, 3}, dev, g);
+  Tensor target = from_vector<int64_t>({0, 1, 2, 5}, {4}).to(dev);
+  Autocast ac(dev.type, lp);
+  // Low precision: matmul, bmm, linear, conv2d, attention.
+  Tensor y = linear(x, w, b);
+  EXPECT_EQ(y.dtype(), lp);
+  EXPECT_EQ(matmul(x, w.t()).dtype(), lp);
+  EXPECT_EQ(bmm(x.unsqueeze(0), w.t().unsqueeze(0)).dtype(), lp);
+  EXPECT_EQ(conv2d(img, cw).dtype(), lp);
+  Tensor q = leaf({1, 2, 5, 8}, dev, g);
+  EXPECT_EQ(scaled_dot_product_attention(q, q, q, true).dtype(), lp);
+  // f32: softmax family, losses, reductions, exp/log/pow, norms.
+  EXPECT_EQ(softmax(y, -1).dtype(), DType::f32);
+  EXPECT_EQ(log_softmax(y, -1).dtype(), DType::f32);
+  EXPECT_EQ(cross_entropy(y, target).dtype(), DType::f32);
+  EXPECT_EQ(nll_loss(y, target).dtype(), DType::f32);
+  EXPECT_EQ(mse_loss(y, y.detach()).dtype(), DType::f32);
+  EXPECT_EQ(sum(y).dtype(), DType::f32);
+  EXPECT_EQ(mean(y, {1}).dtype(), DType::f32);
+  EXPECT_EQ(var(y, {1}).dtype(), DType::f32);
+  EXPECT_EQ(exp(y).dtype(), DType::f32);
+  EXPECT_EQ(log(abs(y) + 1.0).dtype(), DType::f32);
+  EXPECT_EQ(pow(y, 2.0).dtype(), DType::f32);
+  EXPECT_EQ(layer_norm(y, {6}).dtype(), DType::f32);
+  // Ops outside both lists keep their input dtype; mixed inputs promote to the widest.
+  EXPECT_EQ(relu(y).dtype(), lp);
+  EXPECT_EQ(add(y, b).dtype(), DType::f32);
+  EXPECT_EQ(cat({y, b.unsqueeze(0)}, 0).dtype(), DType::f32);
+  // An explicit cast is never overridden, and f64 is left alone.
+  EXPECT_EQ(y.to(DType::f32).dtype(), DType::f32);
+  if (!dev.is_cuda()) {
+    Tensor x64 = randn({3, 3}, {DType::f64, dev}, &g);
+    EXPECT_EQ(matmul(x64, x64).dtype(), DType::f64);
+  }
+}
+
+TEST(Autocast, PolicyPerOpCpuBf16) { check_policy(Device::cpu(), DType::bf16); }
+
+TEST(Autocast, OutsideARegionNothingIsCast) {
+  Generator g(2);
+  Tensor x = leaf({4, 8}, Device::cpu(), g), w = leaf({6, 8}, Device::cpu(), g);
+  EXPECT_EQ(linear(x, w).dtype(), DType::f32);
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    EXPECT_EQ(linear(x, w).dtype(), DType::bf16);
+    // CUDA autocast is a separate switch: enabling CPU leaves it off.
+    EXPECT_FALSE(is_autocast_enabled(DeviceType::CUDA));
+  }
+  EXPECT_EQ(linear(x, w).dtype(), DType::f32);
+  EXPECT_FALSE(is_autocast_enabled(DeviceType::CPU));
+}
+
+TEST(Autocast, NestedAndDisabledRegions) {
+  Generator g(3);
+  Tensor x = leaf({4, 8}, Device::cpu(), g), w = leaf({6, 8}, Device::cpu(), g);
+  Autocast outer(DeviceType::CPU, DType::bf16);
+  {
+    Autocast off(DeviceType::CPU, DType::bf16, /*enabled=*/false);
+    EXPECT_EQ(linear(x, w).dtype(), DType::f32);
+    {
+      Autocast inner(DeviceType::CPU, DType::bf16);
+      EXPECT_EQ(linear(x, w).dtype(), DType::bf16);
+    }
+    EXPECT_EQ(linear(x, w).dtype(), DType::f32);
+  }
+  EXPECT_EQ(linear(x, w).dtype(), DType::bf16);
+  EXPECT_EQ(autocast_state().nesting, 1);
+}
+
+TEST(Autocast, StateIsThreadLocal) {
+  Autocast ac(DeviceType::CPU, DType::bf16);
+  bool other_enabled = true;
+  std::thread t([&] { other_enabled = is_autocast_enabled(DeviceType::CPU); });
+  t.join();
+  EXPECT_TRUE(is_autocast_enabled(DeviceType::CPU));
+  EXPECT_FALSE(other_enabled);
+}
+
+TEST(Autocast, UnsupportedDtypeIsAValueError) {
+  EXPECT_THROW({ Autocast a(DeviceType::CPU, DType::f16); }, ValueError);
+  EXPECT_THROW({ Autocast a(DeviceType::CUDA, DType::f32); }, ValueError);
+  try {
+    Autocast a(DeviceType::CUDA, DType::f64);
+    ADD_FAILURE() << "no error for f64";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("f64"), std::string::npos) << e.what();
+  }
+  // A failed guard leaves the state untouched.
+  EXPECT_FALSE(is_autocast_enabled(DeviceType::CUDA));
+}
+
+TEST(Autocast, WeightCastIsCachedForTheRegion) {
+  Generator g(4);
+  Tensor x = leaf({4, 8}, Device::cpu(), g), w = leaf({6, 8}, Device::cpu(), g);
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    Tensor c1 = autocast::lower(w), c2 = autocast::lower(w);
+    EXPECT_TRUE(c1.is_same(c2));
+    EXPECT_EQ(autocast::cache_size(), 1u);
+    // Activations (non-leaves) are not cached.
+    Tensor h = relu(x * 2.0);
+    EXPECT_FALSE(autocast::lower(h).is_same(autocast::lower(h)));
+    EXPECT_EQ(autocast::cache_size(), 1u);
+    // A weight changed in place gets a fresh cast.
+    {
+      NoGradGuard ng;
+      kernels::axpby_(w, 1.0, w, 1.0);
+      w.bump_version();
+    }
+    Tensor c3 = autocast::lower(w);
+    EXPECT_FALSE(c3.is_same(c1));
+    EXPECT_EQ(c3.to_vector<double>(), w.to(DType::bf16).to_vector<double>());
+  }
+  EXPECT_EQ(autocast::cache_size(), 0u);
+}
+
+// The gradient through an autocast matmul is exactly the gradient of the explicitly cast
+// computation: backward ran in bf16, and the f32 weight received it as f32.
+TEST(Autocast, BackwardRunsInTheForwardDtype) {
+  Generator g(5);
+  Tensor x = leaf({5, 8}, Device::cpu(), g), w = leaf({3, 8}, Device::cpu(), g);
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    Tensor y = linear(x, w);
+    EXPECT_EQ(y.dtype(), DType::bf16);
+    sum(y * y).backward();
+  }
+  Tensor gx = x.grad(), gw = w.grad();
+  ASSERT_TRUE(gx.defined() && gw.defined());
+  EXPECT_EQ(gw.dtype(), DType::f32);
+  x.set_grad(Tensor());
+  w.set_grad(Tensor());
+  Tensor y = linear(x.to(DType::bf16), w.to(DType::bf16));
+  sum((y * y).to(DType::f32)).backward();
+  EXPECT_TRUE(bitwise_equal(gx, x.grad()));
+  EXPECT_TRUE(bitwise_equal(gw, w.grad()));
+  // And it is close to the f32 gradient (bf16 has 8 bits of mantissa).
+  x.set_grad(Tensor());
+  w.set_grad(Tensor());
+  Tensor y32 = linear(x, w);
+  sum(y32 * y32).backward();
+  EXPECT_LT(rel_err(gw, w.grad()), 3e-2);
+}
+
+// Two micro-batches inside one region with backward between them (gradient accumulation):
+// the cached weight cast whose node the first backward released is replaced, not reused.
+TEST(Autocast, GradientAccumulationInsideOneRegion) {
+  Generator g(6);
+  Tensor x = leaf({4, 8}, Device::cpu(), g), w = leaf({3, 8}, Device::cpu(), g);
+  Tensor once;
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    sum(linear(x, w)).backward();
+    once = w.grad().clone();
+    sum(linear(x, w)).backward();
+  }
+  EXPECT_LT(rel_err(w.grad(), kernels::mul_scalar(once, 2.0)), 1e-6);
+}
+
+TEST(Autocast, BatchNormOnCpuRunsInF32WithF32Stats) {
+  Generator g(7);
+  Tensor x = leaf({4, 3, 5, 5}, Device::cpu(), g);
+  Tensor rm = zeros({3}), rv = ones({3}), w = leaf({3}, Device::cpu(), g), b = leaf({3}, Device::cpu(), g);
+  Autocast ac(DeviceType::CPU, DType::bf16);
+  Tensor h = x.to(DType::bf16);
+  Tensor y = batch_norm(h, rm, rv, w, b, true);
+  EXPECT_EQ(y.dtype(), DType::f32);
+  EXPECT_EQ(rm.dtype(), DType::f32);
+  Tensor expect_mean = kernels::mul_scalar(kernels::mean(h.to(DType::f32), {0, 2, 3}), 0.1);
+  EXPECT_LT(rel_err(rm, expect_mean), 1e-5);
+}
+
+// The seeds' warning: logits far outside what exp() survives in half precision. Under
+// autocast softmax / cross-entropy run in f32 on the low-precision logits, so they stay
+// finite and match f32 on the same (rounded) logits.
+void check_large_logits(Device dev, DType lp) {
+  Generator g(8);
+  Tensor x = leaf({6, 16}, dev, g), w = leaf({10, 16}, dev, g, 1000.0);  // logits ~ +-1e4
+  Tensor target = from_vector<int64_t>({0, 3, 9, 1, 4, 7}, {6}).to(dev);
+  Tensor logits, loss, probs;
+  {
+    Autocast ac(dev.type, lp);
+    logits = linear(x, w);
+    EXPECT_EQ(logits.dtype(), lp);
+    probs = softmax(logits, -1);
+    loss = cross_entropy(logits, target);
+    loss.backward();
+  }
+  EXPECT_GT(kernels::max_all(kernels::unary(kernels::Unary::Abs, logits.to(DType::f32))).item(), 5000.0);
+  EXPECT_FALSE(kernels::has_nonfinite(probs));
+  EXPECT_FALSE(kernels::has_nonfinite(loss));
+  EXPECT_FALSE(kernels::has_nonfinite(w.grad()));
+  Tensor l32 = logits.detach().to(DType::f32);
+  EXPECT_LT(rel_err(probs, softmax(l32, -1)), 1e-6);
+  EXPECT_LT(rel_err(loss, cross_entropy(l32, target)), 1e-6);
+}
+
+TEST(Autocast, LargeLogitSoftmaxStaysFiniteCpuBf16) { check_large_logits(Device::cpu(), DType::bf16); }
+
+// ---- CUDA ----
+
+TEST(AutocastCuda, PolicyPerOpF16) {
+  SKIP_WITHOUT_CUDA();
+  check_policy(Device::cuda(0), DType::f16);
+}
+
+TEST(AutocastCuda, PolicyPerOpBf16) {
+  SKIP_WITHOUT_CUDA();
+  check_policy(Device::cuda(0), DType::bf16);
+}
+
+TEST(AutocastCuda, LargeLogitSoftmaxStaysFiniteF16) {
+  SKIP_WITHOUT_CUDA();
+  check_large_logits(Device::cuda(0), DType::f16);
+}
+
+// conv -> batch norm -> relu under f16: batch norm keeps the f16 activation, its affine
+// parameters' gradients arrive as f32, and the f32 running statistics track the f32 model's.
+TEST(AutocastCuda, BatchNormKeepsHalfActivationsAndF32Stats) {
+  SKIP_WITHOUT_CUDA();
+  const Device d = Device::cuda(0);
+  Generator g(9);
+  Tensor x = leaf({8, 3, 10, 10}, d, g), cw = leaf({6, 3, 3, 3}, d, g, 0.3);
+  Tensor w = leaf({6}, d, g), b = leaf({6}, d, g);
+  Tensor rm = zeros({6}, {DType::f32, d}), rv = ones({6}, {DType::f32, d});
+  Tensor rm32 = zeros({6}, {DType::f32, d}), rv32 = ones({6}, {DType::f32, d});
+  for (DType lp : {DType::f16, DType::bf16}) {
+    {
+      Autocast ac(DeviceType::CUDA, lp);
+      Tensor h = conv2d(x, cw, Tensor(), 1, 1);
+      Tensor y = relu(batch_norm(h, rm, rv, w, b, true));
+      EXPECT_EQ(h.dtype(), lp);
+      EXPECT_EQ(y.dtype(), lp);
+      sum(y).backward();
+    }
+    EXPECT_EQ(rm.dtype(), DType::f32);
+    EXPECT_EQ(w.grad().dtype(), DType::f32);
+    batch_norm(conv2d(x, cw, Tensor(), 1, 1), rm32, rv32, w, b, true);
+    EXPECT_LT(rel_err(rm, rm32), 2e-2) << lp;
+    EXPECT_LT(rel_err(rv, rv32), 2e-2) << lp;
+    w.set_grad(Tensor());
+  }
+  // Eval mode reads the f32 statistics.
+  Autocast ac(DeviceType::CUDA, DType::f16);
+  Tensor h = conv2d(x, cw, Tensor(), 1, 1);
+  EXPECT_EQ(batch_norm(h, rm, rv, w, b, false).dtype(), DType::f16);
+}
+
+TEST(AutocastCuda, LinearGradientsMatchF32) {
+  SKIP_WITHOUT_CUDA();
+  const Device d = Device::cuda(0);
+  for (DType lp : {DType::f16, DType::bf16}) {
+    Generator g(10);
+    Tensor x = leaf({32, 64}, d, g), w = leaf({16, 64}, d, g, 0.2), b = leaf({16}, d, g);
+    {
+      Autocast ac(DeviceType::CUDA, lp);
+      mean(square(linear(x, w, b))).backward();
+    }
+    Tensor gw = w.grad(), gb = b.grad();
+    EXPECT_EQ(gw.dtype(), DType::f32);
+    w.set_grad(Tensor());
+    b.set_grad(Tensor());
+    mean(square(linear(x, w, b))).backward();
+    EXPECT_LT(rel_err(gw, w.grad()), lp == DType::f16 ? 5e-3 : 3e-2) << lp;
+    EXPECT_LT(rel_err(gb, b.grad()), lp == DType::f16 ? 5e-3 : 3e-2) << lp;
+  }
+}
+
+}  // namespace
+}  // namespace mg
