@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "autograd/grad_mode.h"
+#include "core/state_dict.h"
 #include "kernels/ops.h"
 
 namespace mg::nn {
@@ -115,7 +116,8 @@ std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurs
   std::unordered_set<const TensorImpl*> seen;
   walk("", recurse, [&](const std::string& prefix, const Module* m) {
     for (auto& s : m->params_)
-      if (s->value.defined() && seen.insert(s->value.impl()).second) out.emplace_back(join(prefix, s->name), s->value);
+      if (!s->derived && s->value.defined() && seen.insert(s->value.impl()).second)
+        out.emplace_back(join(prefix, s->name), s->value);
   });
   return out;
 }
@@ -150,13 +152,124 @@ std::vector<std::shared_ptr<Module>> Module::children() const {
   return out;
 }
 
-Tensor& Module::param(const std::string& name) {
+Tensor& Module::find_slot(std::vector<std::unique_ptr<Slot>>& slots, const std::string& name, const char* kind) {
   std::string names;
-  for (auto& s : params_) {
+  for (auto& s : slots) {
     if (s->name == name) return s->value;
     names += (names.empty() ? "" : ", ") + s->name;
   }
-  MG_THROW(ValueError, type_name_, ": no parameter named \"", name, "\" (has: ", names.empty() ? "none" : names, ")");
+  MG_THROW(ValueError, type_name_, ": no ", kind, " named \"", name, "\" (has: ", names.empty() ? "none" : names, ")");
+}
+
+Tensor& Module::param(const std::string& name) { return find_slot(params_, name, "parameter"); }
+
+Tensor& Module::buffer(const std::string& name) { return find_slot(buffers_, name, "buffer"); }
+
+void Module::set_parameter_derived(const std::string& name, bool derived) {
+  for (auto& s : params_)
+    if (s->name == name) {
+      s->derived = derived;
+      return;
+    }
+  param(name);  // throws, naming the parameters there are
+}
+
+bool Module::is_parameter_derived(const std::string& name) const {
+  for (auto& s : params_)
+    if (s->name == name) return s->derived;
+  return false;
+}
+
+void Module::unregister(const std::string& name) {
+  for (auto* slots : {&params_, &buffers_})
+    for (auto it = slots->begin(); it != slots->end(); ++it)
+      if ((*it)->name == name) {
+        slots->erase(it);
+        return;
+      }
+  MG_THROW(ValueError, type_name_, "::unregister: no parameter or buffer named \"", name, "\"");
+}
+
+void Module::register_forward_pre_hook(const std::string& key, ForwardPreHook hook) {
+  MG_CHECK(hook != nullptr, ValueError, type_name_, "::register_forward_pre_hook(\"", key, "\"): empty hook");
+  for (auto& [k, h] : pre_hooks_)
+    if (k == key) {
+      h = std::move(hook);
+      return;
+    }
+  pre_hooks_.emplace_back(key, std::move(hook));
+}
+
+bool Module::remove_forward_pre_hook(const std::string& key) {
+  for (auto it = pre_hooks_.begin(); it != pre_hooks_.end(); ++it)
+    if (it->first == key) {
+      pre_hooks_.erase(it);
+      return true;
+    }
+  return false;
+}
+
+bool Module::has_forward_pre_hook(const std::string& key) const {
+  for (auto& [k, h] : pre_hooks_)
+    if (k == key) return true;
+  return false;
+}
+
+void Module::run_forward_pre_hooks() {
+  // By index: a hook may register or remove hooks.
+  for (size_t i = 0; i < pre_hooks_.size(); ++i) {
+    ForwardPreHook h = pre_hooks_[i].second;
+    h(*this);
+  }
+}
+
+StateDict Module::state_dict() const {
+  StateDict out;
+  for (auto& [name, t] : named_parameters()) out.tensors[name] = t.detach();
+  for (auto& [name, t] : named_buffers()) out.tensors[name] = t.detach();
+  return out;
+}
+
+LoadStateDictResult Module::load_state_dict(const StateDict& dict, bool strict) {
+  auto own = named_parameters();
+  for (auto& b : named_buffers()) own.push_back(b);
+  LoadStateDictResult result;
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, source)
+  std::string mismatches;
+  std::unordered_set<std::string> own_names;
+  for (auto& [name, t] : own) {
+    own_names.insert(name);
+    auto it = dict.tensors.find(name);
+    if (it == dict.tensors.end()) {
+      result.missing_keys.push_back(name);
+      continue;
+    }
+    const Tensor& src = it->second;
+    if (!src.defined() || src.sizes() != t.sizes()) {
+      mismatches += "\n  " + name + ": checkpoint has " + (src.defined() ? shape_str(src.sizes()) : "an undefined tensor") +
+                    ", model has " + shape_str(t.sizes());
+      continue;
+    }
+    copies.emplace_back(t, src);
+  }
+  for (auto& [name, t] : dict.tensors)
+    if (!own_names.count(name)) result.unexpected_keys.push_back(name);
+  MG_CHECK(mismatches.empty(), ShapeError, type_name_, "::load_state_dict: size mismatch for", mismatches);
+  if (strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty())) {
+    auto list = [](const std::vector<std::string>& v) {
+      std::string s;
+      for (auto& k : v) s += (s.empty() ? "" : ", ") + ("\"" + k + "\"");
+      return s.empty() ? std::string("none") : s;
+    };
+    MG_THROW(ValueError, type_name_, "::load_state_dict (strict): missing keys: ", list(result.missing_keys),
+             "; unexpected keys: ", list(result.unexpected_keys));
+  }
+  NoGradGuard ng;
+  for (auto& [dst, src] : copies) {
+    raw::copy_(dst, src);
+    dst.bump_version();
+  }
+  return result;
 }
 
 std::shared_ptr<Module> Module::child(const std::string& name) const {

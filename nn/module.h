@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -11,7 +12,17 @@
 
 #include "core/tensor.h"
 
+namespace mg {
+struct StateDict;  // core/state_dict.h (kept out of this header: it pulls in the JSON library)
+}
+
 namespace mg::nn {
+
+// What load_state_dict found: own keys the dict lacks, dict keys the module lacks.
+struct LoadStateDictResult {
+  std::vector<std::string> missing_keys;
+  std::vector<std::string> unexpected_keys;
+};
 
 // A Parameter is a leaf Tensor that requires grad. Returns `t` itself when it already is
 // one (so the identity is kept), otherwise a detached alias of it with requires_grad set.
@@ -27,7 +38,19 @@ class Module : public std::enable_shared_from_this<Module> {
   // The computation. The base class raises mg::ValueError (containers and losses that
   // take other arguments define their own call operators).
   virtual Tensor forward(const Tensor& x);
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  // Runs the forward pre-hooks, then forward().
+  Tensor operator()(const Tensor& x) {
+    run_forward_pre_hooks();
+    return forward(x);
+  }
+
+  // Forward pre-hooks run, in registration order, before each call through operator()
+  // (pruning recomputes weight = weight_orig * weight_mask there). A key names the hook;
+  // registering an existing key replaces it. remove returns whether the key was present.
+  using ForwardPreHook = std::function<void(Module&)>;
+  void register_forward_pre_hook(const std::string& key, ForwardPreHook hook);
+  bool remove_forward_pre_hook(const std::string& key);
+  bool has_forward_pre_hook(const std::string& key) const;
 
   // Registration. The returned reference is the registry's slot: assigning to it (for
   // example `b.weight = a.weight` through a member bound to the slot) re-points the
@@ -52,8 +75,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // This module (name "") and every descendant, pre-order, each distinct module once.
   std::vector<std::pair<std::string, Module*>> named_modules() const;
 
-  // Looks up a direct parameter / child by name; raises mg::ValueError naming the choices.
+  // Looks up a direct parameter / buffer / child by name; raises mg::ValueError naming the choices.
   Tensor& param(const std::string& name);
+  Tensor& buffer(const std::string& name);
   std::shared_ptr<Module> child(const std::string& name) const;
 
   // Training mode (dropout, batch norm) for this module and all descendants.
@@ -71,6 +95,23 @@ class Module : public std::enable_shared_from_this<Module> {
   Module& to(Device device);
   Module& to(DType dtype);
 
+  // A derived parameter's slot holds a tensor computed from others (pruning: weight =
+  // weight_orig * weight_mask, refreshed each forward). Walks (named_parameters, to,
+  // zero_grad, state_dict) skip it; param(name) and members bound to the slot still see it.
+  void set_parameter_derived(const std::string& name, bool derived);
+  bool is_parameter_derived(const std::string& name) const;
+  // Drops a direct parameter or buffer. Only for entries no member is bound to (a bound
+  // member would dangle): pruning's weight_orig / weight_mask.
+  void unregister(const std::string& name);
+
+  // Every parameter and buffer (each distinct tensor once, under named_parameters' /
+  // named_buffers' names), detached and sharing storage with the module.
+  StateDict state_dict() const;
+  // Copies matching entries in (converting dtype and device; tensors keep their identity).
+  // A shape mismatch is a ShapeError whatever `strict`; with strict, missing or unexpected
+  // keys are a ValueError listing them. Everything is checked before anything is copied.
+  LoadStateDictResult load_state_dict(const StateDict& dict, bool strict = true);
+
   // Number of scalars in parameters() (shared parameters counted once).
   int64_t num_parameters(bool only_trainable = false) const;
 
@@ -84,7 +125,10 @@ class Module : public std::enable_shared_from_this<Module> {
   struct Slot {
     std::string name;
     Tensor value;
+    bool derived = false;
   };
+  void run_forward_pre_hooks();
+  Tensor& find_slot(std::vector<std::unique_ptr<Slot>>& slots, const std::string& name, const char* kind);
   void check_new_name(const std::string& name, const char* what) const;
   void register_module_impl(const std::string& name, std::shared_ptr<Module> m);
   template <class F>
@@ -97,6 +141,7 @@ class Module : public std::enable_shared_from_this<Module> {
   std::vector<std::unique_ptr<Slot>> params_;
   std::vector<std::unique_ptr<Slot>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<std::pair<std::string, ForwardPreHook>> pre_hooks_;
 };
 
 std::ostream& operator<<(std::ostream& os, const Module& m);

@@ -16,7 +16,7 @@ Sequential& Sequential::push_back(std::shared_ptr<Module> m) {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  for (auto& m : layers_) h = m->forward(h);
+  for (auto& m : layers_) h = (*m)(h);  // through operator(): forward pre-hooks run
   return h;
 }
 
