@@ -2,6 +2,10 @@
 // fills on CUDA. Registered as core's CUDA hooks, so raw::copy_/fill_/uniform_ just work.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <array>
+#include <type_traits>
+
 #include "core/cuda/check.h"
 #include "core/cuda/dtype_cuda.cuh"
 #include "core/device_runtime.h"
@@ -17,7 +21,41 @@ StridedIndexer make_indexer(const Tensor& t) {
     ix.sizes[d] = t.sizes()[d];
     ix.strides[d] = t.strides()[d];
   }
+  coalesce(std::array<StridedIndexer*, 1>{&ix}.data(), 1);
   return ix;
+}
+
+void coalesce(StridedIndexer* const* ix, int n) {
+  const int nd = ix[0]->ndim;
+  for (int k = 1; k < n; ++k)
+    if (ix[k]->ndim != nd || !std::equal(ix[0]->sizes, ix[0]->sizes + nd, ix[k]->sizes)) return;
+  int out = 0;  // dims kept so far, innermost last; rebuilt in place from outermost
+  int64_t numel = 1;
+  for (int d = 0; d < nd; ++d) {
+    const int64_t size = ix[0]->sizes[d];
+    numel *= size;
+    if (size == 1) continue;
+    bool merge = out > 0;
+    for (int k = 0; k < n && merge; ++k)  // dim out-1 (outer) merges with d when stride[out-1] == stride[d] * size
+      merge = ix[k]->strides[out - 1] == ix[k]->strides[d] * size;
+    for (int k = 0; k < n; ++k) {
+      if (merge) {
+        ix[k]->sizes[out - 1] *= size;
+        ix[k]->strides[out - 1] = ix[k]->strides[d];
+      } else {
+        ix[k]->sizes[out] = size;
+        ix[k]->strides[out] = ix[k]->strides[d];
+      }
+    }
+    if (!merge) ++out;
+  }
+  const bool small = numel < (int64_t{1} << 31);
+  for (int k = 0; k < n; ++k) {
+    ix[k]->ndim = out;
+    ix[k]->small = small;
+    if (small)
+      for (int d = 0; d < out; ++d) ix[k]->divs[d] = FastDiv(static_cast<uint32_t>(ix[k]->sizes[d]));
+  }
 }
 
 namespace {
@@ -29,6 +67,19 @@ __global__ void copy_kernel(D* dst, StridedIndexer di, const S* src, StridedInde
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     dst[di(i)] = from_double<D>(to_double(src[si(i)]));
+  }
+}
+
+// Casts between contiguous tensors (autocast's f32 <-> f16/bf16 traffic): no index math, and
+// half <-> float through float (exact), not double.
+template <class D, class S>
+__global__ void cast_contig_kernel(D* dst, const S* src, int64_t n) {
+  constexpr bool kViaFloat = !std::is_integral_v<D> && !std::is_integral_v<S> && !std::is_same_v<D, double> &&
+                             !std::is_same_v<S, double>;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if constexpr (kViaFloat) dst[i] = from_float<D>(to_float(src[i]));
+    else dst[i] = from_double<D>(to_double(src[i]));
   }
 }
 
@@ -48,6 +99,17 @@ void device_copy(const Tensor& dst, const Tensor& src) {
   cudaStream_t st = current_stream(dst.device().index);
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
     MG_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDeviceToDevice, st));
+    return;
+  }
+  if (dst.is_contiguous() && src.is_contiguous() && src.sizes() == dst.sizes()) {
+    MG_CUDA_DISPATCH_ALL(dst.dtype(), "copy_", [&] {
+      using D = scalar_t;
+      MG_CUDA_DISPATCH_ALL(src.dtype(), "copy_", [&] {
+        cast_contig_kernel<D, scalar_t><<<grid_for(n), 256, 0, st>>>(static_cast<D*>(dst.raw_data()),
+                                                                     static_cast<const scalar_t*>(src.raw_data()), n);
+      });
+    });
+    MG_CUDA_CHECK_LAUNCH("copy_");
     return;
   }
   StridedIndexer di = make_indexer(dst), si = make_indexer(src);

@@ -37,11 +37,24 @@ inline unsigned blocks_for(int64_t n, int block = kBlock) {
 template <int N>
 struct OffsetCalc {
   int ndim = 0;
+  bool small = false;  // linear indexes < 2^31: mg::cuda::FastDiv instead of int64 division
   int64_t sizes[kMaxDims];
   int64_t strides[kMaxDims][N];
+  mg::cuda::FastDiv divs[kMaxDims];
   __device__ __forceinline__ void get(int64_t linear, int64_t (&off)[N]) const {
 #pragma unroll
     for (int i = 0; i < N; ++i) off[i] = 0;
+    if (small) {
+      uint32_t l = static_cast<uint32_t>(linear);
+      for (int d = 0; d < ndim; ++d) {
+        const uint32_t q = divs[d].div(l);
+        const int64_t idx = l - q * divs[d].d;
+        l = q;
+#pragma unroll
+        for (int i = 0; i < N; ++i) off[i] += idx * strides[d][i];
+      }
+      return;
+    }
     for (int d = 0; d < ndim; ++d) {
       const int64_t q = linear / sizes[d];
       const int64_t idx = linear - q * sizes[d];
@@ -57,7 +70,9 @@ template <int N>
 OffsetCalc<N> make_offset_calc(const Shape& shape, const std::array<const Shape*, N>& strides) {
   OffsetCalc<N> oc;
   int nd = 0;
+  int64_t numel = 1;
   for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    numel *= shape[d];
     if (shape[d] == 1) continue;
     if (nd > 0) {
       bool merge = true;
@@ -75,6 +90,9 @@ OffsetCalc<N> make_offset_calc(const Shape& shape, const std::array<const Shape*
     ++nd;
   }
   oc.ndim = nd;
+  oc.small = numel < (int64_t{1} << 31);
+  if (oc.small)
+    for (int d = 0; d < nd; ++d) oc.divs[d] = mg::cuda::FastDiv(static_cast<uint32_t>(oc.sizes[d]));
   return oc;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda/dtype_cuda.cuh"
 #include "core/device_runtime.h"
 #include "core/random.h"
 #include "core/tensor.h"
@@ -262,6 +263,48 @@ TEST_F(CudaParity, CastFillCopy) {
   k::copy_(z, s);
   k::copy_(gz, to_cuda(s));
   expect_parity(z, gz, 0, "copy_ broadcast");
+}
+
+// The strided kernels divide indexes with mg::cuda::FastDiv (multiply-high + shift) below
+// 2^31. Its host path is the same formula: check it against true division, no GPU needed.
+TEST(FastDiv, MatchesDivisionOnHost) {
+  std::vector<uint32_t> divisors = {1, 2, 3, 5, 7, 31, 32, 33, 1000, 4097, 65535, 65536, 65537, 100003,
+                                    (1u << 20) + 1, (1u << 30) - 1, 1u << 30, (1u << 31) - 1};
+  std::vector<uint32_t> dividends = {0, 1, 2, 3, 1000, 65535, 65536, 1u << 24, (1u << 31) - 2, (1u << 31) - 1};
+  Generator g(7);
+  Tensor r = randint(0, (int64_t{1} << 31) - 1, {2000}, {DType::i64}, &g);
+  for (int64_t v : r.to_vector<int64_t>()) dividends.push_back(static_cast<uint32_t>(v));
+  for (int64_t d : randint(1, (int64_t{1} << 31) - 1, {200}, {DType::i64}, &g).to_vector<int64_t>())
+    divisors.push_back(static_cast<uint32_t>(d));
+  for (uint32_t d : divisors) {
+    const mg::cuda::FastDiv fd(d);
+    for (uint32_t n : dividends) ASSERT_EQ(fd.div(n), n / d) << n << " / " << d;
+    for (uint32_t k : {1u, 2u, 3u, 1000u}) {  // around multiples of d
+      const uint64_t m = static_cast<uint64_t>(d) * k;
+      for (int64_t n : {static_cast<int64_t>(m) - 1, static_cast<int64_t>(m)})
+        if (n >= 0 && n < (int64_t{1} << 31))
+          ASSERT_EQ(fd.div(static_cast<uint32_t>(n)), static_cast<uint32_t>(n) / d) << n << " / " << d;
+    }
+  }
+}
+
+// Large odd dims through the strided paths (copy, cast, broadcast binary, permuted unary).
+TEST_F(CudaParity, StridedLargeOddDims) {
+  SKIP_WITHOUT_CUDA();
+  for (DType dt : {DType::f32, DType::f16}) {
+    Tensor a = host({3, 70001, 5}, dt, g);
+    Tensor ga = to_cuda(a);
+    expect_parity(raw::contiguous(raw::permute(a, {2, 0, 1})), raw::contiguous(raw::permute(ga, {2, 0, 1})), 0,
+                  "permuted copy");
+    expect_parity(k::cast(raw::permute(a, {1, 2, 0}), DType::f32), k::cast(raw::permute(ga, {1, 2, 0}), DType::f32),
+                  0, "permuted cast");
+    expect_parity(k::cast(a, DType::bf16), k::cast(ga, DType::bf16), 0, "contiguous cast");
+    Tensor rows = host({1001, 4097}, dt, g), bias = host({4097}, dt, g), col = host({1001, 1}, dt, g);
+    expect_parity(k::add(rows, bias), k::add(to_cuda(rows), to_cuda(bias)), 0, "row-broadcast add");
+    expect_parity(k::mul(rows, col), k::mul(to_cuda(rows), to_cuda(col)), 0, "column-broadcast mul");
+    expect_parity(k::unary(k::Unary::Neg, raw::transpose(rows, 0, 1)),
+                  k::unary(k::Unary::Neg, raw::transpose(to_cuda(rows), 0, 1)), 0, "transposed neg");
+  }
 }
 
 // ---------------------------------------------------------------- reductions
