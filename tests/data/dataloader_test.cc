@@ -174,7 +174,7 @@ TEST(DataLoader, BadOptions) {
   o.batch_size = 0;
   EXPECT_THROW(DataLoader(ds, o), ValueError);
   o.batch_size = 1;
-  o.num_workers = 2;
+  o.num_workers = -2;
   EXPECT_THROW(DataLoader(ds, o), ValueError);
   EXPECT_THROW(DataLoader(nullptr, DataLoaderOptions{}), ValueError);
 }
