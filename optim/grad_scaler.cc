@@ -1,0 +1,139 @@
+#include "optim/grad_scaler.h"
+
+#include <cmath>
+#include <vector>
+
+#include "autograd/functions.h"
+#include "autograd/grad_mode.h"
+#include "kernels/amp_ops.h"
+
+namespace mg::optim {
+
+GradScaler::GradScaler(GradScalerOptions o) : opts_(o), enabled_(o.enabled), scale_(o.init_scale) {
+  MG_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0, ValueError, "GradScaler: init_scale must be finite and > 0, got ",
+           o.init_scale);
+  MG_CHECK(std::isfinite(o.growth_factor) && o.growth_factor > 1.0, ValueError,
+           "GradScaler: growth_factor must be > 1, got ", o.growth_factor);
+  MG_CHECK(o.backoff_factor > 0.0 && o.backoff_factor < 1.0, ValueError,
+           "GradScaler: backoff_factor must be in (0, 1), got ", o.backoff_factor);
+  MG_CHECK(o.growth_interval > 0, ValueError, "GradScaler: growth_interval must be > 0, got ", o.growth_interval);
+}
+
+Tensor GradScaler::scale(const Tensor& loss) const {
+  MG_CHECK(loss.defined(), ValueError, "GradScaler::scale: undefined loss");
+  if (!enabled_) return loss;
+  MG_CHECK(is_floating(loss.dtype()), DTypeError, "GradScaler::scale: the loss must be floating, got ", loss.dtype());
+  return mul(loss, scale_);
+}
+
+void GradScaler::unscale_(Optimizer& opt) {
+  if (!enabled_) return;
+  PerOptimizer& st = per_opt_[&opt];
+  MG_CHECK(!st.stepped, ValueError, "GradScaler::unscale_: step() already ran for this optimizer since the last update()");
+  if (st.unscaled) return;
+  NoGradGuard ng;
+  // One list per device: each gets its flag and its launches.
+  std::map<std::string, std::vector<Tensor>> grads;
+  for (const ParamGroup& g : opt.param_groups())
+    for (const Tensor& p : g.params) {
+      Tensor gr = p.grad();
+      if (gr.defined()) grads[gr.device().str()].push_back(gr);
+    }
+  const double inv_scale = 1.0 / scale_;
+  for (auto& [dev, list] : grads) {
+    Tensor flag = zeros({1}, {DType::f32, list.front().device()});
+    kernels::amp_unscale_(list, flag, inv_scale);
+    st.flags[dev] = flag;
+  }
+  st.unscaled = true;
+}
+
+bool GradScaler::read_found_inf(PerOptimizer& st) {
+  bool found = false;
+  for (auto& [dev, flag] : st.flags) found |= flag.item() != 0.0;  // the step's one host read (per device)
+  st.flags.clear();
+  return found;
+}
+
+bool GradScaler::step(Optimizer& opt) {
+  if (!enabled_) {
+    opt.step();
+    return true;
+  }
+  unscale_(opt);
+  PerOptimizer& st = per_opt_[&opt];
+  MG_CHECK(!st.stepped, ValueError, "GradScaler::step: already called for this optimizer since the last update()");
+  st.found_inf = read_found_inf(st);
+  st.stepped = true;
+  if (st.found_inf) {
+    ++skipped_;
+    return false;
+  }
+  opt.step();
+  return true;
+}
+
+void GradScaler::update() {
+  if (!enabled_) return;
+  MG_CHECK(!per_opt_.empty(), ValueError,
+           "GradScaler::update: no inf/NaN checks were recorded since the last update() (call unscale_ or step first)");
+  bool found = false;
+  for (auto& [opt, st] : per_opt_) {
+    if (!st.stepped) st.found_inf = read_found_inf(st);  // unscale_ without step: still counts
+    found |= st.found_inf;
+  }
+  per_opt_.clear();
+  if (found) {
+    scale_ *= opts_.backoff_factor;
+    growth_tracker_ = 0;
+    return;
+  }
+  if (++growth_tracker_ == opts_.growth_interval) {
+    const double grown = scale_ * opts_.growth_factor;
+    if (std::isfinite(grown)) scale_ = grown;  // never grow into inf (PyTorch's rule)
+    growth_tracker_ = 0;
+  }
+}
+
+void GradScaler::update(double new_scale) {
+  if (!enabled_) return;
+  MG_CHECK(std::isfinite(new_scale) && new_scale > 0, ValueError, "GradScaler::update: new scale must be finite and > 0, got ",
+           new_scale);
+  per_opt_.clear();
+  scale_ = new_scale;
+}
+
+StateDict GradScaler::state_dict() const {
+  StateDict sd;
+  if (!enabled_) return sd;  // PyTorch saves nothing for a disabled scaler
+  sd.meta = {{"scale", scale_},
+             {"growth_factor", opts_.growth_factor},
+             {"backoff_factor", opts_.backoff_factor},
+             {"growth_interval", opts_.growth_interval},
+             {"_growth_tracker", growth_tracker_}};
+  return sd;
+}
+
+void GradScaler::load_state_dict(const StateDict& sd) {
+  if (!enabled_) return;
+  MG_CHECK(!sd.meta.empty(), ValueError, "GradScaler::load_state_dict: the state dict is empty (saved from a disabled scaler?)");
+  auto num = [&](const char* key) {
+    MG_CHECK(sd.meta.contains(key) && sd.meta[key].is_number(), ValueError,
+             "GradScaler::load_state_dict: missing or non-numeric entry '", key, "'");
+    return sd.meta[key].get<double>();
+  };
+  const double s = num("scale"), gf = num("growth_factor"), bf = num("backoff_factor");
+  const double gi = num("growth_interval"), gt = num("_growth_tracker");
+  MG_CHECK(std::isfinite(s) && s > 0, ValueError, "GradScaler::load_state_dict: scale must be finite and > 0, got ", s);
+  MG_CHECK(gf > 1.0 && bf > 0.0 && bf < 1.0 && gi >= 1 && gt >= 0 && gt < gi, ValueError,
+           "GradScaler::load_state_dict: inconsistent entries growth_factor=", gf, " backoff_factor=", bf,
+           " growth_interval=", gi, " _growth_tracker=", gt);
+  scale_ = s;
+  opts_.growth_factor = gf;
+  opts_.backoff_factor = bf;
+  opts_.growth_interval = static_cast<int64_t>(gi);
+  growth_tracker_ = static_cast<int64_t>(gt);
+  per_opt_.clear();
+}
+
+}  // namespace mg::optim
