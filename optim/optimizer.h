@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/state_dict.h"
 #include "core/tensor.h"
 
 namespace mg::optim {
@@ -55,6 +56,17 @@ class Optimizer {
   size_t state_size() const { return state_.size(); }
   // Bytes held by all state buffers (what MemoryCategory::OptimizerState counts).
   int64_t state_nbytes() const;
+
+  // torch.optim's layout: parameters are numbered 0, 1, ... across the groups in order;
+  // tensors "state.<i>.<buffer>" alias the live buffers (serialize before the next step());
+  // meta {"type": name, "param_groups": [{<options>, "params": [i, ...]}, ...],
+  //       "state": {"<i>": {"step": n}, ...}}. Options are doubles, written round-trip exact.
+  StateDict state_dict() const;
+  // Restores every group's options and the per-parameter state (buffers copied onto each
+  // parameter's device under MemoryCategory::OptimizerState), so the next step() continues
+  // bit-identically. The optimizer must have the same type, group sizes and parameter shapes;
+  // any mismatch is a ValueError/ShapeError naming it, and leaves this optimizer unchanged.
+  void load_state_dict(const StateDict& sd);
 
  protected:
   // `defaults` lists every option the optimizer knows; a group naming any other key is a

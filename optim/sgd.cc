@@ -1,9 +1,11 @@
 #include "optim/sgd.h"
 
 #include <cmath>
+#include <map>
 
 #include "autograd/grad_mode.h"
 #include "kernels/ops.h"
+#include "kernels/optim_ops.h"
 
 namespace mg::optim {
 
@@ -20,7 +22,7 @@ std::map<std::string, double> to_map(const SGDOptions& o) {
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions defaults) : SGD(std::vector<ParamGroup>{{std::move(params), {}}}, defaults) {}
 
-SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults) : Optimizer("SGD", to_map(defaults)) {
+SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults) : Optimizer("SGD", to_map(defaults)), fused_(defaults.fused) {
   MG_CHECK(!groups.empty(), ValueError, "SGD: got an empty list of parameter groups");
   for (auto& g : groups) add_param_group(std::move(g));
 }
@@ -43,28 +45,47 @@ void SGD::step() {
     validate(g);  // a scheduler or the user may have edited the options since
     const double lr = g.get("lr"), mu = g.get("momentum"), tau = g.get("dampening"), wd = g.get("weight_decay");
     const bool nesterov = g.get("nesterov") != 0.0, maximize = g.get("maximize") != 0.0;
+    const kernels::SGDHyper h{lr, mu, tau, wd, nesterov, maximize};
+    std::map<std::pair<std::string, DType>, kernels::SGDTensors> fused;  // per (device, dtype)
     for (const Tensor& p : g.params) {
       Tensor grad = p.grad();
       if (!grad.defined()) continue;
       MG_CHECK(grad.sizes() == p.sizes() && grad.device() == p.device(), ValueError,
                "SGD: gradient of shape ", shape_str(grad.sizes()), " on ", grad.device(), " does not match parameter ",
                shape_str(p.sizes()), " on ", p.device());
-      // d_p aliases the gradient unless something has to be combined into it.
-      Tensor d_p = grad;
-      if (wd != 0.0 || maximize) d_p = kernels::axpby(grad, maximize ? -1.0 : 1.0, p, wd);
+      Tensor* buf = nullptr;
+      bool first = false;
       if (mu != 0.0) {
         ParamState& st = state_for(p);
-        Tensor& buf = st.buffers["momentum_buffer"];
-        if (!buf.defined()) {
-          buf = raw::clone(d_p);
-        } else {
-          kernels::axpby_(buf, mu, d_p, 1.0 - tau);
-        }
-        d_p = nesterov ? kernels::axpby(d_p, 1.0, buf, mu) : buf;
+        buf = &st.buffers["momentum_buffer"];
+        first = !buf->defined();
         ++st.step;
+      }
+      const bool fusable = fused_ && kernels::multi_tensor_supported(p) && kernels::multi_tensor_supported(grad) &&
+                           grad.dtype() == p.dtype() && (!buf || first || buf->dtype() == p.dtype());
+      if (fusable) {
+        if (first) *buf = empty(p.sizes(), {p.dtype(), p.device()});  // the kernel copies g into it
+        kernels::SGDTensors& l = fused[{p.device().str(), p.dtype()}];
+        l.params.push_back(p);
+        l.grads.push_back(grad);
+        if (buf) l.momentum_buffers.push_back(*buf);
+        l.first_step.push_back(first ? 1 : 0);
+        continue;
+      }
+      // Per-parameter path. d_p aliases the gradient unless something has to be combined into it.
+      Tensor d_p = grad;
+      if (wd != 0.0 || maximize) d_p = kernels::axpby(grad, maximize ? -1.0 : 1.0, p, wd);
+      if (buf) {
+        if (first) {
+          *buf = raw::clone(d_p);
+        } else {
+          kernels::axpby_(*buf, mu, d_p, 1.0 - tau);
+        }
+        d_p = nesterov ? kernels::axpby(d_p, 1.0, *buf, mu) : *buf;
       }
       kernels::axpby_(p, 1.0, d_p, -lr);
     }
+    for (auto& [key, l] : fused) kernels::sgd_multi_tensor_(l, h);
   }
 }
 

@@ -15,6 +15,9 @@ struct SGDOptions {
   double weight_decay = 0.0;
   bool nesterov = false;
   bool maximize = false;
+  // Fused multi-tensor update (kernels/optim_ops.h) for every contiguous f32 parameter (f64
+  // too on the CPU); false: one kernel per op per parameter (PyTorch's foreach=False).
+  bool fused = true;
 };
 
 // Per parameter p with gradient g (group options lr, mu = momentum, tau = dampening, wd):
@@ -33,6 +36,9 @@ class SGD : public Optimizer {
 
  protected:
   void validate(const ParamGroup& group) const override;
+
+ private:
+  bool fused_;
 };
 
 }  // namespace mg::optim

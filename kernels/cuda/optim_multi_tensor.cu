@@ -1,0 +1,239 @@
+// Multi-tensor launches for the optimizers: a kernel argument carries up to kMaxTensors
+// tensors' pointers and a block->(tensor, chunk) table, so one launch updates many parameters
+// (the apex/PyTorch multi_tensor_apply scheme) instead of one launch per op per parameter.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/optim_cuda.h"
+#include "kernels/optim_math.h"
+
+namespace mg::kernels::cuda {
+namespace {
+
+constexpr int kMaxTensors = 36;
+constexpr int kMaxBlocks = 320;
+constexpr int64_t kChunk = 65536;  // elements per block
+constexpr int kThreads = 512;
+
+// Kept under the classic 4 KiB kernel-parameter limit: 5*36*8 + 36*8 + 2*36*4 + 320 + 320*4.
+template <int Depth>
+struct TensorListMeta {
+  float* ptr[Depth][kMaxTensors];
+  int64_t numel[kMaxTensors];
+  float s0[kMaxTensors];  // per tensor scalar: Adam step size, SGD first-step flag
+  float s1[kMaxTensors];  // per tensor scalar: Adam sqrt(1 - beta2^t)
+  unsigned char block_tensor[kMaxBlocks];
+  int block_chunk[kMaxBlocks];
+};
+static_assert(sizeof(TensorListMeta<5>) <= 4096, "kernel parameters must fit in 4 KiB");
+
+// Walks the tensors in chunks, filling `meta` and calling launch(meta, nblocks) whenever the
+// block table or the tensor table is full, and once at the end. A tensor cut by a launch is
+// carried into the next table with its remaining chunks.
+template <int Depth, class FillTensor, class Launch>
+void multi_tensor_apply(size_t ntensors, const std::vector<int64_t>& numel, FillTensor fill, Launch launch) {
+  TensorListMeta<Depth> meta;
+  std::memset(&meta, 0, sizeof(meta));
+  int nt = 0, nb = 0;
+  for (size_t i = 0; i < ntensors; ++i) {
+    if (numel[i] == 0) continue;
+    fill(meta, nt, i);
+    meta.numel[nt] = numel[i];
+    const int64_t chunks = (numel[i] + kChunk - 1) / kChunk;
+    ++nt;
+    for (int64_t c = 0; c < chunks; ++c) {
+      meta.block_tensor[nb] = static_cast<unsigned char>(nt - 1);
+      meta.block_chunk[nb] = static_cast<int>(c);
+      ++nb;
+      const bool blocks_full = nb == kMaxBlocks;
+      const bool tensors_full = nt == kMaxTensors && c == chunks - 1;
+      if (blocks_full || tensors_full) {
+        launch(meta, nb);
+        nb = 0;
+        if (c == chunks - 1) {
+          nt = 0;
+        } else {  // carry the current tensor over as entry 0
+          for (int d = 0; d < Depth; ++d) meta.ptr[d][0] = meta.ptr[d][nt - 1];
+          meta.numel[0] = meta.numel[nt - 1];
+          meta.s0[0] = meta.s0[nt - 1];
+          meta.s1[0] = meta.s1[nt - 1];
+          nt = 1;
+        }
+      }
+    }
+  }
+  if (nb > 0) launch(meta, nb);
+}
+
+template <int Depth>
+__device__ __forceinline__ void block_range(const TensorListMeta<Depth>& m, int& t, int64_t& begin, int64_t& end) {
+  t = m.block_tensor[blockIdx.x];
+  begin = static_cast<int64_t>(m.block_chunk[blockIdx.x]) * kChunk;
+  end = min(begin + kChunk, m.numel[t]);
+}
+
+// ptr: 0 param, 1 grad, 2 exp_avg, 3 exp_avg_sq, 4 max_exp_avg_sq (amsgrad only).
+__global__ void adam_kernel(TensorListMeta<5> m, optim_math::AdamScalars<float> s) {
+  int t;
+  int64_t begin, end;
+  block_range(m, t, begin, end);
+  float* p = m.ptr[0][t];
+  const float* g = m.ptr[1][t];
+  float* ea = m.ptr[2][t];
+  float* eas = m.ptr[3][t];
+  float* vmax = m.ptr[4][t];
+  const float step_size = m.s0[t], bc2_sqrt = m.s1[t];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float pi = p[i], mi = ea[i], vi = eas[i];
+    optim_math::adam_element<float>(pi, g[i], mi, vi, vmax ? vmax + i : nullptr, s, step_size, bc2_sqrt);
+    p[i] = pi;
+    ea[i] = mi;
+    eas[i] = vi;
+  }
+}
+
+// ptr: 0 param, 1 grad, 2 momentum buffer (null without momentum).
+__global__ void sgd_kernel(TensorListMeta<3> m, optim_math::SGDScalars<float> s) {
+  int t;
+  int64_t begin, end;
+  block_range(m, t, begin, end);
+  float* p = m.ptr[0][t];
+  const float* g = m.ptr[1][t];
+  float* buf = m.ptr[2][t];
+  const bool first = m.s0[t] != 0.0f;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float pi = p[i];
+    optim_math::sgd_element<float>(pi, g[i], buf ? buf + i : nullptr, first, s);
+    p[i] = pi;
+  }
+}
+
+__device__ __forceinline__ double nan_max(double a, double b) { return (a >= b || isnan(a)) ? a : b; }
+
+// Each block reduces its chunk and adds (or maxes) into *out: sum |x|^p, or max |x| when
+// mode == 0. mode 1: p = 1, 2: p = 2, 3: general p.
+__global__ void norm_kernel(TensorListMeta<1> m, int mode, float p, double* out) {
+  __shared__ double shm[32];
+  int t;
+  int64_t begin, end;
+  block_range(m, t, begin, end);
+  const float* x = m.ptr[0][t];
+  double acc = 0.0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float a = fabsf(x[i]);
+    if (mode == 0) acc = nan_max(acc, a);
+    else if (mode == 1) acc += a;
+    else if (mode == 2) acc += static_cast<double>(a) * a;
+    else acc += pow(static_cast<double>(a), static_cast<double>(p));
+  }
+  if (mode != 0) {
+    acc = block_sum(acc, shm);
+    if (threadIdx.x == 0) atomicAdd(out, acc);
+    return;
+  }
+  for (int o = 16; o > 0; o >>= 1) acc = nan_max(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+  // Non-negative doubles (and NaN, whose bits are larger than +inf's) order like their bits.
+  if ((threadIdx.x & 31) == 0)
+    atomicMax(reinterpret_cast<unsigned long long*>(out), static_cast<unsigned long long>(__double_as_longlong(acc)));
+}
+
+__global__ void scale_kernel(TensorListMeta<1> m, float scale) {
+  int t;
+  int64_t begin, end;
+  block_range(m, t, begin, end);
+  float* x = m.ptr[0][t];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) x[i] *= scale;
+}
+
+std::vector<int64_t> numels(const std::vector<Tensor>& ts) {
+  std::vector<int64_t> n(ts.size());
+  for (size_t i = 0; i < ts.size(); ++i) n[i] = ts[i].numel();
+  return n;
+}
+
+float* fptr(const Tensor& t) { return static_cast<float*>(t.raw_data()); }
+
+}  // namespace
+
+void adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {
+  const cudaStream_t stream = stream_of(t.params[0]);
+  const optim_math::AdamScalars<float> s{float(h.lr), float(h.beta1), float(h.beta2), float(h.eps),
+                                         float(h.weight_decay), h.decoupled_weight_decay, h.amsgrad, h.maximize};
+  multi_tensor_apply<5>(
+      t.params.size(), numels(t.params),
+      [&](TensorListMeta<5>& m, int slot, size_t i) {
+        m.ptr[0][slot] = fptr(t.params[i]);
+        m.ptr[1][slot] = fptr(t.grads[i]);
+        m.ptr[2][slot] = fptr(t.exp_avg[i]);
+        m.ptr[3][slot] = fptr(t.exp_avg_sq[i]);
+        m.ptr[4][slot] = h.amsgrad ? fptr(t.max_exp_avg_sq[i]) : nullptr;
+        // Bias corrections in double on the host, like PyTorch's per-parameter step.
+        const double st = static_cast<double>(t.steps[i]);
+        m.s0[slot] = static_cast<float>(h.lr / (1.0 - std::pow(h.beta1, st)));
+        m.s1[slot] = static_cast<float>(std::sqrt(1.0 - std::pow(h.beta2, st)));
+      },
+      [&](const TensorListMeta<5>& m, int nb) {
+        adam_kernel<<<nb, kThreads, 0, stream>>>(m, s);
+        MG_CUDA_CHECK_LAUNCH("adam_multi_tensor");
+      });
+}
+
+void sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) {
+  const cudaStream_t stream = stream_of(t.params[0]);
+  const optim_math::SGDScalars<float> s{float(h.lr), float(h.momentum), float(h.dampening), float(h.weight_decay),
+                                        h.nesterov, h.maximize};
+  const bool mom = !t.momentum_buffers.empty();
+  multi_tensor_apply<3>(
+      t.params.size(), numels(t.params),
+      [&](TensorListMeta<3>& m, int slot, size_t i) {
+        m.ptr[0][slot] = fptr(t.params[i]);
+        m.ptr[1][slot] = fptr(t.grads[i]);
+        m.ptr[2][slot] = mom ? fptr(t.momentum_buffers[i]) : nullptr;
+        m.s0[slot] = mom && t.first_step[i] ? 1.0f : 0.0f;
+        m.s1[slot] = 0.0f;
+      },
+      [&](const TensorListMeta<3>& m, int nb) {
+        sgd_kernel<<<nb, kThreads, 0, stream>>>(m, s);
+        MG_CUDA_CHECK_LAUNCH("sgd_multi_tensor");
+      });
+}
+
+double multi_tensor_norm_partial(const std::vector<Tensor>& ts, double norm_type) {
+  if (ts.empty()) return 0.0;
+  const cudaStream_t stream = stream_of(ts[0]);
+  const int mode = std::isinf(norm_type) ? 0 : (norm_type == 1.0 ? 1 : (norm_type == 2.0 ? 2 : 3));
+  // The accumulator comes from the caching allocator (stream-ordered, no cudaMalloc per call).
+  Tensor acc = zeros({1}, {DType::f64, ts[0].device()});
+  double* out = static_cast<double*>(acc.raw_data());
+  multi_tensor_apply<1>(
+      ts.size(), numels(ts),
+      [&](TensorListMeta<1>& m, int slot, size_t i) {
+        m.ptr[0][slot] = fptr(ts[i]);
+        m.s0[slot] = m.s1[slot] = 0.0f;
+      },
+      [&](const TensorListMeta<1>& m, int nb) {
+        norm_kernel<<<nb, kThreads, 0, stream>>>(m, mode, static_cast<float>(norm_type), out);
+        MG_CUDA_CHECK_LAUNCH("multi_tensor_norm");
+      });
+  return acc.item();  // the one device->host read
+}
+
+void multi_tensor_scale(const std::vector<Tensor>& ts, double scale) {
+  if (ts.empty()) return;
+  const cudaStream_t stream = stream_of(ts[0]);
+  multi_tensor_apply<1>(
+      ts.size(), numels(ts),
+      [&](TensorListMeta<1>& m, int slot, size_t i) {
+        m.ptr[0][slot] = fptr(ts[i]);
+        m.s0[slot] = m.s1[slot] = 0.0f;
+      },
+      [&](const TensorListMeta<1>& m, int nb) {
+        scale_kernel<<<nb, kThreads, 0, stream>>>(m, static_cast<float>(scale));
+        MG_CUDA_CHECK_LAUNCH("multi_tensor_scale");
+      });
+}
+
+}  // namespace mg::kernels::cuda

@@ -1,0 +1,125 @@
+#include "optim/adam.h"
+
+#include <cmath>
+#include <map>
+
+#include "autograd/grad_mode.h"
+#include "kernels/ops.h"
+#include "kernels/optim_ops.h"
+
+namespace mg::optim {
+
+namespace {
+std::map<std::string, double> to_map(const AdamOptions& o) {
+  return {{"lr", o.lr},       {"beta1", o.beta1},
+          {"beta2", o.beta2}, {"eps", o.eps},
+          {"weight_decay", o.weight_decay}, {"amsgrad", o.amsgrad ? 1.0 : 0.0},
+          {"maximize", o.maximize ? 1.0 : 0.0}};
+}
+
+Tensor scalar_like(double v, const Tensor& t) { return scalar_tensor(v, {t.dtype(), t.device()}); }
+
+// The same rule as kernels/optim_math.h, one kernel per operation (PyTorch's foreach=False):
+// for parameters the fused path does not take, and as the baseline it is measured against.
+void adam_single(const Tensor& p, const Tensor& grad, ParamState& st, const kernels::AdamHyper& h) {
+  Tensor g = h.maximize ? kernels::unary(kernels::Unary::Neg, grad) : grad;
+  if (h.weight_decay != 0.0) {
+    if (h.decoupled_weight_decay)
+      kernels::binary_(kernels::Binary::Mul, p, scalar_like(1.0 - h.lr * h.weight_decay, p));
+    else
+      g = kernels::axpby(g, 1.0, p, h.weight_decay);
+  }
+  Tensor& m = st.buffers["exp_avg"];
+  Tensor& v = st.buffers["exp_avg_sq"];
+  kernels::axpby_(m, h.beta1, g, 1.0 - h.beta1);
+  kernels::axpby_(v, h.beta2, kernels::mul(g, g), 1.0 - h.beta2);
+  Tensor vv = v;
+  if (h.amsgrad) {
+    Tensor& vmax = st.buffers["max_exp_avg_sq"];
+    kernels::binary_(kernels::Binary::Maximum, vmax, v);
+    vv = vmax;
+  }
+  const double t = static_cast<double>(st.step);
+  const double step_size = h.lr / (1.0 - std::pow(h.beta1, t));
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(h.beta2, t));
+  Tensor denom = kernels::add_scalar(kernels::div(kernels::unary(kernels::Unary::Sqrt, vv), scalar_like(bc2_sqrt, vv)), h.eps);
+  kernels::axpby_(p, 1.0, kernels::div(m, denom), -step_size);
+}
+}  // namespace
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions defaults)
+    : Adam(std::vector<ParamGroup>{{std::move(params), {}}}, defaults) {}
+
+Adam::Adam(std::vector<ParamGroup> groups, AdamOptions defaults) : Adam("Adam", std::move(groups), defaults, false) {}
+
+Adam::Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions defaults, bool decoupled)
+    : Optimizer(name, to_map(defaults)), decoupled_(decoupled), fused_(defaults.fused) {
+  MG_CHECK(!groups.empty(), ValueError, name, ": got an empty list of parameter groups");
+  for (auto& g : groups) add_param_group(std::move(g));
+}
+
+void Adam::validate(const ParamGroup& g) const {
+  const double lr = g.get("lr"), b1 = g.get("beta1"), b2 = g.get("beta2"), eps = g.get("eps"), wd = g.get("weight_decay");
+  MG_CHECK(std::isfinite(lr) && lr >= 0.0, ValueError, name(), ": invalid learning rate: ", lr, " (must be >= 0)");
+  MG_CHECK(std::isfinite(eps) && eps >= 0.0, ValueError, name(), ": invalid epsilon value: ", eps, " (must be >= 0)");
+  MG_CHECK(b1 >= 0.0 && b1 < 1.0, ValueError, name(), ": invalid beta parameter at index 0: ", b1, " (must be in [0, 1))");
+  MG_CHECK(b2 >= 0.0 && b2 < 1.0, ValueError, name(), ": invalid beta parameter at index 1: ", b2, " (must be in [0, 1))");
+  MG_CHECK(std::isfinite(wd) && wd >= 0.0, ValueError, name(), ": invalid weight_decay value: ", wd, " (must be >= 0)");
+}
+
+void Adam::step() {
+  NoGradGuard ng;
+  MemoryCategoryGuard cat(MemoryCategory::OptimizerState);
+  for (ParamGroup& g : param_groups()) {
+    validate(g);  // a scheduler or the user may have edited the options since
+    kernels::AdamHyper h;
+    h.lr = g.get("lr");
+    h.beta1 = g.get("beta1");
+    h.beta2 = g.get("beta2");
+    h.eps = g.get("eps");
+    h.weight_decay = g.get("weight_decay");
+    h.amsgrad = g.get("amsgrad") != 0.0;
+    h.maximize = g.get("maximize") != 0.0;
+    h.decoupled_weight_decay = decoupled_;
+    // Fused lists per (device, dtype): one multi-tensor call each.
+    std::map<std::pair<std::string, DType>, kernels::AdamTensors> fused;
+    for (const Tensor& p : g.params) {
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      MG_CHECK(grad.sizes() == p.sizes() && grad.device() == p.device(), ValueError, name(), ": gradient of shape ",
+               shape_str(grad.sizes()), " on ", grad.device(), " does not match parameter ", shape_str(p.sizes()),
+               " on ", p.device());
+      ParamState& st = state_for(p);
+      if (st.buffers.empty()) {
+        st.buffers["exp_avg"] = zeros(p.sizes(), {p.dtype(), p.device()});
+        st.buffers["exp_avg_sq"] = zeros(p.sizes(), {p.dtype(), p.device()});
+      }
+      if (h.amsgrad && !st.buffers.count("max_exp_avg_sq"))
+        st.buffers["max_exp_avg_sq"] = zeros(p.sizes(), {p.dtype(), p.device()});
+      ++st.step;
+      const bool fusable = fused_ && kernels::multi_tensor_supported(p) && kernels::multi_tensor_supported(grad) &&
+                           grad.dtype() == p.dtype() && st.buffers["exp_avg"].dtype() == p.dtype() &&
+                           st.buffers["exp_avg_sq"].dtype() == p.dtype() &&
+                           (!h.amsgrad || st.buffers["max_exp_avg_sq"].dtype() == p.dtype());
+      if (!fusable) {
+        adam_single(p, grad, st, h);
+        continue;
+      }
+      kernels::AdamTensors& l = fused[{p.device().str(), p.dtype()}];
+      l.params.push_back(p);
+      l.grads.push_back(grad);
+      l.exp_avg.push_back(st.buffers["exp_avg"]);
+      l.exp_avg_sq.push_back(st.buffers["exp_avg_sq"]);
+      if (h.amsgrad) l.max_exp_avg_sq.push_back(st.buffers["max_exp_avg_sq"]);
+      l.steps.push_back(st.step);
+    }
+    for (auto& [key, l] : fused) kernels::adam_multi_tensor_(l, h);
+  }
+}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions defaults)
+    : AdamW(std::vector<ParamGroup>{{std::move(params), {}}}, defaults) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions defaults) : Adam("AdamW", std::move(groups), defaults, true) {}
+
+}  // namespace mg::optim

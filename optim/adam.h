@@ -1,0 +1,60 @@
+// Adam and AdamW (decoupled weight decay, amsgrad) with torch.optim's update rules; on CUDA
+// every group's f32 parameters are updated by fused multi-tensor launches (kernels/optim_ops.h).
+#pragma once
+
+#include <vector>
+
+#include "optim/optimizer.h"
+
+namespace mg::optim {
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool amsgrad = false;
+  bool maximize = false;
+  // Fused multi-tensor update for every parameter it supports (contiguous f32, or f64 on the
+  // CPU); false sends every parameter through the per-parameter path (one kernel per op per
+  // parameter), which is PyTorch's foreach=False and the baseline bench/optim_bench measures.
+  bool fused = true;
+};
+
+// Per parameter p with gradient g, step t (counted per parameter), group options
+// lr, betas (b1, b2), eps, wd:
+//   g = maximize ? -g : g
+//   Adam:  g = g + wd * p              AdamW: p = p * (1 - lr * wd)
+//   m = b1 * m + (1 - b1) * g;  v = b2 * v + (1 - b2) * g^2;  (amsgrad: vmax = max(vmax, v))
+//   p = p - lr / (1 - b1^t) * m / (sqrt(v or vmax) / sqrt(1 - b2^t) + eps)
+// State "exp_avg", "exp_avg_sq" (+ "max_exp_avg_sq") is created on the first step that sees a
+// gradient, under MemoryCategory::OptimizerState. Group options: "lr", "beta1", "beta2", "eps",
+// "weight_decay", "amsgrad" (0/1), "maximize" (0/1).
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<Tensor> params, AdamOptions defaults);
+  Adam(std::vector<ParamGroup> groups, AdamOptions defaults);
+  void step() override;
+
+ protected:
+  Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions defaults, bool decoupled);
+  void validate(const ParamGroup& group) const override;
+
+ private:
+  bool decoupled_;
+  bool fused_;
+};
+
+// AdamW: Adam with decoupled weight decay (default 1e-2, like torch.optim.AdamW).
+struct AdamWOptions : AdamOptions {
+  AdamWOptions() { weight_decay = 1e-2; }
+};
+
+class AdamW : public Adam {
+ public:
+  AdamW(std::vector<Tensor> params, AdamWOptions defaults = {});
+  AdamW(std::vector<ParamGroup> groups, AdamWOptions defaults = {});
+};
+
+}  // namespace mg::optim
