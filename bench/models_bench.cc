@@ -3,17 +3,26 @@
 //   ResNet-50, B=64, 3x224x224, f32;  GPT-2 124M, B=8, T=1024, f32.
 // Each step: zero_grad, forward, loss, backward, SGD(momentum 0.9) step. Prints one JSON
 // line per model (median step ms over --steps after --warmup, peak allocated/reserved).
+//   --dtype f16|bf16   forward and loss under mg::Autocast (f32 master weights; no loss
+//                      scaling here: bench_amp has the full GradScaler step)
+//   --profile          then runs --steps more steps under CUPTI and prints, per kernel,
+//                      calls and ms per step, and how busy the device was (launch overhead)
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "bench/kernel_profiler.h"
+#include "core/autocast.h"
 #include "memgrad.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
 
 namespace {
+
+bool g_profile = false;
+mg::DType g_dtype = mg::DType::f32;
 
 struct Result {
   double median_ms = 0;
@@ -37,6 +46,14 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
   }
   std::sort(ms.begin(), ms.end());
   Result r;
+  if (g_profile) {
+    mg::bench::KernelProfiler prof;
+    prof.start();
+    for (int i = 0; i < steps; ++i) step();
+    mg::cuda::synchronize();
+    prof.stop();
+    std::printf("%s", prof.report(steps, ms[ms.size() / 2]).c_str());
+  }
   r.median_ms = ms[ms.size() / 2];
   r.peak_alloc = mg::max_memory_allocated(dev);
   r.peak_reserved = mg::max_memory_reserved(dev);
@@ -55,11 +72,22 @@ void print(const char* model, const char* config, const Result& r) {
 int main(int argc, char** argv) {
   std::string which = "all";
   int warmup = 3, steps = 10;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--model")) which = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--warmup")) warmup = std::atoi(argv[i + 1]);
+  std::string dtype = "f32";
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--profile")) g_profile = true;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (!std::strcmp(argv[i], "--dtype")) dtype = argv[++i];
+    else if (!std::strcmp(argv[i], "--model")) which = argv[++i];
+    else if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--warmup")) warmup = std::atoi(argv[++i]);
   }
+  if (dtype == "f16") g_dtype = mg::DType::f16;
+  else if (dtype == "bf16") g_dtype = mg::DType::bf16;
+  else if (dtype != "f32") {
+    std::fprintf(stderr, "bench_models: --dtype must be f32, f16 or bf16, got %s\n", dtype.c_str());
+    return 2;
+  }
+  const std::string tag = " " + dtype + (dtype == "f32" ? "" : " autocast");
   if (!mg::cuda::is_available()) {
     std::fprintf(stderr, "bench_models: no CUDA device; nothing to measure\n");
     return 0;
@@ -77,11 +105,16 @@ int main(int argc, char** argv) {
     mg::Tensor y = mg::randint(0, 1000, {64}, {mg::DType::i64, dev});
     auto step = [&] {
       opt.zero_grad();
-      mg::Tensor loss = mg::cross_entropy((*model)(x), y);
+      mg::Tensor loss;
+      {
+        mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
+                        g_dtype != mg::DType::f32);
+        loss = mg::cross_entropy((*model)(x), y);
+      }
       loss.backward();
       opt.step();
     };
-    print("resnet50", "B=64 224x224 f32", measure(step, warmup, steps, dev));
+    print("resnet50", ("B=64 224x224" + tag).c_str(), measure(step, warmup, steps, dev));
   }
   if (which == "all" || which == "gpt2") {
     mg::cuda::empty_cache();
@@ -96,11 +129,16 @@ int main(int argc, char** argv) {
     mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {8, 1024}, {mg::DType::i64, dev});
     auto step = [&] {
       opt.zero_grad();
-      mg::Tensor loss = mg::nn::GPT::loss((*model)(idx), tgt);
+      mg::Tensor loss;
+      {
+        mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
+                        g_dtype != mg::DType::f32);
+        loss = mg::nn::GPT::loss((*model)(idx), tgt);
+      }
       loss.backward();
       opt.step();
     };
-    print("gpt2-124M", "B=8 T=1024 f32", measure(step, warmup, steps, dev));
+    print("gpt2-124M", ("B=8 T=1024" + tag).c_str(), measure(step, warmup, steps, dev));
   }
   return 0;
 }

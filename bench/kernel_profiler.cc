@@ -1,0 +1,196 @@
+#include "bench/kernel_profiler.h"
+
+#include <cupti.h>
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace mg::bench {
+namespace {
+
+struct Interval {
+  uint64_t start, end;
+  int kind;  // 0 kernel, 1 memcpy, 2 memset
+  std::string name;
+};
+
+std::mutex g_mu;
+std::vector<Interval> g_records;
+
+#define MG_CUPTI_CHECK(call)                                                          \
+  do {                                                                                \
+    CUptiResult r_ = (call);                                                          \
+    if (r_ != CUPTI_SUCCESS) {                                                        \
+      const char* s_ = nullptr;                                                       \
+      cuptiGetResultString(r_, &s_);                                                  \
+      MG_THROW(CudaError, "kernel profiler: ", #call, " failed: ", s_ ? s_ : "?"); \
+    }                                                                                 \
+  } while (0)
+
+// "void mg::kernels::cuda::(anonymous namespace)::softmax_kernel<float, 4>(...)" ->
+// "softmax_kernel<...>": enough to find the op, short enough for a table.
+std::string short_name(const char* mangled) {
+  int status = 0;
+  char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string s = (status == 0 && d) ? d : mangled;
+  std::free(d);
+  // Drop the argument list, then template arguments, then namespaces and return type.
+  int depth = 0;
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '(' && depth == 0) break;
+    if (c == '<') {
+      if (depth++ == 0) out += "<...>";
+      continue;
+    }
+    if (c == '>') {
+      --depth;
+      continue;
+    }
+    if (depth == 0) out += c;
+  }
+  const size_t sp = out.rfind(' ');
+  if (sp != std::string::npos) out = out.substr(sp + 1);
+  const size_t ns = out.rfind("::");
+  if (ns != std::string::npos) out = out.substr(ns + 2);
+  return out;
+}
+
+constexpr size_t kBufferBytes = 8 << 20;
+
+void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
+  *size = kBufferBytes;
+  *max_records = 0;
+}
+
+void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  CUpti_Activity* rec = nullptr;
+  std::vector<Interval> got;
+  while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
+    switch (rec->kind) {
+      case CUPTI_ACTIVITY_KIND_KERNEL:
+      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+        auto* k = reinterpret_cast<CUpti_ActivityKernel10*>(rec);
+        got.push_back({k->start, k->end, 0, short_name(k->name)});
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        auto* m = reinterpret_cast<CUpti_ActivityMemcpy6*>(rec);
+        got.push_back({m->start, m->end, 1, "[memcpy]"});
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMSET: {
+        auto* m = reinterpret_cast<CUpti_ActivityMemset4*>(rec);
+        got.push_back({m->start, m->end, 2, "[memset]"});
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  std::free(buffer);
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_records.insert(g_records.end(), got.begin(), got.end());
+}
+
+}  // namespace
+
+void KernelProfiler::start() {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_records.clear();
+  }
+  MG_CUPTI_CHECK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
+  MG_CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  MG_CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
+  MG_CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET));
+}
+
+void KernelProfiler::stop() {
+  MG_CUPTI_CHECK(cuptiActivityFlushAll(1));
+  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMCPY);
+  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMSET);
+}
+
+std::vector<KernelTotal> KernelProfiler::totals() const {
+  std::map<std::string, KernelTotal> by;
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (const Interval& r : g_records) {
+    KernelTotal& t = by[r.name];
+    t.name = r.name;
+    ++t.calls;
+    t.total_ms += (r.end - r.start) * 1e-6;
+  }
+  std::vector<KernelTotal> out;
+  for (auto& [k, v] : by) out.push_back(v);
+  std::sort(out.begin(), out.end(), [](const KernelTotal& a, const KernelTotal& b) { return a.total_ms > b.total_ms; });
+  return out;
+}
+
+double KernelProfiler::busy_ms() const {
+  std::vector<std::pair<uint64_t, uint64_t>> iv;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (const Interval& r : g_records) iv.emplace_back(r.start, r.end);
+  }
+  std::sort(iv.begin(), iv.end());
+  double total = 0;
+  uint64_t cur_s = 0, cur_e = 0;
+  bool open = false;
+  for (auto [s, e] : iv) {
+    if (open && s <= cur_e) {
+      cur_e = std::max(cur_e, e);
+      continue;
+    }
+    if (open) total += (cur_e - cur_s) * 1e-6;
+    cur_s = s, cur_e = e, open = true;
+  }
+  if (open) total += (cur_e - cur_s) * 1e-6;
+  return total;
+}
+
+std::string KernelProfiler::report(int steps, double wall_ms_per_step, int top) const {
+  const std::vector<KernelTotal> t = totals();
+  double sum = 0;
+  int64_t launches = 0;
+  for (const KernelTotal& k : t) sum += k.total_ms, launches += k.calls;
+  const double busy = busy_ms() / steps;
+  std::ostringstream os;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-48s %8s %10s %6s\n", "kernel", "calls/st", "ms/step", "%");
+  os << line;
+  double rest = 0;
+  int64_t rest_calls = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (static_cast<int>(i) >= top) {
+      rest += t[i].total_ms, rest_calls += t[i].calls;
+      continue;
+    }
+    std::snprintf(line, sizeof line, "%-48.48s %8.1f %10.3f %6.1f\n", t[i].name.c_str(),
+                  static_cast<double>(t[i].calls) / steps, t[i].total_ms / steps, 100.0 * t[i].total_ms / sum);
+    os << line;
+  }
+  if (rest_calls) {
+    std::snprintf(line, sizeof line, "%-48s %8.1f %10.3f %6.1f\n", "(all others)", static_cast<double>(rest_calls) / steps,
+                  rest / steps, 100.0 * rest / sum);
+    os << line;
+  }
+  std::snprintf(line, sizeof line,
+                "device busy %.3f ms/step of %.3f ms wall (%.1f%%), %.0f launches/step, %.1f us mean per launch\n",
+                busy, wall_ms_per_step, 100.0 * busy / wall_ms_per_step, static_cast<double>(launches) / steps,
+                1000.0 * sum / std::max<int64_t>(launches, 1));
+  os << line;
+  return os.str();
+}
+
+}  // namespace mg::bench

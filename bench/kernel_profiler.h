@@ -1,0 +1,33 @@
+// KernelProfiler: records every kernel, memcpy and memset on the GPU through CUPTI's activity
+// API between start() and stop(), then prints where a training step's device time goes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mg::bench {
+
+struct KernelTotal {
+  std::string name;  // demangled, template arguments elided
+  int64_t calls = 0;
+  double total_ms = 0;
+};
+
+class KernelProfiler {
+ public:
+  // Enables CUPTI activity collection (kernels, memcpy, memset). Throws mg::Error if CUPTI
+  // cannot be initialized.
+  void start();
+  // Flushes and stops; the records are kept for report().
+  void stop();
+  // Totals by kernel name, largest first.
+  std::vector<KernelTotal> totals() const;
+  // Sum of device busy time (union of intervals, so overlapping kernels count once), ms.
+  double busy_ms() const;
+  // A table: top `top` kernels by time with calls and ms per step (divided by `steps`), the
+  // rest summed, copies and fills, and the device-busy fraction of `wall_ms_per_step`.
+  std::string report(int steps, double wall_ms_per_step, int top = 25) const;
+};
+
+}  // namespace mg::bench
