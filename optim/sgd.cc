@@ -6,6 +6,7 @@
 #include "autograd/grad_mode.h"
 #include "kernels/ops.h"
 #include "kernels/optim_ops.h"
+#include "optim/bf16_update.h"
 
 namespace mg::optim {
 
@@ -60,6 +61,11 @@ void SGD::step() {
         buf = &st.buffers["momentum_buffer"];
         first = !buf->defined();
         ++st.step;
+      }
+      // Pure-bf16 parameter: f32 math and f32 momentum, stochastic rounding (optim/bf16_update.h).
+      if (p.dtype() == DType::bf16) {
+        sgd_bf16_update_(p, grad, buf, SGDStep{lr, mu, tau, wd, nesterov, maximize}, next_rounding_seed());
+        continue;
       }
       const bool fusable = fused_ && kernels::multi_tensor_supported(p) && kernels::multi_tensor_supported(grad) &&
                            grad.dtype() == p.dtype() && (!buf || first || buf->dtype() == p.dtype());

@@ -28,6 +28,8 @@ struct SGDOptions {
 // The momentum buffer b is created on the first step that sees a gradient for p, under
 // MemoryCategory::OptimizerState. Group options: "lr", "momentum", "dampening",
 // "weight_decay", "nesterov" (0/1), "maximize" (0/1).
+// A bf16 parameter (pure-bf16 training) is updated in f32 with an f32 momentum buffer and
+// rounded stochastically (optim/bf16_update.h), so updates below its resolution still count.
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions defaults);

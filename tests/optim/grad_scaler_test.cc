@@ -334,6 +334,29 @@ TEST(Bf16Update, PureBf16TrainingConvergesWithStochasticRounding) {
   EXPECT_GT(rn, 10 * sr) << "round-to-nearest was expected to stall (sr " << sr << ", nearest " << rn << ")";
 }
 
+// The same problem through optim::SGD: a bf16 parameter takes the stochastic-rounding path
+// (f32 momentum buffer), an f32 copy of it trained alongside is the reference.
+TEST(Bf16Update, SgdTrainsBf16ParametersWithF32State) {
+  Generator g(14);
+  Tensor X = randn({256, 16}, {DType::f32}, &g), w_true = randn({16, 1}, {DType::f32}, &g);
+  Tensor y = matmul(X, w_true);
+  Tensor w = zeros({16, 1}, {DType::bf16});
+  w.requires_grad_();
+  SGD opt({w}, SGDOptions{.lr = 2e-3, .momentum = 0.5});
+  double first = 0, last = 0;
+  for (int it = 0; it < 3000; ++it) {
+    opt.zero_grad();
+    Tensor l = mean(square(matmul(X, w.to(DType::f32)) - y));
+    l.backward();
+    opt.step();
+    (it == 0 ? first : last) = l.item();
+  }
+  EXPECT_EQ(w.dtype(), DType::bf16);
+  ASSERT_NE(opt.state(w), nullptr);
+  EXPECT_EQ(opt.state(w)->buffers.at("momentum_buffer").dtype(), DType::f32);
+  EXPECT_LT(last, 2e-3) << "started at " << first;
+}
+
 TEST(Bf16UpdateCuda, PureBf16TrainingConvergesOnTheGpu) {
   SKIP_WITHOUT_CUDA();
   EXPECT_LT(train_bf16_regression(true, Device::cuda(0)), 2e-3);
