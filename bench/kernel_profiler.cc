@@ -41,6 +41,7 @@ std::string short_name(const char* mangled) {
   char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
   std::string s = (status == 0 && d) ? d : mangled;
   std::free(d);
+  for (size_t at; (at = s.find("(anonymous namespace)::")) != std::string::npos;) s.erase(at, 23);
   // Drop the argument list, then template arguments, then namespaces and return type.
   int depth = 0;
   std::string out;
