@@ -1,7 +1,9 @@
 #include "nn/models/gpt.h"
 
 #include <cmath>
+#include <optional>
 
+#include "autograd/checkpoint.h"
 #include "autograd/functions.h"
 #include "nn/init.h"
 
@@ -67,8 +69,16 @@ Tensor GPT::forward(const Tensor& idx) {
   const int64_t T = idx.size(1);
   MG_CHECK(T <= config.block_size, ValueError, "GPT: sequence length ", T, " exceeds block_size ", config.block_size);
   Tensor pos = arange(T, {DType::i64, idx.device()});
+  std::optional<SelectiveRecompute> selective;
+  if (recompute.selective) selective.emplace(RecomputePolicy::cheap_ops());
   Tensor x = (*drop)(add((*wte)(idx), (*wpe)(pos)));  // [B, T, C] + [T, C]
-  x = (*ln_f)((*h)(x));
+  const auto blocks = h->children();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    Module* b = blocks[i].get();
+    x = recompute.checkpointed(static_cast<int64_t>(i)) ? checkpoint([b](const Tensor& in) { return (*b)(in); }, x)
+                                                        : (*b)(x);
+  }
+  x = (*ln_f)(x);
   return (*lm_head)(x);
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "nn/activation.h"
 #include "nn/linear.h"
@@ -23,6 +24,18 @@ struct GPTConfig {
   bool tied_head = true;   // lm_head.weight IS transformer.wte.weight (one Parameter)
 };
 
+// Activation recomputation for GPT::forward (autograd/checkpoint.h). Per-block
+// checkpointing keeps each block's input only; selective recomputation keeps the matmul and
+// attention outputs and rebuilds the layer norms, GELU and dropout; both can be combined.
+struct GPTRecompute {
+  bool checkpoint_blocks = false;  // every block
+  std::vector<bool> block_mask;    // or exactly these blocks (a planner's choice; size n_layer)
+  bool selective = false;
+  bool checkpointed(int64_t layer) const {
+    return checkpoint_blocks || (layer < static_cast<int64_t>(block_mask.size()) && block_mask[layer]);
+  }
+};
+
 class GPT : public Module {
  public:
   // GPT-2's init: every Linear and Embedding weight ~ N(0, 0.02), biases 0, and the residual
@@ -38,6 +51,7 @@ class GPT : public Module {
   static Tensor loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
 
   const GPTConfig config;
+  GPTRecompute recompute;  // read by forward(); off by default
   std::shared_ptr<Module> transformer;  // wte, wpe, drop, h, ln_f (nanoGPT's ModuleDict)
   std::shared_ptr<Embedding> wte, wpe;
   std::shared_ptr<Dropout> drop;

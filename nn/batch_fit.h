@@ -1,0 +1,64 @@
+// Batches that fit: gradient accumulation over micro-batches, the largest batch that trains
+// (doubling then bisection over OutOfMemoryError), and grouping samples under a byte budget.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "nn/module.h"
+
+namespace mg::nn {
+
+// Splits inputs and targets along dim 0 into `micro_batches` nearly equal pieces; for each,
+// runs loss_fn (a mean over its rows), scales it by rows / total and backpropagates, so the
+// accumulated .grad equals the full batch's mean-loss gradient while only one micro-batch's
+// activations are alive at a time. Returns the full batch's loss. The caller steps once.
+double accumulate_gradients(const Tensor& inputs, const Tensor& targets, int64_t micro_batches,
+                            const std::function<Tensor(const Tensor& x, const Tensor& y)>& loss_fn);
+
+struct BatchSearchOptions {
+  int64_t start = 1;          // first batch tried
+  int64_t max_batch = 1 << 20;  // never try more
+};
+
+struct BatchSearchResult {
+  int64_t max_batch = 0;                        // 0: not even `start` fits
+  std::vector<std::pair<int64_t, bool>> tries;  // (batch, fitted) in the order tried
+};
+
+// try_step(b) runs one training step at batch b and throws mg::OutOfMemoryError when it
+// does not fit (anything else propagates). Doubles from `start` until a step fails, then
+// bisects between the last fit and the first failure: O(log max_batch) steps.
+BatchSearchResult find_max_batch_size(const std::function<void(int64_t batch)>& try_step,
+                                      const BatchSearchOptions& opts = {});
+
+// One training step of `model` on a batch of b rows made by repeating the rows of `sample`
+// ([rows, ...]); the loss is loss_fn(output) (default: mean of squares). Gradients are
+// dropped after each try, so every try starts from the same memory.
+BatchSearchResult find_max_batch_size(Module& model, const Tensor& sample, const BatchSearchOptions& opts = {},
+                                      const std::function<Tensor(const Tensor& output)>& loss_fn = nullptr);
+
+// Peak bytes of a padded batch as fixed + per_unit * count * longest (fitted from measurements).
+struct LinearMemoryModel {
+  double fixed_bytes = 0;
+  double bytes_per_unit = 0;
+  int64_t operator()(int64_t count, int64_t longest) const;
+};
+
+// Fits the model from two measurements of peak bytes at `units_a` and `units_b` units
+// (count * longest): measure(units) runs one step and returns its peak.
+LinearMemoryModel fit_linear_memory_model(const std::function<int64_t(int64_t units)>& measure, int64_t units_a,
+                                          int64_t units_b);
+
+// Groups samples of the given sizes (e.g. sequence lengths) into padded batches whose
+// estimate(count, longest) stays within budget_bytes: longest samples first, each batch
+// filled while it fits. Returns sample indices per batch. A sample that does not fit alone
+// is an mg::OutOfMemoryError naming it.
+std::vector<std::vector<int64_t>> split_batches_by_memory(
+    const std::vector<int64_t>& sizes, int64_t budget_bytes,
+    const std::function<int64_t(int64_t count, int64_t longest)>& estimate);
+
+}  // namespace mg::nn
