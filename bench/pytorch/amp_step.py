@@ -3,7 +3,8 @@
 Models: the main job's MLP (784-256-128-10, B=64), a wide MLP (784-4096x3-10, B=1024),
 ResNet-50 (torchvision, B=64, 3x224x224) and GPT-2 124M (bench/pytorch/models_step.py's
 module, B=8, T=1024). Precisions: f32, f16 (torch.autocast + torch.amp.GradScaler) and bf16
-(torch.autocast, no scaler), eager mode. Each step: zero_grad(set_to_none), forward + loss
+(torch.autocast, no scaler), eager mode, and "pure bf16": the model stored in bf16
+(model.to(torch.bfloat16), bf16 momentum, round-to-nearest updates) under bf16 autocast. Each step: zero_grad(set_to_none), forward + loss
 under autocast, scaler.scale(loss).backward(), scaler.step(SGD momentum 0.9), scaler.update().
 Prints one JSON line per (model, precision) with the ratios to f32 from the same run.
 Usage: python bench/pytorch/amp_step.py [mlp|mlp-wide|resnet50|gpt2|all]
@@ -58,10 +59,12 @@ MODELS = {
 def run(make, precision, dev):
     torch.manual_seed(0)
     m, loss_fn = make(dev)
+    if precision == "pure-bf16":
+        m.to(torch.bfloat16)
     m.train()
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
     amp = precision != "f32"
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    dtype = torch.bfloat16 if precision in ("bf16", "pure-bf16") else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "f16")
 
     def step():
@@ -79,12 +82,13 @@ def run(make, precision, dev):
 def main():
     which = sys.argv[1] if len(sys.argv) > 1 else "all"
     dev = "cuda"
-    names = {"f32": "f32", "f16": "f16 autocast+GradScaler", "bf16": "bf16 autocast"}
+    names = {"f32": "f32", "f16": "f16 autocast+GradScaler", "bf16": "bf16 autocast",
+             "pure-bf16": "pure bf16 (bf16 momentum, round-to-nearest)"}
     for name, (config, make) in MODELS.items():
         if which not in ("all", name):
             continue
         base = None
-        for precision in ("f32", "f16", "bf16"):
+        for precision in ("f32", "f16", "bf16", "pure-bf16"):
             torch.cuda.empty_cache()
             ms, peak, reserved = run(make, precision, dev)
             if base is None:
