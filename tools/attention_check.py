@@ -3,7 +3,7 @@ the device: outputs, logsumexp and gradients against a float64 reference on the 
 inputs, determinism of the backward, then timings next to F.scaled_dot_product_attention.
 
   nvcc -std=c++20 -O3 -arch=sm_90 -shared -Xcompiler -fPIC -I. tools/attention_check.cu -o /tmp/attn_tc.so
-  python3 tools/attention_check.py /tmp/attn_tc.so [--no-timing]
+  python3 tools/attention_check.py /tmp/attn_tc.so [--no-timing] [--no-check]
 """
 import ctypes
 import json
@@ -136,7 +136,7 @@ def timing():
 
 
 if __name__ == "__main__":
-    fails = check()
+    fails = 0 if "--no-check" in sys.argv else check()
     if "--no-timing" not in sys.argv:
         timing()
     sys.exit(1 if fails else 0)

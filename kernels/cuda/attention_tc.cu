@@ -4,11 +4,12 @@
 //
 // Every product is mma.sync.m16n8k16 (f16 or bf16 in, f32 accumulate), operands fed from
 // shared memory by ldmatrix (.trans where the matrix is stored k-major), tiles brought in by
-// cp.async (zero-filled past L and S). A block is 4 warps; each warp owns 16 rows.
-//   forward  rows = 64 queries; K/V tiles of 64 keys. S = Q K^T stays in registers (the mma
-//            accumulator layout of S is the A-operand layout of P, so P V needs no shared
-//            memory), online softmax in base 2 (scale folded into log2 e), l kept per thread
-//            and summed over the quad once at the end.
+// cp.async (zero-filled past L and S) into double buffers, so tile t + 1 lands while tile t
+// computes. A block is 4 warps; a warp owns 16 kM rows (FwdTiles, BwdTiles below say why kM).
+//   forward  rows = 128 queries (32 a warp); K/V tiles of 64 keys. S = Q K^T stays in registers
+//            (the mma accumulator layout of S is the A-operand layout of P, so P V needs no
+//            shared memory), online softmax in base 2 (scale folded into log2 e), l kept per
+//            thread and summed over the quad once at the end.
 //   backward delta = rowsum(dout * out) is the caller's (attention.cu's kernel). Then two
 //            kernels, as in the SIMT version:
 //            dkdv: rows = 64 keys, tiles of queries; S^T = K Q^T and dP^T = V dO^T in
@@ -18,11 +19,15 @@
 //            Why not FA2's single pass with dq accumulated by f32 atomics: two passes recompute
 //            Q K^T and dO V^T (7 products instead of 5), but every gradient is written once
 //            (deterministic, bit-identical run to run), there is no [BH, L, D] f32 scratch to
-//            zero and convert (25 MiB at GPT-2's B8 H12 T1024 D64), no atomics contention, and
-//            dS never leaves registers. The backward is within ~1.4x of the atomic version's
-//            FLOPs and keeps the same structure as the reference it is tested against.
+//            zero and convert (24 MiB at GPT-2's B8 H12 T1024 D64), no atomics contention, and
+//            dS never leaves registers. The backward does 1.4x the atomic version's FLOPs and
+//            keeps the same structure as the reference it is tested against.
 // P and dS are rounded to the input type before their second product (FlashAttention does the
 // same); everything else accumulates in f32.
+//
+// Speed on the H200 (docs/attention.md): forward 100-220 TFLOP/s, about 1.6-2x PyTorch's flash
+// SDPA; the bound is ldmatrix traffic (one 512-byte x4 load per 2 kM mma), not the tensor cores.
+// Next steps, each against this version: wgmma (sm_90a) with TMA, and one dkdv+dq pass.
 #include "kernels/cuda/attention_tc.h"
 
 #include <cuda_bf16.h>
@@ -31,11 +36,14 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/cuda/mma_ptx.cuh"
+
 namespace mg::kernels::cuda {
 namespace {
 
+using namespace ptx;  // NOLINT: the wrappers are this file's vocabulary
+
 constexpr int kThreads = 128;  // 4 warps
-constexpr int kRowsPerBlock = 64;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -46,59 +54,19 @@ __host__ __device__ constexpr int ld_of() {
   return kD + 8;
 }
 
-// ---------------------------------------------------------------- PTX wrappers
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+// Column c of a tile starting at key (or query) c0 is allowed in row r when c <= hi(r) and
+// c >= lo(r); these give the bounds as small ints, so the per-element test is two int compares.
+__device__ __forceinline__ int clamp_to(int64_t x, int lo, int hi) {
+  return static_cast<int>(x < lo ? lo : (x > hi ? hi : x));
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
-  // src-size 0 zero-fills the 16 bytes (rows past L or S) without reading src.
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-// c += a b for one m16n8k16 tile.
-template <class T>
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// Two floats as one 32-bit register of two T (low half = x).
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float x, float y) {
-  if constexpr (std::is_same_v<T, __half>) {
-    __half2 h = __floats2half2_rn(x, y);
-    return *reinterpret_cast<uint32_t*>(&h);
-  } else {
-    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
+// Query rows ra and ra + 8 see key j0 + c of a kBc-key tile when c <= hi[r]: before S, and
+// (causal) not past the row. Rows past L are computed but never stored (rows are independent).
+template <int kBc>
+__device__ __forceinline__ void key_bounds(int (&hi)[2], int64_t ra, int64_t j0, int64_t S, bool causal) {
+  const int kv_hi = clamp_to(S - j0 - 1, -1, kBc);
+  hi[0] = causal ? min(kv_hi, clamp_to(ra - j0, -1, kBc)) : kv_hi;
+  hi[1] = causal ? min(kv_hi, clamp_to(ra + 8 - j0, -1, kBc)) : kv_hi;
 }
 
 // ---------------------------------------------------------------- tile helpers
@@ -114,54 +82,70 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t r0, int6
   }
 }
 
-// Accumulator tiles acc[n8][4] (16 rows x 8*kN8 columns) += A (16 x 16*kK16, row-major in shared
-// memory at a, rows = this warp's) times B^T where B is stored n-major: b[n][k] (k contiguous).
-template <class T, int kK16, int kN8, int kD>
-__device__ __forceinline__ void mma_abt(float (&acc)[kN8][4], const T* a, const T* b) {
+// acc[m][n8][4] (16 kM rows x 8 kN8 columns) += A (16 kM x 16 kK16, row-major in shared memory
+// at a) times B^T, B stored n-major: b[n][k] (k contiguous). Each B fragment is loaded once for
+// the kM m-tiles: ldmatrix traffic, more than the tensor cores, is what bounds these kernels.
+template <class T, int kM, int kK16, int kN8, int kD>
+__device__ __forceinline__ void mma_abt(float (&acc)[kM][kN8][4], const T* a, const T* b) {
   constexpr int kLd = ld_of<kD>();
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int kk = 0; kk < kK16; ++kk) {
-    uint32_t af[4];
-    ldsm_x4(af, a + (lane % 16) * kLd + kk * 16 + (lane / 16) * 8);
+    uint32_t af[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) ldsm_x4(af[m], a + (m * 16 + lane % 16) * kLd + kk * 16 + (lane / 16) * 8);
 #pragma unroll
     for (int n2 = 0; n2 < kN8 / 2; ++n2) {
       uint32_t bf[4];
       ldsm_x4(bf, b + (n2 * 16 + (lane % 8) + (lane / 16) * 8) * kLd + kk * 16 + ((lane / 8) % 2) * 8);
-      mma<T>(acc[2 * n2], af, bf[0], bf[1]);
-      mma<T>(acc[2 * n2 + 1], af, bf[2], bf[3]);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma<T>(acc[m][2 * n2], af[m], bf[0], bf[1]);
+        mma<T>(acc[m][2 * n2 + 1], af[m], bf[2], bf[3]);
+      }
     }
   }
 }
 
-// acc[n8][4] (16 rows x kD) += P (16 x 16*kK16, the accumulator tiles p[2*kK16][4], rounded to T)
+// acc[m][n8][4] (16 kM rows x kD) += P (16 kM x 16 kK16: the accumulator tiles p, rounded to T)
 // times B stored k-major: b[k][n] (n contiguous), read with ldmatrix.trans.
-template <class T, int kK16, int kD>
-__device__ __forceinline__ void mma_pb(float (&acc)[kD / 8][4], const float (&p)[2 * kK16][4], const T* b) {
+template <class T, int kM, int kK16, int kD>
+__device__ __forceinline__ void mma_pb(float (&acc)[kM][kD / 8][4], const float (&p)[kM][2 * kK16][4], const T* b) {
   constexpr int kLd = ld_of<kD>();
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int kk = 0; kk < kK16; ++kk) {
     // The accumulator layout of two n8 tiles is the A-operand layout of one k16 slice.
-    const uint32_t af[4] = {pack2<T>(p[2 * kk][0], p[2 * kk][1]), pack2<T>(p[2 * kk][2], p[2 * kk][3]),
-                            pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]), pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    uint32_t af[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      af[m][0] = pack2<T>(p[m][2 * kk][0], p[m][2 * kk][1]);
+      af[m][1] = pack2<T>(p[m][2 * kk][2], p[m][2 * kk][3]);
+      af[m][2] = pack2<T>(p[m][2 * kk + 1][0], p[m][2 * kk + 1][1]);
+      af[m][3] = pack2<T>(p[m][2 * kk + 1][2], p[m][2 * kk + 1][3]);
+    }
 #pragma unroll
     for (int n2 = 0; n2 < kD / 16; ++n2) {
       uint32_t bf[4];
       ldsm_x4_t(bf, b + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kLd + n2 * 16 + (lane / 16) * 8);
-      mma<T>(acc[2 * n2], af, bf[0], bf[1]);
-      mma<T>(acc[2 * n2 + 1], af, bf[2], bf[3]);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma<T>(acc[m][2 * n2], af[m], bf[0], bf[1]);
+        mma<T>(acc[m][2 * n2 + 1], af[m], bf[2], bf[3]);
+      }
     }
   }
 }
 
-template <int kN8>
-__device__ __forceinline__ void zero(float (&acc)[kN8][4]) {
+template <int kM, int kN8>
+__device__ __forceinline__ void zero(float (&acc)[kM][kN8][4]) {
 #pragma unroll
-  for (int n = 0; n < kN8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  for (int m = 0; m < kM; ++m)
+#pragma unroll
+    for (int n = 0; n < kN8; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
 }
 
-// Writes rows r0 + g and r0 + g + 8 (g = lane / 4) of the accumulator tiles (times mul) to
+// Writes rows r0 + g and r0 + g + 8 (g = lane / 4) of one m-tile's accumulators (times mul) to
 // dst [len, kD], skipping rows past len.
 template <class T, int kD>
 __device__ __forceinline__ void store_rows(T* dst, const float (&acc)[kD / 8][4], int64_t r0, int64_t len, float mul0,
@@ -176,228 +160,299 @@ __device__ __forceinline__ void store_rows(T* dst, const float (&acc)[kD / 8][4]
   }
 }
 
+// ---------------------------------------------------------------- tile shapes
+
+// kM m-tiles (16 rows) per warp, so a block owns kRows = 64 kM rows; the other side comes in
+// tiles of kN. Measured on the H200 (tools/attention_check.py, both variants verified):
+// - forward, kM = 2 (128 queries a block, 215/255 registers at D = 64/128): 1.0-1.35x faster
+//   than kM = 1, most without the causal mask (B8 H12 T1024 D64 bf16 full 0.172 -> 0.146 ms);
+// - backward, kM = 1 (64 rows a block): kM = 2 at D = 64 was as fast without the mask and
+//   1.2-1.3x slower causal (half as many blocks, so a longer tail of the long diagonal ones);
+//   at D = 128 two 16 x 128 f32 gradients already take 128 registers a thread.
+template <int kD>
+struct FwdTiles {
+  static constexpr int kM = 2, kRows = 64 * kM, kN = 64;
+};
+template <int kD>
+struct BwdTiles {
+  static constexpr int kM = 1, kRows = 64 * kM, kN = kD == 64 ? 64 : 32;
+  static constexpr int kMinBlocks = kD == 64 ? 3 : 1;  // 168 registers, no spills: 3 blocks an SM
+};
+
 // ---------------------------------------------------------------- forward
 
 template <int kD>
-constexpr size_t fwd_smem() {
-  return sizeof(__half) * 3 * kRowsPerBlock * ld_of<kD>();
+constexpr size_t fwd_smem() {  // Q, and K and V twice
+  return sizeof(__half) * (FwdTiles<kD>::kRows + 4 * FwdTiles<kD>::kN) * ld_of<kD>();
 }
 
 template <class T, int kD>
 __global__ void __launch_bounds__(kThreads)
     tc_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                   float* __restrict__ lse, int64_t L, int64_t S, float scale_log2, bool causal) {
-  constexpr int kBc = 64, kN8 = kBc / 8, kLd = ld_of<kD>();
+  using C = FwdTiles<kD>;
+  constexpr int kM = C::kM, kRows = C::kRows, kBc = C::kN, kN8 = kBc / 8, kLd = ld_of<kD>();
   extern __shared__ uint4 smem_fwd[];
   T* Qs = reinterpret_cast<T*>(smem_fwd);
-  T* Ks = Qs + kRowsPerBlock * kLd;
-  T* Vs = Ks + kBc * kLd;
+  // Double buffers, picked by arithmetic (an indexed pointer array would live on the stack).
+  T* const Kb = Qs + kRows * kLd;   // [2][kBc][kLd]
+  T* const Vb = Kb + 2 * kBc * kLd;  // [2][kBc][kLd]
+  auto buf = [&](T* b, int64_t i) { return b + (i & 1) * kBc * kLd; };
   const int64_t bh = blockIdx.y;
   q += bh * L * kD, out += bh * L * kD, lse += bh * L;
   k += bh * S * kD, v += bh * S * kD;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane / 4, t = lane % 4;
   // Causal blocks late in the sequence have the most key tiles: start them first.
   const unsigned bx = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int64_t i0 = static_cast<int64_t>(bx) * kRowsPerBlock, iw = i0 + warp * 16;
-  const int64_t ra = iw + g, rb = ra + 8;  // this thread's two rows
-  load_tile<kRowsPerBlock, kD>(Qs, q, i0, L);
+  const int64_t i0 = static_cast<int64_t>(bx) * kRows, iw = i0 + warp * 16 * kM;
+  // Copy groups, in order: (Q, K_0), V_0, then K_{t+1} and V_{t+1} issued at the top of tile t
+  // into the other buffers, so they land while tile t computes.
+  load_tile<kRows, kD>(Qs, q, i0, L);
+  load_tile<kBc, kD>(Kb, k, 0, S);
+  cp_async_commit();
+  load_tile<kBc, kD>(Vb, v, 0, S);
   cp_async_commit();
 
-  float o[kD / 8][4];
+  float o[kM][kD / 8][4];
   zero(o);
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const int64_t s_end = causal ? (S < i0 + kRowsPerBlock ? S : i0 + kRowsPerBlock) : S;
-  for (int64_t j0 = 0; j0 < s_end; j0 += kBc) {
-    __syncthreads();  // the previous K/V tiles are consumed
-    load_tile<kBc, kD>(Ks, k, j0, S);
+  float m[kM][2], l[kM][2];
+#pragma unroll
+  for (int mi = 0; mi < kM; ++mi) m[mi][0] = m[mi][1] = -INFINITY, l[mi][0] = l[mi][1] = 0.f;
+  const int64_t s_end = causal ? (S < i0 + kRows ? S : i0 + kRows) : S;
+  for (int64_t j0 = 0, tile = 0; j0 < s_end; j0 += kBc, ++tile) {
+    T* const Ks = buf(Kb, tile);
+    T* const Vs = buf(Vb, tile);
+    cp_async_wait<1>();  // K_t is in (V_t may still be coming)
+    __syncthreads();     // ... for every thread; and tile t - 1, whose buffers refill now, is consumed
+    const bool more = j0 + kBc < s_end;
+    if (more) load_tile<kBc, kD>(buf(Kb, tile + 1), k, j0 + kBc, S);
+    cp_async_commit();  // empty groups past the last tile keep the counting uniform
+    if (more) load_tile<kBc, kD>(buf(Vb, tile + 1), v, j0 + kBc, S);
     cp_async_commit();
-    load_tile<kBc, kD>(Vs, v, j0, S);
-    cp_async_commit();
-    cp_async_wait<1>();  // Q and K are in; V may still be coming
-    __syncthreads();
-    float s[kN8][4];
+    float s[kM][kN8][4];
     zero(s);
-    mma_abt<T, kD / 16, kN8, kD>(s, Qs + warp * 16 * kLd, Ks);
-    const bool diag = causal && j0 + kBc > iw;  // some key of the tile is past some row of the warp
-    float mx[2] = {m[0], m[1]};
+    mma_abt<T, kM, kD / 16, kN8, kD>(s, Qs + warp * 16 * kM * kLd, Ks);
 #pragma unroll
-    for (int n = 0; n < kN8; ++n)
+    for (int mi = 0; mi < kM; ++mi) {
+      int hi[2];
+      key_bounds<kBc>(hi, iw + 16 * mi + g, j0, S, causal);
+      float mx[2] = {m[mi][0], m[mi][1]};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t j = j0 + n * 8 + 2 * t + (e & 1), i = e < 2 ? ra : rb;
-        const bool ok = j < S && (!diag || j <= i);
-        s[n][e] = ok ? s[n][e] * scale_log2 : -INFINITY;
-        mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+      for (int n = 0; n < kN8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const bool ok = n * 8 + 2 * t + (e & 1) <= hi[e / 2];
+          s[mi][n][e] = ok ? s[mi][n][e] * scale_log2 : -INFINITY;
+          mx[e / 2] = fmaxf(mx[e / 2], s[mi][n][e]);
+        }
+      float corr[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        // Key 0 is in the first tile and every row sees it, so mx is finite from the first tile
+        // on; m = -inf then gives corr = 0.
+        corr[r] = ex2(m[mi][r] - mx[r]);
+        m[mi][r] = mx[r];
+        l[mi][r] *= corr[r];
       }
-    float corr[2];
+#pragma unroll
+      for (int n = 0; n < kN8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[mi][n][e] = ex2(s[mi][n][e] - m[mi][e / 2]);
+          l[mi][e / 2] += s[mi][n][e];  // per thread; the quad's partial sums are added at the end
+        }
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+        o[mi][n][0] *= corr[0], o[mi][n][1] *= corr[0];
+        o[mi][n][2] *= corr[1], o[mi][n][3] *= corr[1];
+      }
+    }
+    cp_async_wait<2>();  // V_t is in
+    __syncthreads();
+    mma_pb<T, kM, kBc / 16, kD>(o, s, Vs);
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int mi = 0; mi < kM; ++mi) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      // Key 0 is in the first tile and every row sees it, so mx is finite from the first tile
-      // on; m = -inf then gives corr = 0.
-      corr[r] = exp2f(m[r] - mx[r]);
-      m[r] = mx[r];
-      l[r] *= corr[r];
+      l[mi][r] += __shfl_xor_sync(0xffffffffu, l[mi][r], 1);
+      l[mi][r] += __shfl_xor_sync(0xffffffffu, l[mi][r], 2);
     }
-#pragma unroll
-    for (int n = 0; n < kN8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = exp2f(s[n][e] - m[e / 2]);
-        l[e / 2] += s[n][e];
-      }
-#pragma unroll
-    for (int n = 0; n < kD / 8; ++n) o[n][0] *= corr[0], o[n][1] *= corr[0], o[n][2] *= corr[1], o[n][3] *= corr[1];
-    cp_async_wait<0>();
-    __syncthreads();
-    mma_pb<T, kBc / 16, kD>(o, s, Vs);
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
-  store_rows<T, kD>(out, o, iw, L, 1.f / l[0], 1.f / l[1]);
-  if (t == 0) {
-    if (ra < L) lse[ra] = (m[0] + log2f(l[0])) * kLn2;
-    if (rb < L) lse[rb] = (m[1] + log2f(l[1])) * kLn2;
+    const int64_t ra = iw + 16 * mi + g, rb = ra + 8;
+    store_rows<T, kD>(out, o[mi], iw + 16 * mi, L, 1.f / l[mi][0], 1.f / l[mi][1]);
+    if (t == 0) {
+      if (ra < L) lse[ra] = (m[mi][0] + log2f(l[mi][0])) * kLn2;
+      if (rb < L) lse[rb] = (m[mi][1] + log2f(l[mi][1])) * kLn2;
+    }
   }
 }
 
 // ---------------------------------------------------------------- backward
 
-// Query tile of dkdv and key tile of dq: 64 at D = 64, 32 at D = 128 (the accumulators of two
-// 16 x 128 gradients already take 128 registers a thread).
 template <int kD>
-__host__ __device__ constexpr int bwd_tile() {
-  return kD <= 64 ? 64 : 32;
+constexpr size_t bwd_smem() {  // two row blocks + two double-buffered tiles (+ lse, delta for dkdv)
+  using C = BwdTiles<kD>;
+  return sizeof(__half) * 2 * (C::kRows + 2 * C::kN) * ld_of<kD>() + sizeof(float) * 4 * C::kN;
 }
 
-template <int kD>
-constexpr size_t bwd_smem() {
-  return sizeof(__half) * 2 * (kRowsPerBlock + bwd_tile<kD>()) * ld_of<kD>() + sizeof(float) * 2 * bwd_tile<kD>();
-}
-
-// Rows = keys [j0, j0 + 64), tiles of queries; writes dk and dv of the block's keys.
+// Rows = keys [j0, j0 + kRows), tiles of queries; writes dk and dv of the block's keys.
 template <class T, int kD>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, BwdTiles<kD>::kMinBlocks)
     tc_bwd_dkdv_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                        const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
                        T* __restrict__ dk, T* __restrict__ dv, int64_t L, int64_t S, float scale, float scale_log2,
                        bool causal) {
-  constexpr int kBr = bwd_tile<kD>(), kN8 = kBr / 8, kLd = ld_of<kD>();
+  using C = BwdTiles<kD>;
+  constexpr int kM = C::kM, kRows = C::kRows, kBr = C::kN, kN8 = kBr / 8, kLd = ld_of<kD>();
   extern __shared__ uint4 smem_dkdv[];
   T* Ks = reinterpret_cast<T*>(smem_dkdv);
-  T* Vs = Ks + kRowsPerBlock * kLd;
-  T* Qs = Vs + kRowsPerBlock * kLd;
-  T* Os = Qs + kBr * kLd;  // dout
-  float* lse_s = reinterpret_cast<float*>(Os + kBr * kLd);  // lse * log2 e
-  float* delta_s = lse_s + kBr;
+  T* Vs = Ks + kRows * kLd;
+  T* const Qb = Vs + kRows * kLd;    // [2][kBr][kLd], double buffers
+  T* const Ob = Qb + 2 * kBr * kLd;  // [2][kBr][kLd], dout
+  float* const lse_b = reinterpret_cast<float*>(Ob + 2 * kBr * kLd);  // [2][kBr] lse * log2 e
+  float* const delta_b = lse_b + 2 * kBr;                            // [2][kBr]
   const int64_t bh = blockIdx.y;
   q += bh * L * kD, dout += bh * L * kD, lse += bh * L, delta += bh * L;
   k += bh * S * kD, v += bh * S * kD, dk += bh * S * kD, dv += bh * S * kD;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane / 4, t = lane % 4;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock, jw = j0 + warp * 16;
-  load_tile<kRowsPerBlock, kD>(Ks, k, j0, S);
-  load_tile<kRowsPerBlock, kD>(Vs, v, j0, S);
-  cp_async_commit();
-
-  float gk[kD / 8][4], gv[kD / 8][4];
-  zero(gk);
-  zero(gv);
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kRows, jw = j0 + warp * 16 * kM;
   // Causal: queries before j0 see none of the block's keys.
   const int64_t i_begin = causal ? j0 / kBr * kBr : 0;
-  for (int64_t i0 = i_begin; i0 < L; i0 += kBr) {
-    __syncthreads();
-    load_tile<kBr, kD>(Qs, q, i0, L);
-    load_tile<kBr, kD>(Os, dout, i0, L);
-    cp_async_commit();
+  // Query tile t + 1 (Q, dout, lse, delta) is fetched into the other buffers while t computes.
+  auto fetch = [&](int64_t i0, int buf) {
+    load_tile<kBr, kD>(Qb + buf * kBr * kLd, q, i0, L);
+    load_tile<kBr, kD>(Ob + buf * kBr * kLd, dout, i0, L);
     for (int e = threadIdx.x; e < kBr; e += kThreads) {
       const bool ok = i0 + e < L;
-      lse_s[e] = ok ? lse[i0 + e] * kLog2e : 0.f;
-      delta_s[e] = ok ? delta[i0 + e] : 0.f;
+      lse_b[buf * kBr + e] = ok ? lse[i0 + e] * kLog2e : 0.f;
+      delta_b[buf * kBr + e] = ok ? delta[i0 + e] : 0.f;
     }
+  };
+  load_tile<kRows, kD>(Ks, k, j0, S);
+  load_tile<kRows, kD>(Vs, v, j0, S);
+  if (i_begin < L) fetch(i_begin, 0);
+  cp_async_commit();
+
+  float gk[kM][kD / 8][4], gv[kM][kD / 8][4];
+  zero(gk);
+  zero(gv);
+  for (int64_t i0 = i_begin, tile = 0; i0 < L; i0 += kBr, ++tile) {
+    const int buf = tile & 1;
+    const T* Qs = Qb + buf * kBr * kLd;
+    const T* Os = Ob + buf * kBr * kLd;
+    const float* lse_s = lse_b + buf * kBr;
+    const float* delta_s = delta_b + buf * kBr;
     cp_async_wait<0>();
-    __syncthreads();
-    float st[kN8][4], dpt[kN8][4];  // S^T and dP^T: 16 keys x kBr queries
+    __syncthreads();  // tile t is in for every thread; tile t - 1, whose buffers refill now, is consumed
+    if (i0 + kBr < L) fetch(i0 + kBr, buf ^ 1);
+    cp_async_commit();
+    float st[kM][kN8][4], dpt[kM][kN8][4];  // S^T and dP^T: 16 kM keys x kBr queries
     zero(st);
     zero(dpt);
-    mma_abt<T, kD / 16, kN8, kD>(st, Ks + warp * 16 * kLd, Qs);
-    mma_abt<T, kD / 16, kN8, kD>(dpt, Vs + warp * 16 * kLd, Os);
-    const bool diag = causal && i0 < jw + 16;  // some query of the tile is before some key of the warp
+    mma_abt<T, kM, kD / 16, kN8, kD>(st, Ks + warp * 16 * kM * kLd, Qs);
+    mma_abt<T, kM, kD / 16, kN8, kD>(dpt, Vs + warp * 16 * kM * kLd, Os);
+    // Query i0 + c counts for a key row when lo <= c <= q_hi: before L, and (causal) not before
+    // the key. Key rows past S are computed but never stored (rows are independent).
+    const int q_hi = clamp_to(L - i0 - 1, -1, kBr);
 #pragma unroll
-    for (int n = 0; n < kN8; ++n)
+    for (int mi = 0; mi < kM; ++mi) {
+      const int64_t ja = jw + 16 * mi + g;
+      const int lo[2] = {causal ? clamp_to(ja - i0, 0, kBr) : 0, causal ? clamp_to(ja + 8 - i0, 0, kBr) : 0};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = n * 8 + 2 * t + (e & 1);
-        const int64_t i = i0 + c, j = jw + g + (e < 2 ? 0 : 8);
-        const bool ok = i < L && j < S && (!diag || j <= i);
-        const float p = ok ? exp2f(st[n][e] * scale_log2 - lse_s[c]) : 0.f;
-        st[n][e] = p;
-        dpt[n][e] = p * (dpt[n][e] - delta_s[c]);
-      }
-    mma_pb<T, kBr / 16, kD>(gv, st, Os);
-    mma_pb<T, kBr / 16, kD>(gk, dpt, Qs);
+      for (int n = 0; n < kN8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = n * 8 + 2 * t + (e & 1);
+          const bool ok = c <= q_hi && c >= lo[e / 2];
+          const float p = ok ? ex2(st[mi][n][e] * scale_log2 - lse_s[c]) : 0.f;
+          st[mi][n][e] = p;
+          dpt[mi][n][e] = p * (dpt[mi][n][e] - delta_s[c]);
+        }
+    }
+    mma_pb<T, kM, kBr / 16, kD>(gv, st, Os);
+    mma_pb<T, kM, kBr / 16, kD>(gk, dpt, Qs);
   }
   cp_async_wait<0>();  // no query tile (L = 0, or causal keys past L): K/V copies still in flight
-  store_rows<T, kD>(dk, gk, jw, S, scale, scale);
-  store_rows<T, kD>(dv, gv, jw, S, 1.f, 1.f);
+#pragma unroll
+  for (int mi = 0; mi < kM; ++mi) {
+    store_rows<T, kD>(dk, gk[mi], jw + 16 * mi, S, scale, scale);
+    store_rows<T, kD>(dv, gv[mi], jw + 16 * mi, S, 1.f, 1.f);
+  }
 }
 
-// Rows = queries [i0, i0 + 64), tiles of keys; writes dq of the block's queries.
+// Rows = queries [i0, i0 + kRows), tiles of keys; writes dq of the block's queries.
 template <class T, int kD>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, BwdTiles<kD>::kMinBlocks)
     tc_bwd_dq_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                      const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
                      T* __restrict__ dq, int64_t L, int64_t S, float scale, float scale_log2, bool causal) {
-  constexpr int kBc = bwd_tile<kD>(), kN8 = kBc / 8, kLd = ld_of<kD>();
+  using C = BwdTiles<kD>;
+  constexpr int kM = C::kM, kRows = C::kRows, kBc = C::kN, kN8 = kBc / 8, kLd = ld_of<kD>();
   extern __shared__ uint4 smem_dq[];
   T* Qs = reinterpret_cast<T*>(smem_dq);
-  T* Os = Qs + kRowsPerBlock * kLd;  // dout
-  T* Ks = Os + kRowsPerBlock * kLd;
-  T* Vs = Ks + kBc * kLd;
+  T* Os = Qs + kRows * kLd;          // dout
+  T* const Kb = Os + kRows * kLd;    // [2][kBc][kLd], double buffers
+  T* const Vb = Kb + 2 * kBc * kLd;  // [2][kBc][kLd]
+  auto buf = [&](T* b, int64_t i) { return b + (i & 1) * kBc * kLd; };
   const int64_t bh = blockIdx.y;
   q += bh * L * kD, dout += bh * L * kD, dq += bh * L * kD, lse += bh * L, delta += bh * L;
   k += bh * S * kD, v += bh * S * kD;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane / 4, t = lane % 4;
   const unsigned bx = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int64_t i0 = static_cast<int64_t>(bx) * kRowsPerBlock, iw = i0 + warp * 16;
-  const int64_t ra = iw + g, rb = ra + 8;
-  load_tile<kRowsPerBlock, kD>(Qs, q, i0, L);
-  load_tile<kRowsPerBlock, kD>(Os, dout, i0, L);
+  const int64_t i0 = static_cast<int64_t>(bx) * kRows, iw = i0 + warp * 16 * kM;
+  load_tile<kRows, kD>(Qs, q, i0, L);
+  load_tile<kRows, kD>(Os, dout, i0, L);
+  load_tile<kBc, kD>(Kb, k, 0, S);
+  load_tile<kBc, kD>(Vb, v, 0, S);
   cp_async_commit();
-  const float lse2[2] = {ra < L ? lse[ra] * kLog2e : 0.f, rb < L ? lse[rb] * kLog2e : 0.f};
-  const float dl[2] = {ra < L ? delta[ra] : 0.f, rb < L ? delta[rb] : 0.f};
+  float lse2[kM][2], dl[kM][2];
+#pragma unroll
+  for (int mi = 0; mi < kM; ++mi)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t i = iw + 16 * mi + g + 8 * r;
+      lse2[mi][r] = i < L ? lse[i] * kLog2e : 0.f;
+      dl[mi][r] = i < L ? delta[i] : 0.f;
+    }
 
-  float acc[kD / 8][4];
+  float acc[kM][kD / 8][4];
   zero(acc);
-  const int64_t s_end = causal ? (S < i0 + kRowsPerBlock ? S : i0 + kRowsPerBlock) : S;
-  for (int64_t j0 = 0; j0 < s_end; j0 += kBc) {
-    __syncthreads();
-    load_tile<kBc, kD>(Ks, k, j0, S);
-    load_tile<kBc, kD>(Vs, v, j0, S);
-    cp_async_commit();
+  const int64_t s_end = causal ? (S < i0 + kRows ? S : i0 + kRows) : S;
+  for (int64_t j0 = 0, tile = 0; j0 < s_end; j0 += kBc, ++tile) {
+    const T* Ks = buf(Kb, tile);
+    const T* Vs = buf(Vb, tile);
     cp_async_wait<0>();
-    __syncthreads();
-    float s[kN8][4], dp[kN8][4];
+    __syncthreads();  // tile t is in for every thread; tile t - 1, whose buffers refill now, is consumed
+    if (j0 + kBc < s_end) {
+      load_tile<kBc, kD>(buf(Kb, tile + 1), k, j0 + kBc, S);
+      load_tile<kBc, kD>(buf(Vb, tile + 1), v, j0 + kBc, S);
+    }
+    cp_async_commit();
+    float s[kM][kN8][4], dp[kM][kN8][4];
     zero(s);
     zero(dp);
-    mma_abt<T, kD / 16, kN8, kD>(s, Qs + warp * 16 * kLd, Ks);
-    mma_abt<T, kD / 16, kN8, kD>(dp, Os + warp * 16 * kLd, Vs);
-    const bool diag = causal && j0 + kBc > iw;
+    mma_abt<T, kM, kD / 16, kN8, kD>(s, Qs + warp * 16 * kM * kLd, Ks);
+    mma_abt<T, kM, kD / 16, kN8, kD>(dp, Os + warp * 16 * kM * kLd, Vs);
 #pragma unroll
-    for (int n = 0; n < kN8; ++n)
+    for (int mi = 0; mi < kM; ++mi) {
+      int hi[2];
+      key_bounds<kBc>(hi, iw + 16 * mi + g, j0, S, causal);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t j = j0 + n * 8 + 2 * t + (e & 1), i = e < 2 ? ra : rb;
-        const bool ok = i < L && j < S && (!diag || j <= i);
-        const float p = ok ? exp2f(s[n][e] * scale_log2 - lse2[e / 2]) : 0.f;
-        dp[n][e] = p * (dp[n][e] - dl[e / 2]);
-      }
-    mma_pb<T, kBc / 16, kD>(acc, dp, Ks);
+      for (int n = 0; n < kN8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const bool ok = n * 8 + 2 * t + (e & 1) <= hi[e / 2];
+          const float p = ok ? ex2(s[mi][n][e] * scale_log2 - lse2[mi][e / 2]) : 0.f;
+          dp[mi][n][e] = p * (dp[mi][n][e] - dl[mi][e / 2]);
+        }
+    }
+    mma_pb<T, kM, kBc / 16, kD>(acc, dp, Ks);
   }
-  store_rows<T, kD>(dq, acc, iw, L, scale, scale);
+#pragma unroll
+  for (int mi = 0; mi < kM; ++mi) store_rows<T, kD>(dq, acc[mi], iw + 16 * mi, L, scale, scale);
 }
 
 // ---------------------------------------------------------------- host side
@@ -430,7 +485,7 @@ cudaError_t for_head_chunks(int64_t BH, F&& launch) {
   return cudaSuccess;
 }
 
-unsigned blocks_of(int64_t rows) { return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+unsigned blocks_of(int64_t rows, int per_block) { return static_cast<unsigned>((rows + per_block - 1) / per_block); }
 
 }  // namespace
 
@@ -445,7 +500,7 @@ cudaError_t attention_tc_forward(const TcForwardArgs& a, cudaStream_t stream) {
     const float sl2 = a.scale * kLog2e;
     return for_head_chunks(a.BH, [&](int64_t b0, unsigned nb) {
       const int64_t qo = b0 * a.L * kD, ko = b0 * a.S * kD;
-      tc_fwd_kernel<T, kD><<<dim3(blocks_of(a.L), nb), kThreads, smem, stream>>>(
+      tc_fwd_kernel<T, kD><<<dim3(blocks_of(a.L, FwdTiles<kD>::kRows), nb), kThreads, smem, stream>>>(
           static_cast<const T*>(a.q) + qo, static_cast<const T*>(a.k) + ko, static_cast<const T*>(a.v) + ko,
           static_cast<T*>(a.out) + qo, a.lse + b0 * a.L, a.L, a.S, sl2, a.causal);
     });
@@ -464,11 +519,11 @@ cudaError_t attention_tc_backward(const TcBackwardArgs& a, cudaStream_t stream) 
       const int64_t qo = b0 * a.L * kD, ko = b0 * a.S * kD, ro = b0 * a.L;
       const T *q = static_cast<const T*>(a.q) + qo, *k = static_cast<const T*>(a.k) + ko;
       const T *v = static_cast<const T*>(a.v) + ko, *dout = static_cast<const T*>(a.dout) + qo;
-      tc_bwd_dkdv_kernel<T, kD><<<dim3(blocks_of(a.S), nb), kThreads, smem, stream>>>(
+      tc_bwd_dkdv_kernel<T, kD><<<dim3(blocks_of(a.S, BwdTiles<kD>::kRows), nb), kThreads, smem, stream>>>(
           q, k, v, dout, a.lse + ro, a.delta + ro, static_cast<T*>(a.dk) + ko, static_cast<T*>(a.dv) + ko, a.L, a.S,
           a.scale, sl2, a.causal);
       if (a.L == 0) return;
-      tc_bwd_dq_kernel<T, kD><<<dim3(blocks_of(a.L), nb), kThreads, smem, stream>>>(
+      tc_bwd_dq_kernel<T, kD><<<dim3(blocks_of(a.L, BwdTiles<kD>::kRows), nb), kThreads, smem, stream>>>(
           q, k, v, dout, a.lse + ro, a.delta + ro, static_cast<T*>(a.dq) + qo, a.L, a.S, a.scale, sl2, a.causal);
     });
   });

@@ -1,4 +1,4 @@
-// Flash attention (kernels/cuda/attention.cu) against the reference.
+// Flash attention (kernels/cuda/attention.cu, attention_tc.cu) against the reference.
 // - Raw kernels: out, logsumexp and dq/dk/dv of kernels::flash_attention_* on CUDA vs
 //   mg::sdpa_reference (and a plain logsumexp loop) on the CPU in f64, computed on the very
 //   values the GPU sees (half inputs are rounded first), so only the GPU's own error counts.
@@ -8,6 +8,9 @@
 //   inputs) gives mg::sdpa_reference's output and gradients; MG_SDPA=reference switches.
 // - Memory: forward + backward at B=8, H=12, T=1024, D=64 in f32 peaks at least
 //   B*H*T*T*4 bytes below the reference (it never allocates a T x T buffer).
+// - Both f16/bf16 kernels, the tensor-core one (D = 64, 128) and the SIMT reference
+//   (MG_ATTENTION_KERNEL=simt), on the same cases against the f64 reference; the tensor-core
+//   backward is bitwise deterministic; the kernel choice itself (no GPU needed).
 // GPU tests skip without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -28,6 +31,7 @@
 #include "core/device_runtime.h"
 #include "core/random.h"
 #include "core/tensor.h"
+#include "kernels/cuda/cuda_nn_ops.h"
 #include "kernels/transformer_ops.h"
 
 namespace mg {
@@ -195,6 +199,59 @@ TEST_F(AttentionParity, StridedInputsAndScale) {
   expect_close(grads[2], gv, 1e-4, "strided dv");
 }
 
+// ---------------------------------------------------------------- tensor cores vs SIMT
+
+// Sets MG_ATTENTION_KERNEL for a scope (read by the kernels at each call).
+class ScopedKernel {
+ public:
+  explicit ScopedKernel(const char* kernel) { ::setenv("MG_ATTENTION_KERNEL", kernel, 1); }
+  ~ScopedKernel() { ::unsetenv("MG_ATTENTION_KERNEL"); }
+};
+
+TEST_F(AttentionParity, TensorCoreAndSimtMatchReference) {
+  // Every f16/bf16 shape the tensor-core kernels take, through both kernels: lengths that are
+  // not multiples of any tile (1, 7, 100, 257), L != S both ways (keys past the queries' end,
+  // queries past the keys'), both head dims, causal and not.
+  std::vector<Case> cases;
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true}) {
+      for (int64_t T : {1, 7, 64, 100, 257, 1024}) cases.push_back({T >= 1024 ? 2 : 3, T, T, D, causal});
+      for (auto [L, S] : {std::pair<int64_t, int64_t>{5, 37}, {40, 9}, {130, 70}, {70, 130}})
+        cases.push_back({2, L, S, D, causal});
+    }
+  for (const char* kernel : {"tc", "simt"}) {
+    ScopedKernel use(kernel);
+    SCOPED_TRACE(kernel);
+    for (DType dt : {DType::f16, DType::bf16}) {
+      // The cases exercise the kernel they are named after.
+      EXPECT_STREQ(k::cuda::flash_attention_kernel(dt, 64), kernel);
+      EXPECT_STREQ(k::cuda::flash_attention_kernel(dt, 128), kernel);
+      for (const Case& c : cases) check_case(c, dt);
+    }
+    check_case({70000, 2, 3, 64, true}, DType::f16);  // > 65535 heads: chunked grid
+  }
+}
+
+TEST_F(AttentionParity, TensorCoreBackwardIsDeterministic) {
+  // dq is computed by its own pass (no atomics), so repeated runs agree to the bit.
+  for (DType dt : {DType::f16, DType::bf16}) {
+    Tensor q = to_cuda(host({4, 300, 64}, dt, g)), kk = to_cuda(host({4, 300, 64}, dt, g));
+    Tensor v = to_cuda(host({4, 300, 64}, dt, g)), dout = to_cuda(host({4, 300, 64}, dt, g));
+    ASSERT_STREQ(k::cuda::flash_attention_kernel(dt, 64), "tc");
+    auto [out, lse] = k::flash_attention_forward(q, kk, v, true);
+    auto first = k::flash_attention_backward(dout, q, kk, v, out, lse, true);
+    for (int rep = 0; rep < 3; ++rep) {
+      auto again = k::flash_attention_backward(dout, q, kk, v, out, lse, true);
+      auto bytes = [](const Tensor& t) {
+        return raw::to_dtype(raw::to_device(t, Device::cpu()), DType::f32).to_vector<float>();
+      };
+      EXPECT_EQ(bytes(std::get<0>(first)), bytes(std::get<0>(again))) << dstr(dt) << " dq";
+      EXPECT_EQ(bytes(std::get<1>(first)), bytes(std::get<1>(again))) << dstr(dt) << " dk";
+      EXPECT_EQ(bytes(std::get<2>(first)), bytes(std::get<2>(again))) << dstr(dt) << " dv";
+    }
+  }
+}
+
 // ---------------------------------------------------------------- autograd
 
 // scaled_dot_product_attention (flash, dtype dt) vs sdpa_reference on CUDA in f32 on the same
@@ -281,6 +338,35 @@ TEST_F(AttentionParity, FlashNeverAllocatesTxT) {
             << format_bytes(flash) << ", reference " << format_bytes(reference) << " (one T x T f32 buffer: "
             << format_bytes(txt) << ")\n";
   EXPECT_LE(flash + txt, reference);
+}
+
+// ---------------------------------------------------------------- kernel choice (no GPU needed)
+
+TEST(AttentionKernelChoice, TensorCoresForHalfTypesAtHeadDims64And128) {
+  ::unsetenv("MG_ATTENTION_KERNEL");
+  EXPECT_STREQ(k::cuda::flash_attention_kernel(DType::f16, 64), "tc");
+  EXPECT_STREQ(k::cuda::flash_attention_kernel(DType::bf16, 128), "tc");
+  EXPECT_STREQ(k::cuda::flash_attention_kernel(DType::f32, 64), "simt");   // f32 always SIMT
+  EXPECT_STREQ(k::cuda::flash_attention_kernel(DType::f16, 32), "simt");   // other head dims
+  EXPECT_STREQ(k::cuda::flash_attention_kernel(DType::bf16, 80), "simt");
+  {
+    ScopedKernel simt("simt");
+    EXPECT_STREQ(k::cuda::flash_attention_kernel(DType::f16, 64), "simt");
+  }
+  {
+    ScopedKernel tc("tc");  // asks for tensor cores; f32 still cannot have them
+    EXPECT_STREQ(k::cuda::flash_attention_kernel(DType::bf16, 64), "tc");
+    EXPECT_STREQ(k::cuda::flash_attention_kernel(DType::f32, 64), "simt");
+  }
+  ScopedKernel bad("fast");
+  try {
+    k::cuda::flash_attention_kernel(DType::f16, 64);
+    ADD_FAILURE() << "MG_ATTENTION_KERNEL=fast was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("MG_ATTENTION_KERNEL must be auto, tc or simt, got 'fast'"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // ---------------------------------------------------------------- errors (no GPU needed)

@@ -1,0 +1,111 @@
+// Attention speed on the device: the tensor-core flash kernels (attention_tc.cu) against the SIMT
+// flash kernels and the materializing sdpa_reference, measured in the same run, as ratios.
+//
+// Shapes match bench/pytorch/attention_sdpa.py (run it on the same card for PyTorch's SDPA):
+// GPT-2 124M's attention (B8 H12 T1024 D64), a longer sequence (B4 H12 T2048 D64) and D = 128.
+// Each benchmark reports ms (CUDA events), TFLOP/s (FlashAttention's count: 4 B H T^2 D forward,
+// 2.5x that backward, halved when causal) and, for tc and the reference, the time relative to
+// SIMT on the same configuration ("vs_simt" < 1: faster). SIMT runs first for that reason.
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "autograd/transformer_functions.h"
+#include "core/device_runtime.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "kernels/transformer_ops.h"
+
+namespace mg::bench {
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+struct Shape {
+  int64_t B, H, T, D;
+};
+const Shape kShapes[] = {{8, 12, 1024, 64}, {4, 12, 2048, 64}, {8, 8, 1024, 128}};
+
+enum Impl { kSimt = 0, kTc = 1, kReference = 2 };
+const char* const kImplNames[] = {"simt", "tc", "reference"};
+
+// SIMT times by configuration, for the other implementations' ratios.
+std::map<std::tuple<int64_t, int64_t, bool, bool>, double> g_simt_ms;
+
+double flops(const Shape& s, bool causal, bool backward) {
+  const double f = 4.0 * s.B * s.H * s.T * s.T * s.D * (backward ? 3.5 : 1.0);
+  return causal ? f / 2 : f;
+}
+
+// Args: shape index, dtype (0 bf16, 1 f16), causal, backward, implementation.
+void BM_Attention(benchmark::State& state) {
+  if (!cuda::is_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  const Shape sh = kShapes[state.range(0)];
+  const DType dt = state.range(1) == 0 ? DType::bf16 : DType::f16;
+  const bool causal = state.range(2) != 0, backward = state.range(3) != 0;
+  const Impl impl = static_cast<Impl>(state.range(4));
+  ::setenv("MG_ATTENTION_KERNEL", impl == kSimt ? "simt" : "auto", 1);
+  Generator gen(7);
+  Tensor q = randn({sh.B, sh.H, sh.T, sh.D}, {dt, kGpu}, &gen), k = randn({sh.B, sh.H, sh.T, sh.D}, {dt, kGpu}, &gen);
+  Tensor v = randn({sh.B, sh.H, sh.T, sh.D}, {dt, kGpu}, &gen), dout = randn({sh.B, sh.H, sh.T, sh.D}, {dt, kGpu}, &gen);
+  auto step = [&] {
+    if (impl == kReference) {
+      if (!backward) {
+        NoGradGuard no_grad;
+        Tensor out = sdpa_reference(q, k, v, causal);
+        return;
+      }
+      Tensor ql = q.detach().requires_grad_(true), kl = k.detach().requires_grad_(true);
+      Tensor vl = v.detach().requires_grad_(true);
+      Tensor out = sdpa_reference(ql, kl, vl, causal);
+      autograd::grad({out}, {ql, kl, vl}, {dout});
+      return;
+    }
+    auto [out, lse] = kernels::flash_attention_forward(q, k, v, causal);
+    if (backward) kernels::flash_attention_backward(dout, q, k, v, out, lse, causal);
+  };
+  cuda::Event start(true), stop(true);
+  cuda::Stream s = cuda::Stream::current(0);
+  for (int i = 0; i < 3; ++i) step();
+  double total = 0;
+  int iters = 0;
+  for (auto _ : state) {
+    start.record(s);
+    step();
+    stop.record(s);
+    stop.synchronize();
+    const float ms = start.elapsed_ms(stop);
+    total += ms;
+    ++iters;
+    state.SetIterationTime(ms / 1e3);
+  }
+  ::unsetenv("MG_ATTENTION_KERNEL");
+  const double ms = total / iters;
+  state.counters["ms"] = ms;
+  state.counters["TFLOP/s"] = flops(sh, causal, backward) / (ms / 1e3) / 1e12;
+  const auto key = std::make_tuple(state.range(0), state.range(1), causal, backward);
+  if (impl == kSimt) g_simt_ms[key] = ms;
+  else if (g_simt_ms.count(key)) state.counters["vs_simt"] = ms / g_simt_ms[key];
+  state.SetLabel(std::string(kImplNames[impl]) + " B" + std::to_string(sh.B) + " H" + std::to_string(sh.H) + " T" +
+                 std::to_string(sh.T) + " D" + std::to_string(sh.D) + " " + dtype_name(dt) +
+                 (causal ? " causal" : " full") + (backward ? " fwd+bwd" : " fwd"));
+}
+// Implementation is the innermost argument, so simt, tc and reference of one configuration run
+// side by side (simt first).
+BENCHMARK(BM_Attention)
+    ->ArgsProduct({{0, 1, 2}, {0, 1}, {1, 0}, {0, 1}, {kSimt, kTc, kReference}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace mg::bench
+
+BENCHMARK_MAIN();
