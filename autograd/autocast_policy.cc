@@ -5,6 +5,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "kernels/amp_ops.h"
 #include "kernels/ops.h"
 
 namespace mg::autocast {
@@ -115,18 +116,7 @@ Tensor widen(const Tensor& t) { return t.defined() && is_half(t.dtype()) ? t.to(
 
 void update_running_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
                           const Tensor& invstd, int64_t count, double momentum, double eps) {
-  NoGradGuard ng;
-  const DType st = running_mean.dtype();
-  Tensor m = kernels::cast(mean, st);
-  // invstd = 1 / sqrt(var + eps) with the biased variance; the running one is unbiased.
-  Tensor is = kernels::cast(invstd, st);
-  Tensor var = kernels::add_scalar(kernels::unary(kernels::Unary::Reciprocal, kernels::unary(kernels::Unary::Square, is)),
-                                   -eps);
-  const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
-  kernels::axpby_(running_mean, 1.0 - momentum, m, momentum);
-  kernels::axpby_(running_var, 1.0 - momentum, var, momentum * unbias);
-  running_mean.bump_version();
-  running_var.bump_version();
+  kernels::batch_norm_update_stats_(running_mean, running_var, mean, invstd, count, momentum, eps);
 }
 
 }  // namespace mg::autocast

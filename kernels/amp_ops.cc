@@ -112,4 +112,46 @@ void add_stochastic_bf16_(const Tensor& param, const Tensor& update, double alph
   param.bump_version();
 }
 
+void batch_norm_update_stats_(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
+                              const Tensor& invstd, int64_t count, double momentum, double eps) {
+  const char* op = "batch_norm_update_stats_";
+  for (const Tensor* t : {&running_mean, &running_var, &mean, &invstd})
+    MG_CHECK(t->defined(), ValueError, op, ": undefined tensor");
+  MG_CHECK(running_mean.dtype() == DType::f32 && running_var.dtype() == DType::f32, DTypeError, op,
+           ": running statistics must be f32, got ", running_mean.dtype(), " and ", running_var.dtype());
+  MG_CHECK(mean.dtype() == invstd.dtype() && is_floating(mean.dtype()), DTypeError, op,
+           ": mean and invstd must share one floating dtype, got ", mean.dtype(), " and ", invstd.dtype());
+  const int64_t c = running_mean.numel();
+  for (const Tensor* t : {&running_var, &mean, &invstd})
+    MG_CHECK(t->dim() == 1 && t->numel() == c && t->is_contiguous(), ShapeError, op,
+             ": expected contiguous [", c, "] tensors, got ", shape_str(t->sizes()));
+  MG_CHECK(running_mean.dim() == 1 && running_mean.is_contiguous(), ShapeError, op,
+           ": running_mean must be a contiguous 1-D tensor, got ", shape_str(running_mean.sizes()));
+  for (const Tensor* t : {&running_var, &mean, &invstd})
+    MG_CHECK(t->device() == running_mean.device(), DeviceError, op, ": tensors on ", running_mean.device(), " and ",
+             t->device());
+  const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
+#ifdef MG_WITH_CUDA
+  if (running_mean.is_cuda()) {
+    cuda::batch_norm_update_stats(running_mean, running_var, mean, invstd, unbias, momentum, eps);
+  } else
+#endif
+  {
+    MG_CHECK(!running_mean.is_cuda(), DeviceError, op, ": this build has no CUDA kernels");
+    float* rm = static_cast<float*>(running_mean.raw_data());
+    float* rv = static_cast<float*>(running_var.raw_data());
+    MG_DISPATCH_FLOAT(mean.dtype(), op, [&] {
+      const auto* m = static_cast<const scalar_t*>(mean.raw_data());
+      const auto* is = static_cast<const scalar_t*>(invstd.raw_data());
+      for (int64_t i = 0; i < c; ++i) {
+        const double inv = static_cast<double>(is[i]);
+        rm[i] = static_cast<float>((1 - momentum) * rm[i] + momentum * static_cast<double>(m[i]));
+        rv[i] = static_cast<float>((1 - momentum) * rv[i] + momentum * unbias * (1.0 / (inv * inv) - eps));
+      }
+    });
+  }
+  running_mean.bump_version();
+  running_var.bump_version();
+}
+
 }  // namespace mg::kernels

@@ -11,5 +11,7 @@ namespace mg::kernels::cuda {
 
 void amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale);
 void add_stochastic_bf16(const Tensor& param, const Tensor& update, float alpha, uint64_t seed);
+void batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
+                             const Tensor& invstd, double unbias, double momentum, double eps);
 
 }  // namespace mg::kernels::cuda
