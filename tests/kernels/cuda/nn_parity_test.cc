@@ -279,7 +279,10 @@ TEST_F(NnParity, AdaptiveAvgPool2dForwardBackward) {
 // ---------------------------------------------------------------- batch norm
 
 TEST_F(NnParity, BatchNormTrainingEvalBackward) {
-  const std::vector<Shape> shapes = {{4, 5, 7, 9}, {16, 7}, {3, 6, 11}, {2, 3, 33, 31}};
+  // The last three split each channel into several chunks (the kernels' C x P grid): 16-byte
+  // vectors with even chunks, odd S with uneven chunks, and a ResNet-like half-precision shape.
+  const std::vector<Shape> shapes = {{4, 5, 7, 9}, {16, 7}, {3, 6, 11}, {2, 3, 33, 31},
+                                     {16, 8, 32, 32}, {3, 5, 37, 41}, {8, 64, 56, 56}};
   for (DType dt : kDtypes)
     for (const Shape& xs : shapes)
       for (bool affine : {true, false}) {
