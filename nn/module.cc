@@ -300,6 +300,11 @@ void Module::zero_grad(bool set_to_none) {
   }
 }
 
+Module& Module::requires_grad_(bool on) {
+  for (Tensor& p : parameters()) p.requires_grad_(on);
+  return *this;
+}
+
 namespace {
 // Points t's own TensorImpl at `moved`'s storage and layout, so every handle to t sees it.
 void retarget(const Tensor& t, const Tensor& moved) {

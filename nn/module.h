@@ -88,6 +88,12 @@ class Module : public std::enable_shared_from_this<Module> {
   // Drops (set_to_none) or zero-fills every parameter's .grad.
   void zero_grad(bool set_to_none = true);
 
+  // Sets requires_grad on every parameter of this module and its descendants. Freezing a
+  // sub-module (a pretrained backbone) with requires_grad_(false) takes it off the tape: its
+  // ops record no nodes and save no activations, its parameters get no .grad, so an
+  // optimizer never creates state for them.
+  Module& requires_grad_(bool on = true);
+
   // Moves / casts every parameter and buffer in place: each keeps its identity (the same
   // TensorImpl now points at new storage), so handles held elsewhere, including the
   // optimizer's, stay valid. Gradients move with their parameters. to(DType) casts only

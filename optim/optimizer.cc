@@ -127,11 +127,13 @@ void Optimizer::load_state_dict(const StateDict& sd) {
              "::load_state_dict: group ", gi, " has no \"params\" list");
     MG_CHECK(jg["params"].size() == groups_[gi].params.size(), ValueError, name_, "::load_state_dict: group ", gi,
              " was saved with ", jg["params"].size(), " parameters, this optimizer's has ", groups_[gi].params.size());
-    for (auto& [k, v] : groups_[gi].options) {
+    for (auto& [k, v] : defaults_)
       MG_CHECK(jg.contains(k) && jg[k].is_number(), ValueError, name_, "::load_state_dict: group ", gi,
                " lacks option \"", k, "\"");
-      options[gi][k] = jg[k].get<double>();
-    }
+    // Every saved number is restored, including keys a scheduler added ("initial_lr").
+    options[gi] = groups_[gi].options;
+    for (auto& [k, v] : jg.items())
+      if (k != "params" && v.is_number()) options[gi][k] = v.get<double>();
     for (const Tensor& p : groups_[gi].params) params.push_back(&p);
   }
   std::unordered_map<const TensorImpl*, ParamState> state;

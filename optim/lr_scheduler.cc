@@ -1,0 +1,207 @@
+#include "optim/lr_scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace mg::optim {
+
+// ---------------------------------------------------------------- LRScheduler
+
+LRScheduler::LRScheduler(std::string name, Optimizer& opt) : opt_(opt), name_(std::move(name)) {
+  // The first scheduler built on an optimizer records "initial_lr"; later ones (the parts of
+  // a SequentialLR) read it, so they all start from the same base (PyTorch's setdefault).
+  for (ParamGroup& g : opt_.param_groups()) {
+    if (!g.options.count("initial_lr")) g.set("initial_lr", g.lr());
+    base_lrs_.push_back(g.get("initial_lr"));
+  }
+}
+
+void LRScheduler::init() { apply(0); }
+
+void LRScheduler::apply(int64_t epoch) {
+  last_epoch_ = epoch;
+  auto& groups = opt_.param_groups();
+  MG_CHECK(groups.size() == base_lrs_.size(), ValueError, name_, ": the optimizer has ", groups.size(),
+           " parameter groups, the scheduler was built for ", base_lrs_.size());
+  last_lrs_.resize(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) {
+    last_lrs_[i] = lr_at(epoch, base_lrs_[i]);
+    groups[i].set_lr(last_lrs_[i]);
+  }
+}
+
+void LRScheduler::step() { apply(last_epoch_ + 1); }
+
+StateDict LRScheduler::state_dict() const {
+  StateDict sd;
+  sd.meta = {{"type", name_}, {"last_epoch", last_epoch_}, {"base_lrs", base_lrs_}, {"last_lrs", last_lrs_}};
+  return sd;
+}
+
+void LRScheduler::load_state_dict(const StateDict& sd) {
+  const auto& m = sd.meta;
+  MG_CHECK(m.is_object() && m.contains("type") && m.contains("last_epoch") && m.contains("base_lrs"), ValueError,
+           name_, "::load_state_dict: meta lacks \"type\", \"last_epoch\" or \"base_lrs\"");
+  MG_CHECK(m["type"] == name_, ValueError, name_, "::load_state_dict: the state was saved by a ", m["type"].dump());
+  MG_CHECK(m["base_lrs"].is_array() && m["base_lrs"].size() == base_lrs_.size(), ValueError, name_,
+           "::load_state_dict: ", m["base_lrs"].size(), " saved base lrs, ", base_lrs_.size(), " parameter groups");
+  MG_CHECK(m["last_epoch"].is_number_integer() && m["last_epoch"].get<int64_t>() >= 0, ValueError, name_,
+           "::load_state_dict: bad last_epoch ", m["last_epoch"].dump());
+  base_lrs_ = m["base_lrs"].get<std::vector<double>>();
+  auto& groups = opt_.param_groups();
+  for (size_t i = 0; i < groups.size(); ++i) groups[i].set("initial_lr", base_lrs_[i]);
+  apply(m["last_epoch"].get<int64_t>());
+}
+
+// ---------------------------------------------------------------- closed forms
+
+StepLR::StepLR(Optimizer& opt, int64_t step_size, double gamma)
+    : LRScheduler("StepLR", opt), step_size_(step_size), gamma_(gamma) {
+  MG_CHECK(step_size > 0, ValueError, "StepLR: step_size must be > 0, got ", step_size);
+  init();
+}
+double StepLR::lr_at(int64_t e, double base) const { return base * std::pow(gamma_, static_cast<double>(e / step_size_)); }
+
+MultiStepLR::MultiStepLR(Optimizer& opt, std::vector<int64_t> milestones, double gamma)
+    : LRScheduler("MultiStepLR", opt), milestones_(std::move(milestones)), gamma_(gamma) {
+  for (size_t i = 1; i < milestones_.size(); ++i)
+    MG_CHECK(milestones_[i] >= milestones_[i - 1], ValueError, "MultiStepLR: milestones must be increasing, got ",
+             milestones_[i - 1], " then ", milestones_[i]);
+  init();
+}
+double MultiStepLR::lr_at(int64_t e, double base) const {
+  // A repeated milestone counts twice, like PyTorch's Counter.
+  const auto n = std::upper_bound(milestones_.begin(), milestones_.end(), e) - milestones_.begin();
+  return base * std::pow(gamma_, static_cast<double>(n));
+}
+
+ExponentialLR::ExponentialLR(Optimizer& opt, double gamma) : LRScheduler("ExponentialLR", opt), gamma_(gamma) { init(); }
+double ExponentialLR::lr_at(int64_t e, double base) const { return base * std::pow(gamma_, static_cast<double>(e)); }
+
+CosineAnnealingLR::CosineAnnealingLR(Optimizer& opt, int64_t t_max, double eta_min)
+    : LRScheduler("CosineAnnealingLR", opt), t_max_(t_max), eta_min_(eta_min) {
+  MG_CHECK(t_max > 0, ValueError, "CosineAnnealingLR: T_max must be > 0, got ", t_max);
+  init();
+}
+double CosineAnnealingLR::lr_at(int64_t e, double base) const {
+  return eta_min_ + (base - eta_min_) * (1.0 + std::cos(M_PI * static_cast<double>(e) / static_cast<double>(t_max_))) / 2.0;
+}
+
+LinearLR::LinearLR(Optimizer& opt, double start_factor, double end_factor, int64_t total_iters)
+    : LRScheduler("LinearLR", opt), start_(start_factor), end_(end_factor), total_iters_(total_iters) {
+  MG_CHECK(start_factor > 0.0 && start_factor <= 1.0, ValueError,
+           "LinearLR: starting multiplicative factor expected to be > 0 and <= 1, got ", start_factor);
+  MG_CHECK(end_factor >= 0.0 && end_factor <= 1.0, ValueError,
+           "LinearLR: ending multiplicative factor expected to be between 0 and 1, got ", end_factor);
+  MG_CHECK(total_iters > 0, ValueError, "LinearLR: total_iters must be > 0, got ", total_iters);
+  init();
+}
+double LinearLR::lr_at(int64_t e, double base) const {
+  const double t = static_cast<double>(std::min(e, total_iters_)) / static_cast<double>(total_iters_);
+  return base * (start_ + (end_ - start_) * t);
+}
+
+SequentialLR::SequentialLR(Optimizer& opt, std::vector<std::shared_ptr<LRScheduler>> schedulers,
+                           std::vector<int64_t> milestones)
+    : LRScheduler("SequentialLR", opt), schedulers_(std::move(schedulers)), milestones_(std::move(milestones)) {
+  MG_CHECK(!schedulers_.empty(), ValueError, "SequentialLR: expects at least one scheduler");
+  MG_CHECK(milestones_.size() + 1 == schedulers_.size(), ValueError, "SequentialLR: expected ",
+           schedulers_.size() - 1, " milestones for ", schedulers_.size(), " schedulers, got ", milestones_.size());
+  for (size_t i = 0; i < schedulers_.size(); ++i) {
+    MG_CHECK(schedulers_[i] != nullptr, ValueError, "SequentialLR: scheduler ", i, " is null");
+    MG_CHECK(&schedulers_[i]->opt_ == &opt, ValueError, "SequentialLR: scheduler ", i, " (", schedulers_[i]->name(),
+             ") was built on another optimizer");
+  }
+  for (size_t i = 1; i < milestones_.size(); ++i)
+    MG_CHECK(milestones_[i] > milestones_[i - 1], ValueError, "SequentialLR: milestones must be increasing, got ",
+             milestones_[i - 1], " then ", milestones_[i]);
+  init();
+}
+double SequentialLR::lr_at(int64_t e, double base) const {
+  const size_t idx = std::upper_bound(milestones_.begin(), milestones_.end(), e) - milestones_.begin();
+  const int64_t local = idx == 0 ? e : e - milestones_[idx - 1];
+  return schedulers_[idx]->lr_at(local, base);
+}
+
+// ---------------------------------------------------------------- ReduceLROnPlateau
+
+ReduceLROnPlateau::ReduceLROnPlateau(Optimizer& opt, PlateauOptions options) : opt_(opt), o_(std::move(options)) {
+  MG_CHECK(o_.mode == "min" || o_.mode == "max", ValueError, "ReduceLROnPlateau: mode ", o_.mode,
+           " is unknown (valid: min, max)");
+  MG_CHECK(o_.threshold_mode == "rel" || o_.threshold_mode == "abs", ValueError, "ReduceLROnPlateau: threshold mode ",
+           o_.threshold_mode, " is unknown (valid: rel, abs)");
+  MG_CHECK(o_.factor < 1.0 && o_.factor >= 0.0, ValueError, "ReduceLROnPlateau: factor should be in [0, 1), got ",
+           o_.factor);
+  MG_CHECK(o_.patience >= 0 && o_.cooldown >= 0, ValueError, "ReduceLROnPlateau: patience (", o_.patience,
+           ") and cooldown (", o_.cooldown, ") must be >= 0");
+  const size_t n = opt_.param_groups().size();
+  MG_CHECK(o_.min_lr.size() == 1 || o_.min_lr.size() == n, ValueError, "ReduceLROnPlateau: expected 1 or ", n,
+           " min_lr values, got ", o_.min_lr.size());
+  min_lrs_ = o_.min_lr.size() == 1 ? std::vector<double>(n, o_.min_lr[0]) : o_.min_lr;
+  best_ = o_.mode == "min" ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
+  for (auto& g : opt_.param_groups()) last_lrs_.push_back(g.lr());
+}
+
+bool ReduceLROnPlateau::is_better(double a) const {
+  const double t = o_.threshold;
+  if (o_.mode == "min") return o_.threshold_mode == "rel" ? a < best_ * (1.0 - t) : a < best_ - t;
+  return o_.threshold_mode == "rel" ? a > best_ * (t + 1.0) : a > best_ + t;
+}
+
+void ReduceLROnPlateau::step(double metric) {
+  ++last_epoch_;
+  if (is_better(metric)) {
+    best_ = metric;
+    num_bad_epochs_ = 0;
+  } else {
+    ++num_bad_epochs_;
+  }
+  if (cooldown_counter_ > 0) {
+    --cooldown_counter_;
+    num_bad_epochs_ = 0;  // bad epochs in cooldown are ignored
+  }
+  auto& groups = opt_.param_groups();
+  if (num_bad_epochs_ > o_.patience) {
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const double old_lr = groups[i].lr();
+      const double new_lr = std::max(old_lr * o_.factor, min_lrs_[i]);
+      if (old_lr - new_lr > o_.eps) groups[i].set_lr(new_lr);
+    }
+    cooldown_counter_ = o_.cooldown;
+    num_bad_epochs_ = 0;
+  }
+  last_lrs_.resize(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) last_lrs_[i] = groups[i].lr();
+}
+
+StateDict ReduceLROnPlateau::state_dict() const {
+  StateDict sd;
+  // +-inf "best" (no metric seen yet) is not valid JSON: stored as null.
+  sd.meta = {{"type", "ReduceLROnPlateau"}, {"last_epoch", last_epoch_}, {"num_bad_epochs", num_bad_epochs_},
+             {"cooldown_counter", cooldown_counter_}, {"last_lrs", last_lrs_}, {"min_lrs", min_lrs_}};
+  sd.meta["best"] = std::isfinite(best_) ? nlohmann::json(best_) : nlohmann::json(nullptr);
+  return sd;
+}
+
+void ReduceLROnPlateau::load_state_dict(const StateDict& sd) {
+  const auto& m = sd.meta;
+  for (const char* k : {"type", "last_epoch", "num_bad_epochs", "cooldown_counter", "best", "min_lrs"})
+    MG_CHECK(m.is_object() && m.contains(k), ValueError, "ReduceLROnPlateau::load_state_dict: meta lacks \"", k, "\"");
+  MG_CHECK(m["type"] == "ReduceLROnPlateau", ValueError, "ReduceLROnPlateau::load_state_dict: the state was saved by a ",
+           m["type"].dump());
+  auto min_lrs = m["min_lrs"].get<std::vector<double>>();
+  MG_CHECK(min_lrs.size() == opt_.param_groups().size(), ValueError, "ReduceLROnPlateau::load_state_dict: ",
+           min_lrs.size(), " saved min_lrs, ", opt_.param_groups().size(), " parameter groups");
+  last_epoch_ = m["last_epoch"].get<int64_t>();
+  num_bad_epochs_ = m["num_bad_epochs"].get<int64_t>();
+  cooldown_counter_ = m["cooldown_counter"].get<int64_t>();
+  min_lrs_ = std::move(min_lrs);
+  best_ = m["best"].is_null() ? (o_.mode == "min" ? std::numeric_limits<double>::infinity()
+                                                   : -std::numeric_limits<double>::infinity())
+                              : m["best"].get<double>();
+  last_lrs_.clear();
+  for (auto& g : opt_.param_groups()) last_lrs_.push_back(g.lr());  // the lrs live in the optimizer's state
+}
+
+}  // namespace mg::optim
