@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 
 #include "data/fashion_mnist.h"
 
@@ -28,9 +29,29 @@ int64_t RecordLayout::record_bytes() const {
 struct MmapDataset::Mapping {
   uint8_t* addr = nullptr;
   size_t len = 0;
-  std::atomic<int64_t> read_since_release{0};
+  std::atomic<int64_t> touched_since_check{0};
+  std::mutex check_mu;
+  int pagemap_fd = -1;  // /proc/self/pagemap: which of our pages are mapped, exactly
   ~Mapping() {
     if (addr) ::munmap(addr, len);
+    if (pagemap_fd >= 0) ::close(pagemap_fd);
+  }
+  // Bytes of the mapping present in this process's page tables; -1 when pagemap is unreadable.
+  int64_t present_bytes() const {
+    if (pagemap_fd < 0) return -1;
+    const int64_t page = ::sysconf(_SC_PAGESIZE);
+    const uint64_t first = reinterpret_cast<uintptr_t>(addr) / page;
+    const int64_t n = (static_cast<int64_t>(len) + page - 1) / page;
+    std::vector<uint64_t> buf(std::min<int64_t>(n, 65536));
+    int64_t present = 0;
+    for (int64_t done = 0; done < n;) {
+      const int64_t k = std::min<int64_t>(n - done, static_cast<int64_t>(buf.size()));
+      const ssize_t got = ::pread(pagemap_fd, buf.data(), k * 8, static_cast<off_t>((first + done) * 8));
+      if (got != k * 8) return -1;
+      for (int64_t i = 0; i < k; ++i) present += (buf[i] >> 63) & 1;  // bit 63: page present
+      done += k;
+    }
+    return present * page;
   }
 };
 
@@ -74,6 +95,7 @@ MmapDataset::MmapDataset(const std::string& path, RecordLayout layout, MmapDatas
     map_->addr = static_cast<uint8_t*>(p);
     map_->len = static_cast<size_t>(file_bytes_);
     (void)::madvise(p, map_->len, opts_.random_access ? MADV_RANDOM : MADV_SEQUENTIAL);
+    map_->pagemap_fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
   } else {
     ::close(fd);
   }
@@ -114,12 +136,19 @@ int64_t MmapDataset::cached_bytes() const {
 }
 
 void MmapDataset::account_read(int64_t bytes) const {
-  if (opts_.resident_budget == 0) return;  // 0: never drop pages
-  const int64_t total = map_->read_since_release.fetch_add(bytes) + bytes;
-  if (total >= opts_.resident_budget) {
-    map_->read_since_release.store(0);
-    release_pages();
-  }
+  const int64_t budget = opts_.resident_budget;
+  if (budget == 0) return;  // 0: never drop pages
+  // A read fault can map up to 64 KiB of neighbouring cached pages (fault-around), so what is
+  // resident can run 16x ahead of the pages read. Every budget/16 of pages read, look at what
+  // is really mapped (pagemap) and drop it all past budget/2: at most about 1.5x the budget.
+  // Without pagemap, charge each page read as 64 KiB and drop at the budget.
+  const int64_t total = map_->touched_since_check.fetch_add(bytes) + bytes;
+  const bool exact = map_->pagemap_fd >= 0;
+  if (total < (exact ? budget / 16 : budget)) return;
+  std::unique_lock<std::mutex> lk(map_->check_mu, std::try_to_lock);
+  if (!lk.owns_lock()) return;  // another thread is checking
+  map_->touched_since_check.store(0);
+  if (!exact || map_->present_bytes() >= budget / 2) release_pages();
 }
 
 Example MmapDataset::get_batch(const std::vector<int64_t>& indices) const {
@@ -167,14 +196,11 @@ Example MmapDataset::get_batch(const std::vector<int64_t>& indices) const {
     for (int64_t k = 0; k < b; ++k) std::memcpy(dst + k * ts, map_->addr + indices[k] * rb + db, ts);
     ex.target = raw::to_dtype(t, DType::i64);
   }
-  // What counts against the budget is what faults map, not bytes read: shuffled records each
-  // fault their own pages, and once neighbours are in the page cache a read fault maps up to
-  // 64 KiB around the page (the kernel's fault-around, which MADV_RANDOM does not turn off).
+  // Pages, not bytes, count against the budget: shuffled records each touch their own.
   const int64_t page = ::sysconf(_SC_PAGESIZE);
-  constexpr int64_t kFaultAround = 64 << 10;
   int64_t pages = 0;
   for (int64_t i : indices) pages += (i * rb + rb - 1) / page - (i * rb) / page + 1;
-  account_read(pages * std::max(page, kFaultAround));
+  account_read(pages * (map_->pagemap_fd >= 0 ? page : int64_t{64} << 10));
   return ex;
 }
 

@@ -29,9 +29,9 @@ struct MmapDatasetOptions {
   std::optional<DType> out_dtype;
   double scale = 1.0;
   double shift = 0.0;
-  // After the reads have touched this many bytes of pages, the mapping's pages are dropped
-  // from this process (madvise MADV_DONTNEED): resident memory stays below about this much.
-  // 0: never drop (pages stay until the kernel reclaims them).
+  // When the mapping's pages resident in this process pass about this much (checked through
+  // /proc/self/pagemap as reads go), they are dropped (madvise MADV_DONTNEED; the page cache
+  // keeps them). Resident memory stays within about 1.5x this. 0: never drop.
   int64_t resident_budget = 32 << 20;
   // MADV_RANDOM (shuffled access: no read-ahead of pages nobody asked for) or MADV_SEQUENTIAL.
   bool random_access = true;
