@@ -269,14 +269,22 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
 void write_safetensors(const StateDict& dict, const ByteSink& sink) {
   json header = json::object();
   std::vector<std::pair<const std::string*, Tensor>> order;
-  uint64_t at = 0;
   for (auto& [key, t] : dict.tensors) {
     MG_CHECK(key != "__metadata__", ValueError, "save: \"__metadata__\" cannot name a tensor");
     MG_CHECK(t.defined(), ValueError, "save: tensor \"", key, "\" is undefined");
+    order.emplace_back(&key, t);
+  }
+  // Widest elements first (then by name), as safetensors' own writer orders them: with the data
+  // section 8-byte aligned and no padding allowed between tensors, every tensor is then aligned
+  // to its element size, so readers can map it in place.
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.second.element_size() > b.second.element_size(); });
+  uint64_t at = 0;
+  for (auto& [keyp, t] : order) {
+    const std::string& key = *keyp;
     const uint64_t nb = t.nbytes();
     header[key] = {{"dtype", safetensors_dtype(t.dtype())}, {"shape", t.sizes()}, {"data_offsets", {at, at + nb}}};
     at += nb;
-    order.emplace_back(&key, t);
   }
   header["__metadata__"] = {{"format", "pt"}};
   if (!dict.meta.is_null() && !(dict.meta.is_object() && dict.meta.empty()))

@@ -111,6 +111,17 @@ TEST(Safetensors, ByteLayoutFollowsTheFormat) {
   EXPECT_EQ(f[0], 1.0f);
   EXPECT_EQ(f[2], 3.0f);
   EXPECT_EQ(bytes.size(), 8 + n + 12 + 16);
+
+  // Every tensor starts aligned to its element size (widest dtypes first, no padding).
+  StateDict mixed = all_dtypes();
+  const std::string mb = save_to_bytes(mixed);
+  uint64_t mn;
+  std::memcpy(&mn, mb.data(), 8);
+  json mh = json::parse(mb.substr(8, mn));
+  for (auto& [k, t] : mixed.tensors) {
+    const uint64_t begin = mh[k]["data_offsets"][0];
+    EXPECT_EQ(begin % t.element_size(), 0u) << k << " starts at " << begin;
+  }
 }
 
 // Builds a file the way another writer might: any key order, no padding, optional metadata.
