@@ -205,7 +205,7 @@ struct Step {
   int reps = 1;
   Tensor run(const Tensor& batch) const {
     Tensor flat = raw::reshape(batch, {batch.size(0), -1});
-    Tensor h = raw::slice(flat, 1, 0, w.size(0), 1);
+    Tensor h = raw::contiguous(raw::slice(flat, 1, 0, w.size(0), 1));
     Tensor acc;
     for (int r = 0; r < reps; ++r) acc = kernels::matmul(h, w);
     return kernels::sum(acc);
