@@ -15,7 +15,13 @@ void (*autocast_cache_clear_hook)() = nullptr;
 }  // namespace detail
 
 AutocastState autocast_state() { return tl_state; }
-void set_autocast_state(const AutocastState& s) { tl_state = s; }
+// Leaving every enabled region this way (a checkpoint replay restoring the backward pass's
+// state) drops the region's weight casts, exactly as the outermost guard's exit does.
+void set_autocast_state(const AutocastState& s) {
+  const bool leaving = tl_state.nesting > 0 && s.nesting == 0;
+  tl_state = s;
+  if (leaving) clear_autocast_cache();
+}
 bool is_autocast_enabled(DeviceType t) { return tl_state.enabled(t); }
 DType autocast_dtype(DeviceType t) { return tl_state.dtype(t); }
 

@@ -26,7 +26,8 @@ struct AutocastState {
   bool operator==(const AutocastState&) const = default;
 };
 
-// The calling thread's state.
+// The calling thread's state. Setting a state with nesting 0 over one inside a region clears
+// the weight-cast cache (as leaving the outermost region does).
 AutocastState autocast_state();
 void set_autocast_state(const AutocastState& s);
 bool is_autocast_enabled(DeviceType t);

@@ -161,6 +161,17 @@ TEST(Autocast, WeightCastIsCachedForTheRegion) {
     EXPECT_EQ(c3.to_vector<double>(), w.to(DType::bf16).to_vector<double>());
   }
   EXPECT_EQ(autocast::cache_size(), 0u);
+  // A checkpoint replay enters the forward's state with set_autocast_state and restores the
+  // caller's: the casts it made must not outlive it.
+  const AutocastState outside = autocast_state();
+  AutocastState replay = outside;
+  replay.cpu_enabled = true;
+  replay.nesting = 1;
+  set_autocast_state(replay);
+  autocast::lower(w);
+  EXPECT_EQ(autocast::cache_size(), 1u);
+  set_autocast_state(outside);
+  EXPECT_EQ(autocast::cache_size(), 0u);
 }
 
 // The gradient through an autocast matmul is exactly the gradient of the explicitly cast
