@@ -28,6 +28,17 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
                                     double dropout_p = 0.0, std::optional<double> scale = std::nullopt);
 
+// Causal (or full) self-attention straight from a packed projection: qkv [B, T, 3C] holds q, k
+// and v side by side (each [B, T, C], C = num_heads * D), the result y is [B, T, C] with the heads
+// side by side: what a GPT block does with c_attn's output, without the head split / merge
+// copies. On CUDA (dropout 0, head dim <= 128) the flash kernels read q/k/v as strided views of
+// qkv, write y in place, and backward writes the three gradients into one [B, T, 3C] buffer; the
+// node saves qkv, y and the logsumexp only. Everything else (CPU, f64, dropout, MG_SDPA=reference)
+// runs the composed narrow / transpose / scaled_dot_product_attention path: same meaning.
+// Follows autocast like scaled_dot_product_attention (runs in the region's low precision).
+Tensor attention_packed_qkv(const Tensor& qkv, int64_t num_heads, bool causal = false, double dropout_p = 0.0,
+                            std::optional<double> scale = std::nullopt);
+
 // The plain path, composed of matmul / where / softmax / dropout / matmul: it materializes
 // the [L, S] score and probability matrices (and keeps them for backward). It stays as the
 // reference the memory-efficient (flash-style) paths are tested against.

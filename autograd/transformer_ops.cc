@@ -183,4 +183,60 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return sdpa_reference(q, k, v, causal, dropout_p, scale);
 }
 
+// ---------------- attention from a packed [B, T, 3C] projection ----------------
+
+namespace {
+// Part i (0 = q, 1 = k, 2 = v) of a [B, T, 3C] tensor as [B, H, T, D]: a strided view (a copy
+// only when t's strides can't express it, which a [B, T, 3C] of any dense layout never needs).
+Tensor packed_heads(const Tensor& t, int64_t i, int64_t H) {
+  const int64_t B = t.size(0), T = t.size(1), C = t.size(2) / 3;
+  return raw::transpose(raw::reshape(raw::slice(t, 2, i * C, (i + 1) * C, 1), {B, T, H, C / H}), 1, 2);
+}
+}  // namespace
+
+Tensor attention_packed_qkv(const Tensor& qkv, int64_t num_heads, bool causal, double dropout_p,
+                            std::optional<double> scale) {
+  constexpr const char* op = "attention_packed_qkv";
+  MG_CHECK(qkv.defined(), ValueError, op, ": got an undefined tensor");
+  MG_CHECK(num_heads > 0, ValueError, op, ": num_heads must be positive, got ", num_heads);
+  MG_CHECK(qkv.dim() == 3 && qkv.size(2) % (3 * num_heads) == 0, ShapeError, op,
+           ": expected qkv [B, T, 3C] with C a multiple of num_heads (", num_heads, "), got ",
+           shape_str(qkv.sizes()));
+  MG_CHECK(is_floating(qkv.dtype()), DTypeError, op, ": qkv must be floating, got ", qkv.dtype());
+  if (autocast::lower_needed({&qkv}))
+    return attention_packed_qkv(autocast::lower(qkv), num_heads, causal, dropout_p, scale);
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = num_heads, D = C / H;
+  MG_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, ValueError, op, ": dropout_p must be in [0, 1), got ", dropout_p);
+  MG_CHECK(!scale || std::isfinite(*scale), ValueError, op, ": scale must be finite, got ", scale.value_or(0.0));
+  const bool flash = dropout_p == 0.0 && qkv.is_cuda() && T > 0 && !sdpa_forced_reference();
+  Tensor q, k, v;
+  if (flash) q = packed_heads(qkv, 0, H), k = packed_heads(qkv, 1, H), v = packed_heads(qkv, 2, H);
+  if (!flash || !kernels::flash_attention_supported(q, k, v)) {
+    // The composed path: differentiable views around scaled_dot_product_attention.
+    auto split = [&](int64_t i) { return qkv.narrow(2, i * C, C).reshape({B, T, H, D}).transpose(1, 2); };
+    Tensor y = scaled_dot_product_attention(split(0), split(1), split(2), causal, dropout_p, scale);
+    return y.transpose(1, 2).reshape({B, T, C});
+  }
+  const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(D));
+  Tensor y = empty({B, T, C}, {qkv.dtype(), qkv.device()});
+  // y's [B, H, T, D] view: the kernels write each head's rows into its columns of y.
+  Tensor lse = kernels::flash_attention_forward_out(q, k, v, raw::transpose(raw::view(y, {B, T, H, D}), 1, 2), causal,
+                                                    s);
+  if (!any_requires_grad({qkv})) return y;
+  record(op, {qkv}, y,
+         [causal, s, H, sqkv = SavedTensor(qkv, op), sy = SavedTensor(y, op), sl = SavedTensor(lse, op),
+          shape = qkv.sizes(), dt = qkv.dtype()](const Grads& g) {
+           Tensor x = sqkv.unpack(), yv = sy.unpack();
+           const int64_t B = x.size(0), T = x.size(1), C = x.size(2) / 3, D = C / H;
+           Tensor gqkv = empty(x.sizes(), {x.dtype(), x.device()});
+           auto heads = [&](const Tensor& t) { return raw::transpose(raw::reshape(t, {B, T, H, D}), 1, 2); };
+           kernels::flash_attention_backward_out(heads(g[0]), packed_heads(x, 0, H), packed_heads(x, 1, H),
+                                                 packed_heads(x, 2, H), heads(yv), sl.unpack(), causal, s,
+                                                 packed_heads(gqkv, 0, H), packed_heads(gqkv, 1, H),
+                                                 packed_heads(gqkv, 2, H));
+           return Grads{reduce_grad(gqkv, shape, dt)};
+         });
+  return y;
+}
+
 }  // namespace mg

@@ -42,6 +42,28 @@ double flops(const Shape& s, bool causal, bool backward) {
   return causal ? f / 2 : f;
 }
 
+// Runs step 3 times to warm up, then once per iteration between CUDA events (manual time);
+// returns the mean ms.
+template <class F>
+double timed_ms(benchmark::State& state, F&& step) {
+  cuda::Event start(true), stop(true);
+  cuda::Stream s = cuda::Stream::current(0);
+  for (int i = 0; i < 3; ++i) step();
+  double total = 0;
+  int iters = 0;
+  for (auto _ : state) {
+    start.record(s);
+    step();
+    stop.record(s);
+    stop.synchronize();
+    const float ms = start.elapsed_ms(stop);
+    total += ms;
+    ++iters;
+    state.SetIterationTime(ms / 1e3);
+  }
+  return total / iters;
+}
+
 // Args: shape index, dtype (0 bf16, 1 f16), causal, backward, implementation.
 void BM_Attention(benchmark::State& state) {
   if (!cuda::is_available()) {
@@ -72,23 +94,8 @@ void BM_Attention(benchmark::State& state) {
     auto [out, lse] = kernels::flash_attention_forward(q, k, v, causal);
     if (backward) kernels::flash_attention_backward(dout, q, k, v, out, lse, causal);
   };
-  cuda::Event start(true), stop(true);
-  cuda::Stream s = cuda::Stream::current(0);
-  for (int i = 0; i < 3; ++i) step();
-  double total = 0;
-  int iters = 0;
-  for (auto _ : state) {
-    start.record(s);
-    step();
-    stop.record(s);
-    stop.synchronize();
-    const float ms = start.elapsed_ms(stop);
-    total += ms;
-    ++iters;
-    state.SetIterationTime(ms / 1e3);
-  }
+  const double ms = timed_ms(state, step);
   ::unsetenv("MG_ATTENTION_KERNEL");
-  const double ms = total / iters;
   state.counters["ms"] = ms;
   state.counters["TFLOP/s"] = flops(sh, causal, backward) / (ms / 1e3) / 1e12;
   const auto key = std::make_tuple(state.range(0), state.range(1), causal, backward);
@@ -104,6 +111,42 @@ BENCHMARK(BM_Attention)
     ->ArgsProduct({{0, 1, 2}, {0, 1}, {1, 0}, {0, 1}, {kSimt, kTc, kReference}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
+
+// GPT-2's attention from its packed c_attn output, forward + backward through autograd (bf16,
+// B8 T1024 H12 D64): attention_packed_qkv (strided reads, y and the [B, T, 3C] gradient written
+// in place) against the unpacked path (narrow / transpose views, scaled_dot_product_attention,
+// then the head-merge copy and the q/k/v gradient narrow backward). Arg: causal, impl (0
+// unpacked, 1 packed); "vs_unpacked" < 1: the packed op is faster.
+std::map<bool, double> g_unpacked_ms;
+
+void BM_PackedQkvAttention(benchmark::State& state) {
+  if (!cuda::is_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  const int64_t B = 8, T = 1024, H = 12, C = 768;
+  const bool causal = state.range(0) != 0, packed = state.range(1) != 0;
+  Generator gen(11);
+  Tensor qkv = randn({B, T, 3 * C}, {DType::bf16, kGpu}, &gen).requires_grad_(true);
+  Tensor dy = randn({B, T, C}, {DType::bf16, kGpu}, &gen);
+  auto step = [&] {
+    Tensor y;
+    if (packed) {
+      y = attention_packed_qkv(qkv, H, causal);
+    } else {
+      auto split = [&](int64_t i) { return qkv.narrow(2, i * C, C).reshape({B, T, H, C / H}).transpose(1, 2); };
+      y = scaled_dot_product_attention(split(0), split(1), split(2), causal).transpose(1, 2).reshape({B, T, C});
+    }
+    autograd::grad({y}, {qkv}, {dy});
+  };
+  const double ms = timed_ms(state, step);
+  state.counters["ms"] = ms;
+  if (!packed) g_unpacked_ms[causal] = ms;
+  else if (g_unpacked_ms.count(causal)) state.counters["vs_unpacked"] = ms / g_unpacked_ms[causal];
+  state.SetLabel(std::string(packed ? "packed" : "unpacked") + " B8 T1024 H12 D64 bf16" +
+                 (causal ? " causal" : " full") + " fwd+bwd");
+}
+BENCHMARK(BM_PackedQkvAttention)->ArgsProduct({{1, 0}, {0, 1}})->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace mg::bench

@@ -6,6 +6,10 @@
 #include "kernels/transformer_ops.h"
 
 #include <cmath>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "kernels/ops.h"
 
@@ -201,9 +205,73 @@ double flash_scale(const char* op, const FlashShape& s, std::optional<double> sc
   return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(s.E));
 }
 
-// t as a contiguous [bh, n, e] tensor of dtype dt (a copy only when it is not one already).
-Tensor as_heads(const Tensor& t, DType dt, int64_t bh, int64_t n, int64_t e) {
-  return as_rows(t, dt, {bh, n, e});
+// t [..., n, e] as a [B, H, n, e] view of its own storage, when its head dim is unit-stride and
+// its leading dims fold into two (batch, head) strides; undefined otherwise. This is what lets
+// the kernels read q/k/v narrowed and transposed out of a packed [B, T, 3C] projection.
+Tensor heads_view(const Tensor& t, int64_t n, int64_t e) {
+  if (t.dim() < 2 || (e > 1 && t.stride(-1) != 1)) return Tensor();
+  std::vector<std::pair<int64_t, int64_t>> lead;  // (size, stride), outermost first
+  for (int64_t d = 0; d < t.dim() - 2; ++d) {
+    if (t.size(d) == 1) continue;
+    if (!lead.empty() && lead.back().second == t.stride(d) * t.size(d)) {
+      lead.back() = {lead.back().first * t.size(d), t.stride(d)};
+    } else {
+      lead.emplace_back(t.size(d), t.stride(d));
+    }
+  }
+  if (lead.size() > 2) return Tensor();
+  while (lead.size() < 2) lead.insert(lead.begin(), {1, 0});
+  return raw::as_strided(t, {lead[0].first, lead[1].first, n, e},
+                         {lead[0].second, lead[1].second, n > 1 ? t.stride(-2) : e, 1}, t.offset());
+}
+
+// The tensor-core kernels move rows 16 bytes (8 half elements) at a time: the first element
+// and every row start must be 16-byte aligned (kernels/cuda/attention_tc.h, tc_layout_aligned).
+bool tc_aligned(const Tensor& h) {
+  if (reinterpret_cast<uintptr_t>(h.raw_data()) % 16 != 0) return false;
+  for (int64_t d = 0; d < 3; ++d)
+    if (h.stride(d) % 8 != 0) return false;
+  return true;
+}
+
+// Whether the tensor-core kernels will run (then views must satisfy tc_aligned).
+bool uses_tc(DType dt, int64_t e) {
+#if MG_LN_HAS_CUDA
+  return std::string_view(cuda::flash_attention_kernel(dt, e)) == "tc";
+#else
+  (void)dt, (void)e;
+  return false;
+#endif
+}
+
+// An input as the kernels' [B, H, n, e] layout of dtype dt: the tensor itself when its strides
+// allow, else (another dtype, a non-unit head stride, misaligned for the tensor cores) a
+// contiguous copy viewed as [1, bh, n, e].
+Tensor heads_in(const Tensor& t, DType dt, int64_t bh, int64_t n, int64_t e, bool tc) {
+  if (t.dtype() == dt)
+    if (Tensor h = heads_view(t, n, e); h.defined() && (!tc || tc_aligned(h))) return h;
+  return raw::view(as_rows(t, dt, {bh, n, e}), {1, bh, n, e});
+}
+
+// An output the kernels write: the caller's tensor viewed as [B, H, n, e] when its strides allow,
+// else a contiguous scratch that finish() copies into it.
+struct HeadsOut {
+  Tensor dst, heads;
+  HeadsOut(const Tensor& t, int64_t bh, int64_t n, int64_t e, bool tc) : dst(t), heads(heads_view(t, n, e)) {
+    if (!heads.defined() || (tc && !tc_aligned(heads)))
+      heads = empty({1, bh, n, e}, {t.dtype(), t.device()});
+  }
+  void finish() const {
+    if (heads.storage() != dst.storage()) raw::copy_(dst, raw::view(heads, dst.sizes()));
+  }
+};
+
+void check_out(const char* op, const Tensor& t, const char* what, const Shape& shape, const Tensor& q) {
+  MG_CHECK(t.defined() && t.sizes() == shape, ShapeError, op, ": ", what, " must have shape ", shape_str(shape),
+           ", got ", t.defined() ? shape_str(t.sizes()) : std::string("undefined"));
+  MG_CHECK(t.dtype() == q.dtype(), DTypeError, op, ": ", what, " must be ", q.dtype(), " like the query, got ",
+           t.dtype());
+  check_same_device(op, q, t, what);
 }
 
 Shape with_tail(Shape lead, std::initializer_list<int64_t> tail) {
@@ -217,58 +285,83 @@ bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v
   return check_flash(nullptr, q, k, v, nullptr);
 }
 
-std::tuple<Tensor, Tensor> flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                                   std::optional<double> scale) {
+Tensor flash_attention_forward_out(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, bool causal,
+                                   std::optional<double> scale) {
   const char* op = "flash_attention_forward";
   FlashShape s;
   check_flash(op, q, k, v, &s);
   const double sc = flash_scale(op, s, scale);
-  const TensorOptions o{q.dtype(), q.device()};
-  Tensor out = empty({s.bh, s.L, s.E}, o);
+  check_out(op, out, "out", with_tail(s.lead, {s.L, s.E}), q);
   Tensor lse = empty({s.bh, s.L}, {DType::f32, q.device()});
 #if MG_LN_HAS_CUDA
-  cuda::flash_attention_forward(as_heads(q, q.dtype(), s.bh, s.L, s.E), as_heads(k, q.dtype(), s.bh, s.S, s.E),
-                                as_heads(v, q.dtype(), s.bh, s.S, s.E), causal, sc, out, lse);
+  const DType dt = q.dtype();
+  const bool tc = uses_tc(dt, s.E);
+  const HeadsOut o(out, s.bh, s.L, s.E, tc);
+  cuda::flash_attention_forward(heads_in(q, dt, s.bh, s.L, s.E, tc), heads_in(k, dt, s.bh, s.S, s.E, tc),
+                                heads_in(v, dt, s.bh, s.S, s.E, tc), causal, sc, o.heads, lse);
+  o.finish();
 #else
   (void)causal, (void)sc;
 #endif
-  return {raw::view(out, with_tail(s.lead, {s.L, s.E})), raw::view(lse, with_tail(s.lead, {s.L}))};
+  return raw::view(lse, with_tail(s.lead, {s.L}));
+}
+
+std::tuple<Tensor, Tensor> flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                                   std::optional<double> scale) {
+  FlashShape s;
+  check_flash("flash_attention_forward", q, k, v, &s);
+  Tensor out = empty(with_tail(s.lead, {s.L, s.E}), {q.dtype(), q.device()});
+  Tensor lse = flash_attention_forward_out(q, k, v, out, causal, scale);
+  return {out, lse};
+}
+
+void flash_attention_backward_out(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& logsumexp, bool causal,
+                                  std::optional<double> scale, const Tensor& grad_q, const Tensor& grad_k,
+                                  const Tensor& grad_v) {
+  const char* op = "flash_attention_backward";
+  FlashShape s;
+  check_flash(op, q, k, v, &s);
+  const double sc = flash_scale(op, s, scale);
+  const Shape out_shape = with_tail(s.lead, {s.L, s.E}), kv_shape = with_tail(s.lead, {s.S, s.E}),
+              lse_shape = with_tail(s.lead, {s.L});
+  MG_CHECK(grad_out.defined() && grad_out.sizes() == out_shape, ShapeError, op, ": grad_out must have shape ",
+           shape_str(out_shape), ", got ", grad_out.defined() ? shape_str(grad_out.sizes()) : std::string("undefined"));
+  check_same_device(op, q, grad_out, "grad_out");
+  MG_CHECK(is_floating(grad_out.dtype()), DTypeError, op, ": grad_out must be floating, got ", grad_out.dtype());
+  check_out(op, out, "out", out_shape, q);
+  MG_CHECK(logsumexp.defined() && logsumexp.sizes() == lse_shape, ShapeError, op, ": logsumexp must have shape ",
+           shape_str(lse_shape), ", got ", logsumexp.defined() ? shape_str(logsumexp.sizes()) : std::string("undefined"));
+  MG_CHECK(logsumexp.dtype() == DType::f32, DTypeError, op, ": logsumexp must be f32, got ", logsumexp.dtype());
+  check_same_device(op, q, logsumexp, "logsumexp");
+  check_out(op, grad_q, "grad_q", out_shape, q);
+  check_out(op, grad_k, "grad_k", kv_shape, q);
+  check_out(op, grad_v, "grad_v", kv_shape, q);
+#if MG_LN_HAS_CUDA
+  const DType dt = q.dtype();
+  const bool tc = uses_tc(dt, s.E);
+  const HeadsOut gq(grad_q, s.bh, s.L, s.E, tc), gk(grad_k, s.bh, s.S, s.E, tc), gv(grad_v, s.bh, s.S, s.E, tc);
+  cuda::flash_attention_backward(heads_in(grad_out, dt, s.bh, s.L, s.E, tc), heads_in(q, dt, s.bh, s.L, s.E, tc),
+                                 heads_in(k, dt, s.bh, s.S, s.E, tc), heads_in(v, dt, s.bh, s.S, s.E, tc),
+                                 heads_in(out, dt, s.bh, s.L, s.E, tc), as_rows(logsumexp, DType::f32, {s.bh, s.L}),
+                                 causal, sc, gq.heads, gk.heads, gv.heads);
+  gq.finish(), gk.finish(), gv.finish();
+#else
+  (void)causal, (void)sc;
+#endif
 }
 
 std::tuple<Tensor, Tensor, Tensor> flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
                                                             const Tensor& v, const Tensor& out,
                                                             const Tensor& logsumexp, bool causal,
                                                             std::optional<double> scale) {
-  const char* op = "flash_attention_backward";
   FlashShape s;
-  check_flash(op, q, k, v, &s);
-  const double sc = flash_scale(op, s, scale);
-  const Shape out_shape = with_tail(s.lead, {s.L, s.E}), lse_shape = with_tail(s.lead, {s.L});
-  for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&grad_out, "grad_out"}, {&out, "out"}}) {
-    MG_CHECK(t->defined() && t->sizes() == out_shape, ShapeError, op, ": ", what, " must have shape ",
-             shape_str(out_shape), ", got ", t->defined() ? shape_str(t->sizes()) : std::string("undefined"));
-    check_same_device(op, q, *t, what);
-  }
-  MG_CHECK(is_floating(grad_out.dtype()), DTypeError, op, ": grad_out must be floating, got ", grad_out.dtype());
-  MG_CHECK(out.dtype() == q.dtype(), DTypeError, op, ": out must be ", q.dtype(), " like the query, got ",
-           out.dtype());
-  MG_CHECK(logsumexp.defined() && logsumexp.sizes() == lse_shape, ShapeError, op, ": logsumexp must have shape ",
-           shape_str(lse_shape), ", got ", logsumexp.defined() ? shape_str(logsumexp.sizes()) : std::string("undefined"));
-  MG_CHECK(logsumexp.dtype() == DType::f32, DTypeError, op, ": logsumexp must be f32, got ", logsumexp.dtype());
-  check_same_device(op, q, logsumexp, "logsumexp");
+  check_flash("flash_attention_backward", q, k, v, &s);
   const TensorOptions o{q.dtype(), q.device()};
-  Tensor gq = empty({s.bh, s.L, s.E}, o), gk = empty({s.bh, s.S, s.E}, o), gv = empty({s.bh, s.S, s.E}, o);
-#if MG_LN_HAS_CUDA
-  const DType dt = q.dtype();
-  cuda::flash_attention_backward(as_heads(grad_out, dt, s.bh, s.L, s.E), as_heads(q, dt, s.bh, s.L, s.E),
-                                 as_heads(k, dt, s.bh, s.S, s.E), as_heads(v, dt, s.bh, s.S, s.E),
-                                 as_heads(out, dt, s.bh, s.L, s.E), as_rows(logsumexp, DType::f32, {s.bh, s.L}),
-                                 causal, sc, gq, gk, gv);
-#else
-  (void)causal, (void)sc;
-#endif
-  return {raw::view(gq, out_shape), raw::view(gk, with_tail(s.lead, {s.S, s.E})),
-          raw::view(gv, with_tail(s.lead, {s.S, s.E}))};
+  Tensor gq = empty(with_tail(s.lead, {s.L, s.E}), o), gk = empty(with_tail(s.lead, {s.S, s.E}), o),
+         gv = empty(with_tail(s.lead, {s.S, s.E}), o);
+  flash_attention_backward_out(grad_out, q, k, v, out, logsumexp, causal, scale, gq, gk, gv);
+  return {gq, gk, gv};
 }
 
 // ---------------------------------------------------------------- composed reference

@@ -45,7 +45,10 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward_composed(const Tensor& gr
 // softmax(scale * q k^T, masked) v without ever storing the [L, S] matrix: tiles with an
 // online softmax forward, probabilities recomputed tile by tile backward. q [..., L, E], k and
 // v [..., S, E] (same leading dims, S >= 1, E <= kFlashAttentionMaxHeadDim), one dtype of
-// f32/f16/bf16 (f32 accumulation), on one CUDA device; strided views are made contiguous.
+// f32/f16/bf16 (f32 accumulation), on one CUDA device. Strided views are read in place when the
+// head dim is unit-stride and the leading dims fold into (batch, head) strides (a transposed,
+// narrowed slice of a packed [B, T, 3C] projection does); for the tensor-core kernels also
+// 16-byte aligned rows. Anything else is copied to a contiguous tensor first.
 // causal masks key j for query i when j > i; scale defaults to 1 / sqrt(E). CPU tensors (and
 // a build without CUDA kernels) raise mg::DeviceError: the CPU path is mg::sdpa_reference.
 constexpr int64_t kFlashAttentionMaxHeadDim = 128;
@@ -64,6 +67,18 @@ std::tuple<Tensor, Tensor, Tensor> flash_attention_backward(const Tensor& grad_o
                                                             const Tensor& v, const Tensor& out,
                                                             const Tensor& logsumexp, bool causal,
                                                             std::optional<double> scale = std::nullopt);
+
+// The same two with caller-provided outputs, written in place whatever their strides (a
+// [B, H, T, D] view of a [B, T, C] tensor, or of one third of a [B, T, 3C] gradient): no
+// head-merge or concatenation copies. Each output has its shape above and q's dtype; one the
+// kernels can't address directly is computed into a scratch tensor and copied. Forward returns
+// the logsumexp [..., L] f32.
+Tensor flash_attention_forward_out(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, bool causal,
+                                   std::optional<double> scale = std::nullopt);
+void flash_attention_backward_out(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& logsumexp, bool causal,
+                                  std::optional<double> scale, const Tensor& grad_q, const Tensor& grad_k,
+                                  const Tensor& grad_v);
 
 // Declared here rather than in cpu/cpu_ops.h so the transformer kernels stay in their own files.
 namespace cpu {

@@ -21,6 +21,33 @@ extern "C" int tc_backward(int bf16, const void* q, const void* k, const void* v
   return static_cast<int>(mg::kernels::cuda::attention_tc_backward(a, static_cast<cudaStream_t>(stream)));
 }
 
+// Strided views: lay holds {H, sb, sh, sp} (elements) per tensor, in argument order
+// (forward: q, k, v, out; backward: q, k, v, dout, dq, dk, dv). See TcLayout.
+namespace {
+mg::kernels::cuda::TcLayout lay_at(const int64_t* lay, int i) {
+  return {lay[4 * i], lay[4 * i + 1], lay[4 * i + 2], lay[4 * i + 3]};
+}
+}  // namespace
+
+extern "C" int tc_forward_strided(int bf16, const void* q, const void* k, const void* v, void* out, float* lse,
+                                  int64_t BH, int64_t L, int64_t S, int D, float scale, int causal,
+                                  const int64_t* lay, void* stream) {
+  TcForwardArgs a{bf16 ? TcElem::bf16 : TcElem::f16, q, k, v, out, lse, BH, L, S, D, scale, causal != 0};
+  a.lq = lay_at(lay, 0), a.lk = lay_at(lay, 1), a.lv = lay_at(lay, 2), a.lo = lay_at(lay, 3);
+  return static_cast<int>(mg::kernels::cuda::attention_tc_forward(a, static_cast<cudaStream_t>(stream)));
+}
+
+extern "C" int tc_backward_strided(int bf16, const void* q, const void* k, const void* v, const void* dout,
+                                   const float* lse, const float* delta, void* dq, void* dk, void* dv, int64_t BH,
+                                   int64_t L, int64_t S, int D, float scale, int causal, const int64_t* lay,
+                                   void* stream) {
+  TcBackwardArgs a{bf16 ? TcElem::bf16 : TcElem::f16, q, k, v, dout, lse, delta, dq, dk, dv, BH, L, S, D,
+                   scale, causal != 0};
+  a.lq = lay_at(lay, 0), a.lk = lay_at(lay, 1), a.lv = lay_at(lay, 2), a.ldout = lay_at(lay, 3);
+  a.ldq = lay_at(lay, 4), a.ldk = lay_at(lay, 5), a.ldv = lay_at(lay, 6);
+  return static_cast<int>(mg::kernels::cuda::attention_tc_backward(a, static_cast<cudaStream_t>(stream)));
+}
+
 #ifdef ATTENTION_CHECK_MAIN
 // A small run for compute-sanitizer (memcheck / racecheck), no PyTorch in the process:
 //   nvcc ... -DATTENTION_CHECK_MAIN tools/attention_check.cu -o /tmp/attn_check

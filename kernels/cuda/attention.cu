@@ -1,9 +1,11 @@
 // Memory-efficient ("flash") attention on CUDA, llm.c style: the obvious tiled kernels, f32
 // accumulation on CUDA cores, and never a T x T matrix in device memory.
 //
-// Layout: q [BH, L, D], k and v [BH, S, D], contiguous, one element type (f32, f16, bf16);
-// out [BH, L, D] and lse [BH, L] in f32: the natural-log logsumexp of each row of the scaled,
-// masked scores. Causal masks key j for query i when j > i (top-left, as sdpa_reference).
+// Layout: q [B, H, L, D], k and v [B, H, S, D], out [B, H, L, D], one element type (f32, f16,
+// bf16), each a strided view with a unit-stride head dim (a TcLayout: heads and rows may sit
+// anywhere, so q/k/v can be read straight out of a packed [B, T, 3C] projection); lse [BH, L]
+// contiguous f32: the natural-log logsumexp of each row of the scaled, masked scores. Causal
+// masks key j for query i when j > i (top-left, as sdpa_reference).
 //
 // All three kernels have one shape: a block of 4 warps owns 16 "rows" of one side (4 per
 // warp) and walks the other side in tiles of 32, one entry per lane.
@@ -46,13 +48,15 @@ constexpr int kBlockRows = kWarps * kRows;  // rows per block
 constexpr int kTile = 32;                   // entries of the other side per tile, one per lane
 constexpr unsigned kFull = 0xffffffffu;
 
-// dst[r * ld + d] = src row (r0 + r), column d, as f32, for r < n, d < kD; zero past len and D.
+// dst[r * ld + d] = src row (r0 + r) (rows sp elements apart), column d, as f32, for r < n,
+// d < kD; zero past len and D.
 template <class T, int kD>
-__device__ __forceinline__ void load_tile(float* dst, int ld, const T* src, int64_t r0, int n, int64_t len, int D) {
+__device__ __forceinline__ void load_tile(float* dst, int ld, const T* src, int64_t sp, int64_t r0, int n, int64_t len,
+                                          int D) {
   for (int e = threadIdx.x; e < n * kD; e += kThreads) {
     const int r = e / kD, d = e % kD;
     const int64_t i = r0 + r;
-    dst[r * ld + d] = (i < len && d < D) ? load_m(src[i * D + d]) : 0.f;
+    dst[r * ld + d] = (i < len && d < D) ? load_m(src[i * sp + d]) : 0.f;
   }
 }
 
@@ -83,19 +87,20 @@ constexpr size_t fwd_smem_bytes() {
 template <class T, int kD>
 __global__ void __launch_bounds__(kThreads)
     flash_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                     float* __restrict__ lse, int64_t L, int64_t S, int D, float scale, bool causal) {
+                     float* __restrict__ lse, TcLayout lq, TcLayout lk, TcLayout lv, TcLayout lo, int64_t b0,
+                     int64_t L, int64_t S, int D, float scale, bool causal) {
   constexpr int kC = kD / 32, kPad = kD + 1;
   extern __shared__ float4 smem4[];
   float* Qs = reinterpret_cast<float*>(smem4);  // [kBlockRows][kD], broadcast
   float* Ks = Qs + kBlockRows * kD;             // [kTile][kPad], one row per lane
   float* Vs = Ks + kTile * kPad;                // [kTile][kD], lanes across d
-  const int64_t bh = blockIdx.y;
-  q += bh * L * D, out += bh * L * D, lse += bh * L;
-  k += bh * S * D, v += bh * S * D;
+  const int64_t bh = b0 + blockIdx.y;
+  q += lq.head(bh), out += lo.head(bh), lse += bh * L;
+  k += lk.head(bh), v += lv.head(bh);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;  // the block's first query
   const int64_t iw = i0 + warp * kRows;                               // the warp's first query
-  load_tile<T, kD>(Qs, kD, q, i0, kBlockRows, L, D);
+  load_tile<T, kD>(Qs, kD, q, lq.sp, i0, kBlockRows, L, D);
 
   float m[kRows], l[kRows], acc[kRows][kC];
 #pragma unroll
@@ -108,8 +113,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t s_end = causal ? (S < i0 + kBlockRows ? S : i0 + kBlockRows) : S;
   for (int64_t j0 = 0; j0 < s_end; j0 += kTile) {
     __syncthreads();  // the previous tile is consumed (and Qs is written before the first)
-    load_tile<T, kD>(Ks, kPad, k, j0, kTile, S, D);
-    load_tile<T, kD>(Vs, kD, v, j0, kTile, S, D);
+    load_tile<T, kD>(Ks, kPad, k, lk.sp, j0, kTile, S, D);
+    load_tile<T, kD>(Vs, kD, v, lv.sp, j0, kTile, S, D);
     __syncthreads();
     float p[kRows];
     dot_rows<kD>(Ks + lane * kPad, Qs + warp * kRows * kD, p);
@@ -148,7 +153,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < kC; ++c) {
       const int d = c * 32 + lane;
-      if (d < D) out[i * D + d] = store_m<T>(acc[r][c] * inv);
+      if (d < D) out[i * lo.sp + d] = store_m<T>(acc[r][c] * inv);
     }
     if (lane == 0) lse[i] = m[r] + logf(l[r]);
   }
@@ -156,16 +161,18 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---------------------------------------------------------------- backward
 
-// delta[i] = sum_d out[i, d] * dout[i, d], a warp per row.
+// delta[i] = sum_d out[i, d] * dout[i, d] for the rows i = bh * L + r, a warp per row.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     flash_bwd_delta_kernel(const T* __restrict__ out, const T* __restrict__ dout, float* __restrict__ delta,
-                           int64_t rows, int D) {
+                           TcLayout lo, TcLayout ldo, int64_t L, int64_t rows, int D) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (i >= rows) return;  // whole warps only
   const int lane = threadIdx.x & 31;
+  const int64_t bh = i / L, r = i % L;
+  out += lo.head(bh) + r * lo.sp, dout += ldo.head(bh) + r * ldo.sp;
   float s = 0.f;
-  for (int d = lane; d < D; d += 32) s += load_m(out[i * D + d]) * load_m(dout[i * D + d]);
+  for (int d = lane; d < D; d += 32) s += load_m(out[d]) * load_m(dout[d]);
   s = warp_sum(s);
   if (lane == 0) delta[i] = s;
 }
@@ -180,22 +187,23 @@ template <class T, int kD>
 __global__ void __launch_bounds__(kThreads)
     flash_bwd_dkdv_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                           const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                          T* __restrict__ dk, T* __restrict__ dv, int64_t L, int64_t S, int D, float scale,
-                          bool causal) {
+                          T* __restrict__ dk, T* __restrict__ dv, TcLayout lq, TcLayout lk, TcLayout lv,
+                          TcLayout ldo, TcLayout ldk, TcLayout ldv, int64_t b0, int64_t L, int64_t S, int D,
+                          float scale, bool causal) {
   constexpr int kC = kD / 32, kPad = kD + 1;
   extern __shared__ float4 smem4[];
   float* Ks = reinterpret_cast<float*>(smem4);  // [kBlockRows][kD], broadcast
   float* Vs = Ks + kBlockRows * kD;             // [kBlockRows][kD], broadcast
   float* Qs = Vs + kBlockRows * kD;             // [kTile][kPad], one row per lane, then lanes across d
   float* Os = Qs + kTile * kPad;                // [kTile][kPad], dout likewise
-  const int64_t bh = blockIdx.y;
-  q += bh * L * D, dout += bh * L * D, lse += bh * L, delta += bh * L;
-  k += bh * S * D, v += bh * S * D, dk += bh * S * D, dv += bh * S * D;
+  const int64_t bh = b0 + blockIdx.y;
+  q += lq.head(bh), dout += ldo.head(bh), lse += bh * L, delta += bh * L;
+  k += lk.head(bh), v += lv.head(bh), dk += ldk.head(bh), dv += ldv.head(bh);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;  // the block's first key
   const int64_t jw = j0 + warp * kRows;                               // the warp's first key
-  load_tile<T, kD>(Ks, kD, k, j0, kBlockRows, S, D);
-  load_tile<T, kD>(Vs, kD, v, j0, kBlockRows, S, D);
+  load_tile<T, kD>(Ks, kD, k, lk.sp, j0, kBlockRows, S, D);
+  load_tile<T, kD>(Vs, kD, v, lv.sp, j0, kBlockRows, S, D);
 
   float gk[kRows][kC], gv[kRows][kC];
 #pragma unroll
@@ -206,8 +214,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t i_begin = causal ? j0 / kTile * kTile : 0;
   for (int64_t i0 = i_begin; i0 < L; i0 += kTile) {
     __syncthreads();
-    load_tile<T, kD>(Qs, kPad, q, i0, kTile, L, D);
-    load_tile<T, kD>(Os, kPad, dout, i0, kTile, L, D);
+    load_tile<T, kD>(Qs, kPad, q, lq.sp, i0, kTile, L, D);
+    load_tile<T, kD>(Os, kPad, dout, ldo.sp, i0, kTile, L, D);
     __syncthreads();
     const int64_t i = i0 + lane;  // this lane's query
     const bool row_ok = i < L;
@@ -241,7 +249,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < kC; ++c) {
       const int d = c * 32 + lane;
-      if (d < D) dk[j * D + d] = store_m<T>(gk[r][c] * scale), dv[j * D + d] = store_m<T>(gv[r][c]);
+      if (d < D) dk[j * ldk.sp + d] = store_m<T>(gk[r][c] * scale), dv[j * ldv.sp + d] = store_m<T>(gv[r][c]);
     }
   }
 }
@@ -251,21 +259,22 @@ template <class T, int kD>
 __global__ void __launch_bounds__(kThreads)
     flash_bwd_dq_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                         const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                        T* __restrict__ dq, int64_t L, int64_t S, int D, float scale, bool causal) {
+                        T* __restrict__ dq, TcLayout lq, TcLayout lk, TcLayout lv, TcLayout ldo, TcLayout ldq,
+                        int64_t b0, int64_t L, int64_t S, int D, float scale, bool causal) {
   constexpr int kC = kD / 32, kPad = kD + 1;
   extern __shared__ float4 smem4[];
   float* Qs = reinterpret_cast<float*>(smem4);  // [kBlockRows][kD], broadcast
   float* Os = Qs + kBlockRows * kD;             // [kBlockRows][kD], dout, broadcast
   float* Ks = Os + kBlockRows * kD;             // [kTile][kPad], one row per lane, then lanes across d
   float* Vs = Ks + kTile * kPad;                // [kTile][kPad], one row per lane
-  const int64_t bh = blockIdx.y;
-  q += bh * L * D, dout += bh * L * D, dq += bh * L * D, lse += bh * L, delta += bh * L;
-  k += bh * S * D, v += bh * S * D;
+  const int64_t bh = b0 + blockIdx.y;
+  q += lq.head(bh), dout += ldo.head(bh), dq += ldq.head(bh), lse += bh * L, delta += bh * L;
+  k += lk.head(bh), v += lv.head(bh);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
   const int64_t iw = i0 + warp * kRows;
-  load_tile<T, kD>(Qs, kD, q, i0, kBlockRows, L, D);
-  load_tile<T, kD>(Os, kD, dout, i0, kBlockRows, L, D);
+  load_tile<T, kD>(Qs, kD, q, lq.sp, i0, kBlockRows, L, D);
+  load_tile<T, kD>(Os, kD, dout, ldo.sp, i0, kBlockRows, L, D);
 
   float lse_r[kRows], delta_r[kRows], acc[kRows][kC];
 #pragma unroll
@@ -278,8 +287,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t s_end = causal ? (S < i0 + kBlockRows ? S : i0 + kBlockRows) : S;
   for (int64_t j0 = 0; j0 < s_end; j0 += kTile) {
     __syncthreads();
-    load_tile<T, kD>(Ks, kPad, k, j0, kTile, S, D);
-    load_tile<T, kD>(Vs, kPad, v, j0, kTile, S, D);
+    load_tile<T, kD>(Ks, kPad, k, lk.sp, j0, kTile, S, D);
+    load_tile<T, kD>(Vs, kPad, v, lv.sp, j0, kTile, S, D);
     __syncthreads();
     const int64_t j = j0 + lane;  // this lane's key
     float p[kRows], ds[kRows];
@@ -311,7 +320,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < kC; ++c) {
       const int d = c * 32 + lane;
-      if (d < D) dq[i * D + d] = store_m<T>(acc[r][c] * scale);
+      if (d < D) dq[i * ldq.sp + d] = store_m<T>(acc[r][c] * scale);
     }
   }
 }
@@ -367,10 +376,13 @@ T* ptr(const Tensor& t) {
   return static_cast<T*>(t.raw_data());
 }
 
-// The tensor-core kernels copy rows 16 bytes at a time.
+// t [B, H, n, D] with a unit-stride head dim, as the kernels' row layout.
+TcLayout layout_of(const Tensor& t) { return TcLayout{t.size(1), t.stride(0), t.stride(1), t.stride(2)}; }
+
+// The tensor-core kernels copy rows 16 bytes at a time (tc_layout_aligned).
 bool aligned16(std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts)
-    if (reinterpret_cast<uintptr_t>(t->raw_data()) % 16 != 0) return false;
+    if (!tc_layout_aligned(t->raw_data(), layout_of(*t))) return false;
   return true;
 }
 
@@ -389,7 +401,7 @@ const char* flash_attention_kernel(DType dt, int64_t D) {
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                              const Tensor& out, const Tensor& lse) {
   const char* op = "flash_attention_forward";
-  const int64_t BH = q.size(0), L = q.size(1), S = k.size(1), D = q.size(2);
+  const int64_t BH = q.size(0) * q.size(1), L = q.size(2), S = k.size(2), D = q.size(3);
   if (BH == 0 || L == 0) return;
   MG_CHECK(S >= 1, ShapeError, op, ": needs at least one key");
   mg::cuda::DeviceGuard guard(q.device());
@@ -397,7 +409,8 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   if (std::string_view(flash_attention_kernel(q.dtype(), D)) == "tc" && aligned16({&q, &k, &v, &out})) {
     const TcForwardArgs a{q.dtype() == DType::bf16 ? TcElem::bf16 : TcElem::f16,
                           q.raw_data(), k.raw_data(), v.raw_data(), out.raw_data(), ptr<float>(lse),
-                          BH, L, S, static_cast<int>(D), static_cast<float>(scale), causal};
+                          BH, L, S, static_cast<int>(D), static_cast<float>(scale), causal,
+                          layout_of(q), layout_of(k), layout_of(v), layout_of(out)};
     MG_CUDA_CHECK(attention_tc_forward(a, st));
     return;
   }
@@ -408,10 +421,9 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
     allow_smem(flash_fwd_kernel<T, kD>, smem);
     const unsigned gx = row_blocks(L, kBlockRows, op);
     for_head_chunks(BH, [&](int64_t b0, unsigned nb) {
-      const int64_t qo = b0 * L * D, ko = b0 * S * D;
       flash_fwd_kernel<T, kD><<<dim3(gx, nb), kThreads, smem, st>>>(
-          ptr<const T>(q) + qo, ptr<const T>(k) + ko, ptr<const T>(v) + ko, ptr<T>(out) + qo, ptr<float>(lse) + b0 * L,
-          L, S, static_cast<int>(D), static_cast<float>(scale), causal);
+          ptr<const T>(q), ptr<const T>(k), ptr<const T>(v), ptr<T>(out), ptr<float>(lse), layout_of(q), layout_of(k),
+          layout_of(v), layout_of(out), b0, L, S, static_cast<int>(D), static_cast<float>(scale), causal);
       MG_CUDA_CHECK_LAUNCH(op);
     });
   });
@@ -421,7 +433,7 @@ void flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Ten
                               const Tensor& out, const Tensor& lse, bool causal, double scale, const Tensor& grad_q,
                               const Tensor& grad_k, const Tensor& grad_v) {
   const char* op = "flash_attention_backward";
-  const int64_t BH = q.size(0), L = q.size(1), S = k.size(1), D = q.size(2);
+  const int64_t BH = q.size(0) * q.size(1), L = q.size(2), S = k.size(2), D = q.size(3);
   if (BH == 0 || S == 0) return;
   mg::cuda::DeviceGuard guard(q.device());
   cudaStream_t st = stream_of(q);
@@ -433,7 +445,8 @@ void flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Ten
     const float sc = static_cast<float>(scale);
     if (L > 0) {
       flash_bwd_delta_kernel<T><<<row_blocks(BH * L, kWarps, op), kThreads, 0, st>>>(
-          ptr<const T>(out), ptr<const T>(grad_out), ptr<float>(delta), BH * L, Di);
+          ptr<const T>(out), ptr<const T>(grad_out), ptr<float>(delta), layout_of(out), layout_of(grad_out), L, BH * L,
+          Di);
       MG_CUDA_CHECK_LAUNCH(op);
     }
     if (std::string_view(flash_attention_kernel(q.dtype(), D)) == "tc" &&
@@ -441,25 +454,26 @@ void flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Ten
       const TcBackwardArgs a{std::is_same_v<T, __nv_bfloat16> ? TcElem::bf16 : TcElem::f16,
                              q.raw_data(), k.raw_data(), v.raw_data(), grad_out.raw_data(), ptr<const float>(lse),
                              ptr<const float>(delta), grad_q.raw_data(), grad_k.raw_data(), grad_v.raw_data(),
-                             BH, L, S, Di, sc, causal};
+                             BH, L, S, Di, sc, causal, layout_of(q), layout_of(k), layout_of(v),
+                             layout_of(grad_out), layout_of(grad_q), layout_of(grad_k), layout_of(grad_v)};
       MG_CUDA_CHECK(attention_tc_backward(a, st));
       return;
     }
     constexpr size_t smem = bwd_smem_bytes<kD>();
     allow_smem(flash_bwd_dkdv_kernel<T, kD>, smem);
     allow_smem(flash_bwd_dq_kernel<T, kD>, smem);
+    const TcLayout lq = layout_of(q), lk = layout_of(k), lv = layout_of(v), ldo = layout_of(grad_out);
     for_head_chunks(BH, [&](int64_t b0, unsigned nb) {
-      const int64_t qo = b0 * L * D, ko = b0 * S * D, ro = b0 * L;
       // With L == 0 this still runs and writes dk = dv = 0.
       flash_bwd_dkdv_kernel<T, kD><<<dim3(row_blocks(S, kBlockRows, op), nb), kThreads, smem, st>>>(
-          ptr<const T>(q) + qo, ptr<const T>(k) + ko, ptr<const T>(v) + ko, ptr<const T>(grad_out) + qo,
-          ptr<const float>(lse) + ro, ptr<const float>(delta) + ro, ptr<T>(grad_k) + ko, ptr<T>(grad_v) + ko, L, S,
-          Di, sc, causal);
+          ptr<const T>(q), ptr<const T>(k), ptr<const T>(v), ptr<const T>(grad_out), ptr<const float>(lse),
+          ptr<const float>(delta), ptr<T>(grad_k), ptr<T>(grad_v), lq, lk, lv, ldo, layout_of(grad_k),
+          layout_of(grad_v), b0, L, S, Di, sc, causal);
       MG_CUDA_CHECK_LAUNCH(op);
       if (L == 0) return;
       flash_bwd_dq_kernel<T, kD><<<dim3(row_blocks(L, kBlockRows, op), nb), kThreads, smem, st>>>(
-          ptr<const T>(q) + qo, ptr<const T>(k) + ko, ptr<const T>(v) + ko, ptr<const T>(grad_out) + qo,
-          ptr<const float>(lse) + ro, ptr<const float>(delta) + ro, ptr<T>(grad_q) + qo, L, S, Di, sc, causal);
+          ptr<const T>(q), ptr<const T>(k), ptr<const T>(v), ptr<const T>(grad_out), ptr<const float>(lse),
+          ptr<const float>(delta), ptr<T>(grad_q), lq, lk, lv, ldo, layout_of(grad_q), b0, L, S, Di, sc, causal);
       MG_CUDA_CHECK_LAUNCH(op);
     });
   });

@@ -71,14 +71,15 @@ __device__ __forceinline__ void key_bounds(int (&hi)[2], int64_t ra, int64_t j0,
 
 // ---------------------------------------------------------------- tile helpers
 
-// dst[r][0..kD) = src row r0 + r for r < kRows (zero past len), asynchronously.
+// dst[r][0..kD) = src row r0 + r (rows ld elements apart) for r < kRows (zero past len),
+// asynchronously.
 template <int kRows, int kD, class T>
-__device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t r0, int64_t len) {
+__device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t r0, int64_t len, int64_t ld) {
   constexpr int kChunks = kD / 8;  // 16-byte chunks a row
   for (int e = threadIdx.x; e < kRows * kChunks; e += kThreads) {
     const int r = e / kChunks, c = e % kChunks;
     const bool ok = r0 + r < len;
-    cp_async16(dst + r * ld_of<kD>() + c * 8, ok ? src + (r0 + r) * kD + c * 8 : src, ok);
+    cp_async16(dst + r * ld_of<kD>() + c * 8, ok ? src + (r0 + r) * ld + c * 8 : src, ok);
   }
 }
 
@@ -146,17 +147,17 @@ __device__ __forceinline__ void zero(float (&acc)[kM][kN8][4]) {
 }
 
 // Writes rows r0 + g and r0 + g + 8 (g = lane / 4) of one m-tile's accumulators (times mul) to
-// dst [len, kD], skipping rows past len.
+// dst [len, kD] (rows ld elements apart), skipping rows past len.
 template <class T, int kD>
-__device__ __forceinline__ void store_rows(T* dst, const float (&acc)[kD / 8][4], int64_t r0, int64_t len, float mul0,
-                                           float mul1) {
+__device__ __forceinline__ void store_rows(T* dst, const float (&acc)[kD / 8][4], int64_t r0, int64_t len, int64_t ld,
+                                           float mul0, float mul1) {
   const int lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
   const int64_t ra = r0 + g, rb = ra + 8;
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) {
     const int col = n * 8 + 2 * t;
-    if (ra < len) *reinterpret_cast<uint32_t*>(dst + ra * kD + col) = pack2<T>(acc[n][0] * mul0, acc[n][1] * mul0);
-    if (rb < len) *reinterpret_cast<uint32_t*>(dst + rb * kD + col) = pack2<T>(acc[n][2] * mul1, acc[n][3] * mul1);
+    if (ra < len) *reinterpret_cast<uint32_t*>(dst + ra * ld + col) = pack2<T>(acc[n][0] * mul0, acc[n][1] * mul0);
+    if (rb < len) *reinterpret_cast<uint32_t*>(dst + rb * ld + col) = pack2<T>(acc[n][2] * mul1, acc[n][3] * mul1);
   }
 }
 
@@ -189,7 +190,8 @@ constexpr size_t fwd_smem() {  // Q, and K and V twice
 template <class T, int kD>
 __global__ void __launch_bounds__(kThreads)
     tc_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                  float* __restrict__ lse, int64_t L, int64_t S, float scale_log2, bool causal) {
+                  float* __restrict__ lse, TcLayout lq, TcLayout lk, TcLayout lv, TcLayout lo, int64_t b0, int64_t L,
+                  int64_t S, float scale_log2, bool causal) {
   using C = FwdTiles<kD>;
   constexpr int kM = C::kM, kRows = C::kRows, kBc = C::kN, kN8 = kBc / 8, kLd = ld_of<kD>();
   extern __shared__ uint4 smem_fwd[];
@@ -198,19 +200,19 @@ __global__ void __launch_bounds__(kThreads)
   T* const Kb = Qs + kRows * kLd;   // [2][kBc][kLd]
   T* const Vb = Kb + 2 * kBc * kLd;  // [2][kBc][kLd]
   auto buf = [&](T* b, int64_t i) { return b + (i & 1) * kBc * kLd; };
-  const int64_t bh = blockIdx.y;
-  q += bh * L * kD, out += bh * L * kD, lse += bh * L;
-  k += bh * S * kD, v += bh * S * kD;
+  const int64_t bh = b0 + blockIdx.y;
+  q += lq.head(bh), out += lo.head(bh), lse += bh * L;
+  k += lk.head(bh), v += lv.head(bh);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane / 4, t = lane % 4;
   // Causal blocks late in the sequence have the most key tiles: start them first.
   const unsigned bx = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int64_t i0 = static_cast<int64_t>(bx) * kRows, iw = i0 + warp * 16 * kM;
   // Copy groups, in order: (Q, K_0), V_0, then K_{t+1} and V_{t+1} issued at the top of tile t
   // into the other buffers, so they land while tile t computes.
-  load_tile<kRows, kD>(Qs, q, i0, L);
-  load_tile<kBc, kD>(Kb, k, 0, S);
+  load_tile<kRows, kD>(Qs, q, i0, L, lq.sp);
+  load_tile<kBc, kD>(Kb, k, 0, S, lk.sp);
   cp_async_commit();
-  load_tile<kBc, kD>(Vb, v, 0, S);
+  load_tile<kBc, kD>(Vb, v, 0, S, lv.sp);
   cp_async_commit();
 
   float o[kM][kD / 8][4];
@@ -225,9 +227,9 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_wait<1>();  // K_t is in (V_t may still be coming)
     __syncthreads();     // ... for every thread; and tile t - 1, whose buffers refill now, is consumed
     const bool more = j0 + kBc < s_end;
-    if (more) load_tile<kBc, kD>(buf(Kb, tile + 1), k, j0 + kBc, S);
+    if (more) load_tile<kBc, kD>(buf(Kb, tile + 1), k, j0 + kBc, S, lk.sp);
     cp_async_commit();  // empty groups past the last tile keep the counting uniform
-    if (more) load_tile<kBc, kD>(buf(Vb, tile + 1), v, j0 + kBc, S);
+    if (more) load_tile<kBc, kD>(buf(Vb, tile + 1), v, j0 + kBc, S, lv.sp);
     cp_async_commit();
     float s[kM][kN8][4];
     zero(s);
@@ -282,7 +284,7 @@ __global__ void __launch_bounds__(kThreads)
       l[mi][r] += __shfl_xor_sync(0xffffffffu, l[mi][r], 2);
     }
     const int64_t ra = iw + 16 * mi + g, rb = ra + 8;
-    store_rows<T, kD>(out, o[mi], iw + 16 * mi, L, 1.f / l[mi][0], 1.f / l[mi][1]);
+    store_rows<T, kD>(out, o[mi], iw + 16 * mi, L, lo.sp, 1.f / l[mi][0], 1.f / l[mi][1]);
     if (t == 0) {
       if (ra < L) lse[ra] = (m[mi][0] + log2f(l[mi][0])) * kLn2;
       if (rb < L) lse[rb] = (m[mi][1] + log2f(l[mi][1])) * kLn2;
@@ -303,7 +305,8 @@ template <class T, int kD>
 __global__ void __launch_bounds__(kThreads, BwdTiles<kD>::kMinBlocks)
     tc_bwd_dkdv_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                        const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                       T* __restrict__ dk, T* __restrict__ dv, int64_t L, int64_t S, float scale, float scale_log2,
+                       T* __restrict__ dk, T* __restrict__ dv, TcLayout lq, TcLayout lk, TcLayout lv, TcLayout ldo,
+                       TcLayout ldk, TcLayout ldv, int64_t b0, int64_t L, int64_t S, float scale, float scale_log2,
                        bool causal) {
   using C = BwdTiles<kD>;
   constexpr int kM = C::kM, kRows = C::kRows, kBr = C::kN, kN8 = kBr / 8, kLd = ld_of<kD>();
@@ -314,25 +317,25 @@ __global__ void __launch_bounds__(kThreads, BwdTiles<kD>::kMinBlocks)
   T* const Ob = Qb + 2 * kBr * kLd;  // [2][kBr][kLd], dout
   float* const lse_b = reinterpret_cast<float*>(Ob + 2 * kBr * kLd);  // [2][kBr] lse * log2 e
   float* const delta_b = lse_b + 2 * kBr;                            // [2][kBr]
-  const int64_t bh = blockIdx.y;
-  q += bh * L * kD, dout += bh * L * kD, lse += bh * L, delta += bh * L;
-  k += bh * S * kD, v += bh * S * kD, dk += bh * S * kD, dv += bh * S * kD;
+  const int64_t bh = b0 + blockIdx.y;
+  q += lq.head(bh), dout += ldo.head(bh), lse += bh * L, delta += bh * L;
+  k += lk.head(bh), v += lv.head(bh), dk += ldk.head(bh), dv += ldv.head(bh);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane / 4, t = lane % 4;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kRows, jw = j0 + warp * 16 * kM;
   // Causal: queries before j0 see none of the block's keys.
   const int64_t i_begin = causal ? j0 / kBr * kBr : 0;
   // Query tile t + 1 (Q, dout, lse, delta) is fetched into the other buffers while t computes.
   auto fetch = [&](int64_t i0, int buf) {
-    load_tile<kBr, kD>(Qb + buf * kBr * kLd, q, i0, L);
-    load_tile<kBr, kD>(Ob + buf * kBr * kLd, dout, i0, L);
+    load_tile<kBr, kD>(Qb + buf * kBr * kLd, q, i0, L, lq.sp);
+    load_tile<kBr, kD>(Ob + buf * kBr * kLd, dout, i0, L, ldo.sp);
     for (int e = threadIdx.x; e < kBr; e += kThreads) {
       const bool ok = i0 + e < L;
       lse_b[buf * kBr + e] = ok ? lse[i0 + e] * kLog2e : 0.f;
       delta_b[buf * kBr + e] = ok ? delta[i0 + e] : 0.f;
     }
   };
-  load_tile<kRows, kD>(Ks, k, j0, S);
-  load_tile<kRows, kD>(Vs, v, j0, S);
+  load_tile<kRows, kD>(Ks, k, j0, S, lk.sp);
+  load_tile<kRows, kD>(Vs, v, j0, S, lv.sp);
   if (i_begin < L) fetch(i_begin, 0);
   cp_async_commit();
 
@@ -378,8 +381,8 @@ __global__ void __launch_bounds__(kThreads, BwdTiles<kD>::kMinBlocks)
   cp_async_wait<0>();  // no query tile (L = 0, or causal keys past L): K/V copies still in flight
 #pragma unroll
   for (int mi = 0; mi < kM; ++mi) {
-    store_rows<T, kD>(dk, gk[mi], jw + 16 * mi, S, scale, scale);
-    store_rows<T, kD>(dv, gv[mi], jw + 16 * mi, S, 1.f, 1.f);
+    store_rows<T, kD>(dk, gk[mi], jw + 16 * mi, S, ldk.sp, scale, scale);
+    store_rows<T, kD>(dv, gv[mi], jw + 16 * mi, S, ldv.sp, 1.f, 1.f);
   }
 }
 
@@ -388,7 +391,8 @@ template <class T, int kD>
 __global__ void __launch_bounds__(kThreads, BwdTiles<kD>::kMinBlocks)
     tc_bwd_dq_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                      const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                     T* __restrict__ dq, int64_t L, int64_t S, float scale, float scale_log2, bool causal) {
+                     T* __restrict__ dq, TcLayout lq, TcLayout lk, TcLayout lv, TcLayout ldo, TcLayout ldq, int64_t b0,
+                     int64_t L, int64_t S, float scale, float scale_log2, bool causal) {
   using C = BwdTiles<kD>;
   constexpr int kM = C::kM, kRows = C::kRows, kBc = C::kN, kN8 = kBc / 8, kLd = ld_of<kD>();
   extern __shared__ uint4 smem_dq[];
@@ -397,16 +401,16 @@ __global__ void __launch_bounds__(kThreads, BwdTiles<kD>::kMinBlocks)
   T* const Kb = Os + kRows * kLd;    // [2][kBc][kLd], double buffers
   T* const Vb = Kb + 2 * kBc * kLd;  // [2][kBc][kLd]
   auto buf = [&](T* b, int64_t i) { return b + (i & 1) * kBc * kLd; };
-  const int64_t bh = blockIdx.y;
-  q += bh * L * kD, dout += bh * L * kD, dq += bh * L * kD, lse += bh * L, delta += bh * L;
-  k += bh * S * kD, v += bh * S * kD;
+  const int64_t bh = b0 + blockIdx.y;
+  q += lq.head(bh), dout += ldo.head(bh), dq += ldq.head(bh), lse += bh * L, delta += bh * L;
+  k += lk.head(bh), v += lv.head(bh);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane / 4, t = lane % 4;
   const unsigned bx = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int64_t i0 = static_cast<int64_t>(bx) * kRows, iw = i0 + warp * 16 * kM;
-  load_tile<kRows, kD>(Qs, q, i0, L);
-  load_tile<kRows, kD>(Os, dout, i0, L);
-  load_tile<kBc, kD>(Kb, k, 0, S);
-  load_tile<kBc, kD>(Vb, v, 0, S);
+  load_tile<kRows, kD>(Qs, q, i0, L, lq.sp);
+  load_tile<kRows, kD>(Os, dout, i0, L, ldo.sp);
+  load_tile<kBc, kD>(Kb, k, 0, S, lk.sp);
+  load_tile<kBc, kD>(Vb, v, 0, S, lv.sp);
   cp_async_commit();
   float lse2[kM][2], dl[kM][2];
 #pragma unroll
@@ -427,8 +431,8 @@ __global__ void __launch_bounds__(kThreads, BwdTiles<kD>::kMinBlocks)
     cp_async_wait<0>();
     __syncthreads();  // tile t is in for every thread; tile t - 1, whose buffers refill now, is consumed
     if (j0 + kBc < s_end) {
-      load_tile<kBc, kD>(buf(Kb, tile + 1), k, j0 + kBc, S);
-      load_tile<kBc, kD>(buf(Vb, tile + 1), v, j0 + kBc, S);
+      load_tile<kBc, kD>(buf(Kb, tile + 1), k, j0 + kBc, S, lk.sp);
+      load_tile<kBc, kD>(buf(Vb, tile + 1), v, j0 + kBc, S, lv.sp);
     }
     cp_async_commit();
     float s[kM][kN8][4], dp[kM][kN8][4];
@@ -452,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, BwdTiles<kD>::kMinBlocks)
     mma_pb<T, kM, kBc / 16, kD>(acc, dp, Ks);
   }
 #pragma unroll
-  for (int mi = 0; mi < kM; ++mi) store_rows<T, kD>(dq, acc[mi], iw + 16 * mi, L, scale, scale);
+  for (int mi = 0; mi < kM; ++mi) store_rows<T, kD>(dq, acc[mi], iw + 16 * mi, L, ldq.sp, scale, scale);
 }
 
 // ---------------------------------------------------------------- host side
@@ -498,11 +502,12 @@ cudaError_t attention_tc_forward(const TcForwardArgs& a, cudaStream_t stream) {
     constexpr size_t smem = fwd_smem<kD>();
     if (cudaError_t e = allow_smem(tc_fwd_kernel<T, kD>, smem); e != cudaSuccess) return e;
     const float sl2 = a.scale * kLog2e;
+    const TcLayout lq = tc_resolve(a.lq, a.L, kD), lk = tc_resolve(a.lk, a.S, kD), lv = tc_resolve(a.lv, a.S, kD),
+                   lo = tc_resolve(a.lo, a.L, kD);
     return for_head_chunks(a.BH, [&](int64_t b0, unsigned nb) {
-      const int64_t qo = b0 * a.L * kD, ko = b0 * a.S * kD;
       tc_fwd_kernel<T, kD><<<dim3(blocks_of(a.L, FwdTiles<kD>::kRows), nb), kThreads, smem, stream>>>(
-          static_cast<const T*>(a.q) + qo, static_cast<const T*>(a.k) + ko, static_cast<const T*>(a.v) + ko,
-          static_cast<T*>(a.out) + qo, a.lse + b0 * a.L, a.L, a.S, sl2, a.causal);
+          static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v), static_cast<T*>(a.out),
+          a.lse, lq, lk, lv, lo, b0, a.L, a.S, sl2, a.causal);
     });
   });
 }
@@ -515,16 +520,19 @@ cudaError_t attention_tc_backward(const TcBackwardArgs& a, cudaStream_t stream) 
     if (cudaError_t e = allow_smem(tc_bwd_dkdv_kernel<T, kD>, smem); e != cudaSuccess) return e;
     if (cudaError_t e = allow_smem(tc_bwd_dq_kernel<T, kD>, smem); e != cudaSuccess) return e;
     const float sl2 = a.scale * kLog2e;
+    const TcLayout lq = tc_resolve(a.lq, a.L, kD), lk = tc_resolve(a.lk, a.S, kD), lv = tc_resolve(a.lv, a.S, kD),
+                   ldo = tc_resolve(a.ldout, a.L, kD), ldq = tc_resolve(a.ldq, a.L, kD),
+                   ldk = tc_resolve(a.ldk, a.S, kD), ldv = tc_resolve(a.ldv, a.S, kD);
+    const T *q = static_cast<const T*>(a.q), *k = static_cast<const T*>(a.k);
+    const T *v = static_cast<const T*>(a.v), *dout = static_cast<const T*>(a.dout);
     return for_head_chunks(a.BH, [&](int64_t b0, unsigned nb) {
-      const int64_t qo = b0 * a.L * kD, ko = b0 * a.S * kD, ro = b0 * a.L;
-      const T *q = static_cast<const T*>(a.q) + qo, *k = static_cast<const T*>(a.k) + ko;
-      const T *v = static_cast<const T*>(a.v) + ko, *dout = static_cast<const T*>(a.dout) + qo;
       tc_bwd_dkdv_kernel<T, kD><<<dim3(blocks_of(a.S, BwdTiles<kD>::kRows), nb), kThreads, smem, stream>>>(
-          q, k, v, dout, a.lse + ro, a.delta + ro, static_cast<T*>(a.dk) + ko, static_cast<T*>(a.dv) + ko, a.L, a.S,
-          a.scale, sl2, a.causal);
+          q, k, v, dout, a.lse, a.delta, static_cast<T*>(a.dk), static_cast<T*>(a.dv), lq, lk, lv, ldo, ldk, ldv, b0,
+          a.L, a.S, a.scale, sl2, a.causal);
       if (a.L == 0) return;
       tc_bwd_dq_kernel<T, kD><<<dim3(blocks_of(a.L, BwdTiles<kD>::kRows), nb), kThreads, smem, stream>>>(
-          q, k, v, dout, a.lse + ro, a.delta + ro, static_cast<T*>(a.dq) + qo, a.L, a.S, a.scale, sl2, a.causal);
+          q, k, v, dout, a.lse, a.delta, static_cast<T*>(a.dq), lq, lk, lv, ldo, ldq, b0, a.L, a.S, a.scale, sl2,
+          a.causal);
     });
   });
 }

@@ -13,8 +13,37 @@ namespace mg::kernels::cuda {
 
 enum class TcElem { f16, bf16 };
 
-// q [BH, L, D], k and v [BH, S, D], out [BH, L, D] contiguous, 16-byte aligned, one element type;
-// lse [BH, L] f32 (natural log). Causal masks key j for query i when j > i (top-left).
+// Where the rows of a [B, H, n, D] view lie, in elements (the head dim is unit-stride): row r
+// of head bh = b * H + h starts at b * sb + h * sh + r * sp. Strided views let the attention
+// read q/k/v straight out of a packed [B, T, 3C] projection and write [B, T, C] outputs, with no
+// head-split copies. sp == 0 (the default) means contiguous [BH, n, D]: the layout the kernels
+// had before strides, which the standalone harness still passes.
+#if defined(__CUDACC__)
+#define MG_TC_HD __host__ __device__
+#else
+#define MG_TC_HD
+#endif
+struct TcLayout {
+  int64_t H = 1, sb = 0, sh = 0, sp = 0;
+  // Element offset of head bh's first row.
+  MG_TC_HD int64_t head(int64_t bh) const { return (bh / H) * sb + (bh % H) * sh; }
+};
+#undef MG_TC_HD
+
+// The layout itself, or the contiguous one for n rows of D when l.sp == 0.
+inline TcLayout tc_resolve(TcLayout l, int64_t n, int D) {
+  return l.sp == 0 ? TcLayout{1, n * D, 0, D} : l;
+}
+
+// cp.async and ldmatrix move 16 bytes (8 elements) at a time: the base pointer and every row
+// start must be 16-byte aligned, so each stride must be a multiple of 8 elements.
+inline bool tc_layout_aligned(const void* p, TcLayout l) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && l.H >= 1 && l.sb % 8 == 0 && l.sh % 8 == 0 && l.sp % 8 == 0;
+}
+
+// q [BH, L, D], k and v [BH, S, D], out [BH, L, D], one element type, laid out as the TcLayouts
+// say (tc_layout_aligned); lse [BH, L] f32 contiguous (natural log). Causal masks key j for query
+// i when j > i (top-left).
 struct TcForwardArgs {
   TcElem elem;
   const void* q;
@@ -26,6 +55,7 @@ struct TcForwardArgs {
   int D;
   float scale;
   bool causal;
+  TcLayout lq{}, lk{}, lv{}, lo{};
 };
 
 // delta [BH, L] f32 = rowsum(dout * out), computed by the caller. dq, dk, dv are fully written
@@ -45,6 +75,7 @@ struct TcBackwardArgs {
   int D;
   float scale;
   bool causal;
+  TcLayout lq{}, lk{}, lv{}, ldout{}, ldq{}, ldk{}, ldv{};
 };
 
 // True for the head dims the tensor-core kernels are compiled for (64, 128).

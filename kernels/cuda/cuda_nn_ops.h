@@ -51,13 +51,17 @@ void layer_norm_forward_reference(const Tensor& x, const Tensor& weight, const T
 
 // ---- memory-efficient attention (attention.cu); the contract of flash_attention_* in
 // transformer_ops.h after its checks ----
-// q [BH, L, D], k and v [BH, S, D] (S >= 1, D <= kFlashMaxHeadDim), contiguous, one dtype of
-// f32/f16/bf16. out [BH, L, D] of q's dtype and lse [BH, L] f32 are fully overwritten.
+// q [B, H, L, D], k and v [B, H, S, D] (S >= 1, D <= kFlashMaxHeadDim), one dtype of
+// f32/f16/bf16, any strides but a unit-stride head dim (16-byte aligned rows for the tensor-core
+// kernels, else they fall back to SIMT); B * H heads flattened b-major, each tensor with its own
+// strides. out [B, H, L, D] (strided likewise) of q's dtype and lse [BH, L] contiguous f32 are
+// fully overwritten.
 constexpr int64_t kFlashMaxHeadDim = 128;
 void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                              const Tensor& out, const Tensor& lse);
-// grad_out and out [BH, L, D] contiguous of q's dtype, lse [BH, L] f32 from the forward;
-// grad_q [BH, L, D], grad_k and grad_v [BH, S, D] of q's dtype are fully overwritten.
+// grad_out and out [B, H, L, D] of q's dtype, lse [BH, L] f32 from the forward; grad_q
+// [B, H, L, D], grad_k and grad_v [B, H, S, D] of q's dtype (all strided as above) are fully
+// overwritten.
 void flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, bool causal, double scale, const Tensor& grad_q,
                               const Tensor& grad_k, const Tensor& grad_v);

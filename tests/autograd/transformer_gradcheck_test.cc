@@ -247,6 +247,67 @@ TEST(SdpaErrors, MismatchedShapesAreClear) {
   EXPECT_THROW(scaled_dot_product_attention(randn({3, 4}), randn({3, 4}), randn({3, 4}), false, 1.0), ValueError);
 }
 
+// ---------------- attention from packed qkv ----------------
+
+// The composed meaning attention_packed_qkv must have: narrow, split heads, attend, merge.
+Tensor packed_reference(const Tensor& qkv, int64_t H, bool causal, double dropout_p = 0.0) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  auto split = [&](int64_t i) { return qkv.narrow(2, i * C, C).reshape({B, T, H, C / H}).transpose(1, 2); };
+  return sdpa_reference(split(0), split(1), split(2), causal, dropout_p).transpose(1, 2).reshape({B, T, C});
+}
+
+TEST(PackedQkvGrad, CausalAndNot) {
+  for (bool causal : {false, true})
+    EXPECT_TRUE(
+        gradcheck([causal](const V& x) { return attention_packed_qkv(x[0], 2, causal); }, {rn({2, 4, 12}, 101)}))
+        << "causal " << causal;
+}
+
+TEST(PackedQkvGrad, ExplicitScaleOneHeadAndStridedInput) {
+  EXPECT_TRUE(
+      gradcheck([](const V& x) { return attention_packed_qkv(x[0], 1, true, 0.0, 0.3); }, {rn({1, 5, 6}, 102)}));
+  // qkv as a transposed (non-contiguous) view of a [B, 3C, T] leaf.
+  EXPECT_TRUE(gradcheck([](const V& x) { return attention_packed_qkv(transpose(x[0], 1, 2), 3, true); },
+                        {rn({2, 9, 3}, 103)}));
+}
+
+TEST(PackedQkv, MatchesComposedPathValuesAndGradients) {
+  for (bool causal : {false, true}) {
+    Tensor a = rn({2, 5, 24}, 104), b = rn({2, 5, 24}, 104);
+    Tensor ya = attention_packed_qkv(a, 4, causal), yb = packed_reference(b, 4, causal);
+    ASSERT_EQ(ya.sizes(), (Shape{2, 5, 8}));
+    expect_close(ya, yb, 1e-12);
+    Tensor w = rn({2, 5, 8}, 105, false);
+    ya.backward(w);
+    yb.backward(w);
+    expect_close(a.grad(), b.grad(), 1e-12);
+  }
+}
+
+TEST(PackedQkvGrad, DropoutWithFixedSeed) {
+  EXPECT_TRUE(gradcheck(
+      [](const V& x) {
+        manual_seed(7);  // the same dropout mask on every evaluation
+        return attention_packed_qkv(x[0], 2, true, 0.25);
+      },
+      {rn({1, 4, 6}, 106)}));
+}
+
+TEST(PackedQkvErrors, BadShapesAndValuesAreClear) {
+  try {
+    attention_packed_qkv(randn({2, 3, 10}), 2);
+    FAIL() << "expected ShapeError";
+  } catch (const ShapeError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("attention_packed_qkv"), std::string::npos) << m;
+    EXPECT_NE(m.find("[2, 3, 10]"), std::string::npos) << m;
+  }
+  EXPECT_THROW(attention_packed_qkv(randn({3, 12}), 2), ShapeError);
+  EXPECT_THROW(attention_packed_qkv(randn({1, 3, 12}), 0), ValueError);
+  EXPECT_THROW(attention_packed_qkv(randn({1, 3, 12}), 2, false, 1.0), ValueError);
+  EXPECT_THROW(attention_packed_qkv(from_vector<int64_t>({0, 1, 2, 3, 4, 5}, {1, 1, 6}), 2), DTypeError);
+}
+
 // ---------------- CUDA vs CPU (skipped without a GPU) ----------------
 
 #define SKIP_WITHOUT_CUDA() \
@@ -293,6 +354,13 @@ TEST(TransformerCuda, EmbeddingAndSdpaMatchCpu) {
     expect_cuda_matches_cpu(
         [causal](const V& x) { return scaled_dot_product_attention(x[0], x[1], x[2], causal); },
         {rn({2, 2, 7, 8}, 94, false), rn({2, 2, 7, 8}, 95, false), rn({2, 2, 7, 8}, 96, false)}, DType::f32, 1e-5);
+}
+
+TEST(TransformerCuda, PackedQkvMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  for (bool causal : {false, true})
+    expect_cuda_matches_cpu([causal](const V& x) { return attention_packed_qkv(x[0], 2, causal); },
+                            {rn({2, 7, 48}, 97, false)}, DType::f32, 1e-5);
 }
 
 }  // namespace

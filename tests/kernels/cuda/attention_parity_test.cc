@@ -11,6 +11,9 @@
 // - Both f16/bf16 kernels, the tensor-core one (D = 64, 128) and the SIMT reference
 //   (MG_ATTENTION_KERNEL=simt), on the same cases against the f64 reference; the tensor-core
 //   backward is bitwise deterministic; the kernel choice itself (no GPU needed).
+// - attention_packed_qkv (q/k/v read in place from [B, T, 3C], y and the [B, T, 3C] gradient
+//   written in place) vs the unpacked path and the f64 reference, f32/f16/bf16, causal and not,
+//   tc and simt, a misaligned qkv (contiguous fallback), and its peak memory (no head copies).
 // GPU tests skip without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -309,6 +312,104 @@ TEST_F(AttentionParity, ReferenceWhenAskedOrUnsupported) {
   Tensor wide = to_cuda(host({1, 4, 136}, DType::f32, g));
   EXPECT_FALSE(k::flash_attention_supported(wide, wide, wide));
   EXPECT_EQ(scaled_dot_product_attention(wide, wide, wide).sizes(), (Shape{1, 4, 136}));
+}
+
+// ---------------------------------------------------------------- packed qkv
+
+// The unpacked path attention_packed_qkv replaces: narrow + split heads (views), SDPA (flash),
+// merge heads (a copy).
+Tensor unpacked_attention(const Tensor& qkv, int64_t H, bool causal) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  auto split = [&](int64_t i) { return qkv.narrow(2, i * C, C).reshape({B, T, H, C / H}).transpose(1, 2); };
+  return scaled_dot_product_attention(split(0), split(1), split(2), causal).transpose(1, 2).reshape({B, T, C});
+}
+
+// attention_packed_qkv vs the unpacked flash path (same kernels, so only the layouts differ)
+// and vs the f64 composed reference on the CPU, output and qkv gradient. base_pad > 0 puts qkv
+// at an element offset inside a wider tensor, so the tensor-core kernels can't read it in place
+// (rows not 16-byte aligned) and must take the contiguous-copy fallback.
+void expect_packed_matches(DType dt, bool causal, int64_t B, int64_t T, int64_t H, int64_t D, int64_t base_pad,
+                           Generator& g) {
+  const int64_t C = H * D;
+  std::ostringstream name;
+  name << dstr(dt) << " B=" << B << " T=" << T << " H=" << H << " D=" << D << (causal ? " causal" : "")
+       << (base_pad ? " misaligned" : "");
+  const std::string what = name.str();
+  SCOPED_TRACE(what);
+  Tensor wide = host({B, T, 3 * C + base_pad}, dt, g), dy = host({B, T, C}, dt, g);
+  auto leaf = [&] { return to_cuda(wide).requires_grad_(true); };
+  auto packed_of = [&](const Tensor& w) { return base_pad ? w.narrow(2, base_pad, 3 * C) : w; };
+  Tensor wa = leaf(), wb = leaf();
+  Tensor ya = attention_packed_qkv(packed_of(wa), H, causal);
+  ASSERT_TRUE(ya.grad_fn() != nullptr);
+  EXPECT_EQ(ya.grad_fn()->name(), "attention_packed_qkv") << "the CUDA call took the composed path";
+  ASSERT_EQ(ya.sizes(), (Shape{B, T, C}));
+  EXPECT_EQ(ya.dtype(), dt);
+  Tensor yb = unpacked_attention(packed_of(wb), H, causal);
+  ya.backward(to_cuda(dy));
+  yb.backward(to_cuda(dy));
+  // Same kernels on the same values: the two paths agree far inside the f64 tolerance.
+  const double same = dt == DType::f32 ? 1e-5 : 1e-2;
+  expect_close(raw::to_dtype(raw::to_device(yb.detach(), Device::cpu()), DType::f64), ya.detach(), same,
+               what + " out vs unpacked");
+  expect_close(raw::to_dtype(raw::to_device(wb.grad(), Device::cpu()), DType::f64), wa.grad(), same,
+               what + " grad vs unpacked");
+
+  Tensor w64 = raw::to_dtype(wide, DType::f64).requires_grad_(true);
+  Tensor qkv64 = base_pad ? w64.narrow(2, base_pad, 3 * C) : w64;
+  auto split = [&](int64_t i) { return qkv64.narrow(2, i * C, C).reshape({B, T, H, D}).transpose(1, 2); };
+  Tensor ref = sdpa_reference(split(0), split(1), split(2), causal).transpose(1, 2).reshape({B, T, C});
+  ref.backward(raw::to_dtype(dy, DType::f64));
+  expect_close(ref.detach(), ya.detach(), tol_of(dt), what + " out vs f64");
+  expect_close(w64.grad(), wa.grad(), grad_tol_of(dt), what + " grad vs f64");
+}
+
+TEST_F(AttentionParity, PackedQkvMatchesUnpackedAndReference) {
+  for (DType dt : {DType::f32, DType::f16, DType::bf16})
+    for (bool causal : {false, true}) {
+      expect_packed_matches(dt, causal, 2, 77, 3, 64, 0, g);    // GPT-like: head dim 64
+      expect_packed_matches(dt, causal, 1, 130, 2, 128, 0, g);  // head dim 128, several tiles
+      expect_packed_matches(dt, causal, 2, 33, 4, 16, 0, g);    // SIMT-only head dim
+      expect_packed_matches(dt, causal, 2, 50, 3, 64, 1, g);    // misaligned: contiguous fallback
+    }
+}
+
+TEST_F(AttentionParity, PackedQkvBothKernels) {
+  for (const char* kernel : {"tc", "simt"}) {
+    ScopedKernel use(kernel);
+    SCOPED_TRACE(kernel);
+    for (DType dt : {DType::f16, DType::bf16})
+      for (bool causal : {false, true}) expect_packed_matches(dt, causal, 2, 100, 2, 64, 0, g);
+  }
+}
+
+TEST_F(AttentionParity, PackedQkvAllocatesNoHeadCopies) {
+  // GPT-2 124M attention shape in bf16. Forward + backward above the live qkv and dy may hold
+  // only y, the logsumexp, the [B, T, 3C] gradient and the backward's delta (plus allocator
+  // rounding): a single head-split or merge copy would add a whole [B, T, C] (12 MiB) more.
+  const int64_t B = 8, T = 1024, H = 12, D = 64, C = H * D;
+  const Device dev = Device::cuda(0);
+  Tensor qkv = randn({B, T, 3 * C}, {DType::bf16, dev}, &g).requires_grad_(true);
+  Tensor dy = randn({B, T, C}, {DType::bf16, dev}, &g);
+  auto peak_of = [&](bool packed) {
+    qkv.set_grad(Tensor());
+    mg::cuda::synchronize(0);
+    const int64_t base = memory_allocated(dev);
+    reset_peak_memory_stats(dev);
+    {
+      Tensor y = packed ? attention_packed_qkv(qkv, H, true) : unpacked_attention(qkv, H, true);
+      y.backward(dy);
+    }
+    mg::cuda::synchronize(0);
+    return max_memory_allocated(dev) - base;
+  };
+  const int64_t packed = peak_of(true), unpacked = peak_of(false);
+  const int64_t y = B * T * C * 2, grad = 3 * y, lse = B * H * T * 4, one_copy = y;
+  std::cout << "attention forward+backward peak above inputs, B=8 T=1024 H=12 D=64 bf16 causal: packed "
+            << format_bytes(packed) << ", unpacked " << format_bytes(unpacked) << " (needed: y + grad + 2 lse = "
+            << format_bytes(y + grad + 2 * lse) << ")\n";
+  EXPECT_LT(packed, y + grad + 2 * lse + one_copy);
+  EXPECT_LT(packed, unpacked);
 }
 
 // ---------------------------------------------------------------- memory
