@@ -72,7 +72,9 @@ uint8_t code_of(DType t) {
 template <class U>
 __global__ void stochastic_bf16_kernel(uint16_t* p, const U* u, int64_t n, float alpha, uint64_t seed) {
   MG_GRID_STRIDE(i, n) {
-    const float v = __uint_as_float(static_cast<uint32_t>(p[i]) << 16) + alpha * load_m(u[i]);
+    // Explicit roundings: an fma here would differ from the CPU's multiply-then-add in the
+    // last bit, and the stochastic rounding would then occasionally pick the other neighbour.
+    const float v = __fadd_rn(__uint_as_float(static_cast<uint32_t>(p[i]) << 16), __fmul_rn(alpha, load_m(u[i])));
     p[i] = amp_math::bf16_stochastic_bits(v, static_cast<uint32_t>(amp_math::mix(seed, static_cast<uint64_t>(i))));
   }
 }
