@@ -1,5 +1,5 @@
-// The main job: trains an MLP or a CNN (--model cnn) on Fashion-MNIST with SGD + momentum
-// and reports the test accuracy and the peak memory by category (parameters, gradients,
+// The main job: trains an MLP or a CNN (--model cnn) on Fashion-MNIST with SGD, Adam or
+// AdamW (--optimizer), an LR scheduler (--scheduler) and optional clipping, and reports the test accuracy and the peak memory by category (parameters, gradients,
 // optimizer state, ...).
 //
 //   bazel run //examples:fashion_mnist -- --epochs 2 --batch-size 64 --seed 0
@@ -29,7 +29,8 @@
 #include "data/fashion_mnist.h"
 #include "kernels/ops.h"
 #include "nn/nn.h"
-#include "optim/sgd.h"
+#include "examples/training_setup.h"
+#include "optim/clip_grad.h"
 
 namespace {
 
@@ -37,17 +38,16 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 const std::vector<std::string> kModels = {"mlp", "cnn"};
-// Per-model recipe defaults (measured with seed 0, see docs/training.md).
-double default_lr(const std::string&) { return 0.02; }
-std::string default_schedule(const std::string& model) { return model == "cnn" ? "cosine" : "constant"; }
+// Per-model recipe defaults (measured with seed 0, see docs/training.md): SGD lr 0.02
+// momentum 0.9, per-batch cosine annealing for the CNN.
+std::string default_scheduler(const std::string& model) { return model == "cnn" ? "cosine" : "none"; }
 
 struct Flags {
   int64_t epochs = 2;
   int64_t batch_size = 64;
-  double lr = -1;  // < 0: the model's default (kDefaultLr)
-  std::string lr_schedule;  // empty: the model's default
-  double momentum = 0.9;
-  double weight_decay = 0.0;
+  mg::examples::TrainingFlags train;  // optimizer, scheduler, clipping
+  int workers = 0;                     // DataLoader worker threads
+  bool pin_memory = false;
   double dropout = 0.0;
   std::vector<int64_t> hidden = {256, 128};
   uint64_t seed = 0;
@@ -61,17 +61,11 @@ struct Flags {
 
 const char* kUsage = R"(usage: fashion_mnist [flags]
 
-Trains an MLP or a CNN on Fashion-MNIST with SGD + momentum; prints the test accuracy
-and the peak memory by category after each epoch, and one JSON line at the end.
+Trains an MLP or a CNN on Fashion-MNIST (SGD + momentum by default); prints the test
+accuracy and the peak memory by category after each epoch, and one JSON line at the end.
 
   --epochs N          passes over the training set (default 2)
   --batch-size N      training batch size (default 64)
-  --lr X              learning rate (default 0.02)
-  --lr-schedule S     constant, or cosine: the learning rate follows a half cosine from
-                      --lr down to 0 over all training steps (default constant for mlp,
-                      cosine for cnn)
-  --momentum X        SGD momentum (default 0.9)
-  --weight-decay X    L2 penalty (default 0)
   --dropout P         dropout after each hidden ReLU, 0 = none (default 0)
   --hidden A,B,...    hidden layer widths (default 256,128)
   --seed N            seeds init, dropout and shuffling (default 0)
@@ -84,8 +78,12 @@ and the peak memory by category after each epoch, and one JSON line at the end.
   --eval-batch-size N test-set batch size (default 1000)
   --data-dir PATH     directory with the IDX .gz files (default $MG_FASHION_MNIST or
                       /usr/share/datasets/fashion-mnist)
+  --workers N         DataLoader worker threads (default 0: load in the training thread)
+  --pin-memory        page-locked batches copied to the device on a side stream (CUDA only)
   --no-progress       no progress bar on stderr
   --help              this text
+
+Optimizer, schedule and clipping:
 )";
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -118,11 +116,15 @@ Flags parse_flags(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i], value;
     if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage;
+      std::cout << kUsage << mg::examples::kTrainingUsage;
       std::exit(0);
     }
     if (arg == "--no-progress") {
       f.progress = false;
+      continue;
+    }
+    if (arg == "--pin-memory") {
+      f.pin_memory = true;
       continue;
     }
     if (arg.rfind("--", 0) != 0) usage_error("unexpected argument \"" + arg + "\"");
@@ -134,12 +136,14 @@ Flags parse_flags(int argc, char** argv) {
       if (i + 1 >= argc) usage_error(arg + " needs a value");
       value = argv[++i];
     }
+    try {
+      if (mg::examples::parse_training_flag(f.train, arg, value)) continue;
+    } catch (const mg::ValueError& e) {
+      usage_error(e.what());
+    }
     if (arg == "--epochs") f.epochs = parse_int(arg, value);
     else if (arg == "--batch-size") f.batch_size = parse_int(arg, value);
-    else if (arg == "--lr") f.lr = parse_double(arg, value);
-    else if (arg == "--lr-schedule") f.lr_schedule = value;
-    else if (arg == "--momentum") f.momentum = parse_double(arg, value);
-    else if (arg == "--weight-decay") f.weight_decay = parse_double(arg, value);
+    else if (arg == "--workers") f.workers = static_cast<int>(parse_int(arg, value));
     else if (arg == "--dropout") f.dropout = parse_double(arg, value);
     else if (arg == "--seed") f.seed = static_cast<uint64_t>(parse_int(arg, value));
     else if (arg == "--model") f.model = value;
@@ -169,11 +173,23 @@ Flags parse_flags(int argc, char** argv) {
     valid += (valid.empty() ? "" : ", ") + m;
   }
   if (!known) usage_error("unknown --model \"" + f.model + "\" (valid: " + valid + ")");
-  if (f.lr < 0) f.lr = default_lr(f.model);
-  if (f.lr_schedule.empty()) f.lr_schedule = default_schedule(f.model);
-  if (f.lr_schedule != "constant" && f.lr_schedule != "cosine")
-    usage_error("unknown --lr-schedule \"" + f.lr_schedule + "\" (valid: constant, cosine)");
+  if (f.workers < 0) usage_error("--workers must be >= 0");
+  if (f.train.scheduler.empty()) f.train.scheduler = default_scheduler(f.model);
+  try {
+    mg::examples::finalize_training_flags(f.train, f.epochs);
+  } catch (const mg::ValueError& e) {
+    usage_error(e.what());
+  }
   return f;
+}
+
+std::string optimizer_line(const mg::examples::TrainingFlags& t, const mg::examples::Schedule& schedule) {
+  std::ostringstream o;  // default float format (the report prints fixed with 2 decimals)
+  o << t.optimizer << " lr " << t.lr;
+  if (t.optimizer == "sgd") o << " momentum " << t.momentum;
+  o << ", weight decay " << t.weight_decay << ", schedule " << schedule.describe();
+  if (t.clip_grad_norm > 0) o << ", clip grad norm " << t.clip_grad_norm;
+  return o.str();
 }
 
 mg::Device pick_device(const std::string& spec) {
@@ -337,23 +353,28 @@ int run(const Flags& f) {
   lo.batch_size = f.batch_size;
   lo.shuffle = true;
   lo.seed = f.seed;
+  lo.num_workers = f.workers;
+  if (f.pin_memory) {
+    lo.pin_memory = true;
+    lo.device = device;
+  }
   mg::data::DataLoader train_loader(train_set, lo);
   mg::data::DataLoaderOptions eo;
   eo.batch_size = f.eval_batch_size;
   mg::data::DataLoader test_loader(test_set, eo);
 
   auto model = f.model == "cnn" ? make_cnn(f, device) : make_mlp(f, device);
-  mg::optim::SGDOptions so;
-  so.lr = f.lr;
-  so.momentum = f.momentum;
-  so.weight_decay = f.weight_decay;
-  mg::optim::SGD optimizer(model->parameters(), so);
+  const mg::examples::TrainingFlags& t = f.train;
+  std::vector<mg::Tensor> params = model->parameters();
+  auto optimizer_ptr = mg::examples::make_optimizer(t, params);
+  mg::optim::Optimizer& optimizer = *optimizer_ptr;
+  mg::examples::Schedule schedule(t, optimizer, static_cast<int64_t>(train_loader.size()), f.epochs);
 
   std::cout << "fashion_mnist: " << train_set->size() << " train / " << test_set->size() << " test images from "
             << root << " (loaded in " << std::fixed;
   std::cout.precision(2);
   std::cout << load_seconds << " s), device " << device << ", seed " << f.seed << "\nmodel: " << *model << "\n"
-            << model->num_parameters() << " parameters; SGD lr " << f.lr << " (" << f.lr_schedule << ") momentum " << f.momentum
+            << model->num_parameters() << " parameters; " << optimizer_line(t, schedule)
             << ", batch size " << f.batch_size << "\n";
 
   // Peaks from here on measure training (the data set itself stays counted under "data").
@@ -361,8 +382,8 @@ int run(const Flags& f) {
   if (!device.is_cpu()) mg::CategoryStats::get(mg::Device::cpu()).reset_peak();
 
   ProgressBar bar(f.progress);
-  const int64_t total_steps = f.epochs * static_cast<int64_t>(train_loader.size());
-  int64_t step = 0;
+  double max_grad_norm = 0.0;
+  int64_t clipped_steps = 0;
   const auto t_train = Clock::now();
   double accuracy = 0.0, last_loss = 0.0;
   int64_t images = 0;
@@ -381,11 +402,13 @@ int run(const Flags& f) {
       }
       optimizer.zero_grad();
       loss.backward();  // the engine allocates under MemoryCategory::Gradients itself
-      if (f.lr_schedule == "cosine") {
-        const double t = static_cast<double>(step++) / static_cast<double>(total_steps);
-        for (auto& group : optimizer.param_groups()) group.set_lr(0.5 * f.lr * (1.0 + std::cos(M_PI * t)));
+      if (t.clip_grad_norm > 0) {
+        const double norm = mg::optim::clip_grad_norm_(params, t.clip_grad_norm);
+        max_grad_norm = std::max(max_grad_norm, norm);
+        clipped_steps += norm > t.clip_grad_norm;
       }
-      optimizer.step();  // momentum buffers: MemoryCategory::OptimizerState
+      optimizer.step();  // momentum buffers / Adam moments: MemoryCategory::OptimizerState
+      schedule.after_batch();
       const double l = loss.item();
       loss_sum += l;
       ++batches;
@@ -397,6 +420,7 @@ int run(const Flags& f) {
     const double train_seconds = seconds_since(t_epoch);
     images += epoch_images;
     last_loss = loss_sum / std::max<int64_t>(batches, 1);
+    schedule.after_epoch(last_loss);
     accuracy = evaluate(*model, test_loader, device);
     const nlohmann::json peaks = peak_bytes(device);
     std::cout << "epoch " << epoch << "/" << f.epochs << ": train loss " << last_loss << ", test accuracy "
@@ -405,7 +429,8 @@ int run(const Flags& f) {
     epochs.push_back({{"epoch", epoch},
                       {"train_loss", last_loss},
                       {"test_accuracy", accuracy},
-                      {"train_seconds", train_seconds}});
+                      {"train_seconds", train_seconds},
+                      {"lr", optimizer.param_groups()[0].lr()}});
   }
   const double train_total = seconds_since(t_train);
 
@@ -417,9 +442,17 @@ int run(const Flags& f) {
       {"images_per_second", images / std::max(train_total, 1e-9)},
       {"epochs", f.epochs},
       {"batch_size", f.batch_size},
-      {"lr", f.lr},
-      {"lr_schedule", f.lr_schedule},
-      {"momentum", f.momentum},
+      {"optimizer", t.optimizer},
+      {"lr", t.lr},
+      {"scheduler", t.scheduler},
+      {"schedule", schedule.describe()},
+      {"warmup_steps", t.warmup_steps},
+      {"momentum", t.optimizer == "sgd" ? nlohmann::json(t.momentum) : nlohmann::json(nullptr)},
+      {"weight_decay", t.weight_decay},
+      {"clip_grad_norm", t.clip_grad_norm},
+      {"max_grad_norm", t.clip_grad_norm > 0 ? nlohmann::json(max_grad_norm) : nlohmann::json(nullptr)},
+      {"clipped_steps", clipped_steps},
+      {"workers", f.workers},
       {"seed", f.seed},
       {"model", f.model},
       {"device", device.str()},

@@ -1,0 +1,168 @@
+#include "examples/training_setup.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "optim/adam.h"
+#include "optim/sgd.h"
+
+namespace mg::examples {
+
+const char* kTrainingUsage = R"(  --optimizer NAME    sgd (default), adam or adamw
+  --lr X              learning rate (default 0.02 for sgd, 0.001 for adam/adamw)
+  --momentum X        SGD momentum (default 0.9)
+  --weight-decay X    sgd/adam: L2 penalty added to the gradient; adamw: decoupled decay
+                      (default 0, adamw 0.01)
+  --beta1 X, --beta2 X, --eps X   Adam/AdamW moments (default 0.9, 0.999, 1e-8)
+  --scheduler S       none, step, multistep, exponential, cosine or plateau (default: cosine
+                      for cnn, none for mlp). cosine anneals to 0 over all batches; step,
+                      multistep and exponential decay per epoch (applied per batch, equal to
+                      the per-epoch value at each epoch start); plateau multiplies the lr by
+                      --gamma when the epoch's training loss stops improving
+  --lr-schedule S     older spelling: constant (= none) or cosine
+  --warmup-steps N    linear warmup from lr/100 to lr over the first N batches (default 0)
+  --step-size N       step: epochs between decays (default 1)
+  --milestones A,B    multistep: epochs where the lr decays (default: 1/2 and 3/4 of --epochs)
+  --gamma X           decay factor (default 0.1; exponential 0.9)
+  --patience N        plateau: epochs without improvement before a decay (default 0)
+  --clip-grad-norm X  clip the gradients' total 2-norm to X before each step (default off)
+)";
+
+namespace {
+double number(const std::string& flag, const std::string& v) {
+  size_t pos = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  MG_CHECK(pos == v.size() && pos > 0, ValueError, flag, " expects a number, got \"", v, "\"");
+  return x;
+}
+int64_t integer(const std::string& flag, const std::string& v) {
+  const double x = number(flag, v);
+  MG_CHECK(x == std::floor(x), ValueError, flag, " expects an integer, got \"", v, "\"");
+  return static_cast<int64_t>(x);
+}
+}  // namespace
+
+bool parse_training_flag(TrainingFlags& f, const std::string& arg, const std::string& v) {
+  if (arg == "--optimizer") f.optimizer = v;
+  else if (arg == "--lr") f.lr = number(arg, v);
+  else if (arg == "--momentum") f.momentum = number(arg, v);
+  else if (arg == "--weight-decay") f.weight_decay = number(arg, v);
+  else if (arg == "--beta1") f.beta1 = number(arg, v);
+  else if (arg == "--beta2") f.beta2 = number(arg, v);
+  else if (arg == "--eps") f.eps = number(arg, v);
+  else if (arg == "--scheduler") f.scheduler = v;
+  else if (arg == "--lr-schedule") {
+    MG_CHECK(v == "constant" || v == "cosine", ValueError, "unknown --lr-schedule \"", v, "\" (valid: constant, cosine)");
+    f.scheduler = v == "constant" ? "none" : v;
+  } else if (arg == "--warmup-steps") f.warmup_steps = integer(arg, v);
+  else if (arg == "--step-size") f.step_size = integer(arg, v);
+  else if (arg == "--milestones") {
+    f.milestones.clear();
+    std::stringstream ss(v);
+    for (std::string tok; std::getline(ss, tok, ',');) f.milestones.push_back(integer(arg, tok));
+  } else if (arg == "--gamma") f.gamma = number(arg, v);
+  else if (arg == "--patience") f.patience = integer(arg, v);
+  else if (arg == "--clip-grad-norm") f.clip_grad_norm = number(arg, v);
+  else return false;
+  return true;
+}
+
+void finalize_training_flags(TrainingFlags& f, int64_t epochs) {
+  MG_CHECK(f.optimizer == "sgd" || f.optimizer == "adam" || f.optimizer == "adamw", ValueError, "unknown --optimizer \"",
+           f.optimizer, "\" (valid: sgd, adam, adamw)");
+  const std::vector<std::string> kinds = {"none", "step", "multistep", "exponential", "cosine", "plateau"};
+  bool known = false;
+  for (auto& k : kinds) known |= k == f.scheduler;
+  MG_CHECK(known, ValueError, "unknown --scheduler \"", f.scheduler,
+           "\" (valid: none, step, multistep, exponential, cosine, plateau)");
+  if (f.lr < 0) f.lr = f.optimizer == "sgd" ? 0.02 : 1e-3;
+  if (f.weight_decay < 0) f.weight_decay = f.optimizer == "adamw" ? 0.01 : 0.0;
+  if (f.gamma < 0) f.gamma = f.scheduler == "exponential" ? 0.9 : 0.1;
+  if (f.milestones.empty()) f.milestones = {std::max<int64_t>(1, epochs / 2), std::max<int64_t>(1, 3 * epochs / 4)};
+  MG_CHECK(f.warmup_steps >= 0, ValueError, "--warmup-steps must be >= 0, got ", f.warmup_steps);
+  MG_CHECK(f.clip_grad_norm >= 0, ValueError, "--clip-grad-norm must be >= 0, got ", f.clip_grad_norm);
+  MG_CHECK(f.patience >= 0, ValueError, "--patience must be >= 0, got ", f.patience);
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainingFlags& f, std::vector<Tensor> params) {
+  if (f.optimizer == "sgd") {
+    optim::SGDOptions o;
+    o.lr = f.lr;
+    o.momentum = f.momentum;
+    o.weight_decay = f.weight_decay;
+    return std::make_unique<optim::SGD>(std::move(params), o);
+  }
+  optim::AdamWOptions o;
+  o.lr = f.lr;
+  o.beta1 = f.beta1;
+  o.beta2 = f.beta2;
+  o.eps = f.eps;
+  o.weight_decay = f.weight_decay;
+  if (f.optimizer == "adamw") return std::make_unique<optim::AdamW>(std::move(params), o);
+  return std::make_unique<optim::Adam>(std::move(params), static_cast<const optim::AdamOptions&>(o));
+}
+
+Schedule::Schedule(const TrainingFlags& f, optim::Optimizer& opt, int64_t spe, int64_t epochs)
+    : warmup_steps_(f.warmup_steps) {
+  using namespace optim;
+  std::ostringstream d;
+  const int64_t total = spe * epochs;
+  std::shared_ptr<LRScheduler> main;
+  std::shared_ptr<LRScheduler> warm;
+  if (f.warmup_steps > 0) warm = std::make_shared<LinearLR>(opt, 0.01, 1.0, f.warmup_steps);
+  const int64_t after_warmup = std::max<int64_t>(1, total - f.warmup_steps);
+  if (f.scheduler == "step") {
+    main = std::make_shared<StepLR>(opt, f.step_size * spe, f.gamma);
+    d << "StepLR(every " << f.step_size << " epochs, gamma " << f.gamma << ")";
+  } else if (f.scheduler == "multistep") {
+    std::vector<int64_t> m;
+    for (int64_t e : f.milestones) m.push_back(e * spe);
+    main = std::make_shared<MultiStepLR>(opt, m, f.gamma);
+    d << "MultiStepLR(epochs";
+    for (int64_t e : f.milestones) d << " " << e;
+    d << ", gamma " << f.gamma << ")";
+  } else if (f.scheduler == "exponential") {
+    main = std::make_shared<ExponentialLR>(opt, std::pow(f.gamma, 1.0 / static_cast<double>(spe)));
+    d << "ExponentialLR(gamma " << f.gamma << " per epoch)";
+  } else if (f.scheduler == "cosine") {
+    main = std::make_shared<CosineAnnealingLR>(opt, after_warmup);
+    d << "CosineAnnealingLR(T_max " << after_warmup << " batches)";
+  } else if (f.scheduler == "plateau") {
+    PlateauOptions p;
+    p.factor = f.gamma;
+    p.patience = f.patience;
+    plateau_ = std::make_unique<ReduceLROnPlateau>(opt, p);
+    d << "ReduceLROnPlateau(train loss, factor " << f.gamma << ", patience " << f.patience << ")";
+  } else {
+    d << "constant";
+  }
+  if (warm && main) {
+    per_step_ = std::make_shared<SequentialLR>(opt, std::vector<std::shared_ptr<LRScheduler>>{warm, main},
+                                               std::vector<int64_t>{f.warmup_steps});
+  } else if (warm) {
+    // Alone (or before plateau) the warmup is stepped only while it lasts, so it never
+    // overwrites what the plateau scheduler decided.
+    warmup_only_ = warm;
+  } else {
+    per_step_ = main;
+  }
+  if (warm) d << " after " << f.warmup_steps << " warmup batches";
+  description_ = d.str();
+}
+
+void Schedule::after_batch() {
+  ++step_;
+  if (per_step_) per_step_->step();
+  if (warmup_only_ && step_ <= warmup_steps_) warmup_only_->step();
+}
+
+void Schedule::after_epoch(double train_loss) {
+  if (plateau_) plateau_->step(train_loss);
+}
+
+}  // namespace mg::examples

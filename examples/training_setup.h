@@ -1,0 +1,58 @@
+// The main job's optimizer, LR scheduler and clipping flags (--optimizer, --scheduler,
+// --warmup-steps, --clip-grad-norm, ...) and the objects they build, kept out of fashion_mnist.cc.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "optim/lr_scheduler.h"
+#include "optim/optimizer.h"
+
+namespace mg::examples {
+
+struct TrainingFlags {
+  std::string optimizer = "sgd";  // sgd | adam | adamw
+  double lr = -1;                 // < 0: the optimizer's default (0.02 for sgd, 1e-3 for adam/adamw)
+  double momentum = 0.9;          // sgd only
+  double weight_decay = -1;       // < 0: 0 for sgd/adam, 0.01 for adamw
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam/adamw
+  std::string scheduler;          // none | step | multistep | exponential | cosine | plateau; empty: model default
+  int64_t warmup_steps = 0;       // linear warmup from lr/100 over this many batches
+  int64_t step_size = 1;          // step: epochs between decays
+  std::vector<int64_t> milestones;  // multistep: epochs (default: half and three quarters of --epochs)
+  double gamma = -1;              // decay factor (< 0: 0.1 for step/multistep/plateau, 0.9 for exponential)
+  int64_t patience = 0;           // plateau: epochs without improvement of the training loss
+  double clip_grad_norm = 0;      // > 0: clip the gradients' total 2-norm to this
+};
+
+extern const char* kTrainingUsage;
+
+// Consumes `arg value` when it is one of the flags above; false otherwise.
+// Bad values throw mg::ValueError naming the flag.
+bool parse_training_flag(TrainingFlags& f, const std::string& arg, const std::string& value);
+// Fills in the defaults and checks combinations; `epochs` for the multistep default.
+void finalize_training_flags(TrainingFlags& f, int64_t epochs);
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainingFlags& f, std::vector<Tensor> params);
+
+// The schedule: every scheduler steps per batch (epoch-based ones are converted with
+// steps_per_epoch so their values at epoch boundaries are PyTorch's per-epoch values), except
+// plateau, which looks at each epoch's mean training loss.
+class Schedule {
+ public:
+  Schedule(const TrainingFlags& f, optim::Optimizer& opt, int64_t steps_per_epoch, int64_t epochs);
+  void after_batch();                 // after optimizer.step()
+  void after_epoch(double train_loss);
+  std::string describe() const { return description_; }
+
+ private:
+  std::shared_ptr<optim::LRScheduler> per_step_;
+  std::shared_ptr<optim::LRScheduler> warmup_only_;  // warmup in front of plateau
+  std::unique_ptr<optim::ReduceLROnPlateau> plateau_;
+  int64_t warmup_steps_ = 0, step_ = 0;
+  std::string description_;
+};
+
+}  // namespace mg::examples

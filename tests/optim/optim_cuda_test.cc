@@ -1,0 +1,179 @@
+// Fused multi-tensor optimizer kernels on CUDA against the CPU path and the per-parameter
+// CUDA path, the multi-tensor norm/clip on CUDA, and state on the device (skips without a GPU).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/device_runtime.h"
+#include "core/random.h"
+#include "kernels/optim_ops.h"
+#include "nn/nn.h"
+#include "optim/adam.h"
+#include "optim/clip_grad.h"
+#include "optim/sgd.h"
+
+namespace mg::optim {
+namespace {
+
+#define SKIP_WITHOUT_CUDA() \
+  if (!mg::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
+
+// More tensors than one launch takes (36), one spanning more chunks than one launch has
+// blocks (320 x 65536 elements), odd sizes and an empty tensor.
+std::vector<Shape> shapes() {
+  std::vector<Shape> s = {{21 * 1000 * 1000 + 17}, {0}, {1}, {65536}, {65537}, {3, 300, 300}};
+  for (int i = 0; i < 45; ++i) s.push_back({i * 97 + 5});
+  return s;
+}
+
+std::vector<Tensor> params_on(const std::vector<Tensor>& init, Device d) {
+  std::vector<Tensor> out;
+  for (auto& t : init) out.push_back(nn::parameter(t.to(d).clone()));
+  return out;
+}
+
+void expect_close(const std::vector<Tensor>& a, const std::vector<Tensor>& b, double rtol, const char* what) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto va = a[i].to_vector<float>(), vb = b[i].to_vector<float>();
+    ASSERT_EQ(va.size(), vb.size());
+    double worst = 0;
+    for (size_t j = 0; j < va.size(); ++j)
+      worst = std::max(worst, std::fabs(double(va[j]) - vb[j]) / (1e-3 + std::fabs(double(vb[j]))));
+    EXPECT_LE(worst, rtol) << what << ": tensor " << i << " (" << shape_str(a[i].sizes()) << ")";
+  }
+}
+
+// Steps CPU and CUDA optimizers made by `make` with identical gradients.
+template <class Make>
+void compare_cpu_cuda(Make make, int steps, double rtol, const char* what) {
+  manual_seed(7);
+  std::vector<Tensor> init;
+  for (auto& s : shapes()) init.push_back(randn(s));
+  auto cpu = params_on(init, Device::cpu()), gpu = params_on(init, Device::cuda(0));
+  auto oc = make(cpu), og = make(gpu);
+  for (int s = 0; s < steps; ++s) {
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      Tensor g = randn(cpu[i].sizes());
+      cpu[i].set_grad(g);
+      gpu[i].set_grad(g.to(Device::cuda(0)));
+    }
+    oc->step();
+    og->step();
+  }
+  expect_close(gpu, cpu, rtol, what);
+}
+
+TEST(OptimCuda, AdamFusedMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  AdamOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.01;
+  o.amsgrad = true;
+  compare_cpu_cuda([&](std::vector<Tensor> p) { return std::make_unique<Adam>(p, o); }, 3, 1e-5, "Adam");
+  AdamWOptions w;
+  w.lr = 1e-2;
+  compare_cpu_cuda([&](std::vector<Tensor> p) { return std::make_unique<AdamW>(p, w); }, 3, 1e-5, "AdamW");
+}
+
+TEST(OptimCuda, SGDFusedMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  SGDOptions o;
+  o.lr = 0.05;
+  o.momentum = 0.9;
+  o.nesterov = true;
+  o.weight_decay = 1e-3;
+  compare_cpu_cuda([&](std::vector<Tensor> p) { return std::make_unique<SGD>(p, o); }, 3, 1e-5, "SGD nesterov");
+  SGDOptions plain;
+  plain.lr = 0.1;
+  compare_cpu_cuda([&](std::vector<Tensor> p) { return std::make_unique<SGD>(p, plain); }, 2, 1e-6, "SGD plain");
+}
+
+TEST(OptimCuda, FusedMatchesPerParameterOnDevice) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(8);
+  std::vector<Tensor> init;
+  for (int i = 0; i < 40; ++i) init.push_back(randn({i * 1000 + 3}));
+  auto a = params_on(init, Device::cuda(0)), b = params_on(init, Device::cuda(0));
+  AdamOptions fo, po;
+  fo.amsgrad = po.amsgrad = true;
+  po.fused = false;
+  Adam fa(a, fo), pb(b, po);
+  for (int s = 0; s < 4; ++s) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      Tensor g = randn(a[i].sizes(), {DType::f32, Device::cuda(0)});
+      a[i].set_grad(g);
+      b[i].set_grad(g.clone());
+    }
+    fa.step();
+    pb.step();
+  }
+  expect_close(a, b, 1e-5, "fused vs per-parameter");
+}
+
+TEST(OptimCuda, StateLivesOnTheDeviceAndResumes) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(9);
+  std::vector<Tensor> init = {randn({1000}), randn({10, 10})};
+  auto a = params_on(init, Device::cuda(0));
+  auto& stats = CategoryStats::get(Device::cuda(0));
+  const int64_t before = stats.counter(MemoryCategory::OptimizerState).current;
+  AdamOptions o;
+  Adam oa(a, o);
+  auto grads = [&](std::vector<Tensor>& ps, uint64_t seed) {
+    manual_seed(seed);
+    for (auto& p : ps) p.set_grad(randn(p.sizes()).to(Device::cuda(0)));
+  };
+  grads(a, 1);
+  oa.step();
+  EXPECT_EQ(stats.counter(MemoryCategory::OptimizerState).current - before, 2 * 4 * 1100);
+  StateDict sd = oa.state_dict();
+  for (auto& [k, t] : sd.tensors) t = t.cpu();  // as a checkpoint file would hold it
+  auto b = params_on({a[0].detach().cpu(), a[1].detach().cpu()}, Device::cuda(0));
+  Adam ob(b, o);
+  ob.load_state_dict(sd);
+  EXPECT_TRUE(ob.state(b[0])->buffers.at("exp_avg").is_cuda());
+  for (int s = 0; s < 3; ++s) {
+    grads(a, 10 + s);
+    grads(b, 10 + s);
+    oa.step();
+    ob.step();
+  }
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].to_vector<float>(), b[i].to_vector<float>());
+}
+
+TEST(OptimCuda, MultiTensorNormAndClip) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(10);
+  std::vector<Tensor> cpu, gpu;
+  for (auto& s : shapes()) {
+    cpu.push_back(randn(s));
+    gpu.push_back(cpu.back().to(Device::cuda(0)));
+  }
+  gpu.push_back(randn({5, 7}).t().to(Device::cuda(0)));  // strided
+  cpu.push_back(gpu.back().cpu());
+  gpu.push_back(randn({333}).to(DType::bf16).to(Device::cuda(0)));  // another dtype
+  cpu.push_back(gpu.back().cpu());
+  for (double p : {2.0, 1.0, 3.0, double(INFINITY)}) {
+    const double c = kernels::multi_tensor_norm(cpu, p), g = kernels::multi_tensor_norm(gpu, p);
+    EXPECT_NEAR(g, c, 1e-6 * c) << "norm_type " << p;
+  }
+  // clip_grad_norm_ on device parameters.
+  std::vector<Tensor> ps;
+  for (auto& t : gpu) {
+    Tensor p = nn::parameter(zeros_like(t));
+    p.set_grad(t.clone());
+    ps.push_back(p);
+  }
+  const double total = clip_grad_norm_(ps, 1.0);
+  EXPECT_NEAR(total, kernels::multi_tensor_norm(cpu, 2.0), 1e-6 * total);
+  std::vector<Tensor> clipped;
+  for (auto& p : ps) clipped.push_back(p.grad());
+  EXPECT_NEAR(kernels::multi_tensor_norm(clipped, 2.0), 1.0, 1e-3);
+  // A NaN anywhere is reported.
+  gpu[3].fill_(NAN);
+  EXPECT_TRUE(std::isnan(kernels::multi_tensor_norm(gpu, 2.0)));
+  EXPECT_TRUE(std::isnan(kernels::multi_tensor_norm(gpu, INFINITY)));
+}
+
+}  // namespace
+}  // namespace mg::optim
