@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "autograd/functions.h"
 #include "core/device_runtime.h"
@@ -231,6 +232,51 @@ TEST(TrainingCheckpoint, AFailedSaveKeepsThePreviousCheckpoint) {
   TrainingRun b(9, 1, Device::cpu());
   b.ckpt.load(path);
   EXPECT_EQ(b.ckpt.step, 2);
+}
+
+// Damaged checkpoints, mostly in the metadata each component parses (step counts, option values,
+// scaler state): loading must end in an mg::Error or succeed, never crash or throw anything else.
+TEST(TrainingCheckpoint, FuzzDamagedCheckpointsOnlyRaiseMgErrors) {
+  const std::string path = temp_path("fuzz_source.ckpt");
+  TrainingRun a(1, 77, Device::cpu());
+  a.train(3, Device::cpu());
+  a.ckpt.save(path);
+  std::ifstream in(path, std::ios::binary);
+  const std::string valid((std::istreambuf_iterator<char>(in)), {});
+  uint64_t n;
+  std::memcpy(&n, valid.data(), 8);
+  const char* env = std::getenv("MG_TEST_SEED");
+  std::mt19937_64 rng(env ? std::strtoull(env, nullptr, 10) : 7);
+  const char* repl[] = {"0", "-1", "1e308", "\\\"x\\\"", "null", "[]", "{}", "18446744073709551616", "nan", ""};
+  TrainingRun b(2, 3, Device::cpu());
+  int errors = 0, in_components = 0;
+  for (int iter = 0; iter < 1500; ++iter) {
+    std::string bytes = valid;
+    const int edits = 1 + static_cast<int>(rng() % 3);
+    for (int e = 0; e < edits; ++e) {
+      const size_t at = 8 + rng() % n;
+      if (rng() % 2) {
+        bytes[at] = "0123456789.-e\"{}[],:"[rng() % 20];
+      } else {
+        const size_t len = 1 + rng() % 4;
+        bytes.replace(at, std::min(len, 8 + n - at), repl[rng() % 10]);
+      }
+    }
+    // Keep the header length consistent with the edited header so the damage reaches the JSON.
+    const uint64_t grown = n + (bytes.size() - valid.size());
+    std::memcpy(bytes.data(), &grown, 8);
+    try {
+      b.ckpt.load_state_dict(load_from_bytes(bytes, Device::cpu(), "fuzz.ckpt"));
+    } catch (const Error& e) {
+      ++errors;
+      in_components += std::string(e.what()).find("component \"") != std::string::npos;
+    } catch (const std::exception& e) {
+      FAIL() << "iteration " << iter << ": non-mg exception " << e.what();
+    }
+  }
+  std::cout << errors << " rejected, " << in_components << " of them by a component's own checks\n";
+  EXPECT_GT(errors, 750);
+  EXPECT_GT(in_components, 0);  // the damage reaches the components' loaders, not just the file checks
 }
 
 }  // namespace
