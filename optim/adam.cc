@@ -6,6 +6,7 @@
 #include "autograd/grad_mode.h"
 #include "kernels/ops.h"
 #include "kernels/optim_ops.h"
+#include "optim/bf16_update.h"
 
 namespace mg::optim {
 
@@ -44,6 +45,34 @@ void adam_single(const Tensor& p, const Tensor& grad, ParamState& st, const kern
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(h.beta2, t));
   Tensor denom = kernels::add_scalar(kernels::div(kernels::unary(kernels::Unary::Sqrt, vv), scalar_like(bc2_sqrt, vv)), h.eps);
   kernels::axpby_(p, 1.0, kernels::div(m, denom), -step_size);
+}
+// A pure-bf16 parameter (no f32 master copy): f32 state, the whole update computed in f32
+// and added to the bf16 weights with stochastic rounding (optim/bf16_update.h), so updates
+// far below bf16's resolution still move the weights in expectation.
+void adam_bf16(const Tensor& p, const Tensor& grad, ParamState& st, const kernels::AdamHyper& h) {
+  Tensor g = kernels::cast(grad, DType::f32);
+  if (h.maximize) g = kernels::unary(kernels::Unary::Neg, g);
+  const Tensor p32 = kernels::cast(p, DType::f32);
+  if (h.weight_decay != 0.0 && !h.decoupled_weight_decay) g = kernels::axpby(g, 1.0, p32, h.weight_decay);
+  Tensor& m = st.buffers["exp_avg"];
+  Tensor& v = st.buffers["exp_avg_sq"];
+  kernels::axpby_(m, h.beta1, g, 1.0 - h.beta1);
+  kernels::axpby_(v, h.beta2, kernels::mul(g, g), 1.0 - h.beta2);
+  Tensor vv = v;
+  if (h.amsgrad) {
+    Tensor& vmax = st.buffers["max_exp_avg_sq"];
+    kernels::binary_(kernels::Binary::Maximum, vmax, v);
+    vv = vmax;
+  }
+  const double t = static_cast<double>(st.step);
+  const double step_size = h.lr / (1.0 - std::pow(h.beta1, t));
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(h.beta2, t));
+  Tensor denom = kernels::add_scalar(kernels::div(kernels::unary(kernels::Unary::Sqrt, vv), scalar_like(bc2_sqrt, vv)), h.eps);
+  // delta = -step_size * m / denom (- lr * wd * p for AdamW), applied once with rounding.
+  Tensor delta = kernels::div(m, denom);
+  delta = h.weight_decay != 0.0 && h.decoupled_weight_decay ? kernels::axpby(delta, -step_size, p32, -h.lr * h.weight_decay)
+                                                            : kernels::mul_scalar(delta, -step_size);
+  bf16_add_(p, delta, 1.0, next_rounding_seed());
 }
 }  // namespace
 
@@ -90,13 +119,19 @@ void Adam::step() {
                shape_str(grad.sizes()), " on ", grad.device(), " does not match parameter ", shape_str(p.sizes()),
                " on ", p.device());
       ParamState& st = state_for(p);
+      // bf16 parameters keep f32 state (pure-bf16 training); others their own dtype.
+      const DType sdt = p.dtype() == DType::bf16 ? DType::f32 : p.dtype();
       if (st.buffers.empty()) {
-        st.buffers["exp_avg"] = zeros(p.sizes(), {p.dtype(), p.device()});
-        st.buffers["exp_avg_sq"] = zeros(p.sizes(), {p.dtype(), p.device()});
+        st.buffers["exp_avg"] = zeros(p.sizes(), {sdt, p.device()});
+        st.buffers["exp_avg_sq"] = zeros(p.sizes(), {sdt, p.device()});
       }
       if (h.amsgrad && !st.buffers.count("max_exp_avg_sq"))
-        st.buffers["max_exp_avg_sq"] = zeros(p.sizes(), {p.dtype(), p.device()});
+        st.buffers["max_exp_avg_sq"] = zeros(p.sizes(), {sdt, p.device()});
       ++st.step;
+      if (p.dtype() == DType::bf16) {
+        adam_bf16(p, grad, st, h);
+        continue;
+      }
       const bool fusable = fused_ && kernels::multi_tensor_supported(p) && kernels::multi_tensor_supported(grad) &&
                            grad.dtype() == p.dtype() && st.buffers["exp_avg"].dtype() == p.dtype() &&
                            st.buffers["exp_avg_sq"].dtype() == p.dtype() &&

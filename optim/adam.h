@@ -29,7 +29,9 @@ struct AdamOptions {
 //   m = b1 * m + (1 - b1) * g;  v = b2 * v + (1 - b2) * g^2;  (amsgrad: vmax = max(vmax, v))
 //   p = p - lr / (1 - b1^t) * m / (sqrt(v or vmax) / sqrt(1 - b2^t) + eps)
 // State "exp_avg", "exp_avg_sq" (+ "max_exp_avg_sq") is created on the first step that sees a
-// gradient, under MemoryCategory::OptimizerState. Group options: "lr", "beta1", "beta2", "eps",
+// gradient, under MemoryCategory::OptimizerState. A bf16 parameter (pure-bf16 training) keeps
+// its state in f32 and gets the f32 update added with stochastic rounding
+// (optim/bf16_update.h). Group options: "lr", "beta1", "beta2", "eps",
 // "weight_decay", "amsgrad" (0/1), "maximize" (0/1).
 class Adam : public Optimizer {
  public:

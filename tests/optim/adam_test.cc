@@ -177,6 +177,27 @@ TEST(Adam, ParamGroupsBackboneAndHead) {
   for (size_t i = 0; i < hw.size(); ++i) EXPECT_NEAR(hw1[i] - hw[i], 1e-3, 1e-9);
 }
 
+TEST(Adam, Bf16ParametersKeepF32StateAndRoundStochastically) {
+  // 4096 weights at 1.0 and a constant gradient: each Adam step moves them by ~lr = 1e-4, far
+  // below half of bf16's spacing at 1.0 (2^-8), so round-to-nearest would never move them;
+  // with stochastic rounding their mean follows the f32 trajectory.
+  manual_seed(6);
+  for (bool adamw : {false, true}) {
+    Tensor p = nn::parameter(ones({4096}, {DType::bf16}));
+    auto opt = make_opt({p}, opts(1e-4, 0.0, false, false, true), adamw);
+    for (int s = 0; s < 100; ++s) {
+      p.set_grad(ones({4096}, {DType::bf16}));
+      opt->step();
+    }
+    EXPECT_EQ(p.dtype(), DType::bf16);
+    EXPECT_EQ(opt->state(p)->buffers.at("exp_avg").dtype(), DType::f32);
+    EXPECT_EQ(opt->state(p)->buffers.at("exp_avg_sq").dtype(), DType::f32);
+    double mean = 0;
+    for (double v : p.to_vector<double>()) mean += v / 4096;
+    EXPECT_NEAR(mean, 1.0 - 100 * 1e-4, 2e-4) << (adamw ? "AdamW" : "Adam");
+  }
+}
+
 TEST(Adam, BadOptionsAreValueErrors) {
   Tensor p = nn::parameter(ones({2}));
   AdamOptions o;
