@@ -1,9 +1,11 @@
-// Softmax family, losses and dropout. cross_entropy is log_softmax + nll_loss (plus the
-// label-smoothing term), so its backward is theirs; nll_loss scatters -g into the target column.
+// Softmax family, losses and dropout. cross_entropy is one fused kernel pair
+// (kernels/loss_ops.h: logsumexp per row forward, softmax - target distribution backward);
+// nll_loss scatters -g into the target column.
 #include "autograd/autocast_policy.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "core/random.h"
+#include "kernels/loss_ops.h"
 #include "kernels/ops.h"
 
 namespace mg {
@@ -152,29 +154,35 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const std::string
   return red == Reduction::None ? out.reshape(r.target_shape) : out;
 }
 
+// Fused: kernels::cross_entropy_forward keeps one logsumexp per row (f32) instead of the
+// [M, C] log-probabilities, reads half-precision logits as they are (computing in f32, which
+// is what autocast's f32 policy asks for, without an f32 copy of the logits), and the
+// backward writes coef * (softmax - target distribution) in one pass.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::string& reduction, int64_t ignore_index,
                      double label_smoothing) {
-  if (autocast::widen_needed({&logits}))
+  // The CPU kernel is f32/f64; CPU autocast (bf16) widens as the f32 policy says.
+  if (!logits.is_cuda() && autocast::widen_needed({&logits}))
     return cross_entropy(autocast::widen(logits), target, reduction, ignore_index, label_smoothing);
   const Reduction red = parse_reduction(reduction, "cross_entropy");
   MG_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError,
            "cross_entropy: label_smoothing must be in [0, 1], got ", label_smoothing);
   Rows r = to_rows(logits, target, "cross_entropy");
-  const int64_t C = r.scores.size(1);
-  check_labels(r.target, C, ignore_index, "cross_entropy");
-  Tensor lp = log_softmax(r.scores, 1);
-  if (label_smoothing == 0.0) {
-    Tensor out = nll_rows(lp, r.target, red, ignore_index);
-    return red == Reduction::None ? out.reshape(r.target_shape) : out;
+  check_labels(r.target, r.scores.size(1), ignore_index, "cross_entropy");
+  auto [per, lse] = kernels::cross_entropy_forward(r.scores, r.target, ignore_index, label_smoothing);
+  Tensor count;
+  if (red == Reduction::Mean) count = kernels::sum(valid_mask(r.target, ignore_index, per.dtype()));  // on the device
+  Tensor out = red == Reduction::None ? per : red == Reduction::Sum ? kernels::sum(per) : kernels::div(kernels::sum(per), count);
+  if (any_requires_grad({r.scores})) {
+    constexpr const char* op = "cross_entropy";
+    record(op, {r.scores}, out,
+           [red, ignore_index, label_smoothing, count, lse = lse, target = r.target, sx = SavedTensor(r.scores, op),
+            shape = r.scores.sizes(), dt = r.scores.dtype()](const Grads& g) {
+             Tensor coef = red == Reduction::Mean ? kernels::div(g[0], count) : g[0];  // [M] or one element
+             Tensor grad = kernels::cross_entropy_backward(coef, sx.unpack(), target, lse, ignore_index, label_smoothing);
+             return Grads{reduce_grad(grad, shape, dt)};
+           });
   }
-  // (1 - e) * nll + e/C * (-sum_c log p_c), ignored rows contributing nothing to either term.
-  Tensor valid = valid_mask(r.target, ignore_index, lp.dtype());
-  Tensor nll = nll_rows(lp, r.target, Reduction::None, ignore_index);
-  Tensor smooth = mul(neg(sum(lp, {1})), valid);
-  Tensor per = add(mul(nll, 1.0 - label_smoothing), mul(smooth, label_smoothing / static_cast<double>(C)));
-  if (red == Reduction::None) return per.reshape(r.target_shape);
-  Tensor total = sum(per);
-  return red == Reduction::Sum ? total : div(total, kernels::sum(valid));
+  return red == Reduction::None ? out.reshape(r.target_shape) : out;
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {

@@ -1,0 +1,25 @@
+// Fused cross-entropy over class-index targets: the forward keeps one logsumexp per row,
+// not the [M, C] log-probabilities, and the backward writes softmax - onehot in one pass.
+#pragma once
+
+#include <tuple>
+
+#include "core/tensor.h"
+
+namespace mg::kernels {
+
+// logits [M, C] (any floating dtype; f16/bf16 are read as is and computed in f32), target
+// integer [M]. Per row i with t = target[i] and e = label_smoothing:
+//   lse[i]  = log(sum_j exp(logits[i, j]))
+//   loss[i] = lse[i] - (1 - e) * logits[i, t] - e / C * sum_j logits[i, j]   (0 where t == ignore_index)
+// Both [M], f64 for f64 logits, else f32. A target outside [0, C) (other than ignore_index)
+// raises mg::IndexError.
+std::tuple<Tensor, Tensor> cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                                 double label_smoothing);
+
+// grad[i, j] = coef[i] * (exp(logits[i, j] - lse[i]) - (1 - e) [j == t_i] - e / C), 0 for
+// ignored rows; coef [M] (or one element, broadcast). Same dtype and shape as logits.
+Tensor cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target, const Tensor& lse,
+                              int64_t ignore_index, double label_smoothing);
+
+}  // namespace mg::kernels
