@@ -8,6 +8,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
+#include "core/device_runtime.h"
 #include "core/state_dict.h"
 #include "nn/nn.h"
 #include "nn/prune.h"
@@ -281,6 +282,38 @@ TEST(Prune, SurvivesDtypeCastAndStateDictRoundTrip) {
   EXPECT_EQ(other.weight.to_vector<double>(), fc.weight.to_vector<double>());
   Linear unpruned(4, 4);
   EXPECT_THROW(unpruned.load_state_dict(fc.state_dict()), ValueError);
+}
+
+TEST(PruneCuda, MaskOnTheDeviceMatchesTheHost) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  Linear host(16, 8), dev(16, 8);
+  {
+    NoGradGuard ng;
+    dev.weight.copy_(host.weight);
+    dev.bias.copy_(host.bias);
+  }
+  dev.to(Device::cuda(0));
+  prune::l1_unstructured(host, "weight", Amount::fraction(0.4));
+  prune::l1_unstructured(dev, "weight", Amount::fraction(0.4));
+  EXPECT_TRUE(dev.buffer("weight_mask").is_cuda());
+  EXPECT_EQ(dev.buffer("weight_mask").to_vector<double>(), host.buffer("weight_mask").to_vector<double>());
+  Tensor x = randn({4, 16});
+  Tensor yd = dev(x.cuda());
+  EXPECT_TRUE(yd.is_cuda());
+  sum(yd).backward();
+  sum(host(x)).backward();
+  auto gd = dev.param("weight_orig").grad().to_vector<double>(), gh = host.param("weight_orig").grad().to_vector<double>();
+  auto m = host.buffer("weight_mask").to_vector<double>();
+  for (size_t i = 0; i < gd.size(); ++i) {
+    if (m[i] == 0.0) {
+      EXPECT_EQ(gd[i], 0.0) << i;
+    } else {
+      EXPECT_NEAR(gd[i], gh[i], 1e-5) << i;
+    }
+  }
+  prune::remove(dev, "weight");
+  EXPECT_TRUE(dev.weight.is_cuda());
+  EXPECT_EQ(prune::sparsity(dev).zeros, prune::sparsity(host).zeros);
 }
 
 }  // namespace
