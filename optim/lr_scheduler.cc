@@ -2,9 +2,22 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 namespace mg::optim {
+
+namespace {
+void check_children(const char* who, Optimizer& opt, const std::vector<std::shared_ptr<LRScheduler>>& ss,
+                    const std::function<Optimizer*(const LRScheduler&)>& opt_of) {
+  MG_CHECK(!ss.empty(), ValueError, who, ": expects at least one scheduler");
+  for (size_t i = 0; i < ss.size(); ++i) {
+    MG_CHECK(ss[i] != nullptr, ValueError, who, ": scheduler ", i, " is null");
+    MG_CHECK(opt_of(*ss[i]) == &opt, ValueError, who, ": scheduler ", i, " (", ss[i]->name(),
+             ") was built on another optimizer");
+  }
+}
+}  // namespace
 
 // ---------------------------------------------------------------- LRScheduler
 
@@ -108,11 +121,7 @@ SequentialLR::SequentialLR(Optimizer& opt, std::vector<std::shared_ptr<LRSchedul
   MG_CHECK(!schedulers_.empty(), ValueError, "SequentialLR: expects at least one scheduler");
   MG_CHECK(milestones_.size() + 1 == schedulers_.size(), ValueError, "SequentialLR: expected ",
            schedulers_.size() - 1, " milestones for ", schedulers_.size(), " schedulers, got ", milestones_.size());
-  for (size_t i = 0; i < schedulers_.size(); ++i) {
-    MG_CHECK(schedulers_[i] != nullptr, ValueError, "SequentialLR: scheduler ", i, " is null");
-    MG_CHECK(&schedulers_[i]->opt_ == &opt, ValueError, "SequentialLR: scheduler ", i, " (", schedulers_[i]->name(),
-             ") was built on another optimizer");
-  }
+  check_children("SequentialLR", opt, schedulers_, [](const LRScheduler& s) { return &s.opt_; });
   for (size_t i = 1; i < milestones_.size(); ++i)
     MG_CHECK(milestones_[i] > milestones_[i - 1], ValueError, "SequentialLR: milestones must be increasing, got ",
              milestones_[i - 1], " then ", milestones_[i]);
@@ -122,6 +131,17 @@ double SequentialLR::lr_at(int64_t e, double base) const {
   const size_t idx = std::upper_bound(milestones_.begin(), milestones_.end(), e) - milestones_.begin();
   const int64_t local = idx == 0 ? e : e - milestones_[idx - 1];
   return schedulers_[idx]->lr_at(local, base);
+}
+
+ChainedScheduler::ChainedScheduler(Optimizer& opt, std::vector<std::shared_ptr<LRScheduler>> schedulers)
+    : LRScheduler("ChainedScheduler", opt), schedulers_(std::move(schedulers)) {
+  check_children("ChainedScheduler", opt, schedulers_, [](const LRScheduler& s) { return &s.opt_; });
+  init();
+}
+double ChainedScheduler::lr_at(int64_t e, double base) const {
+  double lr = base;
+  for (auto& s : schedulers_) lr = s->lr_at(e, lr);
+  return lr;
 }
 
 // ---------------------------------------------------------------- ReduceLROnPlateau

@@ -1,5 +1,6 @@
 // Learning-rate schedulers with torch.optim.lr_scheduler's names and closed forms: StepLR,
-// MultiStepLR, ExponentialLR, CosineAnnealingLR, LinearLR (warmup), SequentialLR, ReduceLROnPlateau.
+// MultiStepLR, ExponentialLR, CosineAnnealingLR, LinearLR (warmup), SequentialLR and
+// ChainedScheduler (chaining), ReduceLROnPlateau.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +48,7 @@ class LRScheduler {
 
  private:
   friend class SequentialLR;
+  friend class ChainedScheduler;
   std::string name_;
   int64_t last_epoch_ = -1;
   std::vector<double> base_lrs_, last_lrs_;
@@ -117,6 +119,20 @@ class SequentialLR : public LRScheduler {
  private:
   std::vector<std::shared_ptr<LRScheduler>> schedulers_;
   std::vector<int64_t> milestones_;
+};
+
+// Runs schedulers side by side (torch.optim.lr_scheduler.ChainedScheduler): each one's value
+// is the next one's base, lr = s_n(e, ... s_1(e, base)). For the multiplicative schedulers
+// (StepLR, MultiStepLR, ExponentialLR, LinearLR) that is base * f_1(e) * ... * f_n(e),
+// exactly PyTorch's chained result; CosineAnnealingLR with eta_min != 0 composes differently
+// from PyTorch's recursive form.
+class ChainedScheduler : public LRScheduler {
+ public:
+  ChainedScheduler(Optimizer& opt, std::vector<std::shared_ptr<LRScheduler>> schedulers);
+  double lr_at(int64_t epoch, double base_lr) const override;
+
+ private:
+  std::vector<std::shared_ptr<LRScheduler>> schedulers_;
 };
 
 struct PlateauOptions {

@@ -86,6 +86,17 @@ TEST(LRScheduler, SequentialWarmupThenCosine) {
   EXPECT_THROW(SequentialLR(*opt, {warm, foreign}, {3}), ValueError);
 }
 
+TEST(LRScheduler, ChainedWarmupTimesExponential) {
+  // PyTorch's ChainedScheduler(LinearLR(0.5, 1, 2), ExponentialLR(0.5)) from lr 1: the
+  // factors multiply: 0.5 * 1, 0.75 * 0.5, 1 * 0.25, 1 * 0.125.
+  auto opt = make_sgd(1.0);
+  auto warm = std::make_shared<LinearLR>(*opt, 0.5, 1.0, 2);
+  auto decay = std::make_shared<ExponentialLR>(*opt, 0.5);
+  ChainedScheduler s(*opt, {warm, decay});
+  expect_seq(run(s, *opt, 5), {0.5, 0.375, 0.25, 0.125, 0.0625});
+  EXPECT_THROW(ChainedScheduler(*opt, {}), ValueError);
+}
+
 TEST(LRScheduler, BadArgumentsAreValueErrors) {
   auto opt = make_sgd(0.1);
   EXPECT_THROW(StepLR(*opt, 0), ValueError);
