@@ -2,6 +2,7 @@
 // (log_softmax + nll, softmax - onehot) on the CPU, and CUDA against CPU when a GPU is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -76,8 +77,13 @@ TEST(CrossEntropyFused, CudaMatchesCpu) {
                                                       raw::to_device(t, cu), s_g, -100, e),
                             DType::f32);
         std::vector<float> u = gc.to_vector<float>(), v = raw::to_device(gg, Device::cpu()).to_vector<float>();
-        const double tol = dt == DType::f32 ? 1e-6 : 1e-2;
-        for (size_t i = 0; i < u.size(); ++i) ASSERT_NEAR(u[i], v[i], tol * (1e-3 + std::fabs(u[i]))) << C << " " << i;
+        // f32: exp(x - lse) in f32 carries ~|x - lse| * 2^-24 relative error; halves round
+        // the result to 8-11 bits. Plus a floor relative to the largest gradient.
+        double big = 0;
+        for (float w : u) big = std::max(big, static_cast<double>(std::fabs(w)));
+        const double rel = dt == DType::f32 ? 2e-5 : 1e-2, floor = (dt == DType::f32 ? 1e-6 : 1e-3) * big;
+        for (size_t i = 0; i < u.size(); ++i)
+          ASSERT_NEAR(u[i], v[i], rel * std::fabs(u[i]) + floor) << "C " << C << " " << dt << " e " << e << " at " << i;
       }
     }
   EXPECT_THROW(k::cross_entropy_forward(raw::to_device(zeros({2, 3}), Device::cuda(0)),
