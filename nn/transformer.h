@@ -58,8 +58,8 @@ class SiLU : public Module {
 };
 
 // Self-attention over x [B, T, C]: one Linear makes q, k and v together (c_attn, C -> 3C),
-// heads of C / num_heads attend through mg::scaled_dot_product_attention, c_proj mixes them
-// back. Dropout on the attention weights and on the output, in training mode only.
+// heads of C / num_heads attend through mg::attention_packed_qkv (straight from c_attn's
+// output, no head split/merge copies on CUDA), c_proj mixes them back. Dropout on the attention weights and on the output, in training mode only.
 class MultiheadSelfAttention : public Module {
  public:
   MultiheadSelfAttention(int64_t embed_dim, int64_t num_heads, bool causal = false, double dropout = 0.0,
