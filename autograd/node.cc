@@ -223,10 +223,39 @@ FunctionNode::~FunctionNode() {
 
 // ---------------- edges and recording ----------------
 
+namespace {
+// A view whose history predates an in-place write through another view of the same base
+// (the base's grad_fn is a CopySlices newer than the view's own grad_fn) would backpropagate
+// around that write. Its history is regenerated from the base's current one, the way
+// PyTorch regenerates a view's grad_fn: the gradient lands in the view's elements of the base.
+void refresh_stale_view(const Tensor& t) {
+  const auto& b = t.impl()->view_base;
+  AutogradMeta& m = *t.impl()->autograd;
+  if (!b || b == t.impl_ptr() || !b->autograd || !b->autograd->grad_fn) return;
+  const Node& bn = *b->autograd->grad_fn;
+  if (bn.sequence_nr <= m.grad_fn->sequence_nr || bn.name().rfind("CopySlices", 0) != 0) return;
+  Tensor base(b);
+  const Shape sizes = t.sizes(), strides = t.strides(), base_shape = base.sizes();
+  const int64_t offset = t.offset() - base.offset();
+  auto node = std::make_shared<FunctionNode>("AsStridedView", [sizes, strides, offset, base_shape](const std::vector<Tensor>& g) {
+    Tensor z = zeros(base_shape, {g[0].dtype(), g[0].device()});
+    raw::copy_(raw::as_strided(z, sizes, strides, offset), g[0]);
+    return std::vector<Tensor>{z};
+  });
+  node->sequence_nr = g_next_sequence_nr++;
+  node->next_edges.push_back({b->autograd->grad_fn, b->autograd->output_nr});
+  fill_output_meta(*node, {t});
+  set_history(t, node, 0);
+}
+}  // namespace
+
 Edge gradient_edge(const Tensor& t) {
   if (!t.defined() || !t.impl()->autograd) return {};
   AutogradMeta& m = *t.impl()->autograd;
-  if (m.grad_fn) return {m.grad_fn, m.output_nr};
+  if (m.grad_fn) {
+    refresh_stale_view(t);
+    return {m.grad_fn, m.output_nr};
+  }
   if (!m.requires_grad) return {};
   std::shared_ptr<Node> acc = m.grad_accumulator.lock();
   if (!acc) {
@@ -269,18 +298,58 @@ void record(const char* op, const std::vector<Tensor>& inputs, const std::vector
   for (size_t k = 0; k < outputs.size(); ++k) set_history(outputs[k], node, static_cast<uint32_t>(k));
 }
 
+namespace {
+// An in-place op on a view also changes the view's base: without this, later uses of the
+// base would backpropagate through its old history as if nothing had been written (a wrong
+// gradient, silently). The base's history becomes a node that hands the base's gradient
+// through the op for the view's elements and unchanged elsewhere (PyTorch's CopySlices).
+// `inputs` are {self, others...} as the op's node saw them; `fn` is its backward.
+void rebase_view_base(const char* op, const Tensor& self, const std::vector<Tensor>& inputs,
+                      const FunctionNode::Backward& fn) {
+  const auto& base_impl = self.impl()->view_base;
+  if (!base_impl || base_impl == self.impl_ptr()) return;
+  Tensor base(base_impl);
+  if (!is_floating(base.dtype())) return;
+  MG_CHECK(base.is_contiguous(), AutogradError, "in-place ", op, " on a view of a non-contiguous tensor (shape ",
+           shape_str(base.sizes()), ") that takes part in autograd is not supported; make the base contiguous first");
+  const Shape sizes = self.sizes(), strides = self.strides();
+  const int64_t offset = self.offset() - base.offset();
+  const Shape base_shape = base.sizes();
+  const size_t n_others = inputs.size() - 1;
+  auto node = std::make_shared<FunctionNode>(
+      std::string("CopySlices(") + op + ")",
+      [fn, sizes, strides, offset, base_shape, n_others](const std::vector<Tensor>& g) {
+        Tensor gb = raw::clone(g[0]);  // contiguous, the base's layout
+        Tensor region = raw::as_strided(gb, sizes, strides, offset);
+        std::vector<Tensor> r = fn({raw::clone(region)});
+        if (!r.empty() && r[0].defined()) raw::copy_(region, r[0]);
+        else raw::fill_(region, 0.0);
+        std::vector<Tensor> out{gb};
+        for (size_t i = 0; i < n_others; ++i) out.push_back(i + 1 < r.size() ? r[i + 1] : Tensor());
+        return out;
+      });
+  node->sequence_nr = g_next_sequence_nr++;
+  node->next_edges.push_back(needs_grad(base) ? gradient_edge(base) : Edge{});
+  for (size_t i = 1; i < inputs.size(); ++i)
+    node->next_edges.push_back(needs_grad(inputs[i]) ? gradient_edge(inputs[i]) : Edge{});
+  fill_output_meta(*node, {base});
+  set_history(base, node, 0);
+}
+}  // namespace
+
 void record_inplace(const char* op, const Tensor& self, const std::vector<Tensor>& others, FunctionNode::Backward fn) {
   std::vector<Tensor> inputs;
   inputs.reserve(others.size() + 1);
   inputs.push_back(self);
   inputs.insert(inputs.end(), others.begin(), others.end());
   if (!any_requires_grad(inputs) || !is_floating(self.dtype())) return;
-  auto node = std::make_shared<FunctionNode>(op, std::move(fn));
+  auto node = std::make_shared<FunctionNode>(op, fn);
   node->sequence_nr = g_next_sequence_nr++;
   node->next_edges.reserve(inputs.size());
   for (const Tensor& i : inputs) node->next_edges.push_back(needs_grad(i) ? gradient_edge(i) : Edge{});
   fill_output_meta(*node, {self});
   set_history(self, node, 0);
+  rebase_view_base(op, self, inputs, fn);
 }
 
 void check_inplace(const Tensor& t, const char* op) {

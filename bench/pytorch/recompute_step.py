@@ -1,0 +1,107 @@
+"""PyTorch side of bench/recompute_bench.cc: the same GPT-2-small training step on the same card.
+
+12 layers, d=768, 12 heads, T=1024, B=8, vocab 50304, tied head, SGD(momentum 0.9), flash
+attention (F.scaled_dot_product_attention), in f32 and in bf16 autocast. Modes:
+  none        plain
+  per-block   torch.utils.checkpoint(block, use_reentrant=False) around every block
+  selective   per-block checkpoint with a selective-checkpoint policy that saves matmul and
+              attention outputs (torch.utils.checkpoint.create_selective_checkpoint_contexts)
+              and recomputes everything else (norms, GELU, adds) - PyTorch's closest analogue
+              of memgrad's selective mode
+Prints one JSON line per (dtype, mode) with the median step time, the peak allocated bytes and
+the ratios against "none" in the same run.
+    python3 bench/pytorch/recompute_step.py [--dtype f32|bf16|all] [--steps 10]
+"""
+import argparse
+import functools
+import json
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from models_step import Block, measure  # noqa: E402  (the block and timing of bench/pytorch/models_step.py)
+
+try:
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+except ImportError:  # older PyTorch: no selective checkpointing
+    create_selective_checkpoint_contexts = None
+
+
+def _save_matmuls_and_attention():
+    aten = torch.ops.aten
+    keep = {aten.mm.default, aten.addmm.default, aten.bmm.default,
+            aten._scaled_dot_product_flash_attention.default,
+            aten._scaled_dot_product_efficient_attention.default,
+            aten._scaled_dot_product_cudnn_attention.default}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
+    return policy
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab=50304, T=1024, L=12, H=12, d=768):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(T, d)
+        self.h = nn.ModuleList([Block(d, H) for _ in range(L)])
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+        self.mode = "none"
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for b in self.h:
+            if self.mode == "per-block":
+                x = checkpoint(b, x, use_reentrant=False)
+            elif self.mode == "selective":
+                ctx = functools.partial(create_selective_checkpoint_contexts, _save_matmuls_and_attention())
+                x = checkpoint(b, x, use_reentrant=False, context_fn=ctx)
+            else:
+                x = b(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="all", choices=["f32", "bf16", "all"])
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args()
+    dev = "cuda"
+    torch.manual_seed(0)
+    m = GPT().to(dev).train()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    idx = torch.randint(0, 50304, (8, 1024), device=dev)
+    tgt = torch.randint(0, 50304, (8, 1024), device=dev)
+    modes = ["none", "per-block"] + (["selective"] if create_selective_checkpoint_contexts else [])
+    for dtype in (["f32", "bf16"] if args.dtype == "all" else [args.dtype]):
+        base = None
+        for mode in modes:
+            m.mode = mode
+
+            def step():
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+                    loss = F.cross_entropy(m(idx).view(-1, 50304), tgt.view(-1))
+                loss.backward()
+                opt.step()
+            torch.cuda.empty_cache()
+            ms, peak_gib, _ = measure(step, args.warmup, args.steps)
+            if base is None:
+                base = (ms, peak_gib)
+            print(json.dumps({"framework": f"pytorch {torch.__version__}", "model": "gpt2",
+                              "config": f"L=12 d=768 H=12 B=8 T=1024 {dtype} SGD(momentum)", "mode": mode,
+                              "step_ms": round(ms, 2), "peak_allocated_gib": round(peak_gib, 3),
+                              "time_vs_none": round(ms / base[0], 3), "peak_vs_none": round(peak_gib / base[1], 3)}),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
