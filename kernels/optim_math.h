@@ -35,7 +35,7 @@ MG_OPTIM_HD void adam_element(T& p, T g, T& m, T& v, T* vmax, const AdamScalars<
   T vv = v;
   if (s.amsgrad) {
     // NaN-propagating max, like torch.maximum.
-    if (!(*vmax >= v)) *vmax = v;
+    if (v > *vmax || v != v) *vmax = v;  // a NaN in either stays
     vv = *vmax;
   }
   const T denom = sqrt(vv) / bc2_sqrt + s.eps;

@@ -98,7 +98,7 @@ double cpu_norm_partial(const Tensor& t0, double p) {
     for (int64_t j = 0; j < n; ++j) {
       const double a = std::fabs(static_cast<double>(static_cast<opmath_t<scalar_t>>(x[j])));
       if (std::isinf(p)) {
-        if (!(acc >= a)) acc = a;  // keeps a NaN
+        if (a > acc || std::isnan(a)) acc = a;  // a NaN, once seen, stays
       } else if (p == 2.0) {
         acc += a * a;
       } else if (p == 1.0) {
@@ -166,7 +166,7 @@ double multi_tensor_norm(const std::vector<Tensor>& ts, double norm_type) {
   std::map<std::pair<int, int>, std::vector<Tensor>> by_device;
   double total = 0.0;
   auto combine = [&](double part) {
-    if (inf) total = (total >= part) ? total : part;  // keeps a NaN
+    if (inf) total = (std::isnan(total) || total >= part) ? total : part;  // a NaN, once seen, stays
     else total += part;
   };
   for (size_t i = 0; i < ts.size(); ++i) {

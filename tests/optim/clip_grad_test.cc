@@ -58,6 +58,10 @@ TEST(ClipGradNorm, NonFiniteIsReportedNotHidden) {
   EXPECT_TRUE(std::isinf(clip_grad_norm_(ps, 1.0)));  // returned, like PyTorch
   ps[1].set_grad(from_vector<double>({NAN}, {1, 1}, {DType::f32}));
   EXPECT_TRUE(std::isnan(clip_grad_norm_(ps, 1.0, INFINITY)));
+  // NaN first, finite values after: still NaN, for every norm type.
+  std::vector<Tensor> ts = {from_vector<double>({1, NAN, 2}, {3}), from_vector<double>({5, 6}, {2})};
+  for (double p : {1.0, 2.0, 3.0, double(INFINITY)})
+    EXPECT_TRUE(std::isnan(kernels::multi_tensor_norm(ts, p))) << "norm_type " << p;
   EXPECT_THROW(clip_grad_norm_(ps, -1.0), ValueError);
   EXPECT_THROW(clip_grad_norm_(ps, 1.0, 0.0), ValueError);
 }
