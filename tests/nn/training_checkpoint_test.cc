@@ -30,6 +30,11 @@ std::string temp_path(const std::string& name) {
   return (d / name).string();
 }
 
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
 // One training run's objects, created from `init_seed` (weights, dropout stream) and a data stream.
 struct TrainingRun {
   std::shared_ptr<Sequential> model;
@@ -189,8 +194,7 @@ TEST(TrainingCheckpoint, MismatchesAreClearErrors) {
   }
 
   // A truncated file: IOError naming it, and the model is untouched.
-  std::ifstream in(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  const std::string bytes = read_file(path);
   const std::string cut = temp_path("cut.ckpt");
   std::ofstream(cut, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
   TrainingRun fresh(5, 77, Device::cpu());
@@ -221,14 +225,12 @@ TEST(TrainingCheckpoint, AFailedSaveKeepsThePreviousCheckpoint) {
   TrainingRun a(1, 77, Device::cpu());
   a.train(2, Device::cpu());
   a.ckpt.save(path);
-  std::ifstream in(path, std::ios::binary);
-  const std::string before((std::istreambuf_iterator<char>(in)), {});
+  const std::string before = read_file(path);
   a.ckpt.add(
       "broken", []() -> StateDict { MG_THROW(ValueError, "broken component"); }, [](const StateDict&) {});
   a.train(1, Device::cpu());
   EXPECT_THROW(a.ckpt.save(path), ValueError);
-  std::ifstream again(path, std::ios::binary);
-  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(again)), {}), before);
+  EXPECT_EQ(read_file(path), before);
   TrainingRun b(9, 1, Device::cpu());
   b.ckpt.load(path);
   EXPECT_EQ(b.ckpt.step, 2);
@@ -241,8 +243,7 @@ TEST(TrainingCheckpoint, FuzzDamagedCheckpointsOnlyRaiseMgErrors) {
   TrainingRun a(1, 77, Device::cpu());
   a.train(3, Device::cpu());
   a.ckpt.save(path);
-  std::ifstream in(path, std::ios::binary);
-  const std::string valid((std::istreambuf_iterator<char>(in)), {});
+  const std::string valid = read_file(path);
   uint64_t n;
   std::memcpy(&n, valid.data(), 8);
   const char* env = std::getenv("MG_TEST_SEED");
