@@ -2,10 +2,11 @@
 // (one kernel per op per parameter, PyTorch's foreach=False), timed in the same run and
 // reported as a ratio; on CUDA when there is a device, and on the CPU at small sizes.
 //
-//   bench_optim [--steps N] [--cpu-only]      last stdout line: JSON with every row
+//   bench_optim [--steps N] [--cpu-only] [--benchmark_out=FILE]   last stdout line: JSON
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -61,9 +62,14 @@ double ms_per_step(const MakeOpt& make, int layers, int64_t d, mg::Device dev, b
 int main(int argc, char** argv) {
   int steps = 20;
   bool cpu_only = false;
+  std::string json_out;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--cpu-only")) cpu_only = true;
+    // The staging runner passes Google Benchmark's output flags to every bench binary: the
+    // JSON line goes to that file too; other --benchmark_* flags mean nothing here.
+    else if (!std::strncmp(argv[i], "--benchmark_out=", 16)) json_out = argv[i] + 16;
+    else if (!std::strncmp(argv[i], "--benchmark_", 12)) continue;
     else {
       std::cerr << "usage: bench_optim [--steps N] [--cpu-only]\n";
       return 2;
@@ -114,6 +120,8 @@ int main(int argc, char** argv) {
   if (!cpu_only && mg::cuda::is_available()) bench(mg::Device::cuda(0), cuda_sizes);
   else std::printf("(no CUDA device or --cpu-only: CPU rows only)\n");
   bench(mg::Device::cpu(), cpu_sizes);
-  std::cout << nlohmann::json{{"bench", "optim"}, {"steps", steps}, {"rows", rows}}.dump() << std::endl;
+  const std::string line = nlohmann::json{{"bench", "optim"}, {"steps", steps}, {"rows", rows}}.dump();
+  std::cout << line << std::endl;
+  if (!json_out.empty()) std::ofstream(json_out) << line << "\n";
   return 0;
 }
