@@ -10,11 +10,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "bench/kernel_profiler.h"
 #include "core/autocast.h"
+#include "core/nvml.h"
 #include "memgrad.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
@@ -27,6 +29,7 @@ mg::DType g_dtype = mg::DType::f32;
 struct Result {
   double median_ms = 0;
   int64_t peak_alloc = 0, peak_reserved = 0;
+  double nvml_peak_gib = -1;  // device-wide used memory seen by the driver (context, workspaces, all processes)
 };
 
 template <class StepFn>
@@ -35,6 +38,11 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
   mg::cuda::synchronize();
   mg::reset_peak_memory_stats(dev);
   std::vector<double> ms;
+  std::unique_ptr<mg::nvml::Monitor> mon;
+  if (mg::nvml::available()) {
+    mon = std::make_unique<mg::nvml::Monitor>(0, 5);
+    mon->start();
+  }
   mg::cuda::Stream s = mg::cuda::Stream::current(0);
   for (int i = 0; i < steps; ++i) {
     mg::cuda::Event a(true), b(true);
@@ -46,6 +54,10 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
   }
   std::sort(ms.begin(), ms.end());
   Result r;
+  if (mon) {
+    mon->stop();
+    r.nvml_peak_gib = mon->peak_used_bytes() / 1073741824.0;
+  }
   if (g_profile) {
     mg::bench::KernelProfiler prof;
     prof.start();
@@ -62,8 +74,8 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
 
 void print(const char* model, const char* config, const Result& r) {
   std::printf("{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"step_ms\":%.2f,"
-              "\"peak_allocated_gib\":%.3f,\"peak_reserved_gib\":%.3f}\n",
-              model, config, r.median_ms, r.peak_alloc / 1073741824.0, r.peak_reserved / 1073741824.0);
+              "\"peak_allocated_gib\":%.3f,\"peak_reserved_gib\":%.3f,\"nvml_peak_used_gib\":%.3f}\n",
+              model, config, r.median_ms, r.peak_alloc / 1073741824.0, r.peak_reserved / 1073741824.0, r.nvml_peak_gib);
   std::fflush(stdout);
 }
 
