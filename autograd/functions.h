@@ -88,7 +88,8 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes);  // not differentiab
 Tensor& scatter_(Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);
 
 // ---- losses (reduction: "mean", "sum" or "none") ----
-// Class-index targets (i64). A floating (one-hot) target is a clear mg::DTypeError.
+// cross_entropy takes class indices (integer, [N] or [N, d1...]: the fused kernel, O(N) saved)
+// or class probabilities (floating, the input's shape: one-hot or soft labels, composed).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::string& reduction = "mean",
                      int64_t ignore_index = -100, double label_smoothing = 0.0);
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const std::string& reduction = "mean",

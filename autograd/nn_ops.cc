@@ -158,8 +158,34 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const std::string
 // [M, C] log-probabilities, reads half-precision logits as they are (computing in f32, which
 // is what autocast's f32 policy asks for, without an f32 copy of the logits), and the
 // backward writes coef * (softmax - target distribution) in one pass.
+namespace {
+// Class probabilities as targets (one-hot or soft labels, same shape as the logits):
+// -sum_c p_c log_softmax(x)_c per row, PyTorch's semantics (mean divides by the row count;
+// label smoothing mixes in the uniform distribution). Composed, so it costs what the seeds'
+// one-hot example costs: an [M, C] target and an [M, C] log-probability tensor.
+Tensor cross_entropy_probs(const Tensor& logits, const Tensor& target, Reduction red, double e) {
+  MG_CHECK(target.sizes() == logits.sizes(), ShapeError, "cross_entropy: probability targets must have the input's shape ",
+           shape_str(logits.sizes()), ", got ", shape_str(target.sizes()),
+           " (class-index targets: an integer tensor without the class dim)");
+  MG_CHECK(logits.dim() >= 1, ShapeError, "cross_entropy: input must have a class dim, got a 0-dim tensor");
+  const int64_t cdim = logits.dim() == 1 ? 0 : 1;
+  Tensor p = target.dtype() == logits.dtype() ? target : target.to(logits.dtype());
+  if (e > 0.0) p = add(mul(p, 1.0 - e), e / static_cast<double>(logits.size(cdim)));
+  Tensor per = neg(sum(mul(log_softmax(logits, cdim), p), {cdim}));
+  if (red == Reduction::None) return per;
+  return red == Reduction::Sum ? sum(per) : mean(per);
+}
+}  // namespace
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::string& reduction, int64_t ignore_index,
                      double label_smoothing) {
+  if (logits.defined() && target.defined() && is_floating(target.dtype()) && is_floating(logits.dtype())) {
+    if (autocast::widen_needed({&logits}))
+      return cross_entropy(autocast::widen(logits), target, reduction, ignore_index, label_smoothing);
+    MG_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError,
+             "cross_entropy: label_smoothing must be in [0, 1], got ", label_smoothing);
+    return cross_entropy_probs(logits, target, parse_reduction(reduction, "cross_entropy"), label_smoothing);
+  }
   // The CPU kernel is f32/f64; CPU autocast (bf16) widens as the f32 policy says.
   if (!logits.is_cuda() && autocast::widen_needed({&logits}))
     return cross_entropy(autocast::widen(logits), target, reduction, ignore_index, label_smoothing);

@@ -199,6 +199,10 @@ std::vector<Row> rows() {
   add_row("cross_entropy_spatial", {{2, 3, 2, 2}}, [](const V& x) {
     return cross_entropy(x[0], idx({0, 1, 2, 2, 1, 0, 0, 1}, {2, 2, 2}));
   });
+  // Probability targets (soft labels), with respect to the logits and to the target itself.
+  add_row("cross_entropy_probs_mean", {{4, 5}, {4, 5}}, [](const V& x) { return cross_entropy(x[0], softmax(x[1], 1)); });
+  add_row("cross_entropy_probs_smoothing_sum", {{4, 5}, {4, 5}},
+          [](const V& x) { return cross_entropy(x[0], softmax(x[1], 1), "sum", -100, 0.2); });
   add_row("nll_loss_mean", {{4, 5}}, [t4](const V& x) { return nll_loss(log_softmax(x[0], 1), t4); });
   add_row("nll_loss_raw_sum", {{4, 5}}, [t4](const V& x) { return nll_loss(x[0], t4, "sum"); });
   add_row("nll_loss_none_ignore", {{4, 5}}, [](const V& x) {
