@@ -491,6 +491,20 @@ TEST(AttentionErrors, CpuAndBadShapesRaise) {
   auto [out, lse] = k::flash_attention_forward(c, c, c, false);
   EXPECT_THROW(k::flash_attention_backward(out, c, c, c, out, raw::to_dtype(lse, DType::f16), false), DTypeError);
   EXPECT_THROW(k::flash_attention_backward(to_cuda(randn({2, 4, 8})), c, c, c, out, lse, false), ShapeError);
+  // Caller-provided outputs: wrong shape, dtype or device, each named.
+  try {
+    k::flash_attention_forward_out(c, c, c, to_cuda(randn({2, 5, 4})), false);
+    FAIL() << "expected ShapeError";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("flash_attention_forward: out must have shape [2, 5, 8]"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(k::flash_attention_forward_out(c, c, c, to_cuda(raw::to_dtype(randn({2, 5, 8}), DType::f16)), false),
+               DTypeError);
+  EXPECT_THROW(k::flash_attention_forward_out(c, c, c, randn({2, 5, 8}), false), DeviceError);
+  Tensor g = to_cuda(randn({2, 5, 8}));
+  Tensor short_kv = to_cuda(randn({2, 4, 8}));
+  EXPECT_THROW(k::flash_attention_backward_out(g, c, c, c, out, lse, false, std::nullopt, g, g, short_kv), ShapeError);
 }
 
 }  // namespace
