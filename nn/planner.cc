@@ -10,6 +10,7 @@
 #include <limits>
 #include <sstream>
 
+#include "autograd/checkpoint.h"
 #include "autograd/grad_mode.h"
 #include "core/allocator.h"
 #include "core/device_runtime.h"
@@ -237,6 +238,19 @@ CheckpointPlan plan_for_budget(const std::vector<SegmentProfile>& profile, int64
     }
   }
   return best;
+}
+
+std::vector<SegmentFn> segments_of(const Sequential& seq) {
+  std::vector<SegmentFn> fns;
+  for (size_t i = 0; i < seq.size(); ++i) {
+    std::shared_ptr<Module> m = seq[i];  // owned by the function: replays run after this returns
+    fns.push_back([m](const Tensor& x) { return (*m)(x); });
+  }
+  return fns;
+}
+
+Tensor checkpoint_sequential(const Sequential& seq, int64_t segments, const Tensor& input) {
+  return mg::checkpoint_sequential(segments_of(seq), segments, input);
 }
 
 std::string CheckpointPlan::table(const std::vector<SegmentProfile>& profile) const {

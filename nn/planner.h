@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "nn/sequential.h"
 
 namespace mg::nn {
 
@@ -58,5 +59,10 @@ CheckpointPlan plan_sqrt_n(const std::vector<SegmentProfile>& profile);
 // bytes that must be saved). When nothing fits it returns the plan with the lowest peak,
 // fits = false.
 CheckpointPlan plan_for_budget(const std::vector<SegmentProfile>& profile, int64_t budget_bytes);
+
+// A Sequential's children as segment functions (for profile_segments / checkpoint_segments),
+// and mg::checkpoint_sequential over them (PyTorch's checkpoint_sequential(seq, segments, x)).
+std::vector<SegmentFn> segments_of(const Sequential& seq);
+Tensor checkpoint_sequential(const Sequential& seq, int64_t segments, const Tensor& input);
 
 }  // namespace mg::nn

@@ -10,6 +10,8 @@
 #include "autograd/functions.h"
 #include "core/allocator.h"
 #include "core/random.h"
+#include "nn/linear.h"
+#include "nn/transformer.h"
 
 namespace mg::nn {
 namespace {
@@ -117,6 +119,25 @@ TEST(Planner, ProfileAndPlannedRunOnCpu) {
   EXPECT_LE(kept, plan.stored_bytes + 4096 * 6) << plan.table(prof);
   sum(y).backward();
   EXPECT_EQ(x.grad().to_vector<double>(), want);
+}
+
+TEST(Planner, CheckpointSequentialOverASequential) {
+  Generator g(3);
+  Sequential seq;
+  for (int i = 0; i < 4; ++i) {
+    seq.push_back(std::make_shared<Linear>(6, 6, true, TensorOptions{DType::f64}, &g));
+    seq.push_back(std::make_shared<GELU>());
+  }
+  Tensor x = randn({5, 6}, {DType::f64}, &g);
+  sum(seq(x)).backward();
+  std::vector<std::vector<double>> want;
+  for (const Tensor& p : seq.parameters()) want.push_back(p.grad().to_vector<double>());
+  seq.zero_grad(true);
+  const int64_t replays = checkpoint_replay_count();
+  sum(checkpoint_sequential(seq, 4, x)).backward();
+  EXPECT_EQ(checkpoint_replay_count() - replays, 3);
+  auto params = seq.parameters();
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].grad().to_vector<double>(), want[i]);
 }
 
 }  // namespace
