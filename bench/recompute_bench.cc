@@ -22,10 +22,16 @@
 #include <vector>
 
 #include "autograd/checkpoint.h"
+#include "autograd/functions.h"
+#include "core/allocator.h"
 #include "core/autocast.h"
-#include "memgrad.h"
+#include "core/cuda_memory.h"
+#include "core/device_runtime.h"
+#include "core/random.h"
+#include "nn/linear.h"
 #include "nn/models/gpt.h"
 #include "nn/planner.h"
+#include "optim/sgd.h"
 
 namespace {
 
