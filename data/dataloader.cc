@@ -262,6 +262,17 @@ Example DataLoader::next(int64_t b) {
   return to_device(std::move(host));
 }
 
+void DataLoader::set_epoch(int64_t epochs_done) {
+  MG_CHECK(epochs_done >= 0, ValueError, "DataLoader::set_epoch: epochs_done must be >= 0, got ", epochs_done);
+  shutdown();
+  if (opts_.shuffle && !opts_.generator) {
+    own_gen_.set_state(Generator(opts_.seed).get_state());
+    MemoryCategoryGuard g(MemoryCategory::Data);
+    for (int64_t e = 0; e < epochs_done; ++e) randperm(dataset_->size(), &own_gen_);  // same draws as begin()
+  }
+  epoch_ = epochs_done;
+}
+
 DataLoader::Iterator DataLoader::begin() {
   shutdown();
   const int64_t n = dataset_->size();

@@ -62,6 +62,11 @@ class DataLoader {
   const DataLoaderOptions& options() const { return opts_; }
   // Number of epochs started (begin() calls).
   int64_t epoch() const { return epoch_; }
+  // Makes the next begin() start epoch `epochs_done` (0-based) with exactly the order and
+  // transforms an uninterrupted run would have there: how a resumed job picks up its data
+  // stream (the loader's own generator is re-seeded and advanced past the earlier epochs).
+  // With an external DataLoaderOptions::generator, restoring that generator is the caller's.
+  void set_epoch(int64_t epochs_done);
   // Sample order of the current epoch (a permutation of 0..N-1 when shuffling).
   const std::vector<int64_t>& order() const { return order_; }
   // The dataset indices batch `b` of the current epoch is made of.

@@ -23,6 +23,7 @@
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "core/allocator.h"
+#include "core/autocast.h"
 #include "core/device_runtime.h"
 #include "core/random.h"
 #include "data/dataloader.h"
@@ -30,6 +31,8 @@
 #include "kernels/ops.h"
 #include "nn/nn.h"
 #include "examples/training_setup.h"
+#include "nn/training_checkpoint.h"
+#include "optim/grad_scaler.h"
 #include "optim/clip_grad.h"
 
 namespace {
@@ -47,6 +50,9 @@ struct Flags {
   int64_t batch_size = 64;
   mg::examples::TrainingFlags train;  // optimizer, scheduler, clipping
   int workers = 0;                     // DataLoader worker threads
+  std::string amp = "off";             // off, f16 (+ GradScaler) or bf16 autocast
+  std::string save_path, resume_path;  // training checkpoints (safetensors, atomic)
+  int64_t stop_after = -1;             // end the run after this epoch (as if preempted)
   bool pin_memory = false;
   double dropout = 0.0;
   std::vector<int64_t> hidden = {256, 128};
@@ -78,6 +84,12 @@ accuracy and the peak memory by category after each epoch, and one JSON line at 
   --eval-batch-size N test-set batch size (default 1000)
   --data-dir PATH     directory with the IDX .gz files (default $MG_FASHION_MNIST or
                       /usr/share/datasets/fashion-mnist)
+  --amp MODE          off (default), f16 (autocast + GradScaler; CUDA) or bf16 (autocast)
+  --save PATH         write a training checkpoint (model, optimizer, schedule, GradScaler,
+                      RNG, epoch) to PATH after every epoch, atomically
+  --resume PATH       continue from a checkpoint written by --save with the same flags
+  --stop-after N      end this run after epoch N, as a preempted job would (with --save,
+                      a later --resume finishes it bit-identically)
   --workers N         DataLoader worker threads (default 0: load in the training thread)
   --pin-memory        page-locked batches copied to the device on a side stream (CUDA only)
   --no-progress       no progress bar on stderr
@@ -144,6 +156,10 @@ Flags parse_flags(int argc, char** argv) {
     if (arg == "--epochs") f.epochs = parse_int(arg, value);
     else if (arg == "--batch-size") f.batch_size = parse_int(arg, value);
     else if (arg == "--workers") f.workers = static_cast<int>(parse_int(arg, value));
+    else if (arg == "--amp") f.amp = value;
+    else if (arg == "--save") f.save_path = value;
+    else if (arg == "--resume") f.resume_path = value;
+    else if (arg == "--stop-after") f.stop_after = parse_int(arg, value);
     else if (arg == "--dropout") f.dropout = parse_double(arg, value);
     else if (arg == "--seed") f.seed = static_cast<uint64_t>(parse_int(arg, value));
     else if (arg == "--model") f.model = value;
@@ -174,6 +190,8 @@ Flags parse_flags(int argc, char** argv) {
   }
   if (!known) usage_error("unknown --model \"" + f.model + "\" (valid: " + valid + ")");
   if (f.workers < 0) usage_error("--workers must be >= 0");
+  if (f.amp != "off" && f.amp != "f16" && f.amp != "bf16")
+    usage_error("unknown --amp \"" + f.amp + "\" (valid: off, f16, bf16)");
   if (f.train.scheduler.empty()) f.train.scheduler = default_scheduler(f.model);
   try {
     mg::examples::finalize_training_flags(f.train, f.epochs);
@@ -369,6 +387,23 @@ int run(const Flags& f) {
   auto optimizer_ptr = mg::examples::make_optimizer(t, params);
   mg::optim::Optimizer& optimizer = *optimizer_ptr;
   mg::examples::Schedule schedule(t, optimizer, static_cast<int64_t>(train_loader.size()), f.epochs);
+  // Mixed precision: autocast around forward + loss; f16 adds dynamic loss scaling.
+  const bool amp = f.amp != "off";
+  const mg::DType amp_dtype = f.amp == "f16" ? mg::DType::f16 : mg::DType::bf16;
+  if (f.amp == "f16" && !device.is_cuda()) throw mg::ValueError("--amp f16 needs a CUDA device (CPU autocast is bf16)");
+  mg::optim::GradScalerOptions gso;
+  gso.enabled = f.amp == "f16";
+  mg::optim::GradScaler scaler(gso);
+  mg::nn::TrainingCheckpoint ckpt;
+  ckpt.add("model", *model).add("optimizer", optimizer).add("schedule", schedule).add("scaler", scaler);
+  ckpt.add_generator("rng", mg::default_generator());
+  int64_t first_epoch = 1;
+  if (!f.resume_path.empty()) {
+    ckpt.load(f.resume_path, device);
+    first_epoch = ckpt.epoch + 1;
+    train_loader.set_epoch(ckpt.epoch);  // the shuffle order the uninterrupted run would see next
+    std::cout << "resumed from " << f.resume_path << " after epoch " << ckpt.epoch << " (step " << ckpt.step << ")\n";
+  }
 
   std::cout << "fashion_mnist: " << train_set->size() << " train / " << test_set->size() << " test images from "
             << root << " (loaded in " << std::fixed;
@@ -383,12 +418,12 @@ int run(const Flags& f) {
 
   ProgressBar bar(f.progress);
   double max_grad_norm = 0.0;
-  int64_t clipped_steps = 0;
+  int64_t clipped_steps = 0, skipped_steps = 0;
   const auto t_train = Clock::now();
   double accuracy = 0.0, last_loss = 0.0;
   int64_t images = 0;
   nlohmann::json epochs = nlohmann::json::array();
-  for (int64_t epoch = 1; epoch <= f.epochs; ++epoch) {
+  for (int64_t epoch = first_epoch; epoch <= f.epochs; ++epoch) {
     model->train();
     const auto t_epoch = Clock::now();
     double loss_sum = 0.0;
@@ -398,17 +433,23 @@ int run(const Flags& f) {
       mg::Tensor loss;
       {
         mg::MemoryCategoryGuard act(mg::MemoryCategory::Activations);
+        mg::Autocast ac(device.type, amp_dtype, amp);
         loss = mg::cross_entropy((*model)(x), y);
       }
       optimizer.zero_grad();
-      loss.backward();  // the engine allocates under MemoryCategory::Gradients itself
+      scaler.scale(loss).backward();  // the engine allocates under MemoryCategory::Gradients itself
       if (t.clip_grad_norm > 0) {
+        scaler.unscale_(optimizer);  // clip the true gradients (a no-op without f16 scaling)
         const double norm = mg::optim::clip_grad_norm_(params, t.clip_grad_norm);
         max_grad_norm = std::max(max_grad_norm, norm);
         clipped_steps += norm > t.clip_grad_norm;
       }
-      optimizer.step();  // momentum buffers / Adam moments: MemoryCategory::OptimizerState
+      // Momentum buffers / Adam moments: MemoryCategory::OptimizerState. f16: skipped when a
+      // gradient overflowed (the scaler then lowers the scale).
+      skipped_steps += !scaler.step(optimizer);
+      scaler.update();
       schedule.after_batch();
+      ++ckpt.step;
       const double l = loss.item();
       loss_sum += l;
       ++batches;
@@ -421,7 +462,15 @@ int run(const Flags& f) {
     images += epoch_images;
     last_loss = loss_sum / std::max<int64_t>(batches, 1);
     schedule.after_epoch(last_loss);
-    accuracy = evaluate(*model, test_loader, device);
+    {
+      mg::Autocast ac(device.type, amp_dtype, amp);
+      accuracy = evaluate(*model, test_loader, device);
+    }
+    if (!f.save_path.empty()) {
+      ckpt.epoch = epoch;
+      ckpt.save(f.save_path);
+    }
+    if (epoch == f.stop_after) break;
     const nlohmann::json peaks = peak_bytes(device);
     std::cout << "epoch " << epoch << "/" << f.epochs << ": train loss " << last_loss << ", test accuracy "
               << 100.0 * accuracy << "%, " << train_seconds << " s (" << static_cast<int64_t>(epoch_images / train_seconds)
@@ -453,6 +502,9 @@ int run(const Flags& f) {
       {"max_grad_norm", t.clip_grad_norm > 0 ? nlohmann::json(max_grad_norm) : nlohmann::json(nullptr)},
       {"clipped_steps", clipped_steps},
       {"workers", f.workers},
+      {"amp", f.amp},
+      {"skipped_steps", skipped_steps},
+      {"final_loss_scale", f.amp == "f16" ? nlohmann::json(scaler.get_scale()) : nlohmann::json(nullptr)},
       {"seed", f.seed},
       {"model", f.model},
       {"device", device.str()},

@@ -165,4 +165,28 @@ void Schedule::after_epoch(double train_loss) {
   if (plateau_) plateau_->step(train_loss);
 }
 
+StateDict Schedule::state_dict() const {
+  StateDict sd;
+  sd.meta["step"] = step_;
+  if (per_step_) sd.merge("per_step", per_step_->state_dict());
+  if (warmup_only_) sd.merge("warmup", warmup_only_->state_dict());
+  if (plateau_) sd.merge("plateau", plateau_->state_dict());
+  return sd;
+}
+
+void Schedule::load_state_dict(const StateDict& sd) {
+  MG_CHECK(sd.meta.contains("step"), ValueError, "schedule: the checkpoint has no schedule step (saved with other flags?)");
+  for (const char* part : {"per_step", "warmup", "plateau"}) {
+    const bool mine = std::string(part) == "per_step" ? per_step_ != nullptr
+                      : std::string(part) == "warmup" ? warmup_only_ != nullptr
+                                                      : plateau_ != nullptr;
+    MG_CHECK(mine == sd.meta.contains(part), ValueError, "schedule: the checkpoint's scheduler (", part,
+             mine ? " missing" : " present", ") does not match this run's --scheduler/--warmup-steps flags");
+  }
+  if (per_step_) per_step_->load_state_dict(sd.sub("per_step"));
+  if (warmup_only_) warmup_only_->load_state_dict(sd.sub("warmup"));
+  if (plateau_) plateau_->load_state_dict(sd.sub("plateau"));
+  step_ = sd.meta["step"].get<int64_t>();
+}
+
 }  // namespace mg::examples

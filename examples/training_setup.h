@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/state_dict.h"
+
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
 
@@ -46,6 +48,9 @@ class Schedule {
   void after_batch();                 // after optimizer.step()
   void after_epoch(double train_loss);
   std::string describe() const { return description_; }
+  // Every scheduler's state plus the step count, for --save/--resume.
+  StateDict state_dict() const;
+  void load_state_dict(const StateDict& sd);
 
  private:
   std::shared_ptr<optim::LRScheduler> per_step_;

@@ -105,6 +105,27 @@ TEST(DataLoader, SequentialOrderWithoutShuffle) {
   EXPECT_EQ(loader.epoch(), 2);
 }
 
+// A resumed job calls set_epoch(k) on a fresh loader: epoch k must come out exactly as the
+// uninterrupted loader's k-th epoch (and set_epoch(0) restarts the stream).
+TEST(DataLoader, SetEpochResumesTheShuffleStream) {
+  auto ds = make_ds(100);
+  DataLoaderOptions o;
+  o.batch_size = 7;
+  o.shuffle = true;
+  o.seed = 5;
+  DataLoader full(ds, o);
+  std::vector<std::vector<int64_t>> epochs;
+  for (int e = 0; e < 4; ++e) epochs.push_back(targets_of_epoch(full));
+  DataLoader resumed(ds, o);
+  resumed.set_epoch(2);
+  EXPECT_EQ(resumed.epoch(), 2);
+  EXPECT_EQ(targets_of_epoch(resumed), epochs[2]);
+  EXPECT_EQ(targets_of_epoch(resumed), epochs[3]);
+  resumed.set_epoch(0);
+  EXPECT_EQ(targets_of_epoch(resumed), epochs[0]);
+  EXPECT_THROW(resumed.set_epoch(-1), ValueError);
+}
+
 TEST(DataLoader, ShuffleIsAPermutationReproducibleAndChangesPerEpoch) {
   auto ds = make_ds(100);
   DataLoaderOptions o;
