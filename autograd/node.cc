@@ -305,9 +305,14 @@ namespace {
 // through the op for the view's elements and unchanged elsewhere (PyTorch's CopySlices).
 // `inputs` are {self, others...} as the op's node saw them; `fn` is its backward.
 void rebase_view_base(const char* op, const Tensor& self, const std::vector<Tensor>& inputs,
-                      const FunctionNode::Backward& fn) {
+                      const FunctionNode::Backward& fn, bool self_had_history) {
   const auto& base_impl = self.impl()->view_base;
   if (!base_impl || base_impl == self.impl_ptr()) return;
+  // A view with a history of its own over a base autograd never saw (an op's output that is a
+  // raw view of the op's scratch tensor, e.g. linear's reshaped product) shares storage, not
+  // history: nothing can backpropagate through that base, so there is nothing to rebase.
+  const AutogradMeta* bm = base_impl->autograd.get();
+  if (self_had_history && (!bm || (!bm->grad_fn && !bm->requires_grad))) return;
   Tensor base(base_impl);
   if (!is_floating(base.dtype())) return;
   MG_CHECK(base.is_contiguous(), AutogradError, "in-place ", op, " on a view of a non-contiguous tensor (shape ",
@@ -343,13 +348,14 @@ void record_inplace(const char* op, const Tensor& self, const std::vector<Tensor
   inputs.push_back(self);
   inputs.insert(inputs.end(), others.begin(), others.end());
   if (!any_requires_grad(inputs) || !is_floating(self.dtype())) return;
+  const bool had_history = self.impl()->autograd && self.impl()->autograd->grad_fn;
   auto node = std::make_shared<FunctionNode>(op, fn);
   node->sequence_nr = g_next_sequence_nr++;
   node->next_edges.reserve(inputs.size());
   for (const Tensor& i : inputs) node->next_edges.push_back(needs_grad(i) ? gradient_edge(i) : Edge{});
   fill_output_meta(*node, {self});
   set_history(self, node, 0);
-  rebase_view_base(op, self, inputs, fn);
+  rebase_view_base(op, self, inputs, fn, had_history);
 }
 
 void check_inplace(const Tensor& t, const char* op) {
