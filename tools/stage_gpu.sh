@@ -21,11 +21,14 @@ for t in $TESTS $BINS; do
 done
 # Debian's Google Benchmark is a shared library; the device image has none.
 for so in /usr/lib/x86_64-linux-gnu/libbenchmark.so.1*; do cp -L "$so" .stage/lib/ 2>/dev/null || true; done
+# CUPTI for bench_models --profile (PyTorch's wheels may not ship the toolkit's soname).
+cp -L /usr/local/cuda/lib64/libcupti.so.13 .stage/lib/ 2>/dev/null || true
 # Strip and pack: the binaries share most of their bytes (cudart, kernels), so one xz
-# archive keeps the carried tree far under the device tool's 64 MiB.
+# archive keeps the carried tree far under the device tool's 64 MiB; the dictionary spans
+# the whole stream so each binary's copy of the kernels compresses against the first.
 strip .stage/bin/*
 n=$(ls .stage/bin | wc -l)
-tar -cJf .stage/bin.tar.xz -C .stage bin && rm -rf .stage/bin
+tar -cf - -C .stage bin | xz --lzma2=preset=6,dict=512MiB > .stage/bin.tar.xz && rm -rf .stage/bin
 cp tools/run_staged.sh .stage/run.sh
 mkdir -p .stage/pytorch && cp bench/pytorch/*.py .stage/pytorch/
 # The device image has no Debian data sets: carry Fashion-MNIST (30 MB of .gz) when asked.
