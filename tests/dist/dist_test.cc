@@ -12,6 +12,7 @@
 #include "data/dataloader.h"
 #include "dist/distributed_sampler.h"
 #include "dist/tcp_rendezvous.h"
+#include "tests/dist/amp_ckpt_cases.h"
 #include "tests/dist/tp_zero_cases.h"
 
 namespace mg::dist {
@@ -402,6 +403,16 @@ TEST(CpuZero, StepEqualsPlainSGD) {
 
 TEST(CpuZero, ReduceScatterOfPerRankGradients) {
   for (int w : {2, 4}) zero_matches_plain_case(kCpu, DType::f64, w, /*reduce_gradients=*/true);
+}
+
+TEST(CpuZero, ShardsAdamsMoments) {
+  for (int w : {1, 2, 3}) zero_adam_case(kCpu, w);
+}
+
+// ---------------- DDP with the other memory techniques ----------------
+
+TEST(CpuDDP, CheckpointedModelUnderAutocast) {
+  for (int w : {1, 2}) ddp_checkpoint_autocast_case(kCpu, w);
 }
 
 }  // namespace
