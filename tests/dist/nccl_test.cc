@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "core/cuda_memory.h"
+#include "tests/dist/amp_ckpt_cases.h"
 #include "tests/dist/tp_zero_cases.h"
 
 namespace mg::dist {
@@ -72,6 +73,18 @@ TEST(NcclZero, StepEqualsPlainSGD) {
   MG_REQUIRE_GPUS(2);
   zero_matches_plain_case(kNccl, DType::f32, 2, false);
   zero_matches_plain_case(kNccl, DType::f32, 2, true);
+}
+
+TEST(NcclZero, ShardsAdamsMoments) {
+  MG_REQUIRE_GPUS(1);
+  zero_adam_case(kNccl, 1);
+  if (cuda::device_count() >= 2) zero_adam_case(kNccl, 2);
+}
+
+TEST(NcclDDP, CheckpointedModelUnderAutocast) {
+  MG_REQUIRE_GPUS(1);
+  ddp_checkpoint_autocast_case(kNccl, 1);
+  if (cuda::device_count() >= 2) ddp_checkpoint_autocast_case(kNccl, 2);
 }
 
 }  // namespace
