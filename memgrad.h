@@ -1,19 +1,37 @@
-// memgrad's one public header: tensors, the CUDA runtime and memory surface, differentiable
-// ops and the tape, layers, optimizers and data loading. Depend on //:memgrad (or @memgrad//:memgrad).
+// memgrad's one public header: tensors, the CUDA runtime and memory surface, NVML, autocast,
+// differentiable ops and the tape (checkpointing), layers, pruning, summaries, checkpoints,
+// optimizers, schedulers, clipping, GradScaler and data loading. Depend on //:memgrad.
 #pragma once
 
+#include "autograd/checkpoint.h"
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "core/allocator.h"
+#include "core/autocast.h"
 #include "core/cuda_memory.h"
 #include "core/device_runtime.h"
+#include "core/nvml.h"
 #include "core/random.h"
+#include "core/state_dict.h"
 #include "core/tensor.h"
 #include "data/dataloader.h"
 #include "data/dataset.h"
 #include "data/fashion_mnist.h"
+#include "data/mmap_dataset.h"
+#include "data/transforms.h"
 #include "kernels/ops.h"
+#include "nn/batch_fit.h"
 #include "nn/nn.h"
+#include "nn/planner.h"
+#include "nn/prune.h"
+#include "nn/serialize.h"
+#include "nn/summary.h"
+#include "nn/training_checkpoint.h"
+#include "optim/adam.h"
+#include "optim/bf16_update.h"
+#include "optim/clip_grad.h"
+#include "optim/grad_scaler.h"
+#include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
 #include "optim/sgd.h"
