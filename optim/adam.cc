@@ -20,6 +20,27 @@ std::map<std::string, double> to_map(const AdamOptions& o) {
 
 Tensor scalar_like(double v, const Tensor& t) { return scalar_tensor(v, {t.dtype(), t.device()}); }
 
+// Updates the moments with gradient g (weight decay already folded in where it is L2) and
+// returns m / (sqrt(v_hat) + eps) and the bias-corrected step size: the shared core of the
+// f32 and the pure-bf16 paths.
+Tensor adam_direction(const Tensor& g, ParamState& st, const kernels::AdamHyper& h, double* step_size) {
+  Tensor& m = st.buffers["exp_avg"];
+  Tensor& v = st.buffers["exp_avg_sq"];
+  kernels::axpby_(m, h.beta1, g, 1.0 - h.beta1);
+  kernels::axpby_(v, h.beta2, kernels::mul(g, g), 1.0 - h.beta2);
+  Tensor vv = v;
+  if (h.amsgrad) {
+    Tensor& vmax = st.buffers["max_exp_avg_sq"];
+    kernels::binary_(kernels::Binary::Maximum, vmax, v);
+    vv = vmax;
+  }
+  const double t = static_cast<double>(st.step);
+  *step_size = h.lr / (1.0 - std::pow(h.beta1, t));
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(h.beta2, t));
+  Tensor denom = kernels::add_scalar(kernels::div(kernels::unary(kernels::Unary::Sqrt, vv), scalar_like(bc2_sqrt, vv)), h.eps);
+  return kernels::div(m, denom);
+}
+
 // The same rule as kernels/optim_math.h, one kernel per operation (PyTorch's foreach=False):
 // for parameters the fused path does not take, and as the baseline it is measured against.
 void adam_single(const Tensor& p, const Tensor& grad, ParamState& st, const kernels::AdamHyper& h) {
@@ -30,21 +51,9 @@ void adam_single(const Tensor& p, const Tensor& grad, ParamState& st, const kern
     else
       g = kernels::axpby(g, 1.0, p, h.weight_decay);
   }
-  Tensor& m = st.buffers["exp_avg"];
-  Tensor& v = st.buffers["exp_avg_sq"];
-  kernels::axpby_(m, h.beta1, g, 1.0 - h.beta1);
-  kernels::axpby_(v, h.beta2, kernels::mul(g, g), 1.0 - h.beta2);
-  Tensor vv = v;
-  if (h.amsgrad) {
-    Tensor& vmax = st.buffers["max_exp_avg_sq"];
-    kernels::binary_(kernels::Binary::Maximum, vmax, v);
-    vv = vmax;
-  }
-  const double t = static_cast<double>(st.step);
-  const double step_size = h.lr / (1.0 - std::pow(h.beta1, t));
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(h.beta2, t));
-  Tensor denom = kernels::add_scalar(kernels::div(kernels::unary(kernels::Unary::Sqrt, vv), scalar_like(bc2_sqrt, vv)), h.eps);
-  kernels::axpby_(p, 1.0, kernels::div(m, denom), -step_size);
+  double step_size = 0;
+  Tensor dir = adam_direction(g, st, h, &step_size);
+  kernels::axpby_(p, 1.0, dir, -step_size);
 }
 // A pure-bf16 parameter (no f32 master copy): f32 state, the whole update computed in f32
 // and added to the bf16 weights with stochastic rounding (optim/bf16_update.h), so updates
@@ -54,26 +63,14 @@ void adam_bf16(const Tensor& p, const Tensor& grad, ParamState& st, const kernel
   if (h.maximize) g = kernels::unary(kernels::Unary::Neg, g);
   const Tensor p32 = kernels::cast(p, DType::f32);
   if (h.weight_decay != 0.0 && !h.decoupled_weight_decay) g = kernels::axpby(g, 1.0, p32, h.weight_decay);
-  Tensor& m = st.buffers["exp_avg"];
-  Tensor& v = st.buffers["exp_avg_sq"];
-  kernels::axpby_(m, h.beta1, g, 1.0 - h.beta1);
-  kernels::axpby_(v, h.beta2, kernels::mul(g, g), 1.0 - h.beta2);
-  Tensor vv = v;
-  if (h.amsgrad) {
-    Tensor& vmax = st.buffers["max_exp_avg_sq"];
-    kernels::binary_(kernels::Binary::Maximum, vmax, v);
-    vv = vmax;
-  }
-  const double t = static_cast<double>(st.step);
-  const double step_size = h.lr / (1.0 - std::pow(h.beta1, t));
-  const double bc2_sqrt = std::sqrt(1.0 - std::pow(h.beta2, t));
-  Tensor denom = kernels::add_scalar(kernels::div(kernels::unary(kernels::Unary::Sqrt, vv), scalar_like(bc2_sqrt, vv)), h.eps);
+  double step_size = 0;
+  Tensor delta = adam_direction(g, st, h, &step_size);
   // delta = -step_size * m / denom (- lr * wd * p for AdamW), applied once with rounding.
-  Tensor delta = kernels::div(m, denom);
   delta = h.weight_decay != 0.0 && h.decoupled_weight_decay ? kernels::axpby(delta, -step_size, p32, -h.lr * h.weight_decay)
                                                             : kernels::mul_scalar(delta, -step_size);
   bf16_add_(p, delta, 1.0, next_rounding_seed());
 }
+
 }  // namespace
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions defaults)
