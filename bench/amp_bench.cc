@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/step_timer.h"
 #include "core/autocast.h"
 #include "memgrad.h"
 #include "nn/models/gpt.h"
@@ -59,20 +60,7 @@ Timing run(const Factory& make, DType precision, bool pure_bf16, int warmup, int
     scaler.step(opt);
     scaler.update();
   };
-  for (int i = 0; i < warmup; ++i) step();
-  mg::cuda::synchronize();
-  mg::reset_peak_memory_stats(dev);
-  std::vector<double> ms;
-  mg::cuda::Stream s = mg::cuda::Stream::current(dev.index);
-  for (int i = 0; i < steps; ++i) {
-    mg::cuda::Event a(true), b(true);
-    a.record(s);
-    step();
-    b.record(s);
-    b.synchronize();
-    ms.push_back(a.elapsed_ms(b));
-  }
-  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  const std::vector<double> ms = mg::bench::time_steps(step, warmup, steps, dev);
   Timing t{ms[ms.size() / 2], mg::max_memory_allocated(dev) / 1073741824.0, mg::max_memory_reserved(dev) / 1073741824.0};
   return t;
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bench/kernel_profiler.h"
+#include "bench/step_timer.h"
 #include "core/autocast.h"
 #include "core/nvml.h"
 #include "memgrad.h"
@@ -34,25 +35,12 @@ struct Result {
 
 template <class StepFn>
 Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
-  for (int i = 0; i < warmup; ++i) step();
-  mg::cuda::synchronize();
-  mg::reset_peak_memory_stats(dev);
-  std::vector<double> ms;
   std::unique_ptr<mg::nvml::Monitor> mon;
   if (mg::nvml::available()) {
-    mon = std::make_unique<mg::nvml::Monitor>(0, 5);
+    mon = std::make_unique<mg::nvml::Monitor>(dev.index, 5);
     mon->start();
   }
-  mg::cuda::Stream s = mg::cuda::Stream::current(0);
-  for (int i = 0; i < steps; ++i) {
-    mg::cuda::Event a(true), b(true);
-    a.record(s);
-    step();
-    b.record(s);
-    b.synchronize();
-    ms.push_back(a.elapsed_ms(b));
-  }
-  std::sort(ms.begin(), ms.end());
+  const std::vector<double> ms = mg::bench::time_steps(step, warmup, steps, dev);
   Result r;
   if (mon) {
     mon->stop();
