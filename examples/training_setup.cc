@@ -176,13 +176,11 @@ StateDict Schedule::state_dict() const {
 
 void Schedule::load_state_dict(const StateDict& sd) {
   MG_CHECK(sd.meta.contains("step"), ValueError, "schedule: the checkpoint has no schedule step (saved with other flags?)");
-  for (const char* part : {"per_step", "warmup", "plateau"}) {
-    const bool mine = std::string(part) == "per_step" ? per_step_ != nullptr
-                      : std::string(part) == "warmup" ? warmup_only_ != nullptr
-                                                      : plateau_ != nullptr;
+  const std::pair<const char*, bool> parts[] = {
+      {"per_step", per_step_ != nullptr}, {"warmup", warmup_only_ != nullptr}, {"plateau", plateau_ != nullptr}};
+  for (const auto& [part, mine] : parts)
     MG_CHECK(mine == sd.meta.contains(part), ValueError, "schedule: the checkpoint's scheduler (", part,
              mine ? " missing" : " present", ") does not match this run's --scheduler/--warmup-steps flags");
-  }
   if (per_step_) per_step_->load_state_dict(sd.sub("per_step"));
   if (warmup_only_) warmup_only_->load_state_dict(sd.sub("warmup"));
   if (plateau_) plateau_->load_state_dict(sd.sub("plateau"));

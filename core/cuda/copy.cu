@@ -2,8 +2,6 @@
 // fills on CUDA. Registered as core's CUDA hooks, so raw::copy_/fill_/uniform_ just work.
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <array>
 #include <type_traits>
 
 #include "core/cuda/check.h"
@@ -14,48 +12,26 @@
 namespace mg::cuda {
 
 StridedIndexer make_indexer(const Tensor& t) {
-  StridedIndexer ix;
   MG_CHECK(t.dim() <= kMaxDims, ShapeError, "CUDA kernels: at most ", kMaxDims, " dims supported, got ", t.dim());
-  ix.ndim = static_cast<int>(t.dim());
-  for (int d = 0; d < ix.ndim; ++d) {
-    ix.sizes[d] = t.sizes()[d];
-    ix.strides[d] = t.strides()[d];
-  }
-  coalesce(std::array<StridedIndexer*, 1>{&ix}.data(), 1);
-  return ix;
-}
-
-void coalesce(StridedIndexer* const* ix, int n) {
-  const int nd = ix[0]->ndim;
-  for (int k = 1; k < n; ++k)
-    if (ix[k]->ndim != nd || !std::equal(ix[0]->sizes, ix[0]->sizes + nd, ix[k]->sizes)) return;
-  int out = 0;  // dims kept so far, innermost last; rebuilt in place from outermost
-  int64_t numel = 1;
-  for (int d = 0; d < nd; ++d) {
-    const int64_t size = ix[0]->sizes[d];
-    numel *= size;
+  StridedIndexer ix;
+  int nd = 0;  // dims kept so far, outermost first
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t size = t.sizes()[d], stride = t.strides()[d];
     if (size == 1) continue;
-    bool merge = out > 0;
-    for (int k = 0; k < n && merge; ++k)  // dim out-1 (outer) merges with d when stride[out-1] == stride[d] * size
-      merge = ix[k]->strides[out - 1] == ix[k]->strides[d] * size;
-    for (int k = 0; k < n; ++k) {
-      if (merge) {
-        ix[k]->sizes[out - 1] *= size;
-        ix[k]->strides[out - 1] = ix[k]->strides[d];
-      } else {
-        ix[k]->sizes[out] = size;
-        ix[k]->strides[out] = ix[k]->strides[d];
-      }
+    if (nd > 0 && ix.strides[nd - 1] == stride * size) {  // the kept outer dim continues into this one
+      ix.sizes[nd - 1] *= size;
+      ix.strides[nd - 1] = stride;
+      continue;
     }
-    if (!merge) ++out;
+    ix.sizes[nd] = size;
+    ix.strides[nd] = stride;
+    ++nd;
   }
-  const bool small = numel < (int64_t{1} << 31);
-  for (int k = 0; k < n; ++k) {
-    ix[k]->ndim = out;
-    ix[k]->small = small;
-    if (small)
-      for (int d = 0; d < out; ++d) ix[k]->divs[d] = FastDiv(static_cast<uint32_t>(ix[k]->sizes[d]));
-  }
+  ix.ndim = nd;
+  ix.small = t.numel() < (int64_t{1} << 31);
+  if (ix.small)
+    for (int d = 0; d < nd; ++d) ix.divs[d] = FastDiv(static_cast<uint32_t>(ix.sizes[d]));
+  return ix;
 }
 
 namespace {
@@ -73,11 +49,6 @@ __global__ void copy_kernel(D* dst, StridedIndexer di, const S* src, StridedInde
 // Casts between contiguous tensors (autocast's f32 <-> f16/bf16 traffic): no index math, four
 // elements a thread through one vector load and one vector store when both sides are aligned,
 // and half <-> float through float (exact), not double.
-template <class T, int V>
-struct alignas(sizeof(T) * V) CastPack {
-  T v[V];
-};
-
 template <class D, class S>
 __device__ __forceinline__ D cast_one(S x) {
   constexpr bool kViaFloat = !std::is_integral_v<D> && !std::is_integral_v<S> && !std::is_same_v<D, double> &&
@@ -91,11 +62,11 @@ __global__ void cast_contig_kernel(D* dst, const S* src, int64_t n) {
   const int64_t nv = V > 1 ? n / V : 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < nv;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const CastPack<S, V> in = reinterpret_cast<const CastPack<S, V>*>(src)[i];
-    CastPack<D, V> out;
+    const AlignedVec<S, V> in = reinterpret_cast<const AlignedVec<S, V>*>(src)[i];
+    AlignedVec<D, V> out;
 #pragma unroll
     for (int j = 0; j < V; ++j) out.v[j] = cast_one<D>(in.v[j]);
-    reinterpret_cast<CastPack<D, V>*>(dst)[i] = out;
+    reinterpret_cast<AlignedVec<D, V>*>(dst)[i] = out;
   }
   for (int64_t i = nv * V + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -119,7 +90,7 @@ __global__ void copy_vec_kernel(T* dst, StridedIndexer di, const T* src, Strided
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < nvec;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t e = i * V;
-    *reinterpret_cast<CastPack<T, V>*>(dst + di(e)) = *reinterpret_cast<const CastPack<T, V>*>(src + si(e));
+    *reinterpret_cast<AlignedVec<T, V>*>(dst + di(e)) = *reinterpret_cast<const AlignedVec<T, V>*>(src + si(e));
   }
 }
 
@@ -162,7 +133,7 @@ void device_copy(const Tensor& dst, const Tensor& src) {
   StridedIndexer di = make_indexer(dst), si = make_indexer(src);
   if (dst.dtype() == src.dtype()) {
     MG_CUDA_DISPATCH_ALL(dst.dtype(), "copy_", [&] {
-      constexpr int V = sizeof(scalar_t) >= 16 ? 1 : static_cast<int>(16 / sizeof(scalar_t));
+      constexpr int V = kVec16<scalar_t>;
       if (V > 1 && n % V == 0 && vec_ok(di, dst.raw_data(), V, sizeof(scalar_t)) &&
           vec_ok(si, src.raw_data(), V, sizeof(scalar_t))) {
         copy_vec_kernel<scalar_t, V><<<grid_for(n / V), 256, 0, st>>>(

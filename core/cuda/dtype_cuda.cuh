@@ -45,6 +45,16 @@ template <> __device__ __forceinline__ bool from_float<bool>(float v) { return v
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
 
+// Elements of T in one 16-byte access (1 for types of 16 bytes or more), and V elements moved
+// as one aligned vector load/store: what every vectorized kernel (copies, casts, elementwise,
+// reductions, norms, losses) reads and writes through.
+template <class T>
+inline constexpr int kVec16 = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+template <class T, int V>
+struct alignas(sizeof(T) * V) AlignedVec {
+  T v[V];
+};
+
 // Division by a divisor fixed at launch, as a multiply-high, an add and a shift
 // (Granlund-Montgomery), exact for dividends < 2^31. A 64-bit division is a software routine
 // of ~70 instructions on the GPU and the strided kernels divide once per dim per element, so
@@ -95,11 +105,10 @@ struct StridedIndexer {
 };
 // Indexer of `t` seen through `shape` (t already broadcast to it); offset excludes the
 // tensor's own offset (the kernel gets raw_data()).
+// Size-1 dims are dropped and dims contiguous with their inner neighbour merged (each tensor's
+// own layout: the linear index over the logical shape maps the same), so e.g. the source of a
+// [B, T, H, D] -> [B, H, T, D] copy walks 3 dims; the FastDiv tables are filled for < 2^31.
 StridedIndexer make_indexer(const Tensor& t);
-// Drops size-1 dims and merges dims that are contiguous in every indexer at once (same sizes
-// required), so e.g. a [B, T, H, D] -> [B, H, T, D] copy walks 3 dims, a cast of a
-// contiguous tensor 1. Then fills the FastDiv tables.
-void coalesce(StridedIndexer* const* ix, int n);
 
 inline unsigned grid_for(int64_t n, int block = 256) {
   int64_t g = (n + block - 1) / block;

@@ -15,7 +15,9 @@
 
 namespace mg::kernels::cuda {
 
+using mg::cuda::AlignedVec;
 using mg::cuda::from_float;
+using mg::cuda::kVec16;
 using mg::cuda::kMaxDims;
 using mg::cuda::to_float;
 

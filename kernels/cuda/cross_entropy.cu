@@ -13,11 +13,6 @@
 namespace mg::kernels::cuda {
 namespace {
 
-template <class T, int V>
-struct alignas(sizeof(T) * V) LossPack {
-  T v[V];
-};
-
 // Running (max, sum of exp(x - max)): merging two is exact up to rounding.
 template <class A>
 struct MaxSum {
@@ -63,7 +58,7 @@ __global__ void ce_forward_kernel(const T* logits, const int64_t* target, int64_
   MaxSum<A> r{-std::numeric_limits<A>::infinity(), A(0)};
   A sum_x = 0;
   for (int64_t j = threadIdx.x * V; j < C; j += static_cast<int64_t>(blockDim.x) * V) {
-    const LossPack<T, V> p = *reinterpret_cast<const LossPack<T, V>*>(x + j);
+    const AlignedVec<T, V> p = *reinterpret_cast<const AlignedVec<T, V>*>(x + j);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const A v = load_m(p.v[k]);
@@ -102,26 +97,23 @@ __global__ void ce_backward_kernel(const math_t<T>* coef, int64_t coef_stride, c
   const A l = lse[row];
   const A off = static_cast<A>(e) / static_cast<A>(C), hit = A(1) - static_cast<A>(e);
   for (int64_t j = threadIdx.x * V; j < C; j += static_cast<int64_t>(blockDim.x) * V) {
-    const LossPack<T, V> p = *reinterpret_cast<const LossPack<T, V>*>(x + j);
-    LossPack<T, V> o;
+    const AlignedVec<T, V> p = *reinterpret_cast<const AlignedVec<T, V>*>(x + j);
+    AlignedVec<T, V> o;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const A q = m_exp(load_m(p.v[k]) - l) - off - (j + k == t ? hit : A(0));
       o.v[k] = store_m<T>(ignored ? A(0) : c * q);
     }
-    *reinterpret_cast<LossPack<T, V>*>(g + j) = o;
+    *reinterpret_cast<AlignedVec<T, V>*>(g + j) = o;
   }
 }
 
 int threads_for(int64_t C) { return C >= 8192 ? 512 : C >= 1024 ? 256 : 128; }
 
-template <class T>
-constexpr int kVecOf = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
-
 // V when every row starts 16-byte aligned (C a multiple of V, aligned base), else 1.
 template <class T>
 bool vec_rows(const void* p, int64_t C) {
-  return kVecOf<T> > 1 && C % kVecOf<T> == 0 && (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+  return kVec16<T> > 1 && C % kVec16<T> == 0 && (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
 }  // namespace
@@ -143,7 +135,7 @@ int64_t cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_
     auto* pe = static_cast<A*>(lse.raw_data());
     const auto* pt = static_cast<const int64_t*>(target.raw_data());
     if (vec_rows<T>(px, C))
-      ce_forward_kernel<T, kVecOf<T>><<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(px, pt, C, ignore_index,
+      ce_forward_kernel<T, kVec16<T>><<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(px, pt, C, ignore_index,
                                                                                              smoothing, pl, pe, pbad);
     else
       ce_forward_kernel<T, 1><<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(px, pt, C, ignore_index, smoothing,
@@ -177,7 +169,7 @@ void cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tens
     const auto* pe = static_cast<const A*>(lse.raw_data());
     const auto* pt = static_cast<const int64_t*>(target.raw_data());
     if (vec_rows<T>(px, C) && vec_rows<T>(pg, C))
-      ce_backward_kernel<T, kVecOf<T>><<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(
+      ce_backward_kernel<T, kVec16<T>><<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(
           pc, cs, px, pt, pe, C, ignore_index, smoothing, pg);
     else
       ce_backward_kernel<T, 1><<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(pc, cs, px, pt, pe, C,

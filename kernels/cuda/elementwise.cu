@@ -152,22 +152,12 @@ __device__ __forceinline__ O binary_op(int op, T av, T bv, const Params& p) {
 
 // ---- kernels ----
 
-// Elements per 16-byte vector.
-template <class T>
-constexpr int vec_of() {
-  return sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
-}
-template <class T, int V>
-struct alignas(sizeof(T) * V) VecT {
-  T v[V];
-};
-
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 template <class T>
 __global__ void unary_contig_kernel(int op, Params p, const T* a, T* out, int64_t n) {
-  constexpr int V = vec_of<T>();
-  using Vec = VecT<T, V>;
+  constexpr int V = kVec16<T>;
+  using Vec = AlignedVec<T, V>;
   const int64_t nv = n / V;
   MG_GRID_STRIDE(i, nv) {
     Vec x = reinterpret_cast<const Vec*>(a)[i];
@@ -190,9 +180,9 @@ __global__ void unary_strided_kernel(int op, Params p, const T* a, T* out, Offse
 
 template <class T, class O>
 __global__ void binary_contig_kernel(int op, Params p, const T* a, const T* b, O* out, int64_t n) {
-  constexpr int V = vec_of<T>() < vec_of<O>() ? vec_of<T>() : vec_of<O>();
-  using VecI = VecT<T, V>;
-  using VecO = VecT<O, V>;
+  constexpr int V = kVec16<T> < kVec16<O> ? kVec16<T> : kVec16<O>;
+  using VecI = AlignedVec<T, V>;
+  using VecO = AlignedVec<O, V>;
   const int64_t nv = n / V;
   MG_GRID_STRIDE(i, nv) {
     const VecI x = reinterpret_cast<const VecI*>(a)[i];
@@ -267,7 +257,7 @@ void launch_unary(int op, Params p, const Tensor& a, const Tensor& out, const ch
     const T* pa = static_cast<const T*>(a.raw_data());
     T* po = static_cast<T*>(out.raw_data());
     if (out.is_contiguous() && flat_like(a, out) && aligned16(pa) && aligned16(po)) {
-      unary_contig_kernel<T><<<blocks_for(n / vec_of<T>() + 1), kBlock, 0, st>>>(op, p, pa, po, n);
+      unary_contig_kernel<T><<<blocks_for(n / kVec16<T> + 1), kBlock, 0, st>>>(op, p, pa, po, n);
     } else {
       auto oc = make_offset_calc<2>(out.sizes(), {&out.strides(), &a.strides()});
       unary_strided_kernel<T><<<blocks_for(n), kBlock, 0, st>>>(op, p, pa, po, oc, n);
@@ -284,7 +274,7 @@ void launch_binary_t(int op, Params p, const Tensor& a, const Tensor& b, const T
   O* po = static_cast<O*>(out.raw_data());
   if (out.is_contiguous() && flat_like(a, out) && flat_like(b, out) && aligned16(pa) && aligned16(pb) &&
       aligned16(po)) {
-    binary_contig_kernel<T, O><<<blocks_for(n / vec_of<T>() + 1), kBlock, 0, st>>>(op, p, pa, pb, po, n);
+    binary_contig_kernel<T, O><<<blocks_for(n / kVec16<T> + 1), kBlock, 0, st>>>(op, p, pa, pb, po, n);
   } else {
     auto oc = make_offset_calc<3>(out.sizes(), {&out.strides(), &a.strides(), &b.strides()});
     binary_strided_kernel<T, O><<<blocks_for(n), kBlock, 0, st>>>(op, p, pa, pb, po, oc, n);

@@ -56,13 +56,8 @@ struct Walk {
 };
 
 template <class T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-template <class T, int V>
-__device__ __forceinline__ Pack<T, V> load_pack(const T* p, int64_t i) {
-  return *reinterpret_cast<const Pack<T, V>*>(p + i);
+__device__ __forceinline__ AlignedVec<T, V> load_pack(const T* p, int64_t i) {
+  return *reinterpret_cast<const AlignedVec<T, V>*>(p + i);
 }
 
 // (mean, M2) of this block's chunk of channel blockIdx.x into ws[(c * P + p) * 2 + {0, 1}].
@@ -79,14 +74,14 @@ __global__ void bn_stats_kernel(const T* x, Walk w, math_t<T>* ws) {
   }
   A sum = 0;
   for (int64_t u = u0 + threadIdx.x; u < u1; u += blockDim.x) {
-    const Pack<T, V> v = load_pack<T, V>(x, w.at(c, u));
+    const AlignedVec<T, V> v = load_pack<T, V>(x, w.at(c, u));
 #pragma unroll
     for (int j = 0; j < V; ++j) sum += load_m(v.v[j]);
   }
   const A mean = block_sum(sum, shm) / static_cast<A>((u1 - u0) * V);
   A sq = 0;
   for (int64_t u = u0 + threadIdx.x; u < u1; u += blockDim.x) {
-    const Pack<T, V> v = load_pack<T, V>(x, w.at(c, u));
+    const AlignedVec<T, V> v = load_pack<T, V>(x, w.at(c, u));
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const A d = load_m(v.v[j]) - mean;
@@ -141,11 +136,11 @@ __global__ void bn_normalize_kernel(const T* x, const T* wt, const T* b, T* rmea
   const A shift = opt(b, c, A(0)) - mean * scale;
   for (int64_t u = w.begin(p) + threadIdx.x; u < w.end(p); u += blockDim.x) {
     const int64_t i = w.at(c, u);
-    const Pack<T, V> v = load_pack<T, V>(x, i);
-    Pack<T, V> r;
+    const AlignedVec<T, V> v = load_pack<T, V>(x, i);
+    AlignedVec<T, V> r;
 #pragma unroll
     for (int j = 0; j < V; ++j) r.v[j] = store_m<T>(load_m(v.v[j]) * scale + shift);
-    *reinterpret_cast<Pack<T, V>*>(out + i) = r;
+    *reinterpret_cast<AlignedVec<T, V>*>(out + i) = r;
   }
 }
 
@@ -174,7 +169,7 @@ __global__ void bn_bwd_sums_kernel(const T* g, const T* x, const T* mean, Walk w
   A sg = 0, sgd = 0;
   for (int64_t u = w.begin(p) + threadIdx.x; u < w.end(p); u += blockDim.x) {
     const int64_t i = w.at(c, u);
-    const Pack<T, V> gv = load_pack<T, V>(g, i), xv = load_pack<T, V>(x, i);
+    const AlignedVec<T, V> gv = load_pack<T, V>(g, i), xv = load_pack<T, V>(x, i);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const A gj = load_m(gv.v[j]);
@@ -211,11 +206,11 @@ __global__ void bn_bwd_dx_kernel(const T* g, const T* x, const T* wt, const T* m
   const A k2 = training ? is * is * sgd / M : A(0);
   for (int64_t u = w.begin(p) + threadIdx.x; u < w.end(p); u += blockDim.x) {
     const int64_t i = w.at(c, u);
-    const Pack<T, V> gv = load_pack<T, V>(g, i), xv = load_pack<T, V>(x, i);
-    Pack<T, V> r;
+    const AlignedVec<T, V> gv = load_pack<T, V>(g, i), xv = load_pack<T, V>(x, i);
+    AlignedVec<T, V> r;
 #pragma unroll
     for (int j = 0; j < V; ++j) r.v[j] = store_m<T>(a * (load_m(gv.v[j]) - mg - (load_m(xv.v[j]) - mu) * k2));
-    *reinterpret_cast<Pack<T, V>*>(dx + i) = r;
+    *reinterpret_cast<AlignedVec<T, V>*>(dx + i) = r;
   }
 }
 
@@ -249,15 +244,12 @@ Walk make_walk(const NCS& s, int V, const char* op) {
 
 template <class T>
 int vec_width(const NCS& s, std::initializer_list<const void*> ptrs) {
-  constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+  constexpr int V = kVec16<T>;
   if (V == 1 || s.S % V != 0) return 1;
   for (const void* p : ptrs)
     if (p && (reinterpret_cast<uintptr_t>(p) & 15) != 0) return 1;
   return V;
 }
-
-template <class T>
-constexpr int kVec = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
 
 // Partial-sum workspace [C, P, 2] in the math type, from the caching allocator.
 template <class T>
@@ -265,10 +257,10 @@ Tensor workspace(const Walk& w, Device dev) {
   return empty({w.s.C * w.P * 2}, {std::is_same_v<T, double> ? DType::f64 : DType::f32, dev});
 }
 
-// Runs f.template operator()<V>() with V = kVec<T> or 1 (a compile-time width either way).
+// Runs f with a compile-time width: kVec16<T> when v says so, else 1.
 template <class T, class F>
 void with_width(int v, F&& f) {
-  if (v == kVec<T> && kVec<T> > 1) f(std::integral_constant<int, kVec<T>>{});
+  if (v == kVec16<T> && kVec16<T> > 1) f(std::integral_constant<int, kVec16<T>>{});
   else f(std::integral_constant<int, 1>{});
 }
 

@@ -123,11 +123,6 @@ __global__ void reduce_cols_kernel(const T* a, O* out, A* partial, RedArgs<A> ar
 // The column kernel when each thread can own V adjacent outputs: the outputs are one
 // contiguous run in both the input (unit stride) and the output, so a row of 32 * V outputs
 // is one coalesced stretch of 16-byte loads (the scalar kernel read 64-128 bytes per warp a row).
-template <class T, int V>
-struct alignas(sizeof(T) * V) RedPack {
-  T v[V];
-};
-
 template <class T, class A, class O, int V>
 __global__ void reduce_cols_vec_kernel(const T* a, O* out, A* partial, RedArgs<A> args) {
   __shared__ A shm[kColY][32 * V + 1];
@@ -144,7 +139,7 @@ __global__ void reduce_cols_vec_kernel(const T* a, O* out, A* partial, RedArgs<A
     const T* base = a + o;
 #pragma unroll 4
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kColY) {
-      const RedPack<T, V> p = *reinterpret_cast<const RedPack<T, V>*>(base + r * args.rstride);
+      const AlignedVec<T, V> p = *reinterpret_cast<const AlignedVec<T, V>*>(base + r * args.rstride);
 #pragma unroll
       for (int j = 0; j < V; ++j) acc[j] += transform<T, A>(p.v[j], args.mode, m[j]);
     }
@@ -203,7 +198,7 @@ void reduce_t(const Tensor& a, const Tensor& out, int mode, double scale, const 
 
   const bool rows = args.rstride == 1 || args.R == 1 || !(args.oc.ndim >= 1 && args.oc.strides[0][1] == 1);
   // One run of contiguous outputs, read with unit stride, rows 16-byte aligned: vector loads.
-  constexpr int kV = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+  constexpr int kV = kVec16<T>;
   const bool vec = !rows && kV > 1 && args.oc.ndim == 1 && args.oc.strides[0][0] == 1 && args.rstride > 0 &&
                    args.num_out % kV == 0 && args.rstride % kV == 0 &&
                    (reinterpret_cast<uintptr_t>(pa) & 15) == 0;
