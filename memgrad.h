@@ -3,7 +3,7 @@
 // optimizers, schedulers, clipping, GradScaler and data loading. Depend on //:memgrad.
 #pragma once
 
-#include "autograd/checkpoint.h"
+#include "autograd/recompute.h"
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
@@ -21,13 +21,13 @@
 #include "data/mmap_dataset.h"
 #include "data/transforms.h"
 #include "kernels/ops.h"
-#include "nn/batch_fit.h"
+#include "memory/batch_fit.h"
 #include "nn/nn.h"
-#include "nn/planner.h"
+#include "memory/planner.h"
 #include "nn/prune.h"
-#include "nn/serialize.h"
-#include "nn/summary.h"
-#include "nn/training_checkpoint.h"
+#include "checkpoint/serialize.h"
+#include "memory/summary.h"
+#include "checkpoint/training_checkpoint.h"
 #include "optim/adam.h"
 #include "optim/bf16_update.h"
 #include "optim/clip_grad.h"

@@ -134,7 +134,7 @@ inline void record(const char* op, const std::vector<Tensor>& inputs, const Tens
 void record_node(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
                  const std::vector<Tensor>& outputs);
 
-// Selective recomputation. While a RecomputePolicy scope (autograd/checkpoint.h) is active
+// Selective recomputation. While a RecomputePolicy scope (autograd/recompute.h) is active
 // this is set, and the cheap ops it may name (gelu, silu, relu, layer_norm, dropout,
 // softmax) call it first with a closure of themselves: when it returns a defined tensor the
 // op ran as a checkpoint region whose output is rebuilt, not stored, for backward.

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "autograd/checkpoint.h"
+#include "autograd/recompute.h"
 #include "autograd/functions.h"
 #include "core/allocator.h"
 #include "core/autocast.h"
@@ -30,7 +30,7 @@
 #include "core/random.h"
 #include "nn/linear.h"
 #include "nn/models/gpt.h"
-#include "nn/planner.h"
+#include "memory/planner.h"
 #include "optim/sgd.h"
 
 namespace {

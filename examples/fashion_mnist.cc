@@ -31,7 +31,7 @@
 #include "kernels/ops.h"
 #include "nn/nn.h"
 #include "examples/training_setup.h"
-#include "nn/training_checkpoint.h"
+#include "checkpoint/training_checkpoint.h"
 #include "optim/grad_scaler.h"
 #include "optim/clip_grad.h"
 

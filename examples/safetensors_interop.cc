@@ -11,7 +11,7 @@
 
 #include "core/state_dict.h"
 #include "core/tensor.h"
-#include "nn/serialize.h"
+#include "checkpoint/serialize.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // Validation and dispatch for kernels/transformer_ops.h. CPU tensors run the row loop in
-// cpu/layernorm.cc, CUDA tensors the fused kernels of kernels/cuda/layernorm.cu (when built
+// cpu/layer_norm.cc, CUDA tensors the fused kernels of kernels/cuda/layer_norm.cu (when built
 // with MG_WITH_CUDA_NN_OPS); any other device runs the composed path (generic kernels that
 // exist on every backend), which is also the loop kernel's test reference. Flash attention
 // exists on CUDA only (kernels/cuda/attention.cu); its reference is mg::sdpa_reference.

@@ -36,7 +36,7 @@ void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& 
                          const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight,
                          const Tensor& grad_bias);
 
-// ---- layer norm (layernorm.cu); the contract of cpu::layer_norm_* in transformer_ops.h ----
+// ---- layer norm (layer_norm.cu); the contract of cpu::layer_norm_* in transformer_ops.h ----
 // x [M, N] contiguous; weight/bias [N] of x's dtype or undefined; out [M, N] of x's dtype,
 // mean/rstd [M] in f32 (f64 for f64).
 void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,

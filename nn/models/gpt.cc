@@ -3,7 +3,7 @@
 #include <cmath>
 #include <optional>
 
-#include "autograd/checkpoint.h"
+#include "autograd/recompute.h"
 #include "autograd/functions.h"
 #include "nn/init.h"
 

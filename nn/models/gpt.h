@@ -24,7 +24,7 @@ struct GPTConfig {
   bool tied_head = true;   // lm_head.weight IS transformer.wte.weight (one Parameter)
 };
 
-// Activation recomputation for GPT::forward (autograd/checkpoint.h). Per-block
+// Activation recomputation for GPT::forward (autograd/recompute.h). Per-block
 // checkpointing keeps each block's input only; selective recomputation keeps the matmul and
 // attention outputs and rebuilds the layer norms, GELU and dropout; both can be combined.
 struct GPTRecompute {

@@ -1,0 +1,343 @@
+// TCP star: listen/accept on rank 0, connect-with-retry on the others, a hello that checks
+// rank and world size, and deadline-bounded send/recv that turn a dead or missing peer into
+// an mg::Error instead of a hang.
+#include "distributed/tcp_rendezvous.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "core/error.h"
+
+namespace mg::dist::detail {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+constexpr uint32_t kMagic = 0x4d474431;  // "MGD1"
+
+struct Hello {
+  uint32_t magic;
+  int32_t rank;
+  int32_t world;
+};
+
+std::string seconds(std::chrono::milliseconds ms) {
+  std::ostringstream os;
+  os << ms.count() / 1000.0 << " s";
+  return os.str();
+}
+
+int remaining_ms(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left < 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
+}
+
+void set_nodelay(int fd) {
+  int one = 1;
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// Waits for `events` on fd until the deadline; false on timeout.
+bool wait_fd(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    int rc = ::poll(&p, 1, remaining_ms(deadline));
+    if (rc > 0) return true;
+    if (rc == 0) return false;
+    if (errno != EINTR) return false;
+  }
+}
+
+// Resolves host:port to IPv4 addresses (the rendezvous is single-host or a plain LAN).
+sockaddr_in resolve(const std::string& host, int port, const std::string& who) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  MG_CHECK(rc == 0 && res, Error, who, ": cannot resolve MASTER_ADDR '", host, "': ", gai_strerror(rc));
+  sockaddr_in a = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
+  freeaddrinfo(res);
+  return a;
+}
+
+// One non-blocking connect attempt bounded by the deadline; returns -1 if it did not connect.
+int try_connect(const sockaddr_in& addr, Clock::time_point deadline) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  int flags = fcntl(fd, F_GETFL, 0);
+  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  if (rc != 0 && errno == EINPROGRESS) {
+    if (wait_fd(fd, POLLOUT, deadline)) {
+      int err = 0;
+      socklen_t len = sizeof(err);
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      rc = err == 0 ? 0 : -1;
+    }
+  }
+  if (rc != 0) {
+    ::close(fd);
+    return -1;
+  }
+  fcntl(fd, F_SETFL, flags);
+  set_nodelay(fd);
+  return fd;
+}
+
+bool read_init_file(const std::string& path, std::string* host, int* port) {
+  std::ifstream f(path);
+  std::string h;
+  int p = 0;
+  if (!(f >> h >> p) || p <= 0) return false;
+  *host = h;
+  *port = p;
+  return true;
+}
+
+void send_all_fd(int fd, const void* data, size_t n, Clock::time_point deadline, const std::string& err_prefix) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    if (!wait_fd(fd, POLLOUT, deadline)) MG_THROW(Error, err_prefix, ": timed out sending");
+    ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (k <= 0) MG_THROW(Error, err_prefix, ": connection lost while sending (", std::strerror(errno), ")");
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+// Returns false on timeout; throws on a closed connection.
+bool recv_all_fd(int fd, void* data, size_t n, Clock::time_point deadline, const std::string& err_prefix) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    if (!wait_fd(fd, POLLIN, deadline)) return false;
+    ssize_t k = ::recv(fd, p, n, 0);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (k == 0) MG_THROW(Error, err_prefix, ": the peer closed the connection (did it exit or crash?)");
+    if (k < 0) MG_THROW(Error, err_prefix, ": connection error (", std::strerror(errno), ")");
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+}  // namespace
+
+Socket::~Socket() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Socket& Socket::operator=(Socket&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+std::string Star::who() const { return "rank " + std::to_string(rank_) + " of " + std::to_string(world_); }
+
+Socket& Star::sock(int peer, const char* fn) {
+  if (rank_ == 0) {
+    MG_CHECK(peer >= 1 && peer < world_, ValueError, "Star::", fn, ": rank 0 has no connection to rank ", peer);
+    return peers_[peer];
+  }
+  MG_CHECK(peer == 0, ValueError, "Star::", fn, ": rank ", rank_, " only talks to rank 0, not ", peer);
+  return peers_[0];
+}
+
+std::unique_ptr<Star> Star::connect(const ProcessGroupOptions& o) {
+  std::unique_ptr<Star> s(new Star(o.rank, o.world_size, o.timeout));
+  if (o.world_size == 1) return s;
+  const std::string who = s->who();
+  const auto deadline = Clock::now() + o.timeout;
+
+  if (o.rank == 0) {
+    s->peers_.resize(o.world_size);
+    Socket listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    MG_CHECK(listener.valid(), Error, who, ": socket() failed: ", std::strerror(errno));
+    int one = 1;
+    setsockopt(listener.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    const bool by_file = !o.init_file.empty();
+    addr.sin_port = htons(static_cast<uint16_t>(by_file ? 0 : o.master_port));
+    MG_CHECK(::bind(listener.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, Error, who,
+             ": cannot listen on port ", by_file ? 0 : o.master_port, ": ", std::strerror(errno),
+             " (another job on this port? choose another MASTER_PORT)");
+    MG_CHECK(::listen(listener.fd(), o.world_size) == 0, Error, who, ": listen() failed: ", std::strerror(errno));
+    socklen_t len = sizeof(addr);
+    getsockname(listener.fd(), reinterpret_cast<sockaddr*>(&addr), &len);
+    const int port = ntohs(addr.sin_port);
+    if (by_file) {
+      // Write-then-rename: a reader never sees half a line.
+      const std::string tmp = o.init_file + ".tmp." + std::to_string(::getpid());
+      {
+        std::ofstream f(tmp, std::ios::trunc);
+        f << o.master_addr << " " << port << "\n";
+        MG_CHECK(f.good(), IOError, who, ": cannot write MG_DIST_INIT_FILE '", o.init_file, "'");
+      }
+      MG_CHECK(std::rename(tmp.c_str(), o.init_file.c_str()) == 0, IOError, who, ": cannot create '", o.init_file,
+               "': ", std::strerror(errno));
+    }
+    int joined = 0;
+    while (joined < o.world_size - 1) {
+      if (!wait_fd(listener.fd(), POLLIN, deadline)) {
+        std::ostringstream missing;
+        for (int r = 1; r < o.world_size; ++r)
+          if (!s->peers_[r].valid()) missing << (missing.tellp() ? ", " : "") << r;
+        MG_THROW(Error, who, ": rendezvous timed out after ", seconds(o.timeout), " waiting for rank(s) ",
+                 missing.str(), " of world size ", o.world_size, " to connect to port ", port,
+                 " (a missing peer: did every rank start, with the same MASTER_ADDR/MASTER_PORT or MG_DIST_INIT_FILE?)");
+      }
+      int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      Socket c(fd);
+      set_nodelay(fd);
+      Hello h{};
+      bool got = false;
+      try {
+        got = recv_all_fd(fd, &h, sizeof(h), std::min(deadline, Clock::now() + std::chrono::seconds(10)),
+                          who + ": rendezvous hello");
+      } catch (const Error&) {
+      }
+      if (!got || h.magic != kMagic) continue;  // not one of ours (a port scan, a dead stale peer)
+      std::string problem;
+      if (h.world != o.world_size)
+        problem = "rank " + std::to_string(h.rank) + " has WORLD_SIZE " + std::to_string(h.world) + ", rank 0 has " +
+                  std::to_string(o.world_size);
+      else if (h.rank < 1 || h.rank >= o.world_size)
+        problem = "a peer announced rank " + std::to_string(h.rank) + ", outside [1, " + std::to_string(o.world_size) + ")";
+      else if (s->peers_[h.rank].valid())
+        problem = "two processes announced rank " + std::to_string(h.rank);
+      if (!problem.empty()) {
+        std::string msg = "rendezvous failed: " + problem;
+        uint64_t n = msg.size();
+        try {
+          send_all_fd(fd, &n, sizeof(n), deadline, who);
+          send_all_fd(fd, msg.data(), n, deadline, who);
+        } catch (const Error&) {
+        }
+        MG_THROW(Error, who, ": ", msg);
+      }
+      s->peers_[h.rank] = std::move(c);
+      ++joined;
+    }
+    for (int r = 1; r < o.world_size; ++r) s->send_string(r, "", "rendezvous acknowledgement");
+    return s;
+  }
+
+  // Ranks 1..N-1: find rank 0 (the init file may not exist yet), connect, say hello.
+  s->peers_.resize(1);
+  std::string host = o.master_addr;
+  int port = o.master_port;
+  int fd = -1;
+  while (fd < 0) {
+    bool have_addr = o.init_file.empty() || read_init_file(o.init_file, &host, &port);
+    if (have_addr) fd = try_connect(resolve(host, port, who), std::min(deadline, Clock::now() + std::chrono::seconds(2)));
+    if (fd >= 0) break;
+    if (Clock::now() >= deadline) {
+      if (!have_addr)
+        MG_THROW(Error, who, ": rendezvous timed out after ", seconds(o.timeout), " waiting for rank 0 to write ",
+                 "MG_DIST_INIT_FILE '", o.init_file, "' (a missing peer: is rank 0 running?)");
+      MG_THROW(Error, who, ": rendezvous timed out after ", seconds(o.timeout), " connecting to rank 0 at ", host, ":",
+               port, " (a missing peer: is rank 0 running, with the same MASTER_ADDR/MASTER_PORT?)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  s->peers_[0] = Socket(fd);
+  Hello h{kMagic, o.rank, o.world_size};
+  send_all_fd(fd, &h, sizeof(h), deadline, who + ": rendezvous hello to rank 0");
+  uint64_t n = 0;
+  if (!recv_all_fd(fd, &n, sizeof(n), deadline, who + ": rendezvous with rank 0"))
+    MG_THROW(Error, who, ": rendezvous timed out after ", seconds(o.timeout), ": connected to rank 0 at ", host, ":",
+             port, " but not every one of the ", o.world_size, " ranks joined (a missing peer)");
+  if (n > 0) {
+    std::string msg(n, '\0');
+    recv_all_fd(fd, msg.data(), n, deadline, who + ": rendezvous with rank 0");
+    MG_THROW(Error, who, ": ", msg);
+  }
+  return s;
+}
+
+void Star::send(int peer, const void* data, size_t n, const std::string& what) {
+  Socket& so = sock(peer, "send");
+  send_all_fd(so.fd(), data, n, Clock::now() + timeout(),
+              who() + ": " + what + ": sending to rank " + std::to_string(peer));
+}
+
+void Star::recv(int peer, void* data, size_t n, const std::string& what) {
+  Socket& so = sock(peer, "recv");
+  const std::string prefix = who() + ": " + what + ": receiving from rank " + std::to_string(peer);
+  if (!recv_all_fd(so.fd(), data, n, Clock::now() + timeout(), prefix)) {
+    MG_THROW(Error, who(), ": timed out after ", seconds(timeout()), " in ", what, " waiting for rank ", peer,
+             rank_ == 0 ? " (did it call the same collective?)"
+                        : " (rank 0 waits for every rank: some rank is missing, slow, or called another collective)");
+  }
+}
+
+void Star::send_string(int peer, const std::string& s, const std::string& what) {
+  uint64_t n = s.size();
+  send(peer, &n, sizeof(n), what);
+  if (n) send(peer, s.data(), n, what);
+}
+
+std::string Star::recv_string(int peer, const std::string& what) {
+  uint64_t n = 0;
+  recv(peer, &n, sizeof(n), what);
+  MG_CHECK(n < (uint64_t{1} << 40), Error, who(), ": ", what, ": corrupt message length ", n, " from rank ", peer);
+  std::string s(n, '\0');
+  if (n) recv(peer, s.data(), n, what);
+  return s;
+}
+
+void Star::broadcast_bytes(std::string& data, const std::string& what) {
+  if (world_ == 1) return;
+  if (rank_ == 0) {
+    for (int r = 1; r < world_; ++r) send_string(r, data, what);
+  } else {
+    data = recv_string(0, what);
+  }
+}
+
+void Star::barrier(const std::string& what) {
+  if (world_ == 1) return;
+  uint8_t token = 1;
+  if (rank_ == 0) {
+    for (int r = 1; r < world_; ++r) recv(r, &token, 1, what);
+    for (int r = 1; r < world_; ++r) send(r, &token, 1, what);
+  } else {
+    send(0, &token, 1, what);
+    recv(0, &token, 1, what);
+  }
+}
+
+int free_tcp_port() {
+  Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  MG_CHECK(s.valid(), Error, "free_tcp_port: socket() failed: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  MG_CHECK(::bind(s.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, Error,
+           "free_tcp_port: bind failed: ", std::strerror(errno));
+  socklen_t len = sizeof(addr);
+  getsockname(s.fd(), reinterpret_cast<sockaddr*>(&addr), &len);
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace mg::dist::detail

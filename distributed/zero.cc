@@ -1,0 +1,136 @@
+// ZeRO-1: the flat index space cut into chunks, each chunk split N ways; this rank's pieces
+// are views of the parameters, so its optimizer updates them in place; the step then
+// all-gathers every rank's updated slice, one chunk at a time.
+#include "distributed/zero.h"
+
+#include <algorithm>
+
+#include "autograd/grad_mode.h"
+#include "kernels/ops.h"
+#include "nn/module.h"
+
+namespace mg::dist {
+
+namespace {
+Tensor flat_slice(const Tensor& t, int64_t begin, int64_t len) {
+  return raw::slice(raw::view(t, {t.numel()}), 0, begin, begin + len, 1);
+}
+}  // namespace
+
+template <class F>
+void ZeroRedundancyOptimizer::for_each_piece(int64_t begin, int64_t end, F&& fn) const {
+  end = std::min(end, total_);
+  auto it = std::upper_bound(offsets_.begin(), offsets_.end(), begin);
+  size_t i = it == offsets_.begin() ? 0 : static_cast<size_t>(it - offsets_.begin() - 1);
+  for (; i < params_.size() && offsets_[i] < end; ++i) {
+    const int64_t p_begin = offsets_[i], p_end = p_begin + params_[i].numel();
+    const int64_t a = std::max(begin, p_begin), b = std::min(end, p_end);
+    if (a < b) fn(i, a - p_begin, a - begin, b - a);
+  }
+}
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, std::shared_ptr<ProcessGroup> pg,
+                                                 const Factory& make_local, ZeroOptions opts)
+    : params_(std::move(params)), pg_(std::move(pg)), opts_(opts) {
+  MG_CHECK(pg_ != nullptr, ValueError, "ZeroRedundancyOptimizer: process group is null");
+  MG_CHECK(!params_.empty(), ValueError, "ZeroRedundancyOptimizer: got no parameters");
+  MG_CHECK(opts.chunk_mb > 0, ValueError, "ZeroRedundancyOptimizer: chunk_mb must be positive, got ", opts.chunk_mb);
+  dtype_ = params_[0].dtype();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    MG_CHECK(p.defined() && p.is_contiguous(), ValueError, "ZeroRedundancyOptimizer: parameter ", i,
+             " must be a defined, contiguous tensor");
+    MG_CHECK(p.dtype() == dtype_, DTypeError, "ZeroRedundancyOptimizer: parameter ", i, " is ", p.dtype(),
+             ", parameter 0 is ", dtype_, " (one flat space needs one dtype)");
+    MG_CHECK(p.device() == pg_->device(), DeviceError, "ZeroRedundancyOptimizer: parameter ", i, " is on ",
+             p.device(), " but the process group works on ", pg_->device());
+    offsets_.push_back(total_);
+    total_ += p.numel();
+  }
+  const int64_t N = pg_->size();
+  const int64_t elems = std::max<int64_t>(1, static_cast<int64_t>(opts.chunk_mb * 1048576.0) / dtype_size(dtype_));
+  const int64_t per_rank_cap = std::max<int64_t>(1, elems / N);
+  for (int64_t g = 0; g < total_;) {
+    const int64_t per_rank = std::min(per_rank_cap, (total_ - g + N - 1) / N);
+    chunks_.push_back({g, per_rank});
+    shard_numel_ += per_rank;
+    g += per_rank * N;
+  }
+  std::vector<Tensor> views;
+  for (size_t k = 0; k < chunks_.size(); ++k) {
+    const Chunk& c = chunks_[k];
+    const int64_t begin = c.global_begin + pg_->rank() * c.per_rank;
+    for_each_piece(begin, begin + c.per_rank, [&](size_t i, int64_t p_off, int64_t s_off, int64_t len) {
+      // A leaf that aliases the parameter's storage: updating it updates the parameter.
+      Tensor v = nn::parameter(flat_slice(params_[i].detach(), p_off, len));
+      pieces_.push_back({i, p_off, s_off, len, k, v});
+      views.push_back(v);
+    });
+  }
+  if (views.empty()) {
+    // A rank whose slice is all padding still needs an optimizer (with nothing to update).
+    views.push_back(nn::parameter(zeros({1}, {dtype_, pg_->device()})));
+  }
+  local_ = make_local(views);
+  MG_CHECK(local_ != nullptr, ValueError, "ZeroRedundancyOptimizer: the factory returned no optimizer");
+}
+
+void ZeroRedundancyOptimizer::step() {
+  NoGradGuard ng;
+  const int64_t N = pg_->size();
+  // 1. Gradients for this rank's pieces: views of .grad (already averaged by DDP), or slices of
+  //    a reduce-scattered chunk.
+  std::vector<Tensor> reduced(chunks_.size());
+  if (opts_.reduce_gradients) {
+    MemoryCategoryGuard cat(MemoryCategory::Gradients);
+    for (size_t k = 0; k < chunks_.size(); ++k) {
+      const Chunk& c = chunks_[k];
+      Tensor full = zeros({c.per_rank * N}, {dtype_, pg_->device()});
+      for_each_piece(c.global_begin, c.global_begin + c.per_rank * N,
+                     [&](size_t i, int64_t p_off, int64_t r_off, int64_t len) {
+                       Tensor g = params_[i].grad();
+                       if (g.defined()) kernels::copy_(flat_slice(full, r_off, len), flat_slice(raw::contiguous(g), p_off, len));
+                     });
+      reduced[k] = empty({c.per_rank}, {dtype_, pg_->device()});
+      pg_->reduce_scatter(reduced[k], full, ReduceOp::Avg);
+    }
+  }
+  for (Piece& pc : pieces_) {
+    if (opts_.reduce_gradients) {
+      pc.view.set_grad(raw::slice(reduced[pc.chunk], 0, pc.slice_offset, pc.slice_offset + pc.len, 1));
+      continue;
+    }
+    Tensor g = params_[pc.param].grad();
+    pc.view.set_grad(g.defined() ? flat_slice(raw::contiguous(g), pc.param_offset, pc.len)
+                                 : zeros({pc.len}, {dtype_, pg_->device()}));
+  }
+  // 2. The local update, in place on the parameters (optimizer state for this slice only).
+  local_->step();
+  for (Piece& pc : pieces_) pc.view.set_grad(Tensor());
+  // 3. Every rank's updated slice into every parameter, one chunk at a time.
+  for (size_t k = 0; k < chunks_.size(); ++k) {
+    const Chunk& c = chunks_[k];
+    Tensor mine = zeros({c.per_rank}, {dtype_, pg_->device()});
+    for (const Piece& pc : pieces_)
+      if (pc.chunk == k) kernels::copy_(flat_slice(mine, pc.slice_offset, pc.len), flat_slice(params_[pc.param], pc.param_offset, pc.len));
+    Tensor gathered = empty({c.per_rank * N}, {dtype_, pg_->device()});
+    pg_->all_gather(gathered, mine);
+    for_each_piece(c.global_begin, c.global_begin + c.per_rank * N,
+                   [&](size_t i, int64_t p_off, int64_t r_off, int64_t len) {
+                     kernels::copy_(flat_slice(params_[i], p_off, len), flat_slice(gathered, r_off, len));
+                   });
+  }
+  for (const Tensor& p : params_) p.bump_version();
+}
+
+void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
+  for (const Tensor& p : params_) {
+    if (set_to_none) {
+      p.set_grad(Tensor());
+    } else if (p.grad().defined()) {
+      kernels::fill_(p.grad(), 0.0);
+    }
+  }
+}
+
+}  // namespace mg::dist

@@ -1,0 +1,84 @@
+// ZeRO stage 1: optimizer-state sharding. The parameters are laid end to end in one flat
+// index space; each rank owns 1/N of it, keeps the optimizer state (SGD momentum, Adam
+// moments) for that slice only, updates that slice, then all-gathers the updated parameters.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "distributed/process_group.h"
+#include "optim/optimizer.h"
+
+namespace mg::dist {
+
+struct ZeroOptions {
+  // The flat space is cut into chunks of about this size; each chunk is split N ways, and the
+  // all-gather after the step runs chunk by chunk, so its temporary is one chunk, not a model.
+  double chunk_mb = 32.0;
+  // false: .grad already holds the average over ranks (DDP did it), only the owned slice is
+  // read. true: reduce-scatter the gradients here (average), for use without DDP.
+  bool reduce_gradients = false;
+};
+
+class ZeroRedundancyOptimizer {
+ public:
+  // Builds the optimizer for this rank's slice; it must update elementwise (SGD, Adam, AdamW:
+  // not LARS/LAMB-style per-tensor norms), e.g.
+  //   [](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(p, opts); }
+  // It receives views of the parameters' own storage (one per piece of a parameter this rank
+  // owns), so it updates the parameters in place: no copy of the shard is kept.
+  using Factory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor> pieces)>;
+
+  // params: identical on every rank (broadcast them first, as DDP does), contiguous, one dtype,
+  // on the process group's device.
+  ZeroRedundancyOptimizer(std::vector<Tensor> params, std::shared_ptr<ProcessGroup> pg, const Factory& make_local,
+                          ZeroOptions opts = {});
+
+  // One update of every parameter. Where a piece of a parameter has no gradient it counts as
+  // zero (SGD proper skips such a parameter; with DDP every parameter has one).
+  void step();
+  void zero_grad(bool set_to_none = true);
+
+  // The slice's optimizer: its param_groups()[0] holds lr etc. (schedulers act on it).
+  optim::Optimizer& local_optimizer() { return *local_; }
+  const optim::Optimizer& local_optimizer() const { return *local_; }
+  // Bytes of optimizer state on this rank (about 1/N of the unsharded optimizer's).
+  int64_t state_nbytes() const { return local_->state_nbytes(); }
+  // Elements this rank owns (its slice of the padded flat space) and in all parameters.
+  int64_t shard_numel() const { return shard_numel_; }
+  int64_t total_numel() const { return total_; }
+
+ private:
+  struct Chunk {
+    int64_t global_begin;  // in the flat space (padded at the end to a multiple of N)
+    int64_t per_rank;      // this chunk's slice per rank
+  };
+  // A run of one parameter inside this rank's slice of one chunk.
+  struct Piece {
+    size_t param;
+    int64_t param_offset;  // in the parameter's elements
+    int64_t slice_offset;  // in this rank's slice of the chunk
+    int64_t len;
+    size_t chunk;
+    Tensor view;           // the local optimizer's parameter: a view of params_[param]
+  };
+  // Calls fn(param index, offset in that param, offset in [begin, end), length) for every piece
+  // of a parameter inside the flat range [begin, end).
+  template <class F>
+  void for_each_piece(int64_t begin, int64_t end, F&& fn) const;
+
+  std::vector<Tensor> params_;
+  std::vector<int64_t> offsets_;  // flat offset of each parameter
+  std::shared_ptr<ProcessGroup> pg_;
+  ZeroOptions opts_;
+  DType dtype_ = DType::f32;
+  int64_t total_ = 0;
+  int64_t shard_numel_ = 0;
+  std::vector<Chunk> chunks_;
+  std::vector<Piece> pieces_;
+  std::unique_ptr<optim::Optimizer> local_;
+};
+
+}  // namespace mg::dist

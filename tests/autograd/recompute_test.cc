@@ -1,0 +1,335 @@
+// Checkpoint regions: gradients equal the plain run's bitwise on CPU (f64 and f32), the
+// replay sees the forward's RNG stream and autocast state, several outputs, inputs without
+// grad, regions without parameters, nesting, recompute_outputs, memory kept, and errors.
+#include "autograd/recompute.h"
+
+#include <gtest/gtest.h>
+
+#include <optional>
+
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "core/allocator.h"
+#include "core/autocast.h"
+#include "core/random.h"
+
+namespace mg {
+namespace {
+
+Tensor param(const Shape& s, DType dt, uint64_t seed) {
+  Generator g(seed);
+  Tensor t = randn(s, {dt}, &g);
+  t.requires_grad_(true);
+  return t;
+}
+
+// A small two-layer block with dropout: everything a replay has to reproduce.
+struct Block {
+  Tensor w1, b1, w2;
+  double p = 0.0;
+  Block(int64_t d, DType dt, uint64_t seed, double p = 0.0)
+      : w1(param({4 * d, d}, dt, seed)), b1(param({4 * d}, dt, seed + 1)), w2(param({d, 4 * d}, dt, seed + 2)), p(p) {}
+  Tensor operator()(const Tensor& x) const { return add(x, linear(dropout(gelu(linear(x, w1, b1)), p, true), w2)); }
+  std::vector<Tensor> params() const { return {w1, b1, w2}; }
+};
+
+void clear_grads(const std::vector<Tensor>& ts) {
+  for (Tensor t : ts) t.set_grad(Tensor());
+}
+
+std::vector<Tensor> grads_of(const std::vector<Tensor>& ts) {
+  std::vector<Tensor> g;
+  for (const Tensor& t : ts) g.push_back(t.grad().defined() ? t.grad().clone() : Tensor());
+  return g;
+}
+
+void expect_bitwise(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(a[i].defined() && b[i].defined()) << "gradient " << i;
+    EXPECT_EQ(a[i].to_vector<double>(), b[i].to_vector<double>()) << "gradient " << i;
+  }
+}
+
+class CheckpointDType : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CheckpointDType, GradientsBitwiseEqualPlainRunWithDropout) {
+  const DType dt = GetParam();
+  Block b1(8, dt, 10, 0.25), b2(8, dt, 20, 0.25);
+  Generator gx(3);
+  Tensor x = randn({4, 5, 8}, {dt}, &gx);
+  x.requires_grad_(true);
+  std::vector<Tensor> all = b1.params();
+  for (auto& t : b2.params()) all.push_back(t);
+  all.push_back(x);
+
+  manual_seed(77);
+  sum(square(b2(b1(x)))).backward();
+  const PhiloxState rng_after_plain = default_generator().get_state();
+  auto plain = grads_of(all);
+  clear_grads(all);
+
+  manual_seed(77);
+  const int64_t replays = checkpoint_replay_count();
+  Tensor h = checkpoint([&](const Tensor& in) { return b1(in); }, x);
+  Tensor y = checkpoint([&](const Tensor& in) { return b2(in); }, h);
+  sum(square(y)).backward();
+  EXPECT_EQ(checkpoint_replay_count() - replays, 2);
+  // The replays drew the forward's masks and put the stream back where it was.
+  EXPECT_EQ(default_generator().get_state().offset, rng_after_plain.offset);
+  expect_bitwise(grads_of(all), plain);
+}
+
+INSTANTIATE_TEST_SUITE_P(CPU, CheckpointDType, ::testing::Values(DType::f64, DType::f32));
+
+TEST(Checkpoint, SeveralOutputsOneUnused) {
+  Tensor a = param({3, 4}, DType::f64, 1), w = param({4, 4}, DType::f64, 2);
+  auto region = [&](const std::vector<Tensor>& in) {
+    Tensor h = matmul(in[0], w);
+    return std::vector<Tensor>{tanh(h), exp(h), sigmoid(h)};
+  };
+  auto plain = region({a});
+  sum(mul(plain[0], plain[1])).backward();  // output 2 unused
+  auto want = grads_of({a, w});
+  clear_grads({a, w});
+  auto out = checkpoint(region, {a});
+  ASSERT_EQ(out.size(), 3u);
+  sum(mul(out[0], out[1])).backward();
+  expect_bitwise(grads_of({a, w}), want);
+}
+
+TEST(Checkpoint, InputWithoutGradParametersStillGetGradients) {
+  Tensor x = randn({5, 6}, {DType::f64});  // data: no grad
+  Tensor w = param({6, 3}, DType::f64, 4);
+  auto f = [&](const Tensor& in) { return relu(matmul(in, w)); };
+  sum(f(x)).backward();
+  auto want = grads_of({w});
+  clear_grads({w});
+  Tensor y = checkpoint(f, x);
+  ASSERT_TRUE(y.requires_grad());
+  sum(y).backward();
+  expect_bitwise(grads_of({w}), want);
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(Checkpoint, RegionWithoutParametersAndNothingRequiringGrad) {
+  Tensor x = param({7}, DType::f64, 5);
+  auto g = [](const Tensor& in) { return mul(tanh(in), in); };
+  sum(g(x)).backward();
+  auto want = grads_of({x});
+  clear_grads({x});
+  sum(checkpoint(g, x)).backward();
+  expect_bitwise(grads_of({x}), want);
+  // Nothing requires grad: a plain result, no node.
+  Tensor c = checkpoint(g, x.detach());
+  EXPECT_FALSE(c.requires_grad());
+}
+
+TEST(Checkpoint, NestedRegions) {
+  Block b1(6, DType::f64, 30), b2(6, DType::f64, 40), b3(6, DType::f64, 50);
+  Tensor x = param({2, 3, 6}, DType::f64, 6);
+  std::vector<Tensor> all = b1.params();
+  for (auto* b : {&b2, &b3})
+    for (auto& t : b->params()) all.push_back(t);
+  all.push_back(x);
+  sum(b3(b2(b1(x)))).backward();
+  auto want = grads_of(all);
+  clear_grads(all);
+  const int64_t replays = checkpoint_replay_count();
+  Tensor y = checkpoint(
+      [&](const Tensor& in) {
+        Tensor h = checkpoint([&](const Tensor& i2) { return b1(i2); }, in);
+        return b3(checkpoint([&](const Tensor& i2) { return b2(i2); }, h));
+      },
+      x);
+  sum(y).backward();
+  // The outer region once, then each inner region once during the outer replay's backward.
+  EXPECT_EQ(checkpoint_replay_count() - replays, 3);
+  expect_bitwise(grads_of(all), want);
+}
+
+TEST(Checkpoint, SequentialMatchesPlain) {
+  std::vector<Block> blocks;
+  for (int i = 0; i < 5; ++i) blocks.emplace_back(4, DType::f64, 100 + 10 * i);
+  std::vector<std::function<Tensor(const Tensor&)>> fns;
+  std::vector<Tensor> all;
+  for (const Block& b : blocks) {
+    fns.push_back([&b](const Tensor& in) { return b(in); });
+    for (auto& t : b.params()) all.push_back(t);
+  }
+  Tensor x = param({3, 4}, DType::f64, 9);
+  all.push_back(x);
+  Tensor y = x;
+  for (auto& f : fns) y = f(y);
+  sum(y).backward();
+  auto want = grads_of(all);
+  for (int64_t segments : {1, 2, 3, 5}) {
+    clear_grads(all);
+    const int64_t replays = checkpoint_replay_count();
+    sum(checkpoint_sequential(fns, segments, x)).backward();
+    EXPECT_EQ(checkpoint_replay_count() - replays, segments - 1) << segments << " segments";
+    expect_bitwise(grads_of(all), want);
+  }
+  EXPECT_THROW(checkpoint_sequential(fns, 0, x), ValueError);
+  EXPECT_THROW(checkpoint_sequential(fns, 6, x), ValueError);
+}
+
+TEST(Checkpoint, ReplayRestoresAutocastState) {
+  Tensor x = param({4}, DType::f32, 11);
+  std::vector<AutocastState> seen;
+  auto f = [&](const Tensor& in) {
+    seen.push_back(autocast_state());
+    return mul(in, in);
+  };
+  Tensor y;
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    y = checkpoint(f, x);
+  }
+  ASSERT_FALSE(autocast_state().cpu_enabled);
+  sum(y).backward();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(seen[1].cpu_enabled);
+  EXPECT_EQ(seen[1], seen[0]);
+  EXPECT_FALSE(autocast_state().cpu_enabled);  // backward's own state came back
+}
+
+TEST(Checkpoint, KeepsOnlyInputsDuringForward) {
+  // Eight elementwise steps over a 1 MiB tensor: plain keeps each step's saved inputs.
+  Tensor x = param({1 << 17}, DType::f64, 12);
+  auto f = [](const Tensor& in) {
+    Tensor h = in;
+    for (int i = 0; i < 8; ++i) h = tanh(h);
+    return h;
+  };
+  const int64_t base = memory_allocated();
+  Tensor plain = f(x);
+  const int64_t plain_bytes = memory_allocated() - base;
+  plain = Tensor();
+  const int64_t base2 = memory_allocated();
+  Tensor ck = checkpoint(f, x);
+  const int64_t ck_bytes = memory_allocated() - base2;
+  const int64_t one = x.numel() * 8;
+  EXPECT_GE(plain_bytes, 8 * one);  // every tanh output is saved by the next tanh (or is the result)
+  EXPECT_LE(ck_bytes, one + 4096);  // only the region's output
+  sum(ck).backward();
+  EXPECT_TRUE(x.grad().defined());
+}
+
+TEST(Checkpoint, RecomputeOutputsDropsWhatConsumersSave) {
+  // linear -> [gelu, recomputed] -> linear: the second linear saves the gelu output, which a
+  // recompute_outputs region does not keep.
+  Tensor x = param({64, 32}, DType::f64, 13), w1 = param({128, 32}, DType::f64, 14),
+         w2 = param({32, 128}, DType::f64, 15);
+  std::vector<Tensor> all{x, w1, w2};
+  sum(linear(gelu(linear(x, w1)), w2)).backward();
+  auto want = grads_of(all);
+  clear_grads(all);
+
+  CheckpointOptions opts;
+  opts.recompute_outputs = true;
+  opts.name = "gelu (recomputed)";
+  Tensor h = linear(x, w1);
+  const int64_t before = memory_allocated();
+  Tensor y = linear(checkpoint([](const Tensor& in) { return gelu(in); }, h, opts), w2);
+  // Only y itself is new: the gelu output died with its temporary.
+  EXPECT_LE(memory_allocated() - before, y.numel() * 8 + 4096);
+  const int64_t replays = checkpoint_replay_count();
+  sum(y).backward();
+  EXPECT_EQ(checkpoint_replay_count() - replays, 1);  // shared by linear's backward and gelu's
+  expect_bitwise(grads_of(all), want);
+}
+
+// A pre-norm MLP block with dropout: what the selective policy is for.
+Tensor mlp_block(const Tensor& x, const std::vector<Tensor>& p) {
+  Tensor h = layer_norm(x, {x.size(-1)}, p[0], p[1], 1e-5);
+  h = dropout(gelu(linear(h, p[2], p[3])), 0.1, true);
+  return add(x, linear(h, p[4]));
+}
+
+TEST(SelectiveRecompute, CheapOpsGradientsBitwiseAndLessMemory) {
+  const int64_t d = 32;
+  std::vector<Tensor> p{param({d}, DType::f64, 1), param({d}, DType::f64, 2), param({4 * d, d}, DType::f64, 3),
+                        param({4 * d}, DType::f64, 4), param({d, 4 * d}, DType::f64, 5)};
+  Tensor x = param({16, 8, d}, DType::f64, 6);
+  std::vector<Tensor> all = p;
+  all.push_back(x);
+  auto run = [&](bool selective, int64_t* kept) {
+    clear_grads(all);
+    manual_seed(5);
+    const int64_t base = memory_allocated();
+    Tensor y;
+    {
+      std::optional<SelectiveRecompute> scope;
+      if (selective) scope.emplace(RecomputePolicy::cheap_ops());
+      y = mlp_block(mlp_block(x, p), p);
+    }
+    *kept = memory_allocated() - base;
+    sum(square(y)).backward();
+    return grads_of(all);
+  };
+  int64_t kept_plain = 0, kept_selective = 0;
+  auto want = run(false, &kept_plain);
+  const int64_t replays = checkpoint_replay_count();
+  auto got = run(true, &kept_selective);
+  // layer_norm, gelu and dropout per block, each replayed once.
+  EXPECT_EQ(checkpoint_replay_count() - replays, 6);
+  expect_bitwise(got, want);
+  // Per block, plain keeps ln out (d) + mean/rstd, fc1 out (4d), gelu out (4d), mask (4d),
+  // dropout out (4d); selective keeps fc1 out (4d) and the regions' inputs.
+  EXPECT_LT(kept_selective, kept_plain / 2) << kept_selective << " vs " << kept_plain;
+}
+
+TEST(SelectiveRecompute, UnknownOpKindIsAValueError) {
+  EXPECT_THROW(SelectiveRecompute({{"matmul"}}), ValueError);
+  RecomputePolicy p{{"relu"}};
+  EXPECT_TRUE(p.recomputes("relu"));
+  EXPECT_FALSE(p.recomputes("gelu"));
+}
+
+TEST(Checkpoint, InPlaceOnSavedInputIsAnErrorAtBackward) {
+  Tensor x = param({5}, DType::f64, 16);
+  Tensor h = mul(x, 2.0);
+  Tensor y = checkpoint([](const Tensor& in) { return exp(in); }, h);
+  {
+    NoGradGuard ng;
+    add_(h, 1.0);
+  }
+  try {
+    sum(y).backward();
+    FAIL() << "expected AutogradError";
+  } catch (const AutogradError& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Checkpoint, SecondBackwardNeedsRetainGraph) {
+  Tensor x = param({5}, DType::f64, 17);
+  Tensor y = sum(checkpoint([](const Tensor& in) { return exp(in); }, x));
+  y.backward(Tensor(), /*retain_graph=*/true);
+  y.backward();
+  Tensor g = x.grad();
+  auto e = exp(x.detach()).to_vector<double>();
+  auto got = g.to_vector<double>();
+  for (size_t i = 0; i < e.size(); ++i) EXPECT_DOUBLE_EQ(got[i], 2 * e[i]);
+  EXPECT_THROW(y.backward(), AutogradError);
+}
+
+TEST(Checkpoint, ReplayWithOtherShapeIsAnError) {
+  Tensor x = param({6}, DType::f64, 18);
+  int calls = 0;
+  Tensor y = checkpoint([&](const Tensor& in) { return ++calls == 1 ? exp(in) : exp(in.narrow(0, 0, 3)); }, x);
+  EXPECT_THROW(sum(y).backward(), AutogradError);
+}
+
+TEST(Checkpoint, NoGradModeJustRuns) {
+  Tensor x = param({3}, DType::f64, 19);
+  NoGradGuard ng;
+  const int64_t replays = checkpoint_replay_count();
+  Tensor y = checkpoint([](const Tensor& in) { return exp(in); }, x);
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_EQ(checkpoint_replay_count(), replays);
+}
+
+}  // namespace
+}  // namespace mg

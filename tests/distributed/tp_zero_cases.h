@@ -1,0 +1,172 @@
+// Tensor parallel layers against the unsharded layers (outputs and every gradient), and
+// ZeRO-1 against a plain optimizer. Shared by the CPU and NCCL binaries.
+#pragma once
+
+#include "distributed/tensor_parallel.h"
+#include "distributed/zero.h"
+#include "tests/distributed/ddp_cases.h"
+
+namespace mg::dist::testing {
+
+inline Tensor slice_dim(const Tensor& t, int64_t dim, int64_t start, int64_t len) {
+  return raw::contiguous(raw::slice(t, dim, start, start + len, 1));
+}
+
+// A loss that weighs every output element differently (a plain sum would hide errors).
+inline Tensor weighted(const Tensor& y, uint64_t seed) {
+  Generator g(seed);
+  Tensor w = on(randn(y.sizes(), {DType::f64}, &g), y.dtype(), y.device());
+  return sum(mul(y, w));
+}
+
+inline void column_parallel_case(Backend backend, DType dt, int world, bool gather_output) {
+  run_ranks(world, [&](int rank, int W) {
+    auto pg = join(backend);
+    const Device dev = pg->device();
+    const int64_t in = 8, out = 12, n = out / W;
+    Generator g1(3), g2(3);
+    nn::Linear full(in, out, true, {dt}, &g1);
+    full.to(dev);
+    ColumnParallelLinear col(in, out, pg, true, gather_output, {dt, dev}, &g2);  // same draws, sliced
+    ASSERT_EQ(col.weight.sizes(), (Shape{n, in}));
+    EXPECT_TRUE(all_close(col.weight, slice_dim(full.weight, 0, rank * n, n), 0, 0)) << "init shard";
+    Generator xg(9);
+    Tensor x0 = on(randn({2, 3, in}, {DType::f64}, &xg), dt, dev);
+    Tensor x = raw::clone(x0).requires_grad_(), xr = raw::clone(x0).requires_grad_();
+    Tensor y = col(x), yr = full(xr);
+    weighted(yr, 5).backward();
+    if (gather_output) {
+      EXPECT_TRUE(all_close(y, yr, rtol_for(dt), atol_for(dt))) << "output";
+      weighted(y, 5).backward();
+    } else {
+      Tensor yr_mine = slice_dim(yr, 2, rank * n, n);
+      EXPECT_TRUE(all_close(y, yr_mine, rtol_for(dt), atol_for(dt))) << "output slice";
+      // Each rank's share of the same weighted loss: the weights for its columns.
+      Generator wg(5);
+      Tensor w = on(randn(yr.sizes(), {DType::f64}, &wg), dt, dev);
+      sum(mul(y, slice_dim(w, 2, rank * n, n))).backward();
+    }
+    EXPECT_TRUE(all_close(x.grad(), xr.grad(), rtol_for(dt), atol_for(dt))) << "input gradient";
+    EXPECT_TRUE(all_close(col.weight.grad(), slice_dim(full.weight.grad(), 0, rank * n, n), rtol_for(dt), atol_for(dt)))
+        << "weight gradient";
+    EXPECT_TRUE(all_close(col.bias.grad(), slice_dim(full.bias.grad(), 0, rank * n, n), rtol_for(dt), atol_for(dt)))
+        << "bias gradient";
+  });
+}
+
+inline void row_parallel_case(Backend backend, DType dt, int world, bool input_is_parallel) {
+  run_ranks(world, [&](int rank, int W) {
+    auto pg = join(backend);
+    const Device dev = pg->device();
+    const int64_t in = 12, out = 5, n = in / W;
+    Generator g1(4);
+    nn::Linear full(in, out, true, {dt}, &g1);
+    full.to(dev);
+    RowParallelLinear row(full, pg, input_is_parallel, dev);
+    Generator xg(10);
+    Tensor x0 = on(randn({3, in}, {DType::f64}, &xg), dt, dev);
+    Tensor xr = raw::clone(x0).requires_grad_();
+    Tensor x = input_is_parallel ? slice_dim(x0, 1, rank * n, n) : raw::clone(x0);
+    x.requires_grad_();
+    Tensor y = row(x), yr = full(xr);
+    EXPECT_TRUE(all_close(y, yr, rtol_for(dt), atol_for(dt))) << "output";
+    weighted(y, 6).backward();
+    weighted(yr, 6).backward();
+    Tensor want_x = input_is_parallel ? slice_dim(xr.grad(), 1, rank * n, n) : xr.grad();
+    EXPECT_TRUE(all_close(x.grad(), want_x, rtol_for(dt), atol_for(dt))) << "input gradient";
+    EXPECT_TRUE(all_close(row.weight.grad(), slice_dim(full.weight.grad(), 1, rank * n, n), rtol_for(dt), atol_for(dt)))
+        << "weight gradient";
+    EXPECT_TRUE(all_close(row.bias.grad(), full.bias.grad(), rtol_for(dt), atol_for(dt))) << "bias gradient";
+  });
+}
+
+// GPT-2's MLP (n_embd 8, hidden 32) split across ranks vs nn::MLP: output, input gradient,
+// each shard's gradients; and the seeded constructor draws the same layer as nn::MLP.
+inline void tp_mlp_case(Backend backend, DType dt, int world) {
+  run_ranks(world, [&](int rank, int W) {
+    auto pg = join(backend);
+    const Device dev = pg->device();
+    nn::TransformerBlockOptions o;
+    o.n_embd = 8;
+    o.n_head = 2;
+    o.dropout = 0.0;
+    const int64_t hidden = 4 * o.n_embd, h = hidden / W;
+    Generator g1(21), g2(21);
+    nn::MLP full(o, {dt}, &g1);
+    full.to(dev);
+    TensorParallelMLP tp(full, pg, dev);
+    TensorParallelMLP seeded(o, pg, {dt, dev}, &g2);
+    Generator xg(12);
+    Tensor x0 = on(randn({2, 5, o.n_embd}, {DType::f64}, &xg), dt, dev);
+    Tensor x = raw::clone(x0).requires_grad_(), xr = raw::clone(x0).requires_grad_();
+    Tensor y = tp(x), yr = full(xr);
+    EXPECT_TRUE(all_close(y, yr, rtol_for(dt), atol_for(dt))) << "output";
+    {
+      NoGradGuard ng;
+      EXPECT_TRUE(all_close(seeded(x0), yr, rtol_for(dt), atol_for(dt))) << "seeded constructor output";
+    }
+    weighted(y, 8).backward();
+    weighted(yr, 8).backward();
+    const double rt = rtol_for(dt), at = atol_for(dt);
+    EXPECT_TRUE(all_close(x.grad(), xr.grad(), rt, at)) << "input gradient";
+    EXPECT_TRUE(all_close(tp.c_fc->weight.grad(), slice_dim(full.c_fc->weight.grad(), 0, rank * h, h), rt, at));
+    EXPECT_TRUE(all_close(tp.c_fc->bias.grad(), slice_dim(full.c_fc->bias.grad(), 0, rank * h, h), rt, at));
+    EXPECT_TRUE(all_close(tp.c_proj->weight.grad(), slice_dim(full.c_proj->weight.grad(), 1, rank * h, h), rt, at));
+    EXPECT_TRUE(all_close(tp.c_proj->bias.grad(), full.c_proj->bias.grad(), rt, at));
+    EXPECT_EQ(tp.num_parameters() * W - (W - 1) * o.n_embd, full.num_parameters()) << "shards + replicated bias";
+  });
+}
+
+// ZeRO-1 (SGD with momentum, Nesterov, weight decay) vs plain SGD over a few steps, with odd
+// parameter sizes and tiny chunks so slices straddle parameters and the flat space is padded.
+// reduce_gradients: each rank has its own gradients; the reference steps on their average.
+inline void zero_matches_plain_case(Backend backend, DType dt, int world, bool reduce_gradients) {
+  run_ranks(world, [&](int rank, int W) {
+    auto pg = join(backend);
+    const Device dev = pg->device();
+    const std::vector<Shape> shapes = {{7, 5}, {3}, {11, 2}, {1}, {4, 4}};
+    Generator pg_gen(1);
+    std::vector<Tensor> ps, rs;
+    int64_t total = 0;
+    for (const Shape& s : shapes) {
+      Tensor t = on(randn(s, {DType::f64}, &pg_gen), dt, dev);
+      ps.push_back(nn::parameter(raw::clone(t)));
+      rs.push_back(nn::parameter(raw::clone(t)));
+      total += shape_numel(s);
+    }
+    const optim::SGDOptions so{.lr = 0.1, .momentum = 0.9, .dampening = 0.0, .weight_decay = 0.01, .nesterov = true};
+    ZeroOptions zo;
+    zo.chunk_mb = 24.0 * dtype_size(dt) / 1048576.0;  // 24 elements per chunk
+    zo.reduce_gradients = reduce_gradients;
+    ZeroRedundancyOptimizer zero(ps, pg, [&](std::vector<Tensor> shard) { return std::make_unique<optim::SGD>(shard, so); },
+                                 zo);
+    optim::SGD plain(rs, so);
+    EXPECT_GE(zero.shard_numel() * W, total);
+    EXPECT_LT(zero.shard_numel() * W, total + W * 8);
+    for (int step = 0; step < 3; ++step) {
+      for (size_t i = 0; i < ps.size(); ++i) {
+        Tensor avg;
+        for (int r = 0; r < W; ++r) {
+          Generator gg(100 * step + 10 * i + (reduce_gradients ? r : 0));
+          Tensor g = randn(shapes[i], {DType::f64}, &gg);
+          avg = avg.defined() ? kernels::add(avg, g) : g;
+          if (r == rank) ps[i].set_grad(on(g, dt, dev));
+        }
+        rs[i].set_grad(on(kernels::mul_scalar(avg, 1.0 / W), dt, dev));
+      }
+      zero.step();
+      plain.step();
+      for (size_t i = 0; i < ps.size(); ++i)
+        EXPECT_TRUE(all_close(ps[i], rs[i], rtol_for(dt), atol_for(dt))) << "step " << step << ", param " << i;
+    }
+    // Each rank keeps momentum for its own elements only: together exactly one copy.
+    const int64_t es = static_cast<int64_t>(dtype_size(dt));
+    EXPECT_LE(zero.state_nbytes(), zero.shard_numel() * es);
+    Tensor state = on(full({1}, static_cast<double>(zero.state_nbytes()), {DType::i64}), DType::i64, dev);
+    pg->all_reduce(state, ReduceOp::Sum);
+    EXPECT_EQ(state.cpu().item<int64_t>(), total * es);
+    EXPECT_EQ(plain.state_nbytes(), total * static_cast<int64_t>(dtype_size(dt)));
+  });
+}
+
+}  // namespace mg::dist::testing

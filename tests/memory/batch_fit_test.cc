@@ -1,0 +1,173 @@
+// Batches that fit: gradient accumulation equals one large batch; find_max_batch_size
+// (doubling then bisection) on a fake device under the caching allocator's limit, on a
+// model, and on a real GPU under the per-process limit; memory-budgeted batch splitting.
+#include "memory/batch_fit.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "autograd/functions.h"
+#include "core/cuda/caching_allocator.h"
+#include "core/cuda/fake_device.h"
+#include "core/cuda_memory.h"
+#include "core/device_runtime.h"
+#include "core/random.h"
+#include "nn/activation.h"
+#include "nn/linear.h"
+#include "nn/sequential.h"
+
+namespace mg::nn {
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+std::shared_ptr<Sequential> mlp(DType dt, Device dev = Device::cpu()) {
+  Generator g(7);
+  auto m = std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+      std::make_shared<Linear>(16, 32, true, TensorOptions{dt, dev}, &g), std::make_shared<ReLU>(),
+      std::make_shared<Linear>(32, 3, true, TensorOptions{dt, dev}, &g)});
+  return m;
+}
+
+TEST(GradientAccumulation, EqualsOneLargeBatch) {
+  auto model = mlp(DType::f64);
+  Generator g(3);
+  Tensor x = randn({30, 16}, {DType::f64}, &g), y = randn({30, 3}, {DType::f64}, &g);
+  auto loss_fn = [&](const Tensor& a, const Tensor& b) { return mse_loss((*model)(a), b); };
+  Tensor full = loss_fn(x, y);
+  full.backward();
+  std::vector<std::vector<double>> want;
+  for (const Tensor& p : model->parameters()) want.push_back(p.grad().to_vector<double>());
+  for (int64_t micro : {2, 4, 7}) {  // 7 does not divide 30: unequal micro-batches
+    model->zero_grad(true);
+    const double loss = accumulate_gradients(x, y, micro, loss_fn);
+    EXPECT_NEAR(loss, full.item(), 1e-12);
+    auto params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto got = params[i].grad().to_vector<double>();
+      for (size_t k = 0; k < got.size(); ++k) EXPECT_NEAR(got[k], want[i][k], 1e-12 * (1 + std::abs(want[i][k])));
+    }
+  }
+  EXPECT_THROW(accumulate_gradients(x, y, 31, loss_fn), ValueError);
+  EXPECT_THROW(accumulate_gradients(x, y.narrow(0, 0, 29), 2, loss_fn), ShapeError);
+}
+
+TEST(FindMaxBatchSize, FakeDeviceUnderTheAllocatorLimit) {
+  // A "step" keeps a fixed 24 MiB workspace plus 3 MiB of activations per sample, with the
+  // allocator capped at 1 GiB of a 2 GiB fake device.
+  cuda::FakeDevice dev(2048 * MiB);
+  cuda::CachingAllocator alloc(dev);
+  alloc.set_memory_limit(1024 * MiB);
+  auto step = [&](int64_t b) {
+    std::vector<void*> live;
+    try {
+      live.push_back(alloc.allocate(24 * MiB));
+      for (int64_t i = 0; i < b; ++i) live.push_back(alloc.allocate(3 * MiB));
+    } catch (...) {
+      for (void* p : live) alloc.free(p);
+      throw;
+    }
+    for (void* p : live) alloc.free(p);
+  };
+  BatchSearchResult r = find_max_batch_size(step);
+  ASSERT_GT(r.max_batch, 100);
+  EXPECT_NO_THROW(step(r.max_batch));
+  EXPECT_THROW(step(r.max_batch + 1), OutOfMemoryError);
+  // Doubling then bisection: about 2 log2(max) tries, not a linear walk.
+  EXPECT_LE(static_cast<double>(r.tries.size()), 2 * std::log2(static_cast<double>(r.max_batch)) + 3);
+  // The allocator stayed consistent through every OOM: nothing allocated, all returnable.
+  alloc.check_invariants();
+  EXPECT_EQ(alloc.memory_stats().at("allocated_bytes.all.current"), 0);
+  alloc.empty_cache();
+  EXPECT_EQ(dev.live_bytes(), 0u);
+}
+
+TEST(FindMaxBatchSize, EdgeCases) {
+  auto never = [](int64_t) { throw OutOfMemoryError("no room"); };
+  EXPECT_EQ(find_max_batch_size(never).max_batch, 0);
+  BatchSearchOptions o;
+  o.max_batch = 100;
+  EXPECT_EQ(find_max_batch_size([](int64_t) {}, o).max_batch, 100);
+  EXPECT_THROW(find_max_batch_size([](int64_t) { throw ValueError("bad"); }), ValueError);
+  o.start = 0;
+  EXPECT_THROW(find_max_batch_size([](int64_t) {}, o), ValueError);
+}
+
+// A model whose forward "runs out of memory" above 37 rows: the model overload's glue.
+class Limited : public Module {
+ public:
+  Limited() : Module("Limited") { lin = register_module("lin", std::make_shared<Linear>(4, 2)); }
+  Tensor forward(const Tensor& x) override {
+    if (x.size(0) > 37) throw OutOfMemoryError("Limited: " + std::to_string(x.size(0)) + " rows");
+    return (*lin)(x);
+  }
+  std::shared_ptr<Linear> lin;
+};
+
+TEST(FindMaxBatchSize, ModelOverloadLeavesNoGradients) {
+  Limited m;
+  BatchSearchResult r = find_max_batch_size(m, randn({3, 4}));
+  EXPECT_EQ(r.max_batch, 37);
+  for (const Tensor& p : m.parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+TEST(FindMaxBatchSize, CudaUnderPerProcessLimit) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const Device dev = Device::cuda(0);
+  Generator g(5);
+  auto model = std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+      std::make_shared<Linear>(1024, 4096, true, TensorOptions{DType::f32, dev}, &g), std::make_shared<ReLU>(),
+      std::make_shared<Linear>(4096, 1024, true, TensorOptions{DType::f32, dev}, &g)});
+  Tensor sample = randn({4, 1024}, {DType::f32, dev});
+  // One step first: cuBLAS's workspace (32 MiB from our allocator) lives as long as its
+  // handle, so the baseline is taken after it exists.
+  mg::sum((*model)(sample)).backward();
+  model->zero_grad(/*set_to_none=*/true);
+  cuda::empty_cache();
+  const int64_t base = memory_allocated(dev);
+  cuda::set_per_process_memory_limit(512 * static_cast<int64_t>(MiB));
+  BatchSearchResult r = find_max_batch_size(*model, sample);
+  cuda::set_per_process_memory_limit(0);
+  EXPECT_GT(r.max_batch, 256);
+  EXPECT_EQ(memory_allocated(dev), base);  // every failed try gave its memory back
+  std::cout << "max batch under 512 MiB: " << r.max_batch << " after " << r.tries.size() << " tries\n";
+}
+
+TEST(SplitBatches, FitTheBudgetAndCoverEverySampleOnce) {
+  Generator g(9);
+  std::vector<int64_t> sizes;
+  Tensor u = randint(1, 512, {200}, {DType::i64}, &g);
+  for (double v : u.to_vector<double>()) sizes.push_back(static_cast<int64_t>(v));
+  LinearMemoryModel est{1 << 20, 4096};  // 1 MiB + 4 KiB per padded token
+  const int64_t budget = 64 << 20;
+  auto batches = split_batches_by_memory(sizes, budget, est);
+  std::map<int64_t, int> seen;
+  int64_t units = 0;
+  for (const auto& b : batches) {
+    int64_t longest = 0;
+    for (int64_t i : b) {
+      seen[i]++;
+      longest = std::max(longest, sizes[i]);
+      units += sizes[i];
+    }
+    EXPECT_LE(est(static_cast<int64_t>(b.size()), longest), budget);
+  }
+  EXPECT_EQ(seen.size(), sizes.size());
+  for (auto& [i, n] : seen) EXPECT_EQ(n, 1) << "sample " << i;
+  // Sorting by length keeps padding low: far fewer batches than one per sample.
+  EXPECT_LT(batches.size(), sizes.size() / 8);
+  EXPECT_THROW(split_batches_by_memory({10, 100000}, budget, est), OutOfMemoryError);
+}
+
+TEST(SplitBatches, LinearModelFitsMeasurements) {
+  auto measure = [](int64_t units) { return 3000 + 12 * units; };
+  LinearMemoryModel m = fit_linear_memory_model(measure, 10, 1000);
+  EXPECT_DOUBLE_EQ(m.bytes_per_unit, 12.0);
+  EXPECT_DOUBLE_EQ(m.fixed_bytes, 3000.0);
+  EXPECT_EQ(m(4, 50), 3000 + 12 * 200);
+}
+
+}  // namespace
+}  // namespace mg::nn

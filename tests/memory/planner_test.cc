@@ -1,0 +1,144 @@
+// The checkpoint planner: profiles measure what a segment keeps; sqrt(n) has the right
+// shape; the dynamic program fits the budget and is as cheap as the best of every possible
+// split (brute force) under a slightly tighter budget; a planned run gives the plain
+// gradients and keeps what the plan said.
+#include "memory/planner.h"
+
+#include <gtest/gtest.h>
+
+#include "autograd/recompute.h"
+#include "autograd/functions.h"
+#include "core/allocator.h"
+#include "core/random.h"
+#include "nn/linear.h"
+#include "nn/transformer.h"
+
+namespace mg::nn {
+namespace {
+
+std::vector<SegmentProfile> random_profile(int n, uint64_t seed) {
+  Generator g(seed);
+  Tensor u = rand({n, 3}, {DType::f64}, &g);
+  auto v = u.to_vector<double>();
+  std::vector<SegmentProfile> p(n);
+  for (int i = 0; i < n; ++i) {
+    p[i].name = "s" + std::to_string(i);
+    p[i].output_bytes = 1000 + static_cast<int64_t>(v[3 * i] * 4000);
+    p[i].kept_bytes = p[i].output_bytes + static_cast<int64_t>(v[3 * i + 1] * 50000);
+    p[i].forward_ms = 0.1 + v[3 * i + 2];
+  }
+  return p;
+}
+
+// Every split into runs and every flag assignment: the least extra time that fits.
+double brute_force_best(const std::vector<SegmentProfile>& p, int64_t budget) {
+  const int n = static_cast<int>(p.size());
+  double best = 1e300;
+  for (uint32_t cuts = 0; cuts < (1u << (n - 1)); ++cuts) {
+    std::vector<int64_t> bounds{0};
+    for (int i = 1; i < n; ++i)
+      if (cuts & (1u << (i - 1))) bounds.push_back(i);
+    bounds.push_back(n);
+    const size_t runs = bounds.size() - 1;
+    for (uint32_t f = 0; f < (1u << runs); ++f) {
+      std::vector<bool> flags(runs);
+      for (size_t r = 0; r < runs; ++r) flags[r] = f & (1u << r);
+      CheckpointPlan c = evaluate_plan(p, bounds, flags, "brute");
+      if (c.estimated_peak_bytes() <= budget) best = std::min(best, c.extra_forward_ms);
+    }
+  }
+  return best;
+}
+
+TEST(Planner, DynamicProgramMatchesBruteForce) {
+  for (uint64_t seed : {1, 2, 3}) {
+    auto p = random_profile(8, seed);
+    const CheckpointPlan none = plan_none(p);
+    for (double frac : {0.9, 0.6, 0.4, 0.25}) {
+      const int64_t budget = static_cast<int64_t>(frac * static_cast<double>(none.plain_bytes));
+      CheckpointPlan plan = plan_for_budget(p, budget);
+      const double tighter = brute_force_best(p, budget - 8 * (none.plain_bytes / 2048 + 1));
+      const double exact = brute_force_best(p, budget);
+      if (exact > 1e299) {
+        EXPECT_FALSE(plan.fits);
+        continue;
+      }
+      ASSERT_TRUE(plan.fits) << "seed " << seed << " budget " << frac;
+      EXPECT_LE(plan.estimated_peak_bytes(), budget);
+      EXPECT_GE(plan.extra_forward_ms, exact - 1e-9);  // nothing beats the true optimum
+      if (tighter < 1e299) {
+        EXPECT_LE(plan.extra_forward_ms, tighter + 1e-9) << plan.table(p);
+      }
+    }
+  }
+}
+
+TEST(Planner, SqrtNShapeAndTable) {
+  auto p = random_profile(16, 4);
+  CheckpointPlan s = plan_sqrt_n(p);
+  EXPECT_EQ(s.bounds, (std::vector<int64_t>{0, 4, 8, 12, 16}));
+  EXPECT_EQ(s.checkpointed, (std::vector<bool>{true, true, true, false}));
+  EXPECT_LT(s.estimated_peak_bytes(), s.plain_bytes);
+  const std::string t = s.table(p);
+  EXPECT_NE(t.find("s0 .. s3"), std::string::npos) << t;
+  EXPECT_NE(t.find("sqrt(n)"), std::string::npos) << t;
+  EXPECT_EQ(plan_every_segment(p).segment_mask(), std::vector<bool>(16, true));
+  // A budget above the plain run needs no checkpoint at all.
+  EXPECT_DOUBLE_EQ(plan_for_budget(p, s.plain_bytes).extra_forward_ms, 0.0);
+  EXPECT_THROW(plan_for_budget(p, -1), ValueError);
+  EXPECT_THROW(plan_for_budget({}, 10), ValueError);
+}
+
+TEST(Planner, ProfileAndPlannedRunOnCpu) {
+  // Six segments of three tanh each over 64 KiB tensors: each keeps its three outputs.
+  std::vector<SegmentFn> segs;
+  for (int i = 0; i < 6; ++i) segs.push_back([](const Tensor& x) { return tanh(tanh(tanh(x))); });
+  Tensor x = randn({8192}, {DType::f64});
+  x.requires_grad_(true);
+  auto prof = profile_segments(segs, x);
+  ASSERT_EQ(prof.size(), 6u);
+  const int64_t one = 8192 * 8;
+  for (const auto& s : prof) {
+    EXPECT_EQ(s.output_bytes, one);
+    EXPECT_GE(s.kept_bytes, 3 * one);
+    EXPECT_LE(s.kept_bytes, 3 * one + 4096);
+    EXPECT_GT(s.forward_ms, 0.0);
+  }
+  CheckpointPlan plan = plan_for_budget(prof, 9 * one);
+  ASSERT_TRUE(plan.fits) << plan.table(prof);
+
+  Tensor plain = x;
+  for (auto& f : segs) plain = f(plain);
+  sum(plain).backward();
+  auto want = x.grad().to_vector<double>();
+  plain = Tensor();
+  x.set_grad(Tensor());
+  const int64_t before = memory_allocated();
+  Tensor y = checkpoint_segments(segs, plan.bounds, plan.checkpointed, x);
+  const int64_t kept = memory_allocated() - before;
+  EXPECT_LE(kept, plan.stored_bytes + 4096 * 6) << plan.table(prof);
+  sum(y).backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), want);
+}
+
+TEST(Planner, CheckpointSequentialOverASequential) {
+  Generator g(3);
+  Sequential seq;
+  for (int i = 0; i < 4; ++i) {
+    seq.push_back(std::make_shared<Linear>(6, 6, true, TensorOptions{DType::f64}, &g));
+    seq.push_back(std::make_shared<GELU>());
+  }
+  Tensor x = randn({5, 6}, {DType::f64}, &g);
+  sum(seq(x)).backward();
+  std::vector<std::vector<double>> want;
+  for (const Tensor& p : seq.parameters()) want.push_back(p.grad().to_vector<double>());
+  seq.zero_grad(true);
+  const int64_t replays = checkpoint_replay_count();
+  sum(checkpoint_sequential(seq, 4, x)).backward();
+  EXPECT_EQ(checkpoint_replay_count() - replays, 3);
+  auto params = seq.parameters();
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].grad().to_vector<double>(), want[i]);
+}
+
+}  // namespace
+}  // namespace mg::nn
