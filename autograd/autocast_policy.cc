@@ -5,7 +5,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
-#include "kernels/amp_ops.h"
+#include "kernels/amp.h"
 #include "kernels/ops.h"
 
 namespace mg::autocast {

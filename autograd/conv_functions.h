@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "core/tensor.h"
-#include "kernels/nn_ops.h"  // mg::Int2
+#include "kernels/ops.h"  // mg::Int2
 
 namespace mg {
 

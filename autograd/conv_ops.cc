@@ -5,7 +5,7 @@
 #include "autograd/conv_functions.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
-#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
 #include "kernels/ops.h"
 
 namespace mg {

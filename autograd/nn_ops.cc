@@ -5,7 +5,7 @@
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "core/random.h"
-#include "kernels/loss_ops.h"
+#include "kernels/ops.h"
 #include "kernels/ops.h"
 
 namespace mg {

@@ -33,7 +33,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // side by side: what a GPT block does with c_attn's output, without the head split / merge
 // copies. On CUDA (dropout 0, head dim <= 128) the flash kernels read q/k/v as strided views of
 // qkv, write y in place, and backward writes the three gradients into one [B, T, 3C] buffer; the
-// node saves qkv, y and the logsumexp only. Everything else (CPU, f64, dropout, MG_SDPA=reference)
+// node saves qkv, y and the logsumexp only. Everything else (CPU, f64, dropout, MG_ATTENTION_KERNEL=composed)
 // runs the composed narrow / transpose / scaled_dot_product_attention path: same meaning.
 // Follows autocast like scaled_dot_product_attention (runs in the region's low precision).
 Tensor attention_packed_qkv(const Tensor& qkv, int64_t num_heads, bool causal = false, double dropout_p = 0.0,

@@ -12,7 +12,7 @@
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "kernels/ops.h"
-#include "kernels/transformer_ops.h"
+#include "kernels/ops.h"
 
 namespace mg {
 
@@ -141,14 +141,6 @@ Tensor sdpa_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool ca
 }
 
 namespace {
-// MG_SDPA=reference forces the composed path (A/B comparisons, debugging). Read on every
-// call, so a test or a benchmark can switch it at run time; getenv costs nothing next to a
-// kernel launch.
-bool sdpa_forced_reference() {
-  const char* e = std::getenv("MG_SDPA");
-  return e && std::string_view(e) == "reference";
-}
-
 // The memory-efficient path: the node saves q, k, v, out and the per-row logsumexp
 // ([..., L] f32), never the [L, S] probabilities; backward recomputes them tile by tile.
 // Its backward is a kernel, not differentiable ops, so no double backward through it.
@@ -174,11 +166,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   if (autocast::lower_needed({&q, &k, &v}))
     return scaled_dot_product_attention(autocast::lower(q), autocast::lower(k), autocast::lower(v), causal, dropout_p,
                                         scale);
-  // CUDA inputs the flash kernels take (f32/f16/bf16, head dim <= 128, value head dim equal
-  // to the query's) run the memory-efficient path unless dropout is on; the rest (CPU, f64,
-  // dropout, MG_SDPA=reference) run the reference.
+  // kernels::attention_kernel makes the one choice: flash (SIMT or tensor cores) for the CUDA
+  // inputs those kernels take without dropout, the composed path for the rest.
   const double s = check_sdpa(q, k, v, dropout_p, scale);
-  if (dropout_p == 0.0 && q.is_cuda() && !sdpa_forced_reference() && kernels::flash_attention_supported(q, k, v))
+  if (kernels::attention_kernel(q, k, v, dropout_p > 0.0) != kernels::AttentionKernel::Composed)
     return flash_sdpa(q, k, v, causal, s);
   return sdpa_reference(q, k, v, causal, dropout_p, scale);
 }
@@ -208,10 +199,13 @@ Tensor attention_packed_qkv(const Tensor& qkv, int64_t num_heads, bool causal, d
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = num_heads, D = C / H;
   MG_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, ValueError, op, ": dropout_p must be in [0, 1), got ", dropout_p);
   MG_CHECK(!scale || std::isfinite(*scale), ValueError, op, ": scale must be finite, got ", scale.value_or(0.0));
-  const bool flash = dropout_p == 0.0 && qkv.is_cuda() && T > 0 && !sdpa_forced_reference();
   Tensor q, k, v;
-  if (flash) q = packed_heads(qkv, 0, H), k = packed_heads(qkv, 1, H), v = packed_heads(qkv, 2, H);
-  if (!flash || !kernels::flash_attention_supported(q, k, v)) {
+  bool flash = qkv.is_cuda() && T > 0;
+  if (flash) {
+    q = packed_heads(qkv, 0, H), k = packed_heads(qkv, 1, H), v = packed_heads(qkv, 2, H);
+    flash = kernels::attention_kernel(q, k, v, dropout_p > 0.0) != kernels::AttentionKernel::Composed;
+  }
+  if (!flash) {
     // The composed path: differentiable views around scaled_dot_product_attention.
     auto split = [&](int64_t i) { return qkv.narrow(2, i * C, C).reshape({B, T, H, D}).transpose(1, 2); };
     Tensor y = scaled_dot_product_attention(split(0), split(1), split(2), causal, dropout_p, scale);

@@ -19,7 +19,7 @@
 #include "core/device_runtime.h"
 #include "core/random.h"
 #include "core/tensor.h"
-#include "kernels/transformer_ops.h"
+#include "kernels/ops.h"
 
 namespace mg::bench {
 namespace {

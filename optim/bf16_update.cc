@@ -2,7 +2,7 @@
 
 #include "autograd/grad_mode.h"
 #include "kernels/amp_math.h"
-#include "kernels/amp_ops.h"
+#include "kernels/amp.h"
 #include "kernels/ops.h"
 
 namespace mg::optim {

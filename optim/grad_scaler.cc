@@ -5,7 +5,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
-#include "kernels/amp_ops.h"
+#include "kernels/amp.h"
 
 namespace mg::optim {
 

@@ -5,7 +5,7 @@
 
 #include "autograd/grad_mode.h"
 #include "kernels/ops.h"
-#include "kernels/optim_ops.h"
+#include "kernels/optim.h"
 #include "optim/bf16_update.h"
 
 namespace mg::optim {

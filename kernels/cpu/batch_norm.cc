@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace mg::kernels::cpu {
 namespace {
@@ -160,7 +160,7 @@ void backward_t(const Tensor& grad_out, const Tensor& x, const Tensor& weight, c
 
 }  // namespace
 
-void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+void CpuBackend::batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                                  const Tensor& running_var, double momentum, double eps, const Tensor& out,
                                  const Tensor& save_mean, const Tensor& save_invstd) {
   if (x.dtype() == DType::f64)
@@ -169,18 +169,35 @@ void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Te
   forward_training_t<float>(x, weight, bias, running_mean, running_var, momentum, eps, out, save_mean, save_invstd);
 }
 
-void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                              const Tensor& running_var, double eps, const Tensor& out) {
   if (x.dtype() == DType::f64) return forward_eval_t<double>(x, weight, bias, running_mean, running_var, eps, out);
   forward_eval_t<float>(x, weight, bias, running_mean, running_var, eps, out);
 }
 
-void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+void CpuBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
                          const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight,
                          const Tensor& grad_bias) {
   if (x.dtype() == DType::f64)
     return backward_t<double>(grad_out, x, weight, mean, invstd, training, grad_x, grad_weight, grad_bias);
   backward_t<float>(grad_out, x, weight, mean, invstd, training, grad_x, grad_weight, grad_bias);
+}
+
+void CpuBackend::batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
+                                         const Tensor& invstd, double unbias, double momentum, double eps) {
+  const char* op = "batch_norm_update_stats_";
+  const int64_t c = running_mean.numel();
+    float* rm = static_cast<float*>(running_mean.raw_data());
+    float* rv = static_cast<float*>(running_var.raw_data());
+    MG_DISPATCH_FLOAT(mean.dtype(), op, [&] {
+      const auto* m = static_cast<const scalar_t*>(mean.raw_data());
+      const auto* is = static_cast<const scalar_t*>(invstd.raw_data());
+      for (int64_t i = 0; i < c; ++i) {
+        const double inv = static_cast<double>(is[i]);
+        rm[i] = static_cast<float>((1 - momentum) * rm[i] + momentum * static_cast<double>(m[i]));
+        rv[i] = static_cast<float>((1 - momentum) * rv[i] + momentum * unbias * (1.0 / (inv * inv) - eps));
+      }
+    });
 }
 
 }  // namespace mg::kernels::cpu

@@ -4,7 +4,7 @@
 #include <type_traits>
 
 #include "core/strided_loop.h"
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace mg::kernels::cpu {
 namespace {
@@ -194,15 +194,15 @@ void binary_t(Binary op, const Tensor& a, const Tensor& b, const Tensor& out) {
 
 }  // namespace
 
-void unary(Unary op, const Tensor& a, const Tensor& out) {
+void CpuBackend::unary(Unary op, const Tensor& a, const Tensor& out) {
   MG_DISPATCH_ALL(a.dtype(), "unary", [&] { unary_t<scalar_t>(op, a, out); });
 }
 
-void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& out) {
+void CpuBackend::binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& out) {
   MG_DISPATCH_ALL(a.dtype(), "binary", [&] { binary_t<scalar_t>(op, a, b, out); });
 }
 
-void clamp(const Tensor& a, double lo, double hi, const Tensor& out) {
+void CpuBackend::clamp(const Tensor& a, double lo, double hi, const Tensor& out) {
   MG_DISPATCH_ALL(a.dtype(), "clamp", [&] {
     using T = scalar_t;
     using M = opmath_t<T>;
@@ -224,7 +224,7 @@ void clamp(const Tensor& a, double lo, double hi, const Tensor& out) {
   });
 }
 
-void clamp_backward(const Tensor& grad, const Tensor& x, double lo, double hi, const Tensor& out) {
+void CpuBackend::clamp_backward(const Tensor& grad, const Tensor& x, double lo, double hi, const Tensor& out) {
   MG_DISPATCH_ALL(grad.dtype(), "clamp_backward", [&] {
     using T = scalar_t;
     map2<T, T, T>(grad, x, out, [lo, hi](T g, T xv) {
@@ -234,7 +234,7 @@ void clamp_backward(const Tensor& grad, const Tensor& x, double lo, double hi, c
   });
 }
 
-void axpby(const Tensor& a, double alpha, const Tensor& b, double beta, const Tensor& out) {
+void CpuBackend::axpby(const Tensor& a, double alpha, const Tensor& b, double beta, const Tensor& out) {
   MG_DISPATCH_ALL(out.dtype(), "axpby", [&] {
     using T = scalar_t;
     using M = std::conditional_t<std::is_floating_point_v<opmath_t<T>>, opmath_t<T>, double>;
@@ -246,7 +246,7 @@ void axpby(const Tensor& a, double alpha, const Tensor& b, double beta, const Te
   });
 }
 
-void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
   MG_DISPATCH_ALL(out.dtype(), "where", [&] {
     using T = scalar_t;
     map3<T, bool, T, T>(cond, a, b, out, [](bool c, T x, T y) { return c ? x : y; });

@@ -1,10 +1,10 @@
-// Indexing CPU kernels: one_hot, gather/scatter, index_select/index_add, nll_loss.
+// Indexing CPU kernels: one_hot, gather/scatter, index_select/index_add.
 // Index values are bounds-checked here (only the kernel reads them) and raise
 // mg::IndexError naming the op, the bad index and the size.
 #include <cstring>
 
 #include "core/strided_loop.h"
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace mg::kernels::cpu {
 namespace {
@@ -33,7 +33,7 @@ Shape strides_without(const Tensor& t, int64_t dim) {
 
 }  // namespace
 
-void one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) {
+void CpuBackend::one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) {
   std::vector<int64_t> idx = index_values(indices);
   int64_t* po = static_cast<int64_t*>(out.raw_data());
   std::memset(po, 0, out.numel() * sizeof(int64_t));
@@ -44,7 +44,7 @@ void one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) {
   }
 }
 
-void gather(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
+void CpuBackend::gather(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
   const int64_t size = a.dim() ? a.size(dim) : 1;
   const int64_t sd = a.dim() ? a.stride(dim) : 0;
   MG_DISPATCH_ALL(a.dtype(), "gather", [&] {
@@ -65,7 +65,7 @@ void gather(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out
   });
 }
 
-void scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, bool add) {
+void CpuBackend::scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, bool add) {
   const char* op = add ? "scatter_add_" : "scatter_";
   const int64_t size = self.dim() ? self.size(dim) : 1;
   const int64_t sd = self.dim() ? self.stride(dim) : 0;
@@ -92,7 +92,7 @@ void scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor&
   });
 }
 
-void index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
+void CpuBackend::index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
   std::vector<int64_t> idx = index_values(index);
   const int64_t size = a.dim() ? a.size(dim) : 1;
   if (a.dim() > 0 && a.is_contiguous() && out.is_contiguous()) {
@@ -122,7 +122,7 @@ void index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tenso
   }
 }
 
-void index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+void CpuBackend::index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
   std::vector<int64_t> idx = index_values(index);
   const int64_t size = self.dim() ? self.size(dim) : 1;
   for (size_t i = 0; i < idx.size(); ++i) checked(idx[i], size, "index_add_", dim);
@@ -135,35 +135,6 @@ void index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tenso
       binary(Binary::Add, d, raw::select(src, dim, static_cast<int64_t>(i)), d);
     }
   }
-}
-
-void nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, const Tensor& out) {
-  const int64_t cdim = log_probs.dim() == 1 ? 0 : 1;
-  const int64_t C = log_probs.size(cdim);
-  const int64_t sc = log_probs.stride(cdim);
-  Shape lp_st = log_probs.strides();
-  lp_st.erase(lp_st.begin() + cdim);
-  MG_DISPATCH_FLOAT(log_probs.dtype(), "nll_loss_forward", [&] {
-    using T = scalar_t;
-    const T* pl = static_cast<const T*>(log_probs.raw_data());
-    T* po = static_cast<T*>(out.raw_data());
-    MG_DISPATCH_INDEX(target.dtype(), "nll_loss_forward", [&] {
-      using I = scalar_t;
-      const I* pt = static_cast<const I*>(target.raw_data());
-      strided_loop<3>(target.sizes(), {out.strides(), target.strides(), lp_st}, [&](auto off, auto st, int64_t n) {
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t t = pt[off[1] + i * st[1]];
-          T& o = po[off[0] + i * st[0]];
-          if (t == ignore_index) {
-            o = static_cast<T>(0.0f);
-            continue;
-          }
-          MG_CHECK(t >= 0 && t < C, IndexError, "nll_loss_forward: target ", t, " out of range [0, ", C, ")");
-          o = static_cast<T>(-static_cast<opmath_t<T>>(pl[off[2] + i * st[2] + t * sc]));
-        }
-      });
-    });
-  });
 }
 
 }  // namespace mg::kernels::cpu

@@ -3,7 +3,7 @@
 // (expanded or sliced with a step) is made contiguous first. f16/bf16 go through f32.
 #include <Eigen/Core>
 
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace mg::kernels::cpu {
 namespace {
@@ -111,7 +111,7 @@ bool half(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 }  // namespace
 
-void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha, double beta) {
+void CpuBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha, double beta) {
   if (half(out.dtype())) {
     Tensor o32 = beta == 0 ? empty(out.sizes(), {DType::f32}) : raw::to_dtype(out, DType::f32);
     gemm_t<float>(raw::to_dtype(a, DType::f32), trans_a, raw::to_dtype(b, DType::f32), trans_b, o32, alpha, beta);
@@ -123,7 +123,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
   gemm_t<float>(a, trans_a, b, trans_b, out, alpha, beta);
 }
 
-void bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
+void CpuBackend::bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
   if (half(out.dtype())) {
     Tensor o32 = empty(out.sizes(), {DType::f32});
     bmm(raw::to_dtype(a, DType::f32), raw::to_dtype(b, DType::f32), o32);
@@ -157,7 +157,7 @@ void bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
   }
 }
 
-void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
   if (bias.defined()) {
     raw::copy_(out, bias);  // broadcast bias into every row, then accumulate x @ w^T
     gemm(x, false, w, true, out, 1.0, 1.0);

@@ -8,7 +8,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace mg::kernels::cpu {
 namespace {
@@ -291,20 +291,20 @@ void adaptive_avg_backward_t(const Tensor& gout, const Tensor& gx) {
       FN<float>(__VA_ARGS__);         \
   } while (0)
 
-void max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, const Tensor& indices) {
+void CpuBackend::max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, const Tensor& indices) {
   MG_POOL_DISPATCH(x.dtype(), max_pool_t, x, args, out, indices);
 }
-void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_x) {
+void CpuBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_x) {
   MG_POOL_DISPATCH(grad_x.dtype(), max_pool_backward_t, grad_out, indices, grad_x);
 }
-void avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out) {
+void CpuBackend::avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out) {
   MG_POOL_DISPATCH(x.dtype(), avg_pool_t, x, args, out);
 }
-void avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& args, const Tensor& grad_x) {
+void CpuBackend::avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& args, const Tensor& grad_x) {
   MG_POOL_DISPATCH(grad_x.dtype(), avg_pool_backward_t, grad_out, args, grad_x);
 }
-void adaptive_avg_pool2d(const Tensor& x, const Tensor& out) { MG_POOL_DISPATCH(x.dtype(), adaptive_avg_t, x, out); }
-void adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& grad_x) {
+void CpuBackend::adaptive_avg_pool2d(const Tensor& x, const Tensor& out) { MG_POOL_DISPATCH(x.dtype(), adaptive_avg_t, x, out); }
+void CpuBackend::adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& grad_x) {
   MG_POOL_DISPATCH(grad_x.dtype(), adaptive_avg_backward_t, grad_out, grad_x);
 }
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/strided_loop.h"
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace mg::kernels::cpu {
 namespace {
@@ -69,7 +69,7 @@ void store(const std::vector<Acc>& acc, const Tensor& out, double scale) {
 
 }  // namespace
 
-void sum(const Tensor& a, const Tensor& out) {
+void CpuBackend::sum(const Tensor& a, const Tensor& out) {
   MG_DISPATCH_ALL(a.dtype(), "sum", [&] {
     using T = scalar_t;
     std::vector<acc_t<T>> acc;
@@ -78,7 +78,7 @@ void sum(const Tensor& a, const Tensor& out) {
   });
 }
 
-void mean(const Tensor& a, const Tensor& out) {
+void CpuBackend::mean(const Tensor& a, const Tensor& out) {
   MG_DISPATCH_FLOAT(a.dtype(), "mean", [&] {
     std::vector<double> acc;
     sum_into<scalar_t>(a, out.sizes(), acc);
@@ -87,7 +87,7 @@ void mean(const Tensor& a, const Tensor& out) {
   });
 }
 
-void var(const Tensor& a, int64_t correction, const Tensor& out) {
+void CpuBackend::var(const Tensor& a, int64_t correction, const Tensor& out) {
   MG_DISPATCH_FLOAT(a.dtype(), "var", [&] {
     using T = scalar_t;
     std::vector<double> mu;
@@ -109,7 +109,7 @@ void var(const Tensor& a, int64_t correction, const Tensor& out) {
   });
 }
 
-void max_min(const Tensor& a, int64_t dim, bool is_max, const Tensor& values, const Tensor& indices) {
+void CpuBackend::max_min(const Tensor& a, int64_t dim, bool is_max, const Tensor& values, const Tensor& indices) {
   MG_DISPATCH_ALL(a.dtype(), is_max ? "max" : "min", [&] {
     using T = scalar_t;
     using M = opmath_t<T>;
@@ -155,7 +155,7 @@ void max_min(const Tensor& a, int64_t dim, bool is_max, const Tensor& values, co
   });
 }
 
-void sum_squares(const Tensor& a, const Tensor& out) {
+void CpuBackend::sum_squares(const Tensor& a, const Tensor& out) {
   double total = 0;
   MG_DISPATCH_ALL(a.dtype(), "sum_squares", [&] {
     using T = scalar_t;
@@ -184,7 +184,7 @@ void sum_squares(const Tensor& a, const Tensor& out) {
     *static_cast<float*>(out.raw_data()) = static_cast<float>(total);
 }
 
-bool has_nonfinite(const Tensor& a) {
+bool CpuBackend::has_nonfinite(const Tensor& a) {
   bool bad = false;
   if (!is_floating(a.dtype()) || a.numel() == 0) return false;
   MG_DISPATCH_FLOAT(a.dtype(), "has_nonfinite", [&] {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "core/strided_loop.h"
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace mg::kernels::cpu {
 namespace {
@@ -94,11 +94,11 @@ void softmax_backward_t(const Tensor& grad, const Tensor& yt, int64_t dim, bool 
 
 }  // namespace
 
-void softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) {
+void CpuBackend::softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) {
   MG_DISPATCH_FLOAT(a.dtype(), log ? "log_softmax" : "softmax", [&] { softmax_t<scalar_t>(a, dim, log, out); });
 }
 
-void softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log, const Tensor& out) {
+void CpuBackend::softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log, const Tensor& out) {
   MG_DISPATCH_FLOAT(y.dtype(), log ? "log_softmax_backward" : "softmax_backward",
                     [&] { softmax_backward_t<scalar_t>(grad, y, dim, log, out); });
 }

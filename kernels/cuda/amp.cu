@@ -5,7 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/amp_math.h"
-#include "kernels/cuda/amp_cuda.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/common.cuh"
 
 namespace mg::kernels::cuda {
@@ -91,7 +91,7 @@ __global__ void bn_stats_kernel(float* rm, float* rv, const S* mean, const S* in
 
 }  // namespace
 
-void amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale) {
+void CudaBackend::amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale) {
   if (grads.empty()) return;
   mg::cuda::DeviceGuard guard(found_inf.device());
   cudaStream_t st = stream_of(found_inf);
@@ -116,7 +116,7 @@ void amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, floa
   launch();
 }
 
-void add_stochastic_bf16(const Tensor& param, const Tensor& update, float alpha, uint64_t seed) {
+void CudaBackend::add_stochastic_bf16(const Tensor& param, const Tensor& update, float alpha, uint64_t seed) {
   const int64_t n = param.numel();
   if (n == 0) return;
   mg::cuda::DeviceGuard guard(param.device());
@@ -131,7 +131,7 @@ void add_stochastic_bf16(const Tensor& param, const Tensor& update, float alpha,
   MG_CUDA_CHECK_LAUNCH("add_stochastic_bf16_");
 }
 
-void batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
+void CudaBackend::batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
                              const Tensor& invstd, double unbias, double momentum, double eps) {
   const int64_t c = running_mean.numel();
   if (c == 0) return;

@@ -36,7 +36,7 @@
 
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_nn_ops.h"
+#include "kernels/cuda/cuda_backend.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -336,8 +336,8 @@ struct TypeTag {
 // head-dim bucket (32, 64, 128): the only instantiations there are.
 template <class F>
 void dispatch(DType dt, int64_t D, const char* op, F&& f) {
-  MG_CHECK(D >= 1 && D <= kFlashMaxHeadDim, ShapeError, op, ": head dim must be in [1, ",
-           kFlashMaxHeadDim, "], got ", D);
+  MG_CHECK(D >= 1 && D <= kFlashAttentionMaxHeadDim, ShapeError, op, ": head dim must be in [1, ",
+           kFlashAttentionMaxHeadDim, "], got ", D);
   auto by_dim = [&](auto tag) {
     if (D <= 32) f(tag, std::integral_constant<int, 32>{});
     else if (D <= 64) f(tag, std::integral_constant<int, 64>{});
@@ -388,17 +388,7 @@ bool aligned16(std::initializer_list<const Tensor*> ts) {
 
 }  // namespace
 
-const char* flash_attention_kernel(DType dt, int64_t D) {
-  // Read at each call, so a benchmark or test can switch kernels within one process.
-  const char* env = std::getenv("MG_ATTENTION_KERNEL");
-  const std::string_view want = env ? env : "";
-  MG_CHECK(want.empty() || want == "auto" || want == "tc" || want == "simt", ValueError,
-           "flash_attention: MG_ATTENTION_KERNEL must be auto, tc or simt, got '", want, "'");
-  if (want == "simt") return "simt";
-  return (dt == DType::f16 || dt == DType::bf16) && attention_tc_head_dim_ok(D) ? "tc" : "simt";
-}
-
-void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+void CudaBackend::flash_attention_forward(AttentionKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                              const Tensor& out, const Tensor& lse) {
   const char* op = "flash_attention_forward";
   const int64_t BH = q.size(0) * q.size(1), L = q.size(2), S = k.size(2), D = q.size(3);
@@ -406,7 +396,8 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   MG_CHECK(S >= 1, ShapeError, op, ": needs at least one key");
   mg::cuda::DeviceGuard guard(q.device());
   cudaStream_t st = stream_of(q);
-  if (std::string_view(flash_attention_kernel(q.dtype(), D)) == "tc" && aligned16({&q, &k, &v, &out})) {
+  // kernels/attention.cc chose the kernel and aligned the views; a misaligned one still runs SIMT.
+  if (kernel == AttentionKernel::FlashTensorCore && aligned16({&q, &k, &v, &out})) {
     const TcForwardArgs a{q.dtype() == DType::bf16 ? TcElem::bf16 : TcElem::f16,
                           q.raw_data(), k.raw_data(), v.raw_data(), out.raw_data(), ptr<float>(lse),
                           BH, L, S, static_cast<int>(D), static_cast<float>(scale), causal,
@@ -429,7 +420,7 @@ void flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   });
 }
 
-void flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+void CudaBackend::flash_attention_backward(AttentionKernel kernel, const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, bool causal, double scale, const Tensor& grad_q,
                               const Tensor& grad_k, const Tensor& grad_v) {
   const char* op = "flash_attention_backward";
@@ -449,7 +440,7 @@ void flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Ten
           Di);
       MG_CUDA_CHECK_LAUNCH(op);
     }
-    if (std::string_view(flash_attention_kernel(q.dtype(), D)) == "tc" &&
+    if (kernel == AttentionKernel::FlashTensorCore &&
         aligned16({&grad_out, &q, &k, &v, &grad_q, &grad_k, &grad_v})) {
       const TcBackwardArgs a{std::is_same_v<T, __nv_bfloat16> ? TcElem::bf16 : TcElem::f16,
                              q.raw_data(), k.raw_data(), v.raw_data(), grad_out.raw_data(), ptr<const float>(lse),

@@ -17,7 +17,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_nn_ops.h"
+#include "kernels/cuda/cuda_backend.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -266,7 +266,7 @@ void with_width(int v, F&& f) {
 
 }  // namespace
 
-void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                                  const Tensor& running_var, double momentum, double eps, const Tensor& out,
                                  const Tensor& save_mean, const Tensor& save_invstd) {
   const NCS s = ncs(x);
@@ -290,7 +290,7 @@ void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Te
   });
 }
 
-void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                              const Tensor& running_var, double eps, const Tensor& out) {
   if (x.numel() == 0) return;
   const NCS s = ncs(x);
@@ -303,7 +303,7 @@ void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor
   });
 }
 
-void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+void CudaBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
                          const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight,
                          const Tensor& grad_bias) {
   const NCS s = ncs(x);

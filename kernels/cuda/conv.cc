@@ -22,10 +22,10 @@
 
 #include "core/cuda/check.h"
 #include "core/device_runtime.h"
-#include "kernels/cuda/cuda_nn_ops.h"
-#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cudnn.h"
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -396,7 +396,7 @@ void run_layout(Dir dir, const Tensor& lead, const Tensor& x, const Tensor& w, c
 
 }  // namespace
 
-void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args, const Tensor& out) {
+void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args, const Tensor& out) {
   mg::cuda::DeviceGuard guard(out.device());
   if (out.numel() == 0) return;
   if (x.numel() == 0 || w.numel() == 0)
@@ -410,14 +410,14 @@ void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
   }
 }
 
-void conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Conv2dArgs& args, const Tensor& grad_x) {
+void CudaBackend::conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Conv2dArgs& args, const Tensor& grad_x) {
   mg::cuda::DeviceGuard guard(grad_x.device());
   if (grad_x.numel() == 0) return;
   if (grad_out.numel() == 0 || w.numel() == 0) return raw::fill_(grad_x, 0.0);
   run_layout(Dir::BwdData, grad_out, grad_x, w, grad_out, grad_x, args);
 }
 
-void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Conv2dArgs& args, const Tensor& grad_w) {
+void CudaBackend::conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Conv2dArgs& args, const Tensor& grad_w) {
   mg::cuda::DeviceGuard guard(grad_w.device());
   if (grad_w.numel() == 0) return;
   if (grad_out.numel() == 0 || x.numel() == 0) return raw::fill_(grad_w, 0.0);

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_backend.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -301,7 +301,7 @@ void launch_binary(int op, Params p, const Tensor& a, const Tensor& b, const Ten
 
 }  // namespace
 
-void unary(Unary op, const Tensor& a, const Tensor& out) {
+void CudaBackend::unary(Unary op, const Tensor& a, const Tensor& out) {
   if (op == Unary::LogicalNot && out.dtype() != a.dtype())
     return launch_binary(kLogicalNot, {}, a, a, out, "logical_not");
   MG_CHECK(!float_only_unary(op) || is_floating(a.dtype()), DTypeError, "unary: op not supported for dtype ",
@@ -309,23 +309,23 @@ void unary(Unary op, const Tensor& a, const Tensor& out) {
   launch_unary(static_cast<int>(op), {}, a, out, "unary");
 }
 
-void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& out) {
+void CudaBackend::binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& out) {
   launch_binary(static_cast<int>(op), {}, a, b, out, "binary");
 }
 
-void clamp(const Tensor& a, double lo, double hi, const Tensor& out) {
+void CudaBackend::clamp(const Tensor& a, double lo, double hi, const Tensor& out) {
   launch_unary(kClamp, {lo, hi}, a, out, "clamp");
 }
 
-void clamp_backward(const Tensor& grad, const Tensor& x, double lo, double hi, const Tensor& out) {
+void CudaBackend::clamp_backward(const Tensor& grad, const Tensor& x, double lo, double hi, const Tensor& out) {
   launch_binary(kClampBackward, {lo, hi}, grad, x, out, "clamp_backward");
 }
 
-void axpby(const Tensor& a, double alpha, const Tensor& b, double beta, const Tensor& out) {
+void CudaBackend::axpby(const Tensor& a, double alpha, const Tensor& b, double beta, const Tensor& out) {
   launch_binary(kAxpby, {alpha, beta}, a, b, out, "axpby");
 }
 
-void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
   MG_CHECK(cond.dtype() == DType::b8, DTypeError, "where: condition must be b8, got ", cond.dtype());

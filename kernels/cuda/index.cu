@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_backend.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -165,7 +165,7 @@ void by_size(DType t, const char* op, F f) {
 
 }  // namespace
 
-void one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) {
+void CudaBackend::one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   Tensor idx = as_i64(indices);
   int64_t v;
@@ -181,7 +181,7 @@ void one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) {
   MG_CUDA_CHECK_LAUNCH("one_hot");
 }
 
-void gather(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
+void CudaBackend::gather(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   Tensor idx = as_i64(index);
   const int64_t size = a.dim() ? a.size(dim) : 1;
@@ -200,7 +200,7 @@ void gather(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out
   MG_CUDA_CHECK_LAUNCH("gather");
 }
 
-void scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, bool add) {
+void CudaBackend::scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, bool add) {
   const char* op = add ? "scatter_add_" : "scatter_";
   mg::cuda::DeviceGuard g(self.device());
   Tensor idx = as_i64(index);
@@ -228,7 +228,7 @@ void scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor&
   MG_CUDA_CHECK_LAUNCH(op);
 }
 
-void index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
+void CudaBackend::index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   Tensor idx = as_i64(index);
   const int64_t size = a.dim() ? a.size(dim) : 1;
@@ -249,7 +249,7 @@ void index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tenso
   MG_CUDA_CHECK_LAUNCH("index_select");
 }
 
-void index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+void CudaBackend::index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
   mg::cuda::DeviceGuard g(self.device());
   Tensor idx = as_i64(index);
   const int64_t size = self.dim() ? self.size(dim) : 1;
@@ -268,7 +268,7 @@ void index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tenso
   MG_CUDA_CHECK_LAUNCH("index_add_");
 }
 
-void nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, const Tensor& out) {
+void CudaBackend::nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   Tensor tgt = as_i64(target);
   const int64_t cdim = log_probs.dim() == 1 ? 0 : 1;

@@ -13,7 +13,8 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_nn_ops.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/reference.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -177,7 +178,7 @@ void forward_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 
 }  // namespace
 
-void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+void CudaBackend::layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
                         const Tensor& mean, const Tensor& rstd) {
   forward_impl<false>(x, weight, bias, eps, out, mean, rstd);
 }
@@ -187,7 +188,7 @@ void layer_norm_forward_reference(const Tensor& x, const Tensor& weight, const T
   forward_impl<true>(x, weight, bias, eps, out, mean, rstd);
 }
 
-void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+void CudaBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                          const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight,
                          const Tensor& grad_bias) {
   const int64_t rows = x.size(0), n = x.size(1);

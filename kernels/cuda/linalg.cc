@@ -9,7 +9,7 @@
 #include "core/cuda/check.h"
 #include "core/device_runtime.h"
 #include "kernels/cuda/cublas.h"
-#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_backend.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -117,12 +117,12 @@ void scale_out(const Tensor& out, double beta) {
     return;
   }
   Tensor s = raw::expand(full({}, beta, {out.dtype(), out.device()}), out.sizes());
-  binary(Binary::Mul, out, s, out);
+  backend(out.device(), "gemm").binary(Binary::Mul, out, s, out);
 }
 
 }  // namespace
 
-void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha, double beta) {
+void CudaBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha, double beta) {
   const char* op = "gemm";
   mg::cuda::DeviceGuard g(out.device());
   const int64_t n = out.size(0), m = out.size(1), k = trans_a ? a.size(0) : a.size(1);
@@ -148,7 +148,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
   raw::copy_(out, tmp);
 }
 
-void bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
+void CudaBackend::bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
   const char* op = "bmm";
   mg::cuda::DeviceGuard g(out.device());
   const int64_t batch = out.size(0), n = out.size(1), m = out.size(2), k = a.size(2);
@@ -163,7 +163,7 @@ void bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
                 A.stride(0), n * m, op, out.device().index);
 }
 
-void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   if (bias.defined()) {
     // Bias into every row, then accumulate x @ w^T on top (one rounding of the sum).

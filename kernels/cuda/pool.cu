@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_nn_ops.h"
+#include "kernels/cuda/cuda_backend.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -193,7 +193,7 @@ T* mp(const Tensor& t) {
 
 }  // namespace
 
-void max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, const Tensor& indices) {
+void CudaBackend::max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, const Tensor& indices) {
   if (out.numel() == 0) return;
   mg::cuda::DeviceGuard guard(out.device());
   const PoolGeo g = geo(x.sizes(), out.sizes(), args);
@@ -204,7 +204,7 @@ void max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, cons
   });
 }
 
-void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_x) {
+void CudaBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_x) {
   if (grad_x.numel() == 0) return;
   mg::cuda::DeviceGuard guard(grad_x.device());
   cudaStream_t st = stream_of(grad_x);
@@ -225,7 +225,7 @@ void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Te
   });
 }
 
-void avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out) {
+void CudaBackend::avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out) {
   if (out.numel() == 0) return;
   mg::cuda::DeviceGuard guard(out.device());
   const PoolGeo g = geo(x.sizes(), out.sizes(), args);
@@ -236,7 +236,7 @@ void avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out) {
   });
 }
 
-void avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& args, const Tensor& grad_x) {
+void CudaBackend::avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& args, const Tensor& grad_x) {
   if (grad_x.numel() == 0) return;
   mg::cuda::DeviceGuard guard(grad_x.device());
   const PoolGeo g = geo(grad_x.sizes(), grad_out.sizes(), args);
@@ -247,7 +247,7 @@ void avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& args, const T
   });
 }
 
-void adaptive_avg_pool2d(const Tensor& x, const Tensor& out) {
+void CudaBackend::adaptive_avg_pool2d(const Tensor& x, const Tensor& out) {
   if (out.numel() == 0) return;
   mg::cuda::DeviceGuard guard(out.device());
   const PoolGeo g = geo(x.sizes(), out.sizes(), Pool2dArgs{});
@@ -258,7 +258,7 @@ void adaptive_avg_pool2d(const Tensor& x, const Tensor& out) {
   });
 }
 
-void adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& grad_x) {
+void CudaBackend::adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& grad_x) {
   if (grad_x.numel() == 0) return;
   mg::cuda::DeviceGuard guard(grad_x.device());
   const PoolGeo g = geo(grad_x.sizes(), grad_out.sizes(), Pool2dArgs{});

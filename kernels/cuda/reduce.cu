@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_backend.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -378,7 +378,7 @@ __global__ void nonfinite_kernel(const T* a, OffsetCalc<1> oc, int64_t n, int* f
 
 }  // namespace
 
-void sum(const Tensor& a, const Tensor& out) {
+void CudaBackend::sum(const Tensor& a, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   switch (a.dtype()) {
     case DType::f64: return reduce_t<double, double, double>(a, out, kSum, 1.0, nullptr);
@@ -416,13 +416,13 @@ void float_reduce(const Tensor& a, const Tensor& out, int mode, double scale, co
 }
 }  // namespace
 
-void mean(const Tensor& a, const Tensor& out) {
+void CudaBackend::mean(const Tensor& a, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   const int64_t count = out.numel() ? a.numel() / out.numel() : 0;
   float_reduce(a, out, kSum, 1.0 / static_cast<double>(count), nullptr, "mean");
 }
 
-void var(const Tensor& a, int64_t correction, const Tensor& out) {
+void CudaBackend::var(const Tensor& a, int64_t correction, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   MG_CHECK(is_floating(a.dtype()), DTypeError, "var: expected a floating tensor, got ", a.dtype());
   const int64_t count = out.numel() ? a.numel() / out.numel() : 0;
@@ -433,7 +433,7 @@ void var(const Tensor& a, int64_t correction, const Tensor& out) {
   float_reduce(a, out, kSqDev, 1.0 / denom, mu.raw_data(), "var");
 }
 
-void sum_squares(const Tensor& a, const Tensor& out) {
+void CudaBackend::sum_squares(const Tensor& a, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   Tensor x = is_floating(a.dtype()) ? a : raw::to_dtype(a, DType::f32);
   Tensor o = raw::view(out, Shape(x.dim(), 1));  // 0-dim out seen with x's rank
@@ -446,7 +446,7 @@ void sum_squares(const Tensor& a, const Tensor& out) {
   float_reduce(x, o, kSumSq, 1.0, nullptr, "sum_squares");
 }
 
-void max_min(const Tensor& a, int64_t dim, bool is_max, const Tensor& values, const Tensor& indices) {
+void CudaBackend::max_min(const Tensor& a, int64_t dim, bool is_max, const Tensor& values, const Tensor& indices) {
   const char* op = is_max ? "max" : "min";
   mg::cuda::DeviceGuard g(values.device());
   cudaStream_t st = stream_of(values);
@@ -499,7 +499,7 @@ void max_min(const Tensor& a, int64_t dim, bool is_max, const Tensor& values, co
   });
 }
 
-bool has_nonfinite(const Tensor& a) {
+bool CudaBackend::has_nonfinite(const Tensor& a) {
   if (!is_floating(a.dtype()) || a.numel() == 0) return false;
   mg::cuda::DeviceGuard g(a.device());
   cudaStream_t st = stream_of(a);

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_backend.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -142,7 +142,7 @@ Shape rows_shape(const Tensor& t, int64_t dim) {
 
 }  // namespace
 
-void softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) {
+void CudaBackend::softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) {
   const char* op = log ? "log_softmax" : "softmax";
   const int64_t K = a.dim() ? a.size(dim) : 1;
   if (a.numel() == 0) return;
@@ -182,7 +182,7 @@ void softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) {
   });
 }
 
-void softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log, const Tensor& out) {
+void CudaBackend::softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log, const Tensor& out) {
   const char* op = log ? "log_softmax_backward" : "softmax_backward";
   const int64_t K = y.dim() ? y.size(dim) : 1;
   if (y.numel() == 0) return;

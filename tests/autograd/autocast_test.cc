@@ -12,7 +12,7 @@
 #include "core/autocast.h"
 #include "core/device_runtime.h"
 #include "core/random.h"
-#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
 #include "kernels/ops.h"
 
 namespace mg {

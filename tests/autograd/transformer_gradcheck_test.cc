@@ -5,7 +5,8 @@
 #include <vector>
 
 #include "core/device_runtime.h"
-#include "kernels/transformer_ops.h"
+#include "kernels/ops.h"
+#include "kernels/reference/layer_norm_composed.h"
 #include "tests/autograd/gradcheck.h"
 
 namespace mg {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <functional>
 
-#include "kernels/nn_ops.h"
+#include "kernels/ops.h"
 #include "tests/kernels/test_util.h"
 
 namespace mg {

@@ -8,7 +8,7 @@
 
 #include "core/device_runtime.h"
 #include "core/random.h"
-#include "kernels/loss_ops.h"
+#include "kernels/ops.h"
 #include "kernels/ops.h"
 
 namespace mg {

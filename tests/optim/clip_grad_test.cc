@@ -7,7 +7,7 @@
 #include "autograd/functions.h"
 #include "core/random.h"
 #include "kernels/ops.h"
-#include "kernels/optim_ops.h"
+#include "kernels/optim.h"
 #include "nn/nn.h"
 #include "optim/adam.h"
 #include "optim/clip_grad.h"

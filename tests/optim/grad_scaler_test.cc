@@ -12,7 +12,7 @@
 #include "core/autocast.h"
 #include "core/device_runtime.h"
 #include "core/random.h"
-#include "kernels/amp_ops.h"
+#include "kernels/amp.h"
 #include "kernels/ops.h"
 #include "optim/bf16_update.h"
 #include "optim/grad_scaler.h"

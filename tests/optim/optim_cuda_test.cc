@@ -6,7 +6,7 @@
 
 #include "core/device_runtime.h"
 #include "core/random.h"
-#include "kernels/optim_ops.h"
+#include "kernels/optim.h"
 #include "nn/nn.h"
 #include "optim/adam.h"
 #include "optim/clip_grad.h"

@@ -5,7 +5,7 @@
 //   Causal and not; T in {1, 7, 64, 257, 1024}, D in {32, 64}, a few B*H, plus odd head dims
 //   (8, 80, 128: every head-dim bucket) and L != S; f32 (rtol 1e-4), f16 and bf16 (2e-2).
 // - Autograd: mg::scaled_dot_product_attention on CUDA (taking the flash path, with strided
-//   inputs) gives mg::sdpa_reference's output and gradients; MG_SDPA=reference switches.
+//   inputs) gives mg::sdpa_reference's output and gradients; MG_ATTENTION_KERNEL=composed switches.
 // - Memory: forward + backward at B=8, H=12, T=1024, D=64 in f32 peaks at least
 //   B*H*T*T*4 bytes below the reference (it never allocates a T x T buffer).
 // - Both f16/bf16 kernels, the tensor-core one (D = 64, 128) and the SIMT reference
@@ -34,8 +34,7 @@
 #include "core/device_runtime.h"
 #include "core/random.h"
 #include "core/tensor.h"
-#include "kernels/cuda/cuda_nn_ops.h"
-#include "kernels/transformer_ops.h"
+#include "kernels/ops.h"
 
 namespace mg {
 namespace {
@@ -227,8 +226,8 @@ TEST_F(AttentionParity, TensorCoreAndSimtMatchReference) {
     SCOPED_TRACE(kernel);
     for (DType dt : {DType::f16, DType::bf16}) {
       // The cases exercise the kernel they are named after.
-      EXPECT_STREQ(k::cuda::flash_attention_kernel(dt, 64), kernel);
-      EXPECT_STREQ(k::cuda::flash_attention_kernel(dt, 128), kernel);
+      EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(dt, 64)), kernel);
+      EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(dt, 128)), kernel);
       for (const Case& c : cases) check_case(c, dt);
     }
     check_case({70000, 2, 3, 64, true}, DType::f16);  // > 65535 heads: chunked grid
@@ -240,7 +239,7 @@ TEST_F(AttentionParity, TensorCoreBackwardIsDeterministic) {
   for (DType dt : {DType::f16, DType::bf16}) {
     Tensor q = to_cuda(host({4, 300, 64}, dt, g)), kk = to_cuda(host({4, 300, 64}, dt, g));
     Tensor v = to_cuda(host({4, 300, 64}, dt, g)), dout = to_cuda(host({4, 300, 64}, dt, g));
-    ASSERT_STREQ(k::cuda::flash_attention_kernel(dt, 64), "tc");
+    ASSERT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(dt, 64)), "tc");
     auto [out, lse] = k::flash_attention_forward(q, kk, v, true);
     auto first = k::flash_attention_backward(dout, q, kk, v, out, lse, true);
     for (int rep = 0; rep < 3; ++rep) {
@@ -300,9 +299,9 @@ TEST_F(AttentionParity, ReferenceWhenAskedOrUnsupported) {
   Tensor q = to_cuda(host({2, 9, 16}, DType::f32, g)).requires_grad_(true);
   auto node_name = [](const Tensor& t) { return t.grad_fn() ? t.grad_fn()->name() : std::string("none"); };
   EXPECT_EQ(node_name(scaled_dot_product_attention(q, q, q)), "scaled_dot_product_attention");
-  ::setenv("MG_SDPA", "reference", 1);
+  ::setenv("MG_ATTENTION_KERNEL", "composed", 1);
   const std::string forced = node_name(scaled_dot_product_attention(q, q, q));
-  ::unsetenv("MG_SDPA");
+  ::unsetenv("MG_ATTENTION_KERNEL");
   EXPECT_NE(forced, "scaled_dot_product_attention");
   // Dropout, f64 and a head dim above 128 take the reference.
   EXPECT_NE(node_name(scaled_dot_product_attention(q, q, q, false, 0.1)), "scaled_dot_product_attention");
@@ -445,26 +444,26 @@ TEST_F(AttentionParity, FlashNeverAllocatesTxT) {
 
 TEST(AttentionKernelChoice, TensorCoresForHalfTypesAtHeadDims64And128) {
   ::unsetenv("MG_ATTENTION_KERNEL");
-  EXPECT_STREQ(k::cuda::flash_attention_kernel(DType::f16, 64), "tc");
-  EXPECT_STREQ(k::cuda::flash_attention_kernel(DType::bf16, 128), "tc");
-  EXPECT_STREQ(k::cuda::flash_attention_kernel(DType::f32, 64), "simt");   // f32 always SIMT
-  EXPECT_STREQ(k::cuda::flash_attention_kernel(DType::f16, 32), "simt");   // other head dims
-  EXPECT_STREQ(k::cuda::flash_attention_kernel(DType::bf16, 80), "simt");
+  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 64)), "tc");
+  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 128)), "tc");
+  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 64)), "simt");   // f32 always SIMT
+  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 32)), "simt");   // other head dims
+  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 80)), "simt");
   {
     ScopedKernel simt("simt");
-    EXPECT_STREQ(k::cuda::flash_attention_kernel(DType::f16, 64), "simt");
+    EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 64)), "simt");
   }
   {
     ScopedKernel tc("tc");  // asks for tensor cores; f32 still cannot have them
-    EXPECT_STREQ(k::cuda::flash_attention_kernel(DType::bf16, 64), "tc");
-    EXPECT_STREQ(k::cuda::flash_attention_kernel(DType::f32, 64), "simt");
+    EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 64)), "tc");
+    EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 64)), "simt");
   }
   ScopedKernel bad("fast");
   try {
-    k::cuda::flash_attention_kernel(DType::f16, 64);
+    k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 64));
     ADD_FAILURE() << "MG_ATTENTION_KERNEL=fast was accepted";
   } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("MG_ATTENTION_KERNEL must be auto, tc or simt, got 'fast'"),
+    EXPECT_NE(std::string(e.what()).find("MG_ATTENTION_KERNEL must be auto, composed, simt or tc, got 'fast'"),
               std::string::npos)
         << e.what();
   }

@@ -21,11 +21,11 @@
 #include "core/device_runtime.h"
 #include "core/random.h"
 #include "core/tensor.h"
-#include "kernels/cuda/cuda_nn_ops.h"
+#include "kernels/cuda/reference.h"
 #include "kernels/cuda/cudnn.h"
-#include "kernels/nn_ops.h"
 #include "kernels/ops.h"
-#include "kernels/transformer_ops.h"
+#include "kernels/ops.h"
+#include "kernels/ops.h"
 
 namespace mg {
 namespace {
@@ -368,7 +368,7 @@ TEST_F(NnParity, LayerNormFusedMatchesReferenceKernel) {
       const TensorOptions o{dt, Device::cuda(0)}, so{DType::f32, Device::cuda(0)};
       Tensor o1 = empty({rows, n}, o), m1 = empty({rows}, so), r1 = empty({rows}, so);
       Tensor o2 = empty({rows, n}, o), m2 = empty({rows}, so), r2 = empty({rows}, so);
-      k::cuda::layer_norm_forward(x, w, b, 1e-5, o1, m1, r1);
+      k::backend(Device::cuda(0), "layer_norm").layer_norm_forward(x, w, b, 1e-5, o1, m1, r1);
       k::cuda::layer_norm_forward_reference(x, w, b, 1e-5, o2, m2, r2);
       const std::string what = "layer_norm fused vs reference n=" + std::to_string(n) + " " + dstr(dt);
       expect_parity(o2.cpu(), o1, tol_of(dt), what + " out");

@@ -1,5 +1,5 @@
-// Fused cross-entropy over class-index targets: the forward keeps one logsumexp per row,
-// not the [M, C] log-probabilities, and the backward writes softmax - onehot in one pass.
+// Raw losses over class-index targets: the NLL gather, and the fused cross-entropy whose
+// forward keeps one logsumexp per row and whose backward writes softmax - onehot in one pass.
 #pragma once
 
 #include <tuple>
@@ -7,6 +7,10 @@
 #include "core/tensor.h"
 
 namespace mg::kernels {
+
+// ---- losses' fused pieces ----
+// -log_probs[i, target[i]] per row, skipping ignore_index (0 loss); targets i64 [N].
+Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index = -100);
 
 // logits [M, C] (any floating dtype; f16/bf16 are read as is and computed in f32), target
 // integer [M]. Per row i with t = target[i] and e = label_smoothing:

@@ -1,28 +1,19 @@
-// Validation and dispatch for kernels/optim_ops.h, and the CPU loops (which share the
-// per-element rules of optim_math.h with the CUDA kernels).
-#include "kernels/optim_ops.h"
+// Checks and dispatch for kernels/optim.h; the loops are in cpu/optim.cc and
+// cuda/optim_multi_tensor.cu, which share the per-element rules of optim_math.h.
+#include "kernels/optim.h"
 
 #include <cmath>
 #include <limits>
 #include <map>
 
+#include "kernels/dispatch.h"
 #include "kernels/ops.h"
-#include "kernels/optim_math.h"
-
-#ifdef MG_WITH_CUDA
-#include "kernels/cuda/optim_cuda.h"
-#endif
+#include "kernels/elementwise.h"
 
 namespace mg::kernels {
 namespace {
 
-bool device_has_fused(const Device& d) {
-#ifdef MG_WITH_CUDA
-  return true;
-#else
-  return !d.is_cuda();
-#endif
-}
+bool device_has_fused(const Device& d) { return has_backend(d); }
 
 bool dtype_fusable(const Tensor& t) {
   return t.dtype() == DType::f32 || (t.dtype() == DType::f64 && !t.is_cuda());
@@ -55,62 +46,6 @@ void check_lists(const char* op, const std::vector<Tensor>& params,
   }
 }
 
-template <class T>
-void adam_cpu(const AdamTensors& t, const AdamHyper& h) {
-  const optim_math::AdamScalars<T> s{T(h.lr), T(h.beta1), T(h.beta2), T(h.eps), T(h.weight_decay),
-                                     h.decoupled_weight_decay, h.amsgrad, h.maximize};
-  for (size_t i = 0; i < t.params.size(); ++i) {
-    const double st = static_cast<double>(t.steps[i]);
-    const T step_size = T(h.lr / (1.0 - std::pow(h.beta1, st)));
-    const T bc2_sqrt = T(std::sqrt(1.0 - std::pow(h.beta2, st)));
-    T* p = t.params[i].data_ptr<T>();
-    const T* g = t.grads[i].data_ptr<T>();
-    T* m = t.exp_avg[i].data_ptr<T>();
-    T* v = t.exp_avg_sq[i].data_ptr<T>();
-    T* vmax = h.amsgrad ? t.max_exp_avg_sq[i].data_ptr<T>() : nullptr;
-    const int64_t n = t.params[i].numel();
-    for (int64_t j = 0; j < n; ++j)
-      optim_math::adam_element<T>(p[j], g[j], m[j], v[j], vmax ? vmax + j : nullptr, s, step_size, bc2_sqrt);
-  }
-}
-
-template <class T>
-void sgd_cpu(const SGDTensors& t, const SGDHyper& h) {
-  const optim_math::SGDScalars<T> s{T(h.lr), T(h.momentum), T(h.dampening), T(h.weight_decay), h.nesterov,
-                                    h.maximize};
-  for (size_t i = 0; i < t.params.size(); ++i) {
-    T* p = t.params[i].data_ptr<T>();
-    const T* g = t.grads[i].data_ptr<T>();
-    T* buf = t.momentum_buffers.empty() ? nullptr : t.momentum_buffers[i].data_ptr<T>();
-    const bool first = !t.first_step.empty() && t.first_step[i];
-    const int64_t n = t.params[i].numel();
-    for (int64_t j = 0; j < n; ++j) optim_math::sgd_element<T>(p[j], g[j], buf ? buf + j : nullptr, first, s);
-  }
-}
-
-// Sum of |x|^p (max |x| for p = inf) over one CPU tensor, accumulated in double.
-double cpu_norm_partial(const Tensor& t0, double p) {
-  const Tensor t = t0.contiguous();
-  const int64_t n = t.numel();
-  double acc = 0.0;
-  MG_DISPATCH_FLOAT(t.dtype(), "multi_tensor_norm", [&] {
-    const scalar_t* x = static_cast<const scalar_t*>(t.raw_data());
-    for (int64_t j = 0; j < n; ++j) {
-      const double a = std::fabs(static_cast<double>(static_cast<opmath_t<scalar_t>>(x[j])));
-      if (std::isinf(p)) {
-        if (a > acc || std::isnan(a)) acc = a;  // a NaN, once seen, stays
-      } else if (p == 2.0) {
-        acc += a * a;
-      } else if (p == 1.0) {
-        acc += a;
-      } else {
-        acc += std::pow(a, p);
-      }
-    }
-  });
-  return acc;
-}
-
 }  // namespace
 
 bool multi_tensor_supported(const Tensor& t) {
@@ -127,13 +62,7 @@ void adam_multi_tensor_(const AdamTensors& t, const AdamHyper& h) {
   for (size_t i = 0; i < t.steps.size(); ++i)
     MG_CHECK(t.steps[i] >= 1, ValueError, op, ": step count of params[", i, "] is ", t.steps[i], " (must be >= 1)");
   const Device dev = t.params[0].device();
-#ifdef MG_WITH_CUDA
-  if (dev.is_cuda()) cuda::adam_multi_tensor(t, h);
-  else
-#endif
-  if (t.params[0].dtype() == DType::f64) adam_cpu<double>(t, h);
-  else adam_cpu<float>(t, h);
-  (void)dev;
+  backend(dev, op).adam_multi_tensor(t, h);
   for (const Tensor& p : t.params) p.bump_version();
 }
 
@@ -148,12 +77,7 @@ void sgd_multi_tensor_(const SGDTensors& t, const SGDHyper& h) {
   }
   SGDTensors u = t;
   if (h.momentum == 0.0) u.momentum_buffers.clear();
-#ifdef MG_WITH_CUDA
-  if (t.params[0].is_cuda()) cuda::sgd_multi_tensor(u, h);
-  else
-#endif
-  if (t.params[0].dtype() == DType::f64) sgd_cpu<double>(u, h);
-  else sgd_cpu<float>(u, h);
+  backend(t.params[0].device(), op).sgd_multi_tensor(u, h);
   for (const Tensor& p : t.params) p.bump_version();
 }
 
@@ -176,7 +100,7 @@ double multi_tensor_norm(const std::vector<Tensor>& ts, double norm_type) {
              " (expected floating)");
     if (t.numel() == 0) continue;
     if (!t.is_cuda()) {
-      combine(cpu_norm_partial(t, norm_type));
+      combine(backend(t.device(), "multi_tensor_norm").multi_tensor_norm_partial({t}, norm_type));
       continue;
     }
     MG_CHECK(device_has_fused(t.device()), DeviceError, "multi_tensor_norm: ", t.device(),
@@ -184,9 +108,8 @@ double multi_tensor_norm(const std::vector<Tensor>& ts, double norm_type) {
     by_device[{static_cast<int>(t.device().type), t.device().index}].push_back(
         t.dtype() == DType::f32 && t.is_contiguous() ? t : kernels::cast(t.contiguous(), DType::f32));
   }
-#ifdef MG_WITH_CUDA
-  for (auto& [key, list] : by_device) combine(cuda::multi_tensor_norm_partial(list, norm_type));
-#endif
+  for (auto& [key, list] : by_device)
+    combine(backend(list[0].device(), "multi_tensor_norm").multi_tensor_norm_partial(list, norm_type));
   if (inf) return total;
   return norm_type == 1.0 ? total : (norm_type == 2.0 ? std::sqrt(total) : std::pow(total, 1.0 / norm_type));
 }
@@ -204,17 +127,13 @@ void multi_tensor_scale_(const std::vector<Tensor>& ts, double scale) {
       kernels::binary_(Binary::Mul, t, scalar_tensor(scale, {t.dtype(), t.device()}));
     }
   }
-#ifdef MG_WITH_CUDA
   // Grouped by device: one list per launch sequence.
   std::map<int, std::vector<Tensor>> by_device;
   for (auto& t : fused) by_device[t.device().index].push_back(t);
   for (auto& [d, list] : by_device) {
-    cuda::multi_tensor_scale(list, scale);
+    backend(list[0].device(), "multi_tensor_scale_").multi_tensor_scale(list, scale);
     for (auto& t : list) t.bump_version();
   }
-#else
-  MG_CHECK(fused.empty(), DeviceError, "multi_tensor_scale_: CUDA tensors in a build without CUDA");
-#endif
 }
 
 }  // namespace mg::kernels

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/optim_cuda.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/optim_math.h"
 
 namespace mg::kernels::cuda {
@@ -158,7 +158,7 @@ float* fptr(const Tensor& t) { return static_cast<float*>(t.raw_data()); }
 
 }  // namespace
 
-void adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {
+void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {
   const cudaStream_t stream = stream_of(t.params[0]);
   const optim_math::AdamScalars<float> s{float(h.lr), float(h.beta1), float(h.beta2), float(h.eps),
                                          float(h.weight_decay), h.decoupled_weight_decay, h.amsgrad, h.maximize};
@@ -181,7 +181,7 @@ void adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {
       });
 }
 
-void sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) {
+void CudaBackend::sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) {
   const cudaStream_t stream = stream_of(t.params[0]);
   const optim_math::SGDScalars<float> s{float(h.lr), float(h.momentum), float(h.dampening), float(h.weight_decay),
                                         h.nesterov, h.maximize};
@@ -201,7 +201,7 @@ void sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) {
       });
 }
 
-double multi_tensor_norm_partial(const std::vector<Tensor>& ts, double norm_type) {
+double CudaBackend::multi_tensor_norm_partial(const std::vector<Tensor>& ts, double norm_type) {
   if (ts.empty()) return 0.0;
   const cudaStream_t stream = stream_of(ts[0]);
   const int mode = std::isinf(norm_type) ? 0 : (norm_type == 1.0 ? 1 : (norm_type == 2.0 ? 2 : 3));
@@ -221,7 +221,7 @@ double multi_tensor_norm_partial(const std::vector<Tensor>& ts, double norm_type
   return acc.item();  // the one device->host read
 }
 
-void multi_tensor_scale(const std::vector<Tensor>& ts, double scale) {
+void CudaBackend::multi_tensor_scale(const std::vector<Tensor>& ts, double scale) {
   if (ts.empty()) return;
   const cudaStream_t stream = stream_of(ts[0]);
   multi_tensor_apply<1>(

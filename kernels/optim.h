@@ -6,36 +6,9 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/types.h"
 
 namespace mg::kernels {
-
-// Hyper-parameters shared by every tensor of one call (one parameter group).
-struct AdamHyper {
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
-  bool decoupled_weight_decay = false;  // AdamW: p *= 1 - lr*wd instead of g += wd*p
-  bool amsgrad = false;
-  bool maximize = false;
-};
-
-// Parallel lists, one entry per parameter. steps[i] is the parameter's step count including
-// this update (>= 1): bias corrections are per parameter because state is created lazily.
-// max_exp_avg_sq is only read when amsgrad is set.
-struct AdamTensors {
-  std::vector<Tensor> params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq;
-  std::vector<int64_t> steps;
-};
-
-struct SGDHyper {
-  double lr = 1e-3, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
-  bool nesterov = false, maximize = false;
-};
-
-// momentum_buffers is empty when momentum == 0; first_step[i] != 0 makes buffer i a copy of
-// the (decayed) gradient, PyTorch's rule for a fresh buffer, instead of mixing it in.
-struct SGDTensors {
-  std::vector<Tensor> params, grads, momentum_buffers;
-  std::vector<uint8_t> first_step;
-};
 
 // True when `t` can go through the fused update: contiguous, f32 (or f64 on the CPU). The
 // optimizers send every other parameter through their per-parameter path.

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/loss_cuda.h"
+#include "kernels/cuda/cuda_backend.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -118,7 +118,7 @@ bool vec_rows(const void* p, int64_t C) {
 
 }  // namespace
 
-int64_t cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing,
+int64_t CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing,
                               const Tensor& loss, const Tensor& lse) {
   const int64_t M = logits.size(0), C = logits.size(1);
   if (M == 0) return ignore_index;
@@ -153,7 +153,7 @@ int64_t cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_
   return v;
 }
 
-void cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target, const Tensor& lse,
+void CudaBackend::cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target, const Tensor& lse,
                             int64_t ignore_index, double smoothing, const Tensor& grad) {
   const int64_t M = logits.size(0), C = logits.size(1);
   if (M == 0 || C == 0) return;

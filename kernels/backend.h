@@ -1,0 +1,163 @@
+// The one backend contract: every raw op a device must provide, declared once. cpu/ and cuda/
+// implement it (a backend that misses an op does not compile: the classes are `final`).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/types.h"
+
+namespace mg::kernels {
+
+// Contract for every method: the dispatch layer (kernels/<family>.cc) has already checked
+// shapes, dtypes and devices, made the inputs the layout the comment names and allocated the
+// outputs; a backend only computes into them. Float math accumulates in f32 (f64 for f64).
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // ---- elementwise (elementwise.*) ----
+  // `a` and `out` have one shape; out has a's dtype (b8 also allowed for LogicalNot).
+  virtual void unary(Unary op, const Tensor& a, const Tensor& out) = 0;
+  // `a`, `b` already broadcast (expanded views) to out's shape and cast to one dtype; out has
+  // that dtype, or b8 for comparisons. `out` may alias `a` (in-place ops).
+  virtual void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  virtual void clamp(const Tensor& a, double lo, double hi, const Tensor& out) = 0;
+  // x has grad's dtype and shape.
+  virtual void clamp_backward(const Tensor& grad, const Tensor& x, double lo, double hi, const Tensor& out) = 0;
+  // out = a*alpha + b*beta; a, b broadcast to out's shape with out's dtype (out may alias a).
+  virtual void axpby(const Tensor& a, double alpha, const Tensor& b, double beta, const Tensor& out) = 0;
+  // cond is b8; cond, a, b broadcast to out's shape; a, b have out's dtype.
+  virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+
+  // ---- reductions (reduce.*); `out` has a's rank with size 1 on the reduced dims ----
+  virtual void sum(const Tensor& a, const Tensor& out) = 0;                    // out: a's dtype (floating) or i64
+  virtual void mean(const Tensor& a, const Tensor& out) = 0;                   // floating only
+  virtual void var(const Tensor& a, int64_t correction, const Tensor& out) = 0;  // floating only
+  // values/indices have a's rank with size 1 at `dim`; a.size(dim) > 0; indices i64.
+  virtual void max_min(const Tensor& a, int64_t dim, bool is_max, const Tensor& values, const Tensor& indices) = 0;
+  virtual void sum_squares(const Tensor& a, const Tensor& out) = 0;  // out: 0-dim f32 or f64
+  virtual bool has_nonfinite(const Tensor& a) = 0;                   // reads one flag back to the host
+
+  // ---- linear algebra (linalg.*); f64, f32, f16, bf16 ----
+  // out = alpha * op(a) @ op(b) + beta * out for 2-D tensors of one dtype (any strides).
+  virtual void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha,
+                    double beta) = 0;
+  // [B, n, k] @ [B, k, m] -> out [B, n, m] (out contiguous); batch strides may be 0 (broadcast).
+  virtual void bmm(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // out [M, N] (contiguous) = x [M, K] @ w[N, K]^T + bias [N] (bias may be undefined).
+  virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) = 0;
+
+  // ---- softmax family (softmax.*); floating only, same dtype in and out ----
+  virtual void softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) = 0;
+  virtual void softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log, const Tensor& out) = 0;
+
+  // ---- losses (loss.*) ----
+  // out has target's shape; class dim of log_probs is 1 (0 for 1-D input); targets i64, bounds-checked here.
+  virtual void nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
+                                const Tensor& out) = 0;
+  // logits [M, C] contiguous, target i64 [M] contiguous; loss and lse [M] in f32 (f64 for f64).
+  // Returns the first target outside [0, C) other than ignore_index, or ignore_index when none
+  // (a backend that can also name the row raises mg::IndexError itself).
+  virtual int64_t cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                        double smoothing, const Tensor& loss, const Tensor& lse) = 0;
+  // coef [M] or [1] in lse's dtype; grad has logits' shape and dtype and is fully overwritten.
+  virtual void cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target,
+                                      const Tensor& lse, int64_t ignore_index, double smoothing,
+                                      const Tensor& grad) = 0;
+
+  // ---- indexing (index.*); index tensors are i64 or i32 and are bounds-checked here ----
+  virtual void one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) = 0;
+  virtual void gather(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) = 0;
+  virtual void scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, bool add) = 0;
+  virtual void index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) = 0;
+  virtual void index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) = 0;
+
+  // ---- layer norm (layer_norm.*) ----
+  // x [M, N] contiguous; weight/bias [N] of x's dtype or undefined; out [M, N] of x's dtype,
+  // mean/rstd [M] in f32 (f64 for f64), all fully overwritten.
+  virtual void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                  const Tensor& out, const Tensor& mean, const Tensor& rstd) = 0;
+  // Each defined output (grad_x [M, N], grad_weight/grad_bias [N]) is fully overwritten.
+  virtual void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                   const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight,
+                                   const Tensor& grad_bias) = 0;
+
+  // ---- batch norm (batch_norm.*); x [N, C, *] contiguous, per-channel tensors [C] of x's dtype ----
+  virtual void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                           const Tensor& running_mean, const Tensor& running_var, double momentum,
+                                           double eps, const Tensor& out, const Tensor& save_mean,
+                                           const Tensor& save_invstd) = 0;
+  virtual void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                       const Tensor& running_mean, const Tensor& running_var, double eps,
+                                       const Tensor& out) = 0;
+  virtual void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                   const Tensor& invstd, bool training, const Tensor& grad_x,
+                                   const Tensor& grad_weight, const Tensor& grad_bias) = 0;
+  // f32 running statistics [C] += one batch's mean/invstd (any float dtype) with the unbiasing factor.
+  virtual void batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
+                                       const Tensor& invstd, double unbias, double momentum, double eps) = 0;
+
+  // ---- convolution (conv.*); contiguous NCHW (CUDA also channels-last) in and out ----
+  virtual void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args,
+                              const Tensor& out) = 0;
+  virtual void conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Conv2dArgs& args,
+                                     const Tensor& grad_x) = 0;
+  virtual void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Conv2dArgs& args,
+                                      const Tensor& grad_w) = 0;
+
+  // ---- pooling (pool.*); contiguous NCHW in and out ----
+  virtual void max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out,
+                          const Tensor& indices) = 0;  // indices may be undefined
+  virtual void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_x) = 0;
+  virtual void avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out) = 0;
+  virtual void avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& args, const Tensor& grad_x) = 0;
+  virtual void adaptive_avg_pool2d(const Tensor& x, const Tensor& out) = 0;
+  virtual void adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& grad_x) = 0;
+
+  // ---- flash attention (attention.*) ----
+  // q [B, H, L, D], k and v [B, H, S, D] (S >= 1, D <= kFlashAttentionMaxHeadDim), one dtype,
+  // unit-stride head dim (16-byte aligned rows for FlashTensorCore); out [B, H, L, D] of q's
+  // dtype and lse [BH, L] f32 fully overwritten. `kernel` is attention_kernel()'s choice.
+  virtual void flash_attention_forward(AttentionKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v,
+                                       bool causal, double scale, const Tensor& out, const Tensor& lse) = 0;
+  virtual void flash_attention_backward(AttentionKernel kernel, const Tensor& grad_out, const Tensor& q,
+                                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                        bool causal, double scale, const Tensor& grad_q, const Tensor& grad_k,
+                                        const Tensor& grad_v) = 0;
+
+  // ---- multi-tensor optimizer updates (optim.*); contiguous lists of one dtype ----
+  virtual void adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) = 0;
+  virtual void sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) = 0;
+  // Sum of |x|^p over all tensors (max |x| for p = inf; a NaN once seen stays), one host read.
+  virtual double multi_tensor_norm_partial(const std::vector<Tensor>& ts, double norm_type) = 0;
+  virtual void multi_tensor_scale(const std::vector<Tensor>& ts, double scale) = 0;
+
+  // ---- mixed precision (amp.*) ----
+  // Contiguous floating gradients *= inv_scale; found_inf (f32, one element) = 1 on any inf/NaN.
+  virtual void amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale) = 0;
+  // Contiguous bf16 param += alpha * update (f32 or bf16, contiguous), stochastically rounded.
+  virtual void add_stochastic_bf16(const Tensor& param, const Tensor& update, float alpha, uint64_t seed) = 0;
+};
+
+// ---- settings the backends read
+// TF32 tensor-core math for f32 matmuls on CUDA (faster, ~1e-3 relative error). Off by
+// default, like PyTorch's torch.backends.cuda.matmul.allow_tf32.
+inline std::atomic<bool>& tf32_flag() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+inline void set_allow_tf32(bool on) { tf32_flag().store(on); }
+inline bool allow_tf32() { return tf32_flag().load(); }
+
+// The backend of `device`'s type; raises mg::DeviceError naming `op` when this build has none.
+Backend& backend(Device device, const char* op);
+// Whether this build has kernels for `device`.
+bool has_backend(Device device);
+// Called once per device type at start-up (the CUDA backend registers itself when linked).
+bool register_backend(DeviceType type, Backend* b);
+
+}  // namespace mg::kernels

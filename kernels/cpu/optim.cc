@@ -1,0 +1,93 @@
+// Optimizer CPU loops over lists of tensors; the per-element rules (optim_math.h) are the ones
+// cuda/optim_multi_tensor.cu runs.
+#include <cmath>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/optim_math.h"
+
+namespace mg::kernels::cpu {
+namespace {
+
+template <class T>
+void adam_cpu(const AdamTensors& t, const AdamHyper& h) {
+  const optim_math::AdamScalars<T> s{T(h.lr), T(h.beta1), T(h.beta2), T(h.eps), T(h.weight_decay),
+                                     h.decoupled_weight_decay, h.amsgrad, h.maximize};
+  for (size_t i = 0; i < t.params.size(); ++i) {
+    const double st = static_cast<double>(t.steps[i]);
+    const T step_size = T(h.lr / (1.0 - std::pow(h.beta1, st)));
+    const T bc2_sqrt = T(std::sqrt(1.0 - std::pow(h.beta2, st)));
+    T* p = t.params[i].data_ptr<T>();
+    const T* g = t.grads[i].data_ptr<T>();
+    T* m = t.exp_avg[i].data_ptr<T>();
+    T* v = t.exp_avg_sq[i].data_ptr<T>();
+    T* vmax = h.amsgrad ? t.max_exp_avg_sq[i].data_ptr<T>() : nullptr;
+    const int64_t n = t.params[i].numel();
+    for (int64_t j = 0; j < n; ++j)
+      optim_math::adam_element<T>(p[j], g[j], m[j], v[j], vmax ? vmax + j : nullptr, s, step_size, bc2_sqrt);
+  }
+}
+
+template <class T>
+void sgd_cpu(const SGDTensors& t, const SGDHyper& h) {
+  const optim_math::SGDScalars<T> s{T(h.lr), T(h.momentum), T(h.dampening), T(h.weight_decay), h.nesterov,
+                                    h.maximize};
+  for (size_t i = 0; i < t.params.size(); ++i) {
+    T* p = t.params[i].data_ptr<T>();
+    const T* g = t.grads[i].data_ptr<T>();
+    T* buf = t.momentum_buffers.empty() ? nullptr : t.momentum_buffers[i].data_ptr<T>();
+    const bool first = !t.first_step.empty() && t.first_step[i];
+    const int64_t n = t.params[i].numel();
+    for (int64_t j = 0; j < n; ++j) optim_math::sgd_element<T>(p[j], g[j], buf ? buf + j : nullptr, first, s);
+  }
+}
+
+// Sum of |x|^p (max |x| for p = inf) over one CPU tensor, accumulated in double.
+double cpu_norm_partial(const Tensor& t0, double p) {
+  const Tensor t = raw::contiguous(t0);
+  const int64_t n = t.numel();
+  double acc = 0.0;
+  MG_DISPATCH_FLOAT(t.dtype(), "multi_tensor_norm", [&] {
+    const scalar_t* x = static_cast<const scalar_t*>(t.raw_data());
+    for (int64_t j = 0; j < n; ++j) {
+      const double a = std::fabs(static_cast<double>(static_cast<opmath_t<scalar_t>>(x[j])));
+      if (std::isinf(p)) {
+        if (a > acc || std::isnan(a)) acc = a;  // a NaN, once seen, stays
+      } else if (p == 2.0) {
+        acc += a * a;
+      } else if (p == 1.0) {
+        acc += a;
+      } else {
+        acc += std::pow(a, p);
+      }
+    }
+  });
+  return acc;
+}
+
+}  // namespace
+
+void CpuBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {
+  if (t.params[0].dtype() == DType::f64) adam_cpu<double>(t, h);
+  else adam_cpu<float>(t, h);
+}
+
+void CpuBackend::sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) {
+  if (t.params[0].dtype() == DType::f64) sgd_cpu<double>(t, h);
+  else sgd_cpu<float>(t, h);
+}
+
+double CpuBackend::multi_tensor_norm_partial(const std::vector<Tensor>& ts, double norm_type) {
+  double total = 0.0;
+  for (const Tensor& t : ts) {
+    const double part = cpu_norm_partial(t, norm_type);
+    if (std::isinf(norm_type)) total = (std::isnan(total) || total >= part) ? total : part;
+    else total += part;
+  }
+  return total;
+}
+
+void CpuBackend::multi_tensor_scale(const std::vector<Tensor>& ts, double scale) {
+  for (const Tensor& t : ts) binary(Binary::Mul, t, raw::expand(scalar_tensor(scale, {t.dtype(), t.device()}), t.sizes()), t);
+}
+
+}  // namespace mg::kernels::cpu

@@ -1,0 +1,229 @@
+// Checks, type promotion, broadcasting and dispatch for the elementwise ops of
+// kernels/elementwise.h; the loops are in cpu/elementwise.cc and cuda/elementwise.cu.
+#include "kernels/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+
+#include "kernels/dispatch.h"
+
+namespace mg::kernels {
+namespace {
+
+const char* unary_name(Unary op) {
+  static const char* names[] = {"neg",     "exp",  "log",  "sqrt",       "rsqrt",  "abs",  "relu", "gelu", "gelu_tanh",
+                                "sigmoid", "tanh", "sign", "reciprocal", "square", "silu", "logical_not"};
+  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(Unary::LogicalNot) + 1,
+                "a Unary op was added: name it here");
+  return names[static_cast<int>(op)];
+}
+
+const char* binary_name(Binary op) {
+  static const char* names[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le",
+                                "gt", "ge", "relu_backward", "gelu_backward", "gelu_tanh_backward",
+                                "sigmoid_backward", "tanh_backward", "silu_backward"};
+  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(Binary::SiluBackward) + 1,
+                "a Binary op was added: name it here");
+  return names[static_cast<int>(op)];
+}
+
+bool is_comparison(Binary op) { return op >= Binary::Eq && op <= Binary::Ge; }
+bool is_backward(Binary op) { return op >= Binary::ReluBackward; }
+// Ops whose result is floating even for integer inputs (promote to f32 like PyTorch).
+bool float_only(Unary op) {
+  switch (op) {
+    case Unary::Neg: case Unary::Abs: case Unary::Relu: case Unary::Sign: case Unary::Square: case Unary::LogicalNot:
+      return false;
+    default:
+      return true;
+  }
+}
+
+int category(DType t) { return t == DType::b8 ? 0 : (is_floating(t) ? 2 : 1); }
+
+// PyTorch's result_type with its scalar rule: a 0-dim operand combined with a dimensioned
+// one only matters when it is of a higher category (bool < integer < floating).
+DType result_type(const Tensor& a, const Tensor& b) {
+  const bool za = a.dim() == 0, zb = b.dim() == 0;
+  if (za == zb) return promote_types(a.dtype(), b.dtype());
+  const DType t = za ? b.dtype() : a.dtype();
+  const DType s = za ? a.dtype() : b.dtype();
+  if (category(s) <= category(t)) return t;
+  return category(s) == 2 ? DType::f32 : DType::i64;
+}
+
+
+}  // namespace
+
+// ---------------------------------------------------------------- elementwise
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  const size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    MG_CHECK(da == db || da == 1 || db == 1, ShapeError, op, ": shapes ", shape_str(a), " and ", shape_str(b),
+             " cannot be broadcast (dim ", i, ": ", da, " vs ", db, ")");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+Tensor unary(Unary op, const Tensor& a) {
+  const char* name = unary_name(op);
+  const Device dev = check_device(name, {&a});
+  if (op == Unary::LogicalNot) return binary(Binary::Eq, a, zeros({}, {a.dtype(), dev}));
+  MG_CHECK(!(op == Unary::Neg && a.dtype() == DType::b8), DTypeError, name,
+           ": negation of a bool tensor is not supported (use logical_not)");
+  Tensor x = a;
+  if (float_only(op) && !is_floating(a.dtype())) x = raw::to_dtype(a, DType::f32);
+  Tensor out = empty(x.sizes(), {x.dtype(), dev});
+  backend(dev, "unary").unary(op, x, out);
+  return out;
+}
+
+void unary_(Unary op, const Tensor& a) {
+  const char* name = unary_name(op);
+  check_device(name, {&a});
+  MG_CHECK(!float_only(op) || is_floating(a.dtype()), DTypeError, name,
+           "_: in-place op needs a floating tensor (its result is floating), got ", a.dtype());
+  MG_CHECK(!(op == Unary::Neg && a.dtype() == DType::b8), DTypeError, name,
+           ": negation of a bool tensor is not supported (use logical_not)");
+  if (op == Unary::LogicalNot) {
+    binary_(Binary::Eq, a, zeros({}, {a.dtype(), a.device()}));
+    return;
+  }
+  backend(a.device(), "unary").unary(op, a, a);
+  a.bump_version();
+}
+
+Tensor binary(Binary op, const Tensor& a, const Tensor& b) {
+  const char* name = binary_name(op);
+  const Device dev = check_device(name, {&a, &b});
+  const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), name);
+  DType ct = result_type(a, b);
+  if (is_backward(op)) {
+    MG_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()), DTypeError, name,
+             ": expected floating tensors, got ", a.dtype(), " and ", b.dtype());
+    ct = promote_types(a.dtype(), b.dtype());
+  }
+  if (op == Binary::Div && !is_floating(ct)) ct = DType::f32;  // true division
+  Tensor out = empty(shape, {is_comparison(op) ? DType::b8 : ct, dev});
+  backend(dev, "binary").binary(op, bcast(cast_to(a, ct), shape), bcast(cast_to(b, ct), shape), out);
+  return out;
+}
+
+void binary_(Binary op, const Tensor& a, const Tensor& b) {
+  const char* name = binary_name(op);
+  check_device(name, {&a, &b});
+  const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), name);
+  MG_CHECK(shape == a.sizes(), ShapeError, name, "_: cannot broadcast ", shape_str(b.sizes()),
+           " to the in-place operand's shape ", shape_str(a.sizes()));
+  if (is_comparison(op) || (op == Binary::Div && !is_floating(a.dtype())) || is_backward(op) ||
+      result_type(a, b) != a.dtype()) {
+    // The result has another dtype (b8, floating, or b's wider type): compute out of place
+    // in that type, then cast back, so b is never rounded to a's dtype first.
+    Tensor r = binary(op, a, b);
+    raw::copy_(a, r);
+  } else {
+    backend(a.device(), "binary").binary(op, a, bcast(cast_to(b, a.dtype()), shape), a);
+  }
+  a.bump_version();
+}
+
+Tensor add_scalar(const Tensor& a, double s) {
+  check_device("add_scalar", {&a});
+  return binary(Binary::Add, a, full({}, s, {a.dtype(), a.device()}));
+}
+
+Tensor mul_scalar(const Tensor& a, double s) {
+  check_device("mul_scalar", {&a});
+  return binary(Binary::Mul, a, full({}, s, {a.dtype(), a.device()}));
+}
+
+Tensor pow_scalar(const Tensor& a, double exponent) {
+  check_device("pow_scalar", {&a});
+  // A fractional exponent of an integer tensor gives a floating result (like PyTorch).
+  const DType dt = (!is_floating(a.dtype()) && exponent != std::floor(exponent)) ? DType::f32 : a.dtype();
+  if (exponent == 2.0) return unary(Unary::Square, a);
+  if (exponent == 0.5 && is_floating(dt)) return unary(Unary::Sqrt, a);
+  return binary(Binary::Pow, cast_to(a, dt), full({}, exponent, {dt, a.device()}));
+}
+
+Tensor clamp(const Tensor& a, double lo, double hi) {
+  const Device dev = check_device("clamp", {&a});
+  MG_CHECK(!std::isnan(lo) && !std::isnan(hi), ValueError, "clamp: bounds must not be NaN (got ", lo, ", ", hi, ")");
+  Tensor out = empty(a.sizes(), {a.dtype(), dev});
+  backend(dev, "clamp").clamp(a, lo, hi, out);
+  return out;
+}
+
+Tensor clamp_backward(const Tensor& grad, const Tensor& x, double lo, double hi) {
+  const Device dev = check_device("clamp_backward", {&grad, &x});
+  MG_CHECK(grad.sizes() == x.sizes(), ShapeError, "clamp_backward: grad shape ", shape_str(grad.sizes()),
+           " does not match input shape ", shape_str(x.sizes()));
+  Tensor out = empty(grad.sizes(), {grad.dtype(), dev});
+  backend(dev, "clamp_backward").clamp_backward(grad, cast_to(x, grad.dtype()), lo, hi, out);
+  return out;
+}
+
+Tensor axpby(const Tensor& a, double alpha, const Tensor& b, double beta) {
+  const Device dev = check_device("axpby", {&a, &b});
+  const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), "axpby");
+  const DType ct = result_type(a, b);
+  Tensor out = empty(shape, {ct, dev});
+  backend(dev, "axpby").axpby(bcast(cast_to(a, ct), shape), alpha, bcast(cast_to(b, ct), shape), beta, out);
+  return out;
+}
+
+void axpby_(const Tensor& a, double alpha, const Tensor& b, double beta) {
+  check_device("axpby_", {&a, &b});
+  const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), "axpby_");
+  MG_CHECK(shape == a.sizes(), ShapeError, "axpby_: cannot broadcast ", shape_str(b.sizes()),
+           " to the in-place operand's shape ", shape_str(a.sizes()));
+  if (result_type(a, b) != a.dtype()) {
+    raw::copy_(a, axpby(a, alpha, b, beta));  // compute in b's wider type, round once
+  } else {
+    backend(a.device(), "axpby").axpby(a, alpha, bcast(cast_to(b, a.dtype()), shape), beta, a);
+  }
+  a.bump_version();
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  const Device dev = check_device("where", {&cond, &a, &b});
+  MG_CHECK(cond.dtype() == DType::b8, DTypeError, "where: condition must be a bool (b8) tensor, got ", cond.dtype());
+  const Shape shape = broadcast_shapes(broadcast_shapes(cond.sizes(), a.sizes(), "where"), b.sizes(), "where");
+  const DType ct = result_type(a, b);
+  Tensor out = empty(shape, {ct, dev});
+  backend(dev, "where").where(bcast(cond, shape), bcast(cast_to(a, ct), shape), bcast(cast_to(b, ct), shape), out);
+  return out;
+}
+
+// ---------------------------------------------------------------- casts, fills, copies
+
+Tensor cast(const Tensor& a, DType dtype) {
+  check_device("cast", {&a});
+  return raw::to_dtype(a, dtype);
+}
+
+void fill_(const Tensor& a, double v) {
+  check_device("fill_", {&a});
+  raw::fill_(a, v);
+  a.bump_version();
+}
+
+void copy_(const Tensor& dst, const Tensor& src) {
+  MG_CHECK(dst.defined() && src.defined(), ValueError, "copy_: got an undefined tensor");
+  const Shape shape = broadcast_shapes(dst.sizes(), src.sizes(), "copy_");
+  MG_CHECK(shape == dst.sizes(), ShapeError, "copy_: source shape ", shape_str(src.sizes()),
+           " cannot be broadcast to destination shape ", shape_str(dst.sizes()));
+  // Cross-device copies go through core's CUDA hooks; a build without CUDA kernels says so here.
+  if (dst.is_cuda()) backend(dst.device(), "copy_");
+  if (src.is_cuda()) backend(src.device(), "copy_");
+  raw::copy_(dst, src);  // cross-device copies go through core's CUDA hooks
+  dst.bump_version();
+}
+
+}  // namespace mg::kernels

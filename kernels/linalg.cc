@@ -1,0 +1,123 @@
+// Checks, batching and dispatch for kernels/linalg.h; Eigen in cpu/linalg.cc, cuBLAS in
+// cuda/linalg.cc.
+#include "kernels/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+
+#include "kernels/dispatch.h"
+#include "kernels/ops.h"
+
+namespace mg::kernels {
+// ---------------------------------------------------------------- linear algebra
+
+namespace {
+void check_matmul_dtypes(const char* op, const Tensor& a, const Tensor& b) {
+  MG_CHECK(a.dtype() == b.dtype(), DTypeError, op, ": dtypes differ: ", a.dtype(), " and ", b.dtype());
+  MG_CHECK(is_floating(a.dtype()), DTypeError, op, ": expected floating tensors, got ", a.dtype());
+}
+}  // namespace
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha,
+          double beta) {
+  const Device dev = check_device("gemm", {&a, &b, &out});
+  check_matmul_dtypes("gemm", a, b);
+  MG_CHECK(out.dtype() == a.dtype(), DTypeError, "gemm: output dtype ", out.dtype(), " differs from inputs' ",
+           a.dtype());
+  MG_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2, ShapeError, "gemm: expected 2-D tensors, got ",
+           shape_str(a.sizes()), ", ", shape_str(b.sizes()), " and out ", shape_str(out.sizes()));
+  const int64_t n = trans_a ? a.size(1) : a.size(0), ka = trans_a ? a.size(0) : a.size(1);
+  const int64_t kb = trans_b ? b.size(1) : b.size(0), m = trans_b ? b.size(0) : b.size(1);
+  MG_CHECK(ka == kb, ShapeError, "gemm: inner dimensions differ: ", shape_str(a.sizes()), (trans_a ? "^T" : ""),
+           " @ ", shape_str(b.sizes()), (trans_b ? "^T" : ""));
+  MG_CHECK(out.size(0) == n && out.size(1) == m, ShapeError, "gemm: output shape ", shape_str(out.sizes()),
+           " should be ", shape_str({n, m}));
+  backend(dev, "gemm").gemm(a, trans_a, b, trans_b, out, alpha, beta);
+  out.bump_version();
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  const Device dev = check_device("bmm", {&a, &b});
+  check_matmul_dtypes("bmm", a, b);
+  MG_CHECK(a.dim() == 3 && b.dim() == 3, ShapeError, "bmm: expected 3-D tensors, got ", shape_str(a.sizes()), " @ ",
+           shape_str(b.sizes()));
+  MG_CHECK(a.size(0) == b.size(0), ShapeError, "bmm: batch sizes differ: ", shape_str(a.sizes()), " @ ",
+           shape_str(b.sizes()));
+  MG_CHECK(a.size(2) == b.size(1), ShapeError, "bmm: inner dimensions differ: ", shape_str(a.sizes()), " @ ",
+           shape_str(b.sizes()));
+  Tensor out = empty({a.size(0), a.size(1), b.size(2)}, {a.dtype(), dev});
+  backend(dev, "bmm").bmm(a, b, out);
+  return out;
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  const Device dev = check_device("matmul", {&a, &b});
+  MG_CHECK(a.dim() >= 1 && b.dim() >= 1, ShapeError, "matmul: both arguments need at least 1 dim, got ",
+           shape_str(a.sizes()), " @ ", shape_str(b.sizes()));
+  check_matmul_dtypes("matmul", a, b);
+  const int64_t ka = a.size(-1), kb = b.dim() == 1 ? b.size(0) : b.size(-2);
+  MG_CHECK(ka == kb, ShapeError, "matmul: inner dimensions differ: ", shape_str(a.sizes()), " @ ",
+           shape_str(b.sizes()));
+  // Lift 1-D operands to matrices; the added dims are dropped from the result.
+  const Tensor A = a.dim() == 1 ? raw::unsqueeze(a, 0) : a;
+  const Tensor B = b.dim() == 1 ? raw::unsqueeze(b, 1) : b;
+  const int64_t n = A.size(-2), m = B.size(-1);
+  Tensor out;
+  Shape batch;
+  if (A.dim() == 2 && B.dim() == 2) {
+    out = empty({n, m}, {a.dtype(), dev});
+    backend(dev, "gemm").gemm(A, false, B, false, out, 1.0, 0.0);
+  } else if (B.dim() == 2) {
+    // [..., n, k] @ [k, m]: fold the batch into rows, one GEMM.
+    batch.assign(A.sizes().begin(), A.sizes().end() - 2);
+    Tensor A2 = raw::reshape(A, {shape_numel(batch) * n, ka});
+    Tensor o2 = empty({A2.size(0), m}, {a.dtype(), dev});
+    backend(dev, "gemm").gemm(A2, false, B, false, o2, 1.0, 0.0);
+    Shape s = batch;
+    s.push_back(n);
+    s.push_back(m);
+    out = raw::view(o2, s);
+  } else {
+    Shape ba(A.sizes().begin(), A.sizes().end() - 2), bb(B.sizes().begin(), B.sizes().end() - 2);
+    batch = broadcast_shapes(ba, bb, "matmul");
+    Shape sa = batch, sb = batch;
+    sa.insert(sa.end(), {n, ka});
+    sb.insert(sb.end(), {ka, m});
+    const int64_t nb = shape_numel(batch);
+    Tensor A3 = raw::reshape(raw::expand(A, sa), {nb, n, ka});
+    Tensor B3 = raw::reshape(raw::expand(B, sb), {nb, ka, m});
+    Tensor o3 = empty({nb, n, m}, {a.dtype(), dev});
+    backend(dev, "bmm").bmm(A3, B3, o3);
+    Shape s = batch;
+    s.insert(s.end(), {n, m});
+    out = raw::view(o3, s);
+  }
+  if (a.dim() == 1) out = raw::squeeze(out, -2);
+  if (b.dim() == 1) out = raw::squeeze(out, -1);
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  const Device dev = check_device("linear", {&x, &w, bias.defined() ? &bias : nullptr});
+  check_matmul_dtypes("linear", x, w);
+  MG_CHECK(w.dim() == 2, ShapeError, "linear: weight must be 2-D [out, in], got ", shape_str(w.sizes()));
+  MG_CHECK(x.dim() >= 1, ShapeError, "linear: input must have at least 1 dim, got ", shape_str(x.sizes()));
+  MG_CHECK(x.size(-1) == w.size(1), ShapeError, "linear: input features ", x.size(-1), " (input ",
+           shape_str(x.sizes()), ") do not match weight ", shape_str(w.sizes()));
+  if (bias.defined()) {
+    MG_CHECK(bias.dtype() == x.dtype(), DTypeError, "linear: bias dtype ", bias.dtype(), " differs from input ",
+             x.dtype());
+    MG_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), ShapeError, "linear: bias shape ", shape_str(bias.sizes()),
+             " should be [", w.size(0), "]");
+  }
+  const int64_t rows = shape_numel(Shape(x.sizes().begin(), x.sizes().end() - 1));
+  Tensor x2 = raw::reshape(x, {rows, x.size(-1)});
+  Tensor out = empty({x2.size(0), w.size(0)}, {x.dtype(), dev});
+  backend(dev, "linear").linear(x2, w, bias, out);
+  Shape s(x.sizes().begin(), x.sizes().end() - 1);
+  s.push_back(w.size(0));
+  return raw::view(out, s);
+}
+
+}  // namespace mg::kernels

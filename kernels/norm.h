@@ -1,0 +1,52 @@
+// Raw normalization layers: layer norm over trailing dims and batch norm per channel, forward
+// and backward, with the statistics in f32 (f64 for f64 inputs).
+#pragma once
+
+#include <array>
+#include <tuple>
+
+#include "core/tensor.h"
+#include "kernels/types.h"
+
+namespace mg::kernels {
+
+// ---- layer normalization ----
+// Statistics dtype: f64 for f64 input, f32 otherwise (f16/bf16 accumulate in f32).
+DType layer_norm_stats_dtype(DType x);
+
+// Normalizes x over its trailing dims `normalized_shape` (which must match x's last dims):
+// out = (x - mean) * rstd * weight + bias, rstd = 1 / sqrt(var + eps), biased variance.
+// weight/bias have normalized_shape or are undefined. Returns (out [x's shape, x's dtype],
+// mean, rstd) with mean/rstd shaped x.shape[:-k] + [1] * k (PyTorch's shape) in
+// layer_norm_stats_dtype.
+std::tuple<Tensor, Tensor, Tensor> layer_norm_forward(const Tensor& x, const Shape& normalized_shape,
+                                                      const Tensor& weight, const Tensor& bias, double eps);
+
+// Returns (grad_x, grad_weight, grad_bias), all in x's dtype; an entry is undefined when its
+// mask bit is false. mean/rstd are layer_norm_forward's; weight may be undefined (no affine).
+//   xhat = (x - mean) * rstd,  g = grad_out * weight
+//   grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat))   (means over the normalized dims)
+//   grad_weight = sum over rows of grad_out * xhat,  grad_bias = sum over rows of grad_out
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, const Tensor& x,
+                                                       const Shape& normalized_shape, const Tensor& mean,
+                                                       const Tensor& rstd, const Tensor& weight,
+                                                       std::array<bool, 3> mask = {true, true, true});
+
+// ---- batch normalization (per channel = dim 1 of [N, C, *]; statistics in f64) ----
+// Returns (out, save_mean [C], save_invstd [C]). When defined, running_mean/var [C] are
+// updated in place: r = (1 - momentum) * r + momentum * batch_stat, with the unbiased
+// variance (like PyTorch). weight/bias [C] may be undefined (no affine).
+std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, const Tensor& weight,
+                                                               const Tensor& bias, const Tensor& running_mean,
+                                                               const Tensor& running_var, double momentum,
+                                                               double eps);
+// Normalizes with the running statistics.
+Tensor batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                               const Tensor& running_var, double eps);
+// Returns (grad_x, grad_weight, grad_bias). training: mean/invstd are the batch's (save_*),
+// and grad_x includes the statistics' dependence on x; eval: they are the running
+// statistics' mean and 1/sqrt(var + eps), constants.
+std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                                       const Tensor& mean, const Tensor& invstd, bool training);
+
+}  // namespace mg::kernels

@@ -1,0 +1,85 @@
+// The argument types the dispatch layer (kernels/<family>.cc) and the backends
+// (kernels/backend.h, cpu/, cuda/) share: op enums, convolution/pooling geometry, optimizer lists.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mg {
+
+// A (height, width) pair. An integer means the same value for both, like PyTorch's _pair,
+// so conv2d(x, w, b, /*stride=*/2) and conv2d(x, w, b, Int2{2, 1}) both read naturally.
+struct Int2 {
+  int64_t h = 0, w = 0;
+  Int2() = default;
+  Int2(int64_t v) : h(v), w(v) {}  // NOLINT(runtime/explicit): the int shorthand is the point
+  Int2(int64_t h_, int64_t w_) : h(h_), w(w_) {}
+  bool operator==(const Int2& o) const { return h == o.h && w == o.w; }
+};
+
+namespace kernels {
+
+enum class Unary {
+  Neg, Exp, Log, Sqrt, Rsqrt, Abs, Relu, Gelu /* erf */, GeluTanh, Sigmoid, Tanh, Sign, Reciprocal, Square, Silu,
+  LogicalNot
+};
+enum class Binary {
+  Add, Sub, Mul, Div, Pow, Maximum, Minimum,
+  Eq, Ne, Lt, Le, Gt, Ge,  // comparisons return b8
+  // Backward helpers: grad (a) combined with the forward input or output (b).
+  ReluBackward,      // a * (b > 0), b = input
+  GeluBackward,      // a * gelu'(b), b = input (erf form)
+  GeluTanhBackward,  // a * gelu_tanh'(b)
+  SigmoidBackward,   // a * b * (1 - b), b = output
+  TanhBackward,      // a * (1 - b^2), b = output
+  SiluBackward,      // a * silu'(b), b = input
+};
+
+struct Conv2dArgs {
+  Int2 stride{1}, padding{0}, dilation{1};
+  int64_t groups = 1;
+};
+
+struct Pool2dArgs {
+  Int2 kernel{1}, stride{1}, padding{0}, dilation{1};  // stride is already resolved (no "= kernel" default here)
+  bool ceil_mode = false;
+  bool count_include_pad = true;  // avg_pool2d only
+};
+
+// Which attention implementation runs; chosen once, by kernels::attention_kernel (attention.h).
+enum class AttentionKernel {
+  Composed,         // generic kernels (matmul, softmax, ...): every device, dropout, f64
+  FlashSimt,        // kernels/cuda/attention.cu: tiled online softmax on CUDA cores, any head dim <= 128
+  FlashTensorCore,  // kernels/cuda/attention_tc.cu: mma.sync tiles, f16/bf16 at head dim 64 or 128
+};
+constexpr int64_t kFlashAttentionMaxHeadDim = 128;
+
+// Hyper-parameters shared by every tensor of one call (one parameter group).
+struct AdamHyper {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool decoupled_weight_decay = false;  // AdamW: p *= 1 - lr*wd instead of g += wd*p
+  bool amsgrad = false;
+  bool maximize = false;
+};
+// Parallel lists, one entry per parameter. steps[i] is the parameter's step count including
+// this update (>= 1): bias corrections are per parameter because state is created lazily.
+// max_exp_avg_sq is only read when amsgrad is set.
+struct AdamTensors {
+  std::vector<Tensor> params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq;
+  std::vector<int64_t> steps;
+};
+struct SGDHyper {
+  double lr = 1e-3, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
+  bool nesterov = false, maximize = false;
+};
+// momentum_buffers is empty when momentum == 0; first_step[i] != 0 makes buffer i a copy of
+// the (decayed) gradient, PyTorch's rule for a fresh buffer, instead of mixing it in.
+struct SGDTensors {
+  std::vector<Tensor> params, grads, momentum_buffers;
+  std::vector<uint8_t> first_step;
+};
+
+}  // namespace kernels
+}  // namespace mg
