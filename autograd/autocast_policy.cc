@@ -66,7 +66,7 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
   auto it = tl_cache.entries.find(t.impl());
   if (it != tl_cache.entries.end()) {
     const Entry& e = it->second;
-    const auto fn = e.cast.grad_fn();
+    const auto fn = autograd::grad_fn(e.cast);
     const bool stale_node = grad && (!fn || fn->released);
     if (e.source.lock() == t.impl_ptr() && e.version == t.version() && e.dtype == dtype && e.with_grad == grad &&
         !stale_node)

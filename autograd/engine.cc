@@ -49,8 +49,9 @@ void retain(Node& node, const std::vector<Tensor>& buf) {
   for (size_t i = 0; i < node.output_tensors.size() && i < buf.size(); ++i) {
     if (!buf[i].defined()) continue;
     auto impl = node.output_tensors[i].lock();
-    if (!impl || !impl->autograd || !impl->autograd->retains_grad) continue;
-    if (impl->autograd->grad_fn.get() != &node || impl->autograd->output_nr != i) continue;  // history was rebased
+    const AutogradMeta* m = impl ? meta(*impl) : nullptr;
+    if (!m || !m->retains_grad_) continue;
+    if (m->grad_fn_.get() != &node || m->output_nr_ != i) continue;  // history was rebased
     Tensor t(impl);
     Tensor g = buf[i].dtype() == t.dtype() ? buf[i] : kernels::cast(buf[i], t.dtype());
     Tensor old = t.grad();

@@ -36,10 +36,10 @@ void fill_output_meta(Node& node, const std::vector<Tensor>& outputs) {
 // Makes `t` an output of `node`: integer outputs never require grad.
 void set_history(const Tensor& t, const std::shared_ptr<Node>& node, uint32_t output_nr) {
   if (!t.defined() || !is_floating(t.dtype())) return;
-  AutogradMeta& m = t.autograd_meta();
-  m.requires_grad = true;
-  m.grad_fn = node;
-  m.output_nr = output_nr;
+  AutogradMeta& m = materialize_meta(t);
+  m.requires_grad_ = true;
+  m.grad_fn_ = node;
+  m.output_nr_ = output_nr;
 }
 
 // The in-place legality check without the version bump.
@@ -47,8 +47,8 @@ void check_inplace_allowed(const Tensor& t, const char* op) {
   if (!is_grad_enabled() || !t.requires_grad()) return;
   MG_CHECK(!t.is_leaf(), AutogradError, "a leaf Variable that requires grad is being used in an in-place operation (",
            op, "); wrap it in mg::no_grad if this is an update (e.g. an optimizer step)");
-  const auto& base = t.impl()->view_base;
-  MG_CHECK(!(base && base->autograd && base->autograd->requires_grad && !base->autograd->grad_fn), AutogradError,
+  const AutogradMeta* base = t.impl()->view_base ? meta(*t.impl()->view_base) : nullptr;
+  MG_CHECK(!(base && base->requires_grad_ && !base->grad_fn_), AutogradError,
            "a view of a leaf Variable that requires grad is being used in an in-place operation (", op, ")");
 }
 }  // namespace
@@ -58,11 +58,11 @@ thread_local RecomputeHook recompute_hook = nullptr;
 // ---------------- SavedTensor ----------------
 
 SavedTensor::SavedTensor(const Tensor& t, const char* op) : op_(op), was_defined_(t.defined()) {
-  if (t.defined() && t.impl()->autograd && t.impl()->autograd->grad_fn &&
-      t.impl()->autograd->grad_fn->recomputes_outputs()) {
+  const AutogradMeta* m = meta(t);
+  if (m && m->grad_fn_ && m->grad_fn_->recomputes_outputs()) {
     // Only the very tensor the node produced (not a view of it) can be rebuilt as is.
-    const auto& node = t.impl()->autograd->grad_fn;
-    const uint32_t nr = t.impl()->autograd->output_nr;
+    const auto& node = m->grad_fn_;
+    const uint32_t nr = m->output_nr_;
     if (nr < node->output_tensors.size() && node->output_tensors[nr].lock() == t.impl_ptr()) {
       recompute_from_ = node;
       output_nr_ = nr;
@@ -230,10 +230,11 @@ namespace {
 // PyTorch regenerates a view's grad_fn: the gradient lands in the view's elements of the base.
 void refresh_stale_view(const Tensor& t) {
   const auto& b = t.impl()->view_base;
-  AutogradMeta& m = *t.impl()->autograd;
-  if (!b || b == t.impl_ptr() || !b->autograd || !b->autograd->grad_fn) return;
-  const Node& bn = *b->autograd->grad_fn;
-  if (bn.sequence_nr <= m.grad_fn->sequence_nr || bn.name().rfind("CopySlices", 0) != 0) return;
+  const AutogradMeta& m = *meta(t);
+  const AutogradMeta* bm = b ? meta(*b) : nullptr;
+  if (b == t.impl_ptr() || !bm || !bm->grad_fn_) return;
+  const Node& bn = *bm->grad_fn_;
+  if (bn.sequence_nr <= m.grad_fn_->sequence_nr || bn.name().rfind("CopySlices", 0) != 0) return;
   Tensor base(b);
   const Shape sizes = t.sizes(), strides = t.strides(), base_shape = base.sizes();
   const int64_t offset = t.offset() - base.offset();
@@ -243,24 +244,24 @@ void refresh_stale_view(const Tensor& t) {
     return std::vector<Tensor>{z};
   });
   node->sequence_nr = g_next_sequence_nr++;
-  node->next_edges.push_back({b->autograd->grad_fn, b->autograd->output_nr});
+  node->next_edges.push_back({bm->grad_fn_, bm->output_nr_});
   fill_output_meta(*node, {t});
   set_history(t, node, 0);
 }
 }  // namespace
 
 Edge gradient_edge(const Tensor& t) {
-  if (!t.defined() || !t.impl()->autograd) return {};
-  AutogradMeta& m = *t.impl()->autograd;
-  if (m.grad_fn) {
+  AutogradMeta* m = meta(t);
+  if (!m) return {};
+  if (m->grad_fn_) {
     refresh_stale_view(t);
-    return {m.grad_fn, m.output_nr};
+    return {m->grad_fn_, m->output_nr_};
   }
-  if (!m.requires_grad) return {};
-  std::shared_ptr<Node> acc = m.grad_accumulator.lock();
+  if (!m->requires_grad_) return {};
+  std::shared_ptr<Node> acc = m->grad_accumulator_.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(t);
-    m.grad_accumulator = acc;
+    m->grad_accumulator_ = acc;
   }
   return {acc, 0};
 }
@@ -311,8 +312,8 @@ void rebase_view_base(const char* op, const Tensor& self, const std::vector<Tens
   // A view with a history of its own over a base autograd never saw (an op's output that is a
   // raw view of the op's scratch tensor, e.g. linear's reshaped product) shares storage, not
   // history: nothing can backpropagate through that base, so there is nothing to rebase.
-  const AutogradMeta* bm = base_impl->autograd.get();
-  if (self_had_history && (!bm || (!bm->grad_fn && !bm->requires_grad))) return;
+  const AutogradMeta* bm = meta(*base_impl);
+  if (self_had_history && (!bm || (!bm->grad_fn_ && !bm->requires_grad_))) return;
   Tensor base(base_impl);
   if (!is_floating(base.dtype())) return;
   MG_CHECK(base.is_contiguous(), AutogradError, "in-place ", op, " on a view of a non-contiguous tensor (shape ",
@@ -348,7 +349,7 @@ void record_inplace(const char* op, const Tensor& self, const std::vector<Tensor
   inputs.push_back(self);
   inputs.insert(inputs.end(), others.begin(), others.end());
   if (!any_requires_grad(inputs) || !is_floating(self.dtype())) return;
-  const bool had_history = self.impl()->autograd && self.impl()->autograd->grad_fn;
+  const bool had_history = grad_fn(self) != nullptr;
   auto node = std::make_shared<FunctionNode>(op, fn);
   node->sequence_nr = g_next_sequence_nr++;
   node->next_edges.reserve(inputs.size());

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/autograd_meta.h"
 #include "core/tensor.h"
 
 namespace mg::autograd {

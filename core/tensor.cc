@@ -102,41 +102,6 @@ void* Tensor::raw_data() const {
   return static_cast<char*>(impl_->storage->data) + impl_->offset * static_cast<int64_t>(element_size());
 }
 
-Tensor& Tensor::requires_grad_(bool on) {
-  MG_CHECK(!on || is_floating(dtype()), AutogradError, "requires_grad_: only floating tensors can require grad, got ",
-           dtype());
-  MG_CHECK(is_leaf(), AutogradError,
-           "requires_grad_: can only change requires_grad of leaf tensors (this one is the output of an op; use detach())");
-  autograd_meta().requires_grad = on;
-  return *this;
-}
-
-AutogradMeta& Tensor::autograd_meta() const {
-  if (!impl_->autograd) impl_->autograd = std::make_shared<AutogradMeta>();
-  return *impl_->autograd;
-}
-
-Tensor Tensor::grad() const {
-  if (!impl_->autograd || !impl_->autograd->grad) return Tensor();
-  return Tensor(impl_->autograd->grad);
-}
-
-void Tensor::set_grad(const Tensor& g) const {
-  if (g.defined()) {
-    MG_CHECK(g.sizes() == sizes(), ShapeError, "set_grad: gradient shape ", shape_str(g.sizes()),
-             " does not match tensor shape ", shape_str(sizes()));
-    MG_CHECK(g.device() == device(), DeviceError, "set_grad: gradient on ", g.device(), ", tensor on ", device());
-  }
-  autograd_meta().grad = g.impl_ptr();
-}
-
-const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const {
-  static const std::shared_ptr<autograd::Node> none;
-  return impl_->autograd ? impl_->autograd->grad_fn : none;
-}
-
-void Tensor::retain_grad() const { autograd_meta().retains_grad = true; }
-
 Tensor Tensor::detach() const {
   auto impl = std::make_shared<TensorImpl>(*impl_);
   impl->autograd = nullptr;
@@ -416,6 +381,34 @@ Tensor squeeze(const Tensor& t, int64_t dim) {
   sizes.erase(sizes.begin() + dim);
   strides.erase(strides.begin() + dim);
   return as_strided(t, sizes, strides, t.offset());
+}
+
+Tensor squeeze(const Tensor& t) {
+  Shape sizes, strides;
+  for (int64_t i = 0; i < t.dim(); ++i)
+    if (t.sizes()[i] != 1) {
+      sizes.push_back(t.sizes()[i]);
+      strides.push_back(t.strides()[i]);
+    }
+  return as_strided(t, sizes, strides, t.offset());
+}
+
+Tensor flatten(const Tensor& t, int64_t start_dim, int64_t end_dim) {
+  if (t.dim() == 0) return reshape(t, {1});
+  const int64_t s = wrap_dim(start_dim, t.dim(), "flatten"), e = wrap_dim(end_dim, t.dim(), "flatten");
+  MG_CHECK(s <= e, ValueError, "flatten: start_dim ", start_dim, " comes after end_dim ", end_dim, " for shape ",
+           shape_str(t.sizes()));
+  Shape shape(t.sizes().begin(), t.sizes().begin() + s);
+  shape.push_back(shape_numel(Shape(t.sizes().begin() + s, t.sizes().begin() + e + 1)));
+  shape.insert(shape.end(), t.sizes().begin() + e + 1, t.sizes().end());
+  return reshape(t, shape);
+}
+
+Tensor t(const Tensor& x) {
+  MG_CHECK(x.dim() <= 2, ShapeError, "t: expects a tensor with <= 2 dims, got ", x.dim(), " dims of shape ",
+           shape_str(x.sizes()), " (use transpose(d0, d1) or permute)");
+  if (x.dim() < 2) return as_strided(x, x.sizes(), x.strides(), x.offset());
+  return transpose(x, 0, 1);
 }
 
 Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t step) {

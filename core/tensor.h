@@ -1,5 +1,5 @@
 // The Tensor: a refcounted handle to strided view over a Storage, with dtype, device, a
-// version counter shared by all views, and the autograd fields autograd/ gives meaning to.
+// version counter shared by all views, and an opaque autograd state autograd/ gives meaning to.
 #pragma once
 
 #include <cstdint>
@@ -42,17 +42,20 @@ Storage make_storage(size_t nbytes, Device device);
 // Wraps memory memgrad did not allocate; `deleter` runs when the last view dies.
 Storage adopt_storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter);
 
-namespace autograd { struct Node; }
 struct TensorImpl;
 
-// Opaque to core/: autograd/ reads and writes these.
-struct AutogradMeta {
-  bool requires_grad = false;
-  bool retains_grad = false;
-  std::shared_ptr<TensorImpl> grad;
-  std::shared_ptr<autograd::Node> grad_fn;
-  uint32_t output_nr = 0;
-  std::weak_ptr<autograd::Node> grad_accumulator;
+// What a TensorImpl knows of autograd: a flag, a leaf bit and a .grad. The one implementation
+// (with grad_fn and accumulator) lives in autograd/ and core gets it only through
+// AutogradHooks::make_meta, so //core links and runs without //autograd.
+struct AutogradMetaInterface {
+  virtual ~AutogradMetaInterface() = default;
+  virtual bool requires_grad() const = 0;
+  virtual void set_requires_grad(bool on) = 0;
+  // False for an op's output (it has a grad_fn), true otherwise.
+  virtual bool is_leaf() const = 0;
+  virtual void set_retains_grad() = 0;
+  virtual const std::shared_ptr<TensorImpl>& grad() const = 0;
+  virtual void set_grad(std::shared_ptr<TensorImpl> grad) = 0;
 };
 
 struct TensorImpl {
@@ -62,7 +65,7 @@ struct TensorImpl {
   int64_t offset = 0;  // in elements
   DType dtype = DType::f32;
   std::shared_ptr<uint32_t> version;  // shared with every view of the same storage
-  std::shared_ptr<AutogradMeta> autograd;
+  std::shared_ptr<AutogradMetaInterface> autograd;  // null until the tensor takes part in autograd
   std::shared_ptr<TensorImpl> view_base;  // set for views (the tensor the view was taken of)
 };
 
@@ -115,22 +118,22 @@ class Tensor {
   uint32_t version() const { return *impl_->version; }
   void bump_version() const { ++*impl_->version; }
 
-  // --- autograd fields (meaning given by autograd/) ---
-  bool requires_grad() const { return impl_->autograd && impl_->autograd->requires_grad; }
-  // Only leaves may be flagged; raises mg::AutogradError on a non-leaf or integer tensor.
+  // --- autograd state (meaning given by autograd/; see core/autograd_hooks.h) ---
+  bool requires_grad() const { return impl_->autograd && impl_->autograd->requires_grad(); }
+  // Only leaves may be flagged; raises mg::AutogradError on a non-leaf or integer tensor, or
+  // when turning it on in a binary without //autograd.
   Tensor& requires_grad_(bool on = true);
   Tensor grad() const;
   void set_grad(const Tensor& g) const;
-  const std::shared_ptr<autograd::Node>& grad_fn() const;
-  bool is_leaf() const { return !impl_->autograd || !impl_->autograd->grad_fn; }
-  AutogradMeta& autograd_meta() const;  // creates it on first use
+  bool is_leaf() const { return !impl_->autograd || impl_->autograd->is_leaf(); }
   void retain_grad() const;
   // Shares storage, no autograd history.
   Tensor detach() const;
-  // Defined in autograd/engine.cc: backpropagates from this tensor.
+  // Backpropagates from this tensor (mg::AutogradError without //autograd).
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
 
-  // --- views and conversions (differentiable; defined in autograd/) ---
+  // --- views and conversions: raw:: ones in //core alone, differentiable once //autograd
+  // is linked (each dispatches through the installed AutogradHooks) ---
   Tensor view(const Shape& shape) const;
   Tensor reshape(const Shape& shape) const;
   Tensor permute(const Shape& dims) const;
@@ -151,7 +154,7 @@ class Tensor {
   Tensor cpu() const { return to(Device::cpu()); }
   Tensor cuda(int index = 0) const { return to(Device::cuda(index)); }
 
-  // --- in-place (version-counted; defined in autograd/) ---
+  // --- in-place (version-counted; recorded on the tape once //autograd is linked) ---
   Tensor& copy_(const Tensor& src);
   Tensor& fill_(double value);
   Tensor& zero_();
@@ -205,6 +208,9 @@ Tensor permute(const Tensor& t, const Shape& dims);
 Tensor transpose(const Tensor& t, int64_t d0, int64_t d1);
 Tensor unsqueeze(const Tensor& t, int64_t dim);
 Tensor squeeze(const Tensor& t, int64_t dim);
+Tensor squeeze(const Tensor& t);  // every size-1 dim
+Tensor flatten(const Tensor& t, int64_t start_dim, int64_t end_dim);  // view if possible, else copy
+Tensor t(const Tensor& t);  // <= 2 dims
 Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t step);
 Tensor select(const Tensor& t, int64_t dim, int64_t index);
 Tensor expand(const Tensor& t, const Shape& shape);

@@ -135,7 +135,7 @@ void DistributedDataParallel::after_forward(const Tensor& output) {
   std::unordered_set<const TensorImpl*> reached;
   std::unordered_set<const autograd::Node*> seen;
   std::vector<autograd::Node*> stack;
-  if (output.defined() && output.grad_fn()) stack.push_back(output.grad_fn().get());
+  if (const auto& fn = autograd::grad_fn(output)) stack.push_back(fn.get());
   while (!stack.empty()) {
     autograd::Node* n = stack.back();
     stack.pop_back();

@@ -77,11 +77,11 @@ TEST(Engine, RetainGraphAllowsSecondBackward) {
   Tensor x = leaf({1, 2}, {2});
   Tensor y = sum(exp(x));
   y.backward(Tensor(), /*retain_graph=*/true);
-  EXPECT_FALSE(y.grad_fn()->released);
+  EXPECT_FALSE(autograd::grad_fn(y)->released);
   y.backward();
   EXPECT_NEAR(vals(x.grad())[0], 2 * std::exp(1.0), 1e-12);
   EXPECT_NEAR(vals(x.grad())[1], 2 * std::exp(2.0), 1e-12);
-  EXPECT_TRUE(y.grad_fn()->released);
+  EXPECT_TRUE(autograd::grad_fn(y)->released);
 }
 
 TEST(Engine, NoGradBuildsNoGraph) {
@@ -91,7 +91,7 @@ TEST(Engine, NoGradBuildsNoGraph) {
     EXPECT_FALSE(is_grad_enabled());
     Tensor y = exp(x) * 2.0;
     EXPECT_FALSE(y.requires_grad());
-    EXPECT_EQ(y.grad_fn(), nullptr);
+    EXPECT_EQ(autograd::grad_fn(y), nullptr);
     EXPECT_TRUE(y.is_leaf());
     Tensor v = x.view({2, 1});
     EXPECT_FALSE(v.requires_grad());
@@ -145,7 +145,7 @@ TEST(Engine, SavedTensorsFreedAfterBackward) {
   const int64_t after = memory_allocated();
   // 10 saved 4 MiB tensors freed; x.grad (4 MiB) allocated.
   EXPECT_LT(after, before - 6 * (4 << 20)) << "before " << before << " after " << after;
-  EXPECT_TRUE(loss.grad_fn()->released);
+  EXPECT_TRUE(autograd::grad_fn(loss)->released);
   EXPECT_EQ(x.grad().numel(), 1 << 20);
   // What is left in the Gradients category after backward is exactly x.grad.
   EXPECT_GE(CategoryStats::get(Device::cpu()).counter(MemoryCategory::Gradients).current, 4 << 20);
@@ -197,7 +197,7 @@ TEST(Engine, InplaceRebasesHistory) {
   Tensor x = leaf({1, -2}, {2});
   Tensor y = x * 3.0;
   relu_(y);
-  EXPECT_EQ(y.grad_fn()->name(), "relu_");
+  EXPECT_EQ(autograd::grad_fn(y)->name(), "relu_");
   EXPECT_EQ(y.version(), 1u);
   sum(y).backward();
   EXPECT_EQ(vals(x.grad()), (std::vector<double>{3, 0}));
@@ -208,7 +208,7 @@ TEST(Engine, Detach) {
   Tensor y = x * 2.0;
   Tensor d = y.detach();
   EXPECT_FALSE(d.requires_grad());
-  EXPECT_EQ(d.grad_fn(), nullptr);
+  EXPECT_EQ(autograd::grad_fn(d), nullptr);
   EXPECT_EQ(d.raw_data(), y.raw_data());
   {
     no_grad guard;

@@ -278,8 +278,9 @@ void expect_sdpa_matches_reference(DType dt, bool causal, Generator& g) {
   };
   std::vector<Tensor> a, b;
   Tensor out_flash = run(true, &a), out_ref = run(false, &b);
-  ASSERT_TRUE(out_flash.grad_fn() != nullptr);
-  EXPECT_EQ(out_flash.grad_fn()->name(), "scaled_dot_product_attention") << "the CUDA call took the reference path";
+  ASSERT_TRUE(autograd::grad_fn(out_flash) != nullptr);
+  EXPECT_EQ(autograd::grad_fn(out_flash)->name(), "scaled_dot_product_attention")
+      << "the CUDA call took the reference path";
   Tensor ref_out = raw::to_dtype(raw::to_device(out_ref.detach(), Device::cpu()), DType::f64);
   expect_close(ref_out, out_flash.detach(), tol_of(dt), what + " out");
   for (int i = 0; i < 3; ++i) {
@@ -297,7 +298,10 @@ TEST_F(AttentionParity, AutogradMatchesReference) {
 
 TEST_F(AttentionParity, ReferenceWhenAskedOrUnsupported) {
   Tensor q = to_cuda(host({2, 9, 16}, DType::f32, g)).requires_grad_(true);
-  auto node_name = [](const Tensor& t) { return t.grad_fn() ? t.grad_fn()->name() : std::string("none"); };
+  auto node_name = [](const Tensor& t) {
+    const auto& fn = autograd::grad_fn(t);
+    return fn ? fn->name() : std::string("none");
+  };
   EXPECT_EQ(node_name(scaled_dot_product_attention(q, q, q)), "scaled_dot_product_attention");
   ::setenv("MG_ATTENTION_KERNEL", "composed", 1);
   const std::string forced = node_name(scaled_dot_product_attention(q, q, q));
@@ -340,8 +344,8 @@ void expect_packed_matches(DType dt, bool causal, int64_t B, int64_t T, int64_t 
   auto packed_of = [&](const Tensor& w) { return base_pad ? w.narrow(2, base_pad, 3 * C) : w; };
   Tensor wa = leaf(), wb = leaf();
   Tensor ya = attention_packed_qkv(packed_of(wa), H, causal);
-  ASSERT_TRUE(ya.grad_fn() != nullptr);
-  EXPECT_EQ(ya.grad_fn()->name(), "attention_packed_qkv") << "the CUDA call took the composed path";
+  ASSERT_TRUE(autograd::grad_fn(ya) != nullptr);
+  EXPECT_EQ(autograd::grad_fn(ya)->name(), "attention_packed_qkv") << "the CUDA call took the composed path";
   ASSERT_EQ(ya.sizes(), (Shape{B, T, C}));
   EXPECT_EQ(ya.dtype(), dt);
   Tensor yb = unpacked_attention(packed_of(wb), H, causal);
