@@ -1,5 +1,5 @@
-// Finite-difference gradient checking for any differentiable memgrad function: analytic
-// gradients from backward() against central differences, in f64, with a readable diff.
+// The test helpers every op test shares: finite-difference gradient checking (analytic
+// gradients from backward() against central differences, in f64) and device parity.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -25,8 +25,11 @@ using GradFn = std::function<Tensor(const std::vector<Tensor>&)>;
 // sum to zero). fn is evaluated many times: it must be deterministic (reseed inside it if it
 // draws random numbers) and must not modify its inputs in place.
 // Passes when |analytic - numeric| <= atol + rtol * |numeric| for every element.
+// max_checked > 0 checks only that many elements per input, spread evenly (first and last
+// included): each element costs two evaluations of fn, so large parity-sized inputs would
+// otherwise take minutes; every element is still compared on the device by the parity check.
 inline ::testing::AssertionResult gradcheck(const GradFn& fn, const std::vector<Tensor>& inputs, double eps = 1e-6,
-                                            double atol = 1e-5, double rtol = 1e-4) {
+                                            double atol = 1e-5, double rtol = 1e-4, int64_t max_checked = 0) {
   // Fresh leaves, so the caller's tensors and their .grad stay untouched.
   std::vector<Tensor> leaves;
   std::vector<size_t> checked;
@@ -93,7 +96,10 @@ inline ::testing::AssertionResult gradcheck(const GradFn& fn, const std::vector<
     double* p = xs[i].data_ptr<double>();
     double max_err = 0;
     int shown = 0, wrong = 0;
-    for (int64_t j = 0; j < xs[i].numel(); ++j) {
+    const int64_t n = xs[i].numel();
+    const int64_t step = max_checked > 1 && n > max_checked ? (n - 1) / (max_checked - 1) : 1;
+    int64_t tried = 0;
+    for (int64_t j = 0; j < n; j = (j + step < n || j == n - 1) ? j + step : n - 1, ++tried) {
       const double orig = p[j];
       p[j] = orig + eps;
       const double fp = f();
@@ -111,7 +117,7 @@ inline ::testing::AssertionResult gradcheck(const GradFn& fn, const std::vector<
       }
     }
     if (wrong) {
-      diff << "\n  input " << i << ": " << wrong << " of " << xs[i].numel() << " elements differ, max abs diff "
+      diff << "\n  input " << i << ": " << wrong << " of " << tried << " checked elements differ, max abs diff "
            << max_err;
       ++bad;
     }
@@ -119,6 +125,40 @@ inline ::testing::AssertionResult gradcheck(const GradFn& fn, const std::vector<
   if (bad)
     return ::testing::AssertionFailure() << "gradcheck failed (eps " << eps << ", atol " << atol << ", rtol " << rtol
                                          << "):" << diff.str();
+  return ::testing::AssertionSuccess();
+}
+
+// Device parity: `got` (any device, any floating dtype) against a reference `ref` of the same
+// shape: |ref - got| <= tol * (|ref| + rms(ref)) + atol elementwise, so a tolerance is relative
+// to the element or, for elements near zero, to the tensor's scale (cancellation leaves absolute
+// error of that size); atol covers subnormal results, whose spacing is absolute. NaN must meet
+// NaN, an infinity the same infinity.
+inline ::testing::AssertionResult parity(const Tensor& ref, const Tensor& got, double tol, double atol = 0) {
+  if (!ref.defined() || !got.defined())
+    return ::testing::AssertionFailure() << "parity: " << (ref.defined() ? "result" : "reference") << " is undefined";
+  if (ref.sizes() != got.sizes())
+    return ::testing::AssertionFailure() << "parity: shape " << shape_str(got.sizes()) << " vs reference "
+                                         << shape_str(ref.sizes());
+  const std::vector<double> a = ref.to_vector<double>(), b = got.to_vector<double>();
+  double rms = 0;
+  int64_t finite = 0;
+  for (double x : a)
+    if (std::isfinite(x)) rms += x * x, ++finite;
+  rms = finite ? std::sqrt(rms / finite) : 0;
+  std::ostringstream diff;
+  int64_t bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double err = std::abs(a[i] - b[i]);
+    const bool ok = std::isnan(a[i]) ? std::isnan(b[i]) : std::isinf(a[i]) ? a[i] == b[i] : err <= tol * (std::abs(a[i]) + rms) + atol;
+    if (ok) continue;
+    if (std::isfinite(a[i])) worst = std::max(worst, err / (std::abs(a[i]) + rms));
+    if (bad++ < 5) diff << "\n  element " << i << ": reference " << a[i] << " vs " << b[i] << " (diff " << err << ")";
+  }
+  if (bad)
+    return ::testing::AssertionFailure() << bad << " of " << a.size() << " elements of " << shape_str(ref.sizes())
+                                         << " (" << got.dtype() << " on " << got.device() << ") off by more than "
+                                         << tol << " x (|ref| + rms " << rms << "), worst " << worst << diff.str();
   return ::testing::AssertionSuccess();
 }
 

@@ -1,4 +1,4 @@
-// kernels/nn_ops.h on the CPU: hand-computed conv/pool/batch-norm values, a naive
+// kernels/conv.h, pool.h, norm.h on the CPU: hand-computed conv/pool/batch-norm values, a naive
 // seven-loop convolution (forward and both backwards) as the reference for every
 // stride/padding/dilation/groups combination, layouts, and bad input.
 #include <cmath>

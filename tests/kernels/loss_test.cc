@@ -1,4 +1,4 @@
-// The fused cross-entropy kernels (kernels/loss_ops.h) against the composed definition
+// The fused cross-entropy kernels (kernels/loss.h) against the composed definition
 // (log_softmax + nll, softmax - onehot) on the CPU, and CUDA against CPU when a GPU is present.
 #include <gtest/gtest.h>
 

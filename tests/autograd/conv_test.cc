@@ -1,0 +1,58 @@
+// The autograd plumbing of conv2d, the poolings and batch_norm: partial requires_grad,
+// unbatched and channels-last shapes, saved-tensor version checks, running statistics. Their
+// gradients and device parity are rows of the op table (op_table_nn.cc).
+#include <string>
+#include <vector>
+
+#include "autograd/node.h"
+#include "kernels/ops.h"
+#include "tests/autograd/gradcheck.h"
+
+namespace mg {
+namespace {
+
+TEST(ConvAutograd, OnlyWeightRequiresGrad) {
+  Tensor x = randn({2, 3, 5, 5}, {DType::f64});
+  Tensor w = randn({4, 3, 3, 3}, {DType::f64});
+  w.requires_grad_(true);
+  Tensor y = conv2d(x, w);
+  sum(y).backward();
+  EXPECT_FALSE(x.grad().defined());
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_EQ(w.grad().sizes(), w.sizes());
+}
+
+TEST(ConvAutograd, UnbatchedAndChannelsLastShapes) {
+  Tensor x = randn({3, 6, 6});
+  x.requires_grad_(true);
+  Tensor y = max_pool2d(conv2d(x, randn({2, 3, 3, 3}), Tensor(), 1, 1), 2);
+  EXPECT_EQ(y.sizes(), (Shape{2, 3, 3}));
+  sum(y).backward();
+  EXPECT_EQ(x.grad().sizes(), x.sizes());
+  auto [v, idx] = max_pool2d_with_indices(randn({2, 4, 4}), 2);
+  EXPECT_EQ(idx.sizes(), (Shape{2, 2, 2}));
+  EXPECT_EQ(idx.dtype(), DType::i64);
+}
+
+TEST(ConvAutograd, InPlaceChangeOfSavedInputIsAnError) {
+  Tensor w = randn({2, 3, 3, 3});
+  w.requires_grad_(true);
+  Tensor x = randn({1, 3, 4, 4});
+  Tensor y = conv2d(x, w);  // saves x for the weight gradient
+  kernels::fill_(x, 1.0);   // bumps x's version
+  EXPECT_THROW(sum(y).backward(), AutogradError);
+}
+
+TEST(ConvAutograd, BatchNormTrainingUpdatesRunningStatsOnlyInTraining) {
+  Tensor x = randn({4, 2, 3, 3}, {DType::f64});
+  Tensor rm = zeros({2}, {DType::f64}), rv = ones({2}, {DType::f64});
+  batch_norm(x, rm, rv, Tensor(), Tensor(), /*training=*/false);
+  EXPECT_EQ(rm.to_vector<double>(), (std::vector<double>{0, 0}));
+  batch_norm(x, rm, rv, Tensor(), Tensor(), /*training=*/true, /*momentum=*/0.5);
+  Tensor batch_mean = kernels::mean(x, {0, 2, 3});
+  auto m = batch_mean.to_vector<double>(), got = rm.to_vector<double>();
+  for (int c = 0; c < 2; ++c) EXPECT_NEAR(got[c], 0.5 * m[c], 1e-12);
+}
+
+}  // namespace
+}  // namespace mg
