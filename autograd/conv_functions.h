@@ -15,8 +15,8 @@ namespace mg {
 
 // weight [O, C/groups, kH, kW], bias [O] or undefined. groups == C (and O a multiple of C)
 // is a depthwise convolution.
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), Int2 stride = 1,
-              Int2 padding = 0, Int2 dilation = 1, int64_t groups = 1);
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), Int2 stride = 1, Int2 padding = 0,
+              Int2 dilation = 1, int64_t groups = 1);
 
 // stride defaults to kernel_size. Padding must be at most half the (dilated) kernel.
 Tensor max_pool2d(const Tensor& x, Int2 kernel_size, std::optional<Int2> stride = std::nullopt, Int2 padding = 0,

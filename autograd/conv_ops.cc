@@ -49,7 +49,8 @@ kernels::Pool2dArgs pool_args(Int2 kernel, std::optional<Int2> stride, Int2 padd
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Int2 stride, Int2 padding, Int2 dilation,
               int64_t groups) {
   if (autocast::lower_needed({&x, &weight, &bias}))
-    return conv2d(autocast::lower(x), autocast::lower(weight), autocast::lower(bias), stride, padding, dilation, groups);
+    return conv2d(autocast::lower(x), autocast::lower(weight), autocast::lower(bias), stride, padding, dilation,
+                  groups);
   const kernels::Conv2dArgs args{stride, padding, dilation, groups};
   return batched(x, "conv2d", [&](const Tensor& x4) {
     Tensor out = kernels::conv2d_forward(x4, weight, bias, args);
@@ -106,9 +107,8 @@ Tensor avg_pool2d(const Tensor& x, Int2 kernel_size, std::optional<Int2> stride,
   return batched(x, "avg_pool2d", [&](const Tensor& x4) {
     Tensor y = kernels::avg_pool2d(x4, args);
     if (any_requires_grad({x4}))
-      record("avg_pool2d", {x4}, y, [args, xs = x4.sizes()](const Grads& g) {
-        return Grads{kernels::avg_pool2d_backward(g[0], xs, args)};
-      });
+      record("avg_pool2d", {x4}, y,
+             [args, xs = x4.sizes()](const Grads& g) { return Grads{kernels::avg_pool2d_backward(g[0], xs, args)}; });
     return y;
   });
 }
@@ -117,9 +117,8 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size) {
   return batched(x, "adaptive_avg_pool2d", [&](const Tensor& x4) {
     Tensor y = kernels::adaptive_avg_pool2d(x4, output_size);
     if (any_requires_grad({x4}))
-      record("adaptive_avg_pool2d", {x4}, y, [xs = x4.sizes()](const Grads& g) {
-        return Grads{kernels::adaptive_avg_pool2d_backward(g[0], xs)};
-      });
+      record("adaptive_avg_pool2d", {x4}, y,
+             [xs = x4.sizes()](const Grads& g) { return Grads{kernels::adaptive_avg_pool2d_backward(g[0], xs)}; });
     return y;
   });
 }
@@ -130,11 +129,12 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
                   const Tensor& bias, bool training, double momentum, double eps) {
   // Autocast: a half-precision activation keeps its dtype on CUDA (the kernel accumulates the
   // statistics in f32; casting it up would store f32 activations); the CPU kernel is f32-only.
-  const bool autocast_half = x.defined() && is_autocast_enabled(x.device().type) &&
-                             (x.dtype() == DType::f16 || x.dtype() == DType::bf16);
+  const bool autocast_half =
+      x.defined() && is_autocast_enabled(x.device().type) && (x.dtype() == DType::f16 || x.dtype() == DType::bf16);
   if (autocast_half && !x.is_cuda())
     return batch_norm(autocast::widen(x), running_mean, running_var, weight, bias, training, momentum, eps);
-  if (autocast_half && ((weight.defined() && weight.dtype() != x.dtype()) || (bias.defined() && bias.dtype() != x.dtype())))
+  if (autocast_half &&
+      ((weight.defined() && weight.dtype() != x.dtype()) || (bias.defined() && bias.dtype() != x.dtype())))
     return batch_norm(x, running_mean, running_var, autocast::cached_cast(weight, x.dtype()),
                       autocast::cached_cast(bias, x.dtype()), training, momentum, eps);
   if (autocast_half && !training && running_mean.defined() && running_mean.dtype() != x.dtype())
@@ -164,13 +164,14 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   if (grad)
     // Eval mode: the running statistics are constants of the function; saved with a version
     // check, since a training step before this backward would change them.
-    record("batch_norm", {x, weight, bias}, out,
-           [need_x, need_w, need_b, eps, sx = SavedTensor(x, "batch_norm"), sw = SavedTensor(weight, "batch_norm"),
-            srm = SavedTensor(running_mean, "batch_norm"), srv = SavedTensor(running_var, "batch_norm")](const Grads& g) {
-             Tensor invstd = kernels::unary(kernels::Unary::Rsqrt, kernels::add_scalar(srv.unpack(), eps));
-             auto [gx, gw, gb] = kernels::batch_norm_backward(g[0], sx.unpack(), sw.unpack(), srm.unpack(), invstd, false);
-             return Grads{need_x ? gx : Tensor(), need_w ? gw : Tensor(), need_b ? gb : Tensor()};
-           });
+    record(
+        "batch_norm", {x, weight, bias}, out,
+        [need_x, need_w, need_b, eps, sx = SavedTensor(x, "batch_norm"), sw = SavedTensor(weight, "batch_norm"),
+         srm = SavedTensor(running_mean, "batch_norm"), srv = SavedTensor(running_var, "batch_norm")](const Grads& g) {
+          Tensor invstd = kernels::unary(kernels::Unary::Rsqrt, kernels::add_scalar(srv.unpack(), eps));
+          auto [gx, gw, gb] = kernels::batch_norm_backward(g[0], sx.unpack(), sw.unpack(), srm.unpack(), invstd, false);
+          return Grads{need_x ? gx : Tensor(), need_w ? gw : Tensor(), need_b ? gb : Tensor()};
+        });
   return out;
 }
 

@@ -54,10 +54,11 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   if (any_requires_grad({a, b})) {
     InMeta ma(a), mb(b);
     // Each input is saved only if the *other* one needs a gradient (what PyTorch saves).
-    record("mul", {a, b}, out, [ma, mb, sa = save_if(mb.needed, a, "mul"), sb = save_if(ma.needed, b, "mul")](const Grads& g) {
-      return Grads{ma.needed ? ma(kernels::mul(g[0], sb.unpack())) : Tensor(),
-                   mb.needed ? mb(kernels::mul(g[0], sa.unpack())) : Tensor()};
-    });
+    record("mul", {a, b}, out,
+           [ma, mb, sa = save_if(mb.needed, a, "mul"), sb = save_if(ma.needed, b, "mul")](const Grads& g) {
+             return Grads{ma.needed ? ma(kernels::mul(g[0], sb.unpack())) : Tensor(),
+                          mb.needed ? mb(kernels::mul(g[0], sa.unpack())) : Tensor()};
+           });
   }
   return out;
 }
@@ -109,8 +110,9 @@ Tensor extremum(const char* op, Binary which, Binary wins, const Tensor& a, cons
     InMeta ma(a), mb(b);
     record(op, {a, b}, out, [ma, mb, wins, sa = SavedTensor(a, op), sb = SavedTensor(b, op)](const Grads& g) {
       Tensor av = sa.unpack(), bv = sb.unpack();
-      Tensor w = kernels::add(kernels::cast(kernels::binary(wins, av, bv), g[0].dtype()),
-                              kernels::mul_scalar(kernels::cast(kernels::binary(Binary::Eq, av, bv), g[0].dtype()), 0.5));
+      Tensor w =
+          kernels::add(kernels::cast(kernels::binary(wins, av, bv), g[0].dtype()),
+                       kernels::mul_scalar(kernels::cast(kernels::binary(Binary::Eq, av, bv), g[0].dtype()), 0.5));
       Tensor ga = kernels::mul(g[0], w);  // output-shaped
       return Grads{ma(ga), mb.needed ? mb(kernels::sub(g[0], ga)) : Tensor()};
     });
@@ -165,7 +167,8 @@ Tensor mul(const Tensor& a, double s) {
 
 Tensor div(const Tensor& a, double s) {
   Tensor out = kernels::mul_scalar(a, 1.0 / s);
-  record("div", {a}, out, [ma = InMeta(a), s](const Grads& g) { return Grads{ma(kernels::mul_scalar(g[0], 1.0 / s))}; });
+  record("div", {a}, out,
+         [ma = InMeta(a), s](const Grads& g) { return Grads{ma(kernels::mul_scalar(g[0], 1.0 / s))}; });
   return out;
 }
 
@@ -237,8 +240,9 @@ Tensor log(const Tensor& a) {
   return unary_from_input("log", Unary::Log, a, [](const Tensor& g, const Tensor& x) { return kernels::div(g, x); });
 }
 Tensor sqrt(const Tensor& a) {  // 1 / (2 sqrt(x))
-  return unary_from_output("sqrt", Unary::Sqrt, a,
-                           [](const Tensor& g, const Tensor& y) { return kernels::div(g, kernels::mul_scalar(y, 2.0)); });
+  return unary_from_output("sqrt", Unary::Sqrt, a, [](const Tensor& g, const Tensor& y) {
+    return kernels::div(g, kernels::mul_scalar(y, 2.0));
+  });
 }
 Tensor rsqrt(const Tensor& a) {  // -x^(-3/2) / 2 = -y^3 / 2
   return unary_from_output("rsqrt", Unary::Rsqrt, a, [](const Tensor& g, const Tensor& y) {
@@ -246,18 +250,21 @@ Tensor rsqrt(const Tensor& a) {  // -x^(-3/2) / 2 = -y^3 / 2
   });
 }
 Tensor abs(const Tensor& a) {
-  return unary_from_input("abs", Unary::Abs, a,
-                          [](const Tensor& g, const Tensor& x) { return kernels::mul(g, kernels::unary(Unary::Sign, x)); });
+  return unary_from_input("abs", Unary::Abs, a, [](const Tensor& g, const Tensor& x) {
+    return kernels::mul(g, kernels::unary(Unary::Sign, x));
+  });
 }
 Tensor square(const Tensor& a) {
-  return unary_from_input("square", Unary::Square, a,
-                          [](const Tensor& g, const Tensor& x) { return kernels::mul(g, kernels::mul_scalar(x, 2.0)); });
+  return unary_from_input("square", Unary::Square, a, [](const Tensor& g, const Tensor& x) {
+    return kernels::mul(g, kernels::mul_scalar(x, 2.0));
+  });
 }
 Tensor relu(const Tensor& a) {  // y > 0 exactly where x > 0, so the output is enough
   if (autograd::recompute_hook)
     if (Tensor r = autograd::recompute_hook("relu", a, [](const Tensor& x) { return relu(x); }); r.defined()) return r;
-  return unary_from_output("relu", Unary::Relu, a,
-                           [](const Tensor& g, const Tensor& y) { return kernels::binary(Binary::ReluBackward, g, y); });
+  return unary_from_output("relu", Unary::Relu, a, [](const Tensor& g, const Tensor& y) {
+    return kernels::binary(Binary::ReluBackward, g, y);
+  });
 }
 Tensor gelu(const Tensor& a, bool tanh_approx) {
   if (autograd::recompute_hook)
@@ -278,12 +285,14 @@ Tensor silu(const Tensor& a) {
                           [](const Tensor& g, const Tensor& x) { return kernels::binary(Binary::SiluBackward, g, x); });
 }
 Tensor sigmoid(const Tensor& a) {
-  return unary_from_output("sigmoid", Unary::Sigmoid, a,
-                           [](const Tensor& g, const Tensor& y) { return kernels::binary(Binary::SigmoidBackward, g, y); });
+  return unary_from_output("sigmoid", Unary::Sigmoid, a, [](const Tensor& g, const Tensor& y) {
+    return kernels::binary(Binary::SigmoidBackward, g, y);
+  });
 }
 Tensor tanh(const Tensor& a) {
-  return unary_from_output("tanh", Unary::Tanh, a,
-                           [](const Tensor& g, const Tensor& y) { return kernels::binary(Binary::TanhBackward, g, y); });
+  return unary_from_output("tanh", Unary::Tanh, a, [](const Tensor& g, const Tensor& y) {
+    return kernels::binary(Binary::TanhBackward, g, y);
+  });
 }
 
 // ---------------- in-place ----------------

@@ -111,8 +111,8 @@ void compute_must_run(GraphTask& task, const std::vector<Node*>& nodes) {
 }
 
 void execute(GraphTask& task, const std::vector<Tensor>& roots, const std::vector<Tensor>& grads) {
-  MG_CHECK(grads.empty() || grads.size() == roots.size(), ValueError, "backward: got ", grads.size(),
-           " gradients for ", roots.size(), " tensors");
+  MG_CHECK(grads.empty() || grads.size() == roots.size(), ValueError, "backward: got ", grads.size(), " gradients for ",
+           roots.size(), " tensors");
   std::vector<std::shared_ptr<Node>> root_nodes;
   std::vector<std::pair<Edge, Tensor>> seeds;
   for (size_t i = 0; i < roots.size(); ++i) {

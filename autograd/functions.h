@@ -60,7 +60,7 @@ Tensor& zero_(Tensor& a);
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor max(const Tensor& a, int64_t dim, bool keepdim = false);  // values; gradient to the argmax
-Tensor amax(const Tensor& a);  // max over all elements
+Tensor amax(const Tensor& a);                                    // max over all elements
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);
 Tensor var(const Tensor& a, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
 

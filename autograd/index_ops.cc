@@ -90,29 +90,30 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes) { return kernels::one
 Tensor& scatter_(Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
   autograd::inplace_update(self, "scatter_", [&] { kernels::scatter_(self, dim, index, src); });
   if (any_requires_grad({self, src}))
-    autograd::record_inplace(
-        "scatter_", self, {src},
-        [dim, si = SavedTensor(index, "scatter_"), self_shape = self.sizes(), self_dt = self.dtype(), src_shape = src.sizes(),
-         src_dt = src.dtype(), need_self = needs_grad(self), need_src = needs_grad(src)](const Grads& g) {
-          Tensor idx = si.unpack(), g_self, g_src;
-          if (need_self) {  // overwritten positions got nothing from the old self
-            g_self = raw::clone(g[0]);
-            kernels::scatter_(g_self, dim, idx, zeros(idx.sizes(), {g[0].dtype(), g[0].device()}));
-            g_self = reduce_grad(g_self, self_shape, self_dt);
-          }
-          if (need_src) {
-            Tensor picked = kernels::gather(g[0], dim, idx);  // index-shaped
-            if (picked.sizes() == src_shape) {
-              g_src = reduce_grad(picked, src_shape, src_dt);
-            } else {  // src larger than index: only its leading corner was used
-              g_src = zeros(src_shape, {src_dt, g[0].device()});
-              Tensor corner = g_src;
-              for (int64_t d = 0; d < idx.dim(); ++d) corner = raw::slice(corner, d, 0, idx.size(d), 1);
-              raw::copy_(corner, picked);
-            }
-          }
-          return Grads{g_self, g_src};
-        });
+    autograd::record_inplace("scatter_", self, {src},
+                             [dim, si = SavedTensor(index, "scatter_"), self_shape = self.sizes(),
+                              self_dt = self.dtype(), src_shape = src.sizes(), src_dt = src.dtype(),
+                              need_self = needs_grad(self), need_src = needs_grad(src)](const Grads& g) {
+                               Tensor idx = si.unpack(), g_self, g_src;
+                               if (need_self) {  // overwritten positions got nothing from the old self
+                                 g_self = raw::clone(g[0]);
+                                 kernels::scatter_(g_self, dim, idx, zeros(idx.sizes(), {g[0].dtype(), g[0].device()}));
+                                 g_self = reduce_grad(g_self, self_shape, self_dt);
+                               }
+                               if (need_src) {
+                                 Tensor picked = kernels::gather(g[0], dim, idx);  // index-shaped
+                                 if (picked.sizes() == src_shape) {
+                                   g_src = reduce_grad(picked, src_shape, src_dt);
+                                 } else {  // src larger than index: only its leading corner was used
+                                   g_src = zeros(src_shape, {src_dt, g[0].device()});
+                                   Tensor corner = g_src;
+                                   for (int64_t d = 0; d < idx.dim(); ++d)
+                                     corner = raw::slice(corner, d, 0, idx.size(d), 1);
+                                   raw::copy_(corner, picked);
+                                 }
+                               }
+                               return Grads{g_self, g_src};
+                             });
   return self;
 }
 

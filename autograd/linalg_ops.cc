@@ -87,12 +87,12 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   if (!any_requires_grad({x, w, bias})) return out;
   const bool need_x = needs_grad(x), need_w = needs_grad(w), need_b = needs_grad(bias);
   record("linear", {x, w, bias}, out,
-         [need_x, need_w, need_b, sx = save_if(need_w, x, "linear"), sw = save_if(need_x, w, "linear"),
-          xs = x.sizes(), xd = x.dtype(), ws = w.sizes(), wd = w.dtype(),
-          bs = bias.defined() ? bias.sizes() : Shape{}, bd = bias.defined() ? bias.dtype() : DType::f32](const Grads& g) {
+         [need_x, need_w, need_b, sx = save_if(need_w, x, "linear"), sw = save_if(need_x, w, "linear"), xs = x.sizes(),
+          xd = x.dtype(), ws = w.sizes(), wd = w.dtype(), bs = bias.defined() ? bias.sizes() : Shape{},
+          bd = bias.defined() ? bias.dtype() : DType::f32](const Grads& g) {
            Tensor gx, gw, gb;
            if (need_x) gx = reduce_grad(kernels::matmul(g[0], sw.unpack()), xs, xd);  // [..., out] @ [out, in]
-           if (need_w) {  // sum over rows of g^T x
+           if (need_w) {                                                              // sum over rows of g^T x
              Tensor g2 = raw::reshape(g[0], {-1, ws[0]});
              Tensor x2 = raw::reshape(sx.unpack(), {-1, ws[1]});
              gw = reduce_grad(kernels::matmul(mT(g2), x2), ws, wd);

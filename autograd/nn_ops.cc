@@ -20,7 +20,8 @@ using Grads = std::vector<Tensor>;
 
 Tensor softmax(const Tensor& a, int64_t dim) {
   if (autograd::recompute_hook)
-    if (Tensor r = autograd::recompute_hook("softmax", a, [dim](const Tensor& x) { return softmax(x, dim); }); r.defined())
+    if (Tensor r = autograd::recompute_hook("softmax", a, [dim](const Tensor& x) { return softmax(x, dim); });
+        r.defined())
       return r;
   if (autocast::widen_needed({&a})) return softmax(autocast::widen(a), dim);
   Tensor y = kernels::softmax(a, dim);
@@ -66,8 +67,8 @@ struct Rows {
 Rows to_rows(const Tensor& scores, const Tensor& target, const char* op) {
   MG_CHECK(scores.defined() && target.defined(), ValueError, op, ": undefined input");
   MG_CHECK(is_floating(scores.dtype()), DTypeError, op, ": input must be floating, got ", scores.dtype());
-  MG_CHECK(!is_floating(target.dtype()), DTypeError, op, ": target must hold class indices (i64), got ",
-           target.dtype(), " of shape ", shape_str(target.sizes()),
+  MG_CHECK(!is_floating(target.dtype()), DTypeError, op, ": target must hold class indices (i64), got ", target.dtype(),
+           " of shape ", shape_str(target.sizes()),
            "; one-hot targets: use target.argmax(1) to get class indices (probabilities as targets are not supported)");
   MG_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32, DTypeError, op,
            ": target must hold class indices (i64), got ", target.dtype());
@@ -126,7 +127,7 @@ Tensor nll_rows(const Tensor& lp, const Tensor& target, Reduction red, int64_t i
   Tensor keep = is_valid(target, ignore_index);
   Tensor valid = kernels::cast(keep, lp.dtype());
   Tensor count = kernels::sum(valid);  // stays on the device: no host sync
-  Tensor out = red == Reduction::None ? per
+  Tensor out = red == Reduction::None  ? per
                : red == Reduction::Sum ? kernels::sum(per)
                                        : kernels::div(kernels::sum(per), count);
   if (any_requires_grad({lp})) {
@@ -146,7 +147,8 @@ Tensor nll_rows(const Tensor& lp, const Tensor& target, Reduction red, int64_t i
 }  // namespace
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const std::string& reduction, int64_t ignore_index) {
-  if (autocast::widen_needed({&log_probs})) return nll_loss(autocast::widen(log_probs), target, reduction, ignore_index);
+  if (autocast::widen_needed({&log_probs}))
+    return nll_loss(autocast::widen(log_probs), target, reduction, ignore_index);
   const Reduction red = parse_reduction(reduction, "nll_loss");
   Rows r = to_rows(log_probs, target, "nll_loss");
   check_labels(r.target, r.scores.size(1), ignore_index, "nll_loss");
@@ -164,9 +166,9 @@ namespace {
 // label smoothing mixes in the uniform distribution). Composed, so it costs what the seeds'
 // one-hot example costs: an [M, C] target and an [M, C] log-probability tensor.
 Tensor cross_entropy_probs(const Tensor& logits, const Tensor& target, Reduction red, double e) {
-  MG_CHECK(target.sizes() == logits.sizes(), ShapeError, "cross_entropy: probability targets must have the input's shape ",
-           shape_str(logits.sizes()), ", got ", shape_str(target.sizes()),
-           " (class-index targets: an integer tensor without the class dim)");
+  MG_CHECK(target.sizes() == logits.sizes(), ShapeError,
+           "cross_entropy: probability targets must have the input's shape ", shape_str(logits.sizes()), ", got ",
+           shape_str(target.sizes()), " (class-index targets: an integer tensor without the class dim)");
   MG_CHECK(logits.dim() >= 1, ShapeError, "cross_entropy: input must have a class dim, got a 0-dim tensor");
   const int64_t cdim = logits.dim() == 1 ? 0 : 1;
   Tensor p = target.dtype() == logits.dtype() ? target : target.to(logits.dtype());
@@ -197,14 +199,17 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::stri
   auto [per, lse] = kernels::cross_entropy_forward(r.scores, r.target, ignore_index, label_smoothing);
   Tensor count;
   if (red == Reduction::Mean) count = kernels::sum(valid_mask(r.target, ignore_index, per.dtype()));  // on the device
-  Tensor out = red == Reduction::None ? per : red == Reduction::Sum ? kernels::sum(per) : kernels::div(kernels::sum(per), count);
+  Tensor out = red == Reduction::None  ? per
+               : red == Reduction::Sum ? kernels::sum(per)
+                                       : kernels::div(kernels::sum(per), count);
   if (any_requires_grad({r.scores})) {
     constexpr const char* op = "cross_entropy";
     record(op, {r.scores}, out,
            [red, ignore_index, label_smoothing, count, lse = lse, target = r.target, sx = SavedTensor(r.scores, op),
             shape = r.scores.sizes(), dt = r.scores.dtype()](const Grads& g) {
              Tensor coef = red == Reduction::Mean ? kernels::div(g[0], count) : g[0];  // [M] or one element
-             Tensor grad = kernels::cross_entropy_backward(coef, sx.unpack(), target, lse, ignore_index, label_smoothing);
+             Tensor grad =
+                 kernels::cross_entropy_backward(coef, sx.unpack(), target, lse, ignore_index, label_smoothing);
              return Grads{reduce_grad(grad, shape, dt)};
            });
   }
@@ -228,7 +233,8 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& re
 
 Tensor dropout(const Tensor& a, double p, bool training) {
   if (autograd::recompute_hook && training && p > 0.0)
-    if (Tensor r = autograd::recompute_hook("dropout", a, [p](const Tensor& x) { return dropout(x, p, true); }); r.defined())
+    if (Tensor r = autograd::recompute_hook("dropout", a, [p](const Tensor& x) { return dropout(x, p, true); });
+        r.defined())
       return r;
   MG_CHECK(p >= 0.0 && p < 1.0, ValueError, "dropout: probability p must be in [0, 1), got ", p);
   if (!training || p == 0.0) return a;

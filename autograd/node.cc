@@ -91,8 +91,8 @@ Tensor SavedTensor::unpack() const {
   MG_CHECK(data_.version() == saved_version_, AutogradError,
            "one of the variables needed for gradient computation has been modified by an inplace operation: "
            "the tensor saved by '",
-           op_, "' is at version ", data_.version(), ", expected version ", saved_version_,
-           " (of shape ", shape_str(data_.sizes()), ", ", data_.dtype(),
+           op_, "' is at version ", data_.version(), ", expected version ", saved_version_, " (of shape ",
+           shape_str(data_.sizes()), ", ", data_.dtype(),
            "); clone it before modifying it in place, or do the in-place op out of place");
   return data_;
 }
@@ -202,7 +202,8 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
 // ---------------- FunctionNode ----------------
 
 std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grads) {
-  MG_CHECK(!released && fn_, AutogradError, kSecondBackward, " (node '", op_name_, "' already ran and freed its saved tensors)");
+  MG_CHECK(!released && fn_, AutogradError, kSecondBackward, " (node '", op_name_,
+           "' already ran and freed its saved tensors)");
   return fn_(grads);
 }
 
@@ -238,11 +239,12 @@ void refresh_stale_view(const Tensor& t) {
   Tensor base(b);
   const Shape sizes = t.sizes(), strides = t.strides(), base_shape = base.sizes();
   const int64_t offset = t.offset() - base.offset();
-  auto node = std::make_shared<FunctionNode>("AsStridedView", [sizes, strides, offset, base_shape](const std::vector<Tensor>& g) {
-    Tensor z = zeros(base_shape, {g[0].dtype(), g[0].device()});
-    raw::copy_(raw::as_strided(z, sizes, strides, offset), g[0]);
-    return std::vector<Tensor>{z};
-  });
+  auto node = std::make_shared<FunctionNode>("AsStridedView",
+                                             [sizes, strides, offset, base_shape](const std::vector<Tensor>& g) {
+                                               Tensor z = zeros(base_shape, {g[0].dtype(), g[0].device()});
+                                               raw::copy_(raw::as_strided(z, sizes, strides, offset), g[0]);
+                                               return std::vector<Tensor>{z};
+                                             });
   node->sequence_nr = g_next_sequence_nr++;
   node->next_edges.push_back({bm->grad_fn_, bm->output_nr_});
   fill_output_meta(*node, {t});
@@ -322,18 +324,21 @@ void rebase_view_base(const char* op, const Tensor& self, const std::vector<Tens
   const int64_t offset = self.offset() - base.offset();
   const Shape base_shape = base.sizes();
   const size_t n_others = inputs.size() - 1;
-  auto node = std::make_shared<FunctionNode>(
-      std::string("CopySlices(") + op + ")",
-      [fn, sizes, strides, offset, base_shape, n_others](const std::vector<Tensor>& g) {
-        Tensor gb = raw::clone(g[0]);  // contiguous, the base's layout
-        Tensor region = raw::as_strided(gb, sizes, strides, offset);
-        std::vector<Tensor> r = fn({raw::clone(region)});
-        if (!r.empty() && r[0].defined()) raw::copy_(region, r[0]);
-        else raw::fill_(region, 0.0);
-        std::vector<Tensor> out{gb};
-        for (size_t i = 0; i < n_others; ++i) out.push_back(i + 1 < r.size() ? r[i + 1] : Tensor());
-        return out;
-      });
+  auto node =
+      std::make_shared<FunctionNode>(std::string("CopySlices(") + op + ")",
+                                     [fn, sizes, strides, offset, base_shape, n_others](const std::vector<Tensor>& g) {
+                                       Tensor gb = raw::clone(g[0]);  // contiguous, the base's layout
+                                       Tensor region = raw::as_strided(gb, sizes, strides, offset);
+                                       std::vector<Tensor> r = fn({raw::clone(region)});
+                                       if (!r.empty() && r[0].defined())
+                                         raw::copy_(region, r[0]);
+                                       else
+                                         raw::fill_(region, 0.0);
+                                       std::vector<Tensor> out{gb};
+                                       for (size_t i = 0; i < n_others; ++i)
+                                         out.push_back(i + 1 < r.size() ? r[i + 1] : Tensor());
+                                       return out;
+                                     });
   node->sequence_nr = g_next_sequence_nr++;
   node->next_edges.push_back(needs_grad(base) ? gradient_edge(base) : Edge{});
   for (size_t i = 1; i < inputs.size(); ++i)

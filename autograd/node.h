@@ -123,8 +123,7 @@ bool any_requires_grad(const std::vector<Tensor>& inputs);
 // stay plain) when no input requires grad or grad mode is off.
 void record(const char* op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
             FunctionNode::Backward fn);
-inline void record(const char* op, const std::vector<Tensor>& inputs, const Tensor& output,
-                   FunctionNode::Backward fn) {
+inline void record(const char* op, const std::vector<Tensor>& inputs, const Tensor& output, FunctionNode::Backward fn) {
   record(op, inputs, std::vector<Tensor>{output}, std::move(fn));
 }
 
@@ -157,8 +156,7 @@ void inplace_update(const Tensor& t, const char* op, const std::function<void()>
 // history, then one per tensor in `others`; self's grad_fn becomes the new node (history
 // rebase). `fn` returns {grad for old self, grads for others...}. No-op when nothing
 // requires grad or grad mode is off.
-void record_inplace(const char* op, const Tensor& self, const std::vector<Tensor>& others,
-                    FunctionNode::Backward fn);
+void record_inplace(const char* op, const Tensor& self, const std::vector<Tensor>& others, FunctionNode::Backward fn);
 
 // A gradient brought back to an input's shape (summing out broadcast dims) and dtype.
 // Undefined stays undefined.

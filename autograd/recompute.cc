@@ -108,8 +108,8 @@ class CheckpointNode final : public autograd::Node {
              " outputs, the forward returned ", num_outputs, " (the region must be a function of its inputs)");
     for (size_t i = 0; i < out.size(); ++i) {
       const Shape want = output_shapes[i];
-      MG_CHECK(!out[i].defined() || out[i].sizes() == want, AutogradError, name_, ": replay output ", i,
-               " has shape ", shape_str(out[i].sizes()), ", the forward's had ", shape_str(want),
+      MG_CHECK(!out[i].defined() || out[i].sizes() == want, AutogradError, name_, ": replay output ", i, " has shape ",
+               shape_str(out[i].sizes()), ", the forward's had ", shape_str(want),
                " (the region must be a function of its inputs)");
     }
     replay_inputs_ = std::move(in);

@@ -63,10 +63,11 @@ Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   if (any_requires_grad({a})) {
     auto mask = reduced_mask(a.sizes(), dims, "mean");
     const double n = static_cast<double>(reduced_count(a.sizes(), mask));
-    record("mean", {a}, out, [shape = a.sizes(), dt = a.dtype(), ks = keepdim_shape(a.sizes(), mask), n](const Grads& g) {
-      Tensor gs = kernels::mul_scalar(keep(g[0], ks), 1.0 / n);
-      return Grads{reduce_grad(raw::expand(gs, shape), shape, dt)};
-    });
+    record("mean", {a}, out,
+           [shape = a.sizes(), dt = a.dtype(), ks = keepdim_shape(a.sizes(), mask), n](const Grads& g) {
+             Tensor gs = kernels::mul_scalar(keep(g[0], ks), 1.0 / n);
+             return Grads{reduce_grad(raw::expand(gs, shape), shape, dt)};
+           });
   }
   return out;
 }
@@ -78,12 +79,13 @@ Tensor max(const Tensor& a, int64_t dim, bool keepdim) {
     Shape ks = a.sizes();
     if (!ks.empty()) ks[d] = 1;
     // The gradient goes to the argmax of each row.
-    record("max", {a}, values, [shape = a.sizes(), dt = a.dtype(), ks, d, idx = SavedTensor(indices, "max")](const Grads& g) {
-      if (shape.empty()) return Grads{reduce_grad(g[0], shape, dt)};
-      Tensor z = zeros(shape, {g[0].dtype(), g[0].device()});
-      kernels::scatter_(z, d, keep(idx.unpack(), ks), keep(g[0], ks));
-      return Grads{reduce_grad(z, shape, dt)};
-    });
+    record("max", {a}, values,
+           [shape = a.sizes(), dt = a.dtype(), ks, d, idx = SavedTensor(indices, "max")](const Grads& g) {
+             if (shape.empty()) return Grads{reduce_grad(g[0], shape, dt)};
+             Tensor z = zeros(shape, {g[0].dtype(), g[0].device()});
+             kernels::scatter_(z, d, keep(idx.unpack(), ks), keep(g[0], ks));
+             return Grads{reduce_grad(z, shape, dt)};
+           });
   }
   return values;
 }
@@ -92,12 +94,13 @@ Tensor amax(const Tensor& a) {
   Tensor out = kernels::max_all(a);
   if (any_requires_grad({a}))
     // Ties share the gradient evenly (PyTorch's amax convention).
-    record("amax", {a}, out, [dt = a.dtype(), sa = SavedTensor(a, "amax"), so = SavedTensor(out, "amax")](const Grads& g) {
-      Tensor x = sa.unpack();
-      Tensor m = kernels::cast(kernels::binary(kernels::Binary::Eq, x, so.unpack()), g[0].dtype());
-      Tensor share = kernels::div(g[0], kernels::sum(m));
-      return Grads{reduce_grad(kernels::mul(m, share), x.sizes(), dt)};
-    });
+    record("amax", {a}, out,
+           [dt = a.dtype(), sa = SavedTensor(a, "amax"), so = SavedTensor(out, "amax")](const Grads& g) {
+             Tensor x = sa.unpack();
+             Tensor m = kernels::cast(kernels::binary(kernels::Binary::Eq, x, so.unpack()), g[0].dtype());
+             Tensor share = kernels::div(g[0], kernels::sum(m));
+             return Grads{reduce_grad(kernels::mul(m, share), x.sizes(), dt)};
+           });
   return out;
 }
 
@@ -111,7 +114,8 @@ Tensor var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction
     const double n = static_cast<double>(reduced_count(a.sizes(), mask));
     // d var / dx = 2 (x - mean) / (N - correction)
     record("var", {a}, out,
-           [dt = a.dtype(), dims, ks = keepdim_shape(a.sizes(), mask), n, correction, sa = SavedTensor(a, "var")](const Grads& g) {
+           [dt = a.dtype(), dims, ks = keepdim_shape(a.sizes(), mask), n, correction,
+            sa = SavedTensor(a, "var")](const Grads& g) {
              Tensor x = sa.unpack();
              Tensor centered = kernels::sub(x, kernels::mean(x, dims, true));
              Tensor gs = kernels::mul_scalar(keep(g[0], ks), 2.0 / (n - static_cast<double>(correction)));

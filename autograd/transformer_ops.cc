@@ -42,12 +42,13 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   // The normalized activations are not saved: backward recomputes them from the statistics.
   record("layer_norm", {x, weight, bias}, out,
          [mask, normalized_shape, sx = SavedTensor(x, "layer_norm"),
-          sw = weight.defined() ? SavedTensor(weight, "layer_norm") : SavedTensor(), smean = SavedTensor(mean, "layer_norm"),
-          srstd = SavedTensor(rstd, "layer_norm"), x_dt = x.dtype(), w_dt = weight.defined() ? weight.dtype() : x.dtype(),
+          sw = weight.defined() ? SavedTensor(weight, "layer_norm") : SavedTensor(),
+          smean = SavedTensor(mean, "layer_norm"), srstd = SavedTensor(rstd, "layer_norm"), x_dt = x.dtype(),
+          w_dt = weight.defined() ? weight.dtype() : x.dtype(),
           b_dt = bias.defined() ? bias.dtype() : x.dtype()](const Grads& g) {
            Tensor xv = sx.unpack();
-           auto [gx, gw, gb] = kernels::layer_norm_backward(g[0], xv, normalized_shape, smean.unpack(),
-                                                            srstd.unpack(), sw.unpack(), mask);
+           auto [gx, gw, gb] = kernels::layer_norm_backward(g[0], xv, normalized_shape, smean.unpack(), srstd.unpack(),
+                                                            sw.unpack(), mask);
            return Grads{reduce_grad(gx, xv.sizes(), x_dt), reduce_grad(gw, normalized_shape, w_dt),
                         reduce_grad(gb, normalized_shape, b_dt)};
          });
@@ -85,12 +86,13 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   out_shape.push_back(D);
   Tensor out = raw::view(kernels::index_select(weight, 0, flat), out_shape);
   if (any_requires_grad({weight}))
-    record("embedding", {weight}, out, [V, D, dt = weight.dtype(), si = SavedTensor(flat, "embedding")](const Grads& g) {
-      // Dense gradient: one row per embedding, repeated indices add up (no sparse gradients).
-      Tensor z = zeros({V, D}, {g[0].dtype(), g[0].device()});
-      kernels::index_add_(z, 0, si.unpack(), raw::reshape(g[0], {-1, D}));
-      return Grads{reduce_grad(z, {V, D}, dt)};
-    });
+    record("embedding", {weight}, out,
+           [V, D, dt = weight.dtype(), si = SavedTensor(flat, "embedding")](const Grads& g) {
+             // Dense gradient: one row per embedding, repeated indices add up (no sparse gradients).
+             Tensor z = zeros({V, D}, {g[0].dtype(), g[0].device()});
+             kernels::index_add_(z, 0, si.unpack(), raw::reshape(g[0], {-1, D}));
+             return Grads{reduce_grad(z, {V, D}, dt)};
+           });
   return out;
 }
 
@@ -130,8 +132,8 @@ Tensor sdpa_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool ca
     const int64_t L = q.size(-2), S = k.size(-2);
     const TensorOptions idx{DType::i64, q.device()};
     // allowed[i, j] = (j <= i): query i sees keys 0..i.
-    Tensor allowed = kernels::binary(kernels::Binary::Ge, raw::view(arange(L, idx), {L, 1}),
-                                     raw::view(arange(S, idx), {1, S}));
+    Tensor allowed =
+        kernels::binary(kernels::Binary::Ge, raw::view(arange(L, idx), {L, 1}), raw::view(arange(S, idx), {1, S}));
     Tensor neg_inf = scalar_tensor(-std::numeric_limits<double>::infinity(), {scores.dtype(), scores.device()});
     scores = where(allowed, scores, neg_inf);
   }
@@ -154,8 +156,7 @@ Tensor flash_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal
           v_shape = v.sizes(), q_dt = q.dtype(), k_dt = k.dtype(), v_dt = v.dtype()](const Grads& g) {
            auto [gq, gk, gv] = kernels::flash_attention_backward(g[0], sq.unpack(), sk.unpack(), sv.unpack(),
                                                                  so.unpack(), sl.unpack(), causal, scale);
-           return Grads{reduce_grad(gq, q_shape, q_dt), reduce_grad(gk, k_shape, k_dt),
-                        reduce_grad(gv, v_shape, v_dt)};
+           return Grads{reduce_grad(gq, q_shape, q_dt), reduce_grad(gk, k_shape, k_dt), reduce_grad(gv, v_shape, v_dt)};
          });
   return out;
 }
@@ -191,8 +192,7 @@ Tensor attention_packed_qkv(const Tensor& qkv, int64_t num_heads, bool causal, d
   MG_CHECK(qkv.defined(), ValueError, op, ": got an undefined tensor");
   MG_CHECK(num_heads > 0, ValueError, op, ": num_heads must be positive, got ", num_heads);
   MG_CHECK(qkv.dim() == 3 && qkv.size(2) % (3 * num_heads) == 0, ShapeError, op,
-           ": expected qkv [B, T, 3C] with C a multiple of num_heads (", num_heads, "), got ",
-           shape_str(qkv.sizes()));
+           ": expected qkv [B, T, 3C] with C a multiple of num_heads (", num_heads, "), got ", shape_str(qkv.sizes()));
   MG_CHECK(is_floating(qkv.dtype()), DTypeError, op, ": qkv must be floating, got ", qkv.dtype());
   if (autocast::lower_needed({&qkv}))
     return attention_packed_qkv(autocast::lower(qkv), num_heads, causal, dropout_p, scale);
@@ -214,8 +214,8 @@ Tensor attention_packed_qkv(const Tensor& qkv, int64_t num_heads, bool causal, d
   const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(D));
   Tensor y = empty({B, T, C}, {qkv.dtype(), qkv.device()});
   // y's [B, H, T, D] view: the kernels write each head's rows into its columns of y.
-  Tensor lse = kernels::flash_attention_forward_out(q, k, v, raw::transpose(raw::view(y, {B, T, H, D}), 1, 2), causal,
-                                                    s);
+  Tensor lse =
+      kernels::flash_attention_forward_out(q, k, v, raw::transpose(raw::view(y, {B, T, H, D}), 1, 2), causal, s);
   if (!any_requires_grad({qkv})) return y;
   record(op, {qkv}, y,
          [causal, s, H, sqkv = SavedTensor(qkv, op), sy = SavedTensor(y, op), sl = SavedTensor(lse, op),
@@ -224,10 +224,9 @@ Tensor attention_packed_qkv(const Tensor& qkv, int64_t num_heads, bool causal, d
            const int64_t B = x.size(0), T = x.size(1), C = x.size(2) / 3, D = C / H;
            Tensor gqkv = empty(x.sizes(), {x.dtype(), x.device()});
            auto heads = [&](const Tensor& t) { return raw::transpose(raw::reshape(t, {B, T, H, D}), 1, 2); };
-           kernels::flash_attention_backward_out(heads(g[0]), packed_heads(x, 0, H), packed_heads(x, 1, H),
-                                                 packed_heads(x, 2, H), heads(yv), sl.unpack(), causal, s,
-                                                 packed_heads(gqkv, 0, H), packed_heads(gqkv, 1, H),
-                                                 packed_heads(gqkv, 2, H));
+           kernels::flash_attention_backward_out(
+               heads(g[0]), packed_heads(x, 0, H), packed_heads(x, 1, H), packed_heads(x, 2, H), heads(yv), sl.unpack(),
+               causal, s, packed_heads(gqkv, 0, H), packed_heads(gqkv, 1, H), packed_heads(gqkv, 2, H));
            return Grads{reduce_grad(gqkv, shape, dt)};
          });
   return y;

@@ -61,7 +61,8 @@ Timing run(const Factory& make, DType precision, bool pure_bf16, int warmup, int
     scaler.update();
   };
   const std::vector<double> ms = mg::bench::time_steps(step, warmup, steps, dev);
-  Timing t{ms[ms.size() / 2], mg::max_memory_allocated(dev) / 1073741824.0, mg::max_memory_reserved(dev) / 1073741824.0};
+  Timing t{ms[ms.size() / 2], mg::max_memory_allocated(dev) / 1073741824.0,
+           mg::max_memory_reserved(dev) / 1073741824.0};
   return t;
 }
 
@@ -100,9 +101,12 @@ int main(int argc, char** argv) {
   std::string which = "all";
   int warmup = 3, steps = 10;
   for (int i = 1; i + 1 < argc; ++i) {
-    if (!std::strcmp(argv[i], "--model")) which = argv[++i];
-    else if (!std::strcmp(argv[i], "--steps")) steps = std::max(1, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--warmup")) warmup = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--model"))
+      which = argv[++i];
+    else if (!std::strcmp(argv[i], "--steps"))
+      steps = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--warmup"))
+      warmup = std::atoi(argv[++i]);
   }
   if (!mg::cuda::is_available()) {
     std::fprintf(stderr, "bench_amp: no CUDA device; nothing to measure\n");
@@ -124,13 +128,16 @@ int main(int argc, char** argv) {
       mg::cuda::empty_cache();
       const Timing t = run(cfg.second, p, pure, warmup, steps, dev);
       if (mode == 0) base = t;
-      std::printf("{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"precision\":\"%s\","
-                  "\"step_ms\":%.2f,\"peak_allocated_gib\":%.3f,\"peak_reserved_gib\":%.3f,"
-                  "\"speedup_vs_f32\":%.2f,\"memory_vs_f32\":%.2f}\n",
-                  name.c_str(), cfg.first.c_str(),
-                  pure ? "pure bf16 (f32 momentum, stochastic rounding)"
-                  : p == DType::f32 ? "f32" : p == DType::f16 ? "f16 autocast+GradScaler" : "bf16 autocast", t.ms,
-                  t.peak_gib, t.reserved_gib, base.ms / t.ms, t.peak_gib / base.peak_gib);
+      std::printf(
+          "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"precision\":\"%s\","
+          "\"step_ms\":%.2f,\"peak_allocated_gib\":%.3f,\"peak_reserved_gib\":%.3f,"
+          "\"speedup_vs_f32\":%.2f,\"memory_vs_f32\":%.2f}\n",
+          name.c_str(), cfg.first.c_str(),
+          pure              ? "pure bf16 (f32 momentum, stochastic rounding)"
+          : p == DType::f32 ? "f32"
+          : p == DType::f16 ? "f16 autocast+GradScaler"
+                            : "bf16 autocast",
+          t.ms, t.peak_gib, t.reserved_gib, base.ms / t.ms, t.peak_gib / base.peak_gib);
       std::fflush(stdout);
     }
   }

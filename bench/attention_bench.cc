@@ -77,7 +77,8 @@ void BM_Attention(benchmark::State& state) {
   ::setenv("MG_ATTENTION_KERNEL", impl == kSimt ? "simt" : "auto", 1);
   Generator gen(7);
   Tensor q = randn({sh.B, sh.H, sh.T, sh.D}, {dt, kGpu}, &gen), k = randn({sh.B, sh.H, sh.T, sh.D}, {dt, kGpu}, &gen);
-  Tensor v = randn({sh.B, sh.H, sh.T, sh.D}, {dt, kGpu}, &gen), dout = randn({sh.B, sh.H, sh.T, sh.D}, {dt, kGpu}, &gen);
+  Tensor v = randn({sh.B, sh.H, sh.T, sh.D}, {dt, kGpu}, &gen),
+         dout = randn({sh.B, sh.H, sh.T, sh.D}, {dt, kGpu}, &gen);
   auto step = [&] {
     if (impl == kReference) {
       if (!backward) {
@@ -99,8 +100,10 @@ void BM_Attention(benchmark::State& state) {
   state.counters["ms"] = ms;
   state.counters["TFLOP/s"] = flops(sh, causal, backward) / (ms / 1e3) / 1e12;
   const auto key = std::make_tuple(state.range(0), state.range(1), causal, backward);
-  if (impl == kSimt) g_simt_ms[key] = ms;
-  else if (g_simt_ms.count(key)) state.counters["vs_simt"] = ms / g_simt_ms[key];
+  if (impl == kSimt)
+    g_simt_ms[key] = ms;
+  else if (g_simt_ms.count(key))
+    state.counters["vs_simt"] = ms / g_simt_ms[key];
   state.SetLabel(std::string(kImplNames[impl]) + " B" + std::to_string(sh.B) + " H" + std::to_string(sh.H) + " T" +
                  std::to_string(sh.T) + " D" + std::to_string(sh.D) + " " + dtype_name(dt) +
                  (causal ? " causal" : " full") + (backward ? " fwd+bwd" : " fwd"));
@@ -141,8 +144,10 @@ void BM_PackedQkvAttention(benchmark::State& state) {
   };
   const double ms = timed_ms(state, step);
   state.counters["ms"] = ms;
-  if (!packed) g_unpacked_ms[causal] = ms;
-  else if (g_unpacked_ms.count(causal)) state.counters["vs_unpacked"] = ms / g_unpacked_ms[causal];
+  if (!packed)
+    g_unpacked_ms[causal] = ms;
+  else if (g_unpacked_ms.count(causal))
+    state.counters["vs_unpacked"] = ms / g_unpacked_ms[causal];
   state.SetLabel(std::string(packed ? "packed" : "unpacked") + " B8 T1024 H12 D64 bf16" +
                  (causal ? " causal" : " full") + " fwd+bwd");
 }

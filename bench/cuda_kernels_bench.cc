@@ -36,7 +36,8 @@ void BM_DeviceCopy(benchmark::State& state) {
   cuda::Stream s = cuda::Stream::current(0);
   for (auto _ : state) {
     start.record(s);
-    cudaMemcpyAsync(b.raw_data(), a.raw_data(), kN * 4, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(s.handle()));
+    cudaMemcpyAsync(b.raw_data(), a.raw_data(), kN * 4, cudaMemcpyDeviceToDevice,
+                    static_cast<cudaStream_t>(s.handle()));
     stop.record(s);
     stop.synchronize();
     float ms = start.elapsed_ms(stop);

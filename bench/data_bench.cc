@@ -30,9 +30,7 @@ using namespace mg::data;
 
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Stands in for JPEG decoding: about `us` microseconds of arithmetic per sample, deterministic
 // (so it is CPU work that threads can share, not a sleep that would scale without cores).
@@ -81,11 +79,16 @@ Args parse(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (k == "--images") a.images = std::stoll(val());
-    else if (k == "--batch") a.batch = std::stoll(val());
-    else if (k == "--decode-us") a.decode_us = std::stod(val());
-    else if (k == "--epochs") a.epochs = std::stoi(val());
-    else if (k == "--glibc-malloc-defaults") a.malloc_defaults = true;
+    if (k == "--images")
+      a.images = std::stoll(val());
+    else if (k == "--batch")
+      a.batch = std::stoll(val());
+    else if (k == "--decode-us")
+      a.decode_us = std::stod(val());
+    else if (k == "--epochs")
+      a.epochs = std::stoi(val());
+    else if (k == "--glibc-malloc-defaults")
+      a.malloc_defaults = true;
     else if (k == "--workers") {
       a.workers.clear();
       std::stringstream ss(val());
@@ -110,9 +113,10 @@ double images_per_s(DataLoader& loader, int epochs) {
 }
 
 void bench_workers(const Args& a) {
-  std::printf("\n== DataLoader throughput, CIFAR-like 3x32x32 f32, RandomCrop(32, pad 4) + flip + Normalize + "
-              "%.0f us decode per image, batch %lld, %u hardware threads\n",
-              a.decode_us, static_cast<long long>(a.batch), std::thread::hardware_concurrency());
+  std::printf(
+      "\n== DataLoader throughput, CIFAR-like 3x32x32 f32, RandomCrop(32, pad 4) + flip + Normalize + "
+      "%.0f us decode per image, batch %lld, %u hardware threads\n",
+      a.decode_us, static_cast<long long>(a.batch), std::thread::hardware_concurrency());
   Tensor x = rand({a.images, 3, 32, 32});
   Tensor y = arange(a.images);
   auto ds = std::make_shared<TensorDataset>(x, y);
@@ -154,9 +158,10 @@ void bench_mmap(const Args& a) {
   t0 = now_s();
   auto mem = std::make_shared<FashionMNIST>(Split::Train, root, fo);
   const double load_s = now_s() - t0;
-  std::printf("\n== Fashion-MNIST train (60000), shuffled, batch %lld: IDX->record file %.2f s (once), "
-              "IDX->memory %.2f s (every run)\n",
-              static_cast<long long>(a.batch), convert_s, load_s);
+  std::printf(
+      "\n== Fashion-MNIST train (60000), shuffled, batch %lld: IDX->record file %.2f s (once), "
+      "IDX->memory %.2f s (every run)\n",
+      static_cast<long long>(a.batch), convert_s, load_s);
   MmapDatasetOptions keep_opts;
   keep_opts.out_dtype = DType::f32;
   keep_opts.scale = 1.0 / (255.0 * fo.std);
@@ -262,9 +267,10 @@ void bench_overlap(const Args& a) {
   cuda::synchronize(0);
   const double step_ms = (now_s() - t0) * 200;
 
-  std::printf("\n== Copy/step overlap, batch 64x3x224x224 f32, 4 workers: copy alone %.2f ms (pinned), "
-              "step alone %.2f ms (%d matmuls 64x4096x4096)\n",
-              copy_ms, step_ms, step.reps);
+  std::printf(
+      "\n== Copy/step overlap, batch 64x3x224x224 f32, 4 workers: copy alone %.2f ms (pinned), "
+      "step alone %.2f ms (%d matmuls 64x4096x4096)\n",
+      copy_ms, step_ms, step.reps);
   struct Mode {
     const char* name;
     bool pin;
@@ -303,7 +309,9 @@ int main(int argc, char** argv) {
   std::printf("malloc: %s\n", a.malloc_defaults ? "glibc defaults" : "fixed mmap/trim thresholds (64/256 MiB)");
   bench_workers(a);
   bench_mmap(a);
-  if (cuda::is_available()) bench_overlap(a);
-  else std::printf("\n== CUDA parts skipped: no device (pinned memory and side-stream copies need one)\n");
+  if (cuda::is_available())
+    bench_overlap(a);
+  else
+    std::printf("\n== CUDA parts skipped: no device (pinned memory and side-stream copies need one)\n");
   return 0;
 }

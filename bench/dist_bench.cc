@@ -137,18 +137,18 @@ int run_rank(const Args& a) {
   if (gpu) cuda::synchronize();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // The slowest rank sets the pace; memory is reported as the largest per-GPU peak.
-  Tensor stats = raw::to_device(from_vector(std::vector<float>{static_cast<float>(secs),
-                                                               static_cast<float>(max_memory_allocated(dev) / 1048576.0)},
-                                            {2}),
-                                dev);
+  Tensor stats = raw::to_device(
+      from_vector(
+          std::vector<float>{static_cast<float>(secs), static_cast<float>(max_memory_allocated(dev) / 1048576.0)}, {2}),
+      dev);
   pg->all_reduce(stats, dist::ReduceOp::Max);
   auto sv = stats.cpu().to_vector<double>();
   const double step_s = sv[0] / std::max(a.steps, 1);
   const int64_t state = zero ? zero->state_nbytes() : sgd->state_nbytes();
   if (pg->rank() == 0) {
     std::ostringstream js;
-    js << "{\"world\": " << pg->size() << ", \"zero\": " << (a.zero ? "true" : "false") << ", \"batch_per_rank\": "
-       << a.batch << ", \"seq\": " << a.seq << ", \"params\": " << model->num_parameters()
+    js << "{\"world\": " << pg->size() << ", \"zero\": " << (a.zero ? "true" : "false")
+       << ", \"batch_per_rank\": " << a.batch << ", \"seq\": " << a.seq << ", \"params\": " << model->num_parameters()
        << ", \"step_ms\": " << step_s * 1000 << ", \"tokens_per_s\": " << a.batch * a.seq * pg->size() / step_s
        << ", \"peak_allocated_mib\": " << sv[1] << ", \"optimizer_state_mib_rank0\": " << state / 1048576.0
        << ", \"ddp_bucket_mib\": " << ddp.bucket_bytes() / 1048576.0 << ", \"loss\": " << loss_value
@@ -207,8 +207,8 @@ int main(int argc, char** argv) {
         std::printf("%-22s %12.1f %14.0f %16.0f %18.1f\n", names[i], field(lines[i], "step_ms"),
                     field(lines[i], "tokens_per_s"), field(lines[i], "peak_allocated_mib"),
                     field(lines[i], "optimizer_state_mib_rank0"));
-      std::printf("N = %d: speed-up %.2fx, scaling efficiency %.1f%% (weak scaling: batch per GPU fixed)\n", n,
-                  tn / t1, 100.0 * tn / (n * t1));
+      std::printf("N = %d: speed-up %.2fx, scaling efficiency %.1f%% (weak scaling: batch per GPU fixed)\n", n, tn / t1,
+                  100.0 * tn / (n * t1));
       return 0;
     }
     if (!is_rank && a.nproc > 0) return spawn(a, a.nproc, a.zero, a.result_file);

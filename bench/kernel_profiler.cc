@@ -24,14 +24,14 @@ struct Interval {
 std::mutex g_mu;
 std::vector<Interval> g_records;
 
-#define MG_CUPTI_CHECK(call)                                                          \
-  do {                                                                                \
-    CUptiResult r_ = (call);                                                          \
-    if (r_ != CUPTI_SUCCESS) {                                                        \
-      const char* s_ = nullptr;                                                       \
-      cuptiGetResultString(r_, &s_);                                                  \
+#define MG_CUPTI_CHECK(call)                                                       \
+  do {                                                                             \
+    CUptiResult r_ = (call);                                                       \
+    if (r_ != CUPTI_SUCCESS) {                                                     \
+      const char* s_ = nullptr;                                                    \
+      cuptiGetResultString(r_, &s_);                                               \
       MG_THROW(CudaError, "kernel profiler: ", #call, " failed: ", s_ ? s_ : "?"); \
-    }                                                                                 \
+    }                                                                              \
   } while (0)
 
 // "void mg::kernels::cuda::(anonymous namespace)::softmax_kernel<float, 4>(...)" ->
@@ -182,8 +182,8 @@ std::string KernelProfiler::report(int steps, double wall_ms_per_step, int top) 
     os << line;
   }
   if (rest_calls) {
-    std::snprintf(line, sizeof line, "%-48s %8.1f %10.3f %6.1f\n", "(all others)", static_cast<double>(rest_calls) / steps,
-                  rest / steps, 100.0 * rest / sum);
+    std::snprintf(line, sizeof line, "%-48s %8.1f %10.3f %6.1f\n", "(all others)",
+                  static_cast<double>(rest_calls) / steps, rest / steps, 100.0 * rest / sum);
     os << line;
   }
   std::snprintf(line, sizeof line,

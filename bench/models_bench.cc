@@ -61,9 +61,10 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
 }
 
 void print(const char* model, const char* config, const Result& r) {
-  std::printf("{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"step_ms\":%.2f,"
-              "\"peak_allocated_gib\":%.3f,\"peak_reserved_gib\":%.3f,\"nvml_peak_used_gib\":%.3f}\n",
-              model, config, r.median_ms, r.peak_alloc / 1073741824.0, r.peak_reserved / 1073741824.0, r.nvml_peak_gib);
+  std::printf(
+      "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"step_ms\":%.2f,"
+      "\"peak_allocated_gib\":%.3f,\"peak_reserved_gib\":%.3f,\"nvml_peak_used_gib\":%.3f}\n",
+      model, config, r.median_ms, r.peak_alloc / 1073741824.0, r.peak_reserved / 1073741824.0, r.nvml_peak_gib);
   std::fflush(stdout);
 }
 
@@ -76,13 +77,19 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (!std::strcmp(argv[i], "--profile")) g_profile = true;
   for (int i = 1; i + 1 < argc; ++i) {
-    if (!std::strcmp(argv[i], "--dtype")) dtype = argv[++i];
-    else if (!std::strcmp(argv[i], "--model")) which = argv[++i];
-    else if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--warmup")) warmup = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--dtype"))
+      dtype = argv[++i];
+    else if (!std::strcmp(argv[i], "--model"))
+      which = argv[++i];
+    else if (!std::strcmp(argv[i], "--steps"))
+      steps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--warmup"))
+      warmup = std::atoi(argv[++i]);
   }
-  if (dtype == "f16") g_dtype = mg::DType::f16;
-  else if (dtype == "bf16") g_dtype = mg::DType::bf16;
+  if (dtype == "f16")
+    g_dtype = mg::DType::f16;
+  else if (dtype == "bf16")
+    g_dtype = mg::DType::bf16;
   else if (dtype != "f32") {
     std::fprintf(stderr, "bench_models: --dtype must be f32, f16 or bf16, got %s\n", dtype.c_str());
     return 2;

@@ -31,7 +31,8 @@ std::vector<mg::Tensor> make_params(int layers, int64_t d, mg::Device dev) {
   std::vector<mg::Tensor> ps;
   mg::manual_seed(0);
   for (int l = 0; l < layers; ++l)
-    for (mg::Shape s : std::vector<mg::Shape>{{d, d}, {4 * d, d}, {d, 4 * d}, {3 * d, d}, {d}, {d}, {4 * d}, {d}, {3 * d}}) {
+    for (mg::Shape s :
+         std::vector<mg::Shape>{{d, d}, {4 * d, d}, {d, 4 * d}, {3 * d, d}, {d}, {d}, {4 * d}, {d}, {3 * d}}) {
       mg::Tensor p = mg::nn::parameter(mg::randn(s, {mg::DType::f32, dev}));
       p.set_grad(mg::randn(s, {mg::DType::f32, dev}));
       ps.push_back(p);
@@ -64,12 +65,16 @@ int main(int argc, char** argv) {
   bool cpu_only = false;
   std::string json_out;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--cpu-only")) cpu_only = true;
+    if (!std::strcmp(argv[i], "--steps") && i + 1 < argc)
+      steps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--cpu-only"))
+      cpu_only = true;
     // The staging runner passes Google Benchmark's output flags to every bench binary: the
     // JSON line goes to that file too; other --benchmark_* flags mean nothing here.
-    else if (!std::strncmp(argv[i], "--benchmark_out=", 16)) json_out = argv[i] + 16;
-    else if (!std::strncmp(argv[i], "--benchmark_", 12)) continue;
+    else if (!std::strncmp(argv[i], "--benchmark_out=", 16))
+      json_out = argv[i] + 16;
+    else if (!std::strncmp(argv[i], "--benchmark_", 12))
+      continue;
     else {
       std::cerr << "usage: bench_optim [--steps N] [--cpu-only]\n";
       return 2;
@@ -113,12 +118,19 @@ int main(int argc, char** argv) {
         const double fused = ms_per_step(make, s.layers, s.d, dev, true, steps);
         std::printf("%-5s %-13s %-20s per-parameter %9.3f ms  fused %9.3f ms  speedup %6.2fx\n", dev.str().c_str(),
                     oname.c_str(), s.name, per_param, fused, per_param / fused);
-        rows.push_back({{"device", dev.str()}, {"optimizer", oname}, {"size", s.name}, {"tensors", 9 * s.layers},
-                        {"per_param_ms", per_param}, {"fused_ms", fused}, {"speedup", per_param / fused}});
+        rows.push_back({{"device", dev.str()},
+                        {"optimizer", oname},
+                        {"size", s.name},
+                        {"tensors", 9 * s.layers},
+                        {"per_param_ms", per_param},
+                        {"fused_ms", fused},
+                        {"speedup", per_param / fused}});
       }
   };
-  if (!cpu_only && mg::cuda::is_available()) bench(mg::Device::cuda(0), cuda_sizes);
-  else std::printf("(no CUDA device or --cpu-only: CPU rows only)\n");
+  if (!cpu_only && mg::cuda::is_available())
+    bench(mg::Device::cuda(0), cuda_sizes);
+  else
+    std::printf("(no CUDA device or --cpu-only: CPU rows only)\n");
   bench(mg::Device::cpu(), cpu_sizes);
   const std::string line = nlohmann::json{{"bench", "optim"}, {"steps", steps}, {"rows", rows}}.dump();
   std::cout << line << std::endl;

@@ -70,12 +70,12 @@ Result measure(const Options& o, mg::Device dev, const std::function<void()>& st
   return {ms[ms.size() / 2], mg::max_memory_allocated(dev)};
 }
 
-void print(const char* model, const std::string& config, const std::string& mode, const Result& r,
-           const Result& base) {
-  std::printf("{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"mode\":\"%s\",\"step_ms\":%.2f,"
-              "\"peak_allocated_gib\":%.3f,\"time_vs_none\":%.3f,\"peak_vs_none\":%.3f}\n",
-              model, config.c_str(), mode.c_str(), r.step_ms, r.peak / 1073741824.0, r.step_ms / base.step_ms,
-              static_cast<double>(r.peak) / static_cast<double>(base.peak));
+void print(const char* model, const std::string& config, const std::string& mode, const Result& r, const Result& base) {
+  std::printf(
+      "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"mode\":\"%s\",\"step_ms\":%.2f,"
+      "\"peak_allocated_gib\":%.3f,\"time_vs_none\":%.3f,\"peak_vs_none\":%.3f}\n",
+      model, config.c_str(), mode.c_str(), r.step_ms, r.peak / 1073741824.0, r.step_ms / base.step_ms,
+      static_cast<double>(r.peak) / static_cast<double>(base.peak));
   std::fflush(stdout);
 }
 
@@ -100,7 +100,8 @@ mg::nn::CheckpointPlan plan_blocks(const Options& o, const std::vector<mg::nn::S
   const auto budget = static_cast<int64_t>(o.budget * static_cast<double>(none.plain_bytes));
   mg::nn::CheckpointPlan plan = mg::nn::plan_for_budget(prof, budget);
   std::printf("%s: planner at %.0f%% of the blocks' activations (%s)\n%s%s\n", what, 100 * o.budget,
-              mg::format_bytes(budget).c_str(), plan.table(prof).c_str(), mg::nn::plan_sqrt_n(prof).table(prof).c_str());
+              mg::format_bytes(budget).c_str(), plan.table(prof).c_str(),
+              mg::nn::plan_sqrt_n(prof).table(prof).c_str());
   return plan;
 }
 
@@ -211,8 +212,8 @@ void bench_mlp(const Options& o, mg::Device dev) {
     loss.backward();
     opt.step();
   };
-  const std::string config = std::to_string(layers) + "x(Linear " + std::to_string(d) + " + GELU) B=" +
-                             std::to_string(B) + " " + o.dtype_name + " SGD(momentum)";
+  const std::string config = std::to_string(layers) + "x(Linear " + std::to_string(d) +
+                             " + GELU) B=" + std::to_string(B) + " " + o.dtype_name + " SGD(momentum)";
   auto set_plan = [&](const mg::nn::CheckpointPlan& p, bool sel) {
     bounds = p.bounds;
     flags = p.checkpointed;
@@ -271,10 +272,10 @@ void bench_inplace(const Options& o, mg::Device dev) {
         if (reuse) live = mg::memory_allocated(dev) - base;
       }
       const int64_t peak = mg::max_memory_allocated(dev) - base;
-      std::printf("{\"framework\":\"memgrad\",\"section\":\"inplace\",\"grad\":%s,\"style\":\"%s\",\"tensor_mib\":%.0f,"
-                  "\"live_mib\":%.0f,\"peak_mib\":%.0f}\n",
-                  grad ? "true" : "false", reuse ? "x = f(x)" : "x1, x2, x3", mb, live / 1048576.0,
-                  peak / 1048576.0);
+      std::printf(
+          "{\"framework\":\"memgrad\",\"section\":\"inplace\",\"grad\":%s,\"style\":\"%s\",\"tensor_mib\":%.0f,"
+          "\"live_mib\":%.0f,\"peak_mib\":%.0f}\n",
+          grad ? "true" : "false", reuse ? "x = f(x)" : "x1, x2, x3", mb, live / 1048576.0, peak / 1048576.0);
     }
   }
 }
@@ -294,19 +295,27 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--cpu") force_cpu = true;
-    else if (a == "--dtype") o.dtype_name = next();
-    else if (a == "--model") model = next();
-    else if (a == "--steps") o.steps = std::atoi(next().c_str());
-    else if (a == "--warmup") o.warmup = std::atoi(next().c_str());
-    else if (a == "--budget") o.budget = std::atof(next().c_str());
-    else if (a == "--section") section = next();
+    if (a == "--cpu")
+      force_cpu = true;
+    else if (a == "--dtype")
+      o.dtype_name = next();
+    else if (a == "--model")
+      model = next();
+    else if (a == "--steps")
+      o.steps = std::atoi(next().c_str());
+    else if (a == "--warmup")
+      o.warmup = std::atoi(next().c_str());
+    else if (a == "--budget")
+      o.budget = std::atof(next().c_str());
+    else if (a == "--section")
+      section = next();
     else {
       std::fprintf(stderr, "bench_recompute: unknown argument %s\n", a.c_str());
       return 2;
     }
   }
-  if (o.dtype_name == "bf16") o.dtype = mg::DType::bf16;
+  if (o.dtype_name == "bf16")
+    o.dtype = mg::DType::bf16;
   else if (o.dtype_name != "f32") {
     std::fprintf(stderr, "bench_recompute: --dtype must be f32 or bf16, got %s\n", o.dtype_name.c_str());
     return 2;

@@ -10,7 +10,7 @@
 namespace mg::bench {
 
 struct TraceEvent {
-  bool alloc;      // true: allocate `bytes` under `id`; false: free `id`
+  bool alloc;  // true: allocate `bytes` under `id`; false: free `id`
   int64_t id;
   size_t bytes;
 };

@@ -113,8 +113,10 @@ json parse_header(const std::string& text, const std::string& where) {
   std::vector<std::vector<std::string>> keys;  // one list per open object
   auto cb = [&](int depth, json::parse_event_t ev, json& parsed) {
     MG_CHECK(depth <= 4, IOError, where, ": header nests deeper than the format allows");
-    if (ev == json::parse_event_t::object_start) keys.emplace_back();
-    else if (ev == json::parse_event_t::object_end) keys.pop_back();
+    if (ev == json::parse_event_t::object_start)
+      keys.emplace_back();
+    else if (ev == json::parse_event_t::object_end)
+      keys.pop_back();
     else if (ev == json::parse_event_t::key) {
       const std::string k = parsed.get<std::string>();
       MG_CHECK(std::find(keys.back().begin(), keys.back().end(), k) == keys.back().end(), IOError, where,
@@ -137,7 +139,8 @@ uint64_t as_index(const json& v, const std::string& where, const std::string& ke
 }
 
 Entry parse_entry(const std::string& key, const json& info, const std::string& where) {
-  MG_CHECK(info.is_object(), IOError, where, ": tensor \"", key, "\": header entry must be an object, got ", info.dump());
+  MG_CHECK(info.is_object(), IOError, where, ": tensor \"", key, "\": header entry must be an object, got ",
+           info.dump());
   for (auto& [field, v] : info.items())
     MG_CHECK(field == "dtype" || field == "shape" || field == "data_offsets", IOError, where, ": tensor \"", key,
              "\": unknown field \"", field, "\"");
@@ -163,7 +166,8 @@ Entry parse_entry(const std::string& key, const json& info, const std::string& w
   bool overflow = false;
   for (auto& d : shape) {
     uint64_t n = as_index(d, where, key, "shape");
-    MG_CHECK(n <= static_cast<uint64_t>(INT64_MAX) && (n == 0 || !__builtin_mul_overflow(span, static_cast<int64_t>(n), &span)),
+    MG_CHECK(n <= static_cast<uint64_t>(INT64_MAX) &&
+                 (n == 0 || !__builtin_mul_overflow(span, static_cast<int64_t>(n), &span)),
              IOError, where, ": tensor \"", key, "\": shape ", shape.dump(), " is too large");
     e.shape.push_back(static_cast<int64_t>(n));
     overflow |= __builtin_mul_overflow(numel, n, &numel);
@@ -221,8 +225,9 @@ StateDict load_source(const Source& src, Device device) {
   const uint64_t data_size = size - 8 - n;
   std::vector<const Entry*> order;
   for (auto& e : entries) order.push_back(&e);
-  std::stable_sort(order.begin(), order.end(),
-                   [](const Entry* a, const Entry* b) { return a->begin != b->begin ? a->begin < b->begin : a->end < b->end; });
+  std::stable_sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
   uint64_t at = 0;
   const Entry* prev = nullptr;
   for (const Entry* e : order) {

@@ -60,8 +60,9 @@ StateDict TrainingCheckpoint::state_dict() const {
     // merge() leaves empty meta out; keep a marker so load can tell the component was saved.
     if (part.meta.empty()) out.meta[c.name] = nlohmann::json::object();
   }
-  out.meta[kSection] = {{"format", kFormat}, {"version", kVersion}, {"step", step}, {"epoch", epoch},
-                        {"components", component_names()}, {"extra", extra}};
+  out.meta[kSection] = {
+      {"format", kFormat}, {"version", kVersion}, {"step", step}, {"epoch", epoch}, {"components", component_names()},
+      {"extra", extra}};
   return out;
 }
 

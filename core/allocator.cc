@@ -9,13 +9,20 @@ namespace mg {
 
 const char* memory_category_name(MemoryCategory c) {
   switch (c) {
-    case MemoryCategory::Other: return "other";
-    case MemoryCategory::Parameters: return "parameters";
-    case MemoryCategory::Gradients: return "gradients";
-    case MemoryCategory::OptimizerState: return "optimizer_state";
-    case MemoryCategory::Activations: return "activations";
-    case MemoryCategory::Data: return "data";
-    case MemoryCategory::kCount: break;
+    case MemoryCategory::Other:
+      return "other";
+    case MemoryCategory::Parameters:
+      return "parameters";
+    case MemoryCategory::Gradients:
+      return "gradients";
+    case MemoryCategory::OptimizerState:
+      return "optimizer_state";
+    case MemoryCategory::Activations:
+      return "activations";
+    case MemoryCategory::Data:
+      return "data";
+    case MemoryCategory::kCount:
+      break;
   }
   return "?";
 }
@@ -80,8 +87,9 @@ void* CpuAllocator::allocate(size_t nbytes) {
   size_t n = (nbytes + 63) / 64 * 64;
   if (n == 0) n = 64;
   void* p = std::aligned_alloc(64, n);
-  MG_CHECK(p != nullptr, OutOfMemoryError, "CpuAllocator: failed to allocate ", format_bytes(static_cast<int64_t>(nbytes)),
-           " (", format_bytes(bytes_.current), " currently allocated by memgrad on the CPU)");
+  MG_CHECK(p != nullptr, OutOfMemoryError, "CpuAllocator: failed to allocate ",
+           format_bytes(static_cast<int64_t>(nbytes)), " (", format_bytes(bytes_.current),
+           " currently allocated by memgrad on the CPU)");
   std::lock_guard<std::mutex> g(mu_);
   bytes_.add(static_cast<int64_t>(nbytes));
   count_.add(1);
@@ -163,7 +171,8 @@ std::string format_bytes(int64_t bytes) {
   }
   char buf[64];
   if (u == 0)
-    std::snprintf(buf, sizeof buf, "%s%lld B", bytes < 0 ? "-" : "", static_cast<long long>(bytes < 0 ? -bytes : bytes));
+    std::snprintf(buf, sizeof buf, "%s%lld B", bytes < 0 ? "-" : "",
+                  static_cast<long long>(bytes < 0 ? -bytes : bytes));
   else
     std::snprintf(buf, sizeof buf, "%s%.2f %s", bytes < 0 ? "-" : "", v, units[u]);
   return buf;

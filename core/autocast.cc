@@ -31,8 +31,7 @@ void clear_autocast_cache() {
 
 Autocast::Autocast(DeviceType device, DType dtype, bool enabled) : prev_(tl_state) {
   if (enabled) {
-    const bool ok = device == DeviceType::CUDA ? (dtype == DType::f16 || dtype == DType::bf16)
-                                               : dtype == DType::bf16;
+    const bool ok = device == DeviceType::CUDA ? (dtype == DType::f16 || dtype == DType::bf16) : dtype == DType::bf16;
     if (!ok)
       MG_THROW(ValueError, "autocast: dtype ", dtype, " is not supported on ",
                device == DeviceType::CUDA ? "cuda" : "cpu", " (cuda: f16 or bf16; cpu: bf16)");

@@ -6,7 +6,8 @@ namespace mg::cuda {
 
 namespace {
 [[noreturn]] void no_cuda(const char* what) {
-  MG_THROW(DeviceError, what, ": this build of memgrad has no CUDA backend (built with --config=nocuda or without the toolkit)");
+  MG_THROW(DeviceError, what,
+           ": this build of memgrad has no CUDA backend (built with --config=nocuda or without the toolkit)");
 }
 }  // namespace
 

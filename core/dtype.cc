@@ -9,7 +9,7 @@ uint16_t Half::from_float(float f) {
   std::memcpy(&u, &f, 4);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (absu > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (absu >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
   if (absu < 0x38800000u) {
     // Subnormal half (or zero): shift the mantissa with round-to-nearest-even.
@@ -42,7 +42,10 @@ float Half::to_float(uint16_t h) {
     } else {
       // Normalize the subnormal.
       int shift = 0;
-      while (!(m & 0x400u)) { m <<= 1; ++shift; }
+      while (!(m & 0x400u)) {
+        m <<= 1;
+        ++shift;
+      }
       m &= 0x3ffu;
       u = sign | ((113u - shift) << 23) | (m << 13);
     }
@@ -58,31 +61,45 @@ float Half::to_float(uint16_t h) {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f64: case DType::i64: return 8;
-    case DType::f32: case DType::i32: return 4;
-    case DType::f16: case DType::bf16: return 2;
-    case DType::u8: case DType::b8: return 1;
+    case DType::f64:
+    case DType::i64:
+      return 8;
+    case DType::f32:
+    case DType::i32:
+      return 4;
+    case DType::f16:
+    case DType::bf16:
+      return 2;
+    case DType::u8:
+    case DType::b8:
+      return 1;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f64: return "f64";
-    case DType::f32: return "f32";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-    case DType::i64: return "i64";
-    case DType::i32: return "i32";
-    case DType::u8: return "u8";
-    case DType::b8: return "bool";
+    case DType::f64:
+      return "f64";
+    case DType::f32:
+      return "f32";
+    case DType::f16:
+      return "f16";
+    case DType::bf16:
+      return "bf16";
+    case DType::i64:
+      return "i64";
+    case DType::i32:
+      return "i32";
+    case DType::u8:
+      return "u8";
+    case DType::b8:
+      return "bool";
   }
   return "?";
 }
 
-bool is_floating(DType t) {
-  return t == DType::f64 || t == DType::f32 || t == DType::f16 || t == DType::bf16;
-}
+bool is_floating(DType t) { return t == DType::f64 || t == DType::f32 || t == DType::f16 || t == DType::bf16; }
 bool is_integral(DType t) { return !is_floating(t); }
 
 // Like PyTorch's promotion lattice: bool < u8 < i32 < i64 < f16/bf16 < f32 < f64;
@@ -91,14 +108,22 @@ DType promote_types(DType a, DType b) {
   if (a == b) return a;
   auto rank = [](DType t) {
     switch (t) {
-      case DType::b8: return 0;
-      case DType::u8: return 1;
-      case DType::i32: return 2;
-      case DType::i64: return 3;
-      case DType::f16: return 4;
-      case DType::bf16: return 4;
-      case DType::f32: return 5;
-      case DType::f64: return 6;
+      case DType::b8:
+        return 0;
+      case DType::u8:
+        return 1;
+      case DType::i32:
+        return 2;
+      case DType::i64:
+        return 3;
+      case DType::f16:
+        return 4;
+      case DType::bf16:
+        return 4;
+      case DType::f32:
+        return 5;
+      case DType::f64:
+        return 6;
     }
     return 0;
   };

@@ -58,14 +58,13 @@ const Api& api() {
       r.error = e ? e : "libnvidia-ml.so.1 not found";
       return r;
     }
-    const bool ok = load(r.lib, "nvmlInit_v2", &r.init) && load(r.lib, "nvmlErrorString", &r.error_string) &&
-                    load(r.lib, "nvmlDeviceGetCount_v2", &r.count) &&
-                    load(r.lib, "nvmlDeviceGetHandleByIndex_v2", &r.handle) &&
-                    load(r.lib, "nvmlDeviceGetName", &r.name) && load(r.lib, "nvmlDeviceGetMemoryInfo", &r.memory) &&
-                    load(r.lib, "nvmlDeviceGetUtilizationRates", &r.utilization) &&
-                    load(r.lib, "nvmlDeviceGetTemperature", &r.temperature) &&
-                    load(r.lib, "nvmlDeviceGetPowerUsage", &r.power) &&
-                    load(r.lib, "nvmlDeviceGetComputeRunningProcesses_v3", &r.processes);
+    const bool ok =
+        load(r.lib, "nvmlInit_v2", &r.init) && load(r.lib, "nvmlErrorString", &r.error_string) &&
+        load(r.lib, "nvmlDeviceGetCount_v2", &r.count) && load(r.lib, "nvmlDeviceGetHandleByIndex_v2", &r.handle) &&
+        load(r.lib, "nvmlDeviceGetName", &r.name) && load(r.lib, "nvmlDeviceGetMemoryInfo", &r.memory) &&
+        load(r.lib, "nvmlDeviceGetUtilizationRates", &r.utilization) &&
+        load(r.lib, "nvmlDeviceGetTemperature", &r.temperature) && load(r.lib, "nvmlDeviceGetPowerUsage", &r.power) &&
+        load(r.lib, "nvmlDeviceGetComputeRunningProcesses_v3", &r.processes);
     if (!ok) {
       r.error = "libnvidia-ml.so.1 lacks an expected symbol (driver too old?)";
       r.lib = nullptr;
@@ -102,8 +101,7 @@ int device_count() {
 DeviceStatus status(int index) {
   const Api& a = checked("nvml::status");
   const int n = device_count();
-  MG_CHECK(index >= 0 && index < n, DeviceError, "nvml::status: device ", index, " out of range (", n,
-           " devices)");
+  MG_CHECK(index >= 0 && index < n, DeviceError, "nvml::status: device ", index, " out of range (", n, " devices)");
   Device d = nullptr;
   Ret e = a.handle(static_cast<unsigned int>(index), &d);
   MG_CHECK(e == kSuccess, DeviceError, "nvml::status: device ", index, ": ", a.error_string(e));

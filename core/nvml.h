@@ -20,7 +20,7 @@ struct ProcessMemory {
 struct DeviceStatus {
   int index = 0;  // NVML's index (physical order; CUDA's order when CUDA_VISIBLE_DEVICES is unset)
   std::string name;
-  uint64_t total_bytes = 0, free_bytes = 0, used_bytes = 0;  // device-wide, all processes
+  uint64_t total_bytes = 0, free_bytes = 0, used_bytes = 0;       // device-wide, all processes
   std::optional<uint32_t> gpu_util_percent, memory_util_percent;  // over the driver's last sample window
   std::optional<uint32_t> temperature_c;
   std::optional<double> power_watts;

@@ -23,7 +23,10 @@ void philox4x32(uint64_t counter, uint64_t subsequence, uint64_t key, uint32_t o
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+  out[0] = c0;
+  out[1] = c1;
+  out[2] = c2;
+  out[3] = c3;
 }
 
 void Generator::manual_seed(uint64_t seed) {
@@ -88,7 +91,8 @@ void philox_fill(const Tensor& t, int kind, double a, double b, Generator* gen) 
   Tensor c = t.is_contiguous() ? t : empty(t.sizes(), {t.dtype(), t.device()});
   MG_DISPATCH_FLOAT(t.dtype(), "random fill", [&] {
     auto* p = static_cast<scalar_t*>(c.raw_data());
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<scalar_t>(static_cast<opmath_t<scalar_t>>(philox_value(kind, seed, base, i, a, b)));
+    for (int64_t i = 0; i < n; ++i)
+      p[i] = static_cast<scalar_t>(static_cast<opmath_t<scalar_t>>(philox_value(kind, seed, base, i, a, b)));
   });
   if (!c.is_same(t)) raw::copy_(t, c);
 }

@@ -49,6 +49,7 @@ void bernoulli_(const Tensor& t, double p, Generator* gen = nullptr);
 // Random permutation of 0..n-1 (i64, CPU).
 Tensor randperm(int64_t n, Generator* gen = nullptr);
 // Random integers in [low, high).
-Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts = {DType::i64}, Generator* gen = nullptr);
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts = {DType::i64},
+               Generator* gen = nullptr);
 
 }  // namespace mg

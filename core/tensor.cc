@@ -109,11 +109,13 @@ Tensor Tensor::detach() const {
 }
 
 double Tensor::item() const {
-  MG_CHECK(numel() == 1, ValueError, "item: expected a tensor with one element, got shape ", shape_str(sizes()),
-           " (", numel(), " elements)");
+  MG_CHECK(numel() == 1, ValueError, "item: expected a tensor with one element, got shape ", shape_str(sizes()), " (",
+           numel(), " elements)");
   Tensor c = is_cuda() ? raw::to_device(*this, Device::cpu()) : *this;
   double v = 0;
-  MG_DISPATCH_ALL(c.dtype(), "item", [&] { v = static_cast<double>(static_cast<opmath_t<scalar_t>>(*static_cast<scalar_t*>(c.raw_data()))); });
+  MG_DISPATCH_ALL(c.dtype(), "item", [&] {
+    v = static_cast<double>(static_cast<opmath_t<scalar_t>>(*static_cast<scalar_t*>(c.raw_data())));
+  });
   return v;
 }
 
@@ -144,7 +146,10 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   const int64_t limit = 6;  // elements shown per dim edge when summarizing
   std::function<void(int64_t, int64_t, int)> rec = [&](int64_t d, int64_t base, int indent) {
     if (d == nd) {
-      if (fp) os << std::setprecision(5) << v[base]; else os << static_cast<long long>(v[base]);
+      if (fp)
+        os << std::setprecision(5) << v[base];
+      else
+        os << static_cast<long long>(v[base]);
       return;
     }
     int64_t stride = 1;
@@ -154,18 +159,27 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
       if (s[d] > 2 * limit && i == limit) {
         os << "...";
         i = s[d] - limit - 1;
-        if (d + 1 < nd) os << ",\n" << std::string(indent + 1, ' '); else os << ", ";
+        if (d + 1 < nd)
+          os << ",\n" << std::string(indent + 1, ' ');
+        else
+          os << ", ";
         continue;
       }
       if (i) {
-        if (d + 1 < nd) os << ",\n" << std::string(indent + 1, ' '); else os << ", ";
+        if (d + 1 < nd)
+          os << ",\n" << std::string(indent + 1, ' ');
+        else
+          os << ", ";
       }
       rec(d + 1, base + i * stride, indent + 1);
     }
     os << "]";
   };
   os << "tensor(";
-  if (nd == 0) rec(0, 0, 7); else rec(0, 0, 7);
+  if (nd == 0)
+    rec(0, 0, 7);
+  else
+    rec(0, 0, 7);
   os << ", shape=" << shape_str(s) << ", dtype=" << t.dtype() << ", device=" << t.device();
   if (t.requires_grad()) os << ", requires_grad";
   return os << ")";
@@ -337,8 +351,8 @@ Tensor reshape(const Tensor& t, const Shape& shape) {
 
 Tensor permute(const Tensor& t, const Shape& dims) {
   const int64_t nd = t.dim();
-  MG_CHECK(static_cast<int64_t>(dims.size()) == nd, ShapeError, "permute: got ", dims.size(), " dims ",
-           shape_str(dims), " for a tensor with ", nd, " dims");
+  MG_CHECK(static_cast<int64_t>(dims.size()) == nd, ShapeError, "permute: got ", dims.size(), " dims ", shape_str(dims),
+           " for a tensor with ", nd, " dims");
   Shape sizes(nd), strides(nd);
   std::vector<bool> seen(nd, false);
   for (int64_t i = 0; i < nd; ++i) {
@@ -432,7 +446,8 @@ Tensor select(const Tensor& t, int64_t dim, int64_t index) {
   MG_CHECK(nd > 0, ShapeError, "select: cannot select from a 0-dim tensor");
   dim = wrap_dim(dim, nd, "select");
   const int64_t n = t.sizes()[dim];
-  MG_CHECK(index >= -n && index < n, IndexError, "select: index ", index, " out of range for dim ", dim, " of size ", n);
+  MG_CHECK(index >= -n && index < n, IndexError, "select: index ", index, " out of range for dim ", dim, " of size ",
+           n);
   if (index < 0) index += n;
   Shape sizes = t.sizes(), strides = t.strides();
   int64_t off = t.offset() + index * strides[dim];
@@ -542,7 +557,10 @@ void fill_(const Tensor& dst, double value) {
   }
   MG_DISPATCH_ALL(dst.dtype(), "fill_", [&] {
     scalar_t v;
-    if constexpr (std::is_same_v<scalar_t, bool>) v = value != 0; else v = static_cast<scalar_t>(static_cast<opmath_t<scalar_t>>(value));
+    if constexpr (std::is_same_v<scalar_t, bool>)
+      v = value != 0;
+    else
+      v = static_cast<scalar_t>(static_cast<opmath_t<scalar_t>>(value));
     auto* p = static_cast<scalar_t*>(dst.raw_data());
     strided_loop<1>(dst.sizes(), {dst.strides()}, [&](auto off, auto inner, int64_t n) {
       scalar_t* d = p + off[0];

@@ -64,9 +64,9 @@ struct TensorImpl {
   Shape strides;
   int64_t offset = 0;  // in elements
   DType dtype = DType::f32;
-  std::shared_ptr<uint32_t> version;  // shared with every view of the same storage
+  std::shared_ptr<uint32_t> version;                // shared with every view of the same storage
   std::shared_ptr<AutogradMetaInterface> autograd;  // null until the tensor takes part in autograd
-  std::shared_ptr<TensorImpl> view_base;  // set for views (the tensor the view was taken of)
+  std::shared_ptr<TensorImpl> view_base;            // set for views (the tensor the view was taken of)
 };
 
 struct TensorOptions {
@@ -74,7 +74,7 @@ struct TensorOptions {
   Device device = Device::cpu();
   bool requires_grad = false;
   TensorOptions() = default;
-  TensorOptions(DType d) : dtype(d) {}  // NOLINT
+  TensorOptions(DType d) : dtype(d) {}    // NOLINT
   TensorOptions(Device d) : device(d) {}  // NOLINT
   TensorOptions(DType t, Device d, bool rg = false) : dtype(t), device(d), requires_grad(rg) {}
 };
@@ -109,8 +109,7 @@ class Tensor {
   void* raw_data() const;
   template <class T>
   T* data_ptr() const {
-    MG_CHECK(dtype_of<T> == dtype(), DTypeError, "data_ptr: tensor has dtype ", dtype(), ", asked for ",
-             dtype_of<T>);
+    MG_CHECK(dtype_of<T> == dtype(), DTypeError, "data_ptr: tensor has dtype ", dtype(), ", asked for ", dtype_of<T>);
     return static_cast<T*>(raw_data());
   }
 
@@ -162,7 +161,9 @@ class Tensor {
   // --- host access ---
   double item() const;  // one-element tensor as double
   template <class T>
-  T item() const { return static_cast<T>(item()); }
+  T item() const {
+    return static_cast<T>(item());
+  }
   // Copies all elements (in logical order) to the host, converted to T.
   template <class T>
   std::vector<T> to_vector() const;
@@ -208,9 +209,9 @@ Tensor permute(const Tensor& t, const Shape& dims);
 Tensor transpose(const Tensor& t, int64_t d0, int64_t d1);
 Tensor unsqueeze(const Tensor& t, int64_t dim);
 Tensor squeeze(const Tensor& t, int64_t dim);
-Tensor squeeze(const Tensor& t);  // every size-1 dim
+Tensor squeeze(const Tensor& t);                                      // every size-1 dim
 Tensor flatten(const Tensor& t, int64_t start_dim, int64_t end_dim);  // view if possible, else copy
-Tensor t(const Tensor& t);  // <= 2 dims
+Tensor t(const Tensor& t);                                            // <= 2 dims
 Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t step);
 Tensor select(const Tensor& t, int64_t dim, int64_t index);
 Tensor expand(const Tensor& t, const Shape& shape);

@@ -83,7 +83,8 @@ class DataLoader::Workers {
       int64_t b;
       {
         std::unique_lock<std::mutex> lk(mu_);
-        work_cv_.wait(lk, [&] { return stop_ || next_claim_ >= num_batches_ || next_claim_ < next_deliver_ + window_; });
+        work_cv_.wait(lk,
+                      [&] { return stop_ || next_claim_ >= num_batches_ || next_claim_ < next_deliver_ + window_; });
         if (stop_ || next_claim_ >= num_batches_) return;
         b = next_claim_++;
       }
@@ -165,8 +166,8 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
              "DataLoader: pin_memory needs a CUDA device, and none is visible (cuda::device_count() = ",
              cuda::device_count(), "); leave pin_memory off on CPU-only machines");
   if (opts_.device.is_cuda())
-    MG_CHECK(opts_.device.index >= 0 && opts_.device.index < cuda::device_count(), DeviceError,
-             "DataLoader: device ", opts_.device, " does not exist (", cuda::device_count(), " CUDA devices visible)");
+    MG_CHECK(opts_.device.index >= 0 && opts_.device.index < cuda::device_count(), DeviceError, "DataLoader: device ",
+             opts_.device, " does not exist (", cuda::device_count(), " CUDA devices visible)");
   if (opts_.pin_memory) {
     const int64_t window = std::max(1, opts_.num_workers) * static_cast<int64_t>(opts_.prefetch_factor);
     pool_ = std::make_unique<PinnedPool>(static_cast<size_t>(2 * (window + 4)));  // data + target per batch

@@ -25,7 +25,8 @@ std::string find_file(const std::string& root, const std::string& stem) {
 
 std::string require_file(const std::string& root, const std::string& stem) {
   std::string p = find_file(root, stem);
-  MG_CHECK(!p.empty(), IOError, "FashionMNIST: ", root, "/", stem, "(.gz) not found; point MG_FASHION_MNIST at the "
+  MG_CHECK(!p.empty(), IOError, "FashionMNIST: ", root, "/", stem,
+           "(.gz) not found; point MG_FASHION_MNIST at the "
            "directory holding train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz "
            "and t10k-labels-idx1-ubyte.gz");
   return p;

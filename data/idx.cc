@@ -33,8 +33,8 @@ void read_exact(gzFile f, const std::string& path, void* dst, size_t n, const st
     if (r < 0) {
       int errnum = 0;
       const char* msg = gzerror(f, &errnum);
-      MG_CHECK(errnum != Z_BUF_ERROR, IOError, "read_idx: ", path, ": truncated file: expected ", n, " bytes of ",
-               what, ", got ", got, " (the compressed stream ends early)");
+      MG_CHECK(errnum != Z_BUF_ERROR, IOError, "read_idx: ", path, ": truncated file: expected ", n, " bytes of ", what,
+               ", got ", got, " (the compressed stream ends early)");
       MG_THROW(IOError, "read_idx: ", path, ": corrupt or unreadable while reading ", what, " (",
                errnum == Z_ERRNO ? std::strerror(errno) : msg, ")");
     }
@@ -51,13 +51,26 @@ struct TypeInfo {
 
 bool type_info(uint8_t code, TypeInfo* out) {
   switch (code) {
-    case 0x08: *out = {1, DType::u8}; return true;
-    case 0x09: *out = {1, DType::i32}; return true;
-    case 0x0B: *out = {2, DType::i32}; return true;
-    case 0x0C: *out = {4, DType::i32}; return true;
-    case 0x0D: *out = {4, DType::f32}; return true;
-    case 0x0E: *out = {8, DType::f64}; return true;
-    default: return false;
+    case 0x08:
+      *out = {1, DType::u8};
+      return true;
+    case 0x09:
+      *out = {1, DType::i32};
+      return true;
+    case 0x0B:
+      *out = {2, DType::i32};
+      return true;
+    case 0x0C:
+      *out = {4, DType::i32};
+      return true;
+    case 0x0D:
+      *out = {4, DType::f32};
+      return true;
+    case 0x0E:
+      *out = {8, DType::f64};
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -149,11 +162,24 @@ void write_idx(const std::string& path, const Tensor& t) {
   uint8_t code = 0;
   int fs = 0;
   switch (t.dtype()) {
-    case DType::u8: code = 0x08; fs = 1; break;
-    case DType::i32: code = 0x0C; fs = 4; break;
-    case DType::f32: code = 0x0D; fs = 4; break;
-    case DType::f64: code = 0x0E; fs = 8; break;
-    default: MG_THROW(DTypeError, "write_idx: unsupported dtype ", t.dtype(), " (u8, i32, f32, f64)");
+    case DType::u8:
+      code = 0x08;
+      fs = 1;
+      break;
+    case DType::i32:
+      code = 0x0C;
+      fs = 4;
+      break;
+    case DType::f32:
+      code = 0x0D;
+      fs = 4;
+      break;
+    case DType::f64:
+      code = 0x0E;
+      fs = 8;
+      break;
+    default:
+      MG_THROW(DTypeError, "write_idx: unsupported dtype ", t.dtype(), " (u8, i32, f32, f64)");
   }
   std::vector<unsigned char> bytes = {0, 0, code, static_cast<unsigned char>(t.dim())};
   auto put_be = [&](uint64_t v, int n) {

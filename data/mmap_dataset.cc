@@ -90,8 +90,8 @@ MmapDataset::MmapDataset(const std::string& path, RecordLayout layout, MmapDatas
     void* p = ::mmap(nullptr, static_cast<size_t>(file_bytes_), PROT_READ, MAP_SHARED, fd, 0);
     const int e = errno;
     ::close(fd);  // the mapping keeps the file open
-    MG_CHECK(p != MAP_FAILED, IOError, "MmapDataset: mmap of ", path, " (", file_bytes_, " bytes) failed: ",
-             std::strerror(e));
+    MG_CHECK(p != MAP_FAILED, IOError, "MmapDataset: mmap of ", path, " (", file_bytes_,
+             " bytes) failed: ", std::strerror(e));
     map_->addr = static_cast<uint8_t*>(p);
     map_->len = static_cast<size_t>(file_bytes_);
     (void)::madvise(p, map_->len, opts_.random_access ? MADV_RANDOM : MADV_SEQUENTIAL);
@@ -118,8 +118,10 @@ int64_t MmapDataset::resident_bytes() const {
   std::string line;
   bool in = false;
   while (std::getline(f, line)) {
-    if (line.rfind(head, 0) == 0) in = true;
-    else if (in && line.rfind("Rss:", 0) == 0) return std::stoll(line.substr(4)) * 1024;  // "Rss:   123 kB"
+    if (line.rfind(head, 0) == 0)
+      in = true;
+    else if (in && line.rfind("Rss:", 0) == 0)
+      return std::stoll(line.substr(4)) * 1024;  // "Rss:   123 kB"
   }
   MG_THROW(IOError, "MmapDataset::resident_bytes: mapping of ", path_, " not found in /proc/self/smaps");
 }

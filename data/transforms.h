@@ -19,7 +19,7 @@ class SampleRng {
   explicit SampleRng(uint64_t seed) : state_(seed) {}
   static SampleRng for_sample(uint64_t seed, int64_t epoch, int64_t index);
   uint64_t next();
-  double uniform();                        // [0, 1)
+  double uniform();                         // [0, 1)
   int64_t randint(int64_t lo, int64_t hi);  // [lo, hi]
 
  private:

@@ -20,11 +20,16 @@ enum class OpCode : uint32_t { AllReduce = 1, Broadcast, AllGather, ReduceScatte
 
 const char* op_name(OpCode op) {
   switch (op) {
-    case OpCode::AllReduce: return "all_reduce";
-    case OpCode::Broadcast: return "broadcast";
-    case OpCode::AllGather: return "all_gather";
-    case OpCode::ReduceScatter: return "reduce_scatter";
-    case OpCode::Barrier: return "barrier";
+    case OpCode::AllReduce:
+      return "all_reduce";
+    case OpCode::Broadcast:
+      return "broadcast";
+    case OpCode::AllGather:
+      return "all_gather";
+    case OpCode::ReduceScatter:
+      return "reduce_scatter";
+    case OpCode::Barrier:
+      return "barrier";
   }
   return "?";
 }
@@ -104,9 +109,8 @@ class CpuProcessGroup final : public ProcessGroup {
     MG_CHECK(op != ReduceOp::Avg || is_floating(t.dtype()), DTypeError, "all_reduce: ", describe(),
              ": avg needs a floating dtype, got ", t.dtype());
     return enqueue([this, t, op] {
-      Tensor r = exchange(OpCode::AllReduce, static_cast<int>(op), t, [&](std::vector<Tensor>& all) {
-        return reduce(all, op);
-      });
+      Tensor r = exchange(OpCode::AllReduce, static_cast<int>(op), t,
+                          [&](std::vector<Tensor>& all) { return reduce(all, op); });
       if (r.defined()) kernels::copy_(raw::view(t, {t.numel()}), r);
     });
   }
@@ -150,8 +154,9 @@ class CpuProcessGroup final : public ProcessGroup {
   }
 
   void barrier() override {
-    enqueue([this] { exchange(OpCode::Barrier, 0, Tensor(), [](std::vector<Tensor>&) { return Tensor(); }); })
-        ->synchronize();
+    enqueue([this] {
+      exchange(OpCode::Barrier, 0, Tensor(), [](std::vector<Tensor>&) { return Tensor(); });
+    })->synchronize();
   }
 
  private:
@@ -192,8 +197,8 @@ class CpuProcessGroup final : public ProcessGroup {
   Tensor exchange(OpCode op, int arg, const Tensor& in, Combine&& combine) {
     const uint64_t seq = ++seq_;
     const std::string what = std::string(op_name(op)) + " #" + std::to_string(seq);
-    MG_CHECK(broken_.empty(), Error, describe(), ": ", what, ": the process group is unusable after an earlier error: ",
-             broken_);
+    MG_CHECK(broken_.empty(), Error, describe(), ": ", what,
+             ": the process group is unusable after an earlier error: ", broken_);
     try {
       return exchange_impl(op, arg, in, seq, what, combine);
     } catch (const std::exception& e) {
@@ -203,8 +208,7 @@ class CpuProcessGroup final : public ProcessGroup {
   }
 
   template <class Combine>
-  Tensor exchange_impl(OpCode op, int arg, const Tensor& in, uint64_t seq, const std::string& what,
-                       Combine& combine) {
+  Tensor exchange_impl(OpCode op, int arg, const Tensor& in, uint64_t seq, const std::string& what, Combine& combine) {
     Header mine;
     mine.op = static_cast<uint32_t>(op);
     mine.dtype = in.defined() ? static_cast<uint32_t>(in.dtype()) : 0;

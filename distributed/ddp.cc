@@ -40,9 +40,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   broadcast_state();
   ready_.assign(params_.size(), false);
   for (size_t i = 0; i < params_.size(); ++i)
-    hooks_.push_back(autograd::register_post_accumulate_grad_hook(params_[i], [this, i](const Tensor&) {
-      on_grad_ready(i);
-    }));
+    hooks_.push_back(
+        autograd::register_post_accumulate_grad_hook(params_[i], [this, i](const Tensor&) { on_grad_ready(i); }));
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -65,10 +64,10 @@ void DistributedDataParallel::build_buckets(const DDPOptions& opts) {
   for (size_t k = params_.size(); k-- > 0;) {
     const Tensor& p = params_[k];
     const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
-    bool fresh = buckets_.empty() || buckets_.back().dtype != p.dtype() ||
-                 (buckets_.back().numel * static_cast<int64_t>(p.element_size()) + bytes >
-                      cap_bytes(buckets_.size() - 1) &&
-                  !buckets_.back().params.empty());
+    bool fresh =
+        buckets_.empty() || buckets_.back().dtype != p.dtype() ||
+        (buckets_.back().numel * static_cast<int64_t>(p.element_size()) + bytes > cap_bytes(buckets_.size() - 1) &&
+         !buckets_.back().params.empty());
     if (fresh) {
       buckets_.emplace_back();
       buckets_.back().dtype = p.dtype();
@@ -88,7 +87,8 @@ void DistributedDataParallel::broadcast_state() {
   NoGradGuard ng;
   // Parameters travel through the (not yet used) gradient buckets: one collective per bucket.
   for (Bucket& b : buckets_) {
-    for (size_t j = 0; j < b.params.size(); ++j) kernels::copy_(slot(b.flat, b.offsets[j], params_[b.params[j]]), params_[b.params[j]]);
+    for (size_t j = 0; j < b.params.size(); ++j)
+      kernels::copy_(slot(b.flat, b.offsets[j], params_[b.params[j]]), params_[b.params[j]]);
     pg_->broadcast(b.flat, 0);
     if (pg_->rank() != 0)
       for (size_t j = 0; j < b.params.size(); ++j)

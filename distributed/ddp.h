@@ -57,7 +57,9 @@ class DistributedDataParallel : public nn::Module {
   // the accumulated sum.
   class NoSyncGuard {
    public:
-    explicit NoSyncGuard(DistributedDataParallel& ddp) : ddp_(ddp), prev_(ddp.sync_enabled_) { ddp_.sync_enabled_ = false; }
+    explicit NoSyncGuard(DistributedDataParallel& ddp) : ddp_(ddp), prev_(ddp.sync_enabled_) {
+      ddp_.sync_enabled_ = false;
+    }
     ~NoSyncGuard() { ddp_.sync_enabled_ = prev_; }
     NoSyncGuard(const NoSyncGuard&) = delete;
     NoSyncGuard& operator=(const NoSyncGuard&) = delete;
@@ -83,8 +85,8 @@ class DistributedDataParallel : public nn::Module {
     std::vector<int64_t> offsets;  // element offset of each param in `flat`
     int64_t numel = 0;
     DType dtype = DType::f32;
-    Tensor flat;                   // the bucket's contiguous buffer
-    size_t pending = 0;            // parameters not ready yet this iteration
+    Tensor flat;         // the bucket's contiguous buffer
+    size_t pending = 0;  // parameters not ready yet this iteration
     WorkPtr work;
   };
 
@@ -101,15 +103,15 @@ class DistributedDataParallel : public nn::Module {
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<ProcessGroup> pg_;
   DDPOptions opts_;
-  std::vector<Tensor> params_;       // module_->parameters() that require grad
+  std::vector<Tensor> params_;  // module_->parameters() that require grad
   std::vector<std::string> names_;
-  std::vector<size_t> bucket_of_;    // param index -> bucket
+  std::vector<size_t> bucket_of_;  // param index -> bucket
   std::vector<Bucket> buckets_;
   std::vector<uint64_t> hooks_;
 
   // Per-iteration state.
-  bool sync_enabled_ = true;         // toggled by no_sync()
-  bool armed_ = false;               // forward ran with sync on; backward should reduce
+  bool sync_enabled_ = true;  // toggled by no_sync()
+  bool armed_ = false;        // forward ran with sync on; backward should reduce
   std::vector<bool> ready_;
   size_t next_launch_ = 0;
   bool finalized_ = true;

@@ -8,7 +8,8 @@ namespace mg::dist {
 DistributedSampler::DistributedSampler(int64_t dataset_size, DistributedSamplerOptions opts)
     : size_(dataset_size), opts_(opts) {
   MG_CHECK(dataset_size >= 0, ValueError, "DistributedSampler: dataset size must be >= 0, got ", dataset_size);
-  MG_CHECK(opts.num_replicas >= 1, ValueError, "DistributedSampler: num_replicas must be >= 1, got ", opts.num_replicas);
+  MG_CHECK(opts.num_replicas >= 1, ValueError, "DistributedSampler: num_replicas must be >= 1, got ",
+           opts.num_replicas);
   MG_CHECK(opts.rank >= 0 && opts.rank < opts.num_replicas, ValueError, "DistributedSampler: invalid rank ", opts.rank,
            ", rank should be in the interval [0, ", opts.num_replicas - 1, "]");
   const int64_t R = opts.num_replicas;

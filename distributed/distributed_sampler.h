@@ -15,7 +15,7 @@ struct DistributedSamplerOptions {
   int64_t num_replicas = 1;  // world size
   int64_t rank = 0;
   bool shuffle = true;
-  uint64_t seed = 0;         // the same on every rank
+  uint64_t seed = 0;  // the same on every rank
   // false: pad with the first indices so every rank gets ceil(N / R) samples;
   // true: drop the tail so every rank gets floor(N / R).
   bool drop_last = false;

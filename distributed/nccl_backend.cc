@@ -17,33 +17,44 @@ namespace mg::dist::detail {
 
 namespace {
 
-#define MG_NCCL_CHECK(call, who)                                                                          \
-  do {                                                                                                    \
-    ncclResult_t mg_r_ = (call);                                                                          \
-    if (mg_r_ != ncclSuccess && mg_r_ != ncclInProgress)                                                  \
-      MG_THROW(::mg::CudaError, who, ": ", #call, " failed: ", ncclGetErrorString(mg_r_), " (",            \
-               ncclGetLastError(nullptr), ")");                                                           \
+#define MG_NCCL_CHECK(call, who)                                                                \
+  do {                                                                                          \
+    ncclResult_t mg_r_ = (call);                                                                \
+    if (mg_r_ != ncclSuccess && mg_r_ != ncclInProgress)                                        \
+      MG_THROW(::mg::CudaError, who, ": ", #call, " failed: ", ncclGetErrorString(mg_r_), " (", \
+               ncclGetLastError(nullptr), ")");                                                 \
   } while (0)
 
 ncclDataType_t nccl_dtype(DType d, const std::string& who) {
   switch (d) {
-    case DType::f64: return ncclFloat64;
-    case DType::f32: return ncclFloat32;
-    case DType::f16: return ncclFloat16;
-    case DType::bf16: return ncclBfloat16;
-    case DType::i64: return ncclInt64;
-    case DType::i32: return ncclInt32;
-    case DType::u8: return ncclUint8;
-    case DType::b8: return ncclUint8;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::i64:
+      return ncclInt64;
+    case DType::i32:
+      return ncclInt32;
+    case DType::u8:
+      return ncclUint8;
+    case DType::b8:
+      return ncclUint8;
   }
   MG_THROW(DTypeError, who, ": dtype ", d, " has no NCCL equivalent");
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Avg: return ncclAvg;
-    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Sum:
+      return ncclSum;
+    case ReduceOp::Avg:
+      return ncclAvg;
+    case ReduceOp::Max:
+      return ncclMax;
   }
   return ncclSum;
 }
@@ -117,8 +128,8 @@ class NcclProcessGroup final : public ProcessGroup {
   WorkPtr all_reduce_async(const Tensor& t, ReduceOp op) override {
     check_tensor(t, "all_reduce");
     return launch("all_reduce", {t}, [&](cudaStream_t s) {
-      return ncclAllReduce(t.raw_data(), t.raw_data(), t.numel(), nccl_dtype(t.dtype(), describe()), nccl_op(op),
-                           comm_, s);
+      return ncclAllReduce(t.raw_data(), t.raw_data(), t.numel(), nccl_dtype(t.dtype(), describe()), nccl_op(op), comm_,
+                           s);
     });
   }
 

@@ -12,18 +12,24 @@ namespace mg::dist {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Avg: return "avg";
-    case ReduceOp::Max: return "max";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Avg:
+      return "avg";
+    case ReduceOp::Max:
+      return "max";
   }
   return "?";
 }
 
 const char* backend_name(Backend b) {
   switch (b) {
-    case Backend::Auto: return "auto";
-    case Backend::Cpu: return "cpu";
-    case Backend::Nccl: return "nccl";
+    case Backend::Auto:
+      return "auto";
+    case Backend::Cpu:
+      return "cpu";
+    case Backend::Nccl:
+      return "nccl";
   }
   return "?";
 }
@@ -85,8 +91,8 @@ ProcessGroupOptions resolve_options(ProcessGroupOptions o) {
   MG_CHECK(o.world_size >= 1, ValueError, "init_process_group: world size must be >= 1, got ", o.world_size);
   MG_CHECK(o.rank < o.world_size, ValueError, "init_process_group: rank ", o.rank, " is not below world size ",
            o.world_size);
-  MG_CHECK(o.master_port > 0 && o.master_port < 65536, ValueError, "init_process_group: MASTER_PORT ",
-           o.master_port, " is not a TCP port");
+  MG_CHECK(o.master_port > 0 && o.master_port < 65536, ValueError, "init_process_group: MASTER_PORT ", o.master_port,
+           " is not a TCP port");
   return o;
 }
 

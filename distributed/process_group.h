@@ -39,9 +39,9 @@ struct ProcessGroupOptions {
   Backend backend = Backend::Auto;  // Auto: NCCL when built with CUDA and a GPU is visible, else CPU
   int rank = -1;
   int world_size = -1;
-  int local_rank = -1;              // the GPU this process drives (default: rank)
-  std::string master_addr;          // default 127.0.0.1
-  int master_port = -1;             // default 29500
+  int local_rank = -1;      // the GPU this process drives (default: rank)
+  std::string master_addr;  // default 127.0.0.1
+  int master_port = -1;     // default 29500
   // Rendezvous through a shared file instead of a fixed port: rank 0 listens on a free port and
   // writes "host port" into this file; the others read it. Takes precedence over MASTER_PORT.
   std::string init_file;

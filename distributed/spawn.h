@@ -12,21 +12,21 @@ namespace mg::dist {
 
 struct SpawnOptions {
   int nproc = 1;
-  std::string executable;            // default: this program (/proc/self/exe)
-  std::vector<std::string> args;     // argv[1..]
+  std::string executable;                                // default: this program (/proc/self/exe)
+  std::vector<std::string> args;                         // argv[1..]
   std::vector<std::pair<std::string, std::string>> env;  // set (or overridden) in every child
-  std::vector<std::string> unset_env;                     // removed from the children's environment
+  std::vector<std::string> unset_env;                    // removed from the children's environment
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;               // 0: a currently free port
-  std::vector<int> only_ranks;       // start just these ranks (tests of missing peers); empty = all
+  int master_port = 0;                   // 0: a currently free port
+  std::vector<int> only_ranks;           // start just these ranks (tests of missing peers); empty = all
   std::chrono::milliseconds timeout{0};  // 0: wait as long as it takes
 };
 
 struct SpawnResult {
-  int exit_code = 0;     // 0 when every rank exited with 0; else the first failure's code (128+signal)
+  int exit_code = 0;  // 0 when every rank exited with 0; else the first failure's code (128+signal)
   int failed_rank = -1;
   bool timed_out = false;
-  std::string message;   // what went wrong, for test output
+  std::string message;  // what went wrong, for test output
 };
 
 // Starts the ranks and waits for them. When one fails, the others are terminated (SIGTERM,

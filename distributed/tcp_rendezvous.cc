@@ -200,9 +200,10 @@ std::unique_ptr<Star> Star::connect(const ProcessGroupOptions& o) {
         std::ostringstream missing;
         for (int r = 1; r < o.world_size; ++r)
           if (!s->peers_[r].valid()) missing << (missing.tellp() ? ", " : "") << r;
-        MG_THROW(Error, who, ": rendezvous timed out after ", seconds(o.timeout), " waiting for rank(s) ",
-                 missing.str(), " of world size ", o.world_size, " to connect to port ", port,
-                 " (a missing peer: did every rank start, with the same MASTER_ADDR/MASTER_PORT or MG_DIST_INIT_FILE?)");
+        MG_THROW(
+            Error, who, ": rendezvous timed out after ", seconds(o.timeout), " waiting for rank(s) ", missing.str(),
+            " of world size ", o.world_size, " to connect to port ", port,
+            " (a missing peer: did every rank start, with the same MASTER_ADDR/MASTER_PORT or MG_DIST_INIT_FILE?)");
       }
       int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) continue;
@@ -221,7 +222,8 @@ std::unique_ptr<Star> Star::connect(const ProcessGroupOptions& o) {
         problem = "rank " + std::to_string(h.rank) + " has WORLD_SIZE " + std::to_string(h.world) + ", rank 0 has " +
                   std::to_string(o.world_size);
       else if (h.rank < 1 || h.rank >= o.world_size)
-        problem = "a peer announced rank " + std::to_string(h.rank) + ", outside [1, " + std::to_string(o.world_size) + ")";
+        problem =
+            "a peer announced rank " + std::to_string(h.rank) + ", outside [1, " + std::to_string(o.world_size) + ")";
       else if (s->peers_[h.rank].valid())
         problem = "two processes announced rank " + std::to_string(h.rank);
       if (!problem.empty()) {
@@ -248,7 +250,8 @@ std::unique_ptr<Star> Star::connect(const ProcessGroupOptions& o) {
   int fd = -1;
   while (fd < 0) {
     bool have_addr = o.init_file.empty() || read_init_file(o.init_file, &host, &port);
-    if (have_addr) fd = try_connect(resolve(host, port, who), std::min(deadline, Clock::now() + std::chrono::seconds(2)));
+    if (have_addr)
+      fd = try_connect(resolve(host, port, who), std::min(deadline, Clock::now() + std::chrono::seconds(2)));
     if (fd >= 0) break;
     if (Clock::now() >= deadline) {
       if (!have_addr)

@@ -57,7 +57,8 @@ class Star {
   void barrier(const std::string& what);
 
  private:
-  Star(int rank, int world, std::chrono::milliseconds timeout) : rank_(rank), world_(world), timeout_ms_(timeout.count()) {}
+  Star(int rank, int world, std::chrono::milliseconds timeout)
+      : rank_(rank), world_(world), timeout_ms_(timeout.count()) {}
   Socket& sock(int peer, const char* fn);
   int rank_, world_;
   std::atomic<int64_t> timeout_ms_;

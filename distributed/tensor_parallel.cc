@@ -56,9 +56,8 @@ Tensor cols(const Tensor& w, int64_t start, int64_t n) { return raw::slice(w, 1,
 
 Tensor copy_to_tensor_parallel_region(const Tensor& x, const PG& pg) {
   Tensor out = x.detach();
-  autograd::record("copy_to_tensor_parallel_region", {x}, out, [pg](const std::vector<Tensor>& g) {
-    return std::vector<Tensor>{sum_over_ranks(g[0], pg)};
-  });
+  autograd::record("copy_to_tensor_parallel_region", {x}, out,
+                   [pg](const std::vector<Tensor>& g) { return std::vector<Tensor>{sum_over_ranks(g[0], pg)}; });
   return out;
 }
 
@@ -71,9 +70,8 @@ Tensor reduce_from_tensor_parallel_region(const Tensor& x, const PG& pg) {
 
 Tensor scatter_to_tensor_parallel_region(const Tensor& x, const PG& pg) {
   Tensor out = chunk_last(x, pg, "scatter_to_tensor_parallel_region");
-  autograd::record("scatter_to_tensor_parallel_region", {x}, out, [pg](const std::vector<Tensor>& g) {
-    return std::vector<Tensor>{gather_last(g[0], pg)};
-  });
+  autograd::record("scatter_to_tensor_parallel_region", {x}, out,
+                   [pg](const std::vector<Tensor>& g) { return std::vector<Tensor>{gather_last(g[0], pg)}; });
   return out;
 }
 
@@ -87,8 +85,8 @@ Tensor gather_from_tensor_parallel_region(const Tensor& x, const PG& pg) {
 
 // ---------------- ColumnParallelLinear ----------------
 
-ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, PG pg, bool with_bias, bool gather, TensorOptions opts,
-                                           Generator* gen)
+ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, PG pg, bool with_bias, bool gather,
+                                           TensorOptions opts, Generator* gen)
     : ColumnParallelLinear(nn::Linear(in, out, with_bias, {opts.dtype, Device::cpu()}, gen), std::move(pg), gather,
                            opts.device) {}
 
@@ -98,7 +96,8 @@ ColumnParallelLinear::ColumnParallelLinear(const nn::Linear& full, PG pg, bool g
       out_features(full.out_features),
       out_per_rank(split(full.out_features, pg, "ColumnParallelLinear", "out_features")),
       gather_output(gather),
-      weight(register_parameter("weight", make_shard(rows(full.weight, pg->rank() * out_per_rank, out_per_rank), device))),
+      weight(
+          register_parameter("weight", make_shard(rows(full.weight, pg->rank() * out_per_rank, out_per_rank), device))),
       bias(register_parameter("bias", full.bias.defined()
                                           ? make_shard(raw::slice(full.bias, 0, pg->rank() * out_per_rank,
                                                                   (pg->rank() + 1) * out_per_rank, 1),
@@ -131,7 +130,8 @@ RowParallelLinear::RowParallelLinear(const nn::Linear& full, PG pg, bool paralle
       out_features(full.out_features),
       in_per_rank(split(full.in_features, pg, "RowParallelLinear", "in_features")),
       input_is_parallel(parallel_in),
-      weight(register_parameter("weight", make_shard(cols(full.weight, pg->rank() * in_per_rank, in_per_rank), device))),
+      weight(
+          register_parameter("weight", make_shard(cols(full.weight, pg->rank() * in_per_rank, in_per_rank), device))),
       bias(register_parameter("bias", full.bias.defined() ? make_shard(full.bias, device) : Tensor())),
       pg_(std::move(pg)) {}
 
@@ -157,16 +157,15 @@ TensorParallelMLP::TensorParallelMLP(const nn::TransformerBlockOptions& o, PG pg
     : nn::Module("TensorParallelMLP") {
   MG_CHECK(o.mlp_ratio > 0, ValueError, "TensorParallelMLP: mlp_ratio must be positive, got ", o.mlp_ratio);
   // Same draw order as nn::MLP (c_fc, then c_proj), so equal seeds give equal layers.
-  c_fc = register_module("c_fc", std::make_shared<ColumnParallelLinear>(o.n_embd, o.mlp_ratio * o.n_embd, pg, o.bias,
-                                                                         false, opts, gen));
+  c_fc = register_module(
+      "c_fc", std::make_shared<ColumnParallelLinear>(o.n_embd, o.mlp_ratio * o.n_embd, pg, o.bias, false, opts, gen));
   gelu = register_module("gelu", std::make_shared<nn::GELU>(o.gelu_approximate));
-  c_proj = register_module("c_proj", std::make_shared<RowParallelLinear>(o.mlp_ratio * o.n_embd, o.n_embd, pg, o.bias,
-                                                                          true, opts, gen));
+  c_proj = register_module(
+      "c_proj", std::make_shared<RowParallelLinear>(o.mlp_ratio * o.n_embd, o.n_embd, pg, o.bias, true, opts, gen));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(o.dropout));
 }
 
-TensorParallelMLP::TensorParallelMLP(const nn::MLP& full, PG pg, Device device)
-    : nn::Module("TensorParallelMLP") {
+TensorParallelMLP::TensorParallelMLP(const nn::MLP& full, PG pg, Device device) : nn::Module("TensorParallelMLP") {
   c_fc = register_module("c_fc", std::make_shared<ColumnParallelLinear>(*full.c_fc, pg, false, device));
   gelu = register_module("gelu", std::make_shared<nn::GELU>(full.gelu->approximate));
   c_proj = register_module("c_proj", std::make_shared<RowParallelLinear>(*full.c_proj, pg, true, device));

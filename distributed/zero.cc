@@ -42,8 +42,8 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, std
              " must be a defined, contiguous tensor");
     MG_CHECK(p.dtype() == dtype_, DTypeError, "ZeroRedundancyOptimizer: parameter ", i, " is ", p.dtype(),
              ", parameter 0 is ", dtype_, " (one flat space needs one dtype)");
-    MG_CHECK(p.device() == pg_->device(), DeviceError, "ZeroRedundancyOptimizer: parameter ", i, " is on ",
-             p.device(), " but the process group works on ", pg_->device());
+    MG_CHECK(p.device() == pg_->device(), DeviceError, "ZeroRedundancyOptimizer: parameter ", i, " is on ", p.device(),
+             " but the process group works on ", pg_->device());
     offsets_.push_back(total_);
     total_ += p.numel();
   }
@@ -89,7 +89,8 @@ void ZeroRedundancyOptimizer::step() {
       for_each_piece(c.global_begin, c.global_begin + c.per_rank * N,
                      [&](size_t i, int64_t p_off, int64_t r_off, int64_t len) {
                        Tensor g = params_[i].grad();
-                       if (g.defined()) kernels::copy_(flat_slice(full, r_off, len), flat_slice(raw::contiguous(g), p_off, len));
+                       if (g.defined())
+                         kernels::copy_(flat_slice(full, r_off, len), flat_slice(raw::contiguous(g), p_off, len));
                      });
       reduced[k] = empty({c.per_rank}, {dtype_, pg_->device()});
       pg_->reduce_scatter(reduced[k], full, ReduceOp::Avg);
@@ -112,7 +113,9 @@ void ZeroRedundancyOptimizer::step() {
     const Chunk& c = chunks_[k];
     Tensor mine = zeros({c.per_rank}, {dtype_, pg_->device()});
     for (const Piece& pc : pieces_)
-      if (pc.chunk == k) kernels::copy_(flat_slice(mine, pc.slice_offset, pc.len), flat_slice(params_[pc.param], pc.param_offset, pc.len));
+      if (pc.chunk == k)
+        kernels::copy_(flat_slice(mine, pc.slice_offset, pc.len),
+                       flat_slice(params_[pc.param], pc.param_offset, pc.len));
     Tensor gathered = empty({c.per_rank * N}, {dtype_, pg_->device()});
     pg_->all_gather(gathered, mine);
     for_each_piece(c.global_begin, c.global_begin + c.per_rank * N,

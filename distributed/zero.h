@@ -62,7 +62,7 @@ class ZeroRedundancyOptimizer {
     int64_t slice_offset;  // in this rank's slice of the chunk
     int64_t len;
     size_t chunk;
-    Tensor view;           // the local optimizer's parameter: a view of params_[param]
+    Tensor view;  // the local optimizer's parameter: a view of params_[param]
   };
   // Calls fn(param index, offset in that param, offset in [begin, end), length) for every piece
   // of a parameter inside the flat range [begin, end).

@@ -1,6 +1,6 @@
 // The main job: trains an MLP or a CNN (--model cnn) on Fashion-MNIST with SGD, Adam or
-// AdamW (--optimizer), an LR scheduler (--scheduler) and optional clipping, and reports the test accuracy and the peak memory by category (parameters, gradients,
-// optimizer state, ...).
+// AdamW (--optimizer), an LR scheduler (--scheduler) and optional clipping, and reports the test accuracy and the peak
+// memory by category (parameters, gradients, optimizer state, ...).
 //
 //   bazel run //examples:fashion_mnist -- --epochs 2 --batch-size 64 --seed 0
 //
@@ -48,7 +48,7 @@ std::string default_scheduler(const std::string& model) { return model == "cnn" 
 struct Flags {
   int64_t epochs = 2;
   int64_t batch_size = 64;
-  mg::examples::TrainingFlags train;  // optimizer, scheduler, clipping
+  mg::examples::TrainingFlags train;   // optimizer, scheduler, clipping
   int workers = 0;                     // DataLoader worker threads
   std::string amp = "off";             // off, f16 (+ GradScaler) or bf16 autocast
   std::string save_path, resume_path;  // training checkpoints (safetensors, atomic)
@@ -153,20 +153,34 @@ Flags parse_flags(int argc, char** argv) {
     } catch (const mg::ValueError& e) {
       usage_error(e.what());
     }
-    if (arg == "--epochs") f.epochs = parse_int(arg, value);
-    else if (arg == "--batch-size") f.batch_size = parse_int(arg, value);
-    else if (arg == "--workers") f.workers = static_cast<int>(parse_int(arg, value));
-    else if (arg == "--amp") f.amp = value;
-    else if (arg == "--save") f.save_path = value;
-    else if (arg == "--resume") f.resume_path = value;
-    else if (arg == "--stop-after") f.stop_after = parse_int(arg, value);
-    else if (arg == "--dropout") f.dropout = parse_double(arg, value);
-    else if (arg == "--seed") f.seed = static_cast<uint64_t>(parse_int(arg, value));
-    else if (arg == "--model") f.model = value;
-    else if (arg == "--device") f.device = value;
-    else if (arg == "--limit-train") f.limit_train = parse_int(arg, value);
-    else if (arg == "--eval-batch-size") f.eval_batch_size = parse_int(arg, value);
-    else if (arg == "--data-dir") f.data_dir = value;
+    if (arg == "--epochs")
+      f.epochs = parse_int(arg, value);
+    else if (arg == "--batch-size")
+      f.batch_size = parse_int(arg, value);
+    else if (arg == "--workers")
+      f.workers = static_cast<int>(parse_int(arg, value));
+    else if (arg == "--amp")
+      f.amp = value;
+    else if (arg == "--save")
+      f.save_path = value;
+    else if (arg == "--resume")
+      f.resume_path = value;
+    else if (arg == "--stop-after")
+      f.stop_after = parse_int(arg, value);
+    else if (arg == "--dropout")
+      f.dropout = parse_double(arg, value);
+    else if (arg == "--seed")
+      f.seed = static_cast<uint64_t>(parse_int(arg, value));
+    else if (arg == "--model")
+      f.model = value;
+    else if (arg == "--device")
+      f.device = value;
+    else if (arg == "--limit-train")
+      f.limit_train = parse_int(arg, value);
+    else if (arg == "--eval-batch-size")
+      f.eval_batch_size = parse_int(arg, value);
+    else if (arg == "--data-dir")
+      f.data_dir = value;
     else if (arg == "--hidden") {
       f.hidden.clear();
       std::stringstream ss(value);
@@ -405,12 +419,12 @@ int run(const Flags& f) {
     std::cout << "resumed from " << f.resume_path << " after epoch " << ckpt.epoch << " (step " << ckpt.step << ")\n";
   }
 
-  std::cout << "fashion_mnist: " << train_set->size() << " train / " << test_set->size() << " test images from "
-            << root << " (loaded in " << std::fixed;
+  std::cout << "fashion_mnist: " << train_set->size() << " train / " << test_set->size() << " test images from " << root
+            << " (loaded in " << std::fixed;
   std::cout.precision(2);
   std::cout << load_seconds << " s), device " << device << ", seed " << f.seed << "\nmodel: " << *model << "\n"
-            << model->num_parameters() << " parameters; " << optimizer_line(t, schedule)
-            << ", batch size " << f.batch_size << "\n";
+            << model->num_parameters() << " parameters; " << optimizer_line(t, schedule) << ", batch size "
+            << f.batch_size << "\n";
 
   // Peaks from here on measure training (the data set itself stays counted under "data").
   mg::CategoryStats::get(device).reset_peak();
@@ -473,8 +487,9 @@ int run(const Flags& f) {
     if (epoch == f.stop_after) break;
     const nlohmann::json peaks = peak_bytes(device);
     std::cout << "epoch " << epoch << "/" << f.epochs << ": train loss " << last_loss << ", test accuracy "
-              << 100.0 * accuracy << "%, " << train_seconds << " s (" << static_cast<int64_t>(epoch_images / train_seconds)
-              << " img/s)\n  peak memory: " << memory_line(peaks) << std::endl;
+              << 100.0 * accuracy << "%, " << train_seconds << " s ("
+              << static_cast<int64_t>(epoch_images / train_seconds) << " img/s)\n  peak memory: " << memory_line(peaks)
+              << std::endl;
     epochs.push_back({{"epoch", epoch},
                       {"train_loss", last_loss},
                       {"test_accuracy", accuracy},

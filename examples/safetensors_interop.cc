@@ -25,19 +25,31 @@ struct Spec {
   Shape shape;
 };
 const std::vector<Spec> kSpecs = {
-    {"f64", DType::f64, {3, 4}},   {"f32", DType::f32, {2, 3, 4}}, {"f16", DType::f16, {5}},
-    {"bf16", DType::bf16, {2, 8}}, {"i64", DType::i64, {6}},       {"i32", DType::i32, {3, 3}},
-    {"u8", DType::u8, {10}},       {"bool", DType::b8, {7}},       {"scalar", DType::f32, {}},
-    {"empty", DType::f32, {0, 4}}, {"layers.0.weight", DType::f32, {4, 2}},
+    {"f64", DType::f64, {3, 4}},
+    {"f32", DType::f32, {2, 3, 4}},
+    {"f16", DType::f16, {5}},
+    {"bf16", DType::bf16, {2, 8}},
+    {"i64", DType::i64, {6}},
+    {"i32", DType::i32, {3, 3}},
+    {"u8", DType::u8, {10}},
+    {"bool", DType::b8, {7}},
+    {"scalar", DType::f32, {}},
+    {"empty", DType::f32, {0, 4}},
+    {"layers.0.weight", DType::f32, {4, 2}},
 };
 
 double expected(DType d, int64_t i) {
   switch (d) {
-    case DType::i64: return static_cast<double>(i * 1000003 - 500000000000LL);
-    case DType::i32: return static_cast<double>(i * 7919 - 100000);
-    case DType::u8: return static_cast<double>((i * 37) % 256);
-    case DType::b8: return i % 3 == 0 ? 1.0 : 0.0;
-    default: return static_cast<double>(i % 17) * 0.25 - 2.0;
+    case DType::i64:
+      return static_cast<double>(i * 1000003 - 500000000000LL);
+    case DType::i32:
+      return static_cast<double>(i * 7919 - 100000);
+    case DType::u8:
+      return static_cast<double>((i * 37) % 256);
+    case DType::b8:
+      return i % 3 == 0 ? 1.0 : 0.0;
+    default:
+      return static_cast<double>(i % 17) * 0.25 - 2.0;
   }
 }
 
@@ -59,8 +71,8 @@ int check(const std::string& path) {
     }
     const Tensor& t = it->second;
     if (t.dtype() != s.dtype || t.sizes() != s.shape) {
-      std::printf("MISMATCH %s: %s %s, expected %s %s\n", s.name, mg::dtype_name(t.dtype()), mg::shape_str(t.sizes()).c_str(),
-                  mg::dtype_name(s.dtype), mg::shape_str(s.shape).c_str());
+      std::printf("MISMATCH %s: %s %s, expected %s %s\n", s.name, mg::dtype_name(t.dtype()),
+                  mg::shape_str(t.sizes()).c_str(), mg::dtype_name(s.dtype), mg::shape_str(s.shape).c_str());
       ++bad;
       continue;
     }

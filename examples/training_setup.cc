@@ -48,33 +48,48 @@ int64_t integer(const std::string& flag, const std::string& v) {
 }  // namespace
 
 bool parse_training_flag(TrainingFlags& f, const std::string& arg, const std::string& v) {
-  if (arg == "--optimizer") f.optimizer = v;
-  else if (arg == "--lr") f.lr = number(arg, v);
-  else if (arg == "--momentum") f.momentum = number(arg, v);
-  else if (arg == "--weight-decay") f.weight_decay = number(arg, v);
-  else if (arg == "--beta1") f.beta1 = number(arg, v);
-  else if (arg == "--beta2") f.beta2 = number(arg, v);
-  else if (arg == "--eps") f.eps = number(arg, v);
-  else if (arg == "--scheduler") f.scheduler = v;
+  if (arg == "--optimizer")
+    f.optimizer = v;
+  else if (arg == "--lr")
+    f.lr = number(arg, v);
+  else if (arg == "--momentum")
+    f.momentum = number(arg, v);
+  else if (arg == "--weight-decay")
+    f.weight_decay = number(arg, v);
+  else if (arg == "--beta1")
+    f.beta1 = number(arg, v);
+  else if (arg == "--beta2")
+    f.beta2 = number(arg, v);
+  else if (arg == "--eps")
+    f.eps = number(arg, v);
+  else if (arg == "--scheduler")
+    f.scheduler = v;
   else if (arg == "--lr-schedule") {
-    MG_CHECK(v == "constant" || v == "cosine", ValueError, "unknown --lr-schedule \"", v, "\" (valid: constant, cosine)");
+    MG_CHECK(v == "constant" || v == "cosine", ValueError, "unknown --lr-schedule \"", v,
+             "\" (valid: constant, cosine)");
     f.scheduler = v == "constant" ? "none" : v;
-  } else if (arg == "--warmup-steps") f.warmup_steps = integer(arg, v);
-  else if (arg == "--step-size") f.step_size = integer(arg, v);
+  } else if (arg == "--warmup-steps")
+    f.warmup_steps = integer(arg, v);
+  else if (arg == "--step-size")
+    f.step_size = integer(arg, v);
   else if (arg == "--milestones") {
     f.milestones.clear();
     std::stringstream ss(v);
     for (std::string tok; std::getline(ss, tok, ',');) f.milestones.push_back(integer(arg, tok));
-  } else if (arg == "--gamma") f.gamma = number(arg, v);
-  else if (arg == "--patience") f.patience = integer(arg, v);
-  else if (arg == "--clip-grad-norm") f.clip_grad_norm = number(arg, v);
-  else return false;
+  } else if (arg == "--gamma")
+    f.gamma = number(arg, v);
+  else if (arg == "--patience")
+    f.patience = integer(arg, v);
+  else if (arg == "--clip-grad-norm")
+    f.clip_grad_norm = number(arg, v);
+  else
+    return false;
   return true;
 }
 
 void finalize_training_flags(TrainingFlags& f, int64_t epochs) {
-  MG_CHECK(f.optimizer == "sgd" || f.optimizer == "adam" || f.optimizer == "adamw", ValueError, "unknown --optimizer \"",
-           f.optimizer, "\" (valid: sgd, adam, adamw)");
+  MG_CHECK(f.optimizer == "sgd" || f.optimizer == "adam" || f.optimizer == "adamw", ValueError,
+           "unknown --optimizer \"", f.optimizer, "\" (valid: sgd, adam, adamw)");
   const std::vector<std::string> kinds = {"none", "step", "multistep", "exponential", "cosine", "plateau"};
   bool known = false;
   for (auto& k : kinds) known |= k == f.scheduler;
@@ -175,7 +190,8 @@ StateDict Schedule::state_dict() const {
 }
 
 void Schedule::load_state_dict(const StateDict& sd) {
-  MG_CHECK(sd.meta.contains("step"), ValueError, "schedule: the checkpoint has no schedule step (saved with other flags?)");
+  MG_CHECK(sd.meta.contains("step"), ValueError,
+           "schedule: the checkpoint has no schedule step (saved with other flags?)");
   const std::pair<const char*, bool> parts[] = {
       {"per_step", per_step_ != nullptr}, {"warmup", warmup_only_ != nullptr}, {"plateau", plateau_ != nullptr}};
   for (const auto& [part, mine] : parts)

@@ -15,18 +15,18 @@
 namespace mg::examples {
 
 struct TrainingFlags {
-  std::string optimizer = "sgd";  // sgd | adam | adamw
-  double lr = -1;                 // < 0: the optimizer's default (0.02 for sgd, 1e-3 for adam/adamw)
-  double momentum = 0.9;          // sgd only
-  double weight_decay = -1;       // < 0: 0 for sgd/adam, 0.01 for adamw
+  std::string optimizer = "sgd";                  // sgd | adam | adamw
+  double lr = -1;                                 // < 0: the optimizer's default (0.02 for sgd, 1e-3 for adam/adamw)
+  double momentum = 0.9;                          // sgd only
+  double weight_decay = -1;                       // < 0: 0 for sgd/adam, 0.01 for adamw
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam/adamw
-  std::string scheduler;          // none | step | multistep | exponential | cosine | plateau; empty: model default
-  int64_t warmup_steps = 0;       // linear warmup from lr/100 over this many batches
-  int64_t step_size = 1;          // step: epochs between decays
+  std::string scheduler;            // none | step | multistep | exponential | cosine | plateau; empty: model default
+  int64_t warmup_steps = 0;         // linear warmup from lr/100 over this many batches
+  int64_t step_size = 1;            // step: epochs between decays
   std::vector<int64_t> milestones;  // multistep: epochs (default: half and three quarters of --epochs)
-  double gamma = -1;              // decay factor (< 0: 0.1 for step/multistep/plateau, 0.9 for exponential)
-  int64_t patience = 0;           // plateau: epochs without improvement of the training loss
-  double clip_grad_norm = 0;      // > 0: clip the gradients' total 2-norm to this
+  double gamma = -1;                // decay factor (< 0: 0.1 for step/multistep/plateau, 0.9 for exponential)
+  int64_t patience = 0;             // plateau: epochs without improvement of the training loss
+  double clip_grad_norm = 0;        // > 0: clip the gradients' total 2-norm to this
 };
 
 extern const char* kTrainingUsage;
@@ -45,7 +45,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainingFlags& f, std::ve
 class Schedule {
  public:
   Schedule(const TrainingFlags& f, optim::Optimizer& opt, int64_t steps_per_epoch, int64_t epochs);
-  void after_batch();                 // after optimizer.step()
+  void after_batch();  // after optimizer.step()
   void after_epoch(double train_loss);
   std::string describe() const { return description_; }
   // Every scheduler's state plus the step count, for --save/--resume.

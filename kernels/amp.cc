@@ -59,7 +59,7 @@ void add_stochastic_bf16_(const Tensor& param, const Tensor& update, double alph
   MG_CHECK(param.device() == update.device(), DeviceError, op, ": param on ", param.device(), ", update on ",
            update.device());
   Tensor u = update.dtype() == DType::f32 || update.dtype() == DType::bf16 ? raw::contiguous(update)
-                                                                          : raw::to_dtype(update, DType::f32);
+                                                                           : raw::to_dtype(update, DType::f32);
   if (!u.is_contiguous()) u = raw::contiguous(u);
   on_contiguous(param, [&](const Tensor& p) {
     backend(p.device(), op).add_stochastic_bf16(p, u, static_cast<float>(alpha), seed);
@@ -78,15 +78,16 @@ void batch_norm_update_stats_(const Tensor& running_mean, const Tensor& running_
            ": mean and invstd must share one floating dtype, got ", mean.dtype(), " and ", invstd.dtype());
   const int64_t c = running_mean.numel();
   for (const Tensor* t : {&running_var, &mean, &invstd})
-    MG_CHECK(t->dim() == 1 && t->numel() == c && t->is_contiguous(), ShapeError, op,
-             ": expected contiguous [", c, "] tensors, got ", shape_str(t->sizes()));
+    MG_CHECK(t->dim() == 1 && t->numel() == c && t->is_contiguous(), ShapeError, op, ": expected contiguous [", c,
+             "] tensors, got ", shape_str(t->sizes()));
   MG_CHECK(running_mean.dim() == 1 && running_mean.is_contiguous(), ShapeError, op,
            ": running_mean must be a contiguous 1-D tensor, got ", shape_str(running_mean.sizes()));
   for (const Tensor* t : {&running_var, &mean, &invstd})
     MG_CHECK(t->device() == running_mean.device(), DeviceError, op, ": tensors on ", running_mean.device(), " and ",
              t->device());
   const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
-  backend(running_mean.device(), op).batch_norm_update_stats(running_mean, running_var, mean, invstd, unbias, momentum, eps);
+  backend(running_mean.device(), op)
+      .batch_norm_update_stats(running_mean, running_var, mean, invstd, unbias, momentum, eps);
   running_mean.bump_version();
   running_var.bump_version();
 }

@@ -16,19 +16,18 @@ namespace mg::kernels {
 
 namespace {
 
-
 struct FlashShape {
   Shape lead;  // the leading dims, flattened to bh
   int64_t bh = 1, L = 0, S = 0, E = 0;
 };
 
 // Fails with an error naming `op` and the values, or (op == nullptr) just returns false.
-#define MG_FLASH_REQUIRE(cond, ErrorType, ...)      \
-  do {                                              \
-    if (!(cond)) {                                  \
-      if (!op) return false;                        \
-      MG_THROW(ErrorType, op, ": ", __VA_ARGS__);   \
-    }                                               \
+#define MG_FLASH_REQUIRE(cond, ErrorType, ...)    \
+  do {                                            \
+    if (!(cond)) {                                \
+      if (!op) return false;                      \
+      MG_THROW(ErrorType, op, ": ", __VA_ARGS__); \
+    }                                             \
   } while (0)
 
 bool check_flash(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, FlashShape* shape) {
@@ -46,9 +45,8 @@ bool check_flash(const char* op, const Tensor& q, const Tensor& k, const Tensor&
                    "query, key and value must have one rank >= 2 ([..., L, E], [..., S, E], [..., S, E]), got ",
                    shape_str(q.sizes()), ", ", shape_str(k.sizes()), " and ", shape_str(v.sizes()));
   const int64_t E = q.size(-1);
-  MG_FLASH_REQUIRE(k.size(-1) == E && v.size(-1) == E, ShapeError,
-                   "query, key and value must share the head dim, got ", shape_str(q.sizes()), ", ",
-                   shape_str(k.sizes()), " and ", shape_str(v.sizes()));
+  MG_FLASH_REQUIRE(k.size(-1) == E && v.size(-1) == E, ShapeError, "query, key and value must share the head dim, got ",
+                   shape_str(q.sizes()), ", ", shape_str(k.sizes()), " and ", shape_str(v.sizes()));
   MG_FLASH_REQUIRE(E >= 1 && E <= kFlashAttentionMaxHeadDim, ShapeError, "head dim must be in [1, ",
                    kFlashAttentionMaxHeadDim, "], got ", E);
   MG_FLASH_REQUIRE(k.size(-2) == v.size(-2), ShapeError, "key has ", k.size(-2), " positions but value has ",
@@ -113,7 +111,6 @@ std::string_view forced_kernel() {
   return want;
 }
 
-
 // An input as the kernels' [B, H, n, e] layout of dtype dt: the tensor itself when its strides
 // allow, else (another dtype, a non-unit head stride, misaligned for the tensor cores) a
 // contiguous copy viewed as [1, bh, n, e].
@@ -128,8 +125,7 @@ Tensor heads_in(const Tensor& t, DType dt, int64_t bh, int64_t n, int64_t e, boo
 struct HeadsOut {
   Tensor dst, heads;
   HeadsOut(const Tensor& t, int64_t bh, int64_t n, int64_t e, bool tc) : dst(t), heads(heads_view(t, n, e)) {
-    if (!heads.defined() || (tc && !tc_aligned(heads)))
-      heads = empty({1, bh, n, e}, {t.dtype(), t.device()});
+    if (!heads.defined() || (tc && !tc_aligned(heads))) heads = empty({1, bh, n, e}, {t.dtype(), t.device()});
   }
   void finish() const {
     if (heads.storage() != dst.storage()) raw::copy_(dst, raw::view(heads, dst.sizes()));
@@ -167,8 +163,9 @@ Tensor flash_attention_forward_out(const Tensor& q, const Tensor& k, const Tenso
   const AttentionKernel kernel = flash_attention_kernel(dt, s.E);
   const bool tc = kernel == AttentionKernel::FlashTensorCore;
   const HeadsOut o(out, s.bh, s.L, s.E, tc);
-  backend(q.device(), op).flash_attention_forward(kernel, heads_in(q, dt, s.bh, s.L, s.E, tc), heads_in(k, dt, s.bh, s.S, s.E, tc),
-                                heads_in(v, dt, s.bh, s.S, s.E, tc), causal, sc, o.heads, lse);
+  backend(q.device(), op)
+      .flash_attention_forward(kernel, heads_in(q, dt, s.bh, s.L, s.E, tc), heads_in(k, dt, s.bh, s.S, s.E, tc),
+                               heads_in(v, dt, s.bh, s.S, s.E, tc), causal, sc, o.heads, lse);
   o.finish();
   return raw::view(lse, with_tail(s.lead, {s.L}));
 }
@@ -183,9 +180,8 @@ std::tuple<Tensor, Tensor> flash_attention_forward(const Tensor& q, const Tensor
 }
 
 void flash_attention_backward_out(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const Tensor& out, const Tensor& logsumexp, bool causal,
-                                  std::optional<double> scale, const Tensor& grad_q, const Tensor& grad_k,
-                                  const Tensor& grad_v) {
+                                  const Tensor& out, const Tensor& logsumexp, bool causal, std::optional<double> scale,
+                                  const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v) {
   const char* op = "flash_attention_backward";
   FlashShape s;
   check_flash(op, q, k, v, &s);
@@ -198,7 +194,8 @@ void flash_attention_backward_out(const Tensor& grad_out, const Tensor& q, const
   MG_CHECK(is_floating(grad_out.dtype()), DTypeError, op, ": grad_out must be floating, got ", grad_out.dtype());
   check_out(op, out, "out", out_shape, q);
   MG_CHECK(logsumexp.defined() && logsumexp.sizes() == lse_shape, ShapeError, op, ": logsumexp must have shape ",
-           shape_str(lse_shape), ", got ", logsumexp.defined() ? shape_str(logsumexp.sizes()) : std::string("undefined"));
+           shape_str(lse_shape), ", got ",
+           logsumexp.defined() ? shape_str(logsumexp.sizes()) : std::string("undefined"));
   MG_CHECK(logsumexp.dtype() == DType::f32, DTypeError, op, ": logsumexp must be f32, got ", logsumexp.dtype());
   check_same_device(op, q, logsumexp, "logsumexp");
   check_out(op, grad_q, "grad_q", out_shape, q);
@@ -208,17 +205,17 @@ void flash_attention_backward_out(const Tensor& grad_out, const Tensor& q, const
   const AttentionKernel kernel = flash_attention_kernel(dt, s.E);
   const bool tc = kernel == AttentionKernel::FlashTensorCore;
   const HeadsOut gq(grad_q, s.bh, s.L, s.E, tc), gk(grad_k, s.bh, s.S, s.E, tc), gv(grad_v, s.bh, s.S, s.E, tc);
-  backend(q.device(), op).flash_attention_backward(kernel, heads_in(grad_out, dt, s.bh, s.L, s.E, tc), heads_in(q, dt, s.bh, s.L, s.E, tc),
-                                 heads_in(k, dt, s.bh, s.S, s.E, tc), heads_in(v, dt, s.bh, s.S, s.E, tc),
-                                 heads_in(out, dt, s.bh, s.L, s.E, tc), as_rows(logsumexp, DType::f32, {s.bh, s.L}),
-                                 causal, sc, gq.heads, gk.heads, gv.heads);
+  backend(q.device(), op)
+      .flash_attention_backward(kernel, heads_in(grad_out, dt, s.bh, s.L, s.E, tc), heads_in(q, dt, s.bh, s.L, s.E, tc),
+                                heads_in(k, dt, s.bh, s.S, s.E, tc), heads_in(v, dt, s.bh, s.S, s.E, tc),
+                                heads_in(out, dt, s.bh, s.L, s.E, tc), as_rows(logsumexp, DType::f32, {s.bh, s.L}),
+                                causal, sc, gq.heads, gk.heads, gv.heads);
   gq.finish(), gk.finish(), gv.finish();
 }
 
 std::tuple<Tensor, Tensor, Tensor> flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
-                                                            const Tensor& v, const Tensor& out,
-                                                            const Tensor& logsumexp, bool causal,
-                                                            std::optional<double> scale) {
+                                                            const Tensor& v, const Tensor& out, const Tensor& logsumexp,
+                                                            bool causal, std::optional<double> scale) {
   FlashShape s;
   check_flash("flash_attention_backward", q, k, v, &s);
   const TensorOptions o{q.dtype(), q.device()};
@@ -241,9 +238,12 @@ AttentionKernel attention_kernel(const Tensor& q, const Tensor& k, const Tensor&
 
 const char* attention_kernel_name(AttentionKernel kernel) {
   switch (kernel) {
-    case AttentionKernel::Composed: return "composed";
-    case AttentionKernel::FlashSimt: return "simt";
-    case AttentionKernel::FlashTensorCore: return "tc";
+    case AttentionKernel::Composed:
+      return "composed";
+    case AttentionKernel::FlashSimt:
+      return "simt";
+    case AttentionKernel::FlashTensorCore:
+      return "tc";
   }
   return "?";
 }

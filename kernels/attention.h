@@ -32,9 +32,8 @@ std::tuple<Tensor, Tensor> flash_attention_forward(const Tensor& q, const Tensor
 // Returns (grad_q, grad_k, grad_v) in q's dtype, from grad_out (cast to q's dtype if needed)
 // and the forward's out and logsumexp; causal and scale must be the forward's.
 std::tuple<Tensor, Tensor, Tensor> flash_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
-                                                            const Tensor& v, const Tensor& out,
-                                                            const Tensor& logsumexp, bool causal,
-                                                            std::optional<double> scale = std::nullopt);
+                                                            const Tensor& v, const Tensor& out, const Tensor& logsumexp,
+                                                            bool causal, std::optional<double> scale = std::nullopt);
 
 // The same two with caller-provided outputs, written in place whatever their strides (a
 // [B, H, T, D] view of a [B, T, C] tensor, or of one third of a [B, T, 3C] gradient): no
@@ -44,10 +43,8 @@ std::tuple<Tensor, Tensor, Tensor> flash_attention_backward(const Tensor& grad_o
 Tensor flash_attention_forward_out(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, bool causal,
                                    std::optional<double> scale = std::nullopt);
 void flash_attention_backward_out(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const Tensor& out, const Tensor& logsumexp, bool causal,
-                                  std::optional<double> scale, const Tensor& grad_q, const Tensor& grad_k,
-                                  const Tensor& grad_v);
-
+                                  const Tensor& out, const Tensor& logsumexp, bool causal, std::optional<double> scale,
+                                  const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v);
 
 // The attention implementation for these operands: FlashTensorCore for f16/bf16 at head dim 64
 // or 128 on CUDA, FlashSimt for the other CUDA cases flash supports, Composed otherwise (CPU,

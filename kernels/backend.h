@@ -34,8 +34,8 @@ class Backend {
   virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
 
   // ---- reductions (reduce.*); `out` has a's rank with size 1 on the reduced dims ----
-  virtual void sum(const Tensor& a, const Tensor& out) = 0;                    // out: a's dtype (floating) or i64
-  virtual void mean(const Tensor& a, const Tensor& out) = 0;                   // floating only
+  virtual void sum(const Tensor& a, const Tensor& out) = 0;                      // out: a's dtype (floating) or i64
+  virtual void mean(const Tensor& a, const Tensor& out) = 0;                     // floating only
   virtual void var(const Tensor& a, int64_t correction, const Tensor& out) = 0;  // floating only
   // values/indices have a's rank with size 1 at `dim`; a.size(dim) > 0; indices i64.
   virtual void max_min(const Tensor& a, int64_t dim, bool is_max, const Tensor& values, const Tensor& indices) = 0;
@@ -65,9 +65,8 @@ class Backend {
   virtual int64_t cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                         double smoothing, const Tensor& loss, const Tensor& lse) = 0;
   // coef [M] or [1] in lse's dtype; grad has logits' shape and dtype and is fully overwritten.
-  virtual void cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target,
-                                      const Tensor& lse, int64_t ignore_index, double smoothing,
-                                      const Tensor& grad) = 0;
+  virtual void cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target, const Tensor& lse,
+                                      int64_t ignore_index, double smoothing, const Tensor& grad) = 0;
 
   // ---- indexing (index.*); index tensors are i64 or i32 and are bounds-checked here ----
   virtual void one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) = 0;
@@ -95,8 +94,8 @@ class Backend {
                                        const Tensor& running_mean, const Tensor& running_var, double eps,
                                        const Tensor& out) = 0;
   virtual void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                   const Tensor& invstd, bool training, const Tensor& grad_x,
-                                   const Tensor& grad_weight, const Tensor& grad_bias) = 0;
+                                   const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight,
+                                   const Tensor& grad_bias) = 0;
   // f32 running statistics [C] += one batch's mean/invstd (any float dtype) with the unbiasing factor.
   virtual void batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
                                        const Tensor& invstd, double unbias, double momentum, double eps) = 0;

@@ -42,8 +42,8 @@ Shape conv_out_shape(const char* op, const Shape& x, const Shape& w, const Conv2
   MG_CHECK(C % G == 0, ValueError, op, ": groups=", G, " must divide the input channels (", C, ")");
   MG_CHECK(O % G == 0, ValueError, op, ": groups=", G, " must divide the output channels (weight ", shape_str(w),
            " has ", O, ")");
-  MG_CHECK(C == w[1] * G, ShapeError, op, ": input has ", C, " channels but weight expects ", w[1] * G,
-           " (groups=", G, "); input ", shape_str(x), ", weight ", shape_str(w));
+  MG_CHECK(C == w[1] * G, ShapeError, op, ": input has ", C, " channels but weight expects ", w[1] * G, " (groups=", G,
+           "); input ", shape_str(x), ", weight ", shape_str(w));
   MG_CHECK(w[2] >= 1 && w[3] >= 1 && O >= 1, ShapeError, op, ": weight ", shape_str(w), " has an empty dimension");
   const int64_t Ho = conv_output_size(x[2], w[2], a.stride.h, a.padding.h, a.dilation.h);
   const int64_t Wo = conv_output_size(x[3], w[3], a.stride.w, a.padding.w, a.dilation.w);
@@ -53,7 +53,6 @@ Shape conv_out_shape(const char* op, const Shape& x, const Shape& w, const Conv2
            hw(x[2], x[3]), ", padding ", str(a.padding), ")");
   return {x[0], O, Ho, Wo};
 }
-
 
 }  // namespace
 
@@ -82,7 +81,8 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, cons
              " should be [", w.size(0), "]");
   const DType ct = compute_dtype(dev, x.dtype());
   Tensor out = empty(os, {ct, dev});
-  backend(dev, "conv2d_forward").conv2d_forward(prep_conv(x, ct, dev), prep_conv(w, ct, dev), prep(bias, ct), args, out);
+  backend(dev, "conv2d_forward")
+      .conv2d_forward(prep_conv(x, ct, dev), prep_conv(w, ct, dev), prep(bias, ct), args, out);
   return finish(out, x.dtype());
 }
 
@@ -95,7 +95,8 @@ Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Shap
   check_grad_shape(op, grad_out, conv_out_shape(op, x_shape, w.sizes(), args));
   const DType ct = compute_dtype(dev, w.dtype());
   Tensor gx = empty(x_shape, {ct, dev});
-  backend(dev, "conv2d_backward_input").conv2d_backward_input(prep_conv(grad_out, ct, dev), prep_conv(w, ct, dev), args, gx);
+  backend(dev, "conv2d_backward_input")
+      .conv2d_backward_input(prep_conv(grad_out, ct, dev), prep_conv(w, ct, dev), args, gx);
   return finish(gx, w.dtype());
 }
 
@@ -108,7 +109,8 @@ Tensor conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Sha
   check_grad_shape(op, grad_out, conv_out_shape(op, x.sizes(), w_shape, args));
   const DType ct = compute_dtype(dev, x.dtype());
   Tensor gw = empty(w_shape, {ct, dev});
-  backend(dev, "conv2d_backward_weight").conv2d_backward_weight(prep_conv(grad_out, ct, dev), prep_conv(x, ct, dev), args, gw);
+  backend(dev, "conv2d_backward_weight")
+      .conv2d_backward_weight(prep_conv(grad_out, ct, dev), prep_conv(x, ct, dev), args, gw);
   return finish(gw, x.dtype());
 }
 

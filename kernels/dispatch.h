@@ -36,7 +36,9 @@ inline Tensor bcast(const Tensor& t, const Shape& s) { return t.sizes() == s ? t
 // The caller's dtype back from the compute dtype.
 inline Tensor finish(const Tensor& t, DType want) { return t.dtype() == want ? t : raw::to_dtype(t, want); }
 
-inline std::string str(Int2 v) { return v.h == v.w ? std::to_string(v.h) : "(" + std::to_string(v.h) + ", " + std::to_string(v.w) + ")"; }
+inline std::string str(Int2 v) {
+  return v.h == v.w ? std::to_string(v.h) : "(" + std::to_string(v.h) + ", " + std::to_string(v.w) + ")";
+}
 inline std::string hw(int64_t h, int64_t w) { return std::to_string(h) + "x" + std::to_string(w); }
 
 // One device for every defined tensor (undefined ones, like an absent bias, are skipped).
@@ -74,7 +76,9 @@ inline void check_4d(const char* op, const Shape& s, const char* what) {
 }
 
 // The dtype the backend computes in: CPU kernels are f32/f64, half types go through f32.
-inline DType compute_dtype(Device dev, DType t) { return dev.is_cpu() && (t == DType::f16 || t == DType::bf16) ? DType::f32 : t; }
+inline DType compute_dtype(Device dev, DType t) {
+  return dev.is_cpu() && (t == DType::f16 || t == DType::bf16) ? DType::f32 : t;
+}
 
 // Contiguous (NCHW for channels-last inputs) in the compute dtype; undefined stays undefined.
 inline Tensor prep(const Tensor& t, DType ct) {

@@ -12,17 +12,33 @@ namespace mg::kernels {
 namespace {
 
 const char* unary_name(Unary op) {
-  static const char* names[] = {"neg",     "exp",  "log",  "sqrt",       "rsqrt",  "abs",  "relu", "gelu", "gelu_tanh",
-                                "sigmoid", "tanh", "sign", "reciprocal", "square", "silu", "logical_not"};
+  static const char* names[] = {"neg",       "exp",     "log",  "sqrt", "rsqrt",      "abs",    "relu", "gelu",
+                                "gelu_tanh", "sigmoid", "tanh", "sign", "reciprocal", "square", "silu", "logical_not"};
   static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(Unary::LogicalNot) + 1,
                 "a Unary op was added: name it here");
   return names[static_cast<int>(op)];
 }
 
 const char* binary_name(Binary op) {
-  static const char* names[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le",
-                                "gt", "ge", "relu_backward", "gelu_backward", "gelu_tanh_backward",
-                                "sigmoid_backward", "tanh_backward", "silu_backward"};
+  static const char* names[] = {"add",
+                                "sub",
+                                "mul",
+                                "div",
+                                "pow",
+                                "maximum",
+                                "minimum",
+                                "eq",
+                                "ne",
+                                "lt",
+                                "le",
+                                "gt",
+                                "ge",
+                                "relu_backward",
+                                "gelu_backward",
+                                "gelu_tanh_backward",
+                                "sigmoid_backward",
+                                "tanh_backward",
+                                "silu_backward"};
   static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(Binary::SiluBackward) + 1,
                 "a Binary op was added: name it here");
   return names[static_cast<int>(op)];
@@ -33,7 +49,12 @@ bool is_backward(Binary op) { return op >= Binary::ReluBackward; }
 // Ops whose result is floating even for integer inputs (promote to f32 like PyTorch).
 bool float_only(Unary op) {
   switch (op) {
-    case Unary::Neg: case Unary::Abs: case Unary::Relu: case Unary::Sign: case Unary::Square: case Unary::LogicalNot:
+    case Unary::Neg:
+    case Unary::Abs:
+    case Unary::Relu:
+    case Unary::Sign:
+    case Unary::Square:
+    case Unary::LogicalNot:
       return false;
     default:
       return true;
@@ -52,7 +73,6 @@ DType result_type(const Tensor& a, const Tensor& b) {
   if (category(s) <= category(t)) return t;
   return category(s) == 2 ? DType::f32 : DType::i64;
 }
-
 
 }  // namespace
 
@@ -105,8 +125,8 @@ Tensor binary(Binary op, const Tensor& a, const Tensor& b) {
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), name);
   DType ct = result_type(a, b);
   if (is_backward(op)) {
-    MG_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()), DTypeError, name,
-             ": expected floating tensors, got ", a.dtype(), " and ", b.dtype());
+    MG_CHECK(is_floating(a.dtype()) && is_floating(b.dtype()), DTypeError, name, ": expected floating tensors, got ",
+             a.dtype(), " and ", b.dtype());
     ct = promote_types(a.dtype(), b.dtype());
   }
   if (op == Binary::Div && !is_floating(ct)) ct = DType::f32;  // true division

@@ -92,8 +92,8 @@ void index_add_(const Tensor& self, int64_t dim, const Tensor& index, const Tens
   const Device dev = check_device("index_add_", {&self, &index, &src});
   check_index_dtype("index_add_", index);
   MG_CHECK(index.dim() <= 1, ShapeError, "index_add_: index must be 0-D or 1-D, got ", shape_str(index.sizes()));
-  MG_CHECK(src.dtype() == self.dtype(), DTypeError, "index_add_: src dtype ", src.dtype(),
-           " differs from self dtype ", self.dtype());
+  MG_CHECK(src.dtype() == self.dtype(), DTypeError, "index_add_: src dtype ", src.dtype(), " differs from self dtype ",
+           self.dtype());
   const int64_t d = wrap_dim(dim, self.dim(), "index_add_");
   Shape want = self.sizes();
   if (!want.empty()) want[d] = index.numel();

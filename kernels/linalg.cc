@@ -19,8 +19,7 @@ void check_matmul_dtypes(const char* op, const Tensor& a, const Tensor& b) {
 }
 }  // namespace
 
-void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha,
-          double beta) {
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha, double beta) {
   const Device dev = check_device("gemm", {&a, &b, &out});
   check_matmul_dtypes("gemm", a, b);
   MG_CHECK(out.dtype() == a.dtype(), DTypeError, "gemm: output dtype ", out.dtype(), " differs from inputs' ",
@@ -29,8 +28,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
            shape_str(a.sizes()), ", ", shape_str(b.sizes()), " and out ", shape_str(out.sizes()));
   const int64_t n = trans_a ? a.size(1) : a.size(0), ka = trans_a ? a.size(0) : a.size(1);
   const int64_t kb = trans_b ? b.size(1) : b.size(0), m = trans_b ? b.size(0) : b.size(1);
-  MG_CHECK(ka == kb, ShapeError, "gemm: inner dimensions differ: ", shape_str(a.sizes()), (trans_a ? "^T" : ""),
-           " @ ", shape_str(b.sizes()), (trans_b ? "^T" : ""));
+  MG_CHECK(ka == kb, ShapeError, "gemm: inner dimensions differ: ", shape_str(a.sizes()), (trans_a ? "^T" : ""), " @ ",
+           shape_str(b.sizes()), (trans_b ? "^T" : ""));
   MG_CHECK(out.size(0) == n && out.size(1) == m, ShapeError, "gemm: output shape ", shape_str(out.sizes()),
            " should be ", shape_str({n, m}));
   backend(dev, "gemm").gemm(a, trans_a, b, trans_b, out, alpha, beta);
@@ -103,8 +102,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   check_matmul_dtypes("linear", x, w);
   MG_CHECK(w.dim() == 2, ShapeError, "linear: weight must be 2-D [out, in], got ", shape_str(w.sizes()));
   MG_CHECK(x.dim() >= 1, ShapeError, "linear: input must have at least 1 dim, got ", shape_str(x.sizes()));
-  MG_CHECK(x.size(-1) == w.size(1), ShapeError, "linear: input features ", x.size(-1), " (input ",
-           shape_str(x.sizes()), ") do not match weight ", shape_str(w.sizes()));
+  MG_CHECK(x.size(-1) == w.size(1), ShapeError, "linear: input features ", x.size(-1), " (input ", shape_str(x.sizes()),
+           ") do not match weight ", shape_str(w.sizes()));
   if (bias.defined()) {
     MG_CHECK(bias.dtype() == x.dtype(), DTypeError, "linear: bias dtype ", bias.dtype(), " differs from input ",
              x.dtype());

@@ -47,7 +47,6 @@ Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t i
   return out;
 }
 
-
 std::tuple<Tensor, Tensor> cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                                  double label_smoothing) {
   const char* op = "cross_entropy";
@@ -67,10 +66,10 @@ Tensor cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Te
   check_inputs(op, logits, target, label_smoothing);
   const DType ad = acc_dtype(logits.dtype());
   const int64_t M = logits.size(0);
-  MG_CHECK(lse.defined() && lse.sizes() == Shape{M} && lse.dtype() == ad, ShapeError, op, ": lse must be [", M,
-           "] of ", ad);
-  MG_CHECK(coef.defined() && (coef.numel() == 1 || coef.numel() == M), ShapeError, op,
-           ": coef must have 1 or ", M, " elements, got shape ", shape_str(coef.sizes()));
+  MG_CHECK(lse.defined() && lse.sizes() == Shape{M} && lse.dtype() == ad, ShapeError, op, ": lse must be [", M, "] of ",
+           ad);
+  MG_CHECK(coef.defined() && (coef.numel() == 1 || coef.numel() == M), ShapeError, op, ": coef must have 1 or ", M,
+           " elements, got shape ", shape_str(coef.sizes()));
   Tensor x = raw::contiguous(logits), t = prep_target(target), l = raw::contiguous(lse);
   Tensor c = raw::contiguous(coef.dtype() == ad ? coef : cast(coef, ad));
   Tensor grad = empty(logits.sizes(), {logits.dtype(), logits.device()});

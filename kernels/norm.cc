@@ -19,7 +19,6 @@ struct LnShape {
   Shape stats;              // x.shape[:-k] + [1] * k
 };
 
-
 LnShape check_layer_norm(const char* op, const Tensor& x, const Shape& ns, const Tensor& weight, const Tensor& bias) {
   MG_CHECK(x.defined(), ValueError, op, ": got an undefined input");
   MG_CHECK(is_floating(x.dtype()), DTypeError, op, ": input must be floating, got ", x.dtype());
@@ -45,7 +44,6 @@ LnShape check_layer_norm(const char* op, const Tensor& x, const Shape& ns, const
   for (int64_t d = x.dim() - k; d < x.dim(); ++d) s.stats[d] = 1;
   return s;
 }
-
 
 void check_eps(double eps) {
   MG_CHECK(eps >= 0.0 && std::isfinite(eps), ValueError, "layer_norm: eps must be finite and >= 0, got ", eps);
@@ -78,7 +76,8 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_forward(const Tensor& x, const Sha
   if (s.rows > 0) {
     Tensor w = weight.defined() ? as_rows(weight, x.dtype(), {s.n}) : Tensor();
     Tensor b = bias.defined() ? as_rows(bias, x.dtype(), {s.n}) : Tensor();
-    backend(x.device(), "layer_norm_forward").layer_norm_forward(as_rows(x, x.dtype(), {s.rows, s.n}), w, b, eps, out, mean, rstd);
+    backend(x.device(), "layer_norm_forward")
+        .layer_norm_forward(as_rows(x, x.dtype(), {s.rows, s.n}), w, b, eps, out, mean, rstd);
   }
   return {raw::view(out, x.sizes()), raw::view(mean, s.stats), raw::view(rstd, s.stats)};
 }
@@ -101,9 +100,9 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, c
   if (s.rows > 0 && (mask[0] || mask[1] || mask[2])) {
     const DType st = layer_norm_stats_dtype(x.dtype());
     Tensor w = weight.defined() ? as_rows(weight, x.dtype(), {s.n}) : Tensor();
-    backend(x.device(), "layer_norm_backward").layer_norm_backward(as_rows(grad_out, x.dtype(), {s.rows, s.n}),
-                 as_rows(x, x.dtype(), {s.rows, s.n}), as_rows(mean, st, {s.rows}), as_rows(rstd, st, {s.rows}), w, gx,
-                 gw, gb);
+    backend(x.device(), "layer_norm_backward")
+        .layer_norm_backward(as_rows(grad_out, x.dtype(), {s.rows, s.n}), as_rows(x, x.dtype(), {s.rows, s.n}),
+                             as_rows(mean, st, {s.rows}), as_rows(rstd, st, {s.rows}), w, gx, gw, gb);
   }
   return {gx.defined() ? raw::view(gx, x.sizes()) : gx, gw.defined() ? raw::view(gw, normalized_shape) : gw,
           gb.defined() ? raw::view(gb, normalized_shape) : gb};
@@ -114,7 +113,8 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, c
 namespace {
 
 // x [N, C, *] floating f32/f64; every defined per-channel tensor [C] of x's dtype.
-int64_t check_batch_norm(const char* op, const Tensor& x, std::initializer_list<std::pair<const Tensor*, const char*>> cs) {
+int64_t check_batch_norm(const char* op, const Tensor& x,
+                         std::initializer_list<std::pair<const Tensor*, const char*>> cs) {
   check_defined(op, x, "input");
   check_floating(op, x, "input");
   MG_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::f64 || x.is_cuda(), DTypeError, op,
@@ -135,12 +135,11 @@ int64_t check_batch_norm(const char* op, const Tensor& x, std::initializer_list<
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, const Tensor& weight,
                                                                const Tensor& bias, const Tensor& running_mean,
-                                                               const Tensor& running_var, double momentum,
-                                                               double eps) {
+                                                               const Tensor& running_var, double momentum, double eps) {
   const char* op = "batch_norm";
   const Device dev = common_device(op, {&x, &weight, &bias, &running_mean, &running_var});
-  const int64_t C = check_batch_norm(op, x, {{&weight, "weight"}, {&bias, "bias"}, {&running_mean, "running_mean"},
-                                             {&running_var, "running_var"}});
+  const int64_t C = check_batch_norm(
+      op, x, {{&weight, "weight"}, {&bias, "bias"}, {&running_mean, "running_mean"}, {&running_var, "running_var"}});
   MG_CHECK(running_mean.defined() == running_var.defined(), ValueError, op,
            ": running_mean and running_var must be both given or both undefined");
   MG_CHECK(std::isfinite(momentum) && eps >= 0 && std::isfinite(eps), ValueError, op,
@@ -151,8 +150,9 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, 
   Tensor mean = empty({C}, {x.dtype(), dev}), invstd = empty({C}, {x.dtype(), dev});
   // Running statistics are written in place; a strided one goes through a contiguous copy.
   Tensor rm = prep(running_mean, x.dtype()), rv = prep(running_var, x.dtype());
-  backend(dev, "batch_norm_forward_training").batch_norm_forward_training(prep(x, x.dtype()), prep(weight, x.dtype()), prep(bias, x.dtype()),
-               rm, rv, momentum, eps, out, mean, invstd);
+  backend(dev, "batch_norm_forward_training")
+      .batch_norm_forward_training(prep(x, x.dtype()), prep(weight, x.dtype()), prep(bias, x.dtype()), rm, rv, momentum,
+                                   eps, out, mean, invstd);
   if (running_mean.defined()) {
     if (!rm.is_same(running_mean)) raw::copy_(running_mean, rm);
     if (!rv.is_same(running_var)) raw::copy_(running_var, rv);
@@ -166,14 +166,15 @@ Tensor batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tens
                                const Tensor& running_var, double eps) {
   const char* op = "batch_norm";
   const Device dev = common_device(op, {&x, &weight, &bias, &running_mean, &running_var});
-  check_batch_norm(op, x, {{&weight, "weight"}, {&bias, "bias"}, {&running_mean, "running_mean"},
-                           {&running_var, "running_var"}});
+  check_batch_norm(
+      op, x, {{&weight, "weight"}, {&bias, "bias"}, {&running_mean, "running_mean"}, {&running_var, "running_var"}});
   MG_CHECK(running_mean.defined() && running_var.defined(), ValueError, op,
            ": running_mean and running_var are required when not training (eval mode)");
   MG_CHECK(eps >= 0 && std::isfinite(eps), ValueError, op, ": eps must be non-negative, got ", eps);
   Tensor out = empty(x.sizes(), {x.dtype(), dev});
-  backend(dev, "batch_norm_forward_eval").batch_norm_forward_eval(prep(x, x.dtype()), prep(weight, x.dtype()), prep(bias, x.dtype()),
-               prep(running_mean, x.dtype()), prep(running_var, x.dtype()), eps, out);
+  backend(dev, "batch_norm_forward_eval")
+      .batch_norm_forward_eval(prep(x, x.dtype()), prep(weight, x.dtype()), prep(bias, x.dtype()),
+                               prep(running_mean, x.dtype()), prep(running_var, x.dtype()), eps, out);
   return out;
 }
 
@@ -189,8 +190,9 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, c
            " should be the input's ", shape_str(x.sizes()));
   Tensor gx = empty(x.sizes(), {x.dtype(), dev});
   Tensor gw = empty({C}, {x.dtype(), dev}), gb = empty({C}, {x.dtype(), dev});
-  backend(dev, "batch_norm_backward").batch_norm_backward(prep(grad_out, x.dtype()), prep(x, x.dtype()), prep(weight, x.dtype()),
-               prep(mean, x.dtype()), prep(invstd, x.dtype()), training, gx, gw, gb);
+  backend(dev, "batch_norm_backward")
+      .batch_norm_backward(prep(grad_out, x.dtype()), prep(x, x.dtype()), prep(weight, x.dtype()),
+                           prep(mean, x.dtype()), prep(invstd, x.dtype()), training, gx, gw, gb);
   return {gx, gw, gb};
 }
 

@@ -38,8 +38,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, c
 // variance (like PyTorch). weight/bias [C] may be undefined (no affine).
 std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, const Tensor& weight,
                                                                const Tensor& bias, const Tensor& running_mean,
-                                                               const Tensor& running_var, double momentum,
-                                                               double eps);
+                                                               const Tensor& running_var, double momentum, double eps);
 // Normalizes with the running statistics.
 Tensor batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                                const Tensor& running_var, double eps);

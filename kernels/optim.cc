@@ -15,9 +15,7 @@ namespace {
 
 bool device_has_fused(const Device& d) { return has_backend(d); }
 
-bool dtype_fusable(const Tensor& t) {
-  return t.dtype() == DType::f32 || (t.dtype() == DType::f64 && !t.is_cuda());
-}
+bool dtype_fusable(const Tensor& t) { return t.dtype() == DType::f32 || (t.dtype() == DType::f64 && !t.is_cuda()); }
 
 // Every list has params.size() entries, each defined, contiguous, of params[0]'s device and
 // dtype and of its parameter's shape.
@@ -82,16 +80,18 @@ void sgd_multi_tensor_(const SGDTensors& t, const SGDHyper& h) {
 }
 
 double multi_tensor_norm(const std::vector<Tensor>& ts, double norm_type) {
-  MG_CHECK(!std::isnan(norm_type) && norm_type > 0.0, ValueError, "multi_tensor_norm: norm_type must be > 0 (or inf), got ",
-           norm_type);
+  MG_CHECK(!std::isnan(norm_type) && norm_type > 0.0, ValueError,
+           "multi_tensor_norm: norm_type must be > 0 (or inf), got ", norm_type);
   const bool inf = std::isinf(norm_type);
   // One partial per device: CUDA f32 tensors of a device share launches; the rest (other
   // dtypes, strided views) are made contiguous f32 copies first on CUDA, or looped on the CPU.
   std::map<std::pair<int, int>, std::vector<Tensor>> by_device;
   double total = 0.0;
   auto combine = [&](double part) {
-    if (inf) total = (std::isnan(total) || total >= part) ? total : part;  // a NaN, once seen, stays
-    else total += part;
+    if (inf)
+      total = (std::isnan(total) || total >= part) ? total : part;  // a NaN, once seen, stays
+    else
+      total += part;
   };
   for (size_t i = 0; i < ts.size(); ++i) {
     const Tensor& t = ts[i];

@@ -30,8 +30,8 @@ Shape pool_out_shape(const char* op, const Shape& x, const Pool2dArgs& a, bool d
   const int64_t Ho = conv_output_size(x[2], a.kernel.h, a.stride.h, a.padding.h, a.dilation.h, a.ceil_mode);
   const int64_t Wo = conv_output_size(x[3], a.kernel.w, a.stride.w, a.padding.w, a.dilation.w, a.ceil_mode);
   MG_CHECK(Ho >= 1 && Wo >= 1, ShapeError, op, ": kernel ", hw(eh, ew), " is larger than the padded input ",
-           hw(x[2] + 2 * a.padding.h, x[3] + 2 * a.padding.w), " (input ", shape_str(x), ", padding ",
-           str(a.padding), ")");
+           hw(x[2] + 2 * a.padding.h, x[3] + 2 * a.padding.w), " (input ", shape_str(x), ", padding ", str(a.padding),
+           ")");
   return {x[0], x[1], Ho, Wo};
 }
 

@@ -51,8 +51,7 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
 
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   const Device dev = check_device("mean", {&a});
-  MG_CHECK(is_floating(a.dtype()), DTypeError, "mean: expected a floating tensor, got ", a.dtype(),
-           " (cast it first)");
+  MG_CHECK(is_floating(a.dtype()), DTypeError, "mean: expected a floating tensor, got ", a.dtype(), " (cast it first)");
   std::vector<bool> mask;
   const Shape k = kept_shape(a, dims, "mean", &mask);
   Tensor out = empty(k, {a.dtype(), dev});
@@ -113,8 +112,8 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
       dims.push_back(i);
       continue;
     }
-    MG_CHECK(shape[j] == g.size(i) || shape[j] == 1, ShapeError, "sum_to: cannot reduce shape ",
-             shape_str(g.sizes()), " to ", shape_str(shape), " (dim ", i, ": ", g.size(i), " vs ", shape[j], ")");
+    MG_CHECK(shape[j] == g.size(i) || shape[j] == 1, ShapeError, "sum_to: cannot reduce shape ", shape_str(g.sizes()),
+             " to ", shape_str(shape), " (dim ", i, ": ", g.size(i), " vs ", shape[j], ")");
     if (shape[j] == 1 && g.size(i) != 1) dims.push_back(i);
   }
   Tensor r = dims.empty() ? g : sum(g, dims, true);
@@ -131,7 +130,7 @@ Tensor sum_squares(const Tensor& a) {
 
 bool has_nonfinite(const Tensor& a) {
   const Device dev = check_device("has_nonfinite", {&a});
-return backend(dev, "has_nonfinite").has_nonfinite(a);
+  return backend(dev, "has_nonfinite").has_nonfinite(a);
 }
 
 }  // namespace mg::kernels

@@ -22,12 +22,37 @@ struct Int2 {
 namespace kernels {
 
 enum class Unary {
-  Neg, Exp, Log, Sqrt, Rsqrt, Abs, Relu, Gelu /* erf */, GeluTanh, Sigmoid, Tanh, Sign, Reciprocal, Square, Silu,
+  Neg,
+  Exp,
+  Log,
+  Sqrt,
+  Rsqrt,
+  Abs,
+  Relu,
+  Gelu /* erf */,
+  GeluTanh,
+  Sigmoid,
+  Tanh,
+  Sign,
+  Reciprocal,
+  Square,
+  Silu,
   LogicalNot
 };
 enum class Binary {
-  Add, Sub, Mul, Div, Pow, Maximum, Minimum,
-  Eq, Ne, Lt, Le, Gt, Ge,  // comparisons return b8
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Pow,
+  Maximum,
+  Minimum,
+  Eq,
+  Ne,
+  Lt,
+  Le,
+  Gt,
+  Ge,  // comparisons return b8
   // Backward helpers: grad (a) combined with the forward input or output (b).
   ReluBackward,      // a * (b > 0), b = input
   GeluBackward,      // a * gelu'(b), b = input (erf form)

@@ -34,7 +34,8 @@ double accumulate_gradients(const Tensor& inputs, const Tensor& targets, int64_t
     const int64_t a = m * n / micro_batches, b = (m + 1) * n / micro_batches;
     if (b == a) continue;
     Tensor loss = loss_fn(inputs.narrow(0, a, b - a), targets.narrow(0, a, b - a));
-    MG_CHECK(loss.defined() && loss.numel() == 1, ShapeError, "accumulate_gradients: loss_fn must return a scalar, got ",
+    MG_CHECK(loss.defined() && loss.numel() == 1, ShapeError,
+             "accumulate_gradients: loss_fn must return a scalar, got ",
              loss.defined() ? shape_str(loss.sizes()) : std::string("(undefined)"));
     const double share = static_cast<double>(b - a) / static_cast<double>(n);
     mul(loss, share).backward();

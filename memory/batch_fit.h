@@ -20,7 +20,7 @@ double accumulate_gradients(const Tensor& inputs, const Tensor& targets, int64_t
                             const std::function<Tensor(const Tensor& x, const Tensor& y)>& loss_fn);
 
 struct BatchSearchOptions {
-  int64_t start = 1;          // first batch tried
+  int64_t start = 1;            // first batch tried
   int64_t max_batch = 1 << 20;  // never try more
 };
 

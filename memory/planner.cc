@@ -45,8 +45,7 @@ std::vector<SegmentProfile> profile_segments(const std::vector<SegmentFn>& segme
   MG_CHECK(repeats >= 1, ValueError, "profile_segments: repeats must be >= 1, got ", repeats);
   const Device dev = sample.device();
   std::vector<SegmentProfile> prof(segments.size());
-  for (size_t i = 0; i < segments.size(); ++i)
-    prof[i].name = names.empty() ? "segment " + std::to_string(i) : names[i];
+  for (size_t i = 0; i < segments.size(); ++i) prof[i].name = names.empty() ? "segment " + std::to_string(i) : names[i];
   {
     // Recorded pass: what each segment leaves alive for backward.
     EnableGradGuard grad(true);
@@ -228,9 +227,10 @@ CheckpointPlan plan_for_budget(const std::vector<SegmentProfile>& profile, int64
     std::reverse(flags.begin(), flags.end());
     CheckpointPlan plan = evaluate_plan(profile, bounds, flags, "budget (dynamic program)");
     plan.fits = plan.estimated_peak_bytes() <= budget_bytes;
-    const bool better = !have || (plan.fits && !best_fits) ||
-                        (plan.fits == best_fits && (plan.fits ? plan.extra_forward_ms < best.extra_forward_ms
-                                                              : plan.estimated_peak_bytes() < best.estimated_peak_bytes()));
+    const bool better =
+        !have || (plan.fits && !best_fits) ||
+        (plan.fits == best_fits && (plan.fits ? plan.extra_forward_ms < best.extra_forward_ms
+                                              : plan.estimated_peak_bytes() < best.estimated_peak_bytes()));
     if (better) {
       best = plan;
       best_fits = plan.fits;
@@ -256,8 +256,9 @@ Tensor checkpoint_sequential(const Sequential& seq, int64_t segments, const Tens
 std::string CheckpointPlan::table(const std::vector<SegmentProfile>& profile) const {
   std::ostringstream os;
   os << "checkpoint plan: " << strategy << "\n";
-  os << std::left << std::setw(28) << "segments" << std::right << std::setw(14) << "kept" << std::setw(14)
-     << "output" << std::setw(12) << "fwd ms" << "  checkpointed\n";
+  os << std::left << std::setw(28) << "segments" << std::right << std::setw(14) << "kept" << std::setw(14) << "output"
+     << std::setw(12) << "fwd ms"
+     << "  checkpointed\n";
   for (size_t g = 0; g + 1 < bounds.size(); ++g) {
     const int64_t a = bounds[g], b = bounds[g + 1];
     int64_t kept = 0;
@@ -269,15 +270,14 @@ std::string CheckpointPlan::table(const std::vector<SegmentProfile>& profile) co
     std::string label = profile[a].name;
     if (b - a > 1) label += " .. " + profile[b - 1].name;
     os << std::left << std::setw(28) << label << std::right << std::setw(14) << format_bytes(kept) << std::setw(14)
-       << format_bytes(profile[b - 1].output_bytes) << std::setw(12) << std::fixed << std::setprecision(3) << ms
-       << "  " << (checkpointed[g] ? "yes" : "no") << "\n";
+       << format_bytes(profile[b - 1].output_bytes) << std::setw(12) << std::fixed << std::setprecision(3) << ms << "  "
+       << (checkpointed[g] ? "yes" : "no") << "\n";
   }
   os << "activations kept: " << format_bytes(stored_bytes) << " + largest replay " << format_bytes(replay_bytes)
      << " = " << format_bytes(estimated_peak_bytes()) << " (no checkpointing: " << format_bytes(plain_bytes) << ")";
   if (!fits) os << "  DOES NOT FIT the budget";
-  os << "\nrecomputation: +" << std::setprecision(3) << extra_forward_ms << " ms per step (forward "
-     << plain_forward_ms << " ms, +"
-     << std::setprecision(1) << (plain_forward_ms > 0 ? 100.0 * extra_forward_ms / plain_forward_ms : 0.0)
+  os << "\nrecomputation: +" << std::setprecision(3) << extra_forward_ms << " ms per step (forward " << plain_forward_ms
+     << " ms, +" << std::setprecision(1) << (plain_forward_ms > 0 ? 100.0 * extra_forward_ms / plain_forward_ms : 0.0)
      << "% of it)\n";
   return os.str();
 }

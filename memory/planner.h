@@ -31,12 +31,12 @@ struct CheckpointPlan {
   std::string strategy;
   std::vector<int64_t> bounds;
   std::vector<bool> checkpointed;
-  int64_t stored_bytes = 0;      // activations kept through the forward
-  int64_t replay_bytes = 0;      // the largest replayed run's activations, rebuilt during backward
-  int64_t plain_bytes = 0;       // activations kept with no checkpointing
-  double extra_forward_ms = 0.0; // recomputation per step
+  int64_t stored_bytes = 0;       // activations kept through the forward
+  int64_t replay_bytes = 0;       // the largest replayed run's activations, rebuilt during backward
+  int64_t plain_bytes = 0;        // activations kept with no checkpointing
+  double extra_forward_ms = 0.0;  // recomputation per step
   double plain_forward_ms = 0.0;
-  bool fits = true;              // stored + replay <= the budget (planned plans only)
+  bool fits = true;  // stored + replay <= the budget (planned plans only)
   int64_t estimated_peak_bytes() const { return stored_bytes + replay_bytes; }
   // One checkpoint flag per segment (true when the segment lies in a checkpointed run).
   std::vector<bool> segment_mask() const;

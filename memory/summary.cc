@@ -23,8 +23,7 @@ int64_t state_buffers(const std::string& optimizer) {
   if (optimizer == "sgd") return 0;
   if (optimizer == "sgd_momentum") return 1;
   if (optimizer == "adam" || optimizer == "adamw") return 2;
-  MG_THROW(ValueError, "summary: unknown optimizer \"", optimizer,
-           "\" (known: sgd, sgd_momentum, adam, adamw)");
+  MG_THROW(ValueError, "summary: unknown optimizer \"", optimizer, "\" (known: sgd, sgd_momentum, adam, adamw)");
 }
 
 struct Layer {
@@ -128,9 +127,9 @@ std::string ModelSummary::str() const {
      << "\n";
   line();
   for (const SummaryRow& r : rows)
-    os << std::left << std::setw(22) << r.name << std::setw(20) << r.type << std::setw(20)
-       << shape_str(r.output_shape) << std::right << std::setw(12) << r.params << std::setw(12) << r.trainable
-       << std::setw(10) << format_bytes(r.activation_bytes) << "\n";
+    os << std::left << std::setw(22) << r.name << std::setw(20) << r.type << std::setw(20) << shape_str(r.output_shape)
+       << std::right << std::setw(12) << r.params << std::setw(12) << r.trainable << std::setw(10)
+       << format_bytes(r.activation_bytes) << "\n";
   line();
   os << "Total params: " << total_params << " (trainable " << trainable_params << ")\n";
   os << "Estimated peak training memory: " << format_bytes(peak_bytes) << "\n"

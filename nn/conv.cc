@@ -50,8 +50,8 @@ int64_t check_groups(int64_t in, int64_t out, int64_t groups) {
 
 // ---------------- Conv2d ----------------
 
-Conv2d::Conv2d(int64_t in, int64_t out, Int2 k, Int2 s, Int2 p, Int2 d, int64_t g, bool with_bias,
-               TensorOptions opts, Generator* gen)
+Conv2d::Conv2d(int64_t in, int64_t out, Int2 k, Int2 s, Int2 p, Int2 d, int64_t g, bool with_bias, TensorOptions opts,
+               Generator* gen)
     : Module("Conv2d"),
       in_channels(positive(in, "Conv2d", "in_channels")),
       out_channels(positive(out, "Conv2d", "out_channels")),
@@ -75,9 +75,9 @@ void Conv2d::reset_parameters(Generator* gen) {
 }
 
 Tensor Conv2d::forward(const Tensor& x) {
-  MG_CHECK(x.defined() && (x.dim() == 3 || x.dim() == 4) && x.size(x.dim() - 3) == in_channels, ShapeError,
-           "Conv2d(", in_channels, ", ", out_channels, "): expected input [N, ", in_channels, ", H, W] or [",
-           in_channels, ", H, W], got shape ", x.defined() ? shape_str(x.sizes()) : std::string("(undefined)"));
+  MG_CHECK(x.defined() && (x.dim() == 3 || x.dim() == 4) && x.size(x.dim() - 3) == in_channels, ShapeError, "Conv2d(",
+           in_channels, ", ", out_channels, "): expected input [N, ", in_channels, ", H, W] or [", in_channels,
+           ", H, W], got shape ", x.defined() ? shape_str(x.sizes()) : std::string("(undefined)"));
   return mg::conv2d(x, weight, bias, stride, padding, dilation, groups);
 }
 
@@ -108,8 +108,8 @@ Tensor MaxPool2d::forward(const Tensor& x) {
 
 std::string MaxPool2d::extra_repr() const {
   std::ostringstream os;
-  os << "kernel_size=" << pair_str(kernel_size) << ", stride=" << pair_str(stride) << ", padding="
-     << pair_str(padding) << ", dilation=" << pair_str(dilation) << ", ceil_mode=" << (ceil_mode ? "true" : "false");
+  os << "kernel_size=" << pair_str(kernel_size) << ", stride=" << pair_str(stride) << ", padding=" << pair_str(padding)
+     << ", dilation=" << pair_str(dilation) << ", ceil_mode=" << (ceil_mode ? "true" : "false");
   return os.str();
 }
 
@@ -127,8 +127,7 @@ Tensor AvgPool2d::forward(const Tensor& x) {
 
 std::string AvgPool2d::extra_repr() const {
   std::ostringstream os;
-  os << "kernel_size=" << pair_str(kernel_size) << ", stride=" << pair_str(stride) << ", padding="
-     << pair_str(padding);
+  os << "kernel_size=" << pair_str(kernel_size) << ", stride=" << pair_str(stride) << ", padding=" << pair_str(padding);
   return os.str();
 }
 
@@ -200,8 +199,12 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
 std::string BatchNorm2d::extra_repr() const {
   std::ostringstream os;
   os << num_features << ", eps=" << eps << ", momentum=";
-  if (momentum) os << *momentum; else os << "None";
-  os << ", affine=" << (affine ? "true" : "false") << ", track_running_stats=" << (track_running_stats ? "true" : "false");
+  if (momentum)
+    os << *momentum;
+  else
+    os << "None";
+  os << ", affine=" << (affine ? "true" : "false")
+     << ", track_running_stats=" << (track_running_stats ? "true" : "false");
   return os.str();
 }
 

@@ -32,8 +32,8 @@ class Conv2d : public Module {
 class MaxPool2d : public Module {
  public:
   // stride defaults to kernel_size.
-  explicit MaxPool2d(Int2 kernel_size, std::optional<Int2> stride = std::nullopt, Int2 padding = 0,
-                     Int2 dilation = 1, bool ceil_mode = false);
+  explicit MaxPool2d(Int2 kernel_size, std::optional<Int2> stride = std::nullopt, Int2 padding = 0, Int2 dilation = 1,
+                     bool ceil_mode = false);
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
   Int2 kernel_size, stride, padding, dilation;

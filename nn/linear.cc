@@ -46,7 +46,8 @@ Tensor Linear::forward(const Tensor& x) {
 
 std::string Linear::extra_repr() const {
   std::ostringstream os;
-  os << "in_features=" << in_features << ", out_features=" << out_features << ", bias=" << (bias.defined() ? "true" : "false");
+  os << "in_features=" << in_features << ", out_features=" << out_features
+     << ", bias=" << (bias.defined() ? "true" : "false");
   return os.str();
 }
 

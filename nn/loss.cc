@@ -8,8 +8,8 @@ namespace mg::nn {
 
 namespace {
 std::string checked_reduction(std::string r, const char* op) {
-  MG_CHECK(r == "mean" || r == "sum" || r == "none", ValueError, op, ": reduction must be \"mean\", \"sum\" or \"none\", got \"",
-           r, "\"");
+  MG_CHECK(r == "mean" || r == "sum" || r == "none", ValueError, op,
+           ": reduction must be \"mean\", \"sum\" or \"none\", got \"", r, "\"");
   return r;
 }
 }  // namespace
@@ -34,7 +34,8 @@ std::string CrossEntropyLoss::extra_repr() const {
   return os.str();
 }
 
-MSELoss::MSELoss(std::string reduction) : Module("MSELoss"), reduction(checked_reduction(std::move(reduction), "MSELoss")) {}
+MSELoss::MSELoss(std::string reduction)
+    : Module("MSELoss"), reduction(checked_reduction(std::move(reduction), "MSELoss")) {}
 
 Tensor MSELoss::operator()(const Tensor& input, const Tensor& target) const {
   return mg::mse_loss(input, target, reduction);

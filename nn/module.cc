@@ -31,11 +31,14 @@ void Module::check_new_name(const std::string& name, const char* what) const {
              " with that name already exists");
   };
   if (std::string(what) != "parameter")
-    for (auto& s : params_) if (s->name == name) clash("parameter");
+    for (auto& s : params_)
+      if (s->name == name) clash("parameter");
   if (std::string(what) != "buffer")
-    for (auto& s : buffers_) if (s->name == name) clash("buffer");
+    for (auto& s : buffers_)
+      if (s->name == name) clash("buffer");
   if (std::string(what) != "module")
-    for (auto& c : children_) if (c.first == name) clash("module");
+    for (auto& c : children_)
+      if (c.first == name) clash("module");
 }
 
 Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requires_grad) {
@@ -246,8 +249,9 @@ LoadStateDictResult Module::load_state_dict(const StateDict& dict, bool strict) 
     }
     const Tensor& src = it->second;
     if (!src.defined() || src.sizes() != t.sizes()) {
-      mismatches += "\n  " + name + ": checkpoint has " + (src.defined() ? shape_str(src.sizes()) : "an undefined tensor") +
-                    ", model has " + shape_str(t.sizes());
+      mismatches += "\n  " + name + ": checkpoint has " +
+                    (src.defined() ? shape_str(src.sizes()) : "an undefined tensor") + ", model has " +
+                    shape_str(t.sizes());
       continue;
     }
     copies.emplace_back(t, src);

@@ -24,7 +24,8 @@ Amount Amount::count(int64_t n) {
 
 int64_t Amount::resolve(int64_t remaining, const std::string& op) const {
   // Python's round(): half to even, which nearbyint gives in the default rounding mode.
-  const int64_t k = is_fraction_ ? static_cast<int64_t>(std::nearbyint(fraction_ * static_cast<double>(remaining))) : count_;
+  const int64_t k =
+      is_fraction_ ? static_cast<int64_t>(std::nearbyint(fraction_ * static_cast<double>(remaining))) : count_;
   MG_CHECK(k <= remaining, ValueError, op, ": amount=", str(), " asks to prune ", k, " entries but only ", remaining,
            " are left unpruned");
   return k;
@@ -32,8 +33,10 @@ int64_t Amount::resolve(int64_t remaining, const std::string& op) const {
 
 std::string Amount::str() const {
   std::ostringstream os;
-  if (is_fraction_) os << "fraction(" << fraction_ << ")";
-  else os << "count(" << count_ << ")";
+  if (is_fraction_)
+    os << "fraction(" << fraction_ << ")";
+  else
+    os << "count(" << count_ << ")";
   return os.str();
 }
 
@@ -75,9 +78,10 @@ Target target(Module& m, const std::string& name, const std::string& op) {
     t.mask = m.buffer(mask_name(name)).to_vector<double>();
   } else {
     t.values = m.param(name);  // ValueError naming the module's parameters when absent
-    MG_CHECK(t.values.defined(), ValueError, op, ": parameter \"", name, "\" of ", m.type_name(), " is absent (undefined)");
-    MG_CHECK(is_floating(t.values.dtype()), DTypeError, op, ": parameter \"", name, "\" has dtype ",
-             t.values.dtype(), "; only floating parameters can be pruned");
+    MG_CHECK(t.values.defined(), ValueError, op, ": parameter \"", name, "\" of ", m.type_name(),
+             " is absent (undefined)");
+    MG_CHECK(is_floating(t.values.dtype()), DTypeError, op, ": parameter \"", name, "\" has dtype ", t.values.dtype(),
+             "; only floating parameters can be pruned");
     t.mask.assign(static_cast<size_t>(t.values.numel()), 1.0);
   }
   return t;
@@ -154,7 +158,8 @@ void prune_targets(std::vector<Target>& targets, Method method, Amount amount, G
   }
 }
 
-void prune_one(Module& m, const std::string& name, Method method, Amount amount, Generator* gen, const std::string& op) {
+void prune_one(Module& m, const std::string& name, Method method, Amount amount, Generator* gen,
+               const std::string& op) {
   std::vector<Target> targets{target(m, name, op)};
   prune_targets(targets, method, amount, gen, op);
 }

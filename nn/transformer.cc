@@ -42,7 +42,8 @@ Tensor LayerNorm::forward(const Tensor& x) { return mg::layer_norm(x, normalized
 
 std::string LayerNorm::extra_repr() const {
   std::ostringstream os;
-  os << shape_str(normalized_shape) << ", eps=" << eps << ", elementwise_affine=" << (weight.defined() ? "true" : "false");
+  os << shape_str(normalized_shape) << ", eps=" << eps
+     << ", elementwise_affine=" << (weight.defined() ? "true" : "false");
   return os.str();
 }
 
@@ -93,8 +94,9 @@ MultiheadSelfAttention::MultiheadSelfAttention(int64_t embed_dim, int64_t num_he
 }
 
 Tensor MultiheadSelfAttention::forward(const Tensor& x) {
-  MG_CHECK(x.defined() && x.dim() == 3 && x.size(2) == embed_dim, ShapeError, "MultiheadSelfAttention(embed_dim=",
-           embed_dim, "): expected input [B, T, ", embed_dim, "], got ", shape_or_undefined(x));
+  MG_CHECK(x.defined() && x.dim() == 3 && x.size(2) == embed_dim, ShapeError,
+           "MultiheadSelfAttention(embed_dim=", embed_dim, "): expected input [B, T, ", embed_dim, "], got ",
+           shape_or_undefined(x));
   Tensor qkv = (*c_attn)(x);  // [B, T, 3C]
   // On CUDA the flash kernels read the heads straight out of qkv and write y as [B, T, C]: no
   // head split, merge or gradient concatenation copies (216 strided copies a GPT-2 step before).
@@ -124,8 +126,8 @@ Tensor MLP::forward(const Tensor& x) { return (*dropout)((*c_proj)((*gelu)((*c_f
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, TensorOptions opts, Generator* gen)
     : Module("TransformerBlock") {
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(o.n_embd, o.ln_eps, true, o.bias, opts));
-  attn = register_module("attn", std::make_shared<MultiheadSelfAttention>(o.n_embd, o.n_head, o.causal, o.dropout,
-                                                                           o.bias, opts, gen));
+  attn = register_module(
+      "attn", std::make_shared<MultiheadSelfAttention>(o.n_embd, o.n_head, o.causal, o.dropout, o.bias, opts, gen));
   ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(o.n_embd, o.ln_eps, true, o.bias, opts));
   mlp = register_module("mlp", std::make_shared<MLP>(o, opts, gen));
 }

@@ -59,7 +59,8 @@ class SiLU : public Module {
 
 // Self-attention over x [B, T, C]: one Linear makes q, k and v together (c_attn, C -> 3C),
 // heads of C / num_heads attend through mg::attention_packed_qkv (straight from c_attn's
-// output, no head split/merge copies on CUDA), c_proj mixes them back. Dropout on the attention weights and on the output, in training mode only.
+// output, no head split/merge copies on CUDA), c_proj mixes them back. Dropout on the attention weights and on the
+// output, in training mode only.
 class MultiheadSelfAttention : public Module {
  public:
   MultiheadSelfAttention(int64_t embed_dim, int64_t num_heads, bool causal = false, double dropout = 0.0,
@@ -79,10 +80,10 @@ struct TransformerBlockOptions {
   int64_t n_head = 12;
   bool causal = true;
   double dropout = 0.0;
-  bool bias = true;                        // in the Linears and the LayerNorms
-  std::string gelu_approximate = "tanh";   // "tanh" (GPT-2) or "none" (ViT)
+  bool bias = true;                       // in the Linears and the LayerNorms
+  std::string gelu_approximate = "tanh";  // "tanh" (GPT-2) or "none" (ViT)
   double ln_eps = 1e-5;
-  int64_t mlp_ratio = 4;                   // hidden width = mlp_ratio * n_embd
+  int64_t mlp_ratio = 4;  // hidden width = mlp_ratio * n_embd
 };
 
 // c_fc (C -> 4C), GELU, c_proj (4C -> C), dropout.

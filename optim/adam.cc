@@ -12,9 +12,12 @@ namespace mg::optim {
 
 namespace {
 std::map<std::string, double> to_map(const AdamOptions& o) {
-  return {{"lr", o.lr},       {"beta1", o.beta1},
-          {"beta2", o.beta2}, {"eps", o.eps},
-          {"weight_decay", o.weight_decay}, {"amsgrad", o.amsgrad ? 1.0 : 0.0},
+  return {{"lr", o.lr},
+          {"beta1", o.beta1},
+          {"beta2", o.beta2},
+          {"eps", o.eps},
+          {"weight_decay", o.weight_decay},
+          {"amsgrad", o.amsgrad ? 1.0 : 0.0},
           {"maximize", o.maximize ? 1.0 : 0.0}};
 }
 
@@ -37,7 +40,8 @@ Tensor adam_direction(const Tensor& g, ParamState& st, const kernels::AdamHyper&
   const double t = static_cast<double>(st.step);
   *step_size = h.lr / (1.0 - std::pow(h.beta1, t));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(h.beta2, t));
-  Tensor denom = kernels::add_scalar(kernels::div(kernels::unary(kernels::Unary::Sqrt, vv), scalar_like(bc2_sqrt, vv)), h.eps);
+  Tensor denom =
+      kernels::add_scalar(kernels::div(kernels::unary(kernels::Unary::Sqrt, vv), scalar_like(bc2_sqrt, vv)), h.eps);
   return kernels::div(m, denom);
 }
 
@@ -66,8 +70,9 @@ void adam_bf16(const Tensor& p, const Tensor& grad, ParamState& st, const kernel
   double step_size = 0;
   Tensor delta = adam_direction(g, st, h, &step_size);
   // delta = -step_size * m / denom (- lr * wd * p for AdamW), applied once with rounding.
-  delta = h.weight_decay != 0.0 && h.decoupled_weight_decay ? kernels::axpby(delta, -step_size, p32, -h.lr * h.weight_decay)
-                                                            : kernels::mul_scalar(delta, -step_size);
+  delta = h.weight_decay != 0.0 && h.decoupled_weight_decay
+              ? kernels::axpby(delta, -step_size, p32, -h.lr * h.weight_decay)
+              : kernels::mul_scalar(delta, -step_size);
   bf16_add_(p, delta, 1.0, next_rounding_seed());
 }
 
@@ -85,11 +90,14 @@ Adam::Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions default
 }
 
 void Adam::validate(const ParamGroup& g) const {
-  const double lr = g.get("lr"), b1 = g.get("beta1"), b2 = g.get("beta2"), eps = g.get("eps"), wd = g.get("weight_decay");
+  const double lr = g.get("lr"), b1 = g.get("beta1"), b2 = g.get("beta2"), eps = g.get("eps"),
+               wd = g.get("weight_decay");
   MG_CHECK(std::isfinite(lr) && lr >= 0.0, ValueError, name(), ": invalid learning rate: ", lr, " (must be >= 0)");
   MG_CHECK(std::isfinite(eps) && eps >= 0.0, ValueError, name(), ": invalid epsilon value: ", eps, " (must be >= 0)");
-  MG_CHECK(b1 >= 0.0 && b1 < 1.0, ValueError, name(), ": invalid beta parameter at index 0: ", b1, " (must be in [0, 1))");
-  MG_CHECK(b2 >= 0.0 && b2 < 1.0, ValueError, name(), ": invalid beta parameter at index 1: ", b2, " (must be in [0, 1))");
+  MG_CHECK(b1 >= 0.0 && b1 < 1.0, ValueError, name(), ": invalid beta parameter at index 0: ", b1,
+           " (must be in [0, 1))");
+  MG_CHECK(b2 >= 0.0 && b2 < 1.0, ValueError, name(), ": invalid beta parameter at index 1: ", b2,
+           " (must be in [0, 1))");
   MG_CHECK(std::isfinite(wd) && wd >= 0.0, ValueError, name(), ": invalid weight_decay value: ", wd, " (must be >= 0)");
 }
 
@@ -152,6 +160,7 @@ void Adam::step() {
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions defaults)
     : AdamW(std::vector<ParamGroup>{{std::move(params), {}}}, defaults) {}
 
-AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions defaults) : Adam("AdamW", std::move(groups), defaults, true) {}
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions defaults)
+    : Adam("AdamW", std::move(groups), defaults, true) {}
 
 }  // namespace mg::optim

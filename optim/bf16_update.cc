@@ -17,11 +17,10 @@ void bf16_add_(const Tensor& p, const Tensor& delta, double alpha, uint64_t seed
   kernels::add_stochastic_bf16_(p, delta, alpha, seed);
 }
 
-void sgd_bf16_update_(const Tensor& p, const Tensor& grad, Tensor* momentum_buffer, const SGDStep& h,
-                      uint64_t seed) {
+void sgd_bf16_update_(const Tensor& p, const Tensor& grad, Tensor* momentum_buffer, const SGDStep& h, uint64_t seed) {
   MG_CHECK(p.dtype() == DType::bf16, DTypeError, "sgd_bf16_update_: parameter must be bf16, got ", p.dtype());
-  MG_CHECK(h.momentum == 0.0 || momentum_buffer, ValueError,
-           "sgd_bf16_update_: momentum ", h.momentum, " needs a momentum buffer slot");
+  MG_CHECK(h.momentum == 0.0 || momentum_buffer, ValueError, "sgd_bf16_update_: momentum ", h.momentum,
+           " needs a momentum buffer slot");
   NoGradGuard ng;
   Tensor g = kernels::cast(grad, DType::f32);
   if (h.weight_decay != 0.0 || h.maximize)

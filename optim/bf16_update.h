@@ -34,7 +34,6 @@ struct SGDStep {
   double lr = 1e-3, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
   bool nesterov = false, maximize = false;
 };
-void sgd_bf16_update_(const Tensor& p, const Tensor& grad, Tensor* momentum_buffer, const SGDStep& h,
-                      uint64_t seed);
+void sgd_bf16_update_(const Tensor& p, const Tensor& grad, Tensor* momentum_buffer, const SGDStep& h, uint64_t seed);
 
 }  // namespace mg::optim

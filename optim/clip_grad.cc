@@ -22,8 +22,8 @@ std::vector<Tensor> grads_of(const std::vector<Tensor>& params, const char* op) 
 }  // namespace
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type, bool error_if_nonfinite) {
-  MG_CHECK(std::isfinite(max_norm) && max_norm >= 0.0, ValueError, "clip_grad_norm_: max_norm must be finite and >= 0, got ",
-           max_norm);
+  MG_CHECK(std::isfinite(max_norm) && max_norm >= 0.0, ValueError,
+           "clip_grad_norm_: max_norm must be finite and >= 0, got ", max_norm);
   MG_CHECK(!std::isnan(norm_type) && norm_type > 0.0, ValueError, "clip_grad_norm_: norm_type must be > 0 or inf, got ",
            norm_type);
   NoGradGuard ng;
@@ -44,7 +44,8 @@ void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {
   MG_CHECK(!std::isnan(clip_value) && clip_value >= 0.0, ValueError, "clip_grad_value_: clip_value must be >= 0, got ",
            clip_value);
   NoGradGuard ng;
-  for (const Tensor& g : grads_of(params, "clip_grad_value_")) kernels::copy_(g, kernels::clamp(g, -clip_value, clip_value));
+  for (const Tensor& g : grads_of(params, "clip_grad_value_"))
+    kernels::copy_(g, kernels::clamp(g, -clip_value, clip_value));
 }
 
 }  // namespace mg::optim

@@ -10,8 +10,8 @@
 namespace mg::optim {
 
 GradScaler::GradScaler(GradScalerOptions o) : opts_(o), enabled_(o.enabled), scale_(o.init_scale) {
-  MG_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0, ValueError, "GradScaler: init_scale must be finite and > 0, got ",
-           o.init_scale);
+  MG_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0, ValueError,
+           "GradScaler: init_scale must be finite and > 0, got ", o.init_scale);
   MG_CHECK(std::isfinite(o.growth_factor) && o.growth_factor > 1.0, ValueError,
            "GradScaler: growth_factor must be > 1, got ", o.growth_factor);
   MG_CHECK(o.backoff_factor > 0.0 && o.backoff_factor < 1.0, ValueError,
@@ -29,7 +29,8 @@ Tensor GradScaler::scale(const Tensor& loss) const {
 void GradScaler::unscale_(Optimizer& opt) {
   if (!enabled_) return;
   PerOptimizer& st = per_opt_[&opt];
-  MG_CHECK(!st.stepped, ValueError, "GradScaler::unscale_: step() already ran for this optimizer since the last update()");
+  MG_CHECK(!st.stepped, ValueError,
+           "GradScaler::unscale_: step() already ran for this optimizer since the last update()");
   if (st.unscaled) return;
   NoGradGuard ng;
   // One list per device: each gets its flag and its launches.
@@ -97,8 +98,8 @@ void GradScaler::update() {
 
 void GradScaler::update(double new_scale) {
   if (!enabled_) return;
-  MG_CHECK(std::isfinite(new_scale) && new_scale > 0, ValueError, "GradScaler::update: new scale must be finite and > 0, got ",
-           new_scale);
+  MG_CHECK(std::isfinite(new_scale) && new_scale > 0, ValueError,
+           "GradScaler::update: new scale must be finite and > 0, got ", new_scale);
   per_opt_.clear();
   scale_ = new_scale;
 }
@@ -116,7 +117,8 @@ StateDict GradScaler::state_dict() const {
 
 void GradScaler::load_state_dict(const StateDict& sd) {
   if (!enabled_) return;
-  MG_CHECK(!sd.meta.empty(), ValueError, "GradScaler::load_state_dict: the state dict is empty (saved from a disabled scaler?)");
+  MG_CHECK(!sd.meta.empty(), ValueError,
+           "GradScaler::load_state_dict: the state dict is empty (saved from a disabled scaler?)");
   auto num = [&](const char* key) {
     MG_CHECK(sd.meta.contains(key) && sd.meta[key].is_number(), ValueError,
              "GradScaler::load_state_dict: missing or non-numeric entry '", key, "'");

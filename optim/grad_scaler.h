@@ -67,7 +67,7 @@ class GradScaler {
   struct PerOptimizer {
     bool unscaled = false;
     bool stepped = false;
-    bool found_inf = false;  // read once, at step()
+    bool found_inf = false;               // read once, at step()
     std::map<std::string, Tensor> flags;  // device -> one-element f32 overflow flag
   };
   bool read_found_inf(PerOptimizer& st);

@@ -54,8 +54,8 @@ StateDict LRScheduler::state_dict() const {
 
 void LRScheduler::load_state_dict(const StateDict& sd) {
   const auto& m = sd.meta;
-  MG_CHECK(m.is_object() && m.contains("type") && m.contains("last_epoch") && m.contains("base_lrs"), ValueError,
-           name_, "::load_state_dict: meta lacks \"type\", \"last_epoch\" or \"base_lrs\"");
+  MG_CHECK(m.is_object() && m.contains("type") && m.contains("last_epoch") && m.contains("base_lrs"), ValueError, name_,
+           "::load_state_dict: meta lacks \"type\", \"last_epoch\" or \"base_lrs\"");
   MG_CHECK(m["type"] == name_, ValueError, name_, "::load_state_dict: the state was saved by a ", m["type"].dump());
   MG_CHECK(m["base_lrs"].is_array() && m["base_lrs"].size() == base_lrs_.size(), ValueError, name_,
            "::load_state_dict: ", m["base_lrs"].size(), " saved base lrs, ", base_lrs_.size(), " parameter groups");
@@ -74,7 +74,9 @@ StepLR::StepLR(Optimizer& opt, int64_t step_size, double gamma)
   MG_CHECK(step_size > 0, ValueError, "StepLR: step_size must be > 0, got ", step_size);
   init();
 }
-double StepLR::lr_at(int64_t e, double base) const { return base * std::pow(gamma_, static_cast<double>(e / step_size_)); }
+double StepLR::lr_at(int64_t e, double base) const {
+  return base * std::pow(gamma_, static_cast<double>(e / step_size_));
+}
 
 MultiStepLR::MultiStepLR(Optimizer& opt, std::vector<int64_t> milestones, double gamma)
     : LRScheduler("MultiStepLR", opt), milestones_(std::move(milestones)), gamma_(gamma) {
@@ -89,7 +91,9 @@ double MultiStepLR::lr_at(int64_t e, double base) const {
   return base * std::pow(gamma_, static_cast<double>(n));
 }
 
-ExponentialLR::ExponentialLR(Optimizer& opt, double gamma) : LRScheduler("ExponentialLR", opt), gamma_(gamma) { init(); }
+ExponentialLR::ExponentialLR(Optimizer& opt, double gamma) : LRScheduler("ExponentialLR", opt), gamma_(gamma) {
+  init();
+}
 double ExponentialLR::lr_at(int64_t e, double base) const { return base * std::pow(gamma_, static_cast<double>(e)); }
 
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& opt, int64_t t_max, double eta_min)
@@ -98,7 +102,8 @@ CosineAnnealingLR::CosineAnnealingLR(Optimizer& opt, int64_t t_max, double eta_m
   init();
 }
 double CosineAnnealingLR::lr_at(int64_t e, double base) const {
-  return eta_min_ + (base - eta_min_) * (1.0 + std::cos(M_PI * static_cast<double>(e) / static_cast<double>(t_max_))) / 2.0;
+  return eta_min_ +
+         (base - eta_min_) * (1.0 + std::cos(M_PI * static_cast<double>(e) / static_cast<double>(t_max_))) / 2.0;
 }
 
 LinearLR::LinearLR(Optimizer& opt, double start_factor, double end_factor, int64_t total_iters)
@@ -119,8 +124,8 @@ SequentialLR::SequentialLR(Optimizer& opt, std::vector<std::shared_ptr<LRSchedul
                            std::vector<int64_t> milestones)
     : LRScheduler("SequentialLR", opt), schedulers_(std::move(schedulers)), milestones_(std::move(milestones)) {
   MG_CHECK(!schedulers_.empty(), ValueError, "SequentialLR: expects at least one scheduler");
-  MG_CHECK(milestones_.size() + 1 == schedulers_.size(), ValueError, "SequentialLR: expected ",
-           schedulers_.size() - 1, " milestones for ", schedulers_.size(), " schedulers, got ", milestones_.size());
+  MG_CHECK(milestones_.size() + 1 == schedulers_.size(), ValueError, "SequentialLR: expected ", schedulers_.size() - 1,
+           " milestones for ", schedulers_.size(), " schedulers, got ", milestones_.size());
   check_children("SequentialLR", opt, schedulers_, [](const LRScheduler& s) { return &s.opt_; });
   for (size_t i = 1; i < milestones_.size(); ++i)
     MG_CHECK(milestones_[i] > milestones_[i - 1], ValueError, "SequentialLR: milestones must be increasing, got ",
@@ -198,8 +203,8 @@ void ReduceLROnPlateau::step(double metric) {
 StateDict ReduceLROnPlateau::state_dict() const {
   StateDict sd;
   // +-inf "best" (no metric seen yet) is not valid JSON: stored as null.
-  sd.meta = {{"type", "ReduceLROnPlateau"}, {"last_epoch", last_epoch_}, {"num_bad_epochs", num_bad_epochs_},
-             {"cooldown_counter", cooldown_counter_}, {"last_lrs", last_lrs_}, {"min_lrs", min_lrs_}};
+  sd.meta = {{"type", "ReduceLROnPlateau"},           {"last_epoch", last_epoch_}, {"num_bad_epochs", num_bad_epochs_},
+             {"cooldown_counter", cooldown_counter_}, {"last_lrs", last_lrs_},     {"min_lrs", min_lrs_}};
   sd.meta["best"] = std::isfinite(best_) ? nlohmann::json(best_) : nlohmann::json(nullptr);
   return sd;
 }
@@ -208,18 +213,19 @@ void ReduceLROnPlateau::load_state_dict(const StateDict& sd) {
   const auto& m = sd.meta;
   for (const char* k : {"type", "last_epoch", "num_bad_epochs", "cooldown_counter", "best", "min_lrs"})
     MG_CHECK(m.is_object() && m.contains(k), ValueError, "ReduceLROnPlateau::load_state_dict: meta lacks \"", k, "\"");
-  MG_CHECK(m["type"] == "ReduceLROnPlateau", ValueError, "ReduceLROnPlateau::load_state_dict: the state was saved by a ",
-           m["type"].dump());
+  MG_CHECK(m["type"] == "ReduceLROnPlateau", ValueError,
+           "ReduceLROnPlateau::load_state_dict: the state was saved by a ", m["type"].dump());
   auto min_lrs = m["min_lrs"].get<std::vector<double>>();
-  MG_CHECK(min_lrs.size() == opt_.param_groups().size(), ValueError, "ReduceLROnPlateau::load_state_dict: ",
-           min_lrs.size(), " saved min_lrs, ", opt_.param_groups().size(), " parameter groups");
+  MG_CHECK(min_lrs.size() == opt_.param_groups().size(), ValueError,
+           "ReduceLROnPlateau::load_state_dict: ", min_lrs.size(), " saved min_lrs, ", opt_.param_groups().size(),
+           " parameter groups");
   last_epoch_ = m["last_epoch"].get<int64_t>();
   num_bad_epochs_ = m["num_bad_epochs"].get<int64_t>();
   cooldown_counter_ = m["cooldown_counter"].get<int64_t>();
   min_lrs_ = std::move(min_lrs);
-  best_ = m["best"].is_null() ? (o_.mode == "min" ? std::numeric_limits<double>::infinity()
-                                                   : -std::numeric_limits<double>::infinity())
-                              : m["best"].get<double>();
+  best_ = m["best"].is_null()
+              ? (o_.mode == "min" ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity())
+              : m["best"].get<double>();
   last_lrs_.clear();
   for (auto& g : opt_.param_groups()) last_lrs_.push_back(g.lr());  // the lrs live in the optimizer's state
 }

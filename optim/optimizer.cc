@@ -36,12 +36,12 @@ void Optimizer::add_param_group(ParamGroup group) {
   for (size_t i = 0; i < group.params.size(); ++i) {
     const Tensor& p = group.params[i];
     MG_CHECK(p.defined(), ValueError, name_, ": param group ", gi, ", parameter ", i, " is undefined");
-    MG_CHECK(is_floating(p.dtype()), DTypeError, name_, ": param group ", gi, ", parameter ", i,
-             " has dtype ", p.dtype(), "; only floating tensors can be optimized");
+    MG_CHECK(is_floating(p.dtype()), DTypeError, name_, ": param group ", gi, ", parameter ", i, " has dtype ",
+             p.dtype(), "; only floating tensors can be optimized");
     MG_CHECK(p.is_leaf(), ValueError, name_, ": can't optimize a non-leaf tensor (param group ", gi, ", parameter ", i,
              "): optimize the leaf it was computed from");
-    MG_CHECK(!taken.count(p.impl()), ValueError, name_, ": param group ", gi, ", parameter ", i,
-             " (shape ", shape_str(p.sizes()), ") already appears in another parameter group");
+    MG_CHECK(!taken.count(p.impl()), ValueError, name_, ": param group ", gi, ", parameter ", i, " (shape ",
+             shape_str(p.sizes()), ") already appears in another parameter group");
     if (mine.insert(p.impl()).second) params.push_back(p);  // a repeat within a group is harmless
   }
   group.params = std::move(params);
@@ -109,14 +109,14 @@ StateDict Optimizer::state_dict() const {
 
 void Optimizer::load_state_dict(const StateDict& sd) {
   const nlohmann::json& m = sd.meta;
-  MG_CHECK(m.is_object() && m.contains("type") && m.contains("param_groups") && m.contains("state"), ValueError,
-           name_, "::load_state_dict: meta lacks \"type\", \"param_groups\" or \"state\"");
+  MG_CHECK(m.is_object() && m.contains("type") && m.contains("param_groups") && m.contains("state"), ValueError, name_,
+           "::load_state_dict: meta lacks \"type\", \"param_groups\" or \"state\"");
   const std::string type = m["type"].is_string() ? m["type"].get<std::string>() : "?";
   MG_CHECK(type == name_, ValueError, name_, "::load_state_dict: the state was saved by a ", type, " optimizer");
   const nlohmann::json& jgroups = m["param_groups"];
   MG_CHECK(jgroups.is_array() && jgroups.size() == groups_.size(), ValueError, name_,
-           "::load_state_dict: saved state has ", jgroups.is_array() ? jgroups.size() : 0, " parameter groups, this optimizer ",
-           groups_.size());
+           "::load_state_dict: saved state has ", jgroups.is_array() ? jgroups.size() : 0,
+           " parameter groups, this optimizer ", groups_.size());
 
   // Validate everything first, building the new options and state aside.
   std::vector<std::map<std::string, double>> options(groups_.size());
@@ -146,8 +146,8 @@ void Optimizer::load_state_dict(const StateDict& sd) {
     } catch (const std::exception&) {
       MG_THROW(ValueError, name_, "::load_state_dict: bad parameter index \"", key, "\"");
     }
-    MG_CHECK(i < params.size(), ValueError, name_, "::load_state_dict: state for parameter ", i, ", but there are only ",
-             params.size());
+    MG_CHECK(i < params.size(), ValueError, name_, "::load_state_dict: state for parameter ", i,
+             ", but there are only ", params.size());
     MG_CHECK(js.is_object() && js.contains("step") && js["step"].is_number_integer(), ValueError, name_,
              "::load_state_dict: state of parameter ", i, " has no integer \"step\"");
     ParamState st;

@@ -21,9 +21,11 @@ std::map<std::string, double> to_map(const SGDOptions& o) {
 }
 }  // namespace
 
-SGD::SGD(std::vector<Tensor> params, SGDOptions defaults) : SGD(std::vector<ParamGroup>{{std::move(params), {}}}, defaults) {}
+SGD::SGD(std::vector<Tensor> params, SGDOptions defaults)
+    : SGD(std::vector<ParamGroup>{{std::move(params), {}}}, defaults) {}
 
-SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults) : Optimizer("SGD", to_map(defaults)), fused_(defaults.fused) {
+SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults)
+    : Optimizer("SGD", to_map(defaults)), fused_(defaults.fused) {
   MG_CHECK(!groups.empty(), ValueError, "SGD: got an empty list of parameter groups");
   for (auto& g : groups) add_param_group(std::move(g));
 }
@@ -51,9 +53,9 @@ void SGD::step() {
     for (const Tensor& p : g.params) {
       Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      MG_CHECK(grad.sizes() == p.sizes() && grad.device() == p.device(), ValueError,
-               "SGD: gradient of shape ", shape_str(grad.sizes()), " on ", grad.device(), " does not match parameter ",
-               shape_str(p.sizes()), " on ", p.device());
+      MG_CHECK(grad.sizes() == p.sizes() && grad.device() == p.device(), ValueError, "SGD: gradient of shape ",
+               shape_str(grad.sizes()), " on ", grad.device(), " does not match parameter ", shape_str(p.sizes()),
+               " on ", p.device());
       Tensor* buf = nullptr;
       bool first = false;
       if (mu != 0.0) {

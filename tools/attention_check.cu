@@ -16,8 +16,8 @@ extern "C" int tc_forward(int bf16, const void* q, const void* k, const void* v,
 extern "C" int tc_backward(int bf16, const void* q, const void* k, const void* v, const void* dout, const float* lse,
                            const float* delta, void* dq, void* dk, void* dv, int64_t BH, int64_t L, int64_t S, int D,
                            float scale, int causal, void* stream) {
-  const TcBackwardArgs a{bf16 ? TcElem::bf16 : TcElem::f16, q, k, v, dout, lse, delta, dq, dk, dv, BH, L, S, D,
-                         scale, causal != 0};
+  const TcBackwardArgs a{
+      bf16 ? TcElem::bf16 : TcElem::f16, q, k, v, dout, lse, delta, dq, dk, dv, BH, L, S, D, scale, causal != 0};
   return static_cast<int>(mg::kernels::cuda::attention_tc_backward(a, static_cast<cudaStream_t>(stream)));
 }
 
@@ -30,8 +30,8 @@ mg::kernels::cuda::TcLayout lay_at(const int64_t* lay, int i) {
 }  // namespace
 
 extern "C" int tc_forward_strided(int bf16, const void* q, const void* k, const void* v, void* out, float* lse,
-                                  int64_t BH, int64_t L, int64_t S, int D, float scale, int causal,
-                                  const int64_t* lay, void* stream) {
+                                  int64_t BH, int64_t L, int64_t S, int D, float scale, int causal, const int64_t* lay,
+                                  void* stream) {
   TcForwardArgs a{bf16 ? TcElem::bf16 : TcElem::f16, q, k, v, out, lse, BH, L, S, D, scale, causal != 0};
   a.lq = lay_at(lay, 0), a.lk = lay_at(lay, 1), a.lv = lay_at(lay, 2), a.lo = lay_at(lay, 3);
   return static_cast<int>(mg::kernels::cuda::attention_tc_forward(a, static_cast<cudaStream_t>(stream)));
@@ -41,8 +41,8 @@ extern "C" int tc_backward_strided(int bf16, const void* q, const void* k, const
                                    const float* lse, const float* delta, void* dq, void* dk, void* dv, int64_t BH,
                                    int64_t L, int64_t S, int D, float scale, int causal, const int64_t* lay,
                                    void* stream) {
-  TcBackwardArgs a{bf16 ? TcElem::bf16 : TcElem::f16, q, k, v, dout, lse, delta, dq, dk, dv, BH, L, S, D,
-                   scale, causal != 0};
+  TcBackwardArgs a{
+      bf16 ? TcElem::bf16 : TcElem::f16, q, k, v, dout, lse, delta, dq, dk, dv, BH, L, S, D, scale, causal != 0};
   a.lq = lay_at(lay, 0), a.lk = lay_at(lay, 1), a.lv = lay_at(lay, 2), a.ldout = lay_at(lay, 3);
   a.ldq = lay_at(lay, 4), a.ldk = lay_at(lay, 5), a.ldv = lay_at(lay, 6);
   return static_cast<int>(mg::kernels::cuda::attention_tc_backward(a, static_cast<cudaStream_t>(stream)));
@@ -82,8 +82,8 @@ int main() {
       int e = tc_forward(bf16, q, k, v, o, lse, s.BH, s.L, s.S, s.D, scale, s.causal, nullptr);
       if (!e) e = tc_backward(bf16, q, k, v, o, lse, delta, dq, dk, dv, s.BH, s.L, s.S, s.D, scale, s.causal, nullptr);
       if (!e) e = static_cast<int>(cudaDeviceSynchronize());
-      std::printf("BH=%lld L=%lld S=%lld D=%d causal=%d %s: %s\n", (long long)s.BH, (long long)s.L, (long long)s.S,
-                  s.D, s.causal, bf16 ? "bf16" : "f16", cudaGetErrorString(static_cast<cudaError_t>(e)));
+      std::printf("BH=%lld L=%lld S=%lld D=%d causal=%d %s: %s\n", (long long)s.BH, (long long)s.L, (long long)s.S, s.D,
+                  s.causal, bf16 ? "bf16" : "f16", cudaGetErrorString(static_cast<cudaError_t>(e)));
       rc |= e;
       for (void* p : {q, k, v, o, dq, dk, dv}) cudaFree(p);
       cudaFree(lse), cudaFree(delta);

@@ -16,6 +16,8 @@ for d in $(python3 -c 'import nvidia, os; b=os.path.dirname(nvidia.__path__[0]);
 done
 export LD_LIBRARY_PATH=$LIBS:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# The op table test reads autograd/functions.h: the staged tree sits inside the repository.
+export MG_SOURCE_ROOT=${MG_SOURCE_ROOT:-$(cd .. && pwd)}
 [ -d "$PWD/fashion-mnist" ] && export MG_FASHION_MNIST=$PWD/fashion-mnist
 what=${1:-all}
 # `run.sh exec BINARY ARGS...` runs one staged binary with this environment.

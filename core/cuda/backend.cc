@@ -84,8 +84,10 @@ void set_per_process_memory_fraction(double fraction, int device) {
 
 void set_per_process_memory_limit(int64_t bytes, int device) {
   MG_CHECK(bytes >= 0, ValueError, "set_per_process_memory_limit: bytes must be >= 0, got ", bytes);
-  if (bytes == 0) caching_allocator(device).clear_memory_limit();
-  else caching_allocator(device).set_memory_limit(static_cast<size_t>(bytes));
+  if (bytes == 0)
+    caching_allocator(device).clear_memory_limit();
+  else
+    caching_allocator(device).set_memory_limit(static_cast<size_t>(bytes));
 }
 
 void record_stream(const Tensor& t, const Stream& stream) {
@@ -110,7 +112,8 @@ Fragmentation fragmentation(int device) {
   Fragmentation out;
   out.largest_free_block = static_cast<int64_t>(f.largest_free_block);
   out.reserved_unallocated = static_cast<int64_t>(f.reserved_unallocated);
-  out.ratio = f.free_cached ? 1.0 - static_cast<double>(f.largest_free_block) / static_cast<double>(f.free_cached) : 0.0;
+  out.ratio =
+      f.free_cached ? 1.0 - static_cast<double>(f.largest_free_block) / static_cast<double>(f.free_cached) : 0.0;
   return out;
 }
 

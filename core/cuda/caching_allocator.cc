@@ -133,12 +133,12 @@ void CachingAllocator::update(StatArray& stat, bool small, std::int64_t delta) {
   stat[small ? kSmallPool : kLargePool].update(delta);
 }
 
-void CachingAllocator::trace(TraceAction action, std::uintptr_t addr, std::size_t size,
-                             StreamId stream, std::uint32_t context) {
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::steady_clock::now() - start_).count();
-  history_.push_back(TraceEntry{action, addr, size, stream, seq_++,
-                                static_cast<std::uint64_t>(ns), AllocationContext::name(context)});
+void CachingAllocator::trace(TraceAction action, std::uintptr_t addr, std::size_t size, StreamId stream,
+                             std::uint32_t context) {
+  const auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count();
+  history_.push_back(
+      TraceEntry{action, addr, size, stream, seq_++, static_cast<std::uint64_t>(ns), AllocationContext::name(context)});
   while (history_.size() > history_max_) {
     history_.pop_front();
     ++history_dropped_;
@@ -213,8 +213,8 @@ void CachingAllocator::pool_update(Block* b, std::uintptr_t addr, std::size_t si
   const BlockKey key{b->stream, size, addr};
   const BlockLess less;
   const auto it = b->pool_it;
-  const bool in_order = (it == set.begin() || less(*std::prev(it), key)) &&
-                        (std::next(it) == set.end() || less(key, *std::next(it)));
+  const bool in_order =
+      (it == set.begin() || less(*std::prev(it), key)) && (std::next(it) == set.end() || less(key, *std::next(it)));
   if (in_order) {
     b->addr = addr;  // the set orders by these fields; the order with every other block holds
     b->size = size;
@@ -237,16 +237,14 @@ void CachingAllocator::unlink(Block* b) {
 }
 
 // Best fit: the smallest free block of this stream that holds `size`, lowest address first.
-CachingAllocator::Block* CachingAllocator::find_free_block(bool small, StreamId stream,
-                                                           std::size_t size, bool strict) {
+CachingAllocator::Block* CachingAllocator::find_free_block(bool small, StreamId stream, std::size_t size, bool strict) {
   BlockSet& set = pool_for(small).blocks;
   auto it = set.lower_bound(BlockKey{stream, size, 0});
   if (strict && segment_reuse_ratio_ > 0) {
     // A cached segment that is entirely free was made for a request of its size: keep it whole
     // for the next one rather than carving a small request out of it (see the docs). Blocks of
     // expandable segments always have neighbours, so this only skips fixed segments.
-    while (it != set.end() && (*it)->stream == stream && !(*it)->prev && !(*it)->next &&
-           (*it)->size > kLargeBuffer &&
+    while (it != set.end() && (*it)->stream == stream && !(*it)->prev && !(*it)->next && (*it)->size > kLargeBuffer &&
            static_cast<double>((*it)->size) > segment_reuse_ratio_ * static_cast<double>(size)) {
       ++it;
     }
@@ -268,13 +266,13 @@ CachingAllocator::Block* CachingAllocator::find_free_block(bool small, StreamId 
 std::size_t CachingAllocator::growth_budget(std::size_t request) const {
   if (reserved_slack_ < 0) return SIZE_MAX;
   const auto& a = stats_.allocated_bytes[kAllPools];
-  const std::size_t live = std::max({allocated_hwm_, static_cast<std::size_t>(a.peak),
-                                     static_cast<std::size_t>(a.current) + request});
+  const std::size_t live =
+      std::max({allocated_hwm_, static_cast<std::size_t>(a.peak), static_cast<std::size_t>(a.current) + request});
   return static_cast<std::size_t>(static_cast<double>(live) * (1.0 + reserved_slack_));
 }
 
-CachingAllocator::Block* CachingAllocator::get_new_memory(bool small, StreamId stream,
-                                                          std::size_t size, bool* limit_hit) {
+CachingAllocator::Block* CachingAllocator::get_new_memory(bool small, StreamId stream, std::size_t size,
+                                                          bool* limit_hit) {
   *limit_hit = false;
   if (expandable_ && device_.supports_virtual_memory()) {
     return grow_expandable(small, stream, size, limit_hit);
@@ -282,8 +280,8 @@ CachingAllocator::Block* CachingAllocator::get_new_memory(bool small, StreamId s
   return alloc_segment(small, stream, segment_size_for(size), limit_hit);
 }
 
-CachingAllocator::Block* CachingAllocator::alloc_segment(bool small, StreamId stream,
-                                                         std::size_t seg_size, bool* limit_hit) {
+CachingAllocator::Block* CachingAllocator::alloc_segment(bool small, StreamId stream, std::size_t seg_size,
+                                                         bool* limit_hit) {
   // Growing past the budget: first give back entirely free segments too small for this
   // request (they are what a growing workload leaves behind). Larger ones are kept: they serve
   // their own size class, and freeing them would only make the next step allocate them again.
@@ -324,8 +322,7 @@ CachingAllocator::Block* CachingAllocator::alloc_segment(bool small, StreamId st
 // The (pool, stream)'s expandable segment, created on first use: an address range twice the
 // device's memory (address space is cheap, and the slack lets live blocks sit anywhere without
 // boxing in a large request), all of it one unmapped block.
-CachingAllocator::Segment* CachingAllocator::expandable_segment(bool small, StreamId stream,
-                                                               std::size_t size) {
+CachingAllocator::Segment* CachingAllocator::expandable_segment(bool small, StreamId stream, std::size_t size) {
   if (auto it = expandable_segments_.find({small, stream}); it != expandable_segments_.end()) {
     return it->second;
   }
@@ -374,8 +371,8 @@ void CachingAllocator::release_expandable(Segment* s) {
 // Makes room for `size` bytes in the (pool, stream)'s expandable segment by mapping pages into
 // the run of free address space that needs the fewest new pages: a hole left by freed (and
 // unmapped) blocks, or the unmapped end. Returns the pooled free block that holds the request.
-CachingAllocator::Block* CachingAllocator::grow_expandable(bool small, StreamId stream,
-                                                           std::size_t size, bool* limit_hit) {
+CachingAllocator::Block* CachingAllocator::grow_expandable(bool small, StreamId stream, std::size_t size,
+                                                           bool* limit_hit) {
   Segment* seg = expandable_segment(small, stream, size);
   if (!seg) return nullptr;
   // Pages to map when the request takes `take` bytes from the start of unmapped block c. The
@@ -528,8 +525,7 @@ std::size_t CachingAllocator::unmap_free_pages(Block* b, std::size_t max_bytes) 
 
 // Unmaps at least `need` bytes of free pages from expandable segments (largest free blocks
 // first, fewest calls), leaving alone the blocks in [keep_lo, keep_hi). Returns the bytes.
-std::size_t CachingAllocator::reclaim_pages(std::size_t need, std::uintptr_t keep_lo,
-                                            std::uintptr_t keep_hi) {
+std::size_t CachingAllocator::reclaim_pages(std::size_t need, std::uintptr_t keep_lo, std::uintptr_t keep_hi) {
   std::vector<std::pair<std::size_t, Block*>> candidates;
   for (const auto& [key, s] : expandable_segments_) {
     for (Block* b = s->head; b; b = b->next) {
@@ -539,8 +535,7 @@ std::size_t CachingAllocator::reclaim_pages(std::size_t need, std::uintptr_t kee
       if (hi > lo) candidates.emplace_back(hi - lo, b);
     }
   }
-  std::sort(candidates.begin(), candidates.end(),
-            [](const auto& x, const auto& y) { return x.first > y.first; });
+  std::sort(candidates.begin(), candidates.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
   std::size_t freed = 0;
   for (const auto& [bytes, b] : candidates) {
     if (freed >= need) break;
@@ -583,8 +578,7 @@ std::size_t CachingAllocator::release_cached(std::size_t needed, std::size_t bel
     const std::size_t r = releasable_bytes(*seg);
     if (r > 0 && (seg->expandable || seg->size < below)) candidates.emplace_back(r, seg.get());
   }
-  std::sort(candidates.begin(), candidates.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::sort(candidates.begin(), candidates.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::size_t freed = 0;
   if (needed != SIZE_MAX) {
     for (auto& [bytes, seg] : candidates) {
@@ -729,9 +723,9 @@ CachingAllocator::Block* CachingAllocator::lookup_allocated(void* ptr, const cha
     for (Block* b = seg->second->head; b; b = b->next) {
       if (addr >= b->addr && addr < b->addr + b->size) {
         if (b->allocated) {
-          MG_THROW(ValueError, "CachingAllocator::", op, ": pointer ", hex(addr), " points ",
-                   addr - b->addr, " bytes into the block at ", hex(b->addr), " (",
-                   format_bytes(b->size), "); pass the pointer allocate() returned");
+          MG_THROW(ValueError, "CachingAllocator::", op, ": pointer ", hex(addr), " points ", addr - b->addr,
+                   " bytes into the block at ", hex(b->addr), " (", format_bytes(b->size),
+                   "); pass the pointer allocate() returned");
         }
         MG_THROW(ValueError, "CachingAllocator::", op, ": pointer ", hex(addr),
                  " is not allocated (already freed?) on device ", device_index_);

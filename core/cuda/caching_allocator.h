@@ -21,9 +21,9 @@
 namespace mg::cuda {
 
 // PyTorch's constants (c10/cuda/CUDACachingAllocator.cpp), same meaning.
-inline constexpr std::size_t kMinBlockSize = 512;             // every size rounds up to this
-inline constexpr std::size_t kSmallSize = std::size_t{1} << 20;  // largest "small" request
-inline constexpr std::size_t kSmallBuffer = std::size_t{2} << 20;  // small-pool segment size
+inline constexpr std::size_t kMinBlockSize = 512;                   // every size rounds up to this
+inline constexpr std::size_t kSmallSize = std::size_t{1} << 20;     // largest "small" request
+inline constexpr std::size_t kSmallBuffer = std::size_t{2} << 20;   // small-pool segment size
 inline constexpr std::size_t kLargeBuffer = std::size_t{20} << 20;  // segment for 1-10 MiB
 inline constexpr std::size_t kMinLargeAlloc = std::size_t{10} << 20;
 inline constexpr std::size_t kRoundLarge = std::size_t{2} << 20;  // segment rounding above 10 MiB
@@ -54,12 +54,12 @@ enum StatType : int { kAllPools = 0, kSmallPool = 1, kLargePool = 2 };
 using StatArray = std::array<Stat, 3>;  // indexed by StatType
 
 struct DeviceStats {
-  StatArray allocation;            // blocks handed out by allocate()
-  StatArray segment;               // device allocations (segments)
-  StatArray active;                // allocated + pending-free blocks
-  StatArray inactive_split;        // free blocks that are part of a split segment
+  StatArray allocation;      // blocks handed out by allocate()
+  StatArray segment;         // device allocations (segments)
+  StatArray active;          // allocated + pending-free blocks
+  StatArray inactive_split;  // free blocks that are part of a split segment
   StatArray allocated_bytes;
-  StatArray reserved_bytes;        // bytes held from the device
+  StatArray reserved_bytes;  // bytes held from the device
   StatArray active_bytes;
   StatArray inactive_split_bytes;  // memory that fragmentation may strand
   StatArray requested_bytes;       // what callers asked for, before rounding
@@ -67,8 +67,8 @@ struct DeviceStats {
   Stat oversize_segments;
   std::int64_t num_alloc_retries = 0;  // allocations that had to free cache and retry
   std::int64_t num_ooms = 0;
-  std::int64_t num_device_alloc = 0;   // successful malloc + map calls
-  std::int64_t num_device_free = 0;    // free + unmap calls
+  std::int64_t num_device_alloc = 0;      // successful malloc + map calls
+  std::int64_t num_device_free = 0;       // free + unmap calls
   std::int64_t num_sync_all_streams = 0;  // times the allocator waited for every pending event
 };
 
@@ -189,14 +189,14 @@ class CachingAllocator {
     Segment* segment = nullptr;
     Block* prev = nullptr;
     Block* next = nullptr;
-    int event_count = 0;           // outstanding events before reuse
-    std::uint32_t context = 0;     // AllocationContext::current_id() at allocate()
+    int event_count = 0;        // outstanding events before reuse
+    std::uint32_t context = 0;  // AllocationContext::current_id() at allocate()
     bool allocated = false;
-    bool mapped = true;            // false: unbacked address range of an expandable segment
-    bool oversize = false;         // counted in oversize_allocations
-    bool counted_split = false;    // counted in inactive_split while in the pool
+    bool mapped = true;          // false: unbacked address range of an expandable segment
+    bool oversize = false;       // counted in oversize_allocations
+    bool counted_split = false;  // counted in inactive_split while in the pool
     std::vector<StreamId> stream_uses;
-    BlockSet::iterator pool_it;    // where it sits in its pool; valid only while pooled
+    BlockSet::iterator pool_it;  // where it sits in its pool; valid only while pooled
     bool is_free() const { return !allocated && event_count == 0; }
     // Free and backed: exactly the blocks that sit in a pool.
     bool pooled() const { return mapped && !allocated && event_count == 0; }
@@ -207,10 +207,10 @@ class CachingAllocator {
   // it can be given back and the range grows wherever the cheapest free run is.
   struct Segment {
     std::uintptr_t addr = 0;
-    std::size_t size = 0;       // backed bytes (what counts as reserved)
-    std::size_t va_size = 0;    // reserved address range (expandable only)
-    std::size_t gran = 0;       // device mapping granularity (expandable only)
-    std::size_t page = 0;       // mapping unit when growing into the end (expandable only)
+    std::size_t size = 0;     // backed bytes (what counts as reserved)
+    std::size_t va_size = 0;  // reserved address range (expandable only)
+    std::size_t gran = 0;     // device mapping granularity (expandable only)
+    std::size_t page = 0;     // mapping unit when growing into the end (expandable only)
     StreamId stream = kDefaultStream;
     bool small = false;
     bool expandable = false;
@@ -273,9 +273,7 @@ class CachingAllocator {
   std::size_t reclaim_pages(std::size_t need, std::uintptr_t keep_lo, std::uintptr_t keep_hi);
   void release_expandable(Segment* s);
   Block* insert_free(Block* b);
-  std::size_t reserved() const {
-    return static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
-  }
+  std::size_t reserved() const { return static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current); }
   std::size_t bytes_to_release(std::size_t want);
   std::size_t release_cached(std::size_t needed, std::size_t below = SIZE_MAX);
   std::size_t releasable_bytes(const Segment& s) const;
@@ -289,8 +287,7 @@ class CachingAllocator {
   void empty_cache_locked();
   Block* lookup_allocated(void* ptr, const char* op) const;
   // Appends to the history; callers check history_enabled_ first (the hot path stays cheap).
-  void trace(TraceAction action, std::uintptr_t addr, std::size_t size, StreamId stream,
-             std::uint32_t context);
+  void trace(TraceAction action, std::uintptr_t addr, std::size_t size, StreamId stream, std::uint32_t context);
   void update(StatArray& stat, bool small, std::int64_t delta);
 
   static void unlink(Block* b);
@@ -321,7 +318,7 @@ class CachingAllocator {
   double fraction_ = 0.0;  // what set_memory_fraction asked, for messages
   bool expandable_ = false;
   std::size_t max_split_size_ = SIZE_MAX;
-  double reserved_slack_ = kDefaultReservedSlack;        // < 0: off
+  double reserved_slack_ = kDefaultReservedSlack;           // < 0: off
   double segment_reuse_ratio_ = kDefaultSegmentReuseRatio;  // 0: off
   // The most ever allocated at once, kept across reset_peak_memory_stats (which only resets
   // what users see): the growth budget is measured against it.

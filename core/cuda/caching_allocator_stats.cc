@@ -26,9 +26,8 @@ void reset_accumulated(Stat& s) { s.allocated = s.freed = 0; }
 
 template <class F>
 void for_each_stat_array(DeviceStats& s, F f) {
-  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split,
-                       &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                       &s.inactive_split_bytes, &s.requested_bytes}) {
+  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
+                       &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
     for (Stat& st : *a) f(st);
   }
   f(s.oversize_allocations);
@@ -56,8 +55,7 @@ std::size_t CachingAllocator::max_memory_reserved() const {
 
 void CachingAllocator::reset_peak_memory_stats() {
   std::lock_guard lock(mutex_);
-  allocated_hwm_ = std::max(allocated_hwm_,
-                            static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].peak));
+  allocated_hwm_ = std::max(allocated_hwm_, static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].peak));
   for_each_stat_array(stats_, reset_peak);
 }
 
@@ -81,11 +79,10 @@ FragmentationInfo CachingAllocator::fragmentation_locked() const {
       f.free_cached += b->size;
     }
   }
-  f.reserved_unallocated = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current -
-                                                    stats_.allocated_bytes[kAllPools].current);
-  f.ratio = f.free_cached == 0 ? 0.0
-                               : 1.0 - static_cast<double>(f.largest_free_block) /
-                                           static_cast<double>(f.free_cached);
+  f.reserved_unallocated =
+      static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current - stats_.allocated_bytes[kAllPools].current);
+  f.ratio =
+      f.free_cached == 0 ? 0.0 : 1.0 - static_cast<double>(f.largest_free_block) / static_cast<double>(f.free_cached);
   return f;
 }
 
@@ -123,8 +120,7 @@ std::map<std::string, std::int64_t> CachingAllocator::memory_stats_locked() cons
   m["num_device_alloc"] = stats_.num_device_alloc;
   m["num_device_free"] = stats_.num_device_free;
   m["num_sync_all_streams"] = stats_.num_sync_all_streams;
-  m["max_split_size"] =
-      max_split_size_ == SIZE_MAX ? -1 : static_cast<std::int64_t>(max_split_size_);
+  m["max_split_size"] = max_split_size_ == SIZE_MAX ? -1 : static_cast<std::int64_t>(max_split_size_);
   m["memory_limit"] = static_cast<std::int64_t>(limit_);
   const FragmentationInfo f = fragmentation_locked();
   m["fragmentation.largest_free_block"] = static_cast<std::int64_t>(f.largest_free_block);
@@ -155,8 +151,7 @@ std::string CachingAllocator::memory_summary() const {
   };
   auto row = [&](const std::string& label, const Stat& s, bool bytes) {
     auto fmt = [bytes](std::int64_t v) {
-      return bytes ? format_bytes(static_cast<std::uint64_t>(std::max<std::int64_t>(v, 0)))
-                   : std::to_string(v);
+      return bytes ? format_bytes(static_cast<std::uint64_t>(std::max<std::int64_t>(v, 0))) : std::to_string(v);
     };
     char buf[32];
     std::snprintf(buf, sizeof(buf), " %-21s ", label.c_str());
@@ -174,11 +169,11 @@ std::string CachingAllocator::memory_summary() const {
   std::string out = thick;
   out += centered("memgrad CUDA memory summary, device ID " + std::to_string(device_index_));
   out += rule;
-  out += centered("CUDA OOMs: " + std::to_string(stats_.num_ooms) + "    |    device alloc retries: " +
-                  std::to_string(stats_.num_alloc_retries));
+  out += centered("CUDA OOMs: " + std::to_string(stats_.num_ooms) +
+                  "    |    device alloc retries: " + std::to_string(stats_.num_alloc_retries));
   out += thick;
-  out += "|        Metric         |" + cell("Cur Usage") + "|" + cell("Peak Usage") + "|" +
-         cell("Tot Alloc") + "|" + cell("Tot Freed") + "|\n";
+  out += "|        Metric         |" + cell("Cur Usage") + "|" + cell("Peak Usage") + "|" + cell("Tot Alloc") + "|" +
+         cell("Tot Freed") + "|\n";
   out += rule;
   out += section("Allocated memory", stats_.allocated_bytes, true);
   out += section("Active memory", stats_.active_bytes, true);
@@ -192,18 +187,16 @@ std::string CachingAllocator::memory_summary() const {
   out += row("Oversize allocations", stats_.oversize_allocations, false);
   out += row("Oversize GPU segments", stats_.oversize_segments, false);
   out += thick;
-  out += centered("Fragmentation: largest free block " + format_bytes(f.largest_free_block) +
-                  ", free cached " + format_bytes(f.free_cached) + ", ratio " + fixed(f.ratio, 3));
+  out += centered("Fragmentation: largest free block " + format_bytes(f.largest_free_block) + ", free cached " +
+                  format_bytes(f.free_cached) + ", ratio " + fixed(f.ratio, 3));
   out += centered("Reserved but unallocated: " + format_bytes(f.reserved_unallocated) +
                   "    Device: " + format_bytes(free_bytes) + " free of " + format_bytes(total));
   out += centered("Limit: " + (limit_ ? format_bytes(limit_) : std::string("none")) +
-                  "    Expandable segments: " + (expandable_ ? "on" : "off") +
-                  "    max_split_size: " +
-                  (max_split_size_ == SIZE_MAX ? std::string("unlimited")
-                                               : format_bytes(max_split_size_)));
-  out += centered("reserved_slack: " + (reserved_slack_ < 0 ? std::string("off") : fixed(reserved_slack_, 3)) +
-                  "    segment_reuse_ratio: " +
-                  (segment_reuse_ratio_ == 0 ? std::string("off") : fixed(segment_reuse_ratio_, 1)));
+                  "    Expandable segments: " + (expandable_ ? "on" : "off") + "    max_split_size: " +
+                  (max_split_size_ == SIZE_MAX ? std::string("unlimited") : format_bytes(max_split_size_)));
+  out += centered(
+      "reserved_slack: " + (reserved_slack_ < 0 ? std::string("off") : fixed(reserved_slack_, 3)) +
+      "    segment_reuse_ratio: " + (segment_reuse_ratio_ == 0 ? std::string("off") : fixed(segment_reuse_ratio_, 1)));
   out += thick;
   return out;
 }
@@ -231,7 +224,7 @@ MemorySnapshot CachingAllocator::snapshot_locked() const {
         bi.size = b->size;
         bi.requested_size = b->requested;
         bi.context = AllocationContext::name(b->context);
-        bi.state = b->allocated ? BlockState::kActiveAllocated
+        bi.state = b->allocated         ? BlockState::kActiveAllocated
                    : b->event_count > 0 ? BlockState::kActivePendingFree
                                         : BlockState::kInactive;
         if (b->allocated) si.allocated_size += b->size;
@@ -262,8 +255,7 @@ void CachingAllocator::write_timeline_html(const std::string& path) const {
   cuda::write_timeline_html(snapshot(), path);
 }
 
-void CachingAllocator::throw_oom(std::size_t bytes, std::size_t size, StreamId stream,
-                                 bool limit_hit) {
+void CachingAllocator::throw_oom(std::size_t bytes, std::size_t size, StreamId stream, bool limit_hit) {
   ++stats_.num_ooms;
   std::size_t free_bytes = 0, total = 0;
   device_.mem_get_info(&free_bytes, &total);
@@ -273,17 +265,15 @@ void CachingAllocator::throw_oom(std::size_t bytes, std::size_t size, StreamId s
   const auto allocated = static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].current);
   const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
   std::ostringstream m;
-  m << "CUDA out of memory. Tried to allocate " << format_bytes(bytes) << " (" << bytes
-    << " bytes";
+  m << "CUDA out of memory. Tried to allocate " << format_bytes(bytes) << " (" << bytes << " bytes";
   if (size != bytes) m << ", rounded to " << size;
   m << ")";
   if (!context.empty()) m << " for '" << context << "'";
   m << " on device " << device_index_ << " (" << device_.name() << "), stream " << stream
     << ". Device: " << format_bytes(total) << " total, " << format_bytes(free_bytes)
-    << " free. memgrad: " << format_bytes(allocated) << " allocated, " << format_bytes(reserved)
-    << " reserved, " << format_bytes(f.reserved_unallocated)
-    << " reserved but unallocated (largest free cached block " << format_bytes(f.largest_free_block)
-    << ", fragmentation " << fixed(f.ratio, 2) << ").";
+    << " free. memgrad: " << format_bytes(allocated) << " allocated, " << format_bytes(reserved) << " reserved, "
+    << format_bytes(f.reserved_unallocated) << " reserved but unallocated (largest free cached block "
+    << format_bytes(f.largest_free_block) << ", fragmentation " << fixed(f.ratio, 2) << ").";
   const std::size_t used = total - std::min(total, free_bytes);
   if (used > reserved) {
     m << " " << format_bytes(used - reserved)
@@ -306,8 +296,8 @@ void CachingAllocator::throw_oom(std::size_t bytes, std::size_t size, StreamId s
 }
 
 void CachingAllocator::set_memory_fraction(double fraction) {
-  MG_CHECK(fraction > 0.0 && fraction <= 1.0, ValueError,
-           "set_memory_fraction: fraction must be in (0, 1], got ", fraction);
+  MG_CHECK(fraction > 0.0 && fraction <= 1.0, ValueError, "set_memory_fraction: fraction must be in (0, 1], got ",
+           fraction);
   std::lock_guard lock(mutex_);
   std::size_t free_bytes = 0, total = 0;
   device_.mem_get_info(&free_bytes, &total);
@@ -346,15 +336,15 @@ void CachingAllocator::set_reserved_slack(double slack) {
 }
 
 void CachingAllocator::set_segment_reuse_ratio(double ratio) {
-  MG_CHECK(ratio == 0.0 || ratio >= 1.0, ValueError,
-           "set_segment_reuse_ratio: ratio must be 0 (off) or >= 1, got ", ratio);
+  MG_CHECK(ratio == 0.0 || ratio >= 1.0, ValueError, "set_segment_reuse_ratio: ratio must be 0 (off) or >= 1, got ",
+           ratio);
   std::lock_guard lock(mutex_);
   segment_reuse_ratio_ = ratio;
 }
 
 void CachingAllocator::set_max_split_size(std::size_t bytes) {
-  MG_CHECK(bytes > kLargeBuffer, ValueError, "set_max_split_size: must be > ",
-           format_bytes(kLargeBuffer), " (the 1-10 MiB segment size), got ", format_bytes(bytes));
+  MG_CHECK(bytes > kLargeBuffer, ValueError, "set_max_split_size: must be > ", format_bytes(kLargeBuffer),
+           " (the 1-10 MiB segment size), got ", format_bytes(bytes));
   std::lock_guard lock(mutex_);
   max_split_size_ = bytes;
 }
@@ -381,13 +371,12 @@ void CachingAllocator::configure(const std::string& config) {
     if (end == std::string::npos) end = config.size();
     std::string item = config.substr(pos, end - pos);
     pos = end + 1;
-    item.erase(std::remove_if(item.begin(), item.end(),
-                              [](unsigned char c) { return std::isspace(c) != 0; }),
+    item.erase(std::remove_if(item.begin(), item.end(), [](unsigned char c) { return std::isspace(c) != 0; }),
                item.end());
     if (item.empty()) continue;
     const std::size_t colon = item.find(':');
-    MG_CHECK(colon != std::string::npos, ValueError, "CachingAllocator::configure: expected key:value, got '",
-             item, "'");
+    MG_CHECK(colon != std::string::npos, ValueError, "CachingAllocator::configure: expected key:value, got '", item,
+             "'");
     const std::string key = item.substr(0, colon), value = item.substr(colon + 1);
     char* rest = nullptr;
     if (key == "expandable_segments") {
@@ -424,8 +413,7 @@ void CachingAllocator::configure(const std::string& config) {
 void CachingAllocator::check_invariants() const {
   std::lock_guard lock(mutex_);
   auto fail = [](const auto&... parts) { MG_THROW(Error, "check_invariants: ", parts...); };
-  StatArray alloc_n{}, alloc_b{}, active_n{}, active_b{}, split_n{}, split_b{}, seg_n{}, seg_b{},
-      req_b{};
+  StatArray alloc_n{}, alloc_b{}, active_n{}, active_b{}, split_n{}, split_b{}, seg_n{}, seg_b{}, req_b{};
   auto add = [](StatArray& a, bool small, std::int64_t v) {
     a[kAllPools].current += v;
     a[small ? kSmallPool : kLargePool].current += v;
@@ -491,8 +479,8 @@ void CachingAllocator::check_invariants() const {
   }
   for (const auto& [key, seg] : expandable_segments_) {
     auto it = segments_.find(seg->addr);
-    if (it == segments_.end() || it->second.get() != seg || !seg->expandable ||
-        seg->small != key.first || seg->stream != key.second) {
+    if (it == segments_.end() || it->second.get() != seg || !seg->expandable || seg->small != key.first ||
+        seg->stream != key.second) {
       fail("expandable segment index is stale");
     }
   }
@@ -517,8 +505,7 @@ void CachingAllocator::check_invariants() const {
     for (int i = 0; i < 3; ++i) {
       const Stat& s = (*pair.second)[i];
       if ((*pair.first)[i].current != s.current) {
-        fail(name, ".", kPoolNames[i], ".current is ", s.current, ", blocks say ",
-             (*pair.first)[i].current);
+        fail(name, ".", kPoolNames[i], ".current is ", s.current, ", blocks say ", (*pair.first)[i].current);
       }
       if (s.peak < s.current) fail(name, ".", kPoolNames[i], ".peak < current");
     }

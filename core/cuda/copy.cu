@@ -51,10 +51,12 @@ __global__ void copy_kernel(D* dst, StridedIndexer di, const S* src, StridedInde
 // and half <-> float through float (exact), not double.
 template <class D, class S>
 __device__ __forceinline__ D cast_one(S x) {
-  constexpr bool kViaFloat = !std::is_integral_v<D> && !std::is_integral_v<S> && !std::is_same_v<D, double> &&
-                             !std::is_same_v<S, double>;
-  if constexpr (kViaFloat) return from_float<D>(to_float(x));
-  else return from_double<D>(to_double(x));
+  constexpr bool kViaFloat =
+      !std::is_integral_v<D> && !std::is_integral_v<S> && !std::is_same_v<D, double> && !std::is_same_v<S, double>;
+  if constexpr (kViaFloat)
+    return from_float<D>(to_float(x));
+  else
+    return from_double<D>(to_double(x));
 }
 
 template <class D, class S, int V>
@@ -123,8 +125,10 @@ void device_copy(const Tensor& dst, const Tensor& src) {
         const S* ps = static_cast<const S*>(src.raw_data());
         const bool aligned = reinterpret_cast<uintptr_t>(pd) % (sizeof(D) * V) == 0 &&
                              reinterpret_cast<uintptr_t>(ps) % (sizeof(S) * V) == 0;
-        if (aligned) cast_contig_kernel<D, S, V><<<grid_for((n + V - 1) / V), 256, 0, st>>>(pd, ps, n);
-        else cast_contig_kernel<D, S, 1><<<grid_for(n), 256, 0, st>>>(pd, ps, n);
+        if (aligned)
+          cast_contig_kernel<D, S, V><<<grid_for((n + V - 1) / V), 256, 0, st>>>(pd, ps, n);
+        else
+          cast_contig_kernel<D, S, 1><<<grid_for(n), 256, 0, st>>>(pd, ps, n);
       });
     });
     MG_CUDA_CHECK_LAUNCH("copy_");
@@ -141,7 +145,7 @@ void device_copy(const Tensor& dst, const Tensor& src) {
         return;
       }
       copy_same_kernel<scalar_t><<<grid_for(n), 256, 0, st>>>(static_cast<scalar_t*>(dst.raw_data()), di,
-                                                               static_cast<const scalar_t*>(src.raw_data()), si, n);
+                                                              static_cast<const scalar_t*>(src.raw_data()), si, n);
     });
   } else {
     MG_CUDA_DISPATCH_ALL(dst.dtype(), "copy_", [&] {
@@ -181,7 +185,8 @@ void cuda_copy(const Tensor& dst, const Tensor& src, bool non_blocking) {
   DeviceGuard g(src.device().index);
   cudaStream_t st = current_stream(src.device().index);
   Tensor d = src.is_contiguous() ? src : raw::contiguous(src);
-  Tensor h = (dst.is_contiguous() && dst.dtype() == src.dtype()) ? dst : empty(src.sizes(), {src.dtype(), Device::cpu()});
+  Tensor h =
+      (dst.is_contiguous() && dst.dtype() == src.dtype()) ? dst : empty(src.sizes(), {src.dtype(), Device::cpu()});
   MG_CUDA_CHECK(cudaMemcpyAsync(h.raw_data(), d.raw_data(), d.nbytes(), cudaMemcpyDeviceToHost, st));
   if (!non_blocking || !h.is_same(dst)) MG_CUDA_CHECK(cudaStreamSynchronize(st));
   if (!h.is_same(dst)) raw::copy_(dst, h);
@@ -196,11 +201,16 @@ __global__ void fill_kernel(T* dst, StridedIndexer di, T v, int64_t n) {
 
 template <class T>
 T host_value(double v) {
-  if constexpr (std::is_same_v<T, __half>) return __float2half(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, bool>) return v != 0;
-  else if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<long long>(v));
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, __half>)
+    return __float2half(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, bool>)
+    return v != 0;
+  else if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(static_cast<long long>(v));
+  else
+    return static_cast<T>(v);
 }
 
 void cuda_fill(const Tensor& dst, double value) {
@@ -237,7 +247,10 @@ __device__ __forceinline__ void philox(uint64_t counter, uint64_t key, uint32_t 
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+  out[0] = c0;
+  out[1] = c1;
+  out[2] = c2;
+  out[3] = c3;
 }
 
 template <class T>
@@ -258,8 +271,10 @@ __global__ void philox_kernel(T* dst, StridedIndexer di, int kind, uint64_t seed
       double u = (r[i & 3] >> 8) * (1.0 / 16777216.0);
       v = kind == 2 ? (u < a ? 1.0 : 0.0) : a + (b - a) * u;
     }
-    if constexpr (std::is_same_v<T, double>) dst[di(i)] = v;
-    else dst[di(i)] = from_float<T>(static_cast<float>(v));
+    if constexpr (std::is_same_v<T, double>)
+      dst[di(i)] = v;
+    else
+      dst[di(i)] = from_float<T>(static_cast<float>(v));
   }
 }
 
@@ -270,8 +285,8 @@ void cuda_philox_fill(const Tensor& dst, int kind, uint64_t seed, uint64_t offse
   cudaStream_t st = current_stream(dst.device().index);
   StridedIndexer di = make_indexer(dst);
   MG_CUDA_DISPATCH_FLOAT(dst.dtype(), "random fill", [&] {
-    philox_kernel<scalar_t><<<grid_for(n), 256, 0, st>>>(static_cast<scalar_t*>(dst.raw_data()), di, kind, seed,
-                                                         offset, a, b, n);
+    philox_kernel<scalar_t>
+        <<<grid_for(n), 256, 0, st>>>(static_cast<scalar_t*>(dst.raw_data()), di, kind, seed, offset, a, b, n);
   });
   MG_CUDA_CHECK_LAUNCH("random fill");
 }

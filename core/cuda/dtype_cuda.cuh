@@ -14,36 +14,90 @@
 namespace mg::cuda {
 
 // Arithmetic type of an element type (half types compute in float).
-template <class T> struct AccOf { using type = T; };
-template <> struct AccOf<__half> { using type = float; };
-template <> struct AccOf<__nv_bfloat16> { using type = float; };
-template <> struct AccOf<bool> { using type = float; };
-template <> struct AccOf<uint8_t> { using type = int32_t; };
-template <class T> using acc_t = typename AccOf<T>::type;
+template <class T>
+struct AccOf {
+  using type = T;
+};
+template <>
+struct AccOf<__half> {
+  using type = float;
+};
+template <>
+struct AccOf<__nv_bfloat16> {
+  using type = float;
+};
+template <>
+struct AccOf<bool> {
+  using type = float;
+};
+template <>
+struct AccOf<uint8_t> {
+  using type = int32_t;
+};
+template <class T>
+using acc_t = typename AccOf<T>::type;
 
-template <class T> __device__ __forceinline__ double to_double(T v) { return static_cast<double>(v); }
-template <> __device__ __forceinline__ double to_double<__half>(__half v) { return static_cast<double>(__half2float(v)); }
-template <> __device__ __forceinline__ double to_double<__nv_bfloat16>(__nv_bfloat16 v) {
+template <class T>
+__device__ __forceinline__ double to_double(T v) {
+  return static_cast<double>(v);
+}
+template <>
+__device__ __forceinline__ double to_double<__half>(__half v) {
+  return static_cast<double>(__half2float(v));
+}
+template <>
+__device__ __forceinline__ double to_double<__nv_bfloat16>(__nv_bfloat16 v) {
   return static_cast<double>(__bfloat162float(v));
 }
 
-template <class T> __device__ __forceinline__ T from_double(double v) {
-  if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<long long>(v));  // defined for negative -> u8
-  else return static_cast<T>(v);
+template <class T>
+__device__ __forceinline__ T from_double(double v) {
+  if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(static_cast<long long>(v));  // defined for negative -> u8
+  else
+    return static_cast<T>(v);
 }
-template <> __device__ __forceinline__ bool from_double<bool>(double v) { return v != 0.0; }
-template <> __device__ __forceinline__ __half from_double<__half>(double v) { return __double2half(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_double<__nv_bfloat16>(double v) {
+template <>
+__device__ __forceinline__ bool from_double<bool>(double v) {
+  return v != 0.0;
+}
+template <>
+__device__ __forceinline__ __half from_double<__half>(double v) {
+  return __double2half(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_double<__nv_bfloat16>(double v) {
   return __float2bfloat16(static_cast<float>(v));
 }
 
-template <class T> __device__ __forceinline__ float to_float(T v) { return static_cast<float>(v); }
-template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
-template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <class T> __device__ __forceinline__ T from_float(float v) { return static_cast<T>(v); }
-template <> __device__ __forceinline__ bool from_float<bool>(float v) { return v != 0.0f; }
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+template <class T>
+__device__ __forceinline__ float to_float(T v) {
+  return static_cast<float>(v);
+}
+template <>
+__device__ __forceinline__ float to_float<__half>(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <class T>
+__device__ __forceinline__ T from_float(float v) {
+  return static_cast<T>(v);
+}
+template <>
+__device__ __forceinline__ bool from_float<bool>(float v) {
+  return v != 0.0f;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16(v);
+}
 
 // Elements of T in one 16-byte access (1 for types of 16 bytes or more), and V elements moved
 // as one aligned vector load/store: what every vectorized kernel (copies, casts, elementwise,
@@ -123,23 +177,25 @@ inline unsigned grid_for(int64_t n, int block = 256) {
     __VA_ARGS__();                   \
     break;                           \
   }
-#define MG_CUDA_DISPATCH_ALL(DT, NAME, ...)                                   \
-  switch (DT) {                                                               \
-    MG_CUDA_CASE(f64, double, __VA_ARGS__)                                    \
-    MG_CUDA_CASE(f32, float, __VA_ARGS__)                                     \
-    MG_CUDA_CASE(f16, __half, __VA_ARGS__)                                    \
-    MG_CUDA_CASE(bf16, __nv_bfloat16, __VA_ARGS__)                            \
-    MG_CUDA_CASE(i64, int64_t, __VA_ARGS__)                                   \
-    MG_CUDA_CASE(i32, int32_t, __VA_ARGS__)                                   \
-    MG_CUDA_CASE(u8, uint8_t, __VA_ARGS__)                                    \
-    MG_CUDA_CASE(b8, bool, __VA_ARGS__)                                       \
-    default: MG_THROW(::mg::DTypeError, NAME, ": unsupported dtype ", (DT));  \
+#define MG_CUDA_DISPATCH_ALL(DT, NAME, ...)                           \
+  switch (DT) {                                                       \
+    MG_CUDA_CASE(f64, double, __VA_ARGS__)                            \
+    MG_CUDA_CASE(f32, float, __VA_ARGS__)                             \
+    MG_CUDA_CASE(f16, __half, __VA_ARGS__)                            \
+    MG_CUDA_CASE(bf16, __nv_bfloat16, __VA_ARGS__)                    \
+    MG_CUDA_CASE(i64, int64_t, __VA_ARGS__)                           \
+    MG_CUDA_CASE(i32, int32_t, __VA_ARGS__)                           \
+    MG_CUDA_CASE(u8, uint8_t, __VA_ARGS__)                            \
+    MG_CUDA_CASE(b8, bool, __VA_ARGS__)                               \
+    default:                                                          \
+      MG_THROW(::mg::DTypeError, NAME, ": unsupported dtype ", (DT)); \
   }
-#define MG_CUDA_DISPATCH_FLOAT(DT, NAME, ...)                                 \
-  switch (DT) {                                                               \
-    MG_CUDA_CASE(f64, double, __VA_ARGS__)                                    \
-    MG_CUDA_CASE(f32, float, __VA_ARGS__)                                     \
-    MG_CUDA_CASE(f16, __half, __VA_ARGS__)                                    \
-    MG_CUDA_CASE(bf16, __nv_bfloat16, __VA_ARGS__)                            \
-    default: MG_THROW(::mg::DTypeError, NAME, ": expected a floating dtype, got ", (DT)); \
+#define MG_CUDA_DISPATCH_FLOAT(DT, NAME, ...)                                      \
+  switch (DT) {                                                                    \
+    MG_CUDA_CASE(f64, double, __VA_ARGS__)                                         \
+    MG_CUDA_CASE(f32, float, __VA_ARGS__)                                          \
+    MG_CUDA_CASE(f16, __half, __VA_ARGS__)                                         \
+    MG_CUDA_CASE(bf16, __nv_bfloat16, __VA_ARGS__)                                 \
+    default:                                                                       \
+      MG_THROW(::mg::DTypeError, NAME, ": expected a floating dtype, got ", (DT)); \
   }

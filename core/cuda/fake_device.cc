@@ -92,24 +92,22 @@ void FakeDevice::destroy_event(EventId event) {
 void* FakeDevice::reserve_address(std::size_t bytes) {
   std::lock_guard lock(mutex_);
   MG_CHECK(virtual_memory_, Error, "FakeDevice::reserve_address: virtual memory is disabled");
-  MG_CHECK(bytes > 0 && bytes % granularity_ == 0, Error,
-           "FakeDevice::reserve_address: size ", bytes, " is not a multiple of ", granularity_);
+  MG_CHECK(bytes > 0 && bytes % granularity_ == 0, Error, "FakeDevice::reserve_address: size ", bytes,
+           " is not a multiple of ", granularity_);
   const std::uintptr_t addr = next_va_;
   next_va_ = round_up(next_va_ + bytes + granularity_, granularity_);  // a guard gap
   ranges_[addr] = Range{bytes, {}};
   return reinterpret_cast<void*>(addr);
 }
 
-FakeDevice::Range& FakeDevice::range_containing(std::uintptr_t addr, std::size_t bytes,
-                                                const char* op) {
-  MG_CHECK(bytes > 0 && addr % granularity_ == 0 && bytes % granularity_ == 0, Error,
-           "FakeDevice::", op, ": ", hex(addr), " + ", bytes, " is not granularity-aligned");
+FakeDevice::Range& FakeDevice::range_containing(std::uintptr_t addr, std::size_t bytes, const char* op) {
+  MG_CHECK(bytes > 0 && addr % granularity_ == 0 && bytes % granularity_ == 0, Error, "FakeDevice::", op, ": ",
+           hex(addr), " + ", bytes, " is not granularity-aligned");
   auto it = ranges_.upper_bound(addr);
-  MG_CHECK(it != ranges_.begin(), Error, "FakeDevice::", op, ": ", hex(addr),
-           " is not inside a reserved range");
+  MG_CHECK(it != ranges_.begin(), Error, "FakeDevice::", op, ": ", hex(addr), " is not inside a reserved range");
   --it;
-  MG_CHECK(addr + bytes <= it->first + it->second.size, Error, "FakeDevice::", op, ": ",
-           hex(addr), " + ", bytes, " runs past the reserved range at ", hex(it->first));
+  MG_CHECK(addr + bytes <= it->first + it->second.size, Error, "FakeDevice::", op, ": ", hex(addr), " + ", bytes,
+           " runs past the reserved range at ", hex(it->first));
   return it->second;
 }
 
@@ -151,10 +149,10 @@ void FakeDevice::release_address(void* ptr, std::size_t bytes) {
   std::lock_guard lock(mutex_);
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   auto it = ranges_.find(addr);
-  MG_CHECK(it != ranges_.end() && it->second.size == bytes, Error,
-           "FakeDevice::release_address: ", hex(addr), " + ", bytes, " was not reserved");
-  MG_CHECK(it->second.mapped_pages.empty(), Error, "FakeDevice::release_address: ", hex(addr),
-           " still has ", it->second.mapped_pages.size(), " mapped pages");
+  MG_CHECK(it != ranges_.end() && it->second.size == bytes, Error, "FakeDevice::release_address: ", hex(addr), " + ",
+           bytes, " was not reserved");
+  MG_CHECK(it->second.mapped_pages.empty(), Error, "FakeDevice::release_address: ", hex(addr), " still has ",
+           it->second.mapped_pages.size(), " mapped pages");
   ranges_.erase(it);
 }
 

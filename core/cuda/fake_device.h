@@ -18,8 +18,7 @@ namespace mg::cuda {
 // so an allocator bug fails the test loudly instead of silently "working".
 class FakeDevice final : public DeviceMemory {
  public:
-  explicit FakeDevice(std::size_t capacity, bool virtual_memory = true,
-                      std::size_t granularity = std::size_t{2} << 20);
+  explicit FakeDevice(std::size_t capacity, bool virtual_memory = true, std::size_t granularity = std::size_t{2} << 20);
   ~FakeDevice() override = default;
 
   void* malloc(std::size_t bytes) override;
@@ -81,8 +80,8 @@ class FakeDevice final : public DeviceMemory {
   const std::size_t granularity_;
 
   mutable std::mutex mutex_;
-  std::uintptr_t next_addr_ = 0x10000000;        // plain mallocs
-  std::uintptr_t next_va_ = 0x700000000000ULL;   // reserved virtual ranges, far from mallocs
+  std::uintptr_t next_addr_ = 0x10000000;       // plain mallocs
+  std::uintptr_t next_va_ = 0x700000000000ULL;  // reserved virtual ranges, far from mallocs
   std::map<std::uintptr_t, std::size_t> allocations_;
   std::map<std::uintptr_t, Range> ranges_;
   std::size_t malloc_bytes_ = 0;

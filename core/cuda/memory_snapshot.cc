@@ -61,12 +61,23 @@ std::string escape_html(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -114,7 +125,7 @@ struct Shape {
   std::string context;
   StreamId stream;
   std::size_t start;
-  std::size_t end = SIZE_MAX;  // still live at the end of the history
+  std::size_t end = SIZE_MAX;                                // still live at the end of the history
   std::vector<std::pair<std::size_t, std::size_t>> offsets;  // (step, bottom) from step on
 };
 
@@ -122,23 +133,34 @@ struct Shape {
 
 const char* to_string(BlockState state) {
   switch (state) {
-    case BlockState::kActiveAllocated: return "active_allocated";
-    case BlockState::kActivePendingFree: return "active_pending_free";
-    case BlockState::kInactive: return "inactive";
+    case BlockState::kActiveAllocated:
+      return "active_allocated";
+    case BlockState::kActivePendingFree:
+      return "active_pending_free";
+    case BlockState::kInactive:
+      return "inactive";
   }
   return "?";
 }
 
 const char* to_string(TraceAction action) {
   switch (action) {
-    case TraceAction::kAlloc: return "alloc";
-    case TraceAction::kFreeRequested: return "free_requested";
-    case TraceAction::kFreeCompleted: return "free_completed";
-    case TraceAction::kSegmentAlloc: return "segment_alloc";
-    case TraceAction::kSegmentFree: return "segment_free";
-    case TraceAction::kSegmentMap: return "segment_map";
-    case TraceAction::kSegmentUnmap: return "segment_unmap";
-    case TraceAction::kOom: return "oom";
+    case TraceAction::kAlloc:
+      return "alloc";
+    case TraceAction::kFreeRequested:
+      return "free_requested";
+    case TraceAction::kFreeCompleted:
+      return "free_completed";
+    case TraceAction::kSegmentAlloc:
+      return "segment_alloc";
+    case TraceAction::kSegmentFree:
+      return "segment_free";
+    case TraceAction::kSegmentMap:
+      return "segment_map";
+    case TraceAction::kSegmentUnmap:
+      return "segment_unmap";
+    case TraceAction::kOom:
+      return "oom";
   }
   return "?";
 }
@@ -274,8 +296,8 @@ std::string timeline_html(const MemorySnapshot& snap) {
       }
       case TraceAction::kFreeCompleted: {
         ++step;
-        auto it = std::find_if(stack.rbegin(), stack.rend(),
-                               [&](std::size_t i) { return shapes[i].addr == e.address; });
+        auto it =
+            std::find_if(stack.rbegin(), stack.rend(), [&](std::size_t i) { return shapes[i].addr == e.address; });
         if (it == stack.rend()) break;
         auto pos = std::next(it).base();
         Shape& gone = shapes[*pos];
@@ -298,8 +320,11 @@ std::string timeline_html(const MemorySnapshot& snap) {
         reserved_delta -= static_cast<std::int64_t>(e.size);
         reserved_points.push_back({step, reserved_delta});
         break;
-      case TraceAction::kOom: ooms.push_back({step, &e}); break;
-      case TraceAction::kFreeRequested: break;
+      case TraceAction::kOom:
+        ooms.push_back({step, &e});
+        break;
+      case TraceAction::kFreeRequested:
+        break;
     }
   }
   const std::size_t steps = std::max<std::size_t>(step, 1);
@@ -312,28 +337,27 @@ std::string timeline_html(const MemorySnapshot& snap) {
   const std::int64_t reserved_base = std::max<std::int64_t>(0, reserved_now - reserved_delta);
   std::int64_t reserved_max = reserved_base;
   for (auto& [s, d] : reserved_points) reserved_max = std::max(reserved_max, reserved_base + d);
-  const double ymax = static_cast<double>(
-      std::max<std::int64_t>({static_cast<std::int64_t>(max_total), reserved_max, 1}));
+  const double ymax =
+      static_cast<double>(std::max<std::int64_t>({static_cast<std::int64_t>(max_total), reserved_max, 1}));
 
   const double W = 1100, H = 420, L = 90, T = 20;
   auto X = [&](std::size_t s) { return L + W * static_cast<double>(s) / static_cast<double>(steps); };
   auto Y = [&](double v) { return T + H - H * v / ymax; };
 
   std::ostringstream svg;
-  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << num(L + W + 20) << "' height='"
-      << num(T + H + 50) << "' font-family='sans-serif' font-size='11'>\n";
-  svg << "<rect x='" << num(L) << "' y='" << num(T) << "' width='" << num(W) << "' height='"
-      << num(H) << "' fill='#fafafa' stroke='#ccc'/>\n";
+  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << num(L + W + 20) << "' height='" << num(T + H + 50)
+      << "' font-family='sans-serif' font-size='11'>\n";
+  svg << "<rect x='" << num(L) << "' y='" << num(T) << "' width='" << num(W) << "' height='" << num(H)
+      << "' fill='#fafafa' stroke='#ccc'/>\n";
   const double ystep = nice_step(ymax / 5.0);
   for (double v = 0; v <= ymax * 1.0001; v += ystep) {
-    svg << "<line x1='" << num(L) << "' x2='" << num(L + W) << "' y1='" << num(Y(v)) << "' y2='"
-        << num(Y(v)) << "' stroke='#e4e4e4'/><text x='" << num(L - 6) << "' y='" << num(Y(v) + 4)
-        << "' text-anchor='end'>" << format_bytes(static_cast<std::uint64_t>(v)) << "</text>\n";
+    svg << "<line x1='" << num(L) << "' x2='" << num(L + W) << "' y1='" << num(Y(v)) << "' y2='" << num(Y(v))
+        << "' stroke='#e4e4e4'/><text x='" << num(L - 6) << "' y='" << num(Y(v) + 4) << "' text-anchor='end'>"
+        << format_bytes(static_cast<std::uint64_t>(v)) << "</text>\n";
   }
   for (int i = 0; i <= 10; ++i) {
     const std::size_t s = steps * i / 10;
-    svg << "<text x='" << num(X(s)) << "' y='" << num(T + H + 16) << "' text-anchor='middle'>" << s
-        << "</text>\n";
+    svg << "<text x='" << num(X(s)) << "' y='" << num(T + H + 16) << "' text-anchor='middle'>" << s << "</text>\n";
   }
   svg << "<text x='" << num(L + W / 2) << "' y='" << num(T + H + 38)
       << "' text-anchor='middle'>allocation / free events</text>\n";
@@ -362,27 +386,24 @@ std::string timeline_html(const MemorySnapshot& snap) {
     for (auto it = pts.rbegin(); it != pts.rend(); ++it) {
       svg << num(it->first) << "," << num(Y(it->second + static_cast<double>(s.size))) << " ";
     }
-    svg << "'><title>" << escape_html(s.context.empty() ? "(no context)" : s.context) << ": "
-        << format_bytes(s.size) << " at " << hex(s.addr) << ", stream " << s.stream << ", events "
-        << s.start << "-" << (s.end == SIZE_MAX ? std::string("live") : std::to_string(s.end))
-        << "</title></polygon>\n";
+    svg << "'><title>" << escape_html(s.context.empty() ? "(no context)" : s.context) << ": " << format_bytes(s.size)
+        << " at " << hex(s.addr) << ", stream " << s.stream << ", events " << s.start << "-"
+        << (s.end == SIZE_MAX ? std::string("live") : std::to_string(s.end)) << "</title></polygon>\n";
   }
   // Reserved bytes as a step line: the gap between it and the stack is cached memory.
-  svg << "<polyline fill='none' stroke='#c00' stroke-width='1.5' stroke-dasharray='5,3' points='"
-      << num(X(0)) << "," << num(Y(static_cast<double>(reserved_base))) << " ";
+  svg << "<polyline fill='none' stroke='#c00' stroke-width='1.5' stroke-dasharray='5,3' points='" << num(X(0)) << ","
+      << num(Y(static_cast<double>(reserved_base))) << " ";
   std::int64_t last = reserved_base;
   for (auto& [s, d] : reserved_points) {
     svg << num(X(s)) << "," << num(Y(static_cast<double>(last))) << " " << num(X(s)) << ","
         << num(Y(static_cast<double>(reserved_base + d))) << " ";
     last = reserved_base + d;
   }
-  svg << num(X(steps)) << "," << num(Y(static_cast<double>(last)))
-      << "'><title>reserved bytes</title></polyline>\n";
+  svg << num(X(steps)) << "," << num(Y(static_cast<double>(last))) << "'><title>reserved bytes</title></polyline>\n";
   for (auto& [s, e] : ooms) {
-    svg << "<line x1='" << num(X(s)) << "' x2='" << num(X(s)) << "' y1='" << num(T) << "' y2='"
-        << num(T + H) << "' stroke='#f00' stroke-width='2'><title>OOM: asked "
-        << format_bytes(e->size) << (e->context.empty() ? "" : " for " + escape_html(e->context))
-        << "</title></line>\n";
+    svg << "<line x1='" << num(X(s)) << "' x2='" << num(X(s)) << "' y1='" << num(T) << "' y2='" << num(T + H)
+        << "' stroke='#f00' stroke-width='2'><title>OOM: asked " << format_bytes(e->size)
+        << (e->context.empty() ? "" : " for " + escape_html(e->context)) << "</title></line>\n";
   }
   svg << "</svg>\n";
 
@@ -397,18 +418,17 @@ std::string timeline_html(const MemorySnapshot& snap) {
   for (std::size_t r = 0; r < rows; ++r) {
     const SegmentInfo& s = snap.segments[r];
     const double y = RH * static_cast<double>(r) + 4;
-    seg << "<text x='0' y='" << num(y + 11) << "'>" << hex(s.address) << " "
-        << format_bytes(s.total_size) << (s.is_small ? " small" : " large")
-        << (s.expandable ? " exp" : "") << " s" << s.stream << "</text>\n";
+    seg << "<text x='0' y='" << num(y + 11) << "'>" << hex(s.address) << " " << format_bytes(s.total_size)
+        << (s.is_small ? " small" : " large") << (s.expandable ? " exp" : "") << " s" << s.stream << "</text>\n";
     for (const BlockInfo& b : s.blocks) {
       const double x = SL + SW * static_cast<double>(b.address - s.address) / static_cast<double>(max_seg);
       const double w = std::max(0.5, SW * static_cast<double>(b.size) / static_cast<double>(max_seg));
-      const std::string fill = b.state == BlockState::kInactive           ? "#dddddd"
+      const std::string fill = b.state == BlockState::kInactive            ? "#dddddd"
                                : b.state == BlockState::kActivePendingFree ? "#f0a030"
                                                                            : color_for(b.context, 0);
-      seg << "<rect x='" << num(x) << "' y='" << num(y) << "' width='" << num(w) << "' height='"
-          << num(RH - 3) << "' fill='" << fill << "' stroke='#fff' stroke-width='0.5'><title>"
-          << to_string(b.state) << " " << format_bytes(b.size) << " at " << hex(b.address)
+      seg << "<rect x='" << num(x) << "' y='" << num(y) << "' width='" << num(w) << "' height='" << num(RH - 3)
+          << "' fill='" << fill << "' stroke='#fff' stroke-width='0.5'><title>" << to_string(b.state) << " "
+          << format_bytes(b.size) << " at " << hex(b.address)
           << (b.context.empty() ? "" : " (" + escape_html(b.context) + ")") << "</title></rect>\n";
     }
   }
@@ -418,22 +438,20 @@ std::string timeline_html(const MemorySnapshot& snap) {
   for (auto& [ctx, v] : legend) order.push_back({v.first, ctx});
   std::sort(order.rbegin(), order.rend());
   std::ostringstream html;
-  html << "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>memgrad memory timeline, device "
-       << snap.device << "</title>\n<style>body{font-family:sans-serif;margin:20px;color:#222}"
+  html << "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>memgrad memory timeline, device " << snap.device
+       << "</title>\n<style>body{font-family:sans-serif;margin:20px;color:#222}"
           "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;"
           "text-align:right}.sw{display:inline-block;width:12px;height:12px;margin-right:4px}"
           "</style></head><body>\n";
-  html << "<h2>memgrad memory timeline: device " << snap.device << " ("
-       << escape_html(snap.device_name) << ")</h2>\n";
+  html << "<h2>memgrad memory timeline: device " << snap.device << " (" << escape_html(snap.device_name) << ")</h2>\n";
   html << "<table><tr><th></th><th>current</th><th>peak</th></tr>\n";
   for (const char* k : {"allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes"}) {
     html << "<tr><td style='text-align:left'>" << k << "</td><td>"
-         << format_bytes(static_cast<std::uint64_t>(stat(std::string(k) + ".all.current")))
-         << "</td><td>" << format_bytes(static_cast<std::uint64_t>(stat(std::string(k) + ".all.peak")))
-         << "</td></tr>\n";
+         << format_bytes(static_cast<std::uint64_t>(stat(std::string(k) + ".all.current"))) << "</td><td>"
+         << format_bytes(static_cast<std::uint64_t>(stat(std::string(k) + ".all.peak"))) << "</td></tr>\n";
   }
-  html << "</table>\n<p>OOMs: " << stat("num_ooms") << " &middot; alloc retries: "
-       << stat("num_alloc_retries") << " &middot; largest free block: "
+  html << "</table>\n<p>OOMs: " << stat("num_ooms") << " &middot; alloc retries: " << stat("num_alloc_retries")
+       << " &middot; largest free block: "
        << format_bytes(static_cast<std::uint64_t>(stat("fragmentation.largest_free_block")))
        << " &middot; fragmentation ratio: " << num(stat("fragmentation.ratio_ppm") / 1e4) << "%</p>\n";
   html << "<h3>Live allocations over time</h3>\n<p>Each band is one allocation, stacked in "

@@ -65,9 +65,9 @@ struct TraceEntry {
 struct MemorySnapshot {
   int device = 0;
   std::string device_name;
-  std::vector<SegmentInfo> segments;  // in address order
-  std::vector<TraceEntry> history;    // oldest first; empty unless record_history(true)
-  std::uint64_t history_dropped = 0;  // entries that fell out of the ring buffer
+  std::vector<SegmentInfo> segments;          // in address order
+  std::vector<TraceEntry> history;            // oldest first; empty unless record_history(true)
+  std::uint64_t history_dropped = 0;          // entries that fell out of the ring buffer
   std::map<std::string, std::int64_t> stats;  // CachingAllocator::memory_stats()
 };
 

@@ -24,8 +24,8 @@ bool is_available() { return device_count() > 0; }
 
 static void check_index(int index, const char* op) {
   int n = device_count();
-  MG_CHECK(index >= 0 && index < n, DeviceError, op, ": CUDA device ", index, " does not exist (", n,
-           " visible device", n == 1 ? "" : "s", ")");
+  MG_CHECK(index >= 0 && index < n, DeviceError, op, ": CUDA device ", index, " does not exist (", n, " visible device",
+           n == 1 ? "" : "s", ")");
 }
 
 DeviceProperties get_device_properties(int index) {
@@ -153,7 +153,8 @@ void Event::wait(const Stream& s) const {
 }
 float Event::elapsed_ms(const Event& end) const {
   float ms = 0;
-  MG_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(handle_.get()), static_cast<cudaEvent_t>(end.handle())));
+  MG_CUDA_CHECK(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(handle_.get()), static_cast<cudaEvent_t>(end.handle())));
   return ms;
 }
 

@@ -38,13 +38,16 @@ void stochastic_cpu(const Tensor& param, const Tensor& update, float alpha, uint
 
 void CpuBackend::amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale) {
   bool bad = false;
-  for (const Tensor& g : grads) MG_DISPATCH_FLOAT(g.dtype(), "amp_unscale_", [&] { bad |= unscale_cpu<scalar_t>(g, inv_scale); });
+  for (const Tensor& g : grads)
+    MG_DISPATCH_FLOAT(g.dtype(), "amp_unscale_", [&] { bad |= unscale_cpu<scalar_t>(g, inv_scale); });
   if (bad) raw::fill_(found_inf, 1.0);
 }
 
 void CpuBackend::add_stochastic_bf16(const Tensor& param, const Tensor& update, float alpha, uint64_t seed) {
-  if (update.dtype() == DType::f32) stochastic_cpu<float>(param, update, alpha, seed);
-  else stochastic_cpu<BFloat16>(param, update, alpha, seed);
+  if (update.dtype() == DType::f32)
+    stochastic_cpu<float>(param, update, alpha, seed);
+  else
+    stochastic_cpu<BFloat16>(param, update, alpha, seed);
 }
 
 }  // namespace mg::kernels::cpu

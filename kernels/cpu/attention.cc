@@ -10,9 +10,9 @@ void CpuBackend::flash_attention_forward(AttentionKernel, const Tensor& q, const
            " (attention_kernel chooses the composed path there)");
 }
 
-void CpuBackend::flash_attention_backward(AttentionKernel, const Tensor&, const Tensor& q, const Tensor&,
-                                          const Tensor&, const Tensor&, const Tensor&, bool, double, const Tensor&,
-                                          const Tensor&, const Tensor&) {
+void CpuBackend::flash_attention_backward(AttentionKernel, const Tensor&, const Tensor& q, const Tensor&, const Tensor&,
+                                          const Tensor&, const Tensor&, bool, double, const Tensor&, const Tensor&,
+                                          const Tensor&) {
   MG_THROW(DeviceError, "flash_attention_backward: no flash kernels for ", q.device(),
            " (attention_kernel chooses the composed path there)");
 }

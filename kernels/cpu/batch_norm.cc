@@ -128,9 +128,8 @@ void forward_eval_t(const Tensor& x, const Tensor& weight, const Tensor& bias, c
 }
 
 template <class T>
-void backward_t(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight,
-                const Tensor& grad_bias) {
+void backward_t(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& invstd,
+                bool training, const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) {
   const NCS s = ncs(x);
   const T *pg = ptr<T>(grad_out), *px = ptr<T>(x), *pw = ptr<T>(weight);
   const T *pm = ptr<T>(mean), *pi = ptr<T>(invstd);
@@ -160,24 +159,26 @@ void backward_t(const Tensor& grad_out, const Tensor& x, const Tensor& weight, c
 
 }  // namespace
 
-void CpuBackend::batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                                 const Tensor& running_var, double momentum, double eps, const Tensor& out,
-                                 const Tensor& save_mean, const Tensor& save_invstd) {
+void CpuBackend::batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                             const Tensor& running_mean, const Tensor& running_var, double momentum,
+                                             double eps, const Tensor& out, const Tensor& save_mean,
+                                             const Tensor& save_invstd) {
   if (x.dtype() == DType::f64)
     return forward_training_t<double>(x, weight, bias, running_mean, running_var, momentum, eps, out, save_mean,
                                       save_invstd);
   forward_training_t<float>(x, weight, bias, running_mean, running_var, momentum, eps, out, save_mean, save_invstd);
 }
 
-void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                             const Tensor& running_var, double eps, const Tensor& out) {
+void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                         const Tensor& running_mean, const Tensor& running_var, double eps,
+                                         const Tensor& out) {
   if (x.dtype() == DType::f64) return forward_eval_t<double>(x, weight, bias, running_mean, running_var, eps, out);
   forward_eval_t<float>(x, weight, bias, running_mean, running_var, eps, out);
 }
 
 void CpuBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                         const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight,
-                         const Tensor& grad_bias) {
+                                     const Tensor& invstd, bool training, const Tensor& grad_x,
+                                     const Tensor& grad_weight, const Tensor& grad_bias) {
   if (x.dtype() == DType::f64)
     return backward_t<double>(grad_out, x, weight, mean, invstd, training, grad_x, grad_weight, grad_bias);
   backward_t<float>(grad_out, x, weight, mean, invstd, training, grad_x, grad_weight, grad_bias);
@@ -187,17 +188,17 @@ void CpuBackend::batch_norm_update_stats(const Tensor& running_mean, const Tenso
                                          const Tensor& invstd, double unbias, double momentum, double eps) {
   const char* op = "batch_norm_update_stats_";
   const int64_t c = running_mean.numel();
-    float* rm = static_cast<float*>(running_mean.raw_data());
-    float* rv = static_cast<float*>(running_var.raw_data());
-    MG_DISPATCH_FLOAT(mean.dtype(), op, [&] {
-      const auto* m = static_cast<const scalar_t*>(mean.raw_data());
-      const auto* is = static_cast<const scalar_t*>(invstd.raw_data());
-      for (int64_t i = 0; i < c; ++i) {
-        const double inv = static_cast<double>(is[i]);
-        rm[i] = static_cast<float>((1 - momentum) * rm[i] + momentum * static_cast<double>(m[i]));
-        rv[i] = static_cast<float>((1 - momentum) * rv[i] + momentum * unbias * (1.0 / (inv * inv) - eps));
-      }
-    });
+  float* rm = static_cast<float*>(running_mean.raw_data());
+  float* rv = static_cast<float*>(running_var.raw_data());
+  MG_DISPATCH_FLOAT(mean.dtype(), op, [&] {
+    const auto* m = static_cast<const scalar_t*>(mean.raw_data());
+    const auto* is = static_cast<const scalar_t*>(invstd.raw_data());
+    for (int64_t i = 0; i < c; ++i) {
+      const double inv = static_cast<double>(is[i]);
+      rm[i] = static_cast<float>((1 - momentum) * rm[i] + momentum * static_cast<double>(m[i]));
+      rv[i] = static_cast<float>((1 - momentum) * rv[i] + momentum * unbias * (1.0 / (inv * inv) - eps));
+    }
+  });
 }
 
 }  // namespace mg::kernels::cpu

@@ -90,7 +90,10 @@ void map3(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& out, 
 
 template <class M>
 bool isnan_(M v) {
-  if constexpr (std::is_floating_point_v<M>) return std::isnan(v); else return false;
+  if constexpr (std::is_floating_point_v<M>)
+    return std::isnan(v);
+  else
+    return false;
 }
 
 constexpr double kSqrt1_2 = 0.70710678118654752440;
@@ -104,32 +107,50 @@ void unary_t(Unary op, const Tensor& a, const Tensor& out) {
   auto run = [&](auto f) { map1<T, T>(a, out, [f](T x) { return static_cast<T>(f(static_cast<M>(x))); }); };
   if constexpr (std::is_floating_point_v<M>) {
     switch (op) {
-      case Unary::Exp: return run([](M x) { return std::exp(x); });
-      case Unary::Log: return run([](M x) { return std::log(x); });
-      case Unary::Sqrt: return run([](M x) { return std::sqrt(x); });
-      case Unary::Rsqrt: return run([](M x) { return M(1) / std::sqrt(x); });
-      case Unary::Gelu: return run([](M x) { return M(0.5) * x * (M(1) + std::erf(x * M(kSqrt1_2))); });
+      case Unary::Exp:
+        return run([](M x) { return std::exp(x); });
+      case Unary::Log:
+        return run([](M x) { return std::log(x); });
+      case Unary::Sqrt:
+        return run([](M x) { return std::sqrt(x); });
+      case Unary::Rsqrt:
+        return run([](M x) { return M(1) / std::sqrt(x); });
+      case Unary::Gelu:
+        return run([](M x) { return M(0.5) * x * (M(1) + std::erf(x * M(kSqrt1_2))); });
       case Unary::GeluTanh:
         return run([](M x) { return M(0.5) * x * (M(1) + std::tanh(M(kTanhK) * (x + M(kTanhC) * x * x * x))); });
-      case Unary::Sigmoid: return run([](M x) { return M(1) / (M(1) + std::exp(-x)); });
-      case Unary::Tanh: return run([](M x) { return std::tanh(x); });
-      case Unary::Reciprocal: return run([](M x) { return M(1) / x; });
-      case Unary::Silu: return run([](M x) { return x / (M(1) + std::exp(-x)); });
-      case Unary::Abs: return run([](M x) { return std::abs(x); });
-      default: break;
+      case Unary::Sigmoid:
+        return run([](M x) { return M(1) / (M(1) + std::exp(-x)); });
+      case Unary::Tanh:
+        return run([](M x) { return std::tanh(x); });
+      case Unary::Reciprocal:
+        return run([](M x) { return M(1) / x; });
+      case Unary::Silu:
+        return run([](M x) { return x / (M(1) + std::exp(-x)); });
+      case Unary::Abs:
+        return run([](M x) { return std::abs(x); });
+      default:
+        break;
     }
   } else {
     if (op == Unary::Abs) {
-      if constexpr (std::is_signed_v<M>) return run([](M x) { return x < 0 ? M(-x) : x; });
-      else return run([](M x) { return x; });
+      if constexpr (std::is_signed_v<M>)
+        return run([](M x) { return x < 0 ? M(-x) : x; });
+      else
+        return run([](M x) { return x; });
     }
   }
   switch (op) {
-    case Unary::Neg: return run([](M x) { return -x; });
-    case Unary::Relu: return run([](M x) { return x < M(0) ? M(0) : x; });  // NaN stays NaN
-    case Unary::Sign: return run([](M x) { return M((M(0) < x) - (x < M(0))); });
-    case Unary::Square: return run([](M x) { return x * x; });
-    default: MG_THROW(DTypeError, "unary: op not supported for dtype ", a.dtype());
+    case Unary::Neg:
+      return run([](M x) { return -x; });
+    case Unary::Relu:
+      return run([](M x) { return x < M(0) ? M(0) : x; });  // NaN stays NaN
+    case Unary::Sign:
+      return run([](M x) { return M((M(0) < x) - (x < M(0))); });
+    case Unary::Square:
+      return run([](M x) { return x * x; });
+    default:
+      MG_THROW(DTypeError, "unary: op not supported for dtype ", a.dtype());
   }
 }
 
@@ -143,9 +164,12 @@ void binary_t(Binary op, const Tensor& a, const Tensor& b, const Tensor& out) {
     map2<bool, T, T>(a, b, out, [f](T x, T y) { return static_cast<bool>(f(static_cast<M>(x), static_cast<M>(y))); });
   };
   switch (op) {
-    case Binary::Add: return run([](M x, M y) { return x + y; });
-    case Binary::Sub: return run([](M x, M y) { return x - y; });
-    case Binary::Mul: return run([](M x, M y) { return x * y; });
+    case Binary::Add:
+      return run([](M x, M y) { return x + y; });
+    case Binary::Sub:
+      return run([](M x, M y) { return x - y; });
+    case Binary::Mul:
+      return run([](M x, M y) { return x * y; });
     case Binary::Div:
       if constexpr (std::is_floating_point_v<M>) return run([](M x, M y) { return x / y; });
       break;
@@ -154,19 +178,29 @@ void binary_t(Binary op, const Tensor& a, const Tensor& b, const Tensor& out) {
         return run([](M x, M y) { return std::pow(x, y); });
       else
         return run([](M x, M y) { return static_cast<M>(std::pow(static_cast<double>(x), static_cast<double>(y))); });
-    case Binary::Maximum: return run([](M x, M y) { return isnan_(x) ? x : (isnan_(y) ? y : (x > y ? x : y)); });
-    case Binary::Minimum: return run([](M x, M y) { return isnan_(x) ? x : (isnan_(y) ? y : (x < y ? x : y)); });
-    case Binary::Eq: return cmp([](M x, M y) { return x == y; });
-    case Binary::Ne: return cmp([](M x, M y) { return x != y; });
-    case Binary::Lt: return cmp([](M x, M y) { return x < y; });
-    case Binary::Le: return cmp([](M x, M y) { return x <= y; });
-    case Binary::Gt: return cmp([](M x, M y) { return x > y; });
-    case Binary::Ge: return cmp([](M x, M y) { return x >= y; });
-    default: break;
+    case Binary::Maximum:
+      return run([](M x, M y) { return isnan_(x) ? x : (isnan_(y) ? y : (x > y ? x : y)); });
+    case Binary::Minimum:
+      return run([](M x, M y) { return isnan_(x) ? x : (isnan_(y) ? y : (x < y ? x : y)); });
+    case Binary::Eq:
+      return cmp([](M x, M y) { return x == y; });
+    case Binary::Ne:
+      return cmp([](M x, M y) { return x != y; });
+    case Binary::Lt:
+      return cmp([](M x, M y) { return x < y; });
+    case Binary::Le:
+      return cmp([](M x, M y) { return x <= y; });
+    case Binary::Gt:
+      return cmp([](M x, M y) { return x > y; });
+    case Binary::Ge:
+      return cmp([](M x, M y) { return x >= y; });
+    default:
+      break;
   }
   if constexpr (std::is_floating_point_v<M>) {
     switch (op) {
-      case Binary::ReluBackward: return run([](M g, M x) { return x > M(0) ? g : M(0); });
+      case Binary::ReluBackward:
+        return run([](M g, M x) { return x > M(0) ? g : M(0); });
       case Binary::GeluBackward:
         return run([](M g, M x) {
           const M cdf = M(0.5) * (M(1) + std::erf(x * M(kSqrt1_2)));
@@ -179,14 +213,17 @@ void binary_t(Binary op, const Tensor& a, const Tensor& b, const Tensor& out) {
           const M d = M(0.5) * (M(1) + t) + M(0.5) * x * (M(1) - t * t) * M(kTanhK) * (M(1) + M(3 * kTanhC) * x * x);
           return g * d;
         });
-      case Binary::SigmoidBackward: return run([](M g, M y) { return g * y * (M(1) - y); });
-      case Binary::TanhBackward: return run([](M g, M y) { return g * (M(1) - y * y); });
+      case Binary::SigmoidBackward:
+        return run([](M g, M y) { return g * y * (M(1) - y); });
+      case Binary::TanhBackward:
+        return run([](M g, M y) { return g * (M(1) - y * y); });
       case Binary::SiluBackward:
         return run([](M g, M x) {
           const M s = M(1) / (M(1) + std::exp(-x));
           return g * s * (M(1) + x * (M(1) - s));
         });
-      default: break;
+      default:
+        break;
     }
   }
   MG_THROW(DTypeError, "binary: op not supported for dtype ", a.dtype());

@@ -92,15 +92,15 @@ void layer_norm_backward_t(const Tensor& grad_out, const Tensor& x, const Tensor
 
 }  // namespace
 
-void CpuBackend::layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
-                        const Tensor& mean, const Tensor& rstd) {
+void CpuBackend::layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                    const Tensor& out, const Tensor& mean, const Tensor& rstd) {
   MG_DISPATCH_FLOAT(x.dtype(), "layer_norm",
                     [&] { layer_norm_forward_t<scalar_t>(x, weight, bias, eps, out, mean, rstd); });
 }
 
 void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight,
-                         const Tensor& grad_bias) {
+                                     const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight,
+                                     const Tensor& grad_bias) {
   MG_DISPATCH_FLOAT(x.dtype(), "layer_norm_backward", [&] {
     layer_norm_backward_t<scalar_t>(grad_out, x, mean, rstd, weight, grad_x, grad_weight, grad_bias);
   });

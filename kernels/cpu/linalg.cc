@@ -43,10 +43,16 @@ using RowMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen
 template <class T, class MA, class MB>
 void product(RowMap<T>& C, const MA& A, const MB& B, T alpha, T beta) {
   if (beta == T(0)) {
-    if (alpha == T(1)) C.noalias() = A * B; else C.noalias() = alpha * A * B;
+    if (alpha == T(1))
+      C.noalias() = A * B;
+    else
+      C.noalias() = alpha * A * B;
   } else {
     if (beta != T(1)) C *= beta;
-    if (alpha == T(1)) C.noalias() += A * B; else C.noalias() += alpha * A * B;
+    if (alpha == T(1))
+      C.noalias() += A * B;
+    else
+      C.noalias() += alpha * A * B;
   }
 }
 
@@ -57,7 +63,10 @@ void gemm_mapped(const Mat& A, const Mat& B, T* c, int64_t ldc, T alpha, T beta)
   RowMap<T> C(c, n, m, Eigen::OuterStride<>(ldc));
   if (n == 0 || m == 0) return;
   if (k == 0) {
-    if (beta == T(0)) C.setZero(); else C *= beta;
+    if (beta == T(0))
+      C.setZero();
+    else
+      C *= beta;
     return;
   }
   int64_t lda = 0, ldb = 0;
@@ -69,12 +78,16 @@ void gemm_mapped(const Mat& A, const Mat& B, T* c, int64_t ldc, T alpha, T beta)
   using Eigen::RowMajor;
   if (la == Layout::Row) {
     CMap<T, RowMajor> Am(pa, n, k, OuterStride<>(lda));
-    if (lb == Layout::Row) product(C, Am, CMap<T, RowMajor>(pb, k, m, OuterStride<>(ldb)), alpha, beta);
-    else product(C, Am, CMap<T, ColMajor>(pb, k, m, OuterStride<>(ldb)), alpha, beta);
+    if (lb == Layout::Row)
+      product(C, Am, CMap<T, RowMajor>(pb, k, m, OuterStride<>(ldb)), alpha, beta);
+    else
+      product(C, Am, CMap<T, ColMajor>(pb, k, m, OuterStride<>(ldb)), alpha, beta);
   } else {
     CMap<T, ColMajor> Am(pa, n, k, OuterStride<>(lda));
-    if (lb == Layout::Row) product(C, Am, CMap<T, RowMajor>(pb, k, m, OuterStride<>(ldb)), alpha, beta);
-    else product(C, Am, CMap<T, ColMajor>(pb, k, m, OuterStride<>(ldb)), alpha, beta);
+    if (lb == Layout::Row)
+      product(C, Am, CMap<T, RowMajor>(pb, k, m, OuterStride<>(ldb)), alpha, beta);
+    else
+      product(C, Am, CMap<T, ColMajor>(pb, k, m, OuterStride<>(ldb)), alpha, beta);
   }
 }
 
@@ -111,7 +124,8 @@ bool half(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 }  // namespace
 
-void CpuBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha, double beta) {
+void CpuBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha,
+                      double beta) {
   if (half(out.dtype())) {
     Tensor o32 = beta == 0 ? empty(out.sizes(), {DType::f32}) : raw::to_dtype(out, DType::f32);
     gemm_t<float>(raw::to_dtype(a, DType::f32), trans_a, raw::to_dtype(b, DType::f32), trans_b, o32, alpha, beta);

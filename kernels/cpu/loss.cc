@@ -11,8 +11,8 @@ namespace mg::kernels::cpu {
 namespace {
 
 template <class T>
-int64_t cross_entropy_forward_t(const Tensor& logits, const Tensor& target, int64_t ignore_index, double e, const Tensor& loss,
-                 const Tensor& lse) {
+int64_t cross_entropy_forward_t(const Tensor& logits, const Tensor& target, int64_t ignore_index, double e,
+                                const Tensor& loss, const Tensor& lse) {
   using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const int64_t M = logits.size(0), C = logits.size(1);
   const T* x = static_cast<const T*>(logits.raw_data());
@@ -44,7 +44,7 @@ int64_t cross_entropy_forward_t(const Tensor& logits, const Tensor& target, int6
 
 template <class T>
 void cross_entropy_backward_t(const Tensor& coef, const Tensor& logits, const Tensor& target, const Tensor& lse,
-                  int64_t ignore_index, double e, const Tensor& grad) {
+                              int64_t ignore_index, double e, const Tensor& grad) {
   using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
   const int64_t M = logits.size(0), C = logits.size(1);
   const T* x = static_cast<const T*>(logits.raw_data());
@@ -57,8 +57,8 @@ void cross_entropy_backward_t(const Tensor& coef, const Tensor& logits, const Te
     const bool ignored = t[i] == ignore_index;
     const double c = ignored ? 0.0 : static_cast<double>(pc[i * cs]), l = pe[i];
     for (int64_t j = 0; j < C; ++j) {
-      const double q = std::exp(static_cast<double>(x[i * C + j]) - l) - e / static_cast<double>(C) -
-                       (j == t[i] ? 1.0 - e : 0.0);
+      const double q =
+          std::exp(static_cast<double>(x[i * C + j]) - l) - e / static_cast<double>(C) - (j == t[i] ? 1.0 - e : 0.0);
       g[i * C + j] = static_cast<T>(ignored ? 0.0 : c * q);
     }
   }
@@ -66,7 +66,8 @@ void cross_entropy_backward_t(const Tensor& coef, const Tensor& logits, const Te
 
 }  // namespace
 
-void CpuBackend::nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, const Tensor& out) {
+void CpuBackend::nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
+                                  const Tensor& out) {
   const int64_t cdim = log_probs.dim() == 1 ? 0 : 1;
   const int64_t C = log_probs.size(cdim);
   const int64_t sc = log_probs.stride(cdim);
@@ -105,8 +106,7 @@ int64_t CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& ta
 }
 
 void CpuBackend::cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target,
-                                        const Tensor& lse, int64_t ignore_index, double smoothing,
-                                        const Tensor& grad) {
+                                        const Tensor& lse, int64_t ignore_index, double smoothing, const Tensor& grad) {
   MG_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_backward", [&] {
     cross_entropy_backward_t<scalar_t>(coef, logits, target, lse, ignore_index, smoothing, grad);
   });

@@ -10,8 +10,8 @@ namespace {
 
 template <class T>
 void adam_cpu(const AdamTensors& t, const AdamHyper& h) {
-  const optim_math::AdamScalars<T> s{T(h.lr), T(h.beta1), T(h.beta2), T(h.eps), T(h.weight_decay),
-                                     h.decoupled_weight_decay, h.amsgrad, h.maximize};
+  const optim_math::AdamScalars<T> s{
+      T(h.lr), T(h.beta1), T(h.beta2), T(h.eps), T(h.weight_decay), h.decoupled_weight_decay, h.amsgrad, h.maximize};
   for (size_t i = 0; i < t.params.size(); ++i) {
     const double st = static_cast<double>(t.steps[i]);
     const T step_size = T(h.lr / (1.0 - std::pow(h.beta1, st)));
@@ -29,8 +29,7 @@ void adam_cpu(const AdamTensors& t, const AdamHyper& h) {
 
 template <class T>
 void sgd_cpu(const SGDTensors& t, const SGDHyper& h) {
-  const optim_math::SGDScalars<T> s{T(h.lr), T(h.momentum), T(h.dampening), T(h.weight_decay), h.nesterov,
-                                    h.maximize};
+  const optim_math::SGDScalars<T> s{T(h.lr), T(h.momentum), T(h.dampening), T(h.weight_decay), h.nesterov, h.maximize};
   for (size_t i = 0; i < t.params.size(); ++i) {
     T* p = t.params[i].data_ptr<T>();
     const T* g = t.grads[i].data_ptr<T>();
@@ -67,27 +66,34 @@ double cpu_norm_partial(const Tensor& t0, double p) {
 }  // namespace
 
 void CpuBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {
-  if (t.params[0].dtype() == DType::f64) adam_cpu<double>(t, h);
-  else adam_cpu<float>(t, h);
+  if (t.params[0].dtype() == DType::f64)
+    adam_cpu<double>(t, h);
+  else
+    adam_cpu<float>(t, h);
 }
 
 void CpuBackend::sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) {
-  if (t.params[0].dtype() == DType::f64) sgd_cpu<double>(t, h);
-  else sgd_cpu<float>(t, h);
+  if (t.params[0].dtype() == DType::f64)
+    sgd_cpu<double>(t, h);
+  else
+    sgd_cpu<float>(t, h);
 }
 
 double CpuBackend::multi_tensor_norm_partial(const std::vector<Tensor>& ts, double norm_type) {
   double total = 0.0;
   for (const Tensor& t : ts) {
     const double part = cpu_norm_partial(t, norm_type);
-    if (std::isinf(norm_type)) total = (std::isnan(total) || total >= part) ? total : part;
-    else total += part;
+    if (std::isinf(norm_type))
+      total = (std::isnan(total) || total >= part) ? total : part;
+    else
+      total += part;
   }
   return total;
 }
 
 void CpuBackend::multi_tensor_scale(const std::vector<Tensor>& ts, double scale) {
-  for (const Tensor& t : ts) binary(Binary::Mul, t, raw::expand(scalar_tensor(scale, {t.dtype(), t.device()}), t.sizes()), t);
+  for (const Tensor& t : ts)
+    binary(Binary::Mul, t, raw::expand(scalar_tensor(scale, {t.dtype(), t.device()}), t.sizes()), t);
 }
 
 }  // namespace mg::kernels::cpu

@@ -55,14 +55,16 @@ inline T pick_value(bool c, T a, T b) {
 inline int64_t pick_index(bool c, int64_t a, int64_t b) { return pick<int64_t, uint64_t>(c, a, b); }
 
 // Planes per thread: enough that each thread has ~64K input elements.
-int64_t plane_grain(int64_t plane_elems) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(plane_elems, 1)); }
+int64_t plane_grain(int64_t plane_elems) {
+  return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(plane_elems, 1));
+}
 
 // One tap column of a row of windows: best[ow] = max(best[ow], row[ow * sw + off]) for ow in
 // [lo, hi), with the argmax (flat index rbase + ow * sw + off) when `arg` is non-null.
 // Plain parameters and __restrict let the compiler keep everything in registers.
 template <class T>
-void max_tap(const T* __restrict row, T* __restrict best, int64_t* __restrict arg, int64_t lo, int64_t hi,
-             int64_t sw, int64_t off, int64_t rbase) {
+void max_tap(const T* __restrict row, T* __restrict best, int64_t* __restrict arg, int64_t lo, int64_t hi, int64_t sw,
+             int64_t off, int64_t rbase) {
   if (arg) {
     for (int64_t ow = lo; ow < hi; ++ow) {
       const T v = row[ow * sw + off], b = best[ow];
@@ -110,8 +112,8 @@ void max_pool_t(const Tensor& x, const Pool2dArgs& a, const Tensor& out, const T
   T* po = ptr<T>(out);
   int64_t* pi = indices.defined() ? ptr<int64_t>(indices) : nullptr;
   // (ceil_mode can add partial windows at the bottom/right edge: those take the general path.)
-  if (a.kernel == Int2(2) && a.stride == Int2(2) && a.padding == Int2(0) && a.dilation == Int2(1) &&
-      2 * p.Ho <= p.H && 2 * p.Wo <= p.W) {
+  if (a.kernel == Int2(2) && a.stride == Int2(2) && a.padding == Int2(0) && a.dilation == Int2(1) && 2 * p.Ho <= p.H &&
+      2 * p.Wo <= p.W) {
     nn_parallel_for(p.P, plane_grain(p.H * p.W), [=](int64_t q0, int64_t q1) {
       for (int64_t q = q0; q < q1; ++q)
         max_pool_2x2(px + q * p.H * p.W, p.W, p.Ho, p.Wo, po + q * p.Ho * p.Wo, pi ? pi + q * p.Ho * p.Wo : nullptr);
@@ -303,7 +305,9 @@ void CpuBackend::avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tenso
 void CpuBackend::avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& args, const Tensor& grad_x) {
   MG_POOL_DISPATCH(grad_x.dtype(), avg_pool_backward_t, grad_out, args, grad_x);
 }
-void CpuBackend::adaptive_avg_pool2d(const Tensor& x, const Tensor& out) { MG_POOL_DISPATCH(x.dtype(), adaptive_avg_t, x, out); }
+void CpuBackend::adaptive_avg_pool2d(const Tensor& x, const Tensor& out) {
+  MG_POOL_DISPATCH(x.dtype(), adaptive_avg_t, x, out);
+}
 void CpuBackend::adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& grad_x) {
   MG_POOL_DISPATCH(grad_x.dtype(), adaptive_avg_backward_t, grad_out, grad_x);
 }

@@ -43,17 +43,28 @@ __global__ void unscale_kernel(UnscaleList l, float* found_inf, float inv_scale)
   int lo = 0, hi = l.n - 1;  // the tensor t with block_begin[t] <= b < block_begin[t + 1]
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (l.block_begin[mid] <= b) lo = mid; else hi = mid - 1;
+    if (l.block_begin[mid] <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const int t = lo;
   const int64_t begin = (b - l.block_begin[t]) * kElemsPerBlock;
   const int64_t end = min(begin + kElemsPerBlock, l.numel[t]);
   bool bad = false;
   switch (l.dtype[t]) {
-    case kF32: bad = unscale_range(static_cast<float*>(l.ptr[t]), begin, end, inv_scale); break;
-    case kF16: bad = unscale_range(static_cast<__half*>(l.ptr[t]), begin, end, inv_scale); break;
-    case kBF16: bad = unscale_range(static_cast<__nv_bfloat16*>(l.ptr[t]), begin, end, inv_scale); break;
-    default: bad = unscale_range(static_cast<double*>(l.ptr[t]), begin, end, static_cast<double>(inv_scale)); break;
+    case kF32:
+      bad = unscale_range(static_cast<float*>(l.ptr[t]), begin, end, inv_scale);
+      break;
+    case kF16:
+      bad = unscale_range(static_cast<__half*>(l.ptr[t]), begin, end, inv_scale);
+      break;
+    case kBF16:
+      bad = unscale_range(static_cast<__nv_bfloat16*>(l.ptr[t]), begin, end, inv_scale);
+      break;
+    default:
+      bad = unscale_range(static_cast<double*>(l.ptr[t]), begin, end, static_cast<double>(inv_scale));
+      break;
   }
   // Every writer stores the same value, so the race is benign (PyTorch's kernel does the same).
   if (__syncthreads_or(bad) && threadIdx.x == 0) *found_inf = 1.0f;
@@ -61,11 +72,16 @@ __global__ void unscale_kernel(UnscaleList l, float* found_inf, float inv_scale)
 
 uint8_t code_of(DType t) {
   switch (t) {
-    case DType::f32: return kF32;
-    case DType::f16: return kF16;
-    case DType::bf16: return kBF16;
-    case DType::f64: return kF64;
-    default: MG_THROW(DTypeError, "amp_unscale_: expected a floating gradient, got ", t);
+    case DType::f32:
+      return kF32;
+    case DType::f16:
+      return kF16;
+    case DType::bf16:
+      return kBF16;
+    case DType::f64:
+      return kF64;
+    default:
+      MG_THROW(DTypeError, "amp_unscale_: expected a floating gradient, got ", t);
   }
 }
 
@@ -123,16 +139,16 @@ void CudaBackend::add_stochastic_bf16(const Tensor& param, const Tensor& update,
   cudaStream_t st = stream_of(param);
   auto* p = static_cast<uint16_t*>(param.raw_data());
   if (update.dtype() == DType::f32)
-    stochastic_bf16_kernel<float><<<blocks_for(n), kBlock, 0, st>>>(p, static_cast<const float*>(update.raw_data()), n,
-                                                                    alpha, seed);
+    stochastic_bf16_kernel<float>
+        <<<blocks_for(n), kBlock, 0, st>>>(p, static_cast<const float*>(update.raw_data()), n, alpha, seed);
   else
-    stochastic_bf16_kernel<__nv_bfloat16><<<blocks_for(n), kBlock, 0, st>>>(
-        p, static_cast<const __nv_bfloat16*>(update.raw_data()), n, alpha, seed);
+    stochastic_bf16_kernel<__nv_bfloat16>
+        <<<blocks_for(n), kBlock, 0, st>>>(p, static_cast<const __nv_bfloat16*>(update.raw_data()), n, alpha, seed);
   MG_CUDA_CHECK_LAUNCH("add_stochastic_bf16_");
 }
 
 void CudaBackend::batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
-                             const Tensor& invstd, double unbias, double momentum, double eps) {
+                                          const Tensor& invstd, double unbias, double momentum, double eps) {
   const int64_t c = running_mean.numel();
   if (c == 0) return;
   mg::cuda::DeviceGuard guard(running_mean.device());

@@ -87,8 +87,8 @@ constexpr size_t fwd_smem_bytes() {
 template <class T, int kD>
 __global__ void __launch_bounds__(kThreads)
     flash_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                     float* __restrict__ lse, TcLayout lq, TcLayout lk, TcLayout lv, TcLayout lo, int64_t b0,
-                     int64_t L, int64_t S, int D, float scale, bool causal) {
+                     float* __restrict__ lse, TcLayout lq, TcLayout lk, TcLayout lv, TcLayout lo, int64_t b0, int64_t L,
+                     int64_t S, int D, float scale, bool causal) {
   constexpr int kC = kD / 32, kPad = kD + 1;
   extern __shared__ float4 smem4[];
   float* Qs = reinterpret_cast<float*>(smem4);  // [kBlockRows][kD], broadcast
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kThreads)
   k += lk.head(bh), v += lv.head(bh);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;  // the block's first query
-  const int64_t iw = i0 + warp * kRows;                               // the warp's first query
+  const int64_t iw = i0 + warp * kRows;                              // the warp's first query
   load_tile<T, kD>(Qs, kD, q, lq.sp, i0, kBlockRows, L, D);
 
   float m[kRows], l[kRows], acc[kRows][kC];
@@ -187,9 +187,9 @@ template <class T, int kD>
 __global__ void __launch_bounds__(kThreads)
     flash_bwd_dkdv_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                           const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                          T* __restrict__ dk, T* __restrict__ dv, TcLayout lq, TcLayout lk, TcLayout lv,
-                          TcLayout ldo, TcLayout ldk, TcLayout ldv, int64_t b0, int64_t L, int64_t S, int D,
-                          float scale, bool causal) {
+                          T* __restrict__ dk, T* __restrict__ dv, TcLayout lq, TcLayout lk, TcLayout lv, TcLayout ldo,
+                          TcLayout ldk, TcLayout ldv, int64_t b0, int64_t L, int64_t S, int D, float scale,
+                          bool causal) {
   constexpr int kC = kD / 32, kPad = kD + 1;
   extern __shared__ float4 smem4[];
   float* Ks = reinterpret_cast<float*>(smem4);  // [kBlockRows][kD], broadcast
@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(kThreads)
   k += lk.head(bh), v += lv.head(bh), dk += ldk.head(bh), dv += ldv.head(bh);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;  // the block's first key
-  const int64_t jw = j0 + warp * kRows;                               // the warp's first key
+  const int64_t jw = j0 + warp * kRows;                              // the warp's first key
   load_tile<T, kD>(Ks, kD, k, lk.sp, j0, kBlockRows, S, D);
   load_tile<T, kD>(Vs, kD, v, lv.sp, j0, kBlockRows, S, D);
 
@@ -339,15 +339,25 @@ void dispatch(DType dt, int64_t D, const char* op, F&& f) {
   MG_CHECK(D >= 1 && D <= kFlashAttentionMaxHeadDim, ShapeError, op, ": head dim must be in [1, ",
            kFlashAttentionMaxHeadDim, "], got ", D);
   auto by_dim = [&](auto tag) {
-    if (D <= 32) f(tag, std::integral_constant<int, 32>{});
-    else if (D <= 64) f(tag, std::integral_constant<int, 64>{});
-    else f(tag, std::integral_constant<int, 128>{});
+    if (D <= 32)
+      f(tag, std::integral_constant<int, 32>{});
+    else if (D <= 64)
+      f(tag, std::integral_constant<int, 64>{});
+    else
+      f(tag, std::integral_constant<int, 128>{});
   };
   switch (dt) {
-    case DType::f32: by_dim(TypeTag<float>{}); break;
-    case DType::f16: by_dim(TypeTag<__half>{}); break;
-    case DType::bf16: by_dim(TypeTag<__nv_bfloat16>{}); break;
-    default: MG_THROW(DTypeError, op, ": expected f32, f16 or bf16, got ", dt);
+    case DType::f32:
+      by_dim(TypeTag<float>{});
+      break;
+    case DType::f16:
+      by_dim(TypeTag<__half>{});
+      break;
+    case DType::bf16:
+      by_dim(TypeTag<__nv_bfloat16>{});
+      break;
+    default:
+      MG_THROW(DTypeError, op, ": expected f32, f16 or bf16, got ", dt);
   }
 }
 
@@ -388,8 +398,8 @@ bool aligned16(std::initializer_list<const Tensor*> ts) {
 
 }  // namespace
 
-void CudaBackend::flash_attention_forward(AttentionKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
-                             const Tensor& out, const Tensor& lse) {
+void CudaBackend::flash_attention_forward(AttentionKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v,
+                                          bool causal, double scale, const Tensor& out, const Tensor& lse) {
   const char* op = "flash_attention_forward";
   const int64_t BH = q.size(0) * q.size(1), L = q.size(2), S = k.size(2), D = q.size(3);
   if (BH == 0 || L == 0) return;
@@ -399,9 +409,21 @@ void CudaBackend::flash_attention_forward(AttentionKernel kernel, const Tensor& 
   // kernels/attention.cc chose the kernel and aligned the views; a misaligned one still runs SIMT.
   if (kernel == AttentionKernel::FlashTensorCore && aligned16({&q, &k, &v, &out})) {
     const TcForwardArgs a{q.dtype() == DType::bf16 ? TcElem::bf16 : TcElem::f16,
-                          q.raw_data(), k.raw_data(), v.raw_data(), out.raw_data(), ptr<float>(lse),
-                          BH, L, S, static_cast<int>(D), static_cast<float>(scale), causal,
-                          layout_of(q), layout_of(k), layout_of(v), layout_of(out)};
+                          q.raw_data(),
+                          k.raw_data(),
+                          v.raw_data(),
+                          out.raw_data(),
+                          ptr<float>(lse),
+                          BH,
+                          L,
+                          S,
+                          static_cast<int>(D),
+                          static_cast<float>(scale),
+                          causal,
+                          layout_of(q),
+                          layout_of(k),
+                          layout_of(v),
+                          layout_of(out)};
     MG_CUDA_CHECK(attention_tc_forward(a, st));
     return;
   }
@@ -420,9 +442,10 @@ void CudaBackend::flash_attention_forward(AttentionKernel kernel, const Tensor& 
   });
 }
 
-void CudaBackend::flash_attention_backward(AttentionKernel kernel, const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& out, const Tensor& lse, bool causal, double scale, const Tensor& grad_q,
-                              const Tensor& grad_k, const Tensor& grad_v) {
+void CudaBackend::flash_attention_backward(AttentionKernel kernel, const Tensor& grad_out, const Tensor& q,
+                                           const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                                           bool causal, double scale, const Tensor& grad_q, const Tensor& grad_k,
+                                           const Tensor& grad_v) {
   const char* op = "flash_attention_backward";
   const int64_t BH = q.size(0) * q.size(1), L = q.size(2), S = k.size(2), D = q.size(3);
   if (BH == 0 || S == 0) return;
@@ -440,13 +463,30 @@ void CudaBackend::flash_attention_backward(AttentionKernel kernel, const Tensor&
           Di);
       MG_CUDA_CHECK_LAUNCH(op);
     }
-    if (kernel == AttentionKernel::FlashTensorCore &&
-        aligned16({&grad_out, &q, &k, &v, &grad_q, &grad_k, &grad_v})) {
+    if (kernel == AttentionKernel::FlashTensorCore && aligned16({&grad_out, &q, &k, &v, &grad_q, &grad_k, &grad_v})) {
       const TcBackwardArgs a{std::is_same_v<T, __nv_bfloat16> ? TcElem::bf16 : TcElem::f16,
-                             q.raw_data(), k.raw_data(), v.raw_data(), grad_out.raw_data(), ptr<const float>(lse),
-                             ptr<const float>(delta), grad_q.raw_data(), grad_k.raw_data(), grad_v.raw_data(),
-                             BH, L, S, Di, sc, causal, layout_of(q), layout_of(k), layout_of(v),
-                             layout_of(grad_out), layout_of(grad_q), layout_of(grad_k), layout_of(grad_v)};
+                             q.raw_data(),
+                             k.raw_data(),
+                             v.raw_data(),
+                             grad_out.raw_data(),
+                             ptr<const float>(lse),
+                             ptr<const float>(delta),
+                             grad_q.raw_data(),
+                             grad_k.raw_data(),
+                             grad_v.raw_data(),
+                             BH,
+                             L,
+                             S,
+                             Di,
+                             sc,
+                             causal,
+                             layout_of(q),
+                             layout_of(k),
+                             layout_of(v),
+                             layout_of(grad_out),
+                             layout_of(grad_q),
+                             layout_of(grad_k),
+                             layout_of(grad_v)};
       MG_CUDA_CHECK(attention_tc_backward(a, st));
       return;
     }

@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ uint4 smem_fwd[];
   T* Qs = reinterpret_cast<T*>(smem_fwd);
   // Double buffers, picked by arithmetic (an indexed pointer array would live on the stack).
-  T* const Kb = Qs + kRows * kLd;   // [2][kBc][kLd]
+  T* const Kb = Qs + kRows * kLd;    // [2][kBc][kLd]
   T* const Vb = Kb + 2 * kBc * kLd;  // [2][kBc][kLd]
   auto buf = [&](T* b, int64_t i) { return b + (i & 1) * kBc * kLd; };
   const int64_t bh = b0 + blockIdx.y;
@@ -313,10 +313,10 @@ __global__ void __launch_bounds__(kThreads, BwdTiles<kD>::kMinBlocks)
   extern __shared__ uint4 smem_dkdv[];
   T* Ks = reinterpret_cast<T*>(smem_dkdv);
   T* Vs = Ks + kRows * kLd;
-  T* const Qb = Vs + kRows * kLd;    // [2][kBr][kLd], double buffers
-  T* const Ob = Qb + 2 * kBr * kLd;  // [2][kBr][kLd], dout
+  T* const Qb = Vs + kRows * kLd;                                     // [2][kBr][kLd], double buffers
+  T* const Ob = Qb + 2 * kBr * kLd;                                   // [2][kBr][kLd], dout
   float* const lse_b = reinterpret_cast<float*>(Ob + 2 * kBr * kLd);  // [2][kBr] lse * log2 e
-  float* const delta_b = lse_b + 2 * kBr;                            // [2][kBr]
+  float* const delta_b = lse_b + 2 * kBr;                             // [2][kBr]
   const int64_t bh = b0 + blockIdx.y;
   q += lq.head(bh), dout += ldo.head(bh), lse += bh * L, delta += bh * L;
   k += lk.head(bh), v += lv.head(bh), dk += ldk.head(bh), dv += ldv.head(bh);

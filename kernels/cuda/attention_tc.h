@@ -31,9 +31,7 @@ struct TcLayout {
 #undef MG_TC_HD
 
 // The layout itself, or the contiguous one for n rows of D when l.sp == 0.
-inline TcLayout tc_resolve(TcLayout l, int64_t n, int D) {
-  return l.sp == 0 ? TcLayout{1, n * D, 0, D} : l;
-}
+inline TcLayout tc_resolve(TcLayout l, int64_t n, int D) { return l.sp == 0 ? TcLayout{1, n * D, 0, D} : l; }
 
 // cp.async and ldmatrix move 16 bytes (8 elements) at a time: the base pointer and every row
 // start must be 16-byte aligned, so each stride must be a multiple of 8 elements.

@@ -260,15 +260,18 @@ Tensor workspace(const Walk& w, Device dev) {
 // Runs f with a compile-time width: kVec16<T> when v says so, else 1.
 template <class T, class F>
 void with_width(int v, F&& f) {
-  if (v == kVec16<T> && kVec16<T> > 1) f(std::integral_constant<int, kVec16<T>>{});
-  else f(std::integral_constant<int, 1>{});
+  if (v == kVec16<T> && kVec16 < T >> 1)
+    f(std::integral_constant<int, kVec16<T>>{});
+  else
+    f(std::integral_constant<int, 1>{});
 }
 
 }  // namespace
 
-void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                                 const Tensor& running_var, double momentum, double eps, const Tensor& out,
-                                 const Tensor& save_mean, const Tensor& save_invstd) {
+void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                              const Tensor& running_mean, const Tensor& running_var, double momentum,
+                                              double eps, const Tensor& out, const Tensor& save_mean,
+                                              const Tensor& save_invstd) {
   const NCS s = ncs(x);
   if (s.C == 0) return;
   mg::cuda::DeviceGuard guard(x.device());
@@ -283,15 +286,16 @@ void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& wei
       const dim3 grid(static_cast<unsigned>(s.C), static_cast<unsigned>(w.P));
       bn_stats_kernel<T, V><<<grid, kNormBlock, 0, stream_of(x)>>>(cp<T>(x), w, static_cast<A*>(ws.raw_data()));
       bn_normalize_kernel<T, V><<<grid, kNormBlock, 0, stream_of(x)>>>(
-          cp<T>(x), cp<T>(weight), cp<T>(bias), mp<T>(running_mean), mp<T>(running_var), mp<T>(out),
-          mp<T>(save_mean), mp<T>(save_invstd), w, static_cast<const A*>(ws.raw_data()), momentum, eps);
+          cp<T>(x), cp<T>(weight), cp<T>(bias), mp<T>(running_mean), mp<T>(running_var), mp<T>(out), mp<T>(save_mean),
+          mp<T>(save_invstd), w, static_cast<const A*>(ws.raw_data()), momentum, eps);
     });
     MG_CUDA_CHECK_LAUNCH("batch_norm");
   });
 }
 
-void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
-                             const Tensor& running_var, double eps, const Tensor& out) {
+void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                          const Tensor& running_mean, const Tensor& running_var, double eps,
+                                          const Tensor& out) {
   if (x.numel() == 0) return;
   const NCS s = ncs(x);
   mg::cuda::DeviceGuard guard(x.device());
@@ -304,8 +308,8 @@ void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight,
 }
 
 void CudaBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                         const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight,
-                         const Tensor& grad_bias) {
+                                      const Tensor& invstd, bool training, const Tensor& grad_x,
+                                      const Tensor& grad_weight, const Tensor& grad_bias) {
   const NCS s = ncs(x);
   if (s.C == 0) return;
   mg::cuda::DeviceGuard guard(x.device());

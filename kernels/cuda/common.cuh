@@ -17,8 +17,8 @@ namespace mg::kernels::cuda {
 
 using mg::cuda::AlignedVec;
 using mg::cuda::from_float;
-using mg::cuda::kVec16;
 using mg::cuda::kMaxDims;
+using mg::cuda::kVec16;
 using mg::cuda::to_float;
 
 inline cudaStream_t stream_of(const Tensor& t) {
@@ -100,28 +100,52 @@ OffsetCalc<N> make_offset_calc(const Shape& shape, const std::array<const Shape*
 
 // ---- element types and their math types ----
 // Math type: f32 for f32/f16/bf16, f64 for f64, the integer itself (u8/bool widen to int).
-template <class T> struct MathOf { using type = T; };
-template <> struct MathOf<__half> { using type = float; };
-template <> struct MathOf<__nv_bfloat16> { using type = float; };
-template <> struct MathOf<uint8_t> { using type = int32_t; };
-template <> struct MathOf<bool> { using type = int32_t; };
-template <class T> using math_t = typename MathOf<T>::type;
+template <class T>
+struct MathOf {
+  using type = T;
+};
+template <>
+struct MathOf<__half> {
+  using type = float;
+};
+template <>
+struct MathOf<__nv_bfloat16> {
+  using type = float;
+};
+template <>
+struct MathOf<uint8_t> {
+  using type = int32_t;
+};
+template <>
+struct MathOf<bool> {
+  using type = int32_t;
+};
+template <class T>
+using math_t = typename MathOf<T>::type;
 
-template <class T> inline constexpr bool is_float_v =
+template <class T>
+inline constexpr bool is_float_v =
     std::is_floating_point_v<T> || std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
 
 template <class T>
 __device__ __forceinline__ math_t<T> load_m(T v) {
-  if constexpr (std::is_same_v<T, __half>) return __half2float(v);
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
-  else return static_cast<math_t<T>>(v);
+  if constexpr (std::is_same_v<T, __half>)
+    return __half2float(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(v);
+  else
+    return static_cast<math_t<T>>(v);
 }
 template <class T, class M>
 __device__ __forceinline__ T store_m(M v) {
-  if constexpr (std::is_same_v<T, __half>) return __float2half(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, bool>) return v != M(0);
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, __half>)
+    return __float2half(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, bool>)
+    return v != M(0);
+  else
+    return static_cast<T>(v);
 }
 // Element to double (for comparisons against double bounds).
 template <class T>
@@ -146,8 +170,10 @@ __device__ __forceinline__ float m_abs(float x) { return fabsf(x); }
 __device__ __forceinline__ double m_abs(double x) { return fabs(x); }
 template <class M>
 __device__ __forceinline__ bool m_isnan(M v) {
-  if constexpr (std::is_floating_point_v<M>) return isnan(v);
-  else return false;
+  if constexpr (std::is_floating_point_v<M>)
+    return isnan(v);
+  else
+    return false;
 }
 
 // ---- reductions within a warp ----
@@ -190,7 +216,7 @@ __device__ __forceinline__ A block_max(A v, A* shm, A lowest) {
   return warp_max(v);
 }
 
-#define MG_GRID_STRIDE(i, n)                                                                        \
+#define MG_GRID_STRIDE(i, n)                                                             \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 

@@ -110,10 +110,9 @@ struct ConvDesc {
   cudnnConvolutionDescriptor_t d = nullptr;
   ConvDesc(const Conv2dArgs& a, cudnnDataType_t compute, const char* op) {
     MG_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
-    MG_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(d, to_int(a.padding.h, op), to_int(a.padding.w, op),
-                                                   to_int(a.stride.h, op), to_int(a.stride.w, op),
-                                                   to_int(a.dilation.h, op), to_int(a.dilation.w, op),
-                                                   CUDNN_CROSS_CORRELATION, compute));
+    MG_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+        d, to_int(a.padding.h, op), to_int(a.padding.w, op), to_int(a.stride.h, op), to_int(a.stride.w, op),
+        to_int(a.dilation.h, op), to_int(a.dilation.w, op), CUDNN_CROSS_CORRELATION, compute));
     MG_CUDNN_CHECK(cudnnSetConvolutionGroupCount(d, to_int(a.groups, op)));
   }
   ~ConvDesc() { cudnnDestroyConvolutionDescriptor(d); }
@@ -159,9 +158,15 @@ struct Choice {
 int max_algos(const Plan& p) {
   int n = 0;
   switch (p.dir) {
-    case Dir::Fwd: MG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(p.h, &n)); break;
-    case Dir::BwdData: MG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(p.h, &n)); break;
-    case Dir::BwdFilter: MG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(p.h, &n)); break;
+    case Dir::Fwd:
+      MG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(p.h, &n));
+      break;
+    case Dir::BwdData:
+      MG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(p.h, &n));
+      break;
+    case Dir::BwdFilter:
+      MG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(p.h, &n));
+      break;
   }
   return n;
 }
@@ -175,8 +180,8 @@ cudnnStatus_t workspace_size(const Plan& p, int algo, size_t* bytes) {
       return cudnnGetConvolutionBackwardDataWorkspaceSize(p.h, p.w.d, p.y.d, p.conv.d, p.x.d,
                                                           static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), bytes);
     case Dir::BwdFilter:
-      return cudnnGetConvolutionBackwardFilterWorkspaceSize(
-          p.h, p.x.d, p.y.d, p.conv.d, p.w.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), bytes);
+      return cudnnGetConvolutionBackwardFilterWorkspaceSize(p.h, p.x.d, p.y.d, p.conv.d, p.w.d,
+                                                            static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), bytes);
   }
   return CUDNN_STATUS_BAD_PARAM;
 }
@@ -272,8 +277,8 @@ std::vector<Perf> benchmark(const Plan& p, Device dev, size_t limit) {
     }
     case Dir::BwdFilter: {
       std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> v(n);
-      MG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(p.h, p.x.d, p.px, p.y.d, p.py, p.conv.d, p.w.d,
-                                                                   p.pw, n, &got, v.data(), pws, nws));
+      MG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(p.h, p.x.d, p.px, p.y.d, p.py, p.conv.d, p.w.d, p.pw,
+                                                                   n, &got, v.data(), pws, nws));
       return reduce_perfs(v, got);
     }
   }
@@ -304,11 +309,21 @@ std::map<std::vector<int64_t>, Choice>& cache() {
   return *m;
 }
 
-std::vector<int64_t> cache_key(const Plan& p, Device dev, bool nhwc, const Tensor& x, const Tensor& w,
-                               const Tensor& y, const Conv2dArgs& a) {
-  std::vector<int64_t> k = {static_cast<int64_t>(p.dir), dev.index, static_cast<int64_t>(p.dt), nhwc,
-                            p.f32_exact, cudnn_benchmark(), a.stride.h, a.stride.w, a.padding.h, a.padding.w,
-                            a.dilation.h, a.dilation.w, a.groups};
+std::vector<int64_t> cache_key(const Plan& p, Device dev, bool nhwc, const Tensor& x, const Tensor& w, const Tensor& y,
+                               const Conv2dArgs& a) {
+  std::vector<int64_t> k = {static_cast<int64_t>(p.dir),
+                            dev.index,
+                            static_cast<int64_t>(p.dt),
+                            nhwc,
+                            p.f32_exact,
+                            cudnn_benchmark(),
+                            a.stride.h,
+                            a.stride.w,
+                            a.padding.h,
+                            a.padding.w,
+                            a.dilation.h,
+                            a.dilation.w,
+                            a.groups};
   for (const Tensor* t : {&x, &w, &y}) k.insert(k.end(), t->sizes().begin(), t->sizes().end());
   return k;
 }
@@ -324,8 +339,18 @@ bool run(Dir dir, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2
   TensorDesc xd(x, cdt, nhwc, op), yd(y, cdt, nhwc, op);
   FilterDesc wd(w, cdt, nhwc, op);
   ConvDesc cd(a, dt == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT, op);
-  Plan p{dir, op, cudnn_handle(dev.index), dt, dt == DType::f32 && !allow_tf32(), xd, wd, yd, cd,
-         x.raw_data(), w.raw_data(), y.raw_data()};
+  Plan p{dir,
+         op,
+         cudnn_handle(dev.index),
+         dt,
+         dt == DType::f32 && !allow_tf32(),
+         xd,
+         wd,
+         yd,
+         cd,
+         x.raw_data(),
+         w.raw_data(),
+         y.raw_data()};
   MG_CUDNN_CHECK(cudnnSetConvolutionMathType(cd.d, default_math(p)));
 
   const std::vector<int64_t> key = cache_key(p, dev, nhwc, x, w, y, a);
@@ -372,13 +397,15 @@ bool run(Dir dir, const Tensor& x, const Tensor& w, const Tensor& y, const Conv2
   }
   if (nhwc) return false;
   MG_THROW(CudaError, op, ": no cuDNN algorithm ran for input ", shape_str(x.sizes()), ", weight ",
-           shape_str(w.sizes()), ", output ", shape_str(y.sizes()), " (", dt, nhwc ? ", NHWC" : ", NCHW", ", ",
-           n, " candidates within the workspace limit of ", cudnn_workspace_limit(dev.index), " B;", tried, ")");
+           shape_str(w.sizes()), ", output ", shape_str(y.sizes()), " (", dt, nhwc ? ", NHWC" : ", NCHW", ", ", n,
+           " candidates within the workspace limit of ", cudnn_workspace_limit(dev.index), " B;", tried, ")");
 }
 
 // The output operand in the call's layout: `out` itself, or a scratch tensor that is
 // copied into `out` afterwards.
-Tensor out_operand(const Tensor& out, bool nhwc) { return matches_layout(out, nhwc) ? out : empty_in_layout(out, nhwc); }
+Tensor out_operand(const Tensor& out, bool nhwc) {
+  return matches_layout(out, nhwc) ? out : empty_in_layout(out, nhwc);
+}
 
 // Runs `dir` in NHWC when `lead` (the data input) is channels-last, else (or when cuDNN
 // has no NHWC algorithm for it) in NCHW. `out` is the operand written (x, w or y).
@@ -396,7 +423,8 @@ void run_layout(Dir dir, const Tensor& lead, const Tensor& x, const Tensor& w, c
 
 }  // namespace
 
-void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args, const Tensor& out) {
+void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args,
+                                 const Tensor& out) {
   mg::cuda::DeviceGuard guard(out.device());
   if (out.numel() == 0) return;
   if (x.numel() == 0 || w.numel() == 0)
@@ -410,14 +438,16 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
   }
 }
 
-void CudaBackend::conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Conv2dArgs& args, const Tensor& grad_x) {
+void CudaBackend::conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Conv2dArgs& args,
+                                        const Tensor& grad_x) {
   mg::cuda::DeviceGuard guard(grad_x.device());
   if (grad_x.numel() == 0) return;
   if (grad_out.numel() == 0 || w.numel() == 0) return raw::fill_(grad_x, 0.0);
   run_layout(Dir::BwdData, grad_out, grad_x, w, grad_out, grad_x, args);
 }
 
-void CudaBackend::conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Conv2dArgs& args, const Tensor& grad_w) {
+void CudaBackend::conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Conv2dArgs& args,
+                                         const Tensor& grad_w) {
   mg::cuda::DeviceGuard guard(grad_w.device());
   if (grad_w.numel() == 0) return;
   if (grad_out.numel() == 0 || x.numel() == 0) return raw::fill_(grad_w, 0.0);

@@ -7,12 +7,12 @@
 #include "core/error.h"
 
 // Checks a cuBLAS call; a failure raises mg::CudaError naming the call and the status.
-#define MG_CUBLAS_CHECK(call)                                                                    \
-  do {                                                                                           \
-    cublasStatus_t mg_st_ = (call);                                                              \
-    if (mg_st_ != CUBLAS_STATUS_SUCCESS)                                                         \
-      MG_THROW(::mg::CudaError, #call, " failed: ", cublasGetStatusName(mg_st_), " (",            \
-               cublasGetStatusString(mg_st_), ") at ", __FILE__, ":", __LINE__);                 \
+#define MG_CUBLAS_CHECK(call)                                                                                         \
+  do {                                                                                                                \
+    cublasStatus_t mg_st_ = (call);                                                                                   \
+    if (mg_st_ != CUBLAS_STATUS_SUCCESS)                                                                              \
+      MG_THROW(::mg::CudaError, #call, " failed: ", cublasGetStatusName(mg_st_), " (", cublasGetStatusString(mg_st_), \
+               ") at ", __FILE__, ":", __LINE__);                                                                     \
   } while (0)
 
 namespace mg::kernels::cuda {

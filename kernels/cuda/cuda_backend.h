@@ -27,7 +27,8 @@ class CudaBackend final : public Backend {
   bool has_nonfinite(const Tensor& a) override;
 
   // ---- linear algebra (linalg.cu)
-  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha, double beta) override;
+  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha,
+            double beta) override;
   void bmm(const Tensor& a, const Tensor& b, const Tensor& out) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
 
@@ -36,9 +37,12 @@ class CudaBackend final : public Backend {
   void softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log, const Tensor& out) override;
 
   // ---- losses (loss.cu)
-  void nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, const Tensor& out) override;
-  int64_t cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing, const Tensor& loss, const Tensor& lse) override;
-  void cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target, const Tensor& lse, int64_t ignore_index, double smoothing, const Tensor& grad) override;
+  void nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
+                        const Tensor& out) override;
+  int64_t cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing,
+                                const Tensor& loss, const Tensor& lse) override;
+  void cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target, const Tensor& lse,
+                              int64_t ignore_index, double smoothing, const Tensor& grad) override;
 
   // ---- indexing (index.cu)
   void one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) override;
@@ -48,19 +52,31 @@ class CudaBackend final : public Backend {
   void index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) override;
 
   // ---- layer norm (layer_norm.cu)
-  void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out, const Tensor& mean, const Tensor& rstd) override;
-  void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) override;
+  void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                          const Tensor& mean, const Tensor& rstd) override;
+  void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight,
+                           const Tensor& grad_bias) override;
 
   // ---- batch norm (batch_norm.cu)
-  void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var, double momentum, double eps, const Tensor& out, const Tensor& save_mean, const Tensor& save_invstd) override;
-  void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var, double eps, const Tensor& out) override;
-  void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) override;
-  void batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean, const Tensor& invstd, double unbias, double momentum, double eps) override;
+  void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                   const Tensor& running_mean, const Tensor& running_var, double momentum, double eps,
+                                   const Tensor& out, const Tensor& save_mean, const Tensor& save_invstd) override;
+  void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                               const Tensor& running_var, double eps, const Tensor& out) override;
+  void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                           const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight,
+                           const Tensor& grad_bias) override;
+  void batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
+                               const Tensor& invstd, double unbias, double momentum, double eps) override;
 
   // ---- convolution (conv.cu)
-  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args, const Tensor& out) override;
-  void conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Conv2dArgs& args, const Tensor& grad_x) override;
-  void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Conv2dArgs& args, const Tensor& grad_w) override;
+  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args,
+                      const Tensor& out) override;
+  void conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Conv2dArgs& args,
+                             const Tensor& grad_x) override;
+  void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Conv2dArgs& args,
+                              const Tensor& grad_w) override;
 
   // ---- pooling (pool.cu)
   void max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, const Tensor& indices) override;
@@ -71,8 +87,11 @@ class CudaBackend final : public Backend {
   void adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& grad_x) override;
 
   // ---- flash attention (attention.cu)
-  void flash_attention_forward(AttentionKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, const Tensor& out, const Tensor& lse) override;
-  void flash_attention_backward(AttentionKernel kernel, const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, bool causal, double scale, const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v) override;
+  void flash_attention_forward(AttentionKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                               double scale, const Tensor& out, const Tensor& lse) override;
+  void flash_attention_backward(AttentionKernel kernel, const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const Tensor& out, const Tensor& lse, bool causal, double scale,
+                                const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v) override;
 
   // ---- multi-tensor optimizer updates (optim.cu)
   void adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) override;

@@ -94,11 +94,16 @@ std::string cudnn_last_error() {
 
 cudnnDataType_t cudnn_data_type(DType t, const char* op) {
   switch (t) {
-    case DType::f64: return CUDNN_DATA_DOUBLE;
-    case DType::f32: return CUDNN_DATA_FLOAT;
-    case DType::f16: return CUDNN_DATA_HALF;
-    case DType::bf16: return CUDNN_DATA_BFLOAT16;
-    default: MG_THROW(DTypeError, op, ": cuDNN needs f64, f32, f16 or bf16, got ", t);
+    case DType::f64:
+      return CUDNN_DATA_DOUBLE;
+    case DType::f32:
+      return CUDNN_DATA_FLOAT;
+    case DType::f16:
+      return CUDNN_DATA_HALF;
+    case DType::bf16:
+      return CUDNN_DATA_BFLOAT16;
+    default:
+      MG_THROW(DTypeError, op, ": cuDNN needs f64, f32, f16 or bf16, got ", t);
   }
 }
 

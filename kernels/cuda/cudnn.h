@@ -12,12 +12,12 @@
 
 // Checks a cuDNN call; a failure raises mg::CudaError naming the call, the status and
 // cuDNN's own last message (which usually says which parameter it disliked).
-#define MG_CUDNN_CHECK(call)                                                                                \
-  do {                                                                                                      \
-    cudnnStatus_t mg_st_ = (call);                                                                          \
-    if (mg_st_ != CUDNN_STATUS_SUCCESS)                                                                     \
-      MG_THROW(::mg::CudaError, #call, " failed: ", cudnnGetErrorString(mg_st_), " (",                       \
-               ::mg::kernels::cuda::cudnn_last_error(), ") at ", __FILE__, ":", __LINE__);                  \
+#define MG_CUDNN_CHECK(call)                                                               \
+  do {                                                                                     \
+    cudnnStatus_t mg_st_ = (call);                                                         \
+    if (mg_st_ != CUDNN_STATUS_SUCCESS)                                                    \
+      MG_THROW(::mg::CudaError, #call, " failed: ", cudnnGetErrorString(mg_st_), " (",     \
+               ::mg::kernels::cuda::cudnn_last_error(), ") at ", __FILE__, ":", __LINE__); \
   } while (0)
 
 namespace mg::kernels::cuda {

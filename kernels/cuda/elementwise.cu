@@ -31,37 +31,59 @@ __device__ __forceinline__ T unary_op(int op, T xv, const Params& p) {
   const M x = load_m(xv);
   if constexpr (std::is_floating_point_v<M>) {
     switch (op) {
-      case static_cast<int>(Unary::Neg): return store_m<T>(-x);
-      case static_cast<int>(Unary::Exp): return store_m<T>(m_exp(x));
-      case static_cast<int>(Unary::Log): return store_m<T>(m_log(x));
-      case static_cast<int>(Unary::Sqrt): return store_m<T>(m_sqrt(x));
-      case static_cast<int>(Unary::Rsqrt): return store_m<T>(M(1) / m_sqrt(x));
-      case static_cast<int>(Unary::Abs): return store_m<T>(m_abs(x));
-      case static_cast<int>(Unary::Relu): return store_m<T>(x < M(0) ? M(0) : x);  // NaN stays NaN
-      case static_cast<int>(Unary::Gelu): return store_m<T>(M(0.5) * x * (M(1) + m_erf(x * M(kSqrt1_2))));
+      case static_cast<int>(Unary::Neg):
+        return store_m<T>(-x);
+      case static_cast<int>(Unary::Exp):
+        return store_m<T>(m_exp(x));
+      case static_cast<int>(Unary::Log):
+        return store_m<T>(m_log(x));
+      case static_cast<int>(Unary::Sqrt):
+        return store_m<T>(m_sqrt(x));
+      case static_cast<int>(Unary::Rsqrt):
+        return store_m<T>(M(1) / m_sqrt(x));
+      case static_cast<int>(Unary::Abs):
+        return store_m<T>(m_abs(x));
+      case static_cast<int>(Unary::Relu):
+        return store_m<T>(x < M(0) ? M(0) : x);  // NaN stays NaN
+      case static_cast<int>(Unary::Gelu):
+        return store_m<T>(M(0.5) * x * (M(1) + m_erf(x * M(kSqrt1_2))));
       case static_cast<int>(Unary::GeluTanh):
         return store_m<T>(M(0.5) * x * (M(1) + m_tanh(M(kTanhK) * (x + M(kTanhC) * x * x * x))));
-      case static_cast<int>(Unary::Sigmoid): return store_m<T>(M(1) / (M(1) + m_exp(-x)));
-      case static_cast<int>(Unary::Tanh): return store_m<T>(m_tanh(x));
-      case static_cast<int>(Unary::Sign): return store_m<T>(M((M(0) < x) - (x < M(0))));
-      case static_cast<int>(Unary::Reciprocal): return store_m<T>(M(1) / x);
-      case static_cast<int>(Unary::Square): return store_m<T>(x * x);
-      case static_cast<int>(Unary::Silu): return store_m<T>(x / (M(1) + m_exp(-x)));
-      case static_cast<int>(Unary::LogicalNot): return store_m<T>(M(x == M(0)));
+      case static_cast<int>(Unary::Sigmoid):
+        return store_m<T>(M(1) / (M(1) + m_exp(-x)));
+      case static_cast<int>(Unary::Tanh):
+        return store_m<T>(m_tanh(x));
+      case static_cast<int>(Unary::Sign):
+        return store_m<T>(M((M(0) < x) - (x < M(0))));
+      case static_cast<int>(Unary::Reciprocal):
+        return store_m<T>(M(1) / x);
+      case static_cast<int>(Unary::Square):
+        return store_m<T>(x * x);
+      case static_cast<int>(Unary::Silu):
+        return store_m<T>(x / (M(1) + m_exp(-x)));
+      case static_cast<int>(Unary::LogicalNot):
+        return store_m<T>(M(x == M(0)));
       case kClamp: {
         M v = x < M(p.p0) ? M(p.p0) : x;
         return store_m<T>(v > M(p.p1) ? M(p.p1) : v);
       }
-      default: return xv;
+      default:
+        return xv;
     }
   } else {
     switch (op) {
-      case static_cast<int>(Unary::Neg): return store_m<T>(-x);
-      case static_cast<int>(Unary::Abs): return store_m<T>(x < M(0) ? M(-x) : x);
-      case static_cast<int>(Unary::Relu): return store_m<T>(x < M(0) ? M(0) : x);
-      case static_cast<int>(Unary::Sign): return store_m<T>(M((M(0) < x) - (x < M(0))));
-      case static_cast<int>(Unary::Square): return store_m<T>(x * x);
-      case static_cast<int>(Unary::LogicalNot): return store_m<T>(M(x == M(0)));
+      case static_cast<int>(Unary::Neg):
+        return store_m<T>(-x);
+      case static_cast<int>(Unary::Abs):
+        return store_m<T>(x < M(0) ? M(-x) : x);
+      case static_cast<int>(Unary::Relu):
+        return store_m<T>(x < M(0) ? M(0) : x);
+      case static_cast<int>(Unary::Sign):
+        return store_m<T>(M((M(0) < x) - (x < M(0))));
+      case static_cast<int>(Unary::Square):
+        return store_m<T>(x * x);
+      case static_cast<int>(Unary::LogicalNot):
+        return store_m<T>(M(x == M(0)));
       case kClamp: {
         // In double so infinite bounds never become integers.
         double v = static_cast<double>(x);
@@ -69,7 +91,8 @@ __device__ __forceinline__ T unary_op(int op, T xv, const Params& p) {
         v = v > p.p1 ? p.p1 : v;
         return store_m<T>(static_cast<M>(v));
       }
-      default: return xv;
+      default:
+        return xv;
     }
   }
 }
@@ -80,43 +103,66 @@ __device__ __forceinline__ O binary_op(int op, T av, T bv, const Params& p) {
   const M x = load_m(av), y = load_m(bv);
   if constexpr (std::is_same_v<O, bool> && !std::is_same_v<T, bool>) {
     switch (op) {
-      case static_cast<int>(Binary::Eq): return x == y;
-      case static_cast<int>(Binary::Ne): return x != y;
-      case static_cast<int>(Binary::Lt): return x < y;
-      case static_cast<int>(Binary::Le): return x <= y;
-      case static_cast<int>(Binary::Gt): return x > y;
-      case static_cast<int>(Binary::Ge): return x >= y;
-      case kLogicalNot: return x == M(0);
-      default: return false;
+      case static_cast<int>(Binary::Eq):
+        return x == y;
+      case static_cast<int>(Binary::Ne):
+        return x != y;
+      case static_cast<int>(Binary::Lt):
+        return x < y;
+      case static_cast<int>(Binary::Le):
+        return x <= y;
+      case static_cast<int>(Binary::Gt):
+        return x > y;
+      case static_cast<int>(Binary::Ge):
+        return x >= y;
+      case kLogicalNot:
+        return x == M(0);
+      default:
+        return false;
     }
   } else {
     switch (op) {
-      case static_cast<int>(Binary::Add): return store_m<O>(x + y);
-      case static_cast<int>(Binary::Sub): return store_m<O>(x - y);
-      case static_cast<int>(Binary::Mul): return store_m<O>(x * y);
+      case static_cast<int>(Binary::Add):
+        return store_m<O>(x + y);
+      case static_cast<int>(Binary::Sub):
+        return store_m<O>(x - y);
+      case static_cast<int>(Binary::Mul):
+        return store_m<O>(x * y);
       case static_cast<int>(Binary::Maximum):
         return store_m<O>(m_isnan(x) ? x : (m_isnan(y) ? y : (x > y ? x : y)));
       case static_cast<int>(Binary::Minimum):
         return store_m<O>(m_isnan(x) ? x : (m_isnan(y) ? y : (x < y ? x : y)));
-      case static_cast<int>(Binary::Eq): return store_m<O>(M(x == y));
-      case static_cast<int>(Binary::Ne): return store_m<O>(M(x != y));
-      case static_cast<int>(Binary::Lt): return store_m<O>(M(x < y));
-      case static_cast<int>(Binary::Le): return store_m<O>(M(x <= y));
-      case static_cast<int>(Binary::Gt): return store_m<O>(M(x > y));
-      case static_cast<int>(Binary::Ge): return store_m<O>(M(x >= y));
-      case kLogicalNot: return store_m<O>(M(x == M(0)));
+      case static_cast<int>(Binary::Eq):
+        return store_m<O>(M(x == y));
+      case static_cast<int>(Binary::Ne):
+        return store_m<O>(M(x != y));
+      case static_cast<int>(Binary::Lt):
+        return store_m<O>(M(x < y));
+      case static_cast<int>(Binary::Le):
+        return store_m<O>(M(x <= y));
+      case static_cast<int>(Binary::Gt):
+        return store_m<O>(M(x > y));
+      case static_cast<int>(Binary::Ge):
+        return store_m<O>(M(x >= y));
+      case kLogicalNot:
+        return store_m<O>(M(x == M(0)));
       case kClampBackward: {  // a = grad, b = x
         const double v = static_cast<double>(y);
         return (v >= p.p0 && v <= p.p1) ? av : store_m<O>(M(0));
       }
-      default: break;
+      default:
+        break;
     }
     if constexpr (std::is_floating_point_v<M>) {
       switch (op) {
-        case static_cast<int>(Binary::Div): return store_m<O>(x / y);
-        case static_cast<int>(Binary::Pow): return store_m<O>(m_pow(x, y));
-        case kAxpby: return store_m<O>(x * M(p.p0) + y * M(p.p1));
-        case static_cast<int>(Binary::ReluBackward): return y > M(0) ? av : store_m<O>(M(0));
+        case static_cast<int>(Binary::Div):
+          return store_m<O>(x / y);
+        case static_cast<int>(Binary::Pow):
+          return store_m<O>(m_pow(x, y));
+        case kAxpby:
+          return store_m<O>(x * M(p.p0) + y * M(p.p1));
+        case static_cast<int>(Binary::ReluBackward):
+          return y > M(0) ? av : store_m<O>(M(0));
         case static_cast<int>(Binary::GeluBackward): {
           const M cdf = M(0.5) * (M(1) + m_erf(y * M(kSqrt1_2)));
           const M pdf = M(kInvSqrt2Pi) * m_exp(M(-0.5) * y * y);
@@ -127,13 +173,16 @@ __device__ __forceinline__ O binary_op(int op, T av, T bv, const Params& p) {
           const M d = M(0.5) * (M(1) + t) + M(0.5) * y * (M(1) - t * t) * M(kTanhK) * (M(1) + M(3 * kTanhC) * y * y);
           return store_m<O>(x * d);
         }
-        case static_cast<int>(Binary::SigmoidBackward): return store_m<O>(x * y * (M(1) - y));
-        case static_cast<int>(Binary::TanhBackward): return store_m<O>(x * (M(1) - y * y));
+        case static_cast<int>(Binary::SigmoidBackward):
+          return store_m<O>(x * y * (M(1) - y));
+        case static_cast<int>(Binary::TanhBackward):
+          return store_m<O>(x * (M(1) - y * y));
         case static_cast<int>(Binary::SiluBackward): {
           const M s = M(1) / (M(1) + m_exp(-y));
           return store_m<O>(x * s * (M(1) + y * (M(1) - s)));
         }
-        default: return store_m<O>(M(0));
+        default:
+          return store_m<O>(M(0));
       }
     } else {
       switch (op) {
@@ -141,10 +190,13 @@ __device__ __forceinline__ O binary_op(int op, T av, T bv, const Params& p) {
           return store_m<O>(static_cast<M>(static_cast<int64_t>(pow(static_cast<double>(x), static_cast<double>(y)))));
         case kAxpby: {
           const double r = static_cast<double>(x) * p.p0 + static_cast<double>(y) * p.p1;
-          if constexpr (std::is_same_v<O, bool>) return r != 0.0;
-          else return static_cast<O>(static_cast<int64_t>(r));
+          if constexpr (std::is_same_v<O, bool>)
+            return r != 0.0;
+          else
+            return static_cast<O>(static_cast<int64_t>(r));
         }
-        default: return store_m<O>(M(0));
+        default:
+          return store_m<O>(M(0));
       }
     }
   }
@@ -197,8 +249,7 @@ __global__ void binary_contig_kernel(int op, Params p, const T* a, const T* b, O
 }
 
 template <class T, class O>
-__global__ void binary_strided_kernel(int op, Params p, const T* a, const T* b, O* out, OffsetCalc<3> oc,
-                                      int64_t n) {
+__global__ void binary_strided_kernel(int op, Params p, const T* a, const T* b, O* out, OffsetCalc<3> oc, int64_t n) {
   MG_GRID_STRIDE(i, n) {
     int64_t off[3];
     oc.get(i, off);
@@ -220,7 +271,11 @@ bool flat_like(const Tensor& t, const Tensor& out) { return t.sizes() == out.siz
 
 bool float_only_unary(Unary op) {
   switch (op) {
-    case Unary::Neg: case Unary::Abs: case Unary::Relu: case Unary::Sign: case Unary::Square:
+    case Unary::Neg:
+    case Unary::Abs:
+    case Unary::Relu:
+    case Unary::Sign:
+    case Unary::Square:
     case Unary::LogicalNot:
       return false;
     default:
@@ -230,11 +285,21 @@ bool float_only_unary(Unary op) {
 
 bool float_only_binary(int op) {
   switch (op) {
-    case static_cast<int>(Binary::Add): case static_cast<int>(Binary::Sub): case static_cast<int>(Binary::Mul):
-    case static_cast<int>(Binary::Pow): case static_cast<int>(Binary::Maximum):
-    case static_cast<int>(Binary::Minimum): case static_cast<int>(Binary::Eq): case static_cast<int>(Binary::Ne):
-    case static_cast<int>(Binary::Lt): case static_cast<int>(Binary::Le): case static_cast<int>(Binary::Gt):
-    case static_cast<int>(Binary::Ge): case kAxpby: case kClampBackward: case kLogicalNot:
+    case static_cast<int>(Binary::Add):
+    case static_cast<int>(Binary::Sub):
+    case static_cast<int>(Binary::Mul):
+    case static_cast<int>(Binary::Pow):
+    case static_cast<int>(Binary::Maximum):
+    case static_cast<int>(Binary::Minimum):
+    case static_cast<int>(Binary::Eq):
+    case static_cast<int>(Binary::Ne):
+    case static_cast<int>(Binary::Lt):
+    case static_cast<int>(Binary::Le):
+    case static_cast<int>(Binary::Gt):
+    case static_cast<int>(Binary::Ge):
+    case kAxpby:
+    case kClampBackward:
+    case kLogicalNot:
       return false;
     default:
       return true;
@@ -335,17 +400,25 @@ void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, co
   // Only the bytes move: dispatch on the element size.
   auto run = [&](auto tag) {
     using T = decltype(tag);
-    where_kernel<T><<<blocks_for(n), kBlock, 0, st>>>(static_cast<const bool*>(cond.raw_data()),
-                                                      static_cast<const T*>(a.raw_data()),
-                                                      static_cast<const T*>(b.raw_data()),
-                                                      static_cast<T*>(out.raw_data()), oc, n);
+    where_kernel<T><<<blocks_for(n), kBlock, 0, st>>>(
+        static_cast<const bool*>(cond.raw_data()), static_cast<const T*>(a.raw_data()),
+        static_cast<const T*>(b.raw_data()), static_cast<T*>(out.raw_data()), oc, n);
   };
   switch (dtype_size(out.dtype())) {
-    case 1: run(uint8_t{}); break;
-    case 2: run(uint16_t{}); break;
-    case 4: run(uint32_t{}); break;
-    case 8: run(uint64_t{}); break;
-    default: MG_THROW(DTypeError, "where: unsupported dtype ", out.dtype());
+    case 1:
+      run(uint8_t{});
+      break;
+    case 2:
+      run(uint16_t{});
+      break;
+    case 4:
+      run(uint32_t{});
+      break;
+    case 8:
+      run(uint64_t{});
+      break;
+    default:
+      MG_THROW(DTypeError, "where: unsupported dtype ", out.dtype());
   }
   MG_CUDA_CHECK_LAUNCH("where");
 }

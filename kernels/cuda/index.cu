@@ -42,7 +42,7 @@ bool find_bad(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, int64_
   MG_CUDA_CHECK(cudaMemsetAsync(buf.raw_data(), 0, sizeof(BadIndex), st));
   auto oc = make_offset_calc<1>(idx.sizes(), {&idx.strides()});
   check_index_kernel<<<blocks_for(n), kBlock, 0, st>>>(static_cast<const int64_t*>(idx.raw_data()), oc, n, lo, hi,
-                                                      use_ignore, ignore, static_cast<BadIndex*>(buf.raw_data()));
+                                                       use_ignore, ignore, static_cast<BadIndex*>(buf.raw_data()));
   MG_CUDA_CHECK_LAUNCH("index check");
   BadIndex host{};
   MG_CUDA_CHECK(cudaMemcpyAsync(&host, buf.raw_data(), sizeof(BadIndex), cudaMemcpyDeviceToHost, st));
@@ -92,7 +92,7 @@ __device__ __forceinline__ void atomic_add(T* p, T v) {
     atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));  // two's complement
   } else if constexpr (std::is_same_v<T, bool>) {
     if (v) *p = true;  // x + y != 0 is x || y; racing writers all store true
-  } else {  // uint8_t: CAS on the aligned 32-bit word that holds it
+  } else {             // uint8_t: CAS on the aligned 32-bit word that holds it
     unsigned int* word = reinterpret_cast<unsigned int*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
     const unsigned int shift = (reinterpret_cast<uintptr_t>(p) & 3) * 8;
     unsigned int old = *word, assumed;
@@ -105,8 +105,8 @@ __device__ __forceinline__ void atomic_add(T* p, T v) {
 }
 
 template <class T>
-__global__ void scatter_add_kernel(T* self, const int64_t* idx, const T* src, OffsetCalc<3> oc, int64_t n,
-                                   int64_t size, int64_t sd) {
+__global__ void scatter_add_kernel(T* self, const int64_t* idx, const T* src, OffsetCalc<3> oc, int64_t n, int64_t size,
+                                   int64_t sd) {
   MG_GRID_STRIDE(i, n) {
     int64_t off[3];
     oc.get(i, off);
@@ -155,11 +155,20 @@ Shape index_strides_along(const Tensor& index, int64_t dim, int64_t ndim) {
 template <class F>
 void by_size(DType t, const char* op, F f) {
   switch (dtype_size(t)) {
-    case 1: f(uint8_t{}); break;
-    case 2: f(uint16_t{}); break;
-    case 4: f(uint32_t{}); break;
-    case 8: f(uint64_t{}); break;
-    default: MG_THROW(DTypeError, op, ": unsupported dtype ", t);
+    case 1:
+      f(uint8_t{});
+      break;
+    case 2:
+      f(uint16_t{});
+      break;
+    case 4:
+      f(uint32_t{});
+      break;
+    case 8:
+      f(uint64_t{});
+      break;
+    default:
+      MG_THROW(DTypeError, op, ": unsupported dtype ", t);
   }
 }
 
@@ -176,8 +185,9 @@ void CudaBackend::one_hot(const Tensor& indices, int64_t num_classes, const Tens
   if (n == 0 || num_classes == 0) return;
   Shape ost(out.strides().begin(), out.strides().end() - 1);
   auto oc = make_offset_calc<2>(idx.sizes(), {&idx.strides(), &ost});
-  one_hot_kernel<<<blocks_for(n), kBlock, 0, stream_of(out)>>>(
-      static_cast<const int64_t*>(idx.raw_data()), static_cast<int64_t*>(out.raw_data()), oc, n, out.strides().back(), num_classes);
+  one_hot_kernel<<<blocks_for(n), kBlock, 0, stream_of(out)>>>(static_cast<const int64_t*>(idx.raw_data()),
+                                                               static_cast<int64_t*>(out.raw_data()), oc, n,
+                                                               out.strides().back(), num_classes);
   MG_CUDA_CHECK_LAUNCH("one_hot");
 }
 
@@ -268,7 +278,8 @@ void CudaBackend::index_add(const Tensor& self, int64_t dim, const Tensor& index
   MG_CUDA_CHECK_LAUNCH("index_add_");
 }
 
-void CudaBackend::nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, const Tensor& out) {
+void CudaBackend::nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
+                                   const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   Tensor tgt = as_i64(target);
   const int64_t cdim = log_probs.dim() == 1 ? 0 : 1;

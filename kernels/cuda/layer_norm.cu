@@ -29,8 +29,8 @@ __device__ __forceinline__ math_t<T> opt(const T* p, int64_t j, math_t<T> dflt) 
 // ---------------------------------------------------------------- forward
 
 template <class T>
-__global__ void ln_fwd_reference_kernel(const T* x, const T* w, const T* b, T* out, math_t<T>* mean,
-                                        math_t<T>* rstd, int64_t rows, int64_t n, double eps) {
+__global__ void ln_fwd_reference_kernel(const T* x, const T* w, const T* b, T* out, math_t<T>* mean, math_t<T>* rstd,
+                                        int64_t rows, int64_t n, double eps) {
   using A = math_t<T>;
   MG_GRID_STRIDE(i, rows) {
     const T* xr = x + i * n;
@@ -72,7 +72,8 @@ __global__ void ln_fwd_kernel(const T* x, const T* w, const T* b, T* out, math_t
     rstd[i] = r;
   }
   T* yr = out + i * n;
-  for (int64_t j = lane; j < n; j += 32) yr[j] = store_m<T>((load_m(xr[j]) - m) * r * opt(w, j, A(1)) + opt(b, j, A(0)));
+  for (int64_t j = lane; j < n; j += 32)
+    yr[j] = store_m<T>((load_m(xr[j]) - m) * r * opt(w, j, A(1)) + opt(b, j, A(0)));
 }
 
 // ---------------------------------------------------------------- backward
@@ -166,9 +167,8 @@ void forward_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     using T = scalar_t;
     using A = math_t<T>;
     if constexpr (kReference)
-      ln_fwd_reference_kernel<T><<<blocks_for(rows, 128), 128, 0, st>>>(cp<T>(x), cp<T>(weight), cp<T>(bias),
-                                                                        mp<T>(out), mp<A>(mean), mp<A>(rstd), rows,
-                                                                        n, eps);
+      ln_fwd_reference_kernel<T><<<blocks_for(rows, 128), 128, 0, st>>>(
+          cp<T>(x), cp<T>(weight), cp<T>(bias), mp<T>(out), mp<A>(mean), mp<A>(rstd), rows, n, eps);
     else
       ln_fwd_kernel<T><<<row_blocks(rows, "layer_norm"), dim3(32, kRowsPerBlock), 0, st>>>(
           cp<T>(x), cp<T>(weight), cp<T>(bias), mp<T>(out), mp<A>(mean), mp<A>(rstd), rows, n, eps);
@@ -178,8 +178,8 @@ void forward_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 
 }  // namespace
 
-void CudaBackend::layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
-                        const Tensor& mean, const Tensor& rstd) {
+void CudaBackend::layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                     const Tensor& out, const Tensor& mean, const Tensor& rstd) {
   forward_impl<false>(x, weight, bias, eps, out, mean, rstd);
 }
 
@@ -189,8 +189,8 @@ void layer_norm_forward_reference(const Tensor& x, const Tensor& weight, const T
 }
 
 void CudaBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight,
-                         const Tensor& grad_bias) {
+                                      const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight,
+                                      const Tensor& grad_bias) {
   const int64_t rows = x.size(0), n = x.size(1);
   if (n == 0) return;
   mg::cuda::DeviceGuard guard(x.device());
@@ -209,12 +209,12 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, c
     const int64_t chunks = std::clamp<int64_t>(std::min((rows + 63) / 64, (4 * 132 + strips - 1) / strips), 1, 1024);
     Tensor partial = empty({2, chunks, n}, {dtype_of<A>, x.device()});
     MG_CHECK(strips <= 0x7fffffff, ShapeError, "layer_norm_backward: normalized size ", n, " is too large");
-    ln_bwd_params_partial_kernel<T><<<dim3(static_cast<unsigned>(strips), static_cast<unsigned>(chunks)),
-                                      dim3(32, kRowsPerBlock), 0, st>>>(cp<T>(grad_out), cp<T>(x), cp<A>(mean),
-                                                                        cp<A>(rstd), mp<A>(partial), rows, n);
+    ln_bwd_params_partial_kernel<T>
+        <<<dim3(static_cast<unsigned>(strips), static_cast<unsigned>(chunks)), dim3(32, kRowsPerBlock), 0, st>>>(
+            cp<T>(grad_out), cp<T>(x), cp<A>(mean), cp<A>(rstd), mp<A>(partial), rows, n);
     MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
-    ln_bwd_params_final_kernel<T><<<blocks_for(n), kBlock, 0, st>>>(cp<A>(partial), mp<T>(grad_weight),
-                                                                    mp<T>(grad_bias), chunks, n);
+    ln_bwd_params_final_kernel<T>
+        <<<blocks_for(n), kBlock, 0, st>>>(cp<A>(partial), mp<T>(grad_weight), mp<T>(grad_bias), chunks, n);
     MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
   });
 }

@@ -50,11 +50,16 @@ struct BlasType {
 
 BlasType blas_type(DType t, const char* op) {
   switch (t) {
-    case DType::f64: return {CUDA_R_64F, CUBLAS_COMPUTE_64F, true};
-    case DType::f32: return {CUDA_R_32F, allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, false};
-    case DType::f16: return {CUDA_R_16F, CUBLAS_COMPUTE_32F, false};
-    case DType::bf16: return {CUDA_R_16BF, CUBLAS_COMPUTE_32F, false};
-    default: MG_THROW(DTypeError, op, ": cuBLAS needs f64, f32, f16 or bf16, got ", t);
+    case DType::f64:
+      return {CUDA_R_64F, CUBLAS_COMPUTE_64F, true};
+    case DType::f32:
+      return {CUDA_R_32F, allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, false};
+    case DType::f16:
+      return {CUDA_R_16F, CUBLAS_COMPUTE_32F, false};
+    case DType::bf16:
+      return {CUDA_R_16BF, CUBLAS_COMPUTE_32F, false};
+    default:
+      MG_THROW(DTypeError, op, ": cuBLAS needs f64, f32, f16 or bf16, got ", t);
   }
 }
 
@@ -96,8 +101,8 @@ void gemm_colmajor(const Mat& C, int64_t ldc, const Mat& A, const Mat& B, int64_
     const char* pa = static_cast<const char*>(A.p) + b0 * sa * es;
     const char* pb = static_cast<const char*>(B.p) + b0 * sb * es;
     char* pc = static_cast<char*>(C.p) + b0 * sc * es;
-    MG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, opa, opb, n, m, kk, al.ptr(bt.f64), pa, bt.data, ila, sa, pb,
-                                               bt.data, ilb, sb, be.ptr(bt.f64), pc, bt.data, ilc, sc, nb, bt.compute,
+    MG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, opa, opb, n, m, kk, al.ptr(bt.f64), pa, bt.data, ila, sa, pb, bt.data,
+                                               ilb, sb, be.ptr(bt.f64), pc, bt.data, ilc, sc, nb, bt.compute,
                                                CUBLAS_GEMM_DEFAULT));
   }
 }
@@ -122,7 +127,8 @@ void scale_out(const Tensor& out, double beta) {
 
 }  // namespace
 
-void CudaBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha, double beta) {
+void CudaBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha,
+                       double beta) {
   const char* op = "gemm";
   mg::cuda::DeviceGuard g(out.device());
   const int64_t n = out.size(0), m = out.size(1), k = trans_a ? a.size(0) : a.size(1);

@@ -37,14 +37,16 @@ __device__ __forceinline__ void push(MaxSum<A>& r, A x) {
 template <class A>
 __device__ __forceinline__ MaxSum<A> block_merge(MaxSum<A> r, A* sm, A* ss) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) r = merge(r, MaxSum<A>{__shfl_xor_sync(0xffffffffu, r.m, o), __shfl_xor_sync(0xffffffffu, r.s, o)});
+  for (int o = 16; o > 0; o >>= 1)
+    r = merge(r, MaxSum<A>{__shfl_xor_sync(0xffffffffu, r.m, o), __shfl_xor_sync(0xffffffffu, r.s, o)});
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   __syncthreads();
   if (lane == 0) sm[warp] = r.m, ss[warp] = r.s;
   __syncthreads();
   r = lane < nw ? MaxSum<A>{sm[lane], ss[lane]} : MaxSum<A>{-std::numeric_limits<A>::infinity(), A(0)};
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) r = merge(r, MaxSum<A>{__shfl_xor_sync(0xffffffffu, r.m, o), __shfl_xor_sync(0xffffffffu, r.s, o)});
+  for (int o = 16; o > 0; o >>= 1)
+    r = merge(r, MaxSum<A>{__shfl_xor_sync(0xffffffffu, r.m, o), __shfl_xor_sync(0xffffffffu, r.s, o)});
   return r;
 }
 
@@ -118,8 +120,8 @@ bool vec_rows(const void* p, int64_t C) {
 
 }  // namespace
 
-int64_t CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing,
-                              const Tensor& loss, const Tensor& lse) {
+int64_t CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                           double smoothing, const Tensor& loss, const Tensor& lse) {
   const int64_t M = logits.size(0), C = logits.size(1);
   if (M == 0) return ignore_index;
   mg::cuda::DeviceGuard guard(logits.device());
@@ -135,11 +137,11 @@ int64_t CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& t
     auto* pe = static_cast<A*>(lse.raw_data());
     const auto* pt = static_cast<const int64_t*>(target.raw_data());
     if (vec_rows<T>(px, C))
-      ce_forward_kernel<T, kVec16<T>><<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(px, pt, C, ignore_index,
-                                                                                             smoothing, pl, pe, pbad);
+      ce_forward_kernel<T, kVec16<T>>
+          <<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(px, pt, C, ignore_index, smoothing, pl, pe, pbad);
     else
-      ce_forward_kernel<T, 1><<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(px, pt, C, ignore_index, smoothing,
-                                                                                    pl, pe, pbad);
+      ce_forward_kernel<T, 1>
+          <<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(px, pt, C, ignore_index, smoothing, pl, pe, pbad);
   });
   MG_CUDA_CHECK_LAUNCH("cross_entropy");
   // One 8-byte read per call, like nll_loss's label check: a bad label must raise here.
@@ -148,13 +150,14 @@ int64_t CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& t
   MG_CUDA_CHECK(cudaStreamSynchronize(st));
   if (first == ~0ULL) return ignore_index;
   int64_t v = 0;
-  MG_CUDA_CHECK(cudaMemcpy(&v, static_cast<const int64_t*>(target.raw_data()) + first, sizeof v,
-                           cudaMemcpyDeviceToHost));
+  MG_CUDA_CHECK(
+      cudaMemcpy(&v, static_cast<const int64_t*>(target.raw_data()) + first, sizeof v, cudaMemcpyDeviceToHost));
   return v;
 }
 
-void CudaBackend::cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target, const Tensor& lse,
-                            int64_t ignore_index, double smoothing, const Tensor& grad) {
+void CudaBackend::cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target,
+                                         const Tensor& lse, int64_t ignore_index, double smoothing,
+                                         const Tensor& grad) {
   const int64_t M = logits.size(0), C = logits.size(1);
   if (M == 0 || C == 0) return;
   mg::cuda::DeviceGuard guard(logits.device());
@@ -169,11 +172,11 @@ void CudaBackend::cross_entropy_backward(const Tensor& coef, const Tensor& logit
     const auto* pe = static_cast<const A*>(lse.raw_data());
     const auto* pt = static_cast<const int64_t*>(target.raw_data());
     if (vec_rows<T>(px, C) && vec_rows<T>(pg, C))
-      ce_backward_kernel<T, kVec16<T>><<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(
-          pc, cs, px, pt, pe, C, ignore_index, smoothing, pg);
+      ce_backward_kernel<T, kVec16<T>>
+          <<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(pc, cs, px, pt, pe, C, ignore_index, smoothing, pg);
     else
-      ce_backward_kernel<T, 1><<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(pc, cs, px, pt, pe, C,
-                                                                                     ignore_index, smoothing, pg);
+      ce_backward_kernel<T, 1>
+          <<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(pc, cs, px, pt, pe, C, ignore_index, smoothing, pg);
   });
   MG_CUDA_CHECK_LAUNCH("cross_entropy_backward");
 }

@@ -124,10 +124,14 @@ __global__ void norm_kernel(TensorListMeta<1> m, int mode, float p, double* out)
   double acc = 0.0;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float a = fabsf(x[i]);
-    if (mode == 0) acc = nan_max(acc, a);
-    else if (mode == 1) acc += a;
-    else if (mode == 2) acc += static_cast<double>(a) * a;
-    else acc += pow(static_cast<double>(a), static_cast<double>(p));
+    if (mode == 0)
+      acc = nan_max(acc, a);
+    else if (mode == 1)
+      acc += a;
+    else if (mode == 2)
+      acc += static_cast<double>(a) * a;
+    else
+      acc += pow(static_cast<double>(a), static_cast<double>(p));
   }
   if (mode != 0) {
     acc = block_sum(acc, shm);
@@ -160,8 +164,8 @@ float* fptr(const Tensor& t) { return static_cast<float*>(t.raw_data()); }
 
 void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {
   const cudaStream_t stream = stream_of(t.params[0]);
-  const optim_math::AdamScalars<float> s{float(h.lr), float(h.beta1), float(h.beta2), float(h.eps),
-                                         float(h.weight_decay), h.decoupled_weight_decay, h.amsgrad, h.maximize};
+  const optim_math::AdamScalars<float> s{float(h.lr),           float(h.beta1),           float(h.beta2), float(h.eps),
+                                         float(h.weight_decay), h.decoupled_weight_decay, h.amsgrad,      h.maximize};
   multi_tensor_apply<5>(
       t.params.size(), numels(t.params),
       [&](TensorListMeta<5>& m, int slot, size_t i) {
@@ -183,8 +187,8 @@ void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {
 
 void CudaBackend::sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) {
   const cudaStream_t stream = stream_of(t.params[0]);
-  const optim_math::SGDScalars<float> s{float(h.lr), float(h.momentum), float(h.dampening), float(h.weight_decay),
-                                        h.nesterov, h.maximize};
+  const optim_math::SGDScalars<float> s{float(h.lr),           float(h.momentum), float(h.dampening),
+                                        float(h.weight_decay), h.nesterov,        h.maximize};
   const bool mom = !t.momentum_buffers.empty();
   multi_tensor_apply<3>(
       t.params.size(), numels(t.params),

@@ -31,8 +31,7 @@ PoolGeo geo(const Shape& in, const Shape& out, const Pool2dArgs& a) {
 }
 
 // Kernel taps k in [lo, hi) whose input position start + k*dil lies in [0, n) (cpu/pool.cc).
-__device__ __forceinline__ void tap_range(int64_t start, int64_t k, int64_t dil, int64_t n, int64_t* lo,
-                                          int64_t* hi) {
+__device__ __forceinline__ void tap_range(int64_t start, int64_t k, int64_t dil, int64_t n, int64_t* lo, int64_t* hi) {
   *lo = start >= 0 ? 0 : (-start + dil - 1) / dil;
   *hi = start + (k - 1) * dil < n ? k : (start >= n ? 0 : (n - 1 - start) / dil + 1);
   if (*hi < *lo) *hi = *lo;
@@ -217,8 +216,7 @@ void CudaBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& indi
     Tensor acc = std::is_same_v<T, A> ? grad_x : empty(grad_x.sizes(), {dtype_of<A>, grad_x.device()});
     MG_CUDA_CHECK(cudaMemsetAsync(acc.raw_data(), 0, acc.nbytes(), st));
     if (grad_out.numel() > 0) {
-      max_pool_bwd_kernel<T, A><<<blocks, kBlock, 0, st>>>(cp<T>(grad_out), cp<int64_t>(indices), mp<A>(acc), P, L,
-                                                          HW);
+      max_pool_bwd_kernel<T, A><<<blocks, kBlock, 0, st>>>(cp<T>(grad_out), cp<int64_t>(indices), mp<A>(acc), P, L, HW);
       MG_CUDA_CHECK_LAUNCH("max_pool2d_backward");
     }
     if (!acc.is_same(grad_x)) raw::copy_(grad_x, acc);
@@ -230,8 +228,8 @@ void CudaBackend::avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tens
   mg::cuda::DeviceGuard guard(out.device());
   const PoolGeo g = geo(x.sizes(), out.sizes(), args);
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "avg_pool2d", [&] {
-    avg_pool_kernel<scalar_t><<<blocks_for(out.numel()), kBlock, 0, stream_of(out)>>>(cp<scalar_t>(x),
-                                                                                      mp<scalar_t>(out), g);
+    avg_pool_kernel<scalar_t>
+        <<<blocks_for(out.numel()), kBlock, 0, stream_of(out)>>>(cp<scalar_t>(x), mp<scalar_t>(out), g);
     MG_CUDA_CHECK_LAUNCH("avg_pool2d");
   });
 }
@@ -241,8 +239,8 @@ void CudaBackend::avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& 
   mg::cuda::DeviceGuard guard(grad_x.device());
   const PoolGeo g = geo(grad_x.sizes(), grad_out.sizes(), args);
   MG_CUDA_DISPATCH_FLOAT(grad_x.dtype(), "avg_pool2d_backward", [&] {
-    avg_pool_bwd_kernel<scalar_t><<<blocks_for(grad_x.numel()), kBlock, 0, stream_of(grad_x)>>>(
-        cp<scalar_t>(grad_out), mp<scalar_t>(grad_x), g);
+    avg_pool_bwd_kernel<scalar_t>
+        <<<blocks_for(grad_x.numel()), kBlock, 0, stream_of(grad_x)>>>(cp<scalar_t>(grad_out), mp<scalar_t>(grad_x), g);
     MG_CUDA_CHECK_LAUNCH("avg_pool2d_backward");
   });
 }
@@ -252,8 +250,8 @@ void CudaBackend::adaptive_avg_pool2d(const Tensor& x, const Tensor& out) {
   mg::cuda::DeviceGuard guard(out.device());
   const PoolGeo g = geo(x.sizes(), out.sizes(), Pool2dArgs{});
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "adaptive_avg_pool2d", [&] {
-    adaptive_avg_kernel<scalar_t><<<blocks_for(out.numel()), kBlock, 0, stream_of(out)>>>(cp<scalar_t>(x),
-                                                                                          mp<scalar_t>(out), g);
+    adaptive_avg_kernel<scalar_t>
+        <<<blocks_for(out.numel()), kBlock, 0, stream_of(out)>>>(cp<scalar_t>(x), mp<scalar_t>(out), g);
     MG_CUDA_CHECK_LAUNCH("adaptive_avg_pool2d");
   });
 }
@@ -263,8 +261,8 @@ void CudaBackend::adaptive_avg_pool2d_backward(const Tensor& grad_out, const Ten
   mg::cuda::DeviceGuard guard(grad_x.device());
   const PoolGeo g = geo(grad_x.sizes(), grad_out.sizes(), Pool2dArgs{});
   MG_CUDA_DISPATCH_FLOAT(grad_x.dtype(), "adaptive_avg_pool2d_backward", [&] {
-    adaptive_avg_bwd_kernel<scalar_t><<<blocks_for(grad_x.numel()), kBlock, 0, stream_of(grad_x)>>>(
-        cp<scalar_t>(grad_out), mp<scalar_t>(grad_x), g);
+    adaptive_avg_bwd_kernel<scalar_t>
+        <<<blocks_for(grad_x.numel()), kBlock, 0, stream_of(grad_x)>>>(cp<scalar_t>(grad_out), mp<scalar_t>(grad_x), g);
     MG_CUDA_CHECK_LAUNCH("adaptive_avg_pool2d_backward");
   });
 }

@@ -19,10 +19,14 @@ namespace {
 // The DType of an accumulation / math type (for workspaces).
 template <class A>
 DType dtype_of_acc() {
-  if constexpr (std::is_same_v<A, double>) return DType::f64;
-  else if constexpr (std::is_same_v<A, float>) return DType::f32;
-  else if constexpr (std::is_same_v<A, int32_t>) return DType::i32;
-  else return DType::i64;
+  if constexpr (std::is_same_v<A, double>)
+    return DType::f64;
+  else if constexpr (std::is_same_v<A, float>)
+    return DType::f32;
+  else if constexpr (std::is_same_v<A, int32_t>)
+    return DType::i32;
+  else
+    return DType::i64;
 }
 
 enum Mode : int { kSum = 0, kSumSq = 1, kSqDev = 2 };
@@ -38,7 +42,7 @@ struct RedArgs {
   OffsetCalc<1> rc;      // reduced linear index -> input offset (when rstride < 0)
 };
 
-constexpr int kColY = 8;     // threads down each column in the column kernel
+constexpr int kColY = 8;      // threads down each column in the column kernel
 constexpr int kRowBig = 256;  // threads per row for long rows
 
 template <class T, class A>
@@ -52,8 +56,10 @@ __device__ __forceinline__ A transform(T v, int mode, A m) {
 
 template <class O, class A>
 __device__ __forceinline__ O finish(A acc, double scale) {
-  if constexpr (std::is_floating_point_v<A>) return store_m<O>(static_cast<A>(static_cast<double>(acc) * scale));
-  else return static_cast<O>(acc);
+  if constexpr (std::is_floating_point_v<A>)
+    return store_m<O>(static_cast<A>(static_cast<double>(acc) * scale));
+  else
+    return static_cast<O>(acc);
 }
 
 template <class A>
@@ -88,8 +94,10 @@ __global__ void reduce_rows_kernel(const T* a, O* out, A* partial, RedArgs<A> ar
   }
   acc = blockDim.x > 32 ? block_sum(acc, shm) : warp_sum(acc);  // blockDim.x is 32 or a multiple of it
   if (threadIdx.x == 0 && o < args.num_out) {
-    if (gridDim.y == 1) out[offs[0]] = finish<O>(acc, args.scale);
-    else partial[blockIdx.y * args.num_out + o] = acc;
+    if (gridDim.y == 1)
+      out[offs[0]] = finish<O>(acc, args.scale);
+    else
+      partial[blockIdx.y * args.num_out + o] = acc;
   }
 }
 
@@ -107,7 +115,8 @@ __global__ void reduce_cols_kernel(const T* a, O* out, A* partial, RedArgs<A> ar
     const T* base = a + offs[1];
     const A m = args.mode == kSqDev ? args.mean[o] : A(0);
 #pragma unroll 4
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kColY) acc += transform<T, A>(base[red_offset(args, r)], args.mode, m);
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kColY)
+      acc += transform<T, A>(base[red_offset(args, r)], args.mode, m);
   }
   shm[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
@@ -115,8 +124,10 @@ __global__ void reduce_cols_kernel(const T* a, O* out, A* partial, RedArgs<A> ar
     A s = A(0);
 #pragma unroll
     for (int y = 0; y < kColY; ++y) s += shm[y][threadIdx.x];
-    if (gridDim.y == 1) out[offs[0]] = finish<O>(s, args.scale);
-    else partial[blockIdx.y * args.num_out + o] = s;
+    if (gridDim.y == 1)
+      out[offs[0]] = finish<O>(s, args.scale);
+    else
+      partial[blockIdx.y * args.num_out + o] = s;
   }
 }
 
@@ -155,8 +166,10 @@ __global__ void reduce_cols_vec_kernel(const T* a, O* out, A* partial, RedArgs<A
     A sum = A(0);
 #pragma unroll
     for (int y = 0; y < kColY; ++y) sum += shm[y][col];
-    if (gridDim.y == 1) out[oo] = finish<O>(sum, args.scale);
-    else partial[blockIdx.y * args.num_out + oo] = sum;
+    if (gridDim.y == 1)
+      out[oo] = finish<O>(sum, args.scale);
+    else
+      partial[blockIdx.y * args.num_out + oo] = sum;
   }
 }
 
@@ -190,8 +203,10 @@ void reduce_t(const Tensor& a, const Tensor& out, int mode, double scale, const 
   for (int64_t d = 0; d < a.dim(); ++d)
     if (out.size(d) != a.size(d)) rshape[d] = a.size(d);
   args.rc = make_offset_calc<1>(rshape, {&a.strides()});
-  if (args.rc.ndim == 0) args.rstride = 0;
-  else if (args.rc.ndim == 1) args.rstride = args.rc.strides[0][0];
+  if (args.rc.ndim == 0)
+    args.rstride = 0;
+  else if (args.rc.ndim == 1)
+    args.rstride = args.rc.strides[0][0];
   cudaStream_t st = stream_of(out);
   const T* pa = static_cast<const T*>(a.raw_data());
   O* po = static_cast<O*>(out.raw_data());
@@ -200,8 +215,7 @@ void reduce_t(const Tensor& a, const Tensor& out, int mode, double scale, const 
   // One run of contiguous outputs, read with unit stride, rows 16-byte aligned: vector loads.
   constexpr int kV = kVec16<T>;
   const bool vec = !rows && kV > 1 && args.oc.ndim == 1 && args.oc.strides[0][0] == 1 && args.rstride > 0 &&
-                   args.num_out % kV == 0 && args.rstride % kV == 0 &&
-                   (reinterpret_cast<uintptr_t>(pa) & 15) == 0;
+                   args.num_out % kV == 0 && args.rstride % kV == 0 && (reinterpret_cast<uintptr_t>(pa) & 15) == 0;
   dim3 block, grid;
   int64_t min_chunk;
   if (vec) {
@@ -234,13 +248,16 @@ void reduce_t(const Tensor& a, const Tensor& out, int mode, double scale, const 
     ws = empty({splits * args.num_out}, {dtype_of_acc<A>(), out.device()});
     partial = static_cast<A*>(ws.raw_data());
   }
-  if (vec) reduce_cols_vec_kernel<T, A, O, kV><<<grid, block, 0, st>>>(pa, po, partial, args);
-  else if (rows) reduce_rows_kernel<T, A, O><<<grid, block, 0, st>>>(pa, po, partial, args);
-  else reduce_cols_kernel<T, A, O><<<grid, block, 0, st>>>(pa, po, partial, args);
+  if (vec)
+    reduce_cols_vec_kernel<T, A, O, kV><<<grid, block, 0, st>>>(pa, po, partial, args);
+  else if (rows)
+    reduce_rows_kernel<T, A, O><<<grid, block, 0, st>>>(pa, po, partial, args);
+  else
+    reduce_cols_kernel<T, A, O><<<grid, block, 0, st>>>(pa, po, partial, args);
   MG_CUDA_CHECK_LAUNCH("reduce");
   if (splits > 1) {
-    reduce_finalize_kernel<A, O><<<blocks_for(args.num_out), kBlock, 0, st>>>(partial, static_cast<int>(splits), po,
-                                                                               args);
+    reduce_finalize_kernel<A, O>
+        <<<blocks_for(args.num_out), kBlock, 0, st>>>(partial, static_cast<int>(splits), po, args);
     MG_CUDA_CHECK_LAUNCH("reduce (finalize)");
   }
 }
@@ -345,8 +362,8 @@ __global__ void argred_cols_kernel(const T* a, T* values, int64_t* indices, ArgA
 }
 
 template <class T>
-__global__ void argred_finalize_kernel(const math_t<T>* pv, const int64_t* pi, int splits, T* values,
-                                       int64_t* indices, ArgArgs<math_t<T>> args) {
+__global__ void argred_finalize_kernel(const math_t<T>* pv, const int64_t* pi, int splits, T* values, int64_t* indices,
+                                       ArgArgs<math_t<T>> args) {
   using M = math_t<T>;
   MG_GRID_STRIDE(o, args.num_out) {
     M best = pv[o];
@@ -381,19 +398,29 @@ __global__ void nonfinite_kernel(const T* a, OffsetCalc<1> oc, int64_t n, int* f
 void CudaBackend::sum(const Tensor& a, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   switch (a.dtype()) {
-    case DType::f64: return reduce_t<double, double, double>(a, out, kSum, 1.0, nullptr);
-    case DType::f32: return reduce_t<float, float, float>(a, out, kSum, 1.0, nullptr);
-    case DType::f16: return reduce_t<__half, float, __half>(a, out, kSum, 1.0, nullptr);
-    case DType::bf16: return reduce_t<__nv_bfloat16, float, __nv_bfloat16>(a, out, kSum, 1.0, nullptr);
-    default: break;
+    case DType::f64:
+      return reduce_t<double, double, double>(a, out, kSum, 1.0, nullptr);
+    case DType::f32:
+      return reduce_t<float, float, float>(a, out, kSum, 1.0, nullptr);
+    case DType::f16:
+      return reduce_t<__half, float, __half>(a, out, kSum, 1.0, nullptr);
+    case DType::bf16:
+      return reduce_t<__nv_bfloat16, float, __nv_bfloat16>(a, out, kSum, 1.0, nullptr);
+    default:
+      break;
   }
   MG_CHECK(out.dtype() == DType::i64, DTypeError, "sum: integer input needs an i64 output, got ", out.dtype());
   switch (a.dtype()) {
-    case DType::i64: return reduce_t<int64_t, int64_t, int64_t>(a, out, kSum, 1.0, nullptr);
-    case DType::i32: return reduce_t<int32_t, int64_t, int64_t>(a, out, kSum, 1.0, nullptr);
-    case DType::u8: return reduce_t<uint8_t, int64_t, int64_t>(a, out, kSum, 1.0, nullptr);
-    case DType::b8: return reduce_t<bool, int64_t, int64_t>(a, out, kSum, 1.0, nullptr);
-    default: MG_THROW(DTypeError, "sum: unsupported dtype ", a.dtype());
+    case DType::i64:
+      return reduce_t<int64_t, int64_t, int64_t>(a, out, kSum, 1.0, nullptr);
+    case DType::i32:
+      return reduce_t<int32_t, int64_t, int64_t>(a, out, kSum, 1.0, nullptr);
+    case DType::u8:
+      return reduce_t<uint8_t, int64_t, int64_t>(a, out, kSum, 1.0, nullptr);
+    case DType::b8:
+      return reduce_t<bool, int64_t, int64_t>(a, out, kSum, 1.0, nullptr);
+    default:
+      MG_THROW(DTypeError, "sum: unsupported dtype ", a.dtype());
   }
 }
 
@@ -401,8 +428,10 @@ namespace {
 // scale * sum (mode) into out; for kSqDev, `mean` is the per-output mean in the acc type.
 void float_reduce(const Tensor& a, const Tensor& out, int mode, double scale, const void* mean, const char* op) {
   switch (a.dtype()) {
-    case DType::f64: return reduce_t<double, double, double>(a, out, mode, scale, static_cast<const double*>(mean));
-    case DType::f32: return reduce_t<float, float, float>(a, out, mode, scale, static_cast<const float*>(mean));
+    case DType::f64:
+      return reduce_t<double, double, double>(a, out, mode, scale, static_cast<const double*>(mean));
+    case DType::f32:
+      return reduce_t<float, float, float>(a, out, mode, scale, static_cast<const float*>(mean));
     case DType::f16:
       if (out.dtype() == DType::f32)
         return reduce_t<__half, float, float>(a, out, mode, scale, static_cast<const float*>(mean));
@@ -411,7 +440,8 @@ void float_reduce(const Tensor& a, const Tensor& out, int mode, double scale, co
       if (out.dtype() == DType::f32)
         return reduce_t<__nv_bfloat16, float, float>(a, out, mode, scale, static_cast<const float*>(mean));
       return reduce_t<__nv_bfloat16, float, __nv_bfloat16>(a, out, mode, scale, static_cast<const float*>(mean));
-    default: MG_THROW(DTypeError, op, ": expected a floating tensor, got ", a.dtype());
+    default:
+      MG_THROW(DTypeError, op, ": expected a floating tensor, got ", a.dtype());
   }
 }
 }  // namespace
@@ -492,8 +522,8 @@ void CudaBackend::max_min(const Tensor& a, int64_t dim, bool is_max, const Tenso
     argred_rows_kernel<T><<<grid, block, 0, st>>>(pa, pv, pi, ppv, ppi, args);
     MG_CUDA_CHECK_LAUNCH(op);
     if (splits > 1) {
-      argred_finalize_kernel<T><<<blocks_for(num_out), kBlock, 0, st>>>(ppv, ppi, static_cast<int>(splits), pv, pi,
-                                                                         args);
+      argred_finalize_kernel<T>
+          <<<blocks_for(num_out), kBlock, 0, st>>>(ppv, ppi, static_cast<int>(splits), pv, pi, args);
       MG_CUDA_CHECK_LAUNCH(op);
     }
   });
@@ -509,7 +539,7 @@ bool CudaBackend::has_nonfinite(const Tensor& a) {
   auto oc = make_offset_calc<1>(a.sizes(), {&a.strides()});
   MG_CUDA_DISPATCH_FLOAT(a.dtype(), "has_nonfinite", [&] {
     nonfinite_kernel<scalar_t><<<blocks_for(n), kBlock, 0, st>>>(static_cast<const scalar_t*>(a.raw_data()), oc, n,
-                                                                  static_cast<int*>(flag.raw_data()));
+                                                                 static_cast<int*>(flag.raw_data()));
   });
   MG_CUDA_CHECK_LAUNCH("has_nonfinite");
   int host = 0;

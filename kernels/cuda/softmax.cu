@@ -90,8 +90,8 @@ __device__ __forceinline__ T bwd_out(M g, M yv, M s, bool log) {
 }
 
 template <class T>
-__global__ void softmax_bwd_rows_kernel(const T* grad, const T* yt, T* out, OffsetCalc<3> oc, int64_t rows,
-                                        int64_t K, bool log) {
+__global__ void softmax_bwd_rows_kernel(const T* grad, const T* yt, T* out, OffsetCalc<3> oc, int64_t rows, int64_t K,
+                                        bool log) {
   using M = math_t<T>;
   __shared__ M shm[32];
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.y) + threadIdx.y;
@@ -221,8 +221,8 @@ void CudaBackend::softmax_backward(const Tensor& grad, const Tensor& y, int64_t 
     } else {
       auto oc = make_offset_calc<3>(rs, {&grad.strides(), &y.strides(), &out.strides()});
       softmax_bwd_cols_kernel<T><<<blocks_for(rows), kBlock, 0, st>>>(
-          static_cast<const T*>(grad.raw_data()), static_cast<const T*>(y.raw_data()),
-          static_cast<T*>(out.raw_data()), oc, rows, K, sg, sy, so, log);
+          static_cast<const T*>(grad.raw_data()), static_cast<const T*>(y.raw_data()), static_cast<T*>(out.raw_data()),
+          oc, rows, K, sg, sy, so, log);
     }
     MG_CUDA_CHECK_LAUNCH(op);
   });

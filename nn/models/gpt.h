@@ -20,8 +20,8 @@ struct GPTConfig {
   int64_t n_head = 12;
   int64_t n_embd = 768;
   double dropout = 0.0;
-  bool bias = true;        // biases in the Linears and LayerNorms (GPT-2 has them)
-  bool tied_head = true;   // lm_head.weight IS transformer.wte.weight (one Parameter)
+  bool bias = true;       // biases in the Linears and LayerNorms (GPT-2 has them)
+  bool tied_head = true;  // lm_head.weight IS transformer.wte.weight (one Parameter)
 };
 
 // Activation recomputation for GPT::forward (autograd/recompute.h). Per-block
@@ -51,7 +51,7 @@ class GPT : public Module {
   static Tensor loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
 
   const GPTConfig config;
-  GPTRecompute recompute;  // read by forward(); off by default
+  GPTRecompute recompute;               // read by forward(); off by default
   std::shared_ptr<Module> transformer;  // wte, wpe, drop, h, ln_f (nanoGPT's ModuleDict)
   std::shared_ptr<Embedding> wte, wpe;
   std::shared_ptr<Dropout> drop;

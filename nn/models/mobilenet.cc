@@ -21,8 +21,8 @@ Tensor relu_inplace(Tensor x) {  // batch norm saves its input, so its output ma
 
 DepthwiseSeparable::DepthwiseSeparable(int64_t in, int64_t out, int64_t stride, TensorOptions opts, Generator* gen)
     : Module("DepthwiseSeparable") {
-  depthwise = register_module("depthwise", std::make_shared<Conv2d>(in, in, 3, stride, 1, 1, /*groups=*/in, false,
-                                                                    opts, gen));
+  depthwise =
+      register_module("depthwise", std::make_shared<Conv2d>(in, in, 3, stride, 1, 1, /*groups=*/in, false, opts, gen));
   bn1 = register_module("bn1", bn(in, opts));
   pointwise = register_module("pointwise", std::make_shared<Conv2d>(in, out, 1, 1, 0, 1, 1, false, opts, gen));
   bn2 = register_module("bn2", bn(out, opts));
@@ -33,12 +33,11 @@ Tensor DepthwiseSeparable::forward(const Tensor& x) {
   return relu_inplace((*bn2)((*pointwise)(h)));
 }
 
-MobileNet::MobileNet(int64_t num_classes, double width_mult, TensorOptions opts, Generator* gen)
-    : Module("MobileNet") {
+MobileNet::MobileNet(int64_t num_classes, double width_mult, TensorOptions opts, Generator* gen) : Module("MobileNet") {
   MG_CHECK(num_classes > 0 && width_mult > 0, ValueError, "MobileNet: num_classes and width_mult must be positive");
   auto w = [&](int64_t c) { return std::max<int64_t>(1, static_cast<int64_t>(std::lround(c * width_mult))); };
   // (out_channels, stride) of the 13 blocks.
-  const int64_t cfg[13][2] = {{64, 1},  {128, 2}, {128, 1}, {256, 2}, {256, 1}, {512, 2}, {512, 1},
+  const int64_t cfg[13][2] = {{64, 1},  {128, 2}, {128, 1}, {256, 2}, {256, 1},  {512, 2}, {512, 1},
                               {512, 1}, {512, 1}, {512, 1}, {512, 1}, {1024, 2}, {1024, 1}};
   features = register_module("features", std::make_shared<Sequential>());
   features->push_back(std::make_shared<Conv2d>(3, w(32), 3, 2, 1, 1, 1, false, opts, gen));

@@ -23,8 +23,8 @@ Tensor relu_inplace(Tensor x) {
 }
 }  // namespace
 
-BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> ds,
-                       TensorOptions opts, Generator* gen)
+BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> ds, TensorOptions opts,
+                       Generator* gen)
     : Module("BasicBlock") {
   conv1 = register_module("conv1", conv3x3(inplanes, planes, stride, opts, gen));
   bn1 = register_module("bn1", bn(planes, opts));
@@ -40,8 +40,8 @@ Tensor BasicBlock::forward(const Tensor& x) {
   return relu_inplace(add(out, identity));
 }
 
-Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> ds,
-                       TensorOptions opts, Generator* gen)
+Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> ds, TensorOptions opts,
+                       Generator* gen)
     : Module("Bottleneck") {
   // 1x1 reduces to `planes` channels, the 3x3 works at that width, 1x1 expands 4x: the 3x3
   // (9 * planes^2 weights) never sees the wide 4 * planes tensor.
@@ -62,8 +62,7 @@ Tensor Bottleneck::forward(const Tensor& x) {
   return relu_inplace(add(out, identity));
 }
 
-ResNet::ResNet(Block block, const std::vector<int64_t>& layers, int64_t num_classes, TensorOptions opts,
-               Generator* gen)
+ResNet::ResNet(Block block, const std::vector<int64_t>& layers, int64_t num_classes, TensorOptions opts, Generator* gen)
     : Module("ResNet") {
   MG_CHECK(layers.size() == 4, ValueError, "ResNet: expected 4 stage sizes, got ", layers.size());
   MG_CHECK(num_classes > 0, ValueError, "ResNet: num_classes must be positive, got ", num_classes);
@@ -112,8 +111,7 @@ std::shared_ptr<ResNet> resnet18(int64_t num_classes, TensorOptions opts, Genera
 }
 
 std::shared_ptr<ResNet> resnet50(int64_t num_classes, TensorOptions opts, Generator* gen) {
-  return std::make_shared<ResNet>(ResNet::Block::Bottleneck, std::vector<int64_t>{3, 4, 6, 3}, num_classes, opts,
-                                  gen);
+  return std::make_shared<ResNet>(ResNet::Block::Bottleneck, std::vector<int64_t>{3, 4, 6, 3}, num_classes, opts, gen);
 }
 
 }  // namespace mg::nn

@@ -7,8 +7,8 @@ namespace mg::nn {
 
 namespace {
 const ViTConfig& checked(const ViTConfig& c) {
-  MG_CHECK(c.image_size > 0 && c.patch_size > 0 && c.image_size % c.patch_size == 0, ValueError,
-           "ViT: image_size (", c.image_size, ") must be a positive multiple of patch_size (", c.patch_size, ")");
+  MG_CHECK(c.image_size > 0 && c.patch_size > 0 && c.image_size % c.patch_size == 0, ValueError, "ViT: image_size (",
+           c.image_size, ") must be a positive multiple of patch_size (", c.patch_size, ")");
   MG_CHECK(c.in_channels > 0 && c.num_classes > 0 && c.depth >= 0 && c.heads > 0 && c.dim % c.heads == 0, ValueError,
            "ViT: dim (", c.dim, ") must be a multiple of heads (", c.heads, "), and sizes positive");
   return c;
@@ -26,9 +26,9 @@ ViT::ViT(const ViTConfig& cfg, TensorOptions opts, Generator* gen)
     : Module("ViT"),
       config(checked(cfg)),
       num_patches(patches(cfg)),
-      patch_embed(register_module("patch_embed",
-                                  std::make_shared<Linear>(cfg.in_channels * cfg.patch_size * cfg.patch_size, cfg.dim,
-                                                           true, opts, gen))),
+      patch_embed(register_module(
+          "patch_embed",
+          std::make_shared<Linear>(cfg.in_channels * cfg.patch_size * cfg.patch_size, cfg.dim, true, opts, gen))),
       cls_token(register_parameter("cls_token", make_param({1, 1, cfg.dim}, opts))),
       pos_embedding(register_parameter("pos_embedding", make_param({1, patches(cfg) + 1, cfg.dim}, opts))) {
   init::zeros_(cls_token);

@@ -154,7 +154,7 @@ TEST(Engine, SavedTensorsFreedAfterBackward) {
 TEST(Engine, VersionCounterErrorNamesTheOp) {
   Tensor x = leaf({1, 2, 3}, {3});
   Tensor w = leaf({4, 5, 6}, {3});
-  Tensor a = x + 0.0;  // non-leaf
+  Tensor a = x + 0.0;    // non-leaf
   Tensor b = mul(a, w);  // saves a (for w's gradient)
   EXPECT_EQ(a.version(), 0u);
   mul_(a, 2.0);

@@ -42,8 +42,8 @@ inline ::testing::AssertionResult gradcheck(const GradFn& fn, const std::vector<
     Tensor c = raw::clone(t);
     if (t.requires_grad()) {
       if (t.dtype() != DType::f64)
-        return ::testing::AssertionFailure() << "gradcheck: input " << i << " requires grad but is " << t.dtype()
-                                             << "; finite differences need f64";
+        return ::testing::AssertionFailure()
+               << "gradcheck: input " << i << " requires grad but is " << t.dtype() << "; finite differences need f64";
       c.requires_grad_(true);
       checked.push_back(i);
     }
@@ -87,8 +87,8 @@ inline ::testing::AssertionResult gradcheck(const GradFn& fn, const std::vector<
   for (size_t i : checked) {
     Tensor g = leaves[i].grad();
     if (g.defined() && (g.sizes() != leaves[i].sizes() || g.dtype() != leaves[i].dtype())) {
-      diff << "\n  input " << i << ": gradient has shape " << shape_str(g.sizes()) << " " << g.dtype()
-           << ", expected " << shape_str(leaves[i].sizes()) << " " << leaves[i].dtype();
+      diff << "\n  input " << i << ": gradient has shape " << shape_str(g.sizes()) << " " << g.dtype() << ", expected "
+           << shape_str(leaves[i].sizes()) << " " << leaves[i].dtype();
       ++bad;
       continue;
     }
@@ -150,7 +150,9 @@ inline ::testing::AssertionResult parity(const Tensor& ref, const Tensor& got, d
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     const double err = std::abs(a[i] - b[i]);
-    const bool ok = std::isnan(a[i]) ? std::isnan(b[i]) : std::isinf(a[i]) ? a[i] == b[i] : err <= tol * (std::abs(a[i]) + rms) + atol;
+    const bool ok = std::isnan(a[i])   ? std::isnan(b[i])
+                    : std::isinf(a[i]) ? a[i] == b[i]
+                                       : err <= tol * (std::abs(a[i]) + rms) + atol;
     if (ok) continue;
     if (std::isfinite(a[i])) worst = std::max(worst, err / (std::abs(a[i]) + rms));
     if (bad++ < 5) diff << "\n  element " << i << ": reference " << a[i] << " vs " << b[i] << " (diff " << err << ")";

@@ -33,8 +33,7 @@ TEST(GradcheckSelfTest, CatchesAWrongGradient) {
   big.requires_grad_(true);
   ::testing::AssertionResult sampled = gradcheck(wrong_square, {big}, 1e-6, 1e-5, 1e-4, /*max_checked=*/16);
   EXPECT_FALSE(sampled);
-  EXPECT_NE(std::string(sampled.message()).find("checked elements differ"), std::string::npos)
-      << sampled.message();
+  EXPECT_NE(std::string(sampled.message()).find("checked elements differ"), std::string::npos) << sampled.message();
 }
 
 }  // namespace

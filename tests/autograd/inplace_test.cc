@@ -41,9 +41,9 @@ TEST(InPlaceViews, SliceAssignmentIntoABufferCarriesTheSourceGradient) {
 TEST(InPlaceViews, AddIntoAViewOfARow) {
   Tensor x = leaf({1, 2, 3, 4, 5, 6}), y = leaf({10, 20});
   Tensor h = mul(x, 1.0).reshape({2, 3});
-  Tensor row = h.select(0, 1);  // x[3], x[4], x[5]
+  Tensor row = h.select(0, 1);        // x[3], x[4], x[5]
   Tensor part = row.narrow(0, 0, 2);  // a view of a view: one base
-  add_(part, y);                     // h[1, 0:2] += y
+  add_(part, y);                      // h[1, 0:2] += y
   Tensor loss = sum(mul(h, h));
   loss.backward();
   EXPECT_EQ(vals(x.grad()), (std::vector<double>{2, 4, 6, 28, 50, 12}));
@@ -92,7 +92,7 @@ TEST(InPlaceReLU, ModuleInplaceMatchesOutOfPlace) {
 // The seeds' "x1, x2, x3 vs reusing x": what stays alive after a chain of four elementwise
 // ops over a 1 MiB tensor, with and without a graph.
 int64_t live_after_chain(bool reuse, bool grad, Tensor& keep) {
-  keep = Tensor();  // the previous call's result must not be freed inside the measurement
+  keep = Tensor();                           // the previous call's result must not be freed inside the measurement
   Tensor w = ones({1 << 17}, {DType::f64});  // 1 MiB
   w.requires_grad_(true);
   EnableGradGuard g(grad);

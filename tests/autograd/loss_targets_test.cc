@@ -48,10 +48,9 @@ TEST(LossTargets, ClassIndicesSaveFarLessThanOneHot) {
   };
   const int64_t by_index = peak_of(idx), by_onehot = peak_of(onehot);
   std::printf("[loss targets] graph holds %lld bytes with class indices, %lld with one-hot (logits %lld)\n",
-              static_cast<long long>(by_index), static_cast<long long>(by_onehot),
-              static_cast<long long>(N * C * 4));
-  EXPECT_LT(by_index, N * 64);          // O(N): a logsumexp and a loss per row
-  EXPECT_GE(by_onehot, N * C * 4);      // at least the [N, C] log-probabilities
+              static_cast<long long>(by_index), static_cast<long long>(by_onehot), static_cast<long long>(N * C * 4));
+  EXPECT_LT(by_index, N * 64);      // O(N): a logsumexp and a loss per row
+  EXPECT_GE(by_onehot, N * C * 4);  // at least the [N, C] log-probabilities
 }
 
 }  // namespace

@@ -22,8 +22,8 @@ enum class Init {
 };
 
 struct Row {
-  std::string name;  // unique: the gtest name
-  std::string op;    // the public function (or Tensor method) the row checks: the coverage key
+  std::string name;           // unique: the gtest name
+  std::string op;             // the public function (or Tensor method) the row checks: the coverage key
   std::vector<Shape> shapes;  // one input per shape, f64 on the CPU, fresh random values
   GradFn fn;                  // must be deterministic and build its constants on its inputs' device
   Init init = Init::Normal;

@@ -67,7 +67,8 @@ void elementwise(Table& t) {
   t.add("sub_broadcast", "sub", {{4, 3}, {4, 1}}, [](const V& x) { return x[0] - x[1]; });
   t.add("mul_broadcast", "mul", {{2, 3, 4}, {3, 1}}, [](const V& x) { return x[0] * x[1]; });
   t.add("mul_same_input", "mul", {{3, 2}}, [](const V& x) { return x[0] * x[0]; });
-  t.add("div_broadcast", "div", {{3, 4}, {4}}, [](const V& x) { return x[0] / x[1]; }, Init::AwayFromZero);
+  t.add(
+      "div_broadcast", "div", {{3, 4}, {4}}, [](const V& x) { return x[0] / x[1]; }, Init::AwayFromZero);
   t.add("mixed_dtype_mul_f32_const", "mul", {{3, 2}}, [](const V& x) {
     return x[0] * on(x[0], tensor({1, 2, 3, 4, 5, 6}, {3, 2}, {DType::f32}));  // f32 const promotes to f64
   });
@@ -78,15 +79,22 @@ void elementwise(Table& t) {
   t.add("rsub_scalar", "rsub", {{2, 3}}, [](const V& x) { return 2.0 - x[0]; });
   t.add("neg", "neg", {{2, 3}}, [](const V& x) { return -x[0]; });
   t.add("exp", "exp", {{2, 3}}, [](const V& x) { return exp(x[0]); });
-  t.add("log", "log", {{2, 3}}, [](const V& x) { return log(x[0]); }, Init::Positive);
-  t.add("sqrt", "sqrt", {{2, 3}}, [](const V& x) { return sqrt(x[0]); }, Init::Positive);
-  t.add("rsqrt", "rsqrt", {{2, 3}}, [](const V& x) { return rsqrt(x[0]); }, Init::Positive);
-  t.add("abs", "abs", {{2, 3}}, [](const V& x) { return abs(x[0]); }, Init::AwayFromZero);
+  t.add(
+      "log", "log", {{2, 3}}, [](const V& x) { return log(x[0]); }, Init::Positive);
+  t.add(
+      "sqrt", "sqrt", {{2, 3}}, [](const V& x) { return sqrt(x[0]); }, Init::Positive);
+  t.add(
+      "rsqrt", "rsqrt", {{2, 3}}, [](const V& x) { return rsqrt(x[0]); }, Init::Positive);
+  t.add(
+      "abs", "abs", {{2, 3}}, [](const V& x) { return abs(x[0]); }, Init::AwayFromZero);
   t.add("square", "square", {{2, 3}}, [](const V& x) { return square(x[0]); });
-  t.add("pow_scalar", "pow", {{2, 3}}, [](const V& x) { return pow(x[0], 2.5); }, Init::Positive);
+  t.add(
+      "pow_scalar", "pow", {{2, 3}}, [](const V& x) { return pow(x[0], 2.5); }, Init::Positive);
   t.add("pow_scalar_int", "pow", {{2, 3}}, [](const V& x) { return pow(x[0], 3.0); });
-  t.add("pow_tensor", "pow", {{2, 3}, {2, 3}}, [](const V& x) { return pow(x[0], x[1]); }, Init::Positive);
-  t.add("pow_tensor_broadcast", "pow", {{2, 3}, {3}}, [](const V& x) { return pow(x[0], x[1]); }, Init::Positive);
+  t.add(
+      "pow_tensor", "pow", {{2, 3}, {2, 3}}, [](const V& x) { return pow(x[0], x[1]); }, Init::Positive);
+  t.add(
+      "pow_tensor_broadcast", "pow", {{2, 3}, {3}}, [](const V& x) { return pow(x[0], x[1]); }, Init::Positive);
   t.add("relu", "relu", {{3, 4}}, [](const V& x) { return relu(x[0]); });
   t.add("gelu_erf", "gelu", {{3, 4}}, [](const V& x) { return gelu(x[0]); });
   t.add("gelu_tanh", "gelu", {{3, 4}}, [](const V& x) { return gelu(x[0], true); });
@@ -128,8 +136,9 @@ void elementwise(Table& t) {
   for (const Unary& u : unary)
     for (const Layout& l : unary_layouts()) {
       const std::string op = u.name == "gelu_tanh" ? "gelu" : u.name;
-      Row& r = t.add(u.name + "_" + l.name, op, {l.base}, [f = u.fn, v = l.view](const V& x) { return f(v(x[0])); },
-                     Init::Uniform);
+      Row& r = t.add(
+          u.name + "_" + l.name, op, {l.base}, [f = u.fn, v = l.view](const V& x) { return f(v(x[0])); },
+          Init::Uniform);
       r.lo = u.positive ? 0.1 : -3, r.hi = 3;
       // erf-gelu is x * 0.5 (1 + erf(x / sqrt(2))): the sum cancels for negative x, by up to
       // 1 / Phi(-3) ~ 740 at the range's end, in the f32 arithmetic of every dtype.
@@ -157,8 +166,9 @@ void elementwise(Table& t) {
   };
   for (const Binary& b : binary)
     for (const BinaryLayout& l : binary_layouts()) {
-      Row& r = t.add(b.name + "_" + l.name, b.name, {l.a, l.b},
-                     [f = b.fn, va = l.va, vb = l.vb](const V& x) { return f(va(x[0]), vb(x[1])); }, Init::Uniform);
+      Row& r = t.add(
+          b.name + "_" + l.name, b.name, {l.a, l.b},
+          [f = b.fn, va = l.va, vb = l.vb](const V& x) { return f(va(x[0]), vb(x[1])); }, Init::Uniform);
       r.lo = b.lo, r.hi = b.hi;
       // A broadcast input's gradient sums the rounded per-element gradients: with mixed signs
       // the sum can be several times smaller than its terms (seen: 14 roundings' worth in f16).
@@ -187,7 +197,8 @@ void elementwise(Table& t) {
       std::string name = s.name + "_" + l.name;
       for (char& c : name)
         if (c == '.' || c == '-') c = '_';  // gtest names are identifiers
-      Row& r = t.add(name, s.op, {l.base}, [f = s.fn, v = l.view](const V& x) { return f(v(x[0])); }, Init::Uniform);
+      Row& r = t.add(
+          name, s.op, {l.base}, [f = s.fn, v = l.view](const V& x) { return f(v(x[0])); }, Init::Uniform);
       r.lo = 0.1, r.hi = 3;
     }
   // A fixed random [33, 1] condition: both devices must pick the same side.
@@ -197,10 +208,12 @@ void elementwise(Table& t) {
     for (double v : uniform({33}, 0, 1, {DType::f64}, &g).to_vector<double>()) c.push_back(v > 0.5);
     return c;
   }();
-  t.add("where_bcast_cond_and_b", "where", {{33, 40}, {40}},
-        [](const V& x) { return where(mask(x[0], cond33, {33, 1}), x[0], x[1]); });
-  t.add("where_transposed", "where", {{40, 33}, {40}},
-        [](const V& x) { return where(mask(x[0], cond33, {33, 1}), x[0].transpose(0, 1), x[1]); });
+  t.add("where_bcast_cond_and_b", "where", {{33, 40}, {40}}, [](const V& x) {
+    return where(mask(x[0], cond33, {33, 1}), x[0], x[1]);
+  });
+  t.add("where_transposed", "where", {{40, 33}, {40}}, [](const V& x) {
+    return where(mask(x[0], cond33, {33, 1}), x[0].transpose(0, 1), x[1]);
+  });
 }
 
 void reductions(Table& t) {
@@ -231,7 +244,12 @@ void reductions(Table& t) {
       {"n1", {1}, id, {{}, {0}}},
       {"n4097", {4097}, id, {{}, {0}}},
       {"5x33x17", {5, 33, 17}, id, {{}, {0}, {1}, {-1}, {0, 2}, {1, 2}}},
-      {"permuted", {17, 33, 5}, [](const Tensor& a) { return a.permute({2, 1, 0}); }, {{}, {0}, {2}, {0, 1}}},
+      {"permuted",
+       {17, 33, 5},
+       [](const Tensor& a) {
+         return a.permute({2, 1, 0});
+       },
+       {{}, {0}, {2}, {0, 1}}},
       {"3x100000", {3, 100000}, id, {{1}, {0}, {}}},
       {"100000x3", {100000, 3}, id, {{0}, {1}}},
       {"300x1000", {300, 1000}, id, {{0}, {1}}},
@@ -317,9 +335,9 @@ void softmaxes(Table& t) {
     Shape s;
     int64_t dim;
   };
-  for (const Case& c : {Case{{33, 1000}, -1}, Case{{33, 1000}, 0}, Case{{4, 5000}, 1}, Case{{2, 20000}, -1},
-                        Case{{64, 3, 7}, 1}, Case{{10, 70}, 0}, Case{{3000, 20}, 0}, Case{{1}, 0}, Case{{4097}, 0},
-                        Case{{5, 1}, 1}}) {
+  for (const Case& c :
+       {Case{{33, 1000}, -1}, Case{{33, 1000}, 0}, Case{{4, 5000}, 1}, Case{{2, 20000}, -1}, Case{{64, 3, 7}, 1},
+        Case{{10, 70}, 0}, Case{{3000, 20}, 0}, Case{{1}, 0}, Case{{4097}, 0}, Case{{5, 1}, 1}}) {
     const int64_t d = c.dim < 0 ? c.dim + static_cast<int64_t>(c.s.size()) : c.dim;
     std::string suffix;
     for (int64_t s : c.s) suffix += (suffix.empty() ? "" : "x") + std::to_string(s);
@@ -368,13 +386,13 @@ void views(Table& t) {
   t.add("contiguous", "Tensor::contiguous", {{3, 4}}, [](const V& x) { return x[0].t().contiguous(); });
   t.add("clone", "Tensor::clone", {{3, 4}}, [](const V& x) { return x[0].clone(); });
   t.add("chained_views", "Tensor::view", {{2, 3, 4}}, [](const V& x) {
-    return x[0].transpose(0, 1).slice(2, 0, 4, 3).unsqueeze(0).expand({2, 3, 2, 2}) * x[0].select(2, 0).t().unsqueeze(-1);
+    return x[0].transpose(0, 1).slice(2, 0, 4, 3).unsqueeze(0).expand({2, 3, 2, 2}) *
+           x[0].select(2, 0).t().unsqueeze(-1);
   });
   {
     // f32 rounding: a large step; the function is linear.
-    Row& r = t.add("to_f32_and_back", "Tensor::to", {{3, 4}}, [](const V& x) {
-      return x[0].to(DType::f32).to(DType::f64) * 2.0;
-    });
+    Row& r = t.add("to_f32_and_back", "Tensor::to", {{3, 4}},
+                   [](const V& x) { return x[0].to(DType::f32).to(DType::f64) * 2.0; });
     r.eps = 1e-2, r.atol = 1e-4, r.rtol = 1e-4;
   }
   {
@@ -384,8 +402,9 @@ void views(Table& t) {
     r.device_dtypes = {DType::f32, DType::f16, DType::bf16};
   }
   // CPU only: the op is a move to the CPU, so a device run would compare the CPU with itself.
-  t.add("to_cpu_same_device", "Tensor::to", {{3, 4}}, [](const V& x) { return x[0].to(Device::cpu()) * 1.0; })
-      .device_dtypes = {};
+  t.add("to_cpu_same_device", "Tensor::to", {{3, 4}}, [](const V& x) {
+     return x[0].to(Device::cpu()) * 1.0;
+   }).device_dtypes = {};
 }
 
 }  // namespace

@@ -22,16 +22,21 @@ void joining_indexing(Table& t) {
   t.add("cat_dim0", "cat", {{2, 3}, {1, 3}, {3, 3}}, [](const V& x) { return cat({x[0], x[1], x[2]}, 0); });
   t.add("cat_dim1", "cat", {{2, 3}, {2, 2}}, [](const V& x) { return cat({x[0], x[1]}, -1); });
   // The device table's case: a transposed part among contiguous ones.
-  t.add("cat_transposed_part", "cat", {{3, 33}, {5, 33}, {33, 2}},
-        [](const V& x) { return cat({x[0], x[1], x[2].transpose(0, 1)}, 0); });
+  t.add("cat_transposed_part", "cat", {{3, 33}, {5, 33}, {33, 2}}, [](const V& x) {
+    return cat({x[0], x[1], x[2].transpose(0, 1)}, 0);
+  });
   t.add("stack_dim0", "stack", {{2, 3}, {2, 3}}, [](const V& x) { return stack({x[0], x[1]}, 0); });
   t.add("stack_dim_last", "stack", {{2, 3}, {2, 3}, {2, 3}}, [](const V& x) { return stack({x[0], x[1], x[2]}, -1); });
   t.add("stack_same_input_dim1", "stack", {{3, 33}}, [](const V& x) { return stack({x[0], x[0]}, 1); });
-  t.add("gather_dim1", "gather", {{3, 4}}, [](const V& x) { return gather(x[0], 1, idx(x[0], {0, 3, 3, 1, 2, 0}, {3, 2})); });
+  t.add("gather_dim1", "gather", {{3, 4}}, [](const V& x) {
+    return gather(x[0], 1, idx(x[0], {0, 3, 3, 1, 2, 0}, {3, 2}));
+  });
   t.add("gather_dim0_repeats", "gather", {{3, 4}}, [](const V& x) {
     return gather(x[0], 0, idx(x[0], {2, 2, 0, 1, 0, 0, 0, 0}, {2, 4}));
   });
-  t.add("index_select", "index_select", {{4, 3}}, [](const V& x) { return index_select(x[0], 0, idx(x[0], {3, 0, 3}, {3})); });
+  t.add("index_select", "index_select", {{4, 3}}, [](const V& x) {
+    return index_select(x[0], 0, idx(x[0], {3, 0, 3}, {3}));
+  });
   t.add("index_select_dim1", "index_select", {{2, 5}}, [](const V& x) {
     return index_select(x[0], 1, idx(x[0], {1, 4, 1, 1}, {4}));
   });
@@ -39,43 +44,40 @@ void joining_indexing(Table& t) {
 
 void losses(Table& t) {
   const std::vector<int64_t> t4 = {1, 0, 4, 2};
-  t.add("cross_entropy_mean", "cross_entropy", {{4, 5}}, [t4](const V& x) { return cross_entropy(x[0], idx(x[0], t4, {4})); });
-  t.add("cross_entropy_sum", "cross_entropy", {{4, 5}}, [t4](const V& x) {
-    return cross_entropy(x[0], idx(x[0], t4, {4}), "sum");
-  });
-  t.add("cross_entropy_none", "cross_entropy", {{4, 5}}, [t4](const V& x) {
-    return cross_entropy(x[0], idx(x[0], t4, {4}), "none");
-  });
+  t.add("cross_entropy_mean", "cross_entropy", {{4, 5}},
+        [t4](const V& x) { return cross_entropy(x[0], idx(x[0], t4, {4})); });
+  t.add("cross_entropy_sum", "cross_entropy", {{4, 5}},
+        [t4](const V& x) { return cross_entropy(x[0], idx(x[0], t4, {4}), "sum"); });
+  t.add("cross_entropy_none", "cross_entropy", {{4, 5}},
+        [t4](const V& x) { return cross_entropy(x[0], idx(x[0], t4, {4}), "none"); });
   t.add("cross_entropy_ignore_index", "cross_entropy", {{4, 5}}, [](const V& x) {
     return cross_entropy(x[0], idx(x[0], {1, -100, 4, -100}, {4}));
   });
   t.add("cross_entropy_ignore_custom_sum", "cross_entropy", {{4, 5}}, [](const V& x) {
     return cross_entropy(x[0], idx(x[0], {1, 3, 3, 0}, {4}), "sum", 3);
   });
-  t.add("cross_entropy_label_smoothing", "cross_entropy", {{4, 5}}, [t4](const V& x) {
-    return cross_entropy(x[0], idx(x[0], t4, {4}), "mean", -100, 0.1);
-  });
+  t.add("cross_entropy_label_smoothing", "cross_entropy", {{4, 5}},
+        [t4](const V& x) { return cross_entropy(x[0], idx(x[0], t4, {4}), "mean", -100, 0.1); });
   t.add("cross_entropy_smoothing_ignore", "cross_entropy", {{4, 5}}, [](const V& x) {
     return cross_entropy(x[0], idx(x[0], {1, -100, 4, 2}, {4}), "mean", -100, 0.2);
   });
-  t.add("cross_entropy_smoothing_none", "cross_entropy", {{4, 5}}, [t4](const V& x) {
-    return cross_entropy(x[0], idx(x[0], t4, {4}), "none", -100, 0.3);
-  });
+  t.add("cross_entropy_smoothing_none", "cross_entropy", {{4, 5}},
+        [t4](const V& x) { return cross_entropy(x[0], idx(x[0], t4, {4}), "none", -100, 0.3); });
   t.add("cross_entropy_spatial", "cross_entropy", {{2, 3, 2, 2}}, [](const V& x) {
     return cross_entropy(x[0], idx(x[0], {0, 1, 2, 2, 1, 0, 0, 1}, {2, 2, 2}));
   });
   // Probability targets (soft labels), with respect to the logits and to the target itself;
   // composed of softmax and cross_entropy, each rounded in half precision, forward and back.
-  t.add("cross_entropy_probs_mean", "cross_entropy", {{4, 5}, {4, 5}}, [](const V& x) {
-     return cross_entropy(x[0], softmax(x[1], 1));
-   });
+  t.add("cross_entropy_probs_mean", "cross_entropy", {{4, 5}, {4, 5}},
+        [](const V& x) { return cross_entropy(x[0], softmax(x[1], 1)); });
   t.rows().back().roundings = 12, t.rows().back().cond = 32;
-  t.add("cross_entropy_probs_smoothing_sum", "cross_entropy", {{4, 5}, {4, 5}}, [](const V& x) {
-     return cross_entropy(x[0], softmax(x[1], 1), "sum", -100, 0.2);
-   });
+  t.add("cross_entropy_probs_smoothing_sum", "cross_entropy", {{4, 5}, {4, 5}},
+        [](const V& x) { return cross_entropy(x[0], softmax(x[1], 1), "sum", -100, 0.2); });
   t.rows().back().roundings = 12, t.rows().back().cond = 32;
-  t.add("nll_loss_mean", "nll_loss", {{4, 5}}, [t4](const V& x) { return nll_loss(log_softmax(x[0], 1), idx(x[0], t4, {4})); });
-  t.add("nll_loss_raw_sum", "nll_loss", {{4, 5}}, [t4](const V& x) { return nll_loss(x[0], idx(x[0], t4, {4}), "sum"); });
+  t.add("nll_loss_mean", "nll_loss", {{4, 5}},
+        [t4](const V& x) { return nll_loss(log_softmax(x[0], 1), idx(x[0], t4, {4})); });
+  t.add("nll_loss_raw_sum", "nll_loss", {{4, 5}},
+        [t4](const V& x) { return nll_loss(x[0], idx(x[0], t4, {4}), "sum"); });
   t.add("nll_loss_none_ignore", "nll_loss", {{4, 5}}, [](const V& x) {
     return nll_loss(x[0], idx(x[0], {1, -100, 4, 0}, {4}), "none");
   });
@@ -187,9 +189,8 @@ void convolution(Table& t) {
   conv("conv2d_1x1_9_from_7", {4, 7, 5, 5}, {9, 7, 1, 1}, true, 1, 0, 1, 1);
   conv("conv2d_mixed_stride_dilation_groups3", {2, 9, 16, 13}, {6, 3, 3, 2}, true, {2, 3}, {2, 1}, {2, 1}, 3);
   conv("conv2d_batch1_7x7_stride2", {1, 3, 23, 19}, {8, 3, 7, 7}, true, 2, 3, 1, 1);
-  t.add("conv2d_unbatched", "conv2d", {{2, 5, 4}, {3, 2, 2, 2}, {3}}, [](const V& v) {
-    return conv2d(v[0], v[1], v[2], 1, 1);
-  });
+  t.add("conv2d_unbatched", "conv2d", {{2, 5, 4}, {3, 2, 2, 2}, {3}},
+        [](const V& v) { return conv2d(v[0], v[1], v[2], 1, 1); });
   t.add("conv2d_channels_last", "conv2d", {{2, 5, 4, 3}, {2, 3, 3, 3}}, [](const V& v) {
     return conv2d(v[0].permute({0, 3, 1, 2}), v[1], Tensor(), 1, 1);  // NHWC seen as NCHW
   });
@@ -203,14 +204,13 @@ void pooling(Table& t) {
   t.add("max_pool2d_padding_stride", "max_pool2d", {{2, 2, 7, 6}}, [](const V& v) {
     return max_pool2d(v[0], {3, 2}, Int2{2, 1}, {1, 1});
   });
-  t.add("max_pool2d_dilation_ceil", "max_pool2d", {{1, 2, 7, 7}}, [](const V& v) {
-    return max_pool2d(v[0], 2, Int2{2}, 0, 2, /*ceil_mode=*/true);
-  });
-  t.add("max_pool2d_with_indices_values", "max_pool2d_with_indices", {{2, 3, 7, 6}}, [](const V& v) {
-    return max_pool2d_with_indices(v[0], 3, Int2{2}, 1).first;
-  });
+  t.add("max_pool2d_dilation_ceil", "max_pool2d", {{1, 2, 7, 7}},
+        [](const V& v) { return max_pool2d(v[0], 2, Int2{2}, 0, 2, /*ceil_mode=*/true); });
+  t.add("max_pool2d_with_indices_values", "max_pool2d_with_indices", {{2, 3, 7, 6}},
+        [](const V& v) { return max_pool2d_with_indices(v[0], 3, Int2{2}, 1).first; });
   t.add("avg_pool2d_2x2", "avg_pool2d", {{2, 3, 6, 6}}, [](const V& v) { return avg_pool2d(v[0], 2); });
-  t.add("avg_pool2d_overlap_padding", "avg_pool2d", {{1, 2, 7, 5}}, [](const V& v) { return avg_pool2d(v[0], 3, Int2{2}, 1); });
+  t.add("avg_pool2d_overlap_padding", "avg_pool2d", {{1, 2, 7, 5}},
+        [](const V& v) { return avg_pool2d(v[0], 3, Int2{2}, 1); });
   t.add("avg_pool2d_exclude_pad_ceil", "avg_pool2d", {{1, 2, 6, 5}}, [](const V& v) {
     return avg_pool2d(v[0], {3, 2}, Int2{2, 2}, {1, 1}, /*ceil_mode=*/true, /*count_include_pad=*/false);
   });
@@ -223,9 +223,8 @@ void pooling(Table& t) {
   t.add("adaptive_avg_pool2d_upsample", "adaptive_avg_pool2d", {{1, 2, 2, 3}}, [](const V& v) {
     return adaptive_avg_pool2d(v[0], {5, 4});
   });
-  t.add("adaptive_avg_pool2d_global", "adaptive_avg_pool2d", {{3, 2, 5, 5}}, [](const V& v) {
-    return adaptive_avg_pool2d(v[0], 1);
-  });
+  t.add("adaptive_avg_pool2d_global", "adaptive_avg_pool2d", {{3, 2, 5, 5}},
+        [](const V& v) { return adaptive_avg_pool2d(v[0], 1); });
 
   // The pooling parity table's cases: kernel, stride, padding, dilation, ceil, count_include_pad.
   struct Pool {
@@ -241,7 +240,7 @@ void pooling(Table& t) {
       {"k3_s1_p1_no_pad_count", {1, 4, 9, 11}, 3, 1, 1, 1, false, false},
       {"k2x4_s1x3_p1x2_ceil_no_pad_count", {2, 3, 11, 17}, {2, 4}, {1, 3}, {1, 2}, 1, true, false},
       {"k5_s3_p2", {2, 3, 16, 16}, 5, 3, 2, 1, false, true},
-      {"k3_s2_d2_p2", {2, 3, 15, 13}, 3, 2, 2, 2, false, true},            // max pooling only: dilation
+      {"k3_s2_d2_p2", {2, 3, 15, 13}, 3, 2, 2, 2, false, true},             // max pooling only: dilation
       {"k3_s1_d1x3_p1_ceil", {2, 3, 12, 14}, 3, 1, 1, {1, 3}, true, true},  // max pooling only
   };
   for (const Pool& c : pools) {
@@ -256,9 +255,10 @@ void pooling(Table& t) {
     Shape x;
     Int2 out;
   };
-  for (const Adaptive& c : {Adaptive{"13x11_to_3x5", {2, 3, 13, 11}, {3, 5}}, Adaptive{"7x7_to_1x1", {2, 4, 7, 7}, {1, 1}},
-                            Adaptive{"5x6_to_7x4", {1, 3, 5, 6}, {7, 4}}, Adaptive{"16x16_to_4x4", {3, 2, 16, 16}, {4, 4}},
-                            Adaptive{"9x1_to_2x1", {2, 5, 9, 1}, {2, 1}}})
+  for (const Adaptive& c :
+       {Adaptive{"13x11_to_3x5", {2, 3, 13, 11}, {3, 5}}, Adaptive{"7x7_to_1x1", {2, 4, 7, 7}, {1, 1}},
+        Adaptive{"5x6_to_7x4", {1, 3, 5, 6}, {7, 4}}, Adaptive{"16x16_to_4x4", {3, 2, 16, 16}, {4, 4}},
+        Adaptive{"9x1_to_2x1", {2, 5, 9, 1}, {2, 1}}})
     t.add("adaptive_avg_pool2d_" + c.name, "adaptive_avg_pool2d", {c.x},
           [c](const V& v) { return adaptive_avg_pool2d(v[0], c.out); });
 }
@@ -270,12 +270,10 @@ void normalization(Table& t) {
     Tensor rm = zeros({2}, {v[0].dtype(), v[0].device()}), rv = ones({2}, {v[0].dtype(), v[0].device()});
     return batch_norm(v[0], rm, rv, v[1], v[2], /*training=*/true, 0.1, 1e-5);
   });
-  t.add("batch_norm_train_2d_no_running", "batch_norm", {{5, 3}, {3}, {3}}, [](const V& v) {
-    return batch_norm(v[0], Tensor(), Tensor(), v[1], v[2], true);
-  });
-  t.add("batch_norm_train_no_affine", "batch_norm", {{4, 3, 2, 2}}, [](const V& v) {
-    return batch_norm(v[0], Tensor(), Tensor(), Tensor(), Tensor(), true);
-  });
+  t.add("batch_norm_train_2d_no_running", "batch_norm", {{5, 3}, {3}, {3}},
+        [](const V& v) { return batch_norm(v[0], Tensor(), Tensor(), v[1], v[2], true); });
+  t.add("batch_norm_train_no_affine", "batch_norm", {{4, 3, 2, 2}},
+        [](const V& v) { return batch_norm(v[0], Tensor(), Tensor(), Tensor(), Tensor(), true); });
   t.add("batch_norm_eval", "batch_norm", {{3, 2, 2, 3}, {2}, {2}}, [](const V& v) {
     return batch_norm(v[0], constant(v[0], {0.3, -0.2}, {2}), constant(v[0], {1.5, 0.7}, {2}), v[1], v[2],
                       /*training=*/false);
@@ -287,9 +285,8 @@ void normalization(Table& t) {
      return avg_pool2d(tanh(h), 2);
    }).roundings = 32;  // seen at 28 f16 roundings (the batch-norm weight's gradient) over 35 seeds
 
-  t.add("layer_norm_last_dim", "layer_norm", {{3, 5}, {5}, {5}}, [](const V& x) {
-    return layer_norm(x[0], {5}, x[1], x[2]);
-  });
+  t.add("layer_norm_last_dim", "layer_norm", {{3, 5}, {5}, {5}},
+        [](const V& x) { return layer_norm(x[0], {5}, x[1], x[2]); });
   t.add("layer_norm_last_two_dims", "layer_norm", {{2, 3, 4}, {3, 4}, {3, 4}}, [](const V& x) {
     return layer_norm(x[0], {3, 4}, x[1], x[2], 1e-3);
   });
@@ -297,9 +294,8 @@ void normalization(Table& t) {
   t.add("layer_norm_params_only", "layer_norm", {{2, 3, 4}, {4}, {4}}, [](const V& x) {
      return layer_norm(x[0], {4}, x[1], x[2]);
    }).constant = {0};
-  t.add("layer_norm_weight_only_noncontiguous", "layer_norm", {{3, 4}, {3}}, [](const V& x) {
-    return layer_norm(transpose(x[0], 0, 1), {3}, x[1]);
-  });
+  t.add("layer_norm_weight_only_noncontiguous", "layer_norm", {{3, 4}, {3}},
+        [](const V& x) { return layer_norm(transpose(x[0], 0, 1), {3}, x[1]); });
   t.add("layer_norm_3x2x16", "layer_norm", {{3, 2, 16}, {2, 16}, {2, 16}}, [](const V& x) {
     return layer_norm(x[0], {2, 16}, x[1], x[2]);
   });

@@ -33,7 +33,8 @@ V make_inputs(const Row& row) {
   Generator gen(test_seed() + std::hash<std::string>{}(row.name));
   V inputs;
   for (const Shape& s : row.shapes) {
-    Tensor z = row.init == Init::Uniform ? uniform(s, row.lo, row.hi, {DType::f64}, &gen) : randn(s, {DType::f64}, &gen);
+    Tensor z =
+        row.init == Init::Uniform ? uniform(s, row.lo, row.hi, {DType::f64}, &gen) : randn(s, {DType::f64}, &gen);
     if (row.init == Init::Positive) {
       z = add(abs(z), 0.5);
     } else if (row.init == Init::AwayFromZero) {
@@ -65,11 +66,16 @@ INSTANTIATE_TEST_SUITE_P(Ops, OpGradcheck, ::testing::ValuesIn(all_rows()), row_
 
 double unit_roundoff(DType t) {
   switch (t) {
-    case DType::f64: return std::ldexp(1.0, -53);
-    case DType::f32: return std::ldexp(1.0, -24);
-    case DType::f16: return std::ldexp(1.0, -11);
-    case DType::bf16: return std::ldexp(1.0, -8);
-    default: return 0;
+    case DType::f64:
+      return std::ldexp(1.0, -53);
+    case DType::f32:
+      return std::ldexp(1.0, -24);
+    case DType::f16:
+      return std::ldexp(1.0, -11);
+    case DType::bf16:
+      return std::ldexp(1.0, -8);
+    default:
+      return 0;
   }
 }
 
@@ -86,10 +92,14 @@ double tolerance(const Row& row, DType dt, double roundings) {
 // enough to matter for a mean's gradient over 10^5 elements); one spacing per rounding.
 double subnormal_floor(DType dt, double roundings) {
   switch (dt) {
-    case DType::f16: return roundings * std::ldexp(1.0, -24);
-    case DType::bf16: return roundings * std::ldexp(1.0, -133);
-    case DType::f32: return roundings * std::ldexp(1.0, -149);
-    default: return 0;
+    case DType::f16:
+      return roundings * std::ldexp(1.0, -24);
+    case DType::bf16:
+      return roundings * std::ldexp(1.0, -133);
+    case DType::f32:
+      return roundings * std::ldexp(1.0, -149);
+    default:
+      return 0;
   }
 }
 
@@ -158,9 +168,10 @@ INSTANTIATE_TEST_SUITE_P(Ops, OpDeviceParity, ::testing::ValuesIn(all_rows()), r
 // tests/kernels/cuda/cuda_parity_test.cc (comparisons, argmax, one_hot).
 const std::set<std::string> kNotDifferentiable = {"eq", "ne", "lt", "le", "gt", "ge", "argmax", "one_hot"};
 
-// The runfiles copy of a source file (Bazel), or the path as given from the working directory
-// (a staged binary run from the repository root).
+// The runfiles copy of a source file (Bazel), the file under $MG_SOURCE_ROOT (a staged binary;
+// tools/run_staged.sh sets it to the repository), or the path from the working directory.
 std::string source_path(const std::string& rel) {
+  if (const char* root = std::getenv("MG_SOURCE_ROOT")) return std::string(root) + "/" + rel;
   if (const char* srcdir = std::getenv("TEST_SRCDIR")) {
     const char* ws = std::getenv("TEST_WORKSPACE");
     return std::string(srcdir) + "/" + (ws ? ws : "memgrad") + "/" + rel;

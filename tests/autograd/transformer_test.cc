@@ -93,7 +93,7 @@ TEST(LayerNormErrors, ShapeMismatchesAreClear) {
   }
   EXPECT_THROW(layer_norm(x, {2, 3, 5, 1}), ShapeError);  // more dims than the input
   EXPECT_THROW(layer_norm(x, {}), ValueError);
-  EXPECT_THROW(layer_norm(x, {5}, randn({4})), ShapeError);  // weight shape
+  EXPECT_THROW(layer_norm(x, {5}, randn({4})), ShapeError);               // weight shape
   EXPECT_THROW(layer_norm(x, {3, 5}, Tensor(), randn({5})), ShapeError);  // bias shape
   EXPECT_THROW(layer_norm(x, {5}, Tensor(), Tensor(), -1.0), ValueError);
   EXPECT_THROW(layer_norm(arange(5), {5}), DTypeError);
@@ -177,7 +177,8 @@ TEST(Sdpa, CausalOutputIgnoresLaterPositions) {
     Tensor out2 = scaled_dot_product_attention(perturb(q, 60 + t), perturb(k, 70 + t), perturb(v, 80 + t), true);
     expect_close(raw::slice(out2, 1, 0, t + 1, 1), raw::slice(out, 1, 0, t + 1, 1), 1e-12);
     // ... while a later position does change (the perturbation is visible there).
-    auto a = raw::slice(out2, 1, T - 1, T, 1).to_vector<double>(), b = raw::slice(out, 1, T - 1, T, 1).to_vector<double>();
+    auto a = raw::slice(out2, 1, T - 1, T, 1).to_vector<double>(),
+         b = raw::slice(out, 1, T - 1, T, 1).to_vector<double>();
     EXPECT_NE(a, b);
   }
   // Position 0 attends only to itself: its output is v[:, 0].
@@ -190,8 +191,7 @@ TEST(SdpaErrors, MismatchedShapesAreClear) {
     FAIL() << "expected ShapeError";
   } catch (const ShapeError& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("scaled_dot_product_attention: query head dim 4 does not match key head dim 5"),
-              std::string::npos)
+    EXPECT_NE(m.find("scaled_dot_product_attention: query head dim 4 does not match key head dim 5"), std::string::npos)
         << m;
   }
   EXPECT_THROW(scaled_dot_product_attention(randn({2, 3, 4}), randn({2, 3, 4}), randn({2, 2, 4})), ShapeError);

@@ -60,8 +60,8 @@ StateDict all_dtypes() {
   sd.tensors["scalar"] = scalar_tensor(3.5, {DType::f32});
   sd.tensors["empty"] = empty({0, 3}, {DType::f32});
   sd.tensors["layer.0.transposed"] = randn({4, 6}).t();  // non-contiguous: saved in logical order
-  sd.meta = {{"step", 12345}, {"lr", 0.1}, {"name", "run"}, {"big", 18446744073709551615ull},
-             {"nested", {{"a", {1, 2, 3}}}}};
+  sd.meta = {
+      {"step", 12345}, {"lr", 0.1}, {"name", "run"}, {"big", 18446744073709551615ull}, {"nested", {{"a", {1, 2, 3}}}}};
   return sd;
 }
 
@@ -171,8 +171,7 @@ TEST(Safetensors, DamagedFilesAreClearErrors) {
       {"not an object", make_file(json::array({1, 2}), ""), "must be a JSON object"},
       {"unknown dtype", make_file({{"w", entry("F8_E4M3", {16}, 0, 16)}}, data), "\"w\": unsupported dtype"},
       {"size mismatch", make_file({{"w", entry("F32", {2, 3}, 0, 16)}}, data), "\"w\": dtype F32 shape [2,3] needs 24"},
-      {"overlap",
-       make_file({{"a", entry("F32", {3}, 0, 12)}, {"b", entry("F32", {1}, 8, 12)}}, data), "overlap"},
+      {"overlap", make_file({{"a", entry("F32", {3}, 0, 12)}, {"b", entry("F32", {1}, 8, 12)}}, data), "overlap"},
       {"out of range", make_file({{"w", entry("F32", {8}, 0, 32)}}, data), "\"w\": data_offsets [0, 32] run past"},
       {"gap", make_file({{"w", entry("F32", {2}, 8, 16)}}, data), "gap"},
       {"trailing bytes", make_file({{"w", entry("F32", {2}, 0, 8)}}, data), "trailing"},
@@ -180,7 +179,8 @@ TEST(Safetensors, DamagedFilesAreClearErrors) {
       {"negative dim", make_file({{"w", {{"dtype", "F32"}, {"shape", {-4}}, {"data_offsets", {0, 16}}}}}, data),
        "non-negative"},
       {"missing field", make_file({{"w", {{"dtype", "F32"}, {"shape", {4}}}}}, data), "needs dtype, shape"},
-      {"unknown field", make_file({{"w", {{"dtype", "F32"}, {"shape", {4}}, {"data_offsets", {0, 16}}, {"x", 1}}}}, data),
+      {"unknown field",
+       make_file({{"w", {{"dtype", "F32"}, {"shape", {4}}, {"data_offsets", {0, 16}}, {"x", 1}}}}, data),
        "unknown field"},
       {"duplicate key",
        raw_header(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"w":{"dtype":"F32","shape":[4]}})"),

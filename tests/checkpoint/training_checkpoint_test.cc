@@ -62,16 +62,19 @@ struct TrainingRun {
     // Warmup for 3 steps, then cosine: a chained schedule that must resume mid-way.
     auto warmup = std::make_shared<optim::LinearLR>(*opt, 0.25, 1.0, 3);
     auto cosine = std::make_shared<optim::CosineAnnealingLR>(*opt, 8, 1e-3);
-    sched = std::make_unique<optim::SequentialLR>(*opt, std::vector<std::shared_ptr<optim::LRScheduler>>{warmup, cosine},
-                                                  std::vector<int64_t>{3});
+    sched = std::make_unique<optim::SequentialLR>(
+        *opt, std::vector<std::shared_ptr<optim::LRScheduler>>{warmup, cosine}, std::vector<int64_t>{3});
     // Grows the scale every 3 clean steps, so the scale and the growth tracker are mid-cycle at k.
     optim::GradScalerOptions so;
     so.init_scale = 1024;
     so.growth_interval = 3;
     scaler = std::make_unique<optim::GradScaler>(so);
     ckpt.add("model", *model);
-    if (restore_optimizer) ckpt.add("optimizer", *opt);
-    else ckpt.add("optimizer", [this] { return opt->state_dict(); }, [](const StateDict&) {});
+    if (restore_optimizer)
+      ckpt.add("optimizer", *opt);
+    else
+      ckpt.add(
+          "optimizer", [this] { return opt->state_dict(); }, [](const StateDict&) {});
     ckpt.add("scheduler", *sched).add("scaler", *scaler);
     ckpt.add_generator("rng", default_generator()).add_generator("data", data);
   }

@@ -43,7 +43,10 @@ TEST(CudaRuntime, DeviceProperties) {
               p.multi_processor_count, p.major, p.minor);
   EXPECT_THROW(cuda::get_device_properties(cuda::device_count()), DeviceError);
   EXPECT_THROW(cuda::set_device(-1), DeviceError);
-  { cuda::DeviceGuard g(0); EXPECT_EQ(cuda::current_device(), 0); }
+  {
+    cuda::DeviceGuard g(0);
+    EXPECT_EQ(cuda::current_device(), 0);
+  }
 }
 
 TEST(CudaRuntime, RoundTripAllDtypes) {
@@ -110,7 +113,10 @@ TEST(CachingAllocatorGpu, ReuseWithoutNewDeviceAllocation) {
   cuda::empty_cache();
   auto stats = [] { return memory_stats(kGpu); };
   int64_t base_alloc = memory_allocated(kGpu);
-  { Tensor t = empty({1 << 20}, {DType::f32, kGpu}); EXPECT_EQ(memory_allocated(kGpu) - base_alloc, 4 << 20); }
+  {
+    Tensor t = empty({1 << 20}, {DType::f32, kGpu});
+    EXPECT_EQ(memory_allocated(kGpu) - base_alloc, 4 << 20);
+  }
   int64_t n_dev = stats()["num_device_alloc"];
   int64_t reserved = memory_reserved(kGpu);
   EXPECT_GT(reserved, 0);
@@ -183,7 +189,8 @@ TEST(CachingAllocatorGpu, ExpandableSegmentsGrowInPlace) {
     for (int i = 1; i <= 8; ++i) ts.push_back(empty({int64_t{i} * (24 << 20)}, {DType::u8, kGpu}));
     auto frag = cuda::fragmentation(0);
     std::printf("expandable: reserved %lld MiB for %lld MiB allocated, largest free block %lld MiB\n",
-                static_cast<long long>(memory_reserved(kGpu) >> 20), static_cast<long long>(memory_allocated(kGpu) >> 20),
+                static_cast<long long>(memory_reserved(kGpu) >> 20),
+                static_cast<long long>(memory_allocated(kGpu) >> 20),
                 static_cast<long long>(frag.largest_free_block >> 20));
     EXPECT_LE(memory_stats(kGpu)["segment.all.current"] - before, 2) << "growth should map pages into one segment";
   }
@@ -194,7 +201,10 @@ TEST(CachingAllocatorGpu, ExpandableSegmentsGrowInPlace) {
 TEST(CachingAllocatorGpu, SnapshotAndTimeline) {
   REQUIRE_GPU();
   cuda::record_memory_history(true, 0);
-  { Tensor a = empty({1000}, {DType::f32, kGpu}); Tensor b = empty({5 << 20}, {DType::f32, kGpu}); }
+  {
+    Tensor a = empty({1000}, {DType::f32, kGpu});
+    Tensor b = empty({5 << 20}, {DType::f32, kGpu});
+  }
   std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
   cuda::write_memory_snapshot(dir + "/snap.json", 0);
   cuda::write_memory_timeline(dir + "/timeline.html", 0);

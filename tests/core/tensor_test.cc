@@ -23,7 +23,7 @@ TEST(DType, HalfRoundTripsEveryValue) {
 }
 
 TEST(DType, HalfRoundsToNearestEven) {
-  EXPECT_EQ(static_cast<float>(Half(1.0f + 1.0f / 2048)), 1.0f);           // tie -> even
+  EXPECT_EQ(static_cast<float>(Half(1.0f + 1.0f / 2048)), 1.0f);                // tie -> even
   EXPECT_EQ(static_cast<float>(Half(1.0f + 3.0f / 2048)), 1.0f + 2.0f / 1024);  // tie -> even (up)
   EXPECT_TRUE(std::isinf(static_cast<float>(Half(70000.0f))));
   EXPECT_EQ(static_cast<float>(Half(65504.0f)), 65504.0f);
@@ -95,7 +95,7 @@ TEST(Tensor, ViewRules) {
   EXPECT_EQ(v.sizes(), (Shape{2, 3, 4}));
   Tensor p = raw::permute(v, {2, 0, 1});
   EXPECT_THROW(raw::view(p, {24}), ShapeError);  // not viewable without a copy
-  Tensor r = raw::reshape(p, {24});             // reshape copies instead
+  Tensor r = raw::reshape(p, {24});              // reshape copies instead
   EXPECT_TRUE(r.is_contiguous());
   EXPECT_NE(r.storage(), t.storage());
   EXPECT_THROW(raw::view(t, {5, -1}), ShapeError);

@@ -74,9 +74,9 @@ DataLoaderOptions augmenting_options(int workers) {
   o.shuffle = true;
   o.seed = 11;
   o.num_workers = workers;
-  o.transform = std::make_shared<Compose>(std::vector<TransformPtr>{
-      std::make_shared<RandomCrop>(6, 6, 2), std::make_shared<RandomHorizontalFlip>(0.5),
-      std::make_shared<Normalize>(std::vector<double>{50.0}, std::vector<double>{2.0})});
+  o.transform = std::make_shared<Compose>(
+      std::vector<TransformPtr>{std::make_shared<RandomCrop>(6, 6, 2), std::make_shared<RandomHorizontalFlip>(0.5),
+                                std::make_shared<Normalize>(std::vector<double>{50.0}, std::vector<double>{2.0})});
   return o;
 }
 
@@ -238,7 +238,7 @@ TEST(DataLoaderWorkers, StopMidEpochAndStartAgain) {
   const int64_t after = probe->calls.load();
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(probe->calls.load(), after);  // nothing loads after shutdown
-  EXPECT_LE(after - base, 2 + 16);  // claims never pass delivered + num_workers * prefetch_factor
+  EXPECT_LE(after - base, 2 + 16);        // claims never pass delivered + num_workers * prefetch_factor
 }
 
 TEST(DataLoaderWorkers, BadOptions) {

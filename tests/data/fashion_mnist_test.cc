@@ -14,8 +14,7 @@ namespace {
 TEST(FashionMNIST, LoadsTheInstalledDataSet) {
   const std::string root = FashionMNIST::default_root();
   if (!FashionMNIST::available(root))
-    GTEST_SKIP() << "Fashion-MNIST not found in " << root
-                 << " (install dataset-fashion-mnist or set MG_FASHION_MNIST)";
+    GTEST_SKIP() << "Fashion-MNIST not found in " << root << " (install dataset-fashion-mnist or set MG_FASHION_MNIST)";
   FashionMNIST train(Split::Train, root), test(Split::Test, root);
   EXPECT_EQ(train.size(), 60000);
   EXPECT_EQ(test.size(), 10000);

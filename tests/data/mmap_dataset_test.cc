@@ -231,7 +231,8 @@ TEST(MmapDataset, FashionMNISTThroughARecordFile) {
     EXPECT_EQ(a.target.to_vector<int64_t>(), b.target.to_vector<int64_t>());
   }
   // Already converted: not rewritten.
-  struct stat before {}, after {};
+  struct stat before {
+  }, after{};
   ::stat(raw_path.c_str(), &before);
   convert_fashion_mnist(root, true, raw_path);
   ::stat(raw_path.c_str(), &after);

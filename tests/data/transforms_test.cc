@@ -99,9 +99,9 @@ TEST(Transforms, RandomCropMatchesPaddedReference) {
 }
 
 TEST(Transforms, ComposeAndPerSampleSeeds) {
-  auto t = std::make_shared<Compose>(std::vector<TransformPtr>{
-      std::make_shared<RandomCrop>(6, 6, 3), std::make_shared<RandomHorizontalFlip>(0.5),
-      std::make_shared<Normalize>(std::vector<double>{1.0}, std::vector<double>{2.0})});
+  auto t = std::make_shared<Compose>(
+      std::vector<TransformPtr>{std::make_shared<RandomCrop>(6, 6, 3), std::make_shared<RandomHorizontalFlip>(0.5),
+                                std::make_shared<Normalize>(std::vector<double>{1.0}, std::vector<double>{2.0})});
   EXPECT_EQ(t->name(), "Compose(RandomCrop, RandomHorizontalFlip, Normalize)");
   Tensor x = coded_image(1, 6, 6);
   // Compose == applying the parts by hand with the same rng.

@@ -90,8 +90,8 @@ inline void zero_adam_case(Backend backend, int world) {
     ZeroOptions zo;
     zo.chunk_mb = 16.0 * 4 / 1048576.0;  // 16 elements per chunk: slices straddle parameters
     zo.reduce_gradients = true;          // every rank has its own gradients; Adam sees their mean
-    ZeroRedundancyOptimizer zero(ps, pg, [&](std::vector<Tensor> shard) { return std::make_unique<optim::Adam>(shard, ao); },
-                                 zo);
+    ZeroRedundancyOptimizer zero(
+        ps, pg, [&](std::vector<Tensor> shard) { return std::make_unique<optim::Adam>(shard, ao); }, zo);
     optim::Adam plain(rs, ao);
     for (int step = 0; step < 3; ++step) {
       for (size_t i = 0; i < ps.size(); ++i) {

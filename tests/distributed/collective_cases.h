@@ -51,10 +51,9 @@ inline void collectives_case(Backend backend, DType dt, int world) {
     pg->broadcast(b, W - 1);
     for (double v : host(b)) EXPECT_EQ(v, 100.0 * (W - 1)) << "broadcast from rank " << W - 1;
 
-    Tensor g = pg->all_gather(on(from_vector(std::vector<double>{10.0 * rank, 10.0 * rank + 1, 10.0 * rank + 2,
-                                                                  10.0 * rank + 3},
-                                             {2, 2}),
-                                 dt, dev));
+    Tensor g = pg->all_gather(
+        on(from_vector(std::vector<double>{10.0 * rank, 10.0 * rank + 1, 10.0 * rank + 2, 10.0 * rank + 3}, {2, 2}), dt,
+           dev));
     ASSERT_EQ(g.sizes(), (Shape{W, 2, 2}));
     auto gv = host(g);
     for (int r = 0; r < W; ++r)

@@ -252,8 +252,7 @@ TEST(CpuDDP, BucketsFollowReverseParameterOrderAndTheCap) {
   // Bytes in reverse order: 24, 192 | 64 | 1024 | 128, 768. The first bucket holds 256 B,
   // the others 1 KiB; a parameter larger than the cap gets a bucket of its own.
   DistributedDataParallel many(model, pg, {.bucket_cap_mb = 1024 / 1048576.0, .first_bucket_cap_mb = 256 / 1048576.0});
-  EXPECT_EQ(many.bucket_assignment(),
-            (std::vector<std::vector<size_t>>{{5, 4}, {3}, {2}, {1, 0}}));
+  EXPECT_EQ(many.bucket_assignment(), (std::vector<std::vector<size_t>>{{5, 4}, {3}, {2}, {1, 0}}));
 }
 
 TEST(CpuDDP, NoSyncAccumulatesLocally) {

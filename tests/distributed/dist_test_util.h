@@ -69,9 +69,9 @@ inline void run_ranks(int world, const RankBody& body, int timeout_s = 180, std:
   o.only_ranks = std::move(only_ranks);
   o.args = {"--gtest_filter=" + name, "--gtest_color=no"};
   o.env = {{"MG_DIST_TEST_CALL", std::to_string(call)}, {"MG_DIST_INIT_FILE", path}};
-  o.unset_env = {"GTEST_OUTPUT",       "XML_OUTPUT_FILE",   "TEST_PREMATURE_EXIT_FILE", "GTEST_SHARD_INDEX",
-                 "GTEST_TOTAL_SHARDS", "TEST_SHARD_INDEX",  "TEST_TOTAL_SHARDS",        "TEST_SHARD_STATUS_FILE",
-                 "GTEST_FILTER",       "GTEST_REPEAT",      "MG_DIST_BACKEND"};
+  o.unset_env = {"GTEST_OUTPUT",       "XML_OUTPUT_FILE",  "TEST_PREMATURE_EXIT_FILE", "GTEST_SHARD_INDEX",
+                 "GTEST_TOTAL_SHARDS", "TEST_SHARD_INDEX", "TEST_TOTAL_SHARDS",        "TEST_SHARD_STATUS_FILE",
+                 "GTEST_FILTER",       "GTEST_REPEAT",     "MG_DIST_BACKEND"};
   o.timeout = std::chrono::seconds(timeout_s);
   SpawnResult r = spawn_ranks(o);
   ::unlink(path);
@@ -79,7 +79,8 @@ inline void run_ranks(int world, const RankBody& body, int timeout_s = 180, std:
 }
 
 // Elementwise |a - b| <= atol + rtol * |b| over two tensors of the same shape.
-inline ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, double rtol = 1e-10, double atol = 1e-12) {
+inline ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, double rtol = 1e-10,
+                                            double atol = 1e-12) {
   if (a.sizes() != b.sizes())
     return ::testing::AssertionFailure() << "shapes differ: " << shape_str(a.sizes()) << " vs " << shape_str(b.sizes());
   std::vector<double> x = a.cpu().to_vector<double>(), y = b.cpu().to_vector<double>();
@@ -90,13 +91,13 @@ inline ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, do
   return ::testing::AssertionSuccess();
 }
 
-#define MG_REQUIRE_GPUS(n)                                                                                  \
-  do {                                                                                                      \
-    if (!::mg::dist::testing::in_child()) {                                                                 \
+#define MG_REQUIRE_GPUS(n)                                                                                      \
+  do {                                                                                                          \
+    if (!::mg::dist::testing::in_child()) {                                                                     \
       if (!::mg::dist::nccl_available()) GTEST_SKIP() << "this build has no NCCL backend (built without CUDA)"; \
-      if (::mg::cuda::device_count() < (n))                                                                 \
-        GTEST_SKIP() << "needs " << (n) << " GPU(s), " << ::mg::cuda::device_count() << " visible";         \
-    }                                                                                                       \
+      if (::mg::cuda::device_count() < (n))                                                                     \
+        GTEST_SKIP() << "needs " << (n) << " GPU(s), " << ::mg::cuda::device_count() << " visible";             \
+    }                                                                                                           \
   } while (0)
 
 }  // namespace mg::dist::testing

@@ -138,8 +138,8 @@ inline void zero_matches_plain_case(Backend backend, DType dt, int world, bool r
     ZeroOptions zo;
     zo.chunk_mb = 24.0 * dtype_size(dt) / 1048576.0;  // 24 elements per chunk
     zo.reduce_gradients = reduce_gradients;
-    ZeroRedundancyOptimizer zero(ps, pg, [&](std::vector<Tensor> shard) { return std::make_unique<optim::SGD>(shard, so); },
-                                 zo);
+    ZeroRedundancyOptimizer zero(
+        ps, pg, [&](std::vector<Tensor> shard) { return std::make_unique<optim::SGD>(shard, so); }, zo);
     optim::SGD plain(rs, so);
     EXPECT_GE(zero.shard_numel() * W, total);
     EXPECT_LT(zero.shard_numel() * W, total + W * 8);

@@ -29,7 +29,8 @@ void naive_conv_visit(const Shape& xs, const Shape& ws, const Shape& os, const k
                 const int64_t iw = ow * a.stride.w - a.padding.w + j * a.dilation.w;
                 if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
                 const int64_t ci = (o / Og) * Cg + c;
-                f(((n * C + ci) * H + ih) * W + iw, ((o * Cg + c) * kh + i) * kw + j, ((n * O + o) * Ho + oh) * Wo + ow);
+                f(((n * C + ci) * H + ih) * W + iw, ((o * Cg + c) * kh + i) * kw + j,
+                  ((n * O + o) * Ho + oh) * Wo + ow);
               }
 }
 
@@ -51,7 +52,8 @@ void check_against_naive(const ConvCase& cc, DType dt, double tol) {
     const int64_t L = out.size(2) * out.size(3);
     for (size_t i = 0; i < ref.size(); ++i) ref[i] = bv[(i / L) % cc.w[0]];
   }
-  naive_conv_visit(cc.x, cc.w, out.sizes(), cc.a, [&](int64_t xi, int64_t wi, int64_t oi) { ref[oi] += xv[xi] * wv[wi]; });
+  naive_conv_visit(cc.x, cc.w, out.sizes(), cc.a,
+                   [&](int64_t xi, int64_t wi, int64_t oi) { ref[oi] += xv[xi] * wv[wi]; });
   expect_near(out, ref, tol);
 
   // Backward: the adjoints of the same sum.
@@ -88,15 +90,15 @@ TEST(Conv2d, HandComputed) {
 TEST(Conv2d, MatchesNaiveReference) {
   auto args = [](Int2 s, Int2 p, Int2 d, int64_t g) { return k::Conv2dArgs{s, p, d, g}; };
   const std::vector<ConvCase> cases = {
-      {{2, 3, 7, 5}, {4, 3, 3, 2}, args(1, 0, 1, 1), true},              // odd sizes, non-square kernel
-      {{2, 3, 7, 5}, {4, 3, 3, 2}, args({2, 1}, {1, 2}, 1, 1), false},   // asymmetric stride/padding
-      {{1, 2, 9, 8}, {3, 2, 3, 3}, args(2, 2, {2, 3}, 1), true},         // dilation
-      {{2, 4, 6, 6}, {6, 2, 3, 3}, args(1, 1, 1, 2), true},              // groups
-      {{2, 4, 6, 5}, {4, 1, 3, 3}, args(1, 1, 1, 4), false},             // depthwise
-      {{2, 3, 5, 5}, {6, 1, 2, 2}, args(1, 0, 1, 3), true},              // depthwise, multiplier 2
-      {{3, 5, 4, 4}, {2, 5, 1, 1}, args(1, 0, 1, 1), true},              // 1x1
-      {{1, 2, 3, 3}, {2, 2, 3, 3}, args(3, 1, 1, 1), true},              // stride larger than the output
-      {{0, 2, 4, 4}, {3, 2, 3, 3}, args(1, 1, 1, 1), true},              // empty batch
+      {{2, 3, 7, 5}, {4, 3, 3, 2}, args(1, 0, 1, 1), true},               // odd sizes, non-square kernel
+      {{2, 3, 7, 5}, {4, 3, 3, 2}, args({2, 1}, {1, 2}, 1, 1), false},    // asymmetric stride/padding
+      {{1, 2, 9, 8}, {3, 2, 3, 3}, args(2, 2, {2, 3}, 1), true},          // dilation
+      {{2, 4, 6, 6}, {6, 2, 3, 3}, args(1, 1, 1, 2), true},               // groups
+      {{2, 4, 6, 5}, {4, 1, 3, 3}, args(1, 1, 1, 4), false},              // depthwise
+      {{2, 3, 5, 5}, {6, 1, 2, 2}, args(1, 0, 1, 3), true},               // depthwise, multiplier 2
+      {{3, 5, 4, 4}, {2, 5, 1, 1}, args(1, 0, 1, 1), true},               // 1x1
+      {{1, 2, 3, 3}, {2, 2, 3, 3}, args(3, 1, 1, 1), true},               // stride larger than the output
+      {{0, 2, 4, 4}, {3, 2, 3, 3}, args(1, 1, 1, 1), true},               // empty batch
       {{2, 4, 20, 18}, {6, 2, 3, 3}, args({1, 2}, 1, 1, 2), true},        // wide maps: one GEMM per sample
       {{3, 3, 12, 12}, {3, 1, 3, 3}, args(1, {2, 1}, {2, 1}, 3), false},  // wide depthwise, dilated
   };
@@ -242,7 +244,8 @@ TEST(Pool2d, BadInput) {
   Tensor x = randn({1, 2, 4, 4});
   EXPECT_MG_ERROR(k::max_pool2d(x, pool(3, 1, 2)), ValueError,
                   "max_pool2d: padding 2 should be at most half of the (effective) kernel size 3x3");
-  EXPECT_MG_ERROR(k::max_pool2d(x, pool(5, 1)), ShapeError, "max_pool2d: kernel 5x5 is larger than the padded input 4x4");
+  EXPECT_MG_ERROR(k::max_pool2d(x, pool(5, 1)), ShapeError,
+                  "max_pool2d: kernel 5x5 is larger than the padded input 4x4");
   EXPECT_MG_ERROR(k::max_pool2d(x, pool(2, 0)), ValueError, "max_pool2d: stride must be positive");
   EXPECT_MG_ERROR(k::avg_pool2d(x, pool(2, 2, Int2(-1, 0))), ValueError, "avg_pool2d: padding must be non-negative");
   EXPECT_MG_ERROR(k::max_pool2d(randn({2, 4, 4}), pool(2, 2)), ShapeError, "max_pool2d: expected a 4-D input");
@@ -261,7 +264,8 @@ TEST(BatchNorm, TrainingValuesAndRunningStats) {
   expect_near(mean, {4, 2});
   const double is0 = 1 / std::sqrt(5.0 + 1e-5), is1 = 1 / std::sqrt(1e-5);
   expect_near(invstd, {is0, is1}, 1e-4);
-  expect_near(out, {2 * -3 * is0 + 0.5, 2 * -1 * is0 + 0.5, -1, -1, 2 * 1 * is0 + 0.5, 2 * 3 * is0 + 0.5, -1, -1}, 1e-4);
+  expect_near(out, {2 * -3 * is0 + 0.5, 2 * -1 * is0 + 0.5, -1, -1, 2 * 1 * is0 + 0.5, 2 * 3 * is0 + 0.5, -1, -1},
+              1e-4);
   // Running stats: momentum 0.1, unbiased variance (5 * 4/3 for channel 0, 0 for channel 1).
   expect_near(rm, {0.4, 0.2});
   expect_near(rv, {0.9 + 0.1 * 20.0 / 3, 0.9});
@@ -293,16 +297,17 @@ TEST(BatchNorm, BackwardMatchesFormula) {
 
 TEST(BatchNorm, BadInput) {
   EXPECT_MG_ERROR(k::batch_norm_forward_training(randn({1, 3}), Tensor(), Tensor(), zeros({3}), ones({3}), 0.1, 1e-5),
-                  ValueError, "batch_norm: expected more than 1 value per channel when training, got input of shape [1, 3]");
+                  ValueError,
+                  "batch_norm: expected more than 1 value per channel when training, got input of shape [1, 3]");
   EXPECT_MG_ERROR(k::batch_norm_forward_training(randn({4, 3}), ones({2}), Tensor(), Tensor(), Tensor(), 0.1, 1e-5),
                   ShapeError, "batch_norm: weight shape [2] should be [3]");
   EXPECT_MG_ERROR(k::batch_norm_forward_eval(randn({4, 3}), Tensor(), Tensor(), Tensor(), Tensor(), 1e-5), ValueError,
                   "batch_norm: running_mean and running_var are required");
   EXPECT_MG_ERROR(k::batch_norm_forward_eval(randn({4}), Tensor(), Tensor(), zeros({4}), ones({4}), 1e-5), ShapeError,
                   "batch_norm: expected an input of shape [N, C, *]");
-  EXPECT_MG_ERROR(k::batch_norm_forward_training(randn({4, 3}), ones({3}, {DType::f64}), Tensor(), Tensor(), Tensor(),
-                                                 0.1, 1e-5),
-                  DTypeError, "batch_norm: weight dtype f64 differs");
+  EXPECT_MG_ERROR(
+      k::batch_norm_forward_training(randn({4, 3}), ones({3}, {DType::f64}), Tensor(), Tensor(), Tensor(), 0.1, 1e-5),
+      DTypeError, "batch_norm: weight dtype f64 differs");
 }
 
 }  // namespace

@@ -366,7 +366,7 @@ double at_bcast(const std::vector<double>& v, const Shape& s, const Shape& out, 
 
 TEST(Binary, RandomBroadcastShapesVsNaive) {
   const std::vector<std::pair<Shape, Shape>> cases = {
-      {{2, 1, 3}, {4, 1}}, {{5}, {3, 1}}, {{1}, {2, 2}},        {{3, 1, 1}, {1, 4, 5}},
+      {{2, 1, 3}, {4, 1}}, {{5}, {3, 1}}, {{1}, {2, 2}},          {{3, 1, 1}, {1, 4, 5}},
       {{2, 3, 4}, {4}},    {{}, {2, 3}},  {{1, 1, 7}, {6, 1, 1}}, {{4, 1, 3, 1}, {2, 1, 5}}};
   Generator g(50);
   for (const auto& [sa, sb] : cases) {

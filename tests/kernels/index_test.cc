@@ -115,7 +115,8 @@ TEST(Index, NllLossForward) {
   EXPECT_MG_ERROR(k::nll_loss_forward(lp, T({1, 5, 0, 0}, {4}, DType::i64)), IndexError,
                   "nll_loss_forward: target 5 out of range [0, 5)");
   EXPECT_MG_ERROR(k::nll_loss_forward(lp, T({1, 0}, {2}, DType::i64)), ShapeError, "nll_loss_forward");
-  EXPECT_MG_ERROR(k::nll_loss_forward(lp, k::cast(k::one_hot(T({1, 4, 0, 0}, {4}, DType::i64), 5), DType::f32)), DTypeError, "nll_loss_forward");
+  EXPECT_MG_ERROR(k::nll_loss_forward(lp, k::cast(k::one_hot(T({1, 4, 0, 0}, {4}, DType::i64), 5), DType::f32)),
+                  DTypeError, "nll_loss_forward");
 }
 
 }  // namespace

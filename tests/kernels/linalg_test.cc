@@ -118,7 +118,7 @@ TEST(Gemm, AlphaBetaTransposes) {
   expect_near(c2, want, 1e-12);
   // A column-major (transposed) output.
   Tensor ct = raw::contiguous(raw::transpose(c0, 0, 1));  // [5, 3]
-  Tensor c3 = raw::transpose(ct, 0, 1);                    // [3, 5] view, column-major
+  Tensor c3 = raw::transpose(ct, 0, 1);                   // [3, 5] view, column-major
   k::gemm(a, false, b, true, c3, 2.0, 0.5);
   expect_near(c3, want, 1e-12);
   // beta = 0 ignores NaN garbage in out.

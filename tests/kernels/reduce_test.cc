@@ -43,7 +43,10 @@ TEST(Reduce, SumMeanOverDims) {
       Tensor m = k::mean(a, dims, keep);
       Shape want_shape;
       for (int d = 0; d < 3; ++d)
-        if (!red[d]) want_shape.push_back(a.size(d)); else if (keep) want_shape.push_back(1);
+        if (!red[d])
+          want_shape.push_back(a.size(d));
+        else if (keep)
+          want_shape.push_back(1);
       EXPECT_EQ(s.sizes(), want_shape);
       EXPECT_EQ(m.sizes(), want_shape);
       expect_near(s, ref_sum(v, a.sizes(), red, false), 1e-12);

@@ -62,8 +62,9 @@ TEST(Softmax, LargeLogitsStayFinite) {
               1e-6);
   Tensor ls = k::log_softmax(a, 1);
   EXPECT_FALSE(k::has_nonfinite(ls));
-  expect_near(ls, {0, -1000, -2000, -std::log(2 + std::exp(-1.0)), -std::log(2 + std::exp(-1.0)),
-                   -1 - std::log(2 + std::exp(-1.0))},
+  expect_near(ls,
+              {0, -1000, -2000, -std::log(2 + std::exp(-1.0)), -std::log(2 + std::exp(-1.0)),
+               -1 - std::log(2 + std::exp(-1.0))},
               1e-6);
   for (DType dt : {DType::f16, DType::bf16}) {
     Tensor h = k::softmax(k::cast(a, dt), 1);

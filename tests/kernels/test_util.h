@@ -14,9 +14,7 @@
 
 namespace mg::testing {
 
-inline Tensor T(std::initializer_list<double> v, const Shape& s, DType dt = DType::f32) {
-  return tensor(v, s, {dt});
-}
+inline Tensor T(std::initializer_list<double> v, const Shape& s, DType dt = DType::f32) { return tensor(v, s, {dt}); }
 
 inline std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
 
@@ -42,15 +40,15 @@ inline void expect_close(const Tensor& a, const Tensor& b, double tol = 1e-5) {
 }  // namespace mg::testing
 
 // Expects `stmt` to throw ErrType whose message contains `substr`.
-#define EXPECT_MG_ERROR(stmt, ErrType, substr)                                              \
-  do {                                                                                      \
-    try {                                                                                   \
-      stmt;                                                                                 \
-      ADD_FAILURE() << "expected " #ErrType " from " #stmt;                                 \
-    } catch (const ErrType& e) {                                                            \
-      EXPECT_NE(std::string(e.what()).find(substr), std::string::npos)                      \
-          << "message '" << e.what() << "' does not mention '" << substr << "'";            \
-    } catch (const std::exception& e) {                                                     \
+#define EXPECT_MG_ERROR(stmt, ErrType, substr)                                                  \
+  do {                                                                                          \
+    try {                                                                                       \
+      stmt;                                                                                     \
+      ADD_FAILURE() << "expected " #ErrType " from " #stmt;                                     \
+    } catch (const ErrType& e) {                                                                \
+      EXPECT_NE(std::string(e.what()).find(substr), std::string::npos)                          \
+          << "message '" << e.what() << "' does not mention '" << substr << "'";                \
+    } catch (const std::exception& e) {                                                         \
       ADD_FAILURE() << "expected " #ErrType " from " #stmt ", got another error: " << e.what(); \
-    }                                                                                       \
+    }                                                                                           \
   } while (0)

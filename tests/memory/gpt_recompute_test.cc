@@ -83,7 +83,8 @@ TEST(GPTRecompute, CudaModesMatchThePlainRunWithinRounding) {
   const Device dev = Device::cuda(0);
   Generator g(2);
   GPT m(c, {DType::f32, dev}, &g);
-  Tensor idx = randint(0, 256, {4, 64}, {DType::i64, dev}, &g), targets = randint(0, 256, {4, 64}, {DType::i64, dev}, &g);
+  Tensor idx = randint(0, 256, {4, 64}, {DType::i64, dev}, &g),
+         targets = randint(0, 256, {4, 64}, {DType::i64, dev}, &g);
   const StepResult plain = train_step(m, idx, targets);
   for (int mode = 0; mode < 3; ++mode) {
     m.recompute = {};

@@ -75,9 +75,8 @@ TEST(Summary, MlpTableAndPeakWithin10Percent) {
 
 TEST(Summary, CnnPeakWithin10Percent) {
   manual_seed(2);
-  Sequential model{std::make_shared<Conv2d>(3, 16, 3, 1, 1), std::make_shared<ReLU>(),
-                   std::make_shared<MaxPool2d>(2),         std::make_shared<Conv2d>(16, 32, 3, 1, 1),
-                   std::make_shared<ReLU>(),               std::make_shared<Flatten>(),
+  Sequential model{std::make_shared<Conv2d>(3, 16, 3, 1, 1),  std::make_shared<ReLU>(), std::make_shared<MaxPool2d>(2),
+                   std::make_shared<Conv2d>(16, 32, 3, 1, 1), std::make_shared<ReLU>(), std::make_shared<Flatten>(),
                    std::make_shared<Linear>(32 * 16 * 16, 10)};
   Tensor x = randn({32, 3, 32, 32});
   SummaryOptions so;

@@ -89,8 +89,8 @@ TEST(ParameterCounts, BottleneckVersusBasicBlockAtSameWidth) {
   // a BasicBlock of two 3x3 convs on 256 channels.
   Bottleneck bottleneck(256, 64, 1, nullptr);
   BasicBlock basic(256, 256, 1, nullptr);
-  const int64_t conv_b = bottleneck.conv1->weight.numel() + bottleneck.conv2->weight.numel() +
-                         bottleneck.conv3->weight.numel();
+  const int64_t conv_b =
+      bottleneck.conv1->weight.numel() + bottleneck.conv2->weight.numel() + bottleneck.conv3->weight.numel();
   const int64_t conv_s = basic.conv1->weight.numel() + basic.conv2->weight.numel();
   EXPECT_EQ(conv_b, 256 * 64 + 9 * 64 * 64 + 64 * 256);
   EXPECT_EQ(conv_s, 2 * 9 * 256 * 256);

@@ -61,9 +61,8 @@ TEST(Module, BadNamesAreRejected) {
 }
 
 TEST(Module, SequentialNamesAndForward) {
-  auto seq = std::make_shared<Sequential>(
-      std::initializer_list<std::shared_ptr<Module>>{std::make_shared<Linear>(4, 8), std::make_shared<ReLU>(),
-                                                     std::make_shared<Linear>(8, 2)});
+  auto seq = std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
+      std::make_shared<Linear>(4, 8), std::make_shared<ReLU>(), std::make_shared<Linear>(8, 2)});
   auto named = seq->named_parameters();
   ASSERT_EQ(named.size(), 4u);
   EXPECT_EQ(named[0].first, "0.weight");

@@ -120,7 +120,7 @@ TEST(Prune, GradientOfOrigIsMaskedGradient) {
 }
 
 TEST(Prune, IterativePruningCompoundsOnWhatRemains) {
-  Linear fc(4, 5);  // 20 weights
+  Linear fc(4, 5);                                              // 20 weights
   prune::l1_unstructured(fc, "weight", Amount::fraction(0.5));  // 10
   auto first = fc.buffer("weight_mask").to_vector<double>();
   prune::l1_unstructured(fc, "weight", Amount::fraction(0.5));  // round(0.5 * 10) = 5 more
@@ -302,7 +302,8 @@ TEST(PruneCuda, MaskOnTheDeviceMatchesTheHost) {
   EXPECT_TRUE(yd.is_cuda());
   sum(yd).backward();
   sum(host(x)).backward();
-  auto gd = dev.param("weight_orig").grad().to_vector<double>(), gh = host.param("weight_orig").grad().to_vector<double>();
+  auto gd = dev.param("weight_orig").grad().to_vector<double>(),
+       gh = host.param("weight_orig").grad().to_vector<double>();
   auto m = host.buffer("weight_mask").to_vector<double>();
   for (size_t i = 0; i < gd.size(); ++i) {
     if (m[i] == 0.0) {

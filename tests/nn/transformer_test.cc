@@ -35,8 +35,8 @@ TEST(LayerNormModule, GradcheckThroughModule) {
   LayerNorm ln(Shape{3, 2}, 1e-5, true, true, kF64);
   init::normal_(ln.weight);
   init::normal_(ln.bias);
-  EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& x) { return ln(x[0]); },
-                        {randn({2, 3, 2}, kF64).requires_grad_(true)}));
+  EXPECT_TRUE(
+      gradcheck([&](const std::vector<Tensor>& x) { return ln(x[0]); }, {randn({2, 3, 2}, kF64).requires_grad_(true)}));
 }
 
 TEST(EmbeddingModule, LooksUpRowsAndInitsStandardNormal) {

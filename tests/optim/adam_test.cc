@@ -23,8 +23,10 @@ void ref_step(Ref& r, double g, const AdamOptions& o, bool adamw) {
   ++r.t;
   if (o.maximize) g = -g;
   if (o.weight_decay != 0) {
-    if (adamw) r.p *= 1 - o.lr * o.weight_decay;
-    else g += o.weight_decay * r.p;
+    if (adamw)
+      r.p *= 1 - o.lr * o.weight_decay;
+    else
+      g += o.weight_decay * r.p;
   }
   r.m = o.beta1 * r.m + (1 - o.beta1) * g;
   r.v = o.beta2 * r.v + (1 - o.beta2) * g * g;

@@ -110,7 +110,8 @@ RunResult train(const Data& data, Device d, DType precision, int64_t epochs, int
 
 TEST(AmpParity, FashionMnistCnnF16AndBf16MatchF32Accuracy) {
   const bool on_cpu = std::getenv("MG_AMP_PARITY_DEVICE") && std::string(std::getenv("MG_AMP_PARITY_DEVICE")) == "cpu";
-  if (!on_cpu && !cuda::is_available()) GTEST_SKIP() << "no CUDA device (MG_AMP_PARITY_DEVICE=cpu runs bf16 on the CPU)";
+  if (!on_cpu && !cuda::is_available())
+    GTEST_SKIP() << "no CUDA device (MG_AMP_PARITY_DEVICE=cpu runs bf16 on the CPU)";
   const std::string root = data::FashionMNIST::default_root();
   if (!data::FashionMNIST::available(root)) GTEST_SKIP() << "Fashion-MNIST not found at " << root;
   const Device d = on_cpu ? Device::cpu() : Device::cuda(0);
@@ -130,10 +131,9 @@ TEST(AmpParity, FashionMnistCnnF16AndBf16MatchF32Accuracy) {
   for (DType lp : lows) {
     const RunResult r = train(data, d, lp, epochs, batch);
     std::printf("%-4s accuracy %.2f%% (%+.2f points), %lld skipped steps, final loss scale %g\n", dtype_name(lp),
-                100 * r.accuracy, 100 * (r.accuracy - f32.accuracy), static_cast<long long>(r.skipped),
-                r.final_scale);
-    EXPECT_LE(std::abs(r.accuracy - f32.accuracy), 0.005) << dtype_name(lp) << " autocast: " << 100 * r.accuracy
-                                                          << "% vs f32 " << 100 * f32.accuracy << "%";
+                100 * r.accuracy, 100 * (r.accuracy - f32.accuracy), static_cast<long long>(r.skipped), r.final_scale);
+    EXPECT_LE(std::abs(r.accuracy - f32.accuracy), 0.005)
+        << dtype_name(lp) << " autocast: " << 100 * r.accuracy << "% vs f32 " << 100 * f32.accuracy << "%";
     // A scaler that skipped a large share of steps would be hiding a precision bug.
     EXPECT_LT(r.skipped, 20) << dtype_name(lp);
   }

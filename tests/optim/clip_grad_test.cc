@@ -16,7 +16,8 @@ namespace mg::optim {
 namespace {
 
 std::vector<Tensor> params_with_grads(DType dt = DType::f32) {
-  Tensor a = nn::parameter(zeros({2}, {dt})), b = nn::parameter(zeros({1, 1}, {dt})), c = nn::parameter(zeros({3}, {dt}));
+  Tensor a = nn::parameter(zeros({2}, {dt})), b = nn::parameter(zeros({1, 1}, {dt})),
+         c = nn::parameter(zeros({3}, {dt}));
   a.set_grad(from_vector<double>({3, -4}, {2}, {dt}));
   b.set_grad(from_vector<double>({12}, {1, 1}, {dt}));
   // c has no gradient: skipped
@@ -55,7 +56,7 @@ TEST(ClipGradNorm, NonFiniteIsReportedNotHidden) {
     EXPECT_NE(std::string(e.what()).find("non-finite"), std::string::npos) << e.what();
   }
   EXPECT_EQ(ps[0].grad().to_vector<double>(), (std::vector<double>{3, -4}));  // untouched
-  EXPECT_TRUE(std::isinf(clip_grad_norm_(ps, 1.0)));  // returned, like PyTorch
+  EXPECT_TRUE(std::isinf(clip_grad_norm_(ps, 1.0)));                          // returned, like PyTorch
   ps[1].set_grad(from_vector<double>({NAN}, {1, 1}, {DType::f32}));
   EXPECT_TRUE(std::isnan(clip_grad_norm_(ps, 1.0, INFINITY)));
   // NaN first, finite values after: still NaN, for every norm type.

@@ -319,7 +319,10 @@ double train_bf16_regression(bool stochastic, Device d) {
     } else {  // the same f32 update, rounded to nearest
       NoGradGuard ng;
       Tensor gr = w.grad().to(DType::f32);
-      if (!buf.defined()) buf = gr.clone(); else kernels::axpby_(buf, h.momentum, gr, 1.0);
+      if (!buf.defined())
+        buf = gr.clone();
+      else
+        kernels::axpby_(buf, h.momentum, gr, 1.0);
       Tensor w32 = kernels::axpby(w.detach().to(DType::f32), 1.0, buf, -h.lr);
       raw::copy_(w, w32);
     }

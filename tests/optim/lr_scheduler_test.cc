@@ -152,9 +152,9 @@ TEST(ReduceLROnPlateau, MinRelWithCooldownAndMinLr) {
   p.min_lr = {0.01};
   ReduceLROnPlateau s(*opt, p);
   const std::vector<double> metrics = {1.0, 0.95, 0.93, 0.92, 0.85, 0.85, 0.85, 0.85, 0.5, 0.5,
-                                       0.5, 0.5,  0.5,  0.5,  0.5,  0.5,  0.5,  0.5,  0.5,  0.5};
-  const std::vector<double> want = {0.1,   0.1,   0.1,    0.05,   0.05,   0.05,   0.05,   0.025, 0.025, 0.025,
-                                    0.025, 0.0125, 0.0125, 0.0125, 0.0125, 0.01, 0.01, 0.01, 0.01, 0.01};
+                                       0.5, 0.5,  0.5,  0.5,  0.5,  0.5,  0.5,  0.5,  0.5, 0.5};
+  const std::vector<double> want = {0.1,   0.1,    0.1,    0.05,   0.05,   0.05, 0.05, 0.025, 0.025, 0.025,
+                                    0.025, 0.0125, 0.0125, 0.0125, 0.0125, 0.01, 0.01, 0.01,  0.01,  0.01};
   for (size_t i = 0; i < metrics.size(); ++i) {
     s.step(metrics[i]);
     EXPECT_NEAR(opt->param_groups()[0].lr(), want[i], 1e-15) << "epoch " << i + 1;

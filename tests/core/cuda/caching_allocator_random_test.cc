@@ -21,7 +21,7 @@ struct RandomParams {
   unsigned seed;
   bool expandable;
   bool limit;
-  const char* config = "";         // CachingAllocator::configure
+  const char* config = "";            // CachingAllocator::configure
   std::size_t granularity = 2 * MiB;  // the fake device's mapping unit
   const char* name = "";
 };
@@ -38,9 +38,7 @@ class RandomOps : public ::testing::TestWithParam<RandomParams> {};
 std::size_t draw_size(std::mt19937_64& rng) {
   std::uniform_real_distribution<double> u(0.0, 1.0);
   const double kind = u(rng);
-  auto log_uniform = [&](double lo, double hi) {
-    return static_cast<std::size_t>(lo * std::pow(hi / lo, u(rng)));
-  };
+  auto log_uniform = [&](double lo, double hi) { return static_cast<std::size_t>(lo * std::pow(hi / lo, u(rng))); };
   if (kind < 0.50) return log_uniform(1, static_cast<double>(MiB));
   if (kind < 0.88) return log_uniform(static_cast<double>(MiB), 12.0 * MiB);
   return log_uniform(12.0 * MiB, 48.0 * MiB);
@@ -108,14 +106,13 @@ TEST_P(RandomOps, InvariantsHoldAfterEveryOp) {
     }
   }
   const DeviceStats st = a.stats();
-  std::printf("seed %llu: %d frees, %d ooms, %lld retries, %lld syncs, %lld device allocs, "
-              "peak reserved %s, peak allocated %s\n",
-              static_cast<unsigned long long>(seed), frees, ooms,
-              static_cast<long long>(st.num_alloc_retries),
-              static_cast<long long>(st.num_sync_all_streams),
-              static_cast<long long>(st.num_device_alloc),
-              format_bytes(st.reserved_bytes[kAllPools].peak).c_str(),
-              format_bytes(st.allocated_bytes[kAllPools].peak).c_str());
+  std::printf(
+      "seed %llu: %d frees, %d ooms, %lld retries, %lld syncs, %lld device allocs, "
+      "peak reserved %s, peak allocated %s\n",
+      static_cast<unsigned long long>(seed), frees, ooms, static_cast<long long>(st.num_alloc_retries),
+      static_cast<long long>(st.num_sync_all_streams), static_cast<long long>(st.num_device_alloc),
+      format_bytes(st.reserved_bytes[kAllPools].peak).c_str(),
+      format_bytes(st.allocated_bytes[kAllPools].peak).c_str());
   EXPECT_GT(frees, kOps / 5);
   EXPECT_GT(records, 50);
   // The reports must cope with whatever state the sequence left behind.
@@ -137,9 +134,8 @@ TEST_P(RandomOps, InvariantsHoldAfterEveryOp) {
 
 INSTANTIATE_TEST_SUITE_P(
     Seeds, RandomOps,
-    ::testing::Values(RandomParams{1, false, false}, RandomParams{2, false, false},
-                      RandomParams{3, false, true}, RandomParams{4, false, true},
-                      RandomParams{5, true, false}, RandomParams{6, true, false},
+    ::testing::Values(RandomParams{1, false, false}, RandomParams{2, false, false}, RandomParams{3, false, true},
+                      RandomParams{4, false, true}, RandomParams{5, true, false}, RandomParams{6, true, false},
                       RandomParams{7, true, true}, RandomParams{8, true, true},
                       // PyTorch's policies: no growth budget, plain best fit.
                       RandomParams{9, false, false, "reserved_slack:-1,segment_reuse_ratio:0", 2 * MiB, "_pytorch"},

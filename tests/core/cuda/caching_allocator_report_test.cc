@@ -38,7 +38,6 @@ TEST(CachingAllocator, PeaksAndResets) {
   a.check_invariants();
 }
 
-
 TEST(CachingAllocator, FragmentationMetrics) {
   FakeDevice dev(GiB);
   CachingAllocator a(dev);
@@ -54,24 +53,21 @@ TEST(CachingAllocator, FragmentationMetrics) {
   EXPECT_EQ(a.stats().inactive_split[kAllPools].current, 9);
 }
 
-
 TEST(CachingAllocator, MemorySummaryHasKeyRows) {
   FakeDevice dev(GiB);
   CachingAllocator a(dev);
   void* p = a.allocate(3 * MiB);
   void* q = a.allocate(3 * KiB);
   const std::string s = a.memory_summary();
-  for (const char* row : {"memgrad CUDA memory summary, device ID 0", "CUDA OOMs: 0",
-                          "Allocated memory", "from large pool", "from small pool", "Active memory",
-                          "Requested memory", "GPU reserved memory", "Non-releasable memory",
-                          "Allocations", "GPU reserved segments", "Oversize GPU segments",
-                          "Fragmentation", "3.00 MiB", "20.00 MiB"}) {
+  for (const char* row :
+       {"memgrad CUDA memory summary, device ID 0", "CUDA OOMs: 0", "Allocated memory", "from large pool",
+        "from small pool", "Active memory", "Requested memory", "GPU reserved memory", "Non-releasable memory",
+        "Allocations", "GPU reserved segments", "Oversize GPU segments", "Fragmentation", "3.00 MiB", "20.00 MiB"}) {
     EXPECT_NE(s.find(row), std::string::npos) << row << "\n" << s;
   }
   a.free(p);
   a.free(q);
 }
-
 
 TEST(CachingAllocator, SnapshotJsonAndHistory) {
   FakeDevice dev(64 * MiB);
@@ -102,8 +98,8 @@ TEST(CachingAllocator, SnapshotJsonAndHistory) {
   EXPECT_TRUE(found);
   std::vector<std::string> actions;
   for (const auto& e : j["device_traces"]) actions.push_back(e["action"]);
-  const std::vector<std::string> expected = {"segment_alloc", "alloc", "segment_alloc", "alloc",
-                                             "oom", "free_requested", "free_completed"};
+  const std::vector<std::string> expected = {"segment_alloc", "alloc",          "segment_alloc", "alloc",
+                                             "oom",           "free_requested", "free_completed"};
   EXPECT_EQ(actions, expected);
   EXPECT_EQ(j["stats"]["num_ooms"], 1);
   const std::string path = ::testing::TempDir() + "/snapshot.json";
@@ -118,7 +114,6 @@ TEST(CachingAllocator, SnapshotJsonAndHistory) {
   EXPECT_LT(snap.history[0].seq, snap.history[2].seq);
   a.free(p);
 }
-
 
 TEST(CachingAllocator, TimelineHtmlIsSelfContained) {
   FakeDevice dev(256 * MiB);
@@ -153,7 +148,6 @@ TEST(CachingAllocator, TimelineHtmlIsSelfContained) {
   EXPECT_THROW(a.write_timeline_html("/nonexistent-dir/x.html"), IOError);
 }
 
-
 TEST(CachingAllocator, BadInputRaisesClearErrors) {
   FakeDevice dev(GiB);
   CachingAllocator a(dev);
@@ -185,7 +179,6 @@ TEST(CachingAllocator, BadInputRaisesClearErrors) {
   a.check_invariants();  // none of it disturbed the allocator
 }
 
-
 TEST(CachingAllocator, ConfigureStringAndBadOptions) {
   FakeDevice dev(GiB);
   CachingAllocator a(dev);
@@ -198,15 +191,13 @@ TEST(CachingAllocator, ConfigureStringAndBadOptions) {
     a.configure("garbage_collection_threshold:0.6");
     FAIL();
   } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown option 'garbage_collection_threshold'"),
-              std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("unknown option 'garbage_collection_threshold'"), std::string::npos);
   }
   EXPECT_THROW(a.configure("expandable_segments:maybe"), ValueError);
   EXPECT_THROW(a.configure("max_split_size_mb:abc"), ValueError);
   EXPECT_THROW(a.configure("max_split_size_mb:8"), ValueError);  // must exceed 20 MiB
   EXPECT_THROW(a.configure("novalue"), ValueError);
 }
-
 
 }  // namespace
 }  // namespace mg::cuda

@@ -63,8 +63,7 @@ TEST(CachingAllocator, SplitAndCoalesce) {
   EXPECT_EQ(a.stats().inactive_split[kAllPools].current, 2);
   a.free(p0);  // merges with p1's block
   EXPECT_EQ(a.stats().inactive_split[kAllPools].current, 2);
-  EXPECT_EQ(a.stats().inactive_split_bytes[kAllPools].current,
-            static_cast<int64_t>(2 * MiB - 4 * KiB));
+  EXPECT_EQ(a.stats().inactive_split_bytes[kAllPools].current, static_cast<int64_t>(2 * MiB - 4 * KiB));
   a.free(p2);  // everything merges back into one block
   EXPECT_EQ(a.stats().inactive_split[kAllPools].current, 0);
   const MemorySnapshot snap = a.snapshot();
@@ -145,7 +144,7 @@ TEST(CachingAllocator, RecordStreamDelaysReuseUntilEventCompletes) {
   EXPECT_EQ(a.stats().active_bytes[kAllPools].current, static_cast<int64_t>(64 * KiB));
   EXPECT_EQ(a.snapshot().segments[0].blocks[0].state, BlockState::kActivePendingFree);
   void* q = a.allocate(64 * KiB, 1);
-  EXPECT_NE(q, p);  // stream 2 may still be reading p
+  EXPECT_NE(q, p);    // stream 2 may still be reading p
   dev.run_stream(1);  // the wrong stream finishing changes nothing
   void* r = a.allocate(64 * KiB, 1);
   EXPECT_NE(r, p);
@@ -249,7 +248,7 @@ TEST(CachingAllocator, RetryPrefersOneSufficientSegment) {
   void* s = a.allocate(20 * MiB);
   void* m = a.allocate(30 * MiB);
   a.free(s);
-  a.free(m);  // cached: 20 + 30 MiB, 14 MiB free on the device
+  a.free(m);                       // cached: 20 + 30 MiB, 14 MiB free on the device
   void* p = a.allocate(34 * MiB);  // needs 20 MiB more: the 20 MiB segment alone suffices
   EXPECT_EQ(a.stats().num_device_free, 1);
   EXPECT_EQ(a.memory_reserved(), 64 * MiB);
@@ -265,8 +264,8 @@ TEST(CachingAllocator, OomLeavesStateConsistent) {
   EXPECT_THROW(a.allocate(40 * MiB), OutOfMemoryError);
   EXPECT_THROW(a.allocate(SIZE_MAX), OutOfMemoryError);  // no overflow in rounding
   auto after = a.memory_stats();
-  for (const char* k : {"allocated_bytes.all.current", "reserved_bytes.all.current",
-                        "active_bytes.all.current", "allocation.all.current", "segment.all.current"}) {
+  for (const char* k : {"allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current",
+                        "allocation.all.current", "segment.all.current"}) {
     EXPECT_EQ(after[k], before.at(k)) << k;
   }
   EXPECT_EQ(after["num_ooms"], 2);
@@ -298,7 +297,7 @@ TEST(CachingAllocator, OomPathSyncsPendingFrees) {
   CachingAllocator a(dev);
   void* p = a.allocate(40 * MiB, 1);
   a.record_stream(p, 2);
-  a.free(p);  // pending on stream 2, which never "runs" by itself
+  a.free(p);                          // pending on stream 2, which never "runs" by itself
   void* q = a.allocate(40 * MiB, 5);  // different stream: needs the memory back
   EXPECT_EQ(a.stats().num_sync_all_streams, 1);
   EXPECT_EQ(dev.event_syncs(), 1);
@@ -411,7 +410,7 @@ TEST(CachingAllocator, ExpandableUnmapsAHoleToGrowAndMapsItBackLater) {
   void* x = a.allocate(40 * MiB);
   void* y = a.allocate(40 * MiB);
   void* z = a.allocate(40 * MiB);
-  a.free(y);  // a 40 MiB hole between x and z; 120 MiB mapped, 80 MiB live
+  a.free(y);                         // a 40 MiB hole between x and z; 120 MiB mapped, 80 MiB live
   void* big = a.allocate(60 * MiB);  // doesn't fit the hole: grows, paying with the hole's pages
   // Peak allocated is 140 MiB now; reserved may be 2% above it, so 38 of the hole's 40 MiB
   // (whole 2 MiB granules, from its top) went back before 60 MiB were mapped.
@@ -461,7 +460,7 @@ TEST(CachingAllocator, WholeFreeSegmentsAreKeptForTheirSizeClass) {
   FakeDevice dev(GiB);
   CachingAllocator a(dev);
   void* big = a.allocate(200 * MiB);
-  a.free(big);  // a whole free 200 MiB segment
+  a.free(big);                         // a whole free 200 MiB segment
   void* small = a.allocate(12 * MiB);  // < 200/8: gets its own segment
   EXPECT_EQ(dev.malloc_calls(), 2);
   void* half = a.allocate(100 * MiB);  // <= 8x: reuses (splits) the cached segment
@@ -516,8 +515,7 @@ TEST(CachingAllocator, GrowthBudgetFreesSmallerCachedSegments) {
     for (int i = 0; i < 4; ++i) ps.push_back(b.allocate(unit));
     for (void* p : ps) b.free(p);
   }
-  EXPECT_GT(static_cast<double>(b.max_memory_reserved()),
-            3.0 * static_cast<double>(b.max_memory_allocated()));
+  EXPECT_GT(static_cast<double>(b.max_memory_reserved()), 3.0 * static_cast<double>(b.max_memory_allocated()));
   EXPECT_EQ(b.stats().num_device_free, 0);
 }
 
@@ -599,7 +597,7 @@ TEST(FakeDevice, DetectsMisuse) {
   void* va = dev.reserve_address(8 * MiB);
   EXPECT_THROW(dev.map(static_cast<char*>(va) + 512, 2 * MiB), Error);
   EXPECT_TRUE(dev.map(va, 4 * MiB));
-  EXPECT_THROW(dev.map(va, 2 * MiB), Error);  // already mapped
+  EXPECT_THROW(dev.map(va, 2 * MiB), Error);              // already mapped
   EXPECT_THROW(dev.release_address(va, 8 * MiB), Error);  // still mapped
   dev.unmap(static_cast<char*>(va) + 2 * MiB, 2 * MiB);
   dev.unmap(va, 2 * MiB);

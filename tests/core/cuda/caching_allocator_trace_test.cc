@@ -39,8 +39,8 @@ Replay replay(const std::vector<TraceEvent>& trace, bool expandable, const char*
   for (auto& [id, p] : live) a.free(p);
   const DeviceStats st = a.stats();
   Replay r;
-  r.ratio = static_cast<double>(st.reserved_bytes[kAllPools].peak) /
-            static_cast<double>(st.allocated_bytes[kAllPools].peak);
+  r.ratio =
+      static_cast<double>(st.reserved_bytes[kAllPools].peak) / static_cast<double>(st.allocated_bytes[kAllPools].peak);
   r.device_calls = st.num_device_alloc + st.num_device_free;
   a.empty_cache();
   EXPECT_EQ(dev.live_bytes(), 0u);

@@ -137,8 +137,8 @@ class AttentionParity : public ::testing::Test {
     auto [out, lse] = k::flash_attention_forward(to_cuda(q), to_cuda(kk), to_cuda(v), c.causal);
     ASSERT_EQ(out.dtype(), dt);
     ASSERT_EQ(lse.dtype(), DType::f32);
-    auto [gq, gk, gv] = k::flash_attention_backward(to_cuda(dout), to_cuda(q), to_cuda(kk), to_cuda(v), out, lse,
-                                                    c.causal);
+    auto [gq, gk, gv] =
+        k::flash_attention_backward(to_cuda(dout), to_cuda(q), to_cuda(kk), to_cuda(v), out, lse, c.causal);
 
     // The reference, through autograd, on the CPU in f64.
     Tensor q64 = raw::to_dtype(q, DType::f64), k64 = raw::to_dtype(kk, DType::f64), v64 = raw::to_dtype(v, DType::f64);
@@ -170,9 +170,9 @@ TEST_F(AttentionParity, OddHeadDimsAndLengths) {
   // D = 8 and 80 are padded within their buckets (32, 128); D = 128 fills the largest bucket,
   // whose backward needs more than 48 KiB of shared memory. L != S: causal is top-left.
   const std::vector<Case> cases = {
-      {3, 33, 33, 8, false}, {3, 33, 33, 8, true},  {2, 65, 65, 80, true}, {2, 100, 100, 128, false},
-      {2, 100, 100, 128, true}, {2, 5, 37, 64, false}, {2, 5, 37, 64, true}, {2, 40, 9, 32, true},
-      {2, 40, 9, 32, false}, {1, 0, 5, 32, false}, {70000, 2, 3, 32, true},  // > 65535 heads: chunked grid
+      {3, 33, 33, 8, false},    {3, 33, 33, 8, true},  {2, 65, 65, 80, true},   {2, 100, 100, 128, false},
+      {2, 100, 100, 128, true}, {2, 5, 37, 64, false}, {2, 5, 37, 64, true},    {2, 40, 9, 32, true},
+      {2, 40, 9, 32, false},    {1, 0, 5, 32, false},  {70000, 2, 3, 32, true},  // > 65535 heads: chunked grid
   };
   for (const Case& c : cases)
     for (DType dt : {DType::f32, DType::bf16}) check_case(c, dt);
@@ -187,8 +187,8 @@ TEST_F(AttentionParity, StridedInputsAndScale) {
   auto [out, lse] = k::flash_attention_forward(bhtd(to_cuda(q)), bhtd(to_cuda(kk)), bhtd(to_cuda(v)), true, 0.3);
   EXPECT_EQ(out.sizes(), (Shape{B, H, T, D}));
   EXPECT_EQ(lse.sizes(), (Shape{B, H, T}));
-  auto [gq, gk, gv] = k::flash_attention_backward(to_cuda(dout), bhtd(to_cuda(q)), bhtd(to_cuda(kk)),
-                                                  bhtd(to_cuda(v)), out, lse, true, 0.3);
+  auto [gq, gk, gv] = k::flash_attention_backward(to_cuda(dout), bhtd(to_cuda(q)), bhtd(to_cuda(kk)), bhtd(to_cuda(v)),
+                                                  out, lse, true, 0.3);
   Tensor q64 = raw::contiguous(bhtd(raw::to_dtype(q, DType::f64)));
   Tensor k64 = raw::contiguous(bhtd(raw::to_dtype(kk, DType::f64)));
   Tensor v64 = raw::contiguous(bhtd(raw::to_dtype(v, DType::f64)));
@@ -271,8 +271,8 @@ void expect_sdpa_matches_reference(DType dt, bool causal, Generator& g) {
     for (const Tensor& t : host_in) leaves->push_back(to_cuda(raw::to_dtype(t, run_dt)).requires_grad_(true));
     std::vector<Tensor> x;
     for (const Tensor& t : *leaves) x.push_back(transpose(t, 1, 2));
-    Tensor out = flash ? scaled_dot_product_attention(x[0], x[1], x[2], causal)
-                       : sdpa_reference(x[0], x[1], x[2], causal);
+    Tensor out =
+        flash ? scaled_dot_product_attention(x[0], x[1], x[2], causal) : sdpa_reference(x[0], x[1], x[2], causal);
     out.backward(to_cuda(raw::to_dtype(dout, run_dt)));
     return out;
   };
@@ -409,8 +409,8 @@ TEST_F(AttentionParity, PackedQkvAllocatesNoHeadCopies) {
   const int64_t packed = peak_of(true), unpacked = peak_of(false);
   const int64_t y = B * T * C * 2, grad = 3 * y, lse = B * H * T * 4, one_copy = y;
   std::cout << "attention forward+backward peak above inputs, B=8 T=1024 H=12 D=64 bf16 causal: packed "
-            << format_bytes(packed) << ", unpacked " << format_bytes(unpacked) << " (needed: y + grad + 2 lse = "
-            << format_bytes(y + grad + 2 * lse) << ")\n";
+            << format_bytes(packed) << ", unpacked " << format_bytes(unpacked)
+            << " (needed: y + grad + 2 lse = " << format_bytes(y + grad + 2 * lse) << ")\n";
   EXPECT_LT(packed, y + grad + 2 * lse + one_copy);
   EXPECT_LT(packed, unpacked);
 }
@@ -439,8 +439,8 @@ TEST_F(AttentionParity, FlashNeverAllocatesTxT) {
   };
   const int64_t flash = peak_of(true), reference = peak_of(false), txt = B * H * T * T * 4;
   std::cout << "sdpa forward+backward peak above inputs, B=8 H=12 T=1024 D=64 f32, causal: flash "
-            << format_bytes(flash) << ", reference " << format_bytes(reference) << " (one T x T f32 buffer: "
-            << format_bytes(txt) << ")\n";
+            << format_bytes(flash) << ", reference " << format_bytes(reference)
+            << " (one T x T f32 buffer: " << format_bytes(txt) << ")\n";
   EXPECT_LE(flash + txt, reference);
 }
 
@@ -450,8 +450,8 @@ TEST(AttentionKernelChoice, TensorCoresForHalfTypesAtHeadDims64And128) {
   ::unsetenv("MG_ATTENTION_KERNEL");
   EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 64)), "tc");
   EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 128)), "tc");
-  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 64)), "simt");   // f32 always SIMT
-  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 32)), "simt");   // other head dims
+  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 64)), "simt");  // f32 always SIMT
+  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 32)), "simt");  // other head dims
   EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 80)), "simt");
   {
     ScopedKernel simt("simt");

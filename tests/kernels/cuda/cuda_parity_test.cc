@@ -30,11 +30,16 @@ const std::vector<DType> kFloats = {DType::f32, DType::f16, DType::bf16, DType::
 
 double tol_of(DType t, bool matmul = false) {
   switch (t) {
-    case DType::f64: return 1e-9;
-    case DType::f32: return matmul ? 1e-4 : 1e-5;
-    case DType::f16: return 1e-2;
-    case DType::bf16: return 2e-2;
-    default: return 0;  // integers and bools: exact
+    case DType::f64:
+      return 1e-9;
+    case DType::f32:
+      return matmul ? 1e-4 : 1e-5;
+    case DType::f16:
+      return 1e-2;
+    case DType::bf16:
+      return 2e-2;
+    default:
+      return 0;  // integers and bools: exact
   }
 }
 
@@ -88,7 +93,7 @@ class CudaParity : public ::testing::Test {
 TEST_F(CudaParity, UnaryFloat) {
   SKIP_WITHOUT_CUDA();
   using U = k::Unary;
-  const std::vector<U> ops = {U::Neg,     U::Exp,  U::Log,  U::Sqrt,       U::Rsqrt,  U::Abs,  U::Relu, U::Gelu,
+  const std::vector<U> ops = {U::Neg,      U::Exp,     U::Log,  U::Sqrt, U::Rsqrt,      U::Abs,    U::Relu, U::Gelu,
                               U::GeluTanh, U::Sigmoid, U::Tanh, U::Sign, U::Reciprocal, U::Square, U::Silu};
   for (DType dt : kFloats)
     for (const auto& v : unary_views())
@@ -148,11 +153,25 @@ std::vector<BinCase> binary_cases() {
 TEST_F(CudaParity, BinaryFloat) {
   SKIP_WITHOUT_CUDA();
   using B = k::Binary;
-  const std::vector<B> ops = {B::Add,          B::Sub,          B::Mul,          B::Div,
-                              B::Pow,          B::Maximum,      B::Minimum,      B::Eq,
-                              B::Ne,           B::Lt,           B::Le,           B::Gt,
-                              B::Ge,           B::ReluBackward, B::GeluBackward, B::GeluTanhBackward,
-                              B::SigmoidBackward, B::TanhBackward, B::SiluBackward};
+  const std::vector<B> ops = {B::Add,
+                              B::Sub,
+                              B::Mul,
+                              B::Div,
+                              B::Pow,
+                              B::Maximum,
+                              B::Minimum,
+                              B::Eq,
+                              B::Ne,
+                              B::Lt,
+                              B::Le,
+                              B::Gt,
+                              B::Ge,
+                              B::ReluBackward,
+                              B::GeluBackward,
+                              B::GeluTanhBackward,
+                              B::SigmoidBackward,
+                              B::TanhBackward,
+                              B::SiluBackward};
   for (DType dt : kFloats)
     for (const auto& c : binary_cases())
       for (B op : ops) {
@@ -250,8 +269,24 @@ TEST_F(CudaParity, CastFillCopy) {
 // The strided kernels divide indexes with mg::cuda::FastDiv (multiply-high + shift) below
 // 2^31. Its host path is the same formula: check it against true division, no GPU needed.
 TEST(FastDiv, MatchesDivisionOnHost) {
-  std::vector<uint32_t> divisors = {1, 2, 3, 5, 7, 31, 32, 33, 1000, 4097, 65535, 65536, 65537, 100003,
-                                    (1u << 20) + 1, (1u << 30) - 1, 1u << 30, (1u << 31) - 1};
+  std::vector<uint32_t> divisors = {1,
+                                    2,
+                                    3,
+                                    5,
+                                    7,
+                                    31,
+                                    32,
+                                    33,
+                                    1000,
+                                    4097,
+                                    65535,
+                                    65536,
+                                    65537,
+                                    100003,
+                                    (1u << 20) + 1,
+                                    (1u << 30) - 1,
+                                    1u << 30,
+                                    (1u << 31) - 1};
   std::vector<uint32_t> dividends = {0, 1, 2, 3, 1000, 65535, 65536, 1u << 24, (1u << 31) - 2, (1u << 31) - 1};
   Generator g(7);
   Tensor r = randint(0, (int64_t{1} << 31) - 1, {2000}, {DType::i64}, &g);
@@ -278,8 +313,8 @@ TEST_F(CudaParity, StridedLargeOddDims) {
     Tensor ga = to_cuda(a);
     expect_parity(raw::contiguous(raw::permute(a, {2, 0, 1})), raw::contiguous(raw::permute(ga, {2, 0, 1})), 0,
                   "permuted copy");
-    expect_parity(k::cast(raw::permute(a, {1, 2, 0}), DType::f32), k::cast(raw::permute(ga, {1, 2, 0}), DType::f32),
-                  0, "permuted cast");
+    expect_parity(k::cast(raw::permute(a, {1, 2, 0}), DType::f32), k::cast(raw::permute(ga, {1, 2, 0}), DType::f32), 0,
+                  "permuted cast");
     expect_parity(k::cast(a, DType::bf16), k::cast(ga, DType::bf16), 0, "contiguous cast");
     Tensor rows = host({1001, 4097}, dt, g), bias = host({4097}, dt, g), col = host({1001, 1}, dt, g);
     expect_parity(k::add(rows, bias), k::add(to_cuda(rows), to_cuda(bias)), 0, "row-broadcast add");
@@ -302,9 +337,13 @@ std::vector<RedCase> red_cases() {
       {{1}, id, {{}, {0}}},
       {{4097}, id, {{}, {0}}},
       {{5, 33, 17}, id, {{}, {0}, {1}, {-1}, {0, 2}, {1, 2}}},
-      {{17, 33, 5}, [](const Tensor& t) { return raw::permute(t, {2, 1, 0}); }, {{}, {0}, {2}, {0, 1}}},
-      {{3, 100000}, id, {{1}, {0}, {}}},   // long rows: split partials
-      {{100000, 3}, id, {{0}, {1}}},       // long columns: split partials
+      {{17, 33, 5},
+       [](const Tensor& t) {
+         return raw::permute(t, {2, 1, 0});
+       },
+       {{}, {0}, {2}, {0, 1}}},
+      {{3, 100000}, id, {{1}, {0}, {}}},  // long rows: split partials
+      {{100000, 3}, id, {{0}, {1}}},      // long columns: split partials
       {{300, 1000}, id, {{0}, {1}}},
       {{2, 3000, 7}, id, {{1}, {0, 2}}},
   };
@@ -390,7 +429,9 @@ TEST_F(CudaParity, SumToSumSquaresNonfinite) {
 
 TEST_F(CudaParity, Gemm) {
   SKIP_WITHOUT_CUDA();
-  struct Dims { int64_t n, k, m; };
+  struct Dims {
+    int64_t n, k, m;
+  };
   for (DType dt : kFloats) {
     const double tol = tol_of(dt, true);
     for (Dims d : {Dims{33, 65, 17}, Dims{1, 1000, 1}, Dims{128, 64, 96}, Dims{5, 1, 7}, Dims{4097, 3, 2}})
@@ -402,8 +443,9 @@ TEST_F(CudaParity, Gemm) {
             Tensor c = host({d.n, d.m}, dt, g), gc = to_cuda(c);
             k::gemm(a, ta, b, tb, c, 1.5, beta);
             k::gemm(to_cuda(a), ta, to_cuda(b), tb, gc, 1.5, beta);
-            expect_parity(c, gc, tol, "gemm " + std::to_string(d.n) + "x" + std::to_string(d.k) + "x" +
-                                          std::to_string(d.m) + (ta ? " ta" : "") + (tb ? " tb" : ""));
+            expect_parity(c, gc, tol,
+                          "gemm " + std::to_string(d.n) + "x" + std::to_string(d.k) + "x" + std::to_string(d.m) +
+                              (ta ? " ta" : "") + (tb ? " tb" : ""));
           }
     // Operands that need a copy (stepped), a column-major output, and a stepped output.
     Tensor a = host({33, 130}, dt, g), b = host({65, 17}, dt, g);
@@ -434,13 +476,12 @@ TEST_F(CudaParity, SoftmaxNonFiniteAndTransposed) {
   v[120] = INFINITY;
   Tensor a = from_vector(v, {4, 40});
   for (bool log : {false, true}) {
-    expect_parity(log ? k::log_softmax(a, 1) : k::softmax(a, 1), log ? k::log_softmax(to_cuda(a), 1)
-                                                                      : k::softmax(to_cuda(a), 1),
-                  1e-5, "softmax inf rows");
+    expect_parity(log ? k::log_softmax(a, 1) : k::softmax(a, 1),
+                  log ? k::log_softmax(to_cuda(a), 1) : k::softmax(to_cuda(a), 1), 1e-5, "softmax inf rows");
     Tensor t = raw::transpose(a, 0, 1);
     Tensor gt = raw::transpose(to_cuda(a), 0, 1);
-    expect_parity(log ? k::log_softmax(t, 0) : k::softmax(t, 0), log ? k::log_softmax(gt, 0) : k::softmax(gt, 0),
-                  1e-5, "softmax transposed");
+    expect_parity(log ? k::log_softmax(t, 0) : k::softmax(t, 0), log ? k::log_softmax(gt, 0) : k::softmax(gt, 0), 1e-5,
+                  "softmax transposed");
   }
 }
 
@@ -532,8 +573,7 @@ TEST_F(CudaParity, IndexSelectIndexAddNll) {
       expect_parity(k::nll_loss_forward(lp, tg), k::nll_loss_forward(to_cuda(lp), to_cuda(tg)), 0, "nll 2-D");
       Tensor lp4 = host({2, 10, 3, 4}, dt, g);
       Tensor tg4 = idx_tensor(rand_idx(g, 24, 0, 10), {2, 3, 4}, it);
-      expect_parity(k::nll_loss_forward(lp4, tg4, 7), k::nll_loss_forward(to_cuda(lp4), to_cuda(tg4), 7), 0,
-                    "nll 4-D");
+      expect_parity(k::nll_loss_forward(lp4, tg4, 7), k::nll_loss_forward(to_cuda(lp4), to_cuda(tg4), 7), 0, "nll 4-D");
       Tensor lp1 = host({10}, dt, g);
       Tensor tg0 = idx_tensor({4}, {}, it);
       expect_parity(k::nll_loss_forward(lp1, tg0), k::nll_loss_forward(to_cuda(lp1), to_cuda(tg0)), 0, "nll 1-D");
@@ -547,7 +587,8 @@ TEST_F(CudaParity, CatStack) {
   // f32 and bf16 cat / stack are op-table rows (cat_transposed_part, stack_same_input_dim1).
   for (DType dt : {DType::i64}) {
     Tensor a = host({3, 33}, dt, g), b = host({5, 33}, dt, g), c = raw::transpose(host({33, 2}, dt, g), 0, 1);
-    expect_parity(k::cat({a, b, c}, 0), k::cat({to_cuda(a), to_cuda(b), raw::transpose(to_cuda(raw::transpose(c, 0, 1)), 0, 1)}, 0), 0,
+    expect_parity(k::cat({a, b, c}, 0),
+                  k::cat({to_cuda(a), to_cuda(b), raw::transpose(to_cuda(raw::transpose(c, 0, 1)), 0, 1)}, 0), 0,
                   "cat");
     expect_parity(k::stack({a, a}, 1), k::stack({to_cuda(a), to_cuda(a)}, 1), 0, "stack");
   }

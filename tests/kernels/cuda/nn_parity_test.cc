@@ -3,8 +3,8 @@
 // batch norm and layer norm through autograd on the device): cuDNN with channels-last
 // operands, benchmark mode and its cache, max-pool indices, batch norm's saved and running
 // statistics, layer norm's statistics and masked backward, in f32 (rtol 1e-4), f16 (1e-2),
-// bf16 (2e-2) and f64, on fresh random inputs of odd sizes. The CPU reference runs in f32 (f64 for f64) on the very values the GPU sees (half
-// inputs are rounded first), so only the GPU's own error is measured. Then the autograd ops
+// bf16 (2e-2) and f64, on fresh random inputs of odd sizes. The CPU reference runs in f32 (f64 for f64) on the very
+// values the GPU sees (half inputs are rounded first), so only the GPU's own error is measured. Then the autograd ops
 // (mg::conv2d, ...) run a small CNN and a layer norm on CUDA tensors, gradients compared.
 // Skips without a CUDA device.
 #include <gtest/gtest.h>
@@ -34,10 +34,14 @@ const std::vector<DType> kDtypes = {DType::f32, DType::f16, DType::bf16, DType::
 
 double tol_of(DType t) {
   switch (t) {
-    case DType::f64: return 1e-9;
-    case DType::f32: return 1e-4;
-    case DType::f16: return 1e-2;
-    default: return 2e-2;  // bf16
+    case DType::f64:
+      return 1e-9;
+    case DType::f32:
+      return 1e-4;
+    case DType::f16:
+      return 1e-2;
+    default:
+      return 2e-2;  // bf16
   }
 }
 
@@ -231,7 +235,7 @@ TEST_F(NnParity, MaxPool2dNaNPropagates) {
 TEST_F(NnParity, BatchNormTrainingEvalBackward) {
   // The last three split each channel into several chunks (the kernels' C x P grid): 16-byte
   // vectors with even chunks, odd S with uneven chunks, and a ResNet-like half-precision shape.
-  const std::vector<Shape> shapes = {{4, 5, 7, 9}, {16, 7}, {3, 6, 11}, {2, 3, 33, 31},
+  const std::vector<Shape> shapes = {{4, 5, 7, 9},    {16, 7},        {3, 6, 11},     {2, 3, 33, 31},
                                      {16, 8, 32, 32}, {3, 5, 37, 41}, {8, 64, 56, 56}};
   for (DType dt : kDtypes)
     for (const Shape& xs : shapes)
@@ -262,8 +266,8 @@ TEST_F(NnParity, BatchNormTrainingEvalBackward) {
         expect_parity(db_c, db_g, t, what + " grad_bias");
         // Eval: running statistics as constants.
         expect_parity(k::batch_norm_forward_eval(ref(x), ref(w), ref(b), ref(rm), ref(rv), 1e-5),
-                      k::batch_norm_forward_eval(to_cuda(x), to_cuda(w), to_cuda(b), to_cuda(rm), to_cuda(rv), 1e-5),
-                      t, what + " eval out");
+                      k::batch_norm_forward_eval(to_cuda(x), to_cuda(w), to_cuda(b), to_cuda(rm), to_cuda(rv), 1e-5), t,
+                      what + " eval out");
         Tensor inv = raw::to_dtype(k::unary(k::Unary::Rsqrt, k::add_scalar(ref(rv), 1e-5)), dt);
         auto [ex_c, ew_c, eb_c] = k::batch_norm_backward(ref(gy), ref(x), ref(w), ref(rm), ref(inv), false);
         auto [ex_g, ew_g, eb_g] =
@@ -283,8 +287,8 @@ struct LnCase {
 TEST_F(NnParity, LayerNormForwardBackward) {
   const std::vector<LnCase> cases = {
       // (Rows of 1 or 2 elements have grad_x == 0 exactly, which only rounding noise can match.)
-      {{3, 5, 37}, {37}, true}, {{7, 768}, {768}, true},     {{4, 2, 3, 9}, {3, 9}, false},
-      {{3, 4097}, {4097}, true}, {{1, 3}, {3}, true},        {{130, 33}, {33}, true},
+      {{3, 5, 37}, {37}, true},  {{7, 768}, {768}, true}, {{4, 2, 3, 9}, {3, 9}, false},
+      {{3, 4097}, {4097}, true}, {{1, 3}, {3}, true},     {{130, 33}, {33}, true},
   };
   for (DType dt : kDtypes)
     for (const LnCase& c : cases) {
@@ -304,7 +308,8 @@ TEST_F(NnParity, LayerNormForwardBackward) {
       expect_parity(dw_c, dw_g, t, what + " grad_weight");
       expect_parity(db_c, db_g, t, what + " grad_bias");
       // Masked backward: only the parameter gradients.
-      auto [nx, mw, mb] = k::layer_norm_backward(to_cuda(gy), to_cuda(x), c.ns, m_g, r_g, to_cuda(w), {false, true, true});
+      auto [nx, mw, mb] =
+          k::layer_norm_backward(to_cuda(gy), to_cuda(x), c.ns, m_g, r_g, to_cuda(w), {false, true, true});
       EXPECT_FALSE(nx.defined()) << what;
       expect_parity(dw_c, mw, t, what + " masked grad_weight");
     }
