@@ -1,3 +1,4 @@
+// Over 600 lines: the pool, split/coalesce and stream-event logic share private state and read best in one file.
 // The allocation machinery of CachingAllocator: pools, segments, split/coalesce, stream events,
 // expandable segments and the free-cache-then-retry path. Reports and settings: *_stats.cc.
 #include "core/cuda/caching_allocator.h"
