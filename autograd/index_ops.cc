@@ -117,4 +117,45 @@ Tensor& scatter_(Tensor& self, int64_t dim, const Tensor& index, const Tensor& s
   return self;
 }
 
+// ---------------- embedding ----------------
+
+namespace {
+// Host-side bounds check with a message naming the index, where it sits and the table size
+// (CUDA indices are checked by the index_select kernel itself).
+template <class I>
+void check_embedding_indices(const Tensor& flat, int64_t num_embeddings) {
+  const I* p = flat.data_ptr<I>();
+  for (int64_t i = 0; i < flat.numel(); ++i)
+    MG_CHECK(p[i] >= 0 && p[i] < num_embeddings, IndexError, "embedding: index ", static_cast<int64_t>(p[i]),
+             " at position ", i, " is out of range for num_embeddings ", num_embeddings, " (valid indices are 0..",
+             num_embeddings - 1, ")");
+}
+}  // namespace
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  MG_CHECK(weight.defined() && indices.defined(), ValueError, "embedding: got an undefined tensor");
+  MG_CHECK(weight.dim() == 2, ShapeError, "embedding: weight must be 2-D [num_embeddings, embedding_dim], got shape ",
+           shape_str(weight.sizes()));
+  MG_CHECK(indices.dtype() == DType::i64 || indices.dtype() == DType::i32, DTypeError,
+           "embedding: indices must be integers (i64 or i32), got ", indices.dtype());
+  MG_CHECK(indices.device() == weight.device(), DeviceError, "embedding: indices are on ", indices.device(),
+           " but weight is on ", weight.device());
+  const int64_t V = weight.size(0), D = weight.size(1);
+  Tensor flat = raw::reshape(raw::contiguous(indices), {indices.numel()});
+  if (!flat.is_cuda())
+    MG_DISPATCH_INDEX(flat.dtype(), "embedding", [&] { check_embedding_indices<scalar_t>(flat, V); });
+  Shape out_shape = indices.sizes();
+  out_shape.push_back(D);
+  Tensor out = raw::view(kernels::index_select(weight, 0, flat), out_shape);
+  if (any_requires_grad({weight}))
+    record("embedding", {weight}, out,
+           [V, D, dt = weight.dtype(), si = SavedTensor(flat, "embedding")](const Grads& g) {
+             // Dense gradient: one row per embedding, repeated indices add up (no sparse gradients).
+             Tensor z = zeros({V, D}, {g[0].dtype(), g[0].device()});
+             kernels::index_add_(z, 0, si.unpack(), raw::reshape(g[0], {-1, D}));
+             return Grads{reduce_grad(z, {V, D}, dt)};
+           });
+  return out;
+}
+
 }  // namespace mg

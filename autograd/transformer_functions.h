@@ -1,5 +1,6 @@
 // Differentiable transformer ops (PyTorch's F.layer_norm, F.embedding,
-// F.scaled_dot_product_attention): forward and backward side by side in autograd/transformer_ops.cc.
+// F.scaled_dot_product_attention): forward and backward side by side in autograd/norm_ops.cc, index_ops.cc and
+// attention_ops.cc.
 #pragma once
 
 #include <optional>

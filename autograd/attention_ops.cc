@@ -1,8 +1,6 @@
-// Layer norm, embedding and scaled dot-product attention. Layer norm's backward is the
-// fused kernel (it needs only x, weight and the row statistics); embedding's is an
-// index_add into a dense zero gradient; attention's reference path is composed of
-// differentiable ops, so its backward is theirs, while its CUDA path is the flash kernel
-// pair of kernels/cuda/attention.cu, saving O(L) per row instead of the [L, S] matrices.
+// Scaled dot-product attention. kernels::attention_kernel picks the path: the composed one
+// (differentiable ops, so its backward is theirs) or the flash kernels of kernels/attention.h,
+// which save O(L) per row instead of the [L, S] matrices.
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -11,7 +9,7 @@
 #include "autograd/autocast_policy.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
-#include "kernels/ops.h"
+#include "core/random.h"
 #include "kernels/ops.h"
 
 namespace mg {
@@ -22,79 +20,6 @@ using autograd::record;
 using autograd::reduce_grad;
 using autograd::SavedTensor;
 using Grads = std::vector<Tensor>;
-
-// ---------------- layer norm ----------------
-
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
-                  double eps) {
-  if (autograd::recompute_hook)
-    if (Tensor r = autograd::recompute_hook("layer_norm", x,
-                                            [normalized_shape, weight, bias, eps](const Tensor& in) {
-                                              return layer_norm(in, normalized_shape, weight, bias, eps);
-                                            });
-        r.defined())
-      return r;
-  if (autocast::widen_needed({&x, &weight, &bias}))
-    return layer_norm(autocast::widen(x), normalized_shape, autocast::widen(weight), autocast::widen(bias), eps);
-  auto [out, mean, rstd] = kernels::layer_norm_forward(x, normalized_shape, weight, bias, eps);
-  if (!any_requires_grad({x, weight, bias})) return out;
-  const std::array<bool, 3> mask{needs_grad(x), needs_grad(weight), needs_grad(bias)};
-  // The normalized activations are not saved: backward recomputes them from the statistics.
-  record("layer_norm", {x, weight, bias}, out,
-         [mask, normalized_shape, sx = SavedTensor(x, "layer_norm"),
-          sw = weight.defined() ? SavedTensor(weight, "layer_norm") : SavedTensor(),
-          smean = SavedTensor(mean, "layer_norm"), srstd = SavedTensor(rstd, "layer_norm"), x_dt = x.dtype(),
-          w_dt = weight.defined() ? weight.dtype() : x.dtype(),
-          b_dt = bias.defined() ? bias.dtype() : x.dtype()](const Grads& g) {
-           Tensor xv = sx.unpack();
-           auto [gx, gw, gb] = kernels::layer_norm_backward(g[0], xv, normalized_shape, smean.unpack(), srstd.unpack(),
-                                                            sw.unpack(), mask);
-           return Grads{reduce_grad(gx, xv.sizes(), x_dt), reduce_grad(gw, normalized_shape, w_dt),
-                        reduce_grad(gb, normalized_shape, b_dt)};
-         });
-  return out;
-}
-
-// ---------------- embedding ----------------
-
-namespace {
-// Host-side bounds check with a message naming the index, where it sits and the table size
-// (CUDA indices are checked by the index_select kernel itself).
-template <class I>
-void check_embedding_indices(const Tensor& flat, int64_t num_embeddings) {
-  const I* p = flat.data_ptr<I>();
-  for (int64_t i = 0; i < flat.numel(); ++i)
-    MG_CHECK(p[i] >= 0 && p[i] < num_embeddings, IndexError, "embedding: index ", static_cast<int64_t>(p[i]),
-             " at position ", i, " is out of range for num_embeddings ", num_embeddings, " (valid indices are 0..",
-             num_embeddings - 1, ")");
-}
-}  // namespace
-
-Tensor embedding(const Tensor& weight, const Tensor& indices) {
-  MG_CHECK(weight.defined() && indices.defined(), ValueError, "embedding: got an undefined tensor");
-  MG_CHECK(weight.dim() == 2, ShapeError, "embedding: weight must be 2-D [num_embeddings, embedding_dim], got shape ",
-           shape_str(weight.sizes()));
-  MG_CHECK(indices.dtype() == DType::i64 || indices.dtype() == DType::i32, DTypeError,
-           "embedding: indices must be integers (i64 or i32), got ", indices.dtype());
-  MG_CHECK(indices.device() == weight.device(), DeviceError, "embedding: indices are on ", indices.device(),
-           " but weight is on ", weight.device());
-  const int64_t V = weight.size(0), D = weight.size(1);
-  Tensor flat = raw::reshape(raw::contiguous(indices), {indices.numel()});
-  if (!flat.is_cuda())
-    MG_DISPATCH_INDEX(flat.dtype(), "embedding", [&] { check_embedding_indices<scalar_t>(flat, V); });
-  Shape out_shape = indices.sizes();
-  out_shape.push_back(D);
-  Tensor out = raw::view(kernels::index_select(weight, 0, flat), out_shape);
-  if (any_requires_grad({weight}))
-    record("embedding", {weight}, out,
-           [V, D, dt = weight.dtype(), si = SavedTensor(flat, "embedding")](const Grads& g) {
-             // Dense gradient: one row per embedding, repeated indices add up (no sparse gradients).
-             Tensor z = zeros({V, D}, {g[0].dtype(), g[0].device()});
-             kernels::index_add_(z, 0, si.unpack(), raw::reshape(g[0], {-1, D}));
-             return Grads{reduce_grad(z, {V, D}, dt)};
-           });
-  return out;
-}
 
 // ---------------- scaled dot-product attention ----------------
 
