@@ -28,7 +28,7 @@ bool has_backend(Device device) { return registry()[static_cast<size_t>(device.t
 
 Backend& backend(Device device, const char* op) {
   Backend* b = registry()[static_cast<size_t>(device.type)];
-  MG_CHECK(b, DeviceError, op, ": this build has no kernels for ", device, " (built without CUDA)");
+  MG_CHECK(b, DeviceError, op, ": CUDA kernels not available in this build (tensor on ", device, ")");
   return *b;
 }
 

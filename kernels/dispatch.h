@@ -10,8 +10,7 @@
 
 namespace mg::kernels {
 
-// Every tensor defined and on one device; returns that device. The backend lookup that
-// follows raises DeviceError when this build has no kernels for it.
+// Every tensor defined and on one device that this build has kernels for; returns that device.
 inline Device check_device(const char* op, std::initializer_list<const Tensor*> ts) {
   Device dev;
   bool first = true;
@@ -25,6 +24,7 @@ inline Device check_device(const char* op, std::initializer_list<const Tensor*> 
       MG_CHECK(t->device() == dev, DeviceError, op, ": tensors on different devices ", dev, " and ", t->device());
     }
   }
+  if (!has_backend(dev)) backend(dev, op);  // raises, naming the op, before anything is allocated
   return dev;
 }
 
@@ -54,6 +54,7 @@ inline Device common_device(const char* op, std::initializer_list<const Tensor*>
       MG_CHECK(t->device() == dev, DeviceError, op, ": tensors on different devices ", dev, " and ", t->device());
     }
   }
+  if (!has_backend(dev)) backend(dev, op);  // raises, naming the op, before anything is allocated
   return dev;
 }
 

@@ -239,10 +239,10 @@ void copy_(const Tensor& dst, const Tensor& src) {
   const Shape shape = broadcast_shapes(dst.sizes(), src.sizes(), "copy_");
   MG_CHECK(shape == dst.sizes(), ShapeError, "copy_: source shape ", shape_str(src.sizes()),
            " cannot be broadcast to destination shape ", shape_str(dst.sizes()));
-  // Cross-device copies go through core's CUDA hooks; a build without CUDA kernels says so here.
-  if (dst.is_cuda()) backend(dst.device(), "copy_");
-  if (src.is_cuda()) backend(src.device(), "copy_");
-  raw::copy_(dst, src);  // cross-device copies go through core's CUDA hooks
+  // Cross-device copies go through core's CUDA hooks: a build without CUDA kernels says so here.
+  for (const Tensor* t : {&dst, &src})
+    if (!has_backend(t->device())) backend(t->device(), "copy_");
+  raw::copy_(dst, src);
   dst.bump_version();
 }
 
