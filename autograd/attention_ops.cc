@@ -2,24 +2,11 @@
 // (differentiable ops, so its backward is theirs) or the flash kernels of kernels/attention.h,
 // which save O(L) per row instead of the [L, S] matrices.
 #include <cmath>
-#include <cstdlib>
 #include <limits>
-#include <string_view>
 
-#include "autograd/autocast_policy.h"
-#include "autograd/functions.h"
-#include "autograd/node.h"
-#include "core/random.h"
-#include "kernels/ops.h"
+#include "autograd/op_support.h"
 
 namespace mg {
-
-using autograd::any_requires_grad;
-using autograd::needs_grad;
-using autograd::record;
-using autograd::reduce_grad;
-using autograd::SavedTensor;
-using Grads = std::vector<Tensor>;
 
 // ---------------- scaled dot-product attention ----------------
 
@@ -49,8 +36,8 @@ double check_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double drop
 }
 }  // namespace
 
-Tensor sdpa_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
-                      std::optional<double> scale) {
+Tensor sdpa_composed(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
+                     std::optional<double> scale) {
   const double s = check_sdpa(q, k, v, dropout_p, scale);
   Tensor scores = mul(matmul(q, transpose(k, -2, -1)), s);  // [..., L, S]
   if (causal) {
@@ -77,11 +64,10 @@ Tensor flash_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal
   if (!any_requires_grad({q, k, v})) return out;
   record(op, {q, k, v}, out,
          [causal, scale, sq = SavedTensor(q, op), sk = SavedTensor(k, op), sv = SavedTensor(v, op),
-          so = SavedTensor(out, op), sl = SavedTensor(lse, op), q_shape = q.sizes(), k_shape = k.sizes(),
-          v_shape = v.sizes(), q_dt = q.dtype(), k_dt = k.dtype(), v_dt = v.dtype()](const Grads& g) {
+          so = SavedTensor(out, op), sl = SavedTensor(lse, op)](const Grads& g) {
            auto [gq, gk, gv] = kernels::flash_attention_backward(g[0], sq.unpack(), sk.unpack(), sv.unpack(),
                                                                  so.unpack(), sl.unpack(), causal, scale);
-           return Grads{reduce_grad(gq, q_shape, q_dt), reduce_grad(gk, k_shape, k_dt), reduce_grad(gv, v_shape, v_dt)};
+           return Grads{gq, gk, gv};
          });
   return out;
 }
@@ -97,7 +83,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const double s = check_sdpa(q, k, v, dropout_p, scale);
   if (kernels::attention_kernel(q, k, v, dropout_p > 0.0) != kernels::AttentionKernel::Composed)
     return flash_sdpa(q, k, v, causal, s);
-  return sdpa_reference(q, k, v, causal, dropout_p, scale);
+  return sdpa_composed(q, k, v, causal, dropout_p, scale);
 }
 
 // ---------------- attention from a packed [B, T, 3C] projection ----------------
@@ -142,18 +128,18 @@ Tensor attention_packed_qkv(const Tensor& qkv, int64_t num_heads, bool causal, d
   Tensor lse =
       kernels::flash_attention_forward_out(q, k, v, raw::transpose(raw::view(y, {B, T, H, D}), 1, 2), causal, s);
   if (!any_requires_grad({qkv})) return y;
-  record(op, {qkv}, y,
-         [causal, s, H, sqkv = SavedTensor(qkv, op), sy = SavedTensor(y, op), sl = SavedTensor(lse, op),
-          shape = qkv.sizes(), dt = qkv.dtype()](const Grads& g) {
-           Tensor x = sqkv.unpack(), yv = sy.unpack();
-           const int64_t B = x.size(0), T = x.size(1), C = x.size(2) / 3, D = C / H;
-           Tensor gqkv = empty(x.sizes(), {x.dtype(), x.device()});
-           auto heads = [&](const Tensor& t) { return raw::transpose(raw::reshape(t, {B, T, H, D}), 1, 2); };
-           kernels::flash_attention_backward_out(
-               heads(g[0]), packed_heads(x, 0, H), packed_heads(x, 1, H), packed_heads(x, 2, H), heads(yv), sl.unpack(),
-               causal, s, packed_heads(gqkv, 0, H), packed_heads(gqkv, 1, H), packed_heads(gqkv, 2, H));
-           return Grads{reduce_grad(gqkv, shape, dt)};
-         });
+  record(
+      op, {qkv}, y,
+      [causal, s, H, sqkv = SavedTensor(qkv, op), sy = SavedTensor(y, op), sl = SavedTensor(lse, op)](const Grads& g) {
+        Tensor x = sqkv.unpack(), yv = sy.unpack();
+        const int64_t B = x.size(0), T = x.size(1), C = x.size(2) / 3, D = C / H;
+        Tensor gqkv = empty(x.sizes(), {x.dtype(), x.device()});
+        auto heads = [&](const Tensor& t) { return raw::transpose(raw::reshape(t, {B, T, H, D}), 1, 2); };
+        kernels::flash_attention_backward_out(
+            heads(g[0]), packed_heads(x, 0, H), packed_heads(x, 1, H), packed_heads(x, 2, H), heads(yv), sl.unpack(),
+            causal, s, packed_heads(gqkv, 0, H), packed_heads(gqkv, 1, H), packed_heads(gqkv, 2, H));
+        return Grads{gqkv};
+      });
   return y;
 }
 

@@ -1,5 +1,5 @@
 // Differentiable convolution, pooling and batch normalization (PyTorch's F.conv2d,
-// F.max_pool2d, ...): forward and backward sit side by side in autograd/conv_ops.cc.
+// F.max_pool2d, ...): autograd/conv_ops.cc, pool_ops.cc and norm_ops.cc (batch norm).
 #pragma once
 
 #include <optional>

@@ -1,32 +1,20 @@
 // Elementwise differentiable ops: forward through kernels::unary/binary, backward beside it.
-// Broadcast inputs get their gradient summed back (reduce_grad), promoted ones cast back.
-#include "autograd/autocast_policy.h"
-#include "autograd/functions.h"
-#include "autograd/node.h"
-#include "kernels/ops.h"
+#include "autograd/op_support.h"
+#include "core/random.h"
 
 namespace mg {
 
-using autograd::any_requires_grad;
-using autograd::needs_grad;
-using autograd::record;
-using autograd::reduce_grad;
-using autograd::SavedTensor;
 using kernels::Binary;
 using kernels::Unary;
-using Grads = std::vector<Tensor>;
 
 namespace {
-// What a backward closure needs to know about an input besides its values.
-struct InMeta {
-  Shape shape;
-  DType dtype;
+// Whether an input wants a gradient: `ma(g)` hands `g` on to it, or nothing. The engine sums
+// a broadcast gradient back to the input's shape and casts it to the input's dtype.
+struct Wants {
   bool needed;
-  explicit InMeta(const Tensor& t) : shape(t.sizes()), dtype(t.dtype()), needed(needs_grad(t)) {}
-  Tensor operator()(const Tensor& g) const { return needed ? reduce_grad(g, shape, dtype) : Tensor(); }
+  explicit Wants(const Tensor& t) : needed(needs_grad(t)) {}
+  Tensor operator()(const Tensor& g) const { return needed ? g : Tensor(); }
 };
-
-SavedTensor save_if(bool cond, const Tensor& t, const char* op) { return cond ? SavedTensor(t, op) : SavedTensor(); }
 
 Tensor scalar_like(double v, const Tensor& t) { return scalar_tensor(v, {t.dtype(), t.device()}); }
 }  // namespace
@@ -36,14 +24,14 @@ Tensor scalar_like(double v, const Tensor& t) { return scalar_tensor(v, {t.dtype
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = kernels::add(a, b);
   if (any_requires_grad({a, b}))
-    record("add", {a, b}, out, [ma = InMeta(a), mb = InMeta(b)](const Grads& g) { return Grads{ma(g[0]), mb(g[0])}; });
+    record("add", {a, b}, out, [ma = Wants(a), mb = Wants(b)](const Grads& g) { return Grads{ma(g[0]), mb(g[0])}; });
   return out;
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor out = kernels::sub(a, b);
   if (any_requires_grad({a, b}))
-    record("sub", {a, b}, out, [ma = InMeta(a), mb = InMeta(b)](const Grads& g) {
+    record("sub", {a, b}, out, [ma = Wants(a), mb = Wants(b)](const Grads& g) {
       return Grads{ma(g[0]), mb.needed ? mb(kernels::unary(Unary::Neg, g[0])) : Tensor()};
     });
   return out;
@@ -52,7 +40,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = kernels::mul(a, b);
   if (any_requires_grad({a, b})) {
-    InMeta ma(a), mb(b);
+    Wants ma(a), mb(b);
     // Each input is saved only if the *other* one needs a gradient (what PyTorch saves).
     record("mul", {a, b}, out,
            [ma, mb, sa = save_if(mb.needed, a, "mul"), sb = save_if(ma.needed, b, "mul")](const Grads& g) {
@@ -66,7 +54,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = kernels::div(a, b);
   if (any_requires_grad({a, b})) {
-    InMeta ma(a), mb(b);
+    Wants ma(a), mb(b);
     record("div", {a, b}, out, [ma, mb, sa = save_if(mb.needed, a, "div"), sb = SavedTensor(b, "div")](const Grads& g) {
       Tensor bv = sb.unpack();
       Tensor ga, gb;
@@ -85,7 +73,7 @@ Tensor pow(const Tensor& a, const Tensor& exponent) {
   if (autocast::widen_needed({&a, &exponent})) return pow(autocast::widen(a), autocast::widen(exponent));
   Tensor out = kernels::binary(Binary::Pow, a, exponent);
   if (any_requires_grad({a, exponent})) {
-    InMeta ma(a), mb(exponent);
+    Wants ma(a), mb(exponent);
     record("pow", {a, exponent}, out,
            [ma, mb, sa = SavedTensor(a, "pow"), sb = SavedTensor(exponent, "pow"),
             so = save_if(mb.needed, out, "pow")](const Grads& g) {
@@ -107,7 +95,7 @@ namespace {
 Tensor extremum(const char* op, Binary which, Binary wins, const Tensor& a, const Tensor& b) {
   Tensor out = kernels::binary(which, a, b);
   if (any_requires_grad({a, b})) {
-    InMeta ma(a), mb(b);
+    Wants ma(a), mb(b);
     record(op, {a, b}, out, [ma, mb, wins, sa = SavedTensor(a, op), sb = SavedTensor(b, op)](const Grads& g) {
       Tensor av = sa.unpack(), bv = sb.unpack();
       Tensor w =
@@ -127,7 +115,7 @@ Tensor minimum(const Tensor& a, const Tensor& b) { return extremum("minimum", Bi
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor out = kernels::where(cond, a, b);
   if (any_requires_grad({a, b})) {
-    InMeta ma(a), mb(b);
+    Wants ma(a), mb(b);
     record("where", {cond, a, b}, out, [ma, mb, sc = SavedTensor(cond, "where")](const Grads& g) {
       Tensor c = sc.unpack(), zero = scalar_like(0.0, g[0]);
       return Grads{Tensor(), ma.needed ? ma(kernels::where(c, g[0], zero)) : Tensor(),
@@ -149,32 +137,31 @@ Tensor ge(const Tensor& a, const Tensor& b) { return kernels::binary(Binary::Ge,
 
 Tensor add(const Tensor& a, double s) {
   Tensor out = kernels::add_scalar(a, s);
-  record("add", {a}, out, [ma = InMeta(a)](const Grads& g) { return Grads{ma(g[0])}; });
+  record("add", {a}, out, [ma = Wants(a)](const Grads& g) { return Grads{ma(g[0])}; });
   return out;
 }
 
 Tensor sub(const Tensor& a, double s) {
   Tensor out = kernels::add_scalar(a, -s);
-  record("sub", {a}, out, [ma = InMeta(a)](const Grads& g) { return Grads{ma(g[0])}; });
+  record("sub", {a}, out, [ma = Wants(a)](const Grads& g) { return Grads{ma(g[0])}; });
   return out;
 }
 
 Tensor mul(const Tensor& a, double s) {
   Tensor out = kernels::mul_scalar(a, s);
-  record("mul", {a}, out, [ma = InMeta(a), s](const Grads& g) { return Grads{ma(kernels::mul_scalar(g[0], s))}; });
+  record("mul", {a}, out, [ma = Wants(a), s](const Grads& g) { return Grads{ma(kernels::mul_scalar(g[0], s))}; });
   return out;
 }
 
 Tensor div(const Tensor& a, double s) {
   Tensor out = kernels::mul_scalar(a, 1.0 / s);
-  record("div", {a}, out,
-         [ma = InMeta(a), s](const Grads& g) { return Grads{ma(kernels::mul_scalar(g[0], 1.0 / s))}; });
+  record("div", {a}, out, [ma = Wants(a), s](const Grads& g) { return Grads{ma(kernels::mul_scalar(g[0], 1.0 / s))}; });
   return out;
 }
 
 Tensor rsub(double s, const Tensor& a) {
   Tensor out = kernels::add_scalar(kernels::unary(Unary::Neg, a), s);
-  record("rsub", {a}, out, [ma = InMeta(a)](const Grads& g) { return Grads{ma(kernels::unary(Unary::Neg, g[0]))}; });
+  record("rsub", {a}, out, [ma = Wants(a)](const Grads& g) { return Grads{ma(kernels::unary(Unary::Neg, g[0]))}; });
   return out;
 }
 
@@ -182,8 +169,8 @@ Tensor pow(const Tensor& a, double e) {
   if (autocast::widen_needed({&a})) return pow(autocast::widen(a), e);
   Tensor out = kernels::pow_scalar(a, e);
   if (any_requires_grad({a}))
-    record("pow", {a}, out, [ma = InMeta(a), e, sa = SavedTensor(a, "pow")](const Grads& g) {
-      if (e == 0.0) return Grads{zeros(ma.shape, {ma.dtype, g[0].device()})};
+    record("pow", {a}, out, [ma = Wants(a), e, sa = SavedTensor(a, "pow")](const Grads& g) {
+      if (e == 0.0) return Grads{zeros(g[0].sizes(), {g[0].dtype(), g[0].device()})};
       Tensor d = kernels::mul_scalar(kernels::pow_scalar(sa.unpack(), e - 1.0), e);
       return Grads{ma(kernels::mul(g[0], d))};
     });
@@ -194,7 +181,7 @@ Tensor clamp(const Tensor& a, double lo, double hi) {
   MG_CHECK(!(lo > hi), ValueError, "clamp: lo (", lo, ") must not exceed hi (", hi, ")");
   Tensor out = kernels::clamp(a, lo, hi);
   if (any_requires_grad({a}))
-    record("clamp", {a}, out, [ma = InMeta(a), lo, hi, sa = SavedTensor(a, "clamp")](const Grads& g) {
+    record("clamp", {a}, out, [ma = Wants(a), lo, hi, sa = SavedTensor(a, "clamp")](const Grads& g) {
       return Grads{ma(kernels::clamp_backward(g[0], sa.unpack(), lo, hi))};
     });
   return out;
@@ -208,7 +195,7 @@ template <class F>
 Tensor unary_from_input(const char* op, Unary u, const Tensor& a, F combine) {
   Tensor out = kernels::unary(u, a);
   if (any_requires_grad({a}))
-    record(op, {a}, out, [ma = InMeta(a), sa = SavedTensor(a, op), combine](const Grads& g) {
+    record(op, {a}, out, [ma = Wants(a), sa = SavedTensor(a, op), combine](const Grads& g) {
       return Grads{ma(combine(g[0], sa.unpack()))};
     });
   return out;
@@ -218,7 +205,7 @@ template <class F>
 Tensor unary_from_output(const char* op, Unary u, const Tensor& a, F combine) {
   Tensor out = kernels::unary(u, a);
   if (any_requires_grad({a}))
-    record(op, {a}, out, [ma = InMeta(a), so = SavedTensor(out, op), combine](const Grads& g) {
+    record(op, {a}, out, [ma = Wants(a), so = SavedTensor(out, op), combine](const Grads& g) {
       return Grads{ma(combine(g[0], so.unpack()))};
     });
   return out;
@@ -227,7 +214,7 @@ Tensor unary_from_output(const char* op, Unary u, const Tensor& a, F combine) {
 
 Tensor neg(const Tensor& a) {
   Tensor out = kernels::unary(Unary::Neg, a);
-  record("neg", {a}, out, [ma = InMeta(a)](const Grads& g) { return Grads{ma(kernels::unary(Unary::Neg, g[0]))}; });
+  record("neg", {a}, out, [ma = Wants(a)](const Grads& g) { return Grads{ma(kernels::unary(Unary::Neg, g[0]))}; });
   return out;
 }
 
@@ -301,7 +288,7 @@ Tensor tanh(const Tensor& a) {
 
 Tensor& add_(Tensor& a, const Tensor& b) {
   autograd::inplace_update(a, "add_", [&] { kernels::binary_(Binary::Add, a, b); });
-  autograd::record_inplace("add_", a, {b}, [ma = InMeta(a), mb = InMeta(b)](const Grads& g) {
+  autograd::record_inplace("add_", a, {b}, [ma = Wants(a), mb = Wants(b)](const Grads& g) {
     return Grads{ma(g[0]), mb(g[0])};
   });
   return a;
@@ -321,7 +308,7 @@ Tensor& mul_(Tensor& a, const Tensor& b) {
     sb = SavedTensor(b.storage() == a.storage() ? raw::clone(b) : b, "mul_");
   autograd::inplace_update(a, "mul_", [&] { kernels::binary_(Binary::Mul, a, b); });
   if (record_it)
-    autograd::record_inplace("mul_", a, {b}, [ma = InMeta(a), mb = InMeta(b), a_before, sb](const Grads& g) {
+    autograd::record_inplace("mul_", a, {b}, [ma = Wants(a), mb = Wants(b), a_before, sb](const Grads& g) {
       return Grads{ma.needed ? ma(kernels::mul(g[0], sb.unpack())) : Tensor(),
                    mb.needed ? mb(kernels::mul(g[0], a_before.unpack())) : Tensor()};
     });
@@ -341,6 +328,27 @@ Tensor& relu_(Tensor& a) {
       return Grads{kernels::binary(Binary::ReluBackward, g[0], sy.unpack())};
     });
   return a;
+}
+
+// ---------------- dropout ----------------
+
+Tensor dropout(const Tensor& a, double p, bool training) {
+  if (autograd::recompute_hook && training && p > 0.0)
+    if (Tensor r = autograd::recompute_hook("dropout", a, [p](const Tensor& x) { return dropout(x, p, true); });
+        r.defined())
+      return r;
+  MG_CHECK(p >= 0.0 && p < 1.0, ValueError, "dropout: probability p must be in [0, 1), got ", p);
+  if (!training || p == 0.0) return a;
+  MG_CHECK(is_floating(a.dtype()), DTypeError, "dropout: input must be floating, got ", a.dtype());
+  // Inverted dropout: keep with probability 1 - p and scale by 1 / (1 - p), so eval is identity.
+  Tensor keep = empty(a.sizes(), {a.dtype(), a.device()});
+  bernoulli_(keep, 1.0 - p);
+  Tensor mask = kernels::mul_scalar(keep, 1.0 / (1.0 - p));
+  keep = Tensor();
+  Tensor out = kernels::mul(a, mask);
+  if (any_requires_grad({a}))
+    record("dropout", {a}, out, [mask](const Grads& g) { return Grads{kernels::mul(g[0], mask)}; });
+  return out;
 }
 
 }  // namespace mg

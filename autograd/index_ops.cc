@@ -1,38 +1,35 @@
 // Joining and indexing: cat/stack hand each input its slice of the gradient; gather and
 // index_select scatter-add it back; scatter_ is in-place (history rebase).
-#include "autograd/functions.h"
-#include "autograd/node.h"
-#include "kernels/ops.h"
+#include "autograd/op_support.h"
 
 namespace mg {
 
-using autograd::any_requires_grad;
-using autograd::needs_grad;
-using autograd::record;
-using autograd::reduce_grad;
-using autograd::SavedTensor;
-using Grads = std::vector<Tensor>;
+namespace {
+// The inputs of cat/stack: their shapes, and which of them want a gradient.
+struct Parts {
+  std::vector<Shape> shapes;
+  std::vector<bool> needed;
+  explicit Parts(const std::vector<Tensor>& ts) {
+    for (const Tensor& t : ts) {
+      shapes.push_back(t.sizes());
+      needed.push_back(needs_grad(t));
+    }
+  }
+};
+}  // namespace
 
 Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
   Tensor out = kernels::cat(ts, dim);
   if (!any_requires_grad(ts)) return out;
   const int64_t d = wrap_dim(dim, out.dim(), "cat");
-  std::vector<Shape> shapes;
-  std::vector<DType> dtypes;
-  std::vector<bool> needed;
-  for (const Tensor& t : ts) {
-    shapes.push_back(t.sizes());
-    dtypes.push_back(t.dtype());
-    needed.push_back(needs_grad(t));
-  }
-  record("cat", ts, out, [d, shapes, dtypes, needed](const Grads& g) {
-    Grads gs(shapes.size());
+  record("cat", ts, out, [d, p = Parts(ts)](const Grads& g) {
+    Grads gs(p.shapes.size());
     int64_t off = 0;
-    for (size_t i = 0; i < shapes.size(); ++i) {
+    for (size_t i = 0; i < p.shapes.size(); ++i) {
       // An empty 1-D input next to N-D ones is skipped by cat (PyTorch's legacy rule).
-      if (static_cast<int64_t>(shapes[i].size()) != g[0].dim()) continue;
-      const int64_t n = shapes[i][d];
-      if (needed[i]) gs[i] = reduce_grad(raw::slice(g[0], d, off, off + n, 1), shapes[i], dtypes[i]);
+      if (static_cast<int64_t>(p.shapes[i].size()) != g[0].dim()) continue;
+      const int64_t n = p.shapes[i][d];
+      if (p.needed[i]) gs[i] = raw::slice(g[0], d, off, off + n, 1);
       off += n;
     }
     return gs;
@@ -44,18 +41,10 @@ Tensor stack(const std::vector<Tensor>& ts, int64_t dim) {
   Tensor out = kernels::stack(ts, dim);
   if (!any_requires_grad(ts)) return out;
   const int64_t d = wrap_dim(dim, out.dim(), "stack");
-  std::vector<Shape> shapes;
-  std::vector<DType> dtypes;
-  std::vector<bool> needed;
-  for (const Tensor& t : ts) {
-    shapes.push_back(t.sizes());
-    dtypes.push_back(t.dtype());
-    needed.push_back(needs_grad(t));
-  }
-  record("stack", ts, out, [d, shapes, dtypes, needed](const Grads& g) {
-    Grads gs(shapes.size());
-    for (size_t i = 0; i < shapes.size(); ++i)
-      if (needed[i]) gs[i] = reduce_grad(raw::select(g[0], d, static_cast<int64_t>(i)), shapes[i], dtypes[i]);
+  record("stack", ts, out, [d, p = Parts(ts)](const Grads& g) {
+    Grads gs(p.needed.size());
+    for (size_t i = 0; i < p.needed.size(); ++i)
+      if (p.needed[i]) gs[i] = raw::select(g[0], d, static_cast<int64_t>(i));
     return gs;
   });
   return out;
@@ -64,12 +53,11 @@ Tensor stack(const std::vector<Tensor>& ts, int64_t dim) {
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   Tensor out = kernels::gather(a, dim, index);
   if (any_requires_grad({a}))
-    record("gather", {a, index}, out,
-           [shape = a.sizes(), dt = a.dtype(), dim, si = SavedTensor(index, "gather")](const Grads& g) {
-             Tensor z = zeros(shape, {g[0].dtype(), g[0].device()});
-             kernels::scatter_add_(z, dim, si.unpack(), g[0]);
-             return Grads{reduce_grad(z, shape, dt), Tensor()};
-           });
+    record("gather", {a, index}, out, [shape = a.sizes(), dim, si = SavedTensor(index, "gather")](const Grads& g) {
+      Tensor z = zeros(shape, {g[0].dtype(), g[0].device()});
+      kernels::scatter_add_(z, dim, si.unpack(), g[0]);
+      return Grads{z, Tensor()};
+    });
   return out;
 }
 
@@ -77,10 +65,10 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   Tensor out = kernels::index_select(a, dim, index);
   if (any_requires_grad({a}))
     record("index_select", {a, index}, out,
-           [shape = a.sizes(), dt = a.dtype(), dim, si = SavedTensor(index, "index_select")](const Grads& g) {
+           [shape = a.sizes(), dim, si = SavedTensor(index, "index_select")](const Grads& g) {
              Tensor z = zeros(shape, {g[0].dtype(), g[0].device()});
              kernels::index_add_(z, dim, si.unpack(), g[0]);
-             return Grads{reduce_grad(z, shape, dt), Tensor()};
+             return Grads{z, Tensor()};
            });
   return out;
 }
@@ -91,21 +79,19 @@ Tensor& scatter_(Tensor& self, int64_t dim, const Tensor& index, const Tensor& s
   autograd::inplace_update(self, "scatter_", [&] { kernels::scatter_(self, dim, index, src); });
   if (any_requires_grad({self, src}))
     autograd::record_inplace("scatter_", self, {src},
-                             [dim, si = SavedTensor(index, "scatter_"), self_shape = self.sizes(),
-                              self_dt = self.dtype(), src_shape = src.sizes(), src_dt = src.dtype(),
+                             [dim, si = SavedTensor(index, "scatter_"), src_shape = src.sizes(),
                               need_self = needs_grad(self), need_src = needs_grad(src)](const Grads& g) {
                                Tensor idx = si.unpack(), g_self, g_src;
                                if (need_self) {  // overwritten positions got nothing from the old self
                                  g_self = raw::clone(g[0]);
                                  kernels::scatter_(g_self, dim, idx, zeros(idx.sizes(), {g[0].dtype(), g[0].device()}));
-                                 g_self = reduce_grad(g_self, self_shape, self_dt);
                                }
                                if (need_src) {
                                  Tensor picked = kernels::gather(g[0], dim, idx);  // index-shaped
                                  if (picked.sizes() == src_shape) {
-                                   g_src = reduce_grad(picked, src_shape, src_dt);
+                                   g_src = picked;
                                  } else {  // src larger than index: only its leading corner was used
-                                   g_src = zeros(src_shape, {src_dt, g[0].device()});
+                                   g_src = zeros(src_shape, {g[0].dtype(), g[0].device()});
                                    Tensor corner = g_src;
                                    for (int64_t d = 0; d < idx.dim(); ++d)
                                      corner = raw::slice(corner, d, 0, idx.size(d), 1);
@@ -148,13 +134,12 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   out_shape.push_back(D);
   Tensor out = raw::view(kernels::index_select(weight, 0, flat), out_shape);
   if (any_requires_grad({weight}))
-    record("embedding", {weight}, out,
-           [V, D, dt = weight.dtype(), si = SavedTensor(flat, "embedding")](const Grads& g) {
-             // Dense gradient: one row per embedding, repeated indices add up (no sparse gradients).
-             Tensor z = zeros({V, D}, {g[0].dtype(), g[0].device()});
-             kernels::index_add_(z, 0, si.unpack(), raw::reshape(g[0], {-1, D}));
-             return Grads{reduce_grad(z, {V, D}, dt)};
-           });
+    record("embedding", {weight}, out, [V, D, si = SavedTensor(flat, "embedding")](const Grads& g) {
+      // Dense gradient: one row per embedding, repeated indices add up (no sparse gradients).
+      Tensor z = zeros({V, D}, {g[0].dtype(), g[0].device()});
+      kernels::index_add_(z, 0, si.unpack(), raw::reshape(g[0], {-1, D}));
+      return Grads{z};
+    });
   return out;
 }
 

@@ -1,22 +1,11 @@
 // matmul / bmm / linear: backward is two more matmuls (g @ b^T, a^T @ g), with broadcast
 // batch dims summed back and 1-D operands' promoted dims removed again.
-#include "autograd/autocast_policy.h"
-#include "autograd/functions.h"
-#include "autograd/node.h"
-#include "kernels/ops.h"
+#include "autograd/op_support.h"
 
 namespace mg {
 
-using autograd::any_requires_grad;
-using autograd::needs_grad;
-using autograd::record;
-using autograd::reduce_grad;
-using autograd::SavedTensor;
-using Grads = std::vector<Tensor>;
-
 namespace {
 Tensor mT(const Tensor& t) { return raw::transpose(t, -1, -2); }
-SavedTensor save_if(bool cond, const Tensor& t, const char* op) { return cond ? SavedTensor(t, op) : SavedTensor(); }
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -26,11 +15,11 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   const bool need_a = needs_grad(a), need_b = needs_grad(b);
   record("matmul", {a, b}, out,
          [need_a, need_b, sa = save_if(need_b, a, "matmul"), sb = save_if(need_a, b, "matmul"), as = a.sizes(),
-          bs = b.sizes(), ad = a.dtype(), bd = b.dtype()](const Grads& g) {
+          bs = b.sizes()](const Grads& g) {
            Tensor ga, gb;
            if (as.size() == 1 && bs.size() == 1) {  // dot product: g is 0-dim
-             if (need_a) ga = reduce_grad(kernels::mul(g[0], sb.unpack()), as, ad);
-             if (need_b) gb = reduce_grad(kernels::mul(g[0], sa.unpack()), bs, bd);
+             if (need_a) ga = kernels::mul(g[0], sb.unpack());
+             if (need_b) gb = kernels::mul(g[0], sa.unpack());
              return Grads{ga, gb};
            }
            // Work on the promoted operands: a [k] -> [1, k], b [k] -> [k, 1].
@@ -41,15 +30,13 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
              Tensor b2 = sb.unpack();
              if (bs.size() == 1) b2 = raw::unsqueeze(b2, 1);
              Shape a2 = as.size() == 1 ? Shape{1, as[0]} : as;
-             ga = kernels::sum_to(kernels::matmul(g2, mT(b2)), a2);
-             ga = reduce_grad(raw::reshape(ga, as), as, ad);
+             ga = raw::reshape(kernels::sum_to(kernels::matmul(g2, mT(b2)), a2), as);
            }
            if (need_b) {
              Tensor a2 = sa.unpack();
              if (as.size() == 1) a2 = raw::unsqueeze(a2, 0);
              Shape b2 = bs.size() == 1 ? Shape{bs[0], 1} : bs;
-             gb = kernels::sum_to(kernels::matmul(mT(a2), g2), b2);
-             gb = reduce_grad(raw::reshape(gb, bs), bs, bd);
+             gb = raw::reshape(kernels::sum_to(kernels::matmul(mT(a2), g2), b2), bs);
            }
            return Grads{ga, gb};
          });
@@ -62,19 +49,10 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   if (!any_requires_grad({a, b})) return out;
   const bool need_a = needs_grad(a), need_b = needs_grad(b);
   record("bmm", {a, b}, out,
-         [need_a, need_b, sa = save_if(need_b, a, "bmm"), sb = save_if(need_a, b, "bmm"), ad = a.dtype(),
-          bd = b.dtype()](const Grads& g) {
+         [need_a, need_b, sa = save_if(need_b, a, "bmm"), sb = save_if(need_a, b, "bmm")](const Grads& g) {
            Tensor ga, gb;
-           if (need_a) {
-             Tensor bv = sb.unpack();
-             ga = kernels::bmm(g[0], mT(bv));
-             if (ga.dtype() != ad) ga = kernels::cast(ga, ad);
-           }
-           if (need_b) {
-             Tensor av = sa.unpack();
-             gb = kernels::bmm(mT(av), g[0]);
-             if (gb.dtype() != bd) gb = kernels::cast(gb, bd);
-           }
+           if (need_a) ga = kernels::bmm(g[0], mT(sb.unpack()));
+           if (need_b) gb = kernels::bmm(mT(sa.unpack()), g[0]);
            return Grads{ga, gb};
          });
   return out;
@@ -87,17 +65,16 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   if (!any_requires_grad({x, w, bias})) return out;
   const bool need_x = needs_grad(x), need_w = needs_grad(w), need_b = needs_grad(bias);
   record("linear", {x, w, bias}, out,
-         [need_x, need_w, need_b, sx = save_if(need_w, x, "linear"), sw = save_if(need_x, w, "linear"), xs = x.sizes(),
-          xd = x.dtype(), ws = w.sizes(), wd = w.dtype(), bs = bias.defined() ? bias.sizes() : Shape{},
-          bd = bias.defined() ? bias.dtype() : DType::f32](const Grads& g) {
+         [need_x, need_w, need_b, sx = save_if(need_w, x, "linear"), sw = save_if(need_x, w, "linear"),
+          ws = w.sizes()](const Grads& g) {
            Tensor gx, gw, gb;
-           if (need_x) gx = reduce_grad(kernels::matmul(g[0], sw.unpack()), xs, xd);  // [..., out] @ [out, in]
-           if (need_w) {                                                              // sum over rows of g^T x
+           if (need_x) gx = kernels::matmul(g[0], sw.unpack());  // [..., out] @ [out, in]
+           if (need_w) {                                         // sum over rows of g^T x
              Tensor g2 = raw::reshape(g[0], {-1, ws[0]});
              Tensor x2 = raw::reshape(sx.unpack(), {-1, ws[1]});
-             gw = reduce_grad(kernels::matmul(mT(g2), x2), ws, wd);
+             gw = kernels::matmul(mT(g2), x2);
            }
-           if (need_b) gb = reduce_grad(g[0], bs, bd);
+           if (need_b) gb = g[0];  // the engine sums it over the rows
            return Grads{gx, gw, gb};
          });
   return out;

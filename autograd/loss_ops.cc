@@ -1,24 +1,9 @@
-// Losses and dropout. cross_entropy is one fused kernel pair (kernels/loss.h: logsumexp per
+// Losses. cross_entropy is one fused kernel pair (kernels/loss.h: logsumexp per
 // row forward, softmax - target distribution backward); nll_loss scatters -g into the target column.
-#include <cmath>
-#include <cstdlib>
-#include <limits>
-#include <string_view>
 
-#include "autograd/autocast_policy.h"
-#include "autograd/functions.h"
-#include "autograd/node.h"
-#include "core/random.h"
-#include "kernels/ops.h"
+#include "autograd/op_support.h"
 
 namespace mg {
-
-using autograd::any_requires_grad;
-using autograd::needs_grad;
-using autograd::record;
-using autograd::reduce_grad;
-using autograd::SavedTensor;
-using Grads = std::vector<Tensor>;
 
 // ---------------- losses ----------------
 
@@ -110,12 +95,12 @@ Tensor nll_rows(const Tensor& lp, const Tensor& target, Reduction red, int64_t i
     // Ignored rows scatter a 0 into column 0 (their label may be any value, e.g. -100).
     Tensor safe = kernels::where(keep, target, scalar_tensor(0.0, {DType::i64, target.device()}));
     record("nll_loss", {lp}, out,
-           [red, shape = lp.sizes(), dt = lp.dtype(), valid, count, safe = raw::unsqueeze(safe, 1)](const Grads& g) {
+           [red, shape = lp.sizes(), valid, count, safe = raw::unsqueeze(safe, 1)](const Grads& g) {
              Tensor coef = red == Reduction::Mean ? kernels::div(g[0], count) : g[0];  // [M] or 0-dim
              Tensor src = kernels::unary(kernels::Unary::Neg, kernels::mul(coef, valid));
              Tensor z = zeros(shape, {src.dtype(), src.device()});
              kernels::scatter_(z, 1, safe, raw::unsqueeze(src, 1));
-             return Grads{reduce_grad(z, shape, dt)};
+             return Grads{z};
            });
   }
   return out;
@@ -180,14 +165,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::stri
                                        : kernels::div(kernels::sum(per), count);
   if (any_requires_grad({r.scores})) {
     constexpr const char* op = "cross_entropy";
-    record(op, {r.scores}, out,
-           [red, ignore_index, label_smoothing, count, lse = lse, target = r.target, sx = SavedTensor(r.scores, op),
-            shape = r.scores.sizes(), dt = r.scores.dtype()](const Grads& g) {
-             Tensor coef = red == Reduction::Mean ? kernels::div(g[0], count) : g[0];  // [M] or one element
-             Tensor grad =
-                 kernels::cross_entropy_backward(coef, sx.unpack(), target, lse, ignore_index, label_smoothing);
-             return Grads{reduce_grad(grad, shape, dt)};
-           });
+    record(
+        op, {r.scores}, out,
+        [red, ignore_index, label_smoothing, count, lse = lse, target = r.target,
+         sx = SavedTensor(r.scores, op)](const Grads& g) {
+          Tensor coef = red == Reduction::Mean ? kernels::div(g[0], count) : g[0];  // [M] or one element
+          return Grads{kernels::cross_entropy_backward(coef, sx.unpack(), target, lse, ignore_index, label_smoothing)};
+        });
   }
   return red == Reduction::None ? out.reshape(r.target_shape) : out;
 }
@@ -203,27 +187,6 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& re
            "mse_loss: input and target must be floating, got ", input.dtype(), " and ", target.dtype());
   Tensor sq = square(sub(input, target));
   return red == Reduction::None ? sq : red == Reduction::Sum ? sum(sq) : mean(sq);
-}
-
-// ---------------- dropout ----------------
-
-Tensor dropout(const Tensor& a, double p, bool training) {
-  if (autograd::recompute_hook && training && p > 0.0)
-    if (Tensor r = autograd::recompute_hook("dropout", a, [p](const Tensor& x) { return dropout(x, p, true); });
-        r.defined())
-      return r;
-  MG_CHECK(p >= 0.0 && p < 1.0, ValueError, "dropout: probability p must be in [0, 1), got ", p);
-  if (!training || p == 0.0) return a;
-  MG_CHECK(is_floating(a.dtype()), DTypeError, "dropout: input must be floating, got ", a.dtype());
-  // Inverted dropout: keep with probability 1 - p and scale by 1 / (1 - p), so eval is identity.
-  Tensor keep = empty(a.sizes(), {a.dtype(), a.device()});
-  bernoulli_(keep, 1.0 - p);
-  Tensor mask = kernels::mul_scalar(keep, 1.0 / (1.0 - p));
-  keep = Tensor();
-  Tensor out = kernels::mul(a, mask);
-  if (any_requires_grad({a}))
-    record("dropout", {a}, out, [mask](const Grads& g) { return Grads{kernels::mul(g[0], mask)}; });
-  return out;
 }
 
 }  // namespace mg

@@ -381,11 +381,4 @@ void inplace_update(const Tensor& t, const char* op, const std::function<void()>
   *t.impl()->version = v0 + 1;
 }
 
-Tensor reduce_grad(const Tensor& g, const Shape& shape, DType dtype) {
-  if (!g.defined()) return g;
-  Tensor r = g.sizes() == shape ? g : kernels::sum_to(g, shape);
-  if (r.dtype() != dtype) r = kernels::cast(r, dtype);
-  return r;
-}
-
 }  // namespace mg::autograd

@@ -158,10 +158,6 @@ void inplace_update(const Tensor& t, const char* op, const std::function<void()>
 // requires grad or grad mode is off.
 void record_inplace(const char* op, const Tensor& self, const std::vector<Tensor>& others, FunctionNode::Backward fn);
 
-// A gradient brought back to an input's shape (summing out broadcast dims) and dtype.
-// Undefined stays undefined.
-Tensor reduce_grad(const Tensor& g, const Shape& shape, DType dtype);
-
 // True when `t` is defined and requires grad (decides what an op must save).
 inline bool needs_grad(const Tensor& t) { return t.defined() && t.requires_grad(); }
 

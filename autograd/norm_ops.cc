@@ -1,24 +1,13 @@
-// Layer norm: the fused kernel pair of kernels/norm.h; backward needs only x, weight and
-// the row statistics. (Batch norm is in conv_ops.cc with the other CNN layers.)
-#include <cmath>
-#include <cstdlib>
-#include <limits>
-#include <string_view>
+// Layer norm and batch norm. Layer norm: the fused kernel pair of kernels/norm.h, whose backward
+// needs only x, weight and the row statistics. Batch norm: kernels/norm.h too, with autocast rules
+// for half-precision activations and f32 running statistics.
 
-#include "autograd/autocast_policy.h"
-#include "autograd/functions.h"
-#include "autograd/node.h"
-#include "core/random.h"
-#include "kernels/ops.h"
+#include <array>
+
+#include "autograd/conv_functions.h"
+#include "autograd/op_support.h"
 
 namespace mg {
-
-using autograd::any_requires_grad;
-using autograd::needs_grad;
-using autograd::record;
-using autograd::reduce_grad;
-using autograd::SavedTensor;
-using Grads = std::vector<Tensor>;
 
 // ---------------- layer norm ----------------
 
@@ -40,15 +29,63 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   record("layer_norm", {x, weight, bias}, out,
          [mask, normalized_shape, sx = SavedTensor(x, "layer_norm"),
           sw = weight.defined() ? SavedTensor(weight, "layer_norm") : SavedTensor(),
-          smean = SavedTensor(mean, "layer_norm"), srstd = SavedTensor(rstd, "layer_norm"), x_dt = x.dtype(),
-          w_dt = weight.defined() ? weight.dtype() : x.dtype(),
-          b_dt = bias.defined() ? bias.dtype() : x.dtype()](const Grads& g) {
-           Tensor xv = sx.unpack();
-           auto [gx, gw, gb] = kernels::layer_norm_backward(g[0], xv, normalized_shape, smean.unpack(), srstd.unpack(),
-                                                            sw.unpack(), mask);
-           return Grads{reduce_grad(gx, xv.sizes(), x_dt), reduce_grad(gw, normalized_shape, w_dt),
-                        reduce_grad(gb, normalized_shape, b_dt)};
+          smean = SavedTensor(mean, "layer_norm"), srstd = SavedTensor(rstd, "layer_norm")](const Grads& g) {
+           auto [gx, gw, gb] = kernels::layer_norm_backward(g[0], sx.unpack(), normalized_shape, smean.unpack(),
+                                                            srstd.unpack(), sw.unpack(), mask);
+           return Grads{gx, gw, gb};
          });
+  return out;
+}
+
+// ---------------- batch norm ----------------
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum, double eps) {
+  // Autocast: a half-precision activation keeps its dtype on CUDA (the kernel accumulates the
+  // statistics in f32; casting it up would store f32 activations); the CPU kernel is f32-only.
+  const bool autocast_half =
+      x.defined() && is_autocast_enabled(x.device().type) && (x.dtype() == DType::f16 || x.dtype() == DType::bf16);
+  if (autocast_half && !x.is_cuda())
+    return batch_norm(autocast::widen(x), running_mean, running_var, weight, bias, training, momentum, eps);
+  if (autocast_half &&
+      ((weight.defined() && weight.dtype() != x.dtype()) || (bias.defined() && bias.dtype() != x.dtype())))
+    return batch_norm(x, running_mean, running_var, autocast::cached_cast(weight, x.dtype()),
+                      autocast::cached_cast(bias, x.dtype()), training, momentum, eps);
+  if (autocast_half && !training && running_mean.defined() && running_mean.dtype() != x.dtype())
+    return batch_norm(x, kernels::cast(running_mean, x.dtype()), kernels::cast(running_var, x.dtype()), weight, bias,
+                      false, momentum, eps);
+  // Training under autocast: f32 running statistics, updated from the kernel's batch statistics.
+  const bool wide_stats = autocast_half && running_mean.defined() && running_mean.dtype() != x.dtype();
+  const bool grad = any_requires_grad({x, weight, bias});
+  const bool need_x = needs_grad(x), need_w = needs_grad(weight), need_b = needs_grad(bias);
+  if (training) {
+    Tensor rm = running_mean.defined() ? running_mean.detach() : running_mean;
+    Tensor rv = running_var.defined() ? running_var.detach() : running_var;
+    auto [out, mean, invstd] = kernels::batch_norm_forward_training(x, weight, bias, wide_stats ? Tensor() : rm,
+                                                                    wide_stats ? Tensor() : rv, momentum, eps);
+    if (wide_stats) autocast::update_running_stats(rm, rv, mean, invstd, x.numel() / x.size(1), momentum, eps);
+    if (grad)
+      // mean/invstd are this op's own tensors: captured plainly, no version check needed.
+      record("batch_norm", {x, weight, bias}, out,
+             [need_x, need_w, need_b, sx = SavedTensor(x, "batch_norm"), sw = SavedTensor(weight, "batch_norm"),
+              mean = mean, invstd = invstd](const Grads& g) {
+               auto [gx, gw, gb] = kernels::batch_norm_backward(g[0], sx.unpack(), sw.unpack(), mean, invstd, true);
+               return Grads{need_x ? gx : Tensor(), need_w ? gw : Tensor(), need_b ? gb : Tensor()};
+             });
+    return out;
+  }
+  Tensor out = kernels::batch_norm_forward_eval(x, weight, bias, running_mean, running_var, eps);
+  if (grad)
+    // Eval mode: the running statistics are constants of the function; saved with a version
+    // check, since a training step before this backward would change them.
+    record(
+        "batch_norm", {x, weight, bias}, out,
+        [need_x, need_w, need_b, eps, sx = SavedTensor(x, "batch_norm"), sw = SavedTensor(weight, "batch_norm"),
+         srm = SavedTensor(running_mean, "batch_norm"), srv = SavedTensor(running_var, "batch_norm")](const Grads& g) {
+          Tensor invstd = kernels::unary(kernels::Unary::Rsqrt, kernels::add_scalar(srv.unpack(), eps));
+          auto [gx, gw, gb] = kernels::batch_norm_backward(g[0], sx.unpack(), sw.unpack(), srm.unpack(), invstd, false);
+          return Grads{need_x ? gx : Tensor(), need_w ? gw : Tensor(), need_b ? gb : Tensor()};
+        });
   return out;
 }
 

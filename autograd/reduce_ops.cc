@@ -1,18 +1,9 @@
 // Reductions: the backward of each spreads the gradient back over the reduced dims.
 #include <algorithm>
 
-#include "autograd/autocast_policy.h"
-#include "autograd/functions.h"
-#include "autograd/node.h"
-#include "kernels/ops.h"
+#include "autograd/op_support.h"
 
 namespace mg {
-
-using autograd::any_requires_grad;
-using autograd::record;
-using autograd::reduce_grad;
-using autograd::SavedTensor;
-using Grads = std::vector<Tensor>;
 
 namespace {
 // Which dims of a `shape` tensor a reduction over `dims` removes (empty dims = all).
@@ -50,9 +41,8 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   Tensor out = kernels::sum(a, dims, keepdim);
   if (any_requires_grad({a})) {
     Shape ks = keepdim_shape(a.sizes(), reduced_mask(a.sizes(), dims, "sum"));
-    record("sum", {a}, out, [shape = a.sizes(), dt = a.dtype(), ks](const Grads& g) {
-      return Grads{reduce_grad(raw::expand(keep(g[0], ks), shape), shape, dt)};
-    });
+    record("sum", {a}, out,
+           [shape = a.sizes(), ks](const Grads& g) { return Grads{raw::expand(keep(g[0], ks), shape)}; });
   }
   return out;
 }
@@ -63,11 +53,10 @@ Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   if (any_requires_grad({a})) {
     auto mask = reduced_mask(a.sizes(), dims, "mean");
     const double n = static_cast<double>(reduced_count(a.sizes(), mask));
-    record("mean", {a}, out,
-           [shape = a.sizes(), dt = a.dtype(), ks = keepdim_shape(a.sizes(), mask), n](const Grads& g) {
-             Tensor gs = kernels::mul_scalar(keep(g[0], ks), 1.0 / n);
-             return Grads{reduce_grad(raw::expand(gs, shape), shape, dt)};
-           });
+    record("mean", {a}, out, [shape = a.sizes(), ks = keepdim_shape(a.sizes(), mask), n](const Grads& g) {
+      Tensor gs = kernels::mul_scalar(keep(g[0], ks), 1.0 / n);
+      return Grads{raw::expand(gs, shape)};
+    });
   }
   return out;
 }
@@ -79,13 +68,12 @@ Tensor max(const Tensor& a, int64_t dim, bool keepdim) {
     Shape ks = a.sizes();
     if (!ks.empty()) ks[d] = 1;
     // The gradient goes to the argmax of each row.
-    record("max", {a}, values,
-           [shape = a.sizes(), dt = a.dtype(), ks, d, idx = SavedTensor(indices, "max")](const Grads& g) {
-             if (shape.empty()) return Grads{reduce_grad(g[0], shape, dt)};
-             Tensor z = zeros(shape, {g[0].dtype(), g[0].device()});
-             kernels::scatter_(z, d, keep(idx.unpack(), ks), keep(g[0], ks));
-             return Grads{reduce_grad(z, shape, dt)};
-           });
+    record("max", {a}, values, [shape = a.sizes(), ks, d, idx = SavedTensor(indices, "max")](const Grads& g) {
+      if (shape.empty()) return Grads{g[0]};
+      Tensor z = zeros(shape, {g[0].dtype(), g[0].device()});
+      kernels::scatter_(z, d, keep(idx.unpack(), ks), keep(g[0], ks));
+      return Grads{z};
+    });
   }
   return values;
 }
@@ -94,13 +82,12 @@ Tensor amax(const Tensor& a) {
   Tensor out = kernels::max_all(a);
   if (any_requires_grad({a}))
     // Ties share the gradient evenly (PyTorch's amax convention).
-    record("amax", {a}, out,
-           [dt = a.dtype(), sa = SavedTensor(a, "amax"), so = SavedTensor(out, "amax")](const Grads& g) {
-             Tensor x = sa.unpack();
-             Tensor m = kernels::cast(kernels::binary(kernels::Binary::Eq, x, so.unpack()), g[0].dtype());
-             Tensor share = kernels::div(g[0], kernels::sum(m));
-             return Grads{reduce_grad(kernels::mul(m, share), x.sizes(), dt)};
-           });
+    record("amax", {a}, out, [sa = SavedTensor(a, "amax"), so = SavedTensor(out, "amax")](const Grads& g) {
+      Tensor x = sa.unpack();
+      Tensor m = kernels::cast(kernels::binary(kernels::Binary::Eq, x, so.unpack()), g[0].dtype());
+      Tensor share = kernels::div(g[0], kernels::sum(m));
+      return Grads{kernels::mul(m, share)};
+    });
   return out;
 }
 
@@ -114,12 +101,11 @@ Tensor var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction
     const double n = static_cast<double>(reduced_count(a.sizes(), mask));
     // d var / dx = 2 (x - mean) / (N - correction)
     record("var", {a}, out,
-           [dt = a.dtype(), dims, ks = keepdim_shape(a.sizes(), mask), n, correction,
-            sa = SavedTensor(a, "var")](const Grads& g) {
+           [dims, ks = keepdim_shape(a.sizes(), mask), n, correction, sa = SavedTensor(a, "var")](const Grads& g) {
              Tensor x = sa.unpack();
              Tensor centered = kernels::sub(x, kernels::mean(x, dims, true));
              Tensor gs = kernels::mul_scalar(keep(g[0], ks), 2.0 / (n - static_cast<double>(correction)));
-             return Grads{reduce_grad(kernels::mul(centered, gs), x.sizes(), dt)};
+             return Grads{kernels::mul(centered, gs)};
            });
   }
   return out;

@@ -129,10 +129,9 @@ struct DifferentiableHooks final : AutogradHooks {
     autograd::inplace_update(self, "copy_", [&] { raw::copy_(self, src); });
     // The old values are gone: no gradient flows to self's previous history.
     autograd::record_inplace("copy_", self, {src},
-                             [ss = src.sizes(), sd = src.dtype(), sdev = src.device()](const Grads& g) {
-                               Tensor gs = autograd::reduce_grad(g[0], ss, sd);
-                               if (gs.device() != sdev) gs = raw::to_device(gs, sdev);
-                               return Grads{Tensor(), gs};
+                             // src's gradient: g, brought to src's shape, dtype and device by the engine.
+                             [](const Grads& g) {
+                               return Grads{Tensor(), g[0]};
                              });
   }
 

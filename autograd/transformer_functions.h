@@ -25,7 +25,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 // leading dims, one floating dtype) -> [..., L, Ev]. scale defaults to 1 / sqrt(E). causal
 // masks key j for query i when j > i (PyTorch's top-left alignment when L != S). dropout_p
 // drops attention weights whenever it is > 0 (pass 0 in eval, like PyTorch's functional).
-// Dispatches to the fastest path available for the inputs; today that is sdpa_reference.
+// kernels::attention_kernel picks the path: the flash kernels (CUDA, no dropout, head dim within
+// kernels::kFlashAttentionMaxHeadDim) or sdpa_composed for everything else.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
                                     double dropout_p = 0.0, std::optional<double> scale = std::nullopt);
 
@@ -40,10 +41,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 Tensor attention_packed_qkv(const Tensor& qkv, int64_t num_heads, bool causal = false, double dropout_p = 0.0,
                             std::optional<double> scale = std::nullopt);
 
-// The plain path, composed of matmul / where / softmax / dropout / matmul: it materializes
-// the [L, S] score and probability matrices (and keeps them for backward). It stays as the
-// reference the memory-efficient (flash-style) paths are tested against.
-Tensor sdpa_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false, double dropout_p = 0.0,
-                      std::optional<double> scale = std::nullopt);
+// The composed path, matmul / where / softmax / dropout / matmul: it materializes the [L, S]
+// score and probability matrices (and keeps them for backward). The CPU, dropout and f64 run it;
+// the flash paths are tested against it.
+Tensor sdpa_composed(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false, double dropout_p = 0.0,
+                     std::optional<double> scale = std::nullopt);
 
 }  // namespace mg

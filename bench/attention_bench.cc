@@ -1,5 +1,5 @@
 // Attention speed on the device: the tensor-core flash kernels (attention_tc.cu) against the SIMT
-// flash kernels and the materializing sdpa_reference, measured in the same run, as ratios.
+// flash kernels and the materializing sdpa_composed, measured in the same run, as ratios.
 //
 // Shapes match bench/pytorch/attention_sdpa.py (run it on the same card for PyTorch's SDPA):
 // GPT-2 124M's attention (B8 H12 T1024 D64), a longer sequence (B4 H12 T2048 D64) and D = 128.
@@ -83,12 +83,12 @@ void BM_Attention(benchmark::State& state) {
     if (impl == kReference) {
       if (!backward) {
         NoGradGuard no_grad;
-        Tensor out = sdpa_reference(q, k, v, causal);
+        Tensor out = sdpa_composed(q, k, v, causal);
         return;
       }
       Tensor ql = q.detach().requires_grad_(true), kl = k.detach().requires_grad_(true);
       Tensor vl = v.detach().requires_grad_(true);
-      Tensor out = sdpa_reference(ql, kl, vl, causal);
+      Tensor out = sdpa_composed(ql, kl, vl, causal);
       autograd::grad({out}, {ql, kl, vl}, {dout});
       return;
     }

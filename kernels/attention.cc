@@ -35,7 +35,7 @@ bool check_flash(const char* op, const Tensor& q, const Tensor& k, const Tensor&
   MG_FLASH_REQUIRE(q.device() == k.device() && q.device() == v.device(), DeviceError, "query, key and value are on ",
                    q.device(), ", ", k.device(), " and ", v.device());
   MG_FLASH_REQUIRE(q.is_cuda(), DeviceError, "runs on CUDA only, got tensors on ", q.device(),
-                   " (the CPU path is sdpa_reference)");
+                   " (the CPU path is sdpa_composed)");
   MG_FLASH_REQUIRE(has_backend(q.device()), DeviceError, "this build has no CUDA attention kernels");
   MG_FLASH_REQUIRE(q.dtype() == k.dtype() && q.dtype() == v.dtype(), DTypeError,
                    "query, key and value must share one dtype, got ", q.dtype(), ", ", k.dtype(), " and ", v.dtype());

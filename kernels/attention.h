@@ -19,7 +19,7 @@ namespace mg::kernels {
 // narrowed slice of a packed [B, T, 3C] projection does); for the tensor-core kernels also
 // 16-byte aligned rows. Anything else is copied to a contiguous tensor first.
 // causal masks key j for query i when j > i; scale defaults to 1 / sqrt(E). CPU tensors (and
-// a build without CUDA kernels) raise mg::DeviceError: the CPU path is mg::sdpa_reference.
+// a build without CUDA kernels) raise mg::DeviceError: the CPU path is mg::sdpa_composed.
 
 // True when flash_attention_forward would accept q, k, v (device, dtype, shapes, build).
 bool flash_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v);

@@ -5,7 +5,7 @@
 // bf16), each a strided view with a unit-stride head dim (a TcLayout: heads and rows may sit
 // anywhere, so q/k/v can be read straight out of a packed [B, T, 3C] projection); lse [BH, L]
 // contiguous f32: the natural-log logsumexp of each row of the scaled, masked scores. Causal
-// masks key j for query i when j > i (top-left, as sdpa_reference).
+// masks key j for query i when j > i (top-left, as sdpa_composed).
 //
 // All three kernels have one shape: a block of 4 warps owns 16 "rows" of one side (4 per
 // warp) and walks the other side in tiles of 32, one entry per lane.

@@ -207,7 +207,7 @@ TEST(SdpaErrors, MismatchedShapesAreClear) {
 Tensor packed_reference(const Tensor& qkv, int64_t H, bool causal, double dropout_p = 0.0) {
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   auto split = [&](int64_t i) { return qkv.narrow(2, i * C, C).reshape({B, T, H, C / H}).transpose(1, 2); };
-  return sdpa_reference(split(0), split(1), split(2), causal, dropout_p).transpose(1, 2).reshape({B, T, C});
+  return sdpa_composed(split(0), split(1), split(2), causal, dropout_p).transpose(1, 2).reshape({B, T, C});
 }
 
 TEST(PackedQkv, MatchesComposedPathValuesAndGradients) {

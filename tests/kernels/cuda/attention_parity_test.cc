@@ -1,11 +1,11 @@
 // Flash attention (kernels/cuda/attention.cu, attention_tc.cu) against the reference.
 // - Raw kernels: out, logsumexp and dq/dk/dv of kernels::flash_attention_* on CUDA vs
-//   mg::sdpa_reference (and a plain logsumexp loop) on the CPU in f64, computed on the very
+//   mg::sdpa_composed (and a plain logsumexp loop) on the CPU in f64, computed on the very
 //   values the GPU sees (half inputs are rounded first), so only the GPU's own error counts.
 //   Causal and not; T in {1, 7, 64, 257, 1024}, D in {32, 64}, a few B*H, plus odd head dims
 //   (8, 80, 128: every head-dim bucket) and L != S; f32 (rtol 1e-4), f16 and bf16 (2e-2).
 // - Autograd: mg::scaled_dot_product_attention on CUDA (taking the flash path, with strided
-//   inputs) gives mg::sdpa_reference's output and gradients; MG_ATTENTION_KERNEL=composed switches.
+//   inputs) gives mg::sdpa_composed's output and gradients; MG_ATTENTION_KERNEL=composed switches.
 // - Memory: forward + backward at B=8, H=12, T=1024, D=64 in f32 peaks at least
 //   B*H*T*T*4 bytes below the reference (it never allocates a T x T buffer).
 // - Both f16/bf16 kernels, the tensor-core one (D = 64, 128) and the SIMT reference
@@ -126,7 +126,7 @@ class AttentionParity : public ::testing::Test {
   }
   Generator g{20241130};
 
-  // The raw kernels on CUDA vs sdpa_reference on the CPU in f64 (same rounded values).
+  // The raw kernels on CUDA vs sdpa_composed on the CPU in f64 (same rounded values).
   void check_case(const Case& c, DType dt) {
     const std::string what = name_of(c, dt);
     SCOPED_TRACE(what);
@@ -143,7 +143,7 @@ class AttentionParity : public ::testing::Test {
     // The reference, through autograd, on the CPU in f64.
     Tensor q64 = raw::to_dtype(q, DType::f64), k64 = raw::to_dtype(kk, DType::f64), v64 = raw::to_dtype(v, DType::f64);
     q64.requires_grad_(true), k64.requires_grad_(true), v64.requires_grad_(true);
-    Tensor ref = sdpa_reference(q64, k64, v64, c.causal);
+    Tensor ref = sdpa_composed(q64, k64, v64, c.causal);
     std::vector<Tensor> grads = autograd::grad({ref}, {q64, k64, v64}, {raw::to_dtype(dout, DType::f64)});
 
     expect_close(ref.detach(), out, tol_of(dt), what + " out");
@@ -193,7 +193,7 @@ TEST_F(AttentionParity, StridedInputsAndScale) {
   Tensor k64 = raw::contiguous(bhtd(raw::to_dtype(kk, DType::f64)));
   Tensor v64 = raw::contiguous(bhtd(raw::to_dtype(v, DType::f64)));
   q64.requires_grad_(true), k64.requires_grad_(true), v64.requires_grad_(true);
-  Tensor ref = sdpa_reference(q64, k64, v64, true, 0.0, 0.3);
+  Tensor ref = sdpa_composed(q64, k64, v64, true, 0.0, 0.3);
   std::vector<Tensor> grads = autograd::grad({ref}, {q64, k64, v64}, {raw::to_dtype(dout, DType::f64)});
   expect_close(ref.detach(), out, 1e-4, "strided out");
   expect_close(grads[0], gq, 1e-4, "strided dq");
@@ -256,7 +256,7 @@ TEST_F(AttentionParity, TensorCoreBackwardIsDeterministic) {
 
 // ---------------------------------------------------------------- autograd
 
-// scaled_dot_product_attention (flash, dtype dt) vs sdpa_reference on CUDA in f32 on the same
+// scaled_dot_product_attention (flash, dtype dt) vs sdpa_composed on CUDA in f32 on the same
 // (rounded) values: [B, T, H, D] leaves transposed to [B, H, T, D] by the differentiable
 // transpose. The reference runs in f32 because in f16/bf16 it rounds its scores and
 // probabilities, and would be the less accurate of the two.
@@ -272,7 +272,7 @@ void expect_sdpa_matches_reference(DType dt, bool causal, Generator& g) {
     std::vector<Tensor> x;
     for (const Tensor& t : *leaves) x.push_back(transpose(t, 1, 2));
     Tensor out =
-        flash ? scaled_dot_product_attention(x[0], x[1], x[2], causal) : sdpa_reference(x[0], x[1], x[2], causal);
+        flash ? scaled_dot_product_attention(x[0], x[1], x[2], causal) : sdpa_composed(x[0], x[1], x[2], causal);
     out.backward(to_cuda(raw::to_dtype(dout, run_dt)));
     return out;
   };
@@ -361,7 +361,7 @@ void expect_packed_matches(DType dt, bool causal, int64_t B, int64_t T, int64_t 
   Tensor w64 = raw::to_dtype(wide, DType::f64).requires_grad_(true);
   Tensor qkv64 = base_pad ? w64.narrow(2, base_pad, 3 * C) : w64;
   auto split = [&](int64_t i) { return qkv64.narrow(2, i * C, C).reshape({B, T, H, D}).transpose(1, 2); };
-  Tensor ref = sdpa_reference(split(0), split(1), split(2), causal).transpose(1, 2).reshape({B, T, C});
+  Tensor ref = sdpa_composed(split(0), split(1), split(2), causal).transpose(1, 2).reshape({B, T, C});
   ref.backward(raw::to_dtype(dy, DType::f64));
   expect_close(ref.detach(), ya.detach(), tol_of(dt), what + " out vs f64");
   expect_close(w64.grad(), wa.grad(), grad_tol_of(dt), what + " grad vs f64");
@@ -431,7 +431,7 @@ TEST_F(AttentionParity, FlashNeverAllocatesTxT) {
     const int64_t base = memory_allocated(dev);
     reset_peak_memory_stats(dev);
     {
-      Tensor out = flash ? scaled_dot_product_attention(q, kk, v, true) : sdpa_reference(q, kk, v, true);
+      Tensor out = flash ? scaled_dot_product_attention(q, kk, v, true) : sdpa_composed(q, kk, v, true);
       out.backward(dout);
     }
     mg::cuda::synchronize(0);

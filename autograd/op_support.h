@@ -1,0 +1,40 @@
+// What every autograd/<family>_ops.cc uses: the tape (record, SavedTensor), the kernels the
+// forward and backward run on, and the autocast policy. Included by those files only.
+//
+// A backward returns each input's gradient in whatever shape and dtype its math gives: the
+// engine sums a broadcast gradient back to the input's shape and casts it to the input's dtype
+// and device, once, for every op (engine.cc, conform).
+#pragma once
+
+#include <vector>
+
+#include "autograd/autocast_policy.h"
+#include "autograd/functions.h"
+#include "autograd/node.h"
+#include "kernels/ops.h"
+
+namespace mg {
+
+using autograd::any_requires_grad;
+using autograd::needs_grad;
+using autograd::record;
+using autograd::SavedTensor;
+using Grads = std::vector<Tensor>;
+
+// Saves `t` for backward only when `cond` holds (e.g. mul saves each input only if the other
+// one needs a gradient, as PyTorch does).
+inline SavedTensor save_if(bool cond, const Tensor& t, const char* op) {
+  return cond ? SavedTensor(t, op) : SavedTensor();
+}
+
+// Runs `f` on a 4-D view of x: [C, H, W] is lifted to [1, C, H, W] and the result dropped back.
+template <class F>
+Tensor batched(const Tensor& x, const char* op, F f) {
+  MG_CHECK(x.defined(), ValueError, op, ": input is an undefined tensor");
+  MG_CHECK(x.dim() == 3 || x.dim() == 4, ShapeError, op, ": expected a 3-D [C, H, W] or 4-D [N, C, H, W] input, got ",
+           shape_str(x.sizes()));
+  if (x.dim() == 4) return f(x);
+  return f(x.unsqueeze(0)).squeeze(0);
+}
+
+}  // namespace mg
