@@ -2,7 +2,11 @@
 // receives every rank's buffer, checks that all ranks called the same collective on the same
 // shape, reduces in rank order with the ordinary kernels (so every dtype works and results are
 // deterministic), and sends the result back. A worker thread runs the collectives in the order
-// they were issued, so *_async really overlaps with the caller (DDP's backward).
+// they were issued, so *_async really overlaps with the caller (DDP's backward). Every size a
+// peer announces is checked against what this rank expects before anything is allocated or
+// received, and a group that fails shuts its connections so the other ranks learn at once.
+#include "distributed/cpu_backend.h"
+
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -16,7 +20,9 @@ namespace mg::dist::detail {
 
 namespace {
 
-enum class OpCode : uint32_t { AllReduce = 1, Broadcast, AllGather, ReduceScatter, Barrier };
+using OpCode = CpuOp;
+using Header = CpuHeader;
+using Reply = CpuReply;
 
 const char* op_name(OpCode op) {
   switch (op) {
@@ -33,21 +39,6 @@ const char* op_name(OpCode op) {
   }
   return "?";
 }
-
-struct Header {
-  uint32_t op = 0;
-  uint32_t dtype = 0;
-  uint64_t seq = 0;
-  uint64_t nbytes = 0;  // of the rank's input
-  int32_t arg = 0;      // root (broadcast) or ReduceOp
-  int32_t pad = 0;
-};
-
-struct Reply {
-  uint32_t status = 0;  // 0 ok, 1 error (payload = message)
-  uint32_t pad = 0;
-  uint64_t nbytes = 0;
-};
 
 class CpuWork final : public Work {
  public:
@@ -161,6 +152,11 @@ class CpuProcessGroup final : public ProcessGroup {
 
  private:
   WorkPtr enqueue(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(broken_mu_);
+      MG_CHECK(broken_.empty(), DistributedError, describe(),
+               ": the process group is unusable after an earlier error: ", broken_);
+    }
     auto w = std::make_shared<CpuWork>(std::move(fn));
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(w);
@@ -197,14 +193,38 @@ class CpuProcessGroup final : public ProcessGroup {
   Tensor exchange(OpCode op, int arg, const Tensor& in, Combine&& combine) {
     const uint64_t seq = ++seq_;
     const std::string what = std::string(op_name(op)) + " #" + std::to_string(seq);
-    MG_CHECK(broken_.empty(), Error, describe(), ": ", what,
-             ": the process group is unusable after an earlier error: ", broken_);
+    {
+      std::lock_guard<std::mutex> lock(broken_mu_);
+      MG_CHECK(broken_.empty(), DistributedError, describe(), ": ", what,
+               ": the process group is unusable after an earlier error: ", broken_);
+    }
     try {
       return exchange_impl(op, arg, in, seq, what, combine);
     } catch (const std::exception& e) {
-      broken_ = e.what();
+      break_group(e.what(), what);
       throw;
     }
+  }
+
+  // After a failure nothing on this group can succeed: remember why, tell the peers (rank 0
+  // forwards the reason, best effort) and shut the connections so nobody waits for a timeout.
+  void break_group(const std::string& reason, const std::string& what) {
+    {
+      std::lock_guard<std::mutex> lock(broken_mu_);
+      broken_ = reason;
+    }
+    if (rank() == 0) {
+      const std::string msg = reason.substr(0, kMaxControlBytes);
+      for (int r = 1; r < size(); ++r) {
+        Reply rep{1, 0, msg.size()};
+        try {
+          star_->send(r, &rep, sizeof(rep), what);
+          star_->send(r, msg.data(), msg.size(), what);
+        } catch (const Error&) {
+        }
+      }
+    }
+    star_->shutdown();
   }
 
   template <class Combine>
@@ -221,15 +241,25 @@ class CpuProcessGroup final : public ProcessGroup {
       if (sends_data && mine.nbytes) star_->send(0, in.raw_data(), mine.nbytes, what);
       Reply rep;
       star_->recv(0, &rep, sizeof(rep), what);
+      MG_CHECK(rep.status <= 1, DistributedError, describe(), ": ", what, ": rank 0 replied with status ", rep.status,
+               " (a corrupt stream or not a memgrad peer)");
       if (rep.status != 0) {
+        MG_CHECK(rep.nbytes <= kMaxControlBytes, DistributedError, describe(), ": ", what,
+                 ": rank 0 announced an error message of ", rep.nbytes, " bytes, at most ", kMaxControlBytes,
+                 " are allowed");
         std::string msg(rep.nbytes, '\0');
-        star_->recv(0, msg.data(), rep.nbytes, what);
-        MG_THROW(Error, describe(), ": ", what, " failed on rank 0: ", msg);
+        if (rep.nbytes) star_->recv(0, msg.data(), rep.nbytes, what);
+        MG_THROW(DistributedError, describe(), ": ", what, " failed on rank 0: ", msg);
       }
+      // The result's size is known here: the input's, size() times it for all_gather, nothing
+      // for a barrier. Anything else is refused before a byte of it is read.
+      const int64_t numel = op == OpCode::Barrier ? 0 : op == OpCode::AllGather ? in.numel() * size() : in.numel();
+      const uint64_t want = op == OpCode::Barrier ? 0 : static_cast<uint64_t>(numel) * in.element_size();
+      MG_CHECK(rep.nbytes == want, DistributedError, describe(), ": ", what, ": rank 0 replied with ", rep.nbytes,
+               " bytes, expected exactly ", want);
       if (op == OpCode::Barrier) return Tensor();
-      Shape shape = {static_cast<int64_t>(rep.nbytes / in.element_size())};
-      Tensor r = empty(shape, {in.dtype(), Device::cpu()});
-      if (rep.nbytes) star_->recv(0, r.raw_data(), rep.nbytes, what);
+      Tensor r = empty({numel}, {in.dtype(), Device::cpu()});
+      if (want) star_->recv(0, r.raw_data(), want, what);
       return r;
     }
 
@@ -245,25 +275,16 @@ class CpuProcessGroup final : public ProcessGroup {
                   std::to_string(h.seq) + " while rank 0 called " + what;
       else if (h.dtype != mine.dtype || h.nbytes != mine.nbytes || h.arg != mine.arg)
         problem = "rank " + std::to_string(r) + " passed " + std::to_string(h.nbytes) + " bytes of " +
-                  dtype_name(static_cast<DType>(h.dtype)) + " (arg " + std::to_string(h.arg) + "), rank 0 passed " +
-                  std::to_string(mine.nbytes) + " bytes of " + (in.defined() ? dtype_name(in.dtype()) : "nothing") +
-                  " (arg " + std::to_string(mine.arg) + ")";
+                  (h.dtype <= static_cast<uint32_t>(DType::b8) ? dtype_name(static_cast<DType>(h.dtype)) : "?") +
+                  " (arg " + std::to_string(h.arg) + "), rank 0 passed " + std::to_string(mine.nbytes) + " bytes of " +
+                  (in.defined() ? dtype_name(in.dtype()) : "nothing") + " (arg " + std::to_string(mine.arg) + ")";
       else if (op != OpCode::Barrier && (op != OpCode::Broadcast || arg == r)) {
         all[r] = empty({in.numel()}, {in.dtype(), Device::cpu()});
         if (h.nbytes) star_->recv(r, all[r].raw_data(), h.nbytes, what);
       }
     }
-    if (!problem.empty()) {
-      for (int r = 1; r < size(); ++r) {
-        Reply rep{1, 0, problem.size()};
-        try {
-          star_->send(r, &rep, sizeof(rep), what);
-          star_->send(r, problem.data(), problem.size(), what);
-        } catch (const Error&) {
-        }
-      }
-      MG_THROW(Error, describe(), ": ", what, ": mismatched collective: ", problem);
-    }
+    // (break_group reports it to every rank.)
+    if (!problem.empty()) MG_THROW(DistributedError, describe(), ": ", what, ": mismatched collective: ", problem);
     Tensor result;
     if (op != OpCode::Barrier) {
       for (auto& a : all)
@@ -284,9 +305,9 @@ class CpuProcessGroup final : public ProcessGroup {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<CpuWork>> queue_;
   bool stop_ = false;
-  // Touched by the worker thread only.
-  uint64_t seq_ = 0;
-  std::string broken_;
+  uint64_t seq_ = 0;  // touched by the worker thread only
+  std::mutex broken_mu_;
+  std::string broken_;  // why the group is unusable; empty while it works
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "core/device_runtime.h"
 #include "distributed/backends.h"
+#include "distributed/launch_env.h"
 #include "kernels/ops.h"
 
 namespace mg::dist {
@@ -49,23 +50,18 @@ const char* env(const char* name) {
   return v && *v ? v : nullptr;
 }
 
-int env_int(const char* name, int fallback) {
-  const char* v = env(name);
-  if (!v) return fallback;
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  MG_CHECK(end && *end == '\0' && x >= 0 && x < (1L << 30), ValueError, "init_process_group: environment variable ",
-           name, "='", v, "' is not a non-negative integer");
-  return static_cast<int>(x);
-}
 }  // namespace
 
 ProcessGroupOptions resolve_options(ProcessGroupOptions o) {
-  if (o.rank < 0) o.rank = env_int("RANK", 0);
-  if (o.world_size < 0) o.world_size = env_int("WORLD_SIZE", 1);
-  if (o.local_rank < 0) o.local_rank = env_int("LOCAL_RANK", o.rank);
-  if (o.master_addr.empty()) o.master_addr = env("MASTER_ADDR") ? env("MASTER_ADDR") : "127.0.0.1";
-  if (o.master_port < 0) o.master_port = env_int("MASTER_PORT", 29500);
+  if (o.rank < 0 || o.world_size < 0 || o.local_rank < 0 || o.master_addr.empty() || o.master_port < 0) {
+    const LaunchEnv e = LaunchEnv::from_environment();
+    if (o.local_rank < 0) o.local_rank = o.rank >= 0 && e.launcher == "none" ? o.rank : e.local_rank;
+    if (o.rank < 0) o.rank = e.rank;
+    if (o.world_size < 0) o.world_size = e.world_size;
+    if (o.master_addr.empty()) o.master_addr = e.master_addr;
+    if (o.master_port < 0) o.master_port = e.master_port;
+  }
+  if (o.token.empty() && env("MG_DIST_TOKEN")) o.token = env("MG_DIST_TOKEN");
   if (o.init_file.empty() && env("MG_DIST_INIT_FILE")) o.init_file = env("MG_DIST_INIT_FILE");
   if (o.timeout.count() <= 0) {
     const char* t = env("MG_DIST_TIMEOUT_S");
@@ -93,6 +89,12 @@ ProcessGroupOptions resolve_options(ProcessGroupOptions o) {
            o.world_size);
   MG_CHECK(o.master_port > 0 && o.master_port < 65536, ValueError, "init_process_group: MASTER_PORT ", o.master_port,
            " is not a TCP port");
+  MG_CHECK(o.world_size == 1 || !o.token.empty(), ValueError, "init_process_group: rank ", o.rank, " of ", o.world_size,
+           ": no job token; set MG_DIST_TOKEN to the same secret on every rank (tools/launch and ",
+           "spawn_ranks do; with srun, mpirun or torchrun: export MG_DIST_TOKEN=$(head -c 16 /dev/urandom | od -An ",
+           "-tx1 | tr -d ' \\n') before launching)");
+  MG_CHECK(o.token.size() <= detail::kMaxTokenBytes, ValueError, "init_process_group: MG_DIST_TOKEN has ",
+           o.token.size(), " bytes, at most ", detail::kMaxTokenBytes, " are used");
   return o;
 }
 

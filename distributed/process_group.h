@@ -9,9 +9,16 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace mg::dist {
+
+// A peer died, went silent past the group's timeout, broke the protocol, or failed the
+// rendezvous; also every later call on a group that an earlier such failure made unusable.
+class DistributedError : public Error {
+  using Error::Error;
+};
 
 enum class ReduceOp { Sum, Avg, Max };
 enum class Backend { Auto, Cpu, Nccl };
@@ -23,35 +30,44 @@ class Work {
  public:
   virtual ~Work() = default;
   // Makes the result usable by what the caller does next: NCCL makes the caller's current
-  // stream wait for the collective (no host block); the CPU backend blocks until it is done.
+  // stream wait for the collective (no host block; the group's watchdog aborts the
+  // communicator if it does not finish within the timeout, so a later host sync returns);
+  // the CPU backend blocks until it is done. Raises DistributedError on a broken group.
   virtual void wait() = 0;
-  // Blocks the host until the collective has finished; raises mg::Error after the group's
-  // timeout or when a peer failed.
+  // Blocks the host until the collective has finished; raises DistributedError after the
+  // group's timeout or when a peer failed.
   virtual void synchronize() = 0;
   virtual bool completed() = 0;
 };
 using WorkPtr = std::shared_ptr<Work>;
 
 // Where a process finds its peers. Fields left at -1 / empty are read from the environment:
-// RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, MG_DIST_INIT_FILE, MG_DIST_BACKEND
-// ("cpu" or "nccl"), MG_DIST_TIMEOUT_S.
+// the launcher's variables (LaunchEnv: torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+// MASTER_PORT; Slurm's; Open MPI's), MG_DIST_TOKEN, MG_DIST_INIT_FILE, MG_DIST_BACKEND ("cpu"
+// or "nccl"), MG_DIST_TIMEOUT_S.
 struct ProcessGroupOptions {
   Backend backend = Backend::Auto;  // Auto: NCCL when built with CUDA and a GPU is visible, else CPU
   int rank = -1;
   int world_size = -1;
-  int local_rank = -1;      // the GPU this process drives (default: rank)
-  std::string master_addr;  // default 127.0.0.1
-  int master_port = -1;     // default 29500
+  int local_rank = -1;  // the GPU this process drives (default: rank)
+  // Rank 0 listens on this address only (default 127.0.0.1, so a single-host job is not
+  // reachable from the network); on several hosts it must be an address of rank 0's host.
+  std::string master_addr;
+  int master_port = -1;  // default 29500
+  // The job's shared secret (MG_DIST_TOKEN; tools/launch and spawn_ranks make a random one):
+  // rank 0 admits only peers whose hello carries it. Required when world_size > 1; 1-64 bytes.
+  std::string token;
   // Rendezvous through a shared file instead of a fixed port: rank 0 listens on a free port and
   // writes "host port" into this file; the others read it. Takes precedence over MASTER_PORT.
   std::string init_file;
-  // How long any wait (rendezvous, a peer's data, a barrier) may take before mg::Error;
-  // 0 = MG_DIST_TIMEOUT_S from the environment, else 60 s.
+  // How long any wait (rendezvous, a peer's data, a barrier, a collective on the GPU) may take
+  // before DistributedError; 0 = MG_DIST_TIMEOUT_S from the environment, else 60 s.
   std::chrono::milliseconds timeout{0};
 };
 
 // Fills every unset field of `opts` from the environment (and defaults); raises ValueError
-// naming the variable when one is malformed or RANK >= WORLD_SIZE.
+// naming the variable when one is malformed, RANK >= WORLD_SIZE, or a job of several ranks
+// has no token.
 ProcessGroupOptions resolve_options(ProcessGroupOptions opts);
 
 class ProcessGroup {

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <random>
 #include <thread>
 
 #include "core/error.h"
@@ -46,8 +47,23 @@ void stop_all(std::map<pid_t, int>& running) {
 }
 }  // namespace
 
+std::string random_token() {
+  std::random_device rd;  // /dev/urandom on Linux
+  std::string t;
+  const char* hex = "0123456789abcdef";
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t x = rd();
+    for (int k = 0; k < 8; ++k) t += hex[(x >> (4 * k)) & 15];
+  }
+  return t;
+}
+
 SpawnResult spawn_ranks(const SpawnOptions& o) {
   MG_CHECK(o.nproc >= 1, ValueError, "spawn_ranks: nproc must be >= 1, got ", o.nproc);
+  MG_CHECK(o.nnodes >= 1 && o.node_rank >= 0 && o.node_rank < o.nnodes, ValueError, "spawn_ranks: node_rank ",
+           o.node_rank, " of nnodes ", o.nnodes);
+  MG_CHECK(o.nnodes == 1 || o.master_port > 0, ValueError, "spawn_ranks: ", o.nnodes,
+           " nodes need one master_port chosen for all of them");
   const std::string exe = o.executable.empty() ? "/proc/self/exe" : o.executable;
   const int port = o.master_port > 0 ? o.master_port : detail::free_tcp_port();
 
@@ -59,7 +75,9 @@ SpawnResult spawn_ranks(const SpawnOptions& o) {
   }
   for (const auto& k : o.unset_env) base.erase(k);
   base.emplace("NCCL_NVLS_ENABLE", "0");
-  base["WORLD_SIZE"] = std::to_string(o.nproc);
+  if (base.count("MG_DIST_TOKEN") == 0 || base["MG_DIST_TOKEN"].empty()) base["MG_DIST_TOKEN"] = random_token();
+  base["WORLD_SIZE"] = std::to_string(o.nnodes * o.nproc);
+  base["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc);
   base["MASTER_ADDR"] = o.master_addr;
   base["MASTER_PORT"] = std::to_string(port);
   for (const auto& [k, v] : o.env) base[k] = v;
@@ -74,7 +92,7 @@ SpawnResult spawn_ranks(const SpawnOptions& o) {
     // Everything execve needs is built before fork (the child may only call async-signal-safe
     // functions in a threaded parent).
     auto env = base;
-    env["RANK"] = std::to_string(rank);
+    env["RANK"] = std::to_string(o.node_rank * o.nproc + rank);
     env["LOCAL_RANK"] = std::to_string(rank);
     std::vector<std::string> env_str;
     for (const auto& [k, v] : env) env_str.push_back(k + "=" + v);
@@ -111,8 +129,9 @@ SpawnResult spawn_ranks(const SpawnOptions& o) {
       const int code = decode(st);
       const int rank = it->second;
       it = running.erase(it);
-      if (code != 0 && res.exit_code == 0) {
-        res.exit_code = code;
+      const auto expected = o.expected_exit.find(rank);
+      if (code != (expected == o.expected_exit.end() ? 0 : expected->second) && res.exit_code == 0) {
+        res.exit_code = code == 0 ? 1 : code;  // (0 from a rank expected to die is a failure too)
         res.failed_rank = rank;
         res.message = "rank " + std::to_string(rank) + " exited with " +
                       (WIFSIGNALED(st) ? "signal " + std::to_string(WTERMSIG(st)) : "code " + std::to_string(code)) +

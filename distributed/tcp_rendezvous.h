@@ -1,6 +1,7 @@
-// The TCP star every backend starts from: rank 0 listens (on MASTER_ADDR:MASTER_PORT, or on a
-// free port it publishes through MG_DIST_INIT_FILE), every other rank connects to it. NCCL uses
-// it to hand out its unique id and for barriers; the CPU backend moves all its data through it.
+// The TCP star every backend starts from: rank 0 listens on MASTER_ADDR (MASTER_PORT, or a free
+// port it publishes through MG_DIST_INIT_FILE), every other rank connects to it and proves it
+// belongs to the job with the token. NCCL uses it to hand out its unique id and for barriers;
+// the CPU backend moves all its data through it.
 #pragma once
 
 #include <atomic>
@@ -13,6 +14,21 @@
 #include "distributed/process_group.h"
 
 namespace mg::dist::detail {
+
+inline constexpr size_t kMaxTokenBytes = 64;
+// Control messages (rendezvous replies, error reports, the NCCL id) are at most this long.
+inline constexpr size_t kMaxControlBytes = 4096;
+
+// What a rank sends rank 0 first. The token is zero-padded; rank 0 compares all of it in
+// constant time. (Exposed so tests can forge hellos.)
+struct Hello {
+  uint32_t magic;
+  int32_t rank;
+  int32_t world;
+  uint32_t token_len;
+  char token[kMaxTokenBytes];
+};
+Hello make_hello(int rank, int world, const std::string& token);
 
 // A connected TCP socket; every read and write has a deadline.
 class Socket {
@@ -33,8 +49,12 @@ class Socket {
 
 class Star {
  public:
-  // Connects this rank to the others (opts must be resolved). Raises mg::Error naming rank,
-  // world size, the address and who is missing when the timeout passes.
+  // Connects this rank to the others (opts must be resolved). Rank 0 reads hellos from all
+  // connections at once, each within min(timeout, 10 s), and drops (with a line on stderr) a
+  // connection that stays silent, sends no memgrad hello, a wrong token, a wrong world size, a
+  // rank out of range, or a rank an authenticated peer already took; a peer with the token gets
+  // the reason as its reply. Raises DistributedError naming rank, world size, the address, who is
+  // missing and what was dropped when the timeout passes.
   static std::unique_ptr<Star> connect(const ProcessGroupOptions& opts);
 
   int rank() const { return rank_; }
@@ -49,7 +69,11 @@ class Star {
   void send(int peer, const void* data, size_t n, const std::string& what);
   void recv(int peer, void* data, size_t n, const std::string& what);
   void send_string(int peer, const std::string& s, const std::string& what);
-  std::string recv_string(int peer, const std::string& what);
+  // Raises DistributedError (without allocating) when the announced length exceeds `max_bytes`.
+  std::string recv_string(int peer, const std::string& what, size_t max_bytes = kMaxControlBytes);
+  // Shuts every connection down, so the peers see end-of-stream at once instead of waiting for
+  // their timeout (a group that broke calls it).
+  void shutdown();
 
   // Rank 0's bytes to everyone (others' `data` is replaced).
   void broadcast_bytes(std::string& data, const std::string& what);

@@ -36,9 +36,9 @@ struct DDPCase {
 // Every rank starts from a different init (rank 0's must win), trains `steps` SGD steps on its
 // slice of a global batch; the reference trains on the whole batch. Gradients and parameters
 // must match at every step, and every bucket must have been reduced inside backward.
-inline void ddp_matches_single_process(const DDPCase& c) {
-  run_ranks(c.world, [&](int rank, int W) {
-    auto pg = join(c.backend);
+inline void ddp_rank_matches_single_process(const DDPCase& c, const std::shared_ptr<ProcessGroup>& pg) {
+  {
+    const int rank = pg->rank(), W = pg->size();
     const Device dev = pg->device();
     const DType dt = c.dtype;
     auto model = small_mlp(1000 + rank, dt, dev);
@@ -75,7 +75,11 @@ inline void ddp_matches_single_process(const DDPCase& c) {
       for (size_t i = 0; i < mp.size(); ++i)
         EXPECT_TRUE(all_close(mp[i], rp[i], rtol_for(dt), atol_for(dt))) << "step " << step << ", param " << i;
     }
-  });
+  }
+}
+
+inline void ddp_matches_single_process(const DDPCase& c) {
+  run_ranks(c.world, [&](int, int) { ddp_rank_matches_single_process(c, join(c.backend)); });
 }
 
 // no_sync: micro-batch 1 accumulates locally, micro-batch 2 syncs the accumulated sum. The

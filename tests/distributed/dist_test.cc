@@ -4,6 +4,8 @@
 // timeout, a peer that dies, mismatched collectives).
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <cstdlib>
 #include <set>
 #include <thread>
@@ -11,6 +13,7 @@
 #include "autograd/node.h"
 #include "data/dataloader.h"
 #include "distributed/distributed_sampler.h"
+#include "distributed/launch_env.h"
 #include "distributed/tcp_rendezvous.h"
 #include "tests/distributed/amp_ckpt_cases.h"
 #include "tests/distributed/tp_zero_cases.h"
@@ -87,6 +90,7 @@ TEST(CpuCollectives, EnvironmentIsParsedAndChecked) {
   setenv("WORLD_SIZE", "3", 1);
   setenv("MASTER_PORT", "12345", 1);
   setenv("MG_DIST_TIMEOUT_S", "2.5", 1);
+  setenv("MG_DIST_TOKEN", "t", 1);
   ProcessGroupOptions o = resolve_options({});
   EXPECT_EQ(o.rank, 1);
   EXPECT_EQ(o.world_size, 3);
@@ -96,7 +100,7 @@ TEST(CpuCollectives, EnvironmentIsParsedAndChecked) {
   setenv("RANK", "one", 1);
   std::string msg = error_of([] { resolve_options({}); });
   EXPECT_NE(msg.find("RANK='one'"), std::string::npos) << msg;
-  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_PORT", "MG_DIST_TIMEOUT_S"}) unsetenv(v);
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_PORT", "MG_DIST_TIMEOUT_S", "MG_DIST_TOKEN"}) unsetenv(v);
 }
 
 // ---------------- failures ----------------
@@ -111,6 +115,7 @@ TEST(CpuCollectives, MissingPeerTimesOutWithAClearMessage) {
   o.backend = kCpu;
   o.world_size = 2;
   o.init_file = path;
+  o.token = "t";
   o.timeout = std::chrono::milliseconds(800);
   // Rank 0 waits for rank 1, who never comes.
   o.rank = 0;
@@ -148,6 +153,43 @@ TEST(CpuCollectives, PeerThatExitsIsAnErrorNotAHang) {
     msg = error_of([&] { pg->all_reduce(ones({8}, {DType::f64})); });
     EXPECT_NE(msg.find("unusable after an earlier error"), std::string::npos) << msg;
   });
+}
+
+// A rank SIGKILLed while the others are in an all-reduce: every survivor raises
+// DistributedError well within the timeout (the dead socket is seen at once; rank 0 forwards the
+// reason and shuts its connections, so rank 1, which only talks to rank 0, learns too), later
+// calls raise at once, and the group is destroyed without waiting.
+TEST(CpuCollectives, KilledPeerDuringAllReduceRaisesWithinTheTimeout) {
+  for (int victim : {2, 0}) {
+    run_ranks(3,
+              [victim](int rank, int) {
+                auto pg = join(kCpu, 30);  // process start-up may take seconds; the collective may not
+                pg->barrier();
+                const auto timeout = std::chrono::seconds(5);
+                pg->set_timeout(timeout);
+                if (rank == victim) {
+                  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others are waiting in it
+                  std::fflush(nullptr);
+                  ::kill(::getpid(), SIGKILL);
+                }
+                const auto t0 = std::chrono::steady_clock::now();
+                auto since = [&] {
+                  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                };
+                std::string msg = "(no error)";
+                try {
+                  pg->all_reduce(ones({1 << 16}, {DType::f64}));
+                } catch (const DistributedError& e) {
+                  msg = e.what();
+                }
+                EXPECT_NE(msg.find("rank " + std::to_string(victim)), std::string::npos) << msg;
+                EXPECT_LT(since(), 5.0) << "took longer than the timeout: " << msg;
+                EXPECT_THROW(pg->all_reduce(ones({4}, {DType::f64})), DistributedError);
+                pg.reset();  // joins the worker; nothing may block
+                EXPECT_LT(since(), 5.0);
+              },
+              120, {}, {{victim, 128 + SIGKILL}});
+  }
 }
 
 TEST(CpuCollectives, SlowPeerTimesOut) {
@@ -223,6 +265,21 @@ TEST(PostAccumulateGradHook, DeadTensorsHooksDoNotLeakToNewOnes) {
 
 TEST(CpuDDP, GradientsEqualSingleProcessOnTheWholeBatch) {
   for (int w : {1, 2, 4}) ddp_matches_single_process({.backend = kCpu, .dtype = DType::f64, .world = w});
+}
+
+// Two simulated nodes on this host: `tools/launch --nnodes 2 --node-rank k --nproc 1` twice at
+// once (RANK = k, LOCAL_RANK = 0 on both), training DDP that must equal one process on the
+// whole batch, hence agree across the nodes.
+TEST(CpuDDP, TwoNodesThroughToolsLaunchTrainAndAgree) {
+  run_launched_nodes(2, [](int rank, int W) {
+    const LaunchEnv e = LaunchEnv::from_environment();
+    EXPECT_EQ(e.rank, rank);
+    EXPECT_EQ(e.world_size, W);
+    EXPECT_EQ(e.local_rank, 0);
+    EXPECT_EQ(e.local_world_size, 1);
+    auto pg = join(kCpu);
+    ddp_rank_matches_single_process({.backend = kCpu, .dtype = DType::f64, .world = W, .steps = 3}, pg);
+  });
 }
 
 TEST(CpuDDP, ManySmallBucketsAndBucketViews) {

@@ -19,6 +19,7 @@ int main() {
   for (double v : t.to_vector<double>())
     if (v != want) return 1;
   std::cout << "rank " << pg->rank() << " of " << pg->size() << " (LOCAL_RANK " << std::getenv("LOCAL_RANK")
-            << ", NCCL_NVLS_ENABLE=" << std::getenv("NCCL_NVLS_ENABLE") << ") ok\n";
+            << ", NCCL_NVLS_ENABLE=" << std::getenv("NCCL_NVLS_ENABLE") << ", token " << std::getenv("MG_DIST_TOKEN")
+            << ") ok\n";
   return 0;
 }
