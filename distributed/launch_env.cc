@@ -24,8 +24,8 @@ int as_int(const Vars& v, const char* name, int fallback, const char* launcher) 
   if (!s) return fallback;
   char* end = nullptr;
   long long x = std::strtoll(s->c_str(), &end, 10);
-  MG_CHECK(end && *end == '\0' && x >= 0 && x < (1LL << 30), ValueError, "init_process_group: ", launcher,
-           " variable ", name, "='", *s, "' is not a non-negative integer");
+  MG_CHECK(end && *end == '\0' && x >= 0 && x < (1LL << 30), ValueError, "init_process_group: ", launcher, " variable ",
+           name, "='", *s, "' is not a non-negative integer");
   return static_cast<int>(x);
 }
 
@@ -91,8 +91,12 @@ struct Names {
   const char *launcher, *display, *rank, *size, *local, *local_size;
 };
 constexpr Names kTorchrun{"torchrun", "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
-constexpr Names kOpenMpi{"openmpi", "Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                         "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
+constexpr Names kOpenMpi{"openmpi",
+                         "Open MPI",
+                         "OMPI_COMM_WORLD_RANK",
+                         "OMPI_COMM_WORLD_SIZE",
+                         "OMPI_COMM_WORLD_LOCAL_RANK",
+                         "OMPI_COMM_WORLD_LOCAL_SIZE"};
 constexpr Names kSlurm{"slurm", "Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"};
 
 void read_ids(const Vars& v, const Names& n, LaunchEnv& e) {
@@ -140,8 +144,8 @@ LaunchEnv LaunchEnv::from_variables(const Vars& v) {
   } else if (get(v, "SLURM_PROCID")) {
     read_ids(v, kSlurm, e);
     if (!get(v, "MASTER_ADDR")) {
-      const std::string* nl = get(v, "SLURM_STEP_NODELIST") ? get(v, "SLURM_STEP_NODELIST")
-                                                             : get(v, "SLURM_JOB_NODELIST");
+      const std::string* nl =
+          get(v, "SLURM_STEP_NODELIST") ? get(v, "SLURM_STEP_NODELIST") : get(v, "SLURM_JOB_NODELIST");
       MG_CHECK(nl || e.world_size == 1, ValueError, "init_process_group: Slurm rank ", e.rank, " of ", e.world_size,
                ": neither MASTER_ADDR nor SLURM_JOB_NODELIST is set");
       if (nl) e.master_addr = expand_nodelist(*nl, 1 << 20).front();
@@ -155,10 +159,10 @@ LaunchEnv LaunchEnv::from_variables(const Vars& v) {
            e.world_size);
   MG_CHECK(e.rank < e.world_size, ValueError, "init_process_group: ", e.launcher, " rank ", e.rank,
            " is not below world size ", e.world_size);
-  MG_CHECK(e.local_world_size < 0 || e.local_rank < e.local_world_size, ValueError, "init_process_group: ",
-           e.launcher, " local rank ", e.local_rank, " is not below the local world size ", e.local_world_size);
-  MG_CHECK(e.master_port > 0 && e.master_port < 65536, ValueError, "init_process_group: MASTER_PORT ",
-           e.master_port, " is not a TCP port");
+  MG_CHECK(e.local_world_size < 0 || e.local_rank < e.local_world_size, ValueError, "init_process_group: ", e.launcher,
+           " local rank ", e.local_rank, " is not below the local world size ", e.local_world_size);
+  MG_CHECK(e.master_port > 0 && e.master_port < 65536, ValueError, "init_process_group: MASTER_PORT ", e.master_port,
+           " is not a TCP port");
   return e;
 }
 

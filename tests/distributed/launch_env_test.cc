@@ -39,7 +39,7 @@ TEST(LaunchEnv, Torchrun) {
                                            {"MASTER_ADDR", "node07"},
                                            {"MASTER_PORT", "29400"}});
   EXPECT_EQ(e.launcher, "torchrun");
-  EXPECT_EQ(e.rank, 5);  // the data shard
+  EXPECT_EQ(e.rank, 5);        // the data shard
   EXPECT_EQ(e.local_rank, 1);  // the GPU
   EXPECT_EQ(e.world_size, 8);
   EXPECT_EQ(e.local_world_size, 4);
@@ -51,16 +51,15 @@ TEST(LaunchEnv, Torchrun) {
 }
 
 TEST(LaunchEnv, Slurm) {
-  Vars v = {{"SLURM_PROCID", "6"},     {"SLURM_LOCALID", "2"},
-            {"SLURM_NTASKS", "8"},     {"SLURM_NTASKS_PER_NODE", "4"},
-            {"SLURM_JOB_ID", "123456"}, {"SLURM_JOB_NODELIST", "gpu[01-04,07],cpu3"}};
+  Vars v = {{"SLURM_PROCID", "6"},          {"SLURM_LOCALID", "2"},     {"SLURM_NTASKS", "8"},
+            {"SLURM_NTASKS_PER_NODE", "4"}, {"SLURM_JOB_ID", "123456"}, {"SLURM_JOB_NODELIST", "gpu[01-04,07],cpu3"}};
   LaunchEnv e = LaunchEnv::from_variables(v);
   EXPECT_EQ(e.launcher, "slurm");
   EXPECT_EQ(e.rank, 6);
   EXPECT_EQ(e.local_rank, 2);
   EXPECT_EQ(e.world_size, 8);
   EXPECT_EQ(e.local_world_size, 4);
-  EXPECT_EQ(e.master_addr, "gpu01");               // first host of the job
+  EXPECT_EQ(e.master_addr, "gpu01");                 // first host of the job
   EXPECT_EQ(e.master_port, 20000 + 123456 % 10000);  // the same on every node of the job
   v["MASTER_ADDR"] = "10.0.0.5";
   v["MASTER_PORT"] = "29600";
@@ -112,8 +111,7 @@ TEST(LaunchEnv, InnermostLauncherWins) {
 TEST(LaunchEnv, MalformedValuesNameTheVariable) {
   EXPECT_NE(error_of({{"RANK", "one"}, {"WORLD_SIZE", "2"}}).find("RANK='one'"), std::string::npos);
   EXPECT_NE(error_of({{"SLURM_PROCID", "-1"}, {"SLURM_NTASKS", "2"}}).find("SLURM_PROCID='-1'"), std::string::npos);
-  EXPECT_NE(error_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}}).find("rank 2 is not below world size 2"),
-            std::string::npos);
+  EXPECT_NE(error_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}}).find("rank 2 is not below world size 2"), std::string::npos);
   EXPECT_NE(error_of({{"MASTER_PORT", "70000"}}).find("not a TCP port"), std::string::npos);
   EXPECT_NE(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "2"}})
                 .find("local rank 3"),

@@ -2,8 +2,13 @@
 // the same cases as the CPU backend's, in f32 on the GPUs. Every test skips without enough
 // GPUs or without the NCCL backend. NCCL_NVLS_ENABLE=0 is set in every rank.
 #include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <thread>
 
 #include "core/cuda_memory.h"
+#include "distributed/launch_env.h"
 #include "tests/distributed/amp_ckpt_cases.h"
 #include "tests/distributed/tp_zero_cases.h"
 
@@ -85,6 +90,106 @@ TEST(NcclDDP, CheckpointedModelUnderAutocast) {
   MG_REQUIRE_GPUS(1);
   ddp_checkpoint_autocast_case(kNccl, 1);
   if (cuda::device_count() >= 2) ddp_checkpoint_autocast_case(kNccl, 2);
+}
+
+// ---------------- faults: every wait is bounded ----------------
+
+// Rank 1 is SIGKILLed (or stays alive but never calls the collective) while rank 0 is in an
+// all-reduce. Rank 0 only orders streams (the blocking all_reduce is async + wait) and then
+// syncs the host: without the watchdog that sync never returns. With it, the communicator is
+// aborted at the deadline, the host sync returns, every later call raises DistributedError, and
+// the group is destroyed without blocking in ncclCommDestroy.
+void dead_peer_case(bool kill_it) {
+  run_ranks(
+      2,
+      [kill_it](int rank, int) {
+        auto pg = join(kNccl, 60);  // start-up and NCCL init may take a while; the collective may not
+        pg->barrier();
+        const double timeout_s = 5;
+        pg->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+        if (rank == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          std::fflush(nullptr);
+          if (kill_it) ::kill(::getpid(), SIGKILL);
+          std::this_thread::sleep_for(std::chrono::seconds(15));  // alive, silent, past rank 0's timeout
+          _exit(0);
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+        Tensor t = ones({1 << 20}, {DType::f32, pg->device()});
+        try {
+          pg->all_reduce(t);  // orders the streams only
+          (void)t.cpu();      // the host sync that used to hang
+        } catch (const Error&) {
+          // Either is fine here (the watchdog may have raced ahead); the next call must raise.
+        }
+        // The watchdog's deadline plus its 20 ms rounds and the abort itself.
+        EXPECT_LT(since(), timeout_s + 5) << "the host sync waited past the timeout";
+        std::string msg = "(no error)";
+        try {
+          pg->all_reduce(t);
+          pg->barrier();
+        } catch (const DistributedError& e) {
+          msg = e.what();
+        }
+        EXPECT_NE(msg.find("unusable after an earlier error"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("all_reduce #"), std::string::npos) << "names the collective: " << msg;
+        auto w = std::chrono::steady_clock::now();
+        pg.reset();  // the destructor aborts instead of blocking in ncclCommDestroy
+        EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - w).count(), timeout_s + 2);
+        EXPECT_LT(since(), 2 * timeout_s + 5);
+      },
+      120, {}, kill_it ? std::map<int, int>{{1, 128 + SIGKILL}} : std::map<int, int>{});
+}
+
+TEST(NcclFaults, KilledPeerDuringAllReduceRaisesWithinTheTimeout) {
+  MG_REQUIRE_GPUS(2);
+  dead_peer_case(/*kill_it=*/true);
+}
+
+TEST(NcclFaults, SilentPeerDuringAllReduceRaisesWithinTheTimeout) {
+  MG_REQUIRE_GPUS(2);
+  dead_peer_case(/*kill_it=*/false);
+}
+
+TEST(NcclFaults, SynchronizeRaisesWithinTheTimeout) {
+  MG_REQUIRE_GPUS(2);
+  run_ranks(2,
+            [](int rank, int) {
+              auto pg = join(kNccl, 60);
+              pg->barrier();
+              pg->set_timeout(std::chrono::seconds(3));
+              if (rank == 1) {
+                std::fflush(nullptr);
+                ::kill(::getpid(), SIGKILL);
+              }
+              const auto t0 = std::chrono::steady_clock::now();
+              auto work = pg->all_reduce_async(ones({1 << 20}, {DType::f32, pg->device()}), ReduceOp::Sum);
+              EXPECT_THROW(work->synchronize(), DistributedError);
+              EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3 + 3);
+              EXPECT_THROW(work->wait(), DistributedError);
+            },
+            120, {}, {{1, 128 + SIGKILL}});
+}
+
+// ---------------- launchers ----------------
+
+// Two simulated nodes of one GPU each: `tools/launch --nnodes 2 --node-rank k --nproc 1` twice
+// at once with CUDA_VISIBLE_DEVICES=k, so LOCAL_RANK 0 is a different GPU on each "node" and
+// RANK picks the data shard. DDP must equal one process on the whole batch on both.
+TEST(NcclLaunch, TwoNodesOfOneGpuThroughToolsLaunchTrainAndAgree) {
+  MG_REQUIRE_GPUS(2);
+  run_launched_nodes(
+      2,
+      [](int rank, int W) {
+        const LaunchEnv e = LaunchEnv::from_environment();
+        EXPECT_EQ(e.rank, rank);
+        EXPECT_EQ(e.local_rank, 0);
+        auto pg = join(kNccl);
+        EXPECT_EQ(pg->device(), Device::cuda(0));
+        ddp_rank_matches_single_process({.backend = kNccl, .dtype = DType::f32, .world = W, .steps = 3}, pg);
+      },
+      [](int node) { return "CUDA_VISIBLE_DEVICES=" + std::to_string(node); });
 }
 
 }  // namespace

@@ -215,8 +215,7 @@ TEST(StarMessages, HugeAnnouncedLengthIsRefusedBeforeAllocating) {
     s0->recv_string(1, "control message");
     FAIL() << "accepted a 2^39-byte message";
   } catch (const DistributedError& e) {
-    EXPECT_NE(std::string(e.what()).find("announced a message of 549755813888 bytes, at most 4096"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("announced a message of 549755813888 bytes, at most 4096"), std::string::npos)
         << e.what();
   }
   EXPECT_LT(seconds_since(t0), 1.0);
@@ -251,9 +250,8 @@ std::string rank1_error_against(detail::CpuReply reply, const std::string& paylo
 
 TEST(CpuWire, ReplyOfTheWrongSizeIsRefused) {
   // 13 bytes for three f64: not a multiple of the element size (used to overflow the heap).
-  std::string msg = rank1_error_against({0, 0, 13}, std::string(13, 'x'), [](ProcessGroup& pg) {
-    pg.all_reduce(ones({3}, {DType::f64}));
-  });
+  std::string msg = rank1_error_against({0, 0, 13}, std::string(13, 'x'),
+                                        [](ProcessGroup& pg) { pg.all_reduce(ones({3}, {DType::f64})); });
   EXPECT_NE(msg.find("all_reduce #1: rank 0 replied with 13 bytes, expected exactly 24"), std::string::npos) << msg;
   // More than the output holds.
   msg = rank1_error_against({0, 0, 4096}, std::string(4096, 'x'), [](ProcessGroup& pg) {
@@ -267,13 +265,11 @@ TEST(CpuWire, ReplyOfTheWrongSizeIsRefused) {
 }
 
 TEST(CpuWire, HugeErrorMessageOrBadStatusIsRefused) {
-  std::string msg = rank1_error_against({1, 0, uint64_t{1} << 40}, "", [](ProcessGroup& pg) {
-    pg.all_reduce(ones({3}, {DType::f64}));
-  });
+  std::string msg = rank1_error_against({1, 0, uint64_t{1} << 40}, "",
+                                        [](ProcessGroup& pg) { pg.all_reduce(ones({3}, {DType::f64})); });
   EXPECT_NE(msg.find("error message of 1099511627776 bytes, at most 4096"), std::string::npos) << msg;
-  msg = rank1_error_against({7, 0, 24}, std::string(24, 'x'), [](ProcessGroup& pg) {
-    pg.all_reduce(ones({3}, {DType::f64}));
-  });
+  msg = rank1_error_against({7, 0, 24}, std::string(24, 'x'),
+                            [](ProcessGroup& pg) { pg.all_reduce(ones({3}, {DType::f64})); });
   EXPECT_NE(msg.find("replied with status 7"), std::string::npos) << msg;
 }
 
