@@ -231,8 +231,8 @@ class Comm {
         }
         MG_THROW(DistributedError, who_, ": ", reason);
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
       ncclCommGetAsyncError(comm_, &r);
+      if (r == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
     if (r != ncclSuccess) {
       const std::string reason = what + " failed: " + nccl_error(r);
