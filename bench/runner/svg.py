@@ -1,0 +1,116 @@
+"""Inline SVG charts for the suite's report page: horizontal bars and x-y points (optionally
+joined), with axes, ticks, labels and reference lines. Plain strings, no scripts; colours
+come from CSS classes the page defines (s0, s1, s2: memgrad, PyTorch eager, PyTorch compile)."""
+import html
+import math
+
+WIDTH = 640
+LEFT = 230  # room for bar labels
+ROW = 18
+
+
+def esc(s):
+    return html.escape(str(s), quote=True)
+
+
+def nice_ticks(lo, hi, n=5):
+    """Round tick values covering [lo, hi]."""
+    if hi <= lo:
+        hi = lo + 1
+    step = 10 ** math.floor(math.log10((hi - lo) / n))
+    for m in (1, 2, 5, 10):
+        if (hi - lo) / (step * m) <= n:
+            step *= m
+            break
+    start = math.floor(lo / step) * step
+    ticks, t = [], start
+    while t <= hi + step * 1e-9:
+        ticks.append(round(t, 12))
+        t += step
+    return ticks
+
+
+def fmt(v):
+    if v == 0:
+        return "0"
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3g}"
+
+
+def svg(width, height, body, title):
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" aria-label="{esc(title)}">'
+            f'<text x="4" y="14" class="title">{esc(title)}</text>{"".join(body)}</svg>')
+
+
+def bars(title, items, unit, ref=None):
+    """items: [(label, value, series index)]; ref: (value, label) drawn as a dashed line."""
+    top, right = 24, 70
+    height = top + ROW * len(items) + 30
+    vmax = max([v for _, v, _ in items] + [ref[0] if ref else 0]) or 1
+    ticks = nice_ticks(0, vmax)
+    scale = (WIDTH - LEFT - right) / ticks[-1]
+    body = []
+    for t in ticks:
+        x = LEFT + t * scale
+        body.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - 26}" class="grid"/>'
+                    f'<text x="{x:.1f}" y="{height - 14}" class="tick" text-anchor="middle">{fmt(t)}</text>')
+    for i, (label, v, s) in enumerate(items):
+        y = top + i * ROW
+        body.append(f'<text x="{LEFT - 4}" y="{y + 12}" class="label" text-anchor="end">{esc(label)}</text>'
+                    f'<rect x="{LEFT}" y="{y + 2}" width="{max(v * scale, 0.5):.1f}" height="{ROW - 5}" class="s{s}">'
+                    f'<title>{esc(label)}: {fmt(v)} {esc(unit)}</title></rect>'
+                    f'<text x="{LEFT + v * scale + 3:.1f}" y="{y + 12}" class="value">{fmt(v)}</text>')
+    if ref:
+        x = LEFT + ref[0] * scale
+        body.append(f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{height - 26}" class="ref"/>'
+                    f'<text x="{x + 3:.1f}" y="{top + 2}" class="tick">{esc(ref[1])}</text>')
+    body.append(f'<text x="{WIDTH - 4}" y="{height - 2}" class="tick" text-anchor="end">{esc(unit)}</text>')
+    return svg(WIDTH, height, body, title)
+
+
+def points(title, series, xlabel, ylabel, joined=False, refs=()):
+    """series: [(name, series index, [(x, y, point label)])]; refs: [("x"|"y", value, label)]."""
+    w, h, left, top, bottom = WIDTH, 320, 60, 28, 40
+    xs = [p[0] for _, _, pts in series for p in pts] + [v for a, v, _ in refs if a == "x"]
+    ys = [p[1] for _, _, pts in series for p in pts] + [v for a, v, _ in refs if a == "y"]
+    xt = nice_ticks(min(xs + [0]), max(xs) * 1.05)
+    yt = nice_ticks(min(ys + [0]), max(ys) * 1.05)
+
+    def px(x):
+        return left + (x - xt[0]) / (xt[-1] - xt[0]) * (w - left - 20)
+
+    def py(y):
+        return h - bottom - (y - yt[0]) / (yt[-1] - yt[0]) * (h - top - bottom)
+
+    body = [f'<line x1="{px(t):.1f}" y1="{top}" x2="{px(t):.1f}" y2="{h - bottom}" class="grid"/>'
+            f'<text x="{px(t):.1f}" y="{h - bottom + 14}" class="tick" text-anchor="middle">{fmt(t)}</text>'
+            for t in xt]
+    body += [f'<line x1="{left}" y1="{py(t):.1f}" x2="{w - 20}" y2="{py(t):.1f}" class="grid"/>'
+             f'<text x="{left - 4}" y="{py(t) + 4:.1f}" class="tick" text-anchor="end">{fmt(t)}</text>' for t in yt]
+    for axis, v, label in refs:
+        if axis == "x":
+            body.append(f'<line x1="{px(v):.1f}" y1="{top}" x2="{px(v):.1f}" y2="{h - bottom}" class="ref"/>'
+                        f'<text x="{px(v) + 3:.1f}" y="{top + 10}" class="tick">{esc(label)}</text>')
+        else:
+            body.append(f'<line x1="{left}" y1="{py(v):.1f}" x2="{w - 20}" y2="{py(v):.1f}" class="ref"/>'
+                        f'<text x="{w - 22}" y="{py(v) - 3:.1f}" class="tick" text-anchor="end">{esc(label)}</text>')
+    for k, (name, s, pts) in enumerate(series):
+        if joined and len(pts) > 1:
+            path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y, _ in sorted(pts))
+            body.append(f'<polyline points="{path}" class="line s{s}"/>')
+        for x, y, label in pts:
+            body.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" class="s{s}">'
+                        f'<title>{esc(name)} {esc(label)}: {fmt(x)}, {fmt(y)}</title></circle>'
+                        f'<text x="{px(x) + 6:.1f}" y="{py(y) - 4:.1f}" class="point">{esc(label)}</text>')
+        body.append(f'<rect x="{left + 8 + 150 * k}" y="{h - 14}" width="10" height="10" class="s{s}"/>'
+                    f'<text x="{left + 22 + 150 * k}" y="{h - 5}" class="tick">{esc(name)}</text>')
+    body.append(f'<text x="{w - 20}" y="{h - bottom + 28}" class="tick" text-anchor="end">{esc(xlabel)}</text>'
+                f'<text x="{left + 4}" y="{top - 6}" class="tick">{esc(ylabel)}</text>')
+    return svg(w, h, body, title)
