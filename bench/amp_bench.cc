@@ -9,7 +9,8 @@
 // A fourth run, "pure bf16", stores the model in bf16 (Module::to) and trains it under bf16
 // autocast with f32 momentum and stochastic rounding (optim/bf16_update.h): no f32 master
 // weights, the smallest footprint.
-// One JSON line per (model, precision); step_ms is the median over --steps.
+// One JSON line per (model, precision); step_ms is the median over --steps (n_runs), with
+// step_ms_min / step_ms_max.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -37,7 +38,8 @@ struct Workload {
 using Factory = std::function<Workload(mg::Device)>;
 
 struct Timing {
-  double ms = 0;
+  double ms = 0, min_ms = 0, max_ms = 0;
+  int n_runs = 0;
   double peak_gib = 0, reserved_gib = 0;
 };
 
@@ -61,9 +63,12 @@ Timing run(const Factory& make, DType precision, bool pure_bf16, int warmup, int
     scaler.update();
   };
   const std::vector<double> ms = mg::bench::time_steps(step, warmup, steps, dev);
-  Timing t{ms[ms.size() / 2], mg::max_memory_allocated(dev) / 1073741824.0,
-           mg::max_memory_reserved(dev) / 1073741824.0};
-  return t;
+  return Timing{ms[ms.size() / 2],
+                ms.front(),
+                ms.back(),
+                static_cast<int>(ms.size()),
+                mg::max_memory_allocated(dev) / 1073741824.0,
+                mg::max_memory_reserved(dev) / 1073741824.0};
 }
 
 Factory mlp(std::vector<int64_t> widths, int64_t batch) {
@@ -130,14 +135,14 @@ int main(int argc, char** argv) {
       if (mode == 0) base = t;
       std::printf(
           "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"precision\":\"%s\","
-          "\"step_ms\":%.2f,\"peak_allocated_gib\":%.3f,\"peak_reserved_gib\":%.3f,"
-          "\"speedup_vs_f32\":%.2f,\"memory_vs_f32\":%.2f}\n",
+          "\"step_ms\":%.2f,\"step_ms_min\":%.2f,\"step_ms_max\":%.2f,\"n_runs\":%d,\"peak_allocated_gib\":%.3f,"
+          "\"peak_reserved_gib\":%.3f,\"speedup_vs_f32\":%.2f,\"memory_vs_f32\":%.2f}\n",
           name.c_str(), cfg.first.c_str(),
           pure              ? "pure bf16 (f32 momentum, stochastic rounding)"
           : p == DType::f32 ? "f32"
           : p == DType::f16 ? "f16 autocast+GradScaler"
                             : "bf16 autocast",
-          t.ms, t.peak_gib, t.reserved_gib, base.ms / t.ms, t.peak_gib / base.peak_gib);
+          t.ms, t.min_ms, t.max_ms, t.n_runs, t.peak_gib, t.reserved_gib, base.ms / t.ms, t.peak_gib / base.peak_gib);
       std::fflush(stdout);
     }
   }

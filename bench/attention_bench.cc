@@ -6,6 +6,7 @@
 // Each benchmark reports ms (CUDA events), TFLOP/s (FlashAttention's count: 4 B H T^2 D forward,
 // 2.5x that backward, halved when causal) and, for tc and the reference, the time relative to
 // SIMT on the same configuration ("vs_simt" < 1: faster). SIMT runs first for that reason.
+// Labels are "<config>[; impl=NAME]" (bench/runner/records.py reads the impl as a parameter).
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
@@ -104,9 +105,11 @@ void BM_Attention(benchmark::State& state) {
     g_simt_ms[key] = ms;
   else if (g_simt_ms.count(key))
     state.counters["vs_simt"] = ms / g_simt_ms[key];
-  state.SetLabel(std::string(kImplNames[impl]) + " B" + std::to_string(sh.B) + " H" + std::to_string(sh.H) + " T" +
-                 std::to_string(sh.T) + " D" + std::to_string(sh.D) + " " + dtype_name(dt) +
-                 (causal ? " causal" : " full") + (backward ? " fwd+bwd" : " fwd"));
+  // The configuration as bench/pytorch/attention_sdpa.py prints it; the tensor-core kernels are
+  // memgrad's row beside PyTorch's, the others say which implementation they are.
+  state.SetLabel("B" + std::to_string(sh.B) + " H" + std::to_string(sh.H) + " T" + std::to_string(sh.T) + " D" +
+                 std::to_string(sh.D) + " " + dtype_name(dt) + (causal ? " causal" : " full") +
+                 (backward ? " fwd+bwd" : " fwd") + (impl == kTc ? "" : std::string("; impl=") + kImplNames[impl]));
 }
 // Implementation is the innermost argument, so simt, tc and reference of one configuration run
 // side by side (simt first).
@@ -148,8 +151,8 @@ void BM_PackedQkvAttention(benchmark::State& state) {
     g_unpacked_ms[causal] = ms;
   else if (g_unpacked_ms.count(causal))
     state.counters["vs_unpacked"] = ms / g_unpacked_ms[causal];
-  state.SetLabel(std::string(packed ? "packed" : "unpacked") + " B8 T1024 H12 D64 bf16" +
-                 (causal ? " causal" : " full") + " fwd+bwd");
+  state.SetLabel(std::string("B8 H12 T1024 D64 bf16") + (causal ? " causal" : " full") + " fwd+bwd" +
+                 (packed ? "" : "; impl=unpacked"));
 }
 BENCHMARK(BM_PackedQkvAttention)->ArgsProduct({{1, 0}, {0, 1}})->UseManualTime()->Unit(benchmark::kMillisecond);
 

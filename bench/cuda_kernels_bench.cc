@@ -1,10 +1,14 @@
 // CUDA kernel efficiency on the device, each against a baseline measured in the same run:
 //  - elementwise / softmax bandwidth as a fraction of a device-to-device copy;
 //  - GEMM TFLOP/s in f16/bf16 (and f32, f32+TF32) through kernels::matmul vs cuBLAS called
-//    directly at 8192^3.
+//    directly at 8192^3, both with the same cuBLAS workspace (kWorkspaceMiB: main() sets
+//    memgrad's MG_CUBLAS_WORKSPACE_MB to it, and the direct handle gets a buffer of that size).
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <string>
 
 #include "core/device_runtime.h"
 #include "core/random.h"
@@ -15,7 +19,8 @@ namespace mg::bench {
 namespace {
 
 const Device kGpu = Device::cuda(0);
-double g_copy_gbps = 0;  // measured by BM_DeviceCopy, which runs first
+constexpr int kWorkspaceMiB = 32;  // cuBLAS's own choice on Hopper, and memgrad's default
+double g_copy_gbps = 0;            // measured by BM_DeviceCopy, which runs first
 
 bool have_gpu(benchmark::State& state) {
   if (cuda::is_available()) return true;
@@ -178,6 +183,8 @@ void BM_CublasDirect(benchmark::State& state) {
   uniform_(b, -1, 1);
   cublasHandle_t h;
   cublasCreate(&h);
+  Tensor workspace = empty({int64_t{kWorkspaceMiB} << 20}, {DType::u8, kGpu});
+  cublasSetWorkspace(h, workspace.raw_data(), size_t{kWorkspaceMiB} << 20);
   float alpha = 1, beta = 0;
   auto run = [&] {
     cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, kM, kM, kM, &alpha, b.raw_data(), ct, kM, a.raw_data(), ct, kM, &beta,
@@ -211,4 +218,12 @@ BENCHMARK(BM_CublasDirect)->DenseRange(0, 3)->UseManualTime()->Unit(benchmark::k
 }  // namespace
 }  // namespace mg::bench
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  // Before memgrad's first cuBLAS call: its handles read the workspace size once.
+  ::setenv("MG_CUBLAS_WORKSPACE_MB", std::to_string(mg::bench::kWorkspaceMiB).c_str(), 1);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

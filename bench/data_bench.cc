@@ -3,11 +3,16 @@
 // record file vs in memory, and on CUDA: pageable vs pinned H2D bandwidth, and a training-like
 // loop where the side-stream copy of batch k+1 overlaps the (simulated) step on batch k.
 // Ratios are against a baseline measured in the same run. Runs on a CPU-only machine too.
+// Each measurement is one JSON line with the keys bench/pytorch/data_loader.py prints for the
+// same one (the suite, bench/runner, pairs them). Equal work per image on both sides: the
+// augmentation's own cost is measured and the decode stand-in makes up the rest of --decode-us,
+// so every image costs --decode-us of transform time (transform_us_per_image says what it was).
 //
 //   bench_data [--images N] [--batch B] [--workers 1,2,4,8] [--decode-us U] [--epochs E]
 //              [--glibc-malloc-defaults]
 #include <malloc.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -112,19 +117,32 @@ double images_per_s(DataLoader& loader, int epochs) {
   return static_cast<double>(n) / (now_s() - t0);
 }
 
+// Microseconds per image of `t` applied serially to the first images of `ds`.
+double transform_us(const Transform& t, const TensorDataset& ds, int64_t n) {
+  n = std::min(n, ds.size());
+  SampleRng rng(1);
+  const double t0 = now_s();
+  for (int64_t i = 0; i < n; ++i) (void)t(ds.get(i).data, rng);
+  return (now_s() - t0) * 1e6 / static_cast<double>(n);
+}
+
 void bench_workers(const Args& a) {
   std::printf(
-      "\n== DataLoader throughput, CIFAR-like 3x32x32 f32, RandomCrop(32, pad 4) + flip + Normalize + "
-      "%.0f us decode per image, batch %lld, %u hardware threads\n",
+      "\n== DataLoader throughput, CIFAR-like 3x32x32 f32, RandomCrop(32, pad 4) + flip + Normalize, "
+      "%.0f us of transform per image, batch %lld, %u hardware threads\n",
       a.decode_us, static_cast<long long>(a.batch), std::thread::hardware_concurrency());
   Tensor x = rand({a.images, 3, 32, 32});
   Tensor y = arange(a.images);
   auto ds = std::make_shared<TensorDataset>(x, y);
-  const int64_t iters = DecodeCost::iters_for_us(a.decode_us);
-  auto transform = std::make_shared<Compose>(std::vector<TransformPtr>{
-      std::make_shared<DecodeCost>(iters), std::make_shared<RandomCrop>(32, 32, 4),
-      std::make_shared<RandomHorizontalFlip>(0.5),
-      std::make_shared<Normalize>(std::vector<double>{0.49, 0.48, 0.45}, std::vector<double>{0.25, 0.24, 0.26})});
+  const std::vector<TransformPtr> augment = {
+      std::make_shared<RandomCrop>(32, 32, 4), std::make_shared<RandomHorizontalFlip>(0.5),
+      std::make_shared<Normalize>(std::vector<double>{0.49, 0.48, 0.45}, std::vector<double>{0.25, 0.24, 0.26})};
+  const double augment_us = transform_us(Compose(augment), *ds, 2000);
+  std::vector<TransformPtr> all = {
+      std::make_shared<DecodeCost>(DecodeCost::iters_for_us(std::max(0.0, a.decode_us - augment_us)))};
+  all.insert(all.end(), augment.begin(), augment.end());
+  auto transform = std::make_shared<Compose>(all);
+  const double per_image_us = transform_us(*transform, *ds, 500);
   double base = 0;
   std::vector<int> counts{0};
   counts.insert(counts.end(), a.workers.begin(), a.workers.end());
@@ -137,7 +155,10 @@ void bench_workers(const Args& a) {
     DataLoader loader(ds, o);
     const double ips = images_per_s(loader, a.epochs);
     if (w == 0) base = ips;
-    std::printf("workers=%-3d images/s=%10.0f  ratio_vs_0_workers=%.2f\n", w, ips, ips / base);
+    std::printf(
+        "{\"bench\":\"loader_workers\",\"workers\":%d,\"images_per_s\":%.0f,\"ratio_vs_0_workers\":%.2f,"
+        "\"decode_us\":%.0f,\"transform_us_per_image\":%.1f}\n",
+        w, ips, ips / base, a.decode_us, per_image_us);
   }
 }
 
@@ -178,7 +199,9 @@ void bench_mmap(const Args& a) {
     DataLoader loader(ds, o);
     const double ips = images_per_s(loader, a.epochs);
     if (base == 0) base = ips;
-    std::printf("%-30s images/s=%10.0f  ratio_vs_in_memory=%.2f\n", name, ips, ips / base);
+    std::printf(
+        "{\"bench\":\"fashion_mnist_mmap\",\"dataset\":\"%s\",\"images_per_s\":%.0f,\"ratio_vs_in_memory\":%.2f}\n",
+        name, ips, ips / base);
   }
   std::printf("resident after the passes: budget 32 MiB %.1f MiB, pages kept %.1f MiB, of a %.1f MiB file\n",
               mm->resident_bytes() / 1048576.0, kept->resident_bytes() / 1048576.0, mm->file_bytes() / 1048576.0);
@@ -200,7 +223,8 @@ void bench_h2d(int64_t bytes) {
     cuda::synchronize(0);
     const double gbs = reps * static_cast<double>(bytes) / (now_s() - t0) / 1e9;
     if (base == 0) base = gbs;
-    std::printf("%-9s GB/s=%7.2f  ratio_vs_pageable=%.2f\n", name, gbs, gbs / base);
+    std::printf("{\"bench\":\"h2d\",\"memory\":\"%s\",\"GB_per_s\":%.2f,\"ratio_vs_pageable\":%.2f}\n", name, gbs,
+                gbs / base);
   }
 }
 
@@ -277,8 +301,9 @@ void bench_overlap(const Args& a) {
     bool side_stream;
   };
   double base = 0;
-  for (Mode m : {Mode{"serial (blocking copy, pageable)", false, false}, Mode{"side stream, pageable", false, true},
-                 Mode{"serial (blocking copy, pinned)", true, false}, Mode{"side stream, pinned", true, true}}) {
+  // Mode names as bench/pytorch/data_loader.py prints them ("serial": a blocking copy).
+  for (Mode m : {Mode{"serial pageable", false, false}, Mode{"side stream pageable", false, true},
+                 Mode{"serial pinned", true, false}, Mode{"side stream pinned", true, true}}) {
     DataLoaderOptions o;
     o.batch_size = b;
     o.num_workers = 4;
@@ -287,8 +312,10 @@ void bench_overlap(const Args& a) {
     DataLoader loader(ds, o);
     const double ms = ms_per_batch(loader, step, !m.side_stream);
     if (base == 0) base = ms;
-    std::printf("%-34s ms/batch=%7.2f  speedup_vs_serial_pageable=%.2f  images/s=%8.0f\n", m.name, ms, base / ms,
-                b * 1e3 / ms);
+    std::printf(
+        "{\"bench\":\"overlap\",\"mode\":\"%s\",\"ms_per_batch\":%.2f,\"speedup_vs_serial_pageable\":%.2f,"
+        "\"copy_ms\":%.2f,\"step_reps\":%d}\n",
+        m.name, ms, base / ms, copy_ms, step.reps);
   }
   std::printf("(perfect overlap: ms/batch = max(copy, step) = %.2f; none: copy + step = %.2f)\n",
               std::max(copy_ms, step_ms), copy_ms + step_ms);

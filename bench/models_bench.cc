@@ -5,8 +5,12 @@
 // line per model (median step ms over --steps after --warmup, peak allocated/reserved).
 //   --dtype f16|bf16   forward and loss under mg::Autocast (f32 master weights; no loss
 //                      scaling here: bench_amp has the full GradScaler step)
+//   --tf32             f32 matmuls and convolutions on TF32 tensor cores (kernels::set_allow_tf32),
+//                      the row to set beside PyTorch's allow_tf32 = True
 //   --profile          then runs --steps more steps under CUPTI and prints, per kernel,
 //                      calls and ms per step, and how busy the device was (launch overhead)
+// The JSON line carries step_ms (median), step_ms_min / step_ms_max and n_runs for the suite
+// (bench/runner); its config string is the one bench/pytorch/models_step.py prints.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -28,7 +32,8 @@ bool g_profile = false;
 mg::DType g_dtype = mg::DType::f32;
 
 struct Result {
-  double median_ms = 0;
+  double median_ms = 0, min_ms = 0, max_ms = 0;
+  int n_runs = 0;
   int64_t peak_alloc = 0, peak_reserved = 0;
   double nvml_peak_gib = -1;  // device-wide used memory seen by the driver (context, workspaces, all processes)
 };
@@ -55,6 +60,9 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
     std::printf("%s", prof.report(steps, ms[ms.size() / 2]).c_str());
   }
   r.median_ms = ms[ms.size() / 2];
+  r.min_ms = ms.front();
+  r.max_ms = ms.back();
+  r.n_runs = static_cast<int>(ms.size());
   r.peak_alloc = mg::max_memory_allocated(dev);
   r.peak_reserved = mg::max_memory_reserved(dev);
   return r;
@@ -62,9 +70,11 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
 
 void print(const char* model, const char* config, const Result& r) {
   std::printf(
-      "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"step_ms\":%.2f,"
-      "\"peak_allocated_gib\":%.3f,\"peak_reserved_gib\":%.3f,\"nvml_peak_used_gib\":%.3f}\n",
-      model, config, r.median_ms, r.peak_alloc / 1073741824.0, r.peak_reserved / 1073741824.0, r.nvml_peak_gib);
+      "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"step_ms\":%.2f,\"step_ms_min\":%.2f,"
+      "\"step_ms_max\":%.2f,\"n_runs\":%d,\"peak_allocated_gib\":%.3f,\"peak_reserved_gib\":%.3f,"
+      "\"nvml_peak_used_gib\":%.3f}\n",
+      model, config, r.median_ms, r.min_ms, r.max_ms, r.n_runs, r.peak_alloc / 1073741824.0,
+      r.peak_reserved / 1073741824.0, r.nvml_peak_gib);
   std::fflush(stdout);
 }
 
@@ -74,8 +84,11 @@ int main(int argc, char** argv) {
   std::string which = "all";
   int warmup = 3, steps = 10;
   std::string dtype = "f32";
-  for (int i = 1; i < argc; ++i)
+  bool tf32 = false;
+  for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--profile")) g_profile = true;
+    if (!std::strcmp(argv[i], "--tf32")) tf32 = true;
+  }
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--dtype"))
       dtype = argv[++i];
@@ -94,12 +107,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_models: --dtype must be f32, f16 or bf16, got %s\n", dtype.c_str());
     return 2;
   }
-  const std::string tag = " " + dtype + (dtype == "f32" ? "" : " autocast");
+  const std::string tag = " " + dtype + (dtype == "f32" ? "" : " autocast") + (tf32 ? " TF32" : "");
   if (!mg::cuda::is_available()) {
     std::fprintf(stderr, "bench_models: no CUDA device; nothing to measure\n");
     return 0;
   }
   const mg::Device dev = mg::Device::cuda(0);
+  mg::kernels::set_allow_tf32(tf32);
   mg::manual_seed(0);
   if (which == "all" || which == "resnet50") {
     auto model = mg::nn::resnet50(1000, mg::TensorOptions(mg::DType::f32, dev));

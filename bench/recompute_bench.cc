@@ -46,8 +46,9 @@ struct Options {
 };
 
 struct Result {
-  double step_ms = 0;
+  double step_ms = 0, min_ms = 0, max_ms = 0;
   int64_t peak = 0;
+  int n_runs = 0;
 };
 
 void sync(const Options& o) {
@@ -67,15 +68,16 @@ Result measure(const Options& o, mg::Device dev, const std::function<void()>& st
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], mg::max_memory_allocated(dev)};
+  return {ms[ms.size() / 2], ms.front(), ms.back(), mg::max_memory_allocated(dev), static_cast<int>(ms.size())};
 }
 
 void print(const char* model, const std::string& config, const std::string& mode, const Result& r, const Result& base) {
   std::printf(
       "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"mode\":\"%s\",\"step_ms\":%.2f,"
-      "\"peak_allocated_gib\":%.3f,\"time_vs_none\":%.3f,\"peak_vs_none\":%.3f}\n",
-      model, config.c_str(), mode.c_str(), r.step_ms, r.peak / 1073741824.0, r.step_ms / base.step_ms,
-      static_cast<double>(r.peak) / static_cast<double>(base.peak));
+      "\"step_ms_min\":%.2f,\"step_ms_max\":%.2f,\"n_runs\":%d,\"peak_allocated_gib\":%.3f,\"time_vs_none\":%.3f,"
+      "\"peak_vs_none\":%.3f}\n",
+      model, config.c_str(), mode.c_str(), r.step_ms, r.min_ms, r.max_ms, r.n_runs, r.peak / 1073741824.0,
+      r.step_ms / base.step_ms, static_cast<double>(r.peak) / static_cast<double>(base.peak));
   std::fflush(stdout);
 }
 

@@ -22,40 +22,15 @@ export MG_SOURCE_ROOT=${MG_SOURCE_ROOT:-$(cd .. && pwd)}
 what=${1:-all}
 # `run.sh exec BINARY ARGS...` runs one staged binary with this environment.
 if [ "$what" = exec ]; then shift; exec "bin/$@"; fi
-# `run.sh suite`: the benchmark suite with its arguments, each memgrad measurement next to
-# the PyTorch script for the same configs (one log per entry under $OUT, a summary on stdout).
+# `run.sh suite [--quick] [--only ...]`: the benchmark suite, the same driver and table as
+# `bazel run //bench:suite` (bench/runner/). results.json, report.md and index.html land in
+# $OUT; the per-entry logs in $OUT/results.tgz.
 if [ "$what" = suite ]; then
-  [ -d bin ] || tar -xJf bin.tar.xz
-  entry() {  # entry NAME TIMEOUT COMMAND...
-    local name=$1 t=$2; shift 2
-    echo "=== $name"
-    timeout "$t" "$@" > "$OUT/$name.log" 2>&1
-    local rc=$?
-    grep -E '^\{|speedup|ratio|vs_|PASS|FAIL|ok |error' "$OUT/$name.log" | tail -40
-    [ $rc -ne 0 ] && echo "!!! $name exited with $rc" && tail -5 "$OUT/$name.log"
-  }
-  for e in ${SUITE:-models amp recompute optim attention data interop}; do
-    case $e in
-      models) entry models 120 bin/bench_bench_models --dtype bf16 --steps 10 --warmup 3
-              entry models_f16 120 bin/bench_bench_models --dtype f16 --steps 10 --warmup 3 ;;
-      amp) entry amp 240 bin/bench_bench_amp
-           entry amp_pytorch 240 python3 pytorch/amp_step.py ;;
-      recompute) entry recompute_bf16 200 bin/bench_bench_recompute --dtype bf16 --steps 10 --warmup 3
-                 entry recompute_pytorch 200 python3 pytorch/recompute_step.py --dtype bf16 --steps 10 ;;
-      recompute_f32) entry recompute_f32 200 bin/bench_bench_recompute --dtype f32 --steps 10 --warmup 3
-                     entry recompute_inplace 60 bin/bench_bench_recompute --section inplace ;;
-      optim) entry optim 120 bin/bench_bench_optim --steps 50
-             entry optim_pytorch 120 python3 pytorch/optim_step.py --steps 50 ;;
-      attention) entry attention 120 bin/bench_bench_attention --benchmark_filter='BM_PackedQkvAttention|BM_Attention/0/'
-                 entry attention_pytorch 60 python3 pytorch/attention_sdpa.py ;;
-      data) entry data 120 bin/bench_bench_data --workers 1,2,4,8,12
-            entry data_pytorch 120 python3 pytorch/data_loader.py --workers 1,2,4,8,12 ;;
-      interop) entry interop_write 30 bin/examples_safetensors_interop write /tmp/mg.safetensors
-               entry interop_read 60 python3 pytorch/read_safetensors.py /tmp/mg.safetensors --write-back /tmp/pt.safetensors
-               entry interop_check 30 bin/examples_safetensors_interop check /tmp/pt.safetensors ;;
-    esac
-  done
-  exit 0
+  shift
+  python3 runner/suite.py --out "$OUT/suite" "$@"
+  rc=$?
+  cp "$OUT"/suite/results.json "$OUT"/suite/report.md "$OUT"/suite/index.html "$FINAL"/ 2>/dev/null
+  exit $rc
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 if [ "$what" = tests ] || [ "$what" = all ]; then

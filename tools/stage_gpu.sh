@@ -3,6 +3,7 @@
 # Eigen) and stages them, with the few shared libraries the device lacks, into .stage/.
 # Then, on the device machine (device tool, carry [".stage"]):
 #   bash .stage/run.sh [tests|bench|all]      # results under $OUT
+#   bash .stage/run.sh suite [--quick]        # the benchmark suite (bench/runner): report in $OUT
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,7 +31,8 @@ strip .stage/bin/*
 n=$(ls .stage/bin | wc -l)
 tar -cf - -C .stage bin | xz --lzma2=preset=6,dict=512MiB > .stage/bin.tar.xz && rm -rf .stage/bin
 cp tools/run_staged.sh .stage/run.sh
-mkdir -p .stage/pytorch && cp bench/pytorch/*.py .stage/pytorch/
+mkdir -p .stage/pytorch .stage/runner && cp bench/pytorch/*.py .stage/pytorch/ && cp bench/runner/*.py .stage/runner/
+git describe --always --dirty --abbrev=12 > .stage/COMMIT 2>/dev/null || true
 # The device image has no Debian data sets: carry Fashion-MNIST (30 MB of .gz) when asked.
 if [ -n "${MG_STAGE_DATA:-}" ] && [ -d /usr/share/datasets/fashion-mnist ]; then
   mkdir -p .stage/fashion-mnist && cp /usr/share/datasets/fashion-mnist/*.gz .stage/fashion-mnist/

@@ -5,10 +5,12 @@ ResNet-50 (torchvision, B=64, 3x224x224) and GPT-2 124M (bench/pytorch/models_st
 module, B=8, T=1024). Precisions: f32, f16 (torch.autocast + torch.amp.GradScaler) and bf16
 (torch.autocast, no scaler), eager mode, and "pure bf16": the model stored in bf16
 (model.to(torch.bfloat16), bf16 momentum, round-to-nearest updates) under bf16 autocast. Each step: zero_grad(set_to_none), forward + loss
-under autocast, scaler.scale(loss).backward(), scaler.step(SGD momentum 0.9), scaler.update().
+under autocast, scaler.scale(loss).backward(), scaler.step(SGD momentum 0.9, fused=True like
+memgrad's), scaler.update().
 Prints one JSON line per (model, precision) with the ratios to f32 from the same run.
-Usage: python bench/pytorch/amp_step.py [mlp|mlp-wide|resnet50|gpt2|all]
+Usage: python bench/pytorch/amp_step.py [--model mlp|mlp-wide|resnet50|gpt2|all] [--steps N] [--warmup N]
 """
+import argparse
 import json
 import os
 import sys
@@ -18,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models_step import GPT, measure  # noqa: E402
+from models_step import GPT, measure, sgd  # noqa: E402
 
 
 def mlp(widths, batch, dev):
@@ -56,13 +58,13 @@ MODELS = {
 }
 
 
-def run(make, precision, dev):
+def run(make, precision, dev, warmup, steps):
     torch.manual_seed(0)
     m, loss_fn = make(dev)
     if precision == "pure-bf16":
         m.to(torch.bfloat16)
     m.train()
-    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    opt = sgd(m.parameters())
     amp = precision != "f32"
     dtype = torch.bfloat16 if precision in ("bf16", "pure-bf16") else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "f16")
@@ -74,29 +76,33 @@ def run(make, precision, dev):
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
-    r = measure(step)
+    r = measure(step, warmup, steps)
     del m, opt
     return r
 
 
 def main():
-    which = sys.argv[1] if len(sys.argv) > 1 else "all"
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="all", choices=["all", *MODELS])
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    a = ap.parse_args()
     dev = "cuda"
     names = {"f32": "f32", "f16": "f16 autocast+GradScaler", "bf16": "bf16 autocast",
              "pure-bf16": "pure bf16 (bf16 momentum, round-to-nearest)"}
     for name, (config, make) in MODELS.items():
-        if which not in ("all", name):
+        if a.model not in ("all", name):
             continue
         base = None
         for precision in ("f32", "f16", "bf16", "pure-bf16"):
             torch.cuda.empty_cache()
-            ms, peak, reserved = run(make, precision, dev)
+            r = run(make, precision, dev, a.warmup, a.steps)
             if base is None:
-                base = (ms, peak)
+                base = r
             print(json.dumps({"framework": f"pytorch {torch.__version__}", "model": name, "config": config,
-                              "precision": names[precision], "step_ms": round(ms, 2),
-                              "peak_allocated_gib": round(peak, 3), "peak_reserved_gib": round(reserved, 3),
-                              "speedup_vs_f32": round(base[0] / ms, 2), "memory_vs_f32": round(peak / base[1], 2)}),
+                              "precision": names[precision], **r,
+                              "speedup_vs_f32": round(base["step_ms"] / r["step_ms"], 2),
+                              "memory_vs_f32": round(r["peak_allocated_gib"] / base["peak_allocated_gib"], 2)}),
                   flush=True)
 
 

@@ -3,8 +3,10 @@ forward+backward at the same shapes (q, k, v [B, H, T, D], f16/bf16, causal or n
 
 PyTorch picks its backend (flash attention on an H200 for these shapes); the backend it used
 is printed. Times are CUDA-event medians over `iters` runs after warm-up, no host sync inside.
-Prints one JSON line per configuration.
+Prints one JSON line per configuration and pass, keyed like attention_bench's records.
+    python3 bench/pytorch/attention_sdpa.py [--shapes 0,1,2] [--dtypes bf16,f16] [--causal 1,0]
 """
+import argparse
 import json
 import sys
 
@@ -20,8 +22,10 @@ SHAPES = [  # (B, H, T, D): GPT-2 124M's attention, a longer sequence, a 128 hea
 ]
 
 
-def median_ms(fn, iters=20, warmup=3):
-    return measure(fn, warmup=warmup, steps=iters)[0]  # models_step's CUDA-event median
+def timed(fn, iters=20, warmup=3):
+    """models_step's CUDA-event timing, as the ms / ms_min / ms_max keys attention_bench reports."""
+    r = measure(fn, warmup=warmup, steps=iters)
+    return {"ms": r["step_ms"], "ms_min": r["step_ms_min"], "ms_max": r["step_ms_max"], "n_runs": r["n_runs"]}
 
 
 def attention_flops(B, H, T, D, causal, backward):
@@ -36,6 +40,7 @@ def sdpa_inputs(B, H, T, D, dtype, seed=0):
 
 
 def time_sdpa(B, H, T, D, dtype, causal):
+    """{"fwd": timing, "fwd+bwd": timing}."""
     q, k, v = sdpa_inputs(B, H, T, D, dtype)
     dout = torch.randn_like(q)
 
@@ -47,7 +52,7 @@ def time_sdpa(B, H, T, D, dtype, causal):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         torch.autograd.grad(out, (q, k, v), dout)
 
-    return median_ms(fwd), median_ms(fwd_bwd)
+    return {"fwd": timed(fwd), "fwd+bwd": timed(fwd_bwd)}
 
 
 def sdpa_backend(q, k, v, causal):
@@ -58,19 +63,27 @@ def sdpa_backend(q, k, v, causal):
     return names[0] if names else "unknown"
 
 
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="0,1,2", help="indices into SHAPES")
+    ap.add_argument("--dtypes", default="bf16,f16")
+    ap.add_argument("--causal", default="1,0")
+    a = ap.parse_args()
     print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}", file=sys.stderr)
-    for B, H, T, D in SHAPES:
-        for dtype in (torch.bfloat16, torch.float16):
-            for causal in (True, False):
-                fwd, fb = time_sdpa(B, H, T, D, dtype, causal)
-                q, k, v = sdpa_inputs(B, H, T, D, dtype)
-                print(json.dumps({
-                    "bench": "torch_sdpa", "B": B, "H": H, "T": T, "D": D, "dtype": str(dtype).split(".")[-1],
-                    "causal": causal, "fwd_ms": round(fwd, 4), "fwd_bwd_ms": round(fb, 4),
-                    "fwd_tflops": round(attention_flops(B, H, T, D, causal, False) / fwd / 1e9, 1),
-                    "fwd_bwd_tflops": round(attention_flops(B, H, T, D, causal, True) / fb / 1e9, 1),
-                    "kernel": sdpa_backend(q, k, v, causal)}), flush=True)
+    for B, H, T, D in [SHAPES[int(i)] for i in a.shapes.split(",")]:
+        for name in a.dtypes.split(","):
+            for causal in (c == "1" for c in a.causal.split(",")):
+                times = time_sdpa(B, H, T, D, DTYPES[name], causal)
+                kernel = sdpa_backend(*sdpa_inputs(B, H, T, D, DTYPES[name]), causal)
+                for pass_name, t in times.items():
+                    # The configuration string attention_bench's labels carry (the suite pairs them).
+                    config = f"B{B} H{H} T{T} D{D} {name} {'causal' if causal else 'full'} {pass_name}"
+                    tflops = attention_flops(B, H, T, D, causal, pass_name != "fwd") / t["ms"] / 1e9
+                    print(json.dumps({"benchmark": "Attention", "config": config, **t, "TFLOP/s": round(tflops, 1),
+                                      "kernel": kernel}), flush=True)
 
 
 if __name__ == "__main__":

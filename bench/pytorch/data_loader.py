@@ -1,8 +1,10 @@
 """PyTorch side of bench/data_bench.cc: the same loads with torch.utils.data on the same host.
 
 1. images/s of a DataLoader over CIFAR-like 3x32x32 f32 tensors with RandomCrop(32, pad 4) +
-   horizontal flip + Normalize (written with tensor ops, no torchvision needed) plus ~decode_us
-   of arithmetic per image, for 0 vs N workers (processes here, threads in memgrad).
+   horizontal flip + Normalize (written with tensor ops, no torchvision needed), for 0 vs N
+   workers (processes here, threads in memgrad). Equal work per image on both sides: the
+   augmentation's own cost is measured and a decode stand-in (arithmetic) makes up the rest of
+   --decode-us, as bench_data does; transform_us_per_image reports what an image cost.
 2. CUDA: H2D bandwidth of a 36.8 MiB batch pageable vs pinned, and the copy/step overlap loop:
    64x3x224x224 batches, a matmul-chain step calibrated to one pinned copy, serial blocking copy
    vs pin_memory=True + .to(non_blocking=True) issued on a side stream.
@@ -25,7 +27,7 @@ def spin(iters, seed):
 
 
 class Cifarish(Dataset):
-    def __init__(self, n, iters):
+    def __init__(self, n, iters=0):
         g = torch.Generator().manual_seed(0)
         self.x = torch.rand(n, 3, 32, 32, generator=g)
         self.y = torch.arange(n)
@@ -47,6 +49,8 @@ class Cifarish(Dataset):
 
 
 def iters_for_us(us):
+    if us <= 0:
+        return 0
     n = 200000
     t0 = time.perf_counter()
     spin(n, 1)
@@ -63,8 +67,19 @@ def images_per_s(loader, epochs):
     return n / (time.perf_counter() - t0)
 
 
+def transform_us(ds, n):
+    """Microseconds per image of ds[i] (the transform), serially over the first n images."""
+    n = min(n, len(ds))
+    t0 = time.perf_counter()
+    for i in range(n):
+        ds[i]
+    return (time.perf_counter() - t0) * 1e6 / n
+
+
 def bench_workers(a):
-    ds = Cifarish(a.images, iters_for_us(a.decode_us))
+    ds = Cifarish(a.images)
+    ds.iters = iters_for_us(max(0.0, a.decode_us - transform_us(ds, 2000)))
+    per_image_us = transform_us(ds, 500)
     base = None
     for w in [0] + a.workers:
         loader = DataLoader(ds, batch_size=a.batch, shuffle=True, num_workers=w,
@@ -72,7 +87,8 @@ def bench_workers(a):
         ips = images_per_s(loader, a.epochs)
         base = base or ips
         print(json.dumps({"bench": "loader_workers", "workers": w, "images_per_s": round(ips),
-                          "ratio_vs_0_workers": round(ips / base, 2), "decode_us": a.decode_us}))
+                          "ratio_vs_0_workers": round(ips / base, 2), "decode_us": a.decode_us,
+                          "transform_us_per_image": round(per_image_us, 1)}), flush=True)
 
 
 def bench_cuda():

@@ -1,14 +1,20 @@
-"""PyTorch side of bench/models_bench.cc: the same training steps on the same card.
+"""PyTorch side of bench/models_bench.cc: the same training steps on the same card, with
+PyTorch's best eager settings where memgrad has the feature.
 
-ResNet-50 (torchvision), B=64, 3x224x224, f32; GPT-2 124M (a nanoGPT-style module written
-here, tied head, vocab 50304), B=8, T=1024, f32. Each step: zero_grad, forward, loss,
-backward, SGD(momentum 0.9). PyTorch defaults otherwise (cuDNN may use TF32 for convolutions
-by default; matmuls do not), and a second ResNet run with TF32 off everywhere.
-Prints one JSON line per configuration.
+ResNet-50 (torchvision), B=64, 3x224x224; GPT-2 124M (a nanoGPT-style module written here,
+tied head, vocab 50304), B=8, T=1024. Each step: zero_grad, forward, loss, backward,
+SGD(momentum 0.9, fused=True: memgrad's SGD is fused too). Rows (config strings as
+bench_models prints them, so the suite pairs them):
+  f32        TF32 off everywhere (matmul and cuDNN), like memgrad's default
+  f32 TF32   TF32 on for matmuls and convolutions (bench_models --tf32)
+  bf16 autocast, and for ResNet-50 also with channels_last (PyTorch's best eager layout)
+--compile runs the bf16 rows through torch.compile (side "pytorch_compile").
+Prints one JSON line per row.
+    python3 bench/pytorch/models_step.py [--rows all|bf16] [--model all|resnet50|gpt2] [--compile]
+                                         [--steps N] [--warmup N]
 """
+import argparse
 import json
-import math
-import sys
 
 import torch
 import torch.nn as nn
@@ -52,7 +58,13 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
+def sgd(params):
+    """SGD(momentum 0.9) as every model step here uses it: fused, like memgrad's."""
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9, fused=True)
+
+
 def measure(step, warmup=3, steps=10):
+    """CUDA-event step times after warm-up: the median and extremes (ms), peak memory (GiB)."""
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
@@ -66,56 +78,77 @@ def measure(step, warmup=3, steps=10):
         b.synchronize()
         times.append(a.elapsed_time(b))
     times.sort()
-    return times[len(times) // 2], torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30
+    return {"step_ms": round(times[len(times) // 2], 3), "step_ms_min": round(times[0], 3),
+            "step_ms_max": round(times[-1], 3), "n_runs": len(times),
+            "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
+            "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 3)}
 
 
-def report(model, config, r):
-    print(json.dumps({"framework": f"pytorch {torch.__version__}", "model": model, "config": config,
-                      "step_ms": round(r[0], 2), "peak_allocated_gib": round(r[1], 3),
-                      "peak_reserved_gib": round(r[2], 3)}), flush=True)
+def set_tf32(on):
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
+
+
+def resnet50(channels_last):
+    import torchvision
+    m = torchvision.models.resnet50().cuda().train()
+    x = torch.randn(64, 3, 224, 224, device="cuda")
+    if channels_last:
+        m, x = m.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (64,), device="cuda")
+    return m, lambda model: F.cross_entropy(model(x), y)
+
+
+def gpt2(channels_last):
+    m = GPT().cuda().train()
+    idx = torch.randint(0, 50304, (8, 1024), device="cuda")
+    tgt = torch.randint(0, 50304, (8, 1024), device="cuda")
+    return m, lambda model: F.cross_entropy(model(idx).view(-1, 50304), tgt.view(-1))
+
+
+MODELS = {"resnet50": ("B=64 224x224", resnet50), "gpt2-124M": ("B=8 T=1024", gpt2)}
+# (precision tag as bench_models prints it, TF32, autocast dtype, channels_last, models)
+ROWS = [("f32", False, None, False, ("resnet50", "gpt2-124M")),
+        ("f32 TF32", True, None, False, ("resnet50", "gpt2-124M")),
+        ("bf16 autocast", False, torch.bfloat16, False, ("resnet50", "gpt2-124M")),
+        ("bf16 autocast channels_last", False, torch.bfloat16, True, ("resnet50",))]
+
+
+def run_row(model, tag, tf32, dtype, channels_last, compiled, a):
+    config, make = MODELS[model]
+    set_tf32(tf32)
+    torch.manual_seed(0)
+    m, loss_of = make(channels_last)
+    opt = sgd(m.parameters())
+    fwd = torch.compile(m) if compiled else m
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=dtype or torch.float16, enabled=dtype is not None):
+            loss = loss_of(fwd)
+        loss.backward()
+        opt.step()
+    r = measure(step, a.warmup, a.steps)
+    print(json.dumps({"framework": f"pytorch {torch.__version__}", "model": model, "config": f"{config} {tag}",
+                      "side": "pytorch_compile" if compiled else "pytorch_eager", **r}), flush=True)
+    del m, opt, fwd
+    torch.cuda.empty_cache()
 
 
 def main():
-    which = sys.argv[1] if len(sys.argv) > 1 else "all"
-    dev = "cuda"
-    torch.manual_seed(0)
-    if which in ("all", "resnet50"):
-        import torchvision
-        for tf32 in (True, False):
-            torch.backends.cudnn.allow_tf32 = tf32
-            m = torchvision.models.resnet50().to(dev).train()
-            opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-            x = torch.randn(64, 3, 224, 224, device=dev)
-            y = torch.randint(0, 1000, (64,), device=dev)
-
-            def step():
-                opt.zero_grad(set_to_none=True)
-                F.cross_entropy(m(x), y).backward()
-                opt.step()
-            report("resnet50", "B=64 224x224 f32" + (" (cuDNN TF32 default on)" if tf32 else " (TF32 off)"), measure(step))
-            del m, opt
-            torch.cuda.empty_cache()
-        torch.backends.cudnn.allow_tf32 = True
-    if which in ("all", "gpt2"):
-        for sdpa in ("flash/efficient (default)", "math"):
-            m = GPT().to(dev).train()
-            opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-            idx = torch.randint(0, 50304, (8, 1024), device=dev)
-            tgt = torch.randint(0, 50304, (8, 1024), device=dev)
-
-            def step():
-                opt.zero_grad(set_to_none=True)
-                F.cross_entropy(m(idx).view(-1, 50304), tgt.view(-1)).backward()
-                opt.step()
-            if sdpa == "math":
-                from torch.nn.attention import SDPBackend, sdpa_kernel
-                with sdpa_kernel(SDPBackend.MATH):
-                    r = measure(step)
-            else:
-                r = measure(step)
-            report("gpt2-124M", f"B=8 T=1024 f32, sdpa {sdpa}", r)
-            del m, opt
-            torch.cuda.empty_cache()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="all", choices=["all", "bf16"])
+    ap.add_argument("--model", default="all", choices=["all", *MODELS])
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    a = ap.parse_args()
+    for tag, tf32, dtype, channels_last, models in ROWS:
+        if a.rows == "bf16" and dtype is None:
+            continue
+        for model in models:
+            if a.model in ("all", model):
+                run_row(model, tag, tf32, dtype, channels_last, a.compile, a)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,13 @@
 attention (F.scaled_dot_product_attention), in f32 and in bf16 autocast. Modes:
   none        plain
   per-block   torch.utils.checkpoint(block, use_reentrant=False) around every block
-  selective   per-block checkpoint with a selective-checkpoint policy that saves matmul and
-              attention outputs (torch.utils.checkpoint.create_selective_checkpoint_contexts)
-              and recomputes everything else (norms, GELU, adds) - PyTorch's closest analogue
-              of memgrad's selective mode
+  selective   eager selective activation checkpointing: per-block checkpoint with a policy that
+              saves matmul and attention outputs
+              (torch.utils.checkpoint.create_selective_checkpoint_contexts) and recomputes
+              everything else (norms, GELU, adds) - PyTorch's closest analogue of memgrad's
+              selective recomputation, labelled as what it is in the "implementation" field
+Every checkpoint keeps preserve_rng_state=True, as memgrad's recomputation does
+(autograd/recompute.h). SGD is fused=True, like memgrad's.
 Prints one JSON line per (dtype, mode) with the median step time, the peak allocated bytes and
 the ratios against "none" in the same run.
     python3 bench/pytorch/recompute_step.py [--dtype f32|bf16|all] [--steps 10]
@@ -24,7 +27,15 @@ from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models_step  # noqa: E402  (the model and timing of bench/pytorch/models_step.py)
-from models_step import measure  # noqa: E402
+from models_step import measure, sgd  # noqa: E402
+
+PRESERVE_RNG_STATE = True  # memgrad's RecomputeOptions::preserve_rng_state default
+IMPLEMENTATION = {
+    "none": "eager, no checkpointing",
+    "per-block": "eager torch.utils.checkpoint per block (use_reentrant=False, preserve_rng_state=True)",
+    "selective": "eager selective activation checkpointing per block (SAC policy: save mm/attention, "
+                 "recompute the rest; preserve_rng_state=True)",
+}
 
 try:
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
@@ -53,10 +64,10 @@ class GPT(models_step.GPT):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for b in self.h:
             if self.mode == "per-block":
-                x = checkpoint(b, x, use_reentrant=False)
+                x = checkpoint(b, x, use_reentrant=False, preserve_rng_state=PRESERVE_RNG_STATE)
             elif self.mode == "selective":
                 ctx = functools.partial(create_selective_checkpoint_contexts, _save_matmuls_and_attention())
-                x = checkpoint(b, x, use_reentrant=False, context_fn=ctx)
+                x = checkpoint(b, x, use_reentrant=False, context_fn=ctx, preserve_rng_state=PRESERVE_RNG_STATE)
             else:
                 x = b(x)
         return self.lm_head(self.ln_f(x))
@@ -71,7 +82,7 @@ def main():
     dev = "cuda"
     torch.manual_seed(0)
     m = GPT().to(dev).train()
-    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    opt = sgd(m.parameters())
     idx = torch.randint(0, 50304, (8, 1024), device=dev)
     tgt = torch.randint(0, 50304, (8, 1024), device=dev)
     modes = ["none", "per-block"] + (["selective"] if create_selective_checkpoint_contexts else [])
@@ -87,13 +98,14 @@ def main():
                 loss.backward()
                 opt.step()
             torch.cuda.empty_cache()
-            ms, peak_gib, _ = measure(step, args.warmup, args.steps)
+            r = measure(step, args.warmup, args.steps)
             if base is None:
-                base = (ms, peak_gib)
+                base = r
             print(json.dumps({"framework": f"pytorch {torch.__version__}", "model": "gpt2",
                               "config": f"L=12 d=768 H=12 B=8 T=1024 {dtype} SGD(momentum)", "mode": mode,
-                              "step_ms": round(ms, 2), "peak_allocated_gib": round(peak_gib, 3),
-                              "time_vs_none": round(ms / base[0], 3), "peak_vs_none": round(peak_gib / base[1], 3)}),
+                              "implementation": IMPLEMENTATION[mode], **r,
+                              "time_vs_none": round(r["step_ms"] / base["step_ms"], 3),
+                              "peak_vs_none": round(r["peak_allocated_gib"] / base["peak_allocated_gib"], 3)}),
                   flush=True)
 
 

@@ -78,9 +78,9 @@ def torch_versions():
     return {"pytorch": None, "pytorch_cuda": None, "pytorch_cudnn": None, "pytorch_nccl": None}
 
 
-def commit(root):
+def commit(roots):
     """The commit: git's, or the COMMIT file tools/stage_gpu.sh writes into the staged tree."""
-    for d in (os.environ.get("BUILD_WORKSPACE_DIRECTORY"), root):
+    for d in [os.environ.get("BUILD_WORKSPACE_DIRECTORY"), *roots]:
         if d and (out := _run(["git", "-C", d, "describe", "--always", "--dirty", "--abbrev=12"])):
             return out.strip()
         if d and os.path.exists(os.path.join(d, "COMMIT")):
@@ -98,12 +98,13 @@ def cpu_model():
     return platform.processor() or "unknown"
 
 
-def collect(root):
+def collect(roots):
+    """The environment block of results.json; `roots`: where to look for the commit."""
     g = gpus()
     env = {
         "host": platform.node(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit(root),
+        "commit": commit(roots),
         "python": platform.python_version(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count() or 1,

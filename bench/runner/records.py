@@ -29,6 +29,7 @@ UNITS = (
     ("GB/s", "GB/s"),
     ("TFLOP/s", "TFLOP/s"),
     ("tflops", "TFLOP/s"),
+    ("ms_per_batch", "ms"),
     ("_ms", "ms"),
     ("ms", "ms"),
     ("_us", "us"),
@@ -46,12 +47,12 @@ UNITS = (
 )
 # Numeric fields that describe the configuration although their names carry a unit.
 CONFIG_FIELDS = {"decode_us", "tensor_mib", "batch_per_rank", "seq", "params", "world", "workers", "tensors",
-                 "B", "H", "T", "D", "step_reps", "copy_ms", "ddp_bucket_mib"}
+                 "B", "H", "T", "D", "ddp_bucket_mib"}
 NAME_FIELDS = ("benchmark", "model", "bench", "section")
 DROPPED_FIELDS = {"framework", "side", "n_runs", "steps", "loss", "rows", "torch"}
 # Parameters that describe how, not what: kept in "params", left out of "config" (the key
 # that pairs memgrad's record with PyTorch's for the same workload).
-INFO_FIELDS = {"kernel", "device", "implementation", "args"}
+INFO_FIELDS = {"kernel", "device", "implementation", "args", "step_reps"}
 N_RUNS_FIELDS = ("n_runs", "steps")
 
 
@@ -65,11 +66,15 @@ def unit_of(name):
     return None
 
 
+def _param(v):
+    return int(v) if isinstance(v, float) and v.is_integer() else v  # 50.0 and 50 name one config
+
+
 def config_string(params):
     """The workload's configuration: a "config" parameter as it is, then the other
     parameters as key=value (INFO_FIELDS left out)."""
     head = [str(params["config"])] if "config" in params else []
-    return ", ".join(head + [f"{k}={v}" for k, v in params.items() if k != "config" and k not in INFO_FIELDS])
+    return ", ".join(head + [f"{k}={_param(v)}" for k, v in params.items() if k != "config" and k not in INFO_FIELDS])
 
 
 def make_record(entry, benchmark, params, metric, unit, values, side, extremes=(None, None), n_runs=None):

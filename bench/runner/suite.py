@@ -170,7 +170,7 @@ def parse_args(argv):
 def main(argv):
     args = parse_args(argv)
     t0 = time.monotonic()
-    env = environment.collect(ROOT)
+    env = environment.collect([ROOT, STAGED_ROOT])
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="mg_suite_")
     ngpu = 0 if args.cpu else len(env["gpus"])
