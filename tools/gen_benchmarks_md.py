@@ -48,7 +48,7 @@ def main():
     if problems:
         sys.exit("gen_benchmarks_md: " + a.results + " does not follow the schema:\n  " + "\n  ".join(problems))
     with open(a.out, "w") as f:
-        f.write(render(doc, os.path.basename(os.path.dirname(os.path.abspath(a.results))) + "/results.json"))
+        f.write(render(doc, a.results))
     print(f"wrote {a.out} from {a.results} ({len(doc['records'])} records)")
 
 

@@ -8,7 +8,7 @@ import svg
 
 SIDE_INDEX = {"memgrad": 0, "pytorch_eager": 1, "pytorch_compile": 2}
 CSS = """
-body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;max-width:1300px;color:#222}
+body{font:14px/1.4 system-ui,sans-serif;margin:24px auto;max-width:1400px;color:#222}
 h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
 .charts{display:flex;flex-wrap:wrap;gap:16px}.chart{border:1px solid #e4e4e4;padding:6px;background:#fff}
 .missing{width:640px;padding:40px 0;text-align:center;color:#888;border:1px dashed #ccc}

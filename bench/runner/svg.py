@@ -27,6 +27,8 @@ def nice_ticks(lo, hi, n=5):
     while t <= hi + step * 1e-9:
         ticks.append(round(t, 12))
         t += step
+    if ticks[-1] < hi:  # the axis must reach the largest value
+        ticks.append(round(ticks[-1] + step, 12))
     return ticks
 
 
@@ -77,14 +79,14 @@ def bars(title, items, unit, ref=None):
 
 def points(title, series, xlabel, ylabel, joined=False, refs=()):
     """series: [(name, series index, [(x, y, point label)])]; refs: [("x"|"y", value, label)]."""
-    w, h, left, top, bottom = WIDTH, 320, 60, 28, 40
+    w, h, left, top, bottom, right = WIDTH, 320, 60, 28, 40, 90  # right: room for point labels
     xs = [p[0] for _, _, pts in series for p in pts] + [v for a, v, _ in refs if a == "x"]
     ys = [p[1] for _, _, pts in series for p in pts] + [v for a, v, _ in refs if a == "y"]
     xt = nice_ticks(min(xs + [0]), max(xs) * 1.05)
     yt = nice_ticks(min(ys + [0]), max(ys) * 1.05)
 
     def px(x):
-        return left + (x - xt[0]) / (xt[-1] - xt[0]) * (w - left - 20)
+        return left + (x - xt[0]) / (xt[-1] - xt[0]) * (w - left - right)
 
     def py(y):
         return h - bottom - (y - yt[0]) / (yt[-1] - yt[0]) * (h - top - bottom)
@@ -92,15 +94,15 @@ def points(title, series, xlabel, ylabel, joined=False, refs=()):
     body = [f'<line x1="{px(t):.1f}" y1="{top}" x2="{px(t):.1f}" y2="{h - bottom}" class="grid"/>'
             f'<text x="{px(t):.1f}" y="{h - bottom + 14}" class="tick" text-anchor="middle">{fmt(t)}</text>'
             for t in xt]
-    body += [f'<line x1="{left}" y1="{py(t):.1f}" x2="{w - 20}" y2="{py(t):.1f}" class="grid"/>'
+    body += [f'<line x1="{left}" y1="{py(t):.1f}" x2="{w - right}" y2="{py(t):.1f}" class="grid"/>'
              f'<text x="{left - 4}" y="{py(t) + 4:.1f}" class="tick" text-anchor="end">{fmt(t)}</text>' for t in yt]
     for axis, v, label in refs:
         if axis == "x":
             body.append(f'<line x1="{px(v):.1f}" y1="{top}" x2="{px(v):.1f}" y2="{h - bottom}" class="ref"/>'
                         f'<text x="{px(v) + 3:.1f}" y="{top + 10}" class="tick">{esc(label)}</text>')
         else:
-            body.append(f'<line x1="{left}" y1="{py(v):.1f}" x2="{w - 20}" y2="{py(v):.1f}" class="ref"/>'
-                        f'<text x="{w - 22}" y="{py(v) - 3:.1f}" class="tick" text-anchor="end">{esc(label)}</text>')
+            body.append(f'<line x1="{left}" y1="{py(v):.1f}" x2="{w - right}" y2="{py(v):.1f}" class="ref"/>'
+                        f'<text x="{w - right}" y="{py(v) - 3:.1f}" class="tick" text-anchor="end">{esc(label)}</text>')
     for k, (name, s, pts) in enumerate(series):
         if joined and len(pts) > 1:
             path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y, _ in sorted(pts))
@@ -111,6 +113,6 @@ def points(title, series, xlabel, ylabel, joined=False, refs=()):
                         f'<text x="{px(x) + 6:.1f}" y="{py(y) - 4:.1f}" class="point">{esc(label)}</text>')
         body.append(f'<rect x="{left + 8 + 150 * k}" y="{h - 14}" width="10" height="10" class="s{s}"/>'
                     f'<text x="{left + 22 + 150 * k}" y="{h - 5}" class="tick">{esc(name)}</text>')
-    body.append(f'<text x="{w - 20}" y="{h - bottom + 28}" class="tick" text-anchor="end">{esc(xlabel)}</text>'
+    body.append(f'<text x="{w - right}" y="{h - bottom + 28}" class="tick" text-anchor="end">{esc(xlabel)}</text>'
                 f'<text x="{left + 4}" y="{top - 6}" class="tick">{esc(ylabel)}</text>')
     return svg(w, h, body, title)
