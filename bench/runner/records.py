@@ -154,6 +154,9 @@ def _label_params(label):
     return params
 
 
+RUN_OPTIONS = ("iterations:", "repeats:", "min_time:", "manual_time", "real_time", "threads:")
+
+
 def from_google_benchmark(entry, doc):
     """Records from a --benchmark_out JSON document; errored runs give none (see skipped())."""
     runs = {}
@@ -170,8 +173,9 @@ def from_google_benchmark(entry, doc):
         first = reps[0]
         family = run_name.split("/")[0].removeprefix("BM_")
         params = _label_params(first.get("label", ""))
-        if "/" in run_name:  # the arguments tell apart runs that share a label
-            params["args"] = "/".join(run_name.split("/")[1:])
+        args = [a for a in run_name.split("/")[1:] if not a.startswith(RUN_OPTIONS)]
+        if args:  # the arguments tell apart runs that share a label
+            params["args"] = "/".join(args)
             if labels.count(first.get("label", "")) > 1:
                 params["config"] = f"{params.get('config', '')} {params.pop('args')}".strip()
         series = {k: ([r[k] for r in reps if k in r], unit_of(k) or "") for k in first
