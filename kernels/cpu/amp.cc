@@ -36,6 +36,12 @@ void stochastic_cpu(const Tensor& param, const Tensor& update, float alpha, uint
 
 }  // namespace
 
+}  // namespace mg::kernels::cpu
+
+namespace mg::kernels {
+using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CpuBackend::amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale) {
   bool bad = false;
   for (const Tensor& g : grads)
@@ -43,6 +49,7 @@ void CpuBackend::amp_unscale(const std::vector<Tensor>& grads, const Tensor& fou
   if (bad) raw::fill_(found_inf, 1.0);
 }
 
+template <>
 void CpuBackend::add_stochastic_bf16(const Tensor& param, const Tensor& update, float alpha, uint64_t seed) {
   if (update.dtype() == DType::f32)
     stochastic_cpu<float>(param, update, alpha, seed);
@@ -50,4 +57,4 @@ void CpuBackend::add_stochastic_bf16(const Tensor& param, const Tensor& update, 
     stochastic_cpu<BFloat16>(param, update, alpha, seed);
 }
 
-}  // namespace mg::kernels::cpu
+}  // namespace mg::kernels

@@ -159,6 +159,12 @@ void backward_t(const Tensor& grad_out, const Tensor& x, const Tensor& weight, c
 
 }  // namespace
 
+}  // namespace mg::kernels::cpu
+
+namespace mg::kernels {
+using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CpuBackend::batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                              const Tensor& running_mean, const Tensor& running_var, double momentum,
                                              double eps, const Tensor& out, const Tensor& save_mean,
@@ -169,6 +175,7 @@ void CpuBackend::batch_norm_forward_training(const Tensor& x, const Tensor& weig
   forward_training_t<float>(x, weight, bias, running_mean, running_var, momentum, eps, out, save_mean, save_invstd);
 }
 
+template <>
 void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                          const Tensor& running_mean, const Tensor& running_var, double eps,
                                          const Tensor& out) {
@@ -176,6 +183,7 @@ void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, 
   forward_eval_t<float>(x, weight, bias, running_mean, running_var, eps, out);
 }
 
+template <>
 void CpuBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                      const Tensor& invstd, bool training, const Tensor& grad_x,
                                      const Tensor& grad_weight, const Tensor& grad_bias) {
@@ -184,6 +192,7 @@ void CpuBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x, co
   backward_t<float>(grad_out, x, weight, mean, invstd, training, grad_x, grad_weight, grad_bias);
 }
 
+template <>
 void CpuBackend::batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
                                          const Tensor& invstd, double unbias, double momentum, double eps) {
   const char* op = "batch_norm_update_stats_";
@@ -201,4 +210,4 @@ void CpuBackend::batch_norm_update_stats(const Tensor& running_mean, const Tenso
   });
 }
 
-}  // namespace mg::kernels::cpu
+}  // namespace mg::kernels

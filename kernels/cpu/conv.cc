@@ -313,22 +313,30 @@ void nn_parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t,
   for (auto& th : ts) th.join();
 }
 
+}  // namespace mg::kernels::cpu
+
+namespace mg::kernels {
+using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args,
                                 const Tensor& out) {
   if (x.dtype() == DType::f64) return forward_t<double>(x, w, bias, args, out);
   forward_t<float>(x, w, bias, args, out);
 }
 
+template <>
 void CpuBackend::conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Conv2dArgs& args,
                                        const Tensor& grad_x) {
   if (w.dtype() == DType::f64) return backward_input_t<double>(grad_out, w, args, grad_x);
   backward_input_t<float>(grad_out, w, args, grad_x);
 }
 
+template <>
 void CpuBackend::conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Conv2dArgs& args,
                                         const Tensor& grad_w) {
   if (x.dtype() == DType::f64) return backward_weight_t<double>(grad_out, x, args, grad_w);
   backward_weight_t<float>(grad_out, x, args, grad_w);
 }
 
-}  // namespace mg::kernels::cpu
+}  // namespace mg::kernels

@@ -231,14 +231,22 @@ void binary_t(Binary op, const Tensor& a, const Tensor& b, const Tensor& out) {
 
 }  // namespace
 
+}  // namespace mg::kernels::cpu
+
+namespace mg::kernels {
+using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CpuBackend::unary(Unary op, const Tensor& a, const Tensor& out) {
   MG_DISPATCH_ALL(a.dtype(), "unary", [&] { unary_t<scalar_t>(op, a, out); });
 }
 
+template <>
 void CpuBackend::binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& out) {
   MG_DISPATCH_ALL(a.dtype(), "binary", [&] { binary_t<scalar_t>(op, a, b, out); });
 }
 
+template <>
 void CpuBackend::clamp(const Tensor& a, double lo, double hi, const Tensor& out) {
   MG_DISPATCH_ALL(a.dtype(), "clamp", [&] {
     using T = scalar_t;
@@ -261,6 +269,7 @@ void CpuBackend::clamp(const Tensor& a, double lo, double hi, const Tensor& out)
   });
 }
 
+template <>
 void CpuBackend::clamp_backward(const Tensor& grad, const Tensor& x, double lo, double hi, const Tensor& out) {
   MG_DISPATCH_ALL(grad.dtype(), "clamp_backward", [&] {
     using T = scalar_t;
@@ -271,6 +280,7 @@ void CpuBackend::clamp_backward(const Tensor& grad, const Tensor& x, double lo, 
   });
 }
 
+template <>
 void CpuBackend::axpby(const Tensor& a, double alpha, const Tensor& b, double beta, const Tensor& out) {
   MG_DISPATCH_ALL(out.dtype(), "axpby", [&] {
     using T = scalar_t;
@@ -283,6 +293,7 @@ void CpuBackend::axpby(const Tensor& a, double alpha, const Tensor& b, double be
   });
 }
 
+template <>
 void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
   MG_DISPATCH_ALL(out.dtype(), "where", [&] {
     using T = scalar_t;
@@ -290,4 +301,4 @@ void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, con
   });
 }
 
-}  // namespace mg::kernels::cpu
+}  // namespace mg::kernels

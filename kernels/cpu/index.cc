@@ -33,6 +33,12 @@ Shape strides_without(const Tensor& t, int64_t dim) {
 
 }  // namespace
 
+}  // namespace mg::kernels::cpu
+
+namespace mg::kernels {
+using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CpuBackend::one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) {
   std::vector<int64_t> idx = index_values(indices);
   int64_t* po = static_cast<int64_t*>(out.raw_data());
@@ -44,6 +50,7 @@ void CpuBackend::one_hot(const Tensor& indices, int64_t num_classes, const Tenso
   }
 }
 
+template <>
 void CpuBackend::gather(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
   const int64_t size = a.dim() ? a.size(dim) : 1;
   const int64_t sd = a.dim() ? a.stride(dim) : 0;
@@ -65,6 +72,7 @@ void CpuBackend::gather(const Tensor& a, int64_t dim, const Tensor& index, const
   });
 }
 
+template <>
 void CpuBackend::scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, bool add) {
   const char* op = add ? "scatter_add_" : "scatter_";
   const int64_t size = self.dim() ? self.size(dim) : 1;
@@ -92,6 +100,7 @@ void CpuBackend::scatter(const Tensor& self, int64_t dim, const Tensor& index, c
   });
 }
 
+template <>
 void CpuBackend::index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
   std::vector<int64_t> idx = index_values(index);
   const int64_t size = a.dim() ? a.size(dim) : 1;
@@ -122,6 +131,7 @@ void CpuBackend::index_select(const Tensor& a, int64_t dim, const Tensor& index,
   }
 }
 
+template <>
 void CpuBackend::index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
   std::vector<int64_t> idx = index_values(index);
   const int64_t size = self.dim() ? self.size(dim) : 1;
@@ -137,4 +147,4 @@ void CpuBackend::index_add(const Tensor& self, int64_t dim, const Tensor& index,
   }
 }
 
-}  // namespace mg::kernels::cpu
+}  // namespace mg::kernels

@@ -92,12 +92,19 @@ void layer_norm_backward_t(const Tensor& grad_out, const Tensor& x, const Tensor
 
 }  // namespace
 
+}  // namespace mg::kernels::cpu
+
+namespace mg::kernels {
+using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CpuBackend::layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                                     const Tensor& out, const Tensor& mean, const Tensor& rstd) {
   MG_DISPATCH_FLOAT(x.dtype(), "layer_norm",
                     [&] { layer_norm_forward_t<scalar_t>(x, weight, bias, eps, out, mean, rstd); });
 }
 
+template <>
 void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                                      const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight,
                                      const Tensor& grad_bias) {
@@ -106,4 +113,4 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, co
   });
 }
 
-}  // namespace mg::kernels::cpu
+}  // namespace mg::kernels

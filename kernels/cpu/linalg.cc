@@ -124,6 +124,12 @@ bool half(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 }  // namespace
 
+}  // namespace mg::kernels::cpu
+
+namespace mg::kernels {
+using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CpuBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha,
                       double beta) {
   if (half(out.dtype())) {
@@ -137,6 +143,7 @@ void CpuBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans
   gemm_t<float>(a, trans_a, b, trans_b, out, alpha, beta);
 }
 
+template <>
 void CpuBackend::bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
   if (half(out.dtype())) {
     Tensor o32 = empty(out.sizes(), {DType::f32});
@@ -171,6 +178,7 @@ void CpuBackend::bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
   }
 }
 
+template <>
 void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
   if (bias.defined()) {
     raw::copy_(out, bias);  // broadcast bias into every row, then accumulate x @ w^T
@@ -180,4 +188,4 @@ void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, co
   }
 }
 
-}  // namespace mg::kernels::cpu
+}  // namespace mg::kernels

@@ -66,6 +66,12 @@ void cross_entropy_backward_t(const Tensor& coef, const Tensor& logits, const Te
 
 }  // namespace
 
+}  // namespace mg::kernels::cpu
+
+namespace mg::kernels {
+using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CpuBackend::nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
                                   const Tensor& out) {
   const int64_t cdim = log_probs.dim() == 1 ? 0 : 1;
@@ -96,6 +102,7 @@ void CpuBackend::nll_loss_forward(const Tensor& log_probs, const Tensor& target,
   });
 }
 
+template <>
 int64_t CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                           double smoothing, const Tensor& loss, const Tensor& lse) {
   int64_t bad = ignore_index;
@@ -105,6 +112,7 @@ int64_t CpuBackend::cross_entropy_forward(const Tensor& logits, const Tensor& ta
   return bad;
 }
 
+template <>
 void CpuBackend::cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target,
                                         const Tensor& lse, int64_t ignore_index, double smoothing, const Tensor& grad) {
   MG_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_backward", [&] {
@@ -112,4 +120,4 @@ void CpuBackend::cross_entropy_backward(const Tensor& coef, const Tensor& logits
   });
 }
 
-}  // namespace mg::kernels::cpu
+}  // namespace mg::kernels

@@ -65,6 +65,12 @@ double cpu_norm_partial(const Tensor& t0, double p) {
 
 }  // namespace
 
+}  // namespace mg::kernels::cpu
+
+namespace mg::kernels {
+using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CpuBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {
   if (t.params[0].dtype() == DType::f64)
     adam_cpu<double>(t, h);
@@ -72,6 +78,7 @@ void CpuBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {
     adam_cpu<float>(t, h);
 }
 
+template <>
 void CpuBackend::sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) {
   if (t.params[0].dtype() == DType::f64)
     sgd_cpu<double>(t, h);
@@ -79,6 +86,7 @@ void CpuBackend::sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) {
     sgd_cpu<float>(t, h);
 }
 
+template <>
 double CpuBackend::multi_tensor_norm_partial(const std::vector<Tensor>& ts, double norm_type) {
   double total = 0.0;
   for (const Tensor& t : ts) {
@@ -91,9 +99,10 @@ double CpuBackend::multi_tensor_norm_partial(const std::vector<Tensor>& ts, doub
   return total;
 }
 
+template <>
 void CpuBackend::multi_tensor_scale(const std::vector<Tensor>& ts, double scale) {
   for (const Tensor& t : ts)
     binary(Binary::Mul, t, raw::expand(scalar_tensor(scale, {t.dtype(), t.device()}), t.sizes()), t);
 }
 
-}  // namespace mg::kernels::cpu
+}  // namespace mg::kernels

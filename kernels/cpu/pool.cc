@@ -293,25 +293,36 @@ void adaptive_avg_backward_t(const Tensor& gout, const Tensor& gx) {
       FN<float>(__VA_ARGS__);         \
   } while (0)
 
+}  // namespace mg::kernels::cpu
+
+namespace mg::kernels {
+using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CpuBackend::max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, const Tensor& indices) {
   MG_POOL_DISPATCH(x.dtype(), max_pool_t, x, args, out, indices);
 }
+template <>
 void CpuBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_x) {
   MG_POOL_DISPATCH(grad_x.dtype(), max_pool_backward_t, grad_out, indices, grad_x);
 }
+template <>
 void CpuBackend::avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out) {
   MG_POOL_DISPATCH(x.dtype(), avg_pool_t, x, args, out);
 }
+template <>
 void CpuBackend::avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& args, const Tensor& grad_x) {
   MG_POOL_DISPATCH(grad_x.dtype(), avg_pool_backward_t, grad_out, args, grad_x);
 }
+template <>
 void CpuBackend::adaptive_avg_pool2d(const Tensor& x, const Tensor& out) {
   MG_POOL_DISPATCH(x.dtype(), adaptive_avg_t, x, out);
 }
+template <>
 void CpuBackend::adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& grad_x) {
   MG_POOL_DISPATCH(grad_x.dtype(), adaptive_avg_backward_t, grad_out, grad_x);
 }
 
 #undef MG_POOL_DISPATCH
 
-}  // namespace mg::kernels::cpu
+}  // namespace mg::kernels

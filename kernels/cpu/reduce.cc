@@ -69,6 +69,12 @@ void store(const std::vector<Acc>& acc, const Tensor& out, double scale) {
 
 }  // namespace
 
+}  // namespace mg::kernels::cpu
+
+namespace mg::kernels {
+using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CpuBackend::sum(const Tensor& a, const Tensor& out) {
   MG_DISPATCH_ALL(a.dtype(), "sum", [&] {
     using T = scalar_t;
@@ -78,6 +84,7 @@ void CpuBackend::sum(const Tensor& a, const Tensor& out) {
   });
 }
 
+template <>
 void CpuBackend::mean(const Tensor& a, const Tensor& out) {
   MG_DISPATCH_FLOAT(a.dtype(), "mean", [&] {
     std::vector<double> acc;
@@ -87,6 +94,7 @@ void CpuBackend::mean(const Tensor& a, const Tensor& out) {
   });
 }
 
+template <>
 void CpuBackend::var(const Tensor& a, int64_t correction, const Tensor& out) {
   MG_DISPATCH_FLOAT(a.dtype(), "var", [&] {
     using T = scalar_t;
@@ -109,6 +117,7 @@ void CpuBackend::var(const Tensor& a, int64_t correction, const Tensor& out) {
   });
 }
 
+template <>
 void CpuBackend::max_min(const Tensor& a, int64_t dim, bool is_max, const Tensor& values, const Tensor& indices) {
   MG_DISPATCH_ALL(a.dtype(), is_max ? "max" : "min", [&] {
     using T = scalar_t;
@@ -155,6 +164,7 @@ void CpuBackend::max_min(const Tensor& a, int64_t dim, bool is_max, const Tensor
   });
 }
 
+template <>
 void CpuBackend::sum_squares(const Tensor& a, const Tensor& out) {
   double total = 0;
   MG_DISPATCH_ALL(a.dtype(), "sum_squares", [&] {
@@ -184,6 +194,7 @@ void CpuBackend::sum_squares(const Tensor& a, const Tensor& out) {
     *static_cast<float*>(out.raw_data()) = static_cast<float>(total);
 }
 
+template <>
 bool CpuBackend::has_nonfinite(const Tensor& a) {
   bool bad = false;
   if (!is_floating(a.dtype()) || a.numel() == 0) return false;
@@ -205,4 +216,4 @@ bool CpuBackend::has_nonfinite(const Tensor& a) {
   return bad;
 }
 
-}  // namespace mg::kernels::cpu
+}  // namespace mg::kernels

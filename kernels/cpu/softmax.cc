@@ -94,13 +94,20 @@ void softmax_backward_t(const Tensor& grad, const Tensor& yt, int64_t dim, bool 
 
 }  // namespace
 
+}  // namespace mg::kernels::cpu
+
+namespace mg::kernels {
+using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CpuBackend::softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) {
   MG_DISPATCH_FLOAT(a.dtype(), log ? "log_softmax" : "softmax", [&] { softmax_t<scalar_t>(a, dim, log, out); });
 }
 
+template <>
 void CpuBackend::softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log, const Tensor& out) {
   MG_DISPATCH_FLOAT(y.dtype(), log ? "log_softmax_backward" : "softmax_backward",
                     [&] { softmax_backward_t<scalar_t>(grad, y, dim, log, out); });
 }
 
-}  // namespace mg::kernels::cpu
+}  // namespace mg::kernels

@@ -107,6 +107,12 @@ __global__ void bn_stats_kernel(float* rm, float* rv, const S* mean, const S* in
 
 }  // namespace
 
+}  // namespace mg::kernels::cuda
+
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CudaBackend::amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale) {
   if (grads.empty()) return;
   mg::cuda::DeviceGuard guard(found_inf.device());
@@ -132,6 +138,7 @@ void CudaBackend::amp_unscale(const std::vector<Tensor>& grads, const Tensor& fo
   launch();
 }
 
+template <>
 void CudaBackend::add_stochastic_bf16(const Tensor& param, const Tensor& update, float alpha, uint64_t seed) {
   const int64_t n = param.numel();
   if (n == 0) return;
@@ -147,6 +154,7 @@ void CudaBackend::add_stochastic_bf16(const Tensor& param, const Tensor& update,
   MG_CUDA_CHECK_LAUNCH("add_stochastic_bf16_");
 }
 
+template <>
 void CudaBackend::batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
                                           const Tensor& invstd, double unbias, double momentum, double eps) {
   const int64_t c = running_mean.numel();
@@ -163,4 +171,4 @@ void CudaBackend::batch_norm_update_stats(const Tensor& running_mean, const Tens
   MG_CUDA_CHECK_LAUNCH("batch_norm_update_stats_");
 }
 
-}  // namespace mg::kernels::cuda
+}  // namespace mg::kernels

@@ -398,6 +398,12 @@ bool aligned16(std::initializer_list<const Tensor*> ts) {
 
 }  // namespace
 
+}  // namespace mg::kernels::cuda
+
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CudaBackend::flash_attention_forward(AttentionKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v,
                                           bool causal, double scale, const Tensor& out, const Tensor& lse) {
   const char* op = "flash_attention_forward";
@@ -442,6 +448,7 @@ void CudaBackend::flash_attention_forward(AttentionKernel kernel, const Tensor& 
   });
 }
 
+template <>
 void CudaBackend::flash_attention_backward(AttentionKernel kernel, const Tensor& grad_out, const Tensor& q,
                                            const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                                            bool causal, double scale, const Tensor& grad_q, const Tensor& grad_k,
@@ -510,4 +517,4 @@ void CudaBackend::flash_attention_backward(AttentionKernel kernel, const Tensor&
   });
 }
 
-}  // namespace mg::kernels::cuda
+}  // namespace mg::kernels

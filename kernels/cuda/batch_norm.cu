@@ -268,6 +268,12 @@ void with_width(int v, F&& f) {
 
 }  // namespace
 
+}  // namespace mg::kernels::cuda
+
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                               const Tensor& running_mean, const Tensor& running_var, double momentum,
                                               double eps, const Tensor& out, const Tensor& save_mean,
@@ -293,6 +299,7 @@ void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& wei
   });
 }
 
+template <>
 void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                           const Tensor& running_mean, const Tensor& running_var, double eps,
                                           const Tensor& out) {
@@ -307,6 +314,7 @@ void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight,
   });
 }
 
+template <>
 void CudaBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                       const Tensor& invstd, bool training, const Tensor& grad_x,
                                       const Tensor& grad_weight, const Tensor& grad_bias) {
@@ -332,4 +340,4 @@ void CudaBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x, c
   });
 }
 
-}  // namespace mg::kernels::cuda
+}  // namespace mg::kernels

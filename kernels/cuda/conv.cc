@@ -423,6 +423,12 @@ void run_layout(Dir dir, const Tensor& lead, const Tensor& x, const Tensor& w, c
 
 }  // namespace
 
+}  // namespace mg::kernels::cuda
+
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args,
                                  const Tensor& out) {
   mg::cuda::DeviceGuard guard(out.device());
@@ -438,6 +444,7 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
   }
 }
 
+template <>
 void CudaBackend::conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Conv2dArgs& args,
                                         const Tensor& grad_x) {
   mg::cuda::DeviceGuard guard(grad_x.device());
@@ -446,6 +453,7 @@ void CudaBackend::conv2d_backward_input(const Tensor& grad_out, const Tensor& w,
   run_layout(Dir::BwdData, grad_out, grad_x, w, grad_out, grad_x, args);
 }
 
+template <>
 void CudaBackend::conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Conv2dArgs& args,
                                          const Tensor& grad_w) {
   mg::cuda::DeviceGuard guard(grad_w.device());
@@ -454,4 +462,4 @@ void CudaBackend::conv2d_backward_weight(const Tensor& grad_out, const Tensor& x
   run_layout(Dir::BwdFilter, x, x, grad_w, grad_out, grad_w, args);
 }
 
-}  // namespace mg::kernels::cuda
+}  // namespace mg::kernels

@@ -366,6 +366,12 @@ void launch_binary(int op, Params p, const Tensor& a, const Tensor& b, const Ten
 
 }  // namespace
 
+}  // namespace mg::kernels::cuda
+
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CudaBackend::unary(Unary op, const Tensor& a, const Tensor& out) {
   if (op == Unary::LogicalNot && out.dtype() != a.dtype())
     return launch_binary(kLogicalNot, {}, a, a, out, "logical_not");
@@ -374,22 +380,27 @@ void CudaBackend::unary(Unary op, const Tensor& a, const Tensor& out) {
   launch_unary(static_cast<int>(op), {}, a, out, "unary");
 }
 
+template <>
 void CudaBackend::binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& out) {
   launch_binary(static_cast<int>(op), {}, a, b, out, "binary");
 }
 
+template <>
 void CudaBackend::clamp(const Tensor& a, double lo, double hi, const Tensor& out) {
   launch_unary(kClamp, {lo, hi}, a, out, "clamp");
 }
 
+template <>
 void CudaBackend::clamp_backward(const Tensor& grad, const Tensor& x, double lo, double hi, const Tensor& out) {
   launch_binary(kClampBackward, {lo, hi}, grad, x, out, "clamp_backward");
 }
 
+template <>
 void CudaBackend::axpby(const Tensor& a, double alpha, const Tensor& b, double beta, const Tensor& out) {
   launch_binary(kAxpby, {alpha, beta}, a, b, out, "axpby");
 }
 
+template <>
 void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
@@ -423,4 +434,4 @@ void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, co
   MG_CUDA_CHECK_LAUNCH("where");
 }
 
-}  // namespace mg::kernels::cuda
+}  // namespace mg::kernels

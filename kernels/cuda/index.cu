@@ -174,6 +174,12 @@ void by_size(DType t, const char* op, F f) {
 
 }  // namespace
 
+}  // namespace mg::kernels::cuda
+
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CudaBackend::one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   Tensor idx = as_i64(indices);
@@ -191,6 +197,7 @@ void CudaBackend::one_hot(const Tensor& indices, int64_t num_classes, const Tens
   MG_CUDA_CHECK_LAUNCH("one_hot");
 }
 
+template <>
 void CudaBackend::gather(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   Tensor idx = as_i64(index);
@@ -210,6 +217,7 @@ void CudaBackend::gather(const Tensor& a, int64_t dim, const Tensor& index, cons
   MG_CUDA_CHECK_LAUNCH("gather");
 }
 
+template <>
 void CudaBackend::scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, bool add) {
   const char* op = add ? "scatter_add_" : "scatter_";
   mg::cuda::DeviceGuard g(self.device());
@@ -238,6 +246,7 @@ void CudaBackend::scatter(const Tensor& self, int64_t dim, const Tensor& index, 
   MG_CUDA_CHECK_LAUNCH(op);
 }
 
+template <>
 void CudaBackend::index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   Tensor idx = as_i64(index);
@@ -259,6 +268,7 @@ void CudaBackend::index_select(const Tensor& a, int64_t dim, const Tensor& index
   MG_CUDA_CHECK_LAUNCH("index_select");
 }
 
+template <>
 void CudaBackend::index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
   mg::cuda::DeviceGuard g(self.device());
   Tensor idx = as_i64(index);
@@ -278,6 +288,7 @@ void CudaBackend::index_add(const Tensor& self, int64_t dim, const Tensor& index
   MG_CUDA_CHECK_LAUNCH("index_add_");
 }
 
+template <>
 void CudaBackend::nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
                                    const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
@@ -301,4 +312,4 @@ void CudaBackend::nll_loss_forward(const Tensor& log_probs, const Tensor& target
   MG_CUDA_CHECK_LAUNCH("nll_loss_forward");
 }
 
-}  // namespace mg::kernels::cuda
+}  // namespace mg::kernels

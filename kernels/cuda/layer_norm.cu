@@ -178,16 +178,23 @@ void forward_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 
 }  // namespace
 
-void CudaBackend::layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                                     const Tensor& out, const Tensor& mean, const Tensor& rstd) {
-  forward_impl<false>(x, weight, bias, eps, out, mean, rstd);
-}
-
 void layer_norm_forward_reference(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                                   const Tensor& out, const Tensor& mean, const Tensor& rstd) {
   forward_impl<true>(x, weight, bias, eps, out, mean, rstd);
 }
 
+}  // namespace mg::kernels::cuda
+
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
+void CudaBackend::layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                     const Tensor& out, const Tensor& mean, const Tensor& rstd) {
+  forward_impl<false>(x, weight, bias, eps, out, mean, rstd);
+}
+
+template <>
 void CudaBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                                       const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight,
                                       const Tensor& grad_bias) {
@@ -219,4 +226,4 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, c
   });
 }
 
-}  // namespace mg::kernels::cuda
+}  // namespace mg::kernels

@@ -127,6 +127,12 @@ void scale_out(const Tensor& out, double beta) {
 
 }  // namespace
 
+}  // namespace mg::kernels::cuda
+
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CudaBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha,
                        double beta) {
   const char* op = "gemm";
@@ -154,6 +160,7 @@ void CudaBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool tran
   raw::copy_(out, tmp);
 }
 
+template <>
 void CudaBackend::bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
   const char* op = "bmm";
   mg::cuda::DeviceGuard g(out.device());
@@ -169,6 +176,7 @@ void CudaBackend::bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
                 A.stride(0), n * m, op, out.device().index);
 }
 
+template <>
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   if (bias.defined()) {
@@ -180,4 +188,4 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
   }
 }
 
-}  // namespace mg::kernels::cuda
+}  // namespace mg::kernels

@@ -120,6 +120,12 @@ bool vec_rows(const void* p, int64_t C) {
 
 }  // namespace
 
+}  // namespace mg::kernels::cuda
+
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 int64_t CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                            double smoothing, const Tensor& loss, const Tensor& lse) {
   const int64_t M = logits.size(0), C = logits.size(1);
@@ -155,6 +161,7 @@ int64_t CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& t
   return v;
 }
 
+template <>
 void CudaBackend::cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target,
                                          const Tensor& lse, int64_t ignore_index, double smoothing,
                                          const Tensor& grad) {
@@ -181,4 +188,4 @@ void CudaBackend::cross_entropy_backward(const Tensor& coef, const Tensor& logit
   MG_CUDA_CHECK_LAUNCH("cross_entropy_backward");
 }
 
-}  // namespace mg::kernels::cuda
+}  // namespace mg::kernels

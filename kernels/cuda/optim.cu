@@ -162,6 +162,12 @@ float* fptr(const Tensor& t) { return static_cast<float*>(t.raw_data()); }
 
 }  // namespace
 
+}  // namespace mg::kernels::cuda
+
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {
   const cudaStream_t stream = stream_of(t.params[0]);
   const optim_math::AdamScalars<float> s{float(h.lr),           float(h.beta1),           float(h.beta2), float(h.eps),
@@ -185,6 +191,7 @@ void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {
       });
 }
 
+template <>
 void CudaBackend::sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) {
   const cudaStream_t stream = stream_of(t.params[0]);
   const optim_math::SGDScalars<float> s{float(h.lr),           float(h.momentum), float(h.dampening),
@@ -205,6 +212,7 @@ void CudaBackend::sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) {
       });
 }
 
+template <>
 double CudaBackend::multi_tensor_norm_partial(const std::vector<Tensor>& ts, double norm_type) {
   if (ts.empty()) return 0.0;
   const cudaStream_t stream = stream_of(ts[0]);
@@ -225,6 +233,7 @@ double CudaBackend::multi_tensor_norm_partial(const std::vector<Tensor>& ts, dou
   return acc.item();  // the one device->host read
 }
 
+template <>
 void CudaBackend::multi_tensor_scale(const std::vector<Tensor>& ts, double scale) {
   if (ts.empty()) return;
   const cudaStream_t stream = stream_of(ts[0]);
@@ -240,4 +249,4 @@ void CudaBackend::multi_tensor_scale(const std::vector<Tensor>& ts, double scale
       });
 }
 
-}  // namespace mg::kernels::cuda
+}  // namespace mg::kernels

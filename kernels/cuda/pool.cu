@@ -192,6 +192,12 @@ T* mp(const Tensor& t) {
 
 }  // namespace
 
+}  // namespace mg::kernels::cuda
+
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CudaBackend::max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, const Tensor& indices) {
   if (out.numel() == 0) return;
   mg::cuda::DeviceGuard guard(out.device());
@@ -203,6 +209,7 @@ void CudaBackend::max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tens
   });
 }
 
+template <>
 void CudaBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_x) {
   if (grad_x.numel() == 0) return;
   mg::cuda::DeviceGuard guard(grad_x.device());
@@ -223,6 +230,7 @@ void CudaBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& indi
   });
 }
 
+template <>
 void CudaBackend::avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out) {
   if (out.numel() == 0) return;
   mg::cuda::DeviceGuard guard(out.device());
@@ -234,6 +242,7 @@ void CudaBackend::avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tens
   });
 }
 
+template <>
 void CudaBackend::avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& args, const Tensor& grad_x) {
   if (grad_x.numel() == 0) return;
   mg::cuda::DeviceGuard guard(grad_x.device());
@@ -245,6 +254,7 @@ void CudaBackend::avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& 
   });
 }
 
+template <>
 void CudaBackend::adaptive_avg_pool2d(const Tensor& x, const Tensor& out) {
   if (out.numel() == 0) return;
   mg::cuda::DeviceGuard guard(out.device());
@@ -256,6 +266,7 @@ void CudaBackend::adaptive_avg_pool2d(const Tensor& x, const Tensor& out) {
   });
 }
 
+template <>
 void CudaBackend::adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& grad_x) {
   if (grad_x.numel() == 0) return;
   mg::cuda::DeviceGuard guard(grad_x.device());
@@ -267,4 +278,4 @@ void CudaBackend::adaptive_avg_pool2d_backward(const Tensor& grad_out, const Ten
   });
 }
 
-}  // namespace mg::kernels::cuda
+}  // namespace mg::kernels

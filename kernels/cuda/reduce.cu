@@ -395,6 +395,12 @@ __global__ void nonfinite_kernel(const T* a, OffsetCalc<1> oc, int64_t n, int* f
 
 }  // namespace
 
+}  // namespace mg::kernels::cuda
+
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CudaBackend::sum(const Tensor& a, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   switch (a.dtype()) {
@@ -446,12 +452,14 @@ void float_reduce(const Tensor& a, const Tensor& out, int mode, double scale, co
 }
 }  // namespace
 
+template <>
 void CudaBackend::mean(const Tensor& a, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   const int64_t count = out.numel() ? a.numel() / out.numel() : 0;
   float_reduce(a, out, kSum, 1.0 / static_cast<double>(count), nullptr, "mean");
 }
 
+template <>
 void CudaBackend::var(const Tensor& a, int64_t correction, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   MG_CHECK(is_floating(a.dtype()), DTypeError, "var: expected a floating tensor, got ", a.dtype());
@@ -463,6 +471,7 @@ void CudaBackend::var(const Tensor& a, int64_t correction, const Tensor& out) {
   float_reduce(a, out, kSqDev, 1.0 / denom, mu.raw_data(), "var");
 }
 
+template <>
 void CudaBackend::sum_squares(const Tensor& a, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
   Tensor x = is_floating(a.dtype()) ? a : raw::to_dtype(a, DType::f32);
@@ -476,6 +485,7 @@ void CudaBackend::sum_squares(const Tensor& a, const Tensor& out) {
   float_reduce(x, o, kSumSq, 1.0, nullptr, "sum_squares");
 }
 
+template <>
 void CudaBackend::max_min(const Tensor& a, int64_t dim, bool is_max, const Tensor& values, const Tensor& indices) {
   const char* op = is_max ? "max" : "min";
   mg::cuda::DeviceGuard g(values.device());
@@ -529,6 +539,7 @@ void CudaBackend::max_min(const Tensor& a, int64_t dim, bool is_max, const Tenso
   });
 }
 
+template <>
 bool CudaBackend::has_nonfinite(const Tensor& a) {
   if (!is_floating(a.dtype()) || a.numel() == 0) return false;
   mg::cuda::DeviceGuard g(a.device());
@@ -548,4 +559,4 @@ bool CudaBackend::has_nonfinite(const Tensor& a) {
   return host != 0;
 }
 
-}  // namespace mg::kernels::cuda
+}  // namespace mg::kernels

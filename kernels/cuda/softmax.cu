@@ -142,6 +142,12 @@ Shape rows_shape(const Tensor& t, int64_t dim) {
 
 }  // namespace
 
+}  // namespace mg::kernels::cuda
+
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
+
+template <>
 void CudaBackend::softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) {
   const char* op = log ? "log_softmax" : "softmax";
   const int64_t K = a.dim() ? a.size(dim) : 1;
@@ -182,6 +188,7 @@ void CudaBackend::softmax(const Tensor& a, int64_t dim, bool log, const Tensor& 
   });
 }
 
+template <>
 void CudaBackend::softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log, const Tensor& out) {
   const char* op = log ? "log_softmax_backward" : "softmax_backward";
   const int64_t K = y.dim() ? y.size(dim) : 1;
@@ -228,4 +235,4 @@ void CudaBackend::softmax_backward(const Tensor& grad, const Tensor& y, int64_t 
   });
 }
 
-}  // namespace mg::kernels::cuda
+}  // namespace mg::kernels

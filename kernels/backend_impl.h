@@ -1,0 +1,112 @@
+// The backends' shared declaration: BackendImpl<D> overrides every op of kernels/backend.h once;
+// cpu/ and cuda/ define its members per device as explicit specializations, one file per op family
+// (the family file named beside each group). The contract, with its comments, is in backend.h.
+#pragma once
+
+#include "kernels/backend.h"
+
+namespace mg::kernels {
+
+// Each device's file defines `template <> void BackendImpl<DeviceType::X>::op(...)`. A device that
+// lacks a definition fails to link: the class's vtable names every member. The members are
+// defined in this namespace (where the template lives); the kernels they call stay in cpu::/cuda::.
+template <DeviceType D>
+class BackendImpl final : public Backend {
+ public:
+  const char* name() const override { return D == DeviceType::CPU ? "cpu" : "cuda"; }
+
+  // ---- elementwise (elementwise.*)
+  void unary(Unary op, const Tensor& a, const Tensor& out) override;
+  void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void clamp(const Tensor& a, double lo, double hi, const Tensor& out) override;
+  void clamp_backward(const Tensor& grad, const Tensor& x, double lo, double hi, const Tensor& out) override;
+  void axpby(const Tensor& a, double alpha, const Tensor& b, double beta, const Tensor& out) override;
+  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
+
+  // ---- reductions (reduce.*)
+  void sum(const Tensor& a, const Tensor& out) override;
+  void mean(const Tensor& a, const Tensor& out) override;
+  void var(const Tensor& a, int64_t correction, const Tensor& out) override;
+  void max_min(const Tensor& a, int64_t dim, bool is_max, const Tensor& values, const Tensor& indices) override;
+  void sum_squares(const Tensor& a, const Tensor& out) override;
+  bool has_nonfinite(const Tensor& a) override;
+
+  // ---- linear algebra (linalg.*)
+  void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha,
+            double beta) override;
+  void bmm(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
+
+  // ---- softmax family (softmax.*)
+  void softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) override;
+  void softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log, const Tensor& out) override;
+
+  // ---- losses (loss.*)
+  void nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
+                        const Tensor& out) override;
+  int64_t cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index, double smoothing,
+                                const Tensor& loss, const Tensor& lse) override;
+  void cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target, const Tensor& lse,
+                              int64_t ignore_index, double smoothing, const Tensor& grad) override;
+
+  // ---- indexing (index.*)
+  void one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) override;
+  void gather(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) override;
+  void scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, bool add) override;
+  void index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) override;
+  void index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) override;
+
+  // ---- layer norm (layer_norm.*)
+  void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                          const Tensor& mean, const Tensor& rstd) override;
+  void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight,
+                           const Tensor& grad_bias) override;
+
+  // ---- batch norm (batch_norm.*)
+  void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                   const Tensor& running_mean, const Tensor& running_var, double momentum, double eps,
+                                   const Tensor& out, const Tensor& save_mean, const Tensor& save_invstd) override;
+  void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                               const Tensor& running_var, double eps, const Tensor& out) override;
+  void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                           const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight,
+                           const Tensor& grad_bias) override;
+  void batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
+                               const Tensor& invstd, double unbias, double momentum, double eps) override;
+
+  // ---- convolution (conv.*)
+  void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args,
+                      const Tensor& out) override;
+  void conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Conv2dArgs& args,
+                             const Tensor& grad_x) override;
+  void conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Conv2dArgs& args,
+                              const Tensor& grad_w) override;
+
+  // ---- pooling (pool.*)
+  void max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, const Tensor& indices) override;
+  void max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_x) override;
+  void avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out) override;
+  void avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& args, const Tensor& grad_x) override;
+  void adaptive_avg_pool2d(const Tensor& x, const Tensor& out) override;
+  void adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& grad_x) override;
+
+  // ---- flash attention (attention.*)
+  void flash_attention_forward(AttentionKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                               double scale, const Tensor& out, const Tensor& lse) override;
+  void flash_attention_backward(AttentionKernel kernel, const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const Tensor& out, const Tensor& lse, bool causal, double scale,
+                                const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v) override;
+
+  // ---- multi-tensor optimizer updates (optim.*)
+  void adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) override;
+  void sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) override;
+  double multi_tensor_norm_partial(const std::vector<Tensor>& ts, double norm_type) override;
+  void multi_tensor_scale(const std::vector<Tensor>& ts, double scale) override;
+
+  // ---- mixed precision (amp.*)
+  void amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale) override;
+  void add_stochastic_bf16(const Tensor& param, const Tensor& update, float alpha, uint64_t seed) override;
+};
+
+}  // namespace mg::kernels
