@@ -20,33 +20,17 @@ def memgrad_dependencies(memgrad_path):
     # become incompatible and the CPU build goes on.
     maybe(cuda_configure, name = "local_cuda")
 
-    maybe(
-        native.new_local_repository,
-        name = "system_gtest",
-        path = "/usr",
-        build_file = str(Label("//third_party:gtest.BUILD")),
-    )
-    maybe(
-        native.new_local_repository,
-        name = "system_benchmark",
-        path = "/usr",
-        build_file = str(Label("//third_party:benchmark.BUILD")),
-    )
-    maybe(
-        native.new_local_repository,
-        name = "eigen",
-        path = "/usr/include/eigen3",
-        build_file = str(Label("//third_party:eigen.BUILD")),
-    )
-    maybe(
-        native.new_local_repository,
-        name = "system_zlib",
-        path = "/usr",
-        build_file = str(Label("//third_party:zlib.BUILD")),
-    )
-    maybe(
-        native.new_local_repository,
-        name = "nlohmann_json",
-        path = "/usr/include",
-        build_file = str(Label("//third_party:nlohmann_json.BUILD")),
-    )
+    # System packages, each with its BUILD file in third_party/.
+    for name, path, build in [
+        ("system_gtest", "/usr", "gtest"),
+        ("system_benchmark", "/usr", "benchmark"),
+        ("eigen", "/usr/include/eigen3", "eigen"),
+        ("system_zlib", "/usr", "zlib"),
+        ("nlohmann_json", "/usr/include", "nlohmann_json"),
+    ]:
+        maybe(
+            native.new_local_repository,
+            name = name,
+            path = path,
+            build_file = str(Label("//third_party:%s.BUILD" % build)),
+        )

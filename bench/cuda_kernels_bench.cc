@@ -32,8 +32,7 @@ const int64_t kN = int64_t{1} << 28;  // 256 Mi elements: 1 GiB in f32
 
 void BM_DeviceCopy(benchmark::State& state) {
   if (!have_gpu(state)) return;
-  Tensor a = empty({kN}, {DType::f32, kGpu}), b = empty({kN}, {DType::f32, kGpu});
-  uniform_(a, -1, 1);
+  Tensor a = uniform({kN}, -1, 1, {DType::f32, kGpu}), b = empty({kN}, {DType::f32, kGpu});
   const double bytes = 2.0 * kN * 4;
   double total_ms = 0;
   int iters = 0;
@@ -84,9 +83,7 @@ DType dtype_arg(int64_t i) { return i == 0 ? DType::f32 : i == 1 ? DType::f16 : 
 void BM_Add(benchmark::State& state) {
   if (!have_gpu(state)) return;
   DType dt = dtype_arg(state.range(0));
-  Tensor a = empty({kN}, {dt, kGpu}), b = empty({kN}, {dt, kGpu});
-  uniform_(a, -1, 1);
-  uniform_(b, -1, 1);
+  Tensor a = uniform({kN}, -1, 1, {dt, kGpu}), b = uniform({kN}, -1, 1, {dt, kGpu});
   bandwidth(state, 3.0 * kN * dtype_size(dt), [&] { Tensor c = kernels::add(a, b); });
   state.SetLabel(std::string("a + b, ") + dtype_name(dt));
 }
@@ -95,8 +92,7 @@ BENCHMARK(BM_Add)->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMil
 void BM_Gelu(benchmark::State& state) {
   if (!have_gpu(state)) return;
   DType dt = dtype_arg(state.range(0));
-  Tensor a = empty({kN}, {dt, kGpu});
-  uniform_(a, -3, 3);
+  Tensor a = uniform({kN}, -3, 3, {dt, kGpu});
   bandwidth(state, 2.0 * kN * dtype_size(dt), [&] { Tensor c = kernels::unary(kernels::Unary::GeluTanh, a); });
   state.SetLabel(std::string("gelu(tanh), ") + dtype_name(dt));
 }
@@ -106,9 +102,7 @@ void BM_BroadcastAdd(benchmark::State& state) {
   if (!have_gpu(state)) return;
   DType dt = dtype_arg(state.range(0));
   const int64_t rows = kN / 4096;
-  Tensor a = empty({rows, 4096}, {dt, kGpu}), bias = empty({4096}, {dt, kGpu});
-  uniform_(a, -1, 1);
-  uniform_(bias, -1, 1);
+  Tensor a = uniform({rows, 4096}, -1, 1, {dt, kGpu}), bias = uniform({4096}, -1, 1, {dt, kGpu});
   bandwidth(state, 2.0 * kN * dtype_size(dt), [&] { Tensor c = kernels::add(a, bias); });
   state.SetLabel(std::string("[R,4096] + [4096] bias, ") + dtype_name(dt));
 }
@@ -118,8 +112,7 @@ void BM_Softmax(benchmark::State& state) {
   if (!have_gpu(state)) return;
   DType dt = dtype_arg(state.range(0));
   const int64_t cols = state.range(1), rows = kN / cols;
-  Tensor a = empty({rows, cols}, {dt, kGpu});
-  uniform_(a, -5, 5);
+  Tensor a = uniform({rows, cols}, -5, 5, {dt, kGpu});
   bandwidth(state, 2.0 * kN * dtype_size(dt), [&] { Tensor c = kernels::softmax(a, -1); });
   state.SetLabel(std::string("softmax over ") + std::to_string(cols) + ", " + dtype_name(dt));
 }
@@ -128,8 +121,7 @@ BENCHMARK(BM_Softmax)->ArgsProduct({{0, 1, 2}, {1024, 50304}})->UseManualTime()-
 void BM_Sum(benchmark::State& state) {
   if (!have_gpu(state)) return;
   DType dt = dtype_arg(state.range(0));
-  Tensor a = empty({kN / 4096, 4096}, {dt, kGpu});
-  uniform_(a, -1, 1);
+  Tensor a = uniform({kN / 4096, 4096}, -1, 1, {dt, kGpu});
   bandwidth(state, 1.0 * kN * dtype_size(dt), [&] { Tensor c = kernels::sum(a, {-1}); });
   state.SetLabel(std::string("row sums over 4096, ") + dtype_name(dt));
 }
@@ -147,9 +139,7 @@ void BM_Matmul(benchmark::State& state) {
   const int mode = static_cast<int>(state.range(0));  // 0 f32, 1 f32+tf32, 2 f16, 3 bf16
   DType dt = mode <= 1 ? DType::f32 : mode == 2 ? DType::f16 : DType::bf16;
   kernels::set_allow_tf32(mode == 1);
-  Tensor a = empty({kM, kM}, {dt, kGpu}), b = empty({kM, kM}, {dt, kGpu});
-  uniform_(a, -1, 1);
-  uniform_(b, -1, 1);
+  Tensor a = uniform({kM, kM}, -1, 1, {dt, kGpu}), b = uniform({kM, kM}, -1, 1, {dt, kGpu});
   Tensor c = empty({kM, kM}, {dt, kGpu});
   cuda::Event start(true), stop(true);
   cuda::Stream s = cuda::Stream::current(0);
@@ -178,9 +168,8 @@ void BM_CublasDirect(benchmark::State& state) {
   DType dt = mode <= 1 ? DType::f32 : mode == 2 ? DType::f16 : DType::bf16;
   cudaDataType_t ct = dt == DType::f32 ? CUDA_R_32F : dt == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
   cublasComputeType_t comp = mode == 1 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  Tensor a = empty({kM, kM}, {dt, kGpu}), b = empty({kM, kM}, {dt, kGpu}), c = empty({kM, kM}, {dt, kGpu});
-  uniform_(a, -1, 1);
-  uniform_(b, -1, 1);
+  Tensor a = uniform({kM, kM}, -1, 1, {dt, kGpu}), b = uniform({kM, kM}, -1, 1, {dt, kGpu}),
+         c = empty({kM, kM}, {dt, kGpu});
   cublasHandle_t h;
   cublasCreate(&h);
   Tensor workspace = empty({int64_t{kWorkspaceMiB} << 20}, {DType::u8, kGpu});

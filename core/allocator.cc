@@ -3,28 +3,13 @@
 #include <cstdlib>
 #include <cstdio>
 
+#include "core/enum_name.h"
 #include "core/error.h"
 
 namespace mg {
 
 const char* memory_category_name(MemoryCategory c) {
-  switch (c) {
-    case MemoryCategory::Other:
-      return "other";
-    case MemoryCategory::Parameters:
-      return "parameters";
-    case MemoryCategory::Gradients:
-      return "gradients";
-    case MemoryCategory::OptimizerState:
-      return "optimizer_state";
-    case MemoryCategory::Activations:
-      return "activations";
-    case MemoryCategory::Data:
-      return "data";
-    case MemoryCategory::kCount:
-      break;
-  }
-  return "?";
+  return enum_name(c, {"other", "parameters", "gradients", "optimizer_state", "activations", "data"});
 }
 
 namespace {

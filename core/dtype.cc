@@ -2,6 +2,8 @@
 
 #include <ostream>
 
+#include "core/enum_name.h"
+
 namespace mg {
 
 uint16_t Half::from_float(float f) {
@@ -60,75 +62,24 @@ float Half::to_float(uint16_t h) {
 }
 
 size_t dtype_size(DType t) {
-  switch (t) {
-    case DType::f64:
-    case DType::i64:
-      return 8;
-    case DType::f32:
-    case DType::i32:
-      return 4;
-    case DType::f16:
-    case DType::bf16:
-      return 2;
-    case DType::u8:
-    case DType::b8:
-      return 1;
-  }
-  return 0;
+  size_t size = 0;
+  visit_dtype<HostTypes>(AllDTypes{}, t, [&](auto tag) { size = sizeof(typename decltype(tag)::type); });
+  return size;
 }
 
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::f64:
-      return "f64";
-    case DType::f32:
-      return "f32";
-    case DType::f16:
-      return "f16";
-    case DType::bf16:
-      return "bf16";
-    case DType::i64:
-      return "i64";
-    case DType::i32:
-      return "i32";
-    case DType::u8:
-      return "u8";
-    case DType::b8:
-      return "bool";
-  }
-  return "?";
-}
+// Indexed by DType. Like PyTorch's promotion lattice: bool < u8 < i32 < i64 < f16/bf16 < f32 < f64;
+// f16 with bf16 promotes to f32.
+constexpr int kPromotionRank[] = {6, 5, 4, 4, 3, 2, 1, 0};
+
+const char* dtype_name(DType t) { return enum_name(t, {"f64", "f32", "f16", "bf16", "i64", "i32", "u8", "bool"}); }
 
 bool is_floating(DType t) { return t == DType::f64 || t == DType::f32 || t == DType::f16 || t == DType::bf16; }
 bool is_integral(DType t) { return !is_floating(t); }
 
-// Like PyTorch's promotion lattice: bool < u8 < i32 < i64 < f16/bf16 < f32 < f64;
-// f16 with bf16 promotes to f32.
 DType promote_types(DType a, DType b) {
   if (a == b) return a;
-  auto rank = [](DType t) {
-    switch (t) {
-      case DType::b8:
-        return 0;
-      case DType::u8:
-        return 1;
-      case DType::i32:
-        return 2;
-      case DType::i64:
-        return 3;
-      case DType::f16:
-        return 4;
-      case DType::bf16:
-        return 4;
-      case DType::f32:
-        return 5;
-      case DType::f64:
-        return 6;
-    }
-    return 0;
-  };
   if ((a == DType::f16 && b == DType::bf16) || (a == DType::bf16 && b == DType::f16)) return DType::f32;
-  return rank(a) >= rank(b) ? a : b;
+  return kPromotionRank[static_cast<size_t>(a)] >= kPromotionRank[static_cast<size_t>(b)] ? a : b;
 }
 
 std::ostream& operator<<(std::ostream& os, DType t) { return os << dtype_name(t); }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -50,99 +51,90 @@ bool is_integral(DType t);  // i64, i32, u8, b8
 DType promote_types(DType a, DType b);
 std::ostream& operator<<(std::ostream& os, DType t);
 
+// The C++ element type of each DType, in the enum's order: the one table from a runtime dtype to
+// a type. Host code uses HostTypes; CUDA code (core/cuda/dtype_cuda.cuh) swaps in __half and
+// __nv_bfloat16 for the 16-bit floats.
+template <class... Ts>
+struct TypeList {};
+template <class F16, class BF16>
+using ElementTypes = TypeList<double, float, F16, BF16, int64_t, int32_t, uint8_t, bool>;
+using HostTypes = ElementTypes<Half, BFloat16>;
+
+namespace detail {
+template <class T, class... Ts>
+constexpr int index_of(TypeList<Ts...>) {
+  int i = 0;
+  ((std::is_same_v<T, Ts> ? false : (++i, true)) && ...);
+  return i;
+}
+template <size_t I, class T, class... Ts>
+struct TypeAt : TypeAt<I - 1, Ts...> {};
+template <class T, class... Ts>
+struct TypeAt<0, T, Ts...> {
+  using type = T;
+};
+template <size_t I, class List>
+struct TypeAtList;
+template <size_t I, class... Ts>
+struct TypeAtList<I, TypeList<Ts...>> : TypeAt<I, Ts...> {};
+}  // namespace detail
+
+// The DType of a host element type T (dtype_of<float> == DType::f32).
 template <class T>
-struct DTypeOf;
-template <>
-struct DTypeOf<double> {
-  static constexpr DType value = DType::f64;
-};
-template <>
-struct DTypeOf<float> {
-  static constexpr DType value = DType::f32;
-};
-template <>
-struct DTypeOf<Half> {
-  static constexpr DType value = DType::f16;
-};
-template <>
-struct DTypeOf<BFloat16> {
-  static constexpr DType value = DType::bf16;
-};
-template <>
-struct DTypeOf<int64_t> {
-  static constexpr DType value = DType::i64;
-};
-template <>
-struct DTypeOf<int32_t> {
-  static constexpr DType value = DType::i32;
-};
-template <>
-struct DTypeOf<uint8_t> {
-  static constexpr DType value = DType::u8;
-};
-template <>
-struct DTypeOf<bool> {
-  static constexpr DType value = DType::b8;
-};
+inline constexpr DType dtype_of = [] {
+  constexpr int i = detail::index_of<T>(HostTypes{});
+  static_assert(i < 8, "dtype_of: not a memgrad element type");
+  return static_cast<DType>(i);
+}();
+// The element type of DType D in the list Types (dtype_type<HostTypes, DType::f16> is Half).
+template <class Types, DType D>
+using dtype_type = typename detail::TypeAtList<static_cast<size_t>(D), Types>::type;
+
 template <class T>
-inline constexpr DType dtype_of = DTypeOf<T>::value;
+struct TypeTag {
+  using type = T;
+};
+
+// A set of dtypes, for visit_dtype; the sets the dispatch macros accept.
+template <DType... Ds>
+struct DTypeSet {};
+using AllDTypes =
+    DTypeSet<DType::f64, DType::f32, DType::f16, DType::bf16, DType::i64, DType::i32, DType::u8, DType::b8>;
+using FloatDTypes = DTypeSet<DType::f64, DType::f32, DType::f16, DType::bf16>;
+using IntegralDTypes = DTypeSet<DType::i64, DType::i32, DType::u8, DType::b8>;
+using IndexDTypes = DTypeSet<DType::i64, DType::i32>;
+
+// The one runtime-dtype-to-type switch: calls f(TypeTag<T>{}) with T the element type of `t` in
+// Types, if `t` is in the set; returns whether it was. The MG_DISPATCH_* macros below (and
+// MG_CUDA_DISPATCH_* for device types) are this with the message for a dtype outside the set.
+template <class Types, DType... Accepted, class F>
+bool visit_dtype(DTypeSet<Accepted...>, DType t, F&& f) {
+  return ((t == Accepted && (f(TypeTag<dtype_type<Types, Accepted>>{}), true)) || ...);
+}
 
 // The type arithmetic on T is carried out in (half types compute in float).
 template <class T>
-struct OpMath {
-  using type = T;
-};
-template <>
-struct OpMath<Half> {
-  using type = float;
-};
-template <>
-struct OpMath<BFloat16> {
-  using type = float;
-};
-template <class T>
-using opmath_t = typename OpMath<T>::type;
+using opmath_t = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
 
 }  // namespace mg
 
-#define MG_DTYPE_CASE(enum_v, T, ...) \
-  case ::mg::DType::enum_v: {         \
-    using scalar_t = T;               \
-    __VA_ARGS__();                    \
-    break;                            \
-  }
+// MG_DISPATCH_ALL(dtype, "op", [&] { ... scalar_t ... }) runs the lambda with scalar_t the
+// element type of dtype, or throws DTypeError naming the op and the dtype.
+#define MG_DISPATCH_TYPES(TYPES, SET, DT, NAME, WHAT, ...)         \
+  do {                                                             \
+    if (!::mg::visit_dtype<TYPES>(SET{}, (DT), [&](auto mg_tag_) { \
+          using scalar_t = typename decltype(mg_tag_)::type;       \
+          __VA_ARGS__();                                           \
+        }))                                                        \
+      MG_THROW(::mg::DTypeError, NAME, WHAT, (DT));                \
+  } while (0)
 
-// MG_DISPATCH_ALL(dtype, "op", [&] { ... scalar_t ... });
-#define MG_DISPATCH_ALL(DT, NAME, ...)                                \
-  switch (DT) {                                                       \
-    MG_DTYPE_CASE(f64, double, __VA_ARGS__)                           \
-    MG_DTYPE_CASE(f32, float, __VA_ARGS__)                            \
-    MG_DTYPE_CASE(f16, ::mg::Half, __VA_ARGS__)                       \
-    MG_DTYPE_CASE(bf16, ::mg::BFloat16, __VA_ARGS__)                  \
-    MG_DTYPE_CASE(i64, int64_t, __VA_ARGS__)                          \
-    MG_DTYPE_CASE(i32, int32_t, __VA_ARGS__)                          \
-    MG_DTYPE_CASE(u8, uint8_t, __VA_ARGS__)                           \
-    MG_DTYPE_CASE(b8, bool, __VA_ARGS__)                              \
-    default:                                                          \
-      MG_THROW(::mg::DTypeError, NAME, ": unsupported dtype ", (DT)); \
-  }
-
+#define MG_DISPATCH_ALL(DT, NAME, ...) \
+  MG_DISPATCH_TYPES(::mg::HostTypes, ::mg::AllDTypes, DT, NAME, ": unsupported dtype ", __VA_ARGS__)
 // Floating types only (f64, f32, f16, bf16).
-#define MG_DISPATCH_FLOAT(DT, NAME, ...)                                           \
-  switch (DT) {                                                                    \
-    MG_DTYPE_CASE(f64, double, __VA_ARGS__)                                        \
-    MG_DTYPE_CASE(f32, float, __VA_ARGS__)                                         \
-    MG_DTYPE_CASE(f16, ::mg::Half, __VA_ARGS__)                                    \
-    MG_DTYPE_CASE(bf16, ::mg::BFloat16, __VA_ARGS__)                               \
-    default:                                                                       \
-      MG_THROW(::mg::DTypeError, NAME, ": expected a floating dtype, got ", (DT)); \
-  }
-
+#define MG_DISPATCH_FLOAT(DT, NAME, ...) \
+  MG_DISPATCH_TYPES(::mg::HostTypes, ::mg::FloatDTypes, DT, NAME, ": expected a floating dtype, got ", __VA_ARGS__)
 // Integer index types (i64, i32).
-#define MG_DISPATCH_INDEX(DT, NAME, ...)                                                      \
-  switch (DT) {                                                                               \
-    MG_DTYPE_CASE(i64, int64_t, __VA_ARGS__)                                                  \
-    MG_DTYPE_CASE(i32, int32_t, __VA_ARGS__)                                                  \
-    default:                                                                                  \
-      MG_THROW(::mg::DTypeError, NAME, ": expected an index dtype (i64 or i32), got ", (DT)); \
-  }
+#define MG_DISPATCH_INDEX(DT, NAME, ...)                                                                          \
+  MG_DISPATCH_TYPES(::mg::HostTypes, ::mg::IndexDTypes, DT, NAME, ": expected an index dtype (i64 or i32), got ", \
+                    __VA_ARGS__)

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "core/philox.h"
 #include "core/tensor.h"
 
 namespace mg {
@@ -13,9 +14,6 @@ struct PhiloxState {
   uint64_t seed = 0;
   uint64_t offset = 0;  // in 4-number blocks already consumed
 };
-
-// Philox4x32-10 block for (counter, key); the same function runs in the CUDA kernels.
-void philox4x32(uint64_t counter, uint64_t subsequence, uint64_t key, uint32_t out[4]);
 
 class Generator {
  public:

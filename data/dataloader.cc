@@ -13,34 +13,36 @@ namespace mg::data {
 
 namespace {
 
-// Rethrows `e` as the same mg::Error subclass with `ctx` in front of its message, so a
-// worker's IndexError still reaches the consumer as an IndexError, now saying which batch.
-[[noreturn]] void rethrow_with_context(const std::exception_ptr& e, const std::string& ctx) {
+// Rethrows `e` as an E with `ctx` in front of its message if it is an E; returns otherwise.
+template <class E>
+void rethrow_if(const std::exception_ptr& e, const std::string& ctx) {
   try {
     std::rethrow_exception(e);
-  } catch (const ShapeError& x) {
-    throw ShapeError(ctx + x.what());
-  } catch (const DTypeError& x) {
-    throw DTypeError(ctx + x.what());
-  } catch (const DeviceError& x) {
-    throw DeviceError(ctx + x.what());
-  } catch (const IndexError& x) {
-    throw IndexError(ctx + x.what());
-  } catch (const ValueError& x) {
-    throw ValueError(ctx + x.what());
-  } catch (const AutogradError& x) {
-    throw AutogradError(ctx + x.what());
-  } catch (const IOError& x) {
-    throw IOError(ctx + x.what());
-  } catch (const CudaError& x) {
-    throw CudaError(ctx + x.what());
-  } catch (const OutOfMemoryError& x) {
-    throw OutOfMemoryError(ctx + x.what());
-  } catch (const std::exception& x) {  // mg::Error itself and foreign exceptions
+  } catch (const E& x) {
+    throw E(ctx + x.what());
+  } catch (...) {
+  }
+}
+
+// Rethrows `e` as the first of Es that it is, with `ctx` in front of its message; anything else
+// (mg::Error itself, foreign exceptions) as an mg::Error.
+template <class... Es>
+[[noreturn]] void rethrow_as(const std::exception_ptr& e, const std::string& ctx) {
+  (rethrow_if<Es>(e, ctx), ...);
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
     throw Error(ctx + x.what());
   } catch (...) {
     throw Error(ctx + "unknown exception");
   }
+}
+
+// Rethrows `e` as the same mg::Error subclass with `ctx` in front of its message, so a
+// worker's IndexError still reaches the consumer as an IndexError, now saying which batch.
+[[noreturn]] void rethrow_with_context(const std::exception_ptr& e, const std::string& ctx) {
+  rethrow_as<ShapeError, DTypeError, DeviceError, IndexError, ValueError, AutogradError, IOError, CudaError,
+             OutOfMemoryError>(e, ctx);
 }
 
 }  // namespace

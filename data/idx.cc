@@ -44,34 +44,31 @@ void read_exact(gzFile f, const std::string& path, void* dst, size_t n, const st
   MG_CHECK(got == n, IOError, "read_idx: ", path, ": truncated file: expected ", n, " bytes of ", what, ", got ", got);
 }
 
+// The IDX element types: the type code (third magic byte), bytes per element in the file, and
+// the dtype it is held as in memory. write_idx writes the row whose file size is the dtype's.
 struct TypeInfo {
-  int file_size;  // bytes per element in the file
-  DType dtype;    // what it is stored as in memory
+  uint8_t code;
+  int file_size;
+  DType dtype;
+};
+constexpr TypeInfo kTypes[] = {
+    {0x08, 1, DType::u8},   // unsigned byte
+    {0x09, 1, DType::i32},  // signed byte
+    {0x0B, 2, DType::i32},  // short
+    {0x0C, 4, DType::i32},  // int
+    {0x0D, 4, DType::f32},  // float
+    {0x0E, 8, DType::f64},  // double
 };
 
-bool type_info(uint8_t code, TypeInfo* out) {
-  switch (code) {
-    case 0x08:
-      *out = {1, DType::u8};
-      return true;
-    case 0x09:
-      *out = {1, DType::i32};
-      return true;
-    case 0x0B:
-      *out = {2, DType::i32};
-      return true;
-    case 0x0C:
-      *out = {4, DType::i32};
-      return true;
-    case 0x0D:
-      *out = {4, DType::f32};
-      return true;
-    case 0x0E:
-      *out = {8, DType::f64};
-      return true;
-    default:
-      return false;
-  }
+const TypeInfo* type_of_code(uint8_t code) {
+  for (const TypeInfo& t : kTypes)
+    if (t.code == code) return &t;
+  return nullptr;
+}
+const TypeInfo* type_for_dtype(DType dtype) {
+  for (const TypeInfo& t : kTypes)
+    if (t.dtype == dtype && t.file_size == static_cast<int>(dtype_size(dtype))) return &t;
+  return nullptr;
 }
 
 uint32_t be32(const unsigned char* b) {
@@ -111,9 +108,9 @@ Tensor read_idx(const std::string& path) {
 
   unsigned char magic[4];
   read_exact(f.get(), path, magic, 4, "header (the 4-byte magic number)");
-  TypeInfo ti{};
-  MG_CHECK(magic[0] == 0 && magic[1] == 0 && type_info(magic[2], &ti) && magic[3] >= 1 && magic[3] <= 8, IOError,
-           "read_idx: ", path, ": bad magic number ", hex32(be32(magic)),
+  const TypeInfo* type = type_of_code(magic[2]);
+  MG_CHECK(magic[0] == 0 && magic[1] == 0 && type && magic[3] >= 1 && magic[3] <= 8, IOError, "read_idx: ", path,
+           ": bad magic number ", hex32(be32(magic)),
            ": expected 0x0000TTNN with TT an IDX type (08, 09, 0B, 0C, 0D, 0E) and NN the number of dims (1..8); "
            "is this an IDX file?");
   const int ndim = magic[3];
@@ -130,6 +127,7 @@ Tensor read_idx(const std::string& path) {
              " describe more than 2^40 elements (corrupt header?)");
   }
 
+  const TypeInfo& ti = *type;
   Tensor out = empty(shape, {ti.dtype, Device::cpu()});
   const std::string what = "data for shape " + shape_str(shape);
   if (ti.dtype == DType::u8) {
@@ -159,29 +157,10 @@ Tensor read_idx(const std::string& path) {
 void write_idx(const std::string& path, const Tensor& t) {
   MG_CHECK(t.defined() && !t.is_cuda(), ValueError, "write_idx: expected a defined CPU tensor");
   MG_CHECK(t.dim() >= 1 && t.dim() <= 8, ValueError, "write_idx: IDX holds 1 to 8 dims, got ", t.dim());
-  uint8_t code = 0;
-  int fs = 0;
-  switch (t.dtype()) {
-    case DType::u8:
-      code = 0x08;
-      fs = 1;
-      break;
-    case DType::i32:
-      code = 0x0C;
-      fs = 4;
-      break;
-    case DType::f32:
-      code = 0x0D;
-      fs = 4;
-      break;
-    case DType::f64:
-      code = 0x0E;
-      fs = 8;
-      break;
-    default:
-      MG_THROW(DTypeError, "write_idx: unsupported dtype ", t.dtype(), " (u8, i32, f32, f64)");
-  }
-  std::vector<unsigned char> bytes = {0, 0, code, static_cast<unsigned char>(t.dim())};
+  const TypeInfo* type = type_for_dtype(t.dtype());
+  MG_CHECK(type, DTypeError, "write_idx: unsupported dtype ", t.dtype(), " (u8, i32, f32, f64)");
+  const int fs = type->file_size;
+  std::vector<unsigned char> bytes = {0, 0, type->code, static_cast<unsigned char>(t.dim())};
   auto put_be = [&](uint64_t v, int n) {
     for (int i = n - 1; i >= 0; --i) bytes.push_back(static_cast<unsigned char>(v >> (8 * i)));
   };

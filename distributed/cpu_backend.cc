@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/enum_name.h"
 #include "distributed/backends.h"
 #include "kernels/ops.h"
 
@@ -25,19 +26,7 @@ using Header = CpuHeader;
 using Reply = CpuReply;
 
 const char* op_name(OpCode op) {
-  switch (op) {
-    case OpCode::AllReduce:
-      return "all_reduce";
-    case OpCode::Broadcast:
-      return "broadcast";
-    case OpCode::AllGather:
-      return "all_gather";
-    case OpCode::ReduceScatter:
-      return "reduce_scatter";
-    case OpCode::Barrier:
-      return "barrier";
-  }
-  return "?";
+  return enum_name(op, {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"}, 1);
 }
 
 class CpuWork final : public Work {

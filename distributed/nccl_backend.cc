@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -32,25 +33,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 ncclDataType_t nccl_dtype(DType d, const std::string& who) {
-  switch (d) {
-    case DType::f64:
-      return ncclFloat64;
-    case DType::f32:
-      return ncclFloat32;
-    case DType::f16:
-      return ncclFloat16;
-    case DType::bf16:
-      return ncclBfloat16;
-    case DType::i64:
-      return ncclInt64;
-    case DType::i32:
-      return ncclInt32;
-    case DType::u8:
-      return ncclUint8;
-    case DType::b8:
-      return ncclUint8;
-  }
-  MG_THROW(DTypeError, who, ": dtype ", d, " has no NCCL equivalent");
+  // Indexed by DType (core/dtype.h's order); bool travels as bytes.
+  static constexpr ncclDataType_t kTypes[] = {ncclFloat64, ncclFloat32, ncclFloat16, ncclBfloat16,
+                                              ncclInt64,   ncclInt32,   ncclUint8,   ncclUint8};
+  const auto i = static_cast<size_t>(d);
+  MG_CHECK(i < std::size(kTypes), DTypeError, who, ": dtype ", d, " has no NCCL equivalent");
+  return kTypes[i];
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {

@@ -5,35 +5,16 @@
 #include <cstdlib>
 
 #include "core/device_runtime.h"
+#include "core/enum_name.h"
 #include "distributed/backends.h"
 #include "distributed/launch_env.h"
 #include "kernels/ops.h"
 
 namespace mg::dist {
 
-const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum:
-      return "sum";
-    case ReduceOp::Avg:
-      return "avg";
-    case ReduceOp::Max:
-      return "max";
-  }
-  return "?";
-}
+const char* reduce_op_name(ReduceOp op) { return enum_name(op, {"sum", "avg", "max"}); }
 
-const char* backend_name(Backend b) {
-  switch (b) {
-    case Backend::Auto:
-      return "auto";
-    case Backend::Cpu:
-      return "cpu";
-    case Backend::Nccl:
-      return "nccl";
-  }
-  return "?";
-}
+const char* backend_name(Backend b) { return enum_name(b, {"auto", "cpu", "nccl"}); }
 
 namespace detail {
 GroupFactory& nccl_factory() {

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/enum_name.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
 
@@ -236,16 +237,6 @@ AttentionKernel attention_kernel(const Tensor& q, const Tensor& k, const Tensor&
   return flash_attention_kernel(q.dtype(), q.size(-1));
 }
 
-const char* attention_kernel_name(AttentionKernel kernel) {
-  switch (kernel) {
-    case AttentionKernel::Composed:
-      return "composed";
-    case AttentionKernel::FlashSimt:
-      return "simt";
-    case AttentionKernel::FlashTensorCore:
-      return "tc";
-  }
-  return "?";
-}
+const char* attention_kernel_name(AttentionKernel kernel) { return enum_name(kernel, {"composed", "simt", "tc"}); }
 
 }  // namespace mg::kernels

@@ -12,7 +12,7 @@ namespace {
 constexpr size_t kDeviceTypes = 2;  // DeviceType::CPU, DeviceType::CUDA
 
 std::array<Backend*, kDeviceTypes>& registry() {
-  static cpu::CpuBackend cpu_backend;
+  static CpuBackend cpu_backend;
   static std::array<Backend*, kDeviceTypes> r{&cpu_backend, nullptr};
   return r;
 }

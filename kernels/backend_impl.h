@@ -8,8 +8,8 @@
 namespace mg::kernels {
 
 // Each device's file defines `template <> void BackendImpl<DeviceType::X>::op(...)`. A device that
-// lacks a definition fails to link: the class's vtable names every member. The members are
-// defined in this namespace (where the template lives); the kernels they call stay in cpu::/cuda::.
+// lacks a definition fails to link: the class's vtable names every member. The definitions
+// live in this namespace (the template's), each file's kernels in an unnamed namespace beside them.
 template <DeviceType D>
 class BackendImpl final : public Backend {
  public:

@@ -10,12 +10,13 @@
 
 namespace mg::kernels {
 
-// Every tensor defined and on one device that this build has kernels for; returns that device.
-inline Device check_device(const char* op, std::initializer_list<const Tensor*> ts) {
+// The one device of `ts`, checked to have kernels in this build (raising, naming the op, before
+// anything is allocated). An undefined tensor raises, unless skip_undefined (an absent bias).
+inline Device one_device(const char* op, std::initializer_list<const Tensor*> ts, bool skip_undefined) {
   Device dev;
   bool first = true;
   for (const Tensor* t : ts) {
-    if (!t) continue;
+    if (!t || (skip_undefined && !t->defined())) continue;
     MG_CHECK(t->defined(), ValueError, op, ": got an undefined tensor");
     if (first) {
       dev = t->device();
@@ -24,8 +25,12 @@ inline Device check_device(const char* op, std::initializer_list<const Tensor*> 
       MG_CHECK(t->device() == dev, DeviceError, op, ": tensors on different devices ", dev, " and ", t->device());
     }
   }
-  if (!has_backend(dev)) backend(dev, op);  // raises, naming the op, before anything is allocated
+  if (!has_backend(dev)) backend(dev, op);
   return dev;
+}
+// Every tensor defined and on one device that this build has kernels for; returns that device.
+inline Device check_device(const char* op, std::initializer_list<const Tensor*> ts) {
+  return one_device(op, ts, false);
 }
 
 inline Tensor cast_to(const Tensor& t, DType d) { return t.dtype() == d ? t : raw::to_dtype(t, d); }
@@ -43,19 +48,7 @@ inline std::string hw(int64_t h, int64_t w) { return std::to_string(h) + "x" + s
 
 // One device for every defined tensor (undefined ones, like an absent bias, are skipped).
 inline Device common_device(const char* op, std::initializer_list<const Tensor*> ts) {
-  Device dev;
-  bool first = true;
-  for (const Tensor* t : ts) {
-    if (!t || !t->defined()) continue;
-    if (first) {
-      dev = t->device();
-      first = false;
-    } else {
-      MG_CHECK(t->device() == dev, DeviceError, op, ": tensors on different devices ", dev, " and ", t->device());
-    }
-  }
-  if (!has_backend(dev)) backend(dev, op);  // raises, naming the op, before anything is allocated
-  return dev;
+  return one_device(op, ts, true);
 }
 
 inline void check_defined(const char* op, const Tensor& t, const char* what) {

@@ -46,20 +46,6 @@ const char* binary_name(Binary op) {
 
 bool is_comparison(Binary op) { return op >= Binary::Eq && op <= Binary::Ge; }
 bool is_backward(Binary op) { return op >= Binary::ReluBackward; }
-// Ops whose result is floating even for integer inputs (promote to f32 like PyTorch).
-bool float_only(Unary op) {
-  switch (op) {
-    case Unary::Neg:
-    case Unary::Abs:
-    case Unary::Relu:
-    case Unary::Sign:
-    case Unary::Square:
-    case Unary::LogicalNot:
-      return false;
-    default:
-      return true;
-  }
-}
 
 int category(DType t) { return t == DType::b8 ? 0 : (is_floating(t) ? 2 : 1); }
 
@@ -98,7 +84,7 @@ Tensor unary(Unary op, const Tensor& a) {
   MG_CHECK(!(op == Unary::Neg && a.dtype() == DType::b8), DTypeError, name,
            ": negation of a bool tensor is not supported (use logical_not)");
   Tensor x = a;
-  if (float_only(op) && !is_floating(a.dtype())) x = raw::to_dtype(a, DType::f32);
+  if (unary_float_only(op) && !is_floating(a.dtype())) x = raw::to_dtype(a, DType::f32);
   Tensor out = empty(x.sizes(), {x.dtype(), dev});
   backend(dev, "unary").unary(op, x, out);
   return out;
@@ -107,7 +93,7 @@ Tensor unary(Unary op, const Tensor& a) {
 void unary_(Unary op, const Tensor& a) {
   const char* name = unary_name(op);
   check_device(name, {&a});
-  MG_CHECK(!float_only(op) || is_floating(a.dtype()), DTypeError, name,
+  MG_CHECK(!unary_float_only(op) || is_floating(a.dtype()), DTypeError, name,
            "_: in-place op needs a floating tensor (its result is floating), got ", a.dtype());
   MG_CHECK(!(op == Unary::Neg && a.dtype() == DType::b8), DTypeError, name,
            ": negation of a bool tensor is not supported (use logical_not)");

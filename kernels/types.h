@@ -39,6 +39,20 @@ enum class Unary {
   Silu,
   LogicalNot
 };
+// Unary ops whose result is floating even for integer inputs (promote to f32 like PyTorch).
+inline bool unary_float_only(Unary op) {
+  switch (op) {
+    case Unary::Neg:
+    case Unary::Abs:
+    case Unary::Relu:
+    case Unary::Sign:
+    case Unary::Square:
+    case Unary::LogicalNot:
+      return false;
+    default:
+      return true;
+  }
+}
 enum class Binary {
   Add,
   Sub,

@@ -41,6 +41,17 @@ void Module::check_new_name(const std::string& name, const char* what) const {
       if (c.first == name) clash("module");
 }
 
+// The slot named `name` (re-registering replaces its value), or a new one at the end.
+Tensor& Module::set_slot(std::vector<std::unique_ptr<Slot>>& slots, const std::string& name, Tensor t) {
+  for (auto& s : slots)
+    if (s->name == name) {
+      s->value = std::move(t);
+      return s->value;
+    }
+  slots.push_back(std::make_unique<Slot>(Slot{name, std::move(t)}));
+  return slots.back()->value;
+}
+
 Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requires_grad) {
   check_new_name(name, "parameter");
   if (t.defined()) {
@@ -51,24 +62,12 @@ Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requi
                "\" must be a leaf tensor (detach() it first)");
     }
   }
-  for (auto& s : params_)
-    if (s->name == name) {
-      s->value = std::move(t);
-      return s->value;
-    }
-  params_.push_back(std::make_unique<Slot>(Slot{name, std::move(t)}));
-  return params_.back()->value;
+  return set_slot(params_, name, std::move(t));
 }
 
 Tensor& Module::register_buffer(const std::string& name, Tensor t) {
   check_new_name(name, "buffer");
-  for (auto& s : buffers_)
-    if (s->name == name) {
-      s->value = std::move(t);
-      return s->value;
-    }
-  buffers_.push_back(std::make_unique<Slot>(Slot{name, std::move(t)}));
-  return buffers_.back()->value;
+  return set_slot(buffers_, name, std::move(t));
 }
 
 void Module::register_module_impl(const std::string& name, std::shared_ptr<Module> m) {

@@ -135,6 +135,7 @@ class Module : public std::enable_shared_from_this<Module> {
   };
   void run_forward_pre_hooks();
   Tensor& find_slot(std::vector<std::unique_ptr<Slot>>& slots, const std::string& name, const char* kind);
+  static Tensor& set_slot(std::vector<std::unique_ptr<Slot>>& slots, const std::string& name, Tensor t);
   void check_new_name(const std::string& name, const char* what) const;
   void register_module_impl(const std::string& name, std::shared_ptr<Module> m);
   template <class F>

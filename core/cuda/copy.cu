@@ -230,29 +230,6 @@ void cuda_fill(const Tensor& dst, double value) {
   MG_CUDA_CHECK_LAUNCH("fill_");
 }
 
-// Same Philox4x32-10 as core/random.cc, so CPU and CUDA draw identical streams.
-__device__ __forceinline__ void philox(uint64_t counter, uint64_t key, uint32_t out[4]) {
-  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
-#pragma unroll
-  for (int r = 0; r < 10; ++r) {
-    uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-    uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-    uint32_t n0 = hi1 ^ c1 ^ k0;
-    uint32_t n2 = hi0 ^ c3 ^ k1;
-    c1 = lo1;
-    c3 = lo0;
-    c0 = n0;
-    c2 = n2;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  out[0] = c0;
-  out[1] = c1;
-  out[2] = c2;
-  out[3] = c3;
-}
-
 template <class T>
 __global__ void philox_kernel(T* dst, StridedIndexer di, int kind, uint64_t seed, uint64_t base, double a, double b,
                               int64_t n) {
@@ -261,13 +238,13 @@ __global__ void philox_kernel(T* dst, StridedIndexer di, int kind, uint64_t seed
     uint32_t r[4];
     double v;
     if (kind == 1) {
-      philox(base + static_cast<uint64_t>(i) / 2, seed, r);
+      philox4x32(base + static_cast<uint64_t>(i) / 2, 0, seed, r);
       int j = static_cast<int>(i & 1) * 2;
       double u1 = 1.0 - (r[j] >> 8) * (1.0 / 16777216.0);
       double u2 = (r[j + 1] >> 8) * (1.0 / 16777216.0);
       v = a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
     } else {
-      philox(base + static_cast<uint64_t>(i) / 4, seed, r);
+      philox4x32(base + static_cast<uint64_t>(i) / 4, 0, seed, r);
       double u = (r[i & 3] >> 8) * (1.0 / 16777216.0);
       v = kind == 2 ? (u < a ? 1.0 : 0.0) : a + (b - a) * u;
     }

@@ -1,4 +1,4 @@
-// Device-side element types and the dispatch macro that maps a DType to them, plus
+// Device-side element types and the dispatch macros that map a DType to them, plus
 // float/double conversions that every CUDA kernel in memgrad uses.
 #pragma once
 
@@ -13,90 +13,52 @@
 
 namespace mg::cuda {
 
-// Arithmetic type of an element type (half types compute in float).
+// The element types device code sees: HostTypes (core/dtype.h) with CUDA's 16-bit floats.
+using DeviceTypes = ElementTypes<__half, __nv_bfloat16>;
 template <class T>
-struct AccOf {
-  using type = T;
-};
-template <>
-struct AccOf<__half> {
-  using type = float;
-};
-template <>
-struct AccOf<__nv_bfloat16> {
-  using type = float;
-};
-template <>
-struct AccOf<bool> {
-  using type = float;
-};
-template <>
-struct AccOf<uint8_t> {
-  using type = int32_t;
-};
-template <class T>
-using acc_t = typename AccOf<T>::type;
+inline constexpr bool is_half_v = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
 
-template <class T>
-__device__ __forceinline__ double to_double(T v) {
-  return static_cast<double>(v);
-}
-template <>
-__device__ __forceinline__ double to_double<__half>(__half v) {
-  return static_cast<double>(__half2float(v));
-}
-template <>
-__device__ __forceinline__ double to_double<__nv_bfloat16>(__nv_bfloat16 v) {
-  return static_cast<double>(__bfloat162float(v));
-}
-
-template <class T>
-__device__ __forceinline__ T from_double(double v) {
-  if constexpr (std::is_integral_v<T>)
-    return static_cast<T>(static_cast<long long>(v));  // defined for negative -> u8
-  else
-    return static_cast<T>(v);
-}
-template <>
-__device__ __forceinline__ bool from_double<bool>(double v) {
-  return v != 0.0;
-}
-template <>
-__device__ __forceinline__ __half from_double<__half>(double v) {
-  return __double2half(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_double<__nv_bfloat16>(double v) {
-  return __float2bfloat16(static_cast<float>(v));
-}
-
+// Element <-> float/double conversions: the 16-bit floats through CUDA's intrinsics, bool as
+// v != 0, integers from double through long long (defined for negative -> u8).
 template <class T>
 __device__ __forceinline__ float to_float(T v) {
-  return static_cast<float>(v);
+  if constexpr (std::is_same_v<T, __half>)
+    return __half2float(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(v);
+  else
+    return static_cast<float>(v);
 }
-template <>
-__device__ __forceinline__ float to_float<__half>(__half v) {
-  return __half2float(v);
-}
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
+template <class T>
+__device__ __forceinline__ double to_double(T v) {
+  if constexpr (is_half_v<T>)
+    return static_cast<double>(to_float(v));
+  else
+    return static_cast<double>(v);
 }
 template <class T>
 __device__ __forceinline__ T from_float(float v) {
-  return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, bool>)
+    return v != 0.0f;
+  else if constexpr (std::is_same_v<T, __half>)
+    return __float2half(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16(v);
+  else
+    return static_cast<T>(v);
 }
-template <>
-__device__ __forceinline__ bool from_float<bool>(float v) {
-  return v != 0.0f;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16(v);
+template <class T>
+__device__ __forceinline__ T from_double(double v) {
+  if constexpr (std::is_same_v<T, bool>)
+    return v != 0.0;
+  else if constexpr (std::is_same_v<T, __half>)
+    return __double2half(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16(static_cast<float>(v));
+  else if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(static_cast<long long>(v));
+  else
+    return static_cast<T>(v);
 }
 
 // Elements of T in one 16-byte access (1 for types of 16 bytes or more), and V elements moved
@@ -171,31 +133,9 @@ inline unsigned grid_for(int64_t n, int block = 256) {
 
 }  // namespace mg::cuda
 
-#define MG_CUDA_CASE(enum_v, T, ...) \
-  case ::mg::DType::enum_v: {        \
-    using scalar_t = T;              \
-    __VA_ARGS__();                   \
-    break;                           \
-  }
-#define MG_CUDA_DISPATCH_ALL(DT, NAME, ...)                           \
-  switch (DT) {                                                       \
-    MG_CUDA_CASE(f64, double, __VA_ARGS__)                            \
-    MG_CUDA_CASE(f32, float, __VA_ARGS__)                             \
-    MG_CUDA_CASE(f16, __half, __VA_ARGS__)                            \
-    MG_CUDA_CASE(bf16, __nv_bfloat16, __VA_ARGS__)                    \
-    MG_CUDA_CASE(i64, int64_t, __VA_ARGS__)                           \
-    MG_CUDA_CASE(i32, int32_t, __VA_ARGS__)                           \
-    MG_CUDA_CASE(u8, uint8_t, __VA_ARGS__)                            \
-    MG_CUDA_CASE(b8, bool, __VA_ARGS__)                               \
-    default:                                                          \
-      MG_THROW(::mg::DTypeError, NAME, ": unsupported dtype ", (DT)); \
-  }
-#define MG_CUDA_DISPATCH_FLOAT(DT, NAME, ...)                                      \
-  switch (DT) {                                                                    \
-    MG_CUDA_CASE(f64, double, __VA_ARGS__)                                         \
-    MG_CUDA_CASE(f32, float, __VA_ARGS__)                                          \
-    MG_CUDA_CASE(f16, __half, __VA_ARGS__)                                         \
-    MG_CUDA_CASE(bf16, __nv_bfloat16, __VA_ARGS__)                                 \
-    default:                                                                       \
-      MG_THROW(::mg::DTypeError, NAME, ": expected a floating dtype, got ", (DT)); \
-  }
+// MG_DISPATCH_ALL/FLOAT (core/dtype.h) with scalar_t the device element type.
+#define MG_CUDA_DISPATCH_ALL(DT, NAME, ...) \
+  MG_DISPATCH_TYPES(::mg::cuda::DeviceTypes, ::mg::AllDTypes, DT, NAME, ": unsupported dtype ", __VA_ARGS__)
+#define MG_CUDA_DISPATCH_FLOAT(DT, NAME, ...)                                                                  \
+  MG_DISPATCH_TYPES(::mg::cuda::DeviceTypes, ::mg::FloatDTypes, DT, NAME, ": expected a floating dtype, got ", \
+                    __VA_ARGS__)

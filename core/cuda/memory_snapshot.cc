@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/enum_name.h"
 #include "core/error.h"
 
 namespace mg::cuda {
@@ -132,37 +133,12 @@ struct Shape {
 }  // namespace
 
 const char* to_string(BlockState state) {
-  switch (state) {
-    case BlockState::kActiveAllocated:
-      return "active_allocated";
-    case BlockState::kActivePendingFree:
-      return "active_pending_free";
-    case BlockState::kInactive:
-      return "inactive";
-  }
-  return "?";
+  return enum_name(state, {"active_allocated", "active_pending_free", "inactive"});
 }
 
 const char* to_string(TraceAction action) {
-  switch (action) {
-    case TraceAction::kAlloc:
-      return "alloc";
-    case TraceAction::kFreeRequested:
-      return "free_requested";
-    case TraceAction::kFreeCompleted:
-      return "free_completed";
-    case TraceAction::kSegmentAlloc:
-      return "segment_alloc";
-    case TraceAction::kSegmentFree:
-      return "segment_free";
-    case TraceAction::kSegmentMap:
-      return "segment_map";
-    case TraceAction::kSegmentUnmap:
-      return "segment_unmap";
-    case TraceAction::kOom:
-      return "oom";
-  }
-  return "?";
+  return enum_name(action, {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+                            "segment_unmap", "oom"});
 }
 
 std::string format_bytes(std::uint64_t bytes) {

@@ -5,7 +5,7 @@
 #include "kernels/amp_math.h"
 #include "kernels/cpu/cpu_backend.h"
 
-namespace mg::kernels::cpu {
+namespace mg::kernels {
 namespace {
 
 template <class T>
@@ -35,11 +35,6 @@ void stochastic_cpu(const Tensor& param, const Tensor& update, float alpha, uint
 }
 
 }  // namespace
-
-}  // namespace mg::kernels::cpu
-
-namespace mg::kernels {
-using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CpuBackend::amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale) {

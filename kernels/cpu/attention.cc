@@ -4,8 +4,6 @@
 
 namespace mg::kernels {
 
-using cpu::CpuBackend;
-
 template <>
 void CpuBackend::flash_attention_forward(AttentionKernel, const Tensor& q, const Tensor&, const Tensor&, bool, double,
                                          const Tensor&, const Tensor&) {

@@ -6,7 +6,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 
-namespace mg::kernels::cpu {
+namespace mg::kernels {
 namespace {
 
 struct NCS {
@@ -94,7 +94,7 @@ void forward_training_t(const Tensor& x, const Tensor& weight, const Tensor& bia
   T *prm = ptr<T>(running_mean), *prv = ptr<T>(running_var);
   T *po = ptr<T>(out), *pm = ptr<T>(save_mean), *pi = ptr<T>(save_invstd);
   const double M = static_cast<double>(s.M());
-  nn_parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
+  cpu::nn_parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       // Two passes: the mean, then squared deviations from it (no E[x^2] - E[x]^2 cancellation).
       double sum, unused, dev, sq;
@@ -118,7 +118,7 @@ void forward_eval_t(const Tensor& x, const Tensor& weight, const Tensor& bias, c
                     const Tensor& running_var, double eps, const Tensor& out) {
   const NCS s = ncs(x);
   const T *pw = ptr<T>(weight), *pb = ptr<T>(bias), *prm = ptr<T>(running_mean), *prv = ptr<T>(running_var);
-  nn_parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
+  cpu::nn_parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const double invstd = 1.0 / std::sqrt(static_cast<double>(prv[c]) + eps);
       const double scale = (pw ? pw[c] : 1.0) * invstd;
@@ -135,7 +135,7 @@ void backward_t(const Tensor& grad_out, const Tensor& x, const Tensor& weight, c
   const T *pm = ptr<T>(mean), *pi = ptr<T>(invstd);
   T *pdx = ptr<T>(grad_x), *pdw = ptr<T>(grad_weight), *pdb = ptr<T>(grad_bias);
   const double M = static_cast<double>(s.M());
-  nn_parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
+  cpu::nn_parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const double mu = pm[c], is = pi[c], w = pw ? pw[c] : 1.0;
       double sum_g, sum_gd;  // sum(g), sum(g * (x - mean))
@@ -158,11 +158,6 @@ void backward_t(const Tensor& grad_out, const Tensor& x, const Tensor& weight, c
 }
 
 }  // namespace
-
-}  // namespace mg::kernels::cpu
-
-namespace mg::kernels {
-using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CpuBackend::batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,

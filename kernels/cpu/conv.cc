@@ -16,7 +16,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 
-namespace mg::kernels::cpu {
+namespace mg::kernels {
 namespace {
 
 template <class T>
@@ -157,7 +157,7 @@ void for_chunks(int64_t N, int64_t chunk, int workers, F f) {
 // start-up costs tens of microseconds).
 int num_workers(const Geo& g) {
   const double flops = 2.0 * g.N * g.O * g.L * g.K;
-  return flops < 4e6 ? 1 : nn_num_threads();
+  return flops < 4e6 ? 1 : cpu::nn_num_threads();
 }
 
 // Per-worker scratch buffers, allocated before any thread starts (the allocator and the
@@ -290,7 +290,7 @@ void backward_weight_t(const Tensor& gout, const Tensor& x, const Conv2dArgs& a,
 
 }  // namespace
 
-int nn_num_threads() {
+int cpu::nn_num_threads() {
   static const int n = [] {
     if (const char* env = std::getenv("MG_NUM_THREADS")) {
       const int v = std::atoi(env);
@@ -301,9 +301,9 @@ int nn_num_threads() {
   return n;
 }
 
-void nn_parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& f) {
+void cpu::nn_parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& f) {
   if (n <= 0) return;
-  const int64_t t = std::clamp<int64_t>(n / std::max<int64_t>(grain, 1), 1, nn_num_threads());
+  const int64_t t = std::clamp<int64_t>(n / std::max<int64_t>(grain, 1), 1, cpu::nn_num_threads());
   if (t == 1) return f(0, n);
   std::vector<std::thread> ts;
   const int64_t per = (n + t - 1) / t;
@@ -312,11 +312,6 @@ void nn_parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t,
   f(0, std::min(n, per));
   for (auto& th : ts) th.join();
 }
-
-}  // namespace mg::kernels::cpu
-
-namespace mg::kernels {
-using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args,

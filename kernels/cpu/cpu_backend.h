@@ -14,6 +14,10 @@ int nn_num_threads();
 // giving each at least `grain` items (one slice on the calling thread when n < 2 * grain).
 void nn_parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& f);
 
+}  // namespace mg::kernels::cpu
+
+namespace mg::kernels {
+
 using CpuBackend = BackendImpl<DeviceType::CPU>;
 
-}  // namespace mg::kernels::cpu
+}  // namespace mg::kernels

@@ -6,7 +6,7 @@
 #include "core/strided_loop.h"
 #include "kernels/cpu/cpu_backend.h"
 
-namespace mg::kernels::cpu {
+namespace mg::kernels {
 namespace {
 
 template <class T>
@@ -230,11 +230,6 @@ void binary_t(Binary op, const Tensor& a, const Tensor& b, const Tensor& out) {
 }
 
 }  // namespace
-
-}  // namespace mg::kernels::cpu
-
-namespace mg::kernels {
-using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CpuBackend::unary(Unary op, const Tensor& a, const Tensor& out) {

@@ -6,7 +6,7 @@
 #include "core/strided_loop.h"
 #include "kernels/cpu/cpu_backend.h"
 
-namespace mg::kernels::cpu {
+namespace mg::kernels {
 namespace {
 
 // Like PyTorch, negative indices are out of bounds here (no Python-style wrapping).
@@ -32,11 +32,6 @@ Shape strides_without(const Tensor& t, int64_t dim) {
 }
 
 }  // namespace
-
-}  // namespace mg::kernels::cpu
-
-namespace mg::kernels {
-using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CpuBackend::one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) {

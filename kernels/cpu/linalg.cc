@@ -5,7 +5,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 
-namespace mg::kernels::cpu {
+namespace mg::kernels {
 namespace {
 
 // A logical matrix (after any transpose): element (i, j) is p[i * rs + j * cs].
@@ -123,11 +123,6 @@ void gemm_t(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& ou
 bool half(DType t) { return t == DType::f16 || t == DType::bf16; }
 
 }  // namespace
-
-}  // namespace mg::kernels::cpu
-
-namespace mg::kernels {
-using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CpuBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha,

@@ -7,7 +7,7 @@
 #include "core/strided_loop.h"
 #include "kernels/cpu/cpu_backend.h"
 
-namespace mg::kernels::cpu {
+namespace mg::kernels {
 namespace {
 
 template <class T>
@@ -65,11 +65,6 @@ void cross_entropy_backward_t(const Tensor& coef, const Tensor& logits, const Te
 }
 
 }  // namespace
-
-}  // namespace mg::kernels::cpu
-
-namespace mg::kernels {
-using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CpuBackend::nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,

@@ -5,7 +5,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/optim_math.h"
 
-namespace mg::kernels::cpu {
+namespace mg::kernels {
 namespace {
 
 template <class T>
@@ -64,11 +64,6 @@ double cpu_norm_partial(const Tensor& t0, double p) {
 }
 
 }  // namespace
-
-}  // namespace mg::kernels::cpu
-
-namespace mg::kernels {
-using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CpuBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {

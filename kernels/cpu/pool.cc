@@ -10,7 +10,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 
-namespace mg::kernels::cpu {
+namespace mg::kernels {
 namespace {
 
 struct Planes {
@@ -114,7 +114,7 @@ void max_pool_t(const Tensor& x, const Pool2dArgs& a, const Tensor& out, const T
   // (ceil_mode can add partial windows at the bottom/right edge: those take the general path.)
   if (a.kernel == Int2(2) && a.stride == Int2(2) && a.padding == Int2(0) && a.dilation == Int2(1) && 2 * p.Ho <= p.H &&
       2 * p.Wo <= p.W) {
-    nn_parallel_for(p.P, plane_grain(p.H * p.W), [=](int64_t q0, int64_t q1) {
+    cpu::nn_parallel_for(p.P, plane_grain(p.H * p.W), [=](int64_t q0, int64_t q1) {
       for (int64_t q = q0; q < q1; ++q)
         max_pool_2x2(px + q * p.H * p.W, p.W, p.Ho, p.Wo, po + q * p.Ho * p.Wo, pi ? pi + q * p.Ho * p.Wo : nullptr);
     });
@@ -130,7 +130,7 @@ void max_pool_t(const Tensor& x, const Pool2dArgs& a, const Tensor& out, const T
     owlo[j] = off >= 0 ? 0 : (-off + sw - 1) / sw;
     owhi[j] = p.W - 1 - off < 0 ? 0 : std::min(p.Wo, (p.W - 1 - off) / sw + 1);
   }
-  nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
+  cpu::nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q) {
       const T* plane = px + q * p.H * p.W;
       for (int64_t oh = 0; oh < p.Ho; ++oh) {
@@ -166,7 +166,7 @@ void max_pool_backward_t(const Tensor& gout, const Tensor& indices, const Tensor
   T* pd = ptr<T>(gx);
   std::fill(pd, pd + gx.numel(), T(0));
   const int64_t L = p.Ho * p.Wo, HW = p.H * p.W;
-  nn_parallel_for(p.P, plane_grain(HW), [&](int64_t q0, int64_t q1) {
+  cpu::nn_parallel_for(p.P, plane_grain(HW), [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q)
       for (int64_t l = 0; l < L; ++l) {
         const int64_t k = pi[q * L + l];
@@ -193,17 +193,28 @@ AvgWindow avg_window(const Pool2dArgs& a, int64_t H, int64_t W, int64_t oh, int6
   return {h0, h1, w0, w1, static_cast<double>(n)};
 }
 
-template <class T>
-void avg_pool_t(const Tensor& x, const Pool2dArgs& a, const Tensor& out) {
+// Adaptive window along each dim: [floor(o*in/out), ceil((o+1)*in/out)), averaged over its area.
+inline int64_t start_index(int64_t o, int64_t out, int64_t in) { return (o * in) / out; }
+inline int64_t end_index(int64_t o, int64_t out, int64_t in) { return ((o + 1) * in + out - 1) / out; }
+AvgWindow adaptive_window(const Planes& p, int64_t oh, int64_t ow) {
+  const int64_t h0 = start_index(oh, p.Ho, p.H), h1 = end_index(oh, p.Ho, p.H);
+  const int64_t w0 = start_index(ow, p.Wo, p.W), w1 = end_index(ow, p.Wo, p.W);
+  return {h0, h1, w0, w1, static_cast<double>((h1 - h0) * (w1 - w0))};
+}
+
+// Average pooling forward and backward for a window rule window(planes, oh, ow) -> AvgWindow:
+// avg_window for avg_pool2d, adaptive_window for adaptive_avg_pool2d.
+template <class T, class Window>
+void avg_pool_t(const Tensor& x, const Tensor& out, Window window) {
   const Planes p = planes(x.sizes(), out.sizes());
   const T* px = cptr<T>(x);
   T* po = ptr<T>(out);
-  nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
+  cpu::nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q) {
       const T* plane = px + q * p.H * p.W;
       for (int64_t oh = 0; oh < p.Ho; ++oh)
         for (int64_t ow = 0; ow < p.Wo; ++ow) {
-          const AvgWindow win = avg_window(a, p.H, p.W, oh, ow);
+          const AvgWindow win = window(p, oh, ow);
           double s = 0;
           for (int64_t ih = win.h0; ih < win.h1; ++ih)
             for (int64_t iw = win.w0; iw < win.w1; ++iw) s += plane[ih * p.W + iw];
@@ -213,71 +224,23 @@ void avg_pool_t(const Tensor& x, const Pool2dArgs& a, const Tensor& out) {
   });
 }
 
-template <class T>
-void avg_pool_backward_t(const Tensor& gout, const Pool2dArgs& a, const Tensor& gx) {
+template <class T, class Window>
+void avg_pool_backward_t(const Tensor& gout, const Tensor& gx, Window window) {
   const Planes p = planes(gx.sizes(), gout.sizes());
   const T* pg = cptr<T>(gout);
   T* pd = ptr<T>(gx);
   std::fill(pd, pd + gx.numel(), T(0));
-  nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
+  cpu::nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q) {
       T* plane = pd + q * p.H * p.W;
       for (int64_t oh = 0; oh < p.Ho; ++oh)
         for (int64_t ow = 0; ow < p.Wo; ++ow) {
-          const AvgWindow win = avg_window(a, p.H, p.W, oh, ow);
+          const AvgWindow win = window(p, oh, ow);
           if (win.divisor == 0) continue;
           const T g = static_cast<T>(pg[(q * p.Ho + oh) * p.Wo + ow] / win.divisor);
           for (int64_t ih = win.h0; ih < win.h1; ++ih)
             for (int64_t iw = win.w0; iw < win.w1; ++iw) plane[ih * p.W + iw] += g;
         }
-    }
-  });
-}
-
-// Adaptive window along one dim: [floor(o*in/out), ceil((o+1)*in/out)).
-inline int64_t start_index(int64_t o, int64_t out, int64_t in) { return (o * in) / out; }
-inline int64_t end_index(int64_t o, int64_t out, int64_t in) { return ((o + 1) * in + out - 1) / out; }
-
-template <class T>
-void adaptive_avg_t(const Tensor& x, const Tensor& out) {
-  const Planes p = planes(x.sizes(), out.sizes());
-  const T* px = cptr<T>(x);
-  T* po = ptr<T>(out);
-  nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
-    for (int64_t q = q0; q < q1; ++q) {
-      const T* plane = px + q * p.H * p.W;
-      for (int64_t oh = 0; oh < p.Ho; ++oh) {
-        const int64_t h0 = start_index(oh, p.Ho, p.H), h1 = end_index(oh, p.Ho, p.H);
-        for (int64_t ow = 0; ow < p.Wo; ++ow) {
-          const int64_t w0 = start_index(ow, p.Wo, p.W), w1 = end_index(ow, p.Wo, p.W);
-          double s = 0;
-          for (int64_t ih = h0; ih < h1; ++ih)
-            for (int64_t iw = w0; iw < w1; ++iw) s += plane[ih * p.W + iw];
-          po[(q * p.Ho + oh) * p.Wo + ow] = static_cast<T>(s / static_cast<double>((h1 - h0) * (w1 - w0)));
-        }
-      }
-    }
-  });
-}
-
-template <class T>
-void adaptive_avg_backward_t(const Tensor& gout, const Tensor& gx) {
-  const Planes p = planes(gx.sizes(), gout.sizes());
-  const T* pg = cptr<T>(gout);
-  T* pd = ptr<T>(gx);
-  std::fill(pd, pd + gx.numel(), T(0));
-  nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
-    for (int64_t q = q0; q < q1; ++q) {
-      T* plane = pd + q * p.H * p.W;
-      for (int64_t oh = 0; oh < p.Ho; ++oh) {
-        const int64_t h0 = start_index(oh, p.Ho, p.H), h1 = end_index(oh, p.Ho, p.H);
-        for (int64_t ow = 0; ow < p.Wo; ++ow) {
-          const int64_t w0 = start_index(ow, p.Wo, p.W), w1 = end_index(ow, p.Wo, p.W);
-          const T g = static_cast<T>(pg[(q * p.Ho + oh) * p.Wo + ow] / static_cast<double>((h1 - h0) * (w1 - w0)));
-          for (int64_t ih = h0; ih < h1; ++ih)
-            for (int64_t iw = w0; iw < w1; ++iw) plane[ih * p.W + iw] += g;
-        }
-      }
     }
   });
 }
@@ -293,11 +256,6 @@ void adaptive_avg_backward_t(const Tensor& gout, const Tensor& gx) {
       FN<float>(__VA_ARGS__);         \
   } while (0)
 
-}  // namespace mg::kernels::cpu
-
-namespace mg::kernels {
-using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
-
 template <>
 void CpuBackend::max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, const Tensor& indices) {
   MG_POOL_DISPATCH(x.dtype(), max_pool_t, x, args, out, indices);
@@ -308,19 +266,21 @@ void CpuBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& indic
 }
 template <>
 void CpuBackend::avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out) {
-  MG_POOL_DISPATCH(x.dtype(), avg_pool_t, x, args, out);
+  const auto window = [&](const Planes& p, int64_t oh, int64_t ow) { return avg_window(args, p.H, p.W, oh, ow); };
+  MG_POOL_DISPATCH(x.dtype(), avg_pool_t, x, out, window);
 }
 template <>
 void CpuBackend::avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& args, const Tensor& grad_x) {
-  MG_POOL_DISPATCH(grad_x.dtype(), avg_pool_backward_t, grad_out, args, grad_x);
+  const auto window = [&](const Planes& p, int64_t oh, int64_t ow) { return avg_window(args, p.H, p.W, oh, ow); };
+  MG_POOL_DISPATCH(grad_x.dtype(), avg_pool_backward_t, grad_out, grad_x, window);
 }
 template <>
 void CpuBackend::adaptive_avg_pool2d(const Tensor& x, const Tensor& out) {
-  MG_POOL_DISPATCH(x.dtype(), adaptive_avg_t, x, out);
+  MG_POOL_DISPATCH(x.dtype(), avg_pool_t, x, out, adaptive_window);
 }
 template <>
 void CpuBackend::adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& grad_x) {
-  MG_POOL_DISPATCH(grad_x.dtype(), adaptive_avg_backward_t, grad_out, grad_x);
+  MG_POOL_DISPATCH(grad_x.dtype(), avg_pool_backward_t, grad_out, grad_x, adaptive_window);
 }
 
 #undef MG_POOL_DISPATCH

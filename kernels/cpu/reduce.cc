@@ -8,7 +8,7 @@
 #include "core/strided_loop.h"
 #include "kernels/cpu/cpu_backend.h"
 
-namespace mg::kernels::cpu {
+namespace mg::kernels {
 namespace {
 
 template <class T>
@@ -68,11 +68,6 @@ void store(const std::vector<Acc>& acc, const Tensor& out, double scale) {
 }
 
 }  // namespace
-
-}  // namespace mg::kernels::cpu
-
-namespace mg::kernels {
-using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CpuBackend::sum(const Tensor& a, const Tensor& out) {

@@ -7,7 +7,7 @@
 #include "core/strided_loop.h"
 #include "kernels/cpu/cpu_backend.h"
 
-namespace mg::kernels::cpu {
+namespace mg::kernels {
 namespace {
 
 // Calls f(offsets, n_rows_in_chunk, row_strides) for every row along `dim`: the outer
@@ -93,11 +93,6 @@ void softmax_backward_t(const Tensor& grad, const Tensor& yt, int64_t dim, bool 
 }
 
 }  // namespace
-
-}  // namespace mg::kernels::cpu
-
-namespace mg::kernels {
-using namespace cpu;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CpuBackend::softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) {

@@ -8,7 +8,9 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/common.cuh"
 
-namespace mg::kernels::cuda {
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/common.cuh
+
 namespace {
 
 constexpr int kMaxListTensors = 64;
@@ -106,11 +108,6 @@ __global__ void bn_stats_kernel(float* rm, float* rv, const S* mean, const S* in
 }
 
 }  // namespace
-
-}  // namespace mg::kernels::cuda
-
-namespace mg::kernels {
-using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CudaBackend::amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale) {

@@ -38,7 +38,9 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 
-namespace mg::kernels::cuda {
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/common.cuh
+
 namespace {
 
 constexpr int kWarps = 4;
@@ -397,11 +399,6 @@ bool aligned16(std::initializer_list<const Tensor*> ts) {
 }
 
 }  // namespace
-
-}  // namespace mg::kernels::cuda
-
-namespace mg::kernels {
-using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CudaBackend::flash_attention_forward(AttentionKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v,

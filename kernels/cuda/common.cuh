@@ -101,47 +101,24 @@ OffsetCalc<N> make_offset_calc(const Shape& shape, const std::array<const Shape*
 // ---- element types and their math types ----
 // Math type: f32 for f32/f16/bf16, f64 for f64, the integer itself (u8/bool widen to int).
 template <class T>
-struct MathOf {
-  using type = T;
-};
-template <>
-struct MathOf<__half> {
-  using type = float;
-};
-template <>
-struct MathOf<__nv_bfloat16> {
-  using type = float;
-};
-template <>
-struct MathOf<uint8_t> {
-  using type = int32_t;
-};
-template <>
-struct MathOf<bool> {
-  using type = int32_t;
-};
-template <class T>
-using math_t = typename MathOf<T>::type;
+using math_t =
+    std::conditional_t<mg::cuda::is_half_v<T>, float,
+                       std::conditional_t<std::is_same_v<T, uint8_t> || std::is_same_v<T, bool>, int32_t, T>>;
 
 template <class T>
-inline constexpr bool is_float_v =
-    std::is_floating_point_v<T> || std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+inline constexpr bool is_float_v = std::is_floating_point_v<T> || mg::cuda::is_half_v<T>;
 
 template <class T>
 __device__ __forceinline__ math_t<T> load_m(T v) {
-  if constexpr (std::is_same_v<T, __half>)
-    return __half2float(v);
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(v);
+  if constexpr (mg::cuda::is_half_v<T>)
+    return mg::cuda::to_float(v);
   else
     return static_cast<math_t<T>>(v);
 }
 template <class T, class M>
 __device__ __forceinline__ T store_m(M v) {
-  if constexpr (std::is_same_v<T, __half>)
-    return __float2half(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __float2bfloat16(static_cast<float>(v));
+  if constexpr (mg::cuda::is_half_v<T>)
+    return mg::cuda::from_float<T>(static_cast<float>(v));
   else if constexpr (std::is_same_v<T, bool>)
     return v != M(0);
   else

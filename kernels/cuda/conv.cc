@@ -27,7 +27,9 @@
 #include "kernels/cuda/cudnn.h"
 #include "kernels/backend.h"
 
-namespace mg::kernels::cuda {
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/common.cuh
+
 namespace {
 
 enum class Dir { Fwd = 0, BwdData = 1, BwdFilter = 2 };
@@ -422,11 +424,6 @@ void run_layout(Dir dir, const Tensor& lead, const Tensor& x, const Tensor& w, c
 }
 
 }  // namespace
-
-}  // namespace mg::kernels::cuda
-
-namespace mg::kernels {
-using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args,

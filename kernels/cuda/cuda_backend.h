@@ -4,8 +4,8 @@
 
 #include "kernels/backend_impl.h"
 
-namespace mg::kernels::cuda {
+namespace mg::kernels {
 
 using CudaBackend = BackendImpl<DeviceType::CUDA>;
 
-}  // namespace mg::kernels::cuda
+}  // namespace mg::kernels

@@ -1,6 +1,5 @@
-// Per-thread, per-device cuDNN handles (the pattern of cublas.cc). Handles are never
-// destroyed: a thread that ends returns its handles to a process-wide pool (cudnnDestroy at
-// process exit can run after the driver is gone), and the next thread reuses them.
+// Per-thread, per-device cuDNN handles (kernels/cuda/thread_handles.h), the benchmark switch,
+// the workspace limit and the dtype mapping the cuDNN convolutions use.
 #include "kernels/cuda/cudnn.h"
 
 #include <cuda_runtime.h>
@@ -8,41 +7,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <map>
-#include <mutex>
-#include <vector>
 
 #include "core/cuda/check.h"
 #include "core/cuda_memory.h"
 #include "core/device_runtime.h"
+#include "kernels/cuda/thread_handles.h"
 
 namespace mg::kernels::cuda {
 namespace {
-
-std::mutex g_pool_mu;
-std::map<int, std::vector<cudnnHandle_t>>& pool() {
-  static auto* p = new std::map<int, std::vector<cudnnHandle_t>>();  // never destroyed
-  return *p;
-}
-
-struct ThreadHandles {
-  struct Entry {
-    cudnnHandle_t handle = nullptr;
-    void* bound_stream = nullptr;
-    bool bound = false;
-  };
-  std::map<int, Entry> by_device;
-  ~ThreadHandles() {
-    std::lock_guard<std::mutex> g(g_pool_mu);
-    for (auto& [dev, e] : by_device)
-      if (e.handle) pool()[dev].push_back(e.handle);
-  }
-};
-
-ThreadHandles& thread_handles() {
-  thread_local ThreadHandles h;
-  return h;
-}
 
 std::atomic<bool>& benchmark_flag() {
   static std::atomic<bool> flag{[] {
@@ -64,26 +36,13 @@ size_t env_workspace_cap() {
 }  // namespace
 
 cudnnHandle_t cudnn_handle(int device) {
-  auto& e = thread_handles().by_device[device];
-  if (!e.handle) {
-    {
-      std::lock_guard<std::mutex> g(g_pool_mu);
-      auto& v = pool()[device];
-      if (!v.empty()) {
-        e.handle = v.back();
-        v.pop_back();
-      }
-    }
-    if (!e.handle) MG_CUDNN_CHECK(cudnnCreate(&e.handle));
-    e.bound = false;
-  }
-  void* stream = mg::cuda::Stream::current(device).handle();
-  if (!e.bound || e.bound_stream != stream) {
+  const auto create = [](cudnnHandle_t* h) { MG_CUDNN_CHECK(cudnnCreate(h)); };
+  const auto bind = [](HandleEntry<cudnnHandle_t>& e, void* stream) {
     MG_CUDNN_CHECK(cudnnSetStream(e.handle, static_cast<cudaStream_t>(stream)));
-    e.bound_stream = stream;
-    e.bound = true;
-  }
-  return e.handle;
+  };
+  return thread_handle<HandleEntry<cudnnHandle_t>>(
+             device, create, [](cudnnHandle_t) {}, bind)
+      .handle;
 }
 
 std::string cudnn_last_error() {

@@ -7,7 +7,9 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 
-namespace mg::kernels::cuda {
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/common.cuh
+
 namespace {
 
 // Op codes beyond the public enums: fused forms that reuse the same kernels.
@@ -269,20 +271,6 @@ __global__ void where_kernel(const bool* c, const T* a, const T* b, T* out, Offs
 // True when t covers exactly out's elements in the same (contiguous) order.
 bool flat_like(const Tensor& t, const Tensor& out) { return t.sizes() == out.sizes() && t.is_contiguous(); }
 
-bool float_only_unary(Unary op) {
-  switch (op) {
-    case Unary::Neg:
-    case Unary::Abs:
-    case Unary::Relu:
-    case Unary::Sign:
-    case Unary::Square:
-    case Unary::LogicalNot:
-      return false;
-    default:
-      return true;
-  }
-}
-
 bool float_only_binary(int op) {
   switch (op) {
     case static_cast<int>(Binary::Add):
@@ -366,16 +354,11 @@ void launch_binary(int op, Params p, const Tensor& a, const Tensor& b, const Ten
 
 }  // namespace
 
-}  // namespace mg::kernels::cuda
-
-namespace mg::kernels {
-using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
-
 template <>
 void CudaBackend::unary(Unary op, const Tensor& a, const Tensor& out) {
   if (op == Unary::LogicalNot && out.dtype() != a.dtype())
     return launch_binary(kLogicalNot, {}, a, a, out, "logical_not");
-  MG_CHECK(!float_only_unary(op) || is_floating(a.dtype()), DTypeError, "unary: op not supported for dtype ",
+  MG_CHECK(!unary_float_only(op) || is_floating(a.dtype()), DTypeError, "unary: op not supported for dtype ",
            a.dtype());
   launch_unary(static_cast<int>(op), {}, a, out, "unary");
 }

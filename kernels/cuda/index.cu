@@ -9,7 +9,9 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 
-namespace mg::kernels::cuda {
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/common.cuh
+
 namespace {
 
 struct BadIndex {
@@ -173,11 +175,6 @@ void by_size(DType t, const char* op, F f) {
 }
 
 }  // namespace
-
-}  // namespace mg::kernels::cuda
-
-namespace mg::kernels {
-using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CudaBackend::one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) {

@@ -16,7 +16,9 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/reference.h"
 
-namespace mg::kernels::cuda {
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/common.cuh
+
 namespace {
 
 constexpr int kRowsPerBlock = 8;  // warps per block, one row each
@@ -178,15 +180,10 @@ void forward_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 
 }  // namespace
 
-void layer_norm_forward_reference(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                                  const Tensor& out, const Tensor& mean, const Tensor& rstd) {
+void cuda::layer_norm_forward_reference(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                        const Tensor& out, const Tensor& mean, const Tensor& rstd) {
   forward_impl<true>(x, weight, bias, eps, out, mean, rstd);
 }
-
-}  // namespace mg::kernels::cuda
-
-namespace mg::kernels {
-using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CudaBackend::layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,

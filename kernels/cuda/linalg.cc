@@ -11,7 +11,9 @@
 #include "kernels/cuda/cublas.h"
 #include "kernels/cuda/cuda_backend.h"
 
-namespace mg::kernels::cuda {
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/common.cuh
+
 namespace {
 
 // A logical matrix: element (i, j) at p[i * rs + j * cs] (in elements).
@@ -126,11 +128,6 @@ void scale_out(const Tensor& out, double beta) {
 }
 
 }  // namespace
-
-}  // namespace mg::kernels::cuda
-
-namespace mg::kernels {
-using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CudaBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha,

@@ -10,7 +10,9 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/optim_math.h"
 
-namespace mg::kernels::cuda {
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/common.cuh
+
 namespace {
 
 constexpr int kMaxTensors = 36;
@@ -161,11 +163,6 @@ std::vector<int64_t> numels(const std::vector<Tensor>& ts) {
 float* fptr(const Tensor& t) { return static_cast<float*>(t.raw_data()); }
 
 }  // namespace
-
-}  // namespace mg::kernels::cuda
-
-namespace mg::kernels {
-using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
 
 template <>
 void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {

@@ -13,7 +13,9 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 
-namespace mg::kernels::cuda {
+namespace mg::kernels {
+using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/common.cuh
+
 namespace {
 
 // The DType of an accumulation / math type (for workspaces).
@@ -395,62 +397,28 @@ __global__ void nonfinite_kernel(const T* a, OffsetCalc<1> oc, int64_t n, int* f
 
 }  // namespace
 
-}  // namespace mg::kernels::cuda
-
-namespace mg::kernels {
-using namespace cuda;  // NOLINT: the members below (backend_impl.h) call the kernels above
+namespace {
+// scale * sum (mode) into out; for kSqDev, `mean` is the per-output mean in the math type. The
+// 16-bit floats also reduce into an f32 `out` (var's mean).
+void float_reduce(const Tensor& a, const Tensor& out, int mode, double scale, const void* mean, const char* op) {
+  MG_DISPATCH_TYPES(mg::cuda::DeviceTypes, FloatDTypes, a.dtype(), op, ": expected a floating tensor, got ", [&] {
+    using M = math_t<scalar_t>;
+    const M* m = static_cast<const M*>(mean);
+    if constexpr (mg::cuda::is_half_v<scalar_t>)
+      if (out.dtype() == DType::f32) return reduce_t<scalar_t, M, float>(a, out, mode, scale, m);
+    reduce_t<scalar_t, M, scalar_t>(a, out, mode, scale, m);
+  });
+}
+}  // namespace
 
 template <>
 void CudaBackend::sum(const Tensor& a, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
-  switch (a.dtype()) {
-    case DType::f64:
-      return reduce_t<double, double, double>(a, out, kSum, 1.0, nullptr);
-    case DType::f32:
-      return reduce_t<float, float, float>(a, out, kSum, 1.0, nullptr);
-    case DType::f16:
-      return reduce_t<__half, float, __half>(a, out, kSum, 1.0, nullptr);
-    case DType::bf16:
-      return reduce_t<__nv_bfloat16, float, __nv_bfloat16>(a, out, kSum, 1.0, nullptr);
-    default:
-      break;
-  }
+  if (is_floating(a.dtype())) return float_reduce(a, out, kSum, 1.0, nullptr, "sum");
   MG_CHECK(out.dtype() == DType::i64, DTypeError, "sum: integer input needs an i64 output, got ", out.dtype());
-  switch (a.dtype()) {
-    case DType::i64:
-      return reduce_t<int64_t, int64_t, int64_t>(a, out, kSum, 1.0, nullptr);
-    case DType::i32:
-      return reduce_t<int32_t, int64_t, int64_t>(a, out, kSum, 1.0, nullptr);
-    case DType::u8:
-      return reduce_t<uint8_t, int64_t, int64_t>(a, out, kSum, 1.0, nullptr);
-    case DType::b8:
-      return reduce_t<bool, int64_t, int64_t>(a, out, kSum, 1.0, nullptr);
-    default:
-      MG_THROW(DTypeError, "sum: unsupported dtype ", a.dtype());
-  }
+  MG_DISPATCH_TYPES(mg::cuda::DeviceTypes, IntegralDTypes, a.dtype(), "sum", ": unsupported dtype ",
+                    [&] { reduce_t<scalar_t, int64_t, int64_t>(a, out, kSum, 1.0, nullptr); });
 }
-
-namespace {
-// scale * sum (mode) into out; for kSqDev, `mean` is the per-output mean in the acc type.
-void float_reduce(const Tensor& a, const Tensor& out, int mode, double scale, const void* mean, const char* op) {
-  switch (a.dtype()) {
-    case DType::f64:
-      return reduce_t<double, double, double>(a, out, mode, scale, static_cast<const double*>(mean));
-    case DType::f32:
-      return reduce_t<float, float, float>(a, out, mode, scale, static_cast<const float*>(mean));
-    case DType::f16:
-      if (out.dtype() == DType::f32)
-        return reduce_t<__half, float, float>(a, out, mode, scale, static_cast<const float*>(mean));
-      return reduce_t<__half, float, __half>(a, out, mode, scale, static_cast<const float*>(mean));
-    case DType::bf16:
-      if (out.dtype() == DType::f32)
-        return reduce_t<__nv_bfloat16, float, float>(a, out, mode, scale, static_cast<const float*>(mean));
-      return reduce_t<__nv_bfloat16, float, __nv_bfloat16>(a, out, mode, scale, static_cast<const float*>(mean));
-    default:
-      MG_THROW(DTypeError, op, ": expected a floating tensor, got ", a.dtype());
-  }
-}
-}  // namespace
 
 template <>
 void CudaBackend::mean(const Tensor& a, const Tensor& out) {
