@@ -63,9 +63,10 @@ using HostTypes = ElementTypes<Half, BFloat16>;
 namespace detail {
 template <class T, class... Ts>
 constexpr int index_of(TypeList<Ts...>) {
-  int i = 0;
-  ((std::is_same_v<T, Ts> ? false : (++i, true)) && ...);
-  return i;
+  constexpr bool same[] = {std::is_same_v<T, Ts>...};
+  for (int i = 0; i < static_cast<int>(sizeof...(Ts)); ++i)
+    if (same[i]) return i;
+  return static_cast<int>(sizeof...(Ts));
 }
 template <size_t I, class T, class... Ts>
 struct TypeAt : TypeAt<I - 1, Ts...> {};

@@ -1,4 +1,4 @@
-// The backends' shared declaration: BackendImpl<D> overrides every op of kernels/backend.h once;
+// The backends' shared declaration: BackendImpl<device> overrides every op of kernels/backend.h once;
 // cpu/ and cuda/ define its members per device as explicit specializations, one file per op family
 // (the family file named beside each group). The contract, with its comments, is in backend.h.
 #pragma once
@@ -10,10 +10,10 @@ namespace mg::kernels {
 // Each device's file defines `template <> void BackendImpl<DeviceType::X>::op(...)`. A device that
 // lacks a definition fails to link: the class's vtable names every member. The definitions
 // live in this namespace (the template's), each file's kernels in an unnamed namespace beside them.
-template <DeviceType D>
+template <DeviceType kDevice>
 class BackendImpl final : public Backend {
  public:
-  const char* name() const override { return D == DeviceType::CPU ? "cpu" : "cuda"; }
+  const char* name() const override { return kDevice == DeviceType::CPU ? "cpu" : "cuda"; }
 
   // ---- elementwise (elementwise.*)
   void unary(Unary op, const Tensor& a, const Tensor& out) override;
