@@ -1,7 +1,8 @@
 #include "core/allocator.h"
 
-#include <cstdlib>
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "core/enum_name.h"
 #include "core/error.h"
@@ -24,9 +25,8 @@ CategoryStats& CategoryStats::get(Device d) {
   // One slot for the CPU and up to 64 CUDA devices; never destroyed (storages may be
   // released during static destruction).
   static CategoryStats* slots = new CategoryStats[65];
-  int i = d.is_cpu() ? 0 : 1 + d.index;
-  MG_CHECK(i >= 0 && i < 65, DeviceError, "CategoryStats: device index ", d.index, " out of range");
-  return slots[i];
+  MG_CHECK(d.is_cpu() || (d.index >= 0 && d.index < 64), DeviceError, "CategoryStats: device index ", d.index, " out of range");
+  return slots[d.is_cpu() ? 0 : 1 + d.index];
 }
 
 void CategoryStats::on_alloc(MemoryCategory c, int64_t bytes) {
@@ -69,12 +69,12 @@ void CategoryStats::reset_peak() {
 }
 
 void* CpuAllocator::allocate(size_t nbytes) {
-  size_t n = (nbytes + 63) / 64 * 64;
-  if (n == 0) n = 64;
-  void* p = std::aligned_alloc(64, n);
-  MG_CHECK(p != nullptr, OutOfMemoryError, "CpuAllocator: failed to allocate ",
-           format_bytes(static_cast<int64_t>(nbytes)), " (", format_bytes(bytes_.current),
-           " currently allocated by memgrad on the CPU)");
+  // Rounding a request within 63 bytes of SIZE_MAX up to 64 would wrap to a tiny block; no
+  // host has 2^62 bytes, so anything above that fails here, before the rounding.
+  void* p = nullptr;
+  if (nbytes <= (size_t{1} << 62)) p = std::aligned_alloc(64, std::max<size_t>((nbytes + 63) / 64 * 64, 64));
+  MG_CHECK(p != nullptr, OutOfMemoryError, "CpuAllocator: failed to allocate ", format_bytes(nbytes), " (",
+           format_bytes(bytes_.current), " currently allocated by memgrad on the CPU)");
   std::lock_guard<std::mutex> g(mu_);
   bytes_.add(static_cast<int64_t>(nbytes));
   count_.add(1);
@@ -145,22 +145,5 @@ void reset_peak_memory_stats(Device d) {
   CategoryStats::get(d).reset_peak();
 }
 std::map<std::string, int64_t> memory_stats(Device d) { return allocator_for(d).memory_stats(); }
-
-std::string format_bytes(int64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes < 0 ? -bytes : bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[64];
-  if (u == 0)
-    std::snprintf(buf, sizeof buf, "%s%lld B", bytes < 0 ? "-" : "",
-                  static_cast<long long>(bytes < 0 ? -bytes : bytes));
-  else
-    std::snprintf(buf, sizeof buf, "%s%.2f %s", bytes < 0 ? "-" : "", v, units[u]);
-  return buf;
-}
 
 }  // namespace mg

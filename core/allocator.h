@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/device.h"
+#include "core/format_bytes.h"
 
 namespace mg {
 
@@ -112,7 +113,5 @@ int64_t memory_reserved(Device d = Device::cpu());
 int64_t max_memory_reserved(Device d = Device::cpu());
 void reset_peak_memory_stats(Device d = Device::cpu());
 std::map<std::string, int64_t> memory_stats(Device d = Device::cpu());
-
-std::string format_bytes(int64_t bytes);
 
 }  // namespace mg

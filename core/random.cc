@@ -76,9 +76,14 @@ void philox_fill(const Tensor& t, int kind, double a, double b, Generator* gen) 
 }
 }  // namespace
 
-void uniform_(const Tensor& t, double low, double high, Generator* gen) { philox_fill(t, kUniform, low, high, gen); }
+void uniform_(const Tensor& t, double low, double high, Generator* gen) {
+  MG_CHECK(std::isfinite(low) && std::isfinite(high) && low <= high, ValueError,
+           "uniform_: expected finite low <= high, got [", low, ", ", high, ")");
+  philox_fill(t, kUniform, low, high, gen);
+}
 void normal_(const Tensor& t, double mean, double std, Generator* gen) {
-  MG_CHECK(std >= 0, ValueError, "normal_: std must be >= 0, got ", std);
+  MG_CHECK(std::isfinite(mean) && std::isfinite(std) && std >= 0, ValueError,
+           "normal_: expected a finite mean and a finite std >= 0, got mean ", mean, ", std ", std);
   philox_fill(t, kNormal, mean, std, gen);
 }
 void bernoulli_(const Tensor& t, double p, Generator* gen) {
@@ -112,8 +117,9 @@ Tensor normal(const Shape& shape, double mean, double std, TensorOptions opts, G
 Tensor randperm(int64_t n, Generator* gen) {
   MG_CHECK(n >= 0, ValueError, "randperm: n must be >= 0, got ", n);
   Generator& g = gen ? *gen : default_generator();
-  std::vector<int64_t> v(n);
-  std::iota(v.begin(), v.end(), 0);
+  Tensor out = empty({n}, DType::i64);  // through the allocator: too large an n is an OutOfMemoryError
+  int64_t* v = out.data_ptr<int64_t>();
+  std::iota(v, v + n, 0);
   uint64_t base = g.reserve(static_cast<uint64_t>(n));
   // Fisher-Yates with one Philox block per swap: reproducible from the generator state.
   for (int64_t i = n - 1; i > 0; --i) {
@@ -123,17 +129,19 @@ Tensor randperm(int64_t n, Generator* gen) {
     int64_t j = static_cast<int64_t>(x % static_cast<uint64_t>(i + 1));
     std::swap(v[i], v[j]);
   }
-  return from_vector(v, {n});
+  return out;
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts, Generator* gen) {
-  MG_CHECK(high > low, ValueError, "randint: high (", high, ") must be greater than low (", low, ")");
+  int64_t range = 0;
+  MG_CHECK(high > low && !__builtin_sub_overflow(high, low, &range), ValueError, "randint: high (", high,
+           ") must be greater than low (", low, ") by at most 2^63 - 1");
   Tensor u = empty(shape, {DType::f64, Device::cpu()});
   uniform_(u, 0, 1, gen);
   const double* p = u.data_ptr<double>();
   std::vector<int64_t> v(u.numel());
   for (size_t i = 0; i < v.size(); ++i)
-    v[i] = std::min<int64_t>(high - 1, low + static_cast<int64_t>(p[i] * static_cast<double>(high - low)));
+    v[i] = std::min<int64_t>(high - 1, low + static_cast<int64_t>(p[i] * static_cast<double>(range)));
   return from_vector(v, shape, opts);
 }
 

@@ -49,10 +49,21 @@ Storage adopt_storage(void* data, size_t nbytes, Device device, std::function<vo
   return s;
 }
 
-int64_t shape_numel(const Shape& shape) {
+void throw_size_overflow(const char* op, int64_t a, int64_t b, char sign) {
+  MG_THROW(ShapeError, op, ": size overflow: ", a, " ", sign, " ", b, " does not fit in a signed 64-bit integer");
+}
+
+void throw_undefined_tensor(const char* method) { MG_THROW(ValueError, method, ": called on an undefined tensor"); }
+
+int64_t shape_numel(const Shape& shape, const char* op) {
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape) n = checked_mul(n, s, op);
   return n;
+}
+
+size_t storage_nbytes(const Shape& shape, DType dtype, const char* op) {
+  for (int64_t s : shape) MG_CHECK(s >= 0, ShapeError, op, ": negative size in shape ", shape_str(shape));
+  return static_cast<size_t>(checked_mul(shape_numel(shape, op), static_cast<int64_t>(dtype_size(dtype)), op));
 }
 
 Shape contiguous_strides(const Shape& shape) {
@@ -60,7 +71,7 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t acc = 1;
   for (int64_t i = static_cast<int64_t>(shape.size()) - 1; i >= 0; --i) {
     st[i] = acc;
-    acc *= std::max<int64_t>(shape[i], 1);
+    acc = checked_mul(acc, std::max<int64_t>(shape[i], 1), "contiguous_strides");
   }
   return st;
 }
@@ -84,31 +95,44 @@ static Tensor make_tensor(Storage st, Shape sizes, Shape strides, int64_t offset
   return Tensor(std::move(impl));
 }
 
-int64_t Tensor::size(int64_t d) const { return impl_->sizes[wrap_dim(d, dim(), "size")]; }
-int64_t Tensor::stride(int64_t d) const { return impl_->strides[wrap_dim(d, dim(), "stride")]; }
-int64_t Tensor::numel() const { return shape_numel(impl_->sizes); }
+// A 0-dim tensor has no dim to ask about (wrap_dim alone would let 0 and -1 through).
+static int64_t existing_dim(int64_t d, int64_t ndim, const char* op) {
+  MG_CHECK(ndim > 0, IndexError, op, ": dim ", d, " of a 0-dim tensor (it has no dims)");
+  return wrap_dim(d, ndim, op);
+}
+int64_t Tensor::size(int64_t d) const { return checked("size").sizes[existing_dim(d, dim(), "size")]; }
+int64_t Tensor::stride(int64_t d) const { return checked("stride").strides[existing_dim(d, dim(), "stride")]; }
+int64_t Tensor::numel() const { return shape_numel(checked("numel").sizes); }
+size_t Tensor::nbytes() const {
+  const TensorImpl& impl = checked("nbytes");
+  return static_cast<size_t>(
+      checked_mul(shape_numel(impl.sizes), static_cast<int64_t>(dtype_size(impl.dtype)), "nbytes"));
+}
 
 bool Tensor::is_contiguous() const {
+  const TensorImpl& impl = checked("is_contiguous");
   int64_t expected = 1;
   for (int64_t i = dim() - 1; i >= 0; --i) {
-    if (impl_->sizes[i] == 1) continue;
-    if (impl_->strides[i] != expected) return false;
-    expected *= impl_->sizes[i];
+    if (impl.sizes[i] == 1) continue;
+    if (impl.strides[i] != expected) return false;
+    expected *= impl.sizes[i];  // bounded by numel, checked when the shape was made
   }
   return true;
 }
 
 void* Tensor::raw_data() const {
-  return static_cast<char*>(impl_->storage->data) + impl_->offset * static_cast<int64_t>(element_size());
+  const TensorImpl& impl = checked("raw_data");
+  return static_cast<char*>(impl.storage->data) + impl.offset * static_cast<int64_t>(element_size());
 }
 
 Tensor Tensor::detach() const {
-  auto impl = std::make_shared<TensorImpl>(*impl_);
+  auto impl = std::make_shared<TensorImpl>(checked("detach"));
   impl->autograd = nullptr;
   return Tensor(std::move(impl));
 }
 
 double Tensor::item() const {
+  checked("item");
   MG_CHECK(numel() == 1, ValueError, "item: expected a tensor with one element, got shape ", shape_str(sizes()), " (",
            numel(), " elements)");
   Tensor c = is_cuda() ? raw::to_device(*this, Device::cpu()) : *this;
@@ -121,6 +145,7 @@ double Tensor::item() const {
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
+  checked("to_vector");
   Tensor c = raw::contiguous(raw::to_dtype(is_cuda() ? raw::to_device(*this, Device::cpu()) : *this, dtype_of<T>));
   const T* p = c.data_ptr<T>();
   return std::vector<T>(p, p + c.numel());
@@ -188,8 +213,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
 // ---------------- factories ----------------
 
 Tensor empty(const Shape& shape, TensorOptions opts) {
-  for (int64_t s : shape) MG_CHECK(s >= 0, ShapeError, "empty: negative size in shape ", shape_str(shape));
-  Storage st = make_storage(static_cast<size_t>(shape_numel(shape)) * dtype_size(opts.dtype), opts.device);
+  Storage st = make_storage(storage_nbytes(shape, opts.dtype, "empty"), opts.device);
   Tensor t = make_tensor(std::move(st), shape, contiguous_strides(shape), 0, opts.dtype);
   if (opts.requires_grad) t.requires_grad_(true);
   return t;
@@ -212,10 +236,15 @@ Tensor ones_like(const Tensor& t) { return ones(t.sizes(), {t.dtype(), t.device(
 Tensor full_like(const Tensor& t, double value) { return full(t.sizes(), value, {t.dtype(), t.device()}); }
 
 Tensor arange(double start, double end, double step, TensorOptions opts) {
+  MG_CHECK(std::isfinite(start) && std::isfinite(end) && std::isfinite(step), ValueError,
+           "arange: start ", start, ", end ", end, " and step ", step, " must be finite");
   MG_CHECK(step != 0, ValueError, "arange: step must be nonzero");
-  MG_CHECK((end - start) / step >= 0, ValueError, "arange: start ", start, ", end ", end, " and step ", step,
-           " are inconsistent");
-  int64_t n = static_cast<int64_t>(std::ceil((end - start) / step));
+  const double count = std::ceil((end - start) / step);
+  MG_CHECK(count >= 0, ValueError, "arange: start ", start, ", end ", end, " and step ", step, " are inconsistent");
+  // 2^62 elements is far beyond any memory; the bound keeps the cast to int64 defined.
+  MG_CHECK(count < 0x1p62, ShapeError, "arange: start ", start, ", end ", end, " and step ", step, " give ", count,
+           " elements");
+  int64_t n = static_cast<int64_t>(count);
   Tensor h = empty({n}, {opts.dtype, Device::cpu()});
   MG_DISPATCH_ALL(opts.dtype, "arange", [&] {
     auto* p = h.data_ptr<scalar_t>();
@@ -266,6 +295,23 @@ CudaHooks& cuda_hooks() {
 namespace raw {
 
 Tensor as_strided(const Tensor& t, const Shape& sizes, const Shape& strides, int64_t offset) {
+  MG_CHECK(sizes.size() == strides.size() && offset >= 0, ShapeError, "as_strided: sizes ", shape_str(sizes),
+           ", strides ", shape_str(strides), ", offset ", offset, " do not describe a view");
+  // The last element the view reaches must lie in the storage: no view can read past it.
+  int64_t last = offset;
+  bool empty_view = false;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    MG_CHECK(sizes[i] >= 0 && strides[i] >= 0, ShapeError, "as_strided: negative size or stride in sizes ",
+             shape_str(sizes), ", strides ", shape_str(strides));
+    empty_view |= sizes[i] == 0;
+    if (sizes[i] > 0) last = checked_add(last, checked_mul(sizes[i] - 1, strides[i], "as_strided"), "as_strided");
+  }
+  shape_numel(sizes, "as_strided");
+  const Storage& st = t.storage();
+  const int64_t elems = static_cast<int64_t>(st->nbytes / t.element_size());
+  MG_CHECK(empty_view || last < elems, ShapeError, "as_strided: a view with sizes ", shape_str(sizes), ", strides ",
+           shape_str(strides), " and offset ", offset, " reaches element ", last, " of a storage of ", elems,
+           " elements");
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = t.storage();
   impl->sizes = sizes;
@@ -286,7 +332,7 @@ Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
       infer = static_cast<int64_t>(i);
     } else {
       MG_CHECK(out[i] >= 0, ShapeError, op, ": invalid size ", out[i], " in shape ", shape_str(shape));
-      known *= out[i];
+      known = checked_mul(known, out[i], op);
     }
   }
   if (infer >= 0) {
@@ -294,7 +340,7 @@ Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
              " is invalid for input of size ", numel);
     out[infer] = numel / known;
   }
-  MG_CHECK(shape_numel(out) == numel, ShapeError, op, ": shape ", shape_str(shape), " is invalid for input of size ",
+  MG_CHECK(shape_numel(out, op) == numel, ShapeError, op, ": shape ", shape_str(shape), " is invalid for input of size ",
            numel);
   return out;
 }
@@ -436,8 +482,8 @@ Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t s
   start = std::clamp<int64_t>(start, 0, n);
   end = std::clamp<int64_t>(end, start, n);
   Shape sizes = t.sizes(), strides = t.strides();
-  sizes[dim] = (end - start + step - 1) / step;
-  strides[dim] *= step;
+  sizes[dim] = end == start ? 0 : (end - start - 1) / step + 1;  // (end - start + step - 1) could overflow
+  strides[dim] = checked_mul(strides[dim], step, "slice");
   return as_strided(t, sizes, strides, t.offset() + start * t.strides()[dim]);
 }
 
@@ -467,13 +513,15 @@ Tensor expand(const Tensor& t, const Shape& shape) {
     int64_t want = shape[i];
     if (j >= 0) {
       int64_t have = t.sizes()[j];
-      if (want == -1) want = have;
+      if (want == -1) want = have;  // -1 keeps an existing dim
+      MG_CHECK(want >= 0, ShapeError, "expand: invalid size ", shape[i], " at dim ", i, " of ", shape_str(shape));
       MG_CHECK(have == want || have == 1, ShapeError, "expand: cannot expand shape ", shape_str(t.sizes()), " to ",
                shape_str(shape), " (dim ", i, ": ", have, " vs ", want, ")");
       sizes[i] = want;
       strides[i] = have == want ? t.strides()[j] : 0;
     } else {
-      MG_CHECK(want >= 0, ShapeError, "expand: -1 not allowed for new leading dim in ", shape_str(shape));
+      MG_CHECK(want >= 0, ShapeError, "expand: invalid size ", want, " for new leading dim ", i, " in ",
+               shape_str(shape), " (-1 only keeps an existing dim)");
       sizes[i] = want;
       strides[i] = 0;
     }
@@ -549,7 +597,27 @@ void copy_(const Tensor& dst, const Tensor& src, bool non_blocking) {
   });
 }
 
+// An integer tensor takes only values its type holds (PyTorch: "value cannot be converted to
+// type ... without overflow"); the cast of anything else is undefined.
+static void check_fill_value(DType dtype, double value) {
+  if (!is_integral(dtype) || dtype == DType::b8) return;
+  double lo = 0, hi = 0;  // hi exclusive: the type's max + 1, a power of two exact in a double
+  switch (dtype) {
+    case DType::i64:
+      lo = -0x1p63, hi = 0x1p63;
+      break;
+    case DType::i32:
+      lo = -0x1p31, hi = 0x1p31;
+      break;
+    default:  // u8
+      lo = 0, hi = 256;
+  }
+  MG_CHECK(value >= lo && value < hi, ValueError, "fill_: value ", value, " cannot be converted to ", dtype,
+           " without overflow");
+}
+
 void fill_(const Tensor& dst, double value) {
+  check_fill_value(dst.dtype(), value);
   if (dst.is_cuda()) {
     MG_CHECK(cuda_hooks().fill != nullptr, DeviceError, "fill_: CUDA tensor but no CUDA backend in this build");
     cuda_hooks().fill(dst, value);

@@ -79,6 +79,9 @@ struct TensorOptions {
   TensorOptions(DType t, Device d, bool rg = false) : dtype(t), device(d), requires_grad(rg) {}
 };
 
+// mg::ValueError "<method>: called on an undefined tensor".
+[[noreturn]] void throw_undefined_tensor(const char* method);
+
 class Tensor {
  public:
   Tensor() = default;
@@ -89,21 +92,25 @@ class Tensor {
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
 
-  const Shape& sizes() const { return impl_->sizes; }
-  const Shape& shape() const { return impl_->sizes; }
-  const Shape& strides() const { return impl_->strides; }
+  // Every accessor and method below raises mg::ValueError "<method>: called on an undefined
+  // tensor" on a default-constructed Tensor (one predictable branch each).
+  const Shape& sizes() const { return checked("sizes").sizes; }
+  const Shape& shape() const { return checked("shape").sizes; }
+  const Shape& strides() const { return checked("strides").strides; }
+  // mg::IndexError for a dim out of range (any dim of a 0-dim tensor).
   int64_t size(int64_t dim) const;
   int64_t stride(int64_t dim) const;
-  int64_t dim() const { return static_cast<int64_t>(impl_->sizes.size()); }
+  int64_t dim() const { return static_cast<int64_t>(checked("dim").sizes.size()); }
   int64_t numel() const;
-  int64_t offset() const { return impl_->offset; }
-  DType dtype() const { return impl_->dtype; }
-  Device device() const { return impl_->storage->device; }
+  int64_t offset() const { return checked("offset").offset; }
+  DType dtype() const { return checked("dtype").dtype; }
+  Device device() const { return checked("device").storage->device; }
   bool is_cuda() const { return device().is_cuda(); }
   size_t element_size() const { return dtype_size(dtype()); }
-  size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
+  // numel() * element_size(), checked (an expanded view can count more bytes than exist).
+  size_t nbytes() const;
   bool is_contiguous() const;
-  const Storage& storage() const { return impl_->storage; }
+  const Storage& storage() const { return checked("storage").storage; }
 
   // Pointer to the first element (storage base + offset).
   void* raw_data() const;
@@ -114,17 +121,23 @@ class Tensor {
   }
 
   // Version counter: bumped by every in-place op; saved tensors compare against it.
-  uint32_t version() const { return *impl_->version; }
-  void bump_version() const { ++*impl_->version; }
+  uint32_t version() const { return *checked("version").version; }
+  void bump_version() const { ++*checked("bump_version").version; }
 
   // --- autograd state (meaning given by autograd/; see core/autograd_hooks.h) ---
-  bool requires_grad() const { return impl_->autograd && impl_->autograd->requires_grad(); }
+  bool requires_grad() const {
+    const TensorImpl& i = checked("requires_grad");
+    return i.autograd && i.autograd->requires_grad();
+  }
   // Only leaves may be flagged; raises mg::AutogradError on a non-leaf or integer tensor, or
   // when turning it on in a binary without //autograd.
   Tensor& requires_grad_(bool on = true);
   Tensor grad() const;
   void set_grad(const Tensor& g) const;
-  bool is_leaf() const { return !impl_->autograd || impl_->autograd->is_leaf(); }
+  bool is_leaf() const {
+    const TensorImpl& i = checked("is_leaf");
+    return !i.autograd || i.autograd->is_leaf();
+  }
   void retain_grad() const;
   // Shares storage, no autograd history.
   Tensor detach() const;
@@ -170,6 +183,12 @@ class Tensor {
   std::string str() const;
 
  private:
+  TensorImpl& checked(const char* method) const {
+    if (!impl_) [[unlikely]]
+      throw_undefined_tensor(method);
+    return *impl_;
+  }
+
   std::shared_ptr<TensorImpl> impl_;
 };
 
@@ -192,14 +211,36 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, TensorOptio
 // Convenience: a float tensor from a flat list, e.g. tensor({1, 2, 3, 4}, {2, 2}).
 Tensor tensor(std::initializer_list<double> values, const Shape& shape, TensorOptions opts = {});
 
-// Contiguous strides for a shape.
+// a * b and a + b for sizes, strides, offsets and byte counts: the one overflow check every size
+// computation in core goes through. Overflow is an mg::ShapeError naming `op` and both operands.
+[[noreturn]] void throw_size_overflow(const char* op, int64_t a, int64_t b, char sign);
+inline int64_t checked_mul(int64_t a, int64_t b, const char* op) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) [[unlikely]]
+    throw_size_overflow(op, a, b, '*');
+  return r;
+}
+inline int64_t checked_add(int64_t a, int64_t b, const char* op) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) [[unlikely]]
+    throw_size_overflow(op, a, b, '+');
+  return r;
+}
+// Contiguous strides for a shape (checked).
 Shape contiguous_strides(const Shape& shape);
-int64_t shape_numel(const Shape& shape);
-// Wraps a possibly negative dim into [0, ndim); raises mg::IndexError naming `op`.
+// The product of the sizes (checked; `op` names the caller in the error).
+int64_t shape_numel(const Shape& shape, const char* op = "numel");
+// Bytes of a contiguous tensor: validates the shape (sizes >= 0, mg::ShapeError naming `op`
+// otherwise) and checks numel * dtype_size for overflow.
+size_t storage_nbytes(const Shape& shape, DType dtype, const char* op);
+// Wraps a possibly negative dim into [0, ndim) (a 0-dim tensor takes -1 and 0, as in
+// PyTorch); raises mg::IndexError naming `op`.
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
 
 // Raw (non-differentiable) building blocks used by kernels/ and autograd/.
 namespace raw {
+// A view of t's storage; mg::ShapeError unless sizes are >= 0, strides >= 0 and every element
+// of the view lies inside the storage.
 Tensor as_strided(const Tensor& t, const Shape& sizes, const Shape& strides, int64_t offset);
 Tensor view(const Tensor& t, const Shape& shape);  // -1 allowed once; must be viewable
 bool viewable(const Tensor& t, const Shape& shape, Shape* strides_out);

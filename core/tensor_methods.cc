@@ -14,6 +14,13 @@ AutogradMetaInterface& meta_for(TensorImpl& impl, const char* op) {
   return *impl.autograd;
 }
 
+// The tensor itself once it is known to be defined, so each method below stays one call.
+const Tensor& self(const Tensor& t, const char* method) {
+  if (!t.defined()) [[unlikely]]
+    throw_undefined_tensor(method);
+  return t;
+}
+
 constexpr const char* kNotLinked =
     ": autograd is not linked into this binary (depend on //autograd to track gradients)";
 }  // namespace
@@ -71,6 +78,7 @@ void AutogradHooks::zero_(const Tensor& self) const { fill_(self, 0.0); }
 // ---------------- Tensor's methods ----------------
 
 Tensor& Tensor::requires_grad_(bool on) {
+  checked("requires_grad_");
   MG_CHECK(!on || is_floating(dtype()), AutogradError, "requires_grad_: only floating tensors can require grad, got ",
            dtype());
   MG_CHECK(
@@ -82,11 +90,12 @@ Tensor& Tensor::requires_grad_(bool on) {
 }
 
 Tensor Tensor::grad() const {
-  if (!impl_->autograd || !impl_->autograd->grad()) return Tensor();
+  if (!checked("grad").autograd || !impl_->autograd->grad()) return Tensor();
   return Tensor(impl_->autograd->grad());
 }
 
 void Tensor::set_grad(const Tensor& g) const {
+  checked("set_grad");
   if (g.defined()) {
     MG_CHECK(g.sizes() == sizes(), ShapeError, "set_grad: gradient shape ", shape_str(g.sizes()),
              " does not match tensor shape ", shape_str(sizes()));
@@ -97,56 +106,56 @@ void Tensor::set_grad(const Tensor& g) const {
   meta_for(*impl_, "set_grad").set_grad(g.impl_ptr());
 }
 
-void Tensor::retain_grad() const { meta_for(*impl_, "retain_grad").set_retains_grad(); }
+void Tensor::retain_grad() const { meta_for(checked("retain_grad"), "retain_grad").set_retains_grad(); }
 
 void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
-  autograd_hooks().backward(*this, gradient, retain_graph);
+  autograd_hooks().backward(self(*this, "backward"), gradient, retain_graph);
 }
 
-Tensor Tensor::view(const Shape& shape) const { return autograd_hooks().view(*this, shape); }
-Tensor Tensor::reshape(const Shape& shape) const { return autograd_hooks().reshape(*this, shape); }
-Tensor Tensor::permute(const Shape& dims) const { return autograd_hooks().permute(*this, dims); }
-Tensor Tensor::transpose(int64_t d0, int64_t d1) const { return autograd_hooks().transpose(*this, d0, d1); }
-Tensor Tensor::t() const { return autograd_hooks().t(*this); }
-Tensor Tensor::unsqueeze(int64_t d) const { return autograd_hooks().unsqueeze(*this, d); }
-Tensor Tensor::squeeze(int64_t d) const { return autograd_hooks().squeeze(*this, d); }
-Tensor Tensor::squeeze() const { return autograd_hooks().squeeze(*this); }
-Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
-  return autograd_hooks().flatten(*this, start_dim, end_dim);
-}
-Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
-  return autograd_hooks().slice(*this, d, start, end, step);
-}
-Tensor Tensor::select(int64_t d, int64_t index) const { return autograd_hooks().select(*this, d, index); }
-Tensor Tensor::expand(const Shape& shape) const { return autograd_hooks().expand(*this, shape); }
-Tensor Tensor::contiguous() const { return autograd_hooks().contiguous(*this); }
-Tensor Tensor::clone() const { return autograd_hooks().clone(*this); }
-Tensor Tensor::to(DType dt) const { return autograd_hooks().to(*this, dt); }
-Tensor Tensor::to(Device dev, bool non_blocking) const { return autograd_hooks().to(*this, dev, non_blocking); }
+Tensor Tensor::view(const Shape& shape) const { return autograd_hooks().view(self(*this, "view"), shape); }
+Tensor Tensor::reshape(const Shape& shape) const { return autograd_hooks().reshape(self(*this, "reshape"), shape); }
+Tensor Tensor::permute(const Shape& dims) const { return autograd_hooks().permute(self(*this, "permute"), dims); }
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const { return autograd_hooks().transpose(self(*this, "transpose"), d0, d1); }
+Tensor Tensor::t() const { return autograd_hooks().t(self(*this, "t")); }
+Tensor Tensor::unsqueeze(int64_t d) const { return autograd_hooks().unsqueeze(self(*this, "unsqueeze"), d); }
+Tensor Tensor::squeeze(int64_t d) const { return autograd_hooks().squeeze(self(*this, "squeeze"), d); }
+Tensor Tensor::squeeze() const { return autograd_hooks().squeeze(self(*this, "squeeze")); }
+Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const { return autograd_hooks().flatten(self(*this, "flatten"), start_dim, end_dim); }
+Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const { return autograd_hooks().slice(self(*this, "slice"), d, start, end, step); }
+Tensor Tensor::select(int64_t d, int64_t index) const { return autograd_hooks().select(self(*this, "select"), d, index); }
+Tensor Tensor::expand(const Shape& shape) const { return autograd_hooks().expand(self(*this, "expand"), shape); }
+Tensor Tensor::contiguous() const { return autograd_hooks().contiguous(self(*this, "contiguous")); }
+Tensor Tensor::clone() const { return autograd_hooks().clone(self(*this, "clone")); }
+Tensor Tensor::to(DType dt) const { return autograd_hooks().to(self(*this, "to"), dt); }
+Tensor Tensor::to(Device dev, bool non_blocking) const { return autograd_hooks().to(self(*this, "to"), dev, non_blocking); }
 
 // narrow is slice with stricter bounds: checked here, recorded (if at all) as the slice.
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  checked("narrow");
   MG_CHECK(dim() > 0, ShapeError, "narrow: cannot narrow a 0-dim tensor");
   d = wrap_dim(d, dim(), "narrow");
   const int64_t n = sizes()[d];
   MG_CHECK(start >= -n && start <= n, IndexError, "narrow: start ", start, " out of range for dim ", d, " of size ", n);
   if (start < 0) start += n;
   MG_CHECK(length >= 0, ValueError, "narrow: length must be non-negative, got ", length);
-  MG_CHECK(start + length <= n, IndexError, "narrow: start (", start, ") + length (", length, ") exceeds dim ", d,
+  MG_CHECK(length <= n - start, IndexError, "narrow: start (", start, ") + length (", length, ") exceeds dim ", d,
            " of size ", n);
   return slice(d, start, start + length, 1);
 }
 
 Tensor& Tensor::copy_(const Tensor& src) {
-  MG_CHECK(defined() && src.defined(), ValueError, "copy_: undefined tensor");
+  checked("copy_");
+  MG_CHECK(src.defined(), ValueError, "copy_: the source is an undefined tensor");
   autograd_hooks().copy_(*this, src);
   return *this;
 }
 Tensor& Tensor::fill_(double value) {
+  checked("fill_");
   autograd_hooks().fill_(*this, value);
   return *this;
 }
 Tensor& Tensor::zero_() {
+  checked("zero_");
   autograd_hooks().zero_(*this);
   return *this;
 }

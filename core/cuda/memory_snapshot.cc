@@ -141,20 +141,6 @@ const char* to_string(TraceAction action) {
                             "segment_unmap", "oom"});
 }
 
-std::string format_bytes(std::uint64_t bytes) {
-  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
-  if (bytes < 1024) return std::to_string(bytes) + " B";
-  double v = static_cast<double>(bytes) / 1024.0;
-  int unit = 0;
-  while (v >= 1024.0 && unit < 4) {
-    v /= 1024.0;
-    ++unit;
-  }
-  char buf[48];
-  std::snprintf(buf, sizeof(buf), "%.2f %s", v, kUnits[unit]);
-  return buf;
-}
-
 AllocationContext::AllocationContext(const std::string& name)
     : previous_length_(tls_context.size()), previous_id_(tls_context_id) {
   if (!tls_context.empty()) tls_context += '/';

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/cuda/device_memory.h"
+#include "core/format_bytes.h"
 
 namespace mg::cuda {
 
@@ -102,8 +103,5 @@ class AllocationContext {
   std::size_t previous_length_;
   std::uint32_t previous_id_;
 };
-
-// "512 B", "1.50 KiB", "20.00 MiB", "1.25 GiB": what every message and table in this module uses.
-std::string format_bytes(std::uint64_t bytes);
 
 }  // namespace mg::cuda
