@@ -32,18 +32,6 @@ struct DTypeName {
 constexpr DTypeName kDTypes[] = {{DType::f64, "F64"}, {DType::f32, "F32"}, {DType::f16, "F16"}, {DType::bf16, "BF16"},
                                  {DType::i64, "I64"}, {DType::i32, "I32"}, {DType::u8, "U8"},   {DType::b8, "BOOL"}};
 
-std::string sys_error(const std::string& what, const std::string& path) {
-  return "write_file_atomically(" + path + "): " + what + " failed: " + std::strerror(errno);
-}
-
-// Closes on scope exit; the caller closes explicitly where the result matters.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 // --- reading -------------------------------------------------------------------------------
 
 // Where the bytes come from: a file (pread) or a buffer; both go through the same checks.
@@ -85,7 +73,7 @@ class FileSource : public Source {
   }
 
  private:
-  Fd fd_;
+  UniqueFd fd_;
   uint64_t size_ = 0;
 };
 
@@ -259,17 +247,6 @@ StateDict load_source(const Source& src, Device device) {
 
 // --- writing -------------------------------------------------------------------------------
 
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t put = ::write(fd, p, n);
-    if (put < 0 && errno == EINTR) continue;
-    if (put <= 0) MG_THROW(IOError, sys_error("write", path));
-    p += put;
-    n -= static_cast<size_t>(put);
-  }
-}
-
 // Streams the file: header, then each tensor as it is brought to the host.
 void write_safetensors(const StateDict& dict, const ByteSink& sink) {
   json header = json::object();
@@ -317,34 +294,6 @@ const char* safetensors_dtype(DType t) {
   for (auto& d : kDTypes)
     if (d.dtype == t) return d.name;
   MG_THROW(DTypeError, "safetensors_dtype: no safetensors dtype for ", t);
-}
-
-void write_file_atomically(const std::string& path, const std::function<void(const ByteSink& sink)>& produce) {
-  MG_CHECK(!path.empty(), ValueError, "write_file_atomically: empty path");
-  const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  std::string tmp = path + ".tmp.XXXXXX";
-  Fd f;
-  f.fd = ::mkstemp(tmp.data());
-  if (f.fd < 0) MG_THROW(IOError, sys_error("creating a temporary file in " + dir, path));
-  try {
-    produce([&](const void* data, size_t n) { write_all(f.fd, data, n, path); });
-    // mkstemp makes the file 0600; a checkpoint should get the usual umask-governed mode.
-    const mode_t mask = ::umask(0);
-    ::umask(mask);
-    if (::fchmod(f.fd, 0666 & ~mask) != 0) MG_THROW(IOError, sys_error("fchmod", path));
-    if (::fsync(f.fd) != 0) MG_THROW(IOError, sys_error("fsync", path));
-    const int fd = f.fd;
-    f.fd = -1;
-    if (::close(fd) != 0) MG_THROW(IOError, sys_error("close", path));
-    if (::rename(tmp.c_str(), path.c_str()) != 0) MG_THROW(IOError, sys_error("rename", path));
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  Fd d;
-  d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (d.fd < 0 || ::fsync(d.fd) != 0) MG_THROW(IOError, sys_error("fsync of directory " + dir, path));
 }
 
 void save(const StateDict& dict, const std::string& path) {

@@ -3,9 +3,9 @@
 #pragma once
 
 #include <cstddef>
-#include <functional>
 #include <string>
 
+#include "core/atomic_file.h"
 #include "core/state_dict.h"
 #include "core/tensor.h"
 
@@ -30,13 +30,10 @@ std::string save_to_bytes(const StateDict& dict);
 StateDict load_from_bytes(const std::string& bytes, Device device = Device::cpu(),
                           const std::string& source = "<memory>");
 
-// Replaces `path` atomically: `produce` writes the contents through the sink it is given into a
-// temporary file in the same directory, which is fsynced, renamed over `path`, and the directory
-// fsynced (so the rename itself survives a crash). If `produce` throws or any step fails, the
-// temporary file is removed, `path` is left as it was, and the error propagates (system
-// failures as mg::IOError naming the path and the reason).
-using ByteSink = std::function<void(const void* data, size_t n)>;
-void write_file_atomically(const std::string& path, const std::function<void(const ByteSink& sink)>& produce);
+// Atomic replacement of a file (mkstemp, fchmod 0644, fsync, rename, directory fsync); lives in
+// core/atomic_file.h, named here too for the checkpoint writers.
+using mg::ByteSink;
+using mg::write_file_atomically;
 
 // safetensors' dtype string for `t` ("F32", ...); mg::DTypeError for a dtype it cannot hold.
 const char* safetensors_dtype(DType t);

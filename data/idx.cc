@@ -1,10 +1,12 @@
 #include "data/idx.h"
 
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -23,8 +25,10 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// Reads exactly n bytes or reports what is missing; `what` names the part of the file.
-void read_exact(gzFile f, const std::string& path, void* dst, size_t n, const std::string& what) {
+// Reads up to n bytes, stopping early only at the end of the stream; returns how many arrived.
+// A damaged stream raises; `what` names the part of the file, `expected` its full size.
+size_t read_some(gzFile f, const std::string& path, void* dst, size_t n, size_t already, size_t expected,
+                 const std::string& what) {
   auto* p = static_cast<unsigned char*>(dst);
   size_t got = 0;
   while (got < n) {
@@ -33,15 +37,39 @@ void read_exact(gzFile f, const std::string& path, void* dst, size_t n, const st
     if (r < 0) {
       int errnum = 0;
       const char* msg = gzerror(f, &errnum);
-      MG_CHECK(errnum != Z_BUF_ERROR, IOError, "read_idx: ", path, ": truncated file: expected ", n, " bytes of ", what,
-               ", got ", got, " (the compressed stream ends early)");
+      MG_CHECK(errnum != Z_BUF_ERROR, IOError, "read_idx: ", path, ": truncated file: expected ", expected,
+               " bytes of ", what, ", got ", already + got, " (the compressed stream ends early)");
       MG_THROW(IOError, "read_idx: ", path, ": corrupt or unreadable while reading ", what, " (",
                errnum == Z_ERRNO ? std::strerror(errno) : msg, ")");
     }
     if (r == 0) break;
     got += static_cast<size_t>(r);
   }
+  return got;
+}
+
+void read_exact(gzFile f, const std::string& path, void* dst, size_t n, const std::string& what) {
+  const size_t got = read_some(f, path, dst, n, 0, n, what);
   MG_CHECK(got == n, IOError, "read_idx: ", path, ": truncated file: expected ", n, " bytes of ", what, ", got ", got);
+}
+
+// Deflate's largest expansion: 258-byte matches coded in 2 bits each give about 1032:1.
+constexpr size_t kMaxInflate = 1032;
+
+// Reads the n data bytes into a buffer that grows as they arrive (doubling from 1 MiB), so a
+// header that declares more than the stream holds fails at the end of the stream, not with an
+// allocation of the declared size.
+std::vector<unsigned char> read_growing(gzFile f, const std::string& path, size_t n, const std::string& what) {
+  std::vector<unsigned char> buf;
+  size_t got = 0;
+  while (got < n) {
+    buf.resize(std::min(n, std::max<size_t>(size_t{1} << 20, 2 * got)));
+    const size_t r = read_some(f, path, buf.data() + got, buf.size() - got, got, n, what);
+    got += r;
+    if (got < buf.size()) break;  // end of stream
+  }
+  MG_CHECK(got == n, IOError, "read_idx: ", path, ": truncated file: expected ", n, " bytes of ", what, ", got ", got);
+  return buf;
 }
 
 // The IDX element types: the type code (third magic byte), bytes per element in the file, and
@@ -102,6 +130,10 @@ T load_be(const unsigned char* b, int n) {
 }  // namespace
 
 Tensor read_idx(const std::string& path) {
+  struct stat st {};
+  MG_CHECK(::stat(path.c_str(), &st) == 0, IOError, "read_idx: cannot open ", path, ": ", std::strerror(errno));
+  MG_CHECK(S_ISREG(st.st_mode), IOError, "read_idx: ", path, " is not a regular file");
+  const size_t file_bytes = static_cast<size_t>(st.st_size);
   GzFile f(gzopen(path.c_str(), "rb"));
   MG_CHECK(f != nullptr, IOError, "read_idx: cannot open ", path, ": ", std::strerror(errno));
   gzbuffer(f.get(), 1 << 17);
@@ -128,13 +160,27 @@ Tensor read_idx(const std::string& path) {
   }
 
   const TypeInfo& ti = *type;
-  Tensor out = empty(shape, {ti.dtype, Device::cpu()});
-  const std::string what = "data for shape " + shape_str(shape);
-  if (ti.dtype == DType::u8) {
-    read_exact(f.get(), path, out.raw_data(), numel, what);
+  // The header alone says how much data follows; a corrupt or hostile one must not make us
+  // allocate it before the bytes are there. A plain file holds exactly what it holds; a gzip
+  // stream cannot inflate more than 1032x (deflate's limit), and its data is read into a buffer
+  // that grows as bytes arrive, so memory stays within about twice what the file really holds.
+  const size_t need = numel * static_cast<size_t>(ti.file_size);
+  const size_t header_bytes = 4 + dimbuf.size();
+  const std::string what = "data (header dims " + shape_str(shape) + ", " + std::to_string(numel) + " elements)";
+  if (gzdirect(f.get()) == 1) {
+    const size_t have = file_bytes - std::min(file_bytes, header_bytes);
+    MG_CHECK(need <= have, IOError, "read_idx: ", path, ": truncated file: expected ", need, " bytes of ", what,
+             ", got ", have, " (the file is ", file_bytes, " bytes)");
   } else {
-    std::vector<unsigned char> raw(numel * ti.file_size);
-    read_exact(f.get(), path, raw.data(), raw.size(), what);
+    const size_t most = file_bytes > SIZE_MAX / kMaxInflate ? SIZE_MAX : file_bytes * kMaxInflate;
+    MG_CHECK(need <= most, IOError, "read_idx: ", path, ": truncated file: expected ", need, " bytes of ", what,
+             ", but a ", file_bytes, "-byte gzip file inflates to at most ", most, " bytes");
+  }
+  std::vector<unsigned char> raw = read_growing(f.get(), path, need, what);
+  Tensor out = empty(shape, {ti.dtype, Device::cpu()});
+  if (ti.dtype == DType::u8) {
+    if (numel) std::memcpy(out.raw_data(), raw.data(), numel);
+  } else {
     const int fs = ti.file_size;
     const bool is_signed_byte = magic[2] == 0x09, is_short = magic[2] == 0x0B;
     if (ti.dtype == DType::i32) {

@@ -3,6 +3,7 @@
 // files, atomic replacement, and Module::state_dict / load_state_dict.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -337,6 +338,24 @@ TEST(AtomicWrite, AFailedWriteLeavesThePreviousFileIntact) {
   save(big, path);
   expect_same(big, load(path));
   EXPECT_TRUE(leftovers(dir).empty());
+}
+
+// The file mode is 0644 whatever the umask, set with fchmod: the process umask is neither read
+// nor changed (it is process-wide, so a save that set it to 0 even briefly made files other
+// threads created meanwhile world-writable). The first version did umask(0) / umask(mask) and
+// gave 0666 & ~umask: 0600 under umask 077, 0666 under umask 0.
+TEST(AtomicWrite, ModeIs0644AndTheUmaskIsUntouched) {
+  const std::string path = temp_dir() + "/mode.safetensors";
+  const mode_t saved = ::umask(022);
+  for (mode_t mask : {mode_t{077}, mode_t{0}, mode_t{027}}) {
+    ::umask(mask);
+    save(all_dtypes(), path);
+    EXPECT_EQ(::umask(mask), mask) << "save changed the umask";
+    struct stat st {};
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0644u) << "umask " << std::oct << mask;
+  }
+  ::umask(saved);
 }
 
 // A small model with parameters and BatchNorm buffers (running stats, an i64 counter).

@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "data/idx.h"
+#include "tests/fuzz.h"
 
 namespace mg::data {
 namespace {
@@ -128,6 +130,56 @@ TEST(Idx, CompressedStreamCutShortIsIOError) {
   std::string msg = message_of(cut);
   EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
   EXPECT_NE(msg.find(cut), std::string::npos) << msg;
+}
+
+// A header whose dims declare far more data than the file holds: the first version allocated the
+// declared size before reading (a 22-byte file took the process to 2.1 GiB and 8-10 s before
+// "truncated file"). Now a plain file is checked against its size, a gzip file against what it can
+// inflate to (1032x), and gzip data goes into a buffer that grows as bytes arrive: each case fails
+// at once with the dims and the bytes that are there, and memory stays small.
+TEST(Idx, HugeDeclaredSizeFailsFastWithoutAllocating) {
+  auto tiny = header(0x08, {0x7FFFFFFF, 1, 1});  // 2^31 - 1 bytes declared
+  tiny.resize(tiny.size() + 6);                  // 22 bytes in all
+  ASSERT_EQ(tiny.size(), 22u);
+  // Incompressible bytes: a 1 MiB gzip file that could inflate to 1 GiB but holds 1 MiB.
+  auto big = header(0x0E, {0x4000000});  // 64 Mi f64: 512 MiB declared
+  for (uint32_t i = 0, x = 12345; i < (1u << 20); ++i) {
+    x = x * 1664525u + 1013904223u;
+    big.push_back(static_cast<unsigned char>(x >> 24));
+  }
+  struct Case {
+    std::string name;
+    const std::vector<unsigned char>* bytes;
+    std::string expect;
+  };
+  const Case cases[] = {
+      {"tiny.idx", &tiny, "expected 2147483647 bytes"},
+      {"tiny.idx.gz", &tiny, "inflates to at most"},
+      {"big.idx.gz", &big, "got 1048576"},
+  };
+  const bool can_reset = mg::testing::reset_peak_rss();
+  for (const Case& c : cases) {
+    const std::string path = tmp_path(c.name);
+    write_bytes(path, *c.bytes);
+    mg::testing::reset_peak_rss();
+    const int64_t rss0 = mg::testing::rss_bytes();
+    auto& stats = CategoryStats::get(Device::cpu());
+    stats.reset_peak();
+    const int64_t tensors0 = stats.total().current;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string msg = message_of(path);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(dt, 1.0) << c.name;
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("truncated file"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("header dims ["), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << msg;
+    // The 1 MiB of data read doubles into at most a 2 MiB buffer; 64 MiB leaves room for the
+    // allocator and zlib, far below the 512 MiB and 2 GiB declared.
+    if (can_reset) EXPECT_LT(mg::testing::peak_rss_bytes() - rss0, int64_t{64} << 20) << c.name;
+    // No tensor of the declared size was allocated (untouched, it would not show in the RSS).
+    EXPECT_LT(stats.total().peak - tensors0, int64_t{64} << 20) << c.name;
+  }
 }
 
 TEST(Idx, BadMagicIsIOError) {

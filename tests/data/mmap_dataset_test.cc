@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 
 #include "data/dataloader.h"
 #include "data/fashion_mnist.h"
@@ -38,6 +39,45 @@ RecordLayout small_layout(DType data = DType::u8, DType target = DType::u8) {
   return l;
 }
 
+// A synthetic Fashion-MNIST in IDX form under tmp/<name>: n images and labels per split.
+std::string fake_fashion_mnist(const std::string& name, int64_t n) {
+  const std::string root = tmp_path(name);
+  ::mkdir(root.c_str(), 0755);
+  std::vector<uint8_t> px(n * 784), lb(n);
+  for (int64_t i = 0; i < n * 784; ++i) px[i] = static_cast<uint8_t>((i * 131) % 256);
+  for (int64_t i = 0; i < n; ++i) lb[i] = static_cast<uint8_t>(i % 10);
+  for (const char* split : {"train", "t10k"}) {
+    write_idx(root + "/" + split + "-images-idx3-ubyte.gz", from_vector(px, {n, 28, 28}));
+    write_idx(root + "/" + split + "-labels-idx1-ubyte.gz", from_vector(lb, {n}));
+  }
+  return root;
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const IOError& e) {
+    return e.what();
+  }
+  return "(no IOError)";
+}
+
+ino_t inode_of(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_ino;
+}
+
+void flip_byte(const std::string& path, off_t at) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char c = 0;
+  ASSERT_EQ(::pread(fd, &c, 1, at), 1);
+  c ^= 0x10;
+  ASSERT_EQ(::pwrite(fd, &c, 1, at), 1);
+  ::close(fd);
+}
+
 TEST(MmapDataset, RoundTripStoredAndConverted) {
   const std::string p = tmp_path("small.rec");
   const int64_t n = 9;
@@ -49,7 +89,7 @@ TEST(MmapDataset, RoundTripStoredAndConverted) {
   write_records(p, small_layout(), data, targets);
   struct stat st {};
   ASSERT_EQ(::stat(p.c_str(), &st), 0);
-  EXPECT_EQ(st.st_size, n * 7);  // 6 data bytes + 1 target byte, no header
+  EXPECT_EQ(st.st_size, RecordFileHeader::kBytes + n * 7);  // the header, then 6 data bytes + 1 target byte each
 
   MmapDataset raw_ds(p, small_layout());
   EXPECT_EQ(raw_ds.size(), n);
@@ -111,16 +151,26 @@ TEST(MmapDataset, ThroughTheDataLoaderWithWorkers) {
 TEST(MmapDataset, BadFilesAndIndices) {
   EXPECT_THROW(MmapDataset(tmp_path("does_not_exist.rec"), small_layout()), IOError);
   const std::string p = tmp_path("truncated.rec");
+  write_records(p, small_layout(), zeros({3, 2, 3}), zeros({3}, {DType::i64}));
+  ASSERT_EQ(::truncate(p.c_str(), RecordFileHeader::kBytes + 7 * 3 - 4), 0);  // 4 bytes short
+  try {
+    MmapDataset ds(p, small_layout());
+    FAIL() << "no error";
+  } catch (const IOError& e) {
+    EXPECT_NE(std::string(e.what()).find("has 145 bytes, but its header declares 3 records of 7 bytes"),
+              std::string::npos)
+        << e.what();
+  }
+  // A file without the header (raw records, as before the header existed) is not taken for one.
   {
-    std::ofstream f(p, std::ios::binary);
-    f << std::string(7 * 3 + 4, 'x');  // 3 records and 4 stray bytes
+    std::ofstream f(p, std::ios::binary | std::ios::trunc);
+    f << std::string(7 * 30, 'x');
   }
   try {
     MmapDataset ds(p, small_layout());
     FAIL() << "no error";
   } catch (const IOError& e) {
-    EXPECT_NE(std::string(e.what()).find("25 bytes, not a whole number of 7-byte records"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("not a memgrad record file"), std::string::npos) << e.what();
   }
   const std::string ok = tmp_path("three.rec");
   write_records(ok, small_layout(), zeros({3, 2, 3}), zeros({3}, {DType::i64}));
@@ -131,10 +181,13 @@ TEST(MmapDataset, BadFilesAndIndices) {
   bad.out_dtype = DType::i32;
   EXPECT_THROW(MmapDataset(ok, small_layout(), bad), DTypeError);
   EXPECT_THROW(write_records(ok, small_layout(), zeros({3, 3, 2}), zeros({3})), ShapeError);
-  // An empty file is an empty dataset.
+  // Zero records: a header alone, an empty dataset. A zero-byte file is no record file.
   const std::string empty_path = tmp_path("empty.rec");
-  std::ofstream(empty_path).close();
+  write_records(empty_path, small_layout(), zeros({0, 2, 3}), zeros({0}, {DType::i64}));
   EXPECT_EQ(MmapDataset(empty_path, small_layout()).size(), 0);
+  verify_records(empty_path, small_layout());
+  std::ofstream(empty_path, std::ios::trunc).close();
+  EXPECT_THROW(MmapDataset(empty_path, small_layout()), IOError);
 }
 
 // 320 MiB of records (3x32x32 u8 + label); only a few are written, the rest is a hole.
@@ -146,12 +199,16 @@ TEST(MmapDataset, ResidentMemoryStaysSmallOnAFullPass) {
   const std::string p = tmp_path("big.rec");
   const int fd = ::open(p.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
   ASSERT_GE(fd, 0);
-  ASSERT_EQ(::ftruncate(fd, n * rb), 0);
+  constexpr int64_t h = RecordFileHeader::kBytes;
+  ASSERT_EQ(::ftruncate(fd, h + n * rb), 0);
+  // The header's checksum is not that of the records: opening reads only the header.
+  const std::string head = RecordFileHeader{l, n, 0}.encode();
+  ASSERT_EQ(::pwrite(fd, head.data(), head.size(), 0), h);
   const int64_t marked[3] = {0, n / 2, n - 1};
   for (int64_t i : marked) {
     std::string rec(static_cast<size_t>(rb), static_cast<char>(i % 200 + 1));
     rec.back() = 7;
-    ASSERT_EQ(::pwrite(fd, rec.data(), rec.size(), i * rb), static_cast<ssize_t>(rec.size()));
+    ASSERT_EQ(::pwrite(fd, rec.data(), rec.size(), h + i * rb), static_cast<ssize_t>(rec.size()));
   }
   ::close(fd);
 
@@ -205,16 +262,8 @@ TEST(MmapDataset, ResidentMemoryStaysSmallOnAFullPass) {
 
 TEST(MmapDataset, FashionMNISTThroughARecordFile) {
   // A synthetic copy in IDX form (the real one when installed is checked below).
-  const std::string root = tmp_path("fmnist_mmap");
-  ::mkdir(root.c_str(), 0755);
   const int64_t n = 50;
-  std::vector<uint8_t> px(n * 784), lb(n);
-  for (int64_t i = 0; i < n * 784; ++i) px[i] = static_cast<uint8_t>((i * 131) % 256);
-  for (int64_t i = 0; i < n; ++i) lb[i] = static_cast<uint8_t>(i % 10);
-  for (const char* split : {"train", "t10k"}) {
-    write_idx(root + "/" + split + "-images-idx3-ubyte.gz", from_vector(px, {n, 28, 28}));
-    write_idx(root + "/" + split + "-labels-idx1-ubyte.gz", from_vector(lb, {n}));
-  }
+  const std::string root = fake_fashion_mnist("fmnist_mmap", n);
   const std::string raw_path = convert_fashion_mnist(root, true, tmp_path("fmnist_train.rec"));
   for (bool normalize : {false, true}) {
     auto mm = fashion_mnist_mmap(raw_path, normalize);
@@ -246,6 +295,105 @@ TEST(MmapDataset, FashionMNISTThroughARecordFile) {
   Example a = test_set->get_batch({0, 4321, 9999}), b = ref.get_batch({0, 4321, 9999});
   EXPECT_EQ(a.data.to_vector<float>(), b.data.to_vector<float>());
   EXPECT_EQ(a.target.to_vector<int64_t>(), b.target.to_vector<int64_t>());
+}
+
+// The header names the layout, so a file read with another layout (or a damaged header) is an
+// error naming both, not records read at the wrong stride.
+TEST(MmapDataset, TheHeaderMustMatchTheLayout) {
+  const std::string p = tmp_path("layout.rec");
+  write_records(p, small_layout(), zeros({4, 2, 3}), zeros({4}, {DType::i64}));
+  std::string msg = message_of([&] { MmapDataset(p, small_layout(DType::u8, DType::i32)); });
+  EXPECT_NE(msg.find("holds records of data [2, 3] u8 + target u8, not the data [2, 3] u8 + target i32"),
+            std::string::npos)
+      << msg;
+  RecordLayout other = small_layout();
+  other.data_shape = {3, 2};  // same record size, other shape: the old size check passed it
+  msg = message_of([&] { MmapDataset(p, other); });
+  EXPECT_NE(msg.find("not the data [3, 2]"), std::string::npos) << msg;
+  flip_byte(p, 40);  // a dim in the header
+  msg = message_of([&] { MmapDataset(p, small_layout()); });
+  EXPECT_NE(msg.find("header is corrupt"), std::string::npos) << msg;
+}
+
+// convert_fashion_mnist reused any file whose size was a whole number of records, so a damaged
+// conversion (or another file of that size) was read as Fashion-MNIST forever. Now the records'
+// CRC-32 decides: damage is found and the file converted again.
+TEST(MmapDataset, ConvertedFileIsCheckedByContent) {
+  const int64_t n = 20;
+  const std::string root = fake_fashion_mnist("fmnist_crc", n);
+  const std::string out = tmp_path("fmnist_crc.rec");
+  convert_fashion_mnist(root, true, out);
+  const RecordLayout l = fashion_mnist_layout();
+  verify_records(out, l);
+  const std::vector<float> good = fashion_mnist_mmap(out)->get_batch({0, 7, 19}).data.to_vector<float>();
+
+  flip_byte(out, RecordFileHeader::kBytes + 7 * 785 + 300);  // one pixel of record 7
+  std::string msg = message_of([&] { verify_records(out, l); });
+  EXPECT_NE(msg.find("CRC-32"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(out), std::string::npos) << msg;
+  MmapDatasetOptions o;
+  o.verify_checksum = true;
+  EXPECT_THROW(MmapDataset(out, l, o), IOError);
+  const ino_t damaged = inode_of(out);
+  convert_fashion_mnist(root, true, out);
+  EXPECT_NE(inode_of(out), damaged) << "the damaged file was kept";
+  verify_records(out, l);
+  EXPECT_EQ(fashion_mnist_mmap(out)->get_batch({0, 7, 19}).data.to_vector<float>(), good);
+
+  // A file of the right size that is not a record file at all.
+  {
+    std::ofstream f(out, std::ios::binary | std::ios::trunc);
+    f << std::string(static_cast<size_t>(RecordFileHeader::kBytes + n * 785), '\0');
+  }
+  convert_fashion_mnist(root, true, out);
+  verify_records(out, l);
+  // An intact file is kept (same inode: not rewritten).
+  const ino_t intact = inode_of(out);
+  convert_fashion_mnist(root, true, out);
+  EXPECT_EQ(inode_of(out), intact);
+}
+
+// write_records used the temporary name "<path>.tmp.<pid>" and fopen("wb"): anyone who could write
+// the directory could plant a symlink there and have the next conversion overwrite the link's
+// target. Now the temporary file comes from mkstemp (O_EXCL, a random name), and gets mode 0644
+// whatever the umask (fchmod; the umask is not touched).
+TEST(MmapDataset, WritesThroughAnUnpredictableTemporaryFile) {
+  const std::string p = tmp_path("planted.rec"), victim = tmp_path("victim.txt");
+  {
+    std::ofstream f(victim);
+    f << "keep me";
+  }
+  const std::string planted = p + ".tmp." + std::to_string(::getpid());
+  ASSERT_EQ(::symlink(victim.c_str(), planted.c_str()), 0);
+  const mode_t old = ::umask(077);
+  write_records(p, small_layout(), zeros({2, 2, 3}), zeros({2}, {DType::i64}));
+  EXPECT_EQ(::umask(old), mode_t{077});
+  std::ifstream f(victim);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), "keep me");
+  struct stat st {};
+  ASSERT_EQ(::lstat(p.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
+  EXPECT_EQ(MmapDataset(p, small_layout()).size(), 2);
+  ::unlink(planted.c_str());
+}
+
+// Documents the one failure that cannot become an exception: the file shrinks under the mapping
+// and a read touches a page past its new end; the kernel raises SIGBUS (ASan reports it as a
+// BUS error and exits non-zero; either way the process dies).
+TEST(MmapDatasetDeathTest, TruncatingAMappedFileRaisesSIGBUS) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  RecordLayout l;
+  l.data_shape = {4096};
+  const std::string p = tmp_path("sigbus.rec");
+  write_records(p, l, zeros({8, 4096}), zeros({8}, {DType::i64}));
+  EXPECT_DEATH(
+      {
+        MmapDataset ds(p, l);
+        if (::truncate(p.c_str(), RecordFileHeader::kBytes) != 0) std::abort();
+        ds.get(7);
+      },
+      "");
 }
 
 }  // namespace
