@@ -45,8 +45,8 @@ void expect_valid(const StateDict& sd, const std::string& what) {
   for (auto& [k, t] : sd.tensors) {
     // (Tensor::is_contiguous is false for a fresh [0, 0] tensor, unlike PyTorch's; numel 0 is
     // whole either way.)
-    ASSERT_TRUE(t.defined() && (t.numel() == 0 || t.is_contiguous())) << what << ": " << k << " "
-                                                                        << shape_str(t.sizes());
+    ASSERT_TRUE(t.defined() && (t.numel() == 0 || t.is_contiguous()))
+        << what << ": " << k << " " << shape_str(t.sizes());
     ASSERT_EQ(t.nbytes(), static_cast<size_t>(t.numel()) * t.element_size()) << what << ": " << k;
   }
   const std::string again = save_to_bytes(sd);
@@ -77,8 +77,8 @@ TEST(SafetensorsFuzz, DamagedFilesLoadOrRaiseMgError) {
            "-byte input, header " + input.substr(8, 200) + ")";
   });
   std::cout << "safetensors fuzz seed " << seed << ": " << c.rejected << " rejected, " << c.loaded << " loaded\n";
-  EXPECT_GT(c.rejected, c.loaded);  // most damage is caught
-  EXPECT_GT(c.rejected + c.loaded, 500);
+  EXPECT_GT(c.rejected, c.loaded);        // most damage is caught
+  EXPECT_GT(c.rejected + c.loaded, 200);  // the loop ran (fewer inputs fit the time budget under ASan)
 }
 
 }  // namespace

@@ -188,8 +188,8 @@ inline std::string mutate_safetensors(const std::string& valid, Mutator& m) {
     case 6: {  // rewrite a number in the header text
       const size_t at = p.header.find_first_of("0123456789", m.below(hn));
       if (at != std::string::npos) {
-        const char* repl[] = {"0", "9", "4294967296", "18446744073709551615", "99999999999999999999", "-1", "1.5",
-                              "9223372036854775808"};
+        const char* repl[] = {"0",  "9",   "4294967296",         "18446744073709551615", "99999999999999999999",
+                              "-1", "1.5", "9223372036854775808"};
         p.header.replace(at, 1, repl[m.below(8)]);
       }
       b = join_safetensors(p.header, p.data);

@@ -53,8 +53,9 @@ TEST(IdxFuzz, DamagedFilesLoadOrRaiseMgError) {
   const uint64_t seed = mg::testing::fuzz_seed(20261201);
   mg::testing::Mutator m(seed);
   const std::vector<std::string> valid = {
-      idx_bytes(0x08, {3, 5, 4}, 1, 1), idx_bytes(0x09, {7}, 1, 2),     idx_bytes(0x0B, {2, 3}, 2, 3),
-      idx_bytes(0x0C, {4, 1, 2}, 4, 4), idx_bytes(0x0D, {6}, 4, 5),     idx_bytes(0x0E, {2, 2}, 8, 6),
+      idx_bytes(0x08, {3, 5, 4}, 1, 1), idx_bytes(0x09, {7}, 1, 2),
+      idx_bytes(0x0B, {2, 3}, 2, 3),    idx_bytes(0x0C, {4, 1, 2}, 4, 4),
+      idx_bytes(0x0D, {6}, 4, 5),       idx_bytes(0x0E, {2, 2}, 8, 6),
       idx_bytes(0x08, {0, 9}, 1, 7),    idx_bytes(0x08, {2, 2, 2, 2, 2, 2, 2, 2}, 1, 8)};
   const std::string plain = tmp_path("fuzz.idx"), gz = tmp_path("fuzz.idx.gz");
   std::string last;
@@ -114,9 +115,9 @@ TEST(IdxFuzz, DamagedFilesLoadOrRaiseMgError) {
   };
   mg::testing::FuzzLimits lim;
   lim.iterations = 3000;
-  const mg::testing::FuzzCounts c =
-      mg::testing::run_fuzz(lim, one_case, [&](int it) { return "seed " + std::to_string(seed) + " iteration " +
-                                                                 std::to_string(it) + ": " + last; });
+  const mg::testing::FuzzCounts c = mg::testing::run_fuzz(lim, one_case, [&](int it) {
+    return "seed " + std::to_string(seed) + " iteration " + std::to_string(it) + ": " + last;
+  });
   std::cout << "idx fuzz seed " << seed << ": " << c.rejected << " rejected, " << c.loaded << " loaded\n";
   EXPECT_GT(c.rejected, 0);
   EXPECT_GT(c.loaded, 0);
