@@ -100,7 +100,9 @@ CachingAllocator::~CachingAllocator() {
     synchronize_and_free_events();
     for (auto& [addr, seg] : segments_) {
       if (seg->expandable) {
-        // Unmap each backed run, then give the address range back.
+        // Unmap each backed run, then give the address range back. Blocks still allocated may
+        // be in use by queued work: wait for the segment's stream first.
+        device_.synchronize_stream(seg->stream);
         for (Block* b = seg->head; b;) {
           if (!b->mapped) {
             b = b->next;
@@ -158,6 +160,7 @@ void CachingAllocator::delete_block(Block* b) {
   b->prev = b->next = nullptr;
   b->segment = nullptr;
   b->event_count = 0;
+  b->freed_at = 0;
   b->context = 0;
   b->allocated = b->oversize = b->counted_split = false;
   b->mapped = true;
@@ -468,6 +471,7 @@ std::size_t CachingAllocator::unmap_free_pages(Block* b, std::size_t max_bytes) 
   if (hi <= lo || max_bytes == 0) return 0;
   if (hi - lo > max_bytes) lo = hi - round_up(max_bytes, s->gran);
   const std::size_t bytes = hi - lo;
+  wait_before_unmap(b);
   device_.unmap(reinterpret_cast<void*>(lo), bytes);
   ++stats_.num_device_free;
   update(stats_.reserved_bytes, s->small, -static_cast<std::int64_t>(bytes));
@@ -488,6 +492,7 @@ std::size_t CachingAllocator::unmap_free_pages(Block* b, std::size_t max_bytes) 
     nb->stream = b->stream;
     nb->segment = s;
     nb->mapped = mapped;
+    nb->freed_at = b->freed_at;
     return nb;
   };
   Block* top = nullptr;  // [hi, end) stays mapped and free
@@ -764,6 +769,7 @@ void CachingAllocator::free_block(Block* b) {
   if (history_enabled_) trace(TraceAction::kFreeCompleted, b->addr, b->size, b->stream, b->context);
   b->requested = 0;
   b->context = 0;
+  b->freed_at = ++free_seq_;
   insert_free(b);
 }
 
@@ -779,6 +785,7 @@ CachingAllocator::Block* CachingAllocator::insert_free(Block* b) {
   }
   std::uintptr_t addr = b->addr;
   std::size_t size = b->size;
+  const std::uint64_t b_freed_at = b->freed_at, n_freed_at = p && n ? n->freed_at : 0;
   unlink(b);
   delete_block(b);
   if (p && n) {
@@ -789,6 +796,8 @@ CachingAllocator::Block* CachingAllocator::insert_free(Block* b) {
   }
   Block* keep = p ? p : n;
   if (p) addr = p->addr;
+  // The merged block was last used when its most recently freed part was.
+  keep->freed_at = std::max({keep->freed_at, b_freed_at, n_freed_at});
   pool_update(keep, addr, size + keep->size);
   return keep;
 }
@@ -845,8 +854,47 @@ void CachingAllocator::empty_cache_locked() {
   release_cached(SIZE_MAX);
 }
 
+// Before pages of a free block are unmapped, the work that last used them must be done:
+// cuMemUnmap does not wait for queued kernels. The block's uses on other streams were waited
+// for with events before it became free, so only its segment's stream is left, and only the work
+// queued there before the block was freed. A cudaStreamSynchronize of that one stream (never a
+// device-wide sync: NCCL, copy and other compute streams keep running) covers every block of the
+// stream freed before it began, so it runs at most once per stream until more blocks are freed.
+void CachingAllocator::wait_before_unmap(const Block* b) {
+  const StreamId stream = b->segment->stream;
+  auto it = stream_synced_.find(stream);
+  if (it != stream_synced_.end() && it->second >= b->freed_at) return;
+  const std::uint64_t covers = free_seq_;  // every block freed so far had its work queued
+  device_.synchronize_stream(stream);
+  ++stats_.num_unmap_stream_syncs;
+  stream_synced_[stream] = covers;
+}
+
+// The stream waits happen unlocked: other threads keep allocating from the cache (and the
+// streams keep being fed) meanwhile. What is freed during the wait has a later freed_at than the
+// wait covers, so wait_before_unmap waits once more, under the lock, for such blocks only.
 void CachingAllocator::empty_cache() {
+  std::vector<std::pair<StreamId, std::uint64_t>> waits;
+  {
+    std::lock_guard lock(mutex_);
+    synchronize_and_free_events();
+    for (const auto& [key, s] : expandable_segments_) {
+      if (releasable_bytes(*s) == 0) continue;
+      auto it = stream_synced_.find(s->stream);
+      const bool covered = it != stream_synced_.end() && it->second >= free_seq_;
+      if (!covered && std::find_if(waits.begin(), waits.end(), [&](const auto& w) { return w.first == s->stream; }) ==
+                          waits.end()) {
+        waits.emplace_back(s->stream, free_seq_);
+      }
+    }
+  }
+  for (const auto& [stream, covers] : waits) device_.synchronize_stream(stream);
   std::lock_guard lock(mutex_);
+  for (const auto& [stream, covers] : waits) {
+    ++stats_.num_unmap_stream_syncs;
+    std::uint64_t& synced = stream_synced_[stream];
+    synced = std::max(synced, covers);
+  }
   empty_cache_locked();
 }
 

@@ -70,6 +70,8 @@ struct DeviceStats {
   std::int64_t num_device_alloc = 0;      // successful malloc + map calls
   std::int64_t num_device_free = 0;       // free + unmap calls
   std::int64_t num_sync_all_streams = 0;  // times the allocator waited for every pending event
+  // Stream waits before unmapping expandable-segment pages (one per stream, until more frees).
+  std::int64_t num_unmap_stream_syncs = 0;
 };
 
 // Where the cache loses memory to fragmentation. ratio = 1 - largest_free / free_cached:
@@ -99,7 +101,8 @@ class CachingAllocator {
   void record_stream(void* ptr, StreamId stream);
 
   // Waits for pending frees, then returns every fully free segment (and free tail pages of
-  // expandable segments) to the device.
+  // expandable segments) to the device. Unmapping waits for the streams of the expandable
+  // segments being shrunk (not the device), with the allocator unlocked while it waits.
   void empty_cache();
 
   // Caps reserved bytes at fraction * device total; fraction in (0, 1].
@@ -189,7 +192,10 @@ class CachingAllocator {
     Segment* segment = nullptr;
     Block* prev = nullptr;
     Block* next = nullptr;
-    int event_count = 0;        // outstanding events before reuse
+    int event_count = 0;  // outstanding events before reuse
+    // free_seq_ when the block (or the last of the blocks merged into it) became free: its last
+    // use on the segment's stream was queued before then (see wait_before_unmap).
+    std::uint64_t freed_at = 0;
     std::uint32_t context = 0;  // AllocationContext::current_id() at allocate()
     bool allocated = false;
     bool mapped = true;          // false: unbacked address range of an expandable segment
@@ -284,6 +290,9 @@ class CachingAllocator {
   void insert_events(Block* b);
   void process_events();
   void synchronize_and_free_events();
+  // Before unmapping pages of pooled block b: waits for b's segment stream unless a
+  // synchronization of that stream already covers b's last use.
+  void wait_before_unmap(const Block* b);
   void empty_cache_locked();
   Block* lookup_allocated(void* ptr, const char* op) const;
   // Appends to the history; callers check history_enabled_ first (the hot path stays cheap).
@@ -324,6 +333,12 @@ class CachingAllocator {
   // what users see): the growth budget is measured against it.
   std::size_t allocated_hwm_ = 0;
   Segment* growing_ = nullptr;  // the expandable segment grow_expandable is working on
+  // Unmapping needs the pages' last use finished. Every block freed gets the next free_seq_;
+  // stream_synced_[s] = n records that a synchronize_stream(s) began after the n-th free, so
+  // it covers every block of s with freed_at <= n: one stream wait serves all later unmaps
+  // until blocks of that stream are freed again.
+  std::uint64_t free_seq_ = 0;
+  std::map<StreamId, std::uint64_t> stream_synced_;
 
   bool history_enabled_ = false;
   std::size_t history_max_ = 0;

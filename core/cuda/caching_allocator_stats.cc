@@ -62,7 +62,7 @@ void CachingAllocator::reset_peak_memory_stats() {
 void CachingAllocator::reset_accumulated_memory_stats() {
   std::lock_guard lock(mutex_);
   for_each_stat_array(stats_, reset_accumulated);
-  stats_.num_alloc_retries = stats_.num_ooms = stats_.num_sync_all_streams = 0;
+  stats_.num_alloc_retries = stats_.num_ooms = stats_.num_sync_all_streams = stats_.num_unmap_stream_syncs = 0;
   stats_.num_device_alloc = stats_.num_device_free = 0;
 }
 
@@ -120,6 +120,7 @@ std::map<std::string, std::int64_t> CachingAllocator::memory_stats_locked() cons
   m["num_device_alloc"] = stats_.num_device_alloc;
   m["num_device_free"] = stats_.num_device_free;
   m["num_sync_all_streams"] = stats_.num_sync_all_streams;
+  m["num_unmap_stream_syncs"] = stats_.num_unmap_stream_syncs;
   m["max_split_size"] = max_split_size_ == SIZE_MAX ? -1 : static_cast<std::int64_t>(max_split_size_);
   m["memory_limit"] = static_cast<std::int64_t>(limit_);
   const FragmentationInfo f = fragmentation_locked();

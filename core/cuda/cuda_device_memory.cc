@@ -172,14 +172,24 @@ bool CudaDeviceMemory::map(void* addr, std::size_t bytes) {
   return true;
 }
 
-// Queued kernels may still read the pages. The allocator only unmaps free blocks, whose last
-// use is ordered on their segment's stream (uses on other streams were waited for with events
-// before the block became free), so a sync of that stream would do; this interface doesn't name
-// the stream, so wait for the device. That is one sync per call, and the allocator makes one
-// call per contiguous free range, never one per page.
-void CudaDeviceMemory::unmap(void* addr, std::size_t bytes) {
+// A segment can outlive the Stream it was made for (its blocks were freed, then the stream was
+// destroyed): the handle is then invalid, and the work it had queued is only reachable through
+// the device, so wait for that instead.
+void CudaDeviceMemory::synchronize_stream(StreamId stream) {
   DeviceGuard g(device_);
-  MG_CUDA_CHECK(cudaDeviceSynchronize());
+  const cudaError_t e = cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream));
+  if (e == cudaErrorInvalidResourceHandle) {
+    (void)cudaGetLastError();
+    MG_CUDA_CHECK(cudaDeviceSynchronize());
+    return;
+  }
+  MG_CUDA_CHECK(e);
+}
+
+// cuMemUnmap does not wait for queued kernels that may still read the pages: the allocator
+// synchronizes the stream that last used them first (CachingAllocator::wait_before_unmap), so
+// no device-wide synchronization happens here.
+void CudaDeviceMemory::unmap(void* addr, std::size_t bytes) {
   release_pages(reinterpret_cast<std::uintptr_t>(addr), bytes);
 }
 

@@ -27,6 +27,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   bool event_query(EventId event) override;
   void event_synchronize(EventId event) override;
   void destroy_event(EventId event) override;
+  void synchronize_stream(StreamId stream) override;
   bool supports_virtual_memory() const override;
   std::size_t granularity() const override { return granularity_; }
   void* reserve_address(std::size_t bytes) override;

@@ -14,9 +14,9 @@ using StreamId = std::uintptr_t;
 using EventId = std::uintptr_t;
 inline constexpr StreamId kDefaultStream = 0;
 
-// Everything the allocator needs from a device. All calls come from the allocator with its
-// mutex held, one allocator per device, so implementations need no locking of their own
-// unless several allocators share one object.
+// Everything the allocator needs from a device. All calls but synchronize_stream come from the
+// allocator with its mutex held, one allocator per device, so implementations need no locking of
+// their own unless several allocators share one object (synchronize_stream touches no state).
 //
 // Mapping to CUDA (for the backend implementer):
 //   malloc            -> cudaMalloc, returning nullptr on cudaErrorMemoryAllocation
@@ -32,7 +32,9 @@ inline constexpr StreamId kDefaultStream = 0;
 //   map               -> for each granularity page: cuMemCreate + cuMemMap + cuMemSetAccess,
 //                        keeping one handle per page (so any page can be unmapped alone);
 //                        return false when cuMemCreate reports CUDA_ERROR_OUT_OF_MEMORY
-//   unmap             -> for each page: cuMemUnmap + cuMemRelease
+//   synchronize_stream-> cudaStreamSynchronize
+//   unmap             -> for each page: cuMemUnmap + cuMemRelease (no synchronization: the
+//                        allocator has already waited for the stream that last used the pages)
 //   release_address   -> cuMemAddressFree
 class DeviceMemory {
  public:
@@ -50,6 +52,10 @@ class DeviceMemory {
   virtual bool event_query(EventId event) = 0;  // true once the event has completed
   virtual void event_synchronize(EventId event) = 0;
   virtual void destroy_event(EventId event) = 0;
+  // Waits for everything queued on `stream` so far. The allocator calls it before unmapping
+  // pages whose last use was on that stream (the only host wait expandable segments need).
+  // Unlike the other calls it may come without the allocator's mutex held.
+  virtual void synchronize_stream(StreamId stream) = 0;
 
   // Virtual memory for expandable segments. The allocator only calls these when
   // supports_virtual_memory() is true; addresses and sizes passed to map/unmap are multiples
@@ -61,6 +67,7 @@ class DeviceMemory {
   // Backs [addr, addr + bytes) with physical memory; false when out of memory (nothing mapped).
   virtual bool map(void* /*addr*/, std::size_t /*bytes*/) { return false; }
   // Always a set of whole pages that an earlier map() backed, possibly a sub-range of one map().
+  // No queued work uses them any more: the allocator synchronized their stream first.
   virtual void unmap(void* /*addr*/, std::size_t /*bytes*/) {}
   // Called only once nothing inside the range is mapped.
   virtual void release_address(void* /*addr*/, std::size_t /*bytes*/) {}

@@ -141,6 +141,10 @@ void FakeDevice::unmap(void* ptr, std::size_t bytes) {
   for (std::uintptr_t p = addr; p < addr + bytes; p += granularity_) {
     MG_CHECK(r.mapped_pages.count(p), Error, "FakeDevice::unmap: page ", hex(p), " is not mapped");
   }
+  for (const auto& [stream, k] : kernels_) {
+    MG_CHECK(k.addr + k.bytes <= addr || addr + bytes <= k.addr, Error, "FakeDevice::unmap: [", hex(addr), ", ",
+             hex(addr + bytes), ") is still used by a kernel queued on stream ", stream, " at ", hex(k.addr));
+  }
   for (std::uintptr_t p = addr; p < addr + bytes; p += granularity_) r.mapped_pages.erase(p);
   mapped_bytes_ -= bytes;
 }
@@ -156,11 +160,46 @@ void FakeDevice::release_address(void* ptr, std::size_t bytes) {
   ranges_.erase(it);
 }
 
+void FakeDevice::launch(StreamId stream, void* ptr, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  kernels_.emplace(stream, Kernel{reinterpret_cast<std::uintptr_t>(ptr), bytes, ++kernel_seq_});
+}
+
 void FakeDevice::run_stream(StreamId stream) {
   std::lock_guard lock(mutex_);
+  run_stream_until(stream, next_event_, kernel_seq_);
+}
+
+// Completes the events and kernels of `stream` queued before the given marks.
+void FakeDevice::run_stream_until(StreamId stream, EventId events_before, std::uint64_t kernels_upto) {
   for (auto& [id, ev] : events_) {
-    if (ev.stream == stream) ev.done = true;
+    if (ev.stream == stream && id < events_before) ev.done = true;
   }
+  const auto [lo, hi] = kernels_.equal_range(stream);
+  for (auto it = lo; it != hi;) it = it->second.seq <= kernels_upto ? kernels_.erase(it) : std::next(it);
+}
+
+void FakeDevice::on_synchronize_stream(std::function<void(StreamId)> hook) {
+  std::lock_guard lock(mutex_);
+  sync_hook_ = std::move(hook);
+}
+
+// Like cudaStreamSynchronize, waits only for what was queued before the call: work the hook
+// queues meanwhile stays in flight.
+void FakeDevice::synchronize_stream(StreamId stream) {
+  std::function<void(StreamId)> hook;
+  EventId events_before = 0;
+  std::uint64_t kernels_upto = 0;
+  {
+    std::lock_guard lock(mutex_);
+    ++stream_syncs_;
+    hook = sync_hook_;
+    events_before = next_event_;
+    kernels_upto = kernel_seq_;
+  }
+  if (hook) hook(stream);
+  std::lock_guard lock(mutex_);
+  run_stream_until(stream, events_before, kernels_upto);
 }
 
 void FakeDevice::complete_all_events() {
@@ -221,6 +260,15 @@ std::int64_t FakeDevice::failed_calls() const {
 std::int64_t FakeDevice::event_syncs() const {
   std::lock_guard lock(mutex_);
   return syncs_;
+}
+
+std::int64_t FakeDevice::stream_syncs() const {
+  std::lock_guard lock(mutex_);
+  return stream_syncs_;
+}
+std::size_t FakeDevice::kernels_in_flight(StreamId stream) const {
+  std::lock_guard lock(mutex_);
+  return kernels_.count(stream);
 }
 
 }  // namespace mg::cuda

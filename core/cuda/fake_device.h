@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -14,8 +15,9 @@
 namespace mg::cuda {
 
 // Addresses are integers cast to void* and are never dereferenced. Misuse (double free, freeing
-// an interior pointer, mapping twice, releasing a range that is still mapped) throws mg::Error,
-// so an allocator bug fails the test loudly instead of silently "working".
+// an interior pointer, mapping twice, releasing a range that is still mapped, unmapping pages that
+// queued work still uses) throws mg::Error, so an allocator bug fails the test loudly instead of
+// silently "working".
 class FakeDevice final : public DeviceMemory {
  public:
   explicit FakeDevice(std::size_t capacity, bool virtual_memory = true, std::size_t granularity = std::size_t{2} << 20);
@@ -29,6 +31,7 @@ class FakeDevice final : public DeviceMemory {
   bool event_query(EventId event) override;
   void event_synchronize(EventId event) override;
   void destroy_event(EventId event) override;
+  void synchronize_stream(StreamId stream) override;  // runs the stream (see run_stream)
 
   bool supports_virtual_memory() const override { return virtual_memory_; }
   std::size_t granularity() const override { return granularity_; }
@@ -40,8 +43,14 @@ class FakeDevice final : public DeviceMemory {
   std::string name() const override { return "FakeDevice"; }
 
   // --- test controls ---
-  // The stream "ran": every event recorded on it so far completes.
+  // Queues "a kernel" on `stream` that uses [ptr, ptr + bytes) until the stream runs: unmapping
+  // any of those pages before then throws (cuMemUnmap under a running kernel corrupts it).
+  void launch(StreamId stream, void* ptr, std::size_t bytes);
+  // The stream "ran": every event recorded and every kernel launched on it so far completes.
   void run_stream(StreamId stream);
+  // Called at the start of every synchronize_stream, without the device's lock (a test can
+  // act from inside the wait: free a block, queue more work, check who holds which lock).
+  void on_synchronize_stream(std::function<void(StreamId)> hook);
   void complete_all_events();
   // The next n malloc/map calls fail even if memory is free (device-side fragmentation).
   void fail_next_allocations(int n);
@@ -62,6 +71,8 @@ class FakeDevice final : public DeviceMemory {
   std::int64_t unmap_calls() const;
   std::int64_t failed_calls() const;
   std::int64_t event_syncs() const;
+  std::int64_t stream_syncs() const;
+  std::size_t kernels_in_flight(StreamId stream) const;  // launched and not yet run
 
  private:
   struct Event {
@@ -74,6 +85,7 @@ class FakeDevice final : public DeviceMemory {
   };
 
   Range& range_containing(std::uintptr_t addr, std::size_t bytes, const char* op);
+  void run_stream_until(StreamId stream, EventId events_before, std::uint64_t kernels_upto);  // mutex_ held
 
   const std::size_t capacity_;
   const bool virtual_memory_;
@@ -89,8 +101,17 @@ class FakeDevice final : public DeviceMemory {
   std::size_t external_ = 0;
   int fail_next_ = 0;
   std::map<EventId, Event> events_;
+  struct Kernel {
+    std::uintptr_t addr;
+    std::size_t bytes;
+    std::uint64_t seq;  // launch order: a stream wait covers what was queued before it began
+  };
+  std::multimap<StreamId, Kernel> kernels_;  // in flight
+  std::uint64_t kernel_seq_ = 0;
+  std::function<void(StreamId)> sync_hook_;
   EventId next_event_ = 1;
   std::int64_t malloc_calls_ = 0, free_calls_ = 0, map_calls_ = 0, unmap_calls_ = 0, syncs_ = 0;
+  std::int64_t stream_syncs_ = 0;
   std::int64_t failed_calls_ = 0;
 };
 

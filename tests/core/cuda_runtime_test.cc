@@ -2,6 +2,7 @@
 // counted as skipped) on a machine without a GPU.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -194,6 +195,59 @@ TEST(CachingAllocatorGpu, ExpandableSegmentsGrowInPlace) {
                 static_cast<long long>(frag.largest_free_block >> 20));
     EXPECT_LE(memory_stats(kGpu)["segment.all.current"] - before, 2) << "growth should map pages into one segment";
   }
+  cuda::empty_cache();
+  cuda::set_expandable_segments(false, 0);
+}
+
+// Elements of t (on any device) that differ from v.
+int64_t count_not_equal(const Tensor& t, float v) {
+  int64_t bad = 0;
+  for (float x : raw::to_device(t, Device::cpu()).to_vector<float>()) bad += x != v;
+  return bad;
+}
+
+// empty_cache unmaps the pages of a freed block of the default stream's expandable segment
+// while a side stream still copies through blocks of its own segment and the default stream's
+// queued copies still use a live neighbour of the freed block. The allocator waits for the
+// default stream only (not the device): neither the side stream's blocks nor the neighbour may
+// be corrupted. Whether the side stream was still busy when empty_cache returned is printed
+// (it should be: empty_cache had no reason to wait for it).
+TEST(CachingAllocatorGpu, ExpandableUnmapWhileOtherBlocksAreInUse) {
+  REQUIRE_GPU();
+  cuda::empty_cache();
+  cuda::set_expandable_segments(true, 0);
+  const int64_t n = int64_t{16} << 20;  // 64 MiB of f32
+  const auto f32 = TensorOptions{DType::f32, kGpu};
+  cuda::Stream side = cuda::Stream::create(0);
+  Tensor a, b;
+  {
+    cuda::StreamGuard sg(side);
+    a = full({n}, 1.0, f32);
+    b = empty({n}, f32);
+    for (int i = 0; i < 1000; ++i) {  // ~0.1 s of copies queued on the side stream
+      raw::copy_(b, a);
+      raw::copy_(a, b);
+    }
+  }
+  Tensor live = full({n}, 2.0, f32), live2 = empty({n}, f32);
+  { Tensor gone = full({4 * n}, 3.0, f32); }  // freed: its pages are what empty_cache unmaps
+  for (int i = 0; i < 50; ++i) {
+    raw::copy_(live2, live);
+    raw::copy_(live, live2);
+  }
+  const int64_t unmaps = memory_stats(kGpu)["num_device_free"];
+  const auto t0 = std::chrono::steady_clock::now();
+  cuda::empty_cache();
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const bool side_busy = !side.query();
+  std::printf("empty_cache: %.2f ms, %lld unmaps, %lld stream waits; side stream still busy after it: %s\n", ms,
+              static_cast<long long>(memory_stats(kGpu)["num_device_free"] - unmaps),
+              static_cast<long long>(memory_stats(kGpu)["num_unmap_stream_syncs"]), side_busy ? "yes" : "no");
+  EXPECT_GT(memory_stats(kGpu)["num_device_free"], unmaps) << "nothing was unmapped: the test checks nothing";
+  EXPECT_EQ(count_not_equal(a, 1.0f), 0) << "side stream's block corrupted";
+  EXPECT_EQ(count_not_equal(live, 2.0f), 0) << "live neighbour corrupted";
+  a = b = live = live2 = Tensor();
+  side.synchronize();
   cuda::empty_cache();
   cuda::set_expandable_segments(false, 0);
 }
