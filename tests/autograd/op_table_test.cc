@@ -19,6 +19,7 @@
 #include "core/random.h"
 #include "kernels/ops.h"
 #include "tests/autograd/op_table.h"
+#include "tests/rounding.h"
 
 namespace mg::op_table {
 namespace {
@@ -64,20 +65,7 @@ INSTANTIATE_TEST_SUITE_P(Ops, OpGradcheck, ::testing::ValuesIn(all_rows()), row_
 
 // ---------------------------------------------------------------- (b) device vs CPU
 
-double unit_roundoff(DType t) {
-  switch (t) {
-    case DType::f64:
-      return std::ldexp(1.0, -53);
-    case DType::f32:
-      return std::ldexp(1.0, -24);
-    case DType::f16:
-      return std::ldexp(1.0, -11);
-    case DType::bf16:
-      return std::ldexp(1.0, -8);
-    default:
-      return 0;
-  }
-}
+using ::mg::testing::unit_roundoff;
 
 // See Row::roundings / Row::cond: low-precision roundings of the result plus the growth of
 // the accumulator's error (f32 for every dtype but f64). In f64 the CPU reference makes errors

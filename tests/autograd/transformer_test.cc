@@ -2,6 +2,7 @@
 // against hand-computed formulas, the loop kernel against its composed reference, the causal
 // mask, accumulation of repeated indices, and bad input.
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "kernels/ops.h"
 #include "kernels/reference/layer_norm_composed.h"
 #include "tests/autograd/gradcheck.h"
+#include "tests/rounding.h"
 
 namespace mg {
 namespace {
@@ -68,15 +70,29 @@ TEST(LayerNorm, LoopKernelMatchesComposedReference) {
   }
 }
 
+// Half inputs: statistics in f32, the output rounded once to the input dtype. Against the f64
+// layer norm of the same rounded inputs: the f32 work (16-term sums for the mean and variance, a
+// subtraction, rsqrt and a product) costs at most 64 u(f32) of |y| + 1 (y = (x - mean) rstd, and
+// mean's error times rstd is of the order of 1 for unit-scale rows), the final rounding u(dt) |y|;
+// the statistics themselves are f32 and within 64 u(f32) relative.
 TEST(LayerNorm, HalfTypesComputeInF32) {
   Generator g(5);
   Tensor x = randn({4, 16}, {DType::f32}, &g);
-  Tensor ref = layer_norm(x, {16});
   for (DType dt : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    auto [ref, mean_ref, rstd_ref] =
+        kernels::layer_norm_forward(testing::rounded_f64(x, dt), {16}, Tensor(), Tensor(), 1e-5);
     auto [y, mean, rstd] = kernels::layer_norm_forward(x.to(dt), {16}, Tensor(), Tensor(), 1e-5);
     EXPECT_EQ(y.dtype(), dt);
     EXPECT_EQ(mean.dtype(), DType::f32);
-    expect_close(y.to(DType::f32), ref, 3e-2);
+    const double uf = testing::unit_roundoff(DType::f32);
+    std::vector<double> bound;
+    for (double r : ref.to_vector<double>())
+      bound.push_back(testing::unit_roundoff(dt) * std::abs(r) + 64 * uf * (std::abs(r) + 1));
+    EXPECT_TRUE(testing::within(y, ref, bound));
+    std::vector<double> rstd_bound;
+    for (double r : rstd_ref.to_vector<double>()) rstd_bound.push_back(64 * uf * r);
+    EXPECT_TRUE(testing::within(rstd, rstd_ref, rstd_bound));
   }
 }
 
@@ -220,6 +236,86 @@ TEST(PackedQkv, MatchesComposedPathValuesAndGradients) {
     ya.backward(w);
     yb.backward(w);
     expect_close(a.grad(), b.grad(), 1e-12);
+  }
+}
+
+// attention_packed_qkv's definition written out as loops in f64, independent of every kernel:
+// for batch b, head h and query t, with q, k, v the head's slices of qkv [B, T, 3C],
+//   S[t, s] = scale * q[t] . k[s]   (s <= t when causal),   P = softmax_s(S),   y[t] = sum_s P[t, s] v[s],
+// and the gradient for an upstream gradient w (same shape as y):
+//   dv[s] += P[t, s] w[t],  dP[t, s] = w[t] . v[s],  dS = P (dP - sum_s' P dP),
+//   dq[t] += scale dS[t, s] k[s],  dk[s] += scale dS[t, s] q[t].
+struct NaiveAttention {
+  std::vector<double> y, dqkv;
+};
+
+NaiveAttention naive_packed_attention(const std::vector<double>& qkv, const std::vector<double>& w, int64_t B,
+                                      int64_t T, int64_t C, int64_t H, bool causal, double scale) {
+  const int64_t D = C / H;
+  NaiveAttention r{std::vector<double>(B * T * C, 0.0), std::vector<double>(B * T * 3 * C, 0.0)};
+  // Element d of part i (0: q, 1: k, 2: v) of head h at position t of batch b.
+  auto at = [&](int64_t b, int64_t t, int64_t i, int64_t h, int64_t d) {
+    return (b * T + t) * 3 * C + i * C + h * D + d;
+  };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t n = causal ? t + 1 : T;  // the keys query t sees
+        std::vector<double> P(n), dP(n);
+        double mx = -INFINITY, z = 0;
+        for (int64_t s = 0; s < n; ++s) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += qkv[at(b, t, 0, h, d)] * qkv[at(b, s, 1, h, d)];
+          P[s] = scale * dot;
+          mx = std::max(mx, P[s]);
+        }
+        for (int64_t s = 0; s < n; ++s) z += (P[s] = std::exp(P[s] - mx));
+        for (double& p : P) p /= z;
+        const int64_t yo = (b * T + t) * C + h * D;
+        double pdp = 0;
+        for (int64_t s = 0; s < n; ++s) {
+          dP[s] = 0;
+          for (int64_t d = 0; d < D; ++d) {
+            r.y[yo + d] += P[s] * qkv[at(b, s, 2, h, d)];
+            r.dqkv[at(b, s, 2, h, d)] += P[s] * w[yo + d];
+            dP[s] += w[yo + d] * qkv[at(b, s, 2, h, d)];
+          }
+          pdp += P[s] * dP[s];
+        }
+        for (int64_t s = 0; s < n; ++s) {
+          const double dS = P[s] * (dP[s] - pdp);
+          for (int64_t d = 0; d < D; ++d) {
+            r.dqkv[at(b, t, 0, h, d)] += scale * dS * qkv[at(b, s, 1, h, d)];
+            r.dqkv[at(b, s, 1, h, d)] += scale * dS * qkv[at(b, t, 0, h, d)];
+          }
+        }
+      }
+  return r;
+}
+
+// The op (CPU, f64) against the loops above: values and the gradient of qkv. Both are f64 sums of
+// at most T * D = 40 terms of size ~10, so 1e-12 leaves three orders of magnitude above rounding.
+TEST(PackedQkv, MatchesNaiveF64Loops) {
+  struct Case {
+    int64_t B, T, C, H;
+    bool causal;
+    double scale;  // 0: the default 1 / sqrt(head dim)
+  };
+  for (const Case& c : {Case{2, 5, 24, 4, false, 0}, Case{2, 5, 24, 4, true, 0}, Case{1, 7, 12, 1, true, 0.3},
+                        Case{3, 4, 18, 3, false, 0.7}}) {
+    SCOPED_TRACE(::testing::Message() << "B " << c.B << " T " << c.T << " C " << c.C << " H " << c.H << " causal "
+                                      << c.causal << " scale " << c.scale);
+    Tensor qkv = rn({c.B, c.T, 3 * c.C}, 106 + c.H);
+    Tensor w = rn({c.B, c.T, c.C}, 107 + c.H, false);
+    const double scale = c.scale > 0 ? c.scale : 1 / std::sqrt(static_cast<double>(c.C / c.H));
+    NaiveAttention want =
+        naive_packed_attention(qkv.to_vector<double>(), w.to_vector<double>(), c.B, c.T, c.C, c.H, c.causal, scale);
+    Tensor y =
+        attention_packed_qkv(qkv, c.H, c.causal, 0.0, c.scale > 0 ? std::optional<double>(c.scale) : std::nullopt);
+    ASSERT_EQ(y.sizes(), (Shape{c.B, c.T, c.C}));
+    expect_close(y, from_vector(want.y, y.sizes()), 1e-12);
+    y.backward(w);
+    expect_close(qkv.grad(), from_vector(want.dqkv, qkv.sizes()), 1e-12);
   }
 }
 

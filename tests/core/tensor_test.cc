@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "core/allocator.h"
 #include "core/random.h"
@@ -110,6 +111,8 @@ TEST(Tensor, ViewRules) {
 }
 
 TEST(Tensor, CastsBetweenAllDtypes) {
+  // Every value has at most 7 significant bits, so each floating dtype (bf16 keeps 8) holds it
+  // exactly and the round trip must be exact; integer types truncate toward zero (-2.5 -> -2).
   std::vector<double> vals{-2.5, 0.0, 1.0, 3.75, 100.0};
   Tensor src = from_vector(vals, {5});
   for (DType d : {DType::f64, DType::f32, DType::f16, DType::bf16, DType::i64, DType::i32}) {
@@ -118,11 +121,24 @@ TEST(Tensor, CastsBetweenAllDtypes) {
     auto back = c.to_vector<double>();
     for (size_t i = 0; i < vals.size(); ++i) {
       double want = is_floating(d) ? vals[i] : std::trunc(vals[i]);
-      EXPECT_NEAR(back[i], want, 0.5) << dtype_name(d);
+      EXPECT_EQ(back[i], want) << dtype_name(d) << " element " << i;
     }
   }
   Tensor b = raw::to_dtype(src, DType::b8);
   EXPECT_EQ(b.to_vector<uint8_t>(), (std::vector<uint8_t>{1, 0, 1, 1, 1}));
+}
+
+// Values between two representable neighbours round to the nearest, ties to the even one
+// (IEEE round-to-nearest-even): 1 + 2^-p lies halfway between 1 and 1 + 2^-(p-1) for a dtype
+// with p - 1 fraction bits (f16: 10, bf16: 7), so it rounds down to 1 (even), and 1 + 3 * 2^-p
+// rounds up to 1 + 2^-(p-2) (even); just above the halfway point rounds up.
+TEST(Tensor, HalfCastsRoundToNearestEven) {
+  for (auto [d, p] : {std::pair{DType::f16, 11}, std::pair{DType::bf16, 8}}) {
+    const double h = std::ldexp(1.0, -p);
+    Tensor src = from_vector(std::vector<double>{1 + h, 1 + 3 * h, 1 + h + h / 4, -(1 + h), 1 + h / 2}, {5});
+    auto back = raw::to_dtype(raw::to_dtype(src, d), DType::f64).to_vector<double>();
+    EXPECT_EQ(back, (std::vector<double>{1, 1 + 4 * h, 1 + 2 * h, -1, 1})) << dtype_name(d);
+  }
 }
 
 TEST(Tensor, PrintingSummarizesLargeTensors) {

@@ -249,14 +249,18 @@ TEST(DataLoaderWorkers, BadOptions) {
   o.num_workers = 2;
   o.prefetch_factor = 0;
   EXPECT_THROW(DataLoader(ds, o), ValueError);
-  if (!cuda::is_available()) {
-    DataLoaderOptions p;
-    p.pin_memory = true;
-    EXPECT_THROW(DataLoader(ds, p), DeviceError);
-    DataLoaderOptions d;
-    d.device = Device::cuda(0);
-    EXPECT_THROW(DataLoader(ds, d), DeviceError);
-  }
+}
+
+// Pinned memory and a CUDA target can only be refused where there is no GPU: SKIPPED elsewhere.
+TEST(DataLoaderWorkers, CudaOptionsWithoutAGpuRaise) {
+  if (cuda::is_available()) GTEST_SKIP() << "a CUDA device is visible: pinning and CUDA targets are valid here";
+  auto ds = image_ds(4);
+  DataLoaderOptions p;
+  p.pin_memory = true;
+  EXPECT_THROW(DataLoader(ds, p), DeviceError);
+  DataLoaderOptions d;
+  d.device = Device::cuda(0);
+  EXPECT_THROW(DataLoader(ds, d), DeviceError);
 }
 
 }  // namespace

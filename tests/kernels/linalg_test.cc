@@ -1,6 +1,7 @@
 // matmul/bmm/gemm/linear vs a naive triple loop on random data: every matmul shape case,
 // transposed and strided inputs, f16/bf16 through f32, and shape/dtype errors.
 #include "tests/kernels/test_util.h"
+#include "tests/rounding.h"
 
 namespace mg {
 namespace {
@@ -134,15 +135,28 @@ TEST(Gemm, AlphaBetaTransposes) {
   expect_near(z2, {0, 0, 0, 0});
 }
 
+// |x| elementwise on host values: the magnitudes whose products bound a dot product's error.
+std::vector<double> abs_of(std::vector<double> v) {
+  for (double& x : v) x = std::abs(x);
+  return v;
+}
+
+// Half types go through f32 and are rounded once at the end. The reference is the f64 product
+// of the inputs after rounding them to dt (the values the kernel sees); each output, a dot
+// product of k = 16 terms, is then within gamma_16(f32) * sum |a||b| + u(dt) |ref| (dot_bound).
 TEST(Matmul, HalfTypesThroughF32) {
   Tensor a = rn({8, 16}, 22, DType::f32), b = rn({16, 4}, 23, DType::f32);
-  std::vector<double> want = naive(vals(a), vals(b), 8, 16, 4);
   for (DType dt : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto av = vals(rounded_f64(a, dt)), bv = vals(rounded_f64(b, dt));
+    Tensor want = from_vector(naive(av, bv, 8, 16, 4), {8, 4});
+    Tensor mag = from_vector(naive(abs_of(av), abs_of(bv), 8, 16, 4), {8, 4});
+    const std::vector<double> bound = dot_bound(want, mag, 16, DType::f32, dt);
     Tensor c = k::matmul(k::cast(a, dt), k::cast(b, dt));
     EXPECT_EQ(c.dtype(), dt);
-    expect_near(c, want, dt == DType::f16 ? 1e-2 : 5e-2);
+    EXPECT_TRUE(within(c, want, bound));
     Tensor bb = k::bmm(k::cast(raw::unsqueeze(a, 0), dt), k::cast(raw::unsqueeze(b, 0), dt));
-    expect_near(bb, want, dt == DType::f16 ? 1e-2 : 5e-2);
+    EXPECT_TRUE(within(raw::squeeze(bb, 0), want, bound));
   }
 }
 
@@ -160,9 +174,17 @@ TEST(Linear, WithAndWithoutBias) {
   Tensor v = k::linear(raw::select(raw::select(x, 0, 0), 0, 0), w, bias);  // 1-D input
   EXPECT_EQ(v.sizes(), (Shape{5}));
   expect_near(v, std::vector<double>(want.begin(), want.begin() + 5), 1e-12);
-  Tensor yb = k::linear(k::cast(x, DType::bf16), k::cast(w, DType::bf16), k::cast(bias, DType::bf16));
-  EXPECT_EQ(yb.dtype(), DType::bf16);
-  expect_near(yb, want, 5e-2);
+  // bf16: bias copied in exactly, 4 products accumulated onto it in f32, one rounding to bf16
+  // (dot_bound with k = 5 terms), against the f64 result of the rounded inputs.
+  const DType bf = DType::bf16;
+  const auto xr = vals(rounded_f64(x, bf)), wtr = vals(rounded_f64(raw::contiguous(raw::transpose(w, 0, 1)), bf));
+  const auto br = vals(rounded_f64(bias, bf));
+  std::vector<double> want16 = naive(xr, wtr, 6, 4, 5), mag16 = naive(abs_of(xr), abs_of(wtr), 6, 4, 5);
+  for (size_t i = 0; i < want16.size(); ++i) want16[i] += br[i % 5], mag16[i] += std::abs(br[i % 5]);
+  Tensor want_t = from_vector(want16, {2, 3, 5}), mag_t = from_vector(mag16, {2, 3, 5});
+  Tensor yb = k::linear(k::cast(x, bf), k::cast(w, bf), k::cast(bias, bf));
+  EXPECT_EQ(yb.dtype(), bf);
+  EXPECT_TRUE(within(yb, want_t, dot_bound(want_t, mag_t, 5, DType::f32, bf)));
 }
 
 TEST(Linalg, Errors) {
