@@ -104,6 +104,38 @@ Tensor MultiheadSelfAttention::forward(const Tensor& x) {
   return (*resid_dropout)((*c_proj)(y));
 }
 
+Tensor MultiheadSelfAttention::forward_cached(const Tensor& x, KVCache& cache, size_t layer) {
+  MG_CHECK(x.defined() && x.dim() == 3 && x.size(2) == embed_dim, ShapeError,
+           "MultiheadSelfAttention::forward_cached(embed_dim=", embed_dim, "): expected input [B, T, ", embed_dim,
+           "], got ", shape_or_undefined(x));
+  MG_CHECK(layer < cache.k.size(), ValueError, "MultiheadSelfAttention::forward_cached: layer ", layer,
+           " but the cache has ", cache.k.size(), " layers");
+  const int64_t B = x.size(0), T = x.size(1), D = embed_dim / num_heads, pos = cache.length;
+  MG_CHECK(pos + T <= cache.capacity, ValueError, "MultiheadSelfAttention::forward_cached: ", pos, " cached + ", T,
+           " new positions exceed the cache's capacity ", cache.capacity);
+  // With both old and new positions, the causal mask would need bottom-right alignment
+  // (scaled_dot_product_attention aligns top-left); one new token attends to everything anyway.
+  MG_CHECK(!causal || pos == 0 || T == 1, ValueError, "MultiheadSelfAttention::forward_cached: ", T,
+           " new positions after ", pos, " cached ones (causal attention takes a prompt or one token at a time)");
+  Tensor qkv = (*c_attn)(x);  // [B, T, 3C]
+  auto heads = [&](int64_t i) {
+    return qkv.narrow(2, i * embed_dim, embed_dim).reshape({B, T, num_heads, D}).transpose(1, 2);
+  };
+  Tensor& k = cache.k[layer];
+  Tensor& v = cache.v[layer];
+  if (!k.defined() || k.size(0) != B || k.dtype() != qkv.dtype() || k.device() != qkv.device()) {
+    MG_CHECK(pos == 0, ValueError, "MultiheadSelfAttention::forward_cached: the cache holds ", pos,
+             " positions of another batch size, dtype or device (clear it first)");
+    k = empty({B, num_heads, cache.capacity, D}, {qkv.dtype(), qkv.device()});
+    v = empty({B, num_heads, cache.capacity, D}, {qkv.dtype(), qkv.device()});
+  }
+  k.narrow(2, pos, T).copy_(heads(1));
+  v.narrow(2, pos, T).copy_(heads(2));
+  Tensor y = scaled_dot_product_attention(heads(0), k.narrow(2, 0, pos + T), v.narrow(2, 0, pos + T),
+                                          causal && T > 1);  // [B, H, T, D]
+  return (*resid_dropout)((*c_proj)(y.transpose(1, 2).reshape({B, T, embed_dim})));
+}
+
 std::string MultiheadSelfAttention::extra_repr() const {
   std::ostringstream os;
   os << "embed_dim=" << embed_dim << ", num_heads=" << num_heads << ", causal=" << (causal ? "true" : "false")
@@ -134,6 +166,11 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, TensorOptio
 
 Tensor TransformerBlock::forward(const Tensor& x) {
   Tensor h = add(x, (*attn)((*ln_1)(x)));
+  return add(h, (*mlp)((*ln_2)(h)));
+}
+
+Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache, size_t layer) {
+  Tensor h = add(x, attn->forward_cached((*ln_1)(x), cache, layer));
   return add(h, (*mlp)((*ln_2)(h)));
 }
 

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/random.h"
 #include "nn/activation.h"
@@ -57,6 +58,17 @@ class SiLU : public Module {
   Tensor forward(const Tensor& x) override;
 };
 
+// Keys and values of the positions seen so far, one [B, num_heads, capacity, head_dim] pair per
+// layer, for decoding one token at a time (GPT::forward_cached). Each layer's pair is allocated at
+// its first use with the dtype and device of that layer's projections; `length` positions are filled.
+struct KVCache {
+  explicit KVCache(int64_t n_layer, int64_t capacity) : k(n_layer), v(n_layer), capacity(capacity) {}
+  std::vector<Tensor> k, v;
+  int64_t capacity;
+  int64_t length = 0;
+  void clear() { length = 0; }
+};
+
 // Self-attention over x [B, T, C]: one Linear makes q, k and v together (c_attn, C -> 3C),
 // heads of C / num_heads attend through mg::attention_packed_qkv (straight from c_attn's
 // output, no head split/merge copies on CUDA), c_proj mixes them back. Dropout on the attention weights and on the
@@ -66,6 +78,10 @@ class MultiheadSelfAttention : public Module {
   MultiheadSelfAttention(int64_t embed_dim, int64_t num_heads, bool causal = false, double dropout = 0.0,
                          bool bias = true, TensorOptions opts = {}, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
+  // Inference on the next x.size(1) positions after cache.length: their keys and values are
+  // written into layer `layer` of the cache and the queries attend to every cached position.
+  // Causal (the model's mask) needs cache.length == 0 or one new position (no dropout either way).
+  Tensor forward_cached(const Tensor& x, KVCache& cache, size_t layer);
   std::string extra_repr() const override;
 
   const int64_t embed_dim, num_heads;
@@ -101,6 +117,7 @@ class TransformerBlock : public Module {
  public:
   explicit TransformerBlock(const TransformerBlockOptions& o, TensorOptions opts = {}, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
+  Tensor forward_cached(const Tensor& x, KVCache& cache, size_t layer);
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<MultiheadSelfAttention> attn;
   std::shared_ptr<MLP> mlp;

@@ -1,10 +1,15 @@
 #include "nn/models/gpt.h"
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <optional>
 
 #include "autograd/recompute.h"
 #include "autograd/functions.h"
+#include "autograd/grad_mode.h"
+#include "core/random.h"
 #include "nn/init.h"
 
 namespace mg::nn {
@@ -63,15 +68,20 @@ GPT::GPT(const GPTConfig& cfg, TensorOptions opts, Generator* gen, bool init_wei
   }
 }
 
-Tensor GPT::forward(const Tensor& idx) {
+Tensor GPT::embed(const Tensor& idx, int64_t start) {
   MG_CHECK(idx.defined() && idx.dim() == 2, ShapeError, "GPT: idx must be token ids [B, T], got ",
            idx.defined() ? shape_str(idx.sizes()) : std::string("(undefined)"));
   const int64_t T = idx.size(1);
-  MG_CHECK(T <= config.block_size, ValueError, "GPT: sequence length ", T, " exceeds block_size ", config.block_size);
-  Tensor pos = arange(T, {DType::i64, idx.device()});
+  MG_CHECK(start + T <= config.block_size, ValueError, "GPT: sequence length ", start + T, " exceeds block_size ",
+           config.block_size);
+  Tensor pos = arange(static_cast<double>(start), static_cast<double>(start + T), 1.0, {DType::i64, idx.device()});
+  return (*drop)(add((*wte)(idx), (*wpe)(pos)));  // [B, T, C] + [T, C]
+}
+
+Tensor GPT::forward(const Tensor& idx) {
   std::optional<SelectiveRecompute> selective;
   if (recompute.selective) selective.emplace(RecomputePolicy::cheap_ops());
-  Tensor x = (*drop)(add((*wte)(idx), (*wpe)(pos)));  // [B, T, C] + [T, C]
+  Tensor x = embed(idx, 0);
   const auto blocks = h->children();
   for (size_t i = 0; i < blocks.size(); ++i) {
     Module* b = blocks[i].get();
@@ -82,6 +92,23 @@ Tensor GPT::forward(const Tensor& idx) {
   return (*lm_head)(x);
 }
 
+Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) {
+  NoGradGuard no_grad;
+  MG_CHECK(cache.k.size() == static_cast<size_t>(config.n_layer) && cache.capacity <= config.block_size, ValueError,
+           "GPT::forward_cached: the cache (", cache.k.size(), " layers, capacity ", cache.capacity,
+           ") was not made for this model (", config.n_layer, " layers, block_size ", config.block_size, ")");
+  if (cache.length > 0 && idx.dim() == 2 && idx.size(1) > 1) {  // one position at a time
+    std::vector<Tensor> out;
+    for (int64_t t = 0; t < idx.size(1); ++t) out.push_back(forward_cached(idx.narrow(1, t, 1), cache));
+    return cat(out, 1);
+  }
+  Tensor x = embed(idx, cache.length);
+  const auto blocks = h->children();
+  for (size_t i = 0; i < blocks.size(); ++i) x = static_cast<TransformerBlock&>(*blocks[i]).forward_cached(x, cache, i);
+  cache.length += idx.size(1);
+  return (*lm_head)((*ln_f)(x));
+}
+
 Tensor GPT::loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   MG_CHECK(logits.defined() && targets.defined() && logits.dim() == 3 && targets.dim() == 2 &&
                logits.size(0) == targets.size(0) && logits.size(1) == targets.size(1),
@@ -89,6 +116,61 @@ Tensor GPT::loss(const Tensor& logits, const Tensor& targets, int64_t ignore_ind
            logits.defined() ? shape_str(logits.sizes()) : std::string("(undefined)"), " and ",
            targets.defined() ? shape_str(targets.sizes()) : std::string("(undefined)"));
   return cross_entropy(logits.reshape({-1, logits.size(2)}), targets.reshape({-1}), "mean", ignore_index);
+}
+
+namespace {
+// Index of a token drawn from softmax(logits / temperature) restricted to the top_k largest.
+int64_t sample_token(std::vector<float> logits, const GenerateOptions& o, Generator* gen) {
+  const auto n = static_cast<int64_t>(logits.size());
+  if (o.temperature <= 0) return std::max_element(logits.begin(), logits.end()) - logits.begin();
+  if (o.top_k > 0 && o.top_k < n) {
+    std::vector<float> sorted = logits;
+    std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<float>());
+    const float kth = sorted[o.top_k - 1];
+    for (float& l : logits)
+      if (l < kth) l = -std::numeric_limits<float>::infinity();
+  }
+  const float top = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p(logits.size());
+  double total = 0;
+  for (size_t i = 0; i < p.size(); ++i) total += p[i] = std::exp((logits[i] - top) / o.temperature);
+  double u = rand({1}, {DType::f64}, gen).item() * total;
+  for (int64_t i = 0; i < n; ++i)
+    if ((u -= p[i]) < 0) return i;
+  return n - 1;  // u landed on the rounding slack at the very end
+}
+}  // namespace
+
+std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, const GenerateOptions& o,
+                              Generator* gen) {
+  MG_CHECK(!prompt.empty(), ValueError, "generate: the prompt must hold at least one token");
+  MG_CHECK(o.max_new_tokens >= 0, ValueError, "generate: max_new_tokens must be >= 0, got ", o.max_new_tokens);
+  const bool was_training = model.is_training();
+  model.eval();
+  NoGradGuard no_grad;
+  const Device dev = model.wte->weight.device();
+  const int64_t block = model.config.block_size;
+  KVCache cache = model.make_cache();
+  std::vector<int64_t> seq = prompt, out;
+  auto feed = [&](std::vector<int64_t> ids) {  // -> logits of the last position, on the host
+    Tensor idx = from_vector(ids, {1, static_cast<int64_t>(ids.size())}).to(dev);
+    Tensor logits = model.forward_cached(idx, cache);
+    return logits.select(1, logits.size(1) - 1).reshape({-1}).to(DType::f32).cpu().to_vector<float>();
+  };
+  auto window = [&](int64_t keep) {
+    cache.clear();
+    return feed(std::vector<int64_t>(seq.end() - std::min<int64_t>(keep, seq.size()), seq.end()));
+  };
+  std::vector<float> logits = window(block);
+  for (int64_t i = 0; i < o.max_new_tokens; ++i) {
+    const int64_t next = sample_token(std::move(logits), o, gen);
+    seq.push_back(next);
+    out.push_back(next);
+    if (i + 1 == o.max_new_tokens) break;
+    logits = cache.length < block ? feed({next}) : window(std::max<int64_t>(1, block / 2));
+  }
+  if (was_training) model.train();
+  return out;
 }
 
 }  // namespace mg::nn

@@ -46,6 +46,13 @@ class GPT : public Module {
 
   // idx: i64 token ids [B, T] with T <= block_size -> logits [B, T, vocab_size].
   Tensor forward(const Tensor& idx) override;
+  // Inference with a key-value cache (under no_grad, dropout off): idx [B, Tn] are the tokens at
+  // positions cache.length .. cache.length + Tn - 1; returns their logits [B, Tn, vocab_size] and
+  // advances cache.length by Tn. A prompt goes in whole, then one token per call; several new
+  // tokens after cached ones are run one at a time. Equals forward() on the whole sequence.
+  Tensor forward_cached(const Tensor& idx, KVCache& cache);
+  // A cache for up to block_size positions.
+  KVCache make_cache() const { return KVCache(config.n_layer, config.block_size); }
   // Mean next-token cross-entropy of logits [B, T, V] against targets [B, T] (the inputs
   // shifted by one); positions whose target is ignore_index do not count.
   static Tensor loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
@@ -58,6 +65,23 @@ class GPT : public Module {
   std::shared_ptr<Sequential> h;  // n_layer TransformerBlocks
   std::shared_ptr<LayerNorm> ln_f;
   std::shared_ptr<Linear> lm_head;  // no bias; its weight is wte's when tied
+
+ private:
+  Tensor embed(const Tensor& idx, int64_t start);  // wte(idx) + wpe(start ..), dropout
 };
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 100;
+  double temperature = 1.0;  // <= 0: greedy (argmax)
+  int64_t top_k = 0;         // > 0: sample among the k most likely tokens only
+};
+
+// Continues `prompt` (token ids, non-empty) by sampling max_new_tokens tokens one at a time from
+// the model's next-token distribution (softmax(logits / temperature), top-k filtered) with
+// `gen`, through the key-value cache. When the cache is full the last block_size / 2 tokens are
+// fed again as a fresh prompt (the context slides). Returns the new tokens only. Runs in eval
+// mode under no_grad and restores the model's training flag.
+std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
+                              Generator* gen = nullptr);
 
 }  // namespace mg::nn
