@@ -190,8 +190,8 @@ GPT2Tokenizer::GPT2Tokenizer(std::map<std::string, int64_t> encoder,
   const auto& be = byte_encoder();
   for (int b = 0; b < 256; ++b) {
     byte_of_[be[b]] = static_cast<uint8_t>(b);
-    MG_CHECK(encoder_.count(be[b]), ValueError, "GPT2Tokenizer: the encoder has no symbol for byte ", b, " (\"",
-             be[b], "\"), so some texts could not be encoded");
+    MG_CHECK(encoder_.count(be[b]), ValueError, "GPT2Tokenizer: the encoder has no symbol for byte ", b, " (\"", be[b],
+             "\"), so some texts could not be encoded");
   }
 }
 
@@ -220,7 +220,8 @@ std::unique_ptr<GPT2Tokenizer> GPT2Tokenizer::from_files(const std::string& enco
     if (line.empty() || (lineno == 1 && line.rfind("#version", 0) == 0)) continue;
     const size_t sp = line.find(' ');
     MG_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < line.size() && line.find(' ', sp + 1) == std::string::npos,
-             IOError, "GPT2Tokenizer: ", vocab_bpe, " line ", lineno, ": expected \"first second\", got \"", line, "\"");
+             IOError, "GPT2Tokenizer: ", vocab_bpe, " line ", lineno, ": expected \"first second\", got \"", line,
+             "\"");
     merges.emplace_back(line.substr(0, sp), line.substr(sp + 1));
   }
   return std::make_unique<GPT2Tokenizer>(std::move(encoder), std::move(merges));

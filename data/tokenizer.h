@@ -59,8 +59,8 @@ class GPT2Tokenizer : public Tokenizer {
 
  private:
   std::map<std::string, int64_t> encoder_;
-  std::vector<std::string> decoder_;                 // id -> symbol ("" where no symbol has that id)
-  std::unordered_map<std::string, int64_t> ranks_;   // "first second" -> merge rank
+  std::vector<std::string> decoder_;                  // id -> symbol ("" where no symbol has that id)
+  std::unordered_map<std::string, int64_t> ranks_;    // "first second" -> merge rank
   std::unordered_map<std::string, uint8_t> byte_of_;  // stand-in character -> byte
   mutable std::mutex cache_mu_;
   mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;  // piece -> ids

@@ -5,7 +5,6 @@
 //   bazel run //examples:fashion_mnist -- --epochs 2 --batch-size 64 --seed 0
 //
 // The last stdout line is one JSON object (see docs/training.md) for scripts to parse.
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -30,6 +29,7 @@
 #include "data/fashion_mnist.h"
 #include "kernels/ops.h"
 #include "nn/nn.h"
+#include "examples/run_report.h"
 #include "examples/training_setup.h"
 #include "checkpoint/training_checkpoint.h"
 #include "optim/grad_scaler.h"
@@ -37,8 +37,11 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+using mg::examples::at_peak_bytes;
+using mg::examples::Clock;
+using mg::examples::memory_line;
+using mg::examples::peak_bytes;
+using mg::examples::seconds_since;
 
 const std::vector<std::string> kModels = {"mlp", "cnn"};
 // Per-model recipe defaults (measured with seed 0, see docs/training.md): SGD lr 0.02
@@ -224,25 +227,6 @@ std::string optimizer_line(const mg::examples::TrainingFlags& t, const mg::examp
   return o.str();
 }
 
-mg::Device pick_device(const std::string& spec) {
-  if (spec.empty()) return mg::cuda::is_available() ? mg::Device::cuda(0) : mg::Device::cpu();
-  mg::Device d;
-  try {
-    d = mg::Device(spec);
-  } catch (const mg::Error&) {
-    usage_error("unknown --device \"" + spec + "\" (valid: cpu, cuda, cuda:N)");
-  }
-  if (d.is_cuda()) {
-    const int n = mg::cuda::device_count();
-    if (n == 0)
-      usage_error("--device " + spec +
-                  ": no CUDA device is available (this build has no CUDA backend, or no GPU is visible); "
-                  "use --device cpu");
-    if (d.index >= n) usage_error("--device " + spec + ": only " + std::to_string(n) + " CUDA device(s) visible");
-  }
-  return d;
-}
-
 std::shared_ptr<mg::nn::Sequential> make_mlp(const Flags& f, mg::Device device) {
   auto model = std::make_shared<mg::nn::Sequential>();
   model->push_back(std::make_shared<mg::nn::Flatten>());
@@ -285,71 +269,6 @@ std::shared_ptr<mg::nn::Sequential> make_cnn(const Flags& f, mg::Device device) 
   return model;
 }
 
-// Single \r-updated line on stderr, throttled so it never costs measurable time.
-class ProgressBar {
- public:
-  explicit ProgressBar(bool on) : on_(on), tty_(isatty(STDERR_FILENO)) {}
-  void update(int64_t epoch, int64_t epochs, int64_t batch, int64_t total, double loss, double ips, bool force) {
-    if (!on_) return;
-    const auto now = Clock::now();
-    const double min_interval = tty_ ? 0.1 : 2.0;
-    if (!force && std::chrono::duration<double>(now - last_).count() < min_interval) return;
-    last_ = now;
-    constexpr int kWidth = 24;
-    const int filled = static_cast<int>(kWidth * batch / std::max<int64_t>(total, 1));
-    std::string bar(filled, '=');
-    if (filled < kWidth) bar += '>' + std::string(kWidth - filled - 1, ' ');
-    std::fprintf(stderr, "\repoch %lld/%lld [%s] %lld/%lld  loss %.4f  %.0f img/s ", static_cast<long long>(epoch),
-                 static_cast<long long>(epochs), bar.c_str(), static_cast<long long>(batch),
-                 static_cast<long long>(total), loss, ips);
-    std::fflush(stderr);
-  }
-  void finish() {
-    if (on_) std::fprintf(stderr, "\n");
-  }
-
- private:
-  bool on_, tty_;
-  Clock::time_point last_{};
-};
-
-const std::vector<std::pair<const char*, mg::MemoryCategory>> kCategories = {
-    {"parameters", mg::MemoryCategory::Parameters},
-    {"gradients", mg::MemoryCategory::Gradients},
-    {"optimizer_state", mg::MemoryCategory::OptimizerState},
-    {"activations", mg::MemoryCategory::Activations},
-    {"data", mg::MemoryCategory::Data},
-    {"other", mg::MemoryCategory::Other},
-};
-
-// Each category's own peak, plus the total's peak.
-nlohmann::json peak_bytes(mg::Device d) {
-  auto& stats = mg::CategoryStats::get(d);
-  nlohmann::json j;
-  for (auto& [name, c] : kCategories) j[name] = stats.counter(c).peak;
-  j["total"] = stats.total().peak;
-  return j;
-}
-
-// The breakdown at the moment the total peaked (what was live together).
-nlohmann::json at_peak_bytes(mg::Device d) {
-  auto& stats = mg::CategoryStats::get(d);
-  auto at = stats.at_peak();
-  nlohmann::json j;
-  for (auto& [name, c] : kCategories) j[name] = at[static_cast<size_t>(c)];
-  j["total"] = stats.total().peak;
-  return j;
-}
-
-std::string memory_line(const nlohmann::json& peaks) {
-  std::string s;
-  for (const char* k : {"parameters", "gradients", "optimizer_state", "activations", "data", "total"}) {
-    if (!s.empty()) s += ", ";
-    s += std::string(k) + " " + mg::format_bytes(peaks[k].get<int64_t>());
-  }
-  return s;
-}
-
 // Fraction of correctly classified test images.
 double evaluate(mg::nn::Module& model, mg::data::DataLoader& loader, mg::Device device) {
   model.eval();
@@ -368,7 +287,7 @@ double evaluate(mg::nn::Module& model, mg::data::DataLoader& loader, mg::Device 
 
 int run(const Flags& f) {
   const auto t_start = Clock::now();
-  const mg::Device device = pick_device(f.device);
+  const mg::Device device = mg::examples::pick_device(f.device);
   mg::manual_seed(f.seed);
 
   const std::string root = f.data_dir.empty() ? mg::data::FashionMNIST::default_root() : f.data_dir;
@@ -430,7 +349,7 @@ int run(const Flags& f) {
   mg::CategoryStats::get(device).reset_peak();
   if (!device.is_cpu()) mg::CategoryStats::get(mg::Device::cpu()).reset_peak();
 
-  ProgressBar bar(f.progress);
+  mg::examples::ProgressBar bar(f.progress);
   double max_grad_norm = 0.0;
   int64_t clipped_steps = 0, skipped_steps = 0;
   const auto t_train = Clock::now();
@@ -468,8 +387,11 @@ int run(const Flags& f) {
       loss_sum += l;
       ++batches;
       epoch_images += x.size(0);
-      bar.update(epoch, f.epochs, it.batch() + 1, train_loader.size(), loss_sum / batches,
-                 epoch_images / std::max(seconds_since(t_epoch), 1e-9), it.batch() + 1 == train_loader.size());
+      char stats[64];
+      std::snprintf(stats, sizeof stats, "loss %.4f  %.0f img/s", loss_sum / batches,
+                    epoch_images / std::max(seconds_since(t_epoch), 1e-9));
+      bar.update("epoch " + std::to_string(epoch) + "/" + std::to_string(f.epochs), it.batch() + 1, train_loader.size(),
+                 stats, it.batch() + 1 == train_loader.size());
     }
     bar.finish();
     const double train_seconds = seconds_since(t_epoch);

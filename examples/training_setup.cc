@@ -28,8 +28,7 @@ const char* kTrainingUsage = R"(  --optimizer NAME    sgd (default), adam or ada
   --clip-grad-norm X  clip the gradients' total 2-norm to X before each step (default off)
 )";
 
-namespace {
-double number(const std::string& flag, const std::string& v) {
+double parse_number(const std::string& flag, const std::string& v) {
   size_t pos = 0;
   double x = 0;
   try {
@@ -40,11 +39,15 @@ double number(const std::string& flag, const std::string& v) {
   MG_CHECK(pos == v.size() && pos > 0, ValueError, flag, " expects a number, got \"", v, "\"");
   return x;
 }
-int64_t integer(const std::string& flag, const std::string& v) {
-  const double x = number(flag, v);
+int64_t parse_integer(const std::string& flag, const std::string& v) {
+  const double x = parse_number(flag, v);
   MG_CHECK(x == std::floor(x), ValueError, flag, " expects an integer, got \"", v, "\"");
   return static_cast<int64_t>(x);
 }
+
+namespace {
+const auto& number = parse_number;
+const auto& integer = parse_integer;
 }  // namespace
 
 bool parse_training_flag(TrainingFlags& f, const std::string& arg, const std::string& v) {

@@ -31,6 +31,10 @@ struct TrainingFlags {
 
 extern const char* kTrainingUsage;
 
+// "3.5" -> 3.5 and "12" -> 12 for flag `flag`; anything else is an mg::ValueError naming the flag.
+double parse_number(const std::string& flag, const std::string& v);
+int64_t parse_integer(const std::string& flag, const std::string& v);
+
 // Consumes `arg value` when it is one of the flags above; false otherwise.
 // Bad values throw mg::ValueError naming the flag.
 bool parse_training_flag(TrainingFlags& f, const std::string& arg, const std::string& value);

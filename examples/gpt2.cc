@@ -1,0 +1,426 @@
+// A GPT language model end to end, as llm.c's train_gpt2 does: tokenizes a text file, trains
+// with AdamW on random windows, validates on the held-out tail, samples through the key-value
+// cache, and reports the peak memory by category. Flags: examples/gpt2_flags.cc; guide: docs/gpt2.md.
+//
+//   bazel run -c opt //examples:gpt2 -- --preset tiny
+//   bazel run -c opt //examples:gpt2 -- --init-from model.safetensors --print-logits
+//
+// The last stdout line is one JSON object for scripts to parse.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "autograd/functions.h"
+#include "autograd/grad_mode.h"
+#include "checkpoint/serialize.h"
+#include "checkpoint/training_checkpoint.h"
+#include "core/allocator.h"
+#include "core/autocast.h"
+#include "core/cuda_memory.h"
+#include "core/device_runtime.h"
+#include "core/random.h"
+#include "data/tokenizer.h"
+#include "distributed/ddp.h"
+#include "distributed/process_group.h"
+#include "distributed/spawn.h"
+#include "distributed/zero.h"
+#include "examples/gpt2_flags.h"
+#include "examples/run_report.h"
+#include "memory/batch_fit.h"
+#include "memory/planner.h"
+#include "nn/models/gpt.h"
+#include "nn/models/gpt_pretrained.h"
+#include "optim/clip_grad.h"
+#include "optim/grad_scaler.h"
+#include "tools/cpp/runfiles/runfiles.h"
+
+namespace {
+
+using namespace mg;
+using examples::Clock;
+using examples::GPT2Flags;
+using examples::seconds_since;
+
+// The corpus //examples:gpt2_corpus gathers from docs/*.md and a few sources at build time.
+std::string default_corpus(const char* argv0) {
+  using bazel::tools::cpp::runfiles::Runfiles;
+  std::string error;
+  std::unique_ptr<Runfiles> rf(Runfiles::Create(argv0, &error));
+  const std::string path = rf ? rf->Rlocation("memgrad/examples/gpt2_corpus.txt") : "";
+  MG_CHECK(!path.empty() && std::ifstream(path).good(), IOError,
+           "gpt2: the built-in corpus is not beside this binary (", error.empty() ? path : error,
+           "); run it with bazel run, or pass --data FILE");
+  return path;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MG_CHECK(in, IOError, "gpt2: cannot open --data ", path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Windows of T + 1 tokens: inputs are the first T, targets the last T.
+struct Split {
+  std::vector<int64_t> tokens;
+  std::pair<Tensor, Tensor> batch(const std::vector<int64_t>& offsets, int64_t T, Device dev) const {
+    const auto B = static_cast<int64_t>(offsets.size());
+    std::vector<int64_t> x(B * T), y(B * T);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        x[b * T + t] = tokens[offsets[b] + t];
+        y[b * T + t] = tokens[offsets[b] + t + 1];
+      }
+    MemoryCategoryGuard data(MemoryCategory::Data);
+    return {from_vector(x, {B, T}).to(dev), from_vector(y, {B, T}).to(dev)};
+  }
+  std::pair<Tensor, Tensor> random_batch(int64_t B, int64_t T, Device dev, Generator& gen) const {
+    const auto hi = static_cast<int64_t>(tokens.size()) - T;
+    return batch(randint(0, hi, {B}, {DType::i64}, &gen).to_vector<int64_t>(), T, dev);
+  }
+};
+
+struct Run {
+  GPT2Flags f;
+  Device device;
+  std::shared_ptr<dist::ProcessGroup> pg;
+  int rank = 0, world = 1;
+  std::unique_ptr<data::Tokenizer> tok;
+  Split train, val;
+  std::shared_ptr<nn::GPT> model;
+  std::shared_ptr<dist::DistributedDataParallel> ddp;
+  bool amp = false;
+  DType amp_dtype = DType::bf16;
+  int64_t micro = 0;  // sequences per micro-batch on this rank
+  bool lead() const { return rank == 0; }
+  nn::Module& forward_module() { return ddp ? static_cast<nn::Module&>(*ddp) : *model; }
+};
+
+std::unique_ptr<data::Tokenizer> make_tokenizer(const GPT2Flags& f) {
+  if (f.bpe_encoder.empty()) return std::make_unique<data::ByteTokenizer>();
+  return data::GPT2Tokenizer::from_files(f.bpe_encoder, f.bpe_vocab);
+}
+
+void load_data(Run& r, const char* argv0) {
+  const std::string path = r.f.data.empty() ? default_corpus(argv0) : r.f.data;
+  const std::vector<int64_t> ids = r.tok->encode(read_file(path));
+  const auto n = static_cast<int64_t>(ids.size());
+  const auto n_val = static_cast<int64_t>(std::llround(r.f.val_fraction * static_cast<double>(n)));
+  const int64_t T = r.model->config.block_size;
+  MG_CHECK(n_val > T && n - n_val > T, ValueError, "gpt2: ", path, " holds ", n, " tokens; both splits need more than ",
+           "--block-size ", T, " (validation gets ", n_val, ")");
+  r.train.tokens.assign(ids.begin(), ids.end() - n_val);
+  r.val.tokens.assign(ids.end() - n_val, ids.end());
+  if (r.lead())
+    std::cout << "data: " << path << ", " << n << " tokens (" << r.tok->name() << ", vocab " << r.tok->vocab_size()
+              << "): " << r.train.tokens.size() << " train, " << r.val.tokens.size() << " validation\n";
+}
+
+void build_model(Run& r) {
+  const GPT2Flags& f = r.f;
+  const TensorOptions opts(DType::f32, r.device);
+  if (!f.init_from.empty()) {
+    r.model = nn::gpt2_from_hf_safetensors(f.init_from, opts, f.n_head_given ? f.model.n_head : 0);
+  } else {
+    nn::GPTConfig c = f.model;
+    c.vocab_size = std::max(f.vocab_size, r.tok->vocab_size());
+    Generator init(f.seed);  // the same weights on every rank (DDP checks nothing, it broadcasts)
+    r.model = std::make_shared<nn::GPT>(c, opts, &init);
+  }
+  MG_CHECK(r.tok->vocab_size() <= r.model->config.vocab_size, ValueError, "gpt2: the tokenizer's vocabulary (",
+           r.tok->vocab_size(), ") is larger than the model's (", r.model->config.vocab_size, ")");
+}
+
+double eval_loss(Run& r) {
+  const int64_t T = r.model->config.block_size;
+  const auto span = static_cast<int64_t>(r.val.tokens.size()) - T - 1;
+  r.model->eval();
+  NoGradGuard ng;
+  Autocast ac(r.device.type, r.amp_dtype, r.amp);
+  double total = 0;
+  for (int64_t i = 0; i < r.f.eval_iters; ++i) {  // fixed windows: the same every time
+    std::vector<int64_t> offsets(r.micro);
+    for (int64_t b = 0; b < r.micro; ++b) offsets[b] = span * (i * r.micro + b) / (r.f.eval_iters * r.micro);
+    auto [x, y] = r.val.batch(offsets, T, r.device);
+    MemoryCategoryGuard act(MemoryCategory::Activations);
+    total += nn::GPT::loss((*r.model)(x), y).item();
+  }
+  r.model->train();
+  return total / static_cast<double>(r.f.eval_iters);
+}
+
+std::string sample(Run& r, Generator& gen) {
+  nn::GenerateOptions o;
+  o.max_new_tokens = r.f.max_new_tokens;
+  o.temperature = r.f.temperature;
+  o.top_k = r.f.top_k;
+  std::vector<int64_t> prompt = r.tok->encode(r.f.prompt);
+  if (prompt.empty()) prompt = {0};
+  Autocast ac(r.device.type, r.amp_dtype, r.amp);
+  MemoryCategoryGuard act(MemoryCategory::Activations);
+  return r.f.prompt + r.tok->decode(nn::generate(*r.model, prompt, o, &gen));
+}
+
+// --recompute: the model's GPTRecompute; planner:BUDGET profiles the blocks at the micro-batch.
+void set_recompute(Run& r) {
+  const std::string& m = r.f.recompute;
+  r.model->recompute.checkpoint_blocks = m == "per-block" || m == "per-block+selective";
+  r.model->recompute.selective = m == "selective" || m == "per-block+selective";
+  if (r.f.planner_budget.empty()) return;
+  Tensor h = randn({r.micro, r.model->config.block_size, r.model->config.n_embd}, {DType::f32, r.device});
+  h.requires_grad_(true);
+  std::vector<nn::SegmentProfile> prof;
+  {
+    Autocast ac(r.device.type, r.amp_dtype, r.amp);
+    prof = nn::profile_segments(nn::segments_of(*r.model->h), h);
+  }
+  const std::string& b = r.f.planner_budget;
+  const int64_t budget =
+      b.back() == '%' ? static_cast<int64_t>(examples::parse_number("--recompute planner:", b.substr(0, b.size() - 1)) /
+                                             100.0 * static_cast<double>(nn::plan_none(prof).plain_bytes))
+                      : examples::parse_bytes("--recompute planner:", b);
+  const nn::CheckpointPlan plan = nn::plan_for_budget(prof, budget);
+  r.model->recompute.block_mask = plan.segment_mask();
+  if (r.lead())
+    std::cout << "recompute planner, budget " << format_bytes(budget) << (plan.fits ? "" : " (does not fit)")
+              << ":\n"
+              << plan.table(prof);
+}
+
+// --auto-batch: the largest micro-batch whose training step fits (out-of-memory errors bound it).
+void find_micro_batch(Run& r) {
+  std::vector<Tensor> params = r.model->parameters();
+  Generator gen(r.f.seed + 7);
+  auto try_step = [&](int64_t b) {
+    {
+      auto [x, y] = r.train.random_batch(b, r.model->config.block_size, r.device, gen);
+      MemoryCategoryGuard act(MemoryCategory::Activations);
+      Autocast ac(r.device.type, r.amp_dtype, r.amp);
+      Tensor loss = nn::GPT::loss((*r.model)(x), y);
+      loss.backward();
+    }
+    for (Tensor& p : params) p.set_grad(Tensor());
+  };
+  const nn::BatchSearchResult res = nn::find_max_batch_size(try_step, {1, r.f.max_batch});
+  if (r.device.is_cuda()) cuda::empty_cache();
+  MG_CHECK(res.max_batch > 0, OutOfMemoryError, "gpt2 --auto-batch: not even one sequence of ",
+           r.model->config.block_size, " tokens fits");
+  r.micro = res.max_batch;
+  r.f.batch = r.micro * r.f.grad_accum;
+  if (r.lead())
+    std::cout << "auto-batch: micro-batch " << r.micro << " (" << res.tries.size() << " tries"
+              << (r.micro == r.f.max_batch ? ", capped by --max-batch" : "") << "), batch " << r.f.batch << "\n";
+}
+
+void print_logits(Run& r) {
+  const auto& ids = r.f.logit_tokens;
+  for (int64_t id : ids)
+    MG_CHECK(id >= 0 && id < r.model->config.vocab_size, IndexError, "gpt2 --tokens: id ", id, " outside [0, ",
+             r.model->config.vocab_size, ")");
+  r.model->eval();
+  NoGradGuard ng;
+  const auto T = static_cast<int64_t>(ids.size());
+  Tensor logits = (*r.model)(from_vector(ids, {1, T}).to(r.device)).reshape({T, -1}).cpu();
+  if (!r.f.logits_out.empty()) {
+    StateDict sd;
+    sd.tensors["logits"] = logits;
+    nn::save(sd, r.f.logits_out);
+  }
+  const std::vector<float> v = logits.to_vector<float>();
+  const int64_t V = logits.size(1);
+  nlohmann::json first = nlohmann::json::array(), top = nlohmann::json::array();
+  double sum = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    first.push_back(std::vector<float>(v.begin() + t * V, v.begin() + t * V + std::min<int64_t>(V, 5)));
+    top.push_back(std::max_element(v.begin() + t * V, v.begin() + (t + 1) * V) - (v.begin() + t * V));
+  }
+  for (float x : v) sum += x;
+  std::cout << nlohmann::json{{"tokens", ids}, {"shape", {T, V}}, {"first5", first}, {"argmax", top}, {"sum", sum}}
+                   .dump()
+            << std::endl;
+}
+
+int train(Run& r) {
+  const GPT2Flags& f = r.f;
+  const int64_t T = r.model->config.block_size;
+  std::vector<Tensor> params = r.model->parameters();
+  if (r.world > 1) r.ddp = std::make_shared<dist::DistributedDataParallel>(r.model, r.pg);
+  std::unique_ptr<optim::Optimizer> opt;
+  std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;
+  if (f.zero && r.world > 1)
+    zero = std::make_unique<dist::ZeroRedundancyOptimizer>(
+        params, r.pg, [&](std::vector<Tensor> p) { return examples::make_optimizer(f.train, std::move(p)); });
+  else
+    opt = examples::make_optimizer(f.train, params);
+  optim::Optimizer& optimizer = zero ? zero->local_optimizer() : *opt;
+  examples::Schedule schedule(f.train, optimizer, f.steps, 1);
+  optim::GradScalerOptions gso;
+  gso.enabled = f.amp == "f16";
+  optim::GradScaler scaler(gso);
+  Generator data_gen(f.seed * 1000003 + static_cast<uint64_t>(r.rank)), sample_gen(f.seed + 1);
+  nn::TrainingCheckpoint ckpt;
+  ckpt.add("model", *r.model).add("schedule", schedule).add("scaler", scaler);
+  if (!zero) ckpt.add("optimizer", optimizer);
+  ckpt.add_generator("rng", default_generator()).add_generator("data", data_gen);
+  MG_CHECK(!zero || (f.save.empty() && f.resume.empty()), ValueError,
+           "gpt2: --save/--resume with --zero: each rank holds another shard of the optimizer state");
+  if (!f.resume.empty()) {
+    ckpt.load(f.resume, r.device);
+    if (r.lead()) std::cout << "resumed from " << f.resume << " at step " << ckpt.step << "\n";
+  }
+  if (r.lead())
+    std::cout << "model: " << r.model->num_parameters() << " parameters, " << r.model->config.n_layer << " layers, "
+              << r.model->config.n_embd << " wide, " << r.model->config.n_head << " heads, T=" << T << ", vocab "
+              << r.model->config.vocab_size << "\ntraining: " << f.steps << " steps of " << f.batch * r.world
+              << " sequences (" << r.world << " rank(s) x " << f.grad_accum << " micro-batch(es) of " << r.micro
+              << "), " << f.train.optimizer << " lr " << f.train.lr << ", " << schedule.describe() << ", amp "
+              << f.amp << ", recompute " << f.recompute << (zero ? ", ZeRO-1" : "") << ", device " << r.device
+              << "\n";
+  CategoryStats::get(r.device).reset_peak();
+  examples::ProgressBar bar(f.progress && r.lead());
+  const double initial_val = eval_loss(r);
+  double val = initial_val, last_loss = 0, train_seconds = 0;
+  int64_t tokens = 0, skipped = 0;
+  nlohmann::json history = nlohmann::json::array();
+  history.push_back({{"step", ckpt.step}, {"val_loss", initial_val}});
+  if (r.lead()) std::cout << "step " << ckpt.step << ": validation loss " << initial_val << std::endl;
+  while (ckpt.step < f.steps) {
+    const auto t0 = Clock::now();
+    zero ? zero->zero_grad() : opt->zero_grad();
+    auto [x, y] = r.train.random_batch(f.batch, T, r.device, data_gen);
+    int64_t m = 0;
+    double loss = nn::accumulate_gradients(x, y, f.grad_accum, [&](const Tensor& xb, const Tensor& yb) {
+      std::optional<dist::DistributedDataParallel::NoSyncGuard> no_sync;
+      if (r.ddp && ++m < f.grad_accum) no_sync.emplace(*r.ddp);  // reduce once, after the last
+      MemoryCategoryGuard act(MemoryCategory::Activations);
+      Autocast ac(r.device.type, r.amp_dtype, r.amp);
+      return scaler.scale(nn::GPT::loss(r.forward_module()(xb), yb));
+    });
+    loss /= scaler.get_scale();
+    if (f.train.clip_grad_norm > 0) {
+      if (!zero) scaler.unscale_(optimizer);
+      optim::clip_grad_norm_(params, f.train.clip_grad_norm);
+    }
+    if (zero)
+      zero->step();
+    else
+      skipped += !scaler.step(optimizer);
+    scaler.update();
+    schedule.after_batch();
+    ++ckpt.step;
+    last_loss = loss;
+    if (r.device.is_cuda()) cuda::synchronize();
+    train_seconds += seconds_since(t0);
+    tokens += f.batch * T * r.world;
+    char stats[96];
+    std::snprintf(stats, sizeof stats, "loss %.4f  val %.4f  %.0f tok/s", loss, val, tokens / train_seconds);
+    bar.update("step", ckpt.step, f.steps, stats, ckpt.step == f.steps);
+    const bool last = ckpt.step == f.steps || ckpt.step == f.stop_after;
+    if ((f.eval_every > 0 && ckpt.step % f.eval_every == 0) || last) {
+      val = eval_loss(r);
+      history.push_back({{"step", ckpt.step}, {"train_loss", loss}, {"val_loss", val}});
+      if (r.lead()) {
+        bar.finish();
+        std::printf("step %lld: train loss %.4f, validation loss %.4f, %.0f tokens/s\n",
+                    static_cast<long long>(ckpt.step), loss, val, tokens / train_seconds);
+      }
+      if (!f.save.empty() && r.lead()) ckpt.save(f.save);
+    }
+    if (r.lead() && f.max_new_tokens > 0 && f.sample_every > 0 && ckpt.step % f.sample_every == 0 && !last)
+      std::cout << "--- sample at step " << ckpt.step << " ---\n" << sample(r, sample_gen) << "\n---" << std::endl;
+    if (ckpt.step == f.stop_after) break;
+  }
+  if (r.lead() && f.max_new_tokens > 0)
+    std::cout << "--- sample ---\n" << sample(r, sample_gen) << "\n---" << std::endl;
+  if (!r.lead()) return 0;
+  nlohmann::json out = {
+      {"preset", f.preset},
+      {"val_loss", val},
+      {"initial_val_loss", initial_val},
+      {"final_train_loss", last_loss},
+      {"tokens_per_second", tokens / std::max(train_seconds, 1e-9)},
+      {"train_seconds", train_seconds},
+      {"steps", ckpt.step},
+      {"batch", f.batch * r.world},
+      {"micro_batch", r.micro},
+      {"grad_accum", f.grad_accum},
+      {"world_size", r.world},
+      {"block_size", T},
+      {"num_parameters", r.model->num_parameters()},
+      {"vocab_size", r.model->config.vocab_size},
+      {"tokenizer", r.tok->name()},
+      {"amp", f.amp},
+      {"recompute", f.recompute},
+      {"zero", zero != nullptr},
+      {"skipped_steps", skipped},
+      {"device", r.device.str()},
+      {"seed", f.seed},
+      {"history", history},
+      {"peak_bytes", examples::peak_bytes(r.device)},
+      {"at_peak_bytes", examples::at_peak_bytes(r.device)},
+  };
+  std::cout << "peak memory: " << examples::memory_line(out["peak_bytes"]) << "\n" << out.dump() << std::endl;
+  return 0;
+}
+
+int run(GPT2Flags f, const char* argv0) {
+  if (f.nproc > 1 && !std::getenv("RANK")) {  // start the ranks, as tools/launch would
+    dist::SpawnOptions o;
+    o.nproc = f.nproc;
+    o.args = f.passthrough;
+    dist::SpawnResult res = dist::spawn_ranks(o);
+    if (res.exit_code != 0) std::cerr << "gpt2: " << res.message << "\n";
+    return res.exit_code;
+  }
+  Run r{std::move(f)};
+  if (std::getenv("WORLD_SIZE") && std::string(std::getenv("WORLD_SIZE")) != "1") {
+    r.pg = dist::init_process_group();
+    r.rank = r.pg->rank();
+    r.world = r.pg->size();
+    r.device = r.pg->device();
+  } else {
+    r.device = examples::pick_device(r.f.device);
+  }
+  manual_seed(r.f.seed + static_cast<uint64_t>(r.rank));  // dropout masks differ per rank
+  r.amp = r.f.amp != "off";
+  r.amp_dtype = r.f.amp == "f16" ? DType::f16 : DType::bf16;
+  MG_CHECK(r.f.amp != "f16" || r.device.is_cuda(), ValueError, "--amp f16 needs a CUDA device (CPU autocast is bf16)");
+  r.tok = make_tokenizer(r.f);
+  build_model(r);
+  if (r.f.print_logits) {
+    print_logits(r);
+    return 0;
+  }
+  load_data(r, argv0);
+  r.micro = r.f.batch / r.f.grad_accum;
+  if (r.f.auto_batch) find_micro_batch(r);
+  set_recompute(r);
+  return train(r);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mg::examples::GPT2Flags flags;
+  try {
+    flags = mg::examples::parse_gpt2_flags(argc, argv);
+  } catch (const mg::Error& e) {
+    std::cerr << "gpt2: " << e.what() << "\n(run with --help for the list of flags)\n";
+    return 2;
+  }
+  try {
+    return run(std::move(flags), argv[0]);
+  } catch (const mg::Error& e) {
+    std::cerr << "\ngpt2: error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,213 @@
+#include "examples/gpt2_flags.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace mg::examples {
+
+const char* kGPT2Usage = R"(usage: gpt2 [flags]
+
+Trains a GPT on a text file, prints the training and validation loss, samples text through a
+key-value cache, and ends with one JSON line (validation loss, tokens/s, peak memory by category).
+
+Model and data:
+  --preset NAME        tiny (default: 2 layers, 64 wide, T=64; a CPU run of about a minute),
+                       small (6 layers, 384 wide, T=256) or gpt2 (124M: 12 layers, 768 wide,
+                       12 heads, T=1024, vocab 50304)
+  --n-layer N, --n-embd N, --n-head N, --block-size T, --dropout P, --vocab-size V
+                       override the preset's shape (V >= the tokenizer's vocabulary)
+  --batch N            sequences per optimizer step; --steps N; --lr X (and the optimizer
+                       flags below; default AdamW, cosine schedule)
+  --data FILE          training text (default: the project's docs and sources, built in)
+  --val-fraction F     the last F of the tokens are the validation split (default 0.1)
+  --bpe-encoder FILE --bpe-vocab FILE
+                       GPT-2's tokenizer (encoder.json, vocab.bpe); default: bytes (vocab 256)
+  --init-from FILE     start from Hugging Face GPT-2 weights (model.safetensors layout); the
+                       shape comes from the file (--n-head: default n_embd / 64)
+  --print-logits       with --init-from: print the logits of --tokens A,B,... (default GPT-2's
+                       ids of "Hello, I'm a language model.") and exit; --logits-out FILE also
+                       saves them all as safetensors (bench/pytorch/gpt2_logits.py compares)
+Evaluation and sampling:
+  --eval-every N       validate every N steps (and at the end); --eval-iters N batches each
+  --sample-every N     print a sample every N steps (0: only at the end); --max-new-tokens N,
+                       --temperature X (0: greedy), --top-k K (0: all), --prompt TEXT
+Memory and speed:
+  --amp MODE           off (default), bf16 (autocast) or f16 (autocast + GradScaler; CUDA)
+  --recompute MODE     none (default), per-block (checkpoint every block), selective (rebuild
+                       norms, GELU, dropout), per-block+selective, or planner:BUDGET (the
+                       planner checkpoints the fewest blocks whose activations fit BUDGET:
+                       "60%" of no recomputation's, or bytes such as 512MiB, 2GiB)
+  --grad-accum N       split each step's batch into N micro-batches (same gradient)
+  --auto-batch         the largest micro-batch that fits (find_max_batch_size: doubling then
+                       bisection over out-of-memory errors, at most --max-batch N, default
+                       1024); the step's batch becomes it times --grad-accum
+  --nproc N            N processes (one GPU each, DistributedDataParallel; on the CPU the CPU
+                       backend); or start the ranks yourself with tools/launch --nproc N -- gpt2
+  --zero               with several ranks: shard the optimizer state (ZeRO-1)
+  --save PATH          write a training checkpoint at every validation and at the end (atomic)
+  --resume PATH        continue from it with the same flags; --stop-after N ends after step N
+Other:
+  --seed N (default 0), --device cpu|cuda|cuda:N, --no-progress, --help
+
+Optimizer, schedule and clipping (steps of the schedule are optimizer steps):
+)";
+
+namespace {
+
+struct Preset {
+  int64_t n_layer, n_embd, n_head, block_size, vocab_size, batch, steps, eval_every, eval_iters, sample_every,
+      max_new_tokens;
+  double lr;
+};
+
+// tiny: learns the corpus's byte statistics in ~1 min on 2 CPU cores (tests/examples:gpt2_test).
+// small: nanoGPT's character-level Shakespeare model. gpt2: GPT-2 124M as bench_models runs it.
+const std::map<std::string, Preset> kPresets = {
+    {"tiny", {2, 64, 4, 64, 0, 16, 300, 100, 8, 0, 120, 3e-3}},
+    {"small", {6, 384, 6, 256, 0, 32, 3000, 250, 20, 1000, 300, 1e-3}},
+    {"gpt2", {12, 768, 12, 1024, 50304, 8, 100, 50, 10, 0, 100, 6e-4}},
+};
+
+std::vector<int64_t> parse_ids(const std::string& flag, const std::string& v) {
+  std::vector<int64_t> ids;
+  std::stringstream ss(v);
+  for (std::string tok; std::getline(ss, tok, ',');) ids.push_back(parse_integer(flag, tok));
+  MG_CHECK(!ids.empty(), ValueError, flag, " expects token ids A,B,..., got \"", v, "\"");
+  return ids;
+}
+
+}  // namespace
+
+int64_t parse_bytes(const std::string& flag, const std::string& v) {
+  static const std::vector<std::pair<std::string, double>> units = {
+      {"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}};
+  for (const auto& [u, scale] : units)
+    if (v.size() > u.size() && v.compare(v.size() - u.size(), u.size(), u) == 0)
+      return static_cast<int64_t>(parse_number(flag, v.substr(0, v.size() - u.size())) * scale);
+  return parse_integer(flag, v);
+}
+
+GPT2Flags parse_gpt2_flags(int argc, char** argv) {
+  GPT2Flags f;
+  f.train.optimizer = "adamw";
+  f.train.scheduler = "cosine";
+  f.train.weight_decay = 0.1;
+  f.train.beta2 = 0.95;
+  f.train.clip_grad_norm = 1.0;
+  // The preset first, so the other flags override it wherever they stand.
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--preset") f.preset = argv[i + 1];
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]).rfind("--preset=", 0) == 0) f.preset = std::string(argv[i]).substr(9);
+  auto p = kPresets.find(f.preset);
+  MG_CHECK(p != kPresets.end(), ValueError, "unknown --preset \"", f.preset, "\" (valid: tiny, small, gpt2)");
+  const Preset& ps = p->second;
+  f.model.n_layer = ps.n_layer;
+  f.model.n_embd = ps.n_embd;
+  f.model.n_head = ps.n_head;
+  f.model.block_size = ps.block_size;
+  f.model.dropout = 0.0;
+  f.vocab_size = ps.vocab_size;
+  f.batch = ps.batch;
+  f.steps = ps.steps;
+  f.eval_every = ps.eval_every;
+  f.eval_iters = ps.eval_iters;
+  f.sample_every = ps.sample_every;
+  f.max_new_tokens = ps.max_new_tokens;
+  f.train.lr = ps.lr;
+  f.train.warmup_steps = -1;  // default below: steps / 20
+
+  const std::map<std::string, int64_t*> ints = {
+      {"--n-layer", &f.model.n_layer},   {"--n-embd", &f.model.n_embd},       {"--n-head", &f.model.n_head},
+      {"--block-size", &f.model.block_size}, {"--vocab-size", &f.vocab_size}, {"--batch", &f.batch},
+      {"--steps", &f.steps},             {"--grad-accum", &f.grad_accum},     {"--eval-every", &f.eval_every},
+      {"--eval-iters", &f.eval_iters},   {"--sample-every", &f.sample_every}, {"--max-new-tokens", &f.max_new_tokens},
+      {"--top-k", &f.top_k},             {"--max-batch", &f.max_batch},       {"--stop-after", &f.stop_after}};
+  const std::map<std::string, std::string*> strings = {
+      {"--preset", &f.preset},        {"--prompt", &f.prompt},       {"--data", &f.data},
+      {"--bpe-encoder", &f.bpe_encoder}, {"--bpe-vocab", &f.bpe_vocab}, {"--init-from", &f.init_from},
+      {"--logits-out", &f.logits_out}, {"--amp", &f.amp},             {"--recompute", &f.recompute},
+      {"--save", &f.save},            {"--resume", &f.resume},       {"--device", &f.device}};
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i], value;
+    if (arg == "--help" || arg == "-h") {
+      std::cout << kGPT2Usage << kTrainingUsage;
+      std::exit(0);
+    }
+    const bool is_nproc = arg == "--nproc" || arg.rfind("--nproc=", 0) == 0;
+    if (!is_nproc) f.passthrough.push_back(arg);
+    if (arg == "--no-progress" || arg == "--auto-batch" || arg == "--zero" || arg == "--print-logits") {
+      f.progress &= arg != "--no-progress";
+      f.auto_batch |= arg == "--auto-batch";
+      f.zero |= arg == "--zero";
+      f.print_logits |= arg == "--print-logits";
+      continue;
+    }
+    MG_CHECK(arg.rfind("--", 0) == 0, ValueError, "unexpected argument \"", arg, "\"");
+    if (auto eq = arg.find('='); eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    } else {
+      MG_CHECK(i + 1 < argc, ValueError, arg, " needs a value");
+      value = argv[++i];
+      if (!is_nproc) f.passthrough.push_back(value);
+    }
+    if (parse_training_flag(f.train, arg, value)) continue;
+    f.n_head_given |= arg == "--n-head";
+    if (auto it = ints.find(arg); it != ints.end())
+      *it->second = parse_integer(arg, value);
+    else if (auto st = strings.find(arg); st != strings.end())
+      *st->second = value;
+    else if (arg == "--dropout")
+      f.model.dropout = parse_number(arg, value);
+    else if (arg == "--temperature")
+      f.temperature = parse_number(arg, value);
+    else if (arg == "--val-fraction")
+      f.val_fraction = parse_number(arg, value);
+    else if (arg == "--seed")
+      f.seed = static_cast<uint64_t>(parse_integer(arg, value));
+    else if (arg == "--nproc")
+      f.nproc = static_cast<int>(parse_integer(arg, value));
+    else if (arg == "--tokens")
+      f.logit_tokens = parse_ids(arg, value);
+    else
+      throw ValueError("unknown flag " + arg);
+  }
+  MG_CHECK(f.batch >= 1 && f.steps >= 1 && f.grad_accum >= 1, ValueError,
+           "--batch, --steps and --grad-accum must be >= 1");
+  MG_CHECK(f.batch % f.grad_accum == 0 || f.auto_batch, ValueError, "--batch (", f.batch,
+           ") must be a multiple of --grad-accum (", f.grad_accum, ")");
+  MG_CHECK(f.eval_iters >= 1 && f.eval_every >= 0 && f.sample_every >= 0 && f.max_new_tokens >= 0 && f.top_k >= 0,
+           ValueError, "--eval-iters must be >= 1; --eval-every, --sample-every, --max-new-tokens, --top-k >= 0");
+  MG_CHECK(f.val_fraction > 0 && f.val_fraction < 1, ValueError, "--val-fraction must be in (0, 1), got ",
+           f.val_fraction);
+  MG_CHECK(f.model.dropout >= 0 && f.model.dropout < 1, ValueError, "--dropout must be in [0, 1)");
+  MG_CHECK(f.amp == "off" || f.amp == "bf16" || f.amp == "f16", ValueError, "unknown --amp \"", f.amp,
+           "\" (valid: off, bf16, f16)");
+  if (f.recompute.rfind("planner:", 0) == 0) {
+    f.planner_budget = f.recompute.substr(8);
+    MG_CHECK(!f.planner_budget.empty(), ValueError, "--recompute planner:BUDGET needs a budget (60%, 512MiB, ...)");
+    if (f.planner_budget.back() != '%') parse_bytes("--recompute planner:", f.planner_budget);
+  } else {
+    MG_CHECK(f.recompute == "none" || f.recompute == "per-block" || f.recompute == "selective" ||
+                 f.recompute == "per-block+selective",
+             ValueError, "unknown --recompute \"", f.recompute,
+             "\" (valid: none, per-block, selective, per-block+selective, planner:BUDGET)");
+  }
+  MG_CHECK(f.bpe_encoder.empty() == f.bpe_vocab.empty(), ValueError,
+           "--bpe-encoder and --bpe-vocab go together (GPT-2's encoder.json and vocab.bpe)");
+  MG_CHECK(!f.print_logits || !f.init_from.empty(), ValueError, "--print-logits needs --init-from FILE");
+  MG_CHECK(f.nproc >= 0 && f.max_batch >= 1, ValueError, "--nproc must be >= 0 and --max-batch >= 1");
+  MG_CHECK(!(f.zero && f.amp == "f16"), ValueError,
+           "--zero with --amp f16: the GradScaler steps a whole optimizer, ZeRO a shard (use bf16)");
+  if (f.train.warmup_steps < 0) f.train.warmup_steps = f.steps / 20;
+  finalize_training_flags(f.train, 1);
+  return f;
+}
+
+}  // namespace mg::examples

@@ -1,0 +1,60 @@
+// examples:gpt2's flags: a preset (tiny, small, gpt2) with per-field overrides, data and
+// tokenizer, sampling, pretrained weights, and every memory technique (--amp, --recompute,
+// --grad-accum, --auto-batch, --zero, --nproc, --save/--resume).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "examples/training_setup.h"
+#include "nn/models/gpt.h"
+
+namespace mg::examples {
+
+struct GPT2Flags {
+  std::string preset = "tiny";
+  bool n_head_given = false;  // --n-head on the command line (--init-from: else n_embd / 64)
+  nn::GPTConfig model;       // the preset's shape with --n-layer/--n-embd/--n-head/--block-size/--dropout
+  int64_t vocab_size = 0;  // 0: the tokenizer's (the gpt2 preset: 50304, GPT-2's padded to 64)
+  int64_t batch = 0;       // sequences per optimizer step (all micro-batches of one rank)
+  int64_t steps = 0;
+  int64_t grad_accum = 1;  // micro-batches per step
+  int64_t eval_every = 0, eval_iters = 0;
+  int64_t sample_every = 0, max_new_tokens = 0;
+  double temperature = 0.8;
+  int64_t top_k = 40;
+  std::string prompt = "\n";
+  double val_fraction = 0.1;
+  std::string data;  // empty: the corpus built from the project's docs and sources
+  std::string bpe_encoder, bpe_vocab;
+  std::string init_from;  // Hugging Face GPT-2 safetensors
+  bool print_logits = false;
+  std::string logits_out;                                                 // --print-logits: all logits as safetensors
+  std::vector<int64_t> logit_tokens = {15496, 11, 314, 1101, 257, 3303, 2746, 13};  // "Hello, I'm a language model."
+  std::string amp = "off";                                                // off | bf16 | f16
+  std::string recompute = "none";  // none | per-block | selective | per-block+selective | planner:BUDGET
+  std::string planner_budget;      // BUDGET of planner:BUDGET ("60%", "512MiB", "2GiB", bytes)
+  bool auto_batch = false;
+  int64_t max_batch = 1024;  // --auto-batch never tries more sequences per micro-batch
+  bool zero = false;
+  int nproc = 0;
+  std::string save, resume;
+  int64_t stop_after = -1;  // end after this step, as a preempted job would
+  uint64_t seed = 0;
+  std::string device;
+  bool progress = true;
+  TrainingFlags train;                   // --optimizer, --lr, --scheduler, --warmup-steps, --clip-grad-norm ...
+  std::vector<std::string> passthrough;  // the command line less --nproc, for spawned ranks
+};
+
+extern const char* kGPT2Usage;
+
+// Parses and checks argv; bad flags or values are an mg::ValueError naming the flag. --help
+// prints the usage and exits.
+GPT2Flags parse_gpt2_flags(int argc, char** argv);
+
+// Bytes from "512MiB", "2GiB", "1.5GB", "123456"; ValueError otherwise.
+int64_t parse_bytes(const std::string& flag, const std::string& v);
+
+}  // namespace mg::examples
