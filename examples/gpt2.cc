@@ -191,8 +191,7 @@ void set_recompute(Run& r) {
   const nn::CheckpointPlan plan = nn::plan_for_budget(prof, budget);
   r.model->recompute.block_mask = plan.segment_mask();
   if (r.lead())
-    std::cout << "recompute planner, budget " << format_bytes(budget) << (plan.fits ? "" : " (does not fit)")
-              << ":\n"
+    std::cout << "recompute planner, budget " << format_bytes(budget) << (plan.fits ? "" : " (does not fit)") << ":\n"
               << plan.table(prof);
 }
 
@@ -244,9 +243,9 @@ void print_logits(Run& r) {
     top.push_back(std::max_element(v.begin() + t * V, v.begin() + (t + 1) * V) - (v.begin() + t * V));
   }
   for (float x : v) sum += x;
-  std::cout << nlohmann::json{{"tokens", ids}, {"shape", {T, V}}, {"first5", first}, {"argmax", top}, {"sum", sum}}
-                   .dump()
-            << std::endl;
+  std::cout
+      << nlohmann::json{{"tokens", ids}, {"shape", {T, V}}, {"first5", first}, {"argmax", top}, {"sum", sum}}.dump()
+      << std::endl;
 }
 
 int train(Run& r) {
@@ -282,9 +281,8 @@ int train(Run& r) {
               << r.model->config.n_embd << " wide, " << r.model->config.n_head << " heads, T=" << T << ", vocab "
               << r.model->config.vocab_size << "\ntraining: " << f.steps << " steps of " << f.batch * r.world
               << " sequences (" << r.world << " rank(s) x " << f.grad_accum << " micro-batch(es) of " << r.micro
-              << "), " << f.train.optimizer << " lr " << f.train.lr << ", " << schedule.describe() << ", amp "
-              << f.amp << ", recompute " << f.recompute << (zero ? ", ZeRO-1" : "") << ", device " << r.device
-              << "\n";
+              << "), " << f.train.optimizer << " lr " << f.train.lr << ", " << schedule.describe() << ", amp " << f.amp
+              << ", recompute " << f.recompute << (zero ? ", ZeRO-1" : "") << ", device " << r.device << "\n";
   CategoryStats::get(r.device).reset_peak();
   examples::ProgressBar bar(f.progress && r.lead());
   const double initial_val = eval_loss(r);
@@ -377,6 +375,8 @@ int run(GPT2Flags f, const char* argv0) {
     dist::SpawnOptions o;
     o.nproc = f.nproc;
     o.args = f.passthrough;
+    // The ranks start as /proc/self/exe, where runfiles are not found: hand them the corpus.
+    if (f.data.empty() && !f.print_logits) o.args.insert(o.args.end(), {"--data", default_corpus(argv0)});
     dist::SpawnResult res = dist::spawn_ranks(o);
     if (res.exit_code != 0) std::cerr << "gpt2: " << res.message << "\n";
     return res.exit_code;

@@ -122,17 +122,33 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
   f.train.lr = ps.lr;
   f.train.warmup_steps = -1;  // default below: steps / 20
 
-  const std::map<std::string, int64_t*> ints = {
-      {"--n-layer", &f.model.n_layer},   {"--n-embd", &f.model.n_embd},       {"--n-head", &f.model.n_head},
-      {"--block-size", &f.model.block_size}, {"--vocab-size", &f.vocab_size}, {"--batch", &f.batch},
-      {"--steps", &f.steps},             {"--grad-accum", &f.grad_accum},     {"--eval-every", &f.eval_every},
-      {"--eval-iters", &f.eval_iters},   {"--sample-every", &f.sample_every}, {"--max-new-tokens", &f.max_new_tokens},
-      {"--top-k", &f.top_k},             {"--max-batch", &f.max_batch},       {"--stop-after", &f.stop_after}};
-  const std::map<std::string, std::string*> strings = {
-      {"--preset", &f.preset},        {"--prompt", &f.prompt},       {"--data", &f.data},
-      {"--bpe-encoder", &f.bpe_encoder}, {"--bpe-vocab", &f.bpe_vocab}, {"--init-from", &f.init_from},
-      {"--logits-out", &f.logits_out}, {"--amp", &f.amp},             {"--recompute", &f.recompute},
-      {"--save", &f.save},            {"--resume", &f.resume},       {"--device", &f.device}};
+  const std::map<std::string, int64_t*> ints = {{"--n-layer", &f.model.n_layer},
+                                                {"--n-embd", &f.model.n_embd},
+                                                {"--n-head", &f.model.n_head},
+                                                {"--block-size", &f.model.block_size},
+                                                {"--vocab-size", &f.vocab_size},
+                                                {"--batch", &f.batch},
+                                                {"--steps", &f.steps},
+                                                {"--grad-accum", &f.grad_accum},
+                                                {"--eval-every", &f.eval_every},
+                                                {"--eval-iters", &f.eval_iters},
+                                                {"--sample-every", &f.sample_every},
+                                                {"--max-new-tokens", &f.max_new_tokens},
+                                                {"--top-k", &f.top_k},
+                                                {"--max-batch", &f.max_batch},
+                                                {"--stop-after", &f.stop_after}};
+  const std::map<std::string, std::string*> strings = {{"--preset", &f.preset},
+                                                       {"--prompt", &f.prompt},
+                                                       {"--data", &f.data},
+                                                       {"--bpe-encoder", &f.bpe_encoder},
+                                                       {"--bpe-vocab", &f.bpe_vocab},
+                                                       {"--init-from", &f.init_from},
+                                                       {"--logits-out", &f.logits_out},
+                                                       {"--amp", &f.amp},
+                                                       {"--recompute", &f.recompute},
+                                                       {"--save", &f.save},
+                                                       {"--resume", &f.resume},
+                                                       {"--device", &f.device}};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i], value;
     if (arg == "--help" || arg == "-h") {

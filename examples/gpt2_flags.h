@@ -15,9 +15,9 @@ namespace mg::examples {
 struct GPT2Flags {
   std::string preset = "tiny";
   bool n_head_given = false;  // --n-head on the command line (--init-from: else n_embd / 64)
-  nn::GPTConfig model;       // the preset's shape with --n-layer/--n-embd/--n-head/--block-size/--dropout
-  int64_t vocab_size = 0;  // 0: the tokenizer's (the gpt2 preset: 50304, GPT-2's padded to 64)
-  int64_t batch = 0;       // sequences per optimizer step (all micro-batches of one rank)
+  nn::GPTConfig model;        // the preset's shape with --n-layer/--n-embd/--n-head/--block-size/--dropout
+  int64_t vocab_size = 0;     // 0: the tokenizer's (the gpt2 preset: 50304, GPT-2's padded to 64)
+  int64_t batch = 0;          // sequences per optimizer step (all micro-batches of one rank)
   int64_t steps = 0;
   int64_t grad_accum = 1;  // micro-batches per step
   int64_t eval_every = 0, eval_iters = 0;
@@ -30,9 +30,9 @@ struct GPT2Flags {
   std::string bpe_encoder, bpe_vocab;
   std::string init_from;  // Hugging Face GPT-2 safetensors
   bool print_logits = false;
-  std::string logits_out;                                                 // --print-logits: all logits as safetensors
+  std::string logits_out;  // --print-logits: all logits as safetensors
   std::vector<int64_t> logit_tokens = {15496, 11, 314, 1101, 257, 3303, 2746, 13};  // "Hello, I'm a language model."
-  std::string amp = "off";                                                // off | bf16 | f16
+  std::string amp = "off";                                                          // off | bf16 | f16
   std::string recompute = "none";  // none | per-block | selective | per-block+selective | planner:BUDGET
   std::string planner_budget;      // BUDGET of planner:BUDGET ("60%", "512MiB", "2GiB", bytes)
   bool auto_batch = false;

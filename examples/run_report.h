@@ -13,9 +13,7 @@
 namespace mg::examples {
 
 using Clock = std::chrono::steady_clock;
-inline double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // "cpu", "cuda" or "cuda:N"; empty: cuda:0 when a GPU is visible, else cpu. A malformed name or a
 // CUDA device this build or machine lacks is an mg::ValueError saying what to use instead.

@@ -33,6 +33,8 @@ tar -cf - -C .stage bin | xz --lzma2=preset=6,dict=512MiB > .stage/bin.tar.xz &&
 cp tools/run_staged.sh .stage/run.sh
 mkdir -p .stage/pytorch .stage/runner && cp bench/pytorch/*.py .stage/pytorch/ && cp bench/runner/*.py .stage/runner/
 git describe --always --dirty --abbrev=12 > .stage/COMMIT 2>/dev/null || true
+# examples_gpt2's built-in text (its runfiles do not travel): run it with --data .stage/gpt2_corpus.txt.
+cp -L bazel-bin/examples/gpt2_corpus.txt .stage/ 2>/dev/null || true
 # The device image has no Debian data sets: carry Fashion-MNIST (30 MB of .gz) when asked.
 if [ -n "${MG_STAGE_DATA:-}" ] && [ -d /usr/share/datasets/fashion-mnist ]; then
   mkdir -p .stage/fashion-mnist && cp /usr/share/datasets/fashion-mnist/*.gz .stage/fashion-mnist/
