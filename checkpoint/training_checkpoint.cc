@@ -9,6 +9,22 @@ constexpr const char* kSection = "checkpoint";
 constexpr const char* kFormat = "memgrad.training_checkpoint";
 constexpr int kVersion = 1;
 
+// Runs f; an error is re-raised with the component's name in front, the same type where it
+// matters most.
+template <class F>
+void in_component(const std::string& op, const std::string& name, F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string msg = op + ": component \"" + name + "\": " + e.what();
+    if (dynamic_cast<const ShapeError*>(&e)) throw ShapeError(msg);
+    if (dynamic_cast<const IOError*>(&e)) throw IOError(msg);
+    throw ValueError(msg);
+  } catch (const nlohmann::json::exception& e) {
+    MG_THROW(ValueError, op, ": component \"", name, "\": malformed meta: ", e.what());
+  }
+}
+
 std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (auto& x : v) s += (s.empty() ? "" : ", ") + ("\"" + x + "\"");
@@ -16,19 +32,29 @@ std::string join(const std::vector<std::string>& v) {
 }
 }  // namespace
 
-TrainingCheckpoint& TrainingCheckpoint::add(const std::string& name, SaveFn save, LoadFn load) {
+TrainingCheckpoint& TrainingCheckpoint::add_component(Component c) {
+  const std::string& name = c.name;
   MG_CHECK(!name.empty() && name.find('.') == std::string::npos && name != kSection, ValueError,
            "TrainingCheckpoint::add: component name \"", name, "\" must be non-empty, without '.', and not \"",
            kSection, "\"");
-  MG_CHECK(save && load, ValueError, "TrainingCheckpoint::add(\"", name, "\"): empty save or load function");
-  for (auto& c : components_)
-    MG_CHECK(c.name != name, ValueError, "TrainingCheckpoint::add: component \"", name, "\" is already registered");
-  components_.push_back({name, std::move(save), std::move(load)});
+  MG_CHECK(c.save && (c.stage || c.load), ValueError, "TrainingCheckpoint::add(\"", name,
+           "\"): empty save or load function");
+  for (auto& other : components_)
+    MG_CHECK(other.name != name, ValueError, "TrainingCheckpoint::add: component \"", name, "\" is already registered");
+  components_.push_back(std::move(c));
   return *this;
 }
 
+TrainingCheckpoint& TrainingCheckpoint::add(const std::string& name, SaveFn save, LoadFn load) {
+  return add_component({name, std::move(save), nullptr, std::move(load)});
+}
+
+TrainingCheckpoint& TrainingCheckpoint::add_staged(const std::string& name, SaveFn save, StageFn stage) {
+  return add_component({name, std::move(save), std::move(stage), nullptr});
+}
+
 TrainingCheckpoint& TrainingCheckpoint::add_generator(const std::string& name, Generator& gen) {
-  return add(
+  return add_staged(
       name,
       [&gen, name] {
         StateDict sd;
@@ -36,13 +62,14 @@ TrainingCheckpoint& TrainingCheckpoint::add_generator(const std::string& name, G
         sd.meta = {{"seed", s.seed}, {"offset", s.offset}};
         return sd;
       },
-      [&gen, name](const StateDict& sd) {
+      [&gen, name](const StateDict& sd) -> StagedLoad {
         const auto& m = sd.meta;
         MG_CHECK(m.is_object() && m.contains("seed") && m.contains("offset") && m["seed"].is_number_unsigned() &&
                      m["offset"].is_number_unsigned(),
                  ValueError, "TrainingCheckpoint: generator \"", name, "\" needs unsigned seed and offset, got ",
                  m.dump());
-        gen.set_state({m["seed"].get<uint64_t>(), m["offset"].get<uint64_t>()});
+        const PhiloxState s{m["seed"].get<uint64_t>(), m["offset"].get<uint64_t>()};
+        return [&gen, s] { gen.set_state(s); };
       });
 }
 
@@ -91,22 +118,23 @@ void TrainingCheckpoint::load_state_dict(const StateDict& sd) {
     if (std::find(mine.begin(), mine.end(), n) == mine.end()) unexpected.push_back(n);
   MG_CHECK(missing.empty() && unexpected.empty(), ValueError, op, ": the checkpoint holds components ", join(saved),
            "; missing: ", join(missing), "; unexpected: ", join(unexpected));
-  for (auto& c : components_) {
-    try {
-      c.load(sd.sub(c.name));
-    } catch (const Error& e) {
-      // Re-raised with the component's name in front; same type where it matters most.
-      const std::string msg = op + ": component \"" + c.name + "\": " + e.what();
-      if (dynamic_cast<const ShapeError*>(&e)) throw ShapeError(msg);
-      if (dynamic_cast<const IOError*>(&e)) throw IOError(msg);
-      throw ValueError(msg);
-    } catch (const nlohmann::json::exception& e) {
-      MG_THROW(ValueError, op, ": component \"", c.name, "\": malformed meta: ", e.what());
-    }
-  }
-  step = head["step"].get<int64_t>();
-  epoch = head["epoch"].get<int64_t>();
-  extra = head.contains("extra") ? head["extra"] : nlohmann::json::object();
+  MG_CHECK(!head.contains("extra") || head["extra"].is_object(), ValueError, op,
+           ": meta[\"checkpoint\"][\"extra\"] is ", head["extra"].dump(), ", not an object");
+  const int64_t new_step = head["step"].get<int64_t>(), new_epoch = head["epoch"].get<int64_t>();
+  MG_CHECK(new_step >= 0 && new_epoch >= 0, ValueError, op, ": step ", head["step"].dump(), " and epoch ",
+           head["epoch"].dump(), " must be >= 0");
+  nlohmann::json new_extra = head.contains("extra") ? head["extra"] : nlohmann::json::object();
+
+  // Stage every part (checks and copies), then commit: nothing changes unless all of it fits.
+  std::vector<StagedLoad> commits;
+  for (auto& c : components_)
+    if (c.stage) in_component(op, c.name, [&] { commits.push_back(c.stage(sd.sub(c.name))); });
+  for (auto& c : components_)
+    if (c.load) in_component(op, c.name, [&] { c.load(sd.sub(c.name)); });
+  for (auto& commit : commits) commit();
+  step = new_step;
+  epoch = new_epoch;
+  extra = std::move(new_extra);
 }
 
 void TrainingCheckpoint::save(const std::string& path) const { nn::save(state_dict(), path); }

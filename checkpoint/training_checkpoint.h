@@ -24,20 +24,32 @@ concept HasStateDict = requires(T& t, const StateDict& sd) {
   { t.state_dict() } -> std::convertible_to<StateDict>;
   t.load_state_dict(sd);
 };
+// One whose load splits into checking and committing (Module, the optimizers, LR schedulers,
+// GradScaler): stage_state_dict(sd) raises or returns the commit.
+template <class T>
+concept HasStagedLoad = HasStateDict<T> && requires(T& t, const StateDict& sd) {
+  { t.stage_state_dict(sd) } -> std::convertible_to<StagedLoad>;
+};
 
 class TrainingCheckpoint {
  public:
   using SaveFn = std::function<StateDict()>;
   using LoadFn = std::function<void(const StateDict&)>;
+  using StageFn = std::function<StagedLoad(const StateDict&)>;
 
-  // `name`: non-empty, no '.', not "checkpoint", unique. Components are saved and loaded in
-  // registration order.
+  // `name`: non-empty, no '.', not "checkpoint", unique. Components are saved in registration
+  // order. A staged component (add_staged, or a HasStagedLoad object) is checked with the
+  // others before any is changed; a plain `load` function can only run at commit time.
   TrainingCheckpoint& add(const std::string& name, SaveFn save, LoadFn load);
+  TrainingCheckpoint& add_staged(const std::string& name, SaveFn save, StageFn stage);
   template <HasStateDict T>
   TrainingCheckpoint& add(const std::string& name, T& component) {
-    return add(
-        name, [&component] { return StateDict(component.state_dict()); },
-        [&component](const StateDict& sd) { component.load_state_dict(sd); });
+    SaveFn save = [&component] { return StateDict(component.state_dict()); };
+    if constexpr (HasStagedLoad<T>)
+      return add_staged(name, std::move(save),
+                        [&component](const StateDict& sd) { return StagedLoad(component.stage_state_dict(sd)); });
+    else
+      return add(name, std::move(save), [&component](const StateDict& sd) { component.load_state_dict(sd); });
   }
   // A Philox generator's seed and offset. One generator (default_generator()) drives both CPU
   // and CUDA sampling (dropout masks, init), so add_generator("rng", default_generator())
@@ -52,11 +64,13 @@ class TrainingCheckpoint {
   // Gathers every component's state and writes `path` atomically (nn::save): a crash or error
   // while saving leaves the previous checkpoint at `path` intact.
   void save(const std::string& path) const;
-  // Reads and validates the whole file, checks it holds exactly the registered components
-  // (mg::ValueError naming those missing or unexpected), then loads each in order and restores
-  // step, epoch and extra. Tensors are read onto `device`; components copy them where they live.
-  // Components check their own state before changing anything, so a mismatch raises at the first
-  // component that does not fit; earlier ones are already restored by then.
+  // All parts or none. Reads and validates the whole file, checks it holds exactly the
+  // registered components (mg::ValueError naming those missing or unexpected) and the header's
+  // step, epoch and extra, then stages every staged component (each checks its part and makes
+  // its copies; an error names the component), and only then commits: the plain-load
+  // components first, in registration order (an error there leaves every staged component
+  // unchanged), then the staged ones, which do not fail. Tensors are read onto `device`;
+  // components copy them where they live.
   void load(const std::string& path, Device device = Device::cpu());
 
   // The same without a file.
@@ -69,8 +83,10 @@ class TrainingCheckpoint {
   struct Component {
     std::string name;
     SaveFn save;
-    LoadFn load;
+    StageFn stage;  // set for staged components
+    LoadFn load;    // set for plain ones
   };
+  TrainingCheckpoint& add_component(Component c);
   std::vector<Component> components_;
 };
 

@@ -25,7 +25,8 @@ CategoryStats& CategoryStats::get(Device d) {
   // One slot for the CPU and up to 64 CUDA devices; never destroyed (storages may be
   // released during static destruction).
   static CategoryStats* slots = new CategoryStats[65];
-  MG_CHECK(d.is_cpu() || (d.index >= 0 && d.index < 64), DeviceError, "CategoryStats: device index ", d.index, " out of range");
+  MG_CHECK(d.is_cpu() || (d.index >= 0 && d.index < 64), DeviceError, "CategoryStats: device index ", d.index,
+           " out of range");
   return slots[d.is_cpu() ? 0 : 1 + d.index];
 }
 

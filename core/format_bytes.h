@@ -15,8 +15,7 @@ std::string format_bytes(uint64_t bytes);
 std::string format_bytes(int64_t bytes);
 // Other integer types (int, long long, size_t spelled differently) pick the overload by sign.
 template <std::integral T>
-  requires(!std::is_same_v<T, int64_t> && !std::is_same_v<T, uint64_t>)
-std::string format_bytes(T bytes) {
+requires(!std::is_same_v<T, int64_t> && !std::is_same_v<T, uint64_t>) std::string format_bytes(T bytes) {
   if constexpr (std::is_signed_v<T>)
     return format_bytes(static_cast<int64_t>(bytes));
   else

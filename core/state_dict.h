@@ -2,6 +2,7 @@
 // tensors plus JSON metadata (step counts, hyper-parameters). nn/serialize writes it as safetensors.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -10,6 +11,11 @@
 #include "core/tensor.h"
 
 namespace mg {
+
+// The second half of a two-phase load: stage_state_dict(sd) checks everything and makes every
+// allocation (copies onto the live tensors' devices) and returns this; calling it commits the
+// staged state and does not throw. TrainingCheckpoint stages all its parts before committing any.
+using StagedLoad = std::function<void()>;
 
 struct StateDict {
   // Ordered by name so files and comparisons are deterministic.

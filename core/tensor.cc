@@ -236,8 +236,8 @@ Tensor ones_like(const Tensor& t) { return ones(t.sizes(), {t.dtype(), t.device(
 Tensor full_like(const Tensor& t, double value) { return full(t.sizes(), value, {t.dtype(), t.device()}); }
 
 Tensor arange(double start, double end, double step, TensorOptions opts) {
-  MG_CHECK(std::isfinite(start) && std::isfinite(end) && std::isfinite(step), ValueError,
-           "arange: start ", start, ", end ", end, " and step ", step, " must be finite");
+  MG_CHECK(std::isfinite(start) && std::isfinite(end) && std::isfinite(step), ValueError, "arange: start ", start,
+           ", end ", end, " and step ", step, " must be finite");
   MG_CHECK(step != 0, ValueError, "arange: step must be nonzero");
   const double count = std::ceil((end - start) / step);
   MG_CHECK(count >= 0, ValueError, "arange: start ", start, ", end ", end, " and step ", step, " are inconsistent");
@@ -340,8 +340,8 @@ Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
              " is invalid for input of size ", numel);
     out[infer] = numel / known;
   }
-  MG_CHECK(shape_numel(out, op) == numel, ShapeError, op, ": shape ", shape_str(shape), " is invalid for input of size ",
-           numel);
+  MG_CHECK(shape_numel(out, op) == numel, ShapeError, op, ": shape ", shape_str(shape),
+           " is invalid for input of size ", numel);
   return out;
 }
 

@@ -115,19 +115,29 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
 Tensor Tensor::view(const Shape& shape) const { return autograd_hooks().view(self(*this, "view"), shape); }
 Tensor Tensor::reshape(const Shape& shape) const { return autograd_hooks().reshape(self(*this, "reshape"), shape); }
 Tensor Tensor::permute(const Shape& dims) const { return autograd_hooks().permute(self(*this, "permute"), dims); }
-Tensor Tensor::transpose(int64_t d0, int64_t d1) const { return autograd_hooks().transpose(self(*this, "transpose"), d0, d1); }
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+  return autograd_hooks().transpose(self(*this, "transpose"), d0, d1);
+}
 Tensor Tensor::t() const { return autograd_hooks().t(self(*this, "t")); }
 Tensor Tensor::unsqueeze(int64_t d) const { return autograd_hooks().unsqueeze(self(*this, "unsqueeze"), d); }
 Tensor Tensor::squeeze(int64_t d) const { return autograd_hooks().squeeze(self(*this, "squeeze"), d); }
 Tensor Tensor::squeeze() const { return autograd_hooks().squeeze(self(*this, "squeeze")); }
-Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const { return autograd_hooks().flatten(self(*this, "flatten"), start_dim, end_dim); }
-Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const { return autograd_hooks().slice(self(*this, "slice"), d, start, end, step); }
-Tensor Tensor::select(int64_t d, int64_t index) const { return autograd_hooks().select(self(*this, "select"), d, index); }
+Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
+  return autograd_hooks().flatten(self(*this, "flatten"), start_dim, end_dim);
+}
+Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
+  return autograd_hooks().slice(self(*this, "slice"), d, start, end, step);
+}
+Tensor Tensor::select(int64_t d, int64_t index) const {
+  return autograd_hooks().select(self(*this, "select"), d, index);
+}
 Tensor Tensor::expand(const Shape& shape) const { return autograd_hooks().expand(self(*this, "expand"), shape); }
 Tensor Tensor::contiguous() const { return autograd_hooks().contiguous(self(*this, "contiguous")); }
 Tensor Tensor::clone() const { return autograd_hooks().clone(self(*this, "clone")); }
 Tensor Tensor::to(DType dt) const { return autograd_hooks().to(self(*this, "to"), dt); }
-Tensor Tensor::to(Device dev, bool non_blocking) const { return autograd_hooks().to(self(*this, "to"), dev, non_blocking); }
+Tensor Tensor::to(Device dev, bool non_blocking) const {
+  return autograd_hooks().to(self(*this, "to"), dev, non_blocking);
+}
 
 // narrow is slice with stricter bounds: checked here, recorded (if at all) as the slice.
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {

@@ -233,6 +233,12 @@ StateDict Module::state_dict() const {
 }
 
 LoadStateDictResult Module::load_state_dict(const StateDict& dict, bool strict) {
+  LoadStateDictResult result;
+  stage_state_dict(dict, strict, &result)();
+  return result;
+}
+
+StagedLoad Module::stage_state_dict(const StateDict& dict, bool strict, LoadStateDictResult* out) {
   auto own = named_parameters();
   for (auto& b : named_buffers()) own.push_back(b);
   LoadStateDictResult result;
@@ -267,12 +273,21 @@ LoadStateDictResult Module::load_state_dict(const StateDict& dict, bool strict) 
     MG_THROW(ValueError, type_name_, "::load_state_dict (strict): missing keys: ", list(result.missing_keys),
              "; unexpected keys: ", list(result.unexpected_keys));
   }
-  NoGradGuard ng;
-  for (auto& [dst, src] : copies) {
-    raw::copy_(dst, src);
-    dst.bump_version();
-  }
-  return result;
+  // Conversions happen now, so the commit is plain same-dtype, same-device copies.
+  for (auto& [dst, src] : copies)
+    if (src.dtype() != dst.dtype() || src.device() != dst.device()) {
+      Tensor staged = empty(dst.sizes(), {dst.dtype(), dst.device()});
+      raw::copy_(staged, src);
+      src = staged;
+    }
+  if (out) *out = std::move(result);
+  return [copies = std::move(copies)] {
+    NoGradGuard ng;
+    for (auto& [dst, src] : copies) {
+      raw::copy_(dst, src);
+      dst.bump_version();
+    }
+  };
 }
 
 std::shared_ptr<Module> Module::child(const std::string& name) const {

@@ -117,6 +117,11 @@ class Module : public std::enable_shared_from_this<Module> {
   // A shape mismatch is a ShapeError whatever `strict`; with strict, missing or unexpected
   // keys are a ValueError listing them. Everything is checked before anything is copied.
   LoadStateDictResult load_state_dict(const StateDict& dict, bool strict = true);
+  // The checking half: validates `dict`, converts each entry to its destination's dtype and
+  // device (every allocation happens here), fills `result` if given, and returns the commit
+  // (core/state_dict.h's StagedLoad), which only copies into the module's tensors.
+  std::function<void()> stage_state_dict(const StateDict& dict, bool strict = true,
+                                         LoadStateDictResult* result = nullptr);
 
   // Number of scalars in parameters() (shared parameters counted once).
   int64_t num_parameters(bool only_trainable = false) const;

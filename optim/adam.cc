@@ -99,6 +99,17 @@ void Adam::validate(const ParamGroup& g) const {
   MG_CHECK(b2 >= 0.0 && b2 < 1.0, ValueError, name(), ": invalid beta parameter at index 1: ", b2,
            " (must be in [0, 1))");
   MG_CHECK(std::isfinite(wd) && wd >= 0.0, ValueError, name(), ": invalid weight_decay value: ", wd, " (must be >= 0)");
+  for (const char* flag : {"amsgrad", "maximize"})
+    MG_CHECK(g.get(flag) == 0.0 || g.get(flag) == 1.0, ValueError, name(), ": option \"", flag,
+             "\" must be 0 or 1, got ", g.get(flag));
+}
+
+Optimizer::StateSpec Adam::state_spec(const std::map<std::string, double>& options, const Tensor& p) const {
+  // bf16 parameters keep f32 state (pure-bf16 training); others their own dtype. step() creates
+  // max_exp_avg_sq once amsgrad is on and never drops it.
+  const bool amsgrad = options.at("amsgrad") != 0.0;
+  return {{{"exp_avg", true, false}, {"exp_avg_sq", true, true}, {"max_exp_avg_sq", amsgrad, true}},
+          p.dtype() == DType::bf16 ? DType::f32 : p.dtype()};
 }
 
 void Adam::step() {
@@ -124,8 +135,7 @@ void Adam::step() {
                shape_str(grad.sizes()), " on ", grad.device(), " does not match parameter ", shape_str(p.sizes()),
                " on ", p.device());
       ParamState& st = state_for(p);
-      // bf16 parameters keep f32 state (pure-bf16 training); others their own dtype.
-      const DType sdt = p.dtype() == DType::bf16 ? DType::f32 : p.dtype();
+      const DType sdt = state_spec(g.options, p).dtype;
       if (st.buffers.empty()) {
         st.buffers["exp_avg"] = zeros(p.sizes(), {sdt, p.device()});
         st.buffers["exp_avg_sq"] = zeros(p.sizes(), {sdt, p.device()});

@@ -42,6 +42,7 @@ class Adam : public Optimizer {
  protected:
   Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions defaults, bool decoupled);
   void validate(const ParamGroup& group) const override;
+  StateSpec state_spec(const std::map<std::string, double>& options, const Tensor& param) const override;
 
  private:
   bool decoupled_;

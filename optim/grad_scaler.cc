@@ -115,8 +115,8 @@ StateDict GradScaler::state_dict() const {
   return sd;
 }
 
-void GradScaler::load_state_dict(const StateDict& sd) {
-  if (!enabled_) return;
+StagedLoad GradScaler::stage_state_dict(const StateDict& sd) {
+  if (!enabled_) return [] {};
   MG_CHECK(!sd.meta.empty(), ValueError,
            "GradScaler::load_state_dict: the state dict is empty (saved from a disabled scaler?)");
   auto num = [&](const char* key) {
@@ -127,15 +127,18 @@ void GradScaler::load_state_dict(const StateDict& sd) {
   const double s = num("scale"), gf = num("growth_factor"), bf = num("backoff_factor");
   const double gi = num("growth_interval"), gt = num("_growth_tracker");
   MG_CHECK(std::isfinite(s) && s > 0, ValueError, "GradScaler::load_state_dict: scale must be finite and > 0, got ", s);
-  MG_CHECK(gf > 1.0 && bf > 0.0 && bf < 1.0 && gi >= 1 && gt >= 0 && gt < gi, ValueError,
-           "GradScaler::load_state_dict: inconsistent entries growth_factor=", gf, " backoff_factor=", bf,
+  MG_CHECK(std::isfinite(gf) && gf > 1.0 && bf > 0.0 && bf < 1.0 && gi >= 1 && gi < 0x1p62 && gi == std::floor(gi) &&
+               gt >= 0 && gt < gi && gt == std::floor(gt),
+           ValueError, "GradScaler::load_state_dict: inconsistent entries growth_factor=", gf, " backoff_factor=", bf,
            " growth_interval=", gi, " _growth_tracker=", gt);
-  scale_ = s;
-  opts_.growth_factor = gf;
-  opts_.backoff_factor = bf;
-  opts_.growth_interval = static_cast<int64_t>(gi);
-  growth_tracker_ = static_cast<int64_t>(gt);
-  per_opt_.clear();
+  return [this, s, gf, bf, gi, gt] {
+    scale_ = s;
+    opts_.growth_factor = gf;
+    opts_.backoff_factor = bf;
+    opts_.growth_interval = static_cast<int64_t>(gi);
+    growth_tracker_ = static_cast<int64_t>(gt);
+    per_opt_.clear();
+  };
 }
 
 }  // namespace mg::optim

@@ -61,7 +61,9 @@ class GradScaler {
   // PyTorch's keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker
   // (in meta; no tensors). load_state_dict checks them: ValueError naming a bad entry.
   StateDict state_dict() const;
-  void load_state_dict(const StateDict& sd);
+  void load_state_dict(const StateDict& sd) { stage_state_dict(sd)(); }
+  // The checking half of load_state_dict; the returned function commits (core/state_dict.h).
+  StagedLoad stage_state_dict(const StateDict& sd);
 
  private:
   struct PerOptimizer {

@@ -52,19 +52,41 @@ StateDict LRScheduler::state_dict() const {
   return sd;
 }
 
-void LRScheduler::load_state_dict(const StateDict& sd) {
+namespace {
+// meta[key] as `n` finite numbers (or any count when n is npos); ValueError naming it otherwise.
+std::vector<double> finite_numbers(const nlohmann::json& m, const char* key, size_t n, const std::string& op) {
+  const nlohmann::json& a = m[key];
+  MG_CHECK(a.is_array() && (n == std::string::npos || a.size() == n), ValueError, op, ": \"", key, "\" is ", a.dump(),
+           "; expected ", n, " numbers (one per parameter group)");
+  std::vector<double> out;
+  for (auto& v : a) {
+    MG_CHECK(v.is_number() && std::isfinite(v.get<double>()), ValueError, op, ": \"", key, "\" holds ", v.dump(),
+             " (expected finite numbers)");
+    out.push_back(v.get<double>());
+  }
+  return out;
+}
+int64_t counter_value(const nlohmann::json& m, const char* key, const std::string& op) {
+  MG_CHECK(m[key].is_number_integer() && m[key].get<int64_t>() >= 0, ValueError, op, ": \"", key, "\" is ",
+           m[key].dump(), " (expected an integer >= 0)");
+  return m[key].get<int64_t>();
+}
+}  // namespace
+
+StagedLoad LRScheduler::stage_state_dict(const StateDict& sd) {
+  const std::string op = name_ + "::load_state_dict";
   const auto& m = sd.meta;
-  MG_CHECK(m.is_object() && m.contains("type") && m.contains("last_epoch") && m.contains("base_lrs"), ValueError, name_,
-           "::load_state_dict: meta lacks \"type\", \"last_epoch\" or \"base_lrs\"");
-  MG_CHECK(m["type"] == name_, ValueError, name_, "::load_state_dict: the state was saved by a ", m["type"].dump());
-  MG_CHECK(m["base_lrs"].is_array() && m["base_lrs"].size() == base_lrs_.size(), ValueError, name_,
-           "::load_state_dict: ", m["base_lrs"].size(), " saved base lrs, ", base_lrs_.size(), " parameter groups");
-  MG_CHECK(m["last_epoch"].is_number_integer() && m["last_epoch"].get<int64_t>() >= 0, ValueError, name_,
-           "::load_state_dict: bad last_epoch ", m["last_epoch"].dump());
-  base_lrs_ = m["base_lrs"].get<std::vector<double>>();
-  auto& groups = opt_.param_groups();
-  for (size_t i = 0; i < groups.size(); ++i) groups[i].set("initial_lr", base_lrs_[i]);
-  apply(m["last_epoch"].get<int64_t>());
+  MG_CHECK(m.is_object() && m.contains("type") && m.contains("last_epoch") && m.contains("base_lrs"), ValueError, op,
+           ": meta lacks \"type\", \"last_epoch\" or \"base_lrs\"");
+  MG_CHECK(m["type"] == name_, ValueError, op, ": the state was saved by a ", m["type"].dump());
+  std::vector<double> base_lrs = finite_numbers(m, "base_lrs", base_lrs_.size(), op);
+  const int64_t epoch = counter_value(m, "last_epoch", op);
+  return [this, base_lrs = std::move(base_lrs), epoch] {
+    base_lrs_ = base_lrs;
+    auto& groups = opt_.param_groups();
+    for (size_t i = 0; i < groups.size(); ++i) groups[i].set("initial_lr", base_lrs_[i]);
+    apply(epoch);
+  };
 }
 
 // ---------------------------------------------------------------- closed forms
@@ -209,25 +231,31 @@ StateDict ReduceLROnPlateau::state_dict() const {
   return sd;
 }
 
-void ReduceLROnPlateau::load_state_dict(const StateDict& sd) {
+StagedLoad ReduceLROnPlateau::stage_state_dict(const StateDict& sd) {
+  const std::string op = "ReduceLROnPlateau::load_state_dict";
   const auto& m = sd.meta;
   for (const char* k : {"type", "last_epoch", "num_bad_epochs", "cooldown_counter", "best", "min_lrs"})
-    MG_CHECK(m.is_object() && m.contains(k), ValueError, "ReduceLROnPlateau::load_state_dict: meta lacks \"", k, "\"");
-  MG_CHECK(m["type"] == "ReduceLROnPlateau", ValueError,
-           "ReduceLROnPlateau::load_state_dict: the state was saved by a ", m["type"].dump());
-  auto min_lrs = m["min_lrs"].get<std::vector<double>>();
-  MG_CHECK(min_lrs.size() == opt_.param_groups().size(), ValueError,
-           "ReduceLROnPlateau::load_state_dict: ", min_lrs.size(), " saved min_lrs, ", opt_.param_groups().size(),
-           " parameter groups");
-  last_epoch_ = m["last_epoch"].get<int64_t>();
-  num_bad_epochs_ = m["num_bad_epochs"].get<int64_t>();
-  cooldown_counter_ = m["cooldown_counter"].get<int64_t>();
-  min_lrs_ = std::move(min_lrs);
-  best_ = m["best"].is_null()
-              ? (o_.mode == "min" ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity())
-              : m["best"].get<double>();
-  last_lrs_.clear();
-  for (auto& g : opt_.param_groups()) last_lrs_.push_back(g.lr());  // the lrs live in the optimizer's state
+    MG_CHECK(m.is_object() && m.contains(k), ValueError, op, ": meta lacks \"", k, "\"");
+  MG_CHECK(m["type"] == "ReduceLROnPlateau", ValueError, op, ": the state was saved by a ", m["type"].dump());
+  std::vector<double> min_lrs = finite_numbers(m, "min_lrs", opt_.param_groups().size(), op);
+  for (double v : min_lrs) MG_CHECK(v >= 0, ValueError, op, ": min_lr ", v, " is negative");
+  const int64_t last_epoch = counter_value(m, "last_epoch", op), bad = counter_value(m, "num_bad_epochs", op),
+                cooldown = counter_value(m, "cooldown_counter", op);
+  // +-inf "best" (no metric seen yet) is saved as null.
+  MG_CHECK(m["best"].is_null() || (m["best"].is_number() && std::isfinite(m["best"].get<double>())), ValueError, op,
+           ": \"best\" is ", m["best"].dump(), " (expected a finite number or null)");
+  const double best = m["best"].is_null() ? (o_.mode == "min" ? std::numeric_limits<double>::infinity()
+                                                              : -std::numeric_limits<double>::infinity())
+                                          : m["best"].get<double>();
+  return [this, min_lrs = std::move(min_lrs), last_epoch, bad, cooldown, best] {
+    last_epoch_ = last_epoch;
+    num_bad_epochs_ = bad;
+    cooldown_counter_ = cooldown;
+    min_lrs_ = min_lrs;
+    best_ = best;
+    last_lrs_.clear();
+    for (auto& g : opt_.param_groups()) last_lrs_.push_back(g.lr());  // the lrs live in the optimizer's state
+  };
 }
 
 }  // namespace mg::optim

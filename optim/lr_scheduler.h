@@ -33,9 +33,12 @@ class LRScheduler {
   virtual double lr_at(int64_t epoch, double base_lr) const = 0;
 
   // {"type", "last_epoch", "base_lrs", "last_lrs"}; load re-applies the saved epoch's lrs to
-  // the optimizer. A different type or group count is a ValueError.
+  // the optimizer. A different type or group count, a last_epoch that is not an integer >= 0
+  // or a base lr that is not a finite number is a ValueError, and nothing changes.
   virtual StateDict state_dict() const;
-  virtual void load_state_dict(const StateDict& sd);
+  void load_state_dict(const StateDict& sd) { stage_state_dict(sd)(); }
+  // The checking half of load_state_dict; the returned function commits (core/state_dict.h).
+  StagedLoad stage_state_dict(const StateDict& sd);
   const std::string& name() const { return name_; }
 
  protected:
@@ -157,8 +160,11 @@ class ReduceLROnPlateau {
   int64_t cooldown_counter() const { return cooldown_counter_; }
   int64_t last_epoch() const { return last_epoch_; }
 
+  // Entries of the wrong type or range (negative counters, a non-finite best or min_lr) are a
+  // ValueError, and nothing changes.
   StateDict state_dict() const;
-  void load_state_dict(const StateDict& sd);
+  void load_state_dict(const StateDict& sd) { stage_state_dict(sd)(); }
+  StagedLoad stage_state_dict(const StateDict& sd);
 
  private:
   bool is_better(double a) const;

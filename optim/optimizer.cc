@@ -1,5 +1,7 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <unordered_set>
 
@@ -107,57 +109,99 @@ StateDict Optimizer::state_dict() const {
   return sd;
 }
 
-void Optimizer::load_state_dict(const StateDict& sd) {
+namespace {
+
+// A state key: the parameter's index in decimal, nothing else ("01", "1x", "-1" are not).
+bool parse_index(const std::string& key, size_t* out) {
+  if (key.empty() || key.size() > 18 || (key.size() > 1 && key[0] == '0')) return false;
+  size_t v = 0;
+  for (char c : key) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + static_cast<size_t>(c - '0');
+  }
+  *out = v;
+  return true;
+}
+
+// The first value of a buffer that breaks its invariant (non-finite, or negative where a square
+// is kept), or "" when all hold. Loading is rare: one host pass over each buffer is affordable.
+std::string first_bad_value(const Tensor& t, bool nonnegative) {
+  const std::vector<double> v = t.to_vector<double>();
+  for (size_t k = 0; k < v.size(); ++k)
+    if (!std::isfinite(v[k]) || (nonnegative && v[k] < 0))
+      return detail::format("element ", k, " is ", v[k],
+                            nonnegative ? " (must be finite and >= 0)" : " (must be finite)");
+  return "";
+}
+
+}  // namespace
+
+StagedLoad Optimizer::stage_state_dict(const StateDict& sd) {
+  const std::string op = name_ + "::load_state_dict";
   const nlohmann::json& m = sd.meta;
-  MG_CHECK(m.is_object() && m.contains("type") && m.contains("param_groups") && m.contains("state"), ValueError, name_,
-           "::load_state_dict: meta lacks \"type\", \"param_groups\" or \"state\"");
-  const std::string type = m["type"].is_string() ? m["type"].get<std::string>() : "?";
-  MG_CHECK(type == name_, ValueError, name_, "::load_state_dict: the state was saved by a ", type, " optimizer");
+  MG_CHECK(m.is_object() && m.contains("type") && m.contains("param_groups") && m.contains("state"), ValueError, op,
+           ": meta lacks \"type\", \"param_groups\" or \"state\"");
+  const std::string type = m["type"].is_string() ? m["type"].get<std::string>() : m["type"].dump();
+  MG_CHECK(type == name_, ValueError, op, ": the state was saved by a ", type, " optimizer");
   const nlohmann::json& jgroups = m["param_groups"];
-  MG_CHECK(jgroups.is_array() && jgroups.size() == groups_.size(), ValueError, name_,
-           "::load_state_dict: saved state has ", jgroups.is_array() ? jgroups.size() : 0,
-           " parameter groups, this optimizer ", groups_.size());
+  MG_CHECK(jgroups.is_array() && jgroups.size() == groups_.size(), ValueError, op, ": saved state has ",
+           jgroups.is_array() ? jgroups.size() : 0, " parameter groups, this optimizer ", groups_.size());
 
   // Validate everything first, building the new options and state aside.
   std::vector<std::map<std::string, double>> options(groups_.size());
-  std::vector<const Tensor*> params;
+  std::vector<std::pair<const Tensor*, size_t>> params;  // (parameter, its group)
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const nlohmann::json& jg = jgroups[gi];
-    MG_CHECK(jg.is_object() && jg.contains("params") && jg["params"].is_array(), ValueError, name_,
-             "::load_state_dict: group ", gi, " has no \"params\" list");
-    MG_CHECK(jg["params"].size() == groups_[gi].params.size(), ValueError, name_, "::load_state_dict: group ", gi,
-             " was saved with ", jg["params"].size(), " parameters, this optimizer's has ", groups_[gi].params.size());
+    MG_CHECK(jg.is_object() && jg.contains("params") && jg["params"].is_array(), ValueError, op, ": group ", gi,
+             " has no \"params\" list");
+    MG_CHECK(jg["params"].size() == groups_[gi].params.size(), ValueError, op, ": group ", gi, " was saved with ",
+             jg["params"].size(), " parameters, this optimizer's has ", groups_[gi].params.size());
     for (auto& [k, v] : defaults_)
-      MG_CHECK(jg.contains(k) && jg[k].is_number(), ValueError, name_, "::load_state_dict: group ", gi,
-               " lacks option \"", k, "\"");
+      MG_CHECK(jg.contains(k) && jg[k].is_number(), ValueError, op, ": group ", gi, " lacks option \"", k, "\"");
     // Every saved number is restored, including keys a scheduler added ("initial_lr").
     options[gi] = groups_[gi].options;
     for (auto& [k, v] : jg.items())
       if (k != "params" && v.is_number()) options[gi][k] = v.get<double>();
-    for (const Tensor& p : groups_[gi].params) params.push_back(&p);
+    for (auto& [k, v] : options[gi])
+      MG_CHECK(std::isfinite(v), ValueError, op, ": group ", gi, " option \"", k, "\" is ", v, " (must be finite)");
+    try {
+      validate(ParamGroup{{}, options[gi]});
+    } catch (const ValueError& e) {
+      MG_THROW(ValueError, op, ": group ", gi, ": ", e.what());
+    }
+    for (const Tensor& p : groups_[gi].params) params.emplace_back(&p, gi);
   }
   std::unordered_map<const TensorImpl*, ParamState> state;
   const nlohmann::json& jstate = m["state"];
-  MG_CHECK(jstate.is_object(), ValueError, name_, "::load_state_dict: \"state\" is not an object");
+  MG_CHECK(jstate.is_object(), ValueError, op, ": \"state\" is not an object");
   for (auto& [key, js] : jstate.items()) {
     size_t i = 0;
-    try {
-      i = std::stoul(key);
-    } catch (const std::exception&) {
-      MG_THROW(ValueError, name_, "::load_state_dict: bad parameter index \"", key, "\"");
-    }
-    MG_CHECK(i < params.size(), ValueError, name_, "::load_state_dict: state for parameter ", i,
-             ", but there are only ", params.size());
-    MG_CHECK(js.is_object() && js.contains("step") && js["step"].is_number_integer(), ValueError, name_,
-             "::load_state_dict: state of parameter ", i, " has no integer \"step\"");
+    MG_CHECK(parse_index(key, &i), ValueError, op, ": bad parameter index \"", key, "\"");
+    MG_CHECK(i < params.size(), ValueError, op, ": state for parameter ", i, ", but there are only ", params.size());
+    MG_CHECK(js.is_object() && js.contains("step") && js["step"].is_number_integer(), ValueError, op,
+             ": state of parameter ", i, " has no integer \"step\"");
     ParamState st;
+    // A negative step makes the bias corrections 1 - beta^step negative or zero: infinite or
+    // sign-flipped updates.
     st.step = js["step"].get<int64_t>();
+    MG_CHECK(st.step >= 0, ValueError, op, ": state of parameter ", i, " (group ", params[i].second, ") has step ",
+             st.step, " (must be >= 0)");
+    const auto& [pp, gi] = params[i];
+    const Tensor& p = *pp;
+    const StateSpec spec = state_spec(options[gi], p);
     const StateDict sub = sd.sub("state." + key);
-    const Tensor& p = *params[i];
+    for (const BufferSpec& b : spec.buffers)
+      MG_CHECK(!b.required || sub.tensors.count(b.name), ValueError, op, ": state of parameter ", i, " (group ", gi,
+               ") lacks buffer \"", b.name, "\"");
     for (auto& [name, t] : sub.tensors) {
-      MG_CHECK(t.defined() && t.sizes() == p.sizes(), ShapeError, name_, "::load_state_dict: state.", key, ".", name,
-               " has shape ", t.defined() ? shape_str(t.sizes()) : "undefined", ", parameter ", i, " has ",
-               shape_str(p.sizes()));
+      const std::string where = detail::format(op, ": state.", key, ".", name, " (parameter ", i, ", group ", gi, ")");
+      auto known = std::find_if(spec.buffers.begin(), spec.buffers.end(), [&](auto& b) { return b.name == name; });
+      MG_CHECK(known != spec.buffers.end(), ValueError, where, ": not a buffer ", name_, " keeps");
+      MG_CHECK(t.defined() && t.sizes() == p.sizes(), ShapeError, where, " has shape ",
+               t.defined() ? shape_str(t.sizes()) : "undefined", ", the parameter has ", shape_str(p.sizes()));
+      MG_CHECK(is_floating(t.dtype()), ValueError, where, " has dtype ", t.dtype(), " (expected a floating dtype)");
+      const std::string bad = first_bad_value(t, known->nonnegative);
+      MG_CHECK(bad.empty(), ValueError, where, ": ", bad);
       st.buffers[name] = t;
     }
     state[p.impl()] = std::move(st);
@@ -166,27 +210,29 @@ void Optimizer::load_state_dict(const StateDict& sd) {
   for (auto& [name, t] : sd.tensors) {
     if (name.compare(0, 6, "state.") != 0) continue;
     const std::string key = name.substr(6, name.find('.', 6) - 6);
-    MG_CHECK(jstate.contains(key), ValueError, name_, "::load_state_dict: tensor ", name, " has no \"state\" entry");
-  }
-  for (size_t gi = 0; gi < groups_.size(); ++gi) {
-    ParamGroup probe{{}, options[gi]};
-    validate(probe);
+    MG_CHECK(jstate.contains(key), ValueError, op, ": tensor ", name, " has no \"state\" entry");
   }
 
-  // Commit: copies, so the loaded file's tensors are not aliased by the optimizer.
-  NoGradGuard ng;
-  MemoryCategoryGuard cat(MemoryCategory::OptimizerState);
-  for (const Tensor* p : params) {
-    auto it = state.find(p->impl());
-    if (it == state.end()) continue;
-    for (auto& [name, t] : it->second.buffers) {
-      Tensor copy = empty(t.sizes(), {t.dtype(), p->device()});
-      copy.copy_(t);
-      t = copy;
+  // Copies in the dtype the optimizer keeps, on the parameter's device: the loaded file's
+  // tensors are not aliased, and every allocation happens before the commit.
+  {
+    NoGradGuard ng;
+    MemoryCategoryGuard cat(MemoryCategory::OptimizerState);
+    for (auto& [p, gi] : params) {
+      auto it = state.find(p->impl());
+      if (it == state.end()) continue;
+      const DType dtype = state_spec(options[gi], *p).dtype;
+      for (auto& [name, t] : it->second.buffers) {
+        Tensor copy = empty(t.sizes(), {dtype, p->device()});
+        raw::copy_(copy, t);
+        t = copy;
+      }
     }
   }
-  for (size_t gi = 0; gi < groups_.size(); ++gi) groups_[gi].options = options[gi];
-  state_ = std::move(state);
+  return [this, options = std::move(options), state = std::move(state)]() mutable {
+    for (size_t gi = 0; gi < groups_.size(); ++gi) groups_[gi].options = std::move(options[gi]);
+    state_ = std::move(state);
+  };
 }
 
 }  // namespace mg::optim

@@ -63,10 +63,16 @@ class Optimizer {
   //       "state": {"<i>": {"step": n}, ...}}. Options are doubles, written round-trip exact.
   StateDict state_dict() const;
   // Restores every group's options and the per-parameter state (buffers copied onto each
-  // parameter's device under MemoryCategory::OptimizerState), so the next step() continues
-  // bit-identically. The optimizer must have the same type, group sizes and parameter shapes;
-  // any mismatch is a ValueError/ShapeError naming it, and leaves this optimizer unchanged.
-  void load_state_dict(const StateDict& sd);
+  // parameter's device, in the dtype the optimizer keeps them in, under
+  // MemoryCategory::OptimizerState), so the next step() continues bit-identically. Checked
+  // before anything changes: the type, group sizes, every option (the optimizer's own ranges),
+  // each state's step (an integer >= 0) and buffers (exactly the names the optimizer uses for
+  // the group's options, floating, the parameter's shape, finite, and >= 0 where a square is
+  // kept). A problem is a ValueError (ShapeError for a shape) naming the group or parameter
+  // index, the buffer and the values, and leaves this optimizer unchanged.
+  void load_state_dict(const StateDict& sd) { stage_state_dict(sd)(); }
+  // The checking and copying half of load_state_dict; the returned function commits.
+  StagedLoad stage_state_dict(const StateDict& sd);
 
  protected:
   // `defaults` lists every option the optimizer knows; a group naming any other key is a
@@ -74,6 +80,19 @@ class Optimizer {
   Optimizer(std::string name, std::map<std::string, double> defaults);
   // Checks one fully-populated group's options (ranges, combinations); throws ValueError.
   virtual void validate(const ParamGroup& group) const = 0;
+  // The state buffers a parameter of a group with `options` holds after a step: each name,
+  // whether it must be present (or only may be, e.g. left over from an option since turned
+  // off), and whether its values are >= 0 (running squares). All kept in `dtype`.
+  struct BufferSpec {
+    std::string name;
+    bool required = true;
+    bool nonnegative = false;
+  };
+  struct StateSpec {
+    std::vector<BufferSpec> buffers;
+    DType dtype = DType::f32;
+  };
+  virtual StateSpec state_spec(const std::map<std::string, double>& options, const Tensor& param) const = 0;
   // Creates the state on first use. Call under MemoryCategoryGuard(OptimizerState).
   ParamState& state_for(const Tensor& p);
   const std::string& name() const { return name_; }

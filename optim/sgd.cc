@@ -39,6 +39,16 @@ void SGD::validate(const ParamGroup& g) const {
   MG_CHECK(g.get("nesterov") == 0.0 || (mu > 0.0 && tau == 0.0), ValueError,
            "SGD: nesterov momentum requires a momentum > 0 and zero dampening (got momentum=", mu, ", dampening=", tau,
            ")");
+  for (const char* flag : {"nesterov", "maximize"})
+    MG_CHECK(g.get(flag) == 0.0 || g.get(flag) == 1.0, ValueError, "SGD: option \"", flag, "\" must be 0 or 1, got ",
+             g.get(flag));
+}
+
+Optimizer::StateSpec SGD::state_spec(const std::map<std::string, double>& options, const Tensor& p) const {
+  // step() keeps a buffer only with momentum (bf16 parameters: in f32); one left from a
+  // momentum since set to 0 may stay.
+  return {{{"momentum_buffer", options.at("momentum") != 0.0, false}},
+          p.dtype() == DType::bf16 ? DType::f32 : p.dtype()};
 }
 
 void SGD::step() {

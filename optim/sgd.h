@@ -38,6 +38,7 @@ class SGD : public Optimizer {
 
  protected:
   void validate(const ParamGroup& group) const override;
+  StateSpec state_spec(const std::map<std::string, double>& options, const Tensor& param) const override;
 
  private:
   bool fused_;

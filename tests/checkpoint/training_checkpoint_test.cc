@@ -223,6 +223,48 @@ TEST(TrainingCheckpoint, MismatchesAreClearErrors) {
   EXPECT_THROW(c.add_generator("g", other), ValueError);
 }
 
+// The model part used to be loaded before the optimizer part raised: a file with a damaged
+// optimizer state left the weights overwritten and the momentum stale.
+TEST(TrainingCheckpoint, ABadPartLeavesEveryPartUnchanged) {
+  TrainingRun a(1, 77, Device::cpu());
+  a.train(2, Device::cpu());
+  a.ckpt.step = 2;
+  const StateDict good = a.ckpt.state_dict();
+  TrainingRun b(5, 3, Device::cpu());
+  b.train(1, Device::cpu());
+  const std::string before = save_to_bytes(b.ckpt.state_dict());
+  auto expect_unchanged = [&](const StateDict& bad, const std::string& part) {
+    try {
+      b.ckpt.load_state_dict(bad);
+      ADD_FAILURE() << "accepted a checkpoint with a bad " << part;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(save_to_bytes(b.ckpt.state_dict()), before) << "a rejected load changed the run (" << part << ")";
+  };
+  StateDict bad = good;
+  bad.tensors.erase("optimizer.state.0.momentum_buffer");
+  expect_unchanged(bad, "momentum_buffer");
+  bad = good;
+  bad.meta["scheduler"]["last_epoch"] = -1;
+  expect_unchanged(bad, "component \"scheduler\"");
+  bad = good;
+  bad.meta["rng"]["seed"] = "x";
+  expect_unchanged(bad, "component \"rng\"");
+  bad = good;
+  bad.meta["checkpoint"]["step"] = -4;
+  expect_unchanged(bad, "step -4");
+  // A plain load function runs before any staged part commits: when it raises, they are intact.
+  b.ckpt.add(
+      "plain", [] { return StateDict(); }, [](const StateDict&) { MG_THROW(ValueError, "plain part refuses"); });
+  StateDict with_plain = good;
+  with_plain.meta["plain"] = nlohmann::json::object();
+  with_plain.meta["checkpoint"]["components"].push_back("plain");
+  const std::string before_plain = save_to_bytes(b.ckpt.state_dict());
+  EXPECT_THROW(b.ckpt.load_state_dict(with_plain), ValueError);
+  EXPECT_EQ(save_to_bytes(b.ckpt.state_dict()), before_plain);
+}
+
 TEST(TrainingCheckpoint, AFailedSaveKeepsThePreviousCheckpoint) {
   const std::string path = temp_path("keep.ckpt");
   TrainingRun a(1, 77, Device::cpu());
