@@ -1,10 +1,10 @@
 // Loading damaged training checkpoints, all or nothing (training_checkpoint_fuzz_test covers the
-// file format itself): a model, fused Adam, an LR schedule, a
-// GradScaler and a generator are saved, then 500 seeded mutations of the file are loaded
-// (MG_TEST_SEED picks another sequence). A rejected load must leave every part bit-identical
-// (TrainingCheckpoint used to overwrite the weights before the optimizer part raised); an
-// accepted one must give an optimizer whose next step keeps the parameters finite (exp_avg
-// without exp_avg_sq, or step -5, used to crash or poison it).
+// file format itself): a model, fused Adam, an LR schedule, a GradScaler and a generator are
+// saved, then 500 seeded mutations of their state are loaded (MG_TEST_SEED picks another
+// sequence). A rejected load must leave every part bit-identical (TrainingCheckpoint used to
+// overwrite the weights before the optimizer part raised); an accepted one must give an optimizer
+// whose next step keeps the parameters finite (exp_avg without exp_avg_sq, or step -5, used to
+// crash or poison it).
 #include <gtest/gtest.h>
 
 #include <chrono>
