@@ -19,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace mg::dist::detail {
@@ -208,15 +209,10 @@ void accept_peers(const ProcessGroupOptions& o, const std::string& who, Clock::t
   getsockname(listener.fd(), reinterpret_cast<sockaddr*>(&addr), &len);
   const int port = ntohs(addr.sin_port);
   if (by_file) {
-    // Write-then-rename: a reader never sees half a line.
-    const std::string tmp = o.init_file + ".tmp." + std::to_string(::getpid());
-    {
-      std::ofstream f(tmp, std::ios::trunc);
-      f << o.master_addr << " " << port << "\n";
-      MG_CHECK(f.good(), IOError, who, ": cannot write MG_DIST_INIT_FILE '", o.init_file, "'");
-    }
-    MG_CHECK(std::rename(tmp.c_str(), o.init_file.c_str()) == 0, IOError, who, ": cannot create '", o.init_file,
-             "': ", std::strerror(errno));
+    // Through an unpredictable temporary file, then rename: a reader never sees half a line,
+    // and nobody can plant a link at the temporary name.
+    const std::string line = o.master_addr + " " + std::to_string(port) + "\n";
+    write_file_atomically(o.init_file, [&](const ByteSink& sink) { sink(line.data(), line.size()); });
   }
 
   // Every connection's hello is read as it arrives, so a silent or slow client holds only its
