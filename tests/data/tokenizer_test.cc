@@ -19,6 +19,8 @@ using Ids = std::vector<int64_t>;
 
 std::string fixture(const std::string& name) {
   const std::string rel = "tests/data/fixtures/gpt2_bpe/" + name;
+  // A staged binary (tools/run_staged.sh) finds the source tree through MG_SOURCE_ROOT.
+  if (const char* root = std::getenv("MG_SOURCE_ROOT")) return std::string(root) + "/" + rel;
   if (const char* srcdir = std::getenv("TEST_SRCDIR")) {
     const char* ws = std::getenv("TEST_WORKSPACE");
     return std::string(srcdir) + "/" + (ws ? ws : "memgrad") + "/" + rel;
