@@ -79,12 +79,16 @@ def torch_versions():
 
 
 def commit(roots):
-    """The commit: git's, or the COMMIT file tools/stage_gpu.sh writes into the staged tree."""
-    for d in [os.environ.get("BUILD_WORKSPACE_DIRECTORY"), *roots]:
-        if d and (out := _run(["git", "-C", d, "describe", "--always", "--dirty", "--abbrev=12"])):
-            return out.strip()
-        if d and os.path.exists(os.path.join(d, "COMMIT")):
+    """The commit the binaries were built from: the COMMIT file tools/stage_gpu.sh writes into
+    the staged tree (a staged copy may sit in a checkout whose git HEAD is another commit),
+    else git's."""
+    dirs = [d for d in [os.environ.get("BUILD_WORKSPACE_DIRECTORY"), *roots] if d]
+    for d in dirs:
+        if os.path.exists(os.path.join(d, "COMMIT")):
             return open(os.path.join(d, "COMMIT")).read().strip()
+    for d in dirs:
+        if out := _run(["git", "-C", d, "describe", "--always", "--dirty", "--abbrev=12"]):
+            return out.strip()
     return "unknown"
 
 
