@@ -1,3 +1,4 @@
+// Over 600 lines: the Tensor type's methods (views, factories, checked sizes, copies) share one set of private helpers.
 #include "core/tensor.h"
 
 #include <algorithm>
