@@ -59,14 +59,22 @@ def memory_vs_time(doc):
 
 
 def versus_pytorch(doc):
-    """memgrad's and PyTorch's value for each workload both ran (headline metrics)."""
-    title = "memgrad vs PyTorch (same workload; shorter is better)"
+    """memgrad's value over PyTorch's for each workload both ran (headline metrics): one axis
+    whatever the unit, 1 = level with PyTorch, below 1 = memgrad faster or smaller."""
+    title = "memgrad / PyTorch, same workload (below 1: memgrad faster or smaller)"
+    short_metric = {"step_ms": "time", "peak_allocated_gib": "memory", "fused_ms": "time", "ms": "time",
+                    "fwd_bwd_ms": "time"}
     items = []
     for (bench, config, metric, unit), sides in report_md.by_key(doc["records"]).items():
-        if metric in report_md.HEADLINE_METRICS and "memgrad" in sides and len(sides) > 1:
-            for side, r in sides.items():
-                items.append((f"{bench} {config}"[:30] + f" {metric}", r["value"], SIDE_INDEX[side]))
-    return chart(title, lambda: svg.bars(title, items, "ms or GiB (see label)"), bool(items))
+        if metric not in report_md.HEADLINE_METRICS or "memgrad" not in sides:
+            continue
+        mine = sides["memgrad"]["value"]
+        for side, r in sides.items():
+            if side != "memgrad" and r["value"]:
+                label = f"{bench} {config}"[:27] + f" {short_metric.get(metric, metric)}"
+                items.append((label, mine / r["value"], SIDE_INDEX[side]))
+    return chart(title, lambda: svg.bars(title, items, "ratio (orange: vs PyTorch eager, green: vs torch.compile)", ref=(1.0, "= PyTorch")),
+                 bool(items))
 
 
 def recompute_curve(doc, benchmark):
