@@ -23,41 +23,13 @@
 #include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "tests/checkpoint/safetensors_mutations.h"
+#include "tests/checkpoint/training_run.h"
 #include "tests/fuzz.h"
 
 namespace mg::nn {
 namespace {
 
 using nlohmann::json;
-
-struct Components {
-  std::shared_ptr<Sequential> model;
-  std::unique_ptr<optim::Adam> opt;
-  std::unique_ptr<optim::StepLR> sched;
-  optim::GradScaler scaler;
-  Generator gen{11};
-  TrainingCheckpoint ckpt;
-
-  explicit Components(uint64_t seed) {
-    manual_seed(seed);
-    model = std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
-        std::make_shared<Linear>(4, 8), std::make_shared<ReLU>(), std::make_shared<Linear>(8, 3)});
-    opt = std::make_unique<optim::Adam>(model->parameters(), optim::AdamOptions{});
-    sched = std::make_unique<optim::StepLR>(*opt, 2, 0.5);
-    ckpt.add("model", *model).add("optimizer", *opt).add("scheduler", *sched).add("scaler", scaler);
-    ckpt.add_generator("rng", gen);
-  }
-  void train(int steps) {
-    for (int s = 0; s < steps; ++s) {
-      opt->zero_grad();
-      Tensor loss = sum(mul(model->forward(randn({5, 4})), model->forward(randn({5, 4}))));
-      loss.backward();
-      opt->step();
-      sched->step();
-      ++ckpt.step;
-    }
-  }
-};
 
 std::string temp_file(const std::string& name) {
   const char* t = std::getenv("TEST_TMPDIR");
@@ -106,10 +78,10 @@ std::string mutate_meta(const std::string& valid, mg::testing::Mutator& m) {
 TEST(TrainingCheckpointFuzz, DamagedCheckpointsLoadOrRaiseMgError) {
   const uint64_t seed = mg::testing::fuzz_seed(20261202);
   mg::testing::Mutator m(seed);
-  Components a(1);
-  a.train(3);
+  TrainingRun a(1);
+  for (uint64_t s = 0; s < 3; ++s) a.step(100 + s);
   const std::string valid = save_to_bytes(a.ckpt.state_dict());
-  Components b(2);
+  TrainingRun b(2);
   const std::string path = temp_file("fuzz.ckpt");
   const Tensor x = randn({2, 4});
   std::string input;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "checkpoint/training_checkpoint.h"
+#include "tests/checkpoint/training_run.h"
 #include "nn/nn.h"
 #include "optim/adam.h"
 #include "optim/grad_scaler.h"
@@ -23,47 +24,6 @@
 
 namespace mg::nn {
 namespace {
-
-struct FuzzRun {
-  std::shared_ptr<Sequential> model;
-  std::unique_ptr<optim::Adam> opt;
-  std::unique_ptr<optim::StepLR> sched;
-  optim::GradScaler scaler;
-  Generator gen{11};
-  TrainingCheckpoint ckpt;
-
-  explicit FuzzRun(uint64_t seed) {
-    manual_seed(seed);
-    // GELU rather than ReLU: no unit is dead, so every gradient element is nonzero and eps = 0
-    // (a legal option a mutation can produce) cannot make 0 / 0.
-    model = std::make_shared<Sequential>(std::initializer_list<std::shared_ptr<Module>>{
-        std::make_shared<Linear>(6, 8), std::make_shared<GELU>(), std::make_shared<Linear>(8, 3)});
-    optim::AdamOptions o;
-    o.lr = 0.01;
-    opt = std::make_unique<optim::Adam>(model->parameters(), o);
-    sched = std::make_unique<optim::StepLR>(*opt, 2, 0.5);
-    ckpt.add("model", *model).add("optimizer", *opt).add("scheduler", *sched).add("scaler", scaler);
-    ckpt.add_generator("rng", gen);
-  }
-
-  // Random gradients (never exactly zero) and one optimizer step.
-  void step(uint64_t seed) {
-    Generator g(seed);
-    for (auto& p : model->parameters()) p.set_grad(randn(p.sizes(), {}, &g));
-    opt->step();
-    sched->step();
-  }
-
-  // Everything a load may change, as bytes.
-  std::string snapshot() const { return save_to_bytes(ckpt.state_dict()); }
-
-  bool parameters_finite() const {
-    for (auto& p : model->parameters())
-      for (float v : p.to_vector<float>())
-        if (!std::isfinite(v)) return false;
-    return true;
-  }
-};
 
 // JSON values a mutation writes into the meta: wrong types, out-of-range and legal numbers.
 // (No huge finite numbers: lr = 1e30 is a legal setting that overflows any optimizer.)
@@ -180,7 +140,7 @@ std::string damage_bytes(std::string bytes, std::mt19937_64& rng) {
 
 TEST(TrainingCheckpointFuzz, RejectedLoadsChangeNothingAcceptedOnesStepFinitely) {
   const auto start = std::chrono::steady_clock::now();
-  FuzzRun source(1);
+  TrainingRun source(1);
   for (int i = 0; i < 3; ++i) source.step(100 + i);
   source.ckpt.step = 3;
   source.ckpt.extra = {{"best_loss", 0.25}};
@@ -190,7 +150,7 @@ TEST(TrainingCheckpointFuzz, RejectedLoadsChangeNothingAcceptedOnesStepFinitely)
   const char* env = std::getenv("MG_TEST_SEED");
   const uint64_t seed = env ? std::strtoull(env, nullptr, 10) : 13;
   std::mt19937_64 rng(seed);
-  FuzzRun target(2);
+  TrainingRun target(2);
   target.step(7);
   int rejected = 0, accepted = 0, by_components = 0;
   for (int iter = 0; iter < 500; ++iter) {
