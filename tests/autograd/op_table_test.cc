@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/source_path.h"
 #include "autograd/functions.h"
 #include "core/device_runtime.h"
 #include "core/random.h"
@@ -156,16 +157,7 @@ INSTANTIATE_TEST_SUITE_P(Ops, OpDeviceParity, ::testing::ValuesIn(all_rows()), r
 // tests/kernels/cuda/cuda_parity_test.cc (comparisons, argmax, one_hot).
 const std::set<std::string> kNotDifferentiable = {"eq", "ne", "lt", "le", "gt", "ge", "argmax", "one_hot"};
 
-// The runfiles copy of a source file (Bazel), the file under $MG_SOURCE_ROOT (a staged binary;
-// tools/run_staged.sh sets it to the repository), or the path from the working directory.
-std::string source_path(const std::string& rel) {
-  if (const char* root = std::getenv("MG_SOURCE_ROOT")) return std::string(root) + "/" + rel;
-  if (const char* srcdir = std::getenv("TEST_SRCDIR")) {
-    const char* ws = std::getenv("TEST_WORKSPACE");
-    return std::string(srcdir) + "/" + (ws ? ws : "memgrad") + "/" + rel;
-  }
-  return rel;
-}
+using test::source_path;
 
 // `Tensor name(`, `Tensor& name(` and `std::pair<Tensor, Tensor> name(` declarations in the
 // header and in the autograd/ headers it includes.

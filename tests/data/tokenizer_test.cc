@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/source_path.h"
 #include "core/error.h"
 #include "data/tokenizer.h"
 
@@ -17,16 +18,7 @@ using mg::data::ByteTokenizer;
 using mg::data::GPT2Tokenizer;
 using Ids = std::vector<int64_t>;
 
-std::string fixture(const std::string& name) {
-  const std::string rel = "tests/data/fixtures/gpt2_bpe/" + name;
-  // A staged binary (tools/run_staged.sh) finds the source tree through MG_SOURCE_ROOT.
-  if (const char* root = std::getenv("MG_SOURCE_ROOT")) return std::string(root) + "/" + rel;
-  if (const char* srcdir = std::getenv("TEST_SRCDIR")) {
-    const char* ws = std::getenv("TEST_WORKSPACE");
-    return std::string(srcdir) + "/" + (ws ? ws : "memgrad") + "/" + rel;
-  }
-  return rel;
-}
+std::string fixture(const std::string& name) { return mg::test::source_path("tests/data/fixtures/gpt2_bpe/" + name); }
 
 std::unique_ptr<GPT2Tokenizer> fixture_tokenizer() {
   return GPT2Tokenizer::from_files(fixture("encoder.json"), fixture("vocab.bpe"));
