@@ -1,0 +1,104 @@
+// Eager host overhead per op: what memgrad's engine costs around a kernel that does (almost)
+// nothing. a + b on one-element tensors
+//   - without grad (dispatch, output allocation, kernel launch),
+//   - with grad (the same plus recording a tape node),
+//   - forward + backward of a chain of adds (the tape's replay cost per op),
+// on the CPU and, when there is a device, on CUDA (the kernel is queued asynchronously; a sync
+// closes each timed batch, so a queue that fills up shows as time too). Reported as us per op
+// (the "us_per_op" counter); compare with bench/pytorch/op_overhead.py on the same machine.
+//
+//   bench_overhead [--benchmark_filter=...] [--benchmark_format=json]
+#include <benchmark/benchmark.h>
+
+#include "autograd/functions.h"
+#include "autograd/grad_mode.h"
+#include "core/device_runtime.h"
+#include "core/tensor.h"
+
+namespace mg::bench {
+namespace {
+
+constexpr int kOpsPerIter = 100;  // ops between syncs: enough that one sync is noise
+
+bool pick_device(benchmark::State& state, Device* dev) {
+  if (state.range(0) == 0) {
+    *dev = Device::cpu();
+    return true;
+  }
+  if (!cuda::is_available()) {
+    state.SkipWithError("no CUDA device");
+    return false;
+  }
+  *dev = Device::cuda(0);
+  return true;
+}
+
+void sync(Device dev) {
+  if (dev.is_cuda()) cuda::synchronize(dev.index);
+}
+
+// Time per op: the benchmark's time divided by the ops an iteration runs (items = ops).
+void report(benchmark::State& state, Device dev) {
+  state.SetLabel(dev.is_cuda() ? "cuda" : "cpu");
+  state.SetItemsProcessed(state.iterations() * kOpsPerIter);
+  state.counters["ns_per_op"] = benchmark::Counter(static_cast<double>(state.iterations()) * kOpsPerIter,
+                                                   benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+// c = a + b, 100 times per iteration, nothing requires grad.
+void BM_AddNoGrad(benchmark::State& state) {
+  Device dev;
+  if (!pick_device(state, &dev)) return;
+  Tensor a = ones({1}, {DType::f32, dev}), b = ones({1}, {DType::f32, dev});
+  for (int i = 0; i < kOpsPerIter; ++i) benchmark::DoNotOptimize(add(a, b));  // warm caches
+  sync(dev);
+  for (auto _ : state) {
+    for (int i = 0; i < kOpsPerIter; ++i) benchmark::DoNotOptimize(add(a, b));
+    sync(dev);
+  }
+  report(state, dev);
+}
+
+// The same with a requiring grad: each add records a tape node (discarded with its output).
+void BM_AddWithGrad(benchmark::State& state) {
+  Device dev;
+  if (!pick_device(state, &dev)) return;
+  Tensor a = ones({1}, {DType::f32, dev, true}), b = ones({1}, {DType::f32, dev});
+  for (int i = 0; i < kOpsPerIter; ++i) benchmark::DoNotOptimize(add(a, b));
+  sync(dev);
+  for (auto _ : state) {
+    for (int i = 0; i < kOpsPerIter; ++i) benchmark::DoNotOptimize(add(a, b));
+    sync(dev);
+  }
+  report(state, dev);
+}
+
+// x = x + b 100 times, then backward through the chain: forward recording plus the engine's
+// walk and one gradient kernel per node, per op.
+void BM_AddChainBackward(benchmark::State& state) {
+  Device dev;
+  if (!pick_device(state, &dev)) return;
+  Tensor a = ones({1}, {DType::f32, dev, true}), b = ones({1}, {DType::f32, dev});
+  auto run = [&] {
+    Tensor x = a;
+    for (int i = 0; i < kOpsPerIter; ++i) x = add(x, b);
+    x.backward();
+    a.set_grad(Tensor());
+  };
+  run();
+  sync(dev);
+  for (auto _ : state) {
+    run();
+    sync(dev);
+  }
+  report(state, dev);
+}
+
+BENCHMARK(BM_AddNoGrad)->Arg(0)->Arg(1)->ArgName("cuda")->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AddWithGrad)->Arg(0)->Arg(1)->ArgName("cuda")->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AddChainBackward)->Arg(0)->Arg(1)->ArgName("cuda")->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace mg::bench
+
+BENCHMARK_MAIN();
