@@ -11,6 +11,17 @@
 
 namespace mg {
 
+// Floating -> integer conversion defined for every input (C++ leaves NaN and out-of-range values
+// undefined): NaN gives 0, values beyond int64's range saturate to its limits, and the int64
+// then narrows to a smaller integer type modulo 2^bits like any integer conversion. This is what
+// the GPU's conversion instruction (cvt.rzi.s64) does, so CPU and CUDA casts agree bit for bit.
+inline int64_t float_to_int64(double v) {
+  if (v != v) return 0;
+  if (v >= 0x1p63) return INT64_MAX;
+  if (v < -0x1p63) return INT64_MIN;
+  return static_cast<int64_t>(v);
+}
+
 enum class DType : uint8_t { f64, f32, f16, bf16, i64, i32, u8, b8 };
 
 // IEEE binary16 on the host; arithmetic goes through float.

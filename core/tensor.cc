@@ -573,8 +573,10 @@ static void copy_loop(const Tensor& dst, const Tensor& src) {
       for (int64_t i = 0; i < n; ++i) {
         if constexpr (std::is_same_v<D, bool>)
           d[i * ds] = static_cast<opmath_t<S>>(s[i * ss]) != 0;
-        else if constexpr (std::is_integral_v<D>)  // through i64: defined for negative -> unsigned
-          d[i * ds] = static_cast<D>(static_cast<int64_t>(static_cast<opmath_t<S>>(s[i * ss])));
+        else if constexpr (std::is_integral_v<D> && std::is_integral_v<S>)  // through i64: wraps modulo 2^bits
+          d[i * ds] = static_cast<D>(static_cast<int64_t>(s[i * ss]));
+        else if constexpr (std::is_integral_v<D>)  // NaN -> 0, saturating at int64's range, then wraps
+          d[i * ds] = static_cast<D>(float_to_int64(static_cast<double>(static_cast<opmath_t<S>>(s[i * ss]))));
         else
           d[i * ds] = static_cast<D>(static_cast<opmath_t<D>>(static_cast<opmath_t<S>>(s[i * ss])));
       }

@@ -2,6 +2,8 @@
 // counted as skipped) on a machine without a GPU.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -76,6 +78,23 @@ TEST(CudaRuntime, StridedCastsAndFillsOnDevice) {
   auto v = raw::to_device(g, Device::cpu()).to_vector<float>();
   for (int r = 0; r < 6; ++r) EXPECT_EQ(v[r * 7 + 3], 2.5f);
   EXPECT_EQ(v[0], h.to_vector<float>()[0]);
+}
+
+// Out-of-range and NaN floating values cast to integers the same way on both devices (NaN -> 0,
+// saturation at int64's limits, then modulo 2^bits; tensor_test has the CPU's expected values).
+TEST(CudaRuntime, FloatToIntegerCastsMatchCpuOutOfRange) {
+  REQUIRE_GPU();
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  Tensor h = from_vector(std::vector<double>{nan, 1e30, -1e30, inf, -inf, 3.7, -3.7, 300.0}, {8});
+  for (DType from : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+    Tensor hf = raw::to_dtype(h, from);
+    Tensor gf = raw::to_device(hf, kGpu);
+    for (DType to : {DType::i64, DType::i32, DType::u8}) {
+      Tensor g = raw::to_device(raw::to_dtype(gf, to), Device::cpu());
+      EXPECT_EQ(g.to_vector<int64_t>(), raw::to_dtype(hf, to).to_vector<int64_t>())
+          << dtype_name(from) << " -> " << dtype_name(to);
+    }
+  }
 }
 
 TEST(CudaRuntime, PhiloxMatchesCpu) {

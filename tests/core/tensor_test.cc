@@ -128,6 +128,26 @@ TEST(Tensor, CastsBetweenAllDtypes) {
   EXPECT_EQ(b.to_vector<uint8_t>(), (std::vector<uint8_t>{1, 0, 1, 1, 1}));
 }
 
+// NaN and values outside every integer type's range convert to defined results (C++ leaves them
+// undefined; UBSan's float-cast-overflow check flags them): NaN -> 0, saturation at int64's
+// limits, then narrowing modulo 2^bits, as the CUDA cast does (cuda_runtime_test compares).
+TEST(Tensor, FloatToIntegerCastsAreDefinedOutOfRange) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  Tensor src = from_vector(std::vector<double>{nan, 1e30, -1e30, inf, -inf, 3.7, -3.7, 300.0}, {8});
+  for (DType from : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+    Tensor f = raw::to_dtype(src, from);  // f16 turns 1e30 into inf: the same saturation
+    EXPECT_EQ(raw::to_dtype(f, DType::i64).to_vector<int64_t>(),
+              (std::vector<int64_t>{0, INT64_MAX, INT64_MIN, INT64_MAX, INT64_MIN, 3, -3, 300}))
+        << dtype_name(from);
+    // INT64_MAX keeps its low 32 bits (all ones, -1); INT64_MIN's are zero.
+    EXPECT_EQ(raw::to_dtype(f, DType::i32).to_vector<int32_t>(), (std::vector<int32_t>{0, -1, 0, -1, 0, 3, -3, 300}))
+        << dtype_name(from);
+    // u8 keeps the low 8 bits: 255, 0, -3 -> 253, 300 -> 44.
+    EXPECT_EQ(raw::to_dtype(f, DType::u8).to_vector<uint8_t>(), (std::vector<uint8_t>{0, 255, 0, 255, 0, 3, 253, 44}))
+        << dtype_name(from);
+  }
+}
+
 // Values between two representable neighbours round to the nearest, ties to the even one
 // (IEEE round-to-nearest-even): 1 + 2^-p lies halfway between 1 and 1 + 2^-(p-1) for a dtype
 // with p - 1 fraction bits (f16: 10, bf16: 7), so it rounds down to 1 (even), and 1 + 3 * 2^-p
