@@ -278,7 +278,7 @@ std::size_t CachingAllocator::growth_budget(std::size_t request) const {
 CachingAllocator::Block* CachingAllocator::get_new_memory(bool small, StreamId stream, std::size_t size,
                                                           bool* limit_hit) {
   *limit_hit = false;
-  if (expandable_ && device_.supports_virtual_memory()) {
+  if (expandable_ && device_.supports_virtual_memory() && !is_pool_key(stream)) {
     return grow_expandable(small, stream, size, limit_hit);
   }
   return alloc_segment(small, stream, segment_size_for(size), limit_hit);
@@ -579,8 +579,10 @@ std::size_t CachingAllocator::releasable_bytes(const Segment& s) const {
 // the smallest single segment that covers it, else the largest ones until covered: that keeps
 // as much cache as possible while still making room. SIZE_MAX frees everything.
 std::size_t CachingAllocator::release_cached(std::size_t needed, std::size_t below) {
+  if (!routes_.empty()) return 0;  // a capture is under way: no cudaFree until it ends
   std::vector<std::pair<std::size_t, Segment*>> candidates;
   for (auto& [addr, seg] : segments_) {
+    if (!releasable_pool_segment(*seg)) continue;
     const std::size_t r = releasable_bytes(*seg);
     if (r > 0 && (seg->expandable || seg->size < below)) candidates.emplace_back(r, seg.get());
   }
@@ -677,7 +679,8 @@ void* CachingAllocator::allocate(std::size_t bytes, StreamId stream) {
   if (bytes == 0) return nullptr;
   std::lock_guard lock(mutex_);
   if (bytes > kMaxRequest) throw_oom(bytes, bytes, stream, false);
-  if (!events_.empty()) process_events();
+  stream = route(stream);
+  if (!events_.empty() && routes_.empty()) process_events();
   const std::size_t size = round_size(bytes);
   const bool small = size <= kSmallSize;
   if (Block* b = find_free_block(small, stream, size)) return take_block(b, size, bytes);
@@ -706,8 +709,8 @@ void* CachingAllocator::allocate(std::size_t bytes, StreamId stream) {
       b = get_new_memory(small, stream, size, &limit_hit);
     }
   }
-  if (!b) {
-    // Then wait for every pending free and give back everything.
+  if (!b && routes_.empty()) {
+    // Then wait for every pending free and give back everything (never during a capture).
     synchronize_and_free_events();
     b = find_free_block(small, stream, size, /*strict=*/false);
     if (!b && release_cached(SIZE_MAX) > 0) {
@@ -770,7 +773,11 @@ void CachingAllocator::free_block(Block* b) {
   b->requested = 0;
   b->context = 0;
   b->freed_at = ++free_seq_;
-  insert_free(b);
+  Block* kept = insert_free(b);
+  // The last block of a released graph pool's segment: the segment goes back to the device.
+  Segment* seg = kept->segment;
+  if (is_pool_key(seg->stream) && routes_.empty() && releasable_pool_segment(*seg) && releasable_bytes(*seg) > 0)
+    release_segment(seg);
 }
 
 // Puts free, mapped, unpooled block b into its pool, merged with free neighbours. A neighbour
@@ -805,7 +812,7 @@ CachingAllocator::Block* CachingAllocator::insert_free(Block* b) {
 void CachingAllocator::record_stream(void* ptr, StreamId stream) {
   std::lock_guard lock(mutex_);
   Block* b = lookup_allocated(ptr, "record_stream");
-  if (stream == b->stream) return;  // stream order already protects the owning stream
+  if (route(stream) == b->stream) return;  // stream order already protects the owning stream
   if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end()) {
     b->stream_uses.push_back(stream);
   }

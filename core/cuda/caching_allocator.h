@@ -161,9 +161,46 @@ class CachingAllocator {
 
   int device_index() const { return device_index_; }
 
+  // --- private pools for captured graphs (docs/caching_allocator.md "Captured graphs") ---
+  // A captured graph replays fixed addresses, so the blocks it used must never go to eager code
+  // while it lives. Blocks allocated into a private pool are reused only by allocations routed
+  // to the same pool (graphs that share it), empty_cache and the retry path never free them, and
+  // they always sit in fixed segments (never expandable ones: unmapping would need a stream).
+  using PoolId = std::uint64_t;
+  // A new pool, held once.
+  PoolId create_pool();
+  // One more holder (another graph sharing the pool). mg::ValueError for an unknown or released pool.
+  void retain_pool(PoolId id);
+  // Drops one hold. At zero the pool is gone: its free segments go back to the device now, the
+  // others when their last block is freed (tensors a graph produced may outlive it).
+  void release_pool(PoolId id);
+  // Until end_allocate_to_pool(stream), allocations on `stream` come from pool `id` (a capture,
+  // and the warm-up before it). Meanwhile nothing is returned to the device and pending-event
+  // queries are deferred: both are illegal while a stream is being captured.
+  void begin_allocate_to_pool(PoolId id, StreamId stream);
+  void end_allocate_to_pool(StreamId stream);
+  // Bytes reserved (segments) and allocated by pool `id`; 0 for an unknown pool.
+  std::size_t pool_reserved_bytes(PoolId id) const;
+  std::size_t pool_allocated_bytes(PoolId id) const;
+
  private:
   struct Segment;
   struct Block;
+  // A pool's blocks and segments carry this stream key instead of a real stream: the pools are
+  // ordered by stream first, so eager requests (real streams) can never find them. Real stream
+  // handles are user-space addresses, below 2^63.
+  static constexpr StreamId kPoolKeyBit = StreamId{1} << 63;
+  static bool is_pool_key(StreamId s) { return (s & kPoolKeyBit) != 0; }
+  static StreamId pool_key(PoolId id) { return kPoolKeyBit | id; }
+  // The stream key an allocation on `stream` uses: its pool's key while routed, else itself.
+  StreamId route(StreamId stream) const {
+    for (const auto& [s, key] : routes_)
+      if (s == stream) return key;
+    return stream;
+  }
+  // Whether a segment may be given back to the device now.
+  bool releasable_pool_segment(const Segment& s) const;
+
   // A pool position without a Block: what lookups and order checks compare against.
   struct BlockKey {
     StreamId stream;
@@ -321,6 +358,11 @@ class CachingAllocator {
   // going to the heap, so a steady alloc/free pair makes no heap allocation at all.
   std::vector<Block*> spare_blocks_;
   std::vector<BlockSet::node_type> spare_nodes_;
+
+  // Private pools: holds per live pool, and the streams currently routed to a pool's key.
+  std::map<PoolId, int> pool_holds_;
+  std::vector<std::pair<StreamId, StreamId>> routes_;  // (stream, pool key)
+  PoolId next_pool_ = 1;
 
   DeviceStats stats_;
   std::size_t limit_ = 0;  // 0 = unlimited

@@ -121,6 +121,13 @@ std::map<std::string, std::int64_t> CachingAllocator::memory_stats_locked() cons
   m["num_device_free"] = stats_.num_device_free;
   m["num_sync_all_streams"] = stats_.num_sync_all_streams;
   m["num_unmap_stream_syncs"] = stats_.num_unmap_stream_syncs;
+  // Captured graphs' private pools: how many live, and the segments held by any pool (released
+  // pools' segments included until their last block is freed).
+  std::int64_t pool_reserved = 0;
+  for (const auto& [addr, seg] : segments_)
+    if (is_pool_key(seg->stream)) pool_reserved += static_cast<std::int64_t>(seg->size);
+  m["graph_pools"] = static_cast<std::int64_t>(pool_holds_.size());
+  m["graph_pool_reserved_bytes"] = pool_reserved;
   m["max_split_size"] = max_split_size_ == SIZE_MAX ? -1 : static_cast<std::int64_t>(max_split_size_);
   m["memory_limit"] = static_cast<std::int64_t>(limit_);
   const FragmentationInfo f = fragmentation_locked();
