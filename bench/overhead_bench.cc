@@ -3,6 +3,7 @@
 //   - without grad (dispatch, output allocation, kernel launch),
 //   - with grad (the same plus recording a tape node),
 //   - forward + backward of a chain of adds (the tape's replay cost per op),
+//   - the adds captured in a CUDA graph and replayed (what is left without host work),
 // on the CPU and, when there is a device, on CUDA (the kernel is queued asynchronously; a sync
 // closes each timed batch, so a queue that fills up shows as time too). Reported as us per op
 // (the "us_per_op" counter); compare with bench/pytorch/op_overhead.py on the same machine.
@@ -94,9 +95,37 @@ void BM_AddChainBackward(benchmark::State& state) {
   report(state, dev);
 }
 
+// The same 100 adds (no grad) captured once into a CUDA graph and replayed: what remains per op
+// when the host work is gone (CUDA only).
+void BM_AddCaptured(benchmark::State& state) {
+  if (!cuda::is_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  const Device dev = Device::cuda(0);
+  Tensor a = ones({1}, {DType::f32, dev}), b = ones({1}, {DType::f32, dev});
+  cuda::Graph graph;
+  {
+    cuda::Stream side = cuda::Stream::create();
+    cuda::StreamGuard on(side);
+    graph.capture_begin();
+    Tensor x = a;
+    for (int i = 0; i < kOpsPerIter; ++i) x = add(x, b);
+    graph.capture_end();
+  }
+  graph.replay();
+  sync(dev);
+  for (auto _ : state) {
+    graph.replay();
+    sync(dev);
+  }
+  report(state, dev);
+}
+
 BENCHMARK(BM_AddNoGrad)->Arg(0)->Arg(1)->ArgName("cuda")->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AddWithGrad)->Arg(0)->Arg(1)->ArgName("cuda")->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AddChainBackward)->Arg(0)->Arg(1)->ArgName("cuda")->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AddCaptured)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace mg::bench

@@ -91,4 +91,46 @@ class Event {
   std::shared_ptr<void> handle_;
 };
 
+// Whether the work issued to the current stream of `device` (-1: the current device) is being
+// captured into a CUDA graph: such work only runs when the graph is replayed, so code that
+// would read a result on the host (a label check, item()) must not run then.
+bool is_capturing(int device = -1);
+
+// A CUDA graph of the work issued to one stream, replayed with one launch (PyTorch's
+// torch.cuda.CUDAGraph). Capture runs on the current stream, which must be one made with
+// Stream::create (the legacy default stream cannot be captured); what the captured work
+// allocates comes from a private memory pool of the caching allocator that eager code never
+// gets (docs/cuda_graphs.md). Replays reuse the captured addresses, so tensors the capture made
+// (outputs, gradients) keep their storage and are rewritten by every replay; inputs are static
+// tensors the caller copies new data into before replay().
+class Graph {
+ public:
+  Graph();
+  ~Graph();  // reset()
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  // Starts capturing. Waits for the device first (eager frees pending on events must finish
+  // before the allocator may route). `share_pool_with`: allocate from that captured graph's
+  // pool (graphs replayed one after another in capture order can share memory).
+  // mg::ValueError when already captured or capturing, or on the legacy default stream.
+  void capture_begin(const Graph* share_pool_with = nullptr);
+  // Ends the capture and instantiates the graph. When the captured work did something a graph
+  // cannot hold (a host read, a synchronization), raises mg::DeviceError naming CUDA's reason;
+  // the graph is then reset.
+  void capture_end();
+  // Launches the graph on the current stream (asynchronously, like a kernel), so it is ordered
+  // after the copies into its static inputs issued there.
+  void replay();
+  // Frees the graph and its hold on the memory pool (waiting for pending replays first).
+  void reset();
+  bool captured() const;
+  // The allocator pool's id (0 before capture_begin): memory_stats' graph_pool_* count it.
+  std::uint64_t pool_id() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace mg::cuda

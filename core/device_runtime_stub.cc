@@ -54,4 +54,15 @@ void write_memory_timeline(const std::string&, int) { no_cuda("write_memory_time
 Fragmentation fragmentation(int) { no_cuda("fragmentation"); }
 Tensor pin_memory(const Tensor&) { no_cuda("pin_memory"); }
 bool is_pinned(const Tensor&) { return false; }
+bool is_capturing(int) { return false; }
+struct Graph::Impl {};
+Graph::Graph() = default;
+Graph::~Graph() = default;
+void Graph::capture_begin(const Graph*) { no_cuda("Graph::capture_begin"); }
+void Graph::capture_end() { no_cuda("Graph::capture_end"); }
+void Graph::replay() { no_cuda("Graph::replay"); }
+void Graph::reset() {}
+bool Graph::captured() const { return false; }
+std::uint64_t Graph::pool_id() const { return 0; }
+
 }  // namespace mg::cuda

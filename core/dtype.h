@@ -13,8 +13,8 @@ namespace mg {
 
 // Floating -> integer conversion defined for every input (C++ leaves NaN and out-of-range values
 // undefined): NaN gives 0, values beyond int64's range saturate to its limits, and the int64
-// then narrows to a smaller integer type modulo 2^bits like any integer conversion. This is what
-// the GPU's conversion instruction (cvt.rzi.s64) does, so CPU and CUDA casts agree bit for bit.
+// then narrows to a smaller integer type modulo 2^bits like any integer conversion. The CUDA
+// casts (core/cuda/dtype_cuda.cuh, from_double) do the same, so both devices agree bit for bit.
 inline int64_t float_to_int64(double v) {
   if (v != v) return 0;
   if (v >= 0x1p63) return INT64_MAX;

@@ -47,8 +47,8 @@ void CachingAllocator::begin_allocate_to_pool(PoolId id, StreamId stream) {
            " does not exist (never created, or already released) on device ", device_index_);
   MG_CHECK(!is_pool_key(stream), ValueError, "CachingAllocator::begin_allocate_to_pool: stream ", stream,
            " is not a stream handle");
-  MG_CHECK(std::none_of(routes_.begin(), routes_.end(), [&](const auto& r) { return r.first == stream; }),
-           ValueError, "CachingAllocator::begin_allocate_to_pool: the stream already allocates into a graph pool");
+  MG_CHECK(std::none_of(routes_.begin(), routes_.end(), [&](const auto& r) { return r.first == stream; }), ValueError,
+           "CachingAllocator::begin_allocate_to_pool: the stream already allocates into a graph pool");
   routes_.emplace_back(stream, pool_key(id));
 }
 

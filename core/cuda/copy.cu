@@ -169,6 +169,10 @@ void cuda_copy(const Tensor& dst, const Tensor& src, bool non_blocking) {
     MG_CUDA_CHECK(cudaMemcpyPeer(stage.raw_data(), dst.device().index, s.raw_data(), src.device().index, s.nbytes()));
     return device_copy(dst, stage);
   }
+  const int capture_device = dst.is_cuda() ? dst.device().index : src.device().index;
+  MG_CHECK(!is_capturing(capture_device), DeviceError, "copy_: a copy between ", src.device(), " and ", dst.device(),
+           " during CUDA graph capture (item(), to(cpu) or a host tensor's upload); a captured step reads and "
+           "writes device tensors only: copy inputs into static device tensors before replay()");
   if (dst.is_cuda()) {
     // Host -> device: make the host side contiguous in the destination dtype, then one memcpy.
     Tensor h = raw::contiguous(raw::to_dtype(src, dst.dtype()));

@@ -84,7 +84,13 @@ CudaDeviceMemory::CudaDeviceMemory(int device, std::size_t map_unit) : device_(d
 void* CudaDeviceMemory::malloc(std::size_t bytes) {
   DeviceGuard g(device_);
   void* p = nullptr;
+  // A captured graph's pool may need a new segment during the capture. cudaMalloc is not a
+  // stream operation (the graph only records the address), but the default capture mode
+  // rejects it as potentially unsafe: allow it for this one call.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  MG_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
   cudaError_t e = cudaMalloc(&p, bytes);
+  MG_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
   if (e == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
     return nullptr;

@@ -46,4 +46,8 @@ class CudaDeviceMemory final : public DeviceMemory {
   std::map<std::uintptr_t, unsigned long long> page_handles_;  // page address -> CUmemGenericAllocationHandle
 };
 
+class CachingAllocator;
+// The caching allocator of device `device` (core/cuda/backend.cc), created on first use.
+CachingAllocator& caching_allocator(int device);
+
 }  // namespace mg::cuda

@@ -56,7 +56,9 @@ __device__ __forceinline__ T from_double(double v) {
   else if constexpr (std::is_same_v<T, __nv_bfloat16>)
     return __float2bfloat16(static_cast<float>(v));
   else if constexpr (std::is_integral_v<T>)
-    return static_cast<T>(static_cast<long long>(v));
+    // mg::float_to_int64 (core/dtype.h): the conversion instruction saturates out-of-range
+    // values, but turns NaN into INT64_MIN, so NaN is mapped to 0 here as on the CPU.
+    return static_cast<T>(v != v ? 0LL : static_cast<long long>(v));
   else
     return static_cast<T>(v);
 }
