@@ -38,7 +38,9 @@ Tensor as_i64(const Tensor& index) { return index.dtype() == DType::i64 ? index 
 // Returns the first out-of-range value found (has_bad false when all are legal).
 bool find_bad(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, int64_t ignore, int64_t* value) {
   const int64_t n = idx.numel();
-  if (n == 0) return false;
+  // Inside a CUDA graph capture the result could only be read at replay: no host check then
+  // (docs/cuda_graphs.md: indices in a captured step are the caller's to keep in range).
+  if (n == 0 || mg::cuda::is_capturing(idx.device().index)) return false;
   cudaStream_t st = stream_of(idx);
   Tensor buf = empty({2}, {DType::i64, idx.device()});
   MG_CUDA_CHECK(cudaMemsetAsync(buf.raw_data(), 0, sizeof(BadIndex), st));

@@ -147,7 +147,9 @@ int64_t CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& t
           <<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(px, pt, C, ignore_index, smoothing, pl, pe, pbad);
   });
   MG_CUDA_CHECK_LAUNCH("cross_entropy");
-  // One 8-byte read per call, like nll_loss's label check: a bad label must raise here.
+  // One 8-byte read per call, like nll_loss's label check: a bad label must raise here. Inside
+  // a CUDA graph capture there is nothing to read yet: the check is skipped (docs/cuda_graphs.md).
+  if (mg::cuda::is_capturing(logits.device().index)) return ignore_index;
   unsigned long long first = 0;
   MG_CUDA_CHECK(cudaMemcpyAsync(&first, pbad, sizeof first, cudaMemcpyDeviceToHost, st));
   MG_CUDA_CHECK(cudaStreamSynchronize(st));

@@ -510,6 +510,9 @@ void CudaBackend::max_min(const Tensor& a, int64_t dim, bool is_max, const Tenso
 template <>
 bool CudaBackend::has_nonfinite(const Tensor& a) {
   if (!is_floating(a.dtype()) || a.numel() == 0) return false;
+  MG_CHECK(!mg::cuda::is_capturing(a.device().index), DeviceError,
+           "has_nonfinite: reads its answer on the host, which a CUDA graph capture cannot do (an inf check "
+           "inside a captured step must stay on the device)");
   mg::cuda::DeviceGuard g(a.device());
   cudaStream_t st = stream_of(a);
   Tensor flag = empty({1}, {DType::i32, a.device()});
