@@ -7,6 +7,10 @@
 //                      scaling here: bench_amp has the full GradScaler step)
 //   --tf32             f32 matmuls and convolutions on TF32 tensor cores (kernels::set_allow_tf32),
 //                      the row to set beside PyTorch's allow_tf32 = True
+// Models (--model resnet50|gpt2|all, or mlp): ResNet-50 and GPT-2 124M as above; mlp, only when
+// named, is the main job's MLP 784-256-128-10 (B=64).
+//   --cuda-graph       the whole step (forward, backward, SGD) captured into a CUDA graph after
+//                      --warmup eager steps (mg::CapturedStep) and timed as replays
 //   --profile          then runs --steps more steps under CUPTI and prints, per kernel,
 //                      calls and ms per step, and how busy the device was (launch overhead)
 // The JSON line carries step_ms (median), step_ms_min / step_ms_max and n_runs for the suite
@@ -29,6 +33,7 @@
 namespace {
 
 bool g_profile = false;
+bool g_graph = false;
 mg::DType g_dtype = mg::DType::f32;
 
 struct Result {
@@ -68,6 +73,15 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
   return r;
 }
 
+// measure() of the eager step, or with --cuda-graph of its replays (the capture's warm-up is
+// the eager warm-up; two replays warm the graph itself).
+template <class StepFn>
+Result run(StepFn& step, int warmup, int steps, mg::Device dev) {
+  if (!g_graph) return measure(step, warmup, steps, dev);
+  mg::CapturedStep captured(step, warmup);
+  return measure([&] { captured.replay(); }, 2, steps, dev);
+}
+
 void print(const char* model, const char* config, const Result& r) {
   std::printf(
       "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"step_ms\":%.2f,\"step_ms_min\":%.2f,"
@@ -88,6 +102,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--profile")) g_profile = true;
     if (!std::strcmp(argv[i], "--tf32")) tf32 = true;
+    if (!std::strcmp(argv[i], "--cuda-graph")) g_graph = true;
   }
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--dtype"))
@@ -107,7 +122,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_models: --dtype must be f32, f16 or bf16, got %s\n", dtype.c_str());
     return 2;
   }
-  const std::string tag = " " + dtype + (dtype == "f32" ? "" : " autocast") + (tf32 ? " TF32" : "");
+  const std::string tag =
+      " " + dtype + (dtype == "f32" ? "" : " autocast") + (tf32 ? " TF32" : "") + (g_graph ? " CUDA graph" : "");
   if (!mg::cuda::is_available()) {
     std::fprintf(stderr, "bench_models: no CUDA device; nothing to measure\n");
     return 0;
@@ -115,6 +131,34 @@ int main(int argc, char** argv) {
   const mg::Device dev = mg::Device::cuda(0);
   mg::kernels::set_allow_tf32(tf32);
   mg::manual_seed(0);
+  if (which == "mlp") {  // not in "all": the suite's model rows are ResNet-50 and GPT-2
+    // The main job's MLP (examples/fashion_mnist): launch-bound, where capture matters most.
+    auto model = std::make_shared<mg::nn::Sequential>();
+    const std::vector<int64_t> widths{784, 256, 128, 10};
+    for (size_t i = 0; i + 1 < widths.size(); ++i) {
+      model->push_back(
+          std::make_shared<mg::nn::Linear>(widths[i], widths[i + 1], true, mg::TensorOptions(mg::DType::f32, dev)));
+      if (i + 2 < widths.size()) model->push_back(std::make_shared<mg::nn::ReLU>());
+    }
+    mg::optim::SGDOptions o;
+    o.lr = 0.01;
+    o.momentum = 0.9;
+    mg::optim::SGD opt(model->parameters(), o);
+    mg::Tensor x = mg::randn({64, 784}, {mg::DType::f32, dev});
+    mg::Tensor y = mg::randint(0, 10, {64}, {mg::DType::i64, dev});
+    auto step = [&] {
+      opt.zero_grad();
+      mg::Tensor loss;
+      {
+        mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
+                        g_dtype != mg::DType::f32);
+        loss = mg::cross_entropy(model->forward(x), y);
+      }
+      loss.backward();
+      opt.step();
+    };
+    print("mlp", ("784-256-128-10 B=64" + tag).c_str(), run(step, warmup, steps, dev));
+  }
   if (which == "all" || which == "resnet50") {
     auto model = mg::nn::resnet50(1000, mg::TensorOptions(mg::DType::f32, dev));
     model->train();
@@ -135,7 +179,7 @@ int main(int argc, char** argv) {
       loss.backward();
       opt.step();
     };
-    print("resnet50", ("B=64 224x224" + tag).c_str(), measure(step, warmup, steps, dev));
+    print("resnet50", ("B=64 224x224" + tag).c_str(), run(step, warmup, steps, dev));
   }
   if (which == "all" || which == "gpt2") {
     mg::cuda::empty_cache();
@@ -159,7 +203,7 @@ int main(int argc, char** argv) {
       loss.backward();
       opt.step();
     };
-    print("gpt2-124M", ("B=8 T=1024" + tag).c_str(), measure(step, warmup, steps, dev));
+    print("gpt2-124M", ("B=8 T=1024" + tag).c_str(), run(step, warmup, steps, dev));
   }
   return 0;
 }

@@ -4,6 +4,7 @@
 //   - with grad (the same plus recording a tape node),
 //   - forward + backward of a chain of adds (the tape's replay cost per op),
 //   - the adds captured in a CUDA graph and replayed (what is left without host work),
+//   - the parts: an output tensor made and dropped, one enqueue into the stream (event record),
 // on the CPU and, when there is a device, on CUDA (the kernel is queued asynchronously; a sync
 // closes each timed batch, so a queue that fills up shows as time too). Reported as us per op
 // (the "us_per_op" counter); compare with bench/pytorch/op_overhead.py on the same machine.
@@ -95,6 +96,32 @@ void BM_AddChainBackward(benchmark::State& state) {
   report(state, dev);
 }
 
+// The parts of an eager op, to see where its time goes: an output tensor made and dropped
+// (TensorImpl, caching allocator, category stats), and one enqueue into the stream (an event
+// record: the driver's floor for anything queued, a kernel launch included).
+void BM_EmptyTensor(benchmark::State& state) {
+  Device dev;
+  if (!pick_device(state, &dev)) return;
+  for (auto _ : state)
+    for (int i = 0; i < kOpsPerIter; ++i) benchmark::DoNotOptimize(empty({1}, {DType::f32, dev}));
+  report(state, dev);
+}
+
+void BM_EventRecord(benchmark::State& state) {
+  if (!cuda::is_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  const Device dev = Device::cuda(0);
+  const cuda::Stream stream = cuda::Stream::current(0);
+  cuda::Event ev;
+  for (auto _ : state) {
+    for (int i = 0; i < kOpsPerIter; ++i) ev.record(stream);
+    sync(dev);
+  }
+  report(state, dev);
+}
+
 // The same 100 adds (no grad) captured once into a CUDA graph and replayed: what remains per op
 // when the host work is gone (CUDA only).
 void BM_AddCaptured(benchmark::State& state) {
@@ -126,6 +153,8 @@ BENCHMARK(BM_AddNoGrad)->Arg(0)->Arg(1)->ArgName("cuda")->Unit(benchmark::kMicro
 BENCHMARK(BM_AddWithGrad)->Arg(0)->Arg(1)->ArgName("cuda")->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AddChainBackward)->Arg(0)->Arg(1)->ArgName("cuda")->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AddCaptured)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_EmptyTensor)->Arg(0)->Arg(1)->ArgName("cuda")->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_EventRecord)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace mg::bench

@@ -1,5 +1,6 @@
 #include "core/captured_step.h"
 
+#include "core/cuda_memory.h"
 #include "core/error.h"
 
 namespace mg {
@@ -18,6 +19,13 @@ CapturedStep::CapturedStep(std::function<void()> step, int warmup, const Capture
   {
     cuda::StreamGuard on_side(side);
     for (int i = 0; i < warmup; ++i) step();
+    // The warm-up's activations sit in the eager cache now; the capture allocates its own in the
+    // graph's pool. Give the cached ones back first so the two do not add up (a ResNet-50 step:
+    // 6.43 GiB reserved with them kept on the H200, against 3.09 GiB eager).
+    if (warmup > 0) {
+      cuda::synchronize(device);
+      cuda::empty_cache();
+    }
     graph_.capture_begin(share_pool_with ? &share_pool_with->graph_ : nullptr);
     try {
       step();

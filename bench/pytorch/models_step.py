@@ -9,9 +9,12 @@ bench_models prints them, so the suite pairs them):
   f32 TF32   TF32 on for matmuls and convolutions (bench_models --tf32)
   bf16 autocast, and for ResNet-50 also with channels_last (PyTorch's best eager layout)
 --compile runs the bf16 rows through torch.compile (side "pytorch_compile").
+--cuda-graph captures the whole step (forward, backward, fused SGD) with torch.cuda.graph after
+warm-up on a side stream, PyTorch's whole-network capture recipe (side "pytorch_graph", config
+suffix " CUDA graph" as bench_models --cuda-graph prints it).
 Prints one JSON line per row.
     python3 bench/pytorch/models_step.py [--rows all|bf16] [--model all|resnet50|gpt2] [--compile]
-                                         [--steps N] [--warmup N]
+                                         [--cuda-graph] [--steps N] [--warmup N]
 """
 import argparse
 import json
@@ -106,9 +109,17 @@ def gpt2(channels_last):
     return m, lambda model: F.cross_entropy(model(idx).view(-1, 50304), tgt.view(-1))
 
 
-MODELS = {"resnet50": ("B=64 224x224", resnet50), "gpt2-124M": ("B=8 T=1024", gpt2)}
+def mlp(channels_last):
+    m = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10)).cuda()
+    x = torch.randn(64, 784, device="cuda")
+    y = torch.randint(0, 10, (64,), device="cuda")
+    return m, lambda model: F.cross_entropy(model(x), y)
+
+
+MODELS = {"mlp": ("784-256-128-10 B=64", mlp), "resnet50": ("B=64 224x224", resnet50),
+          "gpt2-124M": ("B=8 T=1024", gpt2)}
 # (precision tag as bench_models prints it, TF32, autocast dtype, channels_last, models)
-ROWS = [("f32", False, None, False, ("resnet50", "gpt2-124M")),
+ROWS = [("f32", False, None, False, ("mlp", "resnet50", "gpt2-124M")),  # mlp only with --model mlp
         ("f32 TF32", True, None, False, ("resnet50", "gpt2-124M")),
         ("bf16 autocast", False, torch.bfloat16, False, ("resnet50", "gpt2-124M")),
         ("bf16 autocast channels_last", False, torch.bfloat16, True, ("resnet50",))]
@@ -128,9 +139,24 @@ def run_row(model, tag, tf32, dtype, channels_last, compiled, a):
             loss = loss_of(fwd)
         loss.backward()
         opt.step()
-    r = measure(step, a.warmup, a.steps)
+    side = "pytorch_compile" if compiled else "pytorch_eager"
+    if a.cuda_graph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(a.warmup):
+                step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(g):
+            step()
+        r = measure(g.replay, 2, a.steps)
+        side, tag = "pytorch_graph", tag + " CUDA graph"
+    else:
+        r = measure(step, a.warmup, a.steps)
     print(json.dumps({"framework": f"pytorch {torch.__version__}", "model": model, "config": f"{config} {tag}",
-                      "side": "pytorch_compile" if compiled else "pytorch_eager", **r}), flush=True)
+                      "side": side, **r}), flush=True)
     del m, opt, fwd
     torch.cuda.empty_cache()
 
@@ -140,6 +166,7 @@ def main():
     ap.add_argument("--rows", default="all", choices=["all", "bf16"])
     ap.add_argument("--model", default="all", choices=["all", *MODELS])
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--cuda-graph", action="store_true")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     a = ap.parse_args()
@@ -147,7 +174,7 @@ def main():
         if a.rows == "bf16" and dtype is None:
             continue
         for model in models:
-            if a.model in ("all", model):
+            if a.model == model or (a.model == "all" and model != "mlp"):
                 run_row(model, tag, tf32, dtype, channels_last, a.compile, a)
 
 

@@ -74,7 +74,9 @@ Tensor GPT::embed(const Tensor& idx, int64_t start) {
   const int64_t T = idx.size(1);
   MG_CHECK(start + T <= config.block_size, ValueError, "GPT: sequence length ", start + T, " exceeds block_size ",
            config.block_size);
-  Tensor pos = arange(static_cast<double>(start), static_cast<double>(start + T), 1.0, {DType::i64, idx.device()});
+  if (!positions_.defined() || positions_.device() != idx.device())
+    positions_ = arange(0.0, static_cast<double>(config.block_size), 1.0, {DType::i64, idx.device()});
+  Tensor pos = positions_.slice(0, start, start + T);
   return (*drop)(add((*wte)(idx), (*wpe)(pos)));  // [B, T, C] + [T, C]
 }
 

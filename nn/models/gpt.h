@@ -68,6 +68,9 @@ class GPT : public Module {
 
  private:
   Tensor embed(const Tensor& idx, int64_t start);  // wte(idx) + wpe(start ..), dropout
+  // Positions 0 .. block_size - 1 on the device of the last forward, made once (arange builds on
+  // the host and uploads: a step captured into a CUDA graph may not do that, a slice of this may).
+  Tensor positions_;
 };
 
 struct GenerateOptions {
