@@ -9,6 +9,7 @@
 #include "autograd/grad_mode.h"
 #include "core/allocator.h"
 #include "core/autocast.h"
+#include "core/captured_step.h"
 #include "core/cuda_memory.h"
 #include "core/device_runtime.h"
 #include "core/nvml.h"
