@@ -1,33 +1,39 @@
 """Test-target macros: every memgrad test links gtest's main, //core and the device runtime.
 
-mg_test(name, srcs, deps = [], size = "small", ...)   a gtest binary
-mg_gpu_test(name, srcs, deps = [], cuda_only = False, ...)   one that exercises the GPU and
-    skips without one (tag "gpu", for `--test_tag_filters=-gpu`); cuda_only also drops it from
-    builds without the CUDA toolkit (for tests that include CUDA-only headers).
+mg_test(name, srcs = [name.cc], deps = [], size = "small", core_only = False, ...)   a gtest
+    binary; core_only links //core without the device runtime (for tests of what //core does
+    alone, e.g. that a CUDA tensor is a clear DeviceError without one).
+mg_gpu_test(name, srcs = [name.cc], deps = [], cuda_only = False, ...)   one that exercises the
+    GPU and skips without one (tag "gpu", for `--test_tag_filters=-gpu`); cuda_only also drops
+    it from builds without the CUDA toolkit (for tests that include CUDA-only headers).
 Other cc_test arguments (data, local_defines, shard_count, tags, ...) pass through.
+mg_test_library(name, hdrs = [name.h], deps = [], ...)   a header-only helper tests share
+    (testonly).
 """
 
 load("//tools/cuda:cuda.bzl", "cuda_compatible")
 
+_RUNTIME = "//core:runtime"
+
 _COMMON_DEPS = [
     "//core",
-    "//core:runtime",
+    _RUNTIME,
     "@system_gtest//:gtest_main",
 ]
 
-def _with_common(deps):
-    return deps + [d for d in _COMMON_DEPS if d not in deps]
+def _with_common(deps, core_only):
+    return deps + [d for d in _COMMON_DEPS if d not in deps and not (core_only and d == _RUNTIME)]
 
-def mg_test(name, srcs, deps = [], size = "small", **kwargs):
+def mg_test(name, srcs = None, deps = [], size = "small", core_only = False, **kwargs):
     native.cc_test(
         name = name,
         size = size,
-        srcs = srcs,
-        deps = _with_common(deps),
+        srcs = [name + ".cc"] if srcs == None else srcs,
+        deps = _with_common(deps, core_only),
         **kwargs
     )
 
-def mg_gpu_test(name, srcs, deps = [], size = "small", tags = [], cuda_only = False, **kwargs):
+def mg_gpu_test(name, srcs = None, deps = [], size = "small", tags = [], cuda_only = False, **kwargs):
     if cuda_only:
         kwargs["target_compatible_with"] = cuda_compatible()
     mg_test(
@@ -36,5 +42,13 @@ def mg_gpu_test(name, srcs, deps = [], size = "small", tags = [], cuda_only = Fa
         deps = deps,
         size = size,
         tags = tags + ([] if "gpu" in tags else ["gpu"]),
+        **kwargs
+    )
+
+def mg_test_library(name, hdrs = None, **kwargs):
+    native.cc_library(
+        name = name,
+        testonly = True,
+        hdrs = [name + ".h"] if hdrs == None else hdrs,
         **kwargs
     )
