@@ -14,6 +14,7 @@
 #include <string>
 #include <tuple>
 
+#include "bench/event_time.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/transformer_functions.h"
@@ -43,34 +44,9 @@ double flops(const Shape& s, bool causal, bool backward) {
   return causal ? f / 2 : f;
 }
 
-// Runs step 3 times to warm up, then once per iteration between CUDA events (manual time);
-// returns the mean ms.
-template <class F>
-double timed_ms(benchmark::State& state, F&& step) {
-  cuda::Event start(true), stop(true);
-  cuda::Stream s = cuda::Stream::current(0);
-  for (int i = 0; i < 3; ++i) step();
-  double total = 0;
-  int iters = 0;
-  for (auto _ : state) {
-    start.record(s);
-    step();
-    stop.record(s);
-    stop.synchronize();
-    const float ms = start.elapsed_ms(stop);
-    total += ms;
-    ++iters;
-    state.SetIterationTime(ms / 1e3);
-  }
-  return total / iters;
-}
-
 // Args: shape index, dtype (0 bf16, 1 f16), causal, backward, implementation.
 void BM_Attention(benchmark::State& state) {
-  if (!cuda::is_available()) {
-    state.SkipWithError("no CUDA device");
-    return;
-  }
+  if (!require_gpu(state)) return;
   const Shape sh = kShapes[state.range(0)];
   const DType dt = state.range(1) == 0 ? DType::bf16 : DType::f16;
   const bool causal = state.range(2) != 0, backward = state.range(3) != 0;
@@ -96,7 +72,7 @@ void BM_Attention(benchmark::State& state) {
     auto [out, lse] = kernels::flash_attention_forward(q, k, v, causal);
     if (backward) kernels::flash_attention_backward(dout, q, k, v, out, lse, causal);
   };
-  const double ms = timed_ms(state, step);
+  const double ms = event_time_ms(state, 3, step);
   ::unsetenv("MG_ATTENTION_KERNEL");
   state.counters["ms"] = ms;
   state.counters["TFLOP/s"] = flops(sh, causal, backward) / (ms / 1e3) / 1e12;
@@ -126,10 +102,7 @@ BENCHMARK(BM_Attention)
 std::map<bool, double> g_unpacked_ms;
 
 void BM_PackedQkvAttention(benchmark::State& state) {
-  if (!cuda::is_available()) {
-    state.SkipWithError("no CUDA device");
-    return;
-  }
+  if (!require_gpu(state)) return;
   const int64_t B = 8, T = 1024, H = 12, C = 768;
   const bool causal = state.range(0) != 0, packed = state.range(1) != 0;
   Generator gen(11);
@@ -145,7 +118,7 @@ void BM_PackedQkvAttention(benchmark::State& state) {
     }
     autograd::grad({y}, {qkv}, {dy});
   };
-  const double ms = timed_ms(state, step);
+  const double ms = event_time_ms(state, 3, step);
   state.counters["ms"] = ms;
   if (!packed)
     g_unpacked_ms[causal] = ms;

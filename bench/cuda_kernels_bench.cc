@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "bench/event_time.h"
 #include "core/device_runtime.h"
 #include "core/random.h"
 #include "core/tensor.h"
@@ -22,34 +23,16 @@ const Device kGpu = Device::cuda(0);
 constexpr int kWorkspaceMiB = 32;  // cuBLAS's own choice on Hopper, and memgrad's default
 double g_copy_gbps = 0;            // measured by BM_DeviceCopy, which runs first
 
-bool have_gpu(benchmark::State& state) {
-  if (cuda::is_available()) return true;
-  state.SkipWithError("no CUDA device");
-  return false;
-}
-
 const int64_t kN = int64_t{1} << 28;  // 256 Mi elements: 1 GiB in f32
 
 void BM_DeviceCopy(benchmark::State& state) {
-  if (!have_gpu(state)) return;
+  if (!require_gpu(state)) return;
   Tensor a = uniform({kN}, -1, 1, {DType::f32, kGpu}), b = empty({kN}, {DType::f32, kGpu});
   const double bytes = 2.0 * kN * 4;
-  double total_ms = 0;
-  int iters = 0;
-  cuda::Event start(true), stop(true);
-  cuda::Stream s = cuda::Stream::current(0);
-  for (auto _ : state) {
-    start.record(s);
-    cudaMemcpyAsync(b.raw_data(), a.raw_data(), kN * 4, cudaMemcpyDeviceToDevice,
-                    static_cast<cudaStream_t>(s.handle()));
-    stop.record(s);
-    stop.synchronize();
-    float ms = start.elapsed_ms(stop);
-    total_ms += ms;
-    ++iters;
-    state.SetIterationTime(ms / 1e3);
-  }
-  g_copy_gbps = bytes * iters / (total_ms / 1e3) / 1e9;
+  const auto stream = static_cast<cudaStream_t>(cuda::Stream::current(0).handle());
+  const double ms = event_time_ms(
+      state, 0, [&] { cudaMemcpyAsync(b.raw_data(), a.raw_data(), kN * 4, cudaMemcpyDeviceToDevice, stream); });
+  g_copy_gbps = bytes / (ms / 1e3) / 1e9;
   state.counters["GB/s"] = g_copy_gbps;
   state.SetLabel("cudaMemcpy device-to-device, read + write bytes");
 }
@@ -58,22 +41,7 @@ BENCHMARK(BM_DeviceCopy)->UseManualTime()->Unit(benchmark::kMillisecond);
 // Runs fn under events and reports GB/s and fraction of the copy bandwidth.
 template <class F>
 void bandwidth(benchmark::State& state, double bytes, F&& fn) {
-  cuda::Event start(true), stop(true);
-  cuda::Stream s = cuda::Stream::current(0);
-  for (int i = 0; i < 2; ++i) fn();
-  double total_ms = 0;
-  int iters = 0;
-  for (auto _ : state) {
-    start.record(s);
-    fn();
-    stop.record(s);
-    stop.synchronize();
-    float ms = start.elapsed_ms(stop);
-    total_ms += ms;
-    ++iters;
-    state.SetIterationTime(ms / 1e3);
-  }
-  double gbps = bytes * iters / (total_ms / 1e3) / 1e9;
+  const double gbps = bytes / (event_time_ms(state, 2, fn) / 1e3) / 1e9;
   state.counters["GB/s"] = gbps;
   if (g_copy_gbps > 0) state.counters["of_copy"] = gbps / g_copy_gbps;
 }
@@ -81,7 +49,7 @@ void bandwidth(benchmark::State& state, double bytes, F&& fn) {
 DType dtype_arg(int64_t i) { return i == 0 ? DType::f32 : i == 1 ? DType::f16 : DType::bf16; }
 
 void BM_Add(benchmark::State& state) {
-  if (!have_gpu(state)) return;
+  if (!require_gpu(state)) return;
   DType dt = dtype_arg(state.range(0));
   Tensor a = uniform({kN}, -1, 1, {dt, kGpu}), b = uniform({kN}, -1, 1, {dt, kGpu});
   bandwidth(state, 3.0 * kN * dtype_size(dt), [&] { Tensor c = kernels::add(a, b); });
@@ -90,7 +58,7 @@ void BM_Add(benchmark::State& state) {
 BENCHMARK(BM_Add)->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 void BM_Gelu(benchmark::State& state) {
-  if (!have_gpu(state)) return;
+  if (!require_gpu(state)) return;
   DType dt = dtype_arg(state.range(0));
   Tensor a = uniform({kN}, -3, 3, {dt, kGpu});
   bandwidth(state, 2.0 * kN * dtype_size(dt), [&] { Tensor c = kernels::unary(kernels::Unary::GeluTanh, a); });
@@ -99,7 +67,7 @@ void BM_Gelu(benchmark::State& state) {
 BENCHMARK(BM_Gelu)->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 void BM_BroadcastAdd(benchmark::State& state) {
-  if (!have_gpu(state)) return;
+  if (!require_gpu(state)) return;
   DType dt = dtype_arg(state.range(0));
   const int64_t rows = kN / 4096;
   Tensor a = uniform({rows, 4096}, -1, 1, {dt, kGpu}), bias = uniform({4096}, -1, 1, {dt, kGpu});
@@ -109,7 +77,7 @@ void BM_BroadcastAdd(benchmark::State& state) {
 BENCHMARK(BM_BroadcastAdd)->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 void BM_Softmax(benchmark::State& state) {
-  if (!have_gpu(state)) return;
+  if (!require_gpu(state)) return;
   DType dt = dtype_arg(state.range(0));
   const int64_t cols = state.range(1), rows = kN / cols;
   Tensor a = uniform({rows, cols}, -5, 5, {dt, kGpu});
@@ -119,7 +87,7 @@ void BM_Softmax(benchmark::State& state) {
 BENCHMARK(BM_Softmax)->ArgsProduct({{0, 1, 2}, {1024, 50304}})->UseManualTime()->Unit(benchmark::kMillisecond);
 
 void BM_Sum(benchmark::State& state) {
-  if (!have_gpu(state)) return;
+  if (!require_gpu(state)) return;
   DType dt = dtype_arg(state.range(0));
   Tensor a = uniform({kN / 4096, 4096}, -1, 1, {dt, kGpu});
   bandwidth(state, 1.0 * kN * dtype_size(dt), [&] { Tensor c = kernels::sum(a, {-1}); });
@@ -130,40 +98,26 @@ BENCHMARK(BM_Sum)->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMil
 // ---- GEMM ----
 const int64_t kM = 8192;
 
-void gemm_flops(benchmark::State& state, double total_ms, int iters) {
-  state.counters["TFLOP/s"] = 2.0 * kM * kM * kM * iters / (total_ms / 1e3) / 1e12;
+void gemm_flops(benchmark::State& state, double ms) {
+  state.counters["TFLOP/s"] = 2.0 * kM * kM * kM / (ms / 1e3) / 1e12;
 }
 
 void BM_Matmul(benchmark::State& state) {
-  if (!have_gpu(state)) return;
+  if (!require_gpu(state)) return;
   const int mode = static_cast<int>(state.range(0));  // 0 f32, 1 f32+tf32, 2 f16, 3 bf16
   DType dt = mode <= 1 ? DType::f32 : mode == 2 ? DType::f16 : DType::bf16;
   kernels::set_allow_tf32(mode == 1);
   Tensor a = uniform({kM, kM}, -1, 1, {dt, kGpu}), b = uniform({kM, kM}, -1, 1, {dt, kGpu});
   Tensor c = empty({kM, kM}, {dt, kGpu});
-  cuda::Event start(true), stop(true);
-  cuda::Stream s = cuda::Stream::current(0);
-  for (int i = 0; i < 3; ++i) kernels::gemm(a, false, b, false, c);
-  double total = 0;
-  int iters = 0;
-  for (auto _ : state) {
-    start.record(s);
-    kernels::gemm(a, false, b, false, c);
-    stop.record(s);
-    stop.synchronize();
-    float ms = start.elapsed_ms(stop);
-    total += ms;
-    ++iters;
-    state.SetIterationTime(ms / 1e3);
-  }
+  const double ms = event_time_ms(state, 3, [&] { kernels::gemm(a, false, b, false, c); });
   kernels::set_allow_tf32(false);
-  gemm_flops(state, total, iters);
+  gemm_flops(state, ms);
   state.SetLabel(std::string("memgrad kernels::gemm 8192^3 ") + dtype_name(dt) + (mode == 1 ? " (TF32)" : ""));
 }
 BENCHMARK(BM_Matmul)->DenseRange(0, 3)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 void BM_CublasDirect(benchmark::State& state) {
-  if (!have_gpu(state)) return;
+  if (!require_gpu(state)) return;
   const int mode = static_cast<int>(state.range(0));
   DType dt = mode <= 1 ? DType::f32 : mode == 2 ? DType::f16 : DType::bf16;
   cudaDataType_t ct = dt == DType::f32 ? CUDA_R_32F : dt == DType::f16 ? CUDA_R_16F : CUDA_R_16BF;
@@ -179,27 +133,11 @@ void BM_CublasDirect(benchmark::State& state) {
     cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, kM, kM, kM, &alpha, b.raw_data(), ct, kM, a.raw_data(), ct, kM, &beta,
                  c.raw_data(), ct, kM, comp, CUBLAS_GEMM_DEFAULT);
   };
-  for (int i = 0; i < 3; ++i) run();
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  double total = 0;
-  int iters = 0;
-  for (auto _ : state) {
-    cudaEventRecord(e0);
-    run();
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    total += ms;
-    ++iters;
-    state.SetIterationTime(ms / 1e3);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  // The handle has no stream set: it runs on the legacy default stream, which is also
+  // memgrad's current stream here (no StreamGuard), so the events bracket the GEMM.
+  const double ms = event_time_ms(state, 3, run);
   cublasDestroy(h);
-  gemm_flops(state, total, iters);
+  gemm_flops(state, ms);
   state.SetLabel(std::string("cuBLAS cublasGemmEx directly 8192^3 ") + dtype_name(dt) + (mode == 1 ? " (TF32)" : ""));
 }
 BENCHMARK(BM_CublasDirect)->DenseRange(0, 3)->UseManualTime()->Unit(benchmark::kMillisecond);

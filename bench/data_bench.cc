@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/flag_value.h"
 #include "core/cuda_memory.h"
 #include "core/device_runtime.h"
 #include "data/dataloader.h"
@@ -77,13 +78,7 @@ Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_data: %s needs a value\n", k.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto val = [&] { return mg::bench::flag_value("bench_data", argc, argv, i); };
     if (k == "--images")
       a.images = std::stoll(val());
     else if (k == "--batch")

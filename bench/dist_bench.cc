@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "autograd/functions.h"
+#include "bench/flag_value.h"
 #include "core/allocator.h"
 #include "core/device_runtime.h"
 #include "core/random.h"
@@ -51,13 +52,7 @@ Args parse(int argc, char** argv) {
                                       {"--vocab", &a.vocab}};
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::cerr << "dist_bench: " << k << " needs a value\n";
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto next = [&] { return mg::bench::flag_value("dist_bench", argc, argv, i); };
     if (k.rfind("--benchmark", 0) == 0) continue;  // tools/run_staged.sh passes Google Benchmark flags
     if (ints.count(k)) {
       *ints[k] = std::stoi(next());

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "autograd/recompute.h"
+#include "bench/flag_value.h"
 #include "autograd/functions.h"
 #include "core/allocator.h"
 #include "core/autocast.h"
@@ -290,13 +291,7 @@ int main(int argc, char** argv) {
   bool force_cpu = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_recompute: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto next = [&] { return mg::bench::flag_value("bench_recompute", argc, argv, i); };
     if (a == "--cpu")
       force_cpu = true;
     else if (a == "--dtype")

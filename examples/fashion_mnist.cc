@@ -106,91 +106,34 @@ Optimizer, schedule and clipping:
   std::exit(2);
 }
 
-int64_t parse_int(const std::string& flag, const std::string& v) {
-  try {
-    size_t pos = 0;
-    long long x = std::stoll(v, &pos);
-    if (pos == v.size()) return x;
-  } catch (const std::exception&) {
-  }
-  usage_error(flag + " expects an integer, got \"" + v + "\"");
-}
-
-double parse_double(const std::string& flag, const std::string& v) {
-  try {
-    size_t pos = 0;
-    double x = std::stod(v, &pos);
-    if (pos == v.size()) return x;
-  } catch (const std::exception&) {
-  }
-  usage_error(flag + " expects a number, got \"" + v + "\"");
-}
-
 Flags parse_flags(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i], value;
-    if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage << mg::examples::kTrainingUsage;
-      std::exit(0);
-    }
-    if (arg == "--no-progress") {
-      f.progress = false;
-      continue;
-    }
-    if (arg == "--pin-memory") {
-      f.pin_memory = true;
-      continue;
-    }
-    if (arg.rfind("--", 0) != 0) usage_error("unexpected argument \"" + arg + "\"");
-    auto eq = arg.find('=');
-    if (eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    } else {
-      if (i + 1 >= argc) usage_error(arg + " needs a value");
-      value = argv[++i];
-    }
-    try {
-      if (mg::examples::parse_training_flag(f.train, arg, value)) continue;
-    } catch (const mg::ValueError& e) {
-      usage_error(e.what());
-    }
-    if (arg == "--epochs")
-      f.epochs = parse_int(arg, value);
-    else if (arg == "--batch-size")
-      f.batch_size = parse_int(arg, value);
-    else if (arg == "--workers")
-      f.workers = static_cast<int>(parse_int(arg, value));
-    else if (arg == "--amp")
-      f.amp = value;
-    else if (arg == "--save")
-      f.save_path = value;
-    else if (arg == "--resume")
-      f.resume_path = value;
-    else if (arg == "--stop-after")
-      f.stop_after = parse_int(arg, value);
-    else if (arg == "--dropout")
-      f.dropout = parse_double(arg, value);
-    else if (arg == "--seed")
-      f.seed = static_cast<uint64_t>(parse_int(arg, value));
-    else if (arg == "--model")
-      f.model = value;
-    else if (arg == "--device")
-      f.device = value;
-    else if (arg == "--limit-train")
-      f.limit_train = parse_int(arg, value);
-    else if (arg == "--eval-batch-size")
-      f.eval_batch_size = parse_int(arg, value);
-    else if (arg == "--data-dir")
-      f.data_dir = value;
-    else if (arg == "--hidden") {
-      f.hidden.clear();
-      std::stringstream ss(value);
-      for (std::string tok; std::getline(ss, tok, ',');) f.hidden.push_back(parse_int(arg, tok));
-    } else {
-      usage_error("unknown flag " + arg);
-    }
+  const mg::examples::CommandLine command_line = {
+      .usage = std::string(kUsage) + mg::examples::kTrainingUsage,
+      .switches = {{"--no-progress", {&f.progress, false}}, {"--pin-memory", {&f.pin_memory, true}}},
+      .fields =
+          {
+              {"--epochs", &f.epochs},
+              {"--batch-size", &f.batch_size},
+              {"--dropout", &f.dropout},
+              {"--model", &f.model},
+              {"--device", &f.device},
+              {"--limit-train", &f.limit_train},
+              {"--eval-batch-size", &f.eval_batch_size},
+              {"--data-dir", &f.data_dir},
+              {"--amp", &f.amp},
+              {"--save", &f.save_path},
+              {"--resume", &f.resume_path},
+              {"--stop-after", &f.stop_after},
+              {"--workers", &f.workers},
+              {"--seed", &f.seed},
+              {"--hidden", &f.hidden},
+          },
+  };
+  try {
+    mg::examples::parse_command_line(argc, argv, command_line, f.train);
+  } catch (const mg::ValueError& e) {
+    usage_error(e.what());
   }
   if (f.epochs < 1) usage_error("--epochs must be >= 1");
   if (f.batch_size < 1) usage_error("--batch-size must be >= 1");

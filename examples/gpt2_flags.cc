@@ -4,7 +4,6 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
-#include <sstream>
 
 #include "core/error.h"
 
@@ -73,14 +72,6 @@ const std::map<std::string, Preset> kPresets = {
     {"gpt2", {12, 768, 12, 1024, 50304, 8, 100, 50, 10, 0, 100, 6e-4}},
 };
 
-std::vector<int64_t> parse_ids(const std::string& flag, const std::string& v) {
-  std::vector<int64_t> ids;
-  std::stringstream ss(v);
-  for (std::string tok; std::getline(ss, tok, ',');) ids.push_back(parse_integer(flag, tok));
-  MG_CHECK(!ids.empty(), ValueError, flag, " expects token ids A,B,..., got \"", v, "\"");
-  return ids;
-}
-
 }  // namespace
 
 int64_t parse_bytes(const std::string& flag, const std::string& v) {
@@ -122,77 +113,66 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
   f.train.lr = ps.lr;
   f.train.warmup_steps = -1;  // default below: steps / 20
 
-  const std::map<std::string, int64_t*> ints = {{"--n-layer", &f.model.n_layer},
-                                                {"--n-embd", &f.model.n_embd},
-                                                {"--n-head", &f.model.n_head},
-                                                {"--block-size", &f.model.block_size},
-                                                {"--vocab-size", &f.vocab_size},
-                                                {"--batch", &f.batch},
-                                                {"--steps", &f.steps},
-                                                {"--grad-accum", &f.grad_accum},
-                                                {"--eval-every", &f.eval_every},
-                                                {"--eval-iters", &f.eval_iters},
-                                                {"--sample-every", &f.sample_every},
-                                                {"--max-new-tokens", &f.max_new_tokens},
-                                                {"--top-k", &f.top_k},
-                                                {"--max-batch", &f.max_batch},
-                                                {"--stop-after", &f.stop_after}};
-  const std::map<std::string, std::string*> strings = {{"--preset", &f.preset},
-                                                       {"--prompt", &f.prompt},
-                                                       {"--data", &f.data},
-                                                       {"--bpe-encoder", &f.bpe_encoder},
-                                                       {"--bpe-vocab", &f.bpe_vocab},
-                                                       {"--init-from", &f.init_from},
-                                                       {"--logits-out", &f.logits_out},
-                                                       {"--amp", &f.amp},
-                                                       {"--recompute", &f.recompute},
-                                                       {"--save", &f.save},
-                                                       {"--resume", &f.resume},
-                                                       {"--device", &f.device}};
+  const CommandLine command_line = {
+      .usage = std::string(kGPT2Usage) + kTrainingUsage,
+      .switches = {{"--no-progress", {&f.progress, false}},
+                   {"--auto-batch", {&f.auto_batch, true}},
+                   {"--zero", {&f.zero, true}},
+                   {"--print-logits", {&f.print_logits, true}}},
+      .fields =
+          {
+              {"--preset", &f.preset},
+              {"--n-layer", &f.model.n_layer},
+              {"--n-embd", &f.model.n_embd},
+              {"--block-size", &f.model.block_size},
+              {"--dropout", &f.model.dropout},
+              {"--vocab-size", &f.vocab_size},
+              {"--batch", &f.batch},
+              {"--steps", &f.steps},
+              {"--data", &f.data},
+              {"--val-fraction", &f.val_fraction},
+              {"--bpe-encoder", &f.bpe_encoder},
+              {"--bpe-vocab", &f.bpe_vocab},
+              {"--init-from", &f.init_from},
+              {"--logits-out", &f.logits_out},
+              {"--eval-every", &f.eval_every},
+              {"--eval-iters", &f.eval_iters},
+              {"--sample-every", &f.sample_every},
+              {"--max-new-tokens", &f.max_new_tokens},
+              {"--temperature", &f.temperature},
+              {"--top-k", &f.top_k},
+              {"--prompt", &f.prompt},
+              {"--amp", &f.amp},
+              {"--recompute", &f.recompute},
+              {"--grad-accum", &f.grad_accum},
+              {"--max-batch", &f.max_batch},
+              {"--save", &f.save},
+              {"--resume", &f.resume},
+              {"--stop-after", &f.stop_after},
+              {"--device", &f.device},
+              {"--seed", &f.seed},
+              {"--nproc", &f.nproc},
+              {"--tokens", &f.logit_tokens},
+          },
+      .other =
+          [&](const std::string& flag, const std::string& value) {
+            if (flag == "--n-head") {
+              f.model.n_head = parse_integer(flag, value);
+              f.n_head_given = true;
+            } else {
+              return false;
+            }
+            return true;
+          },
+  };
+  parse_command_line(argc, argv, command_line, f.train);
+  // The command line less --nproc N (or --nproc=N), for the ranks spawn() starts.
   for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i], value;
-    if (arg == "--help" || arg == "-h") {
-      std::cout << kGPT2Usage << kTrainingUsage;
-      std::exit(0);
-    }
-    const bool is_nproc = arg == "--nproc" || arg.rfind("--nproc=", 0) == 0;
-    if (!is_nproc) f.passthrough.push_back(arg);
-    if (arg == "--no-progress" || arg == "--auto-batch" || arg == "--zero" || arg == "--print-logits") {
-      f.progress &= arg != "--no-progress";
-      f.auto_batch |= arg == "--auto-batch";
-      f.zero |= arg == "--zero";
-      f.print_logits |= arg == "--print-logits";
-      continue;
-    }
-    MG_CHECK(arg.rfind("--", 0) == 0, ValueError, "unexpected argument \"", arg, "\"");
-    if (auto eq = arg.find('='); eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    } else {
-      MG_CHECK(i + 1 < argc, ValueError, arg, " needs a value");
-      value = argv[++i];
-      if (!is_nproc) f.passthrough.push_back(value);
-    }
-    if (parse_training_flag(f.train, arg, value)) continue;
-    f.n_head_given |= arg == "--n-head";
-    if (auto it = ints.find(arg); it != ints.end())
-      *it->second = parse_integer(arg, value);
-    else if (auto st = strings.find(arg); st != strings.end())
-      *st->second = value;
-    else if (arg == "--dropout")
-      f.model.dropout = parse_number(arg, value);
-    else if (arg == "--temperature")
-      f.temperature = parse_number(arg, value);
-    else if (arg == "--val-fraction")
-      f.val_fraction = parse_number(arg, value);
-    else if (arg == "--seed")
-      f.seed = static_cast<uint64_t>(parse_integer(arg, value));
-    else if (arg == "--nproc")
-      f.nproc = static_cast<int>(parse_integer(arg, value));
-    else if (arg == "--tokens")
-      f.logit_tokens = parse_ids(arg, value);
-    else
-      throw ValueError("unknown flag " + arg);
+    const std::string arg = argv[i];
+    if (arg == "--nproc")
+      ++i;
+    else if (arg.rfind("--nproc=", 0) != 0)
+      f.passthrough.push_back(arg);
   }
   MG_CHECK(f.batch >= 1 && f.steps >= 1 && f.grad_accum >= 1, ValueError,
            "--batch, --steps and --grad-accum must be >= 1");
@@ -215,6 +195,7 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
              ValueError, "unknown --recompute \"", f.recompute,
              "\" (valid: none, per-block, selective, per-block+selective, planner:BUDGET)");
   }
+  MG_CHECK(!f.logit_tokens.empty(), ValueError, "--tokens expects token ids A,B,...");
   MG_CHECK(f.bpe_encoder.empty() == f.bpe_vocab.empty(), ValueError,
            "--bpe-encoder and --bpe-vocab go together (GPT-2's encoder.json and vocab.bpe)");
   MG_CHECK(!f.print_logits || !f.init_from.empty(), ValueError, "--print-logits needs --init-from FILE");

@@ -1,7 +1,10 @@
 #include "examples/training_setup.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <iostream>
 #include <sstream>
+#include <type_traits>
 
 #include "optim/adam.h"
 #include "optim/sgd.h"
@@ -45,48 +48,78 @@ int64_t parse_integer(const std::string& flag, const std::string& v) {
   return static_cast<int64_t>(x);
 }
 
-namespace {
-const auto& number = parse_number;
-const auto& integer = parse_integer;
-}  // namespace
+std::vector<int64_t> parse_integer_list(const std::string& flag, const std::string& v) {
+  std::vector<int64_t> out;
+  std::stringstream ss(v);
+  for (std::string tok; std::getline(ss, tok, ',');) out.push_back(parse_integer(flag, tok));
+  return out;
+}
+
+bool set_field(const FieldFlags& fields, const std::string& flag, const std::string& value) {
+  auto it = fields.find(flag);
+  if (it == fields.end()) return false;
+  std::visit(
+      [&](auto* field) {
+        using T = std::remove_pointer_t<decltype(field)>;
+        if constexpr (std::is_same_v<T, std::string>)
+          *field = value;
+        else if constexpr (std::is_same_v<T, double>)
+          *field = parse_number(flag, value);
+        else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
+          *field = parse_integer_list(flag, value);
+        else
+          *field = static_cast<T>(parse_integer(flag, value));
+      },
+      it->second);
+  return true;
+}
+
+void parse_command_line(int argc, char** argv, const CommandLine& cl, TrainingFlags& train) {
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i], value;
+    if (flag == "--help" || flag == "-h") {
+      std::cout << cl.usage;
+      std::exit(0);
+    }
+    if (auto sw = cl.switches.find(flag); sw != cl.switches.end()) {
+      *sw->second.first = sw->second.second;
+      continue;
+    }
+    MG_CHECK(flag.rfind("--", 0) == 0, ValueError, "unexpected argument \"", flag, "\"");
+    if (auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else {
+      MG_CHECK(i + 1 < argc, ValueError, flag, " needs a value");
+      value = argv[++i];
+    }
+    const bool known = set_field(cl.fields, flag, value) || parse_training_flag(train, flag, value) ||
+                       (cl.other && cl.other(flag, value));
+    MG_CHECK(known, ValueError, "unknown flag ", flag);
+  }
+}
 
 bool parse_training_flag(TrainingFlags& f, const std::string& arg, const std::string& v) {
-  if (arg == "--optimizer")
-    f.optimizer = v;
-  else if (arg == "--lr")
-    f.lr = number(arg, v);
-  else if (arg == "--momentum")
-    f.momentum = number(arg, v);
-  else if (arg == "--weight-decay")
-    f.weight_decay = number(arg, v);
-  else if (arg == "--beta1")
-    f.beta1 = number(arg, v);
-  else if (arg == "--beta2")
-    f.beta2 = number(arg, v);
-  else if (arg == "--eps")
-    f.eps = number(arg, v);
-  else if (arg == "--scheduler")
-    f.scheduler = v;
-  else if (arg == "--lr-schedule") {
-    MG_CHECK(v == "constant" || v == "cosine", ValueError, "unknown --lr-schedule \"", v,
-             "\" (valid: constant, cosine)");
-    f.scheduler = v == "constant" ? "none" : v;
-  } else if (arg == "--warmup-steps")
-    f.warmup_steps = integer(arg, v);
-  else if (arg == "--step-size")
-    f.step_size = integer(arg, v);
-  else if (arg == "--milestones") {
-    f.milestones.clear();
-    std::stringstream ss(v);
-    for (std::string tok; std::getline(ss, tok, ',');) f.milestones.push_back(integer(arg, tok));
-  } else if (arg == "--gamma")
-    f.gamma = number(arg, v);
-  else if (arg == "--patience")
-    f.patience = integer(arg, v);
-  else if (arg == "--clip-grad-norm")
-    f.clip_grad_norm = number(arg, v);
-  else
-    return false;
+  const FieldFlags fields = {
+      {"--optimizer", &f.optimizer},
+      {"--lr", &f.lr},
+      {"--momentum", &f.momentum},
+      {"--weight-decay", &f.weight_decay},
+      {"--beta1", &f.beta1},
+      {"--beta2", &f.beta2},
+      {"--eps", &f.eps},
+      {"--scheduler", &f.scheduler},
+      {"--warmup-steps", &f.warmup_steps},
+      {"--step-size", &f.step_size},
+      {"--gamma", &f.gamma},
+      {"--patience", &f.patience},
+      {"--milestones", &f.milestones},
+      {"--clip-grad-norm", &f.clip_grad_norm},
+  };
+  if (set_field(fields, arg, v)) return true;
+  if (arg != "--lr-schedule") return false;
+  MG_CHECK(v == "constant" || v == "cosine", ValueError, "unknown --lr-schedule \"", v, "\" (valid: constant, cosine)");
+  f.scheduler = v == "constant" ? "none" : v;
   return true;
 }
 

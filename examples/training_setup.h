@@ -3,8 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "core/state_dict.h"
@@ -34,6 +38,31 @@ extern const char* kTrainingUsage;
 // "3.5" -> 3.5 and "12" -> 12 for flag `flag`; anything else is an mg::ValueError naming the flag.
 double parse_number(const std::string& flag, const std::string& v);
 int64_t parse_integer(const std::string& flag, const std::string& v);
+
+// "2,5,9" -> {2, 5, 9} for flag `flag` (each as parse_integer reads it).
+std::vector<int64_t> parse_integer_list(const std::string& flag, const std::string& v);
+
+// Flags that each set one field, the value parsed as the field's type (parse_integer for the
+// integers, parse_number, parse_integer_list, or the text as it is).
+using FieldFlags =
+    std::map<std::string, std::variant<int*, int64_t*, uint64_t*, double*, std::string*, std::vector<int64_t>*>>;
+
+// Sets the field `flag` names from `value`; false when `flag` names none.
+bool set_field(const FieldFlags& fields, const std::string& flag, const std::string& value);
+
+// A program's flags, for parse_command_line.
+struct CommandLine {
+  std::string usage;  // --help and -h print it and exit
+  // Flags without a value: the field each sets and the value it sets it to.
+  std::map<std::string, std::pair<bool*, bool>> switches;
+  FieldFlags fields;
+  // Every other flag, with its value; false for a flag the program does not know.
+  std::function<bool(const std::string& flag, const std::string& value)> other;
+};
+
+// Parses argv[1..] ("--flag value" or "--flag=value") into cl's fields and the training flags; an
+// unknown flag, a missing value or a bad one is an mg::ValueError naming the flag.
+void parse_command_line(int argc, char** argv, const CommandLine& cl, TrainingFlags& train);
 
 // Consumes `arg value` when it is one of the flags above; false otherwise.
 // Bad values throw mg::ValueError naming the flag.
