@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "autograd/engine.h"
+#include "tests/error_of.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "core/random.h"
@@ -21,17 +22,7 @@ Tensor leaf(std::initializer_list<double> v, const Shape& s) {
 
 std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
 
-// Runs f and returns the mg::Error message it threw (fails the test if it threw nothing).
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
+using mg::testing::error_of;
 
 TEST(Engine, AccumulatesAcrossBackwardCalls) {
   Tensor x = leaf({1, 2, 3}, {3});

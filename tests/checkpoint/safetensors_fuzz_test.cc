@@ -12,28 +12,12 @@
 
 #include "checkpoint/serialize.h"
 #include "core/random.h"
+#include "tests/checkpoint/all_dtypes.h"
 #include "tests/checkpoint/safetensors_mutations.h"
 #include "tests/fuzz.h"
 
 namespace mg::nn {
 namespace {
-
-StateDict source_dict() {
-  manual_seed(5);
-  StateDict sd;
-  sd.tensors["f64"] = randn({3, 4}, {DType::f64});
-  sd.tensors["f32"] = randn({5}, {DType::f32});
-  sd.tensors["f16"] = randn({2, 3}, {DType::f16});
-  sd.tensors["bf16"] = randn({7}, {DType::bf16});
-  sd.tensors["i64"] = randint(-1000, 1000, {4, 2});
-  sd.tensors["i32"] = randint(-50, 50, {6}, {DType::i32});
-  sd.tensors["u8"] = randint(0, 256, {9}, {DType::u8});
-  sd.tensors["mask"] = randint(0, 2, {3, 3}, {DType::b8});
-  sd.tensors["scalar"] = scalar_tensor(3.5, {DType::f32});
-  sd.tensors["empty"] = empty({0, 3}, {DType::f32});
-  sd.meta = {{"step", 12}, {"nested", {{"a", {1, 2, 3}}}}};
-  return sd;
-}
 
 std::string temp_file(const std::string& name) {
   const char* t = std::getenv("TEST_TMPDIR");
@@ -56,7 +40,8 @@ void expect_valid(const StateDict& sd, const std::string& what) {
 TEST(SafetensorsFuzz, DamagedFilesLoadOrRaiseMgError) {
   const uint64_t seed = mg::testing::fuzz_seed(20261129);
   mg::testing::Mutator m(seed);
-  const std::string valid = save_to_bytes(source_dict());
+  manual_seed(5);
+  const std::string valid = save_to_bytes(all_dtypes());
   const std::string path = temp_file("fuzz.safetensors");
   std::string input;
   auto one_case = [&](int it) {

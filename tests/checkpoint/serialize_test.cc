@@ -20,6 +20,7 @@
 #include "core/device_runtime.h"
 #include "nn/nn.h"
 #include "checkpoint/serialize.h"
+#include "tests/checkpoint/all_dtypes.h"
 
 namespace mg::nn {
 namespace {
@@ -46,25 +47,6 @@ void write_raw(const std::string& path, const std::string& bytes) {
 std::string bytes_of(const Tensor& t) {
   Tensor c = raw::contiguous(t.is_cuda() ? raw::to_device(t, Device::cpu()) : t);
   return std::string(static_cast<const char*>(c.raw_data()), c.nbytes());
-}
-
-// One tensor of every dtype, with scalars, empty and non-contiguous tensors among them.
-StateDict all_dtypes() {
-  StateDict sd;
-  sd.tensors["f64"] = randn({3, 4}, {DType::f64});
-  sd.tensors["f32"] = randn({5}, {DType::f32});
-  sd.tensors["f16"] = randn({2, 3}, {DType::f16});
-  sd.tensors["bf16"] = randn({7}, {DType::bf16});
-  sd.tensors["i64"] = randint(-1000000, 1000000, {4, 2});
-  sd.tensors["i32"] = randint(-5000, 5000, {6}, {DType::i32});
-  sd.tensors["u8"] = randint(0, 256, {9}, {DType::u8});
-  sd.tensors["bool"] = randint(0, 2, {3, 3}, {DType::b8});
-  sd.tensors["scalar"] = scalar_tensor(3.5, {DType::f32});
-  sd.tensors["empty"] = empty({0, 3}, {DType::f32});
-  sd.tensors["layer.0.transposed"] = randn({4, 6}).t();  // non-contiguous: saved in logical order
-  sd.meta = {
-      {"step", 12345}, {"lr", 0.1}, {"name", "run"}, {"big", 18446744073709551615ull}, {"nested", {{"a", {1, 2, 3}}}}};
-  return sd;
 }
 
 void expect_same(const StateDict& a, const StateDict& b) {

@@ -94,6 +94,13 @@ struct TrainingRun {
     }
   }
 
+  // Trains `steps` steps on the CPU, saves the checkpoint at `path` and returns the file's bytes.
+  std::string train_and_save(int steps, const std::string& path) {
+    train(steps, Device::cpu());
+    ckpt.save(path);
+    return read_file(path);
+  }
+
   std::vector<std::string> weight_bytes() const {
     std::vector<std::string> out;
     for (auto& p : model->parameters()) {
@@ -268,9 +275,7 @@ TEST(TrainingCheckpoint, ABadPartLeavesEveryPartUnchanged) {
 TEST(TrainingCheckpoint, AFailedSaveKeepsThePreviousCheckpoint) {
   const std::string path = temp_path("keep.ckpt");
   TrainingRun a(1, 77, Device::cpu());
-  a.train(2, Device::cpu());
-  a.ckpt.save(path);
-  const std::string before = read_file(path);
+  const std::string before = a.train_and_save(2, path);
   a.ckpt.add(
       "broken", []() -> StateDict { MG_THROW(ValueError, "broken component"); }, [](const StateDict&) {});
   a.train(1, Device::cpu());
@@ -286,9 +291,7 @@ TEST(TrainingCheckpoint, AFailedSaveKeepsThePreviousCheckpoint) {
 TEST(TrainingCheckpoint, FuzzDamagedCheckpointsOnlyRaiseMgErrors) {
   const std::string path = temp_path("fuzz_source.ckpt");
   TrainingRun a(1, 77, Device::cpu());
-  a.train(3, Device::cpu());
-  a.ckpt.save(path);
-  const std::string valid = read_file(path);
+  const std::string valid = a.train_and_save(3, path);
   uint64_t n;
   std::memcpy(&n, valid.data(), 8);
   const char* env = std::getenv("MG_TEST_SEED");

@@ -109,10 +109,7 @@ TEST(DataLoader, SequentialOrderWithoutShuffle) {
 // uninterrupted loader's k-th epoch (and set_epoch(0) restarts the stream).
 TEST(DataLoader, SetEpochResumesTheShuffleStream) {
   auto ds = make_ds(100);
-  DataLoaderOptions o;
-  o.batch_size = 7;
-  o.shuffle = true;
-  o.seed = 5;
+  const DataLoaderOptions o{.batch_size = 7, .shuffle = true, .seed = 5};
   DataLoader full(ds, o);
   std::vector<std::vector<int64_t>> epochs;
   for (int e = 0; e < 4; ++e) epochs.push_back(targets_of_epoch(full));
@@ -128,10 +125,7 @@ TEST(DataLoader, SetEpochResumesTheShuffleStream) {
 
 TEST(DataLoader, ShuffleIsAPermutationReproducibleAndChangesPerEpoch) {
   auto ds = make_ds(100);
-  DataLoaderOptions o;
-  o.batch_size = 7;
-  o.shuffle = true;
-  o.seed = 42;
+  DataLoaderOptions o{.batch_size = 7, .shuffle = true, .seed = 42};
   DataLoader a(ds, o), b(ds, o);
   auto a1 = targets_of_epoch(a), a2 = targets_of_epoch(a);
   auto b1 = targets_of_epoch(b), b2 = targets_of_epoch(b);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "data/idx.h"
+#include "tests/error_of.h"
 #include "tests/fuzz.h"
 
 namespace mg::data {
@@ -38,12 +39,7 @@ std::vector<unsigned char> header(unsigned char type, const std::vector<uint32_t
 }
 
 std::string message_of(const std::string& path) {
-  try {
-    read_idx(path);
-  } catch (const IOError& e) {
-    return e.what();
-  }
-  return "(no IOError)";
+  return mg::testing::error_of<IOError>([&] { read_idx(path); });
 }
 
 TEST(Idx, ReadsUnsignedBytesGz) {

@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "data/dataloader.h"
+#include "tests/error_of.h"
 #include "data/fashion_mnist.h"
 #include "data/idx.h"
 #include "data/mmap_dataset.h"
@@ -53,14 +54,7 @@ std::string fake_fashion_mnist(const std::string& name, int64_t n) {
   return root;
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const IOError& e) {
-    return e.what();
-  }
-  return "(no IOError)";
-}
+using mg::testing::error_of;
 
 ino_t inode_of(const std::string& path) {
   struct stat st {};
@@ -302,16 +296,16 @@ TEST(MmapDataset, FashionMNISTThroughARecordFile) {
 TEST(MmapDataset, TheHeaderMustMatchTheLayout) {
   const std::string p = tmp_path("layout.rec");
   write_records(p, small_layout(), zeros({4, 2, 3}), zeros({4}, {DType::i64}));
-  std::string msg = message_of([&] { MmapDataset(p, small_layout(DType::u8, DType::i32)); });
+  std::string msg = error_of<IOError>([&] { MmapDataset(p, small_layout(DType::u8, DType::i32)); });
   EXPECT_NE(msg.find("holds records of data [2, 3] u8 + target u8, not the data [2, 3] u8 + target i32"),
             std::string::npos)
       << msg;
   RecordLayout other = small_layout();
   other.data_shape = {3, 2};  // same record size, other shape: the old size check passed it
-  msg = message_of([&] { MmapDataset(p, other); });
+  msg = error_of<IOError>([&] { MmapDataset(p, other); });
   EXPECT_NE(msg.find("not the data [3, 2]"), std::string::npos) << msg;
   flip_byte(p, 40);  // a dim in the header
-  msg = message_of([&] { MmapDataset(p, small_layout()); });
+  msg = error_of<IOError>([&] { MmapDataset(p, small_layout()); });
   EXPECT_NE(msg.find("header is corrupt"), std::string::npos) << msg;
 }
 
@@ -328,7 +322,7 @@ TEST(MmapDataset, ConvertedFileIsCheckedByContent) {
   const std::vector<float> good = fashion_mnist_mmap(out)->get_batch({0, 7, 19}).data.to_vector<float>();
 
   flip_byte(out, RecordFileHeader::kBytes + 7 * 785 + 300);  // one pixel of record 7
-  std::string msg = message_of([&] { verify_records(out, l); });
+  std::string msg = error_of<IOError>([&] { verify_records(out, l); });
   EXPECT_NE(msg.find("CRC-32"), std::string::npos) << msg;
   EXPECT_NE(msg.find(out), std::string::npos) << msg;
   MmapDatasetOptions o;

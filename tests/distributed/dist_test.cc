@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "autograd/node.h"
+#include "tests/error_of.h"
 #include "data/dataloader.h"
 #include "distributed/distributed_sampler.h"
 #include "distributed/launch_env.h"
@@ -24,14 +25,7 @@ namespace {
 using namespace mg::dist::testing;
 constexpr Backend kCpu = Backend::Cpu;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using mg::testing::error_of;
 
 // ---------------- collectives ----------------
 
@@ -69,11 +63,7 @@ TEST(CpuCollectives, RendezvousThroughMasterPort) {
 }
 
 TEST(CpuCollectives, BadArgumentsAreClearErrors) {
-  ProcessGroupOptions o;
-  o.backend = kCpu;
-  o.rank = 0;
-  o.world_size = 1;
-  auto pg = init_process_group(o);
+  auto pg = init_process_group({.backend = kCpu, .rank = 0, .world_size = 1});
   Tensor t = zeros({4, 4}, {DType::f64});
   EXPECT_THROW(pg->all_reduce_async(raw::transpose(t, 0, 1), ReduceOp::Sum), ValueError);
   EXPECT_THROW(pg->all_reduce(zeros({2}, {DType::i64}), ReduceOp::Avg), DTypeError);
@@ -296,11 +286,7 @@ TEST(CpuDDP, ManySmallBucketsAndBucketViews) {
 }
 
 TEST(CpuDDP, BucketsFollowReverseParameterOrderAndTheCap) {
-  ProcessGroupOptions o;
-  o.backend = kCpu;
-  o.rank = 0;
-  o.world_size = 1;
-  auto pg = init_process_group(o);
+  auto pg = init_process_group({.backend = kCpu, .rank = 0, .world_size = 1});
   auto model = small_mlp(1, DType::f64, Device::cpu());  // params 6x16,16, 16x8,8, 8x3,3
   DistributedDataParallel one(model, pg, {.bucket_cap_mb = 25, .first_bucket_cap_mb = 25});
   ASSERT_EQ(one.bucket_assignment().size(), 1u);
@@ -354,11 +340,7 @@ TEST(CpuDDP, UnusedParameters) {
 
 TEST(CpuDDP, RejectsParametersOffTheGroupsDevice) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "needs a GPU to put a parameter elsewhere than the CPU group";
-  ProcessGroupOptions o;
-  o.backend = kCpu;
-  o.rank = 0;
-  o.world_size = 1;
-  auto pg = init_process_group(o);
+  auto pg = init_process_group({.backend = kCpu, .rank = 0, .world_size = 1});
   EXPECT_THROW(DistributedDataParallel(small_mlp(1, DType::f32, Device::cuda(0)), pg), DeviceError);
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "distributed/process_group.h"
+#include "tests/error_of.h"
 
 namespace mg::dist {
 namespace {
@@ -13,12 +14,7 @@ namespace {
 using Vars = std::map<std::string, std::string>;
 
 std::string error_of(const Vars& v) {
-  try {
-    LaunchEnv::from_variables(v);
-  } catch (const ValueError& e) {
-    return e.what();
-  }
-  return "(no error)";
+  return mg::testing::error_of<ValueError>([&] { LaunchEnv::from_variables(v); });
 }
 
 TEST(LaunchEnv, NoLauncherIsOneProcess) {

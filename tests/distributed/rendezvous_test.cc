@@ -31,16 +31,14 @@ const std::string kToken = "the-job-secret";
 
 ProcessGroupOptions opts(int rank, int world, int port, std::chrono::milliseconds timeout = 20s,
                          const std::string& addr = "127.0.0.1") {
-  ProcessGroupOptions o;
-  o.backend = Backend::Cpu;
-  o.rank = rank;
-  o.world_size = world;
-  o.local_rank = rank;
-  o.master_addr = addr;
-  o.master_port = port;
-  o.token = kToken;
-  o.timeout = timeout;
-  return o;
+  return {.backend = Backend::Cpu,
+          .rank = rank,
+          .world_size = world,
+          .local_rank = rank,
+          .master_addr = addr,
+          .master_port = port,
+          .token = kToken,
+          .timeout = timeout};
 }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }

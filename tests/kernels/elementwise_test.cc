@@ -358,14 +358,6 @@ TEST(Elementwise, EmptyTensors) {
   k::binary_(k::Binary::Mul, e, scalar_tensor(2));
 }
 
-}  // namespace
-}  // namespace mg
-
-namespace mg {
-namespace {
-using namespace mg::testing;
-namespace k = mg::kernels;
-
 // Naive broadcast reference: value of `t` (shape s) at the output multi-index `idx`.
 double at_bcast(const std::vector<double>& v, const Shape& s, const Shape& out, const std::vector<int64_t>& idx) {
   const size_t off = out.size() - s.size();
@@ -406,13 +398,6 @@ TEST(Binary, RandomBroadcastShapesVsNaive) {
   }
 }
 
-}  // namespace
-}  // namespace mg
-
-namespace mg {
-namespace {
-using namespace mg::testing;
-namespace k = mg::kernels;
 TEST(Binary, InPlaceWithWiderOperandRoundsOnce) {
   // bf16 a += f32 b: computed in f32 and rounded once (b is not rounded to bf16 first).
   Tensor a = k::cast(T({256}, {1}), DType::bf16);

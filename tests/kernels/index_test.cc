@@ -119,14 +119,6 @@ TEST(Index, NllLossForward) {
                   DTypeError, "nll_loss_forward");
 }
 
-}  // namespace
-}  // namespace mg
-
-namespace mg {
-namespace {
-using namespace mg::testing;
-namespace k = mg::kernels;
-
 TEST(Index, StridedAndNegativeIndices) {
   Generator g(60);
   Tensor a = randn({4, 5}, {DType::f64}, &g);

@@ -36,13 +36,7 @@ StepResult train_step(GPT& m, const Tensor& idx, const Tensor& targets) {
 }
 
 TEST(GPTRecompute, AllModesMatchThePlainRunBitwise) {
-  GPTConfig c;
-  c.vocab_size = 64;
-  c.block_size = 16;
-  c.n_layer = 3;
-  c.n_head = 2;
-  c.n_embd = 32;
-  c.dropout = 0.1;
+  const GPTConfig c{.vocab_size = 64, .block_size = 16, .n_layer = 3, .n_head = 2, .n_embd = 32, .dropout = 0.1};
   Generator g(1);
   GPT m(c, {}, &g);
   Tensor idx = randint(0, 64, {4, 16}, {DType::i64}, &g), targets = randint(0, 64, {4, 16}, {DType::i64}, &g);
@@ -73,13 +67,7 @@ TEST(GPTRecompute, AllModesMatchThePlainRunBitwise) {
 
 TEST(GPTRecompute, CudaModesMatchThePlainRunWithinRounding) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  GPTConfig c;
-  c.vocab_size = 256;
-  c.block_size = 64;
-  c.n_layer = 4;
-  c.n_head = 4;
-  c.n_embd = 128;
-  c.dropout = 0.1;
+  const GPTConfig c{.vocab_size = 256, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .dropout = 0.1};
   const Device dev = Device::cuda(0);
   Generator g(2);
   GPT m(c, {DType::f32, dev}, &g);

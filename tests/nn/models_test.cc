@@ -100,13 +100,7 @@ TEST(ParameterCounts, BottleneckVersusBasicBlockAtSameWidth) {
 // ---------------- GPT ----------------
 
 GPTConfig tiny_gpt(int64_t layers = 2, int64_t d = 32, int64_t vocab = 50, int64_t block = 8) {
-  GPTConfig c;
-  c.vocab_size = vocab;
-  c.block_size = block;
-  c.n_layer = layers;
-  c.n_head = 4;
-  c.n_embd = d;
-  return c;
+  return {.vocab_size = vocab, .block_size = block, .n_layer = layers, .n_head = 4, .n_embd = d};
 }
 
 TEST(GPT, TinyForwardBackwardFinite) {
@@ -210,16 +204,7 @@ TEST(GPT, SgdUpdatesTiedWeightOnce) {
 
 // ---------------- ViT ----------------
 
-ViTConfig tiny_vit() {
-  ViTConfig c;
-  c.image_size = 8;
-  c.patch_size = 4;
-  c.num_classes = 5;
-  c.dim = 16;
-  c.depth = 2;
-  c.heads = 2;
-  return c;
-}
+ViTConfig tiny_vit() { return {.image_size = 8, .patch_size = 4, .num_classes = 5, .dim = 16, .depth = 2, .heads = 2}; }
 
 TEST(ViT, TinyForwardBackwardFinite) {
   Generator g(4);

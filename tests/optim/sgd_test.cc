@@ -16,14 +16,12 @@ struct Case {
 
 SGDOptions make(double lr, double momentum = 0, double dampening = 0, double wd = 0, bool nesterov = false,
                 bool maximize = false) {
-  SGDOptions o;
-  o.lr = lr;
-  o.momentum = momentum;
-  o.dampening = dampening;
-  o.weight_decay = wd;
-  o.nesterov = nesterov;
-  o.maximize = maximize;
-  return o;
+  return {.lr = lr,
+          .momentum = momentum,
+          .dampening = dampening,
+          .weight_decay = wd,
+          .nesterov = nesterov,
+          .maximize = maximize};
 }
 
 // p0 = [1, -2]; gradients g1 = [0.5, 1], g2 = [-0.25, 0.5], g3 = [1, -1]. Expected values
