@@ -7,6 +7,9 @@ mg_gpu_test(name, srcs = [name.cc], deps = [], cuda_only = False, ...)   one tha
     GPU and skips without one (tag "gpu", for `--test_tag_filters=-gpu`); cuda_only also drops
     it from builds without the CUDA toolkit (for tests that include CUDA-only headers).
 Other cc_test arguments (data, local_defines, shard_count, tags, ...) pass through.
+mg_parity_test(name, deps = [], ...)   a CUDA-vs-CPU parity test (tests/kernels/cuda): an
+    mg_gpu_test of size medium, built only with the CUDA toolkit, linking the shared parity
+    helpers (cuda_test_util.h).
 mg_test_library(name, hdrs = [name.h], deps = [], ...)   a header-only helper tests share
     (testonly).
 """
@@ -42,6 +45,15 @@ def mg_gpu_test(name, srcs = None, deps = [], size = "small", tags = [], cuda_on
         deps = deps,
         size = size,
         tags = tags + ([] if "gpu" in tags else ["gpu"]),
+        **kwargs
+    )
+
+def mg_parity_test(name, deps = [], **kwargs):
+    mg_gpu_test(
+        name = name,
+        size = "medium",
+        cuda_only = True,
+        deps = ["//tests/kernels/cuda:cuda_test_util"] + deps,
         **kwargs
     )
 

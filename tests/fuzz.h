@@ -65,6 +65,10 @@ class Mutator {
   void splice(std::string& b);
   // Overwrites 1..4 bytes in [lo, hi) with random values or 0x00 / 0xFF / 0x7F / 0x80.
   void overwrite(std::string& b, size_t lo = 0, size_t hi = SIZE_MAX);
+  // The damage every format's fuzzer starts from, kind 0..kByteDamages-1: bits flipped anywhere
+  // or in the header [header_lo, header_hi), header bytes overwritten, a truncation, a splice.
+  static constexpr uint64_t kByteDamages = 5;
+  void damage_bytes(std::string& b, uint64_t kind, size_t header_lo, size_t header_hi);
 
  private:
   std::mt19937_64 rng_;
@@ -84,6 +88,25 @@ inline void Mutator::splice(std::string& b) {
     std::string ins(1 + below(16), '\0');
     for (char& c : ins) c = static_cast<char>(rng_());
     b.insert(below(b.size() + 1), ins);
+  }
+}
+
+inline void Mutator::damage_bytes(std::string& b, uint64_t kind, size_t header_lo, size_t header_hi) {
+  switch (kind) {
+    case 0:
+      flip_bits(b);
+      break;
+    case 1:
+      flip_bits(b, header_lo, header_hi);
+      break;
+    case 2:
+      overwrite(b, header_lo, header_hi);
+      break;
+    case 3:
+      truncate(b);
+      break;
+    default:
+      splice(b);
   }
 }
 

@@ -2,6 +2,7 @@
 // public differentiable op, run by op_table_test.cc through finite differences and device parity.
 #pragma once
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,12 @@ class Table {
   }
   std::vector<Row>& rows() { return rows_; }
   std::vector<Row> take() { return std::move(rows_); }
+  // The rows the sections add, in order (each section fills a Table).
+  static std::vector<Row> of(std::initializer_list<void (*)(Table&)> sections) {
+    Table t;
+    for (auto section : sections) section(t);
+    return t.take();
+  }
 
  private:
   std::vector<Row> rows_;

@@ -6,6 +6,7 @@
 
 #include "autograd/functions.h"
 #include "core/random.h"
+#include "tests/autograd/layouts.h"
 #include "tests/autograd/op_table.h"
 
 namespace mg::op_table {
@@ -19,45 +20,11 @@ double cond_for(int64_t k) { return 32 + 2 * std::sqrt(static_cast<double>(k)); 
 // truncation error (eps^2 times the third derivative) far below it for these smooth ops.
 constexpr double kLargeOutputEps = 1e-4;
 
-using ViewFn = std::function<Tensor(const Tensor&)>;
-struct Layout {
-  std::string name;
-  Shape base;
-  ViewFn view;  // a differentiable view, so the gradient comes back through it
-};
-const std::vector<Layout>& unary_layouts() {
-  static const std::vector<Layout> v = {
-      {"n1", {1}, [](const Tensor& t) { return t; }},
-      {"n33", {33}, [](const Tensor& t) { return t; }},
-      {"n1000", {1000}, [](const Tensor& t) { return t; }},
-      {"n4097", {4097}, [](const Tensor& t) { return t; }},
-      {"transposed", {40, 33}, [](const Tensor& t) { return t.transpose(0, 1); }},
-      {"stepped", {33, 64}, [](const Tensor& t) { return t.slice(1, 1, 64, 2); }},
-      {"offset", {4098}, [](const Tensor& t) { return t.slice(0, 1, 4098, 1); }},  // unaligned start
-  };
-  return v;
-}
-
-struct BinaryLayout {
-  std::string name;
-  Shape a, b;
-  ViewFn va, vb;
-};
-const std::vector<BinaryLayout>& binary_layouts() {
-  const ViewFn id = [](const Tensor& t) { return t; };
-  static const std::vector<BinaryLayout> v = {
-      {"same1", {1}, {1}, id, id},
-      {"same33", {33}, {33}, id, id},
-      {"same4097", {4097}, {4097}, id, id},
-      {"bcast_row_col", {33, 1}, {1, 40}, id, id},
-      {"bcast_3d", {5, 1, 7}, {3, 1}, id, id},
-      {"0dim_b", {1000}, {}, id, id},
-      {"transposed", {40, 33}, {33, 40}, [](const Tensor& t) { return t.transpose(0, 1); }, id},
-      {"stepped", {33, 64}, {33, 32}, [](const Tensor& t) { return t.slice(1, 0, 64, 2); }, id},
-      {"unaligned", {4098}, {4097}, [](const Tensor& t) { return t.slice(0, 1, 4098, 1); }, id},
-  };
-  return v;
-}
+using mg::testing::binary_layouts;
+using mg::testing::BinaryLayout;
+using mg::testing::Layout;
+using mg::testing::unary_layouts;
+using mg::testing::ViewFn;
 
 void elementwise(Table& t) {
   t.add("add", "add", {{2, 3}, {2, 3}}, [](const V& x) { return add(x[0], x[1]); });
@@ -409,14 +376,6 @@ void views(Table& t) {
 
 }  // namespace
 
-std::vector<Row> math_rows() {
-  Table t;
-  elementwise(t);
-  reductions(t);
-  linalg(t);
-  softmaxes(t);
-  views(t);
-  return t.take();
-}
+std::vector<Row> math_rows() { return Table::of({elementwise, reductions, linalg, softmaxes, views}); }
 
 }  // namespace mg::op_table

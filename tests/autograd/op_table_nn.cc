@@ -358,15 +358,7 @@ void attention(Table& t) {
 }  // namespace
 
 std::vector<Row> nn_rows() {
-  Table t;
-  joining_indexing(t);
-  losses(t);
-  dropout_and_inplace(t);
-  convolution(t);
-  pooling(t);
-  normalization(t);
-  attention(t);
-  return t.take();
+  return Table::of({joining_indexing, losses, dropout_and_inplace, convolution, pooling, normalization, attention});
 }
 
 }  // namespace mg::op_table

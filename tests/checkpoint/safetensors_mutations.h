@@ -163,22 +163,12 @@ inline std::string mutate_safetensors(const std::string& valid, Mutator& m) {
   if (!split_safetensors(valid, &p)) return valid;
   const size_t hn = p.header.size();
   std::string b = valid;
-  switch (m.below(10)) {
-    case 0:
-      m.flip_bits(b);
-      break;
-    case 1:
-      m.flip_bits(b, 8, 8 + hn);
-      break;
-    case 2:
-      m.overwrite(b, 8, 8 + hn);
-      break;
-    case 3:
-      m.truncate(b);
-      break;
-    case 4:
-      m.splice(b);
-      break;
+  const uint64_t kind = m.below(10);
+  if (kind < Mutator::kByteDamages) {
+    m.damage_bytes(b, kind, 8, 8 + hn);
+    return b;
+  }
+  switch (kind) {
     case 5: {  // the header-length field
       uint64_t v = m.below(3) == 0 ? m.rng()() : hn + m.below(17) - 8;
       if (m.below(4) == 0) v = uint64_t{0xFFFFFFFFFFFFFFFFull} - m.below(16);

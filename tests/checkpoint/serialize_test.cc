@@ -39,10 +39,6 @@ std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
-void write_raw(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 std::string bytes_of(const Tensor& t) {
   Tensor c = raw::contiguous(t.is_cuda() ? raw::to_device(t, Device::cpu()) : t);

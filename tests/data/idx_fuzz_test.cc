@@ -62,23 +62,13 @@ TEST(IdxFuzz, DamagedFilesLoadOrRaiseMgError) {
   auto one_case = [&](int) {
     std::string b = valid[m.below(valid.size())];
     const size_t header = 4 + 4 * static_cast<size_t>(static_cast<unsigned char>(b[3]));
-    switch (m.below(8)) {
-      case 0:
-        m.flip_bits(b);
-        break;
-      case 1:
-        m.flip_bits(b, 0, header);
-        break;
-      case 2:
-        m.truncate(b);
-        break;
-      case 3:
-        m.splice(b);
-        break;
-      case 4:  // the dim count
+    const uint64_t kind = m.below(8);
+    if (kind < mg::testing::Mutator::kByteDamages) m.damage_bytes(b, kind, 0, header);
+    switch (kind) {  // or damage the format knows about
+      case 5:        // the dim count
         b[3] = static_cast<char>(m.below(12));
         break;
-      case 5: {  // a huge or odd dim
+      case 6: {  // a huge or odd dim
         const uint32_t odd[] = {0x7FFFFFFFu, 0x80000000u, 0xFFFFFFFFu, 0x10000u, 0u, 1u << 20};
         const size_t ndim = static_cast<unsigned char>(b[3]);
         if (ndim == 0) break;
@@ -87,11 +77,8 @@ TEST(IdxFuzz, DamagedFilesLoadOrRaiseMgError) {
         for (int s = 0; s < 4; ++s) b[at + s] = static_cast<char>(v >> (24 - 8 * s));
         break;
       }
-      case 6:  // the type byte
+      case 7:  // the type byte
         b[2] = static_cast<char>(m.rng()());
-        break;
-      case 7:
-        m.overwrite(b, 0, header);
         break;
     }
     // A third of the cases damage the compressed stream instead of the IDX bytes.

@@ -35,10 +35,12 @@
 #include "core/random.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
+#include "tests/kernels/cuda/cuda_test_util.h"
 
 namespace mg {
 namespace {
 namespace k = mg::kernels;
+using namespace mg::testing;  // to_cuda, host, dstr, CudaTest
 
 double tol_of(DType t) { return t == DType::f32 ? 1e-4 : 2e-2; }
 // Gradients in bf16 get more room: delta = rowsum(dout * out) is taken from the output as
@@ -48,19 +50,6 @@ double tol_of(DType t) { return t == DType::f32 ? 1e-4 : 2e-2; }
 // elements of the 70000-head case the worst is 4.3% (of |ref| + rms), typical ~1%. f16's
 // 3 more mantissa bits make it 8x smaller.
 double grad_tol_of(DType t) { return t == DType::bf16 ? 6e-2 : tol_of(t); }
-
-std::string dstr(DType t) {
-  std::ostringstream os;
-  os << t;
-  return os.str();
-}
-
-Tensor to_cuda(const Tensor& t) { return raw::to_device(t, Device::cuda(0)); }
-
-// Uniform values in [lo, hi) of dtype dt on the CPU.
-Tensor host(const Shape& s, DType dt, Generator& g, double lo = -2, double hi = 2) {
-  return raw::to_dtype(uniform(s, lo, hi, {DType::f64}, &g), dt);
-}
 
 // |ref - got| <= tol * (|ref| + rms(ref) + 0.01) elementwise (got may be on CUDA, any
 // dtype). The small absolute floor is for gradients that are exactly zero in f64 and
@@ -119,11 +108,8 @@ std::string name_of(const Case& c, DType dt) {
   return os.str();
 }
 
-class AttentionParity : public ::testing::Test {
+class AttentionParity : public CudaTest {
  protected:
-  void SetUp() override {
-    if (!mg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  }
   Generator g{20241130};
 
   // The raw kernels on CUDA vs sdpa_composed on the CPU in f64 (same rounded values).

@@ -17,14 +17,13 @@
 #include "core/tensor.h"
 #include "kernels/ops.h"
 #include "tests/autograd/gradcheck.h"
+#include "tests/autograd/layouts.h"
+#include "tests/kernels/cuda/cuda_test_util.h"
 
 namespace mg {
 namespace {
 namespace k = mg::kernels;
 using View = std::function<Tensor(const Tensor&)>;
-
-#define SKIP_WITHOUT_CUDA() \
-  if (!mg::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
 
 const std::vector<DType> kFloats = {DType::f32, DType::f16, DType::bf16, DType::f64};
 
@@ -43,20 +42,6 @@ double tol_of(DType t, bool matmul = false) {
   }
 }
 
-Tensor to_cuda(const Tensor& t) { return raw::to_device(t, Device::cuda(0)); }
-
-// Uniform values in [lo, hi) of dtype `dt` on the CPU (integers: rounded).
-Tensor host(const Shape& s, DType dt, Generator& g, double lo = -2, double hi = 2) {
-  Tensor f = uniform(s, lo, hi, {DType::f64}, &g);
-  if (dt == DType::b8) return k::binary(k::Binary::Gt, f, scalar_tensor(0.5 * (lo + hi), {DType::f64}));
-  if (!is_floating(dt)) {
-    std::vector<double> v = f.to_vector<double>();
-    for (double& x : v) x = std::floor(x);
-    return raw::to_dtype(from_vector(v, s, {DType::f64}), dt);
-  }
-  return raw::to_dtype(f, dt);
-}
-
 // The shared helper (tests/autograd/gradcheck.h), plus what a kernel must keep across
 // devices: the result lives on the device and has the CPU's dtype (the same promotion).
 void expect_parity(const Tensor& cpu, const Tensor& gpu, double tol, const std::string& what) {
@@ -65,25 +50,9 @@ void expect_parity(const Tensor& cpu, const Tensor& gpu, double tol, const std::
   EXPECT_TRUE(parity(cpu, gpu, tol)) << what;
 }
 
-// Views applied identically on both devices.
-struct NamedView {
-  std::string name;
-  Shape base;
-  View view;
-};
-std::vector<NamedView> unary_views() {
-  return {
-      {"n1", {1}, [](const Tensor& t) { return t; }},
-      {"n33", {33}, [](const Tensor& t) { return t; }},
-      {"n1000", {1000}, [](const Tensor& t) { return t; }},
-      {"n4097", {4097}, [](const Tensor& t) { return t; }},
-      {"transposed", {40, 33}, [](const Tensor& t) { return raw::transpose(t, 0, 1); }},
-      {"stepped", {33, 64}, [](const Tensor& t) { return raw::slice(t, 1, 1, 64, 2); }},
-      {"offset", {4098}, [](const Tensor& t) { return raw::slice(t, 0, 1, 4098, 1); }},  // unaligned start
-  };
-}
+using namespace mg::testing;  // views applied identically on both devices, to_cuda, host
 
-class CudaParity : public ::testing::Test {
+class CudaParity : public CudaTest {
  protected:
   Generator g{20240607};
 };
@@ -91,12 +60,11 @@ class CudaParity : public ::testing::Test {
 // ---------------------------------------------------------------- elementwise
 
 TEST_F(CudaParity, UnaryFloat) {
-  SKIP_WITHOUT_CUDA();
   using U = k::Unary;
   const std::vector<U> ops = {U::Neg,      U::Exp,     U::Log,  U::Sqrt, U::Rsqrt,      U::Abs,    U::Relu, U::Gelu,
                               U::GeluTanh, U::Sigmoid, U::Tanh, U::Sign, U::Reciprocal, U::Square, U::Silu};
   for (DType dt : kFloats)
-    for (const auto& v : unary_views())
+    for (const auto& v : unary_layouts())
       for (U op : ops) {
         const bool positive = op == U::Log || op == U::Sqrt || op == U::Rsqrt || op == U::Reciprocal;
         Tensor base = host(v.base, dt, g, positive ? 0.1 : -3, 3);
@@ -114,10 +82,9 @@ TEST_F(CudaParity, UnaryFloat) {
 }
 
 TEST_F(CudaParity, UnaryIntegerAndLogicalNot) {
-  SKIP_WITHOUT_CUDA();
   using U = k::Unary;
   for (DType dt : {DType::i64, DType::i32, DType::u8})
-    for (const auto& v : unary_views())
+    for (const auto& v : unary_layouts())
       for (U op : {U::Neg, U::Abs, U::Relu, U::Sign, U::Square, U::LogicalNot}) {
         Tensor base = host(v.base, dt, g, dt == DType::u8 ? 0 : -50, 50);
         expect_parity(k::unary(op, v.view(base)), k::unary(op, v.view(to_cuda(base))), 0,
@@ -130,28 +97,7 @@ TEST_F(CudaParity, UnaryIntegerAndLogicalNot) {
   expect_parity(k::unary(U::Exp, i), k::unary(U::Exp, to_cuda(i)), 1e-5, "exp i32");
 }
 
-struct BinCase {
-  std::string name;
-  Shape sa, sb;
-  View va, vb;
-};
-std::vector<BinCase> binary_cases() {
-  auto id = [](const Tensor& t) { return t; };
-  return {
-      {"same1", {1}, {1}, id, id},
-      {"same33", {33}, {33}, id, id},
-      {"same4097", {4097}, {4097}, id, id},
-      {"bcast_row_col", {33, 1}, {1, 40}, id, id},
-      {"bcast_3d", {5, 1, 7}, {3, 1}, id, id},
-      {"scalar", {1000}, {}, id, id},
-      {"transposed", {40, 33}, {33, 40}, [](const Tensor& t) { return raw::transpose(t, 0, 1); }, id},
-      {"stepped", {33, 64}, {33, 32}, [](const Tensor& t) { return raw::slice(t, 1, 0, 64, 2); }, id},
-      {"unaligned", {4098}, {4097}, [](const Tensor& t) { return raw::slice(t, 0, 1, 4098, 1); }, id},
-  };
-}
-
 TEST_F(CudaParity, BinaryFloat) {
-  SKIP_WITHOUT_CUDA();
   using B = k::Binary;
   const std::vector<B> ops = {B::Add,
                               B::Sub,
@@ -173,12 +119,12 @@ TEST_F(CudaParity, BinaryFloat) {
                               B::TanhBackward,
                               B::SiluBackward};
   for (DType dt : kFloats)
-    for (const auto& c : binary_cases())
+    for (const auto& c : binary_layouts())
       for (B op : ops) {
         const bool pos_a = op == B::Pow;
-        Tensor a = host(c.sa, dt, g, pos_a ? 0.1 : -2, 2);
+        Tensor a = host(c.a, dt, g, pos_a ? 0.1 : -2, 2);
         // Coarse values so comparisons see ties; away from 0 for Div.
-        Tensor b = op == B::Div ? host(c.sb, dt, g, 0.5, 2) : host(c.sb, dt, g, -2, 2);
+        Tensor b = op == B::Div ? host(c.b, dt, g, 0.5, 2) : host(c.b, dt, g, -2, 2);
         if (op >= B::Eq && op <= B::Ge) {  // coarse values: comparisons see ties
           a = k::unary(k::Unary::Sign, a);
           b = k::unary(k::Unary::Sign, b);
@@ -200,13 +146,12 @@ TEST_F(CudaParity, BinaryFloat) {
 }
 
 TEST_F(CudaParity, BinaryIntegerAndBool) {
-  SKIP_WITHOUT_CUDA();
   using B = k::Binary;
   for (DType dt : {DType::i64, DType::i32, DType::u8, DType::b8})
-    for (const auto& c : binary_cases())
+    for (const auto& c : binary_layouts())
       for (B op : {B::Add, B::Mul, B::Maximum, B::Minimum, B::Eq, B::Ne, B::Lt, B::Le, B::Gt, B::Ge, B::Sub, B::Div}) {
         if (dt == DType::b8 && op == B::Sub) continue;
-        Tensor a = host(c.sa, dt, g, 0, 9), b = host(c.sb, dt, g, 1, 9);
+        Tensor a = host(c.a, dt, g, 0, 9), b = host(c.b, dt, g, 1, 9);
         expect_parity(k::binary(op, c.va(a), c.vb(b)), k::binary(op, c.va(to_cuda(a)), c.vb(to_cuda(b))),
                       op == B::Div ? 1e-5 : 0, "int binary " + std::to_string(static_cast<int>(op)) + " " + c.name);
       }
@@ -216,10 +161,9 @@ TEST_F(CudaParity, BinaryIntegerAndBool) {
 }
 
 TEST_F(CudaParity, ScalarClampAxpbyWhere) {
-  SKIP_WITHOUT_CUDA();
   for (DType dt : kFloats) {
     const double tol = tol_of(dt);
-    for (const auto& v : unary_views()) {
+    for (const auto& v : unary_layouts()) {
       // add/mul/pow with a scalar and clamp run as op-table rows; their backward kernels here.
       Tensor a = host(v.base, dt, g, 0.1, 3), ga = to_cuda(a);
       Tensor gr = host(v.base, dt, g), ggr = to_cuda(gr);
@@ -247,7 +191,6 @@ TEST_F(CudaParity, ScalarClampAxpbyWhere) {
 }
 
 TEST_F(CudaParity, CastFillCopy) {
-  SKIP_WITHOUT_CUDA();
   const std::vector<DType> all = {DType::f64, DType::f32, DType::f16, DType::bf16,
                                   DType::i64, DType::i32, DType::u8,  DType::b8};
   for (DType from : all)
@@ -307,7 +250,6 @@ TEST(FastDiv, MatchesDivisionOnHost) {
 
 // Large odd dims through the strided paths (copy, cast, broadcast binary, permuted unary).
 TEST_F(CudaParity, StridedLargeOddDims) {
-  SKIP_WITHOUT_CUDA();
   for (DType dt : {DType::f32, DType::f16}) {
     Tensor a = host({3, 70001, 5}, dt, g);
     Tensor ga = to_cuda(a);
@@ -350,7 +292,6 @@ std::vector<RedCase> red_cases() {
 }
 
 TEST_F(CudaParity, SumVarNaNAndIntegers) {
-  SKIP_WITHOUT_CUDA();
   // Float sum / mean / var over the reduction cases run as op-table rows, with gradients. What
   // stays: unbiased variance of one element (0/0 = NaN on both devices) and integer sums.
   for (DType dt : kFloats) {
@@ -366,7 +307,6 @@ TEST_F(CudaParity, SumVarNaNAndIntegers) {
 }
 
 TEST_F(CudaParity, MaxMinArgmax) {
-  SKIP_WITHOUT_CUDA();
   for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i64, DType::i32, DType::u8})
     for (const auto& c : red_cases())
       for (int64_t dim = 0; dim < static_cast<int64_t>(c.shape.size()); ++dim) {
@@ -401,7 +341,6 @@ TEST_F(CudaParity, MaxMinArgmax) {
 }
 
 TEST_F(CudaParity, SumToSumSquaresNonfinite) {
-  SKIP_WITHOUT_CUDA();
   for (DType dt : kFloats) {
     const double tol = std::max(tol_of(dt), 1e-5);
     Tensor gr = host({8, 33, 40}, dt, g, 0.5, 1.5);
@@ -428,7 +367,6 @@ TEST_F(CudaParity, SumToSumSquaresNonfinite) {
 // ---------------------------------------------------------------- linear algebra
 
 TEST_F(CudaParity, Gemm) {
-  SKIP_WITHOUT_CUDA();
   struct Dims {
     int64_t n, k, m;
   };
@@ -464,7 +402,6 @@ TEST_F(CudaParity, Gemm) {
 // ---------------------------------------------------------------- softmax family
 
 TEST_F(CudaParity, SoftmaxNonFiniteAndTransposed) {
-  SKIP_WITHOUT_CUDA();
   // The shape sweep (rows of 1 to 20000, every dim) runs as op-table rows with gradients.
   // Rows with -inf entries, an all -inf row, and a transposed input.
   std::vector<float> v(4 * 40, 0.f);
@@ -496,7 +433,6 @@ std::vector<int64_t> rand_idx(Generator& g, int64_t n, int64_t lo, int64_t hi) {
 }
 
 TEST_F(CudaParity, OneHotGatherScatter) {
-  SKIP_WITHOUT_CUDA();
   for (DType it : {DType::i64, DType::i32}) {
     Tensor lab = idx_tensor(rand_idx(g, 1000, 0, 10), {10, 100}, it);
     expect_parity(k::one_hot(lab, 10), k::one_hot(to_cuda(lab), 10), 0, "one_hot");
@@ -540,7 +476,6 @@ TEST_F(CudaParity, OneHotGatherScatter) {
 }
 
 TEST_F(CudaParity, IndexSelectIndexAddNll) {
-  SKIP_WITHOUT_CUDA();
   for (DType it : {DType::i64, DType::i32})
     for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i64, DType::i32}) {
       Tensor a = host({33, 40, 5}, dt, g, 0, 50), ga = to_cuda(a);
@@ -583,7 +518,6 @@ TEST_F(CudaParity, IndexSelectIndexAddNll) {
 }
 
 TEST_F(CudaParity, CatStack) {
-  SKIP_WITHOUT_CUDA();
   // f32 and bf16 cat / stack are op-table rows (cat_transposed_part, stack_same_input_dim1).
   for (DType dt : {DType::i64}) {
     Tensor a = host({3, 33}, dt, g), b = host({5, 33}, dt, g), c = raw::transpose(host({33, 2}, dt, g), 0, 1);
@@ -595,7 +529,6 @@ TEST_F(CudaParity, CatStack) {
 }
 
 TEST_F(CudaParity, NonDefaultStream) {
-  SKIP_WITHOUT_CUDA();
   // Every op launches on the current stream: results are right under a StreamGuard too.
   mg::cuda::Stream s = mg::cuda::Stream::create(0);
   Tensor a = host({33, 65}, DType::f32, g), b = host({65, 17}, DType::f32, g);

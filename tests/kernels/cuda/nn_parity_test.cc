@@ -25,10 +25,12 @@
 #include "kernels/cuda/cudnn.h"
 #include "kernels/ops.h"
 #include "tests/autograd/gradcheck.h"
+#include "tests/kernels/cuda/cuda_test_util.h"
 
 namespace mg {
 namespace {
 namespace k = mg::kernels;
+using namespace mg::testing;  // to_cuda, host, dstr, CudaTest
 
 const std::vector<DType> kDtypes = {DType::f32, DType::f16, DType::bf16, DType::f64};
 
@@ -48,14 +50,8 @@ double tol_of(DType t) {
 // The dtype the CPU reference computes in for GPU dtype `t`.
 DType ref_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
-Tensor to_cuda(const Tensor& t) { return t.defined() ? raw::to_device(t, Device::cuda(0)) : t; }
 // The CPU reference's copy of a GPU input: the same (already rounded) values, in ref dtype.
 Tensor ref(const Tensor& t) { return t.defined() ? raw::to_dtype(t, ref_dtype(t.dtype())) : t; }
-
-// Uniform values in [lo, hi) of dtype `dt` on the CPU.
-Tensor host(const Shape& s, DType dt, Generator& g, double lo = -2, double hi = 2) {
-  return raw::to_dtype(uniform(s, lo, hi, {DType::f64}, &g), dt);
-}
 
 // The shared helper (tests/autograd/gradcheck.h); dtypes may differ (the reference is f32
 // for half inputs).
@@ -72,17 +68,8 @@ void expect_equal_i64(const Tensor& cpu, const Tensor& gpu, const std::string& w
     if (a[i] != b[i]) ++bad, ADD_FAILURE() << what << ": index " << i << ": cpu " << a[i] << " vs cuda " << b[i];
 }
 
-std::string dstr(DType t) {
-  std::ostringstream os;
-  os << t;
-  return os.str();
-}
-
-class NnParity : public ::testing::Test {
+class NnParity : public CudaTest {
  protected:
-  void SetUp() override {
-    if (!mg::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  }
   Generator g{20241129};
 };
 
