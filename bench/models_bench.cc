@@ -162,10 +162,7 @@ int main(int argc, char** argv) {
   if (which == "all" || which == "resnet50") {
     auto model = mg::nn::resnet50(1000, mg::TensorOptions(mg::DType::f32, dev));
     model->train();
-    mg::optim::SGDOptions o;
-    o.lr = 0.01;
-    o.momentum = 0.9;
-    mg::optim::SGD opt(model->parameters(), o);
+    mg::optim::SGD opt(model->parameters(), mg::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
     mg::Tensor x = mg::randn({64, 3, 224, 224}, {mg::DType::f32, dev});
     mg::Tensor y = mg::randint(0, 1000, {64}, {mg::DType::i64, dev});
     auto step = [&] {
@@ -186,10 +183,7 @@ int main(int argc, char** argv) {
     mg::nn::GPTConfig cfg;  // 124M, vocab 50304, T=1024
     auto model = std::make_shared<mg::nn::GPT>(cfg, mg::TensorOptions(mg::DType::f32, dev));
     model->train();
-    mg::optim::SGDOptions o;
-    o.lr = 0.01;
-    o.momentum = 0.9;
-    mg::optim::SGD opt(model->parameters(), o);
+    mg::optim::SGD opt(model->parameters(), mg::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
     mg::Tensor idx = mg::randint(0, cfg.vocab_size, {8, 1024}, {mg::DType::i64, dev});
     mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {8, 1024}, {mg::DType::i64, dev});
     auto step = [&] {

@@ -123,10 +123,7 @@ void bench_gpt(const Options& o, mg::Device dev) {
   mg::manual_seed(0);
   auto model = std::make_shared<mg::nn::GPT>(cfg, mg::TensorOptions(mg::DType::f32, dev));
   model->train();
-  mg::optim::SGDOptions so;
-  so.lr = 0.01;
-  so.momentum = 0.9;
-  mg::optim::SGD opt(model->parameters(), so);
+  mg::optim::SGD opt(model->parameters(), mg::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
   Tensor idx = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
   Tensor tgt = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
   auto step = [&] {

@@ -6,12 +6,12 @@ mg_test(name, srcs = [name.cc], deps = [], size = "small", core_only = False, ..
 mg_gpu_test(name, srcs = [name.cc], deps = [], cuda_only = False, ...)   one that exercises the
     GPU and skips without one (tag "gpu", for `--test_tag_filters=-gpu`); cuda_only also drops
     it from builds without the CUDA toolkit (for tests that include CUDA-only headers).
-Other cc_test arguments (data, local_defines, shard_count, tags, ...) pass through.
 mg_parity_test(name, deps = [], ...)   a CUDA-vs-CPU parity test (tests/kernels/cuda): an
     mg_gpu_test of size medium, built only with the CUDA toolkit, linking the shared parity
     helpers (cuda_test_util.h).
 mg_test_library(name, hdrs = [name.h], deps = [], ...)   a header-only helper tests share
     (testonly).
+Other cc_test / cc_library arguments (data, local_defines, shard_count, tags, ...) pass through.
 """
 
 load("//tools/cuda:cuda.bzl", "cuda_compatible")

@@ -11,7 +11,6 @@ Prints one JSON line per (model, precision) with the ratios to f32 from the same
 Usage: python bench/pytorch/amp_step.py [--model mlp|mlp-wide|resnet50|gpt2|all] [--steps N] [--warmup N]
 """
 import argparse
-import json
 import os
 import sys
 
@@ -20,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models_step import GPT, measure, sgd  # noqa: E402
+from models_step import GPT, measure, print_row, ratio, sgd  # noqa: E402
 
 
 def mlp(widths, batch, dev):
@@ -99,11 +98,9 @@ def main():
             r = run(make, precision, dev, a.warmup, a.steps)
             if base is None:
                 base = r
-            print(json.dumps({"framework": f"pytorch {torch.__version__}", "model": name, "config": config,
-                              "precision": names[precision], **r,
-                              "speedup_vs_f32": round(base["step_ms"] / r["step_ms"], 2),
-                              "memory_vs_f32": round(r["peak_allocated_gib"] / base["peak_allocated_gib"], 2)}),
-                  flush=True)
+            print_row(model=name, config=config, precision=names[precision], **r,
+                      speedup_vs_f32=ratio(base, r, "step_ms", 2),
+                      memory_vs_f32=ratio(r, base, "peak_allocated_gib", 2))
 
 
 if __name__ == "__main__":

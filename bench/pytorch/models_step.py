@@ -87,6 +87,16 @@ def measure(step, warmup=3, steps=10):
             "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 3)}
 
 
+def print_row(**fields):
+    """One JSON result line (the suite reads them), PyTorch's version first."""
+    print(json.dumps({"framework": f"pytorch {torch.__version__}", **fields}), flush=True)
+
+
+def ratio(a, b, key, digits):
+    """a[key] / b[key], rounded: a measurement against the same run's baseline."""
+    return round(a[key] / b[key], digits)
+
+
 def set_tf32(on):
     torch.backends.cuda.matmul.allow_tf32 = on
     torch.backends.cudnn.allow_tf32 = on
@@ -155,8 +165,7 @@ def run_row(model, tag, tf32, dtype, channels_last, compiled, a):
         side, tag = "pytorch_graph", tag + " CUDA graph"
     else:
         r = measure(step, a.warmup, a.steps)
-    print(json.dumps({"framework": f"pytorch {torch.__version__}", "model": model, "config": f"{config} {tag}",
-                      "side": side, **r}), flush=True)
+    print_row(model=model, config=f"{config} {tag}", side=side, **r)
     del m, opt, fwd
     torch.cuda.empty_cache()
 

@@ -17,7 +17,6 @@ the ratios against "none" in the same run.
 """
 import argparse
 import functools
-import json
 import os
 import sys
 
@@ -27,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models_step  # noqa: E402  (the model and timing of bench/pytorch/models_step.py)
-from models_step import measure, sgd  # noqa: E402
+from models_step import measure, print_row, ratio, sgd  # noqa: E402
 
 PRESERVE_RNG_STATE = True  # memgrad's RecomputeOptions::preserve_rng_state default
 IMPLEMENTATION = {
@@ -101,12 +100,9 @@ def main():
             r = measure(step, args.warmup, args.steps)
             if base is None:
                 base = r
-            print(json.dumps({"framework": f"pytorch {torch.__version__}", "model": "gpt2",
-                              "config": f"L=12 d=768 H=12 B=8 T=1024 {dtype} SGD(momentum)", "mode": mode,
-                              "implementation": IMPLEMENTATION[mode], **r,
-                              "time_vs_none": round(r["step_ms"] / base["step_ms"], 3),
-                              "peak_vs_none": round(r["peak_allocated_gib"] / base["peak_allocated_gib"], 3)}),
-                  flush=True)
+            print_row(model="gpt2", config=f"L=12 d=768 H=12 B=8 T=1024 {dtype} SGD(momentum)", mode=mode,
+                      implementation=IMPLEMENTATION[mode], **r, time_vs_none=ratio(r, base, "step_ms", 3),
+                      peak_vs_none=ratio(r, base, "peak_allocated_gib", 3))
 
 
 if __name__ == "__main__":

@@ -22,10 +22,8 @@ TEST(ExpandableUnmap, WaitsForTheOwningStreamOnly) {
   FakeDevice dev(GiB);
   CachingAllocator a(dev);
   a.set_expandable_segments(true);
-  void* x = a.allocate(40 * MiB, 1);
-  void* y = a.allocate(40 * MiB, 2);
-  dev.launch(1, x, 40 * MiB);
-  dev.launch(2, y, 40 * MiB);
+  void* x = allocate_in_use(a, dev, 40 * MiB, 1);
+  void* y = allocate_in_use(a, dev, 40 * MiB, 2);
   a.free(x);
   a.empty_cache();  // throws inside FakeDevice::unmap if stream 1's kernel were still queued
   EXPECT_EQ(dev.stream_syncs(), 1);
@@ -70,8 +68,7 @@ TEST(ExpandableUnmap, GrowthReclaimWaitsForTheHolesStream) {
   FakeDevice dev(GiB);
   CachingAllocator a(dev);
   a.set_expandable_segments(true);
-  void* other = a.allocate(20 * MiB, 2);
-  dev.launch(2, other, 20 * MiB);
+  void* other = allocate_in_use(a, dev, 20 * MiB, 2);
   void* x = a.allocate(40 * MiB);
   void* y = a.allocate(40 * MiB);
   void* z = a.allocate(40 * MiB);
@@ -99,11 +96,7 @@ TEST(ExpandableUnmap, EmptyCacheWaitsWithoutTheLockAndRechecksLaterFrees) {
   dev.on_synchronize_stream([&](StreamId) {
     if (!first) return;
     first = false;
-    auto other_thread = std::async(std::launch::async, [&] {
-      void* q = a.allocate(8 * MiB, 1);
-      dev.launch(1, q, 8 * MiB);
-      a.free(q);
-    });
+    auto other_thread = std::async(std::launch::async, [&] { a.free(allocate_in_use(a, dev, 8 * MiB, 1)); });
     // With the allocator locked this would time out (and finish only after the wait returned).
     finished = other_thread.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
   });
@@ -123,8 +116,7 @@ TEST(ExpandableUnmap, DestructorWaitsBeforeUnmappingLiveBlocks) {
   {
     CachingAllocator a(dev);
     a.set_expandable_segments(true);
-    void* p = a.allocate(20 * MiB, 3);
-    dev.launch(3, p, 20 * MiB);
+    allocate_in_use(a, dev, 20 * MiB, 3);
   }
   EXPECT_EQ(dev.kernels_in_flight(3), 0u);
   EXPECT_EQ(dev.live_bytes(), 0u);

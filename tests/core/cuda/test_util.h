@@ -20,6 +20,13 @@ inline constexpr std::size_t GiB = std::size_t{1} << 30;
 
 inline std::uintptr_t addr(void* p) { return reinterpret_cast<std::uintptr_t>(p); }
 
+// A block of `bytes` on `stream` that a kernel queued on that stream still uses.
+inline void* allocate_in_use(CachingAllocator& a, FakeDevice& dev, std::size_t bytes, StreamId stream) {
+  void* p = a.allocate(bytes, stream);
+  dev.launch(stream, p, bytes);
+  return p;
+}
+
 inline std::string oom_message(CachingAllocator& a, std::size_t bytes, StreamId stream = 0) {
   try {
     a.allocate(bytes, stream);
