@@ -14,6 +14,17 @@ using namespace mg::cuda::testing;
 constexpr StreamId kCapture = 7;  // the stream a graph is captured on
 constexpr StreamId kEager = 7;    // the same stream used eagerly after the capture ended
 
+// One block of `bytes` allocated while `stream` is captured into `pool`: a graph's output (kept)
+// or, when `temporary`, freed again inside the capture. Returns its address.
+void* allocate_in_capture(CachingAllocator& a, CachingAllocator::PoolId pool, StreamId stream, std::size_t bytes,
+                          bool temporary) {
+  a.begin_allocate_to_pool(pool, stream);
+  void* p = a.allocate(bytes, stream);
+  if (temporary) a.free(p);
+  a.end_allocate_to_pool(stream);
+  return p;
+}
+
 TEST(GraphPool, BlocksFreedInThePoolAreNotHandedToEagerCode) {
   FakeDevice dev(GiB);
   CachingAllocator a(dev);
@@ -49,16 +60,9 @@ TEST(GraphPool, SharedPoolLivesUntilTheLastHolderReleases) {
   FakeDevice dev(GiB);
   CachingAllocator a(dev);
   const auto pool = a.create_pool();
-  a.begin_allocate_to_pool(pool, kCapture);
-  void* x = a.allocate(MiB, kCapture);
-  a.free(x);
-  a.end_allocate_to_pool(kCapture);
-  a.retain_pool(pool);  // the second graph
-  a.begin_allocate_to_pool(pool, 8);
-  void* y = a.allocate(MiB, 8);
-  EXPECT_EQ(y, x);  // a different capture stream, the same pool
-  a.free(y);
-  a.end_allocate_to_pool(8);
+  void* x = allocate_in_capture(a, pool, kCapture, MiB, /*temporary=*/true);
+  a.retain_pool(pool);                                                     // the second graph
+  EXPECT_EQ(allocate_in_capture(a, pool, 8, MiB, /*temporary=*/true), x);  // another stream, the same pool
   a.release_pool(pool);
   EXPECT_EQ(a.pool_reserved_bytes(pool), 2 * MiB);  // one small-pool segment, still held
   a.release_pool(pool);
@@ -73,9 +77,7 @@ TEST(GraphPool, ReleasedPoolsSegmentGoesWhenItsLastBlockIsFreed) {
   FakeDevice dev(GiB);
   CachingAllocator a(dev);
   const auto pool = a.create_pool();
-  a.begin_allocate_to_pool(pool, kCapture);
-  void* out = a.allocate(3 * MiB, kCapture);
-  a.end_allocate_to_pool(kCapture);
+  void* out = allocate_in_capture(a, pool, kCapture, 3 * MiB, /*temporary=*/false);
   a.release_pool(pool);
   EXPECT_EQ(a.memory_reserved(), 20 * MiB);
   expect_consistent(a, dev, {{out, 3 * MiB}});
@@ -118,9 +120,7 @@ TEST(GraphPool, PoolsUseFixedSegmentsWhenExpandableSegmentsAreOn) {
   CachingAllocator a(dev);
   a.set_expandable_segments(true);
   const auto pool = a.create_pool();
-  a.begin_allocate_to_pool(pool, kCapture);
-  void* x = a.allocate(30 * MiB, kCapture);
-  a.end_allocate_to_pool(kCapture);
+  void* x = allocate_in_capture(a, pool, kCapture, 30 * MiB, /*temporary=*/false);
   EXPECT_EQ(dev.map_calls(), 0);
   EXPECT_EQ(dev.malloc_calls(), 1);
   a.free(x);

@@ -111,9 +111,7 @@ TEST(CachingAllocator, ReuseNeedsNoDeviceMalloc) {
   FakeDevice dev(GiB);
   CachingAllocator a(dev);
   for (int round = 0; round < 50; ++round) {
-    std::vector<void*> ps;
-    for (std::size_t sz : {100 * KiB, 3 * MiB, 700 * KiB, 12 * MiB, 512 * KiB}) ps.push_back(a.allocate(sz));
-    for (void* p : ps) a.free(p);
+    fill_cache(a, {100 * KiB, 3 * MiB, 700 * KiB, 12 * MiB, 512 * KiB});
   }
   EXPECT_LE(dev.malloc_calls(), 4);
   EXPECT_EQ(a.stats().num_device_alloc, dev.malloc_calls());
@@ -224,9 +222,7 @@ TEST(CachingAllocator, RetryFreesOnlyWhatIsNeeded) {
   FakeDevice dev(100 * MiB);
   CachingAllocator a(dev);
   a.set_reserved_slack(-1);  // the OOM retry path, not the growth budget that would preempt it
-  std::vector<void*> ps;
-  for (int i = 0; i < 4; ++i) ps.push_back(a.allocate(24 * MiB));
-  for (void* p : ps) a.free(p);
+  fill_cache(a, {24 * MiB, 24 * MiB, 24 * MiB, 24 * MiB});
   EXPECT_EQ(a.memory_reserved(), 96 * MiB);  // all cached, none fits 50 MiB
   void* big = a.allocate(50 * MiB);
   const DeviceStats st = a.stats();
@@ -245,11 +241,8 @@ TEST(CachingAllocator, RetryPrefersOneSufficientSegment) {
   FakeDevice dev(64 * MiB);
   CachingAllocator a(dev);
   a.set_reserved_slack(-1);
-  void* s = a.allocate(20 * MiB);
-  void* m = a.allocate(30 * MiB);
-  a.free(s);
-  a.free(m);                       // cached: 20 + 30 MiB, 14 MiB free on the device
-  void* p = a.allocate(34 * MiB);  // needs 20 MiB more: the 20 MiB segment alone suffices
+  fill_cache(a, {20 * MiB, 30 * MiB});  // cached: 20 + 30 MiB, 14 MiB free on the device
+  void* p = a.allocate(34 * MiB);       // needs 20 MiB more: the 20 MiB segment alone suffices
   EXPECT_EQ(a.stats().num_device_free, 1);
   EXPECT_EQ(a.memory_reserved(), 64 * MiB);
   a.free(p);
@@ -496,9 +489,7 @@ TEST(CachingAllocator, GrowthBudgetFreesSmallerCachedSegments) {
   // Each round's tensors are a bit larger than the last round's: cached segments never fit.
   std::size_t unit = 24 * MiB;
   for (int round = 0; round < 6; ++round, unit = unit * 5 / 4) {
-    std::vector<void*> ps;
-    for (int i = 0; i < 4; ++i) ps.push_back(a.allocate(unit));
-    for (void* p : ps) a.free(p);
+    fill_cache(a, {unit, unit, unit, unit});
   }
   // Reserved stays within 2% of the peak allocated instead of summing every round's segments.
   EXPECT_LE(static_cast<double>(a.max_memory_reserved()),

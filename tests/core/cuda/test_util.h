@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/cuda/caching_allocator.h"
 #include "core/cuda/fake_device.h"
@@ -19,6 +21,13 @@ inline constexpr std::size_t MiB = std::size_t{1} << 20;
 inline constexpr std::size_t GiB = std::size_t{1} << 30;
 
 inline std::uintptr_t addr(void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+// Allocates a block of each size, then frees them all: the blocks end up in the allocator's cache.
+inline void fill_cache(CachingAllocator& a, std::initializer_list<std::size_t> sizes) {
+  std::vector<void*> ps;
+  for (std::size_t sz : sizes) ps.push_back(a.allocate(sz));
+  for (void* p : ps) a.free(p);
+}
 
 // A block of `bytes` on `stream` that a kernel queued on that stream still uses.
 inline void* allocate_in_use(CachingAllocator& a, FakeDevice& dev, std::size_t bytes, StreamId stream) {
