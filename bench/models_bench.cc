@@ -82,6 +82,23 @@ Result run(StepFn& step, int warmup, int steps, mg::Device dev) {
   return measure([&] { captured.replay(); }, 2, steps, dev);
 }
 
+// One SGD step on a loss computed under the bench's autocast (--dtype): zero_grad, the forward
+// and loss (`loss_of`), backward, step.
+template <class LossFn>
+auto sgd_step(mg::optim::SGD& opt, LossFn loss_of) {
+  return [&opt, loss_of] {
+    opt.zero_grad();
+    mg::Tensor loss;
+    {
+      mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
+                      g_dtype != mg::DType::f32);
+      loss = loss_of();
+    }
+    loss.backward();
+    opt.step();
+  };
+}
+
 void print(const char* model, const char* config, const Result& r) {
   std::printf(
       "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"step_ms\":%.2f,\"step_ms_min\":%.2f,"
@@ -140,23 +157,10 @@ int main(int argc, char** argv) {
           std::make_shared<mg::nn::Linear>(widths[i], widths[i + 1], true, mg::TensorOptions(mg::DType::f32, dev)));
       if (i + 2 < widths.size()) model->push_back(std::make_shared<mg::nn::ReLU>());
     }
-    mg::optim::SGDOptions o;
-    o.lr = 0.01;
-    o.momentum = 0.9;
-    mg::optim::SGD opt(model->parameters(), o);
+    mg::optim::SGD opt(model->parameters(), mg::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
     mg::Tensor x = mg::randn({64, 784}, {mg::DType::f32, dev});
     mg::Tensor y = mg::randint(0, 10, {64}, {mg::DType::i64, dev});
-    auto step = [&] {
-      opt.zero_grad();
-      mg::Tensor loss;
-      {
-        mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
-                        g_dtype != mg::DType::f32);
-        loss = mg::cross_entropy(model->forward(x), y);
-      }
-      loss.backward();
-      opt.step();
-    };
+    auto step = sgd_step(opt, [&] { return mg::cross_entropy(model->forward(x), y); });
     print("mlp", ("784-256-128-10 B=64" + tag).c_str(), run(step, warmup, steps, dev));
   }
   if (which == "all" || which == "resnet50") {
@@ -165,17 +169,7 @@ int main(int argc, char** argv) {
     mg::optim::SGD opt(model->parameters(), mg::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
     mg::Tensor x = mg::randn({64, 3, 224, 224}, {mg::DType::f32, dev});
     mg::Tensor y = mg::randint(0, 1000, {64}, {mg::DType::i64, dev});
-    auto step = [&] {
-      opt.zero_grad();
-      mg::Tensor loss;
-      {
-        mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
-                        g_dtype != mg::DType::f32);
-        loss = mg::cross_entropy((*model)(x), y);
-      }
-      loss.backward();
-      opt.step();
-    };
+    auto step = sgd_step(opt, [&] { return mg::cross_entropy((*model)(x), y); });
     print("resnet50", ("B=64 224x224" + tag).c_str(), run(step, warmup, steps, dev));
   }
   if (which == "all" || which == "gpt2") {
@@ -186,17 +180,7 @@ int main(int argc, char** argv) {
     mg::optim::SGD opt(model->parameters(), mg::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
     mg::Tensor idx = mg::randint(0, cfg.vocab_size, {8, 1024}, {mg::DType::i64, dev});
     mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {8, 1024}, {mg::DType::i64, dev});
-    auto step = [&] {
-      opt.zero_grad();
-      mg::Tensor loss;
-      {
-        mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
-                        g_dtype != mg::DType::f32);
-        loss = mg::nn::GPT::loss((*model)(idx), tgt);
-      }
-      loss.backward();
-      opt.step();
-    };
+    auto step = sgd_step(opt, [&] { return mg::nn::GPT::loss((*model)(idx), tgt); });
     print("gpt2-124M", ("B=8 T=1024" + tag).c_str(), run(step, warmup, steps, dev));
   }
   return 0;
