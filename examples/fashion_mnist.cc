@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -32,6 +33,7 @@
 #include "examples/run_report.h"
 #include "examples/training_setup.h"
 #include "checkpoint/training_checkpoint.h"
+#include "core/captured_step.h"
 #include "optim/grad_scaler.h"
 #include "optim/clip_grad.h"
 
@@ -48,6 +50,47 @@ const std::vector<std::string> kModels = {"mlp", "cnn"};
 // momentum 0.9, per-batch cosine annealing for the CNN.
 std::string default_scheduler(const std::string& model) { return model == "cnn" ? "cosine" : "none"; }
 
+// --cuda-graph: full-size batches go through one captured training step fed from static input
+// tensors. The first capture's warm-up step trains on the batch at hand; a learning rate that
+// changed since the capture (the schedule) is baked into the graph, so it means a new capture
+// (sharing no memory with the old one, which is released).
+class GraphedStep {
+ public:
+  using Step = std::function<mg::Tensor(const mg::Tensor&, const mg::Tensor&)>;
+  GraphedStep(Step step, mg::optim::Optimizer& opt) : step_(std::move(step)), opt_(opt) {}
+
+  mg::Tensor step(const mg::Tensor& x, const mg::Tensor& y) {
+    const double lr = opt_.param_groups()[0].lr();
+    if (captured_ && lr != captured_lr_) captured_.reset();
+    if (!x_.defined()) {
+      x_ = mg::empty(x.sizes(), {x.dtype(), x.device()});
+      y_ = mg::empty(y.sizes(), {y.dtype(), y.device()});
+    }
+    mg::raw::copy_(x_, x);
+    mg::raw::copy_(y_, y);
+    if (captured_) {
+      captured_->replay();
+      return loss_;
+    }
+    const bool first = captures_ == 0;
+    // Warm-up (first capture only) is this batch's step; a later capture has not run it.
+    captured_ = std::make_unique<mg::CapturedStep>([this] { loss_ = step_(x_, y_); }, first ? 1 : 0);
+    ++captures_;
+    captured_lr_ = lr;
+    if (!first) captured_->replay();
+    return loss_;
+  }
+  int64_t captures() const { return captures_; }
+
+ private:
+  Step step_;
+  mg::optim::Optimizer& opt_;
+  std::unique_ptr<mg::CapturedStep> captured_;
+  mg::Tensor x_, y_, loss_;
+  double captured_lr_ = 0;
+  int64_t captures_ = 0;
+};
+
 struct Flags {
   int64_t epochs = 2;
   int64_t batch_size = 64;
@@ -57,6 +100,7 @@ struct Flags {
   std::string save_path, resume_path;  // training checkpoints (safetensors, atomic)
   int64_t stop_after = -1;             // end the run after this epoch (as if preempted)
   bool pin_memory = false;
+  bool cuda_graph = false;  // replay one captured training step (mg::CapturedStep)
   double dropout = 0.0;
   std::vector<int64_t> hidden = {256, 128};
   uint64_t seed = 0;
@@ -95,6 +139,10 @@ accuracy and the peak memory by category after each epoch, and one JSON line at 
                       a later --resume finishes it bit-identically)
   --workers N         DataLoader worker threads (default 0: load in the training thread)
   --pin-memory        page-locked batches copied to the device on a side stream (CUDA only)
+  --cuda-graph        capture the training step in a CUDA graph and replay it for every
+                      full batch (the last, smaller one runs eagerly; a changed learning
+                      rate means a new capture). CUDA, SGD, no f16 GradScaler, dropout,
+                      clipping or --save/--resume (docs/cuda_graphs.md says why)
   --no-progress       no progress bar on stderr
   --help              this text
 
@@ -110,7 +158,9 @@ Flags parse_flags(int argc, char** argv) {
   Flags f;
   const mg::examples::CommandLine command_line = {
       .usage = std::string(kUsage) + mg::examples::kTrainingUsage,
-      .switches = {{"--no-progress", {&f.progress, false}}, {"--pin-memory", {&f.pin_memory, true}}},
+      .switches = {{"--no-progress", {&f.progress, false}},
+                   {"--pin-memory", {&f.pin_memory, true}},
+                   {"--cuda-graph", {&f.cuda_graph, true}}},
       .fields =
           {
               {"--epochs", &f.epochs},
@@ -152,6 +202,16 @@ Flags parse_flags(int argc, char** argv) {
   if (f.workers < 0) usage_error("--workers must be >= 0");
   if (f.amp != "off" && f.amp != "f16" && f.amp != "bf16")
     usage_error("unknown --amp \"" + f.amp + "\" (valid: off, f16, bf16)");
+  if (f.cuda_graph) {
+    // What a captured step cannot hold yet: a host read (GradScaler's inf check, the clipping
+    // norm), a host-side counter (Adam's step for bias correction, the RNG offset of dropout).
+    if (f.amp == "f16") usage_error("--cuda-graph: --amp f16 needs GradScaler's host-side inf check (use bf16)");
+    if (f.dropout > 0) usage_error("--cuda-graph: --dropout would replay the same random mask every step");
+    if (f.train.clip_grad_norm > 0) usage_error("--cuda-graph: --clip-grad-norm reads the norm on the host");
+    if (f.train.optimizer != "sgd") usage_error("--cuda-graph: " + f.train.optimizer + " counts its steps on the host");
+    if (!f.save_path.empty() || !f.resume_path.empty())
+      usage_error("--cuda-graph: --save/--resume would save step counts that count captures, not steps");
+  }
   if (f.train.scheduler.empty()) f.train.scheduler = default_scheduler(f.model);
   try {
     mg::examples::finalize_training_flags(f.train, f.epochs);
@@ -295,6 +355,30 @@ int run(const Flags& f) {
   mg::examples::ProgressBar bar(f.progress);
   double max_grad_norm = 0.0;
   int64_t clipped_steps = 0, skipped_steps = 0;
+  // One training step: forward + loss under autocast, backward, clipping, optimizer step.
+  auto train_step = [&](const mg::Tensor& x, const mg::Tensor& y) {
+    mg::Tensor loss;
+    {
+      mg::MemoryCategoryGuard act(mg::MemoryCategory::Activations);
+      mg::Autocast ac(device.type, amp_dtype, amp);
+      loss = mg::cross_entropy((*model)(x), y);
+    }
+    optimizer.zero_grad();
+    scaler.scale(loss).backward();  // the engine allocates under MemoryCategory::Gradients itself
+    if (t.clip_grad_norm > 0) {
+      scaler.unscale_(optimizer);  // clip the true gradients (a no-op without f16 scaling)
+      const double norm = mg::optim::clip_grad_norm_(params, t.clip_grad_norm);
+      max_grad_norm = std::max(max_grad_norm, norm);
+      clipped_steps += norm > t.clip_grad_norm;
+    }
+    // Momentum buffers / Adam moments: MemoryCategory::OptimizerState. f16: skipped when a
+    // gradient overflowed (the scaler then lowers the scale).
+    skipped_steps += !scaler.step(optimizer);
+    scaler.update();
+    return loss;
+  };
+  if (f.cuda_graph && !device.is_cuda()) throw mg::ValueError("--cuda-graph needs a CUDA device, got " + device.str());
+  GraphedStep graphed(train_step, optimizer);
   const auto t_train = Clock::now();
   double accuracy = 0.0, last_loss = 0.0;
   int64_t images = 0;
@@ -306,24 +390,7 @@ int run(const Flags& f) {
     int64_t batches = 0, epoch_images = 0;
     for (auto it = train_loader.begin(); it != train_loader.end(); ++it) {
       mg::Tensor x = it->data.to(device), y = it->target.to(device);
-      mg::Tensor loss;
-      {
-        mg::MemoryCategoryGuard act(mg::MemoryCategory::Activations);
-        mg::Autocast ac(device.type, amp_dtype, amp);
-        loss = mg::cross_entropy((*model)(x), y);
-      }
-      optimizer.zero_grad();
-      scaler.scale(loss).backward();  // the engine allocates under MemoryCategory::Gradients itself
-      if (t.clip_grad_norm > 0) {
-        scaler.unscale_(optimizer);  // clip the true gradients (a no-op without f16 scaling)
-        const double norm = mg::optim::clip_grad_norm_(params, t.clip_grad_norm);
-        max_grad_norm = std::max(max_grad_norm, norm);
-        clipped_steps += norm > t.clip_grad_norm;
-      }
-      // Momentum buffers / Adam moments: MemoryCategory::OptimizerState. f16: skipped when a
-      // gradient overflowed (the scaler then lowers the scale).
-      skipped_steps += !scaler.step(optimizer);
-      scaler.update();
+      const mg::Tensor loss = f.cuda_graph && x.size(0) == f.batch_size ? graphed.step(x, y) : train_step(x, y);
       schedule.after_batch();
       ++ckpt.step;
       const double l = loss.item();
@@ -383,6 +450,8 @@ int run(const Flags& f) {
       {"clipped_steps", clipped_steps},
       {"workers", f.workers},
       {"amp", f.amp},
+      {"cuda_graph", f.cuda_graph},
+      {"graph_captures", graphed.captures()},
       {"skipped_steps", skipped_steps},
       {"final_loss_scale", f.amp == "f16" ? nlohmann::json(scaler.get_scale()) : nlohmann::json(nullptr)},
       {"seed", f.seed},
