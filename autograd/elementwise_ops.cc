@@ -190,25 +190,25 @@ Tensor clamp(const Tensor& a, double lo, double hi) {
 // ---------------- unary ----------------
 
 namespace {
-// Backward from the saved input x: grad = combine(g, x).
+// grad = combine(g, saved), where the saved tensor is the input x or, where the formula
+// allows, the output y (cheaper to keep when the input may be freed).
+enum class Keep { Input, Output };
 template <class F>
-Tensor unary_from_input(const char* op, Unary u, const Tensor& a, F combine) {
+Tensor unary_saving(Keep keep, const char* op, Unary u, const Tensor& a, F combine) {
   Tensor out = kernels::unary(u, a);
   if (any_requires_grad({a}))
-    record(op, {a}, out, [ma = Wants(a), sa = SavedTensor(a, op), combine](const Grads& g) {
-      return Grads{ma(combine(g[0], sa.unpack()))};
+    record(op, {a}, out, [ma = Wants(a), s = SavedTensor(keep == Keep::Input ? a : out, op), combine](const Grads& g) {
+      return Grads{ma(combine(g[0], s.unpack()))};
     });
   return out;
 }
-// Backward from the saved output y (cheaper to keep when the input may be freed).
+template <class F>
+Tensor unary_from_input(const char* op, Unary u, const Tensor& a, F combine) {
+  return unary_saving(Keep::Input, op, u, a, combine);
+}
 template <class F>
 Tensor unary_from_output(const char* op, Unary u, const Tensor& a, F combine) {
-  Tensor out = kernels::unary(u, a);
-  if (any_requires_grad({a}))
-    record(op, {a}, out, [ma = Wants(a), so = SavedTensor(out, op), combine](const Grads& g) {
-      return Grads{ma(combine(g[0], so.unpack()))};
-    });
-  return out;
+  return unary_saving(Keep::Output, op, u, a, combine);
 }
 }  // namespace
 

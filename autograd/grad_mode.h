@@ -2,7 +2,11 @@
 // a graph": no nodes, no saved tensors, so activations are freed as soon as they die.
 #pragma once
 
+#include <vector>
+
 namespace mg {
+
+class Tensor;
 
 bool is_grad_enabled();
 void set_grad_enabled(bool on);
@@ -18,6 +22,10 @@ class NoGradGuard {
   bool prev_;
 };
 using no_grad = NoGradGuard;
+
+// Drops (set_to_none, PyTorch's default) or zero-fills, without recording, each tensor's
+// .grad: what Module::zero_grad and Optimizer::zero_grad do to their parameters.
+void zero_grads(const std::vector<Tensor>& params, bool set_to_none);
 
 class EnableGradGuard {
  public:

@@ -18,36 +18,40 @@ struct Parts {
 };
 }  // namespace
 
-Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
-  Tensor out = kernels::cat(ts, dim);
+namespace {
+// cat and stack: when an input wants a gradient, records backward(g, d, parts), d being the
+// joined dim wrapped against the output.
+template <class Backward>
+Tensor record_join(const char* op, const std::vector<Tensor>& ts, int64_t dim, Tensor out, Backward backward) {
   if (!any_requires_grad(ts)) return out;
-  const int64_t d = wrap_dim(dim, out.dim(), "cat");
-  record("cat", ts, out, [d, p = Parts(ts)](const Grads& g) {
+  const int64_t d = wrap_dim(dim, out.dim(), op);
+  record(op, ts, out, [d, p = Parts(ts), backward](const Grads& g) { return backward(g[0], d, p); });
+  return out;
+}
+}  // namespace
+
+Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
+  return record_join("cat", ts, dim, kernels::cat(ts, dim), [](const Tensor& g, int64_t d, const Parts& p) {
     Grads gs(p.shapes.size());
     int64_t off = 0;
     for (size_t i = 0; i < p.shapes.size(); ++i) {
       // An empty 1-D input next to N-D ones is skipped by cat (PyTorch's legacy rule).
-      if (static_cast<int64_t>(p.shapes[i].size()) != g[0].dim()) continue;
+      if (static_cast<int64_t>(p.shapes[i].size()) != g.dim()) continue;
       const int64_t n = p.shapes[i][d];
-      if (p.needed[i]) gs[i] = raw::slice(g[0], d, off, off + n, 1);
+      if (p.needed[i]) gs[i] = raw::slice(g, d, off, off + n, 1);
       off += n;
     }
     return gs;
   });
-  return out;
 }
 
 Tensor stack(const std::vector<Tensor>& ts, int64_t dim) {
-  Tensor out = kernels::stack(ts, dim);
-  if (!any_requires_grad(ts)) return out;
-  const int64_t d = wrap_dim(dim, out.dim(), "stack");
-  record("stack", ts, out, [d, p = Parts(ts)](const Grads& g) {
+  return record_join("stack", ts, dim, kernels::stack(ts, dim), [](const Tensor& g, int64_t d, const Parts& p) {
     Grads gs(p.needed.size());
     for (size_t i = 0; i < p.needed.size(); ++i)
-      if (p.needed[i]) gs[i] = raw::select(g[0], d, static_cast<int64_t>(i));
+      if (p.needed[i]) gs[i] = raw::select(g, d, static_cast<int64_t>(i));
     return gs;
   });
-  return out;
 }
 
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {

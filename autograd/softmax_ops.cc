@@ -6,28 +6,31 @@ namespace mg {
 
 // ---------------- softmax family ----------------
 
+namespace {
+// Both ops keep only their output y: the backward is a function of (g, y).
+template <class Forward, class Backward>
+Tensor softmax_like(const char* op, const Tensor& a, int64_t dim, Forward forward, Backward backward) {
+  Tensor y = forward(a, dim);
+  if (any_requires_grad({a}))
+    record(op, {a}, y, [dim, sy = SavedTensor(y, op), backward](const Grads& g) {
+      return Grads{backward(g[0], sy.unpack(), dim)};
+    });
+  return y;
+}
+}  // namespace
+
 Tensor softmax(const Tensor& a, int64_t dim) {
   if (autograd::recompute_hook)
     if (Tensor r = autograd::recompute_hook("softmax", a, [dim](const Tensor& x) { return softmax(x, dim); });
         r.defined())
       return r;
   if (autocast::widen_needed({&a})) return softmax(autocast::widen(a), dim);
-  Tensor y = kernels::softmax(a, dim);
-  if (any_requires_grad({a}))
-    record("softmax", {a}, y, [dim, sy = SavedTensor(y, "softmax")](const Grads& g) {
-      return Grads{kernels::softmax_backward(g[0], sy.unpack(), dim)};
-    });
-  return y;
+  return softmax_like("softmax", a, dim, kernels::softmax, kernels::softmax_backward);
 }
 
 Tensor log_softmax(const Tensor& a, int64_t dim) {
   if (autocast::widen_needed({&a})) return log_softmax(autocast::widen(a), dim);
-  Tensor y = kernels::log_softmax(a, dim);
-  if (any_requires_grad({a}))
-    record("log_softmax", {a}, y, [dim, sy = SavedTensor(y, "log_softmax")](const Grads& g) {
-      return Grads{kernels::log_softmax_backward(g[0], sy.unpack(), dim)};
-    });
-  return y;
+  return softmax_like("log_softmax", a, dim, kernels::log_softmax, kernels::log_softmax_backward);
 }
 
 }  // namespace mg

@@ -50,8 +50,16 @@ Tensor make_shard(const Tensor& t, Device device) {
   return raw::to_device(raw::clone(t), device);
 }
 
-Tensor rows(const Tensor& w, int64_t start, int64_t n) { return raw::slice(w, 0, start, start + n, 1); }
-Tensor cols(const Tensor& w, int64_t start, int64_t n) { return raw::slice(w, 1, start, start + n, 1); }
+// Rank r's n entries along `dim`.
+Tensor shard(const Tensor& t, int64_t dim, int rank, int64_t n) {
+  return raw::slice(t, dim, rank * n, (rank + 1) * n, 1);
+}
+
+// Both layers equal nn::Linear(in, out, bias, opts, gen) with the same seed: every rank draws
+// the full weight on the CPU and keeps its shard.
+nn::Linear full_linear(int64_t in, int64_t out, bool with_bias, const TensorOptions& opts, Generator* gen) {
+  return nn::Linear(in, out, with_bias, {opts.dtype, Device::cpu()}, gen);
+}
 }  // namespace
 
 Tensor copy_to_tensor_parallel_region(const Tensor& x, const PG& pg) {
@@ -83,27 +91,38 @@ Tensor gather_from_tensor_parallel_region(const Tensor& x, const PG& pg) {
   return out;
 }
 
+// ---------------- ParallelLinear ----------------
+
+ParallelLinear::ParallelLinear(const char* name, const nn::Linear& full, PG pg, Device device, int64_t dim)
+    : nn::Module(name),
+      in_features(full.in_features),
+      out_features(full.out_features),
+      split_dim(dim),
+      per_rank(
+          split(dim == 0 ? full.out_features : full.in_features, pg, name, dim == 0 ? "out_features" : "in_features")),
+      weight(register_parameter("weight", make_shard(shard(full.weight, dim, pg->rank(), per_rank), device))),
+      // The bias follows the output features: split with them, replicated otherwise.
+      bias(register_parameter("bias",
+                              full.bias.defined()
+                                  ? make_shard(dim == 0 ? shard(full.bias, 0, pg->rank(), per_rank) : full.bias, device)
+                                  : Tensor())),
+      pg_(std::move(pg)) {}
+
+std::string ParallelLinear::extra_repr() const {
+  std::ostringstream os;
+  os << "in=" << in_features << ", out=" << out_features << " (" << per_rank << (split_dim == 0 ? " out" : " in")
+     << " on rank " << pg_->rank() << ")";
+  return os.str();
+}
+
 // ---------------- ColumnParallelLinear ----------------
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, PG pg, bool with_bias, bool gather,
                                            TensorOptions opts, Generator* gen)
-    : ColumnParallelLinear(nn::Linear(in, out, with_bias, {opts.dtype, Device::cpu()}, gen), std::move(pg), gather,
-                           opts.device) {}
+    : ColumnParallelLinear(full_linear(in, out, with_bias, opts, gen), std::move(pg), gather, opts.device) {}
 
 ColumnParallelLinear::ColumnParallelLinear(const nn::Linear& full, PG pg, bool gather, Device device)
-    : nn::Module("ColumnParallelLinear"),
-      in_features(full.in_features),
-      out_features(full.out_features),
-      out_per_rank(split(full.out_features, pg, "ColumnParallelLinear", "out_features")),
-      gather_output(gather),
-      weight(
-          register_parameter("weight", make_shard(rows(full.weight, pg->rank() * out_per_rank, out_per_rank), device))),
-      bias(register_parameter("bias", full.bias.defined()
-                                          ? make_shard(raw::slice(full.bias, 0, pg->rank() * out_per_rank,
-                                                                  (pg->rank() + 1) * out_per_rank, 1),
-                                                       device)
-                                          : Tensor())),
-      pg_(std::move(pg)) {}
+    : ParallelLinear("ColumnParallelLinear", full, std::move(pg), device, /*dim=*/0), gather_output(gather) {}
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) {
   Tensor y = linear(copy_to_tensor_parallel_region(x, pg_), weight, bias);
@@ -111,44 +130,29 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) {
 }
 
 std::string ColumnParallelLinear::extra_repr() const {
-  std::ostringstream os;
-  os << "in=" << in_features << ", out=" << out_features << " (" << out_per_rank << " on rank " << pg_->rank()
-     << "), gather_output=" << (gather_output ? "true" : "false");
-  return os.str();
+  return ParallelLinear::extra_repr() + ", gather_output=" + (gather_output ? "true" : "false");
 }
 
 // ---------------- RowParallelLinear ----------------
 
 RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, PG pg, bool with_bias, bool parallel_in,
                                      TensorOptions opts, Generator* gen)
-    : RowParallelLinear(nn::Linear(in, out, with_bias, {opts.dtype, Device::cpu()}, gen), std::move(pg), parallel_in,
-                        opts.device) {}
+    : RowParallelLinear(full_linear(in, out, with_bias, opts, gen), std::move(pg), parallel_in, opts.device) {}
 
 RowParallelLinear::RowParallelLinear(const nn::Linear& full, PG pg, bool parallel_in, Device device)
-    : nn::Module("RowParallelLinear"),
-      in_features(full.in_features),
-      out_features(full.out_features),
-      in_per_rank(split(full.in_features, pg, "RowParallelLinear", "in_features")),
-      input_is_parallel(parallel_in),
-      weight(
-          register_parameter("weight", make_shard(cols(full.weight, pg->rank() * in_per_rank, in_per_rank), device))),
-      bias(register_parameter("bias", full.bias.defined() ? make_shard(full.bias, device) : Tensor())),
-      pg_(std::move(pg)) {}
+    : ParallelLinear("RowParallelLinear", full, std::move(pg), device, /*dim=*/1), input_is_parallel(parallel_in) {}
 
 Tensor RowParallelLinear::forward(const Tensor& x) {
   Tensor local = input_is_parallel ? x : scatter_to_tensor_parallel_region(x, pg_);
-  MG_CHECK(local.dim() >= 1 && local.size(-1) == in_per_rank, ShapeError, "RowParallelLinear: expected ",
+  MG_CHECK(local.dim() >= 1 && local.size(-1) == per_rank, ShapeError, "RowParallelLinear: expected ",
            input_is_parallel ? "this rank's input slice" : "an input", " with last dim ",
-           input_is_parallel ? in_per_rank : in_features, ", got shape ", shape_str(x.sizes()));
+           input_is_parallel ? per_rank : in_features, ", got shape ", shape_str(x.sizes()));
   Tensor y = reduce_from_tensor_parallel_region(linear(local, weight), pg_);
   return bias.defined() ? add(y, bias) : y;
 }
 
 std::string RowParallelLinear::extra_repr() const {
-  std::ostringstream os;
-  os << "in=" << in_features << " (" << in_per_rank << " on rank " << pg_->rank() << "), out=" << out_features
-     << ", input_is_parallel=" << (input_is_parallel ? "true" : "false");
-  return os.str();
+  return ParallelLinear::extra_repr() + ", input_is_parallel=" + (input_is_parallel ? "true" : "false");
 }
 
 // ---------------- TensorParallelMLP ----------------

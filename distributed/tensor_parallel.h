@@ -25,9 +25,29 @@ Tensor scatter_to_tensor_parallel_region(const Tensor& x, const std::shared_ptr<
 // Forward: all-gather along the last dim. Backward: this rank's chunk of the gradient.
 Tensor gather_from_tensor_parallel_region(const Tensor& x, const std::shared_ptr<ProcessGroup>& pg);
 
+// What the column- and row-parallel layers share: the full layer's sizes, this rank's shard of
+// the weight (split along `split_dim`: 0 = output features, 1 = input features) and the bias.
+class ParallelLinear : public nn::Module {
+ public:
+  std::string extra_repr() const override;
+
+  const int64_t in_features, out_features;
+  const int64_t split_dim;  // of the weight: 0 (output features) or 1 (input features)
+  const int64_t per_rank;   // features of the split dim held by this rank
+  Tensor& weight;           // [out / N, in] (column-parallel) or [out, in / N] (row-parallel)
+  Tensor& bias;             // column-parallel: [out / N]; row-parallel: [out], the same on every rank
+
+ protected:
+  // Shards `full` (unsharded, identical on every rank) onto `device`. The bias is split with
+  // the output features and replicated otherwise.
+  ParallelLinear(const char* name, const nn::Linear& full, std::shared_ptr<ProcessGroup> pg, Device device,
+                 int64_t split_dim);
+  std::shared_ptr<ProcessGroup> pg_;
+};
+
 // y = x @ W^T + b with W's rows (output features) split: rank r holds W[r*o/N:(r+1)*o/N, :]
 // and that slice of b. The output is this rank's slice of y, or all of y (gather_output).
-class ColumnParallelLinear : public nn::Module {
+class ColumnParallelLinear : public ParallelLinear {
  public:
   // Every rank draws the full weight with the same generator and keeps its slice, so the
   // layer equals nn::Linear(in, out, bias, opts, gen) with the same seed. out % world == 0.
@@ -36,36 +56,26 @@ class ColumnParallelLinear : public nn::Module {
   // Shards an existing (unsharded, identical on every rank) Linear onto `device`.
   ColumnParallelLinear(const nn::Linear& full, std::shared_ptr<ProcessGroup> pg, bool gather_output, Device device);
   Tensor forward(const Tensor& x) override;
+
   std::string extra_repr() const override;
 
-  const int64_t in_features, out_features, out_per_rank;
   const bool gather_output;
-  Tensor& weight;  // [out / N, in]
-  Tensor& bias;    // [out / N] or undefined
-
- private:
-  std::shared_ptr<ProcessGroup> pg_;
 };
 
 // y = x @ W^T + b with W's columns (input features) split: rank r holds W[:, r*i/N:(r+1)*i/N].
 // The input is this rank's slice of x (input_is_parallel, e.g. a ColumnParallelLinear's
 // output) or all of x (then sliced here); partial products are all-reduced, then the full
 // bias (replicated) is added once.
-class RowParallelLinear : public nn::Module {
+class RowParallelLinear : public ParallelLinear {
  public:
   RowParallelLinear(int64_t in_features, int64_t out_features, std::shared_ptr<ProcessGroup> pg, bool bias = true,
                     bool input_is_parallel = false, TensorOptions opts = {}, Generator* gen = nullptr);
   RowParallelLinear(const nn::Linear& full, std::shared_ptr<ProcessGroup> pg, bool input_is_parallel, Device device);
   Tensor forward(const Tensor& x) override;
+
   std::string extra_repr() const override;
 
-  const int64_t in_features, out_features, in_per_rank;
   const bool input_is_parallel;
-  Tensor& weight;  // [out, in / N]
-  Tensor& bias;    // [out], the same on every rank
-
- private:
-  std::shared_ptr<ProcessGroup> pg_;
 };
 
 // GPT-2's MLP with the hidden layer split across ranks: c_fc column-parallel (no gather),

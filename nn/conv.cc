@@ -94,41 +94,33 @@ std::string Conv2d::extra_repr() const {
 
 // ---------------- pooling ----------------
 
-MaxPool2d::MaxPool2d(Int2 k, std::optional<Int2> s, Int2 p, Int2 d, bool ceil)
-    : Module("MaxPool2d"),
-      kernel_size(positive(k, "MaxPool2d", "kernel_size")),
-      stride(positive(s.value_or(k), "MaxPool2d", "stride")),
-      padding(non_negative(p, "MaxPool2d", "padding")),
-      dilation(positive(d, "MaxPool2d", "dilation")),
+Pool2d::Pool2d(const char* name, Int2 k, std::optional<Int2> s, Int2 p, bool ceil)
+    : Module(name),
+      kernel_size(positive(k, name, "kernel_size")),
+      stride(positive(s.value_or(k), name, "stride")),
+      padding(non_negative(p, name, "padding")),
       ceil_mode(ceil) {}
+
+std::string Pool2d::extra_repr() const {
+  return "kernel_size=" + pair_str(kernel_size) + ", stride=" + pair_str(stride) + ", padding=" + pair_str(padding);
+}
+
+MaxPool2d::MaxPool2d(Int2 k, std::optional<Int2> s, Int2 p, Int2 d, bool ceil)
+    : Pool2d("MaxPool2d", k, s, p, ceil), dilation(positive(d, "MaxPool2d", "dilation")) {}
 
 Tensor MaxPool2d::forward(const Tensor& x) {
   return mg::max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode);
 }
 
 std::string MaxPool2d::extra_repr() const {
-  std::ostringstream os;
-  os << "kernel_size=" << pair_str(kernel_size) << ", stride=" << pair_str(stride) << ", padding=" << pair_str(padding)
-     << ", dilation=" << pair_str(dilation) << ", ceil_mode=" << (ceil_mode ? "true" : "false");
-  return os.str();
+  return Pool2d::extra_repr() + ", dilation=" + pair_str(dilation) + ", ceil_mode=" + (ceil_mode ? "true" : "false");
 }
 
 AvgPool2d::AvgPool2d(Int2 k, std::optional<Int2> s, Int2 p, bool ceil, bool include_pad)
-    : Module("AvgPool2d"),
-      kernel_size(positive(k, "AvgPool2d", "kernel_size")),
-      stride(positive(s.value_or(k), "AvgPool2d", "stride")),
-      padding(non_negative(p, "AvgPool2d", "padding")),
-      ceil_mode(ceil),
-      count_include_pad(include_pad) {}
+    : Pool2d("AvgPool2d", k, s, p, ceil), count_include_pad(include_pad) {}
 
 Tensor AvgPool2d::forward(const Tensor& x) {
   return mg::avg_pool2d(x, kernel_size, stride, padding, ceil_mode, count_include_pad);
-}
-
-std::string AvgPool2d::extra_repr() const {
-  std::ostringstream os;
-  os << "kernel_size=" << pair_str(kernel_size) << ", stride=" << pair_str(stride) << ", padding=" << pair_str(padding);
-  return os.str();
 }
 
 AdaptiveAvgPool2d::AdaptiveAvgPool2d(Int2 out)

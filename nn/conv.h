@@ -29,25 +29,32 @@ class Conv2d : public Module {
   Tensor& bias;    // [out], undefined when bias = false
 };
 
-class MaxPool2d : public Module {
+// What MaxPool2d and AvgPool2d share: the window (stride defaults to kernel_size), checked.
+class Pool2d : public Module {
  public:
-  // stride defaults to kernel_size.
+  std::string extra_repr() const override;  // "kernel_size=.., stride=.., padding=.."
+  Int2 kernel_size, stride, padding;
+  bool ceil_mode;
+
+ protected:
+  Pool2d(const char* name, Int2 kernel_size, std::optional<Int2> stride, Int2 padding, bool ceil_mode);
+};
+
+class MaxPool2d : public Pool2d {
+ public:
   explicit MaxPool2d(Int2 kernel_size, std::optional<Int2> stride = std::nullopt, Int2 padding = 0, Int2 dilation = 1,
                      bool ceil_mode = false);
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
-  Int2 kernel_size, stride, padding, dilation;
-  bool ceil_mode;
+  Int2 dilation;
 };
 
-class AvgPool2d : public Module {
+class AvgPool2d : public Pool2d {
  public:
   explicit AvgPool2d(Int2 kernel_size, std::optional<Int2> stride = std::nullopt, Int2 padding = 0,
                      bool ceil_mode = false, bool count_include_pad = true);
   Tensor forward(const Tensor& x) override;
-  std::string extra_repr() const override;
-  Int2 kernel_size, stride, padding;
-  bool ceil_mode, count_include_pad;
+  bool count_include_pad;
 };
 
 class AdaptiveAvgPool2d : public Module {

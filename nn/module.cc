@@ -305,18 +305,7 @@ void Module::train(bool on) {
   for (auto& c : children_) c.second->train(on);
 }
 
-void Module::zero_grad(bool set_to_none) {
-  for (Tensor& p : parameters()) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    if (set_to_none) {
-      p.set_grad(Tensor());
-    } else {
-      NoGradGuard ng;
-      kernels::fill_(g, 0.0);
-    }
-  }
-}
+void Module::zero_grad(bool set_to_none) { zero_grads(parameters(), set_to_none); }
 
 Module& Module::requires_grad_(bool on) {
   for (Tensor& p : parameters()) p.requires_grad_(on);

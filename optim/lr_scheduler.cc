@@ -91,56 +91,68 @@ StagedLoad LRScheduler::stage_state_dict(const StateDict& sd) {
 
 // ---------------------------------------------------------------- closed forms
 
-StepLR::StepLR(Optimizer& opt, int64_t step_size, double gamma)
-    : LRScheduler("StepLR", opt), step_size_(step_size), gamma_(gamma) {
-  MG_CHECK(step_size > 0, ValueError, "StepLR: step_size must be > 0, got ", step_size);
+ClosedFormLR::ClosedFormLR(std::string name, Optimizer& opt, Formula formula)
+    : LRScheduler(std::move(name), opt), formula_(std::move(formula)) {
   init();
 }
-double StepLR::lr_at(int64_t e, double base) const {
-  return base * std::pow(gamma_, static_cast<double>(e / step_size_));
+
+namespace {
+
+// Each scheduler's argument checks (made before the optimizer is touched) and formula.
+
+ClosedFormLR::Formula step_lr(int64_t step_size, double gamma) {
+  MG_CHECK(step_size > 0, ValueError, "StepLR: step_size must be > 0, got ", step_size);
+  return [=](int64_t e, double base) { return base * std::pow(gamma, static_cast<double>(e / step_size)); };
 }
+
+ClosedFormLR::Formula multi_step_lr(std::vector<int64_t> milestones, double gamma) {
+  for (size_t i = 1; i < milestones.size(); ++i)
+    MG_CHECK(milestones[i] >= milestones[i - 1], ValueError, "MultiStepLR: milestones must be increasing, got ",
+             milestones[i - 1], " then ", milestones[i]);
+  return [milestones = std::move(milestones), gamma](int64_t e, double base) {
+    // A repeated milestone counts twice, like PyTorch's Counter.
+    const auto n = std::upper_bound(milestones.begin(), milestones.end(), e) - milestones.begin();
+    return base * std::pow(gamma, static_cast<double>(n));
+  };
+}
+
+ClosedFormLR::Formula cosine_annealing_lr(int64_t t_max, double eta_min) {
+  MG_CHECK(t_max > 0, ValueError, "CosineAnnealingLR: T_max must be > 0, got ", t_max);
+  return [=](int64_t e, double base) {
+    return eta_min +
+           (base - eta_min) * (1.0 + std::cos(M_PI * static_cast<double>(e) / static_cast<double>(t_max))) / 2.0;
+  };
+}
+
+ClosedFormLR::Formula linear_lr(double start, double end, int64_t total_iters) {
+  MG_CHECK(start > 0.0 && start <= 1.0, ValueError,
+           "LinearLR: starting multiplicative factor expected to be > 0 and <= 1, got ", start);
+  MG_CHECK(end >= 0.0 && end <= 1.0, ValueError,
+           "LinearLR: ending multiplicative factor expected to be between 0 and 1, got ", end);
+  MG_CHECK(total_iters > 0, ValueError, "LinearLR: total_iters must be > 0, got ", total_iters);
+  return [=](int64_t e, double base) {
+    const double t = static_cast<double>(std::min(e, total_iters)) / static_cast<double>(total_iters);
+    return base * (start + (end - start) * t);
+  };
+}
+
+}  // namespace
+
+StepLR::StepLR(Optimizer& opt, int64_t step_size, double gamma)
+    : ClosedFormLR("StepLR", opt, step_lr(step_size, gamma)) {}
 
 MultiStepLR::MultiStepLR(Optimizer& opt, std::vector<int64_t> milestones, double gamma)
-    : LRScheduler("MultiStepLR", opt), milestones_(std::move(milestones)), gamma_(gamma) {
-  for (size_t i = 1; i < milestones_.size(); ++i)
-    MG_CHECK(milestones_[i] >= milestones_[i - 1], ValueError, "MultiStepLR: milestones must be increasing, got ",
-             milestones_[i - 1], " then ", milestones_[i]);
-  init();
-}
-double MultiStepLR::lr_at(int64_t e, double base) const {
-  // A repeated milestone counts twice, like PyTorch's Counter.
-  const auto n = std::upper_bound(milestones_.begin(), milestones_.end(), e) - milestones_.begin();
-  return base * std::pow(gamma_, static_cast<double>(n));
-}
+    : ClosedFormLR("MultiStepLR", opt, multi_step_lr(std::move(milestones), gamma)) {}
 
-ExponentialLR::ExponentialLR(Optimizer& opt, double gamma) : LRScheduler("ExponentialLR", opt), gamma_(gamma) {
-  init();
-}
-double ExponentialLR::lr_at(int64_t e, double base) const { return base * std::pow(gamma_, static_cast<double>(e)); }
+ExponentialLR::ExponentialLR(Optimizer& opt, double gamma)
+    : ClosedFormLR("ExponentialLR", opt,
+                   [gamma](int64_t e, double base) { return base * std::pow(gamma, static_cast<double>(e)); }) {}
 
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& opt, int64_t t_max, double eta_min)
-    : LRScheduler("CosineAnnealingLR", opt), t_max_(t_max), eta_min_(eta_min) {
-  MG_CHECK(t_max > 0, ValueError, "CosineAnnealingLR: T_max must be > 0, got ", t_max);
-  init();
-}
-double CosineAnnealingLR::lr_at(int64_t e, double base) const {
-  return eta_min_ +
-         (base - eta_min_) * (1.0 + std::cos(M_PI * static_cast<double>(e) / static_cast<double>(t_max_))) / 2.0;
-}
+    : ClosedFormLR("CosineAnnealingLR", opt, cosine_annealing_lr(t_max, eta_min)) {}
 
 LinearLR::LinearLR(Optimizer& opt, double start_factor, double end_factor, int64_t total_iters)
-    : LRScheduler("LinearLR", opt), start_(start_factor), end_(end_factor), total_iters_(total_iters) {
-  MG_CHECK(start_factor > 0.0 && start_factor <= 1.0, ValueError,
-           "LinearLR: starting multiplicative factor expected to be > 0 and <= 1, got ", start_factor);
-  MG_CHECK(end_factor >= 0.0 && end_factor <= 1.0, ValueError,
-           "LinearLR: ending multiplicative factor expected to be between 0 and 1, got ", end_factor);
-  MG_CHECK(total_iters > 0, ValueError, "LinearLR: total_iters must be > 0, got ", total_iters);
-  init();
-}
-double LinearLR::lr_at(int64_t e, double base) const {
-  const double t = static_cast<double>(std::min(e, total_iters_)) / static_cast<double>(total_iters_);
-  return base * (start_ + (end_ - start_) * t);
-}
+    : ClosedFormLR("LinearLR", opt, linear_lr(start_factor, end_factor, total_iters)) {}
 
 SequentialLR::SequentialLR(Optimizer& opt, std::vector<std::shared_ptr<LRScheduler>> schedulers,
                            std::vector<int64_t> milestones)

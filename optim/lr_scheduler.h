@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,58 +58,48 @@ class LRScheduler {
   std::vector<double> base_lrs_, last_lrs_;
 };
 
-// lr = base * gamma^(epoch / step_size)  (integer division)
-class StepLR : public LRScheduler {
+// A schedule given by a formula of (epoch, base lr). The closed-form schedulers below are
+// this class with their arguments checked and bound into the formula.
+class ClosedFormLR : public LRScheduler {
  public:
-  StepLR(Optimizer& opt, int64_t step_size, double gamma = 0.1);
-  double lr_at(int64_t epoch, double base_lr) const override;
+  using Formula = std::function<double(int64_t epoch, double base_lr)>;
+  double lr_at(int64_t epoch, double base_lr) const final { return formula_(epoch, base_lr); }
+
+ protected:
+  ClosedFormLR(std::string name, Optimizer& opt, Formula formula);
 
  private:
-  int64_t step_size_;
-  double gamma_;
+  Formula formula_;
+};
+
+// lr = base * gamma^(epoch / step_size)  (integer division)
+class StepLR : public ClosedFormLR {
+ public:
+  StepLR(Optimizer& opt, int64_t step_size, double gamma = 0.1);
 };
 
 // lr = base * gamma^(number of milestones <= epoch)
-class MultiStepLR : public LRScheduler {
+class MultiStepLR : public ClosedFormLR {
  public:
   MultiStepLR(Optimizer& opt, std::vector<int64_t> milestones, double gamma = 0.1);
-  double lr_at(int64_t epoch, double base_lr) const override;
-
- private:
-  std::vector<int64_t> milestones_;
-  double gamma_;
 };
 
 // lr = base * gamma^epoch
-class ExponentialLR : public LRScheduler {
+class ExponentialLR : public ClosedFormLR {
  public:
   ExponentialLR(Optimizer& opt, double gamma);
-  double lr_at(int64_t epoch, double base_lr) const override;
-
- private:
-  double gamma_;
 };
 
 // lr = eta_min + (base - eta_min) * (1 + cos(pi * epoch / t_max)) / 2
-class CosineAnnealingLR : public LRScheduler {
+class CosineAnnealingLR : public ClosedFormLR {
  public:
   CosineAnnealingLR(Optimizer& opt, int64_t t_max, double eta_min = 0.0);
-  double lr_at(int64_t epoch, double base_lr) const override;
-
- private:
-  int64_t t_max_;
-  double eta_min_;
 };
 
 // Linear warmup: lr = base * (start + (end - start) * min(epoch, total_iters) / total_iters).
-class LinearLR : public LRScheduler {
+class LinearLR : public ClosedFormLR {
  public:
   LinearLR(Optimizer& opt, double start_factor = 1.0 / 3.0, double end_factor = 1.0, int64_t total_iters = 5);
-  double lr_at(int64_t epoch, double base_lr) const override;
-
- private:
-  double start_, end_;
-  int64_t total_iters_;
 };
 
 // Chains schedulers in time: schedulers[0] until milestones[0], then schedulers[1] counted

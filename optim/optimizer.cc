@@ -51,17 +51,7 @@ void Optimizer::add_param_group(ParamGroup group) {
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
-  for (auto& g : groups_)
-    for (auto& p : g.params) {
-      Tensor grad = p.grad();
-      if (!grad.defined()) continue;
-      if (set_to_none) {
-        p.set_grad(Tensor());
-      } else {
-        NoGradGuard ng;
-        kernels::fill_(grad, 0.0);
-      }
-    }
+  for (auto& g : groups_) zero_grads(g.params, set_to_none);
 }
 
 const ParamState* Optimizer::state(const Tensor& p) const {

@@ -23,18 +23,19 @@ FakeDevice::FakeDevice(std::size_t capacity, bool virtual_memory, std::size_t gr
            "FakeDevice: granularity must be a positive multiple of 512, got ", granularity);
 }
 
+bool FakeDevice::admit(std::size_t bytes) {
+  if (fail_next_ > 0)
+    --fail_next_;
+  else if (malloc_bytes_ + mapped_bytes_ + external_ + bytes <= capacity_)
+    return true;
+  ++failed_calls_;
+  return false;
+}
+
 void* FakeDevice::malloc(std::size_t bytes) {
   std::lock_guard lock(mutex_);
   MG_CHECK(bytes > 0, ValueError, "FakeDevice::malloc: zero bytes");
-  if (fail_next_ > 0) {
-    --fail_next_;
-    ++failed_calls_;
-    return nullptr;
-  }
-  if (malloc_bytes_ + mapped_bytes_ + external_ + bytes > capacity_) {
-    ++failed_calls_;
-    return nullptr;
-  }
+  if (!admit(bytes)) return nullptr;
   ++malloc_calls_;
   // A bump pointer never reuses an address, so a stale pointer can't alias a new block.
   const std::uintptr_t addr = next_addr_;
@@ -118,15 +119,7 @@ bool FakeDevice::map(void* ptr, std::size_t bytes) {
   for (std::uintptr_t p = addr; p < addr + bytes; p += granularity_) {
     MG_CHECK(!r.mapped_pages.count(p), Error, "FakeDevice::map: page ", hex(p), " already mapped");
   }
-  if (fail_next_ > 0) {
-    --fail_next_;
-    ++failed_calls_;
-    return false;
-  }
-  if (malloc_bytes_ + mapped_bytes_ + external_ + bytes > capacity_) {
-    ++failed_calls_;
-    return false;
-  }
+  if (!admit(bytes)) return false;
   ++map_calls_;
   for (std::uintptr_t p = addr; p < addr + bytes; p += granularity_) r.mapped_pages.insert(p);
   mapped_bytes_ += bytes;
@@ -218,57 +211,22 @@ void FakeDevice::set_external_usage(std::size_t bytes) {
 }
 
 std::size_t FakeDevice::live_bytes() const {
-  std::lock_guard lock(mutex_);
-  return malloc_bytes_ + mapped_bytes_;
+  return locked([&] { return malloc_bytes_ + mapped_bytes_; });
 }
 std::size_t FakeDevice::live_allocations() const {
-  std::lock_guard lock(mutex_);
-  return allocations_.size();
+  return locked([&] { return allocations_.size(); });
 }
 std::size_t FakeDevice::mapped_bytes() const {
-  std::lock_guard lock(mutex_);
-  return mapped_bytes_;
+  return locked([&] { return mapped_bytes_; });
 }
 std::size_t FakeDevice::reserved_ranges() const {
-  std::lock_guard lock(mutex_);
-  return ranges_.size();
+  return locked([&] { return ranges_.size(); });
 }
 std::size_t FakeDevice::live_events() const {
-  std::lock_guard lock(mutex_);
-  return events_.size();
-}
-std::int64_t FakeDevice::malloc_calls() const {
-  std::lock_guard lock(mutex_);
-  return malloc_calls_;
-}
-std::int64_t FakeDevice::free_calls() const {
-  std::lock_guard lock(mutex_);
-  return free_calls_;
-}
-std::int64_t FakeDevice::map_calls() const {
-  std::lock_guard lock(mutex_);
-  return map_calls_;
-}
-std::int64_t FakeDevice::unmap_calls() const {
-  std::lock_guard lock(mutex_);
-  return unmap_calls_;
-}
-std::int64_t FakeDevice::failed_calls() const {
-  std::lock_guard lock(mutex_);
-  return failed_calls_;
-}
-std::int64_t FakeDevice::event_syncs() const {
-  std::lock_guard lock(mutex_);
-  return syncs_;
-}
-
-std::int64_t FakeDevice::stream_syncs() const {
-  std::lock_guard lock(mutex_);
-  return stream_syncs_;
+  return locked([&] { return events_.size(); });
 }
 std::size_t FakeDevice::kernels_in_flight(StreamId stream) const {
-  std::lock_guard lock(mutex_);
-  return kernels_.count(stream);
+  return locked([&] { return kernels_.count(stream); });
 }
 
 }  // namespace mg::cuda

@@ -2,6 +2,7 @@
 // addresses, checks every free/unmap against what is live, and lets the test decide when events complete.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -65,13 +66,13 @@ class FakeDevice final : public DeviceMemory {
   std::size_t reserved_ranges() const;
   std::size_t live_events() const;
   // Successful calls only; failed malloc/map attempts are counted by failed_calls().
-  std::int64_t malloc_calls() const;
-  std::int64_t free_calls() const;
-  std::int64_t map_calls() const;
-  std::int64_t unmap_calls() const;
-  std::int64_t failed_calls() const;
-  std::int64_t event_syncs() const;
-  std::int64_t stream_syncs() const;
+  std::int64_t malloc_calls() const { return malloc_calls_; }
+  std::int64_t free_calls() const { return free_calls_; }
+  std::int64_t map_calls() const { return map_calls_; }
+  std::int64_t unmap_calls() const { return unmap_calls_; }
+  std::int64_t failed_calls() const { return failed_calls_; }
+  std::int64_t event_syncs() const { return syncs_; }
+  std::int64_t stream_syncs() const { return stream_syncs_; }
   std::size_t kernels_in_flight(StreamId stream) const;  // launched and not yet run
 
  private:
@@ -85,6 +86,15 @@ class FakeDevice final : public DeviceMemory {
   };
 
   Range& range_containing(std::uintptr_t addr, std::size_t bytes, const char* op);
+  // Whether a malloc or map of `bytes` may succeed: not while fail_next_allocations is in
+  // force, nor past capacity. Counts the failures. mutex_ held.
+  bool admit(std::size_t bytes);
+  // f() under the lock: how the observations read the counters.
+  template <class F>
+  auto locked(F f) const {
+    std::lock_guard lock(mutex_);
+    return f();
+  }
   void run_stream_until(StreamId stream, EventId events_before, std::uint64_t kernels_upto);  // mutex_ held
 
   const std::size_t capacity_;
@@ -110,9 +120,10 @@ class FakeDevice final : public DeviceMemory {
   std::uint64_t kernel_seq_ = 0;
   std::function<void(StreamId)> sync_hook_;
   EventId next_event_ = 1;
-  std::int64_t malloc_calls_ = 0, free_calls_ = 0, map_calls_ = 0, unmap_calls_ = 0, syncs_ = 0;
-  std::int64_t stream_syncs_ = 0;
-  std::int64_t failed_calls_ = 0;
+  // Call counters: bumped under mutex_, atomic so the observations read them without it.
+  std::atomic<std::int64_t> malloc_calls_ = 0, free_calls_ = 0, map_calls_ = 0, unmap_calls_ = 0, syncs_ = 0;
+  std::atomic<std::int64_t> stream_syncs_ = 0;
+  std::atomic<std::int64_t> failed_calls_ = 0;
 };
 
 }  // namespace mg::cuda

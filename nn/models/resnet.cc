@@ -23,44 +23,41 @@ Tensor relu_inplace(Tensor x) {
 }
 }  // namespace
 
-BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> ds, TensorOptions opts,
-                       Generator* gen)
-    : Module("BasicBlock") {
-  conv1 = register_module("conv1", conv3x3(inplanes, planes, stride, opts, gen));
-  bn1 = register_module("bn1", bn(planes, opts));
-  conv2 = register_module("conv2", conv3x3(planes, planes, 1, opts, gen));
-  bn2 = register_module("bn2", bn(planes, opts));
+ResidualBlock::ResidualBlock(std::string name, std::vector<std::shared_ptr<Conv2d>> convs, std::shared_ptr<Module> ds,
+                             TensorOptions opts)
+    : Module(std::move(name)) {
+  std::shared_ptr<Conv2d>* conv_slots[] = {&conv1, &conv2, &conv3};
+  std::shared_ptr<BatchNorm2d>* bn_slots[] = {&bn1, &bn2, &bn3};
+  MG_CHECK(!convs.empty() && convs.size() <= 3, ValueError, type_name(), ": expected 1 to 3 convs, got ", convs.size());
+  for (size_t i = 0; i < convs.size(); ++i) {
+    const std::string n = std::to_string(i + 1);
+    *conv_slots[i] = register_module("conv" + n, convs[i]);
+    *bn_slots[i] = register_module("bn" + n, bn(convs[i]->out_channels, opts));
+  }
   if (ds) downsample = register_module("downsample", std::move(ds));
 }
 
-Tensor BasicBlock::forward(const Tensor& x) {
+Tensor ResidualBlock::forward(const Tensor& x) {
   Tensor out = relu_inplace((*bn1)((*conv1)(x)));
   out = (*bn2)((*conv2)(out));
+  if (conv3) out = (*bn3)((*conv3)(relu_inplace(out)));
   Tensor identity = downsample ? (*downsample)(x) : x;
   return relu_inplace(add(out, identity));
 }
 
+BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> ds, TensorOptions opts,
+                       Generator* gen)
+    : ResidualBlock("BasicBlock", {conv3x3(inplanes, planes, stride, opts, gen), conv3x3(planes, planes, 1, opts, gen)},
+                    std::move(ds), opts) {}
+
+// The 3x3 (9 * planes^2 weights) works at the reduced width and never sees the wide
+// planes * 4 tensor.
 Bottleneck::Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> ds, TensorOptions opts,
                        Generator* gen)
-    : Module("Bottleneck") {
-  // 1x1 reduces to `planes` channels, the 3x3 works at that width, 1x1 expands 4x: the 3x3
-  // (9 * planes^2 weights) never sees the wide 4 * planes tensor.
-  conv1 = register_module("conv1", conv1x1(inplanes, planes, 1, opts, gen));
-  bn1 = register_module("bn1", bn(planes, opts));
-  conv2 = register_module("conv2", conv3x3(planes, planes, stride, opts, gen));
-  bn2 = register_module("bn2", bn(planes, opts));
-  conv3 = register_module("conv3", conv1x1(planes, planes * expansion, 1, opts, gen));
-  bn3 = register_module("bn3", bn(planes * expansion, opts));
-  if (ds) downsample = register_module("downsample", std::move(ds));
-}
-
-Tensor Bottleneck::forward(const Tensor& x) {
-  Tensor out = relu_inplace((*bn1)((*conv1)(x)));
-  out = relu_inplace((*bn2)((*conv2)(out)));
-  out = (*bn3)((*conv3)(out));
-  Tensor identity = downsample ? (*downsample)(x) : x;
-  return relu_inplace(add(out, identity));
-}
+    : ResidualBlock("Bottleneck",
+                    {conv1x1(inplanes, planes, 1, opts, gen), conv3x3(planes, planes, stride, opts, gen),
+                     conv1x1(planes, planes * expansion, 1, opts, gen)},
+                    std::move(ds), opts) {}
 
 ResNet::ResNet(Block block, const std::vector<int64_t>& layers, int64_t num_classes, TensorOptions opts, Generator* gen)
     : Module("ResNet") {

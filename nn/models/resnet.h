@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "nn/conv.h"
@@ -13,27 +14,37 @@
 
 namespace mg::nn {
 
-class BasicBlock : public Module {
+// A residual block: conv + BN stages with a ReLU between them, the identity added after the
+// last stage (through `downsample`, a 1x1 conv + BN, when the shapes change; null when they
+// already match), then a final ReLU.
+class ResidualBlock : public Module {
  public:
-  static constexpr int64_t expansion = 1;
-  // downsample (1x1 conv + BN on the identity path) is null when shapes already match.
-  BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> downsample,
-             TensorOptions opts = {}, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
-  std::shared_ptr<Conv2d> conv1, conv2;
-  std::shared_ptr<BatchNorm2d> bn1, bn2;
+  std::shared_ptr<Conv2d> conv1, conv2, conv3;  // conv3 is null in a BasicBlock
+  std::shared_ptr<BatchNorm2d> bn1, bn2, bn3;   // bn3 likewise
   std::shared_ptr<Module> downsample;
+
+ protected:
+  // Registers convs[i] as "conv<i+1>", each followed by a BatchNorm2d "bn<i+1>" over its
+  // output channels, then `downsample` (torchvision's parameter order).
+  ResidualBlock(std::string name, std::vector<std::shared_ptr<Conv2d>> convs, std::shared_ptr<Module> downsample,
+                TensorOptions opts);
 };
 
-class Bottleneck : public Module {
+// Two 3x3 convs, the first with the stride.
+class BasicBlock : public ResidualBlock {
+ public:
+  static constexpr int64_t expansion = 1;
+  BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> downsample,
+             TensorOptions opts = {}, Generator* gen = nullptr);
+};
+
+// 1x1 reduce to `planes`, 3x3 with the stride, 1x1 expand to planes * 4.
+class Bottleneck : public ResidualBlock {
  public:
   static constexpr int64_t expansion = 4;
   Bottleneck(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> downsample,
              TensorOptions opts = {}, Generator* gen = nullptr);
-  Tensor forward(const Tensor& x) override;
-  std::shared_ptr<Conv2d> conv1, conv2, conv3;
-  std::shared_ptr<BatchNorm2d> bn1, bn2, bn3;
-  std::shared_ptr<Module> downsample;
 };
 
 class ResNet : public Module {
