@@ -17,12 +17,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <iterator>
 #include <mutex>
 #include <sstream>
 #include <thread>
 
 #include "core/cuda_memory.h"
+#include "core/enum_name.h"
 #include "core/device_runtime.h"
 #include "distributed/backends.h"
 
@@ -36,9 +36,9 @@ ncclDataType_t nccl_dtype(DType d, const std::string& who) {
   // Indexed by DType (core/dtype.h's order); bool travels as bytes.
   static constexpr ncclDataType_t kTypes[] = {ncclFloat64, ncclFloat32, ncclFloat16, ncclBfloat16,
                                               ncclInt64,   ncclInt32,   ncclUint8,   ncclUint8};
-  const auto i = static_cast<size_t>(d);
-  MG_CHECK(i < std::size(kTypes), DTypeError, who, ": dtype ", d, " has no NCCL equivalent");
-  return kTypes[i];
+  const ncclDataType_t* type = enum_lookup(d, kTypes);
+  MG_CHECK(type, DTypeError, who, ": dtype ", d, " has no NCCL equivalent");
+  return *type;
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {

@@ -7,6 +7,24 @@
 
 namespace mg::kernels {
 
+// A tensor's data as T* (const T for an input), null for an undefined tensor (an absent
+// weight or bias). Unchecked: kernels call it after dispatching on the dtype, with T possibly
+// a device type (__half) that Tensor::data_ptr does not know.
+template <class T>
+T* data_as(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.raw_data()) : nullptr;
+}
+
+// `s` with entry `dim` set to `value` (a 0-d shape stays empty), e.g. a shape with the reduced
+// dim collapsed to 1.
+inline Shape with_dim(Shape s, int64_t dim, int64_t value) {
+  if (!s.empty()) s[dim] = value;
+  return s;
+}
+// Strides of `t` with the stride at `dim` zeroed: gather / scatter walk the indexed tensor
+// along the index's shape, and the index supplies that coordinate.
+inline Shape strides_without(const Tensor& t, int64_t dim) { return with_dim(t.strides(), dim, 0); }
+
 // Each device's file defines `template <> void BackendImpl<DeviceType::X>::op(...)`. A device that
 // lacks a definition fails to link: the class's vtable names every member. The definitions
 // live in this namespace (the template's), each file's kernels in an unnamed namespace beside them.

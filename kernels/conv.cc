@@ -86,32 +86,38 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, cons
   return finish(out, x.dtype());
 }
 
-Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Shape& x_shape, const Conv2dArgs& args) {
-  const char* op = "conv2d_backward_input";
+namespace {
+
+// Both conv backwards: Backend::conv2d_backward_input (operand = the weight, result = grad of
+// the input) and Backend::conv2d_backward_weight (operand = the input, result = grad of the
+// weight). grad_output must have the shape of the forward's output.
+using ConvBackward = void (Backend::*)(const Tensor&, const Tensor&, const Conv2dArgs&, const Tensor&);
+Tensor conv_backward(const char* op, ConvBackward run, const Tensor& grad_out, const Tensor& operand,
+                     bool operand_is_weight, const Shape& result_shape, const Conv2dArgs& args) {
+  const char* what = operand_is_weight ? "weight" : "input";
   check_defined(op, grad_out, "grad_output");
-  check_defined(op, w, "weight");
-  const Device dev = common_device(op, {&grad_out, &w});
-  check_floating(op, w, "weight");
-  check_grad_shape(op, grad_out, conv_out_shape(op, x_shape, w.sizes(), args));
-  const DType ct = compute_dtype(dev, w.dtype());
-  Tensor gx = empty(x_shape, {ct, dev});
-  backend(dev, "conv2d_backward_input")
-      .conv2d_backward_input(prep_conv(grad_out, ct, dev), prep_conv(w, ct, dev), args, gx);
-  return finish(gx, w.dtype());
+  check_defined(op, operand, what);
+  const Device dev = common_device(op, {&grad_out, &operand});
+  check_floating(op, operand, what);
+  check_grad_shape(op, grad_out,
+                   operand_is_weight ? conv_out_shape(op, result_shape, operand.sizes(), args)
+                                     : conv_out_shape(op, operand.sizes(), result_shape, args));
+  const DType ct = compute_dtype(dev, operand.dtype());
+  Tensor result = empty(result_shape, {ct, dev});
+  (backend(dev, op).*run)(prep_conv(grad_out, ct, dev), prep_conv(operand, ct, dev), args, result);
+  return finish(result, operand.dtype());
+}
+
+}  // namespace
+
+Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Shape& x_shape, const Conv2dArgs& args) {
+  return conv_backward("conv2d_backward_input", &Backend::conv2d_backward_input, grad_out, w,
+                       /*operand_is_weight=*/true, x_shape, args);
 }
 
 Tensor conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Shape& w_shape, const Conv2dArgs& args) {
-  const char* op = "conv2d_backward_weight";
-  check_defined(op, grad_out, "grad_output");
-  check_defined(op, x, "input");
-  const Device dev = common_device(op, {&grad_out, &x});
-  check_floating(op, x, "input");
-  check_grad_shape(op, grad_out, conv_out_shape(op, x.sizes(), w_shape, args));
-  const DType ct = compute_dtype(dev, x.dtype());
-  Tensor gw = empty(w_shape, {ct, dev});
-  backend(dev, "conv2d_backward_weight")
-      .conv2d_backward_weight(prep_conv(grad_out, ct, dev), prep_conv(x, ct, dev), args, gw);
-  return finish(gw, x.dtype());
+  return conv_backward("conv2d_backward_weight", &Backend::conv2d_backward_weight, grad_out, x,
+                       /*operand_is_weight=*/false, w_shape, args);
 }
 
 Tensor conv2d_backward_bias(const Tensor& grad_out) {

@@ -35,13 +35,28 @@ Shape pool_out_shape(const char* op, const Shape& x, const Pool2dArgs& a, bool d
   return {x[0], x[1], Ho, Wo};
 }
 
+// The checks every single-tensor pool op starts with (`t` is the input or grad_output):
+// defined and floating. Returns its device.
+Device floating_device(const char* op, const Tensor& t, const char* what) {
+  check_defined(op, t, what);
+  const Device dev = common_device(op, {&t});
+  check_floating(op, t, what);
+  return dev;
+}
+
+// For the backwards whose output shape alone does not say the input's: both 4-D, equal in N, C.
+void check_grad_matches_input_nc(const char* op, const Tensor& grad_out, const Shape& x_shape) {
+  check_4d(op, x_shape, "input");
+  check_4d(op, grad_out.sizes(), "grad_output");
+  MG_CHECK(grad_out.size(0) == x_shape[0] && grad_out.size(1) == x_shape[1], ShapeError, op, ": grad_output ",
+           shape_str(grad_out.sizes()), " does not match input ", shape_str(x_shape), " in N, C");
+}
+
 }  // namespace
 
 std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dArgs& args, bool return_indices) {
   const char* op = "max_pool2d";
-  check_defined(op, x, "input");
-  const Device dev = common_device(op, {&x});
-  check_floating(op, x, "input");
+  const Device dev = floating_device(op, x, "input");
   const Shape os = pool_out_shape(op, x.sizes(), args, true);
   const DType ct = compute_dtype(dev, x.dtype());
   Tensor out = empty(os, {ct, dev}), idx = return_indices ? empty(os, {DType::i64, dev}) : Tensor();
@@ -56,12 +71,9 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
   const Device dev = common_device(op, {&grad_out, &indices});
   check_floating(op, grad_out, "grad_output");
   MG_CHECK(indices.dtype() == DType::i64, DTypeError, op, ": indices must be i64, got ", indices.dtype());
-  check_4d(op, x_shape, "input");
-  check_4d(op, grad_out.sizes(), "grad_output");
+  check_grad_matches_input_nc(op, grad_out, x_shape);
   MG_CHECK(indices.sizes() == grad_out.sizes(), ShapeError, op, ": indices shape ", shape_str(indices.sizes()),
            " differs from grad_output's ", shape_str(grad_out.sizes()));
-  MG_CHECK(grad_out.size(0) == x_shape[0] && grad_out.size(1) == x_shape[1], ShapeError, op, ": grad_output ",
-           shape_str(grad_out.sizes()), " does not match input ", shape_str(x_shape), " in N, C");
   const DType ct = compute_dtype(dev, grad_out.dtype());
   Tensor gx = empty(x_shape, {ct, dev});
   backend(dev, "max_pool2d_backward").max_pool2d_backward(prep(grad_out, ct), prep(indices, DType::i64), gx);
@@ -70,9 +82,7 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
 
 Tensor avg_pool2d(const Tensor& x, const Pool2dArgs& args) {
   const char* op = "avg_pool2d";
-  check_defined(op, x, "input");
-  const Device dev = common_device(op, {&x});
-  check_floating(op, x, "input");
+  const Device dev = floating_device(op, x, "input");
   const Shape os = pool_out_shape(op, x.sizes(), args, false);
   const DType ct = compute_dtype(dev, x.dtype());
   Tensor out = empty(os, {ct, dev});
@@ -82,9 +92,7 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dArgs& args) {
 
 Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& x_shape, const Pool2dArgs& args) {
   const char* op = "avg_pool2d_backward";
-  check_defined(op, grad_out, "grad_output");
-  const Device dev = common_device(op, {&grad_out});
-  check_floating(op, grad_out, "grad_output");
+  const Device dev = floating_device(op, grad_out, "grad_output");
   check_grad_shape(op, grad_out, pool_out_shape(op, x_shape, args, false));
   const DType ct = compute_dtype(dev, grad_out.dtype());
   Tensor gx = empty(x_shape, {ct, dev});
@@ -94,9 +102,7 @@ Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& x_shape, const P
 
 Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size) {
   const char* op = "adaptive_avg_pool2d";
-  check_defined(op, x, "input");
-  const Device dev = common_device(op, {&x});
-  check_floating(op, x, "input");
+  const Device dev = floating_device(op, x, "input");
   check_4d(op, x.sizes(), "input");
   MG_CHECK(output_size.h >= 1 && output_size.w >= 1, ValueError, op, ": output_size must be positive, got ",
            str(output_size));
@@ -110,13 +116,8 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size) {
 
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Shape& x_shape) {
   const char* op = "adaptive_avg_pool2d_backward";
-  check_defined(op, grad_out, "grad_output");
-  const Device dev = common_device(op, {&grad_out});
-  check_floating(op, grad_out, "grad_output");
-  check_4d(op, x_shape, "input");
-  check_4d(op, grad_out.sizes(), "grad_output");
-  MG_CHECK(grad_out.size(0) == x_shape[0] && grad_out.size(1) == x_shape[1], ShapeError, op, ": grad_output ",
-           shape_str(grad_out.sizes()), " does not match input ", shape_str(x_shape), " in N, C");
+  const Device dev = floating_device(op, grad_out, "grad_output");
+  check_grad_matches_input_nc(op, grad_out, x_shape);
   const DType ct = compute_dtype(dev, grad_out.dtype());
   Tensor gx = empty(x_shape, {ct, dev});
   backend(dev, "adaptive_avg_pool2d_backward").adaptive_avg_pool2d_backward(prep(grad_out, ct), gx);

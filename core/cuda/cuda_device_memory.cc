@@ -118,13 +118,7 @@ EventId CudaDeviceMemory::record_event(StreamId stream) {
 }
 
 bool CudaDeviceMemory::event_query(EventId event) {
-  cudaError_t e = cudaEventQuery(reinterpret_cast<cudaEvent_t>(event));
-  if (e == cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  MG_CUDA_CHECK(e);
-  return true;
+  return MG_CUDA_QUERY(cudaEventQuery(reinterpret_cast<cudaEvent_t>(event)));
 }
 
 void CudaDeviceMemory::event_synchronize(EventId event) {

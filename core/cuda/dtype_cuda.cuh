@@ -36,31 +36,34 @@ __device__ __forceinline__ double to_double(T v) {
   else
     return static_cast<double>(v);
 }
-template <class T>
-__device__ __forceinline__ T from_float(float v) {
+// float or double W -> T: bool is "nonzero", __half rounds once from W, __nv_bfloat16 goes
+// through float; a double reaches an integer type as the CPU's casts do (through long long,
+// NaN -> 0). from_float keeps the plain conversion for integers (the hot elementwise path).
+template <class T, class W>
+__device__ __forceinline__ T from_wide(W v) {
+  static_assert(std::is_same_v<W, float> || std::is_same_v<W, double>);
   if constexpr (std::is_same_v<T, bool>)
-    return v != 0.0f;
-  else if constexpr (std::is_same_v<T, __half>)
+    return v != W(0);
+  else if constexpr (std::is_same_v<T, __half> && std::is_same_v<W, float>)
     return __float2half(v);
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __float2bfloat16(v);
-  else
-    return static_cast<T>(v);
-}
-template <class T>
-__device__ __forceinline__ T from_double(double v) {
-  if constexpr (std::is_same_v<T, bool>)
-    return v != 0.0;
   else if constexpr (std::is_same_v<T, __half>)
     return __double2half(v);
   else if constexpr (std::is_same_v<T, __nv_bfloat16>)
     return __float2bfloat16(static_cast<float>(v));
-  else if constexpr (std::is_integral_v<T>)
+  else if constexpr (std::is_integral_v<T> && std::is_same_v<W, double>)
     // mg::float_to_int64 (core/dtype.h): the conversion instruction saturates out-of-range
     // values, but turns NaN into INT64_MIN, so NaN is mapped to 0 here as on the CPU.
     return static_cast<T>(v != v ? 0LL : static_cast<long long>(v));
   else
     return static_cast<T>(v);
+}
+template <class T>
+__device__ __forceinline__ T from_float(float v) {
+  return from_wide<T>(v);
+}
+template <class T>
+__device__ __forceinline__ T from_double(double v) {
+  return from_wide<T>(v);
 }
 
 // Elements of T in one 16-byte access (1 for types of 16 bytes or more), and V elements moved

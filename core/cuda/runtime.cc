@@ -116,15 +116,7 @@ void Stream::synchronize() const {
   MG_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)));
 }
 
-bool Stream::query() const {
-  cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(handle_));
-  if (e == cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  MG_CUDA_CHECK(e);
-  return true;
-}
+bool Stream::query() const { return MG_CUDA_QUERY(cudaStreamQuery(static_cast<cudaStream_t>(handle_))); }
 
 StreamGuard::StreamGuard(const Stream& s) : prev_(Stream::current(s.device())) { tl_current_stream[s.device()] = s; }
 StreamGuard::~StreamGuard() { tl_current_stream[prev_.device()] = prev_; }
@@ -139,15 +131,7 @@ void Event::record(const Stream& s) {
   MG_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_.get()), static_cast<cudaStream_t>(s.handle())));
 }
 void Event::synchronize() const { MG_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_.get()))); }
-bool Event::query() const {
-  cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(handle_.get()));
-  if (e == cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  MG_CUDA_CHECK(e);
-  return true;
-}
+bool Event::query() const { return MG_CUDA_QUERY(cudaEventQuery(static_cast<cudaEvent_t>(handle_.get()))); }
 void Event::wait(const Stream& s) const {
   MG_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(s.handle()), static_cast<cudaEvent_t>(handle_.get()), 0));
 }

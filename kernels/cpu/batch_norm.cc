@@ -20,11 +20,6 @@ NCS ncs(const Tensor& x) {
   return {x.size(0), x.size(1), S};
 }
 
-template <class T>
-T* ptr(const Tensor& t) {
-  return t.defined() ? static_cast<T*>(t.raw_data()) : nullptr;
-}
-
 // Channels per thread: enough that each thread has ~64K values.
 int64_t channel_grain(const NCS& s) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(s.M(), 1)); }
 
@@ -89,10 +84,10 @@ void forward_training_t(const Tensor& x, const Tensor& weight, const Tensor& bia
                         const Tensor& running_var, double momentum, double eps, const Tensor& out,
                         const Tensor& save_mean, const Tensor& save_invstd) {
   const NCS s = ncs(x);
-  const T* px = ptr<T>(x);
-  const T *pw = ptr<T>(weight), *pb = ptr<T>(bias);
-  T *prm = ptr<T>(running_mean), *prv = ptr<T>(running_var);
-  T *po = ptr<T>(out), *pm = ptr<T>(save_mean), *pi = ptr<T>(save_invstd);
+  const T* px = data_as<T>(x);
+  const T *pw = data_as<T>(weight), *pb = data_as<T>(bias);
+  T *prm = data_as<T>(running_mean), *prv = data_as<T>(running_var);
+  T *po = data_as<T>(out), *pm = data_as<T>(save_mean), *pi = data_as<T>(save_invstd);
   const double M = static_cast<double>(s.M());
   cpu::nn_parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
@@ -117,12 +112,13 @@ template <class T>
 void forward_eval_t(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                     const Tensor& running_var, double eps, const Tensor& out) {
   const NCS s = ncs(x);
-  const T *pw = ptr<T>(weight), *pb = ptr<T>(bias), *prm = ptr<T>(running_mean), *prv = ptr<T>(running_var);
+  const T *pw = data_as<T>(weight), *pb = data_as<T>(bias), *prm = data_as<T>(running_mean),
+          *prv = data_as<T>(running_var);
   cpu::nn_parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const double invstd = 1.0 / std::sqrt(static_cast<double>(prv[c]) + eps);
       const double scale = (pw ? pw[c] : 1.0) * invstd;
-      normalize_channel(s, ptr<T>(x), ptr<T>(out), c, scale, (pb ? pb[c] : 0.0) - prm[c] * scale);
+      normalize_channel(s, data_as<T>(x), data_as<T>(out), c, scale, (pb ? pb[c] : 0.0) - prm[c] * scale);
     }
   });
 }
@@ -131,9 +127,9 @@ template <class T>
 void backward_t(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& invstd,
                 bool training, const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) {
   const NCS s = ncs(x);
-  const T *pg = ptr<T>(grad_out), *px = ptr<T>(x), *pw = ptr<T>(weight);
-  const T *pm = ptr<T>(mean), *pi = ptr<T>(invstd);
-  T *pdx = ptr<T>(grad_x), *pdw = ptr<T>(grad_weight), *pdb = ptr<T>(grad_bias);
+  const T *pg = data_as<T>(grad_out), *px = data_as<T>(x), *pw = data_as<T>(weight);
+  const T *pm = data_as<T>(mean), *pi = data_as<T>(invstd);
+  T *pdx = data_as<T>(grad_x), *pdw = data_as<T>(grad_weight), *pdb = data_as<T>(grad_bias);
   const double M = static_cast<double>(s.M());
   cpu::nn_parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {

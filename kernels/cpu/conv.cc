@@ -168,15 +168,36 @@ std::vector<Tensor> workspace(int workers, int64_t elems) {
   for (int k = 0; k < workers; ++k) ws.push_back(empty({elems}, {dtype_of<T>}));
   return ws;
 }
-template <class T>
-T* ptr(const Tensor& t) {
-  return static_cast<T*>(t.raw_data());
-}
 
 // Feature maps at least this wide get one GEMM per sample writing straight into the NCHW
 // tensor (a column block of cols); narrower ones one GEMM per chunk through a scratch
 // matrix, so the GEMM stays wide (e.g. 7x7 maps late in a network).
 constexpr int64_t kDirectMinL = 64;
+
+// How one conv pass splits the batch, shared by forward and both backwards: the worker
+// count, samples per chunk, whether GEMMs read / write the NCHW tensor in place (`direct`),
+// and each worker's scratch: `cols` [K, chunk*L] for im2col, and `staging` [Og, chunk*L]
+// for the output or gradient block when not direct.
+template <class T>
+struct ChunkPlan {
+  explicit ChunkPlan(const Geo& g)
+      : workers(num_workers(g)),
+        chunk(chunk_size(g, workers)),
+        direct(g.L >= kDirectMinL),
+        cols(workspace<T>(workers, g.K * chunk * g.L)),
+        staging(workspace<T>(direct ? 0 : workers, g.Og * chunk * g.L)) {}
+
+  // Runs f(chunk_begin, chunk_end, worker) over the batch.
+  template <class F>
+  void run(const Geo& g, F f) const {
+    for_chunks(g.N, chunk, workers, f);
+  }
+
+  const int workers;
+  const int64_t chunk;
+  const bool direct;
+  const std::vector<Tensor> cols, staging;
+};
 
 template <class T>
 void forward_t(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& a, const Tensor& out) {
@@ -185,28 +206,24 @@ void forward_t(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2
   const T* pw = static_cast<const T*>(w.raw_data());
   const T* pb = bias.defined() ? static_cast<const T*>(bias.raw_data()) : nullptr;
   T* po = static_cast<T*>(out.raw_data());
-  const int workers = num_workers(g);
-  const int64_t chunk = chunk_size(g, workers);
-  const bool direct = g.L >= kDirectMinL;
-  const std::vector<Tensor> cols = workspace<T>(workers, g.K * chunk * g.L),
-                            tmp = workspace<T>(direct ? 0 : workers, g.Og * chunk * g.L);
-  for_chunks(g.N, chunk, workers, [&](int64_t n0, int64_t n1, int wkr) {
+  const ChunkPlan<T> plan(g);
+  plan.run(g, [&](int64_t n0, int64_t n1, int wkr) {
     const int64_t nl = (n1 - n0) * g.L;
-    T* pc = ptr<T>(cols[wkr]);
+    T* pc = data_as<T>(plan.cols[wkr]);
     for (int64_t grp = 0; grp < g.G; ++grp) {
       im2col(g, px, pc, grp, n0, n1);
       const CMap<T> Wg(pw + grp * g.Og * g.K, g.Og, g.K);
-      if (direct) {
+      if (plan.direct) {
         for (int64_t n = n0; n < n1; ++n) {
           Map<T> On(po + (n * g.O + grp * g.Og) * g.L, g.Og, g.L);
           On.noalias() = Wg * CSMap<T>(pc + (n - n0) * g.L, g.K, g.L, Eigen::OuterStride<>(nl));
         }
       } else {
-        Map<T> R(ptr<T>(tmp[wkr]), g.Og, nl);
+        Map<T> R(data_as<T>(plan.staging[wkr]), g.Og, nl);
         R.noalias() = Wg * CMap<T>(pc, g.K, nl);
         for (int64_t n = n0; n < n1; ++n)
           for (int64_t o = 0; o < g.Og; ++o)
-            std::memcpy(po + (n * g.O + grp * g.Og + o) * g.L, ptr<T>(tmp[wkr]) + o * nl + (n - n0) * g.L,
+            std::memcpy(po + (n * g.O + grp * g.Og + o) * g.L, data_as<T>(plan.staging[wkr]) + o * nl + (n - n0) * g.L,
                         sizeof(T) * g.L);
       }
       if (pb)
@@ -227,24 +244,21 @@ void backward_input_t(const Tensor& gout, const Tensor& w, const Conv2dArgs& a, 
   const T* pw = static_cast<const T*>(w.raw_data());
   T* pdx = static_cast<T*>(gx.raw_data());
   std::fill(pdx, pdx + gx.numel(), T(0));
-  const int workers = num_workers(g);
-  const int64_t chunk = chunk_size(g, workers);
-  const bool direct = g.L >= kDirectMinL;
-  const std::vector<Tensor> dcols = workspace<T>(workers, g.K * chunk * g.L),
-                            gmat = workspace<T>(direct ? 0 : workers, g.Og * chunk * g.L);
-  for_chunks(g.N, chunk, workers, [&](int64_t n0, int64_t n1, int wkr) {
+  const ChunkPlan<T> plan(g);
+  plan.run(g, [&](int64_t n0, int64_t n1, int wkr) {
     const int64_t nl = (n1 - n0) * g.L;
-    T* pd = ptr<T>(dcols[wkr]);
+    T* pd = data_as<T>(plan.cols[wkr]);
     for (int64_t grp = 0; grp < g.G; ++grp) {
       const auto WgT = CMap<T>(pw + grp * g.Og * g.K, g.Og, g.K).transpose();
-      if (direct) {
+      if (plan.direct) {
         for (int64_t n = n0; n < n1; ++n) {
           SMap<T> Dn(pd + (n - n0) * g.L, g.K, g.L, Eigen::OuterStride<>(nl));
           Dn.noalias() = WgT * CMap<T>(pg + (n * g.O + grp * g.Og) * g.L, g.Og, g.L);
         }
       } else {
-        gather_grad(g, pg, ptr<T>(gmat[wkr]), grp, n0, n1);
-        Map<T>(pd, g.K, nl).noalias() = WgT * CMap<T>(ptr<T>(gmat[wkr]), g.Og, nl);
+        T* pgm = data_as<T>(plan.staging[wkr]);
+        gather_grad(g, pg, pgm, grp, n0, n1);
+        Map<T>(pd, g.K, nl).noalias() = WgT * CMap<T>(pgm, g.Og, nl);
       }
       col2im(g, pdx, pd, grp, n0, n1);
     }
@@ -257,33 +271,30 @@ void backward_weight_t(const Tensor& gout, const Tensor& x, const Conv2dArgs& a,
   const T* pg = static_cast<const T*>(gout.raw_data());
   const T* px = static_cast<const T*>(x.raw_data());
   T* pdw = static_cast<T*>(gw.raw_data());
-  const int workers = num_workers(g);
-  const int64_t chunk = chunk_size(g, workers);
-  const bool direct = g.L >= kDirectMinL;
-  const std::vector<Tensor> cols = workspace<T>(workers, g.K * chunk * g.L),
-                            gmat = workspace<T>(direct ? 0 : workers, g.Og * chunk * g.L);
+  const ChunkPlan<T> plan(g);
   // One accumulator per worker (the weight is shared by every chunk), summed at the end.
-  std::vector<Tensor> acc = workspace<T>(workers - 1, gw.numel());
+  std::vector<Tensor> acc = workspace<T>(plan.workers - 1, gw.numel());
   acc.insert(acc.begin(), gw);
-  for (const Tensor& t : acc) std::fill(ptr<T>(t), ptr<T>(t) + t.numel(), T(0));
-  for_chunks(g.N, chunk, workers, [&](int64_t n0, int64_t n1, int wkr) {
+  for (const Tensor& t : acc) std::fill(data_as<T>(t), data_as<T>(t) + t.numel(), T(0));
+  plan.run(g, [&](int64_t n0, int64_t n1, int wkr) {
     const int64_t nl = (n1 - n0) * g.L;
-    T* pc = ptr<T>(cols[wkr]);
+    T* pc = data_as<T>(plan.cols[wkr]);
     for (int64_t grp = 0; grp < g.G; ++grp) {
       im2col(g, px, pc, grp, n0, n1);
-      Map<T> dW(ptr<T>(acc[wkr]) + grp * g.Og * g.K, g.Og, g.K);
-      if (direct) {
+      Map<T> dW(data_as<T>(acc[wkr]) + grp * g.Og * g.K, g.Og, g.K);
+      if (plan.direct) {
         for (int64_t n = n0; n < n1; ++n)
           dW.noalias() += CMap<T>(pg + (n * g.O + grp * g.Og) * g.L, g.Og, g.L) *
                           CSMap<T>(pc + (n - n0) * g.L, g.K, g.L, Eigen::OuterStride<>(nl)).transpose();
       } else {
-        gather_grad(g, pg, ptr<T>(gmat[wkr]), grp, n0, n1);
-        dW.noalias() += CMap<T>(ptr<T>(gmat[wkr]), g.Og, nl) * CMap<T>(pc, g.K, nl).transpose();
+        T* pgm = data_as<T>(plan.staging[wkr]);
+        gather_grad(g, pg, pgm, grp, n0, n1);
+        dW.noalias() += CMap<T>(pgm, g.Og, nl) * CMap<T>(pc, g.K, nl).transpose();
       }
     }
   });
   for (size_t k = 1; k < acc.size(); ++k) {
-    const T* a = ptr<T>(acc[k]);
+    const T* a = data_as<T>(acc[k]);
     for (int64_t i = 0; i < gw.numel(); ++i) pdw[i] += a[i];
   }
 }

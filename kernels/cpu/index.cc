@@ -24,13 +24,6 @@ std::vector<int64_t> index_values(const Tensor& index) {
   return std::vector<int64_t>(v32.begin(), v32.end());
 }
 
-// Strides of `t` with the stride at `dim` zeroed (the index supplies that coordinate).
-Shape strides_without(const Tensor& t, int64_t dim) {
-  Shape s = t.strides();
-  if (!s.empty()) s[dim] = 0;
-  return s;
-}
-
 }  // namespace
 
 template <>

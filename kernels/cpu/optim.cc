@@ -67,18 +67,14 @@ double cpu_norm_partial(const Tensor& t0, double p) {
 
 template <>
 void CpuBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {
-  if (t.params[0].dtype() == DType::f64)
-    adam_cpu<double>(t, h);
-  else
-    adam_cpu<float>(t, h);
+  if (t.params[0].dtype() == DType::f64) return adam_cpu<double>(t, h);
+  adam_cpu<float>(t, h);
 }
 
 template <>
 void CpuBackend::sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) {
-  if (t.params[0].dtype() == DType::f64)
-    sgd_cpu<double>(t, h);
-  else
-    sgd_cpu<float>(t, h);
+  if (t.params[0].dtype() == DType::f64) return sgd_cpu<double>(t, h);
+  sgd_cpu<float>(t, h);
 }
 
 template <>

@@ -19,15 +19,6 @@ struct Planes {
 
 Planes planes(const Shape& in, const Shape& out) { return {in[0] * in[1], in[2], in[3], out[2], out[3]}; }
 
-template <class T>
-const T* cptr(const Tensor& t) {
-  return static_cast<const T*>(t.raw_data());
-}
-template <class T>
-T* ptr(const Tensor& t) {
-  return static_cast<T*>(t.raw_data());
-}
-
 // Kernel taps k in [lo, hi) whose input position start + k*dil lies in [0, n).
 void tap_range(int64_t start, int64_t k, int64_t dil, int64_t n, int64_t* lo, int64_t* hi) {
   *lo = start >= 0 ? 0 : (-start + dil - 1) / dil;
@@ -108,9 +99,9 @@ void max_pool_2x2(const T* __restrict plane, int64_t W, int64_t Ho, int64_t Wo, 
 template <class T>
 void max_pool_t(const Tensor& x, const Pool2dArgs& a, const Tensor& out, const Tensor& indices) {
   const Planes p = planes(x.sizes(), out.sizes());
-  const T* px = cptr<T>(x);
-  T* po = ptr<T>(out);
-  int64_t* pi = indices.defined() ? ptr<int64_t>(indices) : nullptr;
+  const T* px = data_as<const T>(x);
+  T* po = data_as<T>(out);
+  int64_t* pi = indices.defined() ? data_as<int64_t>(indices) : nullptr;
   // (ceil_mode can add partial windows at the bottom/right edge: those take the general path.)
   if (a.kernel == Int2(2) && a.stride == Int2(2) && a.padding == Int2(0) && a.dilation == Int2(1) && 2 * p.Ho <= p.H &&
       2 * p.Wo <= p.W) {
@@ -161,9 +152,9 @@ void max_pool_t(const Tensor& x, const Pool2dArgs& a, const Tensor& out, const T
 template <class T>
 void max_pool_backward_t(const Tensor& gout, const Tensor& indices, const Tensor& gx) {
   const Planes p = planes(gx.sizes(), gout.sizes());
-  const T* pg = cptr<T>(gout);
-  const int64_t* pi = cptr<int64_t>(indices);
-  T* pd = ptr<T>(gx);
+  const T* pg = data_as<const T>(gout);
+  const int64_t* pi = data_as<const int64_t>(indices);
+  T* pd = data_as<T>(gx);
   std::fill(pd, pd + gx.numel(), T(0));
   const int64_t L = p.Ho * p.Wo, HW = p.H * p.W;
   cpu::nn_parallel_for(p.P, plane_grain(HW), [&](int64_t q0, int64_t q1) {
@@ -207,8 +198,8 @@ AvgWindow adaptive_window(const Planes& p, int64_t oh, int64_t ow) {
 template <class T, class Window>
 void avg_pool_t(const Tensor& x, const Tensor& out, Window window) {
   const Planes p = planes(x.sizes(), out.sizes());
-  const T* px = cptr<T>(x);
-  T* po = ptr<T>(out);
+  const T* px = data_as<const T>(x);
+  T* po = data_as<T>(out);
   cpu::nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q) {
       const T* plane = px + q * p.H * p.W;
@@ -227,8 +218,8 @@ void avg_pool_t(const Tensor& x, const Tensor& out, Window window) {
 template <class T, class Window>
 void avg_pool_backward_t(const Tensor& gout, const Tensor& gx, Window window) {
   const Planes p = planes(gx.sizes(), gout.sizes());
-  const T* pg = cptr<T>(gout);
-  T* pd = ptr<T>(gx);
+  const T* pg = data_as<const T>(gout);
+  T* pd = data_as<T>(gx);
   std::fill(pd, pd + gx.numel(), T(0));
   cpu::nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q) {

@@ -17,7 +17,13 @@ constexpr int kMaxListTensors = 64;
 constexpr int kUnscaleThreads = 256;
 constexpr int64_t kElemsPerBlock = kUnscaleThreads * 16;
 
-enum : uint8_t { kF32, kF16, kBF16, kF64 };
+// A gradient's dtype in the kernel arguments: DType's own value.
+enum : uint8_t {
+  kF64 = static_cast<uint8_t>(DType::f64),
+  kF32 = static_cast<uint8_t>(DType::f32),
+  kF16 = static_cast<uint8_t>(DType::f16),
+  kBF16 = static_cast<uint8_t>(DType::bf16)
+};
 
 // 64 * (8 + 8 + 1) + 65 * 8 + 4 bytes: well inside the 4 KiB kernel-argument limit.
 struct UnscaleList {
@@ -73,18 +79,8 @@ __global__ void unscale_kernel(UnscaleList l, float* found_inf, float inv_scale)
 }
 
 uint8_t code_of(DType t) {
-  switch (t) {
-    case DType::f32:
-      return kF32;
-    case DType::f16:
-      return kF16;
-    case DType::bf16:
-      return kBF16;
-    case DType::f64:
-      return kF64;
-    default:
-      MG_THROW(DTypeError, "amp_unscale_: expected a floating gradient, got ", t);
-  }
+  MG_CHECK(is_floating(t), DTypeError, "amp_unscale_: expected a floating gradient, got ", t);
+  return static_cast<uint8_t>(t);
 }
 
 template <class U>

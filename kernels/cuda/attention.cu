@@ -79,6 +79,45 @@ __device__ __forceinline__ void dot_rows(const float* a, const float* b, float (
   }
 }
 
+// acc[r] += sum over the tile's kTile rows jj of w[r] (lane jj's value) times row jj of
+// `tile` (row stride kLd); each lane holds dims c * 32 + lane. P . V in the forward, dS . K
+// for the backward's dq.
+template <int kD, int kLd>
+__device__ __forceinline__ void accumulate_rows(float (&acc)[kRows][kD / 32], const float (&w)[kRows],
+                                                const float* tile) {
+  constexpr int kC = kD / 32;
+  const int lane = threadIdx.x & 31;
+  for (int jj = 0; jj < kTile; ++jj) {
+    float tv[kC];
+#pragma unroll
+    for (int c = 0; c < kC; ++c) tv[c] = tile[jj * kLd + c * 32 + lane];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float wj = __shfl_sync(kFull, w[r], jj);
+#pragma unroll
+      for (int c = 0; c < kC; ++c) acc[r][c] += wj * tv[c];
+    }
+  }
+}
+
+// dst[(r0 + r) * sp + d] = acc[r][c] * mul for the warp's rows r0 + r < n and dims
+// d = c * 32 + lane < D: the backward's dq, dk and dv.
+template <class T, int kD>
+__device__ __forceinline__ void store_rows(T* dst, int64_t sp, int64_t r0, int64_t n, int D,
+                                           const float (&acc)[kRows][kD / 32], float mul) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t i = r0 + r;
+    if (i >= n) continue;
+#pragma unroll
+    for (int c = 0; c < kD / 32; ++c) {
+      const int d = c * 32 + lane;
+      if (d < D) dst[i * sp + d] = store_m<T>(acc[r][c] * mul);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- forward
 
 template <int kD>
@@ -135,17 +174,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int c = 0; c < kC; ++c) acc[r][c] *= corr;
     }
-    for (int jj = 0; jj < kTile; ++jj) {
-      float vv[kC];
-#pragma unroll
-      for (int c = 0; c < kC; ++c) vv[c] = Vs[jj * kD + c * 32 + lane];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float pj = __shfl_sync(kFull, p[r], jj);
-#pragma unroll
-        for (int c = 0; c < kC; ++c) acc[r][c] += pj * vv[c];
-      }
-    }
+    accumulate_rows<kD, kD>(acc, p, Vs);  // += P . V
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -244,16 +273,8 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int64_t j = jw + r;
-    if (j >= S) continue;
-#pragma unroll
-    for (int c = 0; c < kC; ++c) {
-      const int d = c * 32 + lane;
-      if (d < D) dk[j * ldk.sp + d] = store_m<T>(gk[r][c] * scale), dv[j * ldv.sp + d] = store_m<T>(gv[r][c]);
-    }
-  }
+  store_rows<T, kD>(dk, ldk.sp, jw, S, D, gk, scale);
+  store_rows<T, kD>(dv, ldv.sp, jw, S, D, gv, 1.f);
 }
 
 // Rows = queries [i0, i0 + 16), tiles of keys; writes dq of the block's queries.
@@ -303,28 +324,9 @@ __global__ void __launch_bounds__(kThreads)
       p[r] = ok ? expf(p[r] * scale - lse_r[r]) : 0.f;
       ds[r] = p[r] * (ds[r] - delta_r[r]);
     }
-    for (int jj = 0; jj < kTile; ++jj) {
-      float kv[kC];
-#pragma unroll
-      for (int c = 0; c < kC; ++c) kv[c] = Ks[jj * kPad + c * 32 + lane];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float dsj = __shfl_sync(kFull, ds[r], jj);
-#pragma unroll
-        for (int c = 0; c < kC; ++c) acc[r][c] += dsj * kv[c];
-      }
-    }
+    accumulate_rows<kD, kPad>(acc, ds, Ks);  // += dS . K
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int64_t i = iw + r;
-    if (i >= L) continue;
-#pragma unroll
-    for (int c = 0; c < kC; ++c) {
-      const int d = c * 32 + lane;
-      if (d < D) dq[i * ldq.sp + d] = store_m<T>(acc[r][c] * scale);
-    }
-  }
+  store_rows<T, kD>(dq, ldq.sp, iw, L, D, acc, scale);
 }
 
 // ---------------------------------------------------------------- host side

@@ -216,15 +216,6 @@ __global__ void bn_bwd_dx_kernel(const T* g, const T* x, const T* wt, const T* m
   }
 }
 
-template <class T>
-const T* cp(const Tensor& t) {
-  return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr;
-}
-template <class T>
-T* mp(const Tensor& t) {
-  return t.defined() ? static_cast<T*>(t.raw_data()) : nullptr;
-}
-
 // The walk for x with V-element units: V = 16 bytes / element when S is a multiple of it and
 // every operand is 16-byte aligned, else 1. P: enough chunks for ~8 blocks per SM over all
 // channels, at least 1024 units a chunk, at most 128 chunks.
@@ -268,6 +259,20 @@ void with_width(int v, F&& f) {
     f(std::integral_constant<int, 1>{});
 }
 
+// The two-pass launches (training forward, backward): per-channel partial sums from a C x P
+// grid into a workspace, then the elementwise pass that reads them. Picks the vector width V
+// from the pointers' alignment and calls launch(V as an integral_constant, walk, grid,
+// workspace).
+template <class T, class Launch>
+void two_pass(const NCS& s, std::initializer_list<const void*> ptrs, const char* op, Device dev, Launch&& launch) {
+  with_width<T>(vec_width<T>(s, ptrs), [&](auto vc) {
+    const Walk w = make_walk(s, decltype(vc)::value, op);
+    Tensor ws = workspace<T>(w, dev);
+    const dim3 grid(static_cast<unsigned>(s.C), static_cast<unsigned>(w.P));
+    launch(vc, w, grid, static_cast<math_t<T>*>(ws.raw_data()));
+  });
+}
+
 }  // namespace
 
 template <>
@@ -281,17 +286,15 @@ void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& wei
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm", [&] {
     using T = scalar_t;
     using A = math_t<T>;
-    const int v = vec_width<T>(s, {x.raw_data(), out.raw_data()});
-    with_width<T>(v, [&](auto vc) {
-      constexpr int V = decltype(vc)::value;
-      const Walk w = make_walk(s, V, "batch_norm");
-      Tensor ws = workspace<T>(w, x.device());
-      const dim3 grid(static_cast<unsigned>(s.C), static_cast<unsigned>(w.P));
-      bn_stats_kernel<T, V><<<grid, kNormBlock, 0, stream_of(x)>>>(cp<T>(x), w, static_cast<A*>(ws.raw_data()));
-      bn_normalize_kernel<T, V><<<grid, kNormBlock, 0, stream_of(x)>>>(
-          cp<T>(x), cp<T>(weight), cp<T>(bias), mp<T>(running_mean), mp<T>(running_var), mp<T>(out), mp<T>(save_mean),
-          mp<T>(save_invstd), w, static_cast<const A*>(ws.raw_data()), momentum, eps);
-    });
+    two_pass<T>(s, {x.raw_data(), out.raw_data()}, "batch_norm", x.device(),
+                [&](auto vc, const Walk& w, dim3 grid, A* ws) {
+                  constexpr int V = decltype(vc)::value;
+                  bn_stats_kernel<T, V><<<grid, kNormBlock, 0, stream_of(x)>>>(data_as<const T>(x), w, ws);
+                  bn_normalize_kernel<T, V><<<grid, kNormBlock, 0, stream_of(x)>>>(
+                      data_as<const T>(x), data_as<const T>(weight), data_as<const T>(bias), data_as<T>(running_mean),
+                      data_as<T>(running_var), data_as<T>(out), data_as<T>(save_mean), data_as<T>(save_invstd), w, ws,
+                      momentum, eps);
+                });
     MG_CUDA_CHECK_LAUNCH("batch_norm");
   });
 }
@@ -306,7 +309,8 @@ void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight,
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm", [&] {
     using T = scalar_t;
     bn_eval_kernel<T><<<blocks_for(x.numel()), kBlock, 0, stream_of(x)>>>(
-        cp<T>(x), cp<T>(weight), cp<T>(bias), cp<T>(running_mean), cp<T>(running_var), mp<T>(out), s, eps);
+        data_as<const T>(x), data_as<const T>(weight), data_as<const T>(bias), data_as<const T>(running_mean),
+        data_as<const T>(running_var), data_as<T>(out), s, eps);
     MG_CUDA_CHECK_LAUNCH("batch_norm");
   });
 }
@@ -321,18 +325,16 @@ void CudaBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x, c
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm_backward", [&] {
     using T = scalar_t;
     using A = math_t<T>;
-    const int v = vec_width<T>(s, {grad_out.raw_data(), x.raw_data(), grad_x.defined() ? grad_x.raw_data() : nullptr});
-    with_width<T>(v, [&](auto vc) {
-      constexpr int V = decltype(vc)::value;
-      const Walk w = make_walk(s, V, "batch_norm_backward");
-      Tensor ws = workspace<T>(w, x.device());
-      const dim3 grid(static_cast<unsigned>(s.C), static_cast<unsigned>(w.P));
-      bn_bwd_sums_kernel<T, V><<<grid, kNormBlock, 0, stream_of(x)>>>(cp<T>(grad_out), cp<T>(x), cp<T>(mean), w,
-                                                                      static_cast<A*>(ws.raw_data()));
-      bn_bwd_dx_kernel<T, V><<<grid, kNormBlock, 0, stream_of(x)>>>(
-          cp<T>(grad_out), cp<T>(x), cp<T>(weight), cp<T>(mean), cp<T>(invstd), mp<T>(grad_x), mp<T>(grad_weight),
-          mp<T>(grad_bias), w, static_cast<const A*>(ws.raw_data()), training);
-    });
+    two_pass<T>(s, {grad_out.raw_data(), x.raw_data(), data_as<void>(grad_x)}, "batch_norm_backward", x.device(),
+                [&](auto vc, const Walk& w, dim3 grid, A* ws) {
+                  constexpr int V = decltype(vc)::value;
+                  bn_bwd_sums_kernel<T, V><<<grid, kNormBlock, 0, stream_of(x)>>>(
+                      data_as<const T>(grad_out), data_as<const T>(x), data_as<const T>(mean), w, ws);
+                  bn_bwd_dx_kernel<T, V><<<grid, kNormBlock, 0, stream_of(x)>>>(
+                      data_as<const T>(grad_out), data_as<const T>(x), data_as<const T>(weight), data_as<const T>(mean),
+                      data_as<const T>(invstd), data_as<T>(grad_x), data_as<T>(grad_weight), data_as<T>(grad_bias), w,
+                      ws, training);
+                });
     MG_CUDA_CHECK_LAUNCH("batch_norm_backward");
   });
 }

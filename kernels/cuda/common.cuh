@@ -193,6 +193,18 @@ __device__ __forceinline__ A block_max(A v, A* shm, A lowest) {
   return warp_max(v);
 }
 
+// Runs f(tag) with tag's type the unsigned integer of t's element size: for the kernels that
+// only move bytes (gather, scatter, where).
+template <class F>
+void by_size(DType t, const char* op, F f) {
+  const size_t bytes = dtype_size(t);
+  if (bytes == 1) return f(uint8_t{});
+  if (bytes == 2) return f(uint16_t{});
+  if (bytes == 4) return f(uint32_t{});
+  if (bytes == 8) return f(uint64_t{});
+  MG_THROW(DTypeError, op, ": unsupported dtype ", t);
+}
+
 #define MG_GRID_STRIDE(i, n)                                                             \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)

@@ -423,18 +423,23 @@ void run_layout(Dir dir, const Tensor& lead, const Tensor& x, const Tensor& w, c
   }
 }
 
+// The entry points: nothing to do for an empty `out`, zeros when an input is empty (a sum
+// over nothing), else run_layout. `out` is one of x, w, y.
+void run_or_zero(Dir dir, const Tensor& lead, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& out,
+                 const Conv2dArgs& a) {
+  if (out.numel() == 0) return;
+  if (x.numel() == 0 || w.numel() == 0 || y.numel() == 0) return raw::fill_(out, 0.0);
+  run_layout(dir, lead, x, w, y, out, a);
+}
+
 }  // namespace
 
 template <>
 void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args,
                                  const Tensor& out) {
   mg::cuda::DeviceGuard guard(out.device());
-  if (out.numel() == 0) return;
-  if (x.numel() == 0 || w.numel() == 0)
-    raw::fill_(out, 0.0);
-  else
-    run_layout(Dir::Fwd, x, x, w, out, out, args);
-  if (bias.defined()) {
+  run_or_zero(Dir::Fwd, x, x, w, out, out, args);
+  if (bias.defined() && out.numel() != 0) {
     // out += bias[c], in place (cuda::binary allows out to alias its first operand).
     Tensor b = raw::expand(raw::view(bias, {1, bias.size(0), 1, 1}), out.sizes());
     binary(Binary::Add, out, b, out);
@@ -445,18 +450,14 @@ template <>
 void CudaBackend::conv2d_backward_input(const Tensor& grad_out, const Tensor& w, const Conv2dArgs& args,
                                         const Tensor& grad_x) {
   mg::cuda::DeviceGuard guard(grad_x.device());
-  if (grad_x.numel() == 0) return;
-  if (grad_out.numel() == 0 || w.numel() == 0) return raw::fill_(grad_x, 0.0);
-  run_layout(Dir::BwdData, grad_out, grad_x, w, grad_out, grad_x, args);
+  run_or_zero(Dir::BwdData, grad_out, grad_x, w, grad_out, grad_x, args);
 }
 
 template <>
 void CudaBackend::conv2d_backward_weight(const Tensor& grad_out, const Tensor& x, const Conv2dArgs& args,
                                          const Tensor& grad_w) {
   mg::cuda::DeviceGuard guard(grad_w.device());
-  if (grad_w.numel() == 0) return;
-  if (grad_out.numel() == 0 || x.numel() == 0) return raw::fill_(grad_w, 0.0);
-  run_layout(Dir::BwdFilter, x, x, grad_w, grad_out, grad_w, args);
+  run_or_zero(Dir::BwdFilter, x, x, grad_w, grad_out, grad_w, args);
 }
 
 }  // namespace mg::kernels

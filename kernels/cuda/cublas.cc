@@ -17,11 +17,7 @@ namespace mg::kernels::cuda {
 namespace {
 
 size_t workspace_bytes() {
-  static const size_t bytes = [] {
-    const char* e = std::getenv("MG_CUBLAS_WORKSPACE_MB");
-    const long mb = e ? std::strtol(e, nullptr, 10) : 32;
-    return static_cast<size_t>(mb < 0 ? 0 : mb) << 20;
-  }();
+  static const size_t bytes = env_workspace_bytes("MG_CUBLAS_WORKSPACE_MB", 32);
   return bytes;
 }
 

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "core/cuda/check.h"
+#include "core/enum_name.h"
 #include "core/cuda_memory.h"
 #include "core/device_runtime.h"
 #include "kernels/cuda/thread_handles.h"
@@ -25,11 +26,7 @@ std::atomic<bool>& benchmark_flag() {
 }
 
 size_t env_workspace_cap() {
-  static const size_t bytes = [] {
-    const char* e = std::getenv("MG_CUDNN_WORKSPACE_LIMIT_MB");
-    const long mb = e ? std::strtol(e, nullptr, 10) : 1024;
-    return static_cast<size_t>(mb < 0 ? 0 : mb) << 20;
-  }();
+  static const size_t bytes = env_workspace_bytes("MG_CUDNN_WORKSPACE_LIMIT_MB", 1024);
   return bytes;
 }
 
@@ -52,18 +49,12 @@ std::string cudnn_last_error() {
 }
 
 cudnnDataType_t cudnn_data_type(DType t, const char* op) {
-  switch (t) {
-    case DType::f64:
-      return CUDNN_DATA_DOUBLE;
-    case DType::f32:
-      return CUDNN_DATA_FLOAT;
-    case DType::f16:
-      return CUDNN_DATA_HALF;
-    case DType::bf16:
-      return CUDNN_DATA_BFLOAT16;
-    default:
-      MG_THROW(DTypeError, op, ": cuDNN needs f64, f32, f16 or bf16, got ", t);
-  }
+  // In DType's order: the floating types come first.
+  static constexpr cudnnDataType_t kTypes[] = {CUDNN_DATA_DOUBLE, CUDNN_DATA_FLOAT, CUDNN_DATA_HALF,
+                                               CUDNN_DATA_BFLOAT16};
+  const cudnnDataType_t* type = enum_lookup(t, kTypes);
+  MG_CHECK(type, DTypeError, op, ": cuDNN needs f64, f32, f16 or bf16, got ", t);
+  return *type;
 }
 
 void set_cudnn_benchmark(bool on) { benchmark_flag().store(on); }

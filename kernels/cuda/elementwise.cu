@@ -2,7 +2,9 @@
 // by a switch on an op code inside it, so compile time grows with dtypes, not dtypes x ops.
 // Contiguous same-shape operands take a 16-byte vectorized path; everything else goes
 // through an N-operand offset calculator (broadcast operands have stride 0).
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
@@ -271,33 +273,25 @@ __global__ void where_kernel(const bool* c, const T* a, const T* b, T* out, Offs
 // True when t covers exactly out's elements in the same (contiguous) order.
 bool flat_like(const Tensor& t, const Tensor& out) { return t.sizes() == out.sizes() && t.is_contiguous(); }
 
-bool float_only_binary(int op) {
-  switch (op) {
-    case static_cast<int>(Binary::Add):
-    case static_cast<int>(Binary::Sub):
-    case static_cast<int>(Binary::Mul):
-    case static_cast<int>(Binary::Pow):
-    case static_cast<int>(Binary::Maximum):
-    case static_cast<int>(Binary::Minimum):
-    case static_cast<int>(Binary::Eq):
-    case static_cast<int>(Binary::Ne):
-    case static_cast<int>(Binary::Lt):
-    case static_cast<int>(Binary::Le):
-    case static_cast<int>(Binary::Gt):
-    case static_cast<int>(Binary::Ge):
-    case kAxpby:
-    case kClampBackward:
-    case kLogicalNot:
-      return false;
-    default:
-      return true;
-  }
+constexpr int code(Binary op) { return static_cast<int>(op); }
+
+template <size_t N>
+bool one_of(int op, const int (&ops)[N]) {
+  return std::find(std::begin(ops), std::end(ops), op) != std::end(ops);
 }
 
 bool is_comparison(int op) {
-  return op == static_cast<int>(Binary::Eq) || op == static_cast<int>(Binary::Ne) ||
-         op == static_cast<int>(Binary::Lt) || op == static_cast<int>(Binary::Le) ||
-         op == static_cast<int>(Binary::Gt) || op == static_cast<int>(Binary::Ge) || op == kLogicalNot;
+  static constexpr int kComparisons[] = {code(Binary::Eq), code(Binary::Ne), code(Binary::Lt), code(Binary::Le),
+                                         code(Binary::Gt), code(Binary::Ge), kLogicalNot};
+  return one_of(op, kComparisons);
+}
+
+// Comparisons, these and axpby / clamp_backward take every dtype; the other binary ops need
+// floating operands.
+bool float_only_binary(int op) {
+  static constexpr int kArithmetic[] = {code(Binary::Add), code(Binary::Sub),     code(Binary::Mul),
+                                        code(Binary::Pow), code(Binary::Maximum), code(Binary::Minimum)};
+  return !is_comparison(op) && !one_of(op, kArithmetic) && op != kAxpby && op != kClampBackward;
 }
 
 void launch_unary(int op, Params p, const Tensor& a, const Tensor& out, const char* name) {
@@ -392,28 +386,12 @@ void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, co
   cudaStream_t st = stream_of(out);
   auto oc = make_offset_calc<4>(out.sizes(), {&out.strides(), &cond.strides(), &a.strides(), &b.strides()});
   // Only the bytes move: dispatch on the element size.
-  auto run = [&](auto tag) {
+  by_size(out.dtype(), "where", [&](auto tag) {
     using T = decltype(tag);
     where_kernel<T><<<blocks_for(n), kBlock, 0, st>>>(
         static_cast<const bool*>(cond.raw_data()), static_cast<const T*>(a.raw_data()),
         static_cast<const T*>(b.raw_data()), static_cast<T*>(out.raw_data()), oc, n);
-  };
-  switch (dtype_size(out.dtype())) {
-    case 1:
-      run(uint8_t{});
-      break;
-    case 2:
-      run(uint16_t{});
-      break;
-    case 4:
-      run(uint32_t{});
-      break;
-    case 8:
-      run(uint64_t{});
-      break;
-    default:
-      MG_THROW(DTypeError, "where: unsupported dtype ", out.dtype());
-  }
+  });
   MG_CUDA_CHECK_LAUNCH("where");
 }
 

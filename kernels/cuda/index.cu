@@ -55,11 +55,18 @@ bool find_bad(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, int64_
   return host.flag != 0;
 }
 
-// gather/scatter/index_select/index_add: [0, size) is legal.
-void check_dim_index(const Tensor& idx, int64_t size, int64_t dim, const char* op) {
+// What gather/scatter/index_select/index_add index with: the index as i64, checked against
+// [0, size), and the indexed tensor's size and stride along `dim` (1 and 0 for a 0-d tensor).
+struct DimIndex {
+  Tensor idx;
+  int64_t size, stride;
+};
+DimIndex dim_index(const Tensor& t, int64_t dim, const Tensor& index, const char* op) {
+  DimIndex d{as_i64(index), t.dim() ? t.size(dim) : 1, t.dim() ? t.stride(dim) : 0};
   int64_t v;
-  if (find_bad(idx, 0, size, false, 0, &v))
-    MG_THROW(IndexError, op, ": index ", v, " is out of bounds for dim ", dim, " with size ", size);
+  if (find_bad(d.idx, 0, d.size, false, 0, &v))
+    MG_THROW(IndexError, op, ": index ", v, " is out of bounds for dim ", dim, " with size ", d.size);
+  return d;
 }
 
 // out[o] = a[base + index[i] * sd] over index's (or out's) shape.
@@ -142,12 +149,6 @@ __global__ void nll_kernel(const T* lp, const int64_t* target, T* out, OffsetCal
   }
 }
 
-Shape strides_without(const Tensor& t, int64_t dim) {
-  Shape s = t.strides();
-  if (!s.empty()) s[dim] = 0;
-  return s;
-}
-
 // Strides that walk a 1-D (or 0-D) index along `dim` of an n-dim shape.
 Shape index_strides_along(const Tensor& index, int64_t dim, int64_t ndim) {
   Shape s(ndim, 0);
@@ -155,25 +156,15 @@ Shape index_strides_along(const Tensor& index, int64_t dim, int64_t ndim) {
   return s;
 }
 
-// Runs f(tag) with tag's type the unsigned integer of t's element size.
-template <class F>
-void by_size(DType t, const char* op, F f) {
-  switch (dtype_size(t)) {
-    case 1:
-      f(uint8_t{});
-      break;
-    case 2:
-      f(uint16_t{});
-      break;
-    case 4:
-      f(uint32_t{});
-      break;
-    case 8:
-      f(uint64_t{});
-      break;
-    default:
-      MG_THROW(DTypeError, op, ": unsupported dtype ", t);
-  }
+// gather_kernel over n elements (gather and index_select differ only in the walk `oc`).
+void launch_gather(const char* op, const Tensor& a, const DimIndex& d, const Tensor& out, const OffsetCalc<3>& oc,
+                   int64_t n) {
+  by_size(a.dtype(), op, [&](auto tag) {
+    using E = decltype(tag);
+    gather_kernel<E><<<blocks_for(n), kBlock, 0, stream_of(out)>>>(data_as<const E>(a), data_as<const int64_t>(d.idx),
+                                                                   data_as<E>(out), oc, n, d.size, d.stride);
+  });
+  MG_CUDA_CHECK_LAUNCH(op);
 }
 
 }  // namespace
@@ -199,37 +190,26 @@ void CudaBackend::one_hot(const Tensor& indices, int64_t num_classes, const Tens
 template <>
 void CudaBackend::gather(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
-  Tensor idx = as_i64(index);
-  const int64_t size = a.dim() ? a.size(dim) : 1;
-  const int64_t sd = a.dim() ? a.stride(dim) : 0;
-  check_dim_index(idx, size, dim, "gather");
-  const int64_t n = idx.numel();
+  const DimIndex d = dim_index(a, dim, index, "gather");
+  const int64_t n = d.idx.numel();
   if (n == 0) return;
   const Shape ast = strides_without(a, dim);
-  auto oc = make_offset_calc<3>(idx.sizes(), {&out.strides(), &idx.strides(), &ast});
-  by_size(a.dtype(), "gather", [&](auto tag) {
-    using E = decltype(tag);
-    gather_kernel<E><<<blocks_for(n), kBlock, 0, stream_of(out)>>>(static_cast<const E*>(a.raw_data()),
-                                                                   static_cast<const int64_t*>(idx.raw_data()),
-                                                                   static_cast<E*>(out.raw_data()), oc, n, size, sd);
-  });
-  MG_CUDA_CHECK_LAUNCH("gather");
+  auto oc = make_offset_calc<3>(d.idx.sizes(), {&out.strides(), &d.idx.strides(), &ast});
+  launch_gather("gather", a, d, out, oc, n);
 }
 
 template <>
 void CudaBackend::scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, bool add) {
   const char* op = add ? "scatter_add_" : "scatter_";
   mg::cuda::DeviceGuard g(self.device());
-  Tensor idx = as_i64(index);
-  const int64_t size = self.dim() ? self.size(dim) : 1;
-  const int64_t sd = self.dim() ? self.stride(dim) : 0;
-  check_dim_index(idx, size, dim, op);
-  const int64_t n = idx.numel();
+  const DimIndex d = dim_index(self, dim, index, op);
+  const int64_t n = d.idx.numel();
   if (n == 0) return;
   const Shape sst = strides_without(self, dim);
-  auto oc = make_offset_calc<3>(idx.sizes(), {&sst, &idx.strides(), &src.strides()});
+  auto oc = make_offset_calc<3>(d.idx.sizes(), {&sst, &d.idx.strides(), &src.strides()});
   cudaStream_t st = stream_of(self);
-  const int64_t* pi = static_cast<const int64_t*>(idx.raw_data());
+  const int64_t* pi = static_cast<const int64_t*>(d.idx.raw_data());
+  const int64_t size = d.size, sd = d.stride;
   if (add) {
     MG_CUDA_DISPATCH_ALL(self.dtype(), op, [&] {
       scatter_add_kernel<scalar_t><<<blocks_for(n), kBlock, 0, st>>>(
@@ -248,41 +228,30 @@ void CudaBackend::scatter(const Tensor& self, int64_t dim, const Tensor& index, 
 template <>
 void CudaBackend::index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
-  Tensor idx = as_i64(index);
-  const int64_t size = a.dim() ? a.size(dim) : 1;
-  check_dim_index(idx, size, dim, "index_select");
+  const DimIndex d = dim_index(a, dim, index, "index_select");
   const int64_t n = out.numel();
   if (n == 0) return;
   if (a.dim() == 0) return raw::copy_(out, a);
   // The gather pattern over out's shape: the index walks along `dim`, `a` is fixed there.
-  const Shape ist = index_strides_along(idx, dim, out.dim());
+  const Shape ist = index_strides_along(d.idx, dim, out.dim());
   const Shape ast = strides_without(a, dim);
   auto oc = make_offset_calc<3>(out.sizes(), {&out.strides(), &ist, &ast});
-  by_size(a.dtype(), "index_select", [&](auto tag) {
-    using E = decltype(tag);
-    gather_kernel<E><<<blocks_for(n), kBlock, 0, stream_of(out)>>>(
-        static_cast<const E*>(a.raw_data()), static_cast<const int64_t*>(idx.raw_data()),
-        static_cast<E*>(out.raw_data()), oc, n, size, a.stride(dim));
-  });
-  MG_CUDA_CHECK_LAUNCH("index_select");
+  launch_gather("index_select", a, d, out, oc, n);
 }
 
 template <>
 void CudaBackend::index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
   mg::cuda::DeviceGuard g(self.device());
-  Tensor idx = as_i64(index);
-  const int64_t size = self.dim() ? self.size(dim) : 1;
-  check_dim_index(idx, size, dim, "index_add_");
+  const DimIndex d = dim_index(self, dim, index, "index_add_");
   const int64_t n = src.numel();
   if (n == 0) return;
   const Shape sst = strides_without(self, dim);
-  const Shape ist = index_strides_along(idx, dim, src.dim());
+  const Shape ist = index_strides_along(d.idx, dim, src.dim());
   auto oc = make_offset_calc<3>(src.sizes(), {&sst, &ist, &src.strides()});
-  const int64_t sd = self.dim() ? self.stride(dim) : 0;
   MG_CUDA_DISPATCH_ALL(self.dtype(), "index_add_", [&] {
     scatter_add_kernel<scalar_t><<<blocks_for(n), kBlock, 0, stream_of(self)>>>(
-        static_cast<scalar_t*>(self.raw_data()), static_cast<const int64_t*>(idx.raw_data()),
-        static_cast<const scalar_t*>(src.raw_data()), oc, n, size, sd);
+        static_cast<scalar_t*>(self.raw_data()), static_cast<const int64_t*>(d.idx.raw_data()),
+        static_cast<const scalar_t*>(src.raw_data()), oc, n, d.size, d.stride);
   });
   MG_CUDA_CHECK_LAUNCH("index_add_");
 }

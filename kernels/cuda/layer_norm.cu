@@ -143,15 +143,6 @@ __global__ void ln_bwd_params_final_kernel(const math_t<T>* partial, T* dw, T* d
   }
 }
 
-template <class T>
-const T* cp(const Tensor& t) {
-  return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr;
-}
-template <class T>
-T* mp(const Tensor& t) {
-  return t.defined() ? static_cast<T*>(t.raw_data()) : nullptr;
-}
-
 unsigned row_blocks(int64_t rows, const char* op) {
   const int64_t b = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   MG_CHECK(b <= 0x7fffffff, ShapeError, op, ": too many rows (", rows, ")");
@@ -169,11 +160,13 @@ void forward_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     using T = scalar_t;
     using A = math_t<T>;
     if constexpr (kReference)
-      ln_fwd_reference_kernel<T><<<blocks_for(rows, 128), 128, 0, st>>>(
-          cp<T>(x), cp<T>(weight), cp<T>(bias), mp<T>(out), mp<A>(mean), mp<A>(rstd), rows, n, eps);
+      ln_fwd_reference_kernel<T>
+          <<<blocks_for(rows, 128), 128, 0, st>>>(data_as<const T>(x), data_as<const T>(weight), data_as<const T>(bias),
+                                                  data_as<T>(out), data_as<A>(mean), data_as<A>(rstd), rows, n, eps);
     else
       ln_fwd_kernel<T><<<row_blocks(rows, "layer_norm"), dim3(32, kRowsPerBlock), 0, st>>>(
-          cp<T>(x), cp<T>(weight), cp<T>(bias), mp<T>(out), mp<A>(mean), mp<A>(rstd), rows, n, eps);
+          data_as<const T>(x), data_as<const T>(weight), data_as<const T>(bias), data_as<T>(out), data_as<A>(mean),
+          data_as<A>(rstd), rows, n, eps);
     MG_CUDA_CHECK_LAUNCH("layer_norm");
   });
 }
@@ -204,7 +197,8 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, c
     using A = math_t<T>;
     if (grad_x.defined() && rows > 0) {
       ln_bwd_dx_kernel<T><<<row_blocks(rows, "layer_norm_backward"), dim3(32, kRowsPerBlock), 0, st>>>(
-          cp<T>(grad_out), cp<T>(x), cp<A>(mean), cp<A>(rstd), cp<T>(weight), mp<T>(grad_x), rows, n);
+          data_as<const T>(grad_out), data_as<const T>(x), data_as<const A>(mean), data_as<const A>(rstd),
+          data_as<const T>(weight), data_as<T>(grad_x), rows, n);
       MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
     }
     if (!grad_weight.defined() && !grad_bias.defined()) return;
@@ -215,10 +209,11 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, c
     MG_CHECK(strips <= 0x7fffffff, ShapeError, "layer_norm_backward: normalized size ", n, " is too large");
     ln_bwd_params_partial_kernel<T>
         <<<dim3(static_cast<unsigned>(strips), static_cast<unsigned>(chunks)), dim3(32, kRowsPerBlock), 0, st>>>(
-            cp<T>(grad_out), cp<T>(x), cp<A>(mean), cp<A>(rstd), mp<A>(partial), rows, n);
+            data_as<const T>(grad_out), data_as<const T>(x), data_as<const A>(mean), data_as<const A>(rstd),
+            data_as<A>(partial), rows, n);
     MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
-    ln_bwd_params_final_kernel<T>
-        <<<blocks_for(n), kBlock, 0, st>>>(cp<A>(partial), mp<T>(grad_weight), mp<T>(grad_bias), chunks, n);
+    ln_bwd_params_final_kernel<T><<<blocks_for(n), kBlock, 0, st>>>(data_as<const A>(partial), data_as<T>(grad_weight),
+                                                                    data_as<T>(grad_bias), chunks, n);
     MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
   });
 }

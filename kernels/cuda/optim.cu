@@ -70,18 +70,21 @@ void multi_tensor_apply(size_t ntensors, const std::vector<int64_t>& numel, Fill
   if (nb > 0) launch(meta, nb);
 }
 
+// This block's tensor t and its elements [begin, end).
+struct BlockRange {
+  int t;
+  int64_t begin, end;
+};
 template <int Depth>
-__device__ __forceinline__ void block_range(const TensorListMeta<Depth>& m, int& t, int64_t& begin, int64_t& end) {
-  t = m.block_tensor[blockIdx.x];
-  begin = static_cast<int64_t>(m.block_chunk[blockIdx.x]) * kChunk;
-  end = min(begin + kChunk, m.numel[t]);
+__device__ __forceinline__ BlockRange block_range(const TensorListMeta<Depth>& m) {
+  const int t = m.block_tensor[blockIdx.x];
+  const int64_t begin = static_cast<int64_t>(m.block_chunk[blockIdx.x]) * kChunk;
+  return {t, begin, min(begin + kChunk, m.numel[t])};
 }
 
 // ptr: 0 param, 1 grad, 2 exp_avg, 3 exp_avg_sq, 4 max_exp_avg_sq (amsgrad only).
 __global__ void adam_kernel(TensorListMeta<5> m, optim_math::AdamScalars<float> s) {
-  int t;
-  int64_t begin, end;
-  block_range(m, t, begin, end);
+  const auto [t, begin, end] = block_range(m);
   float* p = m.ptr[0][t];
   const float* g = m.ptr[1][t];
   float* ea = m.ptr[2][t];
@@ -99,9 +102,7 @@ __global__ void adam_kernel(TensorListMeta<5> m, optim_math::AdamScalars<float> 
 
 // ptr: 0 param, 1 grad, 2 momentum buffer (null without momentum).
 __global__ void sgd_kernel(TensorListMeta<3> m, optim_math::SGDScalars<float> s) {
-  int t;
-  int64_t begin, end;
-  block_range(m, t, begin, end);
+  const auto [t, begin, end] = block_range(m);
   float* p = m.ptr[0][t];
   const float* g = m.ptr[1][t];
   float* buf = m.ptr[2][t];
@@ -119,9 +120,7 @@ __device__ __forceinline__ double nan_max(double a, double b) { return (a >= b |
 // mode == 0. mode 1: p = 1, 2: p = 2, 3: general p.
 __global__ void norm_kernel(TensorListMeta<1> m, int mode, float p, double* out) {
   __shared__ double shm[32];
-  int t;
-  int64_t begin, end;
-  block_range(m, t, begin, end);
+  const auto [t, begin, end] = block_range(m);
   const float* x = m.ptr[0][t];
   double acc = 0.0;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
@@ -147,9 +146,7 @@ __global__ void norm_kernel(TensorListMeta<1> m, int mode, float p, double* out)
 }
 
 __global__ void scale_kernel(TensorListMeta<1> m, float scale) {
-  int t;
-  int64_t begin, end;
-  block_range(m, t, begin, end);
+  const auto [t, begin, end] = block_range(m);
   float* x = m.ptr[0][t];
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) x[i] *= scale;
 }
@@ -161,6 +158,18 @@ std::vector<int64_t> numels(const std::vector<Tensor>& ts) {
 }
 
 float* fptr(const Tensor& t) { return static_cast<float*>(t.raw_data()); }
+
+// multi_tensor_apply over one list of f32 tensors without per-tensor scalars (norm, scale).
+template <class Launch>
+void apply_to_list(const std::vector<Tensor>& ts, Launch&& launch) {
+  multi_tensor_apply<1>(
+      ts.size(), numels(ts),
+      [&](TensorListMeta<1>& m, int slot, size_t i) {
+        m.ptr[0][slot] = fptr(ts[i]);
+        m.s0[slot] = m.s1[slot] = 0.0f;
+      },
+      launch);
+}
 
 }  // namespace
 
@@ -217,16 +226,10 @@ double CudaBackend::multi_tensor_norm_partial(const std::vector<Tensor>& ts, dou
   // The accumulator comes from the caching allocator (stream-ordered, no cudaMalloc per call).
   Tensor acc = zeros({1}, {DType::f64, ts[0].device()});
   double* out = static_cast<double*>(acc.raw_data());
-  multi_tensor_apply<1>(
-      ts.size(), numels(ts),
-      [&](TensorListMeta<1>& m, int slot, size_t i) {
-        m.ptr[0][slot] = fptr(ts[i]);
-        m.s0[slot] = m.s1[slot] = 0.0f;
-      },
-      [&](const TensorListMeta<1>& m, int nb) {
-        norm_kernel<<<nb, kThreads, 0, stream>>>(m, mode, static_cast<float>(norm_type), out);
-        MG_CUDA_CHECK_LAUNCH("multi_tensor_norm");
-      });
+  apply_to_list(ts, [&](const TensorListMeta<1>& m, int nb) {
+    norm_kernel<<<nb, kThreads, 0, stream>>>(m, mode, static_cast<float>(norm_type), out);
+    MG_CUDA_CHECK_LAUNCH("multi_tensor_norm");
+  });
   return acc.item();  // the one device->host read
 }
 
@@ -234,16 +237,10 @@ template <>
 void CudaBackend::multi_tensor_scale(const std::vector<Tensor>& ts, double scale) {
   if (ts.empty()) return;
   const cudaStream_t stream = stream_of(ts[0]);
-  multi_tensor_apply<1>(
-      ts.size(), numels(ts),
-      [&](TensorListMeta<1>& m, int slot, size_t i) {
-        m.ptr[0][slot] = fptr(ts[i]);
-        m.s0[slot] = m.s1[slot] = 0.0f;
-      },
-      [&](const TensorListMeta<1>& m, int nb) {
-        scale_kernel<<<nb, kThreads, 0, stream>>>(m, static_cast<float>(scale));
-        MG_CUDA_CHECK_LAUNCH("multi_tensor_scale");
-      });
+  apply_to_list(ts, [&](const TensorListMeta<1>& m, int nb) {
+    scale_kernel<<<nb, kThreads, 0, stream>>>(m, static_cast<float>(scale));
+    MG_CUDA_CHECK_LAUNCH("multi_tensor_scale");
+  });
 }
 
 }  // namespace mg::kernels

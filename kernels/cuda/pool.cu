@@ -32,6 +32,14 @@ PoolGeo geo(const Shape& in, const Shape& out, const Pool2dArgs& a) {
   return g;
 }
 
+// Element i of a [P, H, W] tensor: plane q, row h, column w.
+struct PlanePos {
+  int64_t q, h, w;
+};
+__device__ __forceinline__ PlanePos plane_pos(int64_t i, int64_t H, int64_t W) {
+  return {i / (W * H), (i / W) % H, i % W};
+}
+
 // Kernel taps k in [lo, hi) whose input position start + k*dil lies in [0, n) (cpu/pool.cc).
 __device__ __forceinline__ void tap_range(int64_t start, int64_t k, int64_t dil, int64_t n, int64_t* lo, int64_t* hi) {
   *lo = start >= 0 ? 0 : (-start + dil - 1) / dil;
@@ -45,7 +53,7 @@ __global__ void max_pool_kernel(const T* x, T* out, int64_t* idx, PoolGeo g) {
   using M = math_t<T>;
   const int64_t total = g.P * g.Ho * g.Wo;
   MG_GRID_STRIDE(i, total) {
-    const int64_t ow = i % g.Wo, oh = (i / g.Wo) % g.Ho, q = i / (g.Wo * g.Ho);
+    const auto [q, oh, ow] = plane_pos(i, g.Ho, g.Wo);
     const T* plane = x + q * g.H * g.W;
     const int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
     int64_t ilo, ihi, jlo, jhi;
@@ -99,16 +107,23 @@ __device__ __forceinline__ AvgWin avg_window(const PoolGeo& g, int64_t oh, int64
   return {h0, h1, w0, w1, g.count_include_pad ? pool_size : (h1 - h0) * (w1 - w0)};
 }
 
+// The sum of plane[h0:h1, w0:w1] (row length W), in math_t<T>.
+template <class T>
+__device__ __forceinline__ math_t<T> window_sum(const T* plane, int64_t W, int64_t h0, int64_t h1, int64_t w0,
+                                                int64_t w1) {
+  math_t<T> s = 0;
+  for (int64_t a = h0; a < h1; ++a)
+    for (int64_t b = w0; b < w1; ++b) s += load_m(plane[a * W + b]);
+  return s;
+}
+
 template <class T>
 __global__ void avg_pool_kernel(const T* x, T* out, PoolGeo g) {
   using M = math_t<T>;
   MG_GRID_STRIDE(i, g.P * g.Ho * g.Wo) {
-    const int64_t ow = i % g.Wo, oh = (i / g.Wo) % g.Ho, q = i / (g.Wo * g.Ho);
-    const T* plane = x + q * g.H * g.W;
+    const auto [q, oh, ow] = plane_pos(i, g.Ho, g.Wo);
     const AvgWin win = avg_window(g, oh, ow);
-    M s = 0;
-    for (int64_t a = win.h0; a < win.h1; ++a)
-      for (int64_t b = win.w0; b < win.w1; ++b) s += load_m(plane[a * g.W + b]);
+    const M s = window_sum(x + q * g.H * g.W, g.W, win.h0, win.h1, win.w0, win.w1);
     out[i] = store_m<T>(win.div > 0 ? s / static_cast<M>(win.div) : M(0));
   }
 }
@@ -125,7 +140,7 @@ template <class T>
 __global__ void avg_pool_bwd_kernel(const T* gout, T* gx, PoolGeo g) {
   using M = math_t<T>;
   MG_GRID_STRIDE(i, g.P * g.H * g.W) {
-    const int64_t iw = i % g.W, ih = (i / g.W) % g.H, q = i / (g.W * g.H);
+    const auto [q, ih, iw] = plane_pos(i, g.H, g.W);
     const T* gp = gout + q * g.Ho * g.Wo;
     int64_t olo, ohi, wlo, whi;
     covering(ih, g.kh, g.sh, g.ph, g.Ho, &olo, &ohi);
@@ -151,13 +166,10 @@ template <class T>
 __global__ void adaptive_avg_kernel(const T* x, T* out, PoolGeo g) {
   using M = math_t<T>;
   MG_GRID_STRIDE(i, g.P * g.Ho * g.Wo) {
-    const int64_t ow = i % g.Wo, oh = (i / g.Wo) % g.Ho, q = i / (g.Wo * g.Ho);
-    const T* plane = x + q * g.H * g.W;
+    const auto [q, oh, ow] = plane_pos(i, g.Ho, g.Wo);
     const int64_t h0 = start_index(oh, g.Ho, g.H), h1 = end_index(oh, g.Ho, g.H);
     const int64_t w0 = start_index(ow, g.Wo, g.W), w1 = end_index(ow, g.Wo, g.W);
-    M s = 0;
-    for (int64_t a = h0; a < h1; ++a)
-      for (int64_t b = w0; b < w1; ++b) s += load_m(plane[a * g.W + b]);
+    const M s = window_sum(x + q * g.H * g.W, g.W, h0, h1, w0, w1);
     out[i] = store_m<T>(s / static_cast<M>((h1 - h0) * (w1 - w0)));
   }
 }
@@ -167,7 +179,7 @@ template <class T>
 __global__ void adaptive_avg_bwd_kernel(const T* gout, T* gx, PoolGeo g) {
   using M = math_t<T>;
   MG_GRID_STRIDE(i, g.P * g.H * g.W) {
-    const int64_t iw = i % g.W, ih = (i / g.W) % g.H, q = i / (g.W * g.H);
+    const auto [q, ih, iw] = plane_pos(i, g.H, g.W);
     const T* gp = gout + q * g.Ho * g.Wo;
     const int64_t olo = start_index(ih, g.H, g.Ho), ohi = end_index(ih, g.H, g.Ho);
     const int64_t wlo = start_index(iw, g.W, g.Wo), whi = end_index(iw, g.W, g.Wo);
@@ -183,13 +195,18 @@ __global__ void adaptive_avg_bwd_kernel(const T* gout, T* gx, PoolGeo g) {
   }
 }
 
-template <class T>
-const T* cp(const Tensor& t) {
-  return static_cast<const T*>(t.raw_data());
-}
-template <class T>
-T* mp(const Tensor& t) {
-  return static_cast<T*>(t.raw_data());
+// The average pools, forward and backward: one thread per element of `out` runs
+// kernel(in, out, g), with T out's dtype. kernel_for(T{}) names kernel<T> (a kernel template
+// cannot be passed as such).
+template <class KernelFor>
+void launch_per_output(const char* op, const Tensor& in, const Tensor& out, const PoolGeo& g, KernelFor kernel_for) {
+  if (out.numel() == 0) return;
+  mg::cuda::DeviceGuard guard(out.device());
+  MG_CUDA_DISPATCH_FLOAT(out.dtype(), op, [&] {
+    kernel_for(scalar_t{})<<<blocks_for(out.numel()), kBlock, 0, stream_of(out)>>>(data_as<const scalar_t>(in),
+                                                                                   data_as<scalar_t>(out), g);
+    MG_CUDA_CHECK_LAUNCH(op);
+  });
 }
 
 }  // namespace
@@ -201,7 +218,7 @@ void CudaBackend::max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tens
   const PoolGeo g = geo(x.sizes(), out.sizes(), args);
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "max_pool2d", [&] {
     max_pool_kernel<scalar_t><<<blocks_for(out.numel()), kBlock, 0, stream_of(out)>>>(
-        cp<scalar_t>(x), mp<scalar_t>(out), indices.defined() ? mp<int64_t>(indices) : nullptr, g);
+        data_as<const scalar_t>(x), data_as<scalar_t>(out), data_as<int64_t>(indices), g);
     MG_CUDA_CHECK_LAUNCH("max_pool2d");
   });
 }
@@ -220,7 +237,8 @@ void CudaBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& indi
     Tensor acc = std::is_same_v<T, A> ? grad_x : empty(grad_x.sizes(), {dtype_of<A>, grad_x.device()});
     MG_CUDA_CHECK(cudaMemsetAsync(acc.raw_data(), 0, acc.nbytes(), st));
     if (grad_out.numel() > 0) {
-      max_pool_bwd_kernel<T, A><<<blocks, kBlock, 0, st>>>(cp<T>(grad_out), cp<int64_t>(indices), mp<A>(acc), P, L, HW);
+      max_pool_bwd_kernel<T, A><<<blocks, kBlock, 0, st>>>(data_as<const T>(grad_out), data_as<const int64_t>(indices),
+                                                           data_as<A>(acc), P, L, HW);
       MG_CUDA_CHECK_LAUNCH("max_pool2d_backward");
     }
     if (!acc.is_same(grad_x)) raw::copy_(grad_x, acc);
@@ -229,50 +247,27 @@ void CudaBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& indi
 
 template <>
 void CudaBackend::avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out) {
-  if (out.numel() == 0) return;
-  mg::cuda::DeviceGuard guard(out.device());
-  const PoolGeo g = geo(x.sizes(), out.sizes(), args);
-  MG_CUDA_DISPATCH_FLOAT(x.dtype(), "avg_pool2d", [&] {
-    avg_pool_kernel<scalar_t>
-        <<<blocks_for(out.numel()), kBlock, 0, stream_of(out)>>>(cp<scalar_t>(x), mp<scalar_t>(out), g);
-    MG_CUDA_CHECK_LAUNCH("avg_pool2d");
-  });
+  launch_per_output("avg_pool2d", x, out, geo(x.sizes(), out.sizes(), args),
+                    [](auto t) { return avg_pool_kernel<decltype(t)>; });
 }
 
 template <>
 void CudaBackend::avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& args, const Tensor& grad_x) {
-  if (grad_x.numel() == 0) return;
-  mg::cuda::DeviceGuard guard(grad_x.device());
-  const PoolGeo g = geo(grad_x.sizes(), grad_out.sizes(), args);
-  MG_CUDA_DISPATCH_FLOAT(grad_x.dtype(), "avg_pool2d_backward", [&] {
-    avg_pool_bwd_kernel<scalar_t>
-        <<<blocks_for(grad_x.numel()), kBlock, 0, stream_of(grad_x)>>>(cp<scalar_t>(grad_out), mp<scalar_t>(grad_x), g);
-    MG_CUDA_CHECK_LAUNCH("avg_pool2d_backward");
-  });
+  launch_per_output("avg_pool2d_backward", grad_out, grad_x, geo(grad_x.sizes(), grad_out.sizes(), args),
+                    [](auto t) { return avg_pool_bwd_kernel<decltype(t)>; });
 }
 
 template <>
 void CudaBackend::adaptive_avg_pool2d(const Tensor& x, const Tensor& out) {
-  if (out.numel() == 0) return;
-  mg::cuda::DeviceGuard guard(out.device());
-  const PoolGeo g = geo(x.sizes(), out.sizes(), Pool2dArgs{});
-  MG_CUDA_DISPATCH_FLOAT(x.dtype(), "adaptive_avg_pool2d", [&] {
-    adaptive_avg_kernel<scalar_t>
-        <<<blocks_for(out.numel()), kBlock, 0, stream_of(out)>>>(cp<scalar_t>(x), mp<scalar_t>(out), g);
-    MG_CUDA_CHECK_LAUNCH("adaptive_avg_pool2d");
-  });
+  launch_per_output("adaptive_avg_pool2d", x, out, geo(x.sizes(), out.sizes(), Pool2dArgs{}),
+                    [](auto t) { return adaptive_avg_kernel<decltype(t)>; });
 }
 
 template <>
 void CudaBackend::adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& grad_x) {
-  if (grad_x.numel() == 0) return;
-  mg::cuda::DeviceGuard guard(grad_x.device());
-  const PoolGeo g = geo(grad_x.sizes(), grad_out.sizes(), Pool2dArgs{});
-  MG_CUDA_DISPATCH_FLOAT(grad_x.dtype(), "adaptive_avg_pool2d_backward", [&] {
-    adaptive_avg_bwd_kernel<scalar_t>
-        <<<blocks_for(grad_x.numel()), kBlock, 0, stream_of(grad_x)>>>(cp<scalar_t>(grad_out), mp<scalar_t>(grad_x), g);
-    MG_CUDA_CHECK_LAUNCH("adaptive_avg_pool2d_backward");
-  });
+  launch_per_output("adaptive_avg_pool2d_backward", grad_out, grad_x,
+                    geo(grad_x.sizes(), grad_out.sizes(), Pool2dArgs{}),
+                    [](auto t) { return adaptive_avg_bwd_kernel<decltype(t)>; });
 }
 
 }  // namespace mg::kernels

@@ -91,6 +91,20 @@ __device__ __forceinline__ T bwd_out(M g, M yv, M s, bool log) {
   return log ? store_m<T>(g - m_exp(yv) * s) : store_m<T>(yv * (g - s));
 }
 
+// A backward row's gradient, output (y) and result pointers.
+template <class T>
+struct BwdRow {
+  const T* g;
+  const T* y;
+  T* r;
+};
+template <class T>
+__device__ __forceinline__ BwdRow<T> bwd_row(const T* grad, const T* yt, T* out, const OffsetCalc<3>& oc, int64_t row) {
+  int64_t off[3];
+  oc.get(row, off);
+  return {grad + off[0], yt + off[1], out + off[2]};
+}
+
 template <class T>
 __global__ void softmax_bwd_rows_kernel(const T* grad, const T* yt, T* out, OffsetCalc<3> oc, int64_t rows, int64_t K,
                                         bool log) {
@@ -99,11 +113,7 @@ __global__ void softmax_bwd_rows_kernel(const T* grad, const T* yt, T* out, Offs
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.y) + threadIdx.y;
   const bool big = blockDim.x > 32;
   if (!big && row >= rows) return;
-  int64_t off[3];
-  oc.get(row, off);
-  const T* g = grad + off[0];
-  const T* y = yt + off[1];
-  T* r = out + off[2];
+  const auto [g, y, r] = bwd_row(grad, yt, out, oc, row);
   M s = 0;
   for (int64_t j = threadIdx.x; j < K; j += blockDim.x) s += bwd_term<T>(load_m(g[j]), load_m(y[j]), log);
   s = big ? block_sum(s, shm) : warp_sum(s);
@@ -115,11 +125,7 @@ __global__ void softmax_bwd_cols_kernel(const T* grad, const T* yt, T* out, Offs
                                         int64_t sg, int64_t sy, int64_t so, bool log) {
   using M = math_t<T>;
   MG_GRID_STRIDE(row, rows) {
-    int64_t off[3];
-    oc.get(row, off);
-    const T* g = grad + off[0];
-    const T* y = yt + off[1];
-    T* r = out + off[2];
+    const auto [g, y, r] = bwd_row(grad, yt, out, oc, row);
     M s = 0;
     for (int64_t j = 0; j < K; ++j) s += bwd_term<T>(load_m(g[j * sg]), load_m(y[j * sy]), log);
     for (int64_t j = 0; j < K; ++j) r[j * so] = bwd_out<T>(load_m(g[j * sg]), load_m(y[j * sy]), s, log);
@@ -136,11 +142,7 @@ void row_launch(int64_t rows, int64_t K, dim3* grid, dim3* block) {
 }
 
 // The shape with `dim` collapsed to 1: one entry per row.
-Shape rows_shape(const Tensor& t, int64_t dim) {
-  Shape s = t.sizes();
-  if (!s.empty()) s[dim] = 1;
-  return s;
-}
+Shape rows_shape(const Tensor& t, int64_t dim) { return with_dim(t.sizes(), dim, 1); }
 
 }  // namespace
 
@@ -153,33 +155,29 @@ void CudaBackend::softmax(const Tensor& a, int64_t dim, bool log, const Tensor& 
   const int64_t sa = a.dim() ? a.stride(dim) : 1, so = out.dim() ? out.stride(dim) : 1;
   mg::cuda::DeviceGuard g(out.device());
   cudaStream_t st = stream_of(out);
-  const Shape rs = rows_shape(a, dim);
-  auto oc = make_offset_calc<2>(rs, {&out.strides(), &a.strides()});
   MG_CUDA_DISPATCH_FLOAT(a.dtype(), op, [&] {
     using T = scalar_t;
-    const T* pa = static_cast<const T*>(a.raw_data());
-    T* po = static_cast<T*>(out.raw_data());
-    const bool unit = (sa == 1 && so == 1) || K == 1;
-    if (unit || rows < 64) {
-      if (!unit) {
-        // Few long strided rows: run on a contiguous copy with the dim moved last.
-        Tensor at = raw::contiguous(raw::transpose(a, dim, a.dim() - 1));
-        Tensor ot = empty(at.sizes(), {out.dtype(), out.device()});
-        const Shape rs2 = rows_shape(at, at.dim() - 1);
-        auto oc2 = make_offset_calc<2>(rs2, {&ot.strides(), &at.strides()});
-        dim3 grid, block;
-        row_launch(rows, K, &grid, &block);
-        softmax_rows_kernel<T><<<grid, block, 0, st>>>(static_cast<const T*>(at.raw_data()),
-                                                       static_cast<T*>(ot.raw_data()), oc2, rows, K, log);
-        MG_CUDA_CHECK_LAUNCH(op);
-        raw::copy_(out, raw::transpose(ot, dim, a.dim() - 1));
-        return;
-      }
+    // One block row per softmax row (unit stride along `d`).
+    auto run_rows = [&](const Tensor& x, const Tensor& o, int64_t d) {
+      auto oc = make_offset_calc<2>(rows_shape(x, d), {&o.strides(), &x.strides()});
       dim3 grid, block;
       row_launch(rows, K, &grid, &block);
-      softmax_rows_kernel<T><<<grid, block, 0, st>>>(pa, po, oc, rows, K, log);
+      softmax_rows_kernel<T><<<grid, block, 0, st>>>(data_as<const T>(x), data_as<T>(o), oc, rows, K, log);
+    };
+    if ((sa == 1 && so == 1) || K == 1) {
+      run_rows(a, out, dim);
+    } else if (rows < 64) {
+      // Few long strided rows: run on a contiguous copy with the dim moved last.
+      const int64_t last = a.dim() - 1;
+      Tensor at = raw::contiguous(raw::transpose(a, dim, last));
+      Tensor ot = empty(at.sizes(), {out.dtype(), out.device()});
+      run_rows(at, ot, last);
+      MG_CUDA_CHECK_LAUNCH(op);
+      return raw::copy_(out, raw::transpose(ot, dim, last));
     } else {
-      softmax_cols_kernel<T><<<blocks_for(rows), kBlock, 0, st>>>(pa, po, oc, rows, K, sa, so, log);
+      auto oc = make_offset_calc<2>(rows_shape(a, dim), {&out.strides(), &a.strides()});
+      softmax_cols_kernel<T>
+          <<<blocks_for(rows), kBlock, 0, st>>>(data_as<const T>(a), data_as<T>(out), oc, rows, K, sa, so, log);
     }
     MG_CUDA_CHECK_LAUNCH(op);
   });
@@ -195,38 +193,31 @@ void CudaBackend::softmax_backward(const Tensor& grad, const Tensor& y, int64_t 
                 so = y.dim() ? out.stride(dim) : 1;
   mg::cuda::DeviceGuard g(out.device());
   cudaStream_t st = stream_of(out);
-  const Shape rs = rows_shape(y, dim);
   MG_CUDA_DISPATCH_FLOAT(y.dtype(), op, [&] {
     using T = scalar_t;
-    const bool unit = (sg == 1 && sy == 1 && so == 1) || K == 1;
-    if (unit || rows < 64) {
-      if (!unit) {
-        const int64_t last = y.dim() - 1;
-        Tensor gt = raw::contiguous(raw::transpose(grad, dim, last));
-        Tensor yt = raw::contiguous(raw::transpose(y, dim, last));
-        Tensor ot = empty(yt.sizes(), {out.dtype(), out.device()});
-        const Shape rs2 = rows_shape(yt, last);
-        auto oc2 = make_offset_calc<3>(rs2, {&gt.strides(), &yt.strides(), &ot.strides()});
-        dim3 grid, block;
-        row_launch(rows, K, &grid, &block);
-        softmax_bwd_rows_kernel<T><<<grid, block, 0, st>>>(static_cast<const T*>(gt.raw_data()),
-                                                           static_cast<const T*>(yt.raw_data()),
-                                                           static_cast<T*>(ot.raw_data()), oc2, rows, K, log);
-        MG_CUDA_CHECK_LAUNCH(op);
-        raw::copy_(out, raw::transpose(ot, dim, last));
-        return;
-      }
-      auto oc = make_offset_calc<3>(rs, {&grad.strides(), &y.strides(), &out.strides()});
+    // One block row per softmax row (unit stride along `d`).
+    auto run_rows = [&](const Tensor& gr, const Tensor& yv, const Tensor& o, int64_t d) {
+      auto oc = make_offset_calc<3>(rows_shape(yv, d), {&gr.strides(), &yv.strides(), &o.strides()});
       dim3 grid, block;
       row_launch(rows, K, &grid, &block);
-      softmax_bwd_rows_kernel<T><<<grid, block, 0, st>>>(static_cast<const T*>(grad.raw_data()),
-                                                         static_cast<const T*>(y.raw_data()),
-                                                         static_cast<T*>(out.raw_data()), oc, rows, K, log);
+      softmax_bwd_rows_kernel<T>
+          <<<grid, block, 0, st>>>(data_as<const T>(gr), data_as<const T>(yv), data_as<T>(o), oc, rows, K, log);
+    };
+    if ((sg == 1 && sy == 1 && so == 1) || K == 1) {
+      run_rows(grad, y, out, dim);
+    } else if (rows < 64) {
+      // Few long strided rows, as in the forward.
+      const int64_t last = y.dim() - 1;
+      Tensor gt = raw::contiguous(raw::transpose(grad, dim, last));
+      Tensor yt = raw::contiguous(raw::transpose(y, dim, last));
+      Tensor ot = empty(yt.sizes(), {out.dtype(), out.device()});
+      run_rows(gt, yt, ot, last);
+      MG_CUDA_CHECK_LAUNCH(op);
+      return raw::copy_(out, raw::transpose(ot, dim, last));
     } else {
-      auto oc = make_offset_calc<3>(rs, {&grad.strides(), &y.strides(), &out.strides()});
-      softmax_bwd_cols_kernel<T><<<blocks_for(rows), kBlock, 0, st>>>(
-          static_cast<const T*>(grad.raw_data()), static_cast<const T*>(y.raw_data()), static_cast<T*>(out.raw_data()),
-          oc, rows, K, sg, sy, so, log);
+      auto oc = make_offset_calc<3>(rows_shape(y, dim), {&grad.strides(), &y.strides(), &out.strides()});
+      softmax_bwd_cols_kernel<T><<<blocks_for(rows), kBlock, 0, st>>>(data_as<const T>(grad), data_as<const T>(y),
+                                                                      data_as<T>(out), oc, rows, K, sg, sy, so, log);
     }
     MG_CUDA_CHECK_LAUNCH(op);
   });

@@ -3,6 +3,8 @@
 // after the driver is gone), and the next thread reuses them.
 #pragma once
 
+#include <cstddef>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -10,6 +12,14 @@
 #include "core/device_runtime.h"
 
 namespace mg::kernels::cuda {
+
+// A library workspace size from the environment, given in MiB (a negative value counts as 0),
+// or `default_mib` when the variable is unset. Callers read it once, into a static.
+inline std::size_t env_workspace_bytes(const char* name, long default_mib) {
+  const char* e = std::getenv(name);
+  const long mib = e ? std::strtol(e, nullptr, 10) : default_mib;
+  return static_cast<std::size_t>(mib < 0 ? 0 : mib) << 20;
+}
 
 // The state a thread keeps per device: its handle and the stream the handle is bound to.
 template <class Handle>
