@@ -22,17 +22,16 @@ namespace {
 
 constexpr int kOpsPerIter = 100;  // ops between syncs: enough that one sync is noise
 
+bool require_gpu(benchmark::State& state) {
+  if (cuda::is_available()) return true;
+  state.SkipWithError("no CUDA device");
+  return false;
+}
+
+// Argument 0: the CPU; 1: cuda:0 (skipped without one).
 bool pick_device(benchmark::State& state, Device* dev) {
-  if (state.range(0) == 0) {
-    *dev = Device::cpu();
-    return true;
-  }
-  if (!cuda::is_available()) {
-    state.SkipWithError("no CUDA device");
-    return false;
-  }
-  *dev = Device::cuda(0);
-  return true;
+  *dev = state.range(0) == 0 ? Device::cpu() : Device::cuda(0);
+  return dev->is_cpu() || require_gpu(state);
 }
 
 void sync(Device dev) {
@@ -47,11 +46,12 @@ void report(benchmark::State& state, Device dev) {
                                                    benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
-// c = a + b, 100 times per iteration, nothing requires grad.
-void BM_AddNoGrad(benchmark::State& state) {
+// c = a + b, 100 times per iteration; with `grad`, a requires grad and each add records a tape
+// node (discarded with its output).
+void add_loop(benchmark::State& state, bool grad) {
   Device dev;
   if (!pick_device(state, &dev)) return;
-  Tensor a = ones({1}, {DType::f32, dev}), b = ones({1}, {DType::f32, dev});
+  Tensor a = ones({1}, {DType::f32, dev, grad}), b = ones({1}, {DType::f32, dev});
   for (int i = 0; i < kOpsPerIter; ++i) benchmark::DoNotOptimize(add(a, b));  // warm caches
   sync(dev);
   for (auto _ : state) {
@@ -60,20 +60,8 @@ void BM_AddNoGrad(benchmark::State& state) {
   }
   report(state, dev);
 }
-
-// The same with a requiring grad: each add records a tape node (discarded with its output).
-void BM_AddWithGrad(benchmark::State& state) {
-  Device dev;
-  if (!pick_device(state, &dev)) return;
-  Tensor a = ones({1}, {DType::f32, dev, true}), b = ones({1}, {DType::f32, dev});
-  for (int i = 0; i < kOpsPerIter; ++i) benchmark::DoNotOptimize(add(a, b));
-  sync(dev);
-  for (auto _ : state) {
-    for (int i = 0; i < kOpsPerIter; ++i) benchmark::DoNotOptimize(add(a, b));
-    sync(dev);
-  }
-  report(state, dev);
-}
+void BM_AddNoGrad(benchmark::State& state) { add_loop(state, false); }
+void BM_AddWithGrad(benchmark::State& state) { add_loop(state, true); }
 
 // x = x + b 100 times, then backward through the chain: forward recording plus the engine's
 // walk and one gradient kernel per node, per op.
@@ -108,10 +96,7 @@ void BM_EmptyTensor(benchmark::State& state) {
 }
 
 void BM_EventRecord(benchmark::State& state) {
-  if (!cuda::is_available()) {
-    state.SkipWithError("no CUDA device");
-    return;
-  }
+  if (!require_gpu(state)) return;
   const Device dev = Device::cuda(0);
   const cuda::Stream stream = cuda::Stream::current(0);
   cuda::Event ev;
@@ -125,10 +110,7 @@ void BM_EventRecord(benchmark::State& state) {
 // The same 100 adds (no grad) captured once into a CUDA graph and replayed: what remains per op
 // when the host work is gone (CUDA only).
 void BM_AddCaptured(benchmark::State& state) {
-  if (!cuda::is_available()) {
-    state.SkipWithError("no CUDA device");
-    return;
-  }
+  if (!require_gpu(state)) return;
   const Device dev = Device::cuda(0);
   Tensor a = ones({1}, {DType::f32, dev}), b = ones({1}, {DType::f32, dev});
   cuda::Graph graph;

@@ -299,28 +299,36 @@ CachingAllocator::Block* CachingAllocator::alloc_segment(bool small, StreamId st
   }
   void* ptr = device_.malloc(seg_size);
   if (!ptr) return nullptr;
-  auto seg = std::make_unique<Segment>();
-  seg->addr = reinterpret_cast<std::uintptr_t>(ptr);
+  Segment* seg = add_segment(reinterpret_cast<std::uintptr_t>(ptr), seg_size, small, stream);
   seg->size = seg_size;
-  seg->stream = stream;
-  seg->small = small;
   seg->oversize = seg_size >= max_split_size_;
-  Block* b = new_block();
-  b->addr = seg->addr;
-  b->size = seg_size;
-  b->stream = stream;
-  b->segment = seg.get();
-  seg->head = b;
   ++stats_.num_device_alloc;
-  update(stats_.segment, small, 1);
   update(stats_.reserved_bytes, small, static_cast<std::int64_t>(seg_size));
   if (seg->oversize) stats_.oversize_segments.update(1);
   if (history_enabled_) {
     trace(TraceAction::kSegmentAlloc, seg->addr, seg_size, stream, AllocationContext::current_id());
   }
-  segments_[seg->addr] = std::move(seg);
-  pool_insert(b);
-  return b;
+  pool_insert(seg->head);
+  return seg->head;
+}
+
+// A new segment at [addr, addr + span) tiled by one block, registered and counted.
+CachingAllocator::Segment* CachingAllocator::add_segment(std::uintptr_t addr, std::size_t span, bool small,
+                                                         StreamId stream) {
+  auto seg = std::make_unique<Segment>();
+  seg->addr = addr;
+  seg->stream = stream;
+  seg->small = small;
+  Block* b = new_block();
+  b->addr = addr;
+  b->size = span;
+  b->stream = stream;
+  b->segment = seg.get();
+  seg->head = b;
+  update(stats_.segment, small, 1);
+  Segment* raw = seg.get();
+  segments_[addr] = std::move(seg);
+  return raw;
 }
 
 // The (pool, stream)'s expandable segment, created on first use: an address range twice the
@@ -337,26 +345,14 @@ CachingAllocator::Segment* CachingAllocator::expandable_segment(bool small, Stre
   const std::size_t va = round_up(std::max(2 * total, size), page);
   void* base = device_.reserve_address(va);
   if (!base) return nullptr;
-  auto seg = std::make_unique<Segment>();
-  seg->addr = reinterpret_cast<std::uintptr_t>(base);
+  Segment* seg = add_segment(reinterpret_cast<std::uintptr_t>(base), va, small, stream);
   seg->va_size = va;
   seg->gran = gran;
   seg->page = page;
-  seg->stream = stream;
-  seg->small = small;
   seg->expandable = true;
-  Block* b = new_block();
-  b->addr = seg->addr;
-  b->size = va;
-  b->stream = stream;
-  b->segment = seg.get();
-  b->mapped = false;
-  seg->head = b;
-  Segment* raw = seg.get();
-  update(stats_.segment, small, 1);
-  expandable_segments_[{small, stream}] = raw;
-  segments_[raw->addr] = std::move(seg);
-  return raw;
+  seg->head->mapped = false;
+  expandable_segments_[{small, stream}] = seg;
+  return seg;
 }
 
 // Called when an expandable segment has nothing mapped any more: one unmapped block is left.

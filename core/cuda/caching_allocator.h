@@ -310,6 +310,7 @@ class CachingAllocator {
   std::size_t growth_budget(std::size_t request) const;
   Block* get_new_memory(bool small, StreamId stream, std::size_t size, bool* limit_hit);
   Block* alloc_segment(bool small, StreamId stream, std::size_t size, bool* limit_hit);
+  Segment* add_segment(std::uintptr_t addr, std::size_t span, bool small, StreamId stream);
   Block* grow_expandable(bool small, StreamId stream, std::size_t size, bool* limit_hit);
   Segment* expandable_segment(bool small, StreamId stream, std::size_t size);
   std::size_t unmap_free_pages(Block* b, std::size_t max_bytes);
@@ -335,6 +336,7 @@ class CachingAllocator {
   // Appends to the history; callers check history_enabled_ first (the hot path stays cheap).
   void trace(TraceAction action, std::uintptr_t addr, std::size_t size, StreamId stream, std::uint32_t context);
   void update(StatArray& stat, bool small, std::int64_t delta);
+  std::size_t read_all_pools(const StatArray& stat, bool peak) const;  // locked read of the "all" entry
 
   static void unlink(Block* b);
 

@@ -36,22 +36,14 @@ void for_each_stat_array(DeviceStats& s, F f) {
 
 }  // namespace
 
-std::size_t CachingAllocator::memory_allocated() const {
+std::size_t CachingAllocator::read_all_pools(const StatArray& stat, bool peak) const {
   std::lock_guard lock(mutex_);
-  return static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].current);
+  return static_cast<std::size_t>(peak ? stat[kAllPools].peak : stat[kAllPools].current);
 }
-std::size_t CachingAllocator::max_memory_allocated() const {
-  std::lock_guard lock(mutex_);
-  return static_cast<std::size_t>(stats_.allocated_bytes[kAllPools].peak);
-}
-std::size_t CachingAllocator::memory_reserved() const {
-  std::lock_guard lock(mutex_);
-  return static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].current);
-}
-std::size_t CachingAllocator::max_memory_reserved() const {
-  std::lock_guard lock(mutex_);
-  return static_cast<std::size_t>(stats_.reserved_bytes[kAllPools].peak);
-}
+std::size_t CachingAllocator::memory_allocated() const { return read_all_pools(stats_.allocated_bytes, false); }
+std::size_t CachingAllocator::max_memory_allocated() const { return read_all_pools(stats_.allocated_bytes, true); }
+std::size_t CachingAllocator::memory_reserved() const { return read_all_pools(stats_.reserved_bytes, false); }
+std::size_t CachingAllocator::max_memory_reserved() const { return read_all_pools(stats_.reserved_bytes, true); }
 
 void CachingAllocator::reset_peak_memory_stats() {
   std::lock_guard lock(mutex_);
