@@ -769,11 +769,7 @@ void CachingAllocator::free_block(Block* b) {
   b->requested = 0;
   b->context = 0;
   b->freed_at = ++free_seq_;
-  Block* kept = insert_free(b);
-  // The last block of a released graph pool's segment: the segment goes back to the device.
-  Segment* seg = kept->segment;
-  if (is_pool_key(seg->stream) && routes_.empty() && releasable_pool_segment(*seg) && releasable_bytes(*seg) > 0)
-    release_segment(seg);
+  release_if_orphaned(insert_free(b)->segment);  // the last block of a released graph pool's segment
 }
 
 // Puts free, mapped, unpooled block b into its pool, merged with free neighbours. A neighbour

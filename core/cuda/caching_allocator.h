@@ -179,9 +179,8 @@ class CachingAllocator {
   // queries are deferred: both are illegal while a stream is being captured.
   void begin_allocate_to_pool(PoolId id, StreamId stream);
   void end_allocate_to_pool(StreamId stream);
-  // Bytes reserved (segments) and allocated by pool `id`; 0 for an unknown pool.
+  // Bytes reserved (segments) by pool `id`; 0 for an unknown pool.
   std::size_t pool_reserved_bytes(PoolId id) const;
-  std::size_t pool_allocated_bytes(PoolId id) const;
 
  private:
   struct Segment;
@@ -200,6 +199,8 @@ class CachingAllocator {
   }
   // Whether a segment may be given back to the device now.
   bool releasable_pool_segment(const Segment& s) const;
+  void release_if_orphaned(Segment* s);
+  void release_orphaned_segments();
 
   // A pool position without a Block: what lookups and order checks compare against.
   struct BlockKey {

@@ -34,11 +34,7 @@ void CachingAllocator::release_pool(PoolId id) {
            "CachingAllocator::release_pool: graph memory pool ", id,
            " is still receiving allocations (end_allocate_to_pool first)");
   pool_holds_.erase(it);
-  if (!routes_.empty()) return;  // another capture is under way: the segments go when their blocks do
-  std::vector<Segment*> free_segments;
-  for (auto& [addr, seg] : segments_)
-    if (seg->stream == key && releasable_bytes(*seg) > 0) free_segments.push_back(seg.get());
-  for (Segment* seg : free_segments) release_segment(seg);
+  release_orphaned_segments();
 }
 
 void CachingAllocator::begin_allocate_to_pool(PoolId id, StreamId stream) {
@@ -58,17 +54,24 @@ void CachingAllocator::end_allocate_to_pool(StreamId stream) {
   MG_CHECK(it != routes_.end(), ValueError,
            "CachingAllocator::end_allocate_to_pool: the stream does not allocate into a graph pool");
   routes_.erase(it);
-  if (!routes_.empty()) return;
-  // Segments of pools released during the capture whose blocks are all free now.
-  std::vector<Segment*> orphans;
-  for (auto& [addr, seg] : segments_)
-    if (is_pool_key(seg->stream) && releasable_pool_segment(*seg) && releasable_bytes(*seg) > 0)
-      orphans.push_back(seg.get());
-  for (Segment* seg : orphans) release_segment(seg);
+  release_orphaned_segments();  // of pools released during the capture
 }
 
 bool CachingAllocator::releasable_pool_segment(const Segment& s) const {
   return !is_pool_key(s.stream) || !pool_holds_.count(s.stream & ~kPoolKeyBit);
+}
+
+// A released pool's segment whose blocks are all free goes back to the device, unless a capture
+// is under way (then it goes when the last capture ends).
+void CachingAllocator::release_if_orphaned(Segment* s) {
+  if (routes_.empty() && is_pool_key(s->stream) && releasable_pool_segment(*s) && releasable_bytes(*s) > 0)
+    release_segment(s);
+}
+
+void CachingAllocator::release_orphaned_segments() {
+  std::vector<Segment*> all;
+  for (auto& [addr, seg] : segments_) all.push_back(seg.get());
+  for (Segment* s : all) release_if_orphaned(s);
 }
 
 std::size_t CachingAllocator::pool_reserved_bytes(PoolId id) const {
@@ -76,16 +79,6 @@ std::size_t CachingAllocator::pool_reserved_bytes(PoolId id) const {
   std::size_t bytes = 0;
   for (const auto& [addr, seg] : segments_)
     if (seg->stream == pool_key(id)) bytes += seg->size;
-  return bytes;
-}
-
-std::size_t CachingAllocator::pool_allocated_bytes(PoolId id) const {
-  std::lock_guard lock(mutex_);
-  std::size_t bytes = 0;
-  for (const auto& [addr, seg] : segments_)
-    if (seg->stream == pool_key(id))
-      for (const Block* b = seg->head; b; b = b->next)
-        if (b->allocated) bytes += b->size;
   return bytes;
 }
 

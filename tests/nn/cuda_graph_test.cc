@@ -53,6 +53,17 @@ void sgd_step(nn::Module& m, optim::SGD& opt, const Tensor& x, const Tensor& y) 
   opt.step();
 }
 
+// Bitwise equality of two models' parameters, after the device is done with both.
+void expect_same_parameters(nn::Module& eager, nn::Module& graphed) {
+  cuda::synchronize();
+  auto pe = eager.parameters(), pg = graphed.parameters();
+  ASSERT_EQ(pe.size(), pg.size());
+  for (size_t i = 0; i < pe.size(); ++i)
+    EXPECT_EQ(raw::to_device(pe[i], Device::cpu()).to_vector<float>(),
+              raw::to_device(pg[i], Device::cpu()).to_vector<float>())
+        << "parameter " << i;
+}
+
 // Eager and captured training see the same batches in the same order; the captured model's
 // first 3 steps are CapturedStep's warm-up, the capture itself does not run, and every later
 // batch is one replay. Same kernels, same launch shapes: the parameters must be equal bit for bit.
@@ -83,13 +94,7 @@ TEST(CudaGraph, CapturedTrainingMatchesEagerBitwise) {
     raw::copy_(sy, data[next].y);
     captured.replay();
   }
-  cuda::synchronize();
-  auto pe = eager->parameters(), pg = graphed->parameters();
-  ASSERT_EQ(pe.size(), pg.size());
-  for (size_t i = 0; i < pe.size(); ++i)
-    EXPECT_EQ(raw::to_device(pe[i], Device::cpu()).to_vector<float>(),
-              raw::to_device(pg[i], Device::cpu()).to_vector<float>())
-        << "parameter " << i;
+  expect_same_parameters(*eager, *graphed);
 }
 
 // The last, smaller batch goes through a second graph that shares the first one's memory pool
@@ -122,12 +127,7 @@ TEST(CudaGraph, SmallerLastBatchThroughASecondGraphSharingThePool) {
   raw::copy_(lx, last.x);
   raw::copy_(ly, last.y);
   tail.replay();
-  cuda::synchronize();
-  auto pe = eager->parameters(), pg = graphed->parameters();
-  for (size_t i = 0; i < pe.size(); ++i)
-    EXPECT_EQ(raw::to_device(pe[i], Device::cpu()).to_vector<float>(),
-              raw::to_device(pg[i], Device::cpu()).to_vector<float>())
-        << "parameter " << i;
+  expect_same_parameters(*eager, *graphed);
 }
 
 // 1,000 replays allocate nothing: the graph's memory was fixed at capture.
