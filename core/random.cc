@@ -1,7 +1,9 @@
 #include "core/random.h"
 
 #include <cmath>
+#include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "core/strided_loop.h"
 
@@ -54,17 +56,38 @@ inline double philox_value(int kind, uint64_t seed, uint64_t base, int64_t i, do
   return a + (b - a) * u;
 }
 
+// The capture under way on this thread, if any: the generators its fills drew from.
+thread_local bool t_capturing = false;
+thread_local std::vector<CapturedRng> t_captured;
+
+// A fill inside a capture: its offset within the graph, and the graph's counter for `g`.
+uint64_t reserve_in_capture(Generator& g, uint64_t blocks, const Device& dev, const int64_t** counter) {
+  auto it = std::find_if(t_captured.begin(), t_captured.end(), [&](const CapturedRng& r) { return r.gen == &g; });
+  if (it == t_captured.end()) {
+    t_captured.push_back({&g, g.seed(), 0, empty({1}, {DType::i64, dev})});
+    it = t_captured.end() - 1;
+  }
+  MG_CHECK(it->offset.device() == dev, DeviceError, "random fill: one generator drew on ", it->offset.device(),
+           " and on ", dev, " in one CUDA graph capture");
+  *counter = static_cast<const int64_t*>(it->offset.raw_data());
+  const uint64_t within = it->blocks;
+  it->blocks += blocks;
+  return within;
+}
+
 void philox_fill(const Tensor& t, int kind, double a, double b, Generator* gen) {
   Generator& g = gen ? *gen : default_generator();
   const int64_t n = t.numel();
   uint64_t blocks = kind == kNormal ? (n + 1) / 2 : (n + 3) / 4;
-  uint64_t base = g.reserve(blocks);
-  uint64_t seed = g.seed();
   if (t.is_cuda()) {
     MG_CHECK(cuda_hooks().philox_fill != nullptr, DeviceError, "random fill: no CUDA backend in this build");
-    cuda_hooks().philox_fill(t, kind, seed, base, a, b);
+    const int64_t* counter = nullptr;
+    const uint64_t base = t_capturing ? reserve_in_capture(g, blocks, t.device(), &counter) : g.reserve(blocks);
+    cuda_hooks().philox_fill(t, kind, g.seed(), base, a, b, counter);
     return;
   }
+  uint64_t base = g.reserve(blocks);
+  uint64_t seed = g.seed();
   // Logical (row-major) element order, whatever the strides.
   Tensor c = t.is_contiguous() ? t : empty(t.sizes(), {t.dtype(), t.device()});
   MG_DISPATCH_FLOAT(t.dtype(), "random fill", [&] {
@@ -75,6 +98,30 @@ void philox_fill(const Tensor& t, int kind, double a, double b, Generator* gen) 
   if (!c.is_same(t)) raw::copy_(t, c);
 }
 }  // namespace
+
+void begin_rng_capture() {
+  t_capturing = true;
+  t_captured.clear();
+}
+
+std::vector<CapturedRng> end_rng_capture() {
+  t_capturing = false;
+  return std::exchange(t_captured, {});
+}
+
+void prepare_rng_replay(const std::vector<CapturedRng>& rngs) {
+  for (const CapturedRng& r : rngs) {
+    MG_CHECK(r.gen->seed() == r.seed, ValueError,
+             "CUDA graph replay: a generator the captured work draws from was "
+             "reseeded since the capture (seed ",
+             r.seed, " -> ", r.gen->seed(), "); capture again after seeding");
+    const uint64_t start = r.gen->reserve(r.blocks);
+    // fill_ carries a double: exact below 2^53 blocks.
+    MG_CHECK(start < (uint64_t{1} << 53), ValueError, "CUDA graph replay: generator offset ", start,
+             " is past 2^53 blocks");
+    raw::fill_(r.offset, static_cast<double>(start));
+  }
+}
 
 void uniform_(const Tensor& t, double low, double high, Generator* gen) {
   MG_CHECK(std::isfinite(low) && std::isfinite(high) && low <= high, ValueError,

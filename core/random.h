@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <vector>
 
 #include "core/philox.h"
 #include "core/tensor.h"
@@ -29,6 +30,22 @@ class Generator {
   mutable std::mutex mu_;
   PhiloxState state_;
 };
+
+// CUDA graph capture (core/cuda/graph.cc). While a capture records on this thread, CUDA random
+// fills leave their generator alone: each reads its offset from a device counter the graph
+// owns, plus its place within the graph. Before each replay the graph reserves the blocks its
+// fills draw from the generator and writes where they start into that counter, so every replay
+// draws fresh numbers, the very ones eager execution would draw at that point.
+struct CapturedRng {
+  Generator* gen = nullptr;
+  uint64_t seed = 0;    // the seed the capture recorded (a reseed since is an error at replay)
+  uint64_t blocks = 0;  // Philox blocks one replay draws
+  Tensor offset;        // i64 [1] on the capture's device
+};
+void begin_rng_capture();
+std::vector<CapturedRng> end_rng_capture();
+// Before a replay, on the current stream: each generator's blocks reserved, the start written.
+void prepare_rng_replay(const std::vector<CapturedRng>& rngs);
 
 // The process-wide default generator (seeded with manual_seed).
 Generator& default_generator();

@@ -269,7 +269,9 @@ void fill_(const Tensor& dst, double value);
 struct CudaHooks {
   void (*copy)(const Tensor& dst, const Tensor& src, bool non_blocking) = nullptr;  // any side on CUDA
   void (*fill)(const Tensor& dst, double value) = nullptr;
-  void (*philox_fill)(const Tensor& dst, int kind, uint64_t seed, uint64_t offset, double a, double b) = nullptr;
+  // device_offset: null, or a device counter added to `offset` when the kernel runs (capture).
+  void (*philox_fill)(const Tensor& dst, int kind, uint64_t seed, uint64_t offset, double a, double b,
+                      const int64_t* device_offset) = nullptr;
 };
 CudaHooks& cuda_hooks();
 

@@ -51,17 +51,16 @@ const std::vector<std::string> kModels = {"mlp", "cnn"};
 std::string default_scheduler(const std::string& model) { return model == "cnn" ? "cosine" : "none"; }
 
 // --cuda-graph: full-size batches go through one captured training step fed from static input
-// tensors. The first capture's warm-up step trains on the batch at hand; a learning rate that
-// changed since the capture (the schedule) is baked into the graph, so it means a new capture
-// (sharing no memory with the old one, which is released).
+// tensors. The capture's warm-up step trains on the batch at hand. The optimizer and the
+// GradScaler are capturable (lr, step counts, loss scale and overflow skip in device memory),
+// so the schedule's learning rates and dropout's fresh masks reach every replay without a new
+// capture.
 class GraphedStep {
  public:
   using Step = std::function<mg::Tensor(const mg::Tensor&, const mg::Tensor&)>;
-  GraphedStep(Step step, mg::optim::Optimizer& opt) : step_(std::move(step)), opt_(opt) {}
+  explicit GraphedStep(Step step) : step_(std::move(step)) {}
 
   mg::Tensor step(const mg::Tensor& x, const mg::Tensor& y) {
-    const double lr = opt_.param_groups()[0].lr();
-    if (captured_ && lr != captured_lr_) captured_.reset();
     if (!x_.defined()) {
       x_ = mg::empty(x.sizes(), {x.dtype(), x.device()});
       y_ = mg::empty(y.sizes(), {y.dtype(), y.device()});
@@ -72,22 +71,16 @@ class GraphedStep {
       captured_->replay();
       return loss_;
     }
-    const bool first = captures_ == 0;
-    // Warm-up (first capture only) is this batch's step; a later capture has not run it.
-    captured_ = std::make_unique<mg::CapturedStep>([this] { loss_ = step_(x_, y_); }, first ? 1 : 0);
+    captured_ = std::make_unique<mg::CapturedStep>([this] { loss_ = step_(x_, y_); }, 1);
     ++captures_;
-    captured_lr_ = lr;
-    if (!first) captured_->replay();
     return loss_;
   }
   int64_t captures() const { return captures_; }
 
  private:
   Step step_;
-  mg::optim::Optimizer& opt_;
   std::unique_ptr<mg::CapturedStep> captured_;
   mg::Tensor x_, y_, loss_;
-  double captured_lr_ = 0;
   int64_t captures_ = 0;
 };
 
@@ -140,9 +133,8 @@ accuracy and the peak memory by category after each epoch, and one JSON line at 
   --workers N         DataLoader worker threads (default 0: load in the training thread)
   --pin-memory        page-locked batches copied to the device on a side stream (CUDA only)
   --cuda-graph        capture the training step in a CUDA graph and replay it for every
-                      full batch (the last, smaller one runs eagerly; a changed learning
-                      rate means a new capture). CUDA, SGD, no f16 GradScaler, dropout,
-                      clipping or --save/--resume (docs/cuda_graphs.md says why)
+                      full batch (the last, smaller one runs eagerly); the optimizer and
+                      GradScaler keep their state on the device (docs/cuda_graphs.md). CUDA
   --no-progress       no progress bar on stderr
   --help              this text
 
@@ -202,16 +194,7 @@ Flags parse_flags(int argc, char** argv) {
   if (f.workers < 0) usage_error("--workers must be >= 0");
   if (f.amp != "off" && f.amp != "f16" && f.amp != "bf16")
     usage_error("unknown --amp \"" + f.amp + "\" (valid: off, f16, bf16)");
-  if (f.cuda_graph) {
-    // What a captured step cannot hold yet: a host read (GradScaler's inf check, the clipping
-    // norm), a host-side counter (Adam's step for bias correction, the RNG offset of dropout).
-    if (f.amp == "f16") usage_error("--cuda-graph: --amp f16 needs GradScaler's host-side inf check (use bf16)");
-    if (f.dropout > 0) usage_error("--cuda-graph: --dropout would replay the same random mask every step");
-    if (f.train.clip_grad_norm > 0) usage_error("--cuda-graph: --clip-grad-norm reads the norm on the host");
-    if (f.train.optimizer != "sgd") usage_error("--cuda-graph: " + f.train.optimizer + " counts its steps on the host");
-    if (!f.save_path.empty() || !f.resume_path.empty())
-      usage_error("--cuda-graph: --save/--resume would save step counts that count captures, not steps");
-  }
+  f.train.capturable = f.cuda_graph;
   if (f.train.scheduler.empty()) f.train.scheduler = default_scheduler(f.model);
   try {
     mg::examples::finalize_training_flags(f.train, f.epochs);
@@ -329,6 +312,7 @@ int run(const Flags& f) {
   if (f.amp == "f16" && !device.is_cuda()) throw mg::ValueError("--amp f16 needs a CUDA device (CPU autocast is bf16)");
   mg::optim::GradScalerOptions gso;
   gso.enabled = f.amp == "f16";
+  gso.capturable = f.cuda_graph;
   mg::optim::GradScaler scaler(gso);
   mg::nn::TrainingCheckpoint ckpt;
   ckpt.add("model", *model).add("optimizer", optimizer).add("schedule", schedule).add("scaler", scaler);
@@ -355,6 +339,11 @@ int run(const Flags& f) {
   mg::examples::ProgressBar bar(f.progress);
   double max_grad_norm = 0.0;
   int64_t clipped_steps = 0, skipped_steps = 0;
+  mg::Tensor grad_norm;  // --cuda-graph: the step's norm, on the device
+  auto count_norm = [&](double norm) {
+    max_grad_norm = std::max(max_grad_norm, norm);
+    clipped_steps += norm > t.clip_grad_norm;
+  };
   // One training step: forward + loss under autocast, backward, clipping, optimizer step.
   auto train_step = [&](const mg::Tensor& x, const mg::Tensor& y) {
     mg::Tensor loss;
@@ -367,18 +356,21 @@ int run(const Flags& f) {
     scaler.scale(loss).backward();  // the engine allocates under MemoryCategory::Gradients itself
     if (t.clip_grad_norm > 0) {
       scaler.unscale_(optimizer);  // clip the true gradients (a no-op without f16 scaling)
-      const double norm = mg::optim::clip_grad_norm_(params, t.clip_grad_norm);
-      max_grad_norm = std::max(max_grad_norm, norm);
-      clipped_steps += norm > t.clip_grad_norm;
+      if (f.cuda_graph) {
+        grad_norm = mg::optim::clip_grad_norm_on_device_(params, t.clip_grad_norm);  // read after the step
+      } else {
+        count_norm(mg::optim::clip_grad_norm_(params, t.clip_grad_norm));
+      }
     }
     // Momentum buffers / Adam moments: MemoryCategory::OptimizerState. f16: skipped when a
-    // gradient overflowed (the scaler then lowers the scale).
-    skipped_steps += !scaler.step(optimizer);
+    // gradient overflowed (the scaler then lowers the scale; a capturable one counts on the device).
+    const bool stepped = scaler.step(optimizer);
+    if (!f.cuda_graph) skipped_steps += !stepped;
     scaler.update();
     return loss;
   };
   if (f.cuda_graph && !device.is_cuda()) throw mg::ValueError("--cuda-graph needs a CUDA device, got " + device.str());
-  GraphedStep graphed(train_step, optimizer);
+  GraphedStep graphed(train_step);
   const auto t_train = Clock::now();
   double accuracy = 0.0, last_loss = 0.0;
   int64_t images = 0;
@@ -394,6 +386,7 @@ int run(const Flags& f) {
       schedule.after_batch();
       ++ckpt.step;
       const double l = loss.item();
+      if (grad_norm.defined()) count_norm(grad_norm.item());
       loss_sum += l;
       ++batches;
       epoch_images += x.size(0);
@@ -452,7 +445,7 @@ int run(const Flags& f) {
       {"amp", f.amp},
       {"cuda_graph", f.cuda_graph},
       {"graph_captures", graphed.captures()},
-      {"skipped_steps", skipped_steps},
+      {"skipped_steps", f.cuda_graph ? scaler.skipped_steps() : skipped_steps},
       {"final_loss_scale", f.amp == "f16" ? nlohmann::json(scaler.get_scale()) : nlohmann::json(nullptr)},
       {"seed", f.seed},
       {"model", f.model},

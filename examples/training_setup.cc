@@ -146,6 +146,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainingFlags& f, std::ve
     o.lr = f.lr;
     o.momentum = f.momentum;
     o.weight_decay = f.weight_decay;
+    o.capturable = f.capturable;
     return std::make_unique<optim::SGD>(std::move(params), o);
   }
   optim::AdamWOptions o;
@@ -154,6 +155,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainingFlags& f, std::ve
   o.beta2 = f.beta2;
   o.eps = f.eps;
   o.weight_decay = f.weight_decay;
+  o.capturable = f.capturable;
   if (f.optimizer == "adamw") return std::make_unique<optim::AdamW>(std::move(params), o);
   return std::make_unique<optim::Adam>(std::move(params), static_cast<const optim::AdamOptions&>(o));
 }

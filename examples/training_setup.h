@@ -31,6 +31,7 @@ struct TrainingFlags {
   double gamma = -1;                // decay factor (< 0: 0.1 for step/multistep/plateau, 0.9 for exponential)
   int64_t patience = 0;             // plateau: epochs without improvement of the training loss
   double clip_grad_norm = 0;        // > 0: clip the gradients' total 2-norm to this
+  bool capturable = false;          // not a flag: --cuda-graph's optimizers keep lr and steps on the device
 };
 
 extern const char* kTrainingUsage;

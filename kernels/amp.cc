@@ -22,7 +22,8 @@ void on_contiguous(const Tensor& t, F f) {
 
 }  // namespace
 
-void amp_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf, double inv_scale) {
+namespace {
+void unscale_impl(const std::vector<Tensor>& grads, const Tensor& found_inf, double inv_scale, const Tensor& scale) {
   const char* op = "amp_unscale_";
   MG_CHECK(found_inf.defined() && found_inf.numel() == 1, ShapeError, op,
            ": found_inf must be a one-element tensor, got ",
@@ -30,6 +31,8 @@ void amp_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf, dou
   MG_CHECK(found_inf.dtype() == DType::f32, DTypeError, op, ": found_inf must be f32, got ", found_inf.dtype());
   MG_CHECK(std::isfinite(inv_scale), ValueError, op, ": inv_scale must be finite, got ", inv_scale);
   const Device dev = found_inf.device();
+  MG_CHECK(!scale.defined() || (scale.numel() == 1 && scale.dtype() == DType::f32 && scale.device() == dev), ValueError,
+           op, ": the device scale must be a one-element f32 tensor on ", dev);
   std::vector<Tensor> work;  // contiguous views the kernels write; copied back below when needed
   work.reserve(grads.size());
   for (size_t i = 0; i < grads.size(); ++i) {
@@ -39,7 +42,7 @@ void amp_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf, dou
     MG_CHECK(is_floating(g.dtype()), DTypeError, op, ": gradient ", i, " has non-floating dtype ", g.dtype());
     work.push_back(g.is_contiguous() ? g : raw::contiguous(g));
   }
-  backend(dev, op).amp_unscale(work, found_inf, static_cast<float>(inv_scale));
+  backend(dev, op).amp_unscale(work, found_inf, static_cast<float>(inv_scale), scale);
   size_t k = 0;
   for (const Tensor& g : grads) {
     if (!g.defined()) continue;
@@ -47,6 +50,36 @@ void amp_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf, dou
     g.bump_version();
     ++k;
   }
+}
+}  // namespace
+
+void amp_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf, double inv_scale) {
+  unscale_impl(grads, found_inf, inv_scale, Tensor());
+}
+void amp_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf, const Tensor& scale) {
+  MG_CHECK(scale.defined(), ValueError, "amp_unscale_: undefined device scale");
+  unscale_impl(grads, found_inf, 1.0, scale);
+}
+
+void amp_update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& skipped,
+                       const Tensor& found_inf, double growth_factor, double backoff_factor, int64_t growth_interval) {
+  const char* op = "amp_update_scale_";
+  MG_CHECK(scale.defined(), ValueError, op, ": undefined scale");
+  const Device dev = scale.device();
+  auto check = [&](const char* what, const Tensor& t, DType dt) {
+    MG_CHECK(t.defined() && t.numel() == 1 && t.dtype() == dt && t.device() == dev && t.is_contiguous(), ValueError, op,
+             ": ", what, " must be a one-element ", dt, " tensor on ", dev);
+  };
+  check("scale", scale, DType::f32);
+  check("found_inf", found_inf, DType::f32);
+  check("growth_tracker", growth_tracker, DType::i64);
+  check("skipped", skipped, DType::i64);
+  MG_CHECK(growth_interval > 0 && growth_factor > 1.0 && backoff_factor > 0.0 && backoff_factor < 1.0, ValueError, op,
+           ": growth_interval ", growth_interval, ", growth_factor ", growth_factor, ", backoff_factor ",
+           backoff_factor, " out of range");
+  backend(dev, op).amp_update_scale(scale, growth_tracker, skipped, found_inf, growth_factor, backoff_factor,
+                                    growth_interval);
+  for (const Tensor* t : {&scale, &growth_tracker, &skipped}) t->bump_version();
 }
 
 void add_stochastic_bf16_(const Tensor& param, const Tensor& update, double alpha, uint64_t seed) {

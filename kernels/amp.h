@@ -18,6 +18,17 @@ namespace mg::kernels {
 // Errors: DeviceError (a gradient elsewhere than found_inf), DTypeError (a non-floating
 // gradient, a found_inf that is not f32), ShapeError (found_inf with numel != 1).
 void amp_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf, double inv_scale);
+// The same with the loss scale in device memory (`scale`: f32, one element, found_inf's device):
+// each gradient is multiplied by 1 / scale[0] as read when the kernel runs (a captured step).
+void amp_unscale_(const std::vector<Tensor>& grads, const Tensor& found_inf, const Tensor& scale);
+
+// GradScaler.update on the device, nothing read back (torch._amp_update_scale_): with
+// found_inf[0] != 0, scale *= backoff_factor, growth_tracker = 0 and skipped += 1; otherwise
+// growth_tracker += 1 and on reaching growth_interval scale *= growth_factor (unless that is
+// inf) and growth_tracker = 0. scale, found_inf: f32 [1]; growth_tracker, skipped: i64 [1]; one
+// device. Errors: ValueError naming the tensor that does not fit.
+void amp_update_scale_(const Tensor& scale, const Tensor& growth_tracker, const Tensor& skipped,
+                       const Tensor& found_inf, double growth_factor, double backoff_factor, int64_t growth_interval);
 
 // param += alpha * update for a bf16 `param`, computed in f32 and rounded to bf16
 // stochastically (kernels/amp_math.h): updates far below bf16's resolution still move the

@@ -41,4 +41,25 @@ MG_AMP_HD uint16_t bf16_stochastic_bits(float v, uint32_t random16) {
   return static_cast<uint16_t>((u + (random16 & 0xffffu)) >> 16);
 }
 
+// The loss scale's inverse, in the precision the unscale kernels multiply by.
+MG_AMP_HD float inverse_scale(double scale) { return static_cast<float>(1.0 / scale); }
+
+// GradScaler.update's rule (torch._amp_update_scale_), one step: on overflow the scale backs
+// off and the clean-step count restarts (and the skipped count grows); after growth_interval
+// clean steps in a row it grows, unless that would make it infinite.
+MG_AMP_HD void update_scale(float& scale, int64_t& growth_tracker, int64_t& skipped, bool found_inf,
+                            double growth_factor, double backoff_factor, int64_t growth_interval) {
+  if (found_inf) {
+    scale = static_cast<float>(scale * backoff_factor);
+    growth_tracker = 0;
+    ++skipped;
+    return;
+  }
+  if (++growth_tracker == growth_interval) {
+    const float grown = static_cast<float>(scale * growth_factor);
+    if (grown - grown == 0.0f) scale = grown;  // finite
+    growth_tracker = 0;
+  }
+}
+
 }  // namespace mg::kernels::amp_math

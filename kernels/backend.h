@@ -129,15 +129,25 @@ class Backend {
                                         const Tensor& grad_v) = 0;
 
   // ---- multi-tensor optimizer updates (optim.*); contiguous lists of one dtype ----
-  virtual void adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) = 0;
-  virtual void sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) = 0;
+  virtual void adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) = 0;
+  virtual void sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h, const DeviceScalars& d) = 0;
   // Sum of |x|^p over all tensors (max |x| for p = inf; a NaN once seen stays), one host read.
   virtual double multi_tensor_norm_partial(const std::vector<Tensor>& ts, double norm_type) = 0;
   virtual void multi_tensor_scale(const std::vector<Tensor>& ts, double scale) = 0;
+  // f32 contiguous tensors of one device: total_norm (f32 [1]) = their norm, then each *= the
+  // clip coefficient, with no host read (kernels/optim.h multi_tensor_clip_).
+  virtual void multi_tensor_clip(const std::vector<Tensor>& ts, double max_norm, double norm_type,
+                                 const Tensor& total_norm) = 0;
 
   // ---- mixed precision (amp.*) ----
   // Contiguous floating gradients *= inv_scale; found_inf (f32, one element) = 1 on any inf/NaN.
-  virtual void amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale) = 0;
+  // A defined `scale` (f32, one element, device memory) replaces inv_scale by 1 / scale[0].
+  virtual void amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale,
+                           const Tensor& scale) = 0;
+  // GradScaler.update on the device (kernels/amp.h amp_update_scale_).
+  virtual void amp_update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tensor& skipped,
+                                const Tensor& found_inf, double growth_factor, double backoff_factor,
+                                int64_t growth_interval) = 0;
   // Contiguous bf16 param += alpha * update (f32 or bf16, contiguous), stochastically rounded.
   virtual void add_stochastic_bf16(const Tensor& param, const Tensor& update, float alpha, uint64_t seed) = 0;
 };

@@ -117,13 +117,19 @@ class BackendImpl final : public Backend {
                                 const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v) override;
 
   // ---- multi-tensor optimizer updates (optim.*)
-  void adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) override;
-  void sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) override;
+  void adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) override;
+  void sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h, const DeviceScalars& d) override;
   double multi_tensor_norm_partial(const std::vector<Tensor>& ts, double norm_type) override;
   void multi_tensor_scale(const std::vector<Tensor>& ts, double scale) override;
+  void multi_tensor_clip(const std::vector<Tensor>& ts, double max_norm, double norm_type,
+                         const Tensor& total_norm) override;
 
   // ---- mixed precision (amp.*)
-  void amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale) override;
+  void amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale,
+                   const Tensor& scale) override;
+  void amp_update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tensor& skipped,
+                        const Tensor& found_inf, double growth_factor, double backoff_factor,
+                        int64_t growth_interval) override;
   void add_stochastic_bf16(const Tensor& param, const Tensor& update, float alpha, uint64_t seed) override;
 };
 

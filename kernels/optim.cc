@@ -9,6 +9,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
 #include "kernels/elementwise.h"
+#include "kernels/optim_math.h"
 
 namespace mg::kernels {
 namespace {
@@ -44,27 +45,50 @@ void check_lists(const char* op, const std::vector<Tensor>& params,
   }
 }
 
+// The DeviceScalars of a capturable update: one-element tensors on the parameters' device.
+void check_device_scalars(const char* op, const Device& dev, const DeviceScalars& d) {
+  auto check = [&](const char* what, const Tensor& t, DType dt) {
+    if (!t.defined()) return;
+    MG_CHECK(t.numel() == 1 && t.dtype() == dt && t.device() == dev, ValueError, op, ": ", what,
+             " must be a one-element ", dt, " tensor on ", dev, ", got ", shape_str(t.sizes()), " ", t.dtype(), " on ",
+             t.device());
+  };
+  check("the device lr", d.lr, DType::f64);
+  check("found_inf", d.found_inf, DType::f32);
+}
+
 }  // namespace
 
 bool multi_tensor_supported(const Tensor& t) {
   return t.defined() && t.is_contiguous() && dtype_fusable(t) && device_has_fused(t.device());
 }
 
-void adam_multi_tensor_(const AdamTensors& t, const AdamHyper& h) {
+void adam_multi_tensor_(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
   const char* op = "adam_multi_tensor_";
   if (t.params.empty()) return;
   check_lists(op, t.params, {{"grads", &t.grads}, {"exp_avg", &t.exp_avg}, {"exp_avg_sq", &t.exp_avg_sq}});
   if (h.amsgrad) check_lists(op, t.params, {{"max_exp_avg_sq", &t.max_exp_avg_sq}});
-  MG_CHECK(t.steps.size() == t.params.size(), ValueError, op, ": ", t.steps.size(), " step counts for ",
-           t.params.size(), " params");
-  for (size_t i = 0; i < t.steps.size(); ++i)
-    MG_CHECK(t.steps[i] >= 1, ValueError, op, ": step count of params[", i, "] is ", t.steps[i], " (must be >= 1)");
+  MG_CHECK(!t.step_counts.empty() || t.steps.size() == t.params.size(), ValueError, op, ": ", t.steps.size(),
+           " step counts for ", t.params.size(), " params");
   const Device dev = t.params[0].device();
-  backend(dev, op).adam_multi_tensor(t, h);
+  check_device_scalars(op, dev, d);
+  if (!t.step_counts.empty()) {
+    MG_CHECK(t.step_counts.size() == t.params.size(), ValueError, op, ": ", t.step_counts.size(), " step counters for ",
+             t.params.size(), " params");
+    for (size_t i = 0; i < t.step_counts.size(); ++i) {
+      const Tensor& c = t.step_counts[i];
+      MG_CHECK(c.defined() && c.numel() == 1 && c.dtype() == DType::i64 && c.device() == dev, ValueError, op,
+               ": step_counts[", i, "] must be a one-element i64 tensor on ", dev);
+    }
+  } else {
+    for (size_t i = 0; i < t.steps.size(); ++i)
+      MG_CHECK(t.steps[i] >= 1, ValueError, op, ": step count of params[", i, "] is ", t.steps[i], " (must be >= 1)");
+  }
+  backend(dev, op).adam_multi_tensor(t, h, d);
   for (const Tensor& p : t.params) p.bump_version();
 }
 
-void sgd_multi_tensor_(const SGDTensors& t, const SGDHyper& h) {
+void sgd_multi_tensor_(const SGDTensors& t, const SGDHyper& h, const DeviceScalars& d) {
   const char* op = "sgd_multi_tensor_";
   if (t.params.empty()) return;
   check_lists(op, t.params, {{"grads", &t.grads}});
@@ -73,9 +97,10 @@ void sgd_multi_tensor_(const SGDTensors& t, const SGDHyper& h) {
     MG_CHECK(t.first_step.size() == t.params.size(), ValueError, op, ": ", t.first_step.size(),
              " first-step flags for ", t.params.size(), " params");
   }
+  check_device_scalars(op, t.params[0].device(), d);
   SGDTensors u = t;
   if (h.momentum == 0.0) u.momentum_buffers.clear();
-  backend(t.params[0].device(), op).sgd_multi_tensor(u, h);
+  backend(t.params[0].device(), op).sgd_multi_tensor(u, h, d);
   for (const Tensor& p : t.params) p.bump_version();
 }
 
@@ -110,8 +135,30 @@ double multi_tensor_norm(const std::vector<Tensor>& ts, double norm_type) {
   }
   for (auto& [key, list] : by_device)
     combine(backend(list[0].device(), "multi_tensor_norm").multi_tensor_norm_partial(list, norm_type));
-  if (inf) return total;
-  return norm_type == 1.0 ? total : (norm_type == 2.0 ? std::sqrt(total) : std::pow(total, 1.0 / norm_type));
+  return optim_math::finish_norm(total, norm_type);
+}
+
+Tensor multi_tensor_clip_(const std::vector<Tensor>& ts, double max_norm, double norm_type) {
+  const char* op = "multi_tensor_clip_";
+  MG_CHECK(std::isfinite(max_norm) && max_norm >= 0.0, ValueError, op, ": max_norm must be finite and >= 0, got ",
+           max_norm);
+  MG_CHECK(!std::isnan(norm_type) && norm_type > 0.0, ValueError, op, ": norm_type must be > 0 (or inf), got ",
+           norm_type);
+  MG_CHECK(!ts.empty(), ValueError, op, ": no tensors");
+  const Device dev = ts[0].device();
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const Tensor& t = ts[i];
+    MG_CHECK(t.defined(), ValueError, op, ": tensor ", i, " is undefined");
+    MG_CHECK(t.device() == dev, DeviceError, op, ": tensor ", i, " is on ", t.device(), ", tensor 0 on ", dev,
+             " (the device-side clip works on one device)");
+    MG_CHECK(t.dtype() == DType::f32, DTypeError, op, ": tensor ", i, " has dtype ", t.dtype(), " (expected f32)");
+    MG_CHECK(t.is_contiguous(), ValueError, op, ": tensor ", i, " (shape ", shape_str(t.sizes()),
+             ") is not contiguous");
+  }
+  Tensor total = empty({1}, {DType::f32, dev});
+  backend(dev, op).multi_tensor_clip(ts, max_norm, norm_type, total);
+  for (const Tensor& t : ts) t.bump_version();
+  return total;
 }
 
 void multi_tensor_scale_(const std::vector<Tensor>& ts, double scale) {

@@ -18,14 +18,27 @@ bool multi_tensor_supported(const Tensor& t);
 // Every tensor must be on one device, contiguous, of one supported dtype, and the lists must
 // have equal lengths and matching shapes: otherwise ValueError/DTypeError/DeviceError.
 // Each parameter's version counter is bumped. Math is in the tensors' dtype.
-void adam_multi_tensor_(const AdamTensors& t, const AdamHyper& h);
-void sgd_multi_tensor_(const SGDTensors& t, const SGDHyper& h);
+// With DeviceScalars (a capturable step, see kernels/types.h) the lr and the skip flag are read
+// from device memory when the update runs, and Adam takes t.step_counts (incremented unless
+// skipped) instead of t.steps: nothing is read back to the host, so the call can be captured
+// into a CUDA graph. The bias corrections are then computed on the device in double, the same
+// expression the host computes for t.steps.
+void adam_multi_tensor_(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d = {});
+void sgd_multi_tensor_(const SGDTensors& t, const SGDHyper& h, const DeviceScalars& d = {});
 
 // The p-norm of all elements of all tensors taken together (norm_type = +inf: max |x|), the
 // way clip_grad_norm_ defines it. Any floating dtype and layout; tensors may sit on several
 // devices (one partial result per device, combined on the host). A non-finite element gives
 // a non-finite result. On CUDA: one launch per 36 tensors, one device->host read per device.
 double multi_tensor_norm(const std::vector<Tensor>& ts, double norm_type);
+
+// clip_grad_norm_ without a host read (a captured step): the norm_type-norm of all of `ts`
+// taken together is computed on their device, and every tensor is scaled in place by
+// min(max_norm / (norm + 1e-6), 1) read from device memory. Returns the norm as a one-element
+// f32 tensor on that device. Same arithmetic as multi_tensor_norm + multi_tensor_scale_ (a
+// factor of 1 leaves values bitwise unchanged). Every tensor: one device, f32, contiguous
+// (ValueError/DeviceError/DTypeError otherwise); `ts` not empty.
+Tensor multi_tensor_clip_(const std::vector<Tensor>& ts, double max_norm, double norm_type);
 
 // ts[i] *= scale in place for every tensor (fused launches for f32 CUDA tensors).
 void multi_tensor_scale_(const std::vector<Tensor>& ts, double scale);

@@ -63,4 +63,24 @@ MG_OPTIM_HD void sgd_element(T& p, T g, T* buf, bool first_step, const SGDScalar
   p = p - s.lr * g;
 }
 
+// clip_grad_norm_: the norm from the accumulated sum of |x|^p (max |x| for p = inf), and the
+// factor the gradients are scaled by (PyTorch's clamp of max_norm / (norm + 1e-6) at 1; a NaN
+// norm gives a NaN factor, as in PyTorch).
+MG_OPTIM_HD double finish_norm(double acc, double p) {
+  if (std::isinf(p) || p == 1.0) return acc;
+  return p == 2.0 ? std::sqrt(acc) : std::pow(acc, 1.0 / p);
+}
+MG_OPTIM_HD double clip_coefficient(double total_norm, double max_norm) {
+  const double c = max_norm / (total_norm + 1e-6);
+  return (c < 1.0 || c != c) ? c : 1.0;
+}
+
+// Adam's bias corrections for step t (>= 1), in double: the step size lr / (1 - b1^t) and
+// sqrt(1 - b2^t). The host and the capturable device path compute them with this expression.
+MG_OPTIM_HD void adam_bias_corrections(double lr, double beta1, double beta2, double t, double* step_size,
+                                       double* bc2_sqrt) {
+  *step_size = lr / (1.0 - std::pow(beta1, t));
+  *bc2_sqrt = std::sqrt(1.0 - std::pow(beta2, t));
+}
+
 }  // namespace mg::kernels::optim_math

@@ -105,9 +105,12 @@ struct AdamHyper {
 // Parallel lists, one entry per parameter. steps[i] is the parameter's step count including
 // this update (>= 1): bias corrections are per parameter because state is created lazily.
 // max_exp_avg_sq is only read when amsgrad is set.
+// step_counts replaces steps in a capturable update (below): one i64 [1] counter per
+// parameter on its device, incremented by the update itself, so a replayed step counts.
 struct AdamTensors {
   std::vector<Tensor> params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq;
   std::vector<int64_t> steps;
+  std::vector<Tensor> step_counts;
 };
 struct SGDHyper {
   double lr = 1e-3, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
@@ -118,6 +121,14 @@ struct SGDHyper {
 struct SGDTensors {
   std::vector<Tensor> params, grads, momentum_buffers;
   std::vector<uint8_t> first_step;
+};
+
+// A capturable update (CUDA graphs, optim/optimizer.h) reads what changes between replays from
+// device memory when it runs instead of taking it as a launch argument. Undefined members fall
+// back to the host values of the Hyper struct.
+struct DeviceScalars {
+  Tensor lr;         // f64 [1] on the parameters' device: replaces Hyper::lr
+  Tensor found_inf;  // f32 [1]: nonzero skips the whole update, step counts included (GradScaler)
 };
 
 }  // namespace kernels

@@ -86,6 +86,8 @@ Adam::Adam(std::vector<ParamGroup> groups, AdamOptions defaults) : Adam("Adam", 
 Adam::Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions defaults, bool decoupled)
     : Optimizer(name, to_map(defaults)), decoupled_(decoupled), fused_(defaults.fused) {
   MG_CHECK(!groups.empty(), ValueError, name, ": got an empty list of parameter groups");
+  MG_CHECK(defaults.fused || !defaults.capturable, ValueError, name, ": capturable needs fused = true");
+  capturable_ = defaults.capturable;
   for (auto& g : groups) add_param_group(std::move(g));
 }
 
@@ -115,7 +117,8 @@ Optimizer::StateSpec Adam::state_spec(const std::map<std::string, double>& optio
 void Adam::step() {
   NoGradGuard ng;
   MemoryCategoryGuard cat(MemoryCategory::OptimizerState);
-  for (ParamGroup& g : param_groups()) {
+  for (size_t gi = 0; gi < param_groups().size(); ++gi) {
+    ParamGroup& g = param_groups()[gi];
     validate(g);  // a scheduler or the user may have edited the options since
     kernels::AdamHyper h;
     h.lr = g.get("lr");
@@ -128,12 +131,14 @@ void Adam::step() {
     h.decoupled_weight_decay = decoupled_;
     // Fused lists per (device, dtype): one multi-tensor call each.
     std::map<std::pair<std::string, DType>, kernels::AdamTensors> fused;
-    for (const Tensor& p : g.params) {
+    for (size_t pi = 0; pi < g.params.size(); ++pi) {
+      const Tensor& p = g.params[pi];
       Tensor grad = p.grad();
       if (!grad.defined()) continue;
       MG_CHECK(grad.sizes() == p.sizes() && grad.device() == p.device(), ValueError, name(), ": gradient of shape ",
                shape_str(grad.sizes()), " on ", grad.device(), " does not match parameter ", shape_str(p.sizes()),
                " on ", p.device());
+      if (capturable_) check_capturable(p, grad, gi, pi);
       ParamState& st = state_for(p);
       const DType sdt = state_spec(g.options, p).dtype;
       if (st.buffers.empty()) {
@@ -142,7 +147,7 @@ void Adam::step() {
       }
       if (h.amsgrad && !st.buffers.count("max_exp_avg_sq"))
         st.buffers["max_exp_avg_sq"] = zeros(p.sizes(), {sdt, p.device()});
-      ++st.step;
+      if (!capturable_) ++st.step;  // a capturable step counts on the device (l.step_counts)
       if (p.dtype() == DType::bf16) {
         adam_bf16(p, grad, st, h);
         continue;
@@ -161,9 +166,14 @@ void Adam::step() {
       l.exp_avg.push_back(st.buffers["exp_avg"]);
       l.exp_avg_sq.push_back(st.buffers["exp_avg_sq"]);
       if (h.amsgrad) l.max_exp_avg_sq.push_back(st.buffers["max_exp_avg_sq"]);
-      l.steps.push_back(st.step);
+      if (capturable_)
+        l.step_counts.push_back(step_count_for(p, st));
+      else
+        l.steps.push_back(st.step);
     }
-    for (auto& [key, l] : fused) kernels::adam_multi_tensor_(l, h);
+    for (auto& [key, l] : fused)
+      kernels::adam_multi_tensor_(l, h,
+                                  capturable_ ? device_scalars(gi, l.params[0].device()) : kernels::DeviceScalars{});
   }
 }
 

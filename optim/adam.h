@@ -20,6 +20,10 @@ struct AdamOptions {
   // CPU); false sends every parameter through the per-parameter path (one kernel per op per
   // parameter), which is PyTorch's foreach=False and the baseline bench/optim_bench measures.
   bool fused = true;
+  // Capturable (optim/optimizer.h): the lr and step counts in device memory, so the step can run
+  // inside a CUDA graph and be skipped on the device by a GradScaler. Needs the fused path for
+  // every parameter.
+  bool capturable = false;
 };
 
 // Per parameter p with gradient g, step t (counted per parameter), group options

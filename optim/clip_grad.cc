@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "autograd/grad_mode.h"
+#include "core/device_runtime.h"
 #include "kernels/ops.h"
 #include "kernels/optim.h"
 
@@ -29,6 +30,9 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   NoGradGuard ng;
   const std::vector<Tensor> grads = grads_of(params, "clip_grad_norm_");
   if (grads.empty()) return 0.0;
+  MG_CHECK(!grads[0].is_cuda() || !cuda::is_capturing(grads[0].device().index), ValueError,
+           "clip_grad_norm_ returns the norm on the host, which a CUDA graph capture cannot read; use "
+           "clip_grad_norm_on_device_ inside a captured step");
   const double total = kernels::multi_tensor_norm(grads, norm_type);
   MG_CHECK(!error_if_nonfinite || std::isfinite(total), ValueError, "clip_grad_norm_: the total norm of order ",
            norm_type, " of the gradients of ", grads.size(), " parameters is ", total,
@@ -38,6 +42,13 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   const double coef = std::min(max_norm / (total + 1e-6), 1.0);
   if (coef != 1.0) kernels::multi_tensor_scale_(grads, coef);
   return total;
+}
+
+Tensor clip_grad_norm_on_device_(const std::vector<Tensor>& params, double max_norm, double norm_type) {
+  NoGradGuard ng;
+  const std::vector<Tensor> grads = grads_of(params, "clip_grad_norm_on_device_");
+  if (grads.empty()) return Tensor();
+  return kernels::multi_tensor_clip_(grads, max_norm, norm_type);
 }
 
 void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {

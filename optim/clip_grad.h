@@ -19,6 +19,14 @@ namespace mg::optim {
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
                        bool error_if_nonfinite = false);
 
+// clip_grad_norm_ for a captured step (CUDA graphs): the same clipping, bitwise, but the norm
+// stays on the device: returned as a one-element f32 tensor there, nothing read back, so the
+// call can run inside a capture (and the GradScaler's skip still sees a NaN norm through the
+// NaN gradients it makes). Gradients: one device, f32, contiguous (the AMP master gradients);
+// anything else is a ValueError/DeviceError/DTypeError naming it. Returns an undefined tensor
+// when no parameter has a gradient.
+Tensor clip_grad_norm_on_device_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0);
+
 // Clamps every gradient of `params` into [-clip_value, clip_value] in place.
 void clip_grad_value_(const std::vector<Tensor>& params, double clip_value);
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "core/state_dict.h"
@@ -19,6 +20,12 @@ struct GradScalerOptions {
   double backoff_factor = 0.5;
   int64_t growth_interval = 2000;  // clean steps in a row before the scale grows
   bool enabled = true;             // false: every method is a pass-through (f32/bf16 runs)
+  // The scale, the clean-step count and the overflow flags in device memory, updated by kernels
+  // (torch._amp_update_scale_): scale(), unscale_(), step() and update() read nothing back to
+  // the host and can run inside a CUDA graph. step() then needs a capturable optimizer, which
+  // skips itself on the device, and returns true for "queued". The first scale() makes the
+  // device state on the loss's device (outside a capture); get_scale() and the counters read it.
+  bool capturable = false;
 };
 
 // The usual step:
@@ -51,12 +58,12 @@ class GradScaler {
   // Sets the scale outright (e.g. after a restart); also resets the per-optimizer records.
   void update(double new_scale);
 
-  double get_scale() const { return enabled_ ? scale_ : 1.0; }
-  int64_t growth_tracker() const { return growth_tracker_; }
+  double get_scale() const;
+  int64_t growth_tracker() const;
   bool is_enabled() const { return enabled_; }
   const GradScalerOptions& options() const { return opts_; }
   // Steps skipped because of inf/NaN gradients since construction (reporting).
-  int64_t skipped_steps() const { return skipped_; }
+  int64_t skipped_steps() const;
 
   // PyTorch's keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker
   // (in meta; no tensors). load_state_dict checks them: ValueError naming a bad entry.
@@ -73,6 +80,16 @@ class GradScaler {
     std::map<std::string, Tensor> flags;  // device -> one-element f32 overflow flag
   };
   bool read_found_inf(PerOptimizer& st);
+  // The capturable state: made on `dev` from the host values on first use.
+  struct DeviceState {
+    Tensor scale;                                  // f32 [1]
+    Tensor growth_tracker;                         // i64 [1]
+    Tensor skipped;                                // i64 [1]
+    std::map<const Optimizer*, Tensor> found_inf;  // f32 [1], zeroed by each unscale_
+  };
+  DeviceState& device_state(const Device& dev);
+  void write_device_state();
+  void unscale_on_device(Optimizer& opt, PerOptimizer& st);
 
   GradScalerOptions opts_;
   bool enabled_;
@@ -80,6 +97,7 @@ class GradScaler {
   int64_t growth_tracker_ = 0;
   int64_t skipped_ = 0;
   std::map<const Optimizer*, PerOptimizer> per_opt_;
+  std::unique_ptr<DeviceState> dev_;
 };
 
 }  // namespace mg::optim

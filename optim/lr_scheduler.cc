@@ -42,6 +42,7 @@ void LRScheduler::apply(int64_t epoch) {
     last_lrs_[i] = lr_at(epoch, base_lrs_[i]);
     groups[i].set_lr(last_lrs_[i]);
   }
+  opt_.sync_device_lr();  // a capturable optimizer's replays read the lr from device memory
 }
 
 void LRScheduler::step() { apply(last_epoch_ + 1); }
@@ -232,6 +233,7 @@ void ReduceLROnPlateau::step(double metric) {
   }
   last_lrs_.resize(groups.size());
   for (size_t i = 0; i < groups.size(); ++i) last_lrs_[i] = groups[i].lr();
+  opt_.sync_device_lr();
 }
 
 StateDict ReduceLROnPlateau::state_dict() const {

@@ -6,7 +6,9 @@
 #include <unordered_set>
 
 #include "autograd/grad_mode.h"
+#include "core/device_runtime.h"
 #include "kernels/ops.h"
+#include "kernels/optim.h"
 
 namespace mg::optim {
 
@@ -59,7 +61,76 @@ const ParamState* Optimizer::state(const Tensor& p) const {
   return it == state_.end() ? nullptr : &it->second;
 }
 
-ParamState& Optimizer::state_for(const Tensor& p) { return state_[p.impl()]; }
+ParamState& Optimizer::state_for(const Tensor& p) {
+  auto it = state_.find(p.impl());
+  if (it != state_.end()) return it->second;
+  MG_CHECK(!p.is_cuda() || !cuda::is_capturing(p.device().index), ValueError, name_, ": a parameter of shape ",
+           shape_str(p.sizes()),
+           " has no optimizer state yet inside a CUDA graph capture; the graph would recreate it on every replay. "
+           "Run one eager step before capturing (CapturedStep's warmup >= 1)");
+  return state_[p.impl()];
+}
+
+int64_t ParamState::step_value() const {
+  return step_count.defined() ? static_cast<int64_t>(raw::to_device(step_count, Device::cpu()).item()) : step;
+}
+
+void Optimizer::sync_device_lr() {
+  for (auto& [key, d] : device_lr_) {
+    const double lr = groups_[key.first].lr();
+    if (lr == d.written || (d.lr.is_cuda() && cuda::is_capturing(d.lr.device().index))) continue;
+    raw::fill_(d.lr, lr);  // a kernel with the value as its argument: stream-ordered, no host buffer
+    d.written = lr;
+  }
+}
+
+kernels::DeviceScalars Optimizer::device_scalars(size_t gi, const Device& dev) {
+  auto [it, fresh] = device_lr_.try_emplace({gi, dev.str()});
+  if (fresh) {
+    MG_CHECK(!dev.is_cuda() || !cuda::is_capturing(dev.index), ValueError, name_, ": param group ", gi,
+             " has no device lr yet inside a CUDA graph capture; run one eager step before capturing");
+    MemoryCategoryGuard cat(MemoryCategory::OptimizerState);
+    it->second.lr = empty({1}, {DType::f64, dev});
+    it->second.written = groups_[gi].lr();
+    raw::fill_(it->second.lr, it->second.written);
+  }
+  sync_device_lr();
+  return {it->second.lr, found_inf_};
+}
+
+void Optimizer::check_capturable(const Tensor& p, const Tensor& grad, size_t gi, size_t index) const {
+  MG_CHECK(kernels::multi_tensor_supported(p) && kernels::multi_tensor_supported(grad) && grad.dtype() == p.dtype(),
+           ValueError, name_, "(capturable): param group ", gi, ", parameter ", index, " (", p.dtype(), " ",
+           shape_str(p.sizes()), " on ", p.device(), ", gradient ", grad.dtype(),
+           grad.is_contiguous() ? "" : " non-contiguous",
+           ") cannot take the fused update a capturable step needs (f32 contiguous parameter and gradient, "
+           "or f64 on the CPU)");
+}
+
+Tensor& Optimizer::step_count_for(const Tensor& p, ParamState& st) {
+  if (!st.step_count.defined()) {
+    MG_CHECK(!p.is_cuda() || !cuda::is_capturing(p.device().index), ValueError, name_,
+             ": a step count created inside a CUDA graph capture; run one eager step before capturing");
+    st.step_count = full({1}, static_cast<double>(st.step), {DType::i64, p.device()});
+  }
+  return st.step_count;
+}
+
+void Optimizer::step_unless(const Tensor& found_inf) {
+  MG_CHECK(capturable_, ValueError, name_,
+           ": step_unless(found_inf) skips the step on the device, which needs a capturable optimizer "
+           "(options .capturable = true)");
+  MG_CHECK(found_inf.defined() && found_inf.numel() == 1 && found_inf.dtype() == DType::f32, ValueError, name_,
+           ": step_unless: found_inf must be a one-element f32 tensor");
+  found_inf_ = found_inf;
+  try {
+    step();
+  } catch (...) {
+    found_inf_ = Tensor();
+    throw;
+  }
+  found_inf_ = Tensor();
+}
 
 int64_t Optimizer::state_nbytes() const {
   int64_t n = 0;
@@ -85,7 +156,7 @@ StateDict Optimizer::state_dict() const {
     for (const Tensor& p : g.params) {
       ids.push_back(index);
       if (const ParamState* st = state(p)) {
-        states[std::to_string(index)] = {{"step", st->step}};
+        states[std::to_string(index)] = {{"step", st->step_value()}};
         for (auto& [name, t] : st->buffers)
           if (t.defined()) sd.tensors["state." + std::to_string(index) + "." + name] = t;
       }

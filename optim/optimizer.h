@@ -11,6 +11,7 @@
 
 #include "core/state_dict.h"
 #include "core/tensor.h"
+#include "kernels/types.h"
 
 namespace mg::optim {
 
@@ -27,10 +28,14 @@ struct ParamGroup {
   void set_lr(double lr) { set("lr", lr); }
 };
 
-// Per-parameter state (momentum buffers, Adam moments) and a step count.
+// Per-parameter state (momentum buffers, Adam moments) and a step count. A capturable
+// optimizer keeps the count in device memory (step_count, i64 [1], advanced by the update
+// kernel so replayed steps count); `step` then holds the value it started from.
 struct ParamState {
   std::map<std::string, Tensor> buffers;
   int64_t step = 0;
+  Tensor step_count;
+  int64_t step_value() const;  // step_count's value (a host read) when defined, else step
 };
 
 class Optimizer {
@@ -41,6 +46,21 @@ class Optimizer {
 
   // One update of every parameter that has a gradient (under NoGradGuard, in place).
   virtual void step() = 0;
+
+  // Capturable optimizers (PyTorch's capturable=True) can run inside a CUDA graph: the lr of
+  // each group and Adam's step counts live in device memory, the update kernels read them when
+  // they run, and nothing is read back to the host. Every parameter must take the fused
+  // multi-tensor path (f32, contiguous); a step inside a capture needs the state made by one
+  // eager step first (CapturedStep's warm-up).
+  bool capturable() const { return capturable_; }
+  // Writes every group's lr into its device copy where it changed since the last write, on
+  // the current stream. Schedulers call it after setting lrs; call it after setting an lr by
+  // hand between replays of a captured step. Eager steps call it themselves. No-op while
+  // capturing and for an optimizer that is not capturable.
+  void sync_device_lr();
+  // step(), skipped on the device when found_inf[0] != 0 (f32 [1], the parameters' device): the
+  // GradScaler's step with no host read. Needs a capturable optimizer (ValueError otherwise).
+  void step_unless(const Tensor& found_inf);
   // Drops (set_to_none, PyTorch's default) or zero-fills every parameter's .grad.
   void zero_grad(bool set_to_none = true);
 
@@ -93,11 +113,28 @@ class Optimizer {
     DType dtype = DType::f32;
   };
   virtual StateSpec state_spec(const std::map<std::string, double>& options, const Tensor& param) const = 0;
-  // Creates the state on first use. Call under MemoryCategoryGuard(OptimizerState).
+  // Creates the state on first use. Call under MemoryCategoryGuard(OptimizerState). Creating
+  // it inside a CUDA graph capture is a ValueError (the graph would reset it on every replay).
   ParamState& state_for(const Tensor& p);
   const std::string& name() const { return name_; }
 
+  // For a capturable step of group `gi` on `dev`: the device lr (sync_device_lr's copy) and
+  // the skip flag of step_unless (undefined outside it). Checks that `p` and its gradient can
+  // take the fused path, naming the parameter otherwise.
+  kernels::DeviceScalars device_scalars(size_t gi, const Device& dev);
+  void check_capturable(const Tensor& p, const Tensor& grad, size_t gi, size_t index) const;
+  // Capturable Adam: the parameter's device step count, made from st.step on first use.
+  Tensor& step_count_for(const Tensor& p, ParamState& st);
+
+  bool capturable_ = false;
+
  private:
+  struct DeviceLr {
+    Tensor lr;  // f64 [1]
+    double written = 0;
+  };
+  std::map<std::pair<size_t, std::string>, DeviceLr> device_lr_;  // (group, device)
+  Tensor found_inf_;
   std::string name_;
   std::map<std::string, double> defaults_;
   std::vector<ParamGroup> groups_;

@@ -27,6 +27,8 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions defaults)
 SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults)
     : Optimizer("SGD", to_map(defaults)), fused_(defaults.fused) {
   MG_CHECK(!groups.empty(), ValueError, "SGD: got an empty list of parameter groups");
+  MG_CHECK(defaults.fused || !defaults.capturable, ValueError, "SGD: capturable needs fused = true");
+  capturable_ = defaults.capturable;
   for (auto& g : groups) add_param_group(std::move(g));
 }
 
@@ -54,18 +56,21 @@ Optimizer::StateSpec SGD::state_spec(const std::map<std::string, double>& option
 void SGD::step() {
   NoGradGuard ng;
   MemoryCategoryGuard cat(MemoryCategory::OptimizerState);
-  for (ParamGroup& g : param_groups()) {
+  for (size_t gi = 0; gi < param_groups().size(); ++gi) {
+    ParamGroup& g = param_groups()[gi];
     validate(g);  // a scheduler or the user may have edited the options since
     const double lr = g.get("lr"), mu = g.get("momentum"), tau = g.get("dampening"), wd = g.get("weight_decay");
     const bool nesterov = g.get("nesterov") != 0.0, maximize = g.get("maximize") != 0.0;
     const kernels::SGDHyper h{lr, mu, tau, wd, nesterov, maximize};
     std::map<std::pair<std::string, DType>, kernels::SGDTensors> fused;  // per (device, dtype)
-    for (const Tensor& p : g.params) {
+    for (size_t pi = 0; pi < g.params.size(); ++pi) {
+      const Tensor& p = g.params[pi];
       Tensor grad = p.grad();
       if (!grad.defined()) continue;
       MG_CHECK(grad.sizes() == p.sizes() && grad.device() == p.device(), ValueError, "SGD: gradient of shape ",
                shape_str(grad.sizes()), " on ", grad.device(), " does not match parameter ", shape_str(p.sizes()),
                " on ", p.device());
+      if (capturable_) check_capturable(p, grad, gi, pi);
       Tensor* buf = nullptr;
       bool first = false;
       if (mu != 0.0) {
@@ -82,7 +87,10 @@ void SGD::step() {
       const bool fusable = fused_ && kernels::multi_tensor_supported(p) && kernels::multi_tensor_supported(grad) &&
                            grad.dtype() == p.dtype() && (!buf || first || buf->dtype() == p.dtype());
       if (fusable) {
-        if (first) *buf = empty(p.sizes(), {p.dtype(), p.device()});  // the kernel copies g into it
+        // The kernel copies g into a fresh buffer; a capturable step may be skipped on the device,
+        // and then a zero buffer makes the next step's mix (dampening 0) equal PyTorch's first step.
+        if (first)
+          *buf = capturable_ ? zeros(p.sizes(), {p.dtype(), p.device()}) : empty(p.sizes(), {p.dtype(), p.device()});
         kernels::SGDTensors& l = fused[{p.device().str(), p.dtype()}];
         l.params.push_back(p);
         l.grads.push_back(grad);
@@ -103,7 +111,9 @@ void SGD::step() {
       }
       kernels::axpby_(p, 1.0, d_p, -lr);
     }
-    for (auto& [key, l] : fused) kernels::sgd_multi_tensor_(l, h);
+    for (auto& [key, l] : fused)
+      kernels::sgd_multi_tensor_(l, h,
+                                 capturable_ ? device_scalars(gi, l.params[0].device()) : kernels::DeviceScalars{});
   }
 }
 

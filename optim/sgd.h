@@ -18,6 +18,10 @@ struct SGDOptions {
   // Fused multi-tensor update (kernels/optim_ops.h) for every contiguous f32 parameter (f64
   // too on the CPU); false: one kernel per op per parameter (PyTorch's foreach=False).
   bool fused = true;
+  // Capturable (optim/optimizer.h): the lr and step counts in device memory, so the step can run
+  // inside a CUDA graph and be skipped on the device by a GradScaler. Needs the fused path for
+  // every parameter.
+  bool capturable = false;
 };
 
 // Per parameter p with gradient g (group options lr, mu = momentum, tau = dampening, wd):

@@ -236,7 +236,8 @@ void cuda_fill(const Tensor& dst, double value) {
 
 template <class T>
 __global__ void philox_kernel(T* dst, StridedIndexer di, int kind, uint64_t seed, uint64_t base, double a, double b,
-                              int64_t n) {
+                              int64_t n, const int64_t* device_offset) {
+  if (device_offset) base += static_cast<uint64_t>(*device_offset);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     uint32_t r[4];
@@ -259,15 +260,16 @@ __global__ void philox_kernel(T* dst, StridedIndexer di, int kind, uint64_t seed
   }
 }
 
-void cuda_philox_fill(const Tensor& dst, int kind, uint64_t seed, uint64_t offset, double a, double b) {
+void cuda_philox_fill(const Tensor& dst, int kind, uint64_t seed, uint64_t offset, double a, double b,
+                      const int64_t* device_offset) {
   const int64_t n = dst.numel();
   if (n == 0) return;
   DeviceGuard g(dst.device().index);
   cudaStream_t st = current_stream(dst.device().index);
   StridedIndexer di = make_indexer(dst);
   MG_CUDA_DISPATCH_FLOAT(dst.dtype(), "random fill", [&] {
-    philox_kernel<scalar_t>
-        <<<grid_for(n), 256, 0, st>>>(static_cast<scalar_t*>(dst.raw_data()), di, kind, seed, offset, a, b, n);
+    philox_kernel<scalar_t><<<grid_for(n), 256, 0, st>>>(static_cast<scalar_t*>(dst.raw_data()), di, kind, seed, offset,
+                                                         a, b, n, device_offset);
   });
   MG_CUDA_CHECK_LAUNCH("random fill");
 }

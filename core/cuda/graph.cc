@@ -6,6 +6,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda/cuda_device_memory.h"
 #include "core/device_runtime.h"
+#include "core/random.h"
 
 namespace mg::cuda {
 
@@ -25,6 +26,7 @@ struct Graph::Impl {
   cudaGraphExec_t exec = nullptr;
   CachingAllocator::PoolId pool = 0;
   bool capturing = false;
+  std::vector<CapturedRng> rngs;  // the generators the captured work draws from (core/random.h)
   cudaStream_t handle() const { return static_cast<cudaStream_t>(stream.handle()); }
 };
 
@@ -75,6 +77,7 @@ void Graph::capture_begin(const Graph* share_pool_with) {
   g.stream = s;
   g.pool = pool;
   g.capturing = true;
+  begin_rng_capture();
 }
 
 void Graph::capture_end() {
@@ -84,11 +87,13 @@ void Graph::capture_end() {
   cudaGraph_t graph = nullptr;
   const cudaError_t e = cudaStreamEndCapture(g.handle(), &graph);
   g.capturing = false;
+  g.rngs = end_rng_capture();
   CachingAllocator& alloc = caching_allocator(g.device);
   alloc.end_allocate_to_pool(reinterpret_cast<StreamId>(g.stream.handle()));
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     if (graph) (void)cudaGraphDestroy(graph);
+    g.rngs.clear();
     alloc.release_pool(g.pool);
     g.pool = 0;
     MG_THROW(DeviceError, "Graph::capture_end: the capture was invalidated: ", cudaGetErrorName(e), " (",
@@ -109,6 +114,7 @@ void Graph::replay() {
   Impl& g = *impl_;
   MG_CHECK(g.exec, ValueError, "Graph::replay: nothing captured (capture_begin/capture_end first)");
   DeviceGuard guard(g.device);
+  prepare_rng_replay(g.rngs);  // fresh random numbers for this replay (a fill per generator drawn from)
   MG_CUDA_CHECK(cudaGraphLaunch(g.exec, static_cast<cudaStream_t>(Stream::current(g.device).handle())));
 }
 
@@ -122,6 +128,7 @@ void Graph::reset() {
     if (graph) (void)cudaGraphDestroy(graph);
     caching_allocator(g.device).end_allocate_to_pool(reinterpret_cast<StreamId>(g.stream.handle()));
     g.capturing = false;
+    (void)end_rng_capture();
   }
   if (g.exec || g.graph) {
     DeviceGuard guard(g.device);
@@ -131,6 +138,7 @@ void Graph::reset() {
     g.exec = nullptr;
     g.graph = nullptr;
   }
+  g.rngs.clear();  // their counters are pool blocks
   if (g.pool) {
     caching_allocator(g.device).release_pool(g.pool);
     g.pool = 0;

@@ -37,7 +37,17 @@ void stochastic_cpu(const Tensor& param, const Tensor& update, float alpha, uint
 }  // namespace
 
 template <>
-void CpuBackend::amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale) {
+void CpuBackend::amp_update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tensor& skipped,
+                                  const Tensor& found_inf, double growth_factor, double backoff_factor,
+                                  int64_t growth_interval) {
+  amp_math::update_scale(*scale.data_ptr<float>(), *growth_tracker.data_ptr<int64_t>(), *skipped.data_ptr<int64_t>(),
+                         *found_inf.data_ptr<float>() != 0.0f, growth_factor, backoff_factor, growth_interval);
+}
+
+template <>
+void CpuBackend::amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale,
+                             const Tensor& scale) {
+  if (scale.defined()) inv_scale = amp_math::inverse_scale(*scale.data_ptr<float>());
   bool bad = false;
   for (const Tensor& g : grads)
     MG_DISPATCH_FLOAT(g.dtype(), "amp_unscale_", [&] { bad |= unscale_cpu<scalar_t>(g, inv_scale); });

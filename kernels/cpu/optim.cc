@@ -8,14 +8,21 @@
 namespace mg::kernels {
 namespace {
 
+// A capturable update's skip flag and lr, read where the CUDA kernels read them.
+bool skipped(const DeviceScalars& d) { return d.found_inf.defined() && *d.found_inf.data_ptr<float>() != 0.0f; }
+double lr_of(const DeviceScalars& d, double host_lr) { return d.lr.defined() ? *d.lr.data_ptr<double>() : host_lr; }
+
 template <class T>
-void adam_cpu(const AdamTensors& t, const AdamHyper& h) {
+void adam_cpu(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
+  if (skipped(d)) return;
+  const double lr = lr_of(d, h.lr);
   const optim_math::AdamScalars<T> s{
-      T(h.lr), T(h.beta1), T(h.beta2), T(h.eps), T(h.weight_decay), h.decoupled_weight_decay, h.amsgrad, h.maximize};
+      T(lr), T(h.beta1), T(h.beta2), T(h.eps), T(h.weight_decay), h.decoupled_weight_decay, h.amsgrad, h.maximize};
   for (size_t i = 0; i < t.params.size(); ++i) {
-    const double st = static_cast<double>(t.steps[i]);
-    const T step_size = T(h.lr / (1.0 - std::pow(h.beta1, st)));
-    const T bc2_sqrt = T(std::sqrt(1.0 - std::pow(h.beta2, st)));
+    const double st = static_cast<double>(t.step_counts.empty() ? t.steps[i] : ++*t.step_counts[i].data_ptr<int64_t>());
+    double step_size_d = 0, bc2_sqrt_d = 0;
+    optim_math::adam_bias_corrections(lr, h.beta1, h.beta2, st, &step_size_d, &bc2_sqrt_d);
+    const T step_size = T(step_size_d), bc2_sqrt = T(bc2_sqrt_d);
     T* p = t.params[i].data_ptr<T>();
     const T* g = t.grads[i].data_ptr<T>();
     T* m = t.exp_avg[i].data_ptr<T>();
@@ -28,8 +35,10 @@ void adam_cpu(const AdamTensors& t, const AdamHyper& h) {
 }
 
 template <class T>
-void sgd_cpu(const SGDTensors& t, const SGDHyper& h) {
-  const optim_math::SGDScalars<T> s{T(h.lr), T(h.momentum), T(h.dampening), T(h.weight_decay), h.nesterov, h.maximize};
+void sgd_cpu(const SGDTensors& t, const SGDHyper& h, const DeviceScalars& d) {
+  if (skipped(d)) return;
+  const optim_math::SGDScalars<T> s{T(lr_of(d, h.lr)), T(h.momentum), T(h.dampening),
+                                    T(h.weight_decay), h.nesterov,    h.maximize};
   for (size_t i = 0; i < t.params.size(); ++i) {
     T* p = t.params[i].data_ptr<T>();
     const T* g = t.grads[i].data_ptr<T>();
@@ -66,15 +75,15 @@ double cpu_norm_partial(const Tensor& t0, double p) {
 }  // namespace
 
 template <>
-void CpuBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {
-  if (t.params[0].dtype() == DType::f64) return adam_cpu<double>(t, h);
-  adam_cpu<float>(t, h);
+void CpuBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
+  if (t.params[0].dtype() == DType::f64) return adam_cpu<double>(t, h, d);
+  adam_cpu<float>(t, h, d);
 }
 
 template <>
-void CpuBackend::sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) {
-  if (t.params[0].dtype() == DType::f64) return sgd_cpu<double>(t, h);
-  sgd_cpu<float>(t, h);
+void CpuBackend::sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h, const DeviceScalars& d) {
+  if (t.params[0].dtype() == DType::f64) return sgd_cpu<double>(t, h, d);
+  sgd_cpu<float>(t, h, d);
 }
 
 template <>
@@ -94,6 +103,18 @@ template <>
 void CpuBackend::multi_tensor_scale(const std::vector<Tensor>& ts, double scale) {
   for (const Tensor& t : ts)
     binary(Binary::Mul, t, raw::expand(scalar_tensor(scale, {t.dtype(), t.device()}), t.sizes()), t);
+}
+
+template <>
+void CpuBackend::multi_tensor_clip(const std::vector<Tensor>& ts, double max_norm, double norm_type,
+                                   const Tensor& total_norm) {
+  const double total = optim_math::finish_norm(multi_tensor_norm_partial(ts, norm_type), norm_type);
+  *total_norm.data_ptr<float>() = static_cast<float>(total);
+  const float coef = static_cast<float>(optim_math::clip_coefficient(total, max_norm));
+  for (const Tensor& t : ts) {
+    float* x = t.data_ptr<float>();
+    for (int64_t j = 0; j < t.numel(); ++j) x[j] *= coef;
+  }
 }
 
 }  // namespace mg::kernels

@@ -46,7 +46,9 @@ __device__ __forceinline__ bool unscale_range(T* p, int64_t begin, int64_t end, 
   return bad;
 }
 
-__global__ void unscale_kernel(UnscaleList l, float* found_inf, float inv_scale) {
+// scale: null, or the device loss scale whose inverse replaces inv_scale (a capturable GradScaler).
+__global__ void unscale_kernel(UnscaleList l, float* found_inf, float inv_scale, const float* scale) {
+  if (scale) inv_scale = amp_math::inverse_scale(*scale);
   const int64_t b = blockIdx.x;
   int lo = 0, hi = l.n - 1;  // the tensor t with block_begin[t] <= b < block_begin[t + 1]
   while (lo < hi) {
@@ -103,11 +105,31 @@ __global__ void bn_stats_kernel(float* rm, float* rv, const S* mean, const S* in
   }
 }
 
+__global__ void update_scale_kernel(float* scale, int64_t* growth_tracker, int64_t* skipped, const float* found_inf,
+                                    double growth_factor, double backoff_factor, int64_t growth_interval) {
+  amp_math::update_scale(*scale, *growth_tracker, *skipped, *found_inf != 0.0f, growth_factor, backoff_factor,
+                         growth_interval);
+}
+
 }  // namespace
 
 template <>
-void CudaBackend::amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale) {
+void CudaBackend::amp_update_scale(const Tensor& scale, const Tensor& growth_tracker, const Tensor& skipped,
+                                   const Tensor& found_inf, double growth_factor, double backoff_factor,
+                                   int64_t growth_interval) {
+  mg::cuda::DeviceGuard guard(scale.device());
+  update_scale_kernel<<<1, 1, 0, stream_of(scale)>>>(
+      static_cast<float*>(scale.raw_data()), static_cast<int64_t*>(growth_tracker.raw_data()),
+      static_cast<int64_t*>(skipped.raw_data()), static_cast<const float*>(found_inf.raw_data()), growth_factor,
+      backoff_factor, growth_interval);
+  MG_CUDA_CHECK_LAUNCH("amp_update_scale_");
+}
+
+template <>
+void CudaBackend::amp_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf, float inv_scale,
+                              const Tensor& scale) {
   if (grads.empty()) return;
+  const float* device_scale = scale.defined() ? static_cast<const float*>(scale.raw_data()) : nullptr;
   mg::cuda::DeviceGuard guard(found_inf.device());
   cudaStream_t st = stream_of(found_inf);
   float* flag = static_cast<float*>(found_inf.raw_data());
@@ -115,7 +137,7 @@ void CudaBackend::amp_unscale(const std::vector<Tensor>& grads, const Tensor& fo
   auto launch = [&] {
     if (l.n == 0) return;
     const int64_t blocks = l.block_begin[l.n];
-    unscale_kernel<<<static_cast<unsigned>(blocks), kUnscaleThreads, 0, st>>>(l, flag, inv_scale);
+    unscale_kernel<<<static_cast<unsigned>(blocks), kUnscaleThreads, 0, st>>>(l, flag, inv_scale, device_scale);
     MG_CUDA_CHECK_LAUNCH("amp_unscale_");
     l = UnscaleList{};
   };

@@ -20,17 +20,18 @@ constexpr int kMaxBlocks = 320;
 constexpr int64_t kChunk = 65536;  // elements per block
 constexpr int kThreads = 512;
 
-// Kept under the classic 4 KiB kernel-parameter limit: 5*36*8 + 36*8 + 2*36*4 + 320 + 320*4.
+// Kept under the classic 4 KiB kernel-parameter limit: 5*36*8 + 2*36*8 + 2*36*4 + 320 + 320*4.
 template <int Depth>
 struct TensorListMeta {
   float* ptr[Depth][kMaxTensors];
+  int64_t* step[kMaxTensors];  // capturable Adam: the parameter's device step count, else null
   int64_t numel[kMaxTensors];
   float s0[kMaxTensors];  // per tensor scalar: Adam step size, SGD first-step flag
   float s1[kMaxTensors];  // per tensor scalar: Adam sqrt(1 - beta2^t)
   unsigned char block_tensor[kMaxBlocks];
   int block_chunk[kMaxBlocks];
 };
-static_assert(sizeof(TensorListMeta<5>) <= 4096, "kernel parameters must fit in 4 KiB");
+static_assert(sizeof(TensorListMeta<5>) + 64 <= 4096, "kernel parameters must fit in 4 KiB");
 
 // Walks the tensors in chunks, filling `meta` and calling launch(meta, nblocks) whenever the
 // block table or the tensor table is full, and once at the end. A tensor cut by a launch is
@@ -59,6 +60,7 @@ void multi_tensor_apply(size_t ntensors, const std::vector<int64_t>& numel, Fill
           nt = 0;
         } else {  // carry the current tensor over as entry 0
           for (int d = 0; d < Depth; ++d) meta.ptr[d][0] = meta.ptr[d][nt - 1];
+          meta.step[0] = meta.step[nt - 1];
           meta.numel[0] = meta.numel[nt - 1];
           meta.s0[0] = meta.s0[nt - 1];
           meta.s1[0] = meta.s1[nt - 1];
@@ -82,15 +84,46 @@ __device__ __forceinline__ BlockRange block_range(const TensorListMeta<Depth>& m
   return {t, begin, min(begin + kChunk, m.numel[t])};
 }
 
+// What a capturable update reads from device memory (kernels/types.h DeviceScalars): null
+// pointers mean the launch arguments hold the values.
+struct DeviceArgs {
+  const double* lr = nullptr;
+  const float* found_inf = nullptr;
+  double beta1 = 0, beta2 = 0;  // Adam with device step counts: bias corrections on the device
+};
+__device__ __forceinline__ bool skip_update(const DeviceArgs& d) { return d.found_inf && *d.found_inf != 0.0f; }
+
+// Capturable Adam: every listed step count += 1, unless the update is skipped; runs before the
+// update kernels, which then read the new counts.
+constexpr int kMaxCounters = 128;
+struct CounterList {
+  int64_t* count[kMaxCounters];
+  int n;
+};
+__global__ void step_count_kernel(CounterList c, DeviceArgs d) {
+  if (skip_update(d)) return;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < c.n) ++*c.count[i];
+}
+
 // ptr: 0 param, 1 grad, 2 exp_avg, 3 exp_avg_sq, 4 max_exp_avg_sq (amsgrad only).
-__global__ void adam_kernel(TensorListMeta<5> m, optim_math::AdamScalars<float> s) {
+__global__ void adam_kernel(TensorListMeta<5> m, optim_math::AdamScalars<float> s, DeviceArgs d) {
+  if (skip_update(d)) return;
   const auto [t, begin, end] = block_range(m);
   float* p = m.ptr[0][t];
   const float* g = m.ptr[1][t];
   float* ea = m.ptr[2][t];
   float* eas = m.ptr[3][t];
   float* vmax = m.ptr[4][t];
-  const float step_size = m.s0[t], bc2_sqrt = m.s1[t];
+  float step_size = m.s0[t], bc2_sqrt = m.s1[t];
+  if (d.lr) s.lr = static_cast<float>(*d.lr);
+  if (m.step[t]) {  // the host computes the same expression for host step counts
+    double ss = 0, bc = 0;
+    optim_math::adam_bias_corrections(d.lr ? *d.lr : static_cast<double>(s.lr), d.beta1, d.beta2,
+                                      static_cast<double>(*m.step[t]), &ss, &bc);
+    step_size = static_cast<float>(ss);
+    bc2_sqrt = static_cast<float>(bc);
+  }
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     float pi = p[i], mi = ea[i], vi = eas[i];
     optim_math::adam_element<float>(pi, g[i], mi, vi, vmax ? vmax + i : nullptr, s, step_size, bc2_sqrt);
@@ -101,7 +134,9 @@ __global__ void adam_kernel(TensorListMeta<5> m, optim_math::AdamScalars<float> 
 }
 
 // ptr: 0 param, 1 grad, 2 momentum buffer (null without momentum).
-__global__ void sgd_kernel(TensorListMeta<3> m, optim_math::SGDScalars<float> s) {
+__global__ void sgd_kernel(TensorListMeta<3> m, optim_math::SGDScalars<float> s, DeviceArgs d) {
+  if (skip_update(d)) return;
+  if (d.lr) s.lr = static_cast<float>(*d.lr);
   const auto [t, begin, end] = block_range(m);
   float* p = m.ptr[0][t];
   const float* g = m.ptr[1][t];
@@ -145,10 +180,20 @@ __global__ void norm_kernel(TensorListMeta<1> m, int mode, float p, double* out)
     atomicMax(reinterpret_cast<unsigned long long*>(out), static_cast<unsigned long long>(__double_as_longlong(acc)));
 }
 
-__global__ void scale_kernel(TensorListMeta<1> m, float scale) {
+// scale_by: null, or a device factor that replaces `scale` (the device-side clip).
+__global__ void scale_kernel(TensorListMeta<1> m, float scale, const float* scale_by) {
   const auto [t, begin, end] = block_range(m);
   float* x = m.ptr[0][t];
+  if (scale_by) scale = *scale_by;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) x[i] *= scale;
+}
+
+// The device-side clip's middle step: norm and clip factor from norm_kernel's accumulator.
+__global__ void clip_coefficient_kernel(const double* acc, double norm_type, double max_norm, float* total_norm,
+                                        float* coef) {
+  const double total = optim_math::finish_norm(*acc, norm_type);
+  *total_norm = static_cast<float>(total);
+  *coef = static_cast<float>(optim_math::clip_coefficient(total, max_norm));
 }
 
 std::vector<int64_t> numels(const std::vector<Tensor>& ts) {
@@ -171,11 +216,29 @@ void apply_to_list(const std::vector<Tensor>& ts, Launch&& launch) {
       launch);
 }
 
+DeviceArgs device_args(const DeviceScalars& d) {
+  DeviceArgs a;
+  a.lr = d.lr.defined() ? static_cast<const double*>(d.lr.raw_data()) : nullptr;
+  a.found_inf = d.found_inf.defined() ? static_cast<const float*>(d.found_inf.raw_data()) : nullptr;
+  return a;
+}
+
 }  // namespace
 
 template <>
-void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {
+void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& dev) {
   const cudaStream_t stream = stream_of(t.params[0]);
+  DeviceArgs d = device_args(dev);
+  d.beta1 = h.beta1;
+  d.beta2 = h.beta2;
+  const bool device_steps = !t.step_counts.empty();
+  for (size_t i = 0; i < t.step_counts.size(); i += kMaxCounters) {
+    CounterList c{};
+    c.n = static_cast<int>(std::min<size_t>(kMaxCounters, t.step_counts.size() - i));
+    for (int k = 0; k < c.n; ++k) c.count[k] = static_cast<int64_t*>(t.step_counts[i + k].raw_data());
+    step_count_kernel<<<1, kMaxCounters, 0, stream>>>(c, d);
+    MG_CUDA_CHECK_LAUNCH("adam_multi_tensor (step counts)");
+  }
   const optim_math::AdamScalars<float> s{float(h.lr),           float(h.beta1),           float(h.beta2), float(h.eps),
                                          float(h.weight_decay), h.decoupled_weight_decay, h.amsgrad,      h.maximize};
   multi_tensor_apply<5>(
@@ -186,20 +249,26 @@ void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h) {
         m.ptr[2][slot] = fptr(t.exp_avg[i]);
         m.ptr[3][slot] = fptr(t.exp_avg_sq[i]);
         m.ptr[4][slot] = h.amsgrad ? fptr(t.max_exp_avg_sq[i]) : nullptr;
-        // Bias corrections in double on the host, like PyTorch's per-parameter step.
-        const double st = static_cast<double>(t.steps[i]);
-        m.s0[slot] = static_cast<float>(h.lr / (1.0 - std::pow(h.beta1, st)));
-        m.s1[slot] = static_cast<float>(std::sqrt(1.0 - std::pow(h.beta2, st)));
+        // Bias corrections in double on the host, like PyTorch's per-parameter step (or on the
+        // device from the step counts there).
+        m.step[slot] = device_steps ? static_cast<int64_t*>(t.step_counts[i].raw_data()) : nullptr;
+        if (device_steps) return;
+        double step_size = 0, bc2_sqrt = 0;
+        optim_math::adam_bias_corrections(h.lr, h.beta1, h.beta2, static_cast<double>(t.steps[i]), &step_size,
+                                          &bc2_sqrt);
+        m.s0[slot] = static_cast<float>(step_size);
+        m.s1[slot] = static_cast<float>(bc2_sqrt);
       },
       [&](const TensorListMeta<5>& m, int nb) {
-        adam_kernel<<<nb, kThreads, 0, stream>>>(m, s);
+        adam_kernel<<<nb, kThreads, 0, stream>>>(m, s, d);
         MG_CUDA_CHECK_LAUNCH("adam_multi_tensor");
       });
 }
 
 template <>
-void CudaBackend::sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) {
+void CudaBackend::sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h, const DeviceScalars& dev) {
   const cudaStream_t stream = stream_of(t.params[0]);
+  const DeviceArgs d = device_args(dev);
   const optim_math::SGDScalars<float> s{float(h.lr),           float(h.momentum), float(h.dampening),
                                         float(h.weight_decay), h.nesterov,        h.maximize};
   const bool mom = !t.momentum_buffers.empty();
@@ -213,7 +282,7 @@ void CudaBackend::sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h) {
         m.s1[slot] = 0.0f;
       },
       [&](const TensorListMeta<3>& m, int nb) {
-        sgd_kernel<<<nb, kThreads, 0, stream>>>(m, s);
+        sgd_kernel<<<nb, kThreads, 0, stream>>>(m, s, d);
         MG_CUDA_CHECK_LAUNCH("sgd_multi_tensor");
       });
 }
@@ -238,8 +307,30 @@ void CudaBackend::multi_tensor_scale(const std::vector<Tensor>& ts, double scale
   if (ts.empty()) return;
   const cudaStream_t stream = stream_of(ts[0]);
   apply_to_list(ts, [&](const TensorListMeta<1>& m, int nb) {
-    scale_kernel<<<nb, kThreads, 0, stream>>>(m, static_cast<float>(scale));
+    scale_kernel<<<nb, kThreads, 0, stream>>>(m, static_cast<float>(scale), nullptr);
     MG_CUDA_CHECK_LAUNCH("multi_tensor_scale");
+  });
+}
+
+template <>
+void CudaBackend::multi_tensor_clip(const std::vector<Tensor>& ts, double max_norm, double norm_type,
+                                    const Tensor& total_norm) {
+  const cudaStream_t stream = stream_of(ts[0]);
+  const int mode = std::isinf(norm_type) ? 0 : (norm_type == 1.0 ? 1 : (norm_type == 2.0 ? 2 : 3));
+  Tensor acc = zeros({1}, {DType::f64, ts[0].device()});
+  Tensor coef = empty({1}, {DType::f32, ts[0].device()});
+  double* a = static_cast<double*>(acc.raw_data());
+  apply_to_list(ts, [&](const TensorListMeta<1>& m, int nb) {
+    norm_kernel<<<nb, kThreads, 0, stream>>>(m, mode, static_cast<float>(norm_type), a);
+    MG_CUDA_CHECK_LAUNCH("multi_tensor_clip (norm)");
+  });
+  clip_coefficient_kernel<<<1, 1, 0, stream>>>(a, norm_type, max_norm, static_cast<float*>(total_norm.raw_data()),
+                                               static_cast<float*>(coef.raw_data()));
+  MG_CUDA_CHECK_LAUNCH("multi_tensor_clip (coefficient)");
+  const float* c = static_cast<const float*>(coef.raw_data());
+  apply_to_list(ts, [&](const TensorListMeta<1>& m, int nb) {
+    scale_kernel<<<nb, kThreads, 0, stream>>>(m, 1.0f, c);
+    MG_CUDA_CHECK_LAUNCH("multi_tensor_clip (scale)");
   });
 }
 
