@@ -8,7 +8,11 @@ module, B=8, T=1024). Precisions: f32, f16 (torch.autocast + torch.amp.GradScale
 under autocast, scaler.scale(loss).backward(), scaler.step(SGD momentum 0.9, fused=True like
 memgrad's), scaler.update().
 Prints one JSON line per (model, precision) with the ratios to f32 from the same run.
+--cuda-graph: the whole step captured with torch.cuda.graph after the warm-up on a side stream
+and timed as replays (fused SGD takes GradScaler's scale and overflow flag on the device); pure
+bf16 is left out there, as in memgrad's bench_amp --cuda-graph.
 Usage: python bench/pytorch/amp_step.py [--model mlp|mlp-wide|resnet50|gpt2|all] [--steps N] [--warmup N]
+       [--cuda-graph]
 """
 import argparse
 import os
@@ -57,7 +61,7 @@ MODELS = {
 }
 
 
-def run(make, precision, dev, warmup, steps):
+def run(make, precision, dev, warmup, steps, graph=False):
     torch.manual_seed(0)
     m, loss_fn = make(dev)
     if precision == "pure-bf16":
@@ -75,7 +79,20 @@ def run(make, precision, dev, warmup, steps):
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
-    r = measure(step, warmup, steps)
+    if graph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(max(1, warmup)):
+                step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(g):
+            step()
+        r = measure(g.replay, 2, steps)
+    else:
+        r = measure(step, warmup, steps)
     del m, opt
     return r
 
@@ -85,6 +102,7 @@ def main():
     ap.add_argument("--model", default="all", choices=["all", *MODELS])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--cuda-graph", action="store_true")
     a = ap.parse_args()
     dev = "cuda"
     names = {"f32": "f32", "f16": "f16 autocast+GradScaler", "bf16": "bf16 autocast",
@@ -93,12 +111,17 @@ def main():
         if a.model not in ("all", name):
             continue
         base = None
-        for precision in ("f32", "f16", "bf16", "pure-bf16"):
+        for precision in ("f32", "f16", "bf16") + (() if a.cuda_graph else ("pure-bf16",)):
             torch.cuda.empty_cache()
-            r = run(make, precision, dev, a.warmup, a.steps)
+            try:
+                r = run(make, precision, dev, a.warmup, a.steps, a.cuda_graph)
+            except RuntimeError as e:  # what torch.cuda.graph cannot capture, said as a row
+                print_row(model=name, config=config, precision=names[precision], cuda_graph=a.cuda_graph,
+                          error=str(e).splitlines()[0][:200])
+                continue
             if base is None:
                 base = r
-            print_row(model=name, config=config, precision=names[precision], **r,
+            print_row(model=name, config=config, precision=names[precision], cuda_graph=a.cuda_graph, **r,
                       speedup_vs_f32=ratio(base, r, "step_ms", 2),
                       memory_vs_f32=ratio(r, base, "peak_allocated_gib", 2))
 
