@@ -2,6 +2,8 @@
 // batch dims summed back and 1-D operands' promoted dims removed again.
 #include "autograd/op_support.h"
 
+#include <tuple>
+
 namespace mg {
 
 namespace {
@@ -69,12 +71,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
           ws = w.sizes()](const Grads& g) {
            Tensor gx, gw, gb;
            if (need_x) gx = kernels::matmul(g[0], sw.unpack());  // [..., out] @ [out, in]
-           if (need_w) {                                         // sum over rows of g^T x
+           if (need_w) {  // g^T x over all rows, and the bias gradient in the same GEMM where it can
              Tensor g2 = raw::reshape(g[0], {-1, ws[0]});
              Tensor x2 = raw::reshape(sx.unpack(), {-1, ws[1]});
-             gw = kernels::matmul(mT(g2), x2);
+             std::tie(gw, gb) = kernels::linear_weight_grads(g2, x2, need_b);
+           } else if (need_b) {
+             gb = g[0];  // the engine sums it over the rows
            }
-           if (need_b) gb = g[0];  // the engine sums it over the rows
            return Grads{gx, gw, gb};
          });
   return out;

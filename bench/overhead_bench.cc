@@ -3,14 +3,18 @@
 //   - without grad (dispatch, output allocation, kernel launch),
 //   - with grad (the same plus recording a tape node),
 //   - forward + backward of a chain of adds (the tape's replay cost per op),
+//   - the same two timed on the host clock only, up to the last enqueue (*Host: the host's own
+//     cost, the sync that drains the queue left out),
 //   - the adds captured in a CUDA graph and replayed (what is left without host work),
 //   - the parts: an output tensor made and dropped, one enqueue into the stream (event record),
 // on the CPU and, when there is a device, on CUDA (the kernel is queued asynchronously; a sync
 // closes each timed batch, so a queue that fills up shows as time too). Reported as us per op
-// (the "us_per_op" counter); compare with bench/pytorch/op_overhead.py on the same machine.
+// (the "ns_per_op" counter); compare with bench/pytorch/op_overhead.py on the same machine.
 //
 //   bench_overhead [--benchmark_filter=...] [--benchmark_format=json]
 #include <benchmark/benchmark.h>
+
+#include <chrono>
 
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
@@ -62,6 +66,28 @@ void add_loop(benchmark::State& state, bool grad) {
 }
 void BM_AddNoGrad(benchmark::State& state) { add_loop(state, false); }
 void BM_AddWithGrad(benchmark::State& state) { add_loop(state, true); }
+
+// The host's own cost per op: the same 100 adds timed on the host clock up to the last enqueue,
+// the sync that drains them left out (manual time). 100 launches stay far below the stream's
+// queue depth, so the device never pushes back; what remains is dispatch, allocation, tape and
+// the driver's launch call: the "host microseconds per op" that bound a launch-bound step.
+void add_host_loop(benchmark::State& state, bool grad) {
+  Device dev;
+  if (!pick_device(state, &dev)) return;
+  Tensor a = ones({1}, {DType::f32, dev, grad}), b = ones({1}, {DType::f32, dev});
+  for (int i = 0; i < kOpsPerIter; ++i) benchmark::DoNotOptimize(add(a, b));
+  sync(dev);
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kOpsPerIter; ++i) benchmark::DoNotOptimize(add(a, b));
+    const auto t1 = std::chrono::steady_clock::now();
+    sync(dev);
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+  }
+  report(state, dev);
+}
+void BM_AddNoGradHost(benchmark::State& state) { add_host_loop(state, false); }
+void BM_AddWithGradHost(benchmark::State& state) { add_host_loop(state, true); }
 
 // x = x + b 100 times, then backward through the chain: forward recording plus the engine's
 // walk and one gradient kernel per node, per op.
@@ -133,6 +159,8 @@ void BM_AddCaptured(benchmark::State& state) {
 
 BENCHMARK(BM_AddNoGrad)->Arg(0)->Arg(1)->ArgName("cuda")->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AddWithGrad)->Arg(0)->Arg(1)->ArgName("cuda")->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AddNoGradHost)->Arg(0)->Arg(1)->ArgName("cuda")->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AddWithGradHost)->Arg(0)->Arg(1)->ArgName("cuda")->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AddChainBackward)->Arg(0)->Arg(1)->ArgName("cuda")->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AddCaptured)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_EmptyTensor)->Arg(0)->Arg(1)->ArgName("cuda")->Unit(benchmark::kMicrosecond);

@@ -375,11 +375,22 @@ class NcclProcessGroup final : public ProcessGroup {
     ready.record(current);
     ready.wait(stream_);
     comm_->call([&](ncclComm_t c) { return call(c, static_cast<cudaStream_t>(stream_.handle())); }, what);
+    // Inside a CUDA graph capture (a captured DDP step) the collective is a node of the graph:
+    // the event edges above and in Work::wait order it, the graph's pool keeps its memory from
+    // eager code, and there is nothing in flight for the watchdog to follow, so a replayed
+    // collective has no timeout of its own.
+    const bool captured = cuda::is_capturing(local_rank());
     // The caching allocator must not hand these blocks to the caller's stream before the
     // collective has finished with them.
-    for (const Tensor& t : tensors) cuda::record_stream(t, stream_);
+    if (!captured)
+      for (const Tensor& t : tensors) cuda::record_stream(t, stream_);
     cuda::Event done;
     done.record(stream_);
+    if (captured) {
+      auto p = std::make_shared<Pending>(std::move(done), Clock::now(), what);
+      p->state = Pending::Done;  // wait() still joins the event; synchronize() has nothing to poll
+      return std::make_shared<NcclWork>(comm_, std::move(p), local_rank());
+    }
     return std::make_shared<NcclWork>(comm_, comm_->track(std::move(done), what), local_rank());
   }
 

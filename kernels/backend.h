@@ -50,6 +50,10 @@ class Backend {
   virtual void bmm(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   // out [M, N] (contiguous) = x [M, K] @ w[N, K]^T + bias [N] (bias may be undefined).
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) = 0;
+  // gw [N, K] = g [M, N]^T @ x [M, K] and gb [N] = g summed over rows, in one fused pass (all
+  // contiguous); false when the backend has none for these operands, and the caller runs a
+  // GEMM and a sum instead.
+  virtual bool fused_linear_weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor& gb) = 0;
 
   // ---- softmax family (softmax.*); floating only, same dtype in and out ----
   virtual void softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) = 0;

@@ -54,6 +54,7 @@ class BackendImpl final : public Backend {
             double beta) override;
   void bmm(const Tensor& a, const Tensor& b, const Tensor& out) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
+  bool fused_linear_weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor& gb) override;
 
   // ---- softmax family (softmax.*)
   void softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) override;

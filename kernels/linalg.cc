@@ -119,4 +119,19 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   return raw::view(out, s);
 }
 
+std::pair<Tensor, Tensor> linear_weight_grads(const Tensor& g, const Tensor& x, bool want_bias) {
+  const Device dev = check_device("linear_weight_grads", {&g, &x});
+  check_matmul_dtypes("linear_weight_grads", g, x);
+  MG_CHECK(g.dim() == 2 && x.dim() == 2 && g.size(0) == x.size(0), ShapeError,
+           "linear_weight_grads: expected g [rows, out] and x [rows, in], got ", shape_str(g.sizes()), " and ",
+           shape_str(x.sizes()));
+  const Tensor gc = raw::contiguous(g), xc = raw::contiguous(x);
+  Tensor gw = empty({g.size(1), x.size(1)}, {x.dtype(), dev});
+  Tensor gb = want_bias ? empty({g.size(1)}, {g.dtype(), dev}) : Tensor();
+  if (want_bias && backend(dev, "linear_weight_grads").fused_linear_weight_grads(gc, xc, gw, gb)) return {gw, gb};
+  backend(dev, "linear_weight_grads").gemm(gc, true, xc, false, gw, 1.0, 0.0);
+  if (want_bias) gb = sum(gc, {0});
+  return {gw, gb};
+}
+
 }  // namespace mg::kernels

@@ -1,6 +1,7 @@
 // Raw linear algebra: matmul with PyTorch semantics, bmm, GEMM, linear; the TF32 switch.
 #pragma once
 
+#include <utility>
 #include <atomic>
 
 #include "core/tensor.h"
@@ -19,5 +20,9 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
           double beta = 0.0);
 // y = x @ w^T + bias over the last dim of x (bias optional).
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
+// linear's weight and bias gradients from the output gradient g [rows, out] and the input
+// x [rows, in]: gw = g^T @ x and, with want_bias, gb = g summed over rows (else undefined). On
+// CUDA one cuBLASLt GEMM computes both (the bias-gradient epilogue); elsewhere a GEMM and a sum.
+std::pair<Tensor, Tensor> linear_weight_grads(const Tensor& g, const Tensor& x, bool want_bias);
 
 }  // namespace mg::kernels

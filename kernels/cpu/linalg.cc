@@ -183,4 +183,9 @@ void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, co
   }
 }
 
+template <>
+bool CpuBackend::fused_linear_weight_grads(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  return false;  // a GEMM and a row sum (kernels/linalg.cc)
+}
+
 }  // namespace mg::kernels

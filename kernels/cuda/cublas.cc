@@ -32,7 +32,8 @@ struct CublasEntry : HandleEntry<cublasHandle_t> {
 
 }  // namespace
 
-cublasHandle_t cublas_handle(int device) {
+namespace {
+CublasEntry& cublas_entry(int device) {
   const auto create = [](cublasHandle_t* h) { MG_CUBLAS_CHECK(cublasCreate(h)); };
   const auto setup = [](cublasHandle_t h) {
     // f32 stays exact f32 (no TF32 unless asked for); pointer-mode host for alpha/beta.
@@ -49,7 +50,17 @@ cublasHandle_t cublas_handle(int device) {
     }
     MG_CUBLAS_CHECK(cublasSetWorkspace(e.handle, it->second->data, it->second->nbytes));
   };
-  return thread_handle<CublasEntry>(device, create, setup, bind).handle;
+  return thread_handle<CublasEntry>(device, create, setup, bind);
+}
+}  // namespace
+
+cublasHandle_t cublas_handle(int device) { return cublas_entry(device).handle; }
+
+void* cublas_workspace(int device, size_t* bytes) {
+  CublasEntry& e = cublas_entry(device);
+  auto it = e.workspaces.find(e.bound_stream);
+  *bytes = it == e.workspaces.end() ? 0 : it->second->nbytes;
+  return it == e.workspaces.end() ? nullptr : it->second->data;
 }
 
 }  // namespace mg::kernels::cuda

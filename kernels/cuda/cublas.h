@@ -4,7 +4,10 @@
 
 #include <cublas_v2.h>
 
+#include <cstddef>
+
 #include "core/error.h"
+#include "core/tensor.h"
 
 // Checks a cuBLAS call; a failure raises mg::CudaError naming the call and the status.
 #define MG_CUBLAS_CHECK(call)                                                                                         \
@@ -22,5 +25,16 @@ namespace mg::kernels::cuda {
 // DeviceGuard first. The workspace size is MG_CUBLAS_WORKSPACE_MB (default 32 MiB, what
 // cuBLAS itself uses on Hopper); it is allocated once per (thread, device, stream).
 cublasHandle_t cublas_handle(int device);
+// That handle's workspace for the device's current stream (binding the handle first), for the
+// cuBLASLt calls that take one explicitly; *bytes gets its size (0: none).
+void* cublas_workspace(int device, size_t* bytes);
+
+// cuBLASLt GEMMs with fused epilogues (kernels/cuda/cublaslt.cc), on contiguous row-major
+// f32/f16/bf16 operands; false when cuBLASLt cannot take them (or MG_CUBLASLT=0), and the
+// caller computes the same with cublasGemmEx and separate kernels.
+// out[rows, n] = x[rows, k] @ w[n, k]^T + bias[n] in one kernel (the BIAS epilogue).
+bool lt_linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out);
+// gw[n, k] = g[rows, n]^T @ x[rows, k] and gb[n] = g summed over rows, in one kernel (BGRADB).
+bool lt_weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor& gb);
 
 }  // namespace mg::kernels::cuda

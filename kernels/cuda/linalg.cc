@@ -1,4 +1,5 @@
-// Matrix products on CUDA through cuBLAS (cublasGemmEx / cublasGemmStridedBatchedEx).
+// Matrix products on CUDA through cuBLAS (cublasGemmEx / cublasGemmStridedBatchedEx), and the
+// linear layer's fused cuBLASLt forms (kernels/cuda/cublaslt.cc).
 // cuBLAS is column-major; a row-major C = A @ B is computed as C^T = B^T @ A^T, and any
 // operand whose rows or columns are unit-stride maps without a copy (only other layouts,
 // e.g. expanded or stepped slices, are made contiguous). f32 computes in exact f32
@@ -176,6 +177,7 @@ void CudaBackend::bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
 template <>
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
   mg::cuda::DeviceGuard g(out.device());
+  if (bias.defined() && cuda::lt_linear_bias(x, w, bias, out)) return;  // bias inside the GEMM
   if (bias.defined()) {
     // Bias into every row, then accumulate x @ w^T on top (one rounding of the sum).
     raw::copy_(out, bias);
@@ -183,6 +185,12 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
   } else {
     gemm(x, false, w, true, out, 1.0, 0.0);
   }
+}
+
+template <>
+bool CudaBackend::fused_linear_weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor& gb) {
+  mg::cuda::DeviceGuard guard(gw.device());
+  return cuda::lt_weight_grads(g, x, gw, gb);
 }
 
 }  // namespace mg::kernels

@@ -1,0 +1,181 @@
+// cuBLASLt matmuls with fused epilogues for the linear layer: the bias added inside the GEMM
+// (forward) and the bias gradient reduced inside the weight-gradient GEMM (backward), one
+// kernel each where cublasGemmEx needs a second one. A plan (descriptors, layouts and the
+// heuristic's algorithm) is made once per shape, dtype, epilogue and operand alignment and
+// cached per thread; the workspace is the cuBLAS handle's, from memgrad's allocator.
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "core/device_runtime.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cublas.h"
+#include "kernels/cuda/thread_handles.h"
+
+namespace mg::kernels::cuda {
+namespace {
+
+struct LtEntry : HandleEntry<cublasLtHandle_t> {};
+
+cublasLtHandle_t lt_handle(int device) {
+  const auto create = [](cublasLtHandle_t* h) { MG_CUBLAS_CHECK(cublasLtCreate(h)); };
+  const auto setup = [](cublasLtHandle_t) {};
+  const auto bind = [](LtEntry&, void*) {};  // the stream is an argument of each matmul
+  return thread_handle<LtEntry>(device, create, setup, bind).handle;
+}
+
+// MG_CUBLASLT=0 sends every linear through cublasGemmEx + separate bias kernels (A/B runs).
+bool lt_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("MG_CUBLASLT");
+    return !e || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
+// The largest power of two (<= 256) that divides the address: what the heuristic may assume.
+int alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  int al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
+}
+
+// One matmul's shape: column-major D (m x n) = op(A) @ op(B), A and B with leading dims.
+struct Key {
+  int dtype, compute, epilogue;
+  bool ta, tb;
+  int64_t m, n, k, lda, ldb, ldd;
+  int align_a, align_b, align_d, align_bias;
+  auto tie() const {
+    return std::tie(dtype, compute, epilogue, ta, tb, m, n, k, lda, ldb, ldd, align_a, align_b, align_d, align_bias);
+  }
+  bool operator<(const Key& o) const { return tie() < o.tie(); }
+};
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool usable = false;  // the heuristic found an algorithm
+  ~Plan() {
+    if (op) cublasLtMatmulDescDestroy(op);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+  }
+};
+
+bool lt_types(DType t, cudaDataType_t* data, cublasComputeType_t* compute) {
+  switch (t) {
+    case DType::f32:
+      *data = CUDA_R_32F;
+      *compute = allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+      return true;
+    case DType::f16:
+      *data = CUDA_R_16F;
+      *compute = CUBLAS_COMPUTE_32F;
+      return true;
+    case DType::bf16:
+      *data = CUDA_R_16BF;
+      *compute = CUBLAS_COMPUTE_32F;
+      return true;
+    default:
+      return false;
+  }
+}
+
+template <class T>
+void set_attr(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr, const T& v) {
+  MG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, attr, &v, sizeof(v)));
+}
+
+// The plan for `key`, made on first use (null when cuBLASLt has no algorithm for it).
+const Plan* plan_for(const Key& key, int device, size_t workspace) {
+  thread_local std::map<Key, std::unique_ptr<Plan>> plans;
+  auto it = plans.find(key);
+  if (it != plans.end()) return it->second->usable ? it->second.get() : nullptr;
+  auto p = std::make_unique<Plan>();
+  const auto data = static_cast<cudaDataType_t>(key.dtype);
+  MG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, static_cast<cublasComputeType_t>(key.compute), CUDA_R_32F));
+  set_attr(p->op, CUBLASLT_MATMUL_DESC_TRANSA, key.ta ? CUBLAS_OP_T : CUBLAS_OP_N);
+  set_attr(p->op, CUBLASLT_MATMUL_DESC_TRANSB, key.tb ? CUBLAS_OP_T : CUBLAS_OP_N);
+  set_attr(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<cublasLtEpilogue_t>(key.epilogue));
+  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, data, key.ta ? key.k : key.m, key.ta ? key.m : key.k, key.lda));
+  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, data, key.tb ? key.n : key.k, key.tb ? key.k : key.n, key.ldb));
+  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, data, key.m, key.n, key.ldd));
+  cublasLtMatmulPreference_t pref = nullptr;
+  MG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto v) {
+    MG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v)));
+  };
+  set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(workspace));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(key.align_a));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(key.align_b));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(key.align_d));
+  set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(key.align_d));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(lt_handle(device), p->op, p->a, p->b, p->d, p->d, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  p->usable = st == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (p->usable) p->algo = result.algo;
+  const Plan* out = p->usable ? p.get() : nullptr;
+  plans.emplace(key, std::move(p));
+  return out;
+}
+
+// Column-major D = op(A) @ op(B) with `epilogue` reading or writing `bias`; false when
+// cuBLASLt cannot take it (the caller falls back).
+bool lt_matmul(int device, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
+               const void* B, int64_t ldb, void* D, int64_t ldd, cublasLtEpilogue_t epilogue, void* bias) {
+  cudaDataType_t data;
+  cublasComputeType_t compute;
+  if (!lt_enabled() || !lt_types(dt, &data, &compute)) return false;
+  size_t ws_bytes = 0;
+  void* ws = cublas_workspace(device, &ws_bytes);
+  const Key key{data,         compute,      epilogue,       ta, tb, m, n, k, lda, ldb, ldd, alignment(A),
+                alignment(B), alignment(D), alignment(bias)};
+  const Plan* p = plan_for(key, device, ws_bytes);
+  if (!p) return false;
+  set_attr(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  const float one = 1.0f, zero = 0.0f;
+  const auto stream = static_cast<cudaStream_t>(mg::cuda::Stream::current(device).handle());
+  MG_CUBLAS_CHECK(cublasLtMatmul(lt_handle(device), p->op, &one, A, p->a, B, p->b, &zero, D, p->d, D, p->d, &p->algo,
+                                 ws, ws_bytes, stream));
+  return true;
+}
+
+bool plain_rows(const Tensor& t) { return t.dim() == 2 && t.is_contiguous(); }
+
+}  // namespace
+
+// Row-major out[rows, n] = x[rows, k] @ w[n, k]^T + bias[n] is column-major
+// out^T (n x rows) = w (op T of its column-major k x n storage) @ x^T (k x rows): m = n, the
+// bias runs along D's rows, which is the BIAS epilogue's broadcast.
+bool lt_linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+  if (!plain_rows(x) || !plain_rows(w) || !plain_rows(out) || !bias.is_contiguous()) return false;
+  const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
+  if (rows == 0 || n == 0 || k == 0) return false;
+  return lt_matmul(out.device().index, out.dtype(), true, false, n, rows, k, w.raw_data(), k, x.raw_data(), k,
+                   out.raw_data(), n, CUBLASLT_EPILOGUE_BIAS, bias.raw_data());
+}
+
+// Row-major gw[n, k] = g[rows, n]^T @ x[rows, k] is column-major gw^T (k x n) = x^T (k x rows)
+// @ g (op T of its column-major n x rows storage); gb[n], the sum of g over rows, is the sum
+// of op(B) over the GEMM's k dimension: the BGRADB epilogue.
+bool lt_weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor& gb) {
+  if (!plain_rows(g) || !plain_rows(x) || !plain_rows(gw) || !gb.is_contiguous()) return false;
+  const int64_t rows = g.size(0), n = g.size(1), k = x.size(1);
+  if (rows == 0 || n == 0 || k == 0) return false;
+  return lt_matmul(gw.device().index, gw.dtype(), false, true, k, n, rows, x.raw_data(), k, g.raw_data(), n,
+                   gw.raw_data(), k, CUBLASLT_EPILOGUE_BGRADB, gb.raw_data());
+}
+
+}  // namespace mg::kernels::cuda
