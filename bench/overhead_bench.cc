@@ -121,6 +121,23 @@ void BM_EmptyTensor(benchmark::State& state) {
   report(state, dev);
 }
 
+// One kernel through core's raw path (raw::fill_ of a one-element tensor with 1: a device guard,
+// the stream lookup, cudaLaunchKernel, the launch check), host clock up to the last enqueue: the
+// floor under every eager op's launch, without dispatch, allocation or tape.
+void BM_RawFillHost(benchmark::State& state) {
+  if (!require_gpu(state)) return;
+  const Device dev = Device::cuda(0);
+  Tensor t = empty({1}, {DType::f32, dev});
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kOpsPerIter; ++i) raw::fill_(t, 1.0);
+    const auto t1 = std::chrono::steady_clock::now();
+    sync(dev);
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+  }
+  report(state, dev);
+}
+
 void BM_EventRecord(benchmark::State& state) {
   if (!require_gpu(state)) return;
   const Device dev = Device::cuda(0);
@@ -165,6 +182,7 @@ BENCHMARK(BM_AddChainBackward)->Arg(0)->Arg(1)->ArgName("cuda")->Unit(benchmark:
 BENCHMARK(BM_AddCaptured)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_EmptyTensor)->Arg(0)->Arg(1)->ArgName("cuda")->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_EventRecord)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_RawFillHost)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace mg::bench
