@@ -13,7 +13,10 @@
 //                      --warmup eager steps (mg::CapturedStep) and timed as replays
 //   --profile          then runs --steps more steps under CUPTI and prints, per kernel,
 //                      calls and ms per step, and how busy the device was (launch overhead)
-// The JSON line carries step_ms (median), step_ms_min / step_ms_max and n_runs for the suite
+//   --batch N          batch size (default: 64 for the MLP and ResNet-50, 8 for GPT-2)
+//   --seq T            GPT-2's sequence length (default 1024)
+// The JSON line carries step_ms (median), step_ms_min / step_ms_max, n_runs, and the throughput
+// at the median (samples_per_s: images, or tokens for GPT-2) for the suite
 // (bench/runner); its config string is the one bench/pytorch/models_step.py prints.
 #include <algorithm>
 #include <cstdio>
@@ -99,13 +102,14 @@ auto sgd_step(mg::optim::SGD& opt, LossFn loss_of) {
   };
 }
 
-void print(const char* model, const char* config, const Result& r) {
+// `samples`: what one step consumes (images, or tokens for GPT-2), `unit` names it.
+void print(const char* model, const std::string& config, const Result& r, int64_t samples, const char* unit) {
   std::printf(
       "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"step_ms\":%.2f,\"step_ms_min\":%.2f,"
       "\"step_ms_max\":%.2f,\"n_runs\":%d,\"peak_allocated_gib\":%.3f,\"peak_reserved_gib\":%.3f,"
-      "\"nvml_peak_used_gib\":%.3f}\n",
-      model, config, r.median_ms, r.min_ms, r.max_ms, r.n_runs, r.peak_alloc / 1073741824.0,
-      r.peak_reserved / 1073741824.0, r.nvml_peak_gib);
+      "\"nvml_peak_used_gib\":%.3f,\"samples_per_s\":%.0f,\"sample_unit\":\"%s\"}\n",
+      model, config.c_str(), r.median_ms, r.min_ms, r.max_ms, r.n_runs, r.peak_alloc / 1073741824.0,
+      r.peak_reserved / 1073741824.0, r.nvml_peak_gib, samples / (r.median_ms / 1000.0), unit);
   std::fflush(stdout);
 }
 
@@ -116,6 +120,7 @@ int main(int argc, char** argv) {
   int warmup = 3, steps = 10;
   std::string dtype = "f32";
   bool tf32 = false;
+  int64_t batch = 0, seq = 1024;  // batch 0: each model's default
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--profile")) g_profile = true;
     if (!std::strcmp(argv[i], "--tf32")) tf32 = true;
@@ -130,7 +135,16 @@ int main(int argc, char** argv) {
       steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--warmup"))
       warmup = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--batch"))
+      batch = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--seq"))
+      seq = std::atoll(argv[++i]);
   }
+  if (batch < 0 || seq < 1) {
+    std::fprintf(stderr, "bench_models: --batch must be >= 1 and --seq >= 1\n");
+    return 2;
+  }
+  auto batch_or = [&](int64_t d) { return batch > 0 ? batch : d; };
   if (dtype == "f16")
     g_dtype = mg::DType::f16;
   else if (dtype == "bf16")
@@ -158,30 +172,39 @@ int main(int argc, char** argv) {
       if (i + 2 < widths.size()) model->push_back(std::make_shared<mg::nn::ReLU>());
     }
     mg::optim::SGD opt(model->parameters(), mg::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
-    mg::Tensor x = mg::randn({64, 784}, {mg::DType::f32, dev});
-    mg::Tensor y = mg::randint(0, 10, {64}, {mg::DType::i64, dev});
+    const int64_t B = batch_or(64);
+    mg::Tensor x = mg::randn({B, 784}, {mg::DType::f32, dev});
+    mg::Tensor y = mg::randint(0, 10, {B}, {mg::DType::i64, dev});
     auto step = sgd_step(opt, [&] { return mg::cross_entropy(model->forward(x), y); });
-    print("mlp", ("784-256-128-10 B=64" + tag).c_str(), run(step, warmup, steps, dev));
+    print("mlp", "784-256-128-10 B=" + std::to_string(B) + tag, run(step, warmup, steps, dev), B, "images");
   }
   if (which == "all" || which == "resnet50") {
     auto model = mg::nn::resnet50(1000, mg::TensorOptions(mg::DType::f32, dev));
     model->train();
     mg::optim::SGD opt(model->parameters(), mg::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
-    mg::Tensor x = mg::randn({64, 3, 224, 224}, {mg::DType::f32, dev});
-    mg::Tensor y = mg::randint(0, 1000, {64}, {mg::DType::i64, dev});
+    const int64_t B = batch_or(64);
+    mg::Tensor x = mg::randn({B, 3, 224, 224}, {mg::DType::f32, dev});
+    mg::Tensor y = mg::randint(0, 1000, {B}, {mg::DType::i64, dev});
     auto step = sgd_step(opt, [&] { return mg::cross_entropy((*model)(x), y); });
-    print("resnet50", ("B=64 224x224" + tag).c_str(), run(step, warmup, steps, dev));
+    print("resnet50", "B=" + std::to_string(B) + " 224x224" + tag, run(step, warmup, steps, dev), B, "images");
   }
   if (which == "all" || which == "gpt2") {
     mg::cuda::empty_cache();
     mg::nn::GPTConfig cfg;  // 124M, vocab 50304, T=1024
+    const int64_t B = batch_or(8), T = seq;
+    if (T > cfg.block_size) {
+      std::fprintf(stderr, "bench_models: --seq %lld exceeds GPT-2's context of %lld\n", static_cast<long long>(T),
+                   static_cast<long long>(cfg.block_size));
+      return 2;
+    }
     auto model = std::make_shared<mg::nn::GPT>(cfg, mg::TensorOptions(mg::DType::f32, dev));
     model->train();
     mg::optim::SGD opt(model->parameters(), mg::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
-    mg::Tensor idx = mg::randint(0, cfg.vocab_size, {8, 1024}, {mg::DType::i64, dev});
-    mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {8, 1024}, {mg::DType::i64, dev});
+    mg::Tensor idx = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
+    mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
     auto step = sgd_step(opt, [&] { return mg::nn::GPT::loss((*model)(idx), tgt); });
-    print("gpt2-124M", ("B=8 T=1024" + tag).c_str(), run(step, warmup, steps, dev));
+    print("gpt2-124M", "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag, run(step, warmup, steps, dev),
+          B * T, "tokens");
   }
   return 0;
 }

@@ -39,7 +39,7 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int prev_ = -1;
+  int prev_ = -1;  // the device to restore on exit; -1: the guard changed nothing
 };
 
 // A CUDA stream (non-blocking); handle() is the cudaStream_t as an opaque pointer.

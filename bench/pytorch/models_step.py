@@ -102,32 +102,46 @@ def set_tf32(on):
     torch.backends.cudnn.allow_tf32 = on
 
 
+# --batch / --seq (0: each model's default), as bench_models takes them.
+SIZES = {"batch": 0, "seq": 1024}
+
+
+def batch_or(default):
+    return SIZES["batch"] or default
+
+
 def resnet50(channels_last):
     import torchvision
+    B = batch_or(64)
     m = torchvision.models.resnet50().cuda().train()
-    x = torch.randn(64, 3, 224, 224, device="cuda")
+    x = torch.randn(B, 3, 224, 224, device="cuda")
     if channels_last:
         m, x = m.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
-    y = torch.randint(0, 1000, (64,), device="cuda")
+    y = torch.randint(0, 1000, (B,), device="cuda")
     return m, lambda model: F.cross_entropy(model(x), y)
 
 
 def gpt2(channels_last):
     m = GPT().cuda().train()
-    idx = torch.randint(0, 50304, (8, 1024), device="cuda")
-    tgt = torch.randint(0, 50304, (8, 1024), device="cuda")
+    B, T = batch_or(8), SIZES["seq"]
+    idx = torch.randint(0, 50304, (B, T), device="cuda")
+    tgt = torch.randint(0, 50304, (B, T), device="cuda")
     return m, lambda model: F.cross_entropy(model(idx).view(-1, 50304), tgt.view(-1))
 
 
 def mlp(channels_last):
     m = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10)).cuda()
-    x = torch.randn(64, 784, device="cuda")
-    y = torch.randint(0, 10, (64,), device="cuda")
+    x = torch.randn(batch_or(64), 784, device="cuda")
+    y = torch.randint(0, 10, (batch_or(64),), device="cuda")
     return m, lambda model: F.cross_entropy(model(x), y)
 
 
-MODELS = {"mlp": ("784-256-128-10 B=64", mlp), "resnet50": ("B=64 224x224", resnet50),
-          "gpt2-124M": ("B=8 T=1024", gpt2)}
+MODELS = {"mlp": (lambda: f"784-256-128-10 B={batch_or(64)}", mlp),
+          "resnet50": (lambda: f"B={batch_or(64)} 224x224", resnet50),
+          "gpt2-124M": (lambda: f"B={batch_or(8)} T={SIZES['seq']}", gpt2)}
+# What one step consumes, for samples_per_s (images, or tokens for GPT-2).
+SAMPLES = {"mlp": (lambda: batch_or(64), "images"), "resnet50": (lambda: batch_or(64), "images"),
+           "gpt2-124M": (lambda: batch_or(8) * SIZES["seq"], "tokens")}
 # (precision tag as bench_models prints it, TF32, autocast dtype, channels_last, models)
 ROWS = [("f32", False, None, False, ("mlp", "resnet50", "gpt2-124M")),  # mlp only with --model mlp
         ("f32 TF32", True, None, False, ("resnet50", "gpt2-124M")),
@@ -165,7 +179,9 @@ def run_row(model, tag, tf32, dtype, channels_last, compiled, a):
         side, tag = "pytorch_graph", tag + " CUDA graph"
     else:
         r = measure(step, a.warmup, a.steps)
-    print_row(model=model, config=f"{config} {tag}", side=side, **r)
+    n, unit = SAMPLES[model]
+    print_row(model=model, config=f"{config()} {tag}", side=side, **r,
+              samples_per_s=round(n() / (r["step_ms"] / 1000.0)), sample_unit=unit)
     del m, opt, fwd
     torch.cuda.empty_cache()
 
@@ -178,7 +194,10 @@ def main():
     ap.add_argument("--cuda-graph", action="store_true")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=0)
+    ap.add_argument("--seq", type=int, default=1024)
     a = ap.parse_args()
+    SIZES.update(batch=a.batch, seq=a.seq)
     for tag, tf32, dtype, channels_last, models in ROWS:
         if a.rows == "bf16" and dtype is None:
             continue

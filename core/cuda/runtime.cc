@@ -71,11 +71,15 @@ void mem_get_info(int index, int64_t* free_bytes, int64_t* total_bytes) {
   *total_bytes = static_cast<int64_t>(t);
 }
 
+// Every eager op takes a guard or two: it only touches the driver's current device when the
+// index differs (a guard on the current device costs one cudaGetDevice).
 DeviceGuard::DeviceGuard(int index) {
   if (index < 0) return;
   check_index(index, "DeviceGuard");
-  prev_ = current_device();
-  if (prev_ != index) MG_CUDA_CHECK(cudaSetDevice(index));
+  const int current = current_device();
+  if (current == index) return;
+  MG_CUDA_CHECK(cudaSetDevice(index));
+  prev_ = current;
 }
 
 DeviceGuard::~DeviceGuard() {
