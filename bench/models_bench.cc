@@ -203,8 +203,8 @@ int main(int argc, char** argv) {
     mg::Tensor idx = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
     mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
     auto step = sgd_step(opt, [&] { return mg::nn::GPT::loss((*model)(idx), tgt); });
-    print("gpt2-124M", "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag, run(step, warmup, steps, dev),
-          B * T, "tokens");
+    print("gpt2-124M", "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag, run(step, warmup, steps, dev), B * T,
+          "tokens");
   }
   return 0;
 }
