@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models_step import GPT, measure, print_row, ratio, sgd  # noqa: E402
+from models_step import GPT, measure, measure_graphed, print_row, ratio, sgd  # noqa: E402
 
 
 def mlp(widths, batch, dev):
@@ -79,20 +79,7 @@ def run(make, precision, dev, warmup, steps, graph=False):
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
-    if graph:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(max(1, warmup)):
-                step()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        opt.zero_grad(set_to_none=True)
-        with torch.cuda.graph(g):
-            step()
-        r = measure(g.replay, 2, steps)
-    else:
-        r = measure(step, warmup, steps)
+    r = measure_graphed(step, opt, warmup, steps) if graph else measure(step, warmup, steps)
     del m, opt
     return r
 

@@ -87,6 +87,22 @@ def measure(step, warmup=3, steps=10):
             "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 3)}
 
 
+def measure_graphed(step, opt, warmup=3, steps=10):
+    """measure() of a step captured whole with torch.cuda.graph: warm-up on a side stream (at least
+    one step, so optimizer state exists before capture), one captured call, timed replays."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(max(1, warmup)):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(g):
+        step()
+    return measure(g.replay, 2, steps)
+
+
 def print_row(**fields):
     """One JSON result line (the suite reads them), PyTorch's version first."""
     print(json.dumps({"framework": f"pytorch {torch.__version__}", **fields}), flush=True)
@@ -165,17 +181,7 @@ def run_row(model, tag, tf32, dtype, channels_last, compiled, a):
         opt.step()
     side = "pytorch_compile" if compiled else "pytorch_eager"
     if a.cuda_graph:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(a.warmup):
-                step()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        opt.zero_grad(set_to_none=True)
-        with torch.cuda.graph(g):
-            step()
-        r = measure(g.replay, 2, a.steps)
+        r = measure_graphed(step, opt, a.warmup, a.steps)
         side, tag = "pytorch_graph", tag + " CUDA graph"
     else:
         r = measure(step, a.warmup, a.steps)
