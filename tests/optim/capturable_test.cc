@@ -12,6 +12,7 @@
 
 #include "autograd/functions.h"
 #include "core/random.h"
+#include "kernels/amp.h"
 #include "kernels/optim.h"
 #include "optim/adam.h"
 #include "optim/clip_grad.h"
@@ -232,6 +233,15 @@ TEST(Capturable, WhatCannotBeCapturedIsAClearError) {
   d64.set_grad(ones({3}, {DType::f64}));
   EXPECT_THROW(clip_grad_norm_on_device_({d64}, 1.0), DTypeError);
   EXPECT_THROW(kernels::multi_tensor_clip_({}, 1.0, 2.0), ValueError);
+  // The device scalars must be one-element tensors of the stated dtype.
+  const Tensor f32_one = ones({1}, {DType::f32}), i64_one = zeros({1}, {DType::i64});
+  EXPECT_THROW(kernels::amp_update_scale_(f32_one, f32_one, i64_one, f32_one, 2.0, 0.5, 10), ValueError);
+  EXPECT_THROW(kernels::amp_update_scale_(f32_one, i64_one, i64_one, ones({2}, {DType::f32}), 2.0, 0.5, 10),
+               ValueError);
+  EXPECT_THROW(kernels::amp_update_scale_(f32_one, i64_one, i64_one, f32_one, 0.5, 0.5, 10), ValueError);
+  kernels::SGDTensors l{{ps[0].detach()}, {ps[0].grad()}, {}, {}};
+  EXPECT_THROW(kernels::sgd_multi_tensor_(l, {}, {.lr = f32_one}), ValueError);  // the device lr is f64
+  EXPECT_THROW(kernels::sgd_multi_tensor_(l, {}, {.found_inf = i64_one}), ValueError);
 }
 
 }  // namespace
