@@ -1,7 +1,9 @@
 // matmul / bmm / linear: backward is two more matmuls (g @ b^T, a^T @ g), with broadcast
-// batch dims summed back and 1-D operands' promoted dims removed again.
+// batch dims summed back and 1-D operands' promoted dims removed again. gelu_mlp: the
+// transformer MLP's two linears and GELU as one node whose GEMMs carry the GELU.
 #include "autograd/op_support.h"
 
+#include <array>
 #include <tuple>
 
 namespace mg {
@@ -79,6 +81,48 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
              gb = g[0];  // the engine sums it over the rows
            }
            return Grads{gx, gw, gb};
+         });
+  return out;
+}
+
+Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj) {
+  if (autograd::recompute_hook)  // the policy recomputes gelu: run as the plain ops
+    return linear(gelu(linear(x, w_fc, b_fc), true), w_proj, b_proj);
+  if (autocast::lower_needed({&x, &w_fc, &b_fc, &w_proj, &b_proj}))
+    return gelu_mlp(autocast::lower(x), autocast::lower(w_fc), autocast::lower(b_fc), autocast::lower(w_proj),
+                    autocast::lower(b_proj));
+  auto [h, pre] = kernels::linear_gelu(x, w_fc, b_fc);  // h = gelu(pre), pre = x @ w_fc^T + b_fc
+  Tensor out = kernels::linear(h, w_proj, b_proj);
+  if (!any_requires_grad({x, w_fc, b_fc, w_proj, b_proj})) return out;
+  const std::array<bool, 5> need{needs_grad(x), needs_grad(w_fc), needs_grad(b_fc), needs_grad(w_proj),
+                                 needs_grad(b_proj)};
+  const bool need_pre = need[0] || need[1] || need[2];
+  // h and pre are this node's own intermediates: captured plainly, nothing else can change them.
+  record("gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, out,
+         [need, need_pre, sx = save_if(need[1], x, "gelu_mlp"), sw_fc = save_if(need[0], w_fc, "gelu_mlp"),
+          sw_proj = save_if(need_pre, w_proj, "gelu_mlp"), h = need[3] ? h : Tensor(),
+          pre = need_pre ? pre : Tensor()](const Grads& g) {
+           Tensor gx, gw_fc, gb_fc, gw_proj, gb_proj;
+           const Tensor g2 = raw::reshape(g[0], {-1, g[0].size(-1)});
+           if (need[3])
+             std::tie(gw_proj, gb_proj) = kernels::linear_weight_grads(g2, raw::reshape(h, {-1, h.size(-1)}), need[4]);
+           else if (need[4])
+             gb_proj = kernels::sum(g2, {0});
+           if (need_pre) {
+             Tensor g_pre;
+             std::tie(g_pre, gb_fc) =
+                 kernels::matmul_gelu_backward(g2, sw_proj.unpack(), raw::reshape(pre, {-1, pre.size(-1)}), need[2]);
+             if (need[1]) {
+               const Tensor x = sx.unpack();
+               gw_fc = kernels::linear_weight_grads(g_pre, raw::reshape(x, {-1, x.size(-1)}), false).first;
+             }
+             if (need[0]) {
+               Shape s = pre.sizes();
+               s.back() = sw_fc.unpack().size(1);
+               gx = raw::reshape(kernels::matmul(g_pre, sw_fc.unpack()), s);
+             }
+           }
+           return Grads{gx, gw_fc, gb_fc, gw_proj, gb_proj};
          });
   return out;
 }

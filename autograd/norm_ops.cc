@@ -37,6 +37,41 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   return out;
 }
 
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                                         const Tensor& weight, const Tensor& bias, double eps,
+                                         std::optional<DType> out_dtype) {
+  if (autograd::recompute_hook) {  // the policy recomputes layer_norm: run as the plain ops
+    Tensor h = residual.defined() ? add(x, residual) : x;
+    Tensor y = layer_norm(h, normalized_shape, weight, bias, eps);
+    return {h, out_dtype && y.dtype() != *out_dtype ? y.to(*out_dtype) : y};
+  }
+  if (autocast::widen_needed({&x, &weight, &bias}))
+    return add_layer_norm(autocast::widen(x), residual, normalized_shape, autocast::widen(weight),
+                          autocast::widen(bias), eps, out_dtype);
+  const DType out_t = out_dtype.value_or(x.dtype());
+  auto [h, y, mean, rstd] = kernels::add_layer_norm_forward(x, residual, normalized_shape, weight, bias, eps, out_t);
+  const bool has_res = residual.defined();
+  if (!any_requires_grad({x, residual, weight, bias})) return {h, y};
+  const std::array<bool, 4> mask{needs_grad(x), needs_grad(residual), needs_grad(weight), needs_grad(bias)};
+  const DType res_t = has_res ? residual.dtype() : x.dtype();
+  // h is saved for backward (the norm's input), not the normalized y; without a residual, h is x.
+  auto backward = [mask, has_res, res_t, normalized_shape, sh = SavedTensor(h, "add_layer_norm"),
+                   sw = weight.defined() ? SavedTensor(weight, "add_layer_norm") : SavedTensor(), mean = mean,
+                   rstd = rstd](const Grads& g) {
+    const Tensor& gh = has_res ? g[0] : Tensor();
+    const Tensor& gy = has_res ? g[1] : g[0];
+    if (!gy.defined()) return Grads{gh, mask[1] && gh.defined() ? gh.to(res_t) : Tensor(), Tensor(), Tensor()};
+    auto [gx, gres, gw, gb] =
+        kernels::add_layer_norm_backward(gy, gh, sh.unpack(), normalized_shape, mean, rstd, sw.unpack(), res_t, mask);
+    return Grads{gx, gres, gw, gb};
+  };
+  if (has_res)
+    record("add_layer_norm", {x, residual, weight, bias}, std::vector<Tensor>{h, y}, backward);
+  else
+    record("add_layer_norm", {x, residual, weight, bias}, y, backward);
+  return {has_res ? h : x, y};
+}
+
 // ---------------- batch norm ----------------
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,

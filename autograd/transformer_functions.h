@@ -4,6 +4,7 @@
 #pragma once
 
 #include <optional>
+#include <utility>
 
 #include "core/tensor.h"
 
@@ -14,6 +15,26 @@ namespace mg {
 // x, weight and the per-row mean/rstd for backward (not the normalized activations).
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
+
+// The pre-LN block's residual step: returns (h, y) with h = x + residual (in x's dtype; with
+// residual undefined h is x) and y = layer_norm(h) in out_dtype (x's dtype when unset). Under
+// autocast a half-precision x is widened first, like layer_norm. A GPT-2 block hands y to a
+// linear, so it asks for the autocast dtype: on CUDA one kernel then reads x and the branch
+// output and writes h and the half-precision y, and backward is one kernel that also sums the
+// residual stream's gradient in and writes the branch's gradient in its dtype (no separate
+// add, casts or gradient accumulation). Same values as add + layer_norm + cast, which it runs
+// as under a selective-recompute policy (so layer_norm stays recomputable) and on the CPU.
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                                         const Tensor& weight, const Tensor& bias, double eps = 1e-5,
+                                         std::optional<DType> out_dtype = std::nullopt);
+
+// The transformer MLP: linear(gelu_tanh(linear(x, w_fc, b_fc)), w_proj, b_proj) as one node
+// (biases may be undefined). On CUDA the GELU runs inside the first GEMM (cuBLASLt's epilogue,
+// which keeps its argument for backward) and its derivative, with the first bias's gradient,
+// inside the GEMM of the gradient reaching it: no separate GELU kernels in either direction.
+// Saves what the two linears and the GELU would (x, the GELU's argument and its output).
+// Follows autocast like linear; under a selective-recompute policy it runs as the three ops.
+Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj);
 
 // Rows of weight [num_embeddings, dim] picked by integer indices (i64 or i32, any shape) ->
 // [*indices.shape, dim]. The gradient is dense: grad rows are index_add-ed into a zero

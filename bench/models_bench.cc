@@ -1,7 +1,7 @@
 // Training-step time and peak memory of whole models on the device, for side-by-side
 // comparison with bench/pytorch/models_step.py on the same card and configs:
 //   ResNet-50, B=64, 3x224x224, f32;  GPT-2 124M, B=8, T=1024, f32.
-// Each step: zero_grad, forward, loss, backward, SGD(momentum 0.9) step. Prints one JSON
+// Each step: zero_grad, forward, loss, backward, SGD(momentum 0.9) (or AdamW) step. Prints one JSON
 // line per model (median step ms over --steps after --warmup, peak allocated/reserved).
 //   --dtype f16|bf16   forward and loss under mg::Autocast (f32 master weights; no loss
 //                      scaling here: bench_amp has the full GradScaler step)
@@ -15,6 +15,8 @@
 //                      calls and ms per step, and how busy the device was (launch overhead)
 //   --batch N          batch size (default: 64 for the MLP and ResNet-50, 8 for GPT-2)
 //   --seq T            GPT-2's sequence length (default 1024)
+//   --optimizer sgd|adamw  the step's optimizer (default sgd; adamw: fused AdamW, lr 1e-3,
+//                      weight decay 0.1), "AdamW" in the config string
 // The JSON line carries step_ms (median), step_ms_min / step_ms_max, n_runs, and the throughput
 // at the median (samples_per_s: images, or tokens for GPT-2) for the suite
 // (bench/runner); its config string is the one bench/pytorch/models_step.py prints.
@@ -85,10 +87,22 @@ Result run(StepFn& step, int warmup, int steps, mg::Device dev) {
   return measure([&] { captured.replay(); }, 2, steps, dev);
 }
 
-// One SGD step on a loss computed under the bench's autocast (--dtype): zero_grad, the forward
-// and loss (`loss_of`), backward, step.
+// The optimizer every model step uses (--optimizer): SGD with momentum 0.9 (the suite's rows)
+// or fused AdamW (lr 1e-3, weight decay 0.1, GPT-2's usual), PyTorch's fused=True on its side.
+std::string g_optimizer = "sgd";
+std::unique_ptr<mg::optim::Optimizer> make_optimizer(const std::vector<mg::Tensor>& params) {
+  if (g_optimizer == "adamw") {
+    mg::optim::AdamWOptions o;
+    o.weight_decay = 0.1;
+    return std::make_unique<mg::optim::AdamW>(params, o);
+  }
+  return std::make_unique<mg::optim::SGD>(params, mg::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+}
+
+// One optimizer step on a loss computed under the bench's autocast (--dtype): zero_grad, the
+// forward and loss (`loss_of`), backward, step.
 template <class LossFn>
-auto sgd_step(mg::optim::SGD& opt, LossFn loss_of) {
+auto train_step(mg::optim::Optimizer& opt, LossFn loss_of) {
   return [&opt, loss_of] {
     opt.zero_grad();
     mg::Tensor loss;
@@ -139,6 +153,12 @@ int main(int argc, char** argv) {
       batch = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--seq"))
       seq = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--optimizer"))
+      g_optimizer = argv[++i];
+  }
+  if (g_optimizer != "sgd" && g_optimizer != "adamw") {
+    std::fprintf(stderr, "bench_models: --optimizer must be sgd or adamw, got %s\n", g_optimizer.c_str());
+    return 2;
   }
   if (batch < 0 || seq < 1) {
     std::fprintf(stderr, "bench_models: --batch must be >= 1 and --seq >= 1\n");
@@ -153,8 +173,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_models: --dtype must be f32, f16 or bf16, got %s\n", dtype.c_str());
     return 2;
   }
-  const std::string tag =
-      " " + dtype + (dtype == "f32" ? "" : " autocast") + (tf32 ? " TF32" : "") + (g_graph ? " CUDA graph" : "");
+  const std::string tag = " " + dtype + (dtype == "f32" ? "" : " autocast") + (tf32 ? " TF32" : "") +
+                          (g_optimizer == "adamw" ? " AdamW" : "") + (g_graph ? " CUDA graph" : "");
   if (!mg::cuda::is_available()) {
     std::fprintf(stderr, "bench_models: no CUDA device; nothing to measure\n");
     return 0;
@@ -171,21 +191,21 @@ int main(int argc, char** argv) {
           std::make_shared<mg::nn::Linear>(widths[i], widths[i + 1], true, mg::TensorOptions(mg::DType::f32, dev)));
       if (i + 2 < widths.size()) model->push_back(std::make_shared<mg::nn::ReLU>());
     }
-    mg::optim::SGD opt(model->parameters(), mg::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+    auto opt = make_optimizer(model->parameters());
     const int64_t B = batch_or(64);
     mg::Tensor x = mg::randn({B, 784}, {mg::DType::f32, dev});
     mg::Tensor y = mg::randint(0, 10, {B}, {mg::DType::i64, dev});
-    auto step = sgd_step(opt, [&] { return mg::cross_entropy(model->forward(x), y); });
+    auto step = train_step(*opt, [&] { return mg::cross_entropy(model->forward(x), y); });
     print("mlp", "784-256-128-10 B=" + std::to_string(B) + tag, run(step, warmup, steps, dev), B, "images");
   }
   if (which == "all" || which == "resnet50") {
     auto model = mg::nn::resnet50(1000, mg::TensorOptions(mg::DType::f32, dev));
     model->train();
-    mg::optim::SGD opt(model->parameters(), mg::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+    auto opt = make_optimizer(model->parameters());
     const int64_t B = batch_or(64);
     mg::Tensor x = mg::randn({B, 3, 224, 224}, {mg::DType::f32, dev});
     mg::Tensor y = mg::randint(0, 1000, {B}, {mg::DType::i64, dev});
-    auto step = sgd_step(opt, [&] { return mg::cross_entropy((*model)(x), y); });
+    auto step = train_step(*opt, [&] { return mg::cross_entropy((*model)(x), y); });
     print("resnet50", "B=" + std::to_string(B) + " 224x224" + tag, run(step, warmup, steps, dev), B, "images");
   }
   if (which == "all" || which == "gpt2") {
@@ -199,10 +219,10 @@ int main(int argc, char** argv) {
     }
     auto model = std::make_shared<mg::nn::GPT>(cfg, mg::TensorOptions(mg::DType::f32, dev));
     model->train();
-    mg::optim::SGD opt(model->parameters(), mg::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+    auto opt = make_optimizer(model->parameters());
     mg::Tensor idx = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
     mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
-    auto step = sgd_step(opt, [&] { return mg::nn::GPT::loss((*model)(idx), tgt); });
+    auto step = train_step(*opt, [&] { return mg::nn::GPT::loss((*model)(idx), tgt); });
     print("gpt2-124M", "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag, run(step, warmup, steps, dev), B * T,
           "tokens");
   }

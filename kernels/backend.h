@@ -54,6 +54,14 @@ class Backend {
   // contiguous); false when the backend has none for these operands, and the caller runs a
   // GEMM and a sum instead.
   virtual bool fused_linear_weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor& gb) = 0;
+  // The MLP's GEMMs with the tanh GELU inside (false when the backend has none for these
+  // operands; the caller composes). Forward: pre [M, N] = x [M, K] @ w [N, K]^T + bias [N] and
+  // out = gelu(pre), one GEMM writing both. Backward: g_pre [M, N] = (g [M, K] @ w [K, N]) *
+  // gelu'(pre) and gb [N] = g_pre summed over rows, one GEMM. All contiguous, one dtype.
+  virtual bool fused_linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
+                                 const Tensor& pre) = 0;
+  virtual bool fused_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre,
+                                          const Tensor& gb) = 0;
 
   // ---- softmax family (softmax.*); floating only, same dtype in and out ----
   virtual void softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) = 0;
@@ -88,6 +96,20 @@ class Backend {
   virtual void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                                    const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight,
                                    const Tensor& grad_bias) = 0;
+  // Residual add fused into layer norm (pre-LN transformer blocks); false when the backend
+  // has no fused kernel for these dtypes and the caller composes. Forward: sum = x + residual
+  // (residual defined, any float dtype; sum has x's dtype), out = layer_norm(sum) in out's
+  // dtype (the cast for a low-precision consumer in the same pass); without a residual the
+  // input x is normalized and sum is not written. Backward: with g = grad_out (out's dtype),
+  // grad_x = grad_sum (x's dtype, may be undefined) + layer norm backward of g, also written
+  // to grad_x_low in its dtype when defined (the residual branch's gradient).
+  virtual bool fused_add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                            const Tensor& bias, double eps, const Tensor& sum, const Tensor& out,
+                                            const Tensor& mean, const Tensor& rstd) = 0;
+  virtual bool fused_add_layer_norm_backward(const Tensor& grad_out, const Tensor& grad_sum, const Tensor& sum,
+                                             const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+                                             const Tensor& grad_x, const Tensor& grad_x_low, const Tensor& grad_weight,
+                                             const Tensor& grad_bias) = 0;
 
   // ---- batch norm (batch_norm.*); x [N, C, *] contiguous, per-channel tensors [C] of x's dtype ----
   virtual void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,

@@ -55,6 +55,10 @@ class BackendImpl final : public Backend {
   void bmm(const Tensor& a, const Tensor& b, const Tensor& out) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
   bool fused_linear_weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor& gb) override;
+  bool fused_linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
+                         const Tensor& pre) override;
+  bool fused_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre,
+                                  const Tensor& gb) override;
 
   // ---- softmax family (softmax.*)
   void softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) override;
@@ -81,6 +85,13 @@ class BackendImpl final : public Backend {
   void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                            const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight,
                            const Tensor& grad_bias) override;
+  bool fused_add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                                    double eps, const Tensor& sum, const Tensor& out, const Tensor& mean,
+                                    const Tensor& rstd) override;
+  bool fused_add_layer_norm_backward(const Tensor& grad_out, const Tensor& grad_sum, const Tensor& sum,
+                                     const Tensor& mean, const Tensor& rstd, const Tensor& weight, const Tensor& grad_x,
+                                     const Tensor& grad_x_low, const Tensor& grad_weight,
+                                     const Tensor& grad_bias) override;
 
   // ---- batch norm (batch_norm.*)
   void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,

@@ -97,25 +97,33 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  const Device dev = check_device("linear", {&x, &w, bias.defined() ? &bias : nullptr});
-  check_matmul_dtypes("linear", x, w);
-  MG_CHECK(w.dim() == 2, ShapeError, "linear: weight must be 2-D [out, in], got ", shape_str(w.sizes()));
-  MG_CHECK(x.dim() >= 1, ShapeError, "linear: input must have at least 1 dim, got ", shape_str(x.sizes()));
-  MG_CHECK(x.size(-1) == w.size(1), ShapeError, "linear: input features ", x.size(-1), " (input ", shape_str(x.sizes()),
+namespace {
+// linear's checks (op names the caller); returns the output shape, x's leading dims + [out].
+Shape check_linear(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  check_device(op, {&x, &w, bias.defined() ? &bias : nullptr});
+  check_matmul_dtypes(op, x, w);
+  MG_CHECK(w.dim() == 2, ShapeError, op, ": weight must be 2-D [out, in], got ", shape_str(w.sizes()));
+  MG_CHECK(x.dim() >= 1, ShapeError, op, ": input must have at least 1 dim, got ", shape_str(x.sizes()));
+  MG_CHECK(x.size(-1) == w.size(1), ShapeError, op, ": input features ", x.size(-1), " (input ", shape_str(x.sizes()),
            ") do not match weight ", shape_str(w.sizes()));
   if (bias.defined()) {
-    MG_CHECK(bias.dtype() == x.dtype(), DTypeError, "linear: bias dtype ", bias.dtype(), " differs from input ",
+    MG_CHECK(bias.dtype() == x.dtype(), DTypeError, op, ": bias dtype ", bias.dtype(), " differs from input ",
              x.dtype());
-    MG_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), ShapeError, "linear: bias shape ", shape_str(bias.sizes()),
+    MG_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), ShapeError, op, ": bias shape ", shape_str(bias.sizes()),
              " should be [", w.size(0), "]");
   }
-  const int64_t rows = shape_numel(Shape(x.sizes().begin(), x.sizes().end() - 1));
-  Tensor x2 = raw::reshape(x, {rows, x.size(-1)});
-  Tensor out = empty({x2.size(0), w.size(0)}, {x.dtype(), dev});
-  backend(dev, "linear").linear(x2, w, bias, out);
   Shape s(x.sizes().begin(), x.sizes().end() - 1);
   s.push_back(w.size(0));
+  return s;
+}
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  const Shape s = check_linear("linear", x, w, bias);
+  const Device dev = x.device();
+  Tensor x2 = raw::reshape(x, {-1, x.size(-1)});
+  Tensor out = empty({x2.size(0), w.size(0)}, {x.dtype(), dev});
+  backend(dev, "linear").linear(x2, w, bias, out);
   return raw::view(out, s);
 }
 
@@ -132,6 +140,39 @@ std::pair<Tensor, Tensor> linear_weight_grads(const Tensor& g, const Tensor& x, 
   backend(dev, "linear_weight_grads").gemm(gc, true, xc, false, gw, 1.0, 0.0);
   if (want_bias) gb = sum(gc, {0});
   return {gw, gb};
+}
+
+std::pair<Tensor, Tensor> linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  const Shape s = check_linear("linear_gelu", x, w, bias);
+  const Device dev = x.device();
+  const Tensor x2 = raw::contiguous(raw::reshape(x, {-1, x.size(-1)})), wc = raw::contiguous(w);
+  Tensor pre = empty({x2.size(0), w.size(0)}, {x.dtype(), dev});
+  Tensor out = empty({x2.size(0), w.size(0)}, {x.dtype(), dev});
+  if (backend(dev, "linear_gelu").fused_linear_gelu(x2, wc, bias.defined() ? raw::contiguous(bias) : bias, out, pre))
+    return {raw::view(out, s), raw::view(pre, s)};
+  pre = linear(x, w, bias);
+  return {unary(Unary::GeluTanh, pre), pre};
+}
+
+std::pair<Tensor, Tensor> matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, bool want_bias) {
+  const char* op = "matmul_gelu_backward";
+  const Device dev = check_device(op, {&g, &w, &pre});
+  check_matmul_dtypes(op, g, w);
+  check_matmul_dtypes(op, g, pre);
+  MG_CHECK(w.dim() == 2 && g.dim() >= 1 && g.size(-1) == w.size(0) && pre.dim() >= 1 && pre.size(-1) == w.size(1) &&
+               g.numel() / std::max<int64_t>(g.size(-1), 1) == pre.numel() / std::max<int64_t>(pre.size(-1), 1),
+           ShapeError, op, ": expected g [rows, k], w [k, n] and pre [rows, n], got ", shape_str(g.sizes()), ", ",
+           shape_str(w.sizes()), " and ", shape_str(pre.sizes()));
+  const int64_t n = w.size(1);
+  const Tensor g2 = raw::contiguous(raw::reshape(g, {-1, g.size(-1)})), wc = raw::contiguous(w);
+  const Tensor p2 = raw::contiguous(raw::reshape(pre, {-1, n}));
+  Tensor g_pre = empty(p2.sizes(), {pre.dtype(), dev});
+  Tensor gb = want_bias ? empty({n}, {pre.dtype(), dev}) : Tensor();
+  if (!backend(dev, op).fused_matmul_gelu_backward(g2, wc, p2, g_pre, gb)) {
+    g_pre = binary(Binary::GeluTanhBackward, matmul(g2, wc), p2);
+    if (want_bias) gb = sum(g_pre, {0});
+  }
+  return {raw::view(g_pre, pre.sizes()), gb};
 }
 
 }  // namespace mg::kernels

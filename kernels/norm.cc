@@ -108,6 +108,82 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, c
           gb.defined() ? raw::view(gb, normalized_shape) : gb};
 }
 
+std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_forward(const Tensor& x, const Tensor& residual,
+                                                                  const Shape& normalized_shape, const Tensor& weight,
+                                                                  const Tensor& bias, double eps, DType out_dtype) {
+  const char* op = "add_layer_norm";
+  const LnShape s = check_layer_norm(op, x, normalized_shape, weight, bias);
+  check_eps(eps);
+  MG_CHECK(is_floating(out_dtype), DTypeError, op, ": the output dtype must be floating, got ", out_dtype);
+  if (residual.defined()) {
+    MG_CHECK(residual.sizes() == x.sizes(), ShapeError, op, ": residual shape ", shape_str(residual.sizes()),
+             " differs from the input's ", shape_str(x.sizes()));
+    MG_CHECK(is_floating(residual.dtype()), DTypeError, op, ": residual must be floating, got ", residual.dtype());
+    check_same_device(op, x, residual, "residual");
+  }
+  const DType st = layer_norm_stats_dtype(x.dtype());
+  const auto same = [&](const Tensor& t) { return !t.defined() || t.dtype() == x.dtype(); };
+  if (s.rows > 0 && same(weight) && same(bias)) {
+    const Tensor x2 = as_rows(x, x.dtype(), {s.rows, s.n});
+    const Tensor r2 = residual.defined() ? as_rows(residual, residual.dtype(), {s.rows, s.n}) : Tensor();
+    Tensor sum = residual.defined() ? empty({s.rows, s.n}, {x.dtype(), x.device()}) : x2;
+    Tensor out = empty({s.rows, s.n}, {out_dtype, x.device()});
+    Tensor mean = empty({s.rows}, {st, x.device()}), rstd = empty({s.rows}, {st, x.device()});
+    const Tensor w = weight.defined() ? as_rows(weight, x.dtype(), {s.n}) : Tensor();
+    const Tensor b = bias.defined() ? as_rows(bias, x.dtype(), {s.n}) : Tensor();
+    if (backend(x.device(), op).fused_add_layer_norm_forward(x2, r2, w, b, eps, sum, out, mean, rstd))
+      return {raw::view(sum, x.sizes()), raw::view(out, x.sizes()), raw::view(mean, s.stats), raw::view(rstd, s.stats)};
+  }
+  const Tensor sum = residual.defined() ? add(x, cast(residual, x.dtype())) : x;
+  auto [out, mean, rstd] = layer_norm_forward(sum, normalized_shape, weight, bias, eps);
+  return {sum, out.dtype() == out_dtype ? out : cast(out, out_dtype), mean, rstd};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_backward(const Tensor& grad_out, const Tensor& grad_sum,
+                                                                   const Tensor& sum, const Shape& normalized_shape,
+                                                                   const Tensor& mean, const Tensor& rstd,
+                                                                   const Tensor& weight, DType residual_dtype,
+                                                                   std::array<bool, 4> mask) {
+  const char* op = "add_layer_norm_backward";
+  const LnShape s = check_layer_norm(op, sum, normalized_shape, weight, Tensor());
+  for (const Tensor* g : {&grad_out, &grad_sum}) {
+    if (g == &grad_sum && !g->defined()) continue;
+    MG_CHECK(g->defined() && g->sizes() == sum.sizes(), ShapeError, op, ": gradient shape ",
+             g->defined() ? shape_str(g->sizes()) : std::string("undefined"), " does not match the sum's shape ",
+             shape_str(sum.sizes()));
+    MG_CHECK(is_floating(g->dtype()), DTypeError, op, ": gradients must be floating, got ", g->dtype());
+    check_same_device(op, sum, *g, "gradient");
+  }
+  check_stats(op, s, sum, mean, rstd);
+  const bool need_sum_grad = mask[0] || mask[1];
+  const TensorOptions o{sum.dtype(), sum.device()};
+  if (s.rows > 0 && (!weight.defined() || weight.dtype() == sum.dtype())) {
+    const DType st = layer_norm_stats_dtype(sum.dtype());
+    Tensor gx = need_sum_grad ? empty({s.rows, s.n}, o) : Tensor();
+    Tensor glow = mask[1] ? empty({s.rows, s.n}, {residual_dtype, sum.device()}) : Tensor();
+    Tensor gw = mask[2] ? empty({s.n}, o) : Tensor();
+    Tensor gb = mask[3] ? empty({s.n}, o) : Tensor();
+    const Tensor w = weight.defined() ? as_rows(weight, sum.dtype(), {s.n}) : Tensor();
+    const Tensor gs = grad_sum.defined() ? as_rows(grad_sum, sum.dtype(), {s.rows, s.n}) : Tensor();
+    if (backend(sum.device(), op)
+            .fused_add_layer_norm_backward(as_rows(grad_out, grad_out.dtype(), {s.rows, s.n}), gs,
+                                           as_rows(sum, sum.dtype(), {s.rows, s.n}), as_rows(mean, st, {s.rows}),
+                                           as_rows(rstd, st, {s.rows}), w, mask[0] ? gx : Tensor(), glow, gw, gb)) {
+      const auto shaped = [&](const Tensor& t, const Shape& sh) { return t.defined() ? raw::view(t, sh) : t; };
+      return {shaped(mask[0] ? gx : Tensor(), sum.sizes()), shaped(glow, sum.sizes()), shaped(gw, normalized_shape),
+              shaped(gb, normalized_shape)};
+    }
+  }
+  const Tensor g = grad_out.dtype() == sum.dtype() ? grad_out : cast(grad_out, sum.dtype());
+  auto [gx, gw, gb] =
+      layer_norm_backward(g, sum, normalized_shape, mean, rstd, weight, {need_sum_grad, mask[2], mask[3]});
+  if (need_sum_grad && grad_sum.defined()) gx = add(gx, grad_sum);
+  // The residual's gradient is its own tensor, never an alias of grad_x's.
+  Tensor gres;
+  if (mask[1]) gres = residual_dtype != sum.dtype() ? cast(gx, residual_dtype) : mask[0] ? raw::clone(gx) : gx;
+  return {mask[0] ? gx : Tensor(), gres, gw, gb};
+}
+
 // ---------------------------------------------------------------- batch norm
 
 namespace {

@@ -51,6 +51,9 @@ class Module : public std::enable_shared_from_this<Module> {
   void register_forward_pre_hook(const std::string& key, ForwardPreHook hook);
   bool remove_forward_pre_hook(const std::string& key);
   bool has_forward_pre_hook(const std::string& key) const;
+  // Runs them: operator() does, and so does a parent module that calls a fused op on its
+  // children's parameters instead of calling the children (nn/transformer.cc).
+  void run_forward_pre_hooks();
 
   // Registration. The returned reference is the registry's slot: assigning to it (for
   // example `b.weight = a.weight` through a member bound to the slot) re-points the
@@ -138,7 +141,6 @@ class Module : public std::enable_shared_from_this<Module> {
     Tensor value;
     bool derived = false;
   };
-  void run_forward_pre_hooks();
   Tensor& find_slot(std::vector<std::unique_ptr<Slot>>& slots, const std::string& name, const char* kind);
   static Tensor& set_slot(std::vector<std::unique_ptr<Slot>>& slots, const std::string& name, Tensor t);
   void check_new_name(const std::string& name, const char* what) const;

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "autograd/functions.h"
+#include "core/autocast.h"
 #include "nn/init.h"
 
 namespace mg::nn {
@@ -153,7 +154,16 @@ MLP::MLP(const TransformerBlockOptions& o, TensorOptions opts, Generator* gen) :
   dropout = register_module("dropout", std::make_shared<Dropout>(o.dropout));
 }
 
-Tensor MLP::forward(const Tensor& x) { return (*dropout)((*c_proj)((*gelu)((*c_fc)(x)))); }
+Tensor MLP::forward(const Tensor& x) {
+  if (gelu->approximate != "tanh") return (*dropout)((*c_proj)((*gelu)((*c_fc)(x))));
+  // The same computation as one node whose GEMMs carry the GELU (autograd/linalg_ops.cc);
+  // the children's pre-hooks (pruning) still run first.
+  MG_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == c_fc->in_features, ShapeError, "MLP(n_embd=", c_fc->in_features,
+           "): input's last dim must be ", c_fc->in_features, ", got shape ", shape_or_undefined(x));
+  c_fc->run_forward_pre_hooks();
+  c_proj->run_forward_pre_hooks();
+  return (*dropout)(gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias));
+}
 
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, TensorOptions opts, Generator* gen)
     : Module("TransformerBlock") {
@@ -164,9 +174,27 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, TensorOptio
   mlp = register_module("mlp", std::make_shared<MLP>(o, opts, gen));
 }
 
+namespace {
+// ln(x + residual) with the residual add and, under autocast, the cast for the linear that
+// reads it fused in (add_layer_norm); the pre-hooks of `ln` run first.
+std::pair<Tensor, Tensor> add_norm(LayerNorm& ln, const Tensor& x, const Tensor& residual) {
+  ln.run_forward_pre_hooks();
+  std::optional<DType> out;
+  if (x.defined() && is_autocast_enabled(x.device().type)) out = autocast_dtype(x.device().type);
+  return add_layer_norm(x, residual, ln.normalized_shape, ln.weight, ln.bias, ln.eps, out);
+}
+}  // namespace
+
+std::pair<Tensor, Tensor> TransformerBlock::forward_pending(const Tensor& x, const Tensor& pending) {
+  MG_CHECK(x.defined(), ValueError, "TransformerBlock: input is an undefined tensor");
+  auto [h1, y1] = add_norm(*ln_1, x, pending);
+  auto [h2, y2] = add_norm(*ln_2, h1, (*attn)(y1));
+  return {h2, (*mlp)(y2)};
+}
+
 Tensor TransformerBlock::forward(const Tensor& x) {
-  Tensor h = add(x, (*attn)((*ln_1)(x)));
-  return add(h, (*mlp)((*ln_2)(h)));
+  auto [h, m] = forward_pending(x, Tensor());
+  return add(h, m);
 }
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache, size_t layer) {

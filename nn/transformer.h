@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/random.h"
@@ -117,6 +118,12 @@ class TransformerBlock : public Module {
  public:
   explicit TransformerBlock(const TransformerBlockOptions& o, TensorOptions opts = {}, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
+  // The block with the residual stream's last add left open: given x and the previous block's
+  // pending branch output (undefined for the first block), returns (h, m) where this block's
+  // output is h + m. A stack of blocks passes (h, m) on, so each add is fused into the next
+  // layer norm (add_layer_norm) and never runs on its own; forward(x) is forward_pending(x, {})
+  // with the add done.
+  std::pair<Tensor, Tensor> forward_pending(const Tensor& x, const Tensor& pending);
   Tensor forward_cached(const Tensor& x, KVCache& cache, size_t layer);
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<MultiheadSelfAttention> attn;

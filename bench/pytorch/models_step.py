@@ -3,7 +3,8 @@ PyTorch's best eager settings where memgrad has the feature.
 
 ResNet-50 (torchvision), B=64, 3x224x224; GPT-2 124M (a nanoGPT-style module written here,
 tied head, vocab 50304), B=8, T=1024. Each step: zero_grad, forward, loss, backward,
-SGD(momentum 0.9, fused=True: memgrad's SGD is fused too). Rows (config strings as
+SGD(momentum 0.9, fused=True: memgrad's SGD is fused too), or --optimizer adamw (fused
+AdamW, lr 1e-3, weight decay 0.1; config suffix " AdamW" as bench_models prints it). Rows (config strings as
 bench_models prints them, so the suite pairs them):
   f32        TF32 off everywhere (matmul and cuDNN), like memgrad's default
   f32 TF32   TF32 on for matmuls and convolutions (bench_models --tf32)
@@ -61,9 +62,16 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-def sgd(params):
-    """SGD(momentum 0.9) as every model step here uses it: fused, like memgrad's."""
+def make_optimizer(params, name):
+    """SGD(momentum 0.9) or AdamW (lr 1e-3, weight decay 0.1), fused like memgrad's (--optimizer)."""
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1, fused=True)
     return torch.optim.SGD(params, lr=0.01, momentum=0.9, fused=True)
+
+
+def sgd(params):
+    """The SGD every other PyTorch step script (amp_step.py, recompute_step.py) uses."""
+    return make_optimizer(params, "sgd")
 
 
 def measure(step, warmup=3, steps=10):
@@ -170,7 +178,9 @@ def run_row(model, tag, tf32, dtype, channels_last, compiled, a):
     set_tf32(tf32)
     torch.manual_seed(0)
     m, loss_of = make(channels_last)
-    opt = sgd(m.parameters())
+    opt = make_optimizer(m.parameters(), a.optimizer)
+    if a.optimizer == "adamw":
+        tag += " AdamW"
     fwd = torch.compile(m) if compiled else m
 
     def step():
@@ -202,6 +212,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
     a = ap.parse_args()
     SIZES.update(batch=a.batch, seq=a.seq)
     for tag, tf32, dtype, channels_last, models in ROWS:

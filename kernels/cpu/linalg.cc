@@ -188,4 +188,14 @@ bool CpuBackend::fused_linear_weight_grads(const Tensor&, const Tensor&, const T
   return false;  // a GEMM and a row sum (kernels/linalg.cc)
 }
 
+template <>
+bool CpuBackend::fused_linear_gelu(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  return false;  // linear, then gelu (kernels/linalg.cc)
+}
+
+template <>
+bool CpuBackend::fused_matmul_gelu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  return false;
+}
+
 }  // namespace mg::kernels

@@ -36,5 +36,12 @@ void* cublas_workspace(int device, size_t* bytes);
 bool lt_linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out);
 // gw[n, k] = g[rows, n]^T @ x[rows, k] and gb[n] = g summed over rows, in one kernel (BGRADB).
 bool lt_weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor& gb);
+// pre[rows, n] = x[rows, k] @ w[n, k]^T + bias[n] and out = gelu_tanh(pre), one kernel
+// (GELU_AUX_BIAS: pre is the epilogue's auxiliary output, kept for backward).
+bool lt_linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, const Tensor& pre);
+// g_pre[rows, n] = (g[rows, k] @ w[k, n]) * gelu_tanh'(pre) and gb[n] = g_pre summed over
+// rows, one kernel (DGELU_BGRAD, pre as the auxiliary input).
+bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre,
+                             const Tensor& gb);
 
 }  // namespace mg::kernels::cuda

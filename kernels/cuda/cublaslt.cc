@@ -1,6 +1,8 @@
 // cuBLASLt matmuls with fused epilogues for the linear layer: the bias added inside the GEMM
 // (forward) and the bias gradient reduced inside the weight-gradient GEMM (backward), one
-// kernel each where cublasGemmEx needs a second one. A plan (descriptors, layouts and the
+// kernel each where cublasGemmEx needs a second one; for the transformer MLP, the tanh GELU
+// applied in the c_fc GEMM (its argument stored as the epilogue's auxiliary output) and its
+// derivative applied in the GEMM that computes the gradient reaching it. A plan (descriptors, layouts and the
 // heuristic's algorithm) is made once per shape, dtype, epilogue and operand alignment and
 // cached per thread; the workspace is the cuBLAS handle's, from memgrad's allocator.
 #include <cublasLt.h>
@@ -52,8 +54,10 @@ struct Key {
   bool ta, tb;
   int64_t m, n, k, lda, ldb, ldd;
   int align_a, align_b, align_d, align_bias;
+  int64_t ld_aux;  // 0: no auxiliary matrix
   auto tie() const {
-    return std::tie(dtype, compute, epilogue, ta, tb, m, n, k, lda, ldb, ldd, align_a, align_b, align_d, align_bias);
+    return std::tie(dtype, compute, epilogue, ta, tb, m, n, k, lda, ldb, ldd, align_a, align_b, align_d, align_bias,
+                    ld_aux);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -106,6 +110,7 @@ const Plan* plan_for(const Key& key, int device, size_t workspace) {
   set_attr(p->op, CUBLASLT_MATMUL_DESC_TRANSA, key.ta ? CUBLAS_OP_T : CUBLAS_OP_N);
   set_attr(p->op, CUBLASLT_MATMUL_DESC_TRANSB, key.tb ? CUBLAS_OP_T : CUBLAS_OP_N);
   set_attr(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<cublasLtEpilogue_t>(key.epilogue));
+  if (key.ld_aux) set_attr(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, key.ld_aux);
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, data, key.ta ? key.k : key.m, key.ta ? key.m : key.k, key.lda));
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, data, key.tb ? key.n : key.k, key.tb ? key.k : key.n, key.ldb));
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, data, key.m, key.n, key.ldd));
@@ -133,18 +138,24 @@ const Plan* plan_for(const Key& key, int device, size_t workspace) {
 
 // Column-major D = op(A) @ op(B) with `epilogue` reading or writing `bias`; false when
 // cuBLASLt cannot take it (the caller falls back).
+// `aux` (leading dim ld_aux, D's shape and dtype) is the GELU epilogues' auxiliary matrix.
 bool lt_matmul(int device, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
-               const void* B, int64_t ldb, void* D, int64_t ldd, cublasLtEpilogue_t epilogue, void* bias) {
+               const void* B, int64_t ldb, void* D, int64_t ldd, cublasLtEpilogue_t epilogue, void* bias,
+               void* aux = nullptr, int64_t ld_aux = 0) {
   cudaDataType_t data;
   cublasComputeType_t compute;
   if (!lt_enabled() || !lt_types(dt, &data, &compute)) return false;
+  // cuBLASLt wants the auxiliary matrix 16-byte aligned with a leading dim a multiple of 8.
+  if (aux && (alignment(aux) < 16 || ld_aux % 8 != 0)) return false;
   size_t ws_bytes = 0;
   void* ws = cublas_workspace(device, &ws_bytes);
-  const Key key{data,         compute,      epilogue,       ta, tb, m, n, k, lda, ldb, ldd, alignment(A),
-                alignment(B), alignment(D), alignment(bias)};
+  const Key key{
+      data,         compute,         epilogue,        ta, tb, m, n, k, lda, ldb, ldd, alignment(A), alignment(B),
+      alignment(D), alignment(bias), aux ? ld_aux : 0};
   const Plan* p = plan_for(key, device, ws_bytes);
   if (!p) return false;
   set_attr(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  if (aux) set_attr(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
   const float one = 1.0f, zero = 0.0f;
   const auto stream = static_cast<cudaStream_t>(mg::cuda::Stream::current(device).handle());
   MG_CUBLAS_CHECK(cublasLtMatmul(lt_handle(device), p->op, &one, A, p->a, B, p->b, &zero, D, p->d, D, p->d, &p->algo,
@@ -176,6 +187,31 @@ bool lt_weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const T
   if (rows == 0 || n == 0 || k == 0) return false;
   return lt_matmul(gw.device().index, gw.dtype(), false, true, k, n, rows, x.raw_data(), k, g.raw_data(), n,
                    gw.raw_data(), k, CUBLASLT_EPILOGUE_BGRADB, gb.raw_data());
+}
+
+// lt_linear_bias's layout; the auxiliary output pre^T has D's layout (ld n).
+bool lt_linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, const Tensor& pre) {
+  if (!plain_rows(x) || !plain_rows(w) || !plain_rows(out) || !plain_rows(pre)) return false;
+  if (bias.defined() && !bias.is_contiguous()) return false;
+  const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
+  if (rows == 0 || n == 0 || k == 0) return false;
+  return lt_matmul(out.device().index, out.dtype(), true, false, n, rows, k, w.raw_data(), k, x.raw_data(), k,
+                   out.raw_data(), n, bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX,
+                   bias.defined() ? bias.raw_data() : nullptr, pre.raw_data(), n);
+}
+
+// Row-major g_pre[rows, n] = g[rows, k] @ w[k, n] is column-major g_pre^T (n x rows) = w^T
+// (w's row-major storage read column-major, no transpose) @ g^T; the bias gradient of the
+// DGELU_BGRAD epilogue sums D's columns, i.e. over the rows of g_pre.
+bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre,
+                             const Tensor& gb) {
+  if (!plain_rows(g) || !plain_rows(w) || !plain_rows(pre) || !plain_rows(g_pre)) return false;
+  if (gb.defined() && !gb.is_contiguous()) return false;
+  const int64_t rows = g.size(0), k = g.size(1), n = w.size(1);
+  if (rows == 0 || n == 0 || k == 0) return false;
+  return lt_matmul(g_pre.device().index, g_pre.dtype(), false, false, n, rows, k, w.raw_data(), n, g.raw_data(), k,
+                   g_pre.raw_data(), n, gb.defined() ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU,
+                   gb.defined() ? gb.raw_data() : nullptr, pre.raw_data(), n);
 }
 
 }  // namespace mg::kernels::cuda

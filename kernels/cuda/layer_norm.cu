@@ -78,6 +78,73 @@ __global__ void ln_fwd_kernel(const T* x, const T* w, const T* b, T* out, math_t
     yr[j] = store_m<T>((load_m(xr[j]) - m) * r * opt(w, j, A(1)) + opt(b, j, A(0)));
 }
 
+// ---------------------------------------------------------------- residual add fused in
+// The pre-LN block's `h = x + branch; y = ln(h)` over an f32 residual stream: one pass reads
+// x and the (half-precision) branch output, writes h and y already in the consumer's dtype.
+// Same per-row math as ln_fwd_kernel; h is re-read from the row this thread just wrote.
+
+template <class R, class O>
+__global__ void add_ln_fwd_kernel(const float* x, const R* res, const float* w, const float* b, float* sum, O* out,
+                                  float* mean, float* rstd, int64_t rows, int64_t n, double eps) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.y;
+  if (i >= rows) return;
+  const int lane = threadIdx.x;
+  const float* xr = x + i * n;
+  float* hr = res ? sum + i * n : nullptr;
+  float s = 0;
+  for (int64_t j = lane; j < n; j += 32) {
+    float v = xr[j];
+    if (res) {
+      v += load_m(res[i * n + j]);
+      hr[j] = v;
+    }
+    s += v;
+  }
+  const float* h = res ? hr : xr;
+  const float m = warp_sum(s) / static_cast<float>(n);
+  float v = 0;
+  for (int64_t j = lane; j < n; j += 32) {
+    const float d = h[j] - m;
+    v += d * d;
+  }
+  const float r = 1.0f / m_sqrt(warp_sum(v) / static_cast<float>(n) + static_cast<float>(eps));
+  if (lane == 0) {
+    mean[i] = m;
+    rstd[i] = r;
+  }
+  O* yr = out + i * n;
+  for (int64_t j = lane; j < n; j += 32) yr[j] = store_m<O>((h[j] - m) * r * opt(w, j, 1.0f) + opt(b, j, 0.0f));
+}
+
+// dh = grad_sum + rstd * (g*w - mean(g*w) - xhat * mean(g*w * xhat)), written in f32 (dx) and,
+// for the half-precision branch, in its dtype (dx_low): the residual add's backward and the
+// cast of the branch's gradient in the same pass.
+template <class G, class L>
+__global__ void add_ln_bwd_dx_kernel(const G* g, const float* gsum, const float* h, const float* mean,
+                                     const float* rstd, const float* w, float* dx, L* dx_low, int64_t rows, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.y;
+  if (i >= rows) return;
+  const int lane = threadIdx.x;
+  const G* gr = g + i * n;
+  const float* hr = h + i * n;
+  const float m = mean[i], r = rstd[i];
+  float sg = 0, sgx = 0;
+  for (int64_t j = lane; j < n; j += 32) {
+    const float gw = load_m(gr[j]) * opt(w, j, 1.0f);
+    sg += gw;
+    sgx += gw * (hr[j] - m) * r;
+  }
+  const float mean_g = warp_sum(sg) / static_cast<float>(n), mean_gx = warp_sum(sgx) / static_cast<float>(n);
+  for (int64_t j = lane; j < n; j += 32) {
+    const float gw = load_m(gr[j]) * opt(w, j, 1.0f);
+    const float xhat = (hr[j] - m) * r;
+    float d = r * (gw - mean_g - xhat * mean_gx);
+    if (gsum) d += gsum[i * n + j];
+    if (dx) dx[i * n + j] = d;
+    if (dx_low) dx_low[i * n + j] = store_m<L>(d);
+  }
+}
+
 // ---------------------------------------------------------------- backward
 
 template <class T>
@@ -108,8 +175,8 @@ __global__ void ln_bwd_dx_kernel(const T* g, const T* x, const math_t<T>* mean, 
 // Block (32, 8) sums a 32-column strip over the rows of its chunk (chunk = blockIdx.y, rows
 // chunk, chunk + chunks, ... in steps of 8 per thread row), writing partial[0][chunk][j]
 // (dweight) and partial[1][chunk][j] (dbias).
-template <class T>
-__global__ void ln_bwd_params_partial_kernel(const T* g, const T* x, const math_t<T>* mean, const math_t<T>* rstd,
+template <class T, class G = T>
+__global__ void ln_bwd_params_partial_kernel(const G* g, const T* x, const math_t<T>* mean, const math_t<T>* rstd,
                                              math_t<T>* partial, int64_t rows, int64_t n) {
   using A = math_t<T>;
   __shared__ A sw[kRowsPerBlock][33], sb[kRowsPerBlock][33];
@@ -147,6 +214,28 @@ unsigned row_blocks(int64_t rows, const char* op) {
   const int64_t b = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   MG_CHECK(b <= 0x7fffffff, ShapeError, op, ": too many rows (", rows, ")");
   return static_cast<unsigned>(b);
+}
+
+// grad_weight / grad_bias (either may be undefined) from g (G) and x (T), deterministic.
+template <class T, class G>
+void param_grads(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                 const Tensor& grad_weight, const Tensor& grad_bias, cudaStream_t st) {
+  using A = math_t<T>;
+  const int64_t rows = x.size(0), n = x.size(1);
+  if (!grad_weight.defined() && !grad_bias.defined()) return;
+  // Enough row chunks to fill the GPU with column strips, each chunk at least 64 rows.
+  const int64_t strips = (n + 31) / 32;
+  const int64_t chunks = std::clamp<int64_t>(std::min((rows + 63) / 64, (4 * 132 + strips - 1) / strips), 1, 1024);
+  Tensor partial = empty({2, chunks, n}, {dtype_of<A>, x.device()});
+  MG_CHECK(strips <= 0x7fffffff, ShapeError, "layer_norm_backward: normalized size ", n, " is too large");
+  ln_bwd_params_partial_kernel<T, G>
+      <<<dim3(static_cast<unsigned>(strips), static_cast<unsigned>(chunks)), dim3(32, kRowsPerBlock), 0, st>>>(
+          data_as<const G>(grad_out), data_as<const T>(x), data_as<const A>(mean), data_as<const A>(rstd),
+          data_as<A>(partial), rows, n);
+  MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
+  ln_bwd_params_final_kernel<T><<<blocks_for(n), kBlock, 0, st>>>(data_as<const A>(partial), data_as<T>(grad_weight),
+                                                                  data_as<T>(grad_bias), chunks, n);
+  MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
 }
 
 template <bool kReference>
@@ -201,21 +290,83 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, c
           data_as<const T>(weight), data_as<T>(grad_x), rows, n);
       MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
     }
-    if (!grad_weight.defined() && !grad_bias.defined()) return;
-    // Enough row chunks to fill the GPU with column strips, each chunk at least 64 rows.
-    const int64_t strips = (n + 31) / 32;
-    const int64_t chunks = std::clamp<int64_t>(std::min((rows + 63) / 64, (4 * 132 + strips - 1) / strips), 1, 1024);
-    Tensor partial = empty({2, chunks, n}, {dtype_of<A>, x.device()});
-    MG_CHECK(strips <= 0x7fffffff, ShapeError, "layer_norm_backward: normalized size ", n, " is too large");
-    ln_bwd_params_partial_kernel<T>
-        <<<dim3(static_cast<unsigned>(strips), static_cast<unsigned>(chunks)), dim3(32, kRowsPerBlock), 0, st>>>(
-            data_as<const T>(grad_out), data_as<const T>(x), data_as<const A>(mean), data_as<const A>(rstd),
-            data_as<A>(partial), rows, n);
-    MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
-    ln_bwd_params_final_kernel<T><<<blocks_for(n), kBlock, 0, st>>>(data_as<const A>(partial), data_as<T>(grad_weight),
-                                                                    data_as<T>(grad_bias), chunks, n);
-    MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
+    param_grads<T, T>(grad_out, x, mean, rstd, grad_weight, grad_bias, st);
   });
+}
+
+namespace {
+// f(R{}) for the dtypes the fused kernels take beside the f32 residual stream.
+template <class F>
+bool with_stream_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::f32:
+      f(float{});
+      return true;
+    case DType::f16:
+      f(__half{});
+      return true;
+    case DType::bf16:
+      f(__nv_bfloat16{});
+      return true;
+    default:
+      return false;
+  }
+}
+bool f32_or_none(const Tensor& t) { return !t.defined() || t.dtype() == DType::f32; }
+bool stream_dtype(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
+}  // namespace
+
+template <>
+bool CudaBackend::fused_add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                               const Tensor& bias, double eps, const Tensor& sum, const Tensor& out,
+                                               const Tensor& mean, const Tensor& rstd) {
+  const DType rt = residual.defined() ? residual.dtype() : DType::f32;
+  if (x.dtype() != DType::f32 || !f32_or_none(weight) || !f32_or_none(bias) || !stream_dtype(rt) ||
+      !stream_dtype(out.dtype()))
+    return false;
+  const int64_t rows = x.size(0), n = x.size(1);
+  if (rows == 0 || n == 0) return false;
+  mg::cuda::DeviceGuard guard(x.device());
+  cudaStream_t st = stream_of(x);
+  return with_stream_dtype(rt, [&](auto r_tag) {
+    using R = decltype(r_tag);
+    with_stream_dtype(out.dtype(), [&](auto o_tag) {
+      using O = decltype(o_tag);
+      add_ln_fwd_kernel<R, O><<<row_blocks(rows, "add_layer_norm"), dim3(32, kRowsPerBlock), 0, st>>>(
+          data_as<const float>(x), data_as<const R>(residual), data_as<const float>(weight), data_as<const float>(bias),
+          residual.defined() ? data_as<float>(sum) : nullptr, data_as<O>(out), data_as<float>(mean),
+          data_as<float>(rstd), rows, n, eps);
+      MG_CUDA_CHECK_LAUNCH("add_layer_norm");
+    });
+  });
+}
+
+template <>
+bool CudaBackend::fused_add_layer_norm_backward(const Tensor& grad_out, const Tensor& grad_sum, const Tensor& sum,
+                                                const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+                                                const Tensor& grad_x, const Tensor& grad_x_low,
+                                                const Tensor& grad_weight, const Tensor& grad_bias) {
+  if (sum.dtype() != DType::f32 || !f32_or_none(weight) || !f32_or_none(grad_sum) || !stream_dtype(grad_out.dtype()) ||
+      (grad_x_low.defined() && !stream_dtype(grad_x_low.dtype())))
+    return false;
+  const int64_t rows = sum.size(0), n = sum.size(1);
+  if (rows == 0 || n == 0) return false;
+  mg::cuda::DeviceGuard guard(sum.device());
+  cudaStream_t st = stream_of(sum);
+  with_stream_dtype(grad_out.dtype(), [&](auto g_tag) {
+    using G = decltype(g_tag);
+    if (grad_x.defined() || grad_x_low.defined())
+      with_stream_dtype(grad_x_low.defined() ? grad_x_low.dtype() : DType::f32, [&](auto l_tag) {
+        using L = decltype(l_tag);
+        add_ln_bwd_dx_kernel<G, L><<<row_blocks(rows, "add_layer_norm_backward"), dim3(32, kRowsPerBlock), 0, st>>>(
+            data_as<const G>(grad_out), data_as<const float>(grad_sum), data_as<const float>(sum),
+            data_as<const float>(mean), data_as<const float>(rstd), data_as<const float>(weight),
+            data_as<float>(grad_x), data_as<L>(grad_x_low), rows, n);
+        MG_CUDA_CHECK_LAUNCH("add_layer_norm_backward");
+      });
+    param_grads<float, G>(grad_out, sum, mean, rstd, grad_weight, grad_bias, st);
+  });
+  return true;
 }
 
 }  // namespace mg::kernels

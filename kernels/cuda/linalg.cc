@@ -193,4 +193,18 @@ bool CudaBackend::fused_linear_weight_grads(const Tensor& g, const Tensor& x, co
   return cuda::lt_weight_grads(g, x, gw, gb);
 }
 
+template <>
+bool CudaBackend::fused_linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
+                                    const Tensor& pre) {
+  mg::cuda::DeviceGuard guard(out.device());
+  return cuda::lt_linear_gelu(x, w, bias, out, pre);
+}
+
+template <>
+bool CudaBackend::fused_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre,
+                                             const Tensor& gb) {
+  mg::cuda::DeviceGuard guard(g_pre.device());
+  return cuda::lt_matmul_gelu_backward(g, w, pre, g_pre, gb);
+}
+
 }  // namespace mg::kernels

@@ -5,10 +5,12 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <tuple>
 
 #include "autograd/recompute.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
+#include "core/autocast.h"
 #include "core/random.h"
 #include "nn/init.h"
 
@@ -84,14 +86,25 @@ Tensor GPT::forward(const Tensor& idx) {
   std::optional<SelectiveRecompute> selective;
   if (recompute.selective) selective.emplace(RecomputePolicy::cheap_ops());
   Tensor x = embed(idx, 0);
+  // Between checkpointed blocks the residual add runs on its own; elsewhere it stays pending
+  // (x + pending) and is fused into the next layer norm, the last one into ln_f.
+  Tensor pending;
   const auto blocks = h->children();
   for (size_t i = 0; i < blocks.size(); ++i) {
-    Module* b = blocks[i].get();
-    x = recompute.checkpointed(static_cast<int64_t>(i)) ? checkpoint([b](const Tensor& in) { return (*b)(in); }, x)
-                                                        : (*b)(x);
+    auto* b = static_cast<TransformerBlock*>(blocks[i].get());
+    if (recompute.checkpointed(static_cast<int64_t>(i))) {
+      if (pending.defined()) x = add(x, pending), pending = Tensor();
+      x = checkpoint([b](const Tensor& in) { return (*b)(in); }, x);
+    } else {
+      b->run_forward_pre_hooks();
+      std::tie(x, pending) = b->forward_pending(x, pending);
+    }
   }
-  x = (*ln_f)(x);
-  return (*lm_head)(x);
+  ln_f->run_forward_pre_hooks();
+  std::optional<DType> out;
+  if (is_autocast_enabled(x.device().type)) out = autocast_dtype(x.device().type);
+  auto [sum, y] = add_layer_norm(x, pending, ln_f->normalized_shape, ln_f->weight, ln_f->bias, ln_f->eps, out);
+  return (*lm_head)(y);
 }
 
 Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) {

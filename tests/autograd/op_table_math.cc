@@ -291,6 +291,15 @@ void linalg(Table& t) {
    }).cond = cond_for(4 * 33);
   t.add("linear_4x33x65", "linear", {{4, 33, 65}, {17, 65}}, [](const V& x) { return linear(x[0], x[1]); }).cond =
       cond_for(4 * 33);
+  // The MLP node: hidden 16 takes cuBLASLt's GELU epilogues on CUDA (the auxiliary matrix needs
+  // a leading dim that is a multiple of 8), hidden 6 the fallback (linear, GELU kernel). Two
+  // GEMMs and the GELU, each rounded, as the composed linear -> gelu -> linear would be.
+  t.add("gelu_mlp_bias", "gelu_mlp", {{2, 3, 4}, {16, 4}, {16}, {4, 16}, {4}}, [](const V& x) {
+     return gelu_mlp(x[0], x[1], x[2], x[3], x[4]);
+   }).roundings = 12;
+  t.add("gelu_mlp_no_bias_hidden_6", "gelu_mlp", {{3, 4}, {6, 4}, {5, 6}}, [](const V& x) {
+     return gelu_mlp(x[0], x[1], Tensor(), x[2], Tensor());
+   }).roundings = 12;
 }
 
 void softmaxes(Table& t) {

@@ -299,6 +299,17 @@ void normalization(Table& t) {
   t.add("layer_norm_3x2x16", "layer_norm", {{3, 2, 16}, {2, 16}, {2, 16}}, [](const V& x) {
     return layer_norm(x[0], {2, 16}, x[1], x[2]);
   });
+  // The residual step fused in (h and the normalized y both checked: stacked).
+  t.add("add_layer_norm_residual", "add_layer_norm", {{3, 5}, {3, 5}, {5}, {5}}, [](const V& x) {
+    auto [h, y] = add_layer_norm(x[0], x[1], {5}, x[2], x[3]);
+    return stack({h, y}, 0);
+  });
+  t.add("add_layer_norm_no_residual", "add_layer_norm", {{4, 6}, {6}, {6}},
+        [](const V& x) { return add_layer_norm(x[0], Tensor(), {6}, x[1], x[2]).second; });
+  t.add("add_layer_norm_2x3x40_no_affine", "add_layer_norm", {{2, 3, 40}, {2, 3, 40}}, [](const V& x) {
+    auto [h, y] = add_layer_norm(x[0], x[1], {40}, Tensor(), Tensor(), 1e-3);
+    return stack({h, y}, 0);
+  });
   // Norm backwards subtract two row means from g * w (g w - mean(g w) - xhat mean(g w xhat)):
   // that cancels in the f32 arithmetic, seen at 27 f32 roundings where 20 were allowed.
   for (size_t i = first; i < t.rows().size(); ++i) t.rows()[i].cond = std::max(t.rows()[i].cond, 64.0);

@@ -1,0 +1,236 @@
+// The GPT block's fused kernels on CUDA against f64 references computed on the CPU from the
+// very (already rounded) values the device saw, at the block's own sizes:
+//   - add_layer_norm with an f32 residual stream, an f32/f16/bf16 branch and an f32/f16/bf16
+//     output (the mixed dtypes the op table, whose inputs share one dtype, cannot express),
+//     forward and backward;
+//   - gelu_mlp's cuBLASLt GELU epilogues in bf16 and f32, forward and the first GEMM's
+//     gradients.
+// Bounds are derived per element from the roundings each path performs (see each test).
+// Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "autograd/functions.h"
+#include "autograd/transformer_functions.h"
+#include "core/device_runtime.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "kernels/ops.h"
+#include "tests/kernels/cuda/cuda_test_util.h"
+#include "tests/rounding.h"
+
+namespace mg {
+namespace {
+namespace k = mg::kernels;
+using namespace mg::testing;  // to_cuda, host, dstr, CudaTest, unit_roundoff, gamma_k, within
+
+class FusedTransformer : public CudaTest {};
+
+std::vector<double> values(const Tensor& t) { return raw::to_dtype(t, DType::f64).to_vector<double>(); }
+Tensor f64(const Tensor& t) { return raw::to_dtype(raw::to_device(t, Device::cpu()), DType::f64); }
+
+// ---------------------------------------------------------------- add_layer_norm
+
+// Row statistics on the device are two-level sums: n/32 terms per lane in sequence, then 5
+// warp-shuffle levels; each is off by at most gamma_k(f32) relative to the sum of magnitudes.
+double row_gamma(int64_t n) { return gamma_k((n + 31) / 32 + 5, DType::f32); }
+
+TEST_F(FusedTransformer, AddLayerNormMatchesF64ForMixedDtypes) {
+  const double u32 = unit_roundoff(DType::f32);
+  for (int64_t n : {768, 100}) {
+    for (DType rdt : {DType::f32, DType::bf16, DType::f16}) {
+      for (DType odt : {DType::bf16, DType::f16, DType::f32}) {
+        SCOPED_TRACE("n " + std::to_string(n) + " residual " + dstr(rdt) + " out " + dstr(odt));
+        Generator g(static_cast<uint64_t>(n) * 7 + static_cast<uint64_t>(rdt) * 3 + static_cast<uint64_t>(odt));
+        const int64_t m = 37;
+        Tensor x = host({m, n}, DType::f32, g), res = host({m, n}, rdt, g);
+        Tensor w = host({n}, DType::f32, g, 0.5, 1.5), b = host({n}, DType::f32, g);
+        Tensor gy = host({m, n}, odt, g), gh = host({m, n}, DType::f32, g);
+        auto [h, y, mean, rstd] =
+            k::add_layer_norm_forward(to_cuda(x), to_cuda(res), {n}, to_cuda(w), to_cuda(b), 1e-5, odt);
+        ASSERT_EQ(h.dtype(), DType::f32);
+        ASSERT_EQ(y.dtype(), odt);
+        // h: one f32 addition of exact inputs, rounded once.
+        Tensor h_ref = k::add(f64(x), f64(res));
+        std::vector<double> hb;
+        for (double v : values(h_ref)) hb.push_back(u32 * std::abs(v));
+        EXPECT_TRUE(within(f64(h), h_ref, hb));
+        // y against the f64 norm of the device's own (rounded) h: the mean and variance sums
+        // (row_gamma each, relative to |h| sums, i.e. about |xhat| + 1 in units of the row's
+        // deviation for N(0, 1) rows), rstd (half the variance's error, plus the sqrt and
+        // division roundings), the products by rstd and w and the bias add (a few u32 each):
+        // within 8 row_gamma (|xhat| + 1) |w|, plus u32 |b| and the final rounding u(out) |y|.
+        auto [y_ref, m_ref, r_ref] = k::layer_norm_forward(f64(h), {n}, f64(w), f64(b), 1e-5);
+        const std::vector<double> yr = values(y_ref), hv = values(h), mr = values(m_ref), rr = values(r_ref);
+        const std::vector<double> wv = values(w), bv = values(b);
+        std::vector<double> yb;
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            const double xhat = (hv[i * n + j] - mr[i]) * rr[i];
+            yb.push_back(unit_roundoff(odt) * std::abs(yr[i * n + j]) +
+                         8 * row_gamma(n) * (std::abs(xhat) + 1) * std::abs(wv[j]) + u32 * std::abs(bv[j]));
+          }
+        EXPECT_TRUE(within(f64(y), y_ref, yb));
+
+        // Backward: grad of h = gh + layer norm backward of gy, from the device's mean/rstd.
+        auto [gx, glow, gw, gb] = k::add_layer_norm_backward(to_cuda(gy), to_cuda(gh), h, {n}, mean, rstd, to_cuda(w),
+                                                             rdt, {true, true, true, true});
+        ASSERT_TRUE(gx.defined() && glow.defined() && gw.defined() && gb.defined());
+        EXPECT_EQ(gx.dtype(), DType::f32);
+        EXPECT_EQ(glow.dtype(), rdt);
+        auto [gx_ln, gw_ref, gb_ref] = k::layer_norm_backward(f64(gy), f64(h), {n}, f64(mean), f64(rstd), f64(w));
+        Tensor gx_ref = k::add(gx_ln, f64(gh));
+        // dx = r (g w - mean(g w) - xhat mean(g w xhat)) + gh: the two row means are row sums
+        // (row_gamma relative to the sums of |g w| and |g w xhat|), xhat's own error is
+        // u32-sized; so within 4 row_gamma r (|g w| + mean|g w| (1 + |xhat|) + mean|g w xhat|
+        // (1 + |xhat|)) plus the final add's u32 |dx|. The low copy adds its rounding u(rdt) |dx|.
+        const std::vector<double> gyv = values(gy), gxr = values(gx_ref);
+        std::vector<double> dxb, lowb;
+        for (int64_t i = 0; i < m; ++i) {
+          double sgw = 0, sgwx = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            const double xhat = (hv[i * n + j] - mr[i]) * rr[i];
+            sgw += std::abs(gyv[i * n + j] * wv[j]);
+            sgwx += std::abs(gyv[i * n + j] * wv[j] * xhat);
+          }
+          sgw /= n, sgwx /= n;
+          for (int64_t j = 0; j < n; ++j) {
+            const double xhat = std::abs((hv[i * n + j] - mr[i]) * rr[i]);
+            const double e = 4 * row_gamma(n) * rr[i] * (std::abs(gyv[i * n + j] * wv[j]) + (sgw + sgwx) * (1 + xhat)) +
+                             2 * u32 * std::abs(gxr[i * n + j]);
+            dxb.push_back(e);
+            lowb.push_back(e + unit_roundoff(rdt) * std::abs(gxr[i * n + j]));
+          }
+        }
+        EXPECT_TRUE(within(f64(gx), gx_ref, dxb));
+        EXPECT_TRUE(within(f64(glow), gx_ref, lowb));
+        // dweight / dbias: column sums over the m rows (per-chunk partials, then the chunks),
+        // within gamma_m(f32) of the sums of |g xhat| and |g|, plus xhat's error (a few u32
+        // |xhat| per term, covered by doubling the bound).
+        std::vector<double> wb(n, 0), bb(n, 0);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            const double xhat = std::abs((hv[i * n + j] - mr[i]) * rr[i]);
+            wb[j] += 2 * gamma_k(m, DType::f32) * std::abs(gyv[i * n + j]) * (xhat + 1);
+            bb[j] += 2 * gamma_k(m, DType::f32) * std::abs(gyv[i * n + j]);
+          }
+        EXPECT_TRUE(within(f64(gw), gw_ref, wb));
+        EXPECT_TRUE(within(f64(gb), gb_ref, bb));
+      }
+    }
+  }
+}
+
+// Without a residual the input is normalized and returned as h; with a residual and no
+// gradient for the branch, the low copy is not written.
+TEST_F(FusedTransformer, AddLayerNormWithoutResidualAndMasks) {
+  Generator g(3);
+  Tensor x = to_cuda(host({8, 64}, DType::f32, g)), w = to_cuda(host({64}, DType::f32, g));
+  auto [h, y, mean, rstd] = k::add_layer_norm_forward(x, Tensor(), {64}, w, Tensor(), 1e-5, DType::bf16);
+  EXPECT_EQ(values(h), values(x));
+  auto [y_ref, m_ref, r_ref] = k::layer_norm_forward(x, {64}, w, Tensor(), 1e-5);
+  // Same kernel math as layer_norm's warp-per-row kernel, then one rounding to bf16.
+  EXPECT_EQ(values(y), values(raw::to_dtype(y_ref, DType::bf16)));
+  Tensor gy = to_cuda(host({8, 64}, DType::bf16, g));
+  auto [gx, glow, gw, gb] =
+      k::add_layer_norm_backward(gy, Tensor(), h, {64}, mean, rstd, w, DType::bf16, {true, false, false, true});
+  EXPECT_TRUE(gx.defined());
+  EXPECT_FALSE(glow.defined());
+  EXPECT_FALSE(gw.defined());
+  EXPECT_TRUE(gb.defined());
+  auto [gx_ref, gw_ref, gb_ref] =
+      k::layer_norm_backward(raw::to_dtype(gy, DType::f32), x, {64}, mean, rstd, w, {true, false, true});
+  // The same per-row math on the same f32 values (the bf16 gradient widened exactly).
+  EXPECT_EQ(values(gx), values(gx_ref));
+  EXPECT_EQ(values(gb), values(gb_ref));
+}
+
+// ---------------------------------------------------------------- gelu_mlp
+
+double gelu_tanh(double x) {
+  const double c = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1 + std::tanh(c * (x + 0.044715 * x * x * x)));
+}
+
+// Forward at a GPT-like shape through the fused GEMMs, against f64 from the rounded inputs.
+// pre = x w^T + b accumulates k products in f32: off by gamma_k(f32) (|x| |w|^T + |b|). The
+// epilogue's GELU reads that accumulator (|gelu'| <= 1.13) and may evaluate tanh with the
+// hardware approximation (relative error <= 2^-11 on sm_90, so gelu is off by 2^-12 |pre|),
+// then h is rounded: e_h = u(dt) |h| + 1.13 e_pre + 2^-12 |pre|. out = h w2^T + b2 adds
+// |w2| e_h, its own f32 accumulation gamma_H (|h| |w2|^T + |b2|) and a rounding u(dt) |out|;
+// second-order terms (a rounding of an error) are covered by a factor 1.1.
+TEST_F(FusedTransformer, GeluMlpForwardMatchesF64) {
+  for (DType dt : {DType::bf16, DType::f32}) {
+    SCOPED_TRACE(dstr(dt));
+    Generator g(11);
+    const int64_t rows = 96, c = 128, hidden = 512;
+    Tensor x = host({rows, c}, dt, g), w1 = host({hidden, c}, dt, g, -0.2, 0.2), b1 = host({hidden}, dt, g);
+    Tensor w2 = host({c, hidden}, dt, g, -0.1, 0.1), b2 = host({c}, dt, g);
+    Tensor out = gelu_mlp(to_cuda(x), to_cuda(w1), to_cuda(b1), to_cuda(w2), to_cuda(b2));
+    ASSERT_EQ(out.dtype(), dt);
+    const std::vector<double> xv = values(x), w1v = values(w1), b1v = values(b1), w2v = values(w2), b2v = values(b2);
+    const double u = unit_roundoff(dt), g1 = gamma_k(c, DType::f32), g2 = gamma_k(hidden, DType::f32);
+    std::vector<double> ref(rows * c), bound(rows * c);
+    std::vector<double> h(hidden), eh(hidden);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < hidden; ++j) {
+        double p = b1v[j], pa = std::abs(b1v[j]);
+        for (int64_t i = 0; i < c; ++i)
+          p += xv[r * c + i] * w1v[j * c + i], pa += std::abs(xv[r * c + i] * w1v[j * c + i]);
+        h[j] = gelu_tanh(p);
+        eh[j] = u * std::abs(h[j]) + 1.13 * g1 * pa + std::ldexp(std::abs(p), -12);
+      }
+      for (int64_t o = 0; o < c; ++o) {
+        double y = b2v[o], ya = std::abs(b2v[o]), prop = 0;
+        for (int64_t j = 0; j < hidden; ++j) {
+          y += h[j] * w2v[o * hidden + j];
+          ya += std::abs(h[j] * w2v[o * hidden + j]);
+          prop += std::abs(w2v[o * hidden + j]) * eh[j];
+        }
+        ref[r * c + o] = y;
+        bound[r * c + o] = 1.1 * (u * std::abs(y) + prop + g2 * ya);
+      }
+    }
+    EXPECT_TRUE(within(f64(out), from_vector(ref, {rows, c}, {DType::f64}), bound));
+  }
+}
+
+// The backward GEMM's epilogue: g_pre = (g @ w) * gelu'(pre) and its row sum, in f32 (TF32
+// off) against f64. The f32 GEMM is off by gamma_k (|g| |w|); gelu' (|gelu'| <= 1.13, and its
+// tanh possibly the hardware approximation: relative error 2^-11 on tanh, which moves gelu' by
+// at most 2^-11 (0.5 + 0.8 |pre| (1 + 0.134 pre^2)) in absolute terms) multiplies it; then one
+// rounding. The bias gradient sums `rows` of those in f32.
+TEST_F(FusedTransformer, MatmulGeluBackwardMatchesF64) {
+  Generator g(12);
+  const int64_t rows = 64, c = 96, hidden = 256;
+  Tensor gout = host({rows, c}, DType::f32, g), w = host({c, hidden}, DType::f32, g, -0.2, 0.2);
+  Tensor pre = host({rows, hidden}, DType::f32, g, -3, 3);
+  auto [gpre, gb] = k::matmul_gelu_backward(to_cuda(gout), to_cuda(w), to_cuda(pre), true);
+  ASSERT_TRUE(gpre.defined() && gb.defined());
+  const std::vector<double> gv = values(gout), wv = values(w), pv = values(pre);
+  const double u = unit_roundoff(DType::f32), gk = gamma_k(c, DType::f32);
+  const double cst = std::sqrt(2.0 / M_PI);
+  std::vector<double> ref(rows * hidden), bound(rows * hidden), bref(hidden, 0), bbound(hidden, 0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < hidden; ++j) {
+      double s = 0, sa = 0;
+      for (int64_t i = 0; i < c; ++i)
+        s += gv[r * c + i] * wv[i * hidden + j], sa += std::abs(gv[r * c + i] * wv[i * hidden + j]);
+      const double p = pv[r * hidden + j], inner = cst * (p + 0.044715 * p * p * p), t = std::tanh(inner);
+      const double d = 0.5 * (1 + t) + 0.5 * p * (1 - t * t) * cst * (1 + 3 * 0.044715 * p * p);
+      const double dd = std::ldexp(0.5 + 0.8 * std::abs(p) * (1 + 0.134 * p * p), -11);
+      ref[r * hidden + j] = s * d;
+      bound[r * hidden + j] = 1.1 * (u * std::abs(s * d) + 1.13 * gk * sa + dd * std::abs(s));
+      bref[j] += s * d;
+      bbound[j] += bound[r * hidden + j] + gamma_k(rows, DType::f32) * std::abs(s * d);
+    }
+  EXPECT_TRUE(within(f64(gpre), from_vector(ref, {rows, hidden}, {DType::f64}), bound));
+  EXPECT_TRUE(within(f64(gb), from_vector(bref, {hidden}, {DType::f64}), bbound));
+}
+
+}  // namespace
+}  // namespace mg
