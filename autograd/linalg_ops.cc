@@ -109,12 +109,13 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
            else if (need[4])
              gb_proj = kernels::sum(g2, {0});
            if (need_pre) {
-             Tensor g_pre;
-             std::tie(g_pre, gb_fc) =
-                 kernels::matmul_gelu_backward(g2, sw_proj.unpack(), raw::reshape(pre, {-1, pre.size(-1)}), need[2]);
-             if (need[1]) {
+             const Tensor g_pre =
+                 kernels::matmul_gelu_backward(g2, sw_proj.unpack(), raw::reshape(pre, {-1, pre.size(-1)}));
+             if (need[1]) {  // c_fc's bias gradient inside its weight-gradient GEMM
                const Tensor x = sx.unpack();
-               gw_fc = kernels::linear_weight_grads(g_pre, raw::reshape(x, {-1, x.size(-1)}), false).first;
+               std::tie(gw_fc, gb_fc) = kernels::linear_weight_grads(g_pre, raw::reshape(x, {-1, x.size(-1)}), need[2]);
+             } else if (need[2]) {
+               gb_fc = kernels::sum(g_pre, {0});
              }
              if (need[0]) {
                Shape s = pre.sizes();

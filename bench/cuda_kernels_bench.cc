@@ -99,6 +99,33 @@ void BM_Sum(benchmark::State& state) {
 }
 BENCHMARK(BM_Sum)->Apply(over_dtypes);
 
+// Layer norm over GPT-2's 768 in the input's dtype (reads x, writes y; the statistics are
+// 8 bytes a row), and the GPT block's fused residual step: an f32 residual stream plus a
+// branch in dt, h written in f32 and y in dt (add_layer_norm, 8 + 2 * size(dt) bytes moved
+// per element: counted as that many dt elements).
+void BM_LayerNorm(benchmark::State& state) {
+  if (!require_gpu(state)) return;
+  const DType dt = dtype_arg(state.range(0));
+  const int64_t rows = kN / 4 / 768;
+  Tensor x = uniform({rows, 768}, -1, 1, {dt, kGpu}), w = uniform({768}, 0.5, 1.5, {dt, kGpu});
+  Tensor b = uniform({768}, -1, 1, {dt, kGpu});
+  bandwidth(state, dt, 2.0 * rows * 768, "layer norm over 768",
+            [&] { auto r = kernels::layer_norm_forward(x, {768}, w, b, 1e-5); });
+}
+BENCHMARK(BM_LayerNorm)->Apply(over_dtypes);
+
+void BM_AddLayerNorm(benchmark::State& state) {
+  if (!require_gpu(state)) return;
+  const DType dt = dtype_arg(state.range(0));
+  const int64_t rows = kN / 4 / 768;
+  Tensor x = uniform({rows, 768}, -1, 1, {DType::f32, kGpu}), res = uniform({rows, 768}, -1, 1, {dt, kGpu});
+  Tensor w = uniform({768}, 0.5, 1.5, {DType::f32, kGpu}), b = uniform({768}, -1, 1, {DType::f32, kGpu});
+  const double per_element = (8.0 + 2.0 * dtype_size(dt)) / dtype_size(dt);
+  bandwidth(state, dt, per_element * rows * 768, "f32 stream + branch, layer norm over 768",
+            [&] { auto r = kernels::add_layer_norm_forward(x, res, {768}, w, b, 1e-5, dt); });
+}
+BENCHMARK(BM_AddLayerNorm)->Apply(over_dtypes);
+
 // ---- GEMM ----
 const int64_t kM = 8192;
 

@@ -98,6 +98,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 namespace {
+// The product of all but the last dim (a reshape to [-1, 0] would be ambiguous).
+int64_t leading_rows(const Tensor& t) { return shape_numel(Shape(t.sizes().begin(), t.sizes().end() - 1)); }
+
 // linear's checks (op names the caller); returns the output shape, x's leading dims + [out].
 Shape check_linear(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias) {
   check_device(op, {&x, &w, bias.defined() ? &bias : nullptr});
@@ -121,7 +124,7 @@ Shape check_linear(const char* op, const Tensor& x, const Tensor& w, const Tenso
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   const Shape s = check_linear("linear", x, w, bias);
   const Device dev = x.device();
-  Tensor x2 = raw::reshape(x, {-1, x.size(-1)});
+  Tensor x2 = raw::reshape(x, {leading_rows(x), x.size(-1)});
   Tensor out = empty({x2.size(0), w.size(0)}, {x.dtype(), dev});
   backend(dev, "linear").linear(x2, w, bias, out);
   return raw::view(out, s);
@@ -145,7 +148,7 @@ std::pair<Tensor, Tensor> linear_weight_grads(const Tensor& g, const Tensor& x, 
 std::pair<Tensor, Tensor> linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias) {
   const Shape s = check_linear("linear_gelu", x, w, bias);
   const Device dev = x.device();
-  const Tensor x2 = raw::contiguous(raw::reshape(x, {-1, x.size(-1)})), wc = raw::contiguous(w);
+  const Tensor x2 = raw::contiguous(raw::reshape(x, {leading_rows(x), x.size(-1)})), wc = raw::contiguous(w);
   Tensor pre = empty({x2.size(0), w.size(0)}, {x.dtype(), dev});
   Tensor out = empty({x2.size(0), w.size(0)}, {x.dtype(), dev});
   if (backend(dev, "linear_gelu").fused_linear_gelu(x2, wc, bias.defined() ? raw::contiguous(bias) : bias, out, pre))
@@ -154,25 +157,22 @@ std::pair<Tensor, Tensor> linear_gelu(const Tensor& x, const Tensor& w, const Te
   return {unary(Unary::GeluTanh, pre), pre};
 }
 
-std::pair<Tensor, Tensor> matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, bool want_bias) {
+Tensor matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre) {
   const char* op = "matmul_gelu_backward";
   const Device dev = check_device(op, {&g, &w, &pre});
   check_matmul_dtypes(op, g, w);
   check_matmul_dtypes(op, g, pre);
   MG_CHECK(w.dim() == 2 && g.dim() >= 1 && g.size(-1) == w.size(0) && pre.dim() >= 1 && pre.size(-1) == w.size(1) &&
-               g.numel() / std::max<int64_t>(g.size(-1), 1) == pre.numel() / std::max<int64_t>(pre.size(-1), 1),
+               leading_rows(g) == leading_rows(pre),
            ShapeError, op, ": expected g [rows, k], w [k, n] and pre [rows, n], got ", shape_str(g.sizes()), ", ",
            shape_str(w.sizes()), " and ", shape_str(pre.sizes()));
-  const int64_t n = w.size(1);
-  const Tensor g2 = raw::contiguous(raw::reshape(g, {-1, g.size(-1)})), wc = raw::contiguous(w);
-  const Tensor p2 = raw::contiguous(raw::reshape(pre, {-1, n}));
-  Tensor g_pre = empty(p2.sizes(), {pre.dtype(), dev});
-  Tensor gb = want_bias ? empty({n}, {pre.dtype(), dev}) : Tensor();
-  if (!backend(dev, op).fused_matmul_gelu_backward(g2, wc, p2, g_pre, gb)) {
+  const int64_t rows = leading_rows(g), n = w.size(1);
+  const Tensor g2 = raw::contiguous(raw::reshape(g, {rows, g.size(-1)})), wc = raw::contiguous(w);
+  const Tensor p2 = raw::contiguous(raw::reshape(pre, {rows, n}));
+  Tensor g_pre = empty({rows, n}, {pre.dtype(), dev});
+  if (!backend(dev, op).fused_matmul_gelu_backward(g2, wc, p2, g_pre, Tensor()))
     g_pre = binary(Binary::GeluTanhBackward, matmul(g2, wc), p2);
-    if (want_bias) gb = sum(g_pre, {0});
-  }
-  return {raw::view(g_pre, pre.sizes()), gb};
+  return raw::view(g_pre, pre.sizes());
 }
 
 }  // namespace mg::kernels

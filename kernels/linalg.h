@@ -26,15 +26,17 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
 std::pair<Tensor, Tensor> linear_weight_grads(const Tensor& g, const Tensor& x, bool want_bias);
 
 // The transformer MLP's first linear with its tanh GELU: returns (out, pre) with pre = x @ w^T
-// + bias and out = gelu_tanh(pre), both shaped like linear's result. On CUDA one cuBLASLt GEMM
-// writes both (the GELU epilogue, which applies the GELU to the f32 accumulator before
-// rounding: a half-precision `out` can differ from gelu(round(pre)) by one rounding); elsewhere
-// linear, then the GELU kernel.
+// + bias and out = gelu_tanh(pre), both shaped like linear's result. On CUDA in f16/bf16 one
+// cuBLASLt GEMM writes both (the GELU epilogue, which applies the GELU to the f32 accumulator
+// before rounding: `out` can differ from gelu(round(pre)) by one rounding); f32 and everything
+// else run linear, then the GELU kernel (the epilogue's tanh is accurate to about 1e-4, below
+// f32's precision).
 std::pair<Tensor, Tensor> linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
 // The gradient reaching `pre` when the gradient g [rows, k] reaches gelu's output through a
-// linear with weight w [k, n]: g_pre = (g @ w) * gelu_tanh'(pre) (pre [rows, n]) and, with
-// want_bias, gb = g_pre summed over rows (linear_gelu's bias gradient). One cuBLASLt GEMM on
-// CUDA (the GELU-derivative epilogue); elsewhere a GEMM, the GELU backward kernel and a sum.
-std::pair<Tensor, Tensor> matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, bool want_bias);
+// linear with weight w [k, n]: g_pre = (g @ w) * gelu_tanh'(pre), pre [rows, n]. A GEMM, then
+// the GELU backward kernel (cuBLASLt's GELU-derivative epilogue when MG_DGELU_EPILOGUE=1; see
+// kernels/cuda/cublaslt.cc for why it is not the default). linear_gelu's bias gradient is the
+// row sum of g_pre: the caller takes it inside the weight-gradient GEMM (linear_weight_grads).
+Tensor matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre);
 
 }  // namespace mg::kernels

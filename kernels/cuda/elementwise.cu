@@ -29,6 +29,17 @@ constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 constexpr double kTanhK = 0.7978845608028654;  // sqrt(2/pi)
 constexpr double kTanhC = 0.044715;
 
+// tanh for the 16-bit types' GELU: 1 - 2 / (1 + e^(2x)) from the fast exp (a few f32 ulps,
+// far below the 2^-8 / 2^-11 rounding of the result), where tanhf made the kernel compute-bound
+// (0.57-0.60 of a copy's bandwidth on the H200); f32 and f64 keep the libm tanh.
+template <class T, class M>
+__device__ __forceinline__ M gelu_tanh_of(M x) {
+  if constexpr (mg::cuda::is_half_v<T>)
+    return 1.0f - 2.0f / (1.0f + __expf(2.0f * x));
+  else
+    return m_tanh(x);
+}
+
 template <class T>
 __device__ __forceinline__ T unary_op(int op, T xv, const Params& p) {
   using M = math_t<T>;
@@ -52,7 +63,7 @@ __device__ __forceinline__ T unary_op(int op, T xv, const Params& p) {
       case static_cast<int>(Unary::Gelu):
         return store_m<T>(M(0.5) * x * (M(1) + m_erf(x * M(kSqrt1_2))));
       case static_cast<int>(Unary::GeluTanh):
-        return store_m<T>(M(0.5) * x * (M(1) + m_tanh(M(kTanhK) * (x + M(kTanhC) * x * x * x))));
+        return store_m<T>(M(0.5) * x * (M(1) + gelu_tanh_of<T>(M(kTanhK) * (x + M(kTanhC) * x * x * x))));
       case static_cast<int>(Unary::Sigmoid):
         return store_m<T>(M(1) / (M(1) + m_exp(-x)));
       case static_cast<int>(Unary::Tanh):
@@ -173,7 +184,7 @@ __device__ __forceinline__ O binary_op(int op, T av, T bv, const Params& p) {
           return store_m<O>(x * (cdf + y * pdf));
         }
         case static_cast<int>(Binary::GeluTanhBackward): {
-          const M t = m_tanh(M(kTanhK) * (y + M(kTanhC) * y * y * y));
+          const M t = gelu_tanh_of<T>(M(kTanhK) * (y + M(kTanhC) * y * y * y));
           const M d = M(0.5) * (M(1) + t) + M(0.5) * y * (M(1) - t * t) * M(kTanhK) * (M(1) + M(3 * kTanhC) * y * y);
           return store_m<O>(x * d);
         }
@@ -252,6 +263,29 @@ __global__ void binary_contig_kernel(int op, Params p, const T* a, const T* b, O
   if (tail < n) out[tail] = binary_op<T, O>(op, a[tail], b[tail], p);
 }
 
+// One operand full and contiguous, the other a row of `inner` elements repeated over the
+// rows (a bias [N] against [R, N]): 16-byte loads of both, the row's from L1/L2. kRowIsA
+// keeps the operand order for non-commutative ops. inner % V == 0, n < 2^31 * V.
+template <class T, class O, bool kRowIsA>
+__global__ void binary_row_kernel(int op, Params p, const T* full, const T* row, O* out, int64_t n,
+                                  mg::cuda::FastDiv inner_v) {
+  constexpr int V = kVec16<T> < kVec16<O> ? kVec16<T> : kVec16<O>;
+  using VecI = AlignedVec<T, V>;
+  using VecO = AlignedVec<O, V>;
+  const int64_t nv = n / V;
+  MG_GRID_STRIDE(i, nv) {
+    const uint32_t iv = static_cast<uint32_t>(i);
+    const uint32_t j = iv - inner_v.div(iv) * inner_v.d;  // vector index within the row
+    const VecI x = reinterpret_cast<const VecI*>(full)[i];
+    const VecI y = reinterpret_cast<const VecI*>(row)[j];
+    VecO r;
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      r.v[k] = kRowIsA ? binary_op<T, O>(op, y.v[k], x.v[k], p) : binary_op<T, O>(op, x.v[k], y.v[k], p);
+    reinterpret_cast<VecO*>(out)[i] = r;
+  }
+}
+
 template <class T, class O>
 __global__ void binary_strided_kernel(int op, Params p, const T* a, const T* b, O* out, OffsetCalc<3> oc, int64_t n) {
   MG_GRID_STRIDE(i, n) {
@@ -272,6 +306,15 @@ __global__ void where_kernel(const bool* c, const T* a, const T* b, T* out, Offs
 
 // True when t covers exactly out's elements in the same (contiguous) order.
 bool flat_like(const Tensor& t, const Tensor& out) { return t.sizes() == out.sizes() && t.is_contiguous(); }
+
+// True when t (expanded to out's shape) is one contiguous row of out's last dim repeated:
+// unit stride along the last dim, stride 0 elsewhere.
+bool repeated_row(const Tensor& t, const Tensor& out) {
+  if (t.dim() != out.dim() || t.dim() < 2 || t.sizes() != out.sizes() || t.stride(-1) != 1) return false;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d)
+    if (t.stride(d) != 0 && t.size(d) != 1) return false;
+  return true;
+}
 
 constexpr int code(Binary op) { return static_cast<int>(op); }
 
@@ -322,6 +365,18 @@ void launch_binary_t(int op, Params p, const Tensor& a, const Tensor& b, const T
   if (out.is_contiguous() && flat_like(a, out) && flat_like(b, out) && aligned16(pa) && aligned16(pb) &&
       aligned16(po)) {
     binary_contig_kernel<T, O><<<blocks_for(n / kVec16<T> + 1), kBlock, 0, st>>>(op, p, pa, pb, po, n);
+    return;
+  }
+  constexpr int V = kVec16<T> < kVec16<O> ? kVec16<T> : kVec16<O>;
+  const int64_t inner = out.dim() >= 2 ? out.size(-1) : 0;
+  const bool row_b = repeated_row(b, out) && flat_like(a, out), row_a = repeated_row(a, out) && flat_like(b, out);
+  if (out.is_contiguous() && (row_a || row_b) && inner % V == 0 && n / V < (int64_t{1} << 31) && aligned16(pa) &&
+      aligned16(pb) && aligned16(po)) {
+    const mg::cuda::FastDiv inner_v(static_cast<uint32_t>(inner / V));
+    if (row_b)
+      binary_row_kernel<T, O, false><<<blocks_for(n / V), kBlock, 0, st>>>(op, p, pa, pb, po, n, inner_v);
+    else
+      binary_row_kernel<T, O, true><<<blocks_for(n / V), kBlock, 0, st>>>(op, p, pb, pa, po, n, inner_v);
   } else {
     auto oc = make_offset_calc<3>(out.sizes(), {&out.strides(), &a.strides(), &b.strides()});
     binary_strided_kernel<T, O><<<blocks_for(n), kBlock, 0, st>>>(op, p, pa, pb, po, oc, n);

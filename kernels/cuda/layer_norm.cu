@@ -11,6 +11,7 @@
 // the chunks in a fixed order), so results are deterministic.
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
@@ -83,65 +84,122 @@ __global__ void ln_fwd_kernel(const T* x, const T* w, const T* b, T* out, math_t
 // x and the (half-precision) branch output, writes h and y already in the consumer's dtype.
 // Same per-row math as ln_fwd_kernel; h is re-read from the row this thread just wrote.
 
-template <class R, class O>
+// kV consecutive elements as floats (one 16-byte f32 / 8-byte half load for kV = 4), and back.
+template <int kV, class T>
+__device__ __forceinline__ void load_v(const T* p, float (&out)[kV]) {
+  const AlignedVec<T, kV> v = *reinterpret_cast<const AlignedVec<T, kV>*>(p);
+#pragma unroll
+  for (int k = 0; k < kV; ++k) out[k] = load_m(v.v[k]);
+}
+template <int kV, class T>
+__device__ __forceinline__ void store_v(T* p, const float (&in)[kV]) {
+  AlignedVec<T, kV> v;
+#pragma unroll
+  for (int k = 0; k < kV; ++k) v.v[k] = store_m<T>(in[k]);
+  *reinterpret_cast<AlignedVec<T, kV>*>(p) = v;
+}
+// A weight / bias chunk, or `dflt` when the tensor is absent.
+template <int kV>
+__device__ __forceinline__ void load_or(const float* p, int64_t j, float dflt, float (&out)[kV]) {
+  if (p) {
+    load_v<kV>(p + j, out);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kV; ++k) out[k] = dflt;
+  }
+}
+
+// Lane l handles elements [kV (l + 32 t), kV (l + 32 t) + kV) of its row: kV = 4 when n % 4 == 0
+// and every tensor is aligned to 4 elements (the launcher checks), 1 otherwise.
+template <int kV, class R, class O>
 __global__ void add_ln_fwd_kernel(const float* x, const R* res, const float* w, const float* b, float* sum, O* out,
                                   float* mean, float* rstd, int64_t rows, int64_t n, double eps) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.y;
-  if (i >= rows) return;
-  const int lane = threadIdx.x;
+  if (i >= rows) return;  // whole warps only: no block-wide sync below
+  const int64_t step = 32 * kV, j0 = threadIdx.x * kV;
   const float* xr = x + i * n;
   float* hr = res ? sum + i * n : nullptr;
   float s = 0;
-  for (int64_t j = lane; j < n; j += 32) {
-    float v = xr[j];
+  for (int64_t j = j0; j < n; j += step) {
+    float v[kV];
+    load_v<kV>(xr + j, v);
     if (res) {
-      v += load_m(res[i * n + j]);
-      hr[j] = v;
+      float r[kV];
+      load_v<kV>(res + i * n + j, r);
+#pragma unroll
+      for (int k = 0; k < kV; ++k) v[k] += r[k];
+      store_v<kV>(hr + j, v);
     }
-    s += v;
+#pragma unroll
+    for (int k = 0; k < kV; ++k) s += v[k];
   }
   const float* h = res ? hr : xr;
   const float m = warp_sum(s) / static_cast<float>(n);
-  float v = 0;
-  for (int64_t j = lane; j < n; j += 32) {
-    const float d = h[j] - m;
-    v += d * d;
+  float var = 0;
+  for (int64_t j = j0; j < n; j += step) {
+    float v[kV];
+    load_v<kV>(h + j, v);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) var += (v[k] - m) * (v[k] - m);
   }
-  const float r = 1.0f / m_sqrt(warp_sum(v) / static_cast<float>(n) + static_cast<float>(eps));
-  if (lane == 0) {
+  const float r = 1.0f / m_sqrt(warp_sum(var) / static_cast<float>(n) + static_cast<float>(eps));
+  if (threadIdx.x == 0) {
     mean[i] = m;
     rstd[i] = r;
   }
   O* yr = out + i * n;
-  for (int64_t j = lane; j < n; j += 32) yr[j] = store_m<O>((h[j] - m) * r * opt(w, j, 1.0f) + opt(b, j, 0.0f));
+  for (int64_t j = j0; j < n; j += step) {
+    float v[kV], wv[kV], bv[kV];
+    load_v<kV>(h + j, v);
+    load_or<kV>(w, j, 1.0f, wv);
+    load_or<kV>(b, j, 0.0f, bv);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) v[k] = (v[k] - m) * r * wv[k] + bv[k];
+    store_v<kV>(yr + j, v);
+  }
 }
 
 // dh = grad_sum + rstd * (g*w - mean(g*w) - xhat * mean(g*w * xhat)), written in f32 (dx) and,
 // for the half-precision branch, in its dtype (dx_low): the residual add's backward and the
 // cast of the branch's gradient in the same pass.
-template <class G, class L>
+template <int kV, class G, class L>
 __global__ void add_ln_bwd_dx_kernel(const G* g, const float* gsum, const float* h, const float* mean,
                                      const float* rstd, const float* w, float* dx, L* dx_low, int64_t rows, int64_t n) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.y;
   if (i >= rows) return;
-  const int lane = threadIdx.x;
+  const int64_t step = 32 * kV, j0 = threadIdx.x * kV;
   const G* gr = g + i * n;
   const float* hr = h + i * n;
   const float m = mean[i], r = rstd[i];
   float sg = 0, sgx = 0;
-  for (int64_t j = lane; j < n; j += 32) {
-    const float gw = load_m(gr[j]) * opt(w, j, 1.0f);
-    sg += gw;
-    sgx += gw * (hr[j] - m) * r;
+  for (int64_t j = j0; j < n; j += step) {
+    float gv[kV], hv[kV], wv[kV];
+    load_v<kV>(gr + j, gv);
+    load_v<kV>(hr + j, hv);
+    load_or<kV>(w, j, 1.0f, wv);
+#pragma unroll
+    for (int k = 0; k < kV; ++k) {
+      const float gw = gv[k] * wv[k];
+      sg += gw;
+      sgx += gw * (hv[k] - m) * r;
+    }
   }
   const float mean_g = warp_sum(sg) / static_cast<float>(n), mean_gx = warp_sum(sgx) / static_cast<float>(n);
-  for (int64_t j = lane; j < n; j += 32) {
-    const float gw = load_m(gr[j]) * opt(w, j, 1.0f);
-    const float xhat = (hr[j] - m) * r;
-    float d = r * (gw - mean_g - xhat * mean_gx);
-    if (gsum) d += gsum[i * n + j];
-    if (dx) dx[i * n + j] = d;
-    if (dx_low) dx_low[i * n + j] = store_m<L>(d);
+  for (int64_t j = j0; j < n; j += step) {
+    float gv[kV], hv[kV], wv[kV], d[kV];
+    load_v<kV>(gr + j, gv);
+    load_v<kV>(hr + j, hv);
+    load_or<kV>(w, j, 1.0f, wv);
+    if (gsum) {
+      load_v<kV>(gsum + i * n + j, d);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kV; ++k) d[k] = 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kV; ++k) d[k] += r * (gv[k] * wv[k] - mean_g - (hv[k] - m) * r * mean_gx);
+    if (dx) store_v<kV>(dx + i * n + j, d);
+    if (dx_low) store_v<kV>(dx_low + i * n + j, d);
   }
 }
 
@@ -314,6 +372,14 @@ bool with_stream_dtype(DType t, F&& f) {
 }
 bool f32_or_none(const Tensor& t) { return !t.defined() || t.dtype() == DType::f32; }
 bool stream_dtype(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
+// Rows of n elements can be read 4 at a time: n % 4 == 0 and every defined tensor's data
+// aligned to 4 of its elements (rows then start aligned too).
+bool vec4_rows(int64_t n, std::initializer_list<const Tensor*> ts) {
+  if (n % 4 != 0) return false;
+  for (const Tensor* t : ts)
+    if (t->defined() && reinterpret_cast<uintptr_t>(t->raw_data()) % (4 * dtype_size(t->dtype())) != 0) return false;
+  return true;
+}
 }  // namespace
 
 template <>
@@ -328,14 +394,18 @@ bool CudaBackend::fused_add_layer_norm_forward(const Tensor& x, const Tensor& re
   if (rows == 0 || n == 0) return false;
   mg::cuda::DeviceGuard guard(x.device());
   cudaStream_t st = stream_of(x);
+  const bool vec = vec4_rows(n, {&x, &residual, &weight, &bias, &sum, &out});
   return with_stream_dtype(rt, [&](auto r_tag) {
     using R = decltype(r_tag);
     with_stream_dtype(out.dtype(), [&](auto o_tag) {
       using O = decltype(o_tag);
-      add_ln_fwd_kernel<R, O><<<row_blocks(rows, "add_layer_norm"), dim3(32, kRowsPerBlock), 0, st>>>(
-          data_as<const float>(x), data_as<const R>(residual), data_as<const float>(weight), data_as<const float>(bias),
-          residual.defined() ? data_as<float>(sum) : nullptr, data_as<O>(out), data_as<float>(mean),
-          data_as<float>(rstd), rows, n, eps);
+      auto launch = [&](auto kernel) {
+        kernel<<<row_blocks(rows, "add_layer_norm"), dim3(32, kRowsPerBlock), 0, st>>>(
+            data_as<const float>(x), data_as<const R>(residual), data_as<const float>(weight),
+            data_as<const float>(bias), residual.defined() ? data_as<float>(sum) : nullptr, data_as<O>(out),
+            data_as<float>(mean), data_as<float>(rstd), rows, n, eps);
+      };
+      vec ? launch(add_ln_fwd_kernel<4, R, O>) : launch(add_ln_fwd_kernel<1, R, O>);
       MG_CUDA_CHECK_LAUNCH("add_layer_norm");
     });
   });
@@ -353,15 +423,19 @@ bool CudaBackend::fused_add_layer_norm_backward(const Tensor& grad_out, const Te
   if (rows == 0 || n == 0) return false;
   mg::cuda::DeviceGuard guard(sum.device());
   cudaStream_t st = stream_of(sum);
+  const bool vec = vec4_rows(n, {&grad_out, &grad_sum, &sum, &weight, &grad_x, &grad_x_low});
   with_stream_dtype(grad_out.dtype(), [&](auto g_tag) {
     using G = decltype(g_tag);
     if (grad_x.defined() || grad_x_low.defined())
       with_stream_dtype(grad_x_low.defined() ? grad_x_low.dtype() : DType::f32, [&](auto l_tag) {
         using L = decltype(l_tag);
-        add_ln_bwd_dx_kernel<G, L><<<row_blocks(rows, "add_layer_norm_backward"), dim3(32, kRowsPerBlock), 0, st>>>(
-            data_as<const G>(grad_out), data_as<const float>(grad_sum), data_as<const float>(sum),
-            data_as<const float>(mean), data_as<const float>(rstd), data_as<const float>(weight),
-            data_as<float>(grad_x), data_as<L>(grad_x_low), rows, n);
+        auto launch = [&](auto kernel) {
+          kernel<<<row_blocks(rows, "add_layer_norm_backward"), dim3(32, kRowsPerBlock), 0, st>>>(
+              data_as<const G>(grad_out), data_as<const float>(grad_sum), data_as<const float>(sum),
+              data_as<const float>(mean), data_as<const float>(rstd), data_as<const float>(weight),
+              data_as<float>(grad_x), data_as<L>(grad_x_low), rows, n);
+        };
+        vec ? launch(add_ln_bwd_dx_kernel<4, G, L>) : launch(add_ln_bwd_dx_kernel<1, G, L>);
         MG_CUDA_CHECK_LAUNCH("add_layer_norm_backward");
       });
     param_grads<float, G>(grad_out, sum, mean, rstd, grad_weight, grad_bias, st);

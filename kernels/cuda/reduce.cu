@@ -85,7 +85,21 @@ __global__ void reduce_rows_kernel(const T* a, O* out, A* partial, RedArgs<A> ar
     args.oc.get(o, offs);
     const T* base = a + offs[1];
     const A m = args.mode == kSqDev ? args.mean[o] : A(0);
-    if (args.rstride == 1) {
+    constexpr int V = kVec16<T>;
+    using Vec = AlignedVec<T, V>;
+    if (args.rstride == 1 && V > 1 && (reinterpret_cast<uintptr_t>(base + r0) & 15) == 0) {
+      // 16-byte loads over the aligned run (2-byte types read 64 bytes a warp otherwise).
+      const int64_t nv = (r1 - r0) / V;
+      const Vec* bv = reinterpret_cast<const Vec*>(base + r0);
+#pragma unroll 2
+      for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+        const Vec x = bv[i];
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc += transform<T, A>(x.v[k], args.mode, m);
+      }
+      for (int64_t r = r0 + nv * V + threadIdx.x; r < r1; r += blockDim.x)
+        acc += transform<T, A>(base[r], args.mode, m);
+    } else if (args.rstride == 1) {
 #pragma unroll 4
       for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) acc += transform<T, A>(base[r], args.mode, m);
     } else {
@@ -240,6 +254,7 @@ void reduce_t(const Tensor& a, const Tensor& out, int mode, double scale, const 
   if (grid.x < fill && args.R > 2 * min_chunk)
     splits = std::min<int64_t>({cdiv(fill, grid.x), args.R / min_chunk, 65535});
   args.chunk = cdiv(args.R, splits);
+  if (rows && splits > 1) args.chunk = cdiv(args.chunk, 16) * 16;  // chunks start 16-element aligned (vector loads)
   splits = args.R ? cdiv(args.R, args.chunk) : 1;
   if (args.R == 0) args.chunk = 0;
   grid.y = static_cast<unsigned>(splits);

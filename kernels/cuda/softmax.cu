@@ -44,6 +44,41 @@ __global__ void softmax_rows_kernel(const T* a, T* out, OffsetCalc<2> oc, int64_
   oc.get(row, off);
   const T* x = a + off[1];
   T* y = out + off[0];
+  constexpr int V = kVec16<T>;
+  using Vec = AlignedVec<T, V>;
+  // The same three passes with 16-byte loads and stores when the row allows (uniform across a
+  // warp's or big block's threads: one row each).
+  if (V > 1 && K % V == 0 && ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) & 15) == 0) {
+    const Vec* xv = reinterpret_cast<const Vec*>(x);
+    Vec* yv = reinterpret_cast<Vec*>(y);
+    const int64_t nv = K / V;
+    M vmx = -std::numeric_limits<M>::infinity();
+    for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+      const Vec v = xv[i];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const M e = load_m(v.v[k]);
+        vmx = e > vmx ? e : vmx;
+      }
+    }
+    vmx = fix_max(big ? block_max(vmx, shm, -std::numeric_limits<M>::infinity()) : warp_max(vmx));
+    M vs = 0;
+    for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+      const Vec v = xv[i];
+#pragma unroll
+      for (int k = 0; k < V; ++k) vs += m_exp(load_m(v.v[k]) - vmx);
+    }
+    vs = big ? block_sum(vs, shm) : warp_sum(vs);
+    const M c = log ? m_log(vs) : M(1) / vs;
+    for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+      const Vec v = xv[i];
+      Vec o;
+#pragma unroll
+      for (int k = 0; k < V; ++k) o.v[k] = softmax_out<T>(load_m(v.v[k]), vmx, c, log);
+      yv[i] = o;
+    }
+    return;
+  }
   M mx = -std::numeric_limits<M>::infinity();
   for (int64_t j = threadIdx.x; j < K; j += blockDim.x) {
     const M v = load_m(x[j]);
