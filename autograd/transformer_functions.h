@@ -30,8 +30,9 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual
 
 // The transformer MLP: linear(gelu_tanh(linear(x, w_fc, b_fc)), w_proj, b_proj) as one node
 // (biases may be undefined). On CUDA in f16/bf16 the GELU runs inside the first GEMM
-// (cuBLASLt's epilogue, which keeps its argument for backward): no GELU kernel forward; each
-// bias gradient is taken inside its layer's weight-gradient GEMM.
+// (cuBLASLt's epilogue, which keeps its argument for backward) and its derivative inside the
+// GEMM of the gradient reaching it: no GELU kernel either way; each bias gradient is taken
+// inside its layer's weight-gradient GEMM.
 // Saves what the two linears and the GELU would (x, the GELU's argument and its output).
 // Follows autocast like linear; under a selective-recompute policy it runs as the three ops.
 Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj);

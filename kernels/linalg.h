@@ -33,10 +33,11 @@ std::pair<Tensor, Tensor> linear_weight_grads(const Tensor& g, const Tensor& x, 
 // f32's precision).
 std::pair<Tensor, Tensor> linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
 // The gradient reaching `pre` when the gradient g [rows, k] reaches gelu's output through a
-// linear with weight w [k, n]: g_pre = (g @ w) * gelu_tanh'(pre), pre [rows, n]. A GEMM, then
-// the GELU backward kernel (cuBLASLt's GELU-derivative epilogue when MG_DGELU_EPILOGUE=1; see
-// kernels/cuda/cublaslt.cc for why it is not the default). linear_gelu's bias gradient is the
-// row sum of g_pre: the caller takes it inside the weight-gradient GEMM (linear_weight_grads).
+// linear with weight w [k, n]: g_pre = (g @ w) * gelu_tanh'(pre), pre [rows, n]. On CUDA in
+// f16/bf16 one cuBLASLt GEMM (the GELU-derivative epilogue, reading pre); elsewhere a GEMM, then
+// the GELU backward kernel. linear_gelu's bias gradient is the row sum of g_pre: the caller takes
+// it inside the weight-gradient GEMM (linear_weight_grads), which measured faster than the
+// epilogue's own bias-gradient variant.
 Tensor matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre);
 
 }  // namespace mg::kernels

@@ -208,14 +208,12 @@ bool lt_linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias, const 
 // DGELU_BGRAD epilogue sums D's columns, i.e. over the rows of g_pre.
 bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre,
                              const Tensor& gb) {
-  // Off unless MG_DGELU_EPILOGUE=1: on the H200 (cuBLASLt 13, bf16, GPT-2's MLP) the DGELU_BGRAD
-  // epilogue ran as a generic kernel at 166 us a call where the plain GEMM plus the GELU
-  // backward kernel take about 100 us (docs/h200_run_2026-12-02.log, call 1).
-  static const bool enabled = [] {
-    const char* e = std::getenv("MG_DGELU_EPILOGUE");
-    return e && std::strcmp(e, "1") == 0;
-  }();
-  if (!enabled || !plain_rows(g) || !plain_rows(w) || !plain_rows(pre) || !plain_rows(g_pre)) return false;
+  // Half precision only, as for the forward epilogue. The bias gradient is the caller's (inside
+  // its weight-gradient GEMM): on the H200 (cuBLASLt 13, bf16, GPT-2's MLP) DGELU_BGRAD ran as a
+  // generic kernel at 166 us a call, DGELU alone beside the plain GEMM + GELU backward kernel
+  // took GPT-2's step from 21.43 to 20.65 ms (docs/h200_run_2026-12-02.log, calls 1 and 2).
+  if (!plain_rows(g) || !plain_rows(w) || !plain_rows(pre) || !plain_rows(g_pre)) return false;
+  if (g_pre.dtype() != DType::f16 && g_pre.dtype() != DType::bf16) return false;
   if (gb.defined() && !gb.is_contiguous()) return false;
   const int64_t rows = g.size(0), k = g.size(1), n = w.size(1);
   if (rows == 0 || n == 0 || k == 0) return false;

@@ -29,15 +29,19 @@ constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 constexpr double kTanhK = 0.7978845608028654;  // sqrt(2/pi)
 constexpr double kTanhC = 0.044715;
 
-// tanh for the 16-bit types' GELU: 1 - 2 / (1 + e^(2x)) from the fast exp (a few f32 ulps,
-// far below the 2^-8 / 2^-11 rounding of the result), where tanhf made the kernel compute-bound
-// (0.57-0.60 of a copy's bandwidth on the H200); f32 and f64 keep the libm tanh.
+// tanh for the 16-bit types' GELU: the hardware's tanh.approx.f32 (one MUFU instruction,
+// relative error below 2^-10.9), where libm's tanhf made the half kernels compute-bound (0.48-0.60
+// of a copy's bandwidth on the H200, docs/h200_run_2026-12-02.log). The error is below bf16's
+// rounding (2^-8) and about one f16 rounding (2^-11); f32 and f64 keep the libm tanh.
 template <class T, class M>
 __device__ __forceinline__ M gelu_tanh_of(M x) {
-  if constexpr (mg::cuda::is_half_v<T>)
-    return 1.0f - 2.0f / (1.0f + __expf(2.0f * x));
-  else
+  if constexpr (mg::cuda::is_half_v<T>) {
+    float t;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(static_cast<float>(x)));
+    return t;
+  } else {
     return m_tanh(x);
+  }
 }
 
 template <class T>

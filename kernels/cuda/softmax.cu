@@ -27,9 +27,19 @@ __device__ __forceinline__ M fix_max(M mx) {
   return isinf(mx) ? (mx > M(0) ? mx : M(0)) : mx;
 }
 
+// exp for the forward: the fast hardware exp (a few f32 ulps) for the 16-bit types, whose
+// results round to 2^-8 / 2^-11 anyway; libm's for f32 and f64.
+template <class T, class M>
+__device__ __forceinline__ M row_exp(M x) {
+  if constexpr (mg::cuda::is_half_v<T>)
+    return __expf(x);
+  else
+    return m_exp(x);
+}
+
 template <class T, class M>
 __device__ __forceinline__ T softmax_out(M x, M mx, M inv_or_logs, bool log) {
-  return log ? store_m<T>((x - mx) - inv_or_logs) : store_m<T>(m_exp(x - mx) * inv_or_logs);
+  return log ? store_m<T>((x - mx) - inv_or_logs) : store_m<T>(row_exp<T>(x - mx) * inv_or_logs);
 }
 
 // blockDim = (tx, ty): tx threads per row (32, or more with ty == 1).
@@ -66,7 +76,7 @@ __global__ void softmax_rows_kernel(const T* a, T* out, OffsetCalc<2> oc, int64_
     for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
       const Vec v = xv[i];
 #pragma unroll
-      for (int k = 0; k < V; ++k) vs += m_exp(load_m(v.v[k]) - vmx);
+      for (int k = 0; k < V; ++k) vs += row_exp<T>(load_m(v.v[k]) - vmx);
     }
     vs = big ? block_sum(vs, shm) : warp_sum(vs);
     const M c = log ? m_log(vs) : M(1) / vs;
@@ -87,7 +97,7 @@ __global__ void softmax_rows_kernel(const T* a, T* out, OffsetCalc<2> oc, int64_
   mx = big ? block_max(mx, shm, -std::numeric_limits<M>::infinity()) : warp_max(mx);
   mx = fix_max(mx);
   M s = 0;
-  for (int64_t j = threadIdx.x; j < K; j += blockDim.x) s += m_exp(load_m(x[j]) - mx);
+  for (int64_t j = threadIdx.x; j < K; j += blockDim.x) s += row_exp<T>(load_m(x[j]) - mx);
   s = big ? block_sum(s, shm) : warp_sum(s);
   const M c = log ? m_log(s) : M(1) / s;
   for (int64_t j = threadIdx.x; j < K; j += blockDim.x) y[j] = softmax_out<T>(load_m(x[j]), mx, c, log);
@@ -109,7 +119,7 @@ __global__ void softmax_cols_kernel(const T* a, T* out, OffsetCalc<2> oc, int64_
     }
     mx = fix_max(mx);
     M s = 0;
-    for (int64_t j = 0; j < K; ++j) s += m_exp(load_m(x[j * sa]) - mx);
+    for (int64_t j = 0; j < K; ++j) s += row_exp<T>(load_m(x[j * sa]) - mx);
     const M c = log ? m_log(s) : M(1) / s;
     for (int64_t j = 0; j < K; ++j) y[j * so] = softmax_out<T>(load_m(x[j * sa]), mx, c, log);
   }

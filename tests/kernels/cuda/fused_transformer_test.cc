@@ -3,8 +3,8 @@
 //   - add_layer_norm with an f32 residual stream, an f32/f16/bf16 branch and an f32/f16/bf16
 //     output (the mixed dtypes the op table, whose inputs share one dtype, cannot express),
 //     forward and backward;
-//   - gelu_mlp forward (cuBLASLt's GELU epilogue in bf16, the GEMM and GELU kernel in f32) and
-//     the gradient reaching the GELU's argument.
+//   - gelu_mlp forward and the gradient reaching the GELU's argument (cuBLASLt's GELU and
+//     DGELU epilogues in bf16, the GEMM and GELU kernels in f32).
 // Bounds are derived per element from the roundings each path performs (see each test).
 // Skips without a CUDA device.
 #include <gtest/gtest.h>
@@ -201,35 +201,39 @@ TEST_F(FusedTransformer, GeluMlpForwardMatchesF64) {
   }
 }
 
-// The gradient reaching the GELU's argument: g_pre = (g @ w) * gelu'(pre), in f32 (TF32 off)
-// against f64. The f32 GEMM is off by gamma_k (|g| |w|); gelu' (|gelu'| <= 1.13) multiplies
-// it, evaluated by the GELU backward kernel (libm tanh) or, with MG_DGELU_EPILOGUE=1, by
-// cuBLASLt's epilogue, whose tanh may be the hardware approximation (relative error 2^-11,
-// which moves gelu' by at most 2^-11 (0.5 + 0.8 |pre| (1 + 0.134 pre^2))); then one rounding.
+// The gradient reaching the GELU's argument, g_pre = (g @ w) * gelu'(pre), against f64 from the
+// rounded inputs: bf16 through cuBLASLt's DGELU epilogue, f32 (TF32 off) through the GEMM and the
+// GELU backward kernel. The f32 accumulation is off by gamma_k (|g| |w|); gelu' (|gelu'| <= 1.13)
+// multiplies it, its tanh possibly the hardware approximation (relative error 2^-11, which moves
+// gelu' by at most 2^-11 (0.5 + 0.8 |pre| (1 + 0.134 pre^2))); then one rounding u(dt) |g_pre|.
 // Second-order terms are covered by a factor 1.1.
 TEST_F(FusedTransformer, MatmulGeluBackwardMatchesF64) {
-  Generator g(12);
-  const int64_t rows = 64, c = 96, hidden = 256;
-  Tensor gout = host({rows, c}, DType::f32, g), w = host({c, hidden}, DType::f32, g, -0.2, 0.2);
-  Tensor pre = host({rows, hidden}, DType::f32, g, -3, 3);
-  Tensor gpre = k::matmul_gelu_backward(to_cuda(gout), to_cuda(w), to_cuda(pre));
-  ASSERT_EQ(gpre.sizes(), (Shape{rows, hidden}));
-  const std::vector<double> gv = values(gout), wv = values(w), pv = values(pre);
-  const double u = unit_roundoff(DType::f32), gk = gamma_k(c, DType::f32);
-  const double cst = std::sqrt(2.0 / M_PI);
-  std::vector<double> ref(rows * hidden), bound(rows * hidden);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < hidden; ++j) {
-      double s = 0, sa = 0;
-      for (int64_t i = 0; i < c; ++i)
-        s += gv[r * c + i] * wv[i * hidden + j], sa += std::abs(gv[r * c + i] * wv[i * hidden + j]);
-      const double p = pv[r * hidden + j], t = std::tanh(cst * (p + 0.044715 * p * p * p));
-      const double d = 0.5 * (1 + t) + 0.5 * p * (1 - t * t) * cst * (1 + 3 * 0.044715 * p * p);
-      const double dd = std::ldexp(0.5 + 0.8 * std::abs(p) * (1 + 0.134 * p * p), -11);
-      ref[r * hidden + j] = s * d;
-      bound[r * hidden + j] = 1.1 * (u * std::abs(s * d) + 1.13 * gk * sa + dd * std::abs(s));
-    }
-  EXPECT_TRUE(within(f64(gpre), from_vector(ref, {rows, hidden}, {DType::f64}), bound));
+  for (DType dt : {DType::bf16, DType::f32}) {
+    SCOPED_TRACE(dstr(dt));
+    Generator g(12);
+    const int64_t rows = 64, c = 96, hidden = 256;
+    Tensor gout = host({rows, c}, dt, g), w = host({c, hidden}, dt, g, -0.2, 0.2);
+    Tensor pre = host({rows, hidden}, dt, g, -3, 3);
+    Tensor gpre = k::matmul_gelu_backward(to_cuda(gout), to_cuda(w), to_cuda(pre));
+    ASSERT_EQ(gpre.sizes(), (Shape{rows, hidden}));
+    ASSERT_EQ(gpre.dtype(), dt);
+    const std::vector<double> gv = values(gout), wv = values(w), pv = values(pre);
+    const double u = unit_roundoff(dt), gk = gamma_k(c, DType::f32);
+    const double cst = std::sqrt(2.0 / M_PI);
+    std::vector<double> ref(rows * hidden), bound(rows * hidden);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < hidden; ++j) {
+        double s = 0, sa = 0;
+        for (int64_t i = 0; i < c; ++i)
+          s += gv[r * c + i] * wv[i * hidden + j], sa += std::abs(gv[r * c + i] * wv[i * hidden + j]);
+        const double p = pv[r * hidden + j], t = std::tanh(cst * (p + 0.044715 * p * p * p));
+        const double d = 0.5 * (1 + t) + 0.5 * p * (1 - t * t) * cst * (1 + 3 * 0.044715 * p * p);
+        const double dd = std::ldexp(0.5 + 0.8 * std::abs(p) * (1 + 0.134 * p * p), -11);
+        ref[r * hidden + j] = s * d;
+        bound[r * hidden + j] = 1.1 * (u * std::abs(s * d) + 1.13 * gk * sa + dd * std::abs(s));
+      }
+    EXPECT_TRUE(within(f64(gpre), from_vector(ref, {rows, hidden}, {DType::f64}), bound));
+  }
 }
 
 }  // namespace
