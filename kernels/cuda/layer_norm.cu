@@ -280,14 +280,25 @@ __global__ void ln_bwd_params_partial_kernel(const G* g, const T* x, const math_
   }
 }
 
+// Adds the chunks' partials of a 32-column strip: thread (x, y) sums chunks y, y + kFinalY, ...
+// of column x (kFinalY loads in flight per column, where one thread per column made ~90
+// dependent-latency loads), then the kFinalY sums are added in order (deterministic).
+constexpr int kFinalY = 16;
 template <class T>
 __global__ void ln_bwd_params_final_kernel(const math_t<T>* partial, T* dw, T* db, int64_t chunks, int64_t n) {
   using A = math_t<T>;
-  MG_GRID_STRIDE(j, n) {
-    A sw = 0, sb = 0;
-    for (int64_t c = 0; c < chunks; ++c) sw += partial[c * n + j], sb += partial[(chunks + c) * n + j];
-    if (dw) dw[j] = store_m<T>(sw);
-    if (db) db[j] = store_m<T>(sb);
+  __shared__ A sw[kFinalY][33], sb[kFinalY][33];
+  const int64_t j = blockIdx.x * 32 + threadIdx.x;
+  A w = 0, b = 0;
+  if (j < n)
+    for (int64_t c = threadIdx.y; c < chunks; c += kFinalY) w += partial[c * n + j], b += partial[(chunks + c) * n + j];
+  sw[threadIdx.y][threadIdx.x] = w;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < n) {
+    for (int y = 1; y < kFinalY; ++y) w += sw[y][threadIdx.x], b += sb[y][threadIdx.x];
+    if (dw) dw[j] = store_m<T>(w);
+    if (db) db[j] = store_m<T>(b);
   }
 }
 
@@ -320,8 +331,8 @@ void param_grads(const Tensor& grad_out, const Tensor& x, const Tensor& mean, co
   };
   vec ? launch(ln_bwd_params_partial_kernel<T, G, 4>) : launch(ln_bwd_params_partial_kernel<T, G, 1>);
   MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
-  ln_bwd_params_final_kernel<T><<<blocks_for(n), kBlock, 0, st>>>(data_as<const A>(partial), data_as<T>(grad_weight),
-                                                                  data_as<T>(grad_bias), chunks, n);
+  ln_bwd_params_final_kernel<T><<<static_cast<unsigned>((n + 31) / 32), dim3(32, kFinalY), 0, st>>>(
+      data_as<const A>(partial), data_as<T>(grad_weight), data_as<T>(grad_bias), chunks, n);
   MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
 }
 
