@@ -60,7 +60,10 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual
                    rstd = rstd](const Grads& g) {
     const Tensor& gh = has_res ? g[0] : Tensor();
     const Tensor& gy = has_res ? g[1] : g[0];
-    if (!gy.defined()) return Grads{gh, mask[1] && gh.defined() ? gh.to(res_t) : Tensor(), Tensor(), Tensor()};
+    if (!gy.defined()) {  // only h was used: its gradient passes to both inputs (never one tensor for both)
+      Tensor gres = mask[1] && gh.defined() ? (gh.dtype() == res_t ? gh.clone() : gh.to(res_t)) : Tensor();
+      return Grads{gh, gres, Tensor(), Tensor()};
+    }
     auto [gx, gres, gw, gb] =
         kernels::add_layer_norm_backward(gy, gh, sh.unpack(), normalized_shape, mean, rstd, sw.unpack(), res_t, mask);
     return Grads{gx, gres, gw, gb};

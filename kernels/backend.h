@@ -57,11 +57,10 @@ class Backend {
   // The MLP's GEMMs with the tanh GELU inside (false when the backend has none for these
   // operands; the caller composes). Forward: pre [M, N] = x [M, K] @ w [N, K]^T + bias [N] and
   // out = gelu(pre), one GEMM writing both. Backward: g_pre [M, N] = (g [M, K] @ w [K, N]) *
-  // gelu'(pre) and gb [N] = g_pre summed over rows, one GEMM. All contiguous, one dtype.
+  // gelu'(pre), one GEMM. All contiguous, one dtype.
   virtual bool fused_linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
                                  const Tensor& pre) = 0;
-  virtual bool fused_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre,
-                                          const Tensor& gb) = 0;
+  virtual bool fused_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre) = 0;
 
   // ---- softmax family (softmax.*); floating only, same dtype in and out ----
   virtual void softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) = 0;

@@ -57,8 +57,7 @@ class BackendImpl final : public Backend {
   bool fused_linear_weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor& gb) override;
   bool fused_linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
                          const Tensor& pre) override;
-  bool fused_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre,
-                                  const Tensor& gb) override;
+  bool fused_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre) override;
 
   // ---- softmax family (softmax.*)
   void softmax(const Tensor& a, int64_t dim, bool log, const Tensor& out) override;

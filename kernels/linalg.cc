@@ -151,10 +151,13 @@ std::pair<Tensor, Tensor> linear_gelu(const Tensor& x, const Tensor& w, const Te
   const Tensor x2 = raw::contiguous(raw::reshape(x, {leading_rows(x), x.size(-1)})), wc = raw::contiguous(w);
   Tensor pre = empty({x2.size(0), w.size(0)}, {x.dtype(), dev});
   Tensor out = empty({x2.size(0), w.size(0)}, {x.dtype(), dev});
-  if (backend(dev, "linear_gelu").fused_linear_gelu(x2, wc, bias.defined() ? raw::contiguous(bias) : bias, out, pre))
-    return {raw::view(out, s), raw::view(pre, s)};
-  pre = linear(x, w, bias);
-  return {unary(Unary::GeluTanh, pre), pre};
+  const Tensor b = bias.defined() ? raw::contiguous(bias) : bias;
+  Backend& be = backend(dev, "linear_gelu");
+  if (!be.fused_linear_gelu(x2, wc, b, out, pre)) {  // the same buffers, linear then the GELU kernel
+    be.linear(x2, wc, b, pre);
+    be.unary(Unary::GeluTanh, pre, out);
+  }
+  return {raw::view(out, s), raw::view(pre, s)};
 }
 
 Tensor matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre) {
@@ -170,8 +173,11 @@ Tensor matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre)
   const Tensor g2 = raw::contiguous(raw::reshape(g, {rows, g.size(-1)})), wc = raw::contiguous(w);
   const Tensor p2 = raw::contiguous(raw::reshape(pre, {rows, n}));
   Tensor g_pre = empty({rows, n}, {pre.dtype(), dev});
-  if (!backend(dev, op).fused_matmul_gelu_backward(g2, wc, p2, g_pre, Tensor()))
-    g_pre = binary(Binary::GeluTanhBackward, matmul(g2, wc), p2);
+  Backend& be = backend(dev, op);
+  if (!be.fused_matmul_gelu_backward(g2, wc, p2, g_pre)) {  // the GEMM into g_pre, then gelu' in place
+    be.gemm(g2, false, wc, false, g_pre, 1.0, 0.0);
+    be.binary(Binary::GeluTanhBackward, g_pre, p2, g_pre);
+  }
   return raw::view(g_pre, pre.sizes());
 }
 

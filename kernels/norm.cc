@@ -159,7 +159,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_backward(const Tensor&
   const TensorOptions o{sum.dtype(), sum.device()};
   if (s.rows > 0 && (!weight.defined() || weight.dtype() == sum.dtype())) {
     const DType st = layer_norm_stats_dtype(sum.dtype());
-    Tensor gx = need_sum_grad ? empty({s.rows, s.n}, o) : Tensor();
+    Tensor gx = mask[0] ? empty({s.rows, s.n}, o) : Tensor();
     Tensor glow = mask[1] ? empty({s.rows, s.n}, {residual_dtype, sum.device()}) : Tensor();
     Tensor gw = mask[2] ? empty({s.n}, o) : Tensor();
     Tensor gb = mask[3] ? empty({s.n}, o) : Tensor();
@@ -168,9 +168,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_backward(const Tensor&
     if (backend(sum.device(), op)
             .fused_add_layer_norm_backward(as_rows(grad_out, grad_out.dtype(), {s.rows, s.n}), gs,
                                            as_rows(sum, sum.dtype(), {s.rows, s.n}), as_rows(mean, st, {s.rows}),
-                                           as_rows(rstd, st, {s.rows}), w, mask[0] ? gx : Tensor(), glow, gw, gb)) {
+                                           as_rows(rstd, st, {s.rows}), w, gx, glow, gw, gb)) {
       const auto shaped = [&](const Tensor& t, const Shape& sh) { return t.defined() ? raw::view(t, sh) : t; };
-      return {shaped(mask[0] ? gx : Tensor(), sum.sizes()), shaped(glow, sum.sizes()), shaped(gw, normalized_shape),
+      return {shaped(gx, sum.sizes()), shaped(glow, sum.sizes()), shaped(gw, normalized_shape),
               shaped(gb, normalized_shape)};
     }
   }

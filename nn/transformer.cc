@@ -1,5 +1,6 @@
 #include "nn/transformer.h"
 
+#include <optional>
 #include <sstream>
 
 #include "autograd/functions.h"
@@ -40,6 +41,14 @@ void LayerNorm::reset_parameters() {
 }
 
 Tensor LayerNorm::forward(const Tensor& x) { return mg::layer_norm(x, normalized_shape, weight, bias, eps); }
+
+std::pair<Tensor, Tensor> LayerNorm::forward_residual(const Tensor& x, const Tensor& residual) {
+  MG_CHECK(x.defined(), ValueError, "LayerNorm::forward_residual: input is an undefined tensor");
+  run_forward_pre_hooks();
+  std::optional<DType> out;
+  if (is_autocast_enabled(x.device().type)) out = autocast_dtype(x.device().type);
+  return add_layer_norm(x, residual, normalized_shape, weight, bias, eps, out);
+}
 
 std::string LayerNorm::extra_repr() const {
   std::ostringstream os;
@@ -174,21 +183,10 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, TensorOptio
   mlp = register_module("mlp", std::make_shared<MLP>(o, opts, gen));
 }
 
-namespace {
-// ln(x + residual) with the residual add and, under autocast, the cast for the linear that
-// reads it fused in (add_layer_norm); the pre-hooks of `ln` run first.
-std::pair<Tensor, Tensor> add_norm(LayerNorm& ln, const Tensor& x, const Tensor& residual) {
-  ln.run_forward_pre_hooks();
-  std::optional<DType> out;
-  if (x.defined() && is_autocast_enabled(x.device().type)) out = autocast_dtype(x.device().type);
-  return add_layer_norm(x, residual, ln.normalized_shape, ln.weight, ln.bias, ln.eps, out);
-}
-}  // namespace
-
 std::pair<Tensor, Tensor> TransformerBlock::forward_pending(const Tensor& x, const Tensor& pending) {
   MG_CHECK(x.defined(), ValueError, "TransformerBlock: input is an undefined tensor");
-  auto [h1, y1] = add_norm(*ln_1, x, pending);
-  auto [h2, y2] = add_norm(*ln_2, h1, (*attn)(y1));
+  auto [h1, y1] = ln_1->forward_residual(x, pending);
+  auto [h2, y2] = ln_2->forward_residual(h1, (*attn)(y1));
   return {h2, (*mlp)(y2)};
 }
 

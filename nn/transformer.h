@@ -22,6 +22,10 @@ class LayerNorm : public Module {
   explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true,
                      TensorOptions opts = {});
   Tensor forward(const Tensor& x) override;
+  // The pre-LN residual step: (h, ln(h)) with h = x + residual (residual may be undefined: h is
+  // x), through add_layer_norm. Under autocast ln(h) comes out in the autocast dtype, for the
+  // linear that reads it. Runs the forward pre-hooks like operator().
+  std::pair<Tensor, Tensor> forward_residual(const Tensor& x, const Tensor& residual);
   void reset_parameters();
   std::string extra_repr() const override;
 

@@ -194,7 +194,7 @@ bool CpuBackend::fused_linear_gelu(const Tensor&, const Tensor&, const Tensor&, 
 }
 
 template <>
-bool CpuBackend::fused_matmul_gelu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+bool CpuBackend::fused_matmul_gelu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   return false;
 }
 

@@ -39,9 +39,8 @@ bool lt_weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const T
 // pre[rows, n] = x[rows, k] @ w[n, k]^T + bias[n] and out = gelu_tanh(pre), one kernel
 // (GELU_AUX_BIAS: pre is the epilogue's auxiliary output, kept for backward).
 bool lt_linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, const Tensor& pre);
-// g_pre[rows, n] = (g[rows, k] @ w[k, n]) * gelu_tanh'(pre) and gb[n] = g_pre summed over
-// rows, one kernel (DGELU_BGRAD, pre as the auxiliary input).
-bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre,
-                             const Tensor& gb);
+// g_pre[rows, n] = (g[rows, k] @ w[k, n]) * gelu_tanh'(pre), one kernel (DGELU, pre as the
+// auxiliary input). f16/bf16 only, like lt_linear_gelu.
+bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre);
 
 }  // namespace mg::kernels::cuda

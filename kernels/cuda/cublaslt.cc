@@ -2,9 +2,9 @@
 // (forward) and the bias gradient reduced inside the weight-gradient GEMM (backward), one
 // kernel each where cublasGemmEx needs a second one; for the transformer MLP, the tanh GELU
 // applied in the c_fc GEMM (its argument stored as the epilogue's auxiliary output) and its
-// derivative applied in the GEMM that computes the gradient reaching it. A plan (descriptors, layouts and the
-// heuristic's algorithm) is made once per shape, dtype, epilogue and operand alignment and
-// cached per thread; the workspace is the cuBLAS handle's, from memgrad's allocator.
+// derivative applied in the GEMM that computes the gradient reaching it. A plan (descriptors,
+// layouts and the heuristic's algorithm) is made once per shape, dtype, epilogue and operand
+// alignment and cached per thread; the workspace is the cuBLAS handle's, from memgrad's allocator.
 #include <cublasLt.h>
 
 #include <cstdint>
@@ -204,22 +204,18 @@ bool lt_linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias, const 
 }
 
 // Row-major g_pre[rows, n] = g[rows, k] @ w[k, n] is column-major g_pre^T (n x rows) = w^T
-// (w's row-major storage read column-major, no transpose) @ g^T; the bias gradient of the
-// DGELU_BGRAD epilogue sums D's columns, i.e. over the rows of g_pre.
-bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre,
-                             const Tensor& gb) {
-  // Half precision only, as for the forward epilogue. The bias gradient is the caller's (inside
-  // its weight-gradient GEMM): on the H200 (cuBLASLt 13, bf16, GPT-2's MLP) DGELU_BGRAD ran as a
-  // generic kernel at 166 us a call, DGELU alone beside the plain GEMM + GELU backward kernel
-  // took GPT-2's step from 21.43 to 20.65 ms (docs/h200_run_2026-12-02.log, calls 1 and 2).
+// (w's row-major storage read column-major, no transpose) @ g^T, with the DGELU epilogue reading
+// pre^T (D's layout). The bias gradient is the caller's, inside its weight-gradient GEMM: on the
+// H200 (cuBLASLt 13, bf16, GPT-2's MLP) DGELU_BGRAD ran as a generic kernel at 166 us a call, and
+// DGELU alone took GPT-2's step from 21.43 to 20.65 ms against the plain GEMM + GELU backward
+// kernel (docs/h200_run_2026-12-02.log, calls 1 and 2).
+bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre) {
   if (!plain_rows(g) || !plain_rows(w) || !plain_rows(pre) || !plain_rows(g_pre)) return false;
-  if (g_pre.dtype() != DType::f16 && g_pre.dtype() != DType::bf16) return false;
-  if (gb.defined() && !gb.is_contiguous()) return false;
+  if (g_pre.dtype() != DType::f16 && g_pre.dtype() != DType::bf16) return false;  // see lt_linear_gelu
   const int64_t rows = g.size(0), k = g.size(1), n = w.size(1);
   if (rows == 0 || n == 0 || k == 0) return false;
   return lt_matmul(g_pre.device().index, g_pre.dtype(), false, false, n, rows, k, w.raw_data(), n, g.raw_data(), k,
-                   g_pre.raw_data(), n, gb.defined() ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU,
-                   gb.defined() ? gb.raw_data() : nullptr, pre.raw_data(), n);
+                   g_pre.raw_data(), n, CUBLASLT_EPILOGUE_DGELU, nullptr, pre.raw_data(), n);
 }
 
 }  // namespace mg::kernels::cuda

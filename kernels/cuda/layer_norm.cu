@@ -308,6 +308,36 @@ unsigned row_blocks(int64_t rows, const char* op) {
   return static_cast<unsigned>(b);
 }
 
+// f(R{}) for the dtypes the fused kernels take beside the f32 residual stream; false for others.
+template <class F>
+bool with_stream_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::f32:
+      f(float{});
+      return true;
+    case DType::f16:
+      f(__half{});
+      return true;
+    case DType::bf16:
+      f(__nv_bfloat16{});
+      return true;
+    default:
+      return false;
+  }
+}
+bool stream_dtype(DType t) {
+  return with_stream_dtype(t, [](auto) {});
+}
+bool f32_or_none(const Tensor& t) { return !t.defined() || t.dtype() == DType::f32; }
+// Rows of n elements can be read 4 at a time: n % 4 == 0 and every defined tensor's data
+// aligned to 4 of its elements (rows then start aligned too).
+bool vec4_rows(int64_t n, std::initializer_list<const Tensor*> ts) {
+  if (n % 4 != 0) return false;
+  for (const Tensor* t : ts)
+    if (t->defined() && reinterpret_cast<uintptr_t>(t->raw_data()) % (4 * dtype_size(t->dtype())) != 0) return false;
+  return true;
+}
+
 // grad_weight / grad_bias (either may be undefined) from g (G) and x (T), deterministic.
 template <class T, class G>
 void param_grads(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
@@ -316,9 +346,7 @@ void param_grads(const Tensor& grad_out, const Tensor& x, const Tensor& mean, co
   const int64_t rows = x.size(0), n = x.size(1);
   if (!grad_weight.defined() && !grad_bias.defined()) return;
   // 4 columns a thread for f32 statistics' inputs when the rows allow (see the kernel).
-  const bool vec = std::is_same_v<T, float> && n % 4 == 0 &&
-                   reinterpret_cast<uintptr_t>(grad_out.raw_data()) % (4 * sizeof(G)) == 0 &&
-                   reinterpret_cast<uintptr_t>(x.raw_data()) % 16 == 0;
+  const bool vec = std::is_same_v<T, float> && vec4_rows(n, {&grad_out, &x});
   // Enough row chunks to fill the GPU with column strips, each chunk at least 64 rows.
   const int64_t strip = vec ? 128 : 32, strips = (n + strip - 1) / strip;
   const int64_t chunks = std::clamp<int64_t>(std::min((rows + 63) / 64, (4 * 132 + strips - 1) / strips), 1, 1024);
@@ -391,36 +419,6 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, c
     param_grads<T, T>(grad_out, x, mean, rstd, grad_weight, grad_bias, st);
   });
 }
-
-namespace {
-// f(R{}) for the dtypes the fused kernels take beside the f32 residual stream.
-template <class F>
-bool with_stream_dtype(DType t, F&& f) {
-  switch (t) {
-    case DType::f32:
-      f(float{});
-      return true;
-    case DType::f16:
-      f(__half{});
-      return true;
-    case DType::bf16:
-      f(__nv_bfloat16{});
-      return true;
-    default:
-      return false;
-  }
-}
-bool f32_or_none(const Tensor& t) { return !t.defined() || t.dtype() == DType::f32; }
-bool stream_dtype(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
-// Rows of n elements can be read 4 at a time: n % 4 == 0 and every defined tensor's data
-// aligned to 4 of its elements (rows then start aligned too).
-bool vec4_rows(int64_t n, std::initializer_list<const Tensor*> ts) {
-  if (n % 4 != 0) return false;
-  for (const Tensor* t : ts)
-    if (t->defined() && reinterpret_cast<uintptr_t>(t->raw_data()) % (4 * dtype_size(t->dtype())) != 0) return false;
-  return true;
-}
-}  // namespace
 
 template <>
 bool CudaBackend::fused_add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,

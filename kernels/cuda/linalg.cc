@@ -201,10 +201,9 @@ bool CudaBackend::fused_linear_gelu(const Tensor& x, const Tensor& w, const Tens
 }
 
 template <>
-bool CudaBackend::fused_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre,
-                                             const Tensor& gb) {
+bool CudaBackend::fused_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre) {
   mg::cuda::DeviceGuard guard(g_pre.device());
-  return cuda::lt_matmul_gelu_backward(g, w, pre, g_pre, gb);
+  return cuda::lt_matmul_gelu_backward(g, w, pre, g_pre);
 }
 
 }  // namespace mg::kernels

@@ -42,6 +42,42 @@ __device__ __forceinline__ T softmax_out(M x, M mx, M inv_or_logs, bool log) {
   return log ? store_m<T>((x - mx) - inv_or_logs) : store_m<T>(row_exp<T>(x - mx) * inv_or_logs);
 }
 
+// One row's three passes (max, sum of exp, write), V elements a load and store: 16-byte vectors
+// when the row allows, AlignedVec<T, 1> (a plain element) otherwise. tx threads share the row
+// (big: a whole block, reducing through shm).
+template <int V, class T, class M>
+__device__ __forceinline__ void softmax_row(const T* x, T* y, int64_t K, bool log, bool big, M* shm) {
+  using Vec = AlignedVec<T, V>;
+  const Vec* xv = reinterpret_cast<const Vec*>(x);
+  Vec* yv = reinterpret_cast<Vec*>(y);
+  const int64_t nv = K / V;
+  M mx = -std::numeric_limits<M>::infinity();
+  for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+    const Vec v = xv[i];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const M e = load_m(v.v[k]);
+      mx = e > mx ? e : mx;
+    }
+  }
+  mx = fix_max(big ? block_max(mx, shm, -std::numeric_limits<M>::infinity()) : warp_max(mx));
+  M s = 0;
+  for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+    const Vec v = xv[i];
+#pragma unroll
+    for (int k = 0; k < V; ++k) s += row_exp<T>(load_m(v.v[k]) - mx);
+  }
+  s = big ? block_sum(s, shm) : warp_sum(s);
+  const M c = log ? m_log(s) : M(1) / s;
+  for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+    const Vec v = xv[i];
+    Vec o;
+#pragma unroll
+    for (int k = 0; k < V; ++k) o.v[k] = softmax_out<T>(load_m(v.v[k]), mx, c, log);
+    yv[i] = o;
+  }
+}
+
 // blockDim = (tx, ty): tx threads per row (32, or more with ty == 1).
 template <class T>
 __global__ void softmax_rows_kernel(const T* a, T* out, OffsetCalc<2> oc, int64_t rows, int64_t K, bool log) {
@@ -54,53 +90,12 @@ __global__ void softmax_rows_kernel(const T* a, T* out, OffsetCalc<2> oc, int64_
   oc.get(row, off);
   const T* x = a + off[1];
   T* y = out + off[0];
+  // Vector loads when the row allows (uniform across a warp's or big block's threads: one row each).
   constexpr int V = kVec16<T>;
-  using Vec = AlignedVec<T, V>;
-  // The same three passes with 16-byte loads and stores when the row allows (uniform across a
-  // warp's or big block's threads: one row each).
-  if (V > 1 && K % V == 0 && ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) & 15) == 0) {
-    const Vec* xv = reinterpret_cast<const Vec*>(x);
-    Vec* yv = reinterpret_cast<Vec*>(y);
-    const int64_t nv = K / V;
-    M vmx = -std::numeric_limits<M>::infinity();
-    for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
-      const Vec v = xv[i];
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const M e = load_m(v.v[k]);
-        vmx = e > vmx ? e : vmx;
-      }
-    }
-    vmx = fix_max(big ? block_max(vmx, shm, -std::numeric_limits<M>::infinity()) : warp_max(vmx));
-    M vs = 0;
-    for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
-      const Vec v = xv[i];
-#pragma unroll
-      for (int k = 0; k < V; ++k) vs += row_exp<T>(load_m(v.v[k]) - vmx);
-    }
-    vs = big ? block_sum(vs, shm) : warp_sum(vs);
-    const M c = log ? m_log(vs) : M(1) / vs;
-    for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
-      const Vec v = xv[i];
-      Vec o;
-#pragma unroll
-      for (int k = 0; k < V; ++k) o.v[k] = softmax_out<T>(load_m(v.v[k]), vmx, c, log);
-      yv[i] = o;
-    }
-    return;
-  }
-  M mx = -std::numeric_limits<M>::infinity();
-  for (int64_t j = threadIdx.x; j < K; j += blockDim.x) {
-    const M v = load_m(x[j]);
-    mx = v > mx ? v : mx;
-  }
-  mx = big ? block_max(mx, shm, -std::numeric_limits<M>::infinity()) : warp_max(mx);
-  mx = fix_max(mx);
-  M s = 0;
-  for (int64_t j = threadIdx.x; j < K; j += blockDim.x) s += row_exp<T>(load_m(x[j]) - mx);
-  s = big ? block_sum(s, shm) : warp_sum(s);
-  const M c = log ? m_log(s) : M(1) / s;
-  for (int64_t j = threadIdx.x; j < K; j += blockDim.x) y[j] = softmax_out<T>(load_m(x[j]), mx, c, log);
+  if (V > 1 && K % V == 0 && ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) & 15) == 0)
+    softmax_row<V>(x, y, K, log, big, shm);
+  else
+    softmax_row<1>(x, y, K, log, big, shm);
 }
 
 template <class T>

@@ -10,7 +10,6 @@
 #include "autograd/recompute.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
-#include "core/autocast.h"
 #include "core/random.h"
 #include "nn/init.h"
 
@@ -100,11 +99,7 @@ Tensor GPT::forward(const Tensor& idx) {
       std::tie(x, pending) = b->forward_pending(x, pending);
     }
   }
-  ln_f->run_forward_pre_hooks();
-  std::optional<DType> out;
-  if (is_autocast_enabled(x.device().type)) out = autocast_dtype(x.device().type);
-  auto [sum, y] = add_layer_norm(x, pending, ln_f->normalized_shape, ln_f->weight, ln_f->bias, ln_f->eps, out);
-  return (*lm_head)(y);
+  return (*lm_head)(ln_f->forward_residual(x, pending).second);
 }
 
 Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) {
