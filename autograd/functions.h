@@ -92,6 +92,15 @@ Tensor& scatter_(Tensor& self, int64_t dim, const Tensor& index, const Tensor& s
 // or class probabilities (floating, the input's shape: one-hot or soft labels, composed).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::string& reduction = "mean",
                      int64_t ignore_index = -100, double label_smoothing = 0.0);
+// cross_entropy(linear(x, weight), target) (no bias) without the logits: a language model's
+// head and loss as one node. Rows go through in chunks (chunk_rows, 0: about 512 MiB of logits
+// each), each chunk's logit gradient is folded into the x and weight gradients at once, so the
+// [rows, classes] logits and their gradient never exist whole. x [..., in], weight [classes,
+// in], target integer [...]. Follows autocast like linear (the loss itself in f32). reduction
+// "none" (and half precision on the CPU) runs as the two ops.
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& target,
+                            const std::string& reduction = "mean", int64_t ignore_index = -100,
+                            double label_smoothing = 0.0, int64_t chunk_rows = 0);
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const std::string& reduction = "mean",
                 int64_t ignore_index = -100);
 Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction = "mean");

@@ -176,6 +176,91 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::stri
   return red == Reduction::None ? out.reshape(r.target_shape) : out;
 }
 
+// linear + cross_entropy without the logits: the loss is the graph's end, so its gradient with
+// respect to the logits is known in the forward pass up to the scalar coefficient the backward
+// brings (g / count). Each chunk of rows makes its logits, its loss, then overwrites the logits
+// with (softmax - onehot) * prescale and folds them into the two products the gradients need:
+// gx_raw = d @ w and gw_raw += d^T @ x, both f32 for half inputs (widening GEMMs), so chunking
+// adds no rounding. The backward is two scalings. Peak extra memory: one chunk of logits and
+// the two accumulators, instead of the [M, V] logits and their [M, V] gradient.
+namespace {
+// f16 keeps (softmax - onehot) * 1024 so probabilities down to 6e-11 stay normal numbers (the
+// ones a GradScaler would otherwise lift); a power of two divides back out exactly.
+double logit_grad_prescale(DType t) { return t == DType::f16 ? 1024.0 : 1.0; }
+}  // namespace
+
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& target, const std::string& reduction,
+                            int64_t ignore_index, double label_smoothing, int64_t chunk_rows) {
+  constexpr const char* op = "linear_cross_entropy";
+  MG_CHECK(x.defined() && weight.defined() && target.defined(), ValueError, op, ": undefined input");
+  MG_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), ShapeError, op, ": x ",
+           shape_str(x.sizes()), " and weight ", shape_str(weight.sizes()),
+           " do not chain (expected weight [classes, in] with in == x.size(-1))");
+  MG_CHECK(chunk_rows >= 0, ValueError, op, ": chunk_rows must be >= 0 (0: automatic), got ", chunk_rows);
+  const Reduction red = parse_reduction(reduction, op);
+  if (autocast::lower_needed({&x, &weight}))
+    return linear_cross_entropy(autocast::lower(x), autocast::lower(weight), target, reduction, ignore_index,
+                                label_smoothing, chunk_rows);
+  // Per-row losses need the logits' rows, and the CPU's kernels are f32/f64: both compose.
+  const bool cpu_half = !x.is_cuda() && (x.dtype() == DType::f16 || x.dtype() == DType::bf16);
+  if (red == Reduction::None || cpu_half)
+    return cross_entropy(linear(x, weight), target, reduction, ignore_index, label_smoothing);
+  MG_CHECK(x.dtype() == weight.dtype(), DTypeError, op, ": x is ", x.dtype(), " but weight is ", weight.dtype());
+  MG_CHECK(x.device() == weight.device() && x.device() == target.device(), DeviceError, op, ": x on ", x.device(),
+           ", weight on ", weight.device(), ", target on ", target.device());
+  MG_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError, op,
+           ": label_smoothing must be in [0, 1], got ", label_smoothing);
+  Shape rows_shape = x.sizes();
+  rows_shape.pop_back();
+  MG_CHECK(!is_floating(target.dtype()), DTypeError, op, ": target must hold class indices (i64), got ",
+           target.dtype());
+  MG_CHECK(target.sizes() == rows_shape, ShapeError, op, ": target shape ", shape_str(target.sizes()),
+           " does not match x ", shape_str(x.sizes()), " (expected ", shape_str(rows_shape), ": one class per row)");
+  const int64_t K = weight.size(1), C = weight.size(0);
+  const Tensor x2 = raw::reshape(x, {-1, K});
+  const Tensor t = raw::reshape(target.dtype() == DType::i64 ? target : kernels::cast(target, DType::i64), {-1});
+  const int64_t M = x2.size(0);
+  const bool need_x = needs_grad(x), need_w = needs_grad(weight);
+  const DType ad = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const TensorOptions acc{ad, x.device()};
+  // Rows per chunk: enough to keep the GEMMs large, few enough that one chunk's logits stay near
+  // 512 MiB (GPT-2's 50304 classes in bf16: 5336 rows); chunks are balanced.
+  const int64_t auto_rows = std::max<int64_t>(
+      1, (int64_t{512} << 20) / std::max<int64_t>(1, C * static_cast<int64_t>(dtype_size(x.dtype()))));
+  const int64_t want = chunk_rows > 0 ? chunk_rows : auto_rows;
+  const int64_t chunks = M == 0 ? 0 : (M + want - 1) / want, step = chunks == 0 ? 0 : (M + chunks - 1) / chunks;
+  const double prescale = logit_grad_prescale(x.dtype());
+  Tensor per = empty({M}, acc), gx_raw, gw_raw;
+  if (need_x) gx_raw = empty({M, K}, acc);
+  if (need_w) gw_raw = empty({C, K}, acc);
+  const Tensor coef = scalar_tensor(prescale, acc);
+  for (int64_t r0 = 0; r0 < M; r0 += step) {
+    const int64_t r1 = std::min(M, r0 + step);
+    const Tensor xc = raw::slice(x2, 0, r0, r1, 1), tc = raw::slice(t, 0, r0, r1, 1);
+    Tensor logits = kernels::linear(xc, weight);  // [rows, C]
+    auto [loss, lse] = kernels::cross_entropy_forward(logits, tc, ignore_index, label_smoothing);
+    raw::copy_(raw::slice(per, 0, r0, r1, 1), loss);
+    if (!need_x && !need_w) continue;
+    kernels::cross_entropy_backward(coef, logits, tc, lse, ignore_index, label_smoothing, logits);  // in place
+    if (need_x) kernels::gemm(logits, false, weight, false, raw::slice(gx_raw, 0, r0, r1, 1));
+    if (need_w) kernels::gemm(logits, true, xc, false, gw_raw, 1.0, r0 == 0 ? 0.0 : 1.0);
+  }
+  Tensor count;
+  if (red == Reduction::Mean) count = kernels::sum(valid_mask(t, ignore_index, ad));  // on the device
+  Tensor out = red == Reduction::Sum ? kernels::sum(per) : kernels::div(kernels::sum(per), count);
+  if (need_x || need_w) {
+    record(op, {x, weight}, out, [red, prescale, count, gx_raw, gw_raw, xs = x.sizes()](const Grads& g) {
+      Tensor c = red == Reduction::Mean ? kernels::div(g[0], count) : g[0];
+      if (prescale != 1.0) c = kernels::div(c, scalar_tensor(prescale, {c.dtype(), c.device()}));
+      Tensor gx, gw;  // the engine casts them to the inputs' dtypes
+      if (gx_raw.defined()) gx = raw::reshape(kernels::mul(gx_raw, c), xs);
+      if (gw_raw.defined()) gw = kernels::mul(gw_raw, c);
+      return Grads{gx, gw};
+    });
+  }
+  return out;
+}
+
 Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {
   if (autocast::widen_needed({&input, &target}))
     return mse_loss(autocast::widen(input), autocast::widen(target), reduction);

@@ -17,12 +17,21 @@
 //   --seq T            GPT-2's sequence length (default 1024)
 //   --optimizer sgd|adamw  the step's optimizer (default sgd; adamw: fused AdamW, lr 1e-3,
 //                      weight decay 0.1), "AdamW" in the config string
+//   --checkpoint       GPT-2 with every block checkpointed (" checkpoint" in the config string)
+//   --max-batch-under G  instead of timing: the largest batch whose whole step (forward, backward,
+//                      optimizer step) fits under a per-process limit of G GiB, by
+//                      find_max_batch_size (doubling, then bisection over OutOfMemoryError); one
+//                      JSON line per model with max_batch and the tries
+//   --logits           GPT-2's head and loss as GPT::loss(model(idx)): the [B, T, V] logits
+//                      made and kept (the A/B row; by default GPT::forward_loss, which never
+//                      makes them: linear_cross_entropy)
 // The JSON line carries step_ms (median), step_ms_min / step_ms_max, n_runs, and the throughput
 // at the median (samples_per_s: images, or tokens for GPT-2) for the suite
 // (bench/runner); its config string is the one bench/pytorch/models_step.py prints.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -127,18 +136,47 @@ void print(const char* model, const std::string& config, const Result& r, int64_
   std::fflush(stdout);
 }
 
+// The largest batch whose step fits under `gib` GiB (the allocator's per-process limit), after
+// one step at batch 1 has made the optimizer state; the limit is lifted afterwards.
+void print_max_batch(const char* model, const std::string& config, double gib, mg::Device dev,
+                     const std::function<void(int64_t)>& step_at) {
+  mg::cuda::empty_cache();
+  mg::cuda::set_per_process_memory_limit(static_cast<int64_t>(gib * 1073741824.0), dev.index);
+  const mg::nn::BatchSearchResult r = mg::nn::find_max_batch_size([&](int64_t b) {
+    try {
+      step_at(b);
+    } catch (const mg::OutOfMemoryError&) {
+      mg::cuda::synchronize();
+      mg::cuda::empty_cache();
+      throw;
+    }
+  });
+  mg::cuda::set_per_process_memory_limit(0, dev.index);
+  std::string tries;
+  for (auto [b, ok] : r.tries)
+    tries += (tries.empty() ? "" : ",") + std::string("[") + std::to_string(b) + "," + (ok ? "true" : "false") + "]";
+  std::printf(
+      "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s max batch under %g GiB\","
+      "\"max_batch\":%lld,\"tries\":[%s]}\n",
+      model, config.c_str(), gib, static_cast<long long>(r.max_batch), tries.c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string which = "all";
   int warmup = 3, steps = 10;
   std::string dtype = "f32";
-  bool tf32 = false;
+  bool tf32 = false, logits = false, checkpoint = false;
+  double max_batch_gib = 0;       // > 0: the largest-batch search instead of timing
   int64_t batch = 0, seq = 1024;  // batch 0: each model's default
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--profile")) g_profile = true;
     if (!std::strcmp(argv[i], "--tf32")) tf32 = true;
     if (!std::strcmp(argv[i], "--cuda-graph")) g_graph = true;
+    if (!std::strcmp(argv[i], "--logits")) logits = true;
+    if (!std::strcmp(argv[i], "--checkpoint")) checkpoint = true;
   }
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--dtype"))
@@ -155,6 +193,8 @@ int main(int argc, char** argv) {
       seq = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--optimizer"))
       g_optimizer = argv[++i];
+    else if (!std::strcmp(argv[i], "--max-batch-under"))
+      max_batch_gib = std::atof(argv[++i]);
   }
   if (g_optimizer != "sgd" && g_optimizer != "adamw") {
     std::fprintf(stderr, "bench_models: --optimizer must be sgd or adamw, got %s\n", g_optimizer.c_str());
@@ -219,12 +259,26 @@ int main(int argc, char** argv) {
     }
     auto model = std::make_shared<mg::nn::GPT>(cfg, mg::TensorOptions(mg::DType::f32, dev));
     model->train();
+    model->recompute.checkpoint_blocks = checkpoint;
     auto opt = make_optimizer(model->parameters());
-    mg::Tensor idx = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
-    mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
-    auto step = train_step(*opt, [&] { return mg::nn::GPT::loss((*model)(idx), tgt); });
-    print("gpt2-124M", "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag, run(step, warmup, steps, dev), B * T,
-          "tokens");
+    const std::string variant = std::string(checkpoint ? " checkpoint" : "") + (logits ? " logits" : "");
+    auto step_at = [&](int64_t b) {
+      mg::Tensor idx = mg::randint(0, cfg.vocab_size, {b, T}, {mg::DType::i64, dev});
+      mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {b, T}, {mg::DType::i64, dev});
+      return train_step(*opt, [model, idx, tgt, logits] {
+        return logits ? mg::nn::GPT::loss((*model)(idx), tgt) : model->forward_loss(idx, tgt);
+      });
+    };
+    if (max_batch_gib > 0) {
+      print_max_batch("gpt2-124M", "T=" + std::to_string(T) + tag + variant, max_batch_gib, dev, [&](int64_t b) {
+        step_at(b)();
+        opt->zero_grad();
+      });
+      return 0;
+    }
+    auto step = step_at(B);
+    print("gpt2-124M", "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag + variant,
+          run(step, warmup, steps, dev), B * T, "tokens");
   }
   return 0;
 }

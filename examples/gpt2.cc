@@ -152,7 +152,7 @@ double eval_loss(Run& r) {
     for (int64_t b = 0; b < r.micro; ++b) offsets[b] = span * (i * r.micro + b) / (r.f.eval_iters * r.micro);
     auto [x, y] = r.val.batch(offsets, T, r.device);
     MemoryCategoryGuard act(MemoryCategory::Activations);
-    total += nn::GPT::loss((*r.model)(x), y).item();
+    total += r.model->forward_loss(x, y).item();
   }
   r.model->train();
   return total / static_cast<double>(r.f.eval_iters);
@@ -204,7 +204,7 @@ void find_micro_batch(Run& r) {
       auto [x, y] = r.train.random_batch(b, r.model->config.block_size, r.device, gen);
       MemoryCategoryGuard act(MemoryCategory::Activations);
       Autocast ac(r.device.type, r.amp_dtype, r.amp);
-      Tensor loss = nn::GPT::loss((*r.model)(x), y);
+      Tensor loss = r.model->forward_loss(x, y);  // the training step's form: no logits
       loss.backward();
     }
     for (Tensor& p : params) p.set_grad(Tensor());
@@ -301,7 +301,9 @@ int train(Run& r) {
       if (r.ddp && ++m < f.grad_accum) no_sync.emplace(*r.ddp);  // reduce once, after the last
       MemoryCategoryGuard act(MemoryCategory::Activations);
       Autocast ac(r.device.type, r.amp_dtype, r.amp);
-      return scaler.scale(nn::GPT::loss(r.forward_module()(xb), yb));
+      // The head and loss as one node (no logits); DDP's forward is the wrapper's, so it
+      // keeps the logits form.
+      return scaler.scale(r.ddp ? nn::GPT::loss(r.forward_module()(xb), yb) : r.model->forward_loss(xb, yb));
     });
     loss /= scaler.get_scale();
     if (f.train.clip_grad_norm > 0) {

@@ -22,8 +22,10 @@ void check_matmul_dtypes(const char* op, const Tensor& a, const Tensor& b) {
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha, double beta) {
   const Device dev = check_device("gemm", {&a, &b, &out});
   check_matmul_dtypes("gemm", a, b);
-  MG_CHECK(out.dtype() == a.dtype(), DTypeError, "gemm: output dtype ", out.dtype(), " differs from inputs' ",
-           a.dtype());
+  // A widening GEMM (f16/bf16 inputs, f32 output) keeps an f32 accumulator across calls.
+  const bool widening = out.dtype() == DType::f32 && (a.dtype() == DType::f16 || a.dtype() == DType::bf16);
+  MG_CHECK(out.dtype() == a.dtype() || widening, DTypeError, "gemm: output dtype ", out.dtype(),
+           " differs from inputs' ", a.dtype(), " (only f16/bf16 inputs may write an f32 output)");
   MG_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2, ShapeError, "gemm: expected 2-D tensors, got ",
            shape_str(a.sizes()), ", ", shape_str(b.sizes()), " and out ", shape_str(out.sizes()));
   const int64_t n = trans_a ? a.size(1) : a.size(0), ka = trans_a ? a.size(0) : a.size(1);

@@ -15,7 +15,8 @@ namespace mg::kernels {
 Tensor matmul(const Tensor& a, const Tensor& b);
 // [B, n, k] @ [B, k, m] -> [B, n, m]
 Tensor bmm(const Tensor& a, const Tensor& b);
-// 2-D GEMM: out = alpha * op(a) @ op(b) + beta * out, op = transpose when trans_*.
+// 2-D GEMM: out = alpha * op(a) @ op(b) + beta * out, op = transpose when trans_*. out has the
+// inputs' dtype, or f32 for f16/bf16 inputs (products accumulate in f32 either way).
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha = 1.0,
           double beta = 0.0);
 // y = x @ w^T + bias over the last dim of x (bias optional).

@@ -61,7 +61,7 @@ std::tuple<Tensor, Tensor> cross_entropy_forward(const Tensor& logits, const Ten
 }
 
 Tensor cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target, const Tensor& lse,
-                              int64_t ignore_index, double label_smoothing) {
+                              int64_t ignore_index, double label_smoothing, const Tensor& out) {
   const char* op = "cross_entropy_backward";
   check_inputs(op, logits, target, label_smoothing);
   const DType ad = acc_dtype(logits.dtype());
@@ -72,7 +72,13 @@ Tensor cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Te
            " elements, got shape ", shape_str(coef.sizes()));
   Tensor x = raw::contiguous(logits), t = prep_target(target), l = raw::contiguous(lse);
   Tensor c = raw::contiguous(coef.dtype() == ad ? coef : cast(coef, ad));
-  Tensor grad = empty(logits.sizes(), {logits.dtype(), logits.device()});
+  MG_CHECK(!out.defined() || (out.sizes() == logits.sizes() && out.dtype() == logits.dtype() &&
+                              out.device() == logits.device() && out.is_contiguous()),
+           ValueError, op, ": out must be a contiguous ", logits.dtype(), " tensor of shape ",
+           shape_str(logits.sizes()), " on ", logits.device());
+  MG_CHECK(!out.defined() || !(out.storage() == x.storage()) || x.raw_data() == out.raw_data(), ValueError, op,
+           ": out may be logits itself but must not partly overlap it");
+  Tensor grad = out.defined() ? out : empty(logits.sizes(), {logits.dtype(), logits.device()});
   backend(logits.device(), op).cross_entropy_backward(c, x, t, l, ignore_index, label_smoothing, grad);
   return grad;
 }

@@ -22,8 +22,10 @@ std::tuple<Tensor, Tensor> cross_entropy_forward(const Tensor& logits, const Ten
                                                  double label_smoothing);
 
 // grad[i, j] = coef[i] * (exp(logits[i, j] - lse[i]) - (1 - e) [j == t_i] - e / C), 0 for
-// ignored rows; coef [M] (or one element, broadcast). Same dtype and shape as logits.
+// ignored rows; coef [M] (or one element, broadcast). Same dtype and shape as logits. With
+// `out` (contiguous, logits' dtype and shape) the gradient is written there instead: `out` may
+// be logits itself, since every element is read before it is written, by the same thread.
 Tensor cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target, const Tensor& lse,
-                              int64_t ignore_index, double label_smoothing);
+                              int64_t ignore_index, double label_smoothing, const Tensor& out = Tensor());
 
 }  // namespace mg::kernels

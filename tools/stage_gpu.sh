@@ -9,8 +9,15 @@ cd "$(dirname "$0")/.."
 
 # Every test target, plus bench and example binaries. The default configuration already
 # builds CUDA for sm_90 (= --config=cuda), and matching it keeps the analysis cache warm.
-TESTS=$(bazel query 'kind(cc_test, //tests/...)' 2>/dev/null)
-BINS=$(bazel query 'kind(cc_binary, //bench/... + //examples/...)' 2>/dev/null || true)
+# MG_STAGE_TARGETS="//tests/nn:models_test //bench:bench_models ..." stages just those (a
+# quicker build when one change needs a few binaries on the device).
+if [ -n "${MG_STAGE_TARGETS:-}" ]; then
+  TESTS=$(printf '%s\n' $MG_STAGE_TARGETS | grep '^//tests/' || true)
+  BINS=$(printf '%s\n' $MG_STAGE_TARGETS | grep -v '^//tests/' || true)
+else
+  TESTS=$(bazel query 'kind(cc_test, //tests/...)' 2>/dev/null)
+  BINS=$(bazel query 'kind(cc_binary, //bench/... + //examples/...)' 2>/dev/null || true)
+fi
 bazel build --keep_going --jobs="${MG_JOBS:-2}" $TESTS $BINS || echo "stage: some targets failed to build; staging the rest"
 
 rm -rf .stage

@@ -15,13 +15,15 @@ warm-up on a side stream, PyTorch's whole-network capture recipe (side "pytorch_
 suffix " CUDA graph" as bench_models --cuda-graph prints it).
 Prints one JSON line per row.
     python3 bench/pytorch/models_step.py [--rows all|bf16] [--model all|resnet50|gpt2] [--compile]
-                                         [--cuda-graph] [--steps N] [--warmup N]
+                                         [--cuda-graph] [--steps N] [--warmup N] [--checkpoint]
+                                         [--max-batch-under GIB]
 """
 import argparse
 import json
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 import torch.nn.functional as F
 
 
@@ -55,10 +57,15 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.lm_head.weight = self.wte.weight
 
+    checkpoint = False  # every block under torch.utils.checkpoint (--checkpoint)
+
     def forward(self, idx):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for b in self.h:
-            x = b(x)
+            if self.checkpoint:
+                x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=False)
+            else:
+                x = b(x)
         return self.lm_head(self.ln_f(x))
 
 
@@ -147,6 +154,7 @@ def resnet50(channels_last):
 
 def gpt2(channels_last):
     m = GPT().cuda().train()
+    m.checkpoint = SIZES.get("checkpoint", False)
     B, T = batch_or(8), SIZES["seq"]
     idx = torch.randint(0, 50304, (B, T), device="cuda")
     tgt = torch.randint(0, 50304, (B, T), device="cuda")
@@ -181,6 +189,8 @@ def run_row(model, tag, tf32, dtype, channels_last, compiled, a):
     opt = make_optimizer(m.parameters(), a.optimizer)
     if a.optimizer == "adamw":
         tag += " AdamW"
+    if a.checkpoint and model == "gpt2-124M":
+        tag += " checkpoint"
     fwd = torch.compile(m) if compiled else m
 
     def step():
@@ -202,6 +212,52 @@ def run_row(model, tag, tf32, dtype, channels_last, compiled, a):
     torch.cuda.empty_cache()
 
 
+def max_batch_under(gib, tag, dtype, a):
+    """GPT-2's largest batch whose whole step (forward, backward, optimizer step) fits under a
+    per-process cap of `gib` GiB (set_per_process_memory_fraction), by doubling then bisection
+    over torch.OutOfMemoryError: bench_models --max-batch-under's search, on PyTorch's side."""
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(gib * 2**30 / total)
+    torch.manual_seed(0)
+    m = GPT().cuda().train()
+    m.checkpoint = a.checkpoint
+    opt = make_optimizer(m.parameters(), a.optimizer)
+    fwd = torch.compile(m) if a.compile else m
+    T = SIZES["seq"]
+
+    def fits(b):
+        try:
+            idx = torch.randint(0, 50304, (b, T), device="cuda")
+            tgt = torch.randint(0, 50304, (b, T), device="cuda")
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=dtype or torch.float16, enabled=dtype is not None):
+                loss = F.cross_entropy(fwd(idx).view(-1, 50304), tgt.view(-1))
+            loss.backward()
+            opt.step()
+            torch.cuda.synchronize()
+            ok = True
+        except torch.OutOfMemoryError:
+            ok = False
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+        tries.append([b, ok])
+        return ok
+    tries, lo, hi, b = [], 0, 0, 1
+    while True:
+        if not fits(b):
+            hi = b
+            break
+        lo, b = b, b * 2
+    while lo and hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    tag += (" AdamW" if a.optimizer == "adamw" else "") + (" checkpoint" if a.checkpoint else "")
+    print_row(model="gpt2-124M", config=f"T={T} {tag} max batch under {gib:g} GiB",
+              side="pytorch_compile" if a.compile else "pytorch_eager", max_batch=lo, tries=tries)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="all", choices=["all", "bf16"])
@@ -213,8 +269,17 @@ def main():
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
+    ap.add_argument("--checkpoint", action="store_true", help="GPT-2: every block checkpointed")
+    ap.add_argument("--max-batch-under", type=float, default=0,
+                    help="GiB: GPT-2's largest batch under this cap, for each --rows precision")
     a = ap.parse_args()
-    SIZES.update(batch=a.batch, seq=a.seq)
+    SIZES.update(batch=a.batch, seq=a.seq, checkpoint=a.checkpoint)
+    if a.max_batch_under > 0:
+        for tag, tf32, dtype, channels_last, models in ROWS:
+            if "gpt2-124M" in models and (a.rows != "bf16" or dtype is not None):
+                set_tf32(tf32)
+                max_batch_under(a.max_batch_under, tag, dtype, a)
+        return
     for tag, tf32, dtype, channels_last, models in ROWS:
         if a.rows == "bf16" and dtype is None:
             continue

@@ -127,6 +127,9 @@ bool half(DType t) { return t == DType::f16 || t == DType::bf16; }
 template <>
 void CpuBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& out, double alpha,
                       double beta) {
+  if (half(a.dtype()) && out.dtype() == DType::f32)  // widening: f32 output
+    return gemm_t<float>(raw::to_dtype(a, DType::f32), trans_a, raw::to_dtype(b, DType::f32), trans_b, out, alpha,
+                         beta);
   if (half(out.dtype())) {
     Tensor o32 = beta == 0 ? empty(out.sizes(), {DType::f32}) : raw::to_dtype(out, DType::f32);
     gemm_t<float>(raw::to_dtype(a, DType::f32), trans_a, raw::to_dtype(b, DType::f32), trans_b, o32, alpha, beta);

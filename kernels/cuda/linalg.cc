@@ -80,13 +80,16 @@ struct Scal {
 Scal scal(double v) { return {static_cast<float>(v), v}; }
 
 // Column-major C (n x m, N view with ldc) = alpha * A (n x k) @ B (k x m) + beta * C, for
-// `batch` matrices spaced by the given element strides.
+// `batch` matrices spaced by the given element strides. A and B hold dt; C holds c_dt (dt, or
+// f32 for half inputs: cuBLAS then writes the f32 accumulator unrounded).
 void gemm_colmajor(const Mat& C, int64_t ldc, const Mat& A, const Mat& B, int64_t k, DType dt, double alpha,
-                   double beta, int64_t batch, int64_t sa, int64_t sb, int64_t sc, const char* op, int device) {
+                   double beta, int64_t batch, int64_t sa, int64_t sb, int64_t sc, const char* op, int device,
+                   DType c_dt) {
   cublasOperation_t opa, opb;
   int64_t lda, ldb;
   MG_CHECK(blas_view(A, &opa, &lda) && blas_view(B, &opb, &ldb), ValueError, op, ": internal: operand layout");
   const BlasType bt = blas_type(dt, op);
+  const cudaDataType_t c_type = blas_type(c_dt, op).data;
   const Scal al = scal(alpha), be = scal(beta);
   cublasHandle_t h = cublas_handle(device);
   const int n = to_int(C.r, op, "rows"), m = to_int(C.c, op, "columns"), kk = to_int(k, op, "inner dim");
@@ -94,9 +97,10 @@ void gemm_colmajor(const Mat& C, int64_t ldc, const Mat& A, const Mat& B, int64_
             ilc = to_int(ldc, op, "leading dim");
   if (batch == 1) {
     MG_CUBLAS_CHECK(cublasGemmEx(h, opa, opb, n, m, kk, al.ptr(bt.f64), A.p, bt.data, ila, B.p, bt.data, ilb,
-                                 be.ptr(bt.f64), C.p, bt.data, ilc, bt.compute, CUBLAS_GEMM_DEFAULT));
+                                 be.ptr(bt.f64), C.p, c_type, ilc, bt.compute, CUBLAS_GEMM_DEFAULT));
     return;
   }
+  MG_CHECK(c_type == bt.data, DTypeError, op, ": internal: a batched GEMM writes its inputs' dtype");
   const size_t es = dtype_size(dt);
   // Older cuBLAS builds limit the batch count to the grid's y dimension: chunk it.
   for (int64_t b0 = 0; b0 < batch; b0 += 65535) {
@@ -146,10 +150,11 @@ void CudaBackend::gemm(const Tensor& a, bool trans_a, const Tensor& b, bool tran
   const bool aliased = out.storage() == A.storage() || out.storage() == B.storage();
   if (!aliased && blas_view(cm, &opc, &ldc)) {
     if (opc == CUBLAS_OP_N) {
-      gemm_colmajor(cm, ldc, am, bm, k, out.dtype(), alpha, beta, 1, 0, 0, 0, op, out.device().index);
+      gemm_colmajor(cm, ldc, am, bm, k, a.dtype(), alpha, beta, 1, 0, 0, 0, op, out.device().index, out.dtype());
     } else {
       // Row-major C: C^T (column-major) = B^T @ A^T.
-      gemm_colmajor(cm.t(), ldc, bm.t(), am.t(), k, out.dtype(), alpha, beta, 1, 0, 0, 0, op, out.device().index);
+      gemm_colmajor(cm.t(), ldc, bm.t(), am.t(), k, a.dtype(), alpha, beta, 1, 0, 0, 0, op, out.device().index,
+                    out.dtype());
     }
     return;
   }
@@ -171,7 +176,7 @@ void CudaBackend::bmm(const Tensor& a, const Tensor& b, const Tensor& out) {
   Mat cm{out.raw_data(), n, m, m, 1};
   // Row-major C: C^T (column-major, ld m) = B^T @ A^T, batch by batch.
   gemm_colmajor(cm.t(), std::max<int64_t>(m, 1), bm.t(), am.t(), k, out.dtype(), 1.0, 0.0, batch, B.stride(0),
-                A.stride(0), n * m, op, out.device().index);
+                A.stride(0), n * m, op, out.device().index, out.dtype());
 }
 
 template <>

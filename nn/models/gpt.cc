@@ -81,7 +81,19 @@ Tensor GPT::embed(const Tensor& idx, int64_t start) {
   return (*drop)(add((*wte)(idx), (*wpe)(pos)));  // [B, T, C] + [T, C]
 }
 
-Tensor GPT::forward(const Tensor& idx) {
+Tensor GPT::forward(const Tensor& idx) { return (*lm_head)(hidden(idx)); }
+
+Tensor GPT::forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignore_index) {
+  MG_CHECK(idx.defined() && targets.defined() && idx.dim() == 2 && targets.sizes() == idx.sizes(), ShapeError,
+           "GPT::forward_loss: expected idx and targets [B, T] of one shape, got ",
+           idx.defined() ? shape_str(idx.sizes()) : std::string("(undefined)"), " and ",
+           targets.defined() ? shape_str(targets.sizes()) : std::string("(undefined)"));
+  Tensor x = hidden(idx);
+  lm_head->run_forward_pre_hooks();  // what (*lm_head)(x) would run (pruning masks, sharding)
+  return linear_cross_entropy(x, lm_head->weight, targets, "mean", ignore_index);
+}
+
+Tensor GPT::hidden(const Tensor& idx) {
   std::optional<SelectiveRecompute> selective;
   if (recompute.selective) selective.emplace(RecomputePolicy::cheap_ops());
   Tensor x = embed(idx, 0);
@@ -99,7 +111,7 @@ Tensor GPT::forward(const Tensor& idx) {
       std::tie(x, pending) = b->forward_pending(x, pending);
     }
   }
-  return (*lm_head)(ln_f->forward_residual(x, pending).second);
+  return ln_f->forward_residual(x, pending).second;
 }
 
 Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) {

@@ -63,6 +63,19 @@ void losses(Table& t) {
   });
   t.add("cross_entropy_smoothing_none", "cross_entropy", {{4, 5}},
         [t4](const V& x) { return cross_entropy(x[0], idx(x[0], t4, {4}), "none", -100, 0.3); });
+  // The head and loss without logits: x [2, 3, 4] and weight [5, 4] over 6 rows; chunk_rows 4
+  // makes two chunks of 3 (the accumulated weight gradient), 0 one chunk.
+  const std::vector<int64_t> t6 = {1, 4, 0, 2, 3, 1};
+  t.add("linear_cross_entropy_mean_chunked", "linear_cross_entropy", {{2, 3, 4}, {5, 4}}, [t6](const V& x) {
+    return linear_cross_entropy(x[0], x[1], idx(x[0], t6, {2, 3}), "mean", -100, 0.0, 4);
+  });
+  t.add("linear_cross_entropy_sum_one_chunk", "linear_cross_entropy", {{6, 4}, {5, 4}},
+        [t6](const V& x) { return linear_cross_entropy(x[0], x[1], idx(x[0], t6, {6}), "sum"); });
+  t.add("linear_cross_entropy_ignore_smoothing", "linear_cross_entropy", {{6, 4}, {5, 4}}, [](const V& x) {
+    return linear_cross_entropy(x[0], x[1], idx(x[0], {1, -100, 0, 2, -100, 4}, {6}), "mean", -100, 0.1, 2);
+  });
+  t.add("linear_cross_entropy_none", "linear_cross_entropy", {{6, 4}, {5, 4}},
+        [t6](const V& x) { return linear_cross_entropy(x[0], x[1], idx(x[0], t6, {6}), "none"); });
   t.add("cross_entropy_spatial", "cross_entropy", {{2, 3, 2, 2}}, [](const V& x) {
     return cross_entropy(x[0], idx(x[0], {0, 1, 2, 2, 1, 0, 0, 1}, {2, 2, 2}));
   });

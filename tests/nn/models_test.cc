@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <iostream>
 
 #include "autograd/functions.h"
@@ -120,6 +121,23 @@ Tensor plain_gpt_loss(GPT& gpt, const Tensor& idx, const Tensor& targets) {
   return GPT::loss((*gpt.lm_head)((*gpt.ln_f)(x)), targets);
 }
 
+// Backpropagates `loss`, then ref(), on gpt's f64 parameters: the two losses and every
+// parameter's gradient agree to 1e-12 (a few f64 roundings at these sizes).
+void expect_same_loss_and_grads(GPT& gpt, const Tensor& loss, const std::function<Tensor()>& ref_of) {
+  loss.backward();
+  std::vector<Tensor> first;
+  for (auto& p : gpt.parameters()) first.push_back(p.grad().clone()), p.set_grad(Tensor());
+  Tensor ref = ref_of();
+  ref.backward();
+  EXPECT_NEAR(loss.item(), ref.item(), 1e-12);
+  size_t i = 0;
+  for (auto& p : gpt.parameters()) {
+    const auto a = first[i++].to_vector<double>(), b = p.grad().to_vector<double>();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t j = 0; j < a.size(); ++j) ASSERT_NEAR(a[j], b[j], 1e-12) << "parameter " << i - 1 << " element " << j;
+  }
+}
+
 TEST(GPT, FusedResidualNormAndMlpMatchPlainComposition) {
   for (int mode = 0; mode < 2; ++mode) {
     SCOPED_TRACE(mode == 0 ? "no recompute" : "block 1 checkpointed");
@@ -128,19 +146,25 @@ TEST(GPT, FusedResidualNormAndMlpMatchPlainComposition) {
     if (mode == 1) gpt.recompute.block_mask = {false, true, false};
     Tensor idx = randint(0, 50, {2, 8}, {DType::i64}, &g), targets = randint(0, 50, {2, 8}, {DType::i64}, &g);
     Tensor loss = GPT::loss(gpt(idx), targets);
-    loss.backward();
-    std::vector<Tensor> fused;
-    for (auto& p : gpt.parameters()) fused.push_back(p.grad().clone()), p.set_grad(Tensor());
-    Tensor ref = plain_gpt_loss(gpt, idx, targets);
-    ref.backward();
-    EXPECT_NEAR(loss.item(), ref.item(), 1e-12);
-    size_t i = 0;
-    for (auto& p : gpt.parameters()) {
-      const auto a = fused[i++].to_vector<double>(), b = p.grad().to_vector<double>();
-      ASSERT_EQ(a.size(), b.size());
-      for (size_t j = 0; j < a.size(); ++j) ASSERT_NEAR(a[j], b[j], 1e-12) << "parameter " << i - 1 << " element " << j;
-    }
+    expect_same_loss_and_grads(gpt, loss, [&] { return plain_gpt_loss(gpt, idx, targets); });
   }
+}
+
+// forward_loss (linear_cross_entropy: no logits) against loss(forward(idx)): the same products
+// and sums in other orders, so in f64 they agree to a few f64 roundings of the loss's scale.
+TEST(GPT, ForwardLossMatchesLossOfLogits) {
+  for (bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied head" : "untied head");
+    Generator g(5);
+    GPTConfig c = tiny_gpt(2);
+    c.tied_head = tied;
+    GPT gpt(c, {DType::f64}, &g);
+    Tensor idx = randint(0, 50, {2, 8}, {DType::i64}, &g), targets = randint(0, 50, {2, 8}, {DType::i64}, &g);
+    Tensor loss = gpt.forward_loss(idx, targets);
+    expect_same_loss_and_grads(gpt, loss, [&] { return GPT::loss(gpt(idx), targets); });
+  }
+  GPT gpt(tiny_gpt(1), {DType::f64});
+  EXPECT_THROW(gpt.forward_loss(zeros({2, 8}, {DType::i64}), zeros({2, 7}, {DType::i64})), ShapeError);
 }
 
 TEST(GPT, TinyForwardBackwardFinite) {
