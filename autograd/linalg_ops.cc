@@ -86,8 +86,6 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
 }
 
 Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj) {
-  if (autograd::recompute_hook)  // the policy recomputes gelu: run as the plain ops
-    return linear(gelu(linear(x, w_fc, b_fc), true), w_proj, b_proj);
   if (autocast::lower_needed({&x, &w_fc, &b_fc, &w_proj, &b_proj}))
     return gelu_mlp(autocast::lower(x), autocast::lower(w_fc), autocast::lower(b_fc), autocast::lower(w_proj),
                     autocast::lower(b_proj));
@@ -97,34 +95,41 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
   const std::array<bool, 5> need{needs_grad(x), needs_grad(w_fc), needs_grad(b_fc), needs_grad(w_proj),
                                  needs_grad(b_proj)};
   const bool need_pre = need[0] || need[1] || need[2];
+  // Under a selective-recompute policy that rebuilds gelu, h is not kept: c_proj's weight
+  // gradient rebuilds it from pre (kept anyway) with the GELU kernel, one elementwise pass.
+  // That h is gelu(round(pre)), the forward's epilogue rounded gelu(pre) once: they can differ
+  // by one rounding of the autocast dtype.
+  const bool rebuild_h = need[3] && autograd::recompute_query && autograd::recompute_query("gelu");
   // h and pre are this node's own intermediates: captured plainly, nothing else can change them.
-  record("gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, out,
-         [need, need_pre, sx = save_if(need[1], x, "gelu_mlp"), sw_fc = save_if(need[0], w_fc, "gelu_mlp"),
-          sw_proj = save_if(need_pre, w_proj, "gelu_mlp"), h = need[3] ? h : Tensor(),
-          pre = need_pre ? pre : Tensor()](const Grads& g) {
-           Tensor gx, gw_fc, gb_fc, gw_proj, gb_proj;
-           const Tensor g2 = raw::reshape(g[0], {-1, g[0].size(-1)});
-           if (need[3])
-             std::tie(gw_proj, gb_proj) = kernels::linear_weight_grads(g2, raw::reshape(h, {-1, h.size(-1)}), need[4]);
-           else if (need[4])
-             gb_proj = kernels::sum(g2, {0});
-           if (need_pre) {
-             const Tensor g_pre =
-                 kernels::matmul_gelu_backward(g2, sw_proj.unpack(), raw::reshape(pre, {-1, pre.size(-1)}));
-             if (need[1]) {  // c_fc's bias gradient inside its weight-gradient GEMM
-               const Tensor x = sx.unpack();
-               std::tie(gw_fc, gb_fc) = kernels::linear_weight_grads(g_pre, raw::reshape(x, {-1, x.size(-1)}), need[2]);
-             } else if (need[2]) {
-               gb_fc = kernels::sum(g_pre, {0});
-             }
-             if (need[0]) {
-               Shape s = pre.sizes();
-               s.back() = sw_fc.unpack().size(1);
-               gx = raw::reshape(kernels::matmul(g_pre, sw_fc.unpack()), s);
-             }
-           }
-           return Grads{gx, gw_fc, gb_fc, gw_proj, gb_proj};
-         });
+  record(
+      "gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, out,
+      [need, need_pre, rebuild_h, sx = save_if(need[1], x, "gelu_mlp"), sw_fc = save_if(need[0], w_fc, "gelu_mlp"),
+       sw_proj = save_if(need_pre, w_proj, "gelu_mlp"), h = need[3] && !rebuild_h ? h : Tensor(),
+       pre = need_pre || rebuild_h ? pre : Tensor()](const Grads& g) {
+        Tensor gx, gw_fc, gb_fc, gw_proj, gb_proj;
+        const Tensor g2 = raw::reshape(g[0], {-1, g[0].size(-1)});
+        if (need[3]) {
+          const Tensor hh = rebuild_h ? kernels::unary(kernels::Unary::GeluTanh, pre) : h;
+          std::tie(gw_proj, gb_proj) = kernels::linear_weight_grads(g2, raw::reshape(hh, {-1, hh.size(-1)}), need[4]);
+        } else if (need[4])
+          gb_proj = kernels::sum(g2, {0});
+        if (need_pre) {
+          const Tensor g_pre =
+              kernels::matmul_gelu_backward(g2, sw_proj.unpack(), raw::reshape(pre, {-1, pre.size(-1)}));
+          if (need[1]) {  // c_fc's bias gradient inside its weight-gradient GEMM
+            const Tensor x = sx.unpack();
+            std::tie(gw_fc, gb_fc) = kernels::linear_weight_grads(g_pre, raw::reshape(x, {-1, x.size(-1)}), need[2]);
+          } else if (need[2]) {
+            gb_fc = kernels::sum(g_pre, {0});
+          }
+          if (need[0]) {
+            Shape s = pre.sizes();
+            s.back() = sw_fc.unpack().size(1);
+            gx = raw::reshape(kernels::matmul(g_pre, sw_fc.unpack()), s);
+          }
+        }
+        return Grads{gx, gw_fc, gb_fc, gw_proj, gb_proj};
+      });
   return out;
 }
 

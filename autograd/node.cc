@@ -54,6 +54,7 @@ void check_inplace_allowed(const Tensor& t, const char* op) {
 }  // namespace
 
 thread_local RecomputeHook recompute_hook = nullptr;
+thread_local RecomputeQuery recompute_query = nullptr;
 
 // ---------------- SavedTensor ----------------
 

@@ -140,6 +140,11 @@ void record_node(const std::shared_ptr<Node>& node, const std::vector<Tensor>& i
 // op ran as a checkpoint region whose output is rebuilt, not stored, for backward.
 using RecomputeHook = Tensor (*)(const char* op, const Tensor& x, const std::function<Tensor(const Tensor&)>& fn);
 extern thread_local RecomputeHook recompute_hook;
+// Set with the hook: whether the policy would rebuild `op`'s output here (grad mode on, outside
+// a rebuilt op's own region). A fused op that holds such an output itself (gelu_mlp's GELU)
+// asks it and drops the output from its own saved state instead of splitting into plain ops.
+using RecomputeQuery = bool (*)(const char* op);
+extern thread_local RecomputeQuery recompute_query;
 
 // Checks an in-place op on `t` is allowed (not a leaf requiring grad while grad mode is on)
 // and bumps its version counter. `op` names the in-place op for the error message.

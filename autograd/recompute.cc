@@ -129,8 +129,12 @@ class CheckpointNode final : public autograd::Node {
 thread_local const RecomputePolicy* t_policy = nullptr;
 thread_local int t_inside_region = 0;  // the op's own call inside its region runs plainly
 
+bool selective_query(const char* op) {
+  return !t_inside_region && t_policy && is_grad_enabled() && t_policy->recomputes(op);
+}
+
 Tensor selective_hook(const char* op, const Tensor& x, const std::function<Tensor(const Tensor&)>& fn) {
-  if (t_inside_region || !t_policy || !is_grad_enabled() || !t_policy->recomputes(op)) return Tensor();
+  if (!selective_query(op)) return Tensor();
   CheckpointOptions opts;
   opts.recompute_outputs = true;
   opts.name = op;  // a string literal at every call site
@@ -169,11 +173,12 @@ SelectiveRecompute::SelectiveRecompute(RecomputePolicy policy) : policy_(std::mo
   }
   t_policy = &policy_;
   autograd::recompute_hook = selective_hook;
+  autograd::recompute_query = selective_query;
 }
 
 SelectiveRecompute::~SelectiveRecompute() {
   t_policy = prev_;
-  if (!prev_) autograd::recompute_hook = nullptr;
+  if (!prev_) autograd::recompute_hook = nullptr, autograd::recompute_query = nullptr;
 }
 
 int64_t checkpoint_replay_count() { return g_replays.load(); }

@@ -18,6 +18,9 @@
 //   --optimizer sgd|adamw  the step's optimizer (default sgd; adamw: fused AdamW, lr 1e-3,
 //                      weight decay 0.1), "AdamW" in the config string
 //   --checkpoint       GPT-2 with every block checkpointed (" checkpoint" in the config string)
+//   --checkpoint-blocks N  GPT-2 with its first N blocks checkpointed (" checkpoint N blocks")
+//   --selective        GPT-2 under selective recomputation (RecomputePolicy::cheap_ops: GELU
+//                      outputs and layer norms rebuilt in backward; " selective")
 //   --max-batch-under G  instead of timing: the largest batch whose whole step (forward, backward,
 //                      optimizer step) fits under a per-process limit of G GiB, by
 //                      find_max_batch_size (doubling, then bisection over OutOfMemoryError); one
@@ -168,7 +171,8 @@ int main(int argc, char** argv) {
   std::string which = "all";
   int warmup = 3, steps = 10;
   std::string dtype = "f32";
-  bool tf32 = false, logits = false, checkpoint = false;
+  bool tf32 = false, logits = false, checkpoint = false, selective = false;
+  int checkpoint_blocks = 0;
   double max_batch_gib = 0;       // > 0: the largest-batch search instead of timing
   int64_t batch = 0, seq = 1024;  // batch 0: each model's default
   for (int i = 1; i < argc; ++i) {
@@ -177,6 +181,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--cuda-graph")) g_graph = true;
     if (!std::strcmp(argv[i], "--logits")) logits = true;
     if (!std::strcmp(argv[i], "--checkpoint")) checkpoint = true;
+    if (!std::strcmp(argv[i], "--selective")) selective = true;
   }
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--dtype"))
@@ -193,6 +198,8 @@ int main(int argc, char** argv) {
       seq = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--optimizer"))
       g_optimizer = argv[++i];
+    else if (!std::strcmp(argv[i], "--checkpoint-blocks"))
+      checkpoint_blocks = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--max-batch-under"))
       max_batch_gib = std::atof(argv[++i]);
   }
@@ -260,8 +267,15 @@ int main(int argc, char** argv) {
     auto model = std::make_shared<mg::nn::GPT>(cfg, mg::TensorOptions(mg::DType::f32, dev));
     model->train();
     model->recompute.checkpoint_blocks = checkpoint;
+    model->recompute.selective = selective;
+    std::string variant = checkpoint ? " checkpoint" : "";
+    if (!checkpoint && checkpoint_blocks > 0) {
+      model->recompute.block_mask.assign(cfg.n_layer, false);
+      for (int i = 0; i < checkpoint_blocks && i < cfg.n_layer; ++i) model->recompute.block_mask[i] = true;
+      variant += " checkpoint " + std::to_string(checkpoint_blocks) + " blocks";
+    }
+    variant += std::string(selective ? " selective" : "") + (logits ? " logits" : "");
     auto opt = make_optimizer(model->parameters());
-    const std::string variant = std::string(checkpoint ? " checkpoint" : "") + (logits ? " logits" : "");
     auto step_at = [&](int64_t b) {
       mg::Tensor idx = mg::randint(0, cfg.vocab_size, {b, T}, {mg::DType::i64, dev});
       mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {b, T}, {mg::DType::i64, dev});

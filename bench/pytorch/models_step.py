@@ -191,6 +191,8 @@ def run_row(model, tag, tf32, dtype, channels_last, compiled, a):
         tag += " AdamW"
     if a.checkpoint and model == "gpt2-124M":
         tag += " checkpoint"
+    if compiled and a.memory_budget is not None:
+        tag += f" memory budget {a.memory_budget:g}"
     fwd = torch.compile(m) if compiled else m
 
     def step():
@@ -270,10 +272,16 @@ def main():
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
     ap.add_argument("--checkpoint", action="store_true", help="GPT-2: every block checkpointed")
+    ap.add_argument("--memory-budget", type=float, default=None,
+                    help="with --compile: torch._functorch.config.activation_memory_budget (the min-cut "
+                         "partitioner's recomputation budget, 1.0 = keep everything)")
     ap.add_argument("--max-batch-under", type=float, default=0,
                     help="GiB: GPT-2's largest batch under this cap, for each --rows precision")
     a = ap.parse_args()
     SIZES.update(batch=a.batch, seq=a.seq, checkpoint=a.checkpoint)
+    if a.memory_budget is not None:
+        import torch._functorch.config
+        torch._functorch.config.activation_memory_budget = a.memory_budget
     if a.max_batch_under > 0:
         for tag, tf32, dtype, channels_last, models in ROWS:
             if "gpt2-124M" in models and (a.rows != "bf16" or dtype is not None):

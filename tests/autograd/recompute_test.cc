@@ -9,6 +9,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
+#include "autograd/transformer_functions.h"
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/random.h"
@@ -247,6 +248,24 @@ Tensor mlp_block(const Tensor& x, const std::vector<Tensor>& p) {
   return add(x, linear(h, p[4]));
 }
 
+// Runs forward() (inside a cheap_ops() scope when `selective`), stores in *kept the bytes it
+// left allocated, backpropagates sum(y^2) and returns the gradients of `all`.
+template <class F>
+std::vector<Tensor> run_selective(const std::vector<Tensor>& all, bool selective, int64_t* kept, F forward) {
+  clear_grads(all);
+  manual_seed(5);
+  const int64_t base = memory_allocated();
+  Tensor y;
+  {
+    std::optional<SelectiveRecompute> scope;
+    if (selective) scope.emplace(RecomputePolicy::cheap_ops());
+    y = forward();
+  }
+  *kept = memory_allocated() - base;
+  sum(square(y)).backward();
+  return grads_of(all);
+}
+
 TEST(SelectiveRecompute, CheapOpsGradientsBitwiseAndLessMemory) {
   const int64_t d = 32;
   std::vector<Tensor> p{param({d}, DType::f64, 1), param({d}, DType::f64, 2), param({4 * d, d}, DType::f64, 3),
@@ -255,18 +274,7 @@ TEST(SelectiveRecompute, CheapOpsGradientsBitwiseAndLessMemory) {
   std::vector<Tensor> all = p;
   all.push_back(x);
   auto run = [&](bool selective, int64_t* kept) {
-    clear_grads(all);
-    manual_seed(5);
-    const int64_t base = memory_allocated();
-    Tensor y;
-    {
-      std::optional<SelectiveRecompute> scope;
-      if (selective) scope.emplace(RecomputePolicy::cheap_ops());
-      y = mlp_block(mlp_block(x, p), p);
-    }
-    *kept = memory_allocated() - base;
-    sum(square(y)).backward();
-    return grads_of(all);
+    return run_selective(all, selective, kept, [&] { return mlp_block(mlp_block(x, p), p); });
   };
   int64_t kept_plain = 0, kept_selective = 0;
   auto want = run(false, &kept_plain);
@@ -278,6 +286,29 @@ TEST(SelectiveRecompute, CheapOpsGradientsBitwiseAndLessMemory) {
   // Per block, plain keeps ln out (d) + mean/rstd, fc1 out (4d), gelu out (4d), mask (4d),
   // dropout out (4d); selective keeps fc1 out (4d) and the regions' inputs.
   EXPECT_LT(kept_selective, kept_plain / 2) << kept_selective << " vs " << kept_plain;
+}
+
+// gelu_mlp (the fused MLP node) under a policy that rebuilds gelu keeps its fusion and drops
+// its GELU output h, rebuilding gelu(pre) for c_proj's weight gradient: on the CPU the same
+// kernel on the same pre, so the gradients are bitwise the plain run's, and exactly h's bytes
+// (rows * 4d * 8) fewer are kept, with no region replayed.
+TEST(SelectiveRecompute, FusedMlpDropsItsGeluOutput) {
+  const int64_t d = 16, rows = 64;
+  std::vector<Tensor> p{param({4 * d, d}, DType::f64, 11), param({4 * d}, DType::f64, 12),
+                        param({d, 4 * d}, DType::f64, 13), param({d}, DType::f64, 14)};
+  Tensor x = param({rows, d}, DType::f64, 15);
+  std::vector<Tensor> all = p;
+  all.push_back(x);
+  auto run = [&](bool selective, int64_t* kept) {
+    return run_selective(all, selective, kept, [&] { return gelu_mlp(x, p[0], p[1], p[2], p[3]); });
+  };
+  int64_t kept_plain = 0, kept_selective = 0;
+  auto want = run(false, &kept_plain);
+  const int64_t replays = checkpoint_replay_count();
+  auto got = run(true, &kept_selective);
+  EXPECT_EQ(checkpoint_replay_count(), replays);
+  expect_bitwise(got, want);
+  EXPECT_EQ(kept_plain - kept_selective, rows * 4 * d * 8);
 }
 
 TEST(SelectiveRecompute, UnknownOpKindIsAValueError) {
