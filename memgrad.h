@@ -36,3 +36,4 @@
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
 #include "optim/sgd.h"
+#include "optim/step_in_backward.h"

@@ -25,10 +25,17 @@
 //                      optimizer step) fits under a per-process limit of G GiB, by
 //                      find_max_batch_size (doubling, then bisection over OutOfMemoryError); one
 //                      JSON line per model with max_batch and the tries
+//   --selective-ops L  selective recomputation of the op kinds in the comma-separated list L only
+//                      (e.g. gelu: " selective gelu")
+//   --head-chunk-rows N  rows of logits linear_cross_entropy makes at a time (default: ~512 MiB)
+//   --step-in-backward the optimizer steps inside backward, 32 MiB of parameters at a time
+//                      (optim::StepInBackward; " step in backward")
 //   --logits           GPT-2's head and loss as GPT::loss(model(idx)): the [B, T, V] logits
 //                      made and kept (the A/B row; by default GPT::forward_loss, which never
 //                      makes them: linear_cross_entropy)
-// The JSON line carries step_ms (median), step_ms_min / step_ms_max, n_runs, and the throughput
+// The JSON line carries step_ms (median), step_ms_min / step_ms_max, n_runs, the peak of each
+// phase of one more step (peak_forward_gib: zero_grad, forward and loss; peak_backward_gib;
+// peak_optimizer_gib), and the throughput
 // at the median (samples_per_s: images, or tokens for GPT-2) for the suite
 // (bench/runner); its config string is the one bench/pytorch/models_step.py prints.
 #include <algorithm>
@@ -60,6 +67,14 @@ struct Result {
   double nvml_peak_gib = -1;  // device-wide used memory seen by the driver (context, workspaces, all processes)
 };
 
+// Where the peak sits: one more step after the timed ones with the peak counter reset at each
+// phase boundary (zero_grad + forward + loss, backward, optimizer step), read by train_step.
+struct PhasePeaks {
+  bool probe = false;
+  int64_t forward = -1, backward = -1, optimizer = -1;
+};
+PhasePeaks g_phases;
+
 template <class StepFn>
 Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
   std::unique_ptr<mg::nvml::Monitor> mon;
@@ -87,6 +102,11 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
   r.n_runs = static_cast<int>(ms.size());
   r.peak_alloc = mg::max_memory_allocated(dev);
   r.peak_reserved = mg::max_memory_reserved(dev);
+  g_phases.probe = true;
+  mg::reset_peak_memory_stats(dev);
+  step();
+  mg::cuda::synchronize();
+  g_phases.probe = false;
   return r;
 }
 
@@ -113,9 +133,17 @@ std::unique_ptr<mg::optim::Optimizer> make_optimizer(const std::vector<mg::Tenso
 
 // One optimizer step on a loss computed under the bench's autocast (--dtype): zero_grad, the
 // forward and loss (`loss_of`), backward, step.
+// With `in_backward` (--step-in-backward) the update runs inside backward, a bucket at a time,
+// and finish() steps what is left.
 template <class LossFn>
-auto train_step(mg::optim::Optimizer& opt, LossFn loss_of) {
-  return [&opt, loss_of] {
+auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBackward* in_backward = nullptr) {
+  return [&opt, loss_of, in_backward] {
+    const mg::Device dev = mg::Device::cuda(0);
+    auto phase_end = [&](int64_t& peak) {
+      if (!g_phases.probe) return;
+      peak = mg::max_memory_allocated(dev);
+      mg::reset_peak_memory_stats(dev);
+    };
     opt.zero_grad();
     mg::Tensor loss;
     {
@@ -123,8 +151,15 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of) {
                       g_dtype != mg::DType::f32);
       loss = loss_of();
     }
+    phase_end(g_phases.forward);
     loss.backward();
-    opt.step();
+    loss = mg::Tensor();
+    phase_end(g_phases.backward);
+    if (in_backward)
+      in_backward->finish();
+    else
+      opt.step();
+    phase_end(g_phases.optimizer);
   };
 }
 
@@ -133,9 +168,11 @@ void print(const char* model, const std::string& config, const Result& r, int64_
   std::printf(
       "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"step_ms\":%.2f,\"step_ms_min\":%.2f,"
       "\"step_ms_max\":%.2f,\"n_runs\":%d,\"peak_allocated_gib\":%.3f,\"peak_reserved_gib\":%.3f,"
-      "\"nvml_peak_used_gib\":%.3f,\"samples_per_s\":%.0f,\"sample_unit\":\"%s\"}\n",
+      "\"nvml_peak_used_gib\":%.3f,\"samples_per_s\":%.0f,\"sample_unit\":\"%s\",\"peak_forward_gib\":%.3f,"
+      "\"peak_backward_gib\":%.3f,\"peak_optimizer_gib\":%.3f}\n",
       model, config.c_str(), r.median_ms, r.min_ms, r.max_ms, r.n_runs, r.peak_alloc / 1073741824.0,
-      r.peak_reserved / 1073741824.0, r.nvml_peak_gib, samples / (r.median_ms / 1000.0), unit);
+      r.peak_reserved / 1073741824.0, r.nvml_peak_gib, samples / (r.median_ms / 1000.0), unit,
+      g_phases.forward / 1073741824.0, g_phases.backward / 1073741824.0, g_phases.optimizer / 1073741824.0);
   std::fflush(stdout);
 }
 
@@ -171,7 +208,9 @@ int main(int argc, char** argv) {
   std::string which = "all";
   int warmup = 3, steps = 10;
   std::string dtype = "f32";
-  bool tf32 = false, logits = false, checkpoint = false, selective = false;
+  bool tf32 = false, logits = false, checkpoint = false, selective = false, in_backward = false;
+  int64_t head_chunk_rows = 0;
+  std::string selective_ops;  // comma-separated RecomputePolicy op kinds
   int checkpoint_blocks = 0;
   double max_batch_gib = 0;       // > 0: the largest-batch search instead of timing
   int64_t batch = 0, seq = 1024;  // batch 0: each model's default
@@ -182,6 +221,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--logits")) logits = true;
     if (!std::strcmp(argv[i], "--checkpoint")) checkpoint = true;
     if (!std::strcmp(argv[i], "--selective")) selective = true;
+    if (!std::strcmp(argv[i], "--step-in-backward")) in_backward = true;
   }
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--dtype"))
@@ -200,6 +240,10 @@ int main(int argc, char** argv) {
       g_optimizer = argv[++i];
     else if (!std::strcmp(argv[i], "--checkpoint-blocks"))
       checkpoint_blocks = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--selective-ops"))
+      selective_ops = argv[++i];
+    else if (!std::strcmp(argv[i], "--head-chunk-rows"))
+      head_chunk_rows = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--max-batch-under"))
       max_batch_gib = std::atof(argv[++i]);
   }
@@ -267,25 +311,44 @@ int main(int argc, char** argv) {
     auto model = std::make_shared<mg::nn::GPT>(cfg, mg::TensorOptions(mg::DType::f32, dev));
     model->train();
     model->recompute.checkpoint_blocks = checkpoint;
-    model->recompute.selective = selective;
+    model->recompute.selective = selective || !selective_ops.empty();
+    for (size_t p = 0; p < selective_ops.size();) {
+      const size_t q = std::min(selective_ops.find(',', p), selective_ops.size());
+      model->recompute.selective_ops.push_back(selective_ops.substr(p, q - p));
+      p = q + 1;
+    }
     std::string variant = checkpoint ? " checkpoint" : "";
     if (!checkpoint && checkpoint_blocks > 0) {
       model->recompute.block_mask.assign(cfg.n_layer, false);
       for (int i = 0; i < checkpoint_blocks && i < cfg.n_layer; ++i) model->recompute.block_mask[i] = true;
       variant += " checkpoint " + std::to_string(checkpoint_blocks) + " blocks";
     }
-    variant += std::string(selective ? " selective" : "") + (logits ? " logits" : "");
+    variant += std::string(selective && selective_ops.empty() ? " selective" : "") +
+               (selective_ops.empty() ? "" : " selective " + selective_ops) + (logits ? " logits" : "");
+    if (head_chunk_rows > 0) variant += " head chunk " + std::to_string(head_chunk_rows);
+    if (in_backward) variant += " step in backward";
     auto opt = make_optimizer(model->parameters());
+    std::unique_ptr<mg::optim::StepInBackward> sib;
+    if (in_backward) sib = std::make_unique<mg::optim::StepInBackward>(*opt);
     auto step_at = [&](int64_t b) {
       mg::Tensor idx = mg::randint(0, cfg.vocab_size, {b, T}, {mg::DType::i64, dev});
       mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {b, T}, {mg::DType::i64, dev});
-      return train_step(*opt, [model, idx, tgt, logits] {
-        return logits ? mg::nn::GPT::loss((*model)(idx), tgt) : model->forward_loss(idx, tgt);
-      });
+      return train_step(
+          *opt,
+          [model, idx, tgt, logits, head_chunk_rows] {
+            return logits ? mg::nn::GPT::loss((*model)(idx), tgt)
+                          : model->forward_loss(idx, tgt, -100, head_chunk_rows);
+          },
+          sib.get());
     };
     if (max_batch_gib > 0) {
       print_max_batch("gpt2-124M", "T=" + std::to_string(T) + tag + variant, max_batch_gib, dev, [&](int64_t b) {
-        step_at(b)();
+        try {
+          step_at(b)();
+        } catch (const mg::OutOfMemoryError&) {
+          if (sib) sib->abandon();
+          throw;
+        }
         opt->zero_grad();
       });
       return 0;

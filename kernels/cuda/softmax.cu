@@ -1,9 +1,9 @@
 // Softmax and log-softmax along one dim on CUDA, computed in f32 (f64 for f64), stable
 // (the row max is subtracted before exp), with the CPU kernel's semantics for inf rows.
-// Unit-stride rows: a warp per row (a block for rows over 1024 elements) with shuffle
-// reductions; rows along a strided dim: a thread per row (neighbouring rows are
-// neighbours in memory then, so loads still coalesce). Three passes read a row: max,
-// sum, write; the second and third mostly hit L1/L2.
+// Unit-stride rows: a warp per row up to 1024 elements, held in registers when 16-byte aligned
+// (one read; three passes over the row otherwise), and a block per longer row (an online max
+// and sum in one read, then the write); rows along a strided dim: a thread per row
+// (neighbouring rows are neighbours in memory then, so loads still coalesce).
 #include <cstdint>
 #include <limits>
 
@@ -42,11 +42,24 @@ __device__ __forceinline__ T softmax_out(M x, M mx, M inv_or_logs, bool log) {
   return log ? store_m<T>((x - mx) - inv_or_logs) : store_m<T>(row_exp<T>(x - mx) * inv_or_logs);
 }
 
-// One row's three passes (max, sum of exp, write), V elements a load and store: 16-byte vectors
-// when the row allows, AlignedVec<T, 1> (a plain element) otherwise. tx threads share the row
-// (big: a whole block, reducing through shm).
+// The last pass over a row shared by blockDim.x threads: y = softmax_out(x) from the row's
+// max and c (1 / sum, or log(sum) for log_softmax).
 template <int V, class T, class M>
-__device__ __forceinline__ void softmax_row(const T* x, T* y, int64_t K, bool log, bool big, M* shm) {
+__device__ __forceinline__ void write_row(const AlignedVec<T, V>* xv, AlignedVec<T, V>* yv, int64_t nv, M mx, M c,
+                                          bool log) {
+  for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+    const AlignedVec<T, V> v = xv[i];
+    AlignedVec<T, V> o;
+#pragma unroll
+    for (int k = 0; k < V; ++k) o.v[k] = softmax_out<T>(load_m(v.v[k]), mx, c, log);
+    yv[i] = o;
+  }
+}
+
+// One warp's row in three passes (max, sum of exp, write), V elements a load and store: the
+// fallback for rows the register path cannot take (unaligned, or a length not a multiple of V).
+template <int V, class T, class M>
+__device__ __forceinline__ void softmax_row(const T* x, T* y, int64_t K, bool log) {
   using Vec = AlignedVec<T, V>;
   const Vec* xv = reinterpret_cast<const Vec*>(x);
   Vec* yv = reinterpret_cast<Vec*>(y);
@@ -60,42 +73,152 @@ __device__ __forceinline__ void softmax_row(const T* x, T* y, int64_t K, bool lo
       mx = e > mx ? e : mx;
     }
   }
-  mx = fix_max(big ? block_max(mx, shm, -std::numeric_limits<M>::infinity()) : warp_max(mx));
+  mx = fix_max(warp_max(mx));
   M s = 0;
   for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
     const Vec v = xv[i];
 #pragma unroll
     for (int k = 0; k < V; ++k) s += row_exp<T>(load_m(v.v[k]) - mx);
   }
-  s = big ? block_sum(s, shm) : warp_sum(s);
-  const M c = log ? m_log(s) : M(1) / s;
-  for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
-    const Vec v = xv[i];
-    Vec o;
+  s = warp_sum(s);
+  write_row<V>(xv, yv, nv, mx, log ? m_log(s) : M(1) / s, log);
+}
+
+// A warp's row held in registers: NV vectors of V elements a lane (the row read from memory
+// once, not three times: three passes over 4 KB rows from L1 ran at half the copy bandwidth in
+// f32, where 64 warps' rows overflow it). Values are kept as M, and as exp(x - max) after the
+// sum for softmax, so each element's exp is computed once.
+template <int V, int NV, class T, class M>
+__device__ __forceinline__ void softmax_row_regs(const T* x, T* y, int64_t K, bool log) {
+  using Vec = AlignedVec<T, V>;
+  const Vec* xv = reinterpret_cast<const Vec*>(x);
+  Vec* yv = reinterpret_cast<Vec*>(y);
+  const int nv = static_cast<int>(K / V), lane = threadIdx.x;
+  M val[NV][V];
+  M mx = -std::numeric_limits<M>::infinity();
 #pragma unroll
-    for (int k = 0; k < V; ++k) o.v[k] = softmax_out<T>(load_m(v.v[k]), mx, c, log);
-    yv[i] = o;
+  for (int j = 0; j < NV; ++j) {
+    const int i = lane + 32 * j;
+    if (i < nv) {
+      const Vec v = xv[i];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        val[j][k] = load_m(v.v[k]);
+        mx = val[j][k] > mx ? val[j][k] : mx;
+      }
+    }
+  }
+  mx = fix_max(warp_max(mx));
+  M s = 0;
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    if (lane + 32 * j < nv) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const M e = row_exp<T>(val[j][k] - mx);
+        s += e;
+        if (!log) val[j][k] = e;
+      }
+    }
+  }
+  s = warp_sum(s);
+  const M c = log ? m_log(s) : M(1) / s;
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int i = lane + 32 * j;
+    if (i < nv) {
+      Vec o;
+#pragma unroll
+      for (int k = 0; k < V; ++k) o.v[k] = log ? store_m<T>((val[j][k] - mx) - c) : store_m<T>(val[j][k] * c);
+      yv[i] = o;
+    }
   }
 }
 
-// blockDim = (tx, ty): tx threads per row (32, or more with ty == 1).
+// Vectors a lane keeps for the register path: up to 32 values (f32 rows to 1024, 16-bit rows to
+// 1024, f64 rows to 512).
 template <class T>
-__global__ void softmax_rows_kernel(const T* a, T* out, OffsetCalc<2> oc, int64_t rows, int64_t K, bool log) {
+constexpr int kRegVecs = 32 / kVec16<T> < 8 ? 32 / kVec16<T> : 8;
+
+// A long row shared by a block: one read for the max and the sum together (an online
+// softmax: each thread rescales its running sum when its max grows, the block merges the
+// (max, sum) pairs), then one read and the write. Three reads of a 100-200 KB row ran at half a
+// copy's bandwidth. Same results as the three passes for inf and NaN rows: -inf entries add
+// nothing, an all -inf row gives NaN, a NaN or +inf entry makes the row NaN.
+template <int V, class T, class M>
+__device__ __forceinline__ void softmax_row_online(const T* x, T* y, int64_t K, bool log, M* shm) {
+  using Vec = AlignedVec<T, V>;
+  const Vec* xv = reinterpret_cast<const Vec*>(x);
+  Vec* yv = reinterpret_cast<Vec*>(y);
+  const int64_t nv = K / V;
+  constexpr M kNegInf = -std::numeric_limits<M>::infinity();
+  M mx = kNegInf, s = 0;
+  for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+    const Vec v = xv[i];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const M e = load_m(v.v[k]);
+      if (e == kNegInf) continue;
+      if (e > mx) {
+        s = s * row_exp<T>(mx - e) + M(1);
+        mx = e;
+      } else {
+        s += row_exp<T>(e - mx);
+      }
+    }
+  }
+  const M row_mx = fix_max(block_max(mx, shm, kNegInf));
+  s = block_sum(mx == kNegInf ? M(0) : s * row_exp<T>(mx - row_mx), shm);
+  write_row<V>(xv, yv, nv, row_mx, log ? m_log(s) : M(1) / s, log);
+}
+
+__device__ __forceinline__ bool aligned16(const void* p, const void* q) {
+  return ((reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(q)) & 15) == 0;
+}
+
+// Rows up to 1024 elements: blockDim = (32, ty), a warp per row.
+template <class T>
+__global__ void softmax_warp_rows_kernel(const T* a, T* out, OffsetCalc<2> oc, int64_t rows, int64_t K, bool log) {
   using M = math_t<T>;
-  __shared__ M shm[32];
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.y) + threadIdx.y;
-  const bool big = blockDim.x > 32;
-  if (!big && row >= rows) return;  // whole warps only
+  if (row >= rows) return;  // whole warps only
   int64_t off[2];
   oc.get(row, off);
   const T* x = a + off[1];
   T* y = out + off[0];
-  // Vector loads when the row allows (uniform across a warp's or big block's threads: one row each).
+  // Vector loads when the row allows (uniform across the warp: one row).
   constexpr int V = kVec16<T>;
-  if (V > 1 && K % V == 0 && ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) & 15) == 0)
-    softmax_row<V>(x, y, K, log, big, shm);
+  const int64_t nv = K / V;
+  if (V > 1 && K % V == 0 && nv <= 32 * kRegVecs<T> && aligned16(x, y)) {
+    // The smallest power-of-two count of vectors per lane that covers the row.
+    if (nv <= 32)
+      softmax_row_regs<V, 1, T, M>(x, y, K, log);
+    else if (nv <= 64)
+      softmax_row_regs<V, 2, T, M>(x, y, K, log);
+    else if (nv <= 128 || kRegVecs<T> < 8)
+      softmax_row_regs<V, (kRegVecs<T> < 4 ? kRegVecs<T> : 4), T, M>(x, y, K, log);
+    else
+      softmax_row_regs<V, kRegVecs<T>, T, M>(x, y, K, log);
+  } else {
+    softmax_row<1, T, M>(x, y, K, log);
+  }
+}
+
+// Longer rows: blockDim = (tx, 1), a block per row.
+template <class T>
+__global__ void softmax_block_rows_kernel(const T* a, T* out, OffsetCalc<2> oc, int64_t rows, int64_t K, bool log) {
+  using M = math_t<T>;
+  __shared__ M shm[32];
+  const int64_t row = blockIdx.x;
+  int64_t off[2];
+  oc.get(row, off);
+  const T* x = a + off[1];
+  T* y = out + off[0];
+  constexpr int V = kVec16<T>;
+  if (V > 1 && K % V == 0 && aligned16(x, y))
+    softmax_row_online<V>(x, y, K, log, shm);
   else
-    softmax_row<1>(x, y, K, log, big, shm);
+    softmax_row_online<1>(x, y, K, log, shm);
 }
 
 template <class T>
@@ -202,7 +325,10 @@ void CudaBackend::softmax(const Tensor& a, int64_t dim, bool log, const Tensor& 
       auto oc = make_offset_calc<2>(rows_shape(x, d), {&o.strides(), &x.strides()});
       dim3 grid, block;
       row_launch(rows, K, &grid, &block);
-      softmax_rows_kernel<T><<<grid, block, 0, st>>>(data_as<const T>(x), data_as<T>(o), oc, rows, K, log);
+      if (block.x == 32)
+        softmax_warp_rows_kernel<T><<<grid, block, 0, st>>>(data_as<const T>(x), data_as<T>(o), oc, rows, K, log);
+      else
+        softmax_block_rows_kernel<T><<<grid, block, 0, st>>>(data_as<const T>(x), data_as<T>(o), oc, rows, K, log);
     };
     if ((sa == 1 && so == 1) || K == 1) {
       run_rows(a, out, dim);

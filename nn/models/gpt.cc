@@ -83,19 +83,21 @@ Tensor GPT::embed(const Tensor& idx, int64_t start) {
 
 Tensor GPT::forward(const Tensor& idx) { return (*lm_head)(hidden(idx)); }
 
-Tensor GPT::forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignore_index) {
+Tensor GPT::forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignore_index, int64_t chunk_rows) {
   MG_CHECK(idx.defined() && targets.defined() && idx.dim() == 2 && targets.sizes() == idx.sizes(), ShapeError,
            "GPT::forward_loss: expected idx and targets [B, T] of one shape, got ",
            idx.defined() ? shape_str(idx.sizes()) : std::string("(undefined)"), " and ",
            targets.defined() ? shape_str(targets.sizes()) : std::string("(undefined)"));
   Tensor x = hidden(idx);
   lm_head->run_forward_pre_hooks();  // what (*lm_head)(x) would run (pruning masks, sharding)
-  return linear_cross_entropy(x, lm_head->weight, targets, "mean", ignore_index);
+  return linear_cross_entropy(x, lm_head->weight, targets, "mean", ignore_index, 0.0, chunk_rows);
 }
 
 Tensor GPT::hidden(const Tensor& idx) {
   std::optional<SelectiveRecompute> selective;
-  if (recompute.selective) selective.emplace(RecomputePolicy::cheap_ops());
+  if (recompute.selective)
+    selective.emplace(recompute.selective_ops.empty() ? RecomputePolicy::cheap_ops()
+                                                      : RecomputePolicy{recompute.selective_ops});
   Tensor x = embed(idx, 0);
   // Between checkpointed blocks the residual add runs on its own; elsewhere it stays pending
   // (x + pending) and is fused into the next layer norm, the last one into ln_f.

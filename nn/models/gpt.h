@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "nn/activation.h"
@@ -31,6 +32,11 @@ struct GPTRecompute {
   bool checkpoint_blocks = false;  // every block
   std::vector<bool> block_mask;    // or exactly these blocks (a planner's choice; size n_layer)
   bool selective = false;
+  // The op kinds selective recomputation rebuilds (RecomputePolicy names); empty:
+  // RecomputePolicy::cheap_ops(). {"gelu"} alone drops the MLP's GELU output (a quarter of a
+  // block's activations) and keeps the fused residual-add + layer norm, which a policy naming
+  // layer_norm runs as plain ops.
+  std::vector<std::string> selective_ops;
   bool checkpointed(int64_t layer) const {
     return checkpoint_blocks || (layer < static_cast<int64_t>(block_mask.size()) && block_mask[layer]);
   }
@@ -49,8 +55,10 @@ class GPT : public Module {
   // The mean next-token loss of idx against targets (both [B, T]): loss(forward(idx), targets)
   // without the [B, T, vocab_size] logits or their gradient (linear_cross_entropy): the
   // training step's form. At GPT-2's vocabulary that is 2 * B * T * 50304 * 2 bytes less at
-  // the peak under bf16 autocast (1.6 GB at B = 8, T = 1024).
-  Tensor forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignore_index = -100);
+  // the peak under bf16 autocast (1.6 GB at B = 8, T = 1024). chunk_rows: rows of logits made
+  // at a time (0: linear_cross_entropy's choice, about 512 MiB of logits; fewer rows lower the
+  // peak at the head by that much for more, smaller GEMMs).
+  Tensor forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignore_index = -100, int64_t chunk_rows = 0);
   // Inference with a key-value cache (under no_grad, dropout off): idx [B, Tn] are the tokens at
   // positions cache.length .. cache.length + Tn - 1; returns their logits [B, Tn, vocab_size] and
   // advances cache.length by Tn. A prompt goes in whole, then one token per call; several new

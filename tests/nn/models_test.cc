@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <iostream>
+#include <memory>
 
 #include "autograd/functions.h"
 #include "core/device_runtime.h"
@@ -13,7 +14,9 @@
 #include "nn/models/mobilenet.h"
 #include "nn/models/resnet.h"
 #include "nn/models/vit.h"
+#include "optim/adam.h"
 #include "optim/sgd.h"
+#include "optim/step_in_backward.h"
 #include "tests/autograd/gradcheck.h"
 
 namespace mg::nn {
@@ -139,11 +142,14 @@ void expect_same_loss_and_grads(GPT& gpt, const Tensor& loss, const std::functio
 }
 
 TEST(GPT, FusedResidualNormAndMlpMatchPlainComposition) {
-  for (int mode = 0; mode < 2; ++mode) {
-    SCOPED_TRACE(mode == 0 ? "no recompute" : "block 1 checkpointed");
+  const char* modes[] = {"no recompute", "block 1 checkpointed", "selective, GELU only",
+                         "block 1 checkpointed, selective GELU only"};
+  for (int mode = 0; mode < 4; ++mode) {
+    SCOPED_TRACE(modes[mode]);
     Generator g(4);
     GPT gpt(tiny_gpt(3), {DType::f64}, &g);
-    if (mode == 1) gpt.recompute.block_mask = {false, true, false};
+    if (mode == 1 || mode == 3) gpt.recompute.block_mask = {false, true, false};
+    if (mode >= 2) gpt.recompute.selective = true, gpt.recompute.selective_ops = {"gelu"};
     Tensor idx = randint(0, 50, {2, 8}, {DType::i64}, &g), targets = randint(0, 50, {2, 8}, {DType::i64}, &g);
     Tensor loss = GPT::loss(gpt(idx), targets);
     expect_same_loss_and_grads(gpt, loss, [&] { return plain_gpt_loss(gpt, idx, targets); });
@@ -160,8 +166,12 @@ TEST(GPT, ForwardLossMatchesLossOfLogits) {
     c.tied_head = tied;
     GPT gpt(c, {DType::f64}, &g);
     Tensor idx = randint(0, 50, {2, 8}, {DType::i64}, &g), targets = randint(0, 50, {2, 8}, {DType::i64}, &g);
-    Tensor loss = gpt.forward_loss(idx, targets);
-    expect_same_loss_and_grads(gpt, loss, [&] { return GPT::loss(gpt(idx), targets); });
+    for (int64_t chunk_rows : {0, 5}) {  // one chunk; at most 5 rows a chunk (16 rows: 4 balanced chunks)
+      SCOPED_TRACE(chunk_rows);
+      Tensor loss = gpt.forward_loss(idx, targets, -100, chunk_rows);
+      expect_same_loss_and_grads(gpt, loss, [&] { return GPT::loss(gpt(idx), targets); });
+      for (auto& p : gpt.parameters()) p.set_grad(Tensor());
+    }
   }
   GPT gpt(tiny_gpt(1), {DType::f64});
   EXPECT_THROW(gpt.forward_loss(zeros({2, 8}, {DType::i64}), zeros({2, 7}, {DType::i64})), ShapeError);
@@ -264,6 +274,40 @@ TEST(GPT, SgdUpdatesTiedWeightOnce) {
   auto a = gpt.wte->weight.to_vector<double>(), b = expected.to_vector<double>();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-14);
   EXPECT_TRUE(gpt.lm_head->weight.is_same(gpt.wte->weight));  // still one tensor after the step
+}
+
+// The optimizer stepped inside backward (optim::StepInBackward, a bucket per parameter here)
+// against step() after backward, over three AdamW steps of a GPT with its tied head and two
+// checkpointed blocks (whose replays accumulate into the parameters from an inner backward):
+// the same update kernel on the same gradients, so the parameters agree bit for bit.
+TEST(GPT, StepInBackwardMatchesStepAfterBackward) {
+  auto train = [](bool in_backward) {
+    Generator g(6);
+    GPT gpt(tiny_gpt(3), {DType::f32}, &g);
+    gpt.recompute.block_mask = {true, false, true};
+    optim::AdamWOptions o;
+    o.lr = 1e-2;
+    optim::AdamW opt(gpt.parameters(), o);
+    std::unique_ptr<optim::StepInBackward> sib;
+    if (in_backward) sib = std::make_unique<optim::StepInBackward>(opt, 1);
+    for (int step = 0; step < 3; ++step) {
+      Tensor idx = randint(0, 50, {2, 8}, {DType::i64}, &g), targets = randint(0, 50, {2, 8}, {DType::i64}, &g);
+      opt.zero_grad();
+      gpt.forward_loss(idx, targets).backward();
+      if (sib) {
+        for (auto& p : gpt.parameters()) EXPECT_FALSE(p.grad().defined());
+        EXPECT_EQ(sib->buckets_stepped(), static_cast<int64_t>((step + 1) * gpt.parameters().size()));
+      } else {
+        opt.step();
+      }
+    }
+    std::vector<std::vector<float>> out;
+    for (auto& p : gpt.parameters()) out.push_back(p.to_vector<float>());
+    return out;
+  };
+  const auto a = train(false), b = train(true);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "parameter " << i;
 }
 
 // ---------------- ViT ----------------
