@@ -40,7 +40,9 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
                                          const Tensor& weight, const Tensor& bias, double eps,
                                          std::optional<DType> out_dtype) {
-  if (autograd::recompute_hook) {  // the policy recomputes layer_norm: run as the plain ops
+  // A policy that rebuilds layer_norm: run as the plain ops, whose layer_norm it can rebuild.
+  // Any other policy (e.g. GELU only) keeps the fused kernel.
+  if (autograd::recompute_hook && autograd::recompute_query && autograd::recompute_query("layer_norm")) {
     Tensor h = residual.defined() ? add(x, residual) : x;
     Tensor y = layer_norm(h, normalized_shape, weight, bias, eps);
     return {h, out_dtype && y.dtype() != *out_dtype ? y.to(*out_dtype) : y};

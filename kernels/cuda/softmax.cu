@@ -141,10 +141,10 @@ template <class T>
 constexpr int kRegVecs = 32 / kVec16<T> < 8 ? 32 / kVec16<T> : 8;
 
 // A long row shared by a block: one read for the max and the sum together (an online
-// softmax: each thread rescales its running sum when its max grows, the block merges the
-// (max, sum) pairs), then one read and the write. Three reads of a 100-200 KB row ran at half a
-// copy's bandwidth. Same results as the three passes for inf and NaN rows: -inf entries add
-// nothing, an all -inf row gives NaN, a NaN or +inf entry makes the row NaN.
+// softmax: each thread rescales its running sum once per vector, to the vector's max when that
+// is larger; the block merges the (max, sum) pairs), then one read and the write. Three reads of
+// a 100-200 KB row ran at 0.49 (f32) to 0.68 (f16) of a copy's bandwidth. Same results as the three passes for inf and
+// NaN rows: -inf entries add nothing, an all -inf row gives NaN, a NaN or +inf entry makes the row NaN.
 template <int V, class T, class M>
 __device__ __forceinline__ void softmax_row_online(const T* x, T* y, int64_t K, bool log, M* shm) {
   using Vec = AlignedVec<T, V>;
@@ -155,20 +155,28 @@ __device__ __forceinline__ void softmax_row_online(const T* x, T* y, int64_t K, 
   M mx = kNegInf, s = 0;
   for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
     const Vec v = xv[i];
+    M e[V], vmax = kNegInf;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const M e = load_m(v.v[k]);
-      if (e == kNegInf) continue;
-      if (e > mx) {
-        s = s * row_exp<T>(mx - e) + M(1);
-        mx = e;
-      } else {
-        s += row_exp<T>(e - mx);
-      }
+      e[k] = load_m(v.v[k]);
+      vmax = e[k] > vmax ? e[k] : vmax;  // NaN never wins a comparison: it reaches s below
+    }
+    const M m = vmax > mx ? vmax : mx;
+    if (m != kNegInf) {
+      // One rescale a vector, then its V terms (independent exps, no per-element branch).
+      M add = 0;
+#pragma unroll
+      for (int k = 0; k < V; ++k) add += row_exp<T>(e[k] - m);  // -inf adds 0; NaN, or +inf twice, NaN
+      s = (mx == kNegInf ? M(0) : s * row_exp<T>(mx - m)) + add;
+      mx = m;
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        if (e[k] != e[k]) s += e[k];  // NaN among -inf: the row is NaN
     }
   }
   const M row_mx = fix_max(block_max(mx, shm, kNegInf));
-  s = block_sum(mx == kNegInf ? M(0) : s * row_exp<T>(mx - row_mx), shm);
+  s = block_sum(mx == kNegInf ? s : s * row_exp<T>(mx - row_mx), shm);  // s is 0 or NaN there
   write_row<V>(xv, yv, nv, row_mx, log ? m_log(s) : M(1) / s, log);
 }
 
