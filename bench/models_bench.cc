@@ -21,6 +21,12 @@
 //   --checkpoint-blocks N  GPT-2 with its first N blocks checkpointed (" checkpoint N blocks")
 //   --selective        GPT-2 under selective recomputation (RecomputePolicy::cheap_ops: GELU
 //                      outputs and layer norms rebuilt in backward; " selective")
+//   --memory-budget G  GPT-2: the fastest mode whose whole step (weights, gradients, optimizer
+//                      state, casts, workspaces, activations) peaks under G GiB, found before
+//                      timing by nn::fit_to_budget over a ladder (plain; GELU-only selective +
+//                      step in backward; then 1..12 blocks checkpointed with a 2048-row head),
+//                      one trial step each; prints the tries and times the choice, or says the
+//                      smallest peak and exits 3 when nothing fits
 //   --max-batch-under G  instead of timing: the largest batch whose whole step (forward, backward,
 //                      optimizer step) fits under a per-process limit of G GiB, by
 //                      find_max_batch_size (doubling, then bisection over OutOfMemoryError); one
@@ -155,7 +161,7 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBack
     loss.backward();
     loss = mg::Tensor();
     phase_end(g_phases.backward);
-    if (in_backward)
+    if (in_backward && in_backward->enabled())
       in_backward->finish();
     else
       opt.step();
@@ -213,6 +219,7 @@ int main(int argc, char** argv) {
   std::string selective_ops;  // comma-separated RecomputePolicy op kinds
   int checkpoint_blocks = 0;
   double max_batch_gib = 0;       // > 0: the largest-batch search instead of timing
+  double budget_gib = 0;          // > 0: the fastest GPT-2 mode whose whole step fits, then timed
   int64_t batch = 0, seq = 1024;  // batch 0: each model's default
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--profile")) g_profile = true;
@@ -244,6 +251,8 @@ int main(int argc, char** argv) {
       selective_ops = argv[++i];
     else if (!std::strcmp(argv[i], "--head-chunk-rows"))
       head_chunk_rows = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--memory-budget"))
+      budget_gib = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--max-batch-under"))
       max_batch_gib = std::atof(argv[++i]);
   }
@@ -294,10 +303,20 @@ int main(int argc, char** argv) {
     model->train();
     auto opt = make_optimizer(model->parameters());
     const int64_t B = batch_or(64);
-    mg::Tensor x = mg::randn({B, 3, 224, 224}, {mg::DType::f32, dev});
-    mg::Tensor y = mg::randint(0, 1000, {B}, {mg::DType::i64, dev});
-    auto step = train_step(*opt, [&] { return mg::cross_entropy((*model)(x), y); });
-    print("resnet50", "B=" + std::to_string(B) + " 224x224" + tag, run(step, warmup, steps, dev), B, "images");
+    auto step_at = [&](int64_t b) {
+      mg::Tensor x = mg::randn({b, 3, 224, 224}, {mg::DType::f32, dev});
+      mg::Tensor y = mg::randint(0, 1000, {b}, {mg::DType::i64, dev});
+      return train_step(*opt, [model, x, y] { return mg::cross_entropy((*model)(x), y); });
+    };
+    if (max_batch_gib > 0) {
+      print_max_batch("resnet50", "224x224" + tag, max_batch_gib, dev, [&](int64_t b) {
+        step_at(b)();
+        opt->zero_grad();
+      });
+    } else {
+      auto step = step_at(B);
+      print("resnet50", "B=" + std::to_string(B) + " 224x224" + tag, run(step, warmup, steps, dev), B, "images");
+    }
   }
   if (which == "all" || which == "gpt2") {
     mg::cuda::empty_cache();
@@ -329,18 +348,56 @@ int main(int argc, char** argv) {
     if (in_backward) variant += " step in backward";
     auto opt = make_optimizer(model->parameters());
     std::unique_ptr<mg::optim::StepInBackward> sib;
-    if (in_backward) sib = std::make_unique<mg::optim::StepInBackward>(*opt);
+    if (in_backward || budget_gib > 0) {
+      sib = std::make_unique<mg::optim::StepInBackward>(*opt);
+      sib->set_enabled(in_backward);
+    }
     auto step_at = [&](int64_t b) {
       mg::Tensor idx = mg::randint(0, cfg.vocab_size, {b, T}, {mg::DType::i64, dev});
       mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {b, T}, {mg::DType::i64, dev});
       return train_step(
           *opt,
-          [model, idx, tgt, logits, head_chunk_rows] {
+          [model, idx, tgt, logits, &head_chunk_rows] {
             return logits ? mg::nn::GPT::loss((*model)(idx), tgt)
                           : model->forward_loss(idx, tgt, -100, head_chunk_rows);
           },
           sib.get());
     };
+    if (budget_gib > 0) {
+      // The ladder, fastest first: plain; GELU-only selective recomputation with the step inside
+      // backward; then 1, 2, ... n_layer blocks checkpointed on top, with a 2048-row head.
+      auto mode = [&, L = cfg.n_layer](int64_t blocks, bool lean) {
+        model->recompute = {};
+        model->recompute.block_mask.assign(L, false);
+        for (int64_t i = 0; i < blocks; ++i) model->recompute.block_mask[i] = true;
+        if (lean) model->recompute.selective = true, model->recompute.selective_ops = {"gelu"};
+        sib->set_enabled(lean);
+        head_chunk_rows = blocks > 0 ? 2048 : 0;
+      };
+      std::vector<mg::nn::BudgetOption> ladder;
+      ladder.push_back({"no recomputation", [&] { mode(0, false); }});
+      ladder.push_back({"selective gelu step in backward", [&] { mode(0, true); }});
+      for (int64_t k = 1; k <= cfg.n_layer; ++k)
+        ladder.push_back({"checkpoint " + std::to_string(k) + " blocks selective gelu head chunk 2048 step in backward",
+                          [&mode, k] { mode(k, true); }});
+      auto step = step_at(B);
+      step();  // the optimizer's state, before any trial counts it
+      const int64_t budget = static_cast<int64_t>(budget_gib * 1073741824.0);
+      const mg::nn::BudgetFitResult fit = mg::nn::fit_to_budget(ladder, step, budget, dev);
+      std::string tries;
+      for (const auto& [name, peak] : fit.peaks)
+        tries += (tries.empty() ? "" : ",") + std::string("[\"") + name + "\"," + std::to_string(peak) + "]";
+      std::printf(
+          "{\"framework\":\"memgrad\",\"model\":\"gpt2-124M\",\"config\":\"B=%lld T=%lld%s memory budget %g GiB\","
+          "\"fits\":%s,\"summary\":\"%s\",\"tries\":[%s]}\n",
+          static_cast<long long>(B), static_cast<long long>(T), tag.c_str(), budget_gib, fit.fits() ? "true" : "false",
+          fit.summary(budget).c_str(), tries.c_str());
+      std::fflush(stdout);
+      if (!fit.fits()) return 3;
+      print("gpt2-124M", "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag + " " + fit.peaks[fit.chosen].first,
+            run(step, warmup, steps, dev), B * T, "tokens");
+      return 0;
+    }
     if (max_batch_gib > 0) {
       print_max_batch("gpt2-124M", "T=" + std::to_string(T) + tag + variant, max_batch_gib, dev, [&](int64_t b) {
         try {

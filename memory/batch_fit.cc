@@ -7,7 +7,10 @@
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
+#include "core/allocator.h"
 #include "core/cuda_memory.h"
+#include "core/device_runtime.h"
+#include "core/format_bytes.h"
 
 namespace mg::nn {
 
@@ -147,6 +150,50 @@ std::vector<std::vector<int64_t>> split_batches_by_memory(
     batches.push_back({i});
   }
   return batches;
+}
+
+BudgetFitResult fit_to_budget(const std::vector<BudgetOption>& options, const std::function<void()>& step,
+                              int64_t budget_bytes, Device device) {
+  MG_CHECK(!options.empty(), ValueError, "fit_to_budget: no options to try");
+  MG_CHECK(budget_bytes > 0, ValueError, "fit_to_budget: the budget must be > 0 bytes, got ", budget_bytes);
+  BudgetFitResult r;
+  int smallest_index = -1;
+  for (size_t i = 0; i < options.size(); ++i) {
+    if (options[i].apply) options[i].apply();
+    int64_t peak = -1;
+    try {
+      reset_peak_memory_stats(device);
+      step();
+      if (device.is_cuda()) cuda::synchronize();
+      peak = max_memory_allocated(device);
+    } catch (const OutOfMemoryError&) {
+      if (device.is_cuda()) cuda::empty_cache();
+    }
+    r.peaks.emplace_back(options[i].name, peak);
+    if (peak >= 0 && (r.smallest_peak < 0 || peak < r.smallest_peak)) {
+      r.smallest_peak = peak;
+      r.smallest = options[i].name;
+      smallest_index = static_cast<int>(i);
+    }
+    if (peak >= 0 && peak <= budget_bytes) {
+      r.chosen = static_cast<int>(i);
+      return r;
+    }
+  }
+  // Nothing fits: leave the smallest one applied (the last one applied otherwise).
+  if (smallest_index >= 0 && smallest_index + 1 != static_cast<int>(options.size()) && options[smallest_index].apply)
+    options[smallest_index].apply();
+  return r;
+}
+
+std::string BudgetFitResult::summary(int64_t budget_bytes) const {
+  if (fits())
+    return "fits: " + peaks[chosen].first + ", peak " + format_bytes(peaks[chosen].second) + " of a budget of " +
+           format_bytes(budget_bytes);
+  if (smallest_peak < 0)
+    return "does not fit: every option ran out of memory (budget " + format_bytes(budget_bytes) + ")";
+  return "does not fit: the smallest peak is " + format_bytes(smallest_peak) + " (" + smallest +
+         ") against a budget of " + format_bytes(budget_bytes);
 }
 
 }  // namespace mg::nn

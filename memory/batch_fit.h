@@ -1,9 +1,11 @@
 // Batches that fit: gradient accumulation over micro-batches, the largest batch that trains
-// (doubling then bisection over OutOfMemoryError), and grouping samples under a byte budget.
+// (doubling then bisection over OutOfMemoryError), the fastest configuration whose whole step
+// fits a byte budget, and grouping samples under a byte budget.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -40,6 +42,39 @@ BatchSearchResult find_max_batch_size(const std::function<void(int64_t batch)>& 
 // dropped after each try, so every try starts from the same memory.
 BatchSearchResult find_max_batch_size(Module& model, const Tensor& sample, const BatchSearchOptions& opts = {},
                                       const std::function<Tensor(const Tensor& output)>& loss_fn = nullptr);
+
+// A ladder of memory-saving configurations, ordered from fastest to smallest (e.g. plain;
+// selective recomputation; checkpointing 1, 2, ... blocks), each applied by `apply` to the model
+// before its trial step.
+struct BudgetOption {
+  std::string name;
+  std::function<void()> apply;
+};
+
+struct BudgetFitResult {
+  int chosen = -1;  // index of the first option whose step fits; -1: none does
+  bool fits() const { return chosen >= 0; }
+  // Each option tried, in order: its name and its step's peak (the allocator's whole
+  // accounting: parameters, gradients, optimizer state, weight casts, workspaces and
+  // activations), -1 where the step ran out of memory.
+  std::vector<std::pair<std::string, int64_t>> peaks;
+  // The lowest peak measured (over all options when none fits) and whose it is.
+  int64_t smallest_peak = -1;
+  std::string smallest;
+  // "fits: <name>, peak X of budget Y" or "does not fit: the smallest peak is X (<name>) against
+  // a budget of Y".
+  std::string summary(int64_t budget_bytes) const;
+};
+
+// Fits a training step under budget_bytes before training starts: applies each option in order,
+// runs one step (step(), which throws mg::OutOfMemoryError if it cannot run) with the peak
+// counter of `device` reset, and stops at the first option whose peak is <= budget_bytes (the
+// option stays applied). When none fits, every option has been measured, the one with the
+// smallest peak is left applied, and the result says so (chosen = -1): the caller decides
+// whether to stop. The first step of a fresh optimizer also creates its state: run one step
+// before calling, or the first option's peak includes that growth.
+BudgetFitResult fit_to_budget(const std::vector<BudgetOption>& options, const std::function<void()>& step,
+                              int64_t budget_bytes, Device device);
 
 // Peak bytes of a padded batch as fixed + per_unit * count * longest (fitted from measurements).
 struct LinearMemoryModel {

@@ -214,33 +214,51 @@ def run_row(model, tag, tf32, dtype, channels_last, compiled, a):
     torch.cuda.empty_cache()
 
 
-def max_batch_under(gib, tag, dtype, a):
-    """GPT-2's largest batch whose whole step (forward, backward, optimizer step) fits under a
+def max_batch_under(gib, tag, dtype, a, model="gpt2-124M", channels_last=False):
+    """The largest batch whose whole step (forward, backward, optimizer step) fits under a
     per-process cap of `gib` GiB (set_per_process_memory_fraction), by doubling then bisection
-    over torch.OutOfMemoryError: bench_models --max-batch-under's search, on PyTorch's side."""
+    over torch.OutOfMemoryError: bench_models --max-batch-under's search, on PyTorch's side.
+    GPT-2 (T = --seq, --checkpoint for every block) or ResNet-50 (224x224, channels_last when the
+    row says so)."""
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(gib * 2**30 / total)
     torch.manual_seed(0)
-    m = GPT().cuda().train()
-    m.checkpoint = a.checkpoint
+    gpt = model == "gpt2-124M"
+    if gpt:
+        m = GPT().cuda().train()
+        m.checkpoint = a.checkpoint
+    else:
+        import torchvision
+        m = torchvision.models.resnet50().cuda().train()
+        if channels_last:
+            m = m.to(memory_format=torch.channels_last)
     opt = make_optimizer(m.parameters(), a.optimizer)
     fwd = torch.compile(m) if a.compile else m
     T = SIZES["seq"]
 
-    def fits(b):
-        try:
+    def loss_at(b):
+        if gpt:
             idx = torch.randint(0, 50304, (b, T), device="cuda")
             tgt = torch.randint(0, 50304, (b, T), device="cuda")
+            return F.cross_entropy(fwd(idx).view(-1, 50304), tgt.view(-1))
+        x = torch.randn(b, 3, 224, 224, device="cuda")
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        return F.cross_entropy(fwd(x), torch.randint(0, 1000, (b,), device="cuda"))
+
+    def fits(b):
+        try:
             opt.zero_grad(set_to_none=True)
             with torch.autocast("cuda", dtype=dtype or torch.float16, enabled=dtype is not None):
-                loss = F.cross_entropy(fwd(idx).view(-1, 50304), tgt.view(-1))
+                loss = loss_at(b)
             loss.backward()
             opt.step()
             torch.cuda.synchronize()
             ok = True
         except torch.OutOfMemoryError:
             ok = False
+        loss = None
         opt.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
         tries.append([b, ok])
@@ -255,9 +273,12 @@ def max_batch_under(gib, tag, dtype, a):
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     torch.cuda.set_per_process_memory_fraction(1.0)
-    tag += (" AdamW" if a.optimizer == "adamw" else "") + (" checkpoint" if a.checkpoint else "")
-    print_row(model="gpt2-124M", config=f"T={T} {tag} max batch under {gib:g} GiB",
+    tag += (" AdamW" if a.optimizer == "adamw" else "") + (" checkpoint" if a.checkpoint and gpt else "")
+    shape = f"T={T}" if gpt else "224x224"
+    print_row(model=model, config=f"{shape} {tag} max batch under {gib:g} GiB",
               side="pytorch_compile" if a.compile else "pytorch_eager", max_batch=lo, tries=tries)
+    del m, opt, fwd
+    torch.cuda.empty_cache()
 
 
 def main():
@@ -276,7 +297,7 @@ def main():
                     help="with --compile: torch._functorch.config.activation_memory_budget (the min-cut "
                          "partitioner's recomputation budget, 1.0 = keep everything)")
     ap.add_argument("--max-batch-under", type=float, default=0,
-                    help="GiB: GPT-2's largest batch under this cap, for each --rows precision")
+                    help="GiB: the largest batch under this cap (GPT-2 and ResNet-50), for each --rows precision")
     a = ap.parse_args()
     SIZES.update(batch=a.batch, seq=a.seq, checkpoint=a.checkpoint)
     if a.memory_budget is not None:
@@ -284,9 +305,12 @@ def main():
         torch._functorch.config.activation_memory_budget = a.memory_budget
     if a.max_batch_under > 0:
         for tag, tf32, dtype, channels_last, models in ROWS:
-            if "gpt2-124M" in models and (a.rows != "bf16" or dtype is not None):
-                set_tf32(tf32)
-                max_batch_under(a.max_batch_under, tag, dtype, a)
+            if a.rows == "bf16" and dtype is None:
+                continue
+            for model in models:
+                if model != "mlp" and a.model in (model, "all"):
+                    set_tf32(tf32)
+                    max_batch_under(a.max_batch_under, tag, dtype, a, model, channels_last)
         return
     for tag, tf32, dtype, channels_last, models in ROWS:
         if a.rows == "bf16" and dtype is None:

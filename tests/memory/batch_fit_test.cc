@@ -9,6 +9,7 @@
 #include <map>
 
 #include "autograd/functions.h"
+#include "autograd/recompute.h"
 #include "core/cuda/caching_allocator.h"
 #include "core/cuda/fake_device.h"
 #include "core/cuda_memory.h"
@@ -167,6 +168,71 @@ TEST(SplitBatches, LinearModelFitsMeasurements) {
   EXPECT_DOUBLE_EQ(m.bytes_per_unit, 12.0);
   EXPECT_DOUBLE_EQ(m.fixed_bytes, 3000.0);
   EXPECT_EQ(m(4, 50), 3000 + 12 * 200);
+}
+
+// fit_to_budget over two real configurations of one step (8 tanh(x @ w) layers, plain or
+// checkpointed in 4 segments), with budgets placed by the step's own measured peaks on the CPU
+// allocator: the first option that fits is chosen and left applied; with a budget below both,
+// none is chosen, the smaller one is left applied and the summary names it.
+TEST(FitToBudget, ChoosesTheFirstOptionThatFitsOrSaysTheSmallestPeak) {
+  manual_seed(0);
+  Tensor w = nn::parameter(mul(randn({128, 128}), 0.05));
+  Tensor x = randn({256, 128});
+  std::vector<std::function<Tensor(const Tensor&)>> layers(8, [&](const Tensor& h) { return tanh(matmul(h, w)); });
+  int mode = 0;  // 0 plain, 1 checkpointed
+  auto step = [&] {
+    Tensor y = x;
+    if (mode == 0)
+      for (auto& f : layers) y = f(y);
+    else
+      y = mg::checkpoint_sequential(layers, 4, x);
+    mean(square(y)).backward();
+    w.set_grad(Tensor());
+  };
+  auto peak_of = [&](int m) {
+    mode = m;
+    reset_peak_memory_stats(Device::cpu());
+    step();
+    return max_memory_allocated(Device::cpu());
+  };
+  const int64_t plain = peak_of(0), ckpt = peak_of(1);
+  ASSERT_LT(ckpt, plain) << "checkpointing should lower this step's peak";
+  const std::vector<BudgetOption> options{{"plain", [&] { mode = 0; }}, {"checkpoint 4 segments", [&] { mode = 1; }}};
+
+  BudgetFitResult r = fit_to_budget(options, step, plain, Device::cpu());
+  EXPECT_EQ(r.chosen, 0);
+  EXPECT_EQ(mode, 0);
+  ASSERT_EQ(r.peaks.size(), 1u);
+  EXPECT_EQ(r.peaks[0].second, plain);
+
+  r = fit_to_budget(options, step, (plain + ckpt) / 2, Device::cpu());
+  EXPECT_EQ(r.chosen, 1);
+  EXPECT_EQ(mode, 1);
+  ASSERT_EQ(r.peaks.size(), 2u);
+  EXPECT_EQ(r.peaks[1].second, ckpt);
+  EXPECT_NE(r.summary((plain + ckpt) / 2).find("fits: checkpoint 4 segments"), std::string::npos);
+
+  // Below both: nothing fits; the smaller is left applied, first in the list or not.
+  const std::vector<BudgetOption> reversed{options[1], options[0]};
+  r = fit_to_budget(reversed, step, ckpt - 1, Device::cpu());
+  EXPECT_FALSE(r.fits());
+  EXPECT_EQ(r.smallest, "checkpoint 4 segments");
+  EXPECT_EQ(r.smallest_peak, ckpt);
+  EXPECT_EQ(mode, 1);
+  EXPECT_NE(r.summary(ckpt - 1).find("does not fit: the smallest peak is"), std::string::npos) << r.summary(ckpt - 1);
+
+  // An option whose step runs out of memory counts as not fitting.
+  const std::vector<BudgetOption> with_oom{{"too big", [&] { mode = 2; }}, options[1]};
+  auto step_or_oom = [&] {
+    if (mode == 2) MG_THROW(OutOfMemoryError, "test: out of memory");
+    step();
+  };
+  r = fit_to_budget(with_oom, step_or_oom, plain, Device::cpu());
+  EXPECT_EQ(r.chosen, 1);
+  EXPECT_EQ(r.peaks[0].second, -1);
+
+  EXPECT_THROW(fit_to_budget({}, step, plain, Device::cpu()), ValueError);
+  EXPECT_THROW(fit_to_budget(options, step, 0, Device::cpu()), ValueError);
 }
 
 }  // namespace
