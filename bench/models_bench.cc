@@ -57,6 +57,7 @@
 #include "core/autocast.h"
 #include "core/nvml.h"
 #include "memgrad.h"
+#include "memory/gpt_budget.h"
 #include "nn/models/gpt.h"
 #include "nn/models/resnet.h"
 
@@ -330,6 +331,7 @@ int main(int argc, char** argv) {
     auto model = std::make_shared<mg::nn::GPT>(cfg, mg::TensorOptions(mg::DType::f32, dev));
     model->train();
     model->recompute.checkpoint_blocks = checkpoint;
+    model->recompute.head_chunk_rows = head_chunk_rows;
     model->recompute.selective = selective || !selective_ops.empty();
     for (size_t p = 0; p < selective_ops.size();) {
       const size_t q = std::min(selective_ops.find(',', p), selective_ops.size());
@@ -357,29 +359,15 @@ int main(int argc, char** argv) {
       mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {b, T}, {mg::DType::i64, dev});
       return train_step(
           *opt,
-          [model, idx, tgt, logits, &head_chunk_rows] {
-            return logits ? mg::nn::GPT::loss((*model)(idx), tgt)
-                          : model->forward_loss(idx, tgt, -100, head_chunk_rows);
+          [model, idx, tgt, logits] {
+            return logits ? mg::nn::GPT::loss((*model)(idx), tgt) : model->forward_loss(idx, tgt);
           },
           sib.get());
     };
     if (budget_gib > 0) {
-      // The ladder, fastest first: plain; GELU-only selective recomputation with the step inside
+      // nn::gpt_memory_ladder: plain; GELU-only selective recomputation with the step inside
       // backward; then 1, 2, ... n_layer blocks checkpointed on top, with a 2048-row head.
-      auto mode = [&, L = cfg.n_layer](int64_t blocks, bool lean) {
-        model->recompute = {};
-        model->recompute.block_mask.assign(L, false);
-        for (int64_t i = 0; i < blocks; ++i) model->recompute.block_mask[i] = true;
-        if (lean) model->recompute.selective = true, model->recompute.selective_ops = {"gelu"};
-        sib->set_enabled(lean);
-        head_chunk_rows = blocks > 0 ? 2048 : 0;
-      };
-      std::vector<mg::nn::BudgetOption> ladder;
-      ladder.push_back({"no recomputation", [&] { mode(0, false); }});
-      ladder.push_back({"selective gelu step in backward", [&] { mode(0, true); }});
-      for (int64_t k = 1; k <= cfg.n_layer; ++k)
-        ladder.push_back({"checkpoint " + std::to_string(k) + " blocks selective gelu head chunk 2048 step in backward",
-                          [&mode, k] { mode(k, true); }});
+      const std::vector<mg::nn::BudgetOption> ladder = mg::nn::gpt_memory_ladder(*model, sib.get());
       auto step = step_at(B);
       step();  // the optimizer's state, before any trial counts it
       const int64_t budget = static_cast<int64_t>(budget_gib * 1073741824.0);

@@ -90,7 +90,8 @@ Tensor GPT::forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignor
            targets.defined() ? shape_str(targets.sizes()) : std::string("(undefined)"));
   Tensor x = hidden(idx);
   lm_head->run_forward_pre_hooks();  // what (*lm_head)(x) would run (pruning masks, sharding)
-  return linear_cross_entropy(x, lm_head->weight, targets, "mean", ignore_index, 0.0, chunk_rows);
+  return linear_cross_entropy(x, lm_head->weight, targets, "mean", ignore_index, 0.0,
+                              chunk_rows > 0 ? chunk_rows : recompute.head_chunk_rows);
 }
 
 Tensor GPT::hidden(const Tensor& idx) {

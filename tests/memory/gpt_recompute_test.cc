@@ -5,13 +5,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "autograd/recompute.h"
 #include "autograd/functions.h"
 #include "core/allocator.h"
 #include "core/device_runtime.h"
 #include "core/random.h"
+#include "memory/gpt_budget.h"
 #include "nn/models/gpt.h"
+#include "optim/adam.h"
+#include "optim/step_in_backward.h"
 
 namespace mg::nn {
 namespace {
@@ -91,6 +96,58 @@ TEST(GPTRecompute, CudaModesMatchThePlainRunWithinRounding) {
     EXPECT_LT(r.kept, plain.kept) << "mode " << mode;
   }
   m.recompute = {};
+}
+
+// gpt_memory_ladder on a tiny CPU GPT: each rung sets the mode it names (model.recompute whole,
+// the StepInBackward on or off), and fit_to_budget with a budget at the last rung's measured
+// peak picks a rung past plain whose peak fits and leaves that mode applied.
+TEST(GPTMemoryLadder, RungsSetTheirModesAndFitToBudgetChoosesOne) {
+  const GPTConfig c{.vocab_size = 64, .block_size = 16, .n_layer = 3, .n_head = 2, .n_embd = 32};
+  Generator g(2);
+  GPT m(c, {}, &g);
+  optim::AdamW opt(m.parameters(), {});
+  optim::StepInBackward sib(opt);
+  const std::vector<BudgetOption> ladder = gpt_memory_ladder(m, &sib);
+  ASSERT_EQ(ladder.size(), 2u + 3u);
+  EXPECT_EQ(ladder[0].name, "no recomputation");
+  EXPECT_EQ(ladder[3].name, "checkpoint 2 blocks selective gelu head chunk 2048 step in backward");
+  ladder[3].apply();
+  EXPECT_EQ(m.recompute.block_mask, (std::vector<bool>{true, true, false}));
+  EXPECT_TRUE(m.recompute.selective);
+  EXPECT_EQ(m.recompute.selective_ops, std::vector<std::string>{"gelu"});
+  EXPECT_EQ(m.recompute.head_chunk_rows, 2048);
+  EXPECT_TRUE(sib.enabled());
+  ladder[0].apply();
+  EXPECT_EQ(m.recompute.block_mask, (std::vector<bool>{false, false, false}));
+  EXPECT_FALSE(m.recompute.selective);
+  EXPECT_EQ(m.recompute.head_chunk_rows, 0);
+  EXPECT_FALSE(sib.enabled());
+
+  Tensor idx = randint(0, 64, {4, 16}, {DType::i64}, &g), targets = randint(0, 64, {4, 16}, {DType::i64}, &g);
+  auto step = [&] {
+    opt.zero_grad();
+    m.forward_loss(idx, targets).backward();
+    if (sib.enabled())
+      sib.finish();
+    else
+      opt.step();
+  };
+  step();  // the optimizer's state, before anything is measured
+  auto peak_of = [&](size_t i) {
+    ladder[i].apply();
+    reset_peak_memory_stats(Device::cpu());
+    step();
+    return max_memory_allocated(Device::cpu());
+  };
+  const int64_t plain = peak_of(0), last = peak_of(ladder.size() - 1);
+  ASSERT_LT(last, plain) << "the smallest rung should lower this step's peak";
+  const BudgetFitResult r = fit_to_budget(ladder, step, last, Device::cpu());
+  ASSERT_TRUE(r.fits()) << r.summary(last);
+  EXPECT_GE(r.chosen, 1);
+  EXPECT_LE(r.peaks[r.chosen].second, last);
+  const int64_t blocks = r.chosen - 1;
+  for (int64_t i = 0; i < c.n_layer; ++i) EXPECT_EQ(m.recompute.block_mask[i], i < blocks) << "block " << i;
+  EXPECT_TRUE(sib.enabled());
 }
 
 }  // namespace
