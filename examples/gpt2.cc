@@ -37,6 +37,7 @@
 #include "examples/gpt2_flags.h"
 #include "examples/run_report.h"
 #include "memory/batch_fit.h"
+#include "memory/gpt_budget.h"
 #include "memory/planner.h"
 #include "nn/models/gpt.h"
 #include "nn/models/gpt_pretrained.h"
@@ -193,6 +194,47 @@ void set_recompute(Run& r) {
   if (r.lead())
     std::cout << "recompute planner, budget " << format_bytes(budget) << (plan.fits ? "" : " (does not fit)") << ":\n"
               << plan.table(prof);
+}
+
+// --memory-budget: the first rung of nn::gpt_memory_ladder (without the step inside backward,
+// which the loop's GradScaler, clipping and accumulation rule out) whose whole training step at
+// the micro-batch fits. The trial steps use a twin optimizer at lr 0 (its state is counted, the
+// weights stay bit for bit) and restore the RNG, so training starts as it would have.
+void fit_memory_budget(Run& r) {
+  if (r.f.memory_budget.empty()) return;
+  MG_CHECK(r.world == 1, ValueError, "gpt2 --memory-budget: one rank only (got ", r.world, ")");
+  const int64_t budget = examples::parse_bytes("--memory-budget", r.f.memory_budget);
+  examples::TrainingFlags trial = r.f.train;
+  trial.lr = 0.0;
+  std::unique_ptr<optim::Optimizer> opt = examples::make_optimizer(trial, r.model->parameters());
+  const PhiloxState rng = default_generator().get_state();
+  Generator gen(r.f.seed + 11);
+  auto step = [&] {
+    opt->zero_grad();
+    auto [x, y] = r.train.random_batch(r.micro, r.model->config.block_size, r.device, gen);
+    Tensor loss;
+    {
+      MemoryCategoryGuard act(MemoryCategory::Activations);
+      Autocast ac(r.device.type, r.amp_dtype, r.amp);
+      loss = r.model->forward_loss(x, y);
+    }
+    loss.backward();
+    opt->step();
+  };
+  step();  // the optimizer's state, before anything is measured
+  const nn::BudgetFitResult fit = nn::fit_to_budget(nn::gpt_memory_ladder(*r.model), step, budget, r.device);
+  opt->zero_grad();
+  opt.reset();
+  default_generator().set_state(rng);
+  if (r.device.is_cuda()) cuda::empty_cache();
+  if (r.lead()) {
+    std::cout << "memory budget " << format_bytes(budget) << ":\n";
+    for (const auto& [name, peak] : fit.peaks)
+      std::cout << "  " << name << ": " << (peak < 0 ? std::string("out of memory") : format_bytes(peak)) << "\n";
+    std::cout << fit.summary(budget) << "\n";
+  }
+  MG_CHECK(fit.fits(), OutOfMemoryError, "gpt2 --memory-budget: ", fit.summary(budget));
+  r.f.recompute = fit.peaks[fit.chosen].first;
 }
 
 // --auto-batch: the largest micro-batch whose training step fits (out-of-memory errors bound it).
@@ -406,6 +448,7 @@ int run(GPT2Flags f, const char* argv0) {
   r.micro = r.f.batch / r.f.grad_accum;
   if (r.f.auto_batch) find_micro_batch(r);
   set_recompute(r);
+  fit_memory_budget(r);
   return train(r);
 }
 

@@ -41,6 +41,12 @@ Memory and speed:
                        norms, GELU, dropout), per-block+selective, or planner:BUDGET (the
                        planner checkpoints the fewest blocks whose activations fit BUDGET:
                        "60%" of no recomputation's, or bytes such as 512MiB, 2GiB)
+  --memory-budget SIZE before training, the fastest recomputation whose whole training step
+                       (weights, gradients, optimizer state, casts, activations) peaks under SIZE
+                       (bytes such as 3.5GiB, 512MiB): one trial step per configuration, from no
+                       recomputation through GELU-only selective to 1 .. n_layer blocks
+                       checkpointed; a clear error naming the smallest peak when none fits.
+                       Replaces --recompute; one rank only
   --grad-accum N       split each step's batch into N micro-batches (same gradient)
   --auto-batch         the largest micro-batch that fits (find_max_batch_size: doubling then
                        bisection over out-of-memory errors, at most --max-batch N, default
@@ -144,6 +150,7 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
               {"--prompt", &f.prompt},
               {"--amp", &f.amp},
               {"--recompute", &f.recompute},
+              {"--memory-budget", &f.memory_budget},
               {"--grad-accum", &f.grad_accum},
               {"--max-batch", &f.max_batch},
               {"--save", &f.save},
@@ -194,6 +201,12 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
                  f.recompute == "per-block+selective",
              ValueError, "unknown --recompute \"", f.recompute,
              "\" (valid: none, per-block, selective, per-block+selective, planner:BUDGET)");
+  }
+  if (!f.memory_budget.empty()) {
+    MG_CHECK(parse_bytes("--memory-budget", f.memory_budget) > 0, ValueError, "--memory-budget must be > 0, got ",
+             f.memory_budget);
+    MG_CHECK(f.recompute == "none", ValueError, "--memory-budget chooses the recomputation itself; drop --recompute ",
+             f.recompute);
   }
   MG_CHECK(!f.logit_tokens.empty(), ValueError, "--tokens expects token ids A,B,...");
   MG_CHECK(f.bpe_encoder.empty() == f.bpe_vocab.empty(), ValueError,

@@ -2,7 +2,8 @@
 # examples:gpt2 on the CPU, seeded: (1) the tiny preset learns: the validation loss starts near
 # ln(256) = 5.55 (bytes, uniform) and falls below 4.0 within 120 steps (measured 3.52 here; the
 # margin absorbs other summation orders and compilers); (2) a run stopped at step 20 and resumed from its
-# checkpoint ends exactly where the uninterrupted run ends; (3) a bad flag is a usage error.
+# checkpoint ends exactly where the uninterrupted run ends; (3) --memory-budget fits or names the
+# smallest peak; (4) a bad flag is a usage error.
 set -euo pipefail
 BIN="${TEST_SRCDIR}/${TEST_WORKSPACE:-memgrad}/examples/gpt2"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -29,6 +30,21 @@ for k in val_loss final_train_loss; do
   [ "$a" = "$b" ] || { echo "FAIL: $k after resume $b, uninterrupted $a"; exit 1; }
 done
 echo "resume: val_loss $(field "$resumed" val_loss) equals the uninterrupted run's"
+
+# --memory-budget: a roomy budget keeps no recomputation and trains; one below every rung's peak
+# stops before training with the smallest peak named (exit 1); with --recompute it is a usage error.
+out=$("$BIN" "${common[@]}" --steps 2 --eval-every 0 --max-new-tokens 0 --memory-budget 1GiB)
+grep -q "^fits: no recomputation, peak" <<<"$out" || { echo "FAIL: 1GiB should fit without recomputation"; echo "$out"; exit 1; }
+grep -q "recompute no recomputation" <<<"$out" || { echo "FAIL: the banner does not name the chosen mode"; exit 1; }
+field "$(tail -1 <<<"$out")" val_loss >/dev/null
+if "$BIN" "${common[@]}" --steps 2 --eval-every 0 --max-new-tokens 0 --memory-budget 1KiB >"$TMP/out" 2>"$TMP/err"; then
+  echo "FAIL: a 1 KiB budget was accepted"; exit 1
+fi
+grep -q "does not fit: the smallest peak is" "$TMP/err" || { echo "FAIL: no smallest peak named"; cat "$TMP/err"; exit 1; }
+grep -q "checkpoint 2 blocks selective gelu head chunk 2048:" "$TMP/out" || { echo "FAIL: not every rung tried"; cat "$TMP/out"; exit 1; }
+if "$BIN" --memory-budget 1GiB --recompute per-block 2>"$TMP/err"; then echo "FAIL: --memory-budget with --recompute"; exit 1; fi
+grep -q "drop --recompute" "$TMP/err" || { echo "FAIL: no message for --memory-budget with --recompute"; cat "$TMP/err"; exit 1; }
+echo "memory budget: 1GiB fits without recomputation; 1KiB names the smallest peak"
 
 if "$BIN" --recompute sometimes 2>"$TMP/err"; then echo "FAIL: a bad flag was accepted"; exit 1; fi
 grep -q "unknown --recompute" "$TMP/err" || { echo "FAIL: no message naming the flag"; cat "$TMP/err"; exit 1; }
