@@ -47,9 +47,14 @@ void StepInBackward::flush() {
         aside.emplace_back(p, p.grad());
         p.set_grad(Tensor());
       }
+  struct PutBack {  // even when step() throws: the gradients set aside are the caller's
+    std::vector<std::pair<Tensor, Tensor>>& aside;
+    ~PutBack() {
+      for (const auto& [p, g] : aside) p.set_grad(g);
+    }
+  } put_back{aside};
   opt_.step();
   for (const Tensor& p : pending_) p.set_grad(Tensor());
-  for (const auto& [p, g] : aside) p.set_grad(g);
   pending_.clear();
   pending_bytes_ = 0;
   ++buckets_;

@@ -125,6 +125,30 @@ TEST(StepInBackward, UnusedParameterNeedsFinishAndASecondRoundWithoutItRaises) {
   EXPECT_FALSE(b.l1->weight.grad().defined());
 }
 
+// An optimizer step that throws inside backward (here its group's lr made invalid) leaves the
+// gradients of the parameters outside the bucket where they were; abandon() then drops the
+// bucket's own and the next round runs.
+TEST(StepInBackward, AStepThatThrowsKeepsTheOtherGradients) {
+  Net b = make_net(7, false);
+  SGD ob(b.params(), SGDOptions{.lr = 0.05});
+  StepInBackward sib(ob, 1);  // each parameter its own bucket
+  manual_seed(10);
+  Tensor x = randn({4, 8}), y = randint(0, 16, {4}, {DType::i64});
+  sib.set_enabled(false);
+  b.loss(x, y).backward();  // every parameter holds a gradient (an earlier micro-batch)
+  sib.set_enabled(true);
+  ob.param_groups()[0].set_lr(-1.0);
+  EXPECT_THROW(b.loss(x, y).backward(), ValueError);
+  int with_grad = 0;
+  for (const Tensor& p : b.params()) with_grad += p.grad().defined();
+  EXPECT_EQ(with_grad, 4) << "gradients set aside for the failed step were lost";
+  sib.abandon();
+  ob.param_groups()[0].set_lr(0.05);
+  ob.zero_grad();
+  b.loss(x, y).backward();
+  for (const Tensor& p : b.params()) EXPECT_FALSE(p.grad().defined());
+}
+
 TEST(StepInBackward, RejectsANegativeBucket) {
   Net b = make_net(6, false);
   auto ob = adamw(b.params());
