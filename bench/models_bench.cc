@@ -109,7 +109,7 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
   r.n_runs = static_cast<int>(ms.size());
   r.peak_alloc = mg::max_memory_allocated(dev);
   r.peak_reserved = mg::max_memory_reserved(dev);
-  g_phases.probe = true;
+  g_phases = {.probe = true};  // a captured step's replay never calls train_step: its phases stay -1
   mg::reset_peak_memory_stats(dev);
   step();
   mg::cuda::synchronize();

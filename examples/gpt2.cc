@@ -196,6 +196,15 @@ void set_recompute(Run& r) {
               << plan.table(prof);
 }
 
+// One forward and backward of a random micro-batch of b sequences in the training step's form
+// (forward_loss: no logits): the trial step of --memory-budget and --auto-batch.
+void trial_forward_backward(Run& r, int64_t b, Generator& gen) {
+  auto [x, y] = r.train.random_batch(b, r.model->config.block_size, r.device, gen);
+  MemoryCategoryGuard act(MemoryCategory::Activations);
+  Autocast ac(r.device.type, r.amp_dtype, r.amp);
+  r.model->forward_loss(x, y).backward();
+}
+
 // --memory-budget: the first rung of nn::gpt_memory_ladder (without the step inside backward,
 // which the loop's GradScaler, clipping and accumulation rule out) whose whole training step at
 // the micro-batch fits. The trial steps use a twin optimizer at lr 0 (its state is counted, the
@@ -211,14 +220,7 @@ void fit_memory_budget(Run& r) {
   Generator gen(r.f.seed + 11);
   auto step = [&] {
     opt->zero_grad();
-    auto [x, y] = r.train.random_batch(r.micro, r.model->config.block_size, r.device, gen);
-    Tensor loss;
-    {
-      MemoryCategoryGuard act(MemoryCategory::Activations);
-      Autocast ac(r.device.type, r.amp_dtype, r.amp);
-      loss = r.model->forward_loss(x, y);
-    }
-    loss.backward();
+    trial_forward_backward(r, r.micro, gen);
     opt->step();
   };
   step();  // the optimizer's state, before anything is measured
@@ -242,13 +244,7 @@ void find_micro_batch(Run& r) {
   std::vector<Tensor> params = r.model->parameters();
   Generator gen(r.f.seed + 7);
   auto try_step = [&](int64_t b) {
-    {
-      auto [x, y] = r.train.random_batch(b, r.model->config.block_size, r.device, gen);
-      MemoryCategoryGuard act(MemoryCategory::Activations);
-      Autocast ac(r.device.type, r.amp_dtype, r.amp);
-      Tensor loss = r.model->forward_loss(x, y);  // the training step's form: no logits
-      loss.backward();
-    }
+    trial_forward_backward(r, b, gen);
     for (Tensor& p : params) p.set_grad(Tensor());
   };
   const nn::BatchSearchResult res = nn::find_max_batch_size(try_step, {1, r.f.max_batch});

@@ -83,15 +83,14 @@ Tensor GPT::embed(const Tensor& idx, int64_t start) {
 
 Tensor GPT::forward(const Tensor& idx) { return (*lm_head)(hidden(idx)); }
 
-Tensor GPT::forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignore_index, int64_t chunk_rows) {
+Tensor GPT::forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignore_index) {
   MG_CHECK(idx.defined() && targets.defined() && idx.dim() == 2 && targets.sizes() == idx.sizes(), ShapeError,
            "GPT::forward_loss: expected idx and targets [B, T] of one shape, got ",
            idx.defined() ? shape_str(idx.sizes()) : std::string("(undefined)"), " and ",
            targets.defined() ? shape_str(targets.sizes()) : std::string("(undefined)"));
   Tensor x = hidden(idx);
   lm_head->run_forward_pre_hooks();  // what (*lm_head)(x) would run (pruning masks, sharding)
-  return linear_cross_entropy(x, lm_head->weight, targets, "mean", ignore_index, 0.0,
-                              chunk_rows > 0 ? chunk_rows : recompute.head_chunk_rows);
+  return linear_cross_entropy(x, lm_head->weight, targets, "mean", ignore_index, 0.0, recompute.head_chunk_rows);
 }
 
 Tensor GPT::hidden(const Tensor& idx) {

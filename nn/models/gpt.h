@@ -37,8 +37,8 @@ struct GPTRecompute {
   // block's activations) and keeps the fused residual-add + layer norm, which a policy naming
   // layer_norm runs as plain ops.
   std::vector<std::string> selective_ops;
-  // Rows of logits forward_loss makes at a time when its chunk_rows is 0 (0 here too:
-  // linear_cross_entropy's choice, about 512 MiB of logits).
+  // Rows of logits forward_loss makes at a time (0: linear_cross_entropy's choice, about
+  // 512 MiB of logits; fewer rows lower the peak at the head for more, smaller GEMMs).
   int64_t head_chunk_rows = 0;
   bool checkpointed(int64_t layer) const {
     return checkpoint_blocks || (layer < static_cast<int64_t>(block_mask.size()) && block_mask[layer]);
@@ -58,10 +58,9 @@ class GPT : public Module {
   // The mean next-token loss of idx against targets (both [B, T]): loss(forward(idx), targets)
   // without the [B, T, vocab_size] logits or their gradient (linear_cross_entropy): the
   // training step's form. At GPT-2's vocabulary that is 2 * B * T * 50304 * 2 bytes less at
-  // the peak under bf16 autocast (1.6 GB at B = 8, T = 1024). chunk_rows: rows of logits made
-  // at a time (0: recompute.head_chunk_rows, whose 0 is linear_cross_entropy's choice, about
-  // 512 MiB of logits; fewer rows lower the peak at the head for more, smaller GEMMs).
-  Tensor forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignore_index = -100, int64_t chunk_rows = 0);
+  // the peak under bf16 autocast (1.6 GB at B = 8, T = 1024). Rows of logits are made
+  // recompute.head_chunk_rows at a time.
+  Tensor forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignore_index = -100);
   // Inference with a key-value cache (under no_grad, dropout off): idx [B, Tn] are the tokens at
   // positions cache.length .. cache.length + Tn - 1; returns their logits [B, Tn, vocab_size] and
   // advances cache.length by Tn. A prompt goes in whole, then one token per call; several new
