@@ -29,8 +29,8 @@ std::pair<Tensor, Tensor> max_pool2d_impl(const Tensor& x, const kernels::Pool2d
     if (want_indices) indices = x.dim() == 3 ? raw::squeeze(idx, 0) : idx;
     if (grad)
       // The indices are the op's own (never handed out before this), so no version check.
-      record("max_pool2d", {x4}, y, [idx = idx, xs = x4.sizes()](const Grads& g) {
-        return Grads{kernels::max_pool2d_backward(g[0], idx, xs)};
+      record("max_pool2d", {x4}, y, [idx = idx, xs = x4.sizes(), f = suggest_memory_format(x4)](const Grads& g) {
+        return Grads{kernels::max_pool2d_backward(g[0], idx, xs, f)};
       });
     return y;
   });
@@ -54,8 +54,9 @@ Tensor avg_pool2d(const Tensor& x, Int2 kernel_size, std::optional<Int2> stride,
   return batched(x, "avg_pool2d", [&](const Tensor& x4) {
     Tensor y = kernels::avg_pool2d(x4, args);
     if (any_requires_grad({x4}))
-      record("avg_pool2d", {x4}, y,
-             [args, xs = x4.sizes()](const Grads& g) { return Grads{kernels::avg_pool2d_backward(g[0], xs, args)}; });
+      record("avg_pool2d", {x4}, y, [args, xs = x4.sizes(), f = suggest_memory_format(x4)](const Grads& g) {
+        return Grads{kernels::avg_pool2d_backward(g[0], xs, args, f)};
+      });
     return y;
   });
 }
@@ -64,8 +65,9 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size) {
   return batched(x, "adaptive_avg_pool2d", [&](const Tensor& x4) {
     Tensor y = kernels::adaptive_avg_pool2d(x4, output_size);
     if (any_requires_grad({x4}))
-      record("adaptive_avg_pool2d", {x4}, y,
-             [xs = x4.sizes()](const Grads& g) { return Grads{kernels::adaptive_avg_pool2d_backward(g[0], xs)}; });
+      record("adaptive_avg_pool2d", {x4}, y, [xs = x4.sizes(), f = suggest_memory_format(x4)](const Grads& g) {
+        return Grads{kernels::adaptive_avg_pool2d_backward(g[0], xs, f)};
+      });
     return y;
   });
 }

@@ -105,6 +105,13 @@ struct DifferentiableHooks final : AutogradHooks {
     return out;
   }
 
+  Tensor contiguous(const Tensor& self, MemoryFormat fmt) const override {
+    Tensor out = raw::contiguous(self, fmt);
+    if (out.is_same(self)) return self;
+    record("contiguous", {self}, out, [](const Grads& g) { return Grads{g[0]}; });
+    return out;
+  }
+
   Tensor clone(const Tensor& self) const override {
     Tensor out = raw::clone(self);
     record("clone", {self}, out, [](const Grads& g) { return Grads{g[0]}; });

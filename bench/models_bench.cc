@@ -13,6 +13,9 @@
 //                      --warmup eager steps (mg::CapturedStep) and timed as replays
 //   --profile          then runs --steps more steps under CUPTI and prints, per kernel,
 //                      calls and ms per step, and how busy the device was (launch overhead)
+//   --channels-last    ResNet-50 runs channels-last (NHWC) end to end: set_memory_format on the
+//                      model and an NHWC input (" channels_last" in the config string, as
+//                      PyTorch's memory_format=torch.channels_last row)
 //   --batch N          batch size (default: 64 for the MLP and ResNet-50, 8 for GPT-2)
 //   --seq T            GPT-2's sequence length (default 1024)
 //   --optimizer sgd|adamw  the step's optimizer (default sgd; adamw: fused AdamW, lr 1e-3,
@@ -216,6 +219,7 @@ int main(int argc, char** argv) {
   int warmup = 3, steps = 10;
   std::string dtype = "f32";
   bool tf32 = false, logits = false, checkpoint = false, selective = false, in_backward = false;
+  bool channels_last = false;
   int64_t head_chunk_rows = 0;
   std::string selective_ops;  // comma-separated RecomputePolicy op kinds
   int checkpoint_blocks = 0;
@@ -230,6 +234,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--checkpoint")) checkpoint = true;
     if (!std::strcmp(argv[i], "--selective")) selective = true;
     if (!std::strcmp(argv[i], "--step-in-backward")) in_backward = true;
+    if (!std::strcmp(argv[i], "--channels-last")) channels_last = true;
   }
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--dtype"))
@@ -275,7 +280,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string tag = " " + dtype + (dtype == "f32" ? "" : " autocast") + (tf32 ? " TF32" : "") +
-                          (g_optimizer == "adamw" ? " AdamW" : "") + (g_graph ? " CUDA graph" : "");
+                          (channels_last ? " channels_last" : "") + (g_optimizer == "adamw" ? " AdamW" : "") +
+                          (g_graph ? " CUDA graph" : "");
   if (!mg::cuda::is_available()) {
     std::fprintf(stderr, "bench_models: no CUDA device; nothing to measure\n");
     return 0;
@@ -302,10 +308,12 @@ int main(int argc, char** argv) {
   if (which == "all" || which == "resnet50") {
     auto model = mg::nn::resnet50(1000, mg::TensorOptions(mg::DType::f32, dev));
     model->train();
+    if (channels_last) model->set_memory_format(mg::MemoryFormat::ChannelsLast);
     auto opt = make_optimizer(model->parameters());
     const int64_t B = batch_or(64);
     auto step_at = [&](int64_t b) {
       mg::Tensor x = mg::randn({b, 3, 224, 224}, {mg::DType::f32, dev});
+      if (channels_last) x = x.contiguous(mg::MemoryFormat::ChannelsLast);
       mg::Tensor y = mg::randint(0, 1000, {b}, {mg::DType::i64, dev});
       return train_step(*opt, [model, x, y] { return mg::cross_entropy((*model)(x), y); });
     };

@@ -32,6 +32,7 @@ struct AutogradHooks {
   virtual Tensor select(const Tensor& self, int64_t dim, int64_t index) const;
   virtual Tensor expand(const Tensor& self, const Shape& shape) const;
   virtual Tensor contiguous(const Tensor& self) const;
+  virtual Tensor contiguous(const Tensor& self, MemoryFormat fmt) const;
   virtual Tensor clone(const Tensor& self) const;
   virtual Tensor to(const Tensor& self, DType dtype) const;
   virtual Tensor to(const Tensor& self, Device device, bool non_blocking) const;

@@ -77,6 +77,40 @@ Shape contiguous_strides(const Shape& shape) {
   return st;
 }
 
+Shape channels_last_strides(const Shape& shape, const char* op) {
+  MG_CHECK(shape.size() == 4, ShapeError, op, ": the channels-last layout is for 4-D [N, C, H, W] tensors, got shape ",
+           shape_str(shape));
+  // Contiguous strides of the NHWC permutation, mapped back to the NCHW dims.
+  const Shape p = contiguous_strides({shape[0], shape[2], shape[3], shape[1]});
+  return {p[0], p[3], p[1], p[2]};
+}
+
+const char* memory_format_name(MemoryFormat f) {
+  return f == MemoryFormat::ChannelsLast ? "channels_last" : "contiguous";
+}
+std::ostream& operator<<(std::ostream& os, MemoryFormat f) { return os << memory_format_name(f); }
+
+MemoryFormat suggest_memory_format(const Tensor& t) {
+  return t.is_contiguous(MemoryFormat::ChannelsLast) && !t.is_contiguous() ? MemoryFormat::ChannelsLast
+                                                                           : MemoryFormat::Contiguous;
+}
+
+bool is_channels_last(const Tensor& t) { return suggest_memory_format(t) == MemoryFormat::ChannelsLast; }
+
+MemoryFormat result_memory_format(const Shape& shape, std::initializer_list<const Tensor*> operands) {
+  for (const Tensor* t : operands)
+    if (t && t->defined() && t->sizes() == shape && suggest_memory_format(*t) == MemoryFormat::ChannelsLast)
+      return MemoryFormat::ChannelsLast;
+  return MemoryFormat::Contiguous;
+}
+
+bool same_dense_layout(const Tensor& a, const Tensor& b) {
+  if (a.sizes() != b.sizes() || !a.is_dense()) return false;
+  for (int64_t d = 0; d < a.dim(); ++d)
+    if (a.size(d) != 1 && a.stride(d) != b.stride(d)) return false;
+  return true;
+}
+
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   int64_t n = std::max<int64_t>(ndim, 1);
   MG_CHECK(dim >= -n && dim < n, IndexError, op, ": dim ", dim, " out of range for a tensor with ", ndim,
@@ -117,6 +151,34 @@ bool Tensor::is_contiguous() const {
     if (impl.sizes[i] == 1) continue;
     if (impl.strides[i] != expected) return false;
     expected *= impl.sizes[i];  // bounded by numel, checked when the shape was made
+  }
+  return true;
+}
+
+bool Tensor::is_contiguous(MemoryFormat fmt) const {
+  if (fmt == MemoryFormat::Contiguous) return is_contiguous();
+  const TensorImpl& impl = checked("is_contiguous");
+  if (impl.sizes.size() != 4) return false;
+  int64_t expected = 1;
+  for (int d : {1, 3, 2, 0}) {  // C, W, H, N: innermost first
+    if (impl.sizes[d] == 1) continue;
+    if (impl.strides[d] != expected) return false;
+    expected *= impl.sizes[d];
+  }
+  return true;
+}
+
+bool Tensor::is_dense() const {
+  const TensorImpl& impl = checked("is_dense");
+  std::vector<int64_t> dims;
+  for (size_t d = 0; d < impl.sizes.size(); ++d)
+    if (impl.sizes[d] != 1) dims.push_back(static_cast<int64_t>(d));
+  std::sort(dims.begin(), dims.end(), [&](int64_t a, int64_t b) { return impl.strides[a] < impl.strides[b]; });
+  int64_t expected = 1;
+  for (int64_t d : dims) {
+    if (impl.sizes[d] == 0) return true;  // no elements: nothing overlaps
+    if (impl.strides[d] != expected) return false;
+    expected *= impl.sizes[d];
   }
   return true;
 }
@@ -216,6 +278,15 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
 Tensor empty(const Shape& shape, TensorOptions opts) {
   Storage st = make_storage(storage_nbytes(shape, opts.dtype, "empty"), opts.device);
   Tensor t = make_tensor(std::move(st), shape, contiguous_strides(shape), 0, opts.dtype);
+  if (opts.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor empty(const Shape& shape, TensorOptions opts, MemoryFormat fmt) {
+  if (fmt == MemoryFormat::Contiguous) return empty(shape, opts);
+  const Shape strides = channels_last_strides(shape, "empty");
+  Storage st = make_storage(storage_nbytes(shape, opts.dtype, "empty"), opts.device);
+  Tensor t = make_tensor(std::move(st), shape, strides, 0, opts.dtype);
   if (opts.requires_grad) t.requires_grad_(true);
   return t;
 }
@@ -535,6 +606,15 @@ Tensor contiguous(const Tensor& t) {
   return clone(t);
 }
 
+Tensor contiguous(const Tensor& t, MemoryFormat fmt) {
+  if (fmt == MemoryFormat::Contiguous) return contiguous(t);
+  channels_last_strides(t.sizes(), "contiguous(channels_last)");
+  if (t.is_contiguous(fmt)) return t;
+  Tensor out = empty(t.sizes(), {t.dtype(), t.device()}, fmt);
+  copy_(out, t);
+  return out;
+}
+
 Tensor clone(const Tensor& t) {
   Tensor out = empty(t.sizes(), {t.dtype(), t.device()});
   copy_(out, t);
@@ -543,7 +623,7 @@ Tensor clone(const Tensor& t) {
 
 Tensor to_dtype(const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t;
-  Tensor out = empty(t.sizes(), {dtype, t.device()});
+  Tensor out = empty(t.sizes(), {dtype, t.device()}, suggest_memory_format(t));
   copy_(out, t);
   return out;
 }

@@ -20,6 +20,14 @@ namespace mg {
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);
 
+// How a 4-D [N, C, H, W] tensor's elements lie in memory. Contiguous: NCHW, row-major.
+// ChannelsLast: NHWC, the channel innermost (strides {H*W*C, 1, W*C, C}), the layout that
+// cuDNN's tensor-core convolutions and memgrad's NHWC batch-norm and pooling kernels read
+// without a transpose. Sizes stay [N, C, H, W] in both: only the strides differ.
+enum class MemoryFormat { Contiguous, ChannelsLast };
+const char* memory_format_name(MemoryFormat f);
+std::ostream& operator<<(std::ostream& os, MemoryFormat f);
+
 // A block of memory from an Allocator (or adopted external memory with its own deleter).
 struct StorageImpl {
   void* data = nullptr;
@@ -110,6 +118,12 @@ class Tensor {
   // numel() * element_size(), checked (an expanded view can count more bytes than exist).
   size_t nbytes() const;
   bool is_contiguous() const;
+  // In the given layout's own strides (size-1 dims' strides don't count, as for
+  // is_contiguous()); ChannelsLast is false for anything but 4-D.
+  bool is_contiguous(MemoryFormat fmt) const;
+  // Non-overlapping and dense: the elements fill numel() consecutive slots in some dim
+  // order (contiguous, channels-last, or any permutation of a contiguous tensor).
+  bool is_dense() const;
   const Storage& storage() const { return checked("storage").storage; }
 
   // Pointer to the first element (storage base + offset).
@@ -160,6 +174,9 @@ class Tensor {
   Tensor select(int64_t dim, int64_t index) const;
   Tensor expand(const Shape& shape) const;
   Tensor contiguous() const;
+  // The same values in `fmt`'s layout: this tensor when it already is, else a copy (the
+  // gradient flows back unchanged). ChannelsLast needs a 4-D tensor (mg::ShapeError).
+  Tensor contiguous(MemoryFormat fmt) const;
   Tensor clone() const;
   Tensor to(DType dtype) const;
   Tensor to(Device device, bool non_blocking = false) const;
@@ -196,6 +213,8 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 // --- factories (core: never differentiable, but may create leaves with requires_grad) ---
 Tensor empty(const Shape& shape, TensorOptions opts = {});
+// Uninitialized, in `fmt`'s layout (ChannelsLast: shape must be 4-D, mg::ShapeError otherwise).
+Tensor empty(const Shape& shape, TensorOptions opts, MemoryFormat fmt);
 Tensor zeros(const Shape& shape, TensorOptions opts = {});
 Tensor ones(const Shape& shape, TensorOptions opts = {});
 Tensor full(const Shape& shape, double value, TensorOptions opts = {});
@@ -228,6 +247,21 @@ inline int64_t checked_add(int64_t a, int64_t b, const char* op) {
 }
 // Contiguous strides for a shape (checked).
 Shape contiguous_strides(const Shape& shape);
+// NHWC strides for a 4-D [N, C, H, W] shape (checked; mg::ShapeError naming `op` otherwise).
+Shape channels_last_strides(const Shape& shape, const char* op = "channels_last_strides");
+// The layout t is in: ChannelsLast when it is channels-last and not also contiguous (C == 1
+// or H = W = 1 are both at once; those count as Contiguous), else Contiguous.
+MemoryFormat suggest_memory_format(const Tensor& t);
+// suggest_memory_format(t) == ChannelsLast: t's NHWC strides are not also NCHW ones.
+bool is_channels_last(const Tensor& t);
+// The layout of an elementwise result of shape `shape`: ChannelsLast when one of the
+// operands has that shape and is channels-last (suggest_memory_format), else Contiguous. So
+// relu, residual adds and casts of an NHWC activation stay NHWC, as in PyTorch.
+MemoryFormat result_memory_format(const Shape& shape, std::initializer_list<const Tensor*> operands);
+// True when a and b have the same sizes and the same strides (size-1 dims aside) and are
+// dense: element k of a's memory is element k of b's, so a kernel can walk both as flat
+// arrays (a contiguous or channels-last fast path).
+bool same_dense_layout(const Tensor& a, const Tensor& b);
 // The product of the sizes (checked; `op` names the caller in the error).
 int64_t shape_numel(const Shape& shape, const char* op = "numel");
 // Bytes of a contiguous tensor: validates the shape (sizes >= 0, mg::ShapeError naming `op`
@@ -257,8 +291,9 @@ Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t s
 Tensor select(const Tensor& t, int64_t dim, int64_t index);
 Tensor expand(const Tensor& t, const Shape& shape);
 Tensor contiguous(const Tensor& t);
-Tensor clone(const Tensor& t);
-Tensor to_dtype(const Tensor& t, DType dtype);
+Tensor contiguous(const Tensor& t, MemoryFormat fmt);  // t itself when already in fmt, else a copy
+Tensor clone(const Tensor& t);                         // contiguous
+Tensor to_dtype(const Tensor& t, DType dtype);         // keeps a channels-last layout
 Tensor to_device(const Tensor& t, Device device, bool non_blocking = false);
 // dst[...] = src[...] with broadcasting of src to dst's shape and dtype conversion.
 void copy_(const Tensor& dst, const Tensor& src, bool non_blocking = false);

@@ -59,6 +59,7 @@ Tensor AutogradHooks::select(const Tensor& self, int64_t dim, int64_t index) con
 }
 Tensor AutogradHooks::expand(const Tensor& self, const Shape& shape) const { return raw::expand(self, shape); }
 Tensor AutogradHooks::contiguous(const Tensor& self) const { return raw::contiguous(self); }
+Tensor AutogradHooks::contiguous(const Tensor& self, MemoryFormat fmt) const { return raw::contiguous(self, fmt); }
 Tensor AutogradHooks::clone(const Tensor& self) const { return raw::clone(self); }
 Tensor AutogradHooks::to(const Tensor& self, DType dtype) const { return raw::to_dtype(self, dtype); }
 Tensor AutogradHooks::to(const Tensor& self, Device device, bool non_blocking) const {
@@ -133,6 +134,9 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
 }
 Tensor Tensor::expand(const Shape& shape) const { return autograd_hooks().expand(self(*this, "expand"), shape); }
 Tensor Tensor::contiguous() const { return autograd_hooks().contiguous(self(*this, "contiguous")); }
+Tensor Tensor::contiguous(MemoryFormat fmt) const {
+  return autograd_hooks().contiguous(self(*this, "contiguous"), fmt);
+}
 Tensor Tensor::clone() const { return autograd_hooks().clone(self(*this, "clone")); }
 Tensor Tensor::to(DType dt) const { return autograd_hooks().to(self(*this, "to"), dt); }
 Tensor Tensor::to(Device dev, bool non_blocking) const {

@@ -11,16 +11,18 @@ namespace mg::kernels {
 
 namespace {
 
+// prep() for a convolution operand: on CUDA a channels-last (NHWC-strided) tensor is
 // passed through, the CUDA kernel reads it in place.
 Tensor prep_conv(const Tensor& t, DType ct, Device dev) {
-  if (dev.is_cuda() && t.defined() && t.dtype() == ct && t.dim() == 4 && !t.is_contiguous()) {
-    const Shape& s = t.sizes();
-    const int64_t want[4] = {s[2] * s[3] * s[1], 1, s[3] * s[1], s[1]};
-    bool nhwc = true;
-    for (int d = 0; d < 4; ++d) nhwc &= s[d] == 1 || t.stride(d) == want[d];
-    if (nhwc) return t;
-  }
+  if (dev.is_cuda() && t.defined() && t.dtype() == ct && t.is_contiguous(MemoryFormat::ChannelsLast)) return t;
   return prep(t, ct);
+}
+
+// The layout a conv result is made in: on CUDA, channels-last when its lead operand (the
+// input forward, grad_output for grad_input) is, so a channels-last network stays NHWC from
+// layer to layer; NCHW otherwise (and on the CPU, whose kernels are NCHW).
+MemoryFormat conv_result_format(const Tensor& lead, Device dev) {
+  return dev.is_cuda() ? suggest_memory_format(lead) : MemoryFormat::Contiguous;
 }
 
 void check_conv_args(const char* op, const Conv2dArgs& a) {
@@ -80,7 +82,7 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, cons
     MG_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), ShapeError, op, ": bias shape ", shape_str(bias.sizes()),
              " should be [", w.size(0), "]");
   const DType ct = compute_dtype(dev, x.dtype());
-  Tensor out = empty(os, {ct, dev});
+  Tensor out = empty(os, {ct, dev}, conv_result_format(x, dev));
   backend(dev, "conv2d_forward")
       .conv2d_forward(prep_conv(x, ct, dev), prep_conv(w, ct, dev), prep(bias, ct), args, out);
   return finish(out, x.dtype());
@@ -103,7 +105,9 @@ Tensor conv_backward(const char* op, ConvBackward run, const Tensor& grad_out, c
                    operand_is_weight ? conv_out_shape(op, result_shape, operand.sizes(), args)
                                      : conv_out_shape(op, operand.sizes(), result_shape, args));
   const DType ct = compute_dtype(dev, operand.dtype());
-  Tensor result = empty(result_shape, {ct, dev});
+  // grad_input follows grad_output's layout; grad_weight is NCHW, the module weight's layout.
+  Tensor result =
+      empty(result_shape, {ct, dev}, operand_is_weight ? conv_result_format(grad_out, dev) : MemoryFormat::Contiguous);
   (backend(dev, op).*run)(prep_conv(grad_out, ct, dev), prep_conv(operand, ct, dev), args, result);
   return finish(result, operand.dtype());
 }

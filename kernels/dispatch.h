@@ -80,7 +80,16 @@ inline Tensor prep(const Tensor& t, DType ct) {
   Tensor c = t.dtype() == ct ? t : raw::to_dtype(t, ct);
   return c.is_contiguous() ? c : raw::contiguous(c);
 }
-// prep() for a convolution operand: on CUDA a channels-last (NHWC-strided) tensor is
+// prep() into a given layout: contiguous as above, or channels-last (the CUDA NHWC kernels').
+inline Tensor prep(const Tensor& t, DType ct, MemoryFormat fmt) {
+  if (!t.defined() || fmt == MemoryFormat::Contiguous) return prep(t, ct);
+  return raw::contiguous(t.dtype() == ct ? t : raw::to_dtype(t, ct), fmt);
+}
+// The layout a CUDA kernel with NHWC support runs in: `want` (the input's layout) on CUDA,
+// NCHW on the CPU, whose kernels are NCHW only.
+inline MemoryFormat device_format(MemoryFormat want, Device dev) {
+  return dev.is_cuda() ? want : MemoryFormat::Contiguous;
+}
 
 inline void check_grad_shape(const char* op, const Tensor& grad, const Shape& want) {
   MG_CHECK(grad.sizes() == want, ShapeError, op, ": grad_output shape ", shape_str(grad.sizes()), " should be ",

@@ -85,7 +85,7 @@ Tensor unary(Unary op, const Tensor& a) {
            ": negation of a bool tensor is not supported (use logical_not)");
   Tensor x = a;
   if (unary_float_only(op) && !is_floating(a.dtype())) x = raw::to_dtype(a, DType::f32);
-  Tensor out = empty(x.sizes(), {x.dtype(), dev});
+  Tensor out = empty(x.sizes(), {x.dtype(), dev}, result_memory_format(x.sizes(), {&x}));
   backend(dev, "unary").unary(op, x, out);
   return out;
 }
@@ -116,7 +116,7 @@ Tensor binary(Binary op, const Tensor& a, const Tensor& b) {
     ct = promote_types(a.dtype(), b.dtype());
   }
   if (op == Binary::Div && !is_floating(ct)) ct = DType::f32;  // true division
-  Tensor out = empty(shape, {is_comparison(op) ? DType::b8 : ct, dev});
+  Tensor out = empty(shape, {is_comparison(op) ? DType::b8 : ct, dev}, result_memory_format(shape, {&a, &b}));
   backend(dev, "binary").binary(op, bcast(cast_to(a, ct), shape), bcast(cast_to(b, ct), shape), out);
   return out;
 }
@@ -161,7 +161,7 @@ Tensor pow_scalar(const Tensor& a, double exponent) {
 Tensor clamp(const Tensor& a, double lo, double hi) {
   const Device dev = check_device("clamp", {&a});
   MG_CHECK(!std::isnan(lo) && !std::isnan(hi), ValueError, "clamp: bounds must not be NaN (got ", lo, ", ", hi, ")");
-  Tensor out = empty(a.sizes(), {a.dtype(), dev});
+  Tensor out = empty(a.sizes(), {a.dtype(), dev}, result_memory_format(a.sizes(), {&a}));
   backend(dev, "clamp").clamp(a, lo, hi, out);
   return out;
 }
@@ -170,7 +170,7 @@ Tensor clamp_backward(const Tensor& grad, const Tensor& x, double lo, double hi)
   const Device dev = check_device("clamp_backward", {&grad, &x});
   MG_CHECK(grad.sizes() == x.sizes(), ShapeError, "clamp_backward: grad shape ", shape_str(grad.sizes()),
            " does not match input shape ", shape_str(x.sizes()));
-  Tensor out = empty(grad.sizes(), {grad.dtype(), dev});
+  Tensor out = empty(grad.sizes(), {grad.dtype(), dev}, result_memory_format(grad.sizes(), {&grad, &x}));
   backend(dev, "clamp_backward").clamp_backward(grad, cast_to(x, grad.dtype()), lo, hi, out);
   return out;
 }
@@ -179,7 +179,7 @@ Tensor axpby(const Tensor& a, double alpha, const Tensor& b, double beta) {
   const Device dev = check_device("axpby", {&a, &b});
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), "axpby");
   const DType ct = result_type(a, b);
-  Tensor out = empty(shape, {ct, dev});
+  Tensor out = empty(shape, {ct, dev}, result_memory_format(shape, {&a, &b}));
   backend(dev, "axpby").axpby(bcast(cast_to(a, ct), shape), alpha, bcast(cast_to(b, ct), shape), beta, out);
   return out;
 }
@@ -202,7 +202,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   MG_CHECK(cond.dtype() == DType::b8, DTypeError, "where: condition must be a bool (b8) tensor, got ", cond.dtype());
   const Shape shape = broadcast_shapes(broadcast_shapes(cond.sizes(), a.sizes(), "where"), b.sizes(), "where");
   const DType ct = result_type(a, b);
-  Tensor out = empty(shape, {ct, dev});
+  Tensor out = empty(shape, {ct, dev}, result_memory_format(shape, {&a, &b, &cond}));
   backend(dev, "where").where(bcast(cond, shape), bcast(cast_to(a, ct), shape), bcast(cast_to(b, ct), shape), out);
   return out;
 }

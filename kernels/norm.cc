@@ -207,6 +207,11 @@ int64_t check_batch_norm(const char* op, const Tensor& x,
   return C;
 }
 
+// Batch norm's data layout: on CUDA a channels-last input stays channels-last (its NHWC
+// kernels read it in place and write NHWC), so a channels-last network never transposes
+// around its norms; everything else (and the CPU) runs contiguous NCHW.
+MemoryFormat bn_format(const Tensor& x, Device dev) { return device_format(suggest_memory_format(x), dev); }
+
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, const Tensor& weight,
@@ -222,13 +227,14 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, 
            ": momentum must be finite and eps non-negative, got momentum ", momentum, ", eps ", eps);
   MG_CHECK(x.numel() / std::max<int64_t>(C, 1) > 1, ValueError, op,
            ": expected more than 1 value per channel when training, got input of shape ", shape_str(x.sizes()));
-  Tensor out = empty(x.sizes(), {x.dtype(), dev});
+  const MemoryFormat fmt = bn_format(x, dev);
+  Tensor out = empty(x.sizes(), {x.dtype(), dev}, fmt);
   Tensor mean = empty({C}, {x.dtype(), dev}), invstd = empty({C}, {x.dtype(), dev});
   // Running statistics are written in place; a strided one goes through a contiguous copy.
   Tensor rm = prep(running_mean, x.dtype()), rv = prep(running_var, x.dtype());
   backend(dev, "batch_norm_forward_training")
-      .batch_norm_forward_training(prep(x, x.dtype()), prep(weight, x.dtype()), prep(bias, x.dtype()), rm, rv, momentum,
-                                   eps, out, mean, invstd);
+      .batch_norm_forward_training(prep(x, x.dtype(), fmt), prep(weight, x.dtype()), prep(bias, x.dtype()), rm, rv,
+                                   momentum, eps, out, mean, invstd);
   if (running_mean.defined()) {
     if (!rm.is_same(running_mean)) raw::copy_(running_mean, rm);
     if (!rv.is_same(running_var)) raw::copy_(running_var, rv);
@@ -247,9 +253,10 @@ Tensor batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tens
   MG_CHECK(running_mean.defined() && running_var.defined(), ValueError, op,
            ": running_mean and running_var are required when not training (eval mode)");
   MG_CHECK(eps >= 0 && std::isfinite(eps), ValueError, op, ": eps must be non-negative, got ", eps);
-  Tensor out = empty(x.sizes(), {x.dtype(), dev});
+  const MemoryFormat fmt = bn_format(x, dev);
+  Tensor out = empty(x.sizes(), {x.dtype(), dev}, fmt);
   backend(dev, "batch_norm_forward_eval")
-      .batch_norm_forward_eval(prep(x, x.dtype()), prep(weight, x.dtype()), prep(bias, x.dtype()),
+      .batch_norm_forward_eval(prep(x, x.dtype(), fmt), prep(weight, x.dtype()), prep(bias, x.dtype()),
                                prep(running_mean, x.dtype()), prep(running_var, x.dtype()), eps, out);
   return out;
 }
@@ -264,10 +271,11 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, c
   const int64_t C = check_batch_norm(op, x, {{&weight, "weight"}, {&mean, "mean"}, {&invstd, "invstd"}});
   MG_CHECK(grad_out.sizes() == x.sizes(), ShapeError, op, ": grad_output shape ", shape_str(grad_out.sizes()),
            " should be the input's ", shape_str(x.sizes()));
-  Tensor gx = empty(x.sizes(), {x.dtype(), dev});
+  const MemoryFormat fmt = bn_format(x, dev);
+  Tensor gx = empty(x.sizes(), {x.dtype(), dev}, fmt);
   Tensor gw = empty({C}, {x.dtype(), dev}), gb = empty({C}, {x.dtype(), dev});
   backend(dev, "batch_norm_backward")
-      .batch_norm_backward(prep(grad_out, x.dtype()), prep(x, x.dtype()), prep(weight, x.dtype()),
+      .batch_norm_backward(prep(grad_out, x.dtype(), fmt), prep(x, x.dtype(), fmt), prep(weight, x.dtype()),
                            prep(mean, x.dtype()), prep(invstd, x.dtype()), training, gx, gw, gb);
   return {gx, gw, gb};
 }

@@ -59,12 +59,13 @@ std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dArgs& args, bo
   const Device dev = floating_device(op, x, "input");
   const Shape os = pool_out_shape(op, x.sizes(), args, true);
   const DType ct = compute_dtype(dev, x.dtype());
-  Tensor out = empty(os, {ct, dev}), idx = return_indices ? empty(os, {DType::i64, dev}) : Tensor();
-  backend(dev, "max_pool2d").max_pool2d(prep(x, ct), args, out, idx);
+  const MemoryFormat fmt = device_format(suggest_memory_format(x), dev);
+  Tensor out = empty(os, {ct, dev}, fmt), idx = return_indices ? empty(os, {DType::i64, dev}, fmt) : Tensor();
+  backend(dev, "max_pool2d").max_pool2d(prep(x, ct, fmt), args, out, idx);
   return {finish(out, x.dtype()), idx};
 }
 
-Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& x_shape) {
+Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& x_shape, MemoryFormat x_format) {
   const char* op = "max_pool2d_backward";
   check_defined(op, grad_out, "grad_output");
   check_defined(op, indices, "indices");
@@ -75,8 +76,9 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
   MG_CHECK(indices.sizes() == grad_out.sizes(), ShapeError, op, ": indices shape ", shape_str(indices.sizes()),
            " differs from grad_output's ", shape_str(grad_out.sizes()));
   const DType ct = compute_dtype(dev, grad_out.dtype());
-  Tensor gx = empty(x_shape, {ct, dev});
-  backend(dev, "max_pool2d_backward").max_pool2d_backward(prep(grad_out, ct), prep(indices, DType::i64), gx);
+  const MemoryFormat fmt = device_format(x_format, dev);
+  Tensor gx = empty(x_shape, {ct, dev}, fmt);
+  backend(dev, "max_pool2d_backward").max_pool2d_backward(prep(grad_out, ct, fmt), prep(indices, DType::i64, fmt), gx);
   return finish(gx, grad_out.dtype());
 }
 
@@ -85,18 +87,21 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dArgs& args) {
   const Device dev = floating_device(op, x, "input");
   const Shape os = pool_out_shape(op, x.sizes(), args, false);
   const DType ct = compute_dtype(dev, x.dtype());
-  Tensor out = empty(os, {ct, dev});
-  backend(dev, "avg_pool2d").avg_pool2d(prep(x, ct), args, out);
+  const MemoryFormat fmt = device_format(suggest_memory_format(x), dev);
+  Tensor out = empty(os, {ct, dev}, fmt);
+  backend(dev, "avg_pool2d").avg_pool2d(prep(x, ct, fmt), args, out);
   return finish(out, x.dtype());
 }
 
-Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& x_shape, const Pool2dArgs& args) {
+Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& x_shape, const Pool2dArgs& args,
+                           MemoryFormat x_format) {
   const char* op = "avg_pool2d_backward";
   const Device dev = floating_device(op, grad_out, "grad_output");
   check_grad_shape(op, grad_out, pool_out_shape(op, x_shape, args, false));
   const DType ct = compute_dtype(dev, grad_out.dtype());
-  Tensor gx = empty(x_shape, {ct, dev});
-  backend(dev, "avg_pool2d_backward").avg_pool2d_backward(prep(grad_out, ct), args, gx);
+  const MemoryFormat fmt = device_format(x_format, dev);
+  Tensor gx = empty(x_shape, {ct, dev}, fmt);
+  backend(dev, "avg_pool2d_backward").avg_pool2d_backward(prep(grad_out, ct, fmt), args, gx);
   return finish(gx, grad_out.dtype());
 }
 
@@ -109,18 +114,20 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size) {
   MG_CHECK(x.size(2) >= 1 && x.size(3) >= 1, ShapeError, op, ": input ", shape_str(x.sizes()),
            " has an empty spatial dimension");
   const DType ct = compute_dtype(dev, x.dtype());
-  Tensor out = empty({x.size(0), x.size(1), output_size.h, output_size.w}, {ct, dev});
-  backend(dev, "adaptive_avg_pool2d").adaptive_avg_pool2d(prep(x, ct), out);
+  const MemoryFormat fmt = device_format(suggest_memory_format(x), dev);
+  Tensor out = empty({x.size(0), x.size(1), output_size.h, output_size.w}, {ct, dev}, fmt);
+  backend(dev, "adaptive_avg_pool2d").adaptive_avg_pool2d(prep(x, ct, fmt), out);
   return finish(out, x.dtype());
 }
 
-Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Shape& x_shape) {
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Shape& x_shape, MemoryFormat x_format) {
   const char* op = "adaptive_avg_pool2d_backward";
   const Device dev = floating_device(op, grad_out, "grad_output");
   check_grad_matches_input_nc(op, grad_out, x_shape);
   const DType ct = compute_dtype(dev, grad_out.dtype());
-  Tensor gx = empty(x_shape, {ct, dev});
-  backend(dev, "adaptive_avg_pool2d_backward").adaptive_avg_pool2d_backward(prep(grad_out, ct), gx);
+  const MemoryFormat fmt = device_format(x_format, dev);
+  Tensor gx = empty(x_shape, {ct, dev}, fmt);
+  backend(dev, "adaptive_avg_pool2d_backward").adaptive_avg_pool2d_backward(prep(grad_out, ct, fmt), gx);
   return finish(gx, grad_out.dtype());
 }
 

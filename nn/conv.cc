@@ -78,6 +78,8 @@ Tensor Conv2d::forward(const Tensor& x) {
   MG_CHECK(x.defined() && (x.dim() == 3 || x.dim() == 4) && x.size(x.dim() - 3) == in_channels, ShapeError, "Conv2d(",
            in_channels, ", ", out_channels, "): expected input [N, ", in_channels, ", H, W] or [", in_channels,
            ", H, W], got shape ", x.defined() ? shape_str(x.sizes()) : std::string("(undefined)"));
+  if (memory_format == MemoryFormat::ChannelsLast && x.dim() == 4 && x.is_cuda())
+    return mg::conv2d(x.contiguous(MemoryFormat::ChannelsLast), weight, bias, stride, padding, dilation, groups);
   return mg::conv2d(x, weight, bias, stride, padding, dilation, groups);
 }
 
@@ -89,6 +91,7 @@ std::string Conv2d::extra_repr() const {
   if (!(dilation == Int2(1))) os << ", dilation=" << pair_str(dilation);
   if (groups != 1) os << ", groups=" << groups;
   if (!bias.defined()) os << ", bias=false";
+  if (memory_format != MemoryFormat::Contiguous) os << ", memory_format=" << memory_format;
   return os.str();
 }
 

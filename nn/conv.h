@@ -10,7 +10,9 @@
 
 namespace mg::nn {
 
-// NCHW input [N, C, H, W] (or [C, H, W]); channels-last tensors are accepted (copied to NCHW).
+// Input [N, C, H, W] (or [C, H, W]), NCHW or channels-last. On CUDA a channels-last input
+// runs cuDNN's NHWC kernels and gives a channels-last output; memory_format = ChannelsLast
+// (set_memory_format) makes every CUDA input channels-last first.
 class Conv2d : public Module {
  public:
   // Parameters are allocated under MemoryCategory::Parameters; `gen` null = default generator.
@@ -21,12 +23,14 @@ class Conv2d : public Module {
   // with fan_in = in_channels / groups * kH * kW.
   void reset_parameters(Generator* gen = nullptr);
   std::string extra_repr() const override;
+  void on_memory_format(MemoryFormat fmt) override { memory_format = fmt; }
 
   const int64_t in_channels, out_channels;
   const Int2 kernel_size, stride, padding, dilation;
   const int64_t groups;
   Tensor& weight;  // [out, in / groups, kH, kW]
   Tensor& bias;    // [out], undefined when bias = false
+  MemoryFormat memory_format = MemoryFormat::Contiguous;
 };
 
 // What MaxPool2d and AvgPool2d share: the window (stride defaults to kernel_size), checked.

@@ -107,6 +107,10 @@ void Module::walk(const std::string& prefix, bool recurse, F&& f) const {
   for (auto& [name, m] : named_modules()) f(name, m);
 }
 
+void Module::set_memory_format(MemoryFormat fmt) {
+  for (auto& [name, m] : named_modules()) m->on_memory_format(fmt);
+}
+
 namespace {
 std::string join(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;

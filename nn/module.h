@@ -83,6 +83,15 @@ class Module : public std::enable_shared_from_this<Module> {
   Tensor& buffer(const std::string& name);
   std::shared_ptr<Module> child(const std::string& name) const;
 
+  // The layout this module's convolutions (and its descendants') run in. ChannelsLast: each
+  // Conv2d turns a CUDA input NHWC (a no-op once it is), so after the first convolution the
+  // network runs channels-last end to end: convolutions, batch norm, pooling, activations and
+  // residual adds keep NHWC with no transposes (docs/layouts.md). Parameters keep their NCHW
+  // shape and layout, so checkpoints and optimizers see no difference.
+  void set_memory_format(MemoryFormat fmt);
+  // What set_memory_format calls on each module; layers with a layout choice override it.
+  virtual void on_memory_format(MemoryFormat) {}
+
   // Training mode (dropout, batch norm) for this module and all descendants.
   virtual void train(bool on = true);
   void eval() { train(false); }

@@ -9,12 +9,13 @@ bench_models prints them, so the suite pairs them):
   f32        TF32 off everywhere (matmul and cuDNN), like memgrad's default
   f32 TF32   TF32 on for matmuls and convolutions (bench_models --tf32)
   bf16 autocast, and for ResNet-50 also with channels_last (PyTorch's best eager layout)
---compile runs the bf16 rows through torch.compile (side "pytorch_compile").
+  f16 autocast channels_last (ResNet-50; no GradScaler, as bench_models --dtype f16)
+--compile runs the rows through torch.compile (side "pytorch_compile").
 --cuda-graph captures the whole step (forward, backward, fused SGD) with torch.cuda.graph after
 warm-up on a side stream, PyTorch's whole-network capture recipe (side "pytorch_graph", config
 suffix " CUDA graph" as bench_models --cuda-graph prints it).
 Prints one JSON line per row.
-    python3 bench/pytorch/models_step.py [--rows all|bf16] [--model all|resnet50|gpt2] [--compile]
+    python3 bench/pytorch/models_step.py [--rows all|bf16|channels_last] [--model all|resnet50|gpt2] [--compile]
                                          [--cuda-graph] [--steps N] [--warmup N] [--checkpoint]
                                          [--max-batch-under GIB]
 """
@@ -178,7 +179,8 @@ SAMPLES = {"mlp": (lambda: batch_or(64), "images"), "resnet50": (lambda: batch_o
 ROWS = [("f32", False, None, False, ("mlp", "resnet50", "gpt2-124M")),  # mlp only with --model mlp
         ("f32 TF32", True, None, False, ("resnet50", "gpt2-124M")),
         ("bf16 autocast", False, torch.bfloat16, False, ("resnet50", "gpt2-124M")),
-        ("bf16 autocast channels_last", False, torch.bfloat16, True, ("resnet50",))]
+        ("bf16 autocast channels_last", False, torch.bfloat16, True, ("resnet50",)),
+        ("f16 autocast channels_last", False, torch.float16, True, ("resnet50",))]
 
 
 def run_row(model, tag, tf32, dtype, channels_last, compiled, a):
@@ -281,9 +283,18 @@ def max_batch_under(gib, tag, dtype, a, model="gpt2-124M", channels_last=False):
     torch.cuda.empty_cache()
 
 
+def row_wanted(rows, dtype, channels_last):
+    if rows == "bf16":
+        return dtype is torch.bfloat16
+    if rows == "channels_last":
+        return channels_last
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", default="all", choices=["all", "bf16"])
+    ap.add_argument("--rows", default="all", choices=["all", "bf16", "channels_last"],
+                    help="bf16: the bf16 autocast rows; channels_last: ResNet-50's channels_last rows (bf16, f16)")
     ap.add_argument("--model", default="all", choices=["all", *MODELS])
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--cuda-graph", action="store_true")
@@ -305,7 +316,7 @@ def main():
         torch._functorch.config.activation_memory_budget = a.memory_budget
     if a.max_batch_under > 0:
         for tag, tf32, dtype, channels_last, models in ROWS:
-            if a.rows == "bf16" and dtype is None:
+            if not row_wanted(a.rows, dtype, channels_last):
                 continue
             for model in models:
                 if model != "mlp" and a.model in (model, "all"):
@@ -313,7 +324,7 @@ def main():
                     max_batch_under(a.max_batch_under, tag, dtype, a, model, channels_last)
         return
     for tag, tf32, dtype, channels_last, models in ROWS:
-        if a.rows == "bf16" and dtype is None:
+        if not row_wanted(a.rows, dtype, channels_last):
             continue
         for model in models:
             if a.model == model or (a.model == "all" and model != "mlp"):

@@ -111,11 +111,14 @@ void device_copy(const Tensor& dst, const Tensor& src) {
   if (n == 0) return;
   DeviceGuard g(dst.device().index);
   cudaStream_t st = current_stream(dst.device().index);
-  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+  // Contiguous on both sides, or the same dense layout (two channels-last tensors): flat.
+  const bool flat =
+      (dst.is_contiguous() && src.is_contiguous() && src.sizes() == dst.sizes()) || same_dense_layout(dst, src);
+  if (flat && dst.dtype() == src.dtype()) {
     MG_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDeviceToDevice, st));
     return;
   }
-  if (dst.is_contiguous() && src.is_contiguous() && src.sizes() == dst.sizes()) {
+  if (flat) {
     MG_CUDA_DISPATCH_ALL(dst.dtype(), "copy_", [&] {
       using D = scalar_t;
       MG_CUDA_DISPATCH_ALL(src.dtype(), "copy_", [&] {

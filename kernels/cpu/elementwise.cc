@@ -14,14 +14,18 @@ T* ptr(const Tensor& t) {
   return static_cast<T*>(t.raw_data());
 }
 
-bool flat(const Tensor& t, const Tensor& out) { return t.sizes() == out.sizes() && t.is_contiguous(); }
+// t holds out's elements in out's memory order, out dense (both contiguous, or both
+// channels-last): one flat loop over both.
+bool flat(const Tensor& t, const Tensor& out) {
+  return t.sizes() == out.sizes() && (out.is_contiguous() ? t.is_contiguous() : same_dense_layout(out, t));
+}
 
 // out[i] = f(a[i])
 template <class O, class A, class F>
 void map1(const Tensor& a, const Tensor& out, F f) {
   O* po = ptr<O>(out);
   const A* pa = ptr<const A>(a);
-  if (flat(a, out) && out.is_contiguous()) {
+  if (out.is_dense() && flat(a, out)) {
     const int64_t n = out.numel();
     for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i]);
     return;
@@ -43,7 +47,7 @@ void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
   O* po = ptr<O>(out);
   const A* pa = ptr<const A>(a);
   const B* pb = ptr<const B>(b);
-  if (out.is_contiguous() && flat(a, out) && flat(b, out)) {
+  if (out.is_dense() && flat(a, out) && flat(b, out)) {
     const int64_t n = out.numel();
     for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
     return;
@@ -73,7 +77,7 @@ void map3(const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& out, 
   const A* pa = ptr<const A>(a);
   const B* pb = ptr<const B>(b);
   const C* pc = ptr<const C>(c);
-  if (out.is_contiguous() && flat(a, out) && flat(b, out) && flat(c, out)) {
+  if (out.is_dense() && flat(a, out) && flat(b, out) && flat(c, out)) {
     const int64_t n = out.numel();
     for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i], pc[i]);
     return;

@@ -12,6 +12,9 @@
 // combine + grad_x pass. Loads are 16-byte vectors when S is a multiple of the vector width
 // (the chunk walks vector units u: n = u / (S/V) with a FastDiv); f32 accumulation (f64 for
 // f64). Eval mode is one elementwise pass.
+//
+// Channels-last (NHWC) inputs have their own kernels, below: x is then [M, C] rows with the
+// channel innermost, and the per-channel sums run down columns (see "channels-last").
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -113,6 +116,20 @@ __device__ __forceinline__ void combine(const A* ws, const Walk& w, int64_t c, i
   *m2 = block_sum(s2, shm);
 }
 
+// Channel c's saved statistics, and the running ones when there are (unbiased variance into
+// running_var, as PyTorch).
+template <class T, class A>
+__device__ __forceinline__ void write_stats(int64_t c, A mean, A var, A invstd, A M, double momentum, T* smean,
+                                            T* sinvstd, T* rmean, T* rvar) {
+  smean[c] = store_m<T>(mean);
+  sinvstd[c] = store_m<T>(invstd);
+  if (rmean) {
+    const A mom = static_cast<A>(momentum);
+    rmean[c] = store_m<T>((A(1) - mom) * load_m(rmean[c]) + mom * mean);
+    rvar[c] = store_m<T>((A(1) - mom) * load_m(rvar[c]) + mom * var * M / (M - A(1)));
+  }
+}
+
 template <class T, int V>
 __global__ void bn_normalize_kernel(const T* x, const T* wt, const T* b, T* rmean, T* rvar, T* out, T* smean,
                                     T* sinvstd, Walk w, const math_t<T>* ws, double momentum, double eps) {
@@ -125,15 +142,7 @@ __global__ void bn_normalize_kernel(const T* x, const T* wt, const T* b, T* rmea
   const A M = static_cast<A>(w.U * V);
   const A var = m2 / M;
   const A invstd = A(1) / m_sqrt(var + static_cast<A>(eps));
-  if (p == 0 && threadIdx.x == 0) {
-    smean[c] = store_m<T>(mean);
-    sinvstd[c] = store_m<T>(invstd);
-    if (rmean) {
-      const A mom = static_cast<A>(momentum);
-      rmean[c] = store_m<T>((A(1) - mom) * load_m(rmean[c]) + mom * mean);
-      rvar[c] = store_m<T>((A(1) - mom) * load_m(rvar[c]) + mom * var * M / (M - A(1)));
-    }
-  }
+  if (p == 0 && threadIdx.x == 0) write_stats(c, mean, var, invstd, M, momentum, smean, sinvstd, rmean, rvar);
   const A scale = opt(wt, c, A(1)) * invstd;
   const A shift = opt(b, c, A(0)) - mean * scale;
   for (int64_t u = w.begin(p) + threadIdx.x; u < w.end(p); u += blockDim.x) {
@@ -148,10 +157,10 @@ __global__ void bn_normalize_kernel(const T* x, const T* wt, const T* b, T* rmea
 
 template <class T>
 __global__ void bn_eval_kernel(const T* x, const T* w, const T* b, const T* rmean, const T* rvar, T* out, NCS s,
-                               double eps) {
+                               double eps, bool nhwc) {
   using A = math_t<T>;
   MG_GRID_STRIDE(i, s.N * s.C * s.S) {
-    const int64_t c = (i / s.S) % s.C;
+    const int64_t c = nhwc ? i % s.C : (i / s.S) % s.C;
     const A invstd = A(1) / m_sqrt(load_m(rvar[c]) + static_cast<A>(eps));
     const A scale = opt(w, c, A(1)) * invstd;
     out[i] = store_m<T>(load_m(x[i]) * scale + (opt(b, c, A(0)) - load_m(rmean[c]) * scale));
@@ -273,6 +282,297 @@ void two_pass(const NCS& s, std::initializer_list<const void*> ptrs, const char*
   });
 }
 
+// ---------------------------------------------------------------- channels-last
+// x is [M, C]: M = N*H*W rows, the channel innermost. A block is TX x TY threads: TX lanes
+// across the channels (V channels each, one 16-byte vector), TY lanes down the rows;
+// blockIdx.x takes a slice of TX*V channels, blockIdx.y a chunk of rows, so reads are whole
+// rows of the slice (coalesced) and a 64-channel layer still fills the card. Each thread
+// sums x - K and (x - K)^2 per channel over its rows (K: the chunk's first row), the TY
+// lanes' sums add up into one (mean, M2) partial per (chunk, channel); a finalize kernel, a
+// block per channel, merges the chunks (Chan et al.) and writes the statistics and the
+// per-channel scale/shift that the apply pass holds in registers. Backward: partial sums of
+// g and g * (x - mean) the same way, a finalize into per-channel coefficients, then
+// dx = a*g + b*x + c.
+
+struct RowsTile {
+  int64_t M, C, Cv;  // rows, channels, C / V vector columns
+  int tx, ty, P;     // block shape, row chunks
+  int64_t per;       // rows per chunk (the last may be shorter)
+  __device__ __forceinline__ int64_t begin(int p) const { return min(M, p * per); }
+  __device__ __forceinline__ int64_t end(int p) const { return min(M, (p + 1) * per); }
+  // Rows of chunk [r0, r1) that row lane y visits.
+  __device__ __forceinline__ int64_t lane_rows(int64_t r0, int64_t r1, int y) const {
+    return r1 - r0 > y ? (r1 - r0 - y + ty - 1) / ty : 0;
+  }
+};
+
+RowsTile rows_tile(int64_t M, int64_t C, int V) {
+  RowsTile t;
+  t.M = M, t.C = C, t.Cv = C / V;
+  t.tx = static_cast<int>(std::min<int64_t>(t.Cv, 32));
+  t.ty = kNormBlock / t.tx;
+  const int64_t gx = (t.Cv + t.tx - 1) / t.tx;
+  // ~8 blocks per SM over the whole grid, each chunk at least 4 rows per row lane.
+  int64_t P = std::min<int64_t>({(132 * 8 + gx - 1) / gx, 1024, std::max<int64_t>(1, M / (4 * t.ty))});
+  t.P = static_cast<int>(std::max<int64_t>(P, 1));
+  t.per = (M + t.P - 1) / t.P;
+  return t;
+}
+
+dim3 tile_grid(const RowsTile& t) {
+  return dim3(static_cast<unsigned>((t.Cv + t.tx - 1) / t.tx), static_cast<unsigned>(t.P));
+}
+
+// Adds the TY row lanes' a[] and b[] (V values each) into row lane 0's through shared memory
+// (sh_a, sh_b: kNormBlock * V each). True on the threads that then hold the block's totals:
+// row lane 0 of a column that exists (`valid`).
+template <class A, int V>
+__device__ __forceinline__ bool sum_row_lanes(A (&a)[V], A (&b)[V], A* sh_a, A* sh_b, const RowsTile& t, bool valid) {
+  const int slot = (threadIdx.y * t.tx + threadIdx.x) * V;
+#pragma unroll
+  for (int j = 0; j < V; ++j) sh_a[slot + j] = a[j], sh_b[slot + j] = b[j];
+  __syncthreads();
+  if (threadIdx.y != 0 || !valid) return false;
+  for (int y = 1; y < t.ty; ++y) {
+    const int o = (y * t.tx + threadIdx.x) * V;
+#pragma unroll
+    for (int j = 0; j < V; ++j) a[j] += sh_a[o + j], b[j] += sh_b[o + j];
+  }
+  return true;
+}
+
+// Partials of chunk p, channel c: ws[(p * C + c) * 2 + {0, 1}] = the chunk's mean and M2.
+// Sums of x - K and (x - K)^2 with K the chunk's first row (a value of the data, so the
+// shifted sums carry no cancellation worth speaking of); plain sums add across the row lanes.
+template <class T, int V>
+__global__ void bn_nhwc_stats_kernel(const T* x, RowsTile t, math_t<T>* ws) {
+  using A = math_t<T>;
+  __shared__ A sh_s1[kNormBlock * V], sh_s2[kNormBlock * V];
+  const int64_t cv = blockIdx.x * static_cast<int64_t>(t.tx) + threadIdx.x;
+  const int p = blockIdx.y;
+  const int64_t r0 = t.begin(p), r1 = t.end(p);
+  A s1[V], s2[V], k[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) s1[j] = A(0), s2[j] = A(0), k[j] = A(0);
+  if (cv < t.Cv && r0 < r1) {
+    const AlignedVec<T, V> kv = load_pack<T, V>(x, r0 * t.C + cv * V);
+#pragma unroll
+    for (int j = 0; j < V; ++j) k[j] = load_m(kv.v[j]);
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += t.ty) {
+      const AlignedVec<T, V> v = load_pack<T, V>(x, r * t.C + cv * V);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const A d = load_m(v.v[j]) - k[j];
+        s1[j] += d;
+        s2[j] += d * d;
+      }
+    }
+  }
+  if (!sum_row_lanes<A, V>(s1, s2, sh_s1, sh_s2, t, cv < t.Cv)) return;
+  const A n = static_cast<A>(max(int64_t{1}, r1 - r0));
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int64_t c = cv * V + j;
+    const A dm = s1[j] / n;  // chunk mean - K
+    ws[(p * t.C + c) * 2] = k[j] + dm;
+    ws[(p * t.C + c) * 2 + 1] = max(A(0), s2[j] - s1[j] * dm);
+  }
+}
+
+// A block per channel: the chunks' (mean, M2) merged (count-weighted mean, then
+// M2 = sum(M2_p + n_p * (mean_p - mean)^2)); writes the saved and running statistics and
+// coef[2c], coef[2c + 1] = the scale and shift of the normalization.
+template <class T>
+__global__ void bn_nhwc_finalize_kernel(const math_t<T>* ws, RowsTile t, const T* wt, const T* b, T* rmean, T* rvar,
+                                        T* smean, T* sinvstd, math_t<T>* coef, double momentum, double eps) {
+  using A = math_t<T>;
+  __shared__ A shm[32];
+  const int64_t c = blockIdx.x;
+  auto rows = [&](int p) { return static_cast<A>(max(int64_t{0}, min(t.M, (p + 1) * t.per) - p * t.per)); };
+  A s1 = 0;
+  for (int p = threadIdx.x; p < t.P; p += blockDim.x) s1 += rows(p) * ws[(p * t.C + c) * 2];
+  const A M = static_cast<A>(t.M);
+  const A mean = block_sum(s1, shm) / M;
+  A s2 = 0;
+  for (int p = threadIdx.x; p < t.P; p += blockDim.x) {
+    const A d = ws[(p * t.C + c) * 2] - mean;
+    s2 += ws[(p * t.C + c) * 2 + 1] + rows(p) * d * d;
+  }
+  const A m2 = block_sum(s2, shm);
+  if (threadIdx.x != 0) return;
+  const A var = m2 / M;
+  const A invstd = A(1) / m_sqrt(var + static_cast<A>(eps));
+  write_stats(c, mean, var, invstd, M, momentum, smean, sinvstd, rmean, rvar);
+  const A scale = opt(wt, c, A(1)) * invstd;
+  coef[2 * c] = scale;
+  coef[2 * c + 1] = opt(b, c, A(0)) - mean * scale;
+}
+
+// out = x * coef[c][0] + coef[c][1] (forward) or, with a second input, out = g * coef[c][0] +
+// x * coef[c][1] + coef[c][2] (backward's dx); K = coefficients per channel. The stats
+// kernels' tile shape: a thread keeps one vector column, so its V channels' coefficients
+// sit in registers while it walks rows blockIdx.y * ty + threadIdx.y, step gridDim.y * ty.
+template <class T, int V, int K>
+__global__ void bn_nhwc_apply_kernel(const T* g, const T* x, const math_t<T>* coef, T* out, RowsTile t) {
+  using A = math_t<T>;
+  const int64_t cv = blockIdx.x * static_cast<int64_t>(t.tx) + threadIdx.x;
+  if (cv >= t.Cv) return;
+  A k[K][V];
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+#pragma unroll
+    for (int q = 0; q < K; ++q) k[q][j] = coef[K * (cv * V + j) + q];
+  const int64_t step = static_cast<int64_t>(gridDim.y) * t.ty;
+  for (int64_t r = blockIdx.y * static_cast<int64_t>(t.ty) + threadIdx.y; r < t.M; r += step) {
+    const int64_t i = r * t.C + cv * V;
+    const AlignedVec<T, V> xv = load_pack<T, V>(x, i);
+    AlignedVec<T, V> o;
+    if constexpr (K == 2) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = store_m<T>(load_m(xv.v[j]) * k[0][j] + k[1][j]);
+    } else {
+      const AlignedVec<T, V> gv = load_pack<T, V>(g, i);
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = store_m<T>(load_m(gv.v[j]) * k[0][j] + load_m(xv.v[j]) * k[1][j] + k[2][j]);
+    }
+    *reinterpret_cast<AlignedVec<T, V>*>(out + i) = o;
+  }
+}
+
+// The apply kernels' grid: the tile's channel slices by enough row blocks for ~16 blocks per SM.
+dim3 apply_grid(const RowsTile& t) {
+  const int64_t gx = (t.Cv + t.tx - 1) / t.tx;
+  const int64_t gy = std::min<int64_t>(std::max<int64_t>(1, (132 * 16 + gx - 1) / gx), (t.M + t.ty - 1) / t.ty);
+  return dim3(static_cast<unsigned>(gx), static_cast<unsigned>(std::min<int64_t>(gy, 65535)));
+}
+
+// Backward partials: sum(g) and sum(g * (x - mean)) of chunk p, channel c into ws.
+template <class T, int V>
+__global__ void bn_nhwc_bwd_sums_kernel(const T* g, const T* x, const T* mean, RowsTile t, math_t<T>* ws) {
+  using A = math_t<T>;
+  __shared__ A sh_g[kNormBlock * V], sh_gd[kNormBlock * V];
+  const int64_t cv = blockIdx.x * static_cast<int64_t>(t.tx) + threadIdx.x;
+  const int p = blockIdx.y;
+  const int64_t r0 = t.begin(p), r1 = t.end(p);
+  A sg[V], sgd[V], mu[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) sg[j] = A(0), sgd[j] = A(0), mu[j] = cv < t.Cv ? load_m(mean[cv * V + j]) : A(0);
+  if (cv < t.Cv) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += t.ty) {
+      const AlignedVec<T, V> gv = load_pack<T, V>(g, r * t.C + cv * V), xv = load_pack<T, V>(x, r * t.C + cv * V);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const A gj = load_m(gv.v[j]);
+        sg[j] += gj;
+        sgd[j] += gj * (load_m(xv.v[j]) - mu[j]);
+      }
+    }
+  }
+  if (!sum_row_lanes<A, V>(sg, sgd, sh_g, sh_gd, t, cv < t.Cv)) return;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int64_t c = cv * V + j;
+    ws[(p * t.C + c) * 2] = sg[j], ws[(p * t.C + c) * 2 + 1] = sgd[j];
+  }
+}
+
+// A block per channel: totals, grad_weight / grad_bias, and dx's coefficients (see
+// bn_bwd_dx_kernel's formula): dx = a*g - a*k2*x + a*(mu*k2 - mean(g)).
+template <class T>
+__global__ void bn_nhwc_bwd_finalize_kernel(const math_t<T>* ws, RowsTile t, const T* wt, const T* mean,
+                                            const T* invstd, T* dw, T* db, math_t<T>* coef, bool training) {
+  using A = math_t<T>;
+  __shared__ A shm[32];
+  const int64_t c = blockIdx.x;
+  A sg = 0, sgd = 0;
+  for (int p = threadIdx.x; p < t.P; p += blockDim.x) sg += ws[(p * t.C + c) * 2], sgd += ws[(p * t.C + c) * 2 + 1];
+  sg = block_sum(sg, shm);
+  sgd = block_sum(sgd, shm);
+  if (threadIdx.x != 0) return;
+  const A mu = load_m(mean[c]), is = load_m(invstd[c]), M = static_cast<A>(t.M);
+  if (dw) dw[c] = store_m<T>(sgd * is);
+  if (db) db[c] = store_m<T>(sg);
+  const A a = opt(wt, c, A(1)) * is;
+  const A mg = training ? sg / M : A(0);
+  const A k2 = training ? is * is * sgd / M : A(0);
+  coef[3 * c] = a;
+  coef[3 * c + 1] = -a * k2;
+  coef[3 * c + 2] = a * (mu * k2 - mg);
+}
+
+template <class T>
+int nhwc_width(int64_t C, std::initializer_list<const void*> ptrs) {
+  constexpr int V = kVec16<T>;
+  if (V == 1 || C % V != 0) return 1;
+  for (const void* p : ptrs)
+    if (p && (reinterpret_cast<uintptr_t>(p) & 15) != 0) return 1;
+  return V;
+}
+
+// Runs launch(V as an integral_constant, tile, ws, coef) for an [M, C] input:
+// ws holds the [P, C, 2] partials, coef the K per-channel coefficients.
+template <class T, int K, class Launch>
+void nhwc_pass(int64_t M, int64_t C, std::initializer_list<const void*> ptrs, const char* op, Device dev,
+               Launch&& launch) {
+  with_width<T>(nhwc_width<T>(C, ptrs), [&](auto vc) {
+    constexpr int V = decltype(vc)::value;
+    const RowsTile t = rows_tile(M, C, V);
+    MG_CHECK(C <= 65535 * int64_t{1024} && M < (int64_t{1} << 40), ShapeError, op, ": ", M, " rows of ", C,
+             " channels is beyond the channels-last kernels' grid");
+    const DType at = std::is_same_v<T, double> ? DType::f64 : DType::f32;
+    Tensor ws = empty({t.P * C * 2 + K * C}, {at, dev});
+    auto* base = static_cast<math_t<T>*>(ws.raw_data());
+    launch(vc, t, base, base + t.P * C * 2);
+  });
+}
+
+// The channels-last training forward: stats, finalize, apply.
+void batch_norm_nhwc_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                             const Tensor& running_var, double momentum, double eps, const Tensor& out,
+                             const Tensor& save_mean, const Tensor& save_invstd) {
+  const int64_t C = x.size(1), M = x.numel() / C;
+  cudaStream_t st = stream_of(x);
+  MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm", [&] {
+    using T = scalar_t;
+    using A = math_t<T>;
+    nhwc_pass<T, 2>(M, C, {x.raw_data(), out.raw_data()}, "batch_norm", x.device(),
+                    [&](auto vc, const RowsTile& t, A* ws, A* coef) {
+                      constexpr int V = decltype(vc)::value;
+                      bn_nhwc_stats_kernel<T, V><<<tile_grid(t), dim3(t.tx, t.ty), 0, st>>>(data_as<const T>(x), t, ws);
+                      bn_nhwc_finalize_kernel<T><<<static_cast<unsigned>(C), 128, 0, st>>>(
+                          ws, t, data_as<const T>(weight), data_as<const T>(bias), data_as<T>(running_mean),
+                          data_as<T>(running_var), data_as<T>(save_mean), data_as<T>(save_invstd), coef, momentum, eps);
+                      bn_nhwc_apply_kernel<T, V, 2><<<apply_grid(t), dim3(t.tx, t.ty), 0, st>>>(
+                          nullptr, data_as<const T>(x), coef, data_as<T>(out), t);
+                    });
+    MG_CUDA_CHECK_LAUNCH("batch_norm");
+  });
+}
+
+// The channels-last backward: partial sums, finalize (grad_weight, grad_bias, coefficients), dx.
+void batch_norm_nhwc_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                              const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight,
+                              const Tensor& grad_bias) {
+  const int64_t C = x.size(1), M = x.numel() / C;
+  cudaStream_t st = stream_of(x);
+  MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm_backward", [&] {
+    using T = scalar_t;
+    using A = math_t<T>;
+    nhwc_pass<T, 3>(M, C, {grad_out.raw_data(), x.raw_data(), data_as<void>(grad_x)}, "batch_norm_backward", x.device(),
+                    [&](auto vc, const RowsTile& t, A* ws, A* coef) {
+                      constexpr int V = decltype(vc)::value;
+                      bn_nhwc_bwd_sums_kernel<T, V><<<tile_grid(t), dim3(t.tx, t.ty), 0, st>>>(
+                          data_as<const T>(grad_out), data_as<const T>(x), data_as<const T>(mean), t, ws);
+                      bn_nhwc_bwd_finalize_kernel<T><<<static_cast<unsigned>(C), 128, 0, st>>>(
+                          ws, t, data_as<const T>(weight), data_as<const T>(mean), data_as<const T>(invstd),
+                          data_as<T>(grad_weight), data_as<T>(grad_bias), coef, training);
+                      if (grad_x.defined())
+                        bn_nhwc_apply_kernel<T, V, 3><<<apply_grid(t), dim3(t.tx, t.ty), 0, st>>>(
+                            data_as<const T>(grad_out), data_as<const T>(x), coef, data_as<T>(grad_x), t);
+                    });
+    MG_CUDA_CHECK_LAUNCH("batch_norm_backward");
+  });
+}
 }  // namespace
 
 template <>
@@ -283,6 +583,9 @@ void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& wei
   const NCS s = ncs(x);
   if (s.C == 0) return;
   mg::cuda::DeviceGuard guard(x.device());
+  if (is_channels_last(x))
+    return batch_norm_nhwc_forward(x, weight, bias, running_mean, running_var, momentum, eps, out, save_mean,
+                                   save_invstd);
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm", [&] {
     using T = scalar_t;
     using A = math_t<T>;
@@ -310,7 +613,7 @@ void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight,
     using T = scalar_t;
     bn_eval_kernel<T><<<blocks_for(x.numel()), kBlock, 0, stream_of(x)>>>(
         data_as<const T>(x), data_as<const T>(weight), data_as<const T>(bias), data_as<const T>(running_mean),
-        data_as<const T>(running_var), data_as<T>(out), s, eps);
+        data_as<const T>(running_var), data_as<T>(out), s, eps, is_channels_last(x));
     MG_CUDA_CHECK_LAUNCH("batch_norm");
   });
 }
@@ -322,6 +625,8 @@ void CudaBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x, c
   const NCS s = ncs(x);
   if (s.C == 0) return;
   mg::cuda::DeviceGuard guard(x.device());
+  if (is_channels_last(x))
+    return batch_norm_nhwc_backward(grad_out, x, weight, mean, invstd, training, grad_x, grad_weight, grad_bias);
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm_backward", [&] {
     using T = scalar_t;
     using A = math_t<T>;

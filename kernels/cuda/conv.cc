@@ -23,7 +23,6 @@
 #include "core/cuda/check.h"
 #include "core/device_runtime.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cudnn.h"
 #include "kernels/backend.h"
 
@@ -39,33 +38,17 @@ const char* dir_name(Dir d) {
 
 // ---------------------------------------------------------------- layouts
 
-// Channels-last: a 4-D tensor whose memory is [N, H, W, C] contiguous (size-1 dims'
-// strides don't matter). A tensor that is also contiguous NCHW counts as NCHW.
-bool is_nhwc(const Tensor& t) {
-  if (t.dim() != 4 || t.is_contiguous()) return false;
-  const int64_t N = t.size(0), C = t.size(1), H = t.size(2), W = t.size(3);
-  const int64_t want[4] = {H * W * C, 1, W * C, C};
-  const int64_t sizes[4] = {N, C, H, W};
-  for (int d = 0; d < 4; ++d)
-    if (sizes[d] != 1 && t.stride(d) != want[d]) return false;
-  return true;
-}
+// Operands are NCHW-contiguous, or channels-last (core's is_channels_last: NHWC strides that
+// are not also NCHW ones).
+MemoryFormat format(bool nhwc) { return nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous; }
 
 // t in the requested layout: itself when it already is, else a copy.
-Tensor in_layout(const Tensor& t, bool nhwc) {
-  if (!nhwc) return t.is_contiguous() ? t : raw::contiguous(t);
-  if (is_nhwc(t) || (t.is_contiguous() && t.size(1) == 1)) return t;  // C == 1: both at once
-  return raw::permute(raw::contiguous(raw::permute(t, {0, 2, 3, 1})), {0, 3, 1, 2});
-}
+Tensor in_layout(const Tensor& t, bool nhwc) { return raw::contiguous(t, format(nhwc)); }
 
 // An uninitialized tensor of t's shape/dtype/device in the given layout.
-Tensor empty_in_layout(const Tensor& t, bool nhwc) {
-  if (!nhwc) return empty(t.sizes(), {t.dtype(), t.device()});
-  Tensor p = empty({t.size(0), t.size(2), t.size(3), t.size(1)}, {t.dtype(), t.device()});
-  return raw::permute(p, {0, 3, 1, 2});
-}
+Tensor empty_in_layout(const Tensor& t, bool nhwc) { return empty(t.sizes(), {t.dtype(), t.device()}, format(nhwc)); }
 
-bool matches_layout(const Tensor& t, bool nhwc) { return nhwc ? in_layout(t, true).is_same(t) : t.is_contiguous(); }
+bool matches_layout(const Tensor& t, bool nhwc) { return t.is_contiguous(format(nhwc)); }
 
 int to_int(int64_t v, const char* op) {
   MG_CHECK(v >= 0 && v <= INT_MAX, ShapeError, op, ": size or stride ", v,
@@ -414,7 +397,7 @@ Tensor out_operand(const Tensor& out, bool nhwc) {
 void run_layout(Dir dir, const Tensor& lead, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& out,
                 const Conv2dArgs& a) {
   for (bool nhwc : {true, false}) {
-    if (nhwc && !is_nhwc(lead)) continue;
+    if (nhwc && !is_channels_last(lead)) continue;
     Tensor o = out_operand(out, nhwc);
     auto pick = [&](const Tensor& t) { return t.is_same(out) ? o : in_layout(t, nhwc); };
     if (!run(dir, pick(x), pick(w), pick(y), a, nhwc)) continue;

@@ -320,8 +320,11 @@ __global__ void where_kernel(const bool* c, const T* a, const T* b, T* out, Offs
   }
 }
 
-// True when t covers exactly out's elements in the same (contiguous) order.
-bool flat_like(const Tensor& t, const Tensor& out) { return t.sizes() == out.sizes() && t.is_contiguous(); }
+// True when t covers exactly out's elements in the same memory order, out being dense:
+// both contiguous, or both channels-last (any same dense layout), so both walk as flat arrays.
+bool flat_like(const Tensor& t, const Tensor& out) {
+  return t.sizes() == out.sizes() && (out.is_contiguous() ? t.is_contiguous() : same_dense_layout(out, t));
+}
 
 // True when t (expanded to out's shape) is one contiguous row of out's last dim repeated:
 // unit stride along the last dim, stride 0 elsewhere.
@@ -362,7 +365,7 @@ void launch_unary(int op, Params p, const Tensor& a, const Tensor& out, const ch
     using T = scalar_t;
     const T* pa = static_cast<const T*>(a.raw_data());
     T* po = static_cast<T*>(out.raw_data());
-    if (out.is_contiguous() && flat_like(a, out) && aligned16(pa) && aligned16(po)) {
+    if (out.is_dense() && flat_like(a, out) && aligned16(pa) && aligned16(po)) {
       unary_contig_kernel<T><<<blocks_for(n / kVec16<T> + 1), kBlock, 0, st>>>(op, p, pa, po, n);
     } else {
       auto oc = make_offset_calc<2>(out.sizes(), {&out.strides(), &a.strides()});
@@ -378,8 +381,7 @@ void launch_binary_t(int op, Params p, const Tensor& a, const Tensor& b, const T
   const T* pa = static_cast<const T*>(a.raw_data());
   const T* pb = static_cast<const T*>(b.raw_data());
   O* po = static_cast<O*>(out.raw_data());
-  if (out.is_contiguous() && flat_like(a, out) && flat_like(b, out) && aligned16(pa) && aligned16(pb) &&
-      aligned16(po)) {
+  if (out.is_dense() && flat_like(a, out) && flat_like(b, out) && aligned16(pa) && aligned16(pb) && aligned16(po)) {
     binary_contig_kernel<T, O><<<blocks_for(n / kVec16<T> + 1), kBlock, 0, st>>>(op, p, pa, pb, po, n);
     return;
   }

@@ -1,5 +1,8 @@
 // Max, average and adaptive-average 2-D pooling on CUDA, forward and backward, with the
-// window rules of kernels/cpu/pool.cc (PyTorch's), on contiguous NCHW planes. One thread per
+// window rules of kernels/cpu/pool.cc (PyTorch's), on contiguous NCHW or channels-last (NHWC)
+// tensors: a thread walks its tensor in memory order either way (in NHWC neighbouring threads
+// take neighbouring channels, so loads coalesce), and a plane's pixel k lies at
+// plane_base + k * pixel_step. One thread per
 // output element forward; backward, one thread per input element gathers from the windows
 // that cover it (no atomics, deterministic), except max pooling, whose backward has only
 // the argmax indices and scatters with atomics (into an f32 buffer for f16/bf16).
@@ -14,16 +17,18 @@ using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/co
 
 namespace {
 
-// Geometry of one pooling call: P = N*C planes of H x W in, Ho x Wo out.
+// Geometry of one pooling call: P = N*C planes of H x W in, Ho x Wo out, in NCHW or NHWC.
 struct PoolGeo {
-  int64_t P, H, W, Ho, Wo;
+  int64_t P, C, H, W, Ho, Wo;
   int kh, kw, sh, sw, ph, pw, dh, dw;
-  bool count_include_pad;
+  bool count_include_pad, nhwc;
 };
 
-PoolGeo geo(const Shape& in, const Shape& out, const Pool2dArgs& a) {
+// nhwc: the input and output (grad_input and grad_output backward) are channels-last.
+PoolGeo geo(const Shape& in, const Shape& out, const Pool2dArgs& a, bool nhwc) {
   PoolGeo g;
-  g.P = in[0] * in[1], g.H = in[2], g.W = in[3], g.Ho = out[2], g.Wo = out[3];
+  g.P = in[0] * in[1], g.C = in[1], g.H = in[2], g.W = in[3], g.Ho = out[2], g.Wo = out[3];
+  g.nhwc = nhwc;
   g.kh = static_cast<int>(a.kernel.h), g.kw = static_cast<int>(a.kernel.w);
   g.sh = static_cast<int>(a.stride.h), g.sw = static_cast<int>(a.stride.w);
   g.ph = static_cast<int>(a.padding.h), g.pw = static_cast<int>(a.padding.w);
@@ -40,6 +45,18 @@ __device__ __forceinline__ PlanePos plane_pos(int64_t i, int64_t H, int64_t W) {
   return {i / (W * H), (i / W) % H, i % W};
 }
 
+// Element i, in memory order, of a [N, C, h, w] tensor in g's layout: plane q = n*C + c.
+__device__ __forceinline__ PlanePos pos_of(int64_t i, int64_t h, int64_t w, const PoolGeo& g) {
+  if (!g.nhwc) return plane_pos(i, h, w);
+  const int64_t c = i % g.C, t = i / g.C;
+  return {(t / (w * h)) * g.C + c, (t / w) % h, t % w};
+}
+// Where plane q of a [N, C, h, w] tensor starts, and the step between its pixels.
+__device__ __forceinline__ int64_t plane_base(int64_t q, int64_t h, int64_t w, const PoolGeo& g) {
+  return g.nhwc ? (q / g.C) * h * w * g.C + q % g.C : q * h * w;
+}
+__device__ __forceinline__ int64_t pixel_step(const PoolGeo& g) { return g.nhwc ? g.C : 1; }
+
 // Kernel taps k in [lo, hi) whose input position start + k*dil lies in [0, n) (cpu/pool.cc).
 __device__ __forceinline__ void tap_range(int64_t start, int64_t k, int64_t dil, int64_t n, int64_t* lo, int64_t* hi) {
   *lo = start >= 0 ? 0 : (-start + dil - 1) / dil;
@@ -53,8 +70,9 @@ __global__ void max_pool_kernel(const T* x, T* out, int64_t* idx, PoolGeo g) {
   using M = math_t<T>;
   const int64_t total = g.P * g.Ho * g.Wo;
   MG_GRID_STRIDE(i, total) {
-    const auto [q, oh, ow] = plane_pos(i, g.Ho, g.Wo);
-    const T* plane = x + q * g.H * g.W;
+    const auto [q, oh, ow] = pos_of(i, g.Ho, g.Wo, g);
+    const T* plane = x + plane_base(q, g.H, g.W, g);
+    const int64_t ps = pixel_step(g);
     const int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
     int64_t ilo, ihi, jlo, jhi;
     tap_range(h0, g.kh, g.dh, g.H, &ilo, &ihi);
@@ -67,11 +85,11 @@ __global__ void max_pool_kernel(const T* x, T* out, int64_t* idx, PoolGeo g) {
     // The first input element seeds the max: ties and all -inf windows pick the first position;
     // NaN propagates and the last NaN wins (PyTorch's `val > max || isnan(val)`).
     int64_t arg = (h0 + ilo * g.dh) * g.W + w0 + jlo * g.dw;
-    M best = load_m(plane[arg]);
+    M best = load_m(plane[arg * ps]);
     for (int64_t a = ilo; a < ihi; ++a) {
       const int64_t row = (h0 + a * g.dh) * g.W + w0;
       for (int64_t b = jlo; b < jhi; ++b) {
-        const M v = load_m(plane[row + b * g.dw]);
+        const M v = load_m(plane[(row + b * g.dw) * ps]);
         if (v > best || v != v) {
           best = v;
           arg = row + b * g.dw;
@@ -85,10 +103,13 @@ __global__ void max_pool_kernel(const T* x, T* out, int64_t* idx, PoolGeo g) {
 
 // gx (zeroed, accumulator type A) += grad_out at the argmax of each window.
 template <class T, class A>
-__global__ void max_pool_bwd_kernel(const T* gout, const int64_t* idx, A* gx, int64_t P, int64_t L, int64_t HW) {
-  MG_GRID_STRIDE(i, P * L) {
+__global__ void max_pool_bwd_kernel(const T* gout, const int64_t* idx, A* gx, PoolGeo g) {
+  MG_GRID_STRIDE(i, g.P * g.Ho * g.Wo) {
     const int64_t k = idx[i];
-    if (k >= 0 && k < HW) atomicAdd(gx + (i / L) * HW + k, static_cast<A>(load_m(gout[i])));
+    if (k >= 0 && k < g.H * g.W) {
+      const int64_t q = pos_of(i, g.Ho, g.Wo, g).q;
+      atomicAdd(gx + plane_base(q, g.H, g.W, g) + k * pixel_step(g), static_cast<A>(load_m(gout[i])));
+    }
   }
 }
 
@@ -107,13 +128,13 @@ __device__ __forceinline__ AvgWin avg_window(const PoolGeo& g, int64_t oh, int64
   return {h0, h1, w0, w1, g.count_include_pad ? pool_size : (h1 - h0) * (w1 - w0)};
 }
 
-// The sum of plane[h0:h1, w0:w1] (row length W), in math_t<T>.
+// The sum of plane[h0:h1, w0:w1] (row length W, pixels ps apart), in math_t<T>.
 template <class T>
-__device__ __forceinline__ math_t<T> window_sum(const T* plane, int64_t W, int64_t h0, int64_t h1, int64_t w0,
-                                                int64_t w1) {
+__device__ __forceinline__ math_t<T> window_sum(const T* plane, int64_t W, int64_t ps, int64_t h0, int64_t h1,
+                                                int64_t w0, int64_t w1) {
   math_t<T> s = 0;
   for (int64_t a = h0; a < h1; ++a)
-    for (int64_t b = w0; b < w1; ++b) s += load_m(plane[a * W + b]);
+    for (int64_t b = w0; b < w1; ++b) s += load_m(plane[(a * W + b) * ps]);
   return s;
 }
 
@@ -121,9 +142,9 @@ template <class T>
 __global__ void avg_pool_kernel(const T* x, T* out, PoolGeo g) {
   using M = math_t<T>;
   MG_GRID_STRIDE(i, g.P * g.Ho * g.Wo) {
-    const auto [q, oh, ow] = plane_pos(i, g.Ho, g.Wo);
+    const auto [q, oh, ow] = pos_of(i, g.Ho, g.Wo, g);
     const AvgWin win = avg_window(g, oh, ow);
-    const M s = window_sum(x + q * g.H * g.W, g.W, win.h0, win.h1, win.w0, win.w1);
+    const M s = window_sum(x + plane_base(q, g.H, g.W, g), g.W, pixel_step(g), win.h0, win.h1, win.w0, win.w1);
     out[i] = store_m<T>(win.div > 0 ? s / static_cast<M>(win.div) : M(0));
   }
 }
@@ -140,8 +161,9 @@ template <class T>
 __global__ void avg_pool_bwd_kernel(const T* gout, T* gx, PoolGeo g) {
   using M = math_t<T>;
   MG_GRID_STRIDE(i, g.P * g.H * g.W) {
-    const auto [q, ih, iw] = plane_pos(i, g.H, g.W);
-    const T* gp = gout + q * g.Ho * g.Wo;
+    const auto [q, ih, iw] = pos_of(i, g.H, g.W, g);
+    const T* gp = gout + plane_base(q, g.Ho, g.Wo, g);
+    const int64_t ps = pixel_step(g);
     int64_t olo, ohi, wlo, whi;
     covering(ih, g.kh, g.sh, g.ph, g.Ho, &olo, &ohi);
     covering(iw, g.kw, g.sw, g.pw, g.Wo, &wlo, &whi);
@@ -150,7 +172,7 @@ __global__ void avg_pool_bwd_kernel(const T* gout, T* gx, PoolGeo g) {
       for (int64_t ow = wlo; ow < whi; ++ow) {
         const AvgWin win = avg_window(g, oh, ow);
         if (win.div > 0 && ih >= win.h0 && ih < win.h1 && iw >= win.w0 && iw < win.w1)
-          s += load_m(gp[oh * g.Wo + ow]) / static_cast<M>(win.div);
+          s += load_m(gp[(oh * g.Wo + ow) * ps]) / static_cast<M>(win.div);
       }
     gx[i] = store_m<T>(s);
   }
@@ -166,10 +188,10 @@ template <class T>
 __global__ void adaptive_avg_kernel(const T* x, T* out, PoolGeo g) {
   using M = math_t<T>;
   MG_GRID_STRIDE(i, g.P * g.Ho * g.Wo) {
-    const auto [q, oh, ow] = plane_pos(i, g.Ho, g.Wo);
+    const auto [q, oh, ow] = pos_of(i, g.Ho, g.Wo, g);
     const int64_t h0 = start_index(oh, g.Ho, g.H), h1 = end_index(oh, g.Ho, g.H);
     const int64_t w0 = start_index(ow, g.Wo, g.W), w1 = end_index(ow, g.Wo, g.W);
-    const M s = window_sum(x + q * g.H * g.W, g.W, h0, h1, w0, w1);
+    const M s = window_sum(x + plane_base(q, g.H, g.W, g), g.W, pixel_step(g), h0, h1, w0, w1);
     out[i] = store_m<T>(s / static_cast<M>((h1 - h0) * (w1 - w0)));
   }
 }
@@ -179,8 +201,9 @@ template <class T>
 __global__ void adaptive_avg_bwd_kernel(const T* gout, T* gx, PoolGeo g) {
   using M = math_t<T>;
   MG_GRID_STRIDE(i, g.P * g.H * g.W) {
-    const auto [q, ih, iw] = plane_pos(i, g.H, g.W);
-    const T* gp = gout + q * g.Ho * g.Wo;
+    const auto [q, ih, iw] = pos_of(i, g.H, g.W, g);
+    const T* gp = gout + plane_base(q, g.Ho, g.Wo, g);
+    const int64_t ps = pixel_step(g);
     const int64_t olo = start_index(ih, g.H, g.Ho), ohi = end_index(ih, g.H, g.Ho);
     const int64_t wlo = start_index(iw, g.W, g.Wo), whi = end_index(iw, g.W, g.Wo);
     M s = 0;
@@ -188,7 +211,7 @@ __global__ void adaptive_avg_bwd_kernel(const T* gout, T* gx, PoolGeo g) {
       const int64_t kh = end_index(oh, g.Ho, g.H) - start_index(oh, g.Ho, g.H);
       for (int64_t ow = wlo; ow < whi; ++ow) {
         const int64_t kw = end_index(ow, g.Wo, g.W) - start_index(ow, g.Wo, g.W);
-        s += load_m(gp[oh * g.Wo + ow]) / static_cast<M>(kh * kw);
+        s += load_m(gp[(oh * g.Wo + ow) * ps]) / static_cast<M>(kh * kw);
       }
     }
     gx[i] = store_m<T>(s);
@@ -215,7 +238,7 @@ template <>
 void CudaBackend::max_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out, const Tensor& indices) {
   if (out.numel() == 0) return;
   mg::cuda::DeviceGuard guard(out.device());
-  const PoolGeo g = geo(x.sizes(), out.sizes(), args);
+  const PoolGeo g = geo(x.sizes(), out.sizes(), args, is_channels_last(x));
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "max_pool2d", [&] {
     max_pool_kernel<scalar_t><<<blocks_for(out.numel()), kBlock, 0, stream_of(out)>>>(
         data_as<const scalar_t>(x), data_as<scalar_t>(out), data_as<int64_t>(indices), g);
@@ -228,17 +251,18 @@ void CudaBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& indi
   if (grad_x.numel() == 0) return;
   mg::cuda::DeviceGuard guard(grad_x.device());
   cudaStream_t st = stream_of(grad_x);
-  const int64_t P = grad_x.size(0) * grad_x.size(1), HW = grad_x.size(2) * grad_x.size(3);
-  const int64_t L = grad_out.size(2) * grad_out.size(3);
+  const PoolGeo g = geo(grad_x.sizes(), grad_out.sizes(), Pool2dArgs{}, is_channels_last(grad_x));
   const unsigned blocks = blocks_for(grad_out.numel());
   MG_CUDA_DISPATCH_FLOAT(grad_x.dtype(), "max_pool2d_backward", [&] {
     using T = scalar_t;
     using A = math_t<T>;  // f32 for f16/bf16: overlapping windows add up in f32, rounded once
-    Tensor acc = std::is_same_v<T, A> ? grad_x : empty(grad_x.sizes(), {dtype_of<A>, grad_x.device()});
+    Tensor acc = std::is_same_v<T, A>
+                     ? grad_x
+                     : empty(grad_x.sizes(), {dtype_of<A>, grad_x.device()}, suggest_memory_format(grad_x));
     MG_CUDA_CHECK(cudaMemsetAsync(acc.raw_data(), 0, acc.nbytes(), st));
     if (grad_out.numel() > 0) {
-      max_pool_bwd_kernel<T, A><<<blocks, kBlock, 0, st>>>(data_as<const T>(grad_out), data_as<const int64_t>(indices),
-                                                           data_as<A>(acc), P, L, HW);
+      max_pool_bwd_kernel<T, A>
+          <<<blocks, kBlock, 0, st>>>(data_as<const T>(grad_out), data_as<const int64_t>(indices), data_as<A>(acc), g);
       MG_CUDA_CHECK_LAUNCH("max_pool2d_backward");
     }
     if (!acc.is_same(grad_x)) raw::copy_(grad_x, acc);
@@ -247,26 +271,27 @@ void CudaBackend::max_pool2d_backward(const Tensor& grad_out, const Tensor& indi
 
 template <>
 void CudaBackend::avg_pool2d(const Tensor& x, const Pool2dArgs& args, const Tensor& out) {
-  launch_per_output("avg_pool2d", x, out, geo(x.sizes(), out.sizes(), args),
+  launch_per_output("avg_pool2d", x, out, geo(x.sizes(), out.sizes(), args, is_channels_last(x)),
                     [](auto t) { return avg_pool_kernel<decltype(t)>; });
 }
 
 template <>
 void CudaBackend::avg_pool2d_backward(const Tensor& grad_out, const Pool2dArgs& args, const Tensor& grad_x) {
-  launch_per_output("avg_pool2d_backward", grad_out, grad_x, geo(grad_x.sizes(), grad_out.sizes(), args),
+  launch_per_output("avg_pool2d_backward", grad_out, grad_x,
+                    geo(grad_x.sizes(), grad_out.sizes(), args, is_channels_last(grad_x)),
                     [](auto t) { return avg_pool_bwd_kernel<decltype(t)>; });
 }
 
 template <>
 void CudaBackend::adaptive_avg_pool2d(const Tensor& x, const Tensor& out) {
-  launch_per_output("adaptive_avg_pool2d", x, out, geo(x.sizes(), out.sizes(), Pool2dArgs{}),
+  launch_per_output("adaptive_avg_pool2d", x, out, geo(x.sizes(), out.sizes(), Pool2dArgs{}, is_channels_last(x)),
                     [](auto t) { return adaptive_avg_kernel<decltype(t)>; });
 }
 
 template <>
 void CudaBackend::adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& grad_x) {
   launch_per_output("adaptive_avg_pool2d_backward", grad_out, grad_x,
-                    geo(grad_x.sizes(), grad_out.sizes(), Pool2dArgs{}),
+                    geo(grad_x.sizes(), grad_out.sizes(), Pool2dArgs{}, is_channels_last(grad_x)),
                     [](auto t) { return adaptive_avg_bwd_kernel<decltype(t)>; });
 }
 

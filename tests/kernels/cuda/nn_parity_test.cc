@@ -24,6 +24,7 @@
 #include "kernels/cuda/reference.h"
 #include "kernels/cuda/cudnn.h"
 #include "kernels/ops.h"
+#include "nn/models/resnet.h"
 #include "tests/autograd/gradcheck.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
 
@@ -66,6 +67,12 @@ void expect_equal_i64(const Tensor& cpu, const Tensor& gpu, const std::string& w
   int bad = 0;
   for (size_t i = 0; i < a.size() && bad < 5; ++i)
     if (a[i] != b[i]) ++bad, ADD_FAILURE() << what << ": index " << i << ": cpu " << a[i] << " vs cuda " << b[i];
+}
+
+// x on the device, channels-last when nhwc and 4-D (the NHWC kernels' input).
+Tensor on_device(const Tensor& t, bool nhwc) {
+  Tensor d = to_cuda(t);
+  return nhwc && d.defined() && d.dim() == 4 ? raw::contiguous(d, MemoryFormat::ChannelsLast) : d;
 }
 
 class NnParity : public CudaTest {
@@ -214,53 +221,111 @@ TEST_F(NnParity, MaxPool2dNaNPropagates) {
   expect_equal_i64(i_cpu, i_gpu, "max_pool2d NaN indices");
 }
 
+// Channels-last pooling (the NHWC walk of kernels/cuda/pool.cu): outputs and gradients
+// channels-last, against the CPU's NCHW results. Max values and indices are exact; averages
+// sum the same window in the same order; max-pool gradients add overlapping windows with
+// atomics in f32 (order-dependent, hence the dtype tolerance).
+TEST_F(NnParity, PoolingChannelsLast) {
+  const MemoryFormat cl = MemoryFormat::ChannelsLast;
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    const double t = tol_of(dt);
+    for (const PoolCase& c : pool_cases(true)) {
+      const std::string what = "max_pool2d channels_last " + c.name + " " + dstr(dt);
+      Tensor x = host(c.x, dt, g);
+      auto [y_cpu, i_cpu] = k::max_pool2d(ref(x), c.args);
+      auto [y_gpu, i_gpu] = k::max_pool2d(on_device(x, true), c.args);
+      EXPECT_TRUE(is_channels_last(y_gpu) && is_channels_last(i_gpu)) << what;
+      expect_parity(y_cpu, y_gpu, 0.0, what + " values");
+      expect_equal_i64(i_cpu, i_gpu, what + " indices");
+      Tensor gy = host(y_cpu.sizes(), dt, g);
+      Tensor gx = k::max_pool2d_backward(on_device(gy, true), i_gpu, c.x, cl);
+      EXPECT_TRUE(is_channels_last(gx)) << what;
+      expect_parity(k::max_pool2d_backward(ref(gy), i_cpu, c.x), gx, t, what + " backward");
+    }
+    for (const PoolCase& c : pool_cases(false)) {
+      const std::string what = "avg_pool2d channels_last " + c.name + " " + dstr(dt);
+      Tensor x = host(c.x, dt, g);
+      Tensor y_cpu = k::avg_pool2d(ref(x), c.args), y_gpu = k::avg_pool2d(on_device(x, true), c.args);
+      EXPECT_TRUE(is_channels_last(y_gpu)) << what;
+      expect_parity(y_cpu, y_gpu, t, what);
+      Tensor gy = host(y_cpu.sizes(), dt, g);
+      Tensor gx = k::avg_pool2d_backward(on_device(gy, true), c.x, c.args, cl);
+      EXPECT_TRUE(is_channels_last(gx)) << what;
+      expect_parity(k::avg_pool2d_backward(ref(gy), c.x, c.args), gx, t, what + " backward");
+    }
+    // Adaptive: ResNet's global pool (7x7 -> 1x1, whose [N, C, 1, 1] output is both layouts at
+    // once) and uneven windows.
+    for (auto [xs, os] : std::vector<std::pair<Shape, Int2>>{{{4, 24, 7, 7}, Int2(1)}, {{2, 5, 13, 11}, Int2(3, 5)}}) {
+      const std::string what = "adaptive_avg_pool2d channels_last " + shape_str(xs) + " " + dstr(dt);
+      Tensor x = host(xs, dt, g);
+      Tensor y_cpu = k::adaptive_avg_pool2d(ref(x), os), y_gpu = k::adaptive_avg_pool2d(on_device(x, true), os);
+      EXPECT_TRUE(y_gpu.is_contiguous(cl)) << what;
+      expect_parity(y_cpu, y_gpu, t, what);
+      Tensor gy = host(y_cpu.sizes(), dt, g);
+      Tensor gx = k::adaptive_avg_pool2d_backward(on_device(gy, true), xs, cl);
+      EXPECT_TRUE(is_channels_last(gx)) << what;
+      expect_parity(k::adaptive_avg_pool2d_backward(ref(gy), xs), gx, t, what + " backward");
+    }
+  }
+}
+
 // avg_pool2d over pool_cases(false) and adaptive_avg_pool2d, forward and backward in every
 // dtype, run as op-table rows (avg_pool2d_k2_s2, adaptive_avg_pool2d_13x11_to_3x5, ...).
 
 // ---------------------------------------------------------------- batch norm
 
 TEST_F(NnParity, BatchNormTrainingEvalBackward) {
-  // The last three split each channel into several chunks (the kernels' C x P grid): 16-byte
+  // The last shapes split each channel into several chunks (the kernels' C x P grid): 16-byte
   // vectors with even chunks, odd S with uneven chunks, and a ResNet-like half-precision shape.
-  const std::vector<Shape> shapes = {{4, 5, 7, 9},    {16, 7},        {3, 6, 11},     {2, 3, 33, 31},
-                                     {16, 8, 32, 32}, {3, 5, 37, 41}, {8, 64, 56, 56}};
+  // Every 4-D shape runs NCHW and channels-last (the [M, C] column kernels); there {4, 520, 5, 3}
+  // has 65 vector columns of bf16/f16 (three channel tiles, the last one partial) and
+  // {2, 3, 33, 31} a channel count no vector width divides.
+  const std::vector<Shape> shapes = {{4, 5, 7, 9},    {16, 7},        {3, 6, 11},      {2, 3, 33, 31},
+                                     {16, 8, 32, 32}, {3, 5, 37, 41}, {8, 64, 56, 56}, {4, 520, 5, 3}};
   for (DType dt : kDtypes)
     for (const Shape& xs : shapes)
-      for (bool affine : {true, false}) {
-        const std::string what = "batch_norm " + shape_str(xs) + (affine ? " affine " : " plain ") + dstr(dt);
-        const int64_t C = xs[1];
-        Tensor x = host(xs, dt, g, -1, 3);  // mean far from 0
-        Tensor w = affine ? host({C}, dt, g, 0.5, 1.5) : Tensor(), b = affine ? host({C}, dt, g) : Tensor();
-        Tensor rm = host({C}, dt, g, -0.5, 0.5), rv = host({C}, dt, g, 0.5, 2);
-        // Training: out, batch statistics, running statistics updated in place.
-        Tensor rm_c = ref(rm), rv_c = ref(rv), rm_g = to_cuda(rm), rv_g = to_cuda(rv);
-        auto [o_c, m_c, is_c] = k::batch_norm_forward_training(ref(x), ref(w), ref(b), rm_c, rv_c, 0.1, 1e-5);
-        auto [o_g, m_g, is_g] =
-            k::batch_norm_forward_training(to_cuda(x), to_cuda(w), to_cuda(b), rm_g, rv_g, 0.1, 1e-5);
-        const double t = tol_of(dt);
-        expect_parity(o_c, o_g, t, what + " train out");
-        expect_parity(m_c, m_g, t, what + " save_mean");
-        expect_parity(is_c, is_g, t, what + " save_invstd");
-        expect_parity(rm_c, rm_g, t, what + " running_mean");
-        expect_parity(rv_c, rv_g, t, what + " running_var");
-        // Training backward with the GPU's own statistics on both sides.
-        Tensor gy = host(xs, dt, g);
-        Tensor m_r = raw::to_dtype(m_g.cpu(), ref_dtype(dt)), is_r = raw::to_dtype(is_g.cpu(), ref_dtype(dt));
-        auto [dx_c, dw_c, db_c] = k::batch_norm_backward(ref(gy), ref(x), ref(w), m_r, is_r, true);
-        auto [dx_g, dw_g, db_g] = k::batch_norm_backward(to_cuda(gy), to_cuda(x), to_cuda(w), m_g, is_g, true);
-        expect_parity(dx_c, dx_g, t, what + " train grad_x");
-        expect_parity(dw_c, dw_g, t, what + " grad_weight");
-        expect_parity(db_c, db_g, t, what + " grad_bias");
-        // Eval: running statistics as constants.
-        expect_parity(k::batch_norm_forward_eval(ref(x), ref(w), ref(b), ref(rm), ref(rv), 1e-5),
-                      k::batch_norm_forward_eval(to_cuda(x), to_cuda(w), to_cuda(b), to_cuda(rm), to_cuda(rv), 1e-5), t,
-                      what + " eval out");
-        Tensor inv = raw::to_dtype(k::unary(k::Unary::Rsqrt, k::add_scalar(ref(rv), 1e-5)), dt);
-        auto [ex_c, ew_c, eb_c] = k::batch_norm_backward(ref(gy), ref(x), ref(w), ref(rm), ref(inv), false);
-        auto [ex_g, ew_g, eb_g] =
-            k::batch_norm_backward(to_cuda(gy), to_cuda(x), to_cuda(w), to_cuda(rm), to_cuda(inv), false);
-        expect_parity(ex_c, ex_g, t, what + " eval grad_x");
-        expect_parity(ew_c, ew_g, t, what + " eval grad_weight");
+      for (bool nhwc : {false, true}) {
+        if (nhwc && xs.size() != 4) continue;
+        for (bool affine : {true, false}) {
+          const std::string what = "batch_norm " + shape_str(xs) + (affine ? " affine " : " plain ") + dstr(dt) +
+                                   (nhwc ? " channels_last" : "");
+          const int64_t C = xs[1];
+          Tensor x = host(xs, dt, g, -1, 3);  // mean far from 0
+          Tensor w = affine ? host({C}, dt, g, 0.5, 1.5) : Tensor(), b = affine ? host({C}, dt, g) : Tensor();
+          Tensor rm = host({C}, dt, g, -0.5, 0.5), rv = host({C}, dt, g, 0.5, 2);
+          Tensor x_g = on_device(x, nhwc);
+          // Training: out, batch statistics, running statistics updated in place.
+          Tensor rm_c = ref(rm), rv_c = ref(rv), rm_g = to_cuda(rm), rv_g = to_cuda(rv);
+          auto [o_c, m_c, is_c] = k::batch_norm_forward_training(ref(x), ref(w), ref(b), rm_c, rv_c, 0.1, 1e-5);
+          auto [o_g, m_g, is_g] = k::batch_norm_forward_training(x_g, to_cuda(w), to_cuda(b), rm_g, rv_g, 0.1, 1e-5);
+          EXPECT_EQ(is_channels_last(o_g), nhwc) << what << ": the output keeps the input's layout";
+          const double t = tol_of(dt);
+          expect_parity(o_c, o_g, t, what + " train out");
+          expect_parity(m_c, m_g, t, what + " save_mean");
+          expect_parity(is_c, is_g, t, what + " save_invstd");
+          expect_parity(rm_c, rm_g, t, what + " running_mean");
+          expect_parity(rv_c, rv_g, t, what + " running_var");
+          // Training backward with the GPU's own statistics on both sides.
+          Tensor gy = host(xs, dt, g);
+          Tensor m_r = raw::to_dtype(m_g.cpu(), ref_dtype(dt)), is_r = raw::to_dtype(is_g.cpu(), ref_dtype(dt));
+          auto [dx_c, dw_c, db_c] = k::batch_norm_backward(ref(gy), ref(x), ref(w), m_r, is_r, true);
+          auto [dx_g, dw_g, db_g] = k::batch_norm_backward(on_device(gy, nhwc), x_g, to_cuda(w), m_g, is_g, true);
+          EXPECT_EQ(is_channels_last(dx_g), nhwc) << what << ": grad_x keeps the input's layout";
+          expect_parity(dx_c, dx_g, t, what + " train grad_x");
+          expect_parity(dw_c, dw_g, t, what + " grad_weight");
+          expect_parity(db_c, db_g, t, what + " grad_bias");
+          // Eval: running statistics as constants.
+          Tensor e_g = k::batch_norm_forward_eval(x_g, to_cuda(w), to_cuda(b), to_cuda(rm), to_cuda(rv), 1e-5);
+          EXPECT_EQ(is_channels_last(e_g), nhwc) << what;
+          expect_parity(k::batch_norm_forward_eval(ref(x), ref(w), ref(b), ref(rm), ref(rv), 1e-5), e_g, t,
+                        what + " eval out");
+          Tensor inv = raw::to_dtype(k::unary(k::Unary::Rsqrt, k::add_scalar(ref(rv), 1e-5)), dt);
+          auto [ex_c, ew_c, eb_c] = k::batch_norm_backward(ref(gy), ref(x), ref(w), ref(rm), ref(inv), false);
+          auto [ex_g, ew_g, eb_g] =
+              k::batch_norm_backward(on_device(gy, nhwc), x_g, to_cuda(w), to_cuda(rm), to_cuda(inv), false);
+          expect_parity(ex_c, ex_g, t, what + " eval grad_x");
+          expect_parity(ew_c, ew_g, t, what + " eval grad_weight");
+        }
       }
 }
 
@@ -335,7 +400,9 @@ TEST_F(NnParity, AutogradOpsRunOnCudaTensors) {
     std::vector<Tensor> leaves;
     Tensor rm, rv;
   };
-  auto run = [&](Device dev) {
+  // channels_last: x goes NHWC first (a differentiable layout change), and every activation
+  // after it must stay NHWC: the conv, batch norm, relu and pooling outputs.
+  auto run = [&](Device dev, bool channels_last = false) {
     Run r;
     for (const Tensor& t : {x, w1, gamma, beta, w2, b2, lw, lb}) {
       Tensor l = raw::to_device(t, dev);
@@ -345,11 +412,16 @@ TEST_F(NnParity, AutogradOpsRunOnCudaTensors) {
     r.rm = zeros({8}, {DType::f32, dev});
     r.rv = ones({8}, {DType::f32, dev});
     const auto& L = r.leaves;
-    Tensor h = conv2d(L[0], L[1], Tensor(), 1, 1);
-    h = batch_norm(h, r.rm, r.rv, L[2], L[3], /*training=*/true);
-    h = max_pool2d(relu(h), 3, 2, 1);
-    h = conv2d(h, L[4], L[5], 1, 1, 1, /*groups=*/8);
-    h = avg_pool2d(h, 2, std::nullopt, 0, /*ceil_mode=*/true);
+    auto keeps = [&](const Tensor& t, const char* what) {
+      if (channels_last) EXPECT_TRUE(is_channels_last(t)) << what << " left channels-last: " << shape_str(t.strides());
+      return t;
+    };
+    Tensor h = conv2d(channels_last ? L[0].contiguous(MemoryFormat::ChannelsLast) : L[0], L[1], Tensor(), 1, 1);
+    keeps(h, "conv2d");
+    h = keeps(batch_norm(h, r.rm, r.rv, L[2], L[3], /*training=*/true), "batch_norm");
+    h = keeps(max_pool2d(keeps(relu(h), "relu"), 3, 2, 1), "max_pool2d");
+    h = keeps(conv2d(h, L[4], L[5], 1, 1, 1, /*groups=*/8), "depthwise conv2d");
+    h = keeps(avg_pool2d(h, 2, std::nullopt, 0, /*ceil_mode=*/true), "avg_pool2d");
     h = adaptive_avg_pool2d(h, Int2(2, 2));
     h = layer_norm(h.reshape({3, 32}), {32}, L[6], L[7]);
     r.loss = sum(mul(h, h));
@@ -365,6 +437,47 @@ TEST_F(NnParity, AutogradOpsRunOnCudaTensors) {
   }
   expect_parity(c.rm, gpu.rm, 1e-4, "autograd CNN running_mean");
   expect_parity(c.rv, gpu.rv, 1e-4, "autograd CNN running_var");
+  // The same network channels-last: NHWC kernels throughout, the same loss and gradients
+  // (and x's gradient NCHW again, through the layout change's backward).
+  Run nhwc = run(Device::cuda(0), /*channels_last=*/true);
+  expect_parity(c.loss, nhwc.loss, 1e-4, "channels-last CNN loss");
+  for (size_t i = 0; i < c.leaves.size(); ++i) {
+    ASSERT_TRUE(nhwc.leaves[i].grad().defined()) << names[i];
+    expect_parity(c.leaves[i].grad(), nhwc.leaves[i].grad(), 1e-3, std::string("channels-last CNN grad ") + names[i]);
+  }
+  expect_parity(c.rm, nhwc.rm, 1e-4, "channels-last CNN running_mean");
+  expect_parity(c.rv, nhwc.rv, 1e-4, "channels-last CNN running_var");
+}
+
+// ResNet-18 with set_memory_format(ChannelsLast) and an NHWC input against the same weights
+// NCHW, both on CUDA in f32 (TF32 off): the logits' loss and every parameter gradient agree to
+// the tolerance the CNN above uses (the two layouts run different cuDNN algorithms, whose f32
+// sums round differently over ~5e2-term dot products and 18 layers).
+TEST_F(NnParity, ResNetChannelsLastMatchesNchw) {
+  auto grads = [&](bool channels_last, Tensor* loss) {
+    manual_seed(7);
+    auto model = nn::resnet18(10, TensorOptions(DType::f32, Device::cuda(0)));
+    model->train();
+    if (channels_last) model->set_memory_format(MemoryFormat::ChannelsLast);
+    Generator gx(99);
+    Tensor x = to_cuda(host({4, 3, 40, 36}, DType::f32, gx));
+    if (channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+    Tensor y = from_vector(std::vector<int64_t>{1, 7, 3, 9}, {4}).to(Device::cuda(0));
+    *loss = cross_entropy((*model)(x), y);
+    loss->backward();
+    std::vector<Tensor> g;
+    for (const Tensor& p : model->parameters()) g.push_back(p.grad());
+    return g;
+  };
+  Tensor l0, l1;
+  std::vector<Tensor> g0 = grads(false, &l0), g1 = grads(true, &l1);
+  expect_parity(l0.cpu(), l1, 1e-4, "resnet18 loss");
+  ASSERT_EQ(g0.size(), g1.size());
+  for (size_t i = 0; i < g0.size(); ++i) {
+    ASSERT_TRUE(g1[i].defined()) << "parameter " << i;
+    EXPECT_TRUE(g1[i].is_contiguous()) << "parameter " << i << ": gradients keep the parameters' NCHW layout";
+    expect_parity(g0[i].cpu(), g1[i], 1e-3, "resnet18 grad of parameter " + std::to_string(i));
+  }
 }
 
 }  // namespace
