@@ -81,29 +81,27 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
-  // Autocast: a half-precision activation keeps its dtype on CUDA (the kernel accumulates the
-  // statistics in f32; casting it up would store f32 activations); the CPU kernel is f32-only.
+  // Autocast: a half-precision activation keeps its dtype on CUDA, and the CUDA kernels take
+  // its f32 weight, bias and running statistics as they are (statistics accumulate in f32;
+  // the saved statistics and the parameters' gradients come out f32): no casts, as PyTorch's
+  // cuDNN batch norm. The CPU kernel is f32-only: there the input is widened.
   const bool autocast_half =
       x.defined() && is_autocast_enabled(x.device().type) && (x.dtype() == DType::f16 || x.dtype() == DType::bf16);
   if (autocast_half && !x.is_cuda())
     return batch_norm(autocast::widen(x), running_mean, running_var, weight, bias, training, momentum, eps);
-  if (autocast_half &&
-      ((weight.defined() && weight.dtype() != x.dtype()) || (bias.defined() && bias.dtype() != x.dtype())))
-    return batch_norm(x, running_mean, running_var, autocast::cached_cast(weight, x.dtype()),
-                      autocast::cached_cast(bias, x.dtype()), training, momentum, eps);
-  if (autocast_half && !training && running_mean.defined() && running_mean.dtype() != x.dtype())
-    return batch_norm(x, kernels::cast(running_mean, x.dtype()), kernels::cast(running_var, x.dtype()), weight, bias,
-                      false, momentum, eps);
-  // Training under autocast: f32 running statistics, updated from the kernel's batch statistics.
-  const bool wide_stats = autocast_half && running_mean.defined() && running_mean.dtype() != x.dtype();
+  // Half-precision parameters beside f32 running statistics: the parameters go f32 (the
+  // kernels take one per-channel dtype).
+  auto is_half = [&](const Tensor& t) { return t.defined() && t.dtype() == x.dtype(); };
+  if (autocast_half && running_mean.defined() && running_mean.dtype() == DType::f32 &&
+      (is_half(weight) || is_half(bias)))
+    return batch_norm(x, running_mean, running_var, autocast::cached_cast(weight, DType::f32),
+                      autocast::cached_cast(bias, DType::f32), training, momentum, eps);
   const bool grad = any_requires_grad({x, weight, bias});
   const bool need_x = needs_grad(x), need_w = needs_grad(weight), need_b = needs_grad(bias);
   if (training) {
     Tensor rm = running_mean.defined() ? running_mean.detach() : running_mean;
     Tensor rv = running_var.defined() ? running_var.detach() : running_var;
-    auto [out, mean, invstd] = kernels::batch_norm_forward_training(x, weight, bias, wide_stats ? Tensor() : rm,
-                                                                    wide_stats ? Tensor() : rv, momentum, eps);
-    if (wide_stats) autocast::update_running_stats(rm, rv, mean, invstd, x.numel() / x.size(1), momentum, eps);
+    auto [out, mean, invstd] = kernels::batch_norm_forward_training(x, weight, bias, rm, rv, momentum, eps);
     if (grad)
       // mean/invstd are this op's own tensors: captured plainly, no version check needed.
       record("batch_norm", {x, weight, bias}, out,

@@ -188,9 +188,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_backward(const Tensor&
 
 namespace {
 
-// x [N, C, *] floating f32/f64; every defined per-channel tensor [C] of x's dtype.
+// x [N, C, *] floating (f32/f64 on the CPU); every defined per-channel tensor [C], all of one
+// dtype: x's, or on CUDA with an f16/bf16 input f32 (autocast's f32 parameters and running
+// statistics, read and written as they are). Returns C; *pd = the per-channel dtype.
 int64_t check_batch_norm(const char* op, const Tensor& x,
-                         std::initializer_list<std::pair<const Tensor*, const char*>> cs) {
+                         std::initializer_list<std::pair<const Tensor*, const char*>> cs, DType* pd = nullptr) {
   check_defined(op, x, "input");
   check_floating(op, x, "input");
   MG_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::f64 || x.is_cuda(), DTypeError, op,
@@ -198,12 +200,21 @@ int64_t check_batch_norm(const char* op, const Tensor& x,
   MG_CHECK(x.dim() >= 2, ShapeError, op, ": expected an input of shape [N, C, *] (at least 2-D), got ",
            shape_str(x.sizes()));
   const int64_t C = x.size(1);
+  const bool half = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
+  const Tensor* first = nullptr;
+  const char* first_what = "";
   for (auto& [t, what] : cs) {
     if (!t->defined()) continue;
-    check_same_dtype(op, *t, what, x);
+    if (!first) first = t, first_what = what;
+    MG_CHECK(t->dtype() == first->dtype(), DTypeError, op, ": ", what, " dtype ", t->dtype(), " differs from ",
+             first_what, "'s ", first->dtype(), " (the per-channel tensors share one dtype)");
     MG_CHECK(t->dim() == 1 && t->size(0) == C, ShapeError, op, ": ", what, " shape ", shape_str(t->sizes()),
              " should be [", C, "] (the input ", shape_str(x.sizes()), " has ", C, " channels)");
   }
+  const DType d = first ? first->dtype() : x.dtype();
+  MG_CHECK(d == x.dtype() || (half && x.is_cuda() && d == DType::f32), DTypeError, op, ": ", first_what, " dtype ", d,
+           " differs from the input's ", x.dtype(), " (an f16/bf16 input on CUDA also takes f32 ones)");
+  if (pd) *pd = d;
   return C;
 }
 
@@ -219,8 +230,10 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, 
                                                                const Tensor& running_var, double momentum, double eps) {
   const char* op = "batch_norm";
   const Device dev = common_device(op, {&x, &weight, &bias, &running_mean, &running_var});
+  DType pd;
   const int64_t C = check_batch_norm(
-      op, x, {{&weight, "weight"}, {&bias, "bias"}, {&running_mean, "running_mean"}, {&running_var, "running_var"}});
+      op, x, {{&weight, "weight"}, {&bias, "bias"}, {&running_mean, "running_mean"}, {&running_var, "running_var"}},
+      &pd);
   MG_CHECK(running_mean.defined() == running_var.defined(), ValueError, op,
            ": running_mean and running_var must be both given or both undefined");
   MG_CHECK(std::isfinite(momentum) && eps >= 0 && std::isfinite(eps), ValueError, op,
@@ -229,12 +242,12 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, 
            ": expected more than 1 value per channel when training, got input of shape ", shape_str(x.sizes()));
   const MemoryFormat fmt = bn_format(x, dev);
   Tensor out = empty(x.sizes(), {x.dtype(), dev}, fmt);
-  Tensor mean = empty({C}, {x.dtype(), dev}), invstd = empty({C}, {x.dtype(), dev});
+  Tensor mean = empty({C}, {pd, dev}), invstd = empty({C}, {pd, dev});
   // Running statistics are written in place; a strided one goes through a contiguous copy.
-  Tensor rm = prep(running_mean, x.dtype()), rv = prep(running_var, x.dtype());
+  Tensor rm = prep(running_mean, pd), rv = prep(running_var, pd);
   backend(dev, "batch_norm_forward_training")
-      .batch_norm_forward_training(prep(x, x.dtype(), fmt), prep(weight, x.dtype()), prep(bias, x.dtype()), rm, rv,
-                                   momentum, eps, out, mean, invstd);
+      .batch_norm_forward_training(prep(x, x.dtype(), fmt), prep(weight, pd), prep(bias, pd), rm, rv, momentum, eps,
+                                   out, mean, invstd);
   if (running_mean.defined()) {
     if (!rm.is_same(running_mean)) raw::copy_(running_mean, rm);
     if (!rv.is_same(running_var)) raw::copy_(running_var, rv);
@@ -248,16 +261,18 @@ Tensor batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tens
                                const Tensor& running_var, double eps) {
   const char* op = "batch_norm";
   const Device dev = common_device(op, {&x, &weight, &bias, &running_mean, &running_var});
+  DType pd;
   check_batch_norm(
-      op, x, {{&weight, "weight"}, {&bias, "bias"}, {&running_mean, "running_mean"}, {&running_var, "running_var"}});
+      op, x, {{&weight, "weight"}, {&bias, "bias"}, {&running_mean, "running_mean"}, {&running_var, "running_var"}},
+      &pd);
   MG_CHECK(running_mean.defined() && running_var.defined(), ValueError, op,
            ": running_mean and running_var are required when not training (eval mode)");
   MG_CHECK(eps >= 0 && std::isfinite(eps), ValueError, op, ": eps must be non-negative, got ", eps);
   const MemoryFormat fmt = bn_format(x, dev);
   Tensor out = empty(x.sizes(), {x.dtype(), dev}, fmt);
   backend(dev, "batch_norm_forward_eval")
-      .batch_norm_forward_eval(prep(x, x.dtype(), fmt), prep(weight, x.dtype()), prep(bias, x.dtype()),
-                               prep(running_mean, x.dtype()), prep(running_var, x.dtype()), eps, out);
+      .batch_norm_forward_eval(prep(x, x.dtype(), fmt), prep(weight, pd), prep(bias, pd), prep(running_mean, pd),
+                               prep(running_var, pd), eps, out);
   return out;
 }
 
@@ -268,15 +283,16 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, c
   check_defined(op, mean, "mean");
   check_defined(op, invstd, "invstd");
   const Device dev = common_device(op, {&grad_out, &x, &weight, &mean, &invstd});
-  const int64_t C = check_batch_norm(op, x, {{&weight, "weight"}, {&mean, "mean"}, {&invstd, "invstd"}});
+  DType pd;
+  const int64_t C = check_batch_norm(op, x, {{&weight, "weight"}, {&mean, "mean"}, {&invstd, "invstd"}}, &pd);
   MG_CHECK(grad_out.sizes() == x.sizes(), ShapeError, op, ": grad_output shape ", shape_str(grad_out.sizes()),
            " should be the input's ", shape_str(x.sizes()));
   const MemoryFormat fmt = bn_format(x, dev);
   Tensor gx = empty(x.sizes(), {x.dtype(), dev}, fmt);
-  Tensor gw = empty({C}, {x.dtype(), dev}), gb = empty({C}, {x.dtype(), dev});
+  Tensor gw = empty({C}, {pd, dev}), gb = empty({C}, {pd, dev});
   backend(dev, "batch_norm_backward")
-      .batch_norm_backward(prep(grad_out, x.dtype(), fmt), prep(x, x.dtype(), fmt), prep(weight, x.dtype()),
-                           prep(mean, x.dtype()), prep(invstd, x.dtype()), training, gx, gw, gb);
+      .batch_norm_backward(prep(grad_out, x.dtype(), fmt), prep(x, x.dtype(), fmt), prep(weight, pd), prep(mean, pd),
+                           prep(invstd, pd), training, gx, gw, gb);
   return {gx, gw, gb};
 }
 

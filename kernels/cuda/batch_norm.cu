@@ -39,9 +39,10 @@ NCS ncs(const Tensor& x) {
   return {x.size(0), x.size(1), S};
 }
 
-template <class T>
-__device__ __forceinline__ math_t<T> opt(const T* p, int64_t c, math_t<T> dflt) {
-  return p ? load_m(p[c]) : dflt;
+// A per-channel value (weight, bias) in the math type A, or dflt when the tensor is absent.
+template <class P, class A>
+__device__ __forceinline__ A opt(const P* p, int64_t c, A dflt) {
+  return p ? static_cast<A>(load_m(p[c])) : dflt;
 }
 
 // How channel c's values are walked: U = M / V vector units of V elements, P chunks of
@@ -130,9 +131,9 @@ __device__ __forceinline__ void write_stats(int64_t c, A mean, A var, A invstd, 
   }
 }
 
-template <class T, int V>
-__global__ void bn_normalize_kernel(const T* x, const T* wt, const T* b, T* rmean, T* rvar, T* out, T* smean,
-                                    T* sinvstd, Walk w, const math_t<T>* ws, double momentum, double eps) {
+template <class T, class W, int V>
+__global__ void bn_normalize_kernel(const T* x, const W* wt, const W* b, W* rmean, W* rvar, T* out, W* smean,
+                                    W* sinvstd, Walk w, const math_t<T>* ws, double momentum, double eps) {
   using A = math_t<T>;
   __shared__ A shm[32];
   const int64_t c = blockIdx.x;
@@ -155,23 +156,23 @@ __global__ void bn_normalize_kernel(const T* x, const T* wt, const T* b, T* rmea
   }
 }
 
-template <class T>
-__global__ void bn_eval_kernel(const T* x, const T* w, const T* b, const T* rmean, const T* rvar, T* out, NCS s,
+template <class T, class W>
+__global__ void bn_eval_kernel(const T* x, const W* w, const W* b, const W* rmean, const W* rvar, T* out, NCS s,
                                double eps, bool nhwc) {
   using A = math_t<T>;
   MG_GRID_STRIDE(i, s.N * s.C * s.S) {
     const int64_t c = nhwc ? i % s.C : (i / s.S) % s.C;
-    const A invstd = A(1) / m_sqrt(load_m(rvar[c]) + static_cast<A>(eps));
+    const A invstd = A(1) / m_sqrt(static_cast<A>(load_m(rvar[c])) + static_cast<A>(eps));
     const A scale = opt(w, c, A(1)) * invstd;
-    out[i] = store_m<T>(load_m(x[i]) * scale + (opt(b, c, A(0)) - load_m(rmean[c]) * scale));
+    out[i] = store_m<T>(load_m(x[i]) * scale + (opt(b, c, A(0)) - static_cast<A>(load_m(rmean[c])) * scale));
   }
 }
 
 // training: dx = w*is * (g - mean(g) - (x - mu) * is^2 * mean(g * (x - mu)));
 // eval: the statistics are constants, dx = w*is * g.
 // Pass 1: per chunk, sum(g) and sum(g * (x - mu)) into ws[(c * P + p) * 2 + {0, 1}].
-template <class T, int V>
-__global__ void bn_bwd_sums_kernel(const T* g, const T* x, const T* mean, Walk w, math_t<T>* ws) {
+template <class T, class W, int V>
+__global__ void bn_bwd_sums_kernel(const T* g, const T* x, const W* mean, Walk w, math_t<T>* ws) {
   using A = math_t<T>;
   __shared__ A shm[32];
   const int64_t c = blockIdx.x;
@@ -194,9 +195,9 @@ __global__ void bn_bwd_sums_kernel(const T* g, const T* x, const T* mean, Walk w
 }
 
 // Pass 2: totals, then grad_weight/grad_bias (block (c, 0)) and grad_x for this chunk.
-template <class T, int V>
-__global__ void bn_bwd_dx_kernel(const T* g, const T* x, const T* wt, const T* mean, const T* invstd, T* dx, T* dw,
-                                 T* db, Walk w, const math_t<T>* ws, bool training) {
+template <class T, class W, int V>
+__global__ void bn_bwd_dx_kernel(const T* g, const T* x, const W* wt, const W* mean, const W* invstd, T* dx, W* dw,
+                                 W* db, Walk w, const math_t<T>* ws, bool training) {
   using A = math_t<T>;
   __shared__ A shm[32];
   const int64_t c = blockIdx.x;
@@ -207,8 +208,8 @@ __global__ void bn_bwd_dx_kernel(const T* g, const T* x, const T* wt, const T* m
   sgd = block_sum(sgd, shm);
   const A mu = load_m(mean[c]), is = load_m(invstd[c]);
   if (p == 0 && threadIdx.x == 0) {
-    if (dw) dw[c] = store_m<T>(sgd * is);
-    if (db) db[c] = store_m<T>(sg);
+    if (dw) dw[c] = store_m<W>(sgd * is);
+    if (db) db[c] = store_m<W>(sg);
   }
   if (!dx) return;
   const A M = static_cast<A>(w.U * V);
@@ -382,9 +383,9 @@ __global__ void bn_nhwc_stats_kernel(const T* x, RowsTile t, math_t<T>* ws) {
 // A block per channel: the chunks' (mean, M2) merged (count-weighted mean, then
 // M2 = sum(M2_p + n_p * (mean_p - mean)^2)); writes the saved and running statistics and
 // coef[2c], coef[2c + 1] = the scale and shift of the normalization.
-template <class T>
-__global__ void bn_nhwc_finalize_kernel(const math_t<T>* ws, RowsTile t, const T* wt, const T* b, T* rmean, T* rvar,
-                                        T* smean, T* sinvstd, math_t<T>* coef, double momentum, double eps) {
+template <class T, class W>
+__global__ void bn_nhwc_finalize_kernel(const math_t<T>* ws, RowsTile t, const W* wt, const W* b, W* rmean, W* rvar,
+                                        W* smean, W* sinvstd, math_t<T>* coef, double momentum, double eps) {
   using A = math_t<T>;
   __shared__ A shm[32];
   const int64_t c = blockIdx.x;
@@ -447,8 +448,8 @@ dim3 apply_grid(const RowsTile& t) {
 }
 
 // Backward partials: sum(g) and sum(g * (x - mean)) of chunk p, channel c into ws.
-template <class T, int V>
-__global__ void bn_nhwc_bwd_sums_kernel(const T* g, const T* x, const T* mean, RowsTile t, math_t<T>* ws) {
+template <class T, class W, int V>
+__global__ void bn_nhwc_bwd_sums_kernel(const T* g, const T* x, const W* mean, RowsTile t, math_t<T>* ws) {
   using A = math_t<T>;
   __shared__ A sh_g[kNormBlock * V], sh_gd[kNormBlock * V];
   const int64_t cv = blockIdx.x * static_cast<int64_t>(t.tx) + threadIdx.x;
@@ -478,9 +479,9 @@ __global__ void bn_nhwc_bwd_sums_kernel(const T* g, const T* x, const T* mean, R
 
 // A block per channel: totals, grad_weight / grad_bias, and dx's coefficients (see
 // bn_bwd_dx_kernel's formula): dx = a*g - a*k2*x + a*(mu*k2 - mean(g)).
-template <class T>
-__global__ void bn_nhwc_bwd_finalize_kernel(const math_t<T>* ws, RowsTile t, const T* wt, const T* mean,
-                                            const T* invstd, T* dw, T* db, math_t<T>* coef, bool training) {
+template <class T, class W>
+__global__ void bn_nhwc_bwd_finalize_kernel(const math_t<T>* ws, RowsTile t, const W* wt, const W* mean,
+                                            const W* invstd, W* dw, W* db, math_t<T>* coef, bool training) {
   using A = math_t<T>;
   __shared__ A shm[32];
   const int64_t c = blockIdx.x;
@@ -490,8 +491,8 @@ __global__ void bn_nhwc_bwd_finalize_kernel(const math_t<T>* ws, RowsTile t, con
   sgd = block_sum(sgd, shm);
   if (threadIdx.x != 0) return;
   const A mu = load_m(mean[c]), is = load_m(invstd[c]), M = static_cast<A>(t.M);
-  if (dw) dw[c] = store_m<T>(sgd * is);
-  if (db) db[c] = store_m<T>(sg);
+  if (dw) dw[c] = store_m<W>(sgd * is);
+  if (db) db[c] = store_m<W>(sg);
   const A a = opt(wt, c, A(1)) * is;
   const A mg = training ? sg / M : A(0);
   const A k2 = training ? is * is * sgd / M : A(0);
@@ -526,6 +527,17 @@ void nhwc_pass(int64_t M, int64_t C, std::initializer_list<const void*> ptrs, co
   });
 }
 
+// The per-channel tensors' element type W: T's, or float for a half-precision input whose
+// weight, bias, running and saved statistics are f32 (autocast keeps them f32, as PyTorch's
+// cuDNN batch norm does: no casts of the parameters, f32 gradients for them).
+template <class T, class F>
+void with_param_type(DType pd, F&& f) {
+  if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+    if (pd == DType::f32) return f(float{});
+  }
+  f(T{});
+}
+
 // The channels-last training forward: stats, finalize, apply.
 void batch_norm_nhwc_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                              const Tensor& running_var, double momentum, double eps, const Tensor& out,
@@ -534,18 +546,22 @@ void batch_norm_nhwc_forward(const Tensor& x, const Tensor& weight, const Tensor
   cudaStream_t st = stream_of(x);
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm", [&] {
     using T = scalar_t;
-    using A = math_t<T>;
-    nhwc_pass<T, 2>(M, C, {x.raw_data(), out.raw_data()}, "batch_norm", x.device(),
-                    [&](auto vc, const RowsTile& t, A* ws, A* coef) {
-                      constexpr int V = decltype(vc)::value;
-                      bn_nhwc_stats_kernel<T, V><<<tile_grid(t), dim3(t.tx, t.ty), 0, st>>>(data_as<const T>(x), t, ws);
-                      bn_nhwc_finalize_kernel<T><<<static_cast<unsigned>(C), 128, 0, st>>>(
-                          ws, t, data_as<const T>(weight), data_as<const T>(bias), data_as<T>(running_mean),
-                          data_as<T>(running_var), data_as<T>(save_mean), data_as<T>(save_invstd), coef, momentum, eps);
-                      bn_nhwc_apply_kernel<T, V, 2><<<apply_grid(t), dim3(t.tx, t.ty), 0, st>>>(
-                          nullptr, data_as<const T>(x), coef, data_as<T>(out), t);
-                    });
-    MG_CUDA_CHECK_LAUNCH("batch_norm");
+    with_param_type<T>(save_mean.dtype(), [&](auto wtag) {
+      using W = decltype(wtag);
+      using A = math_t<T>;
+      nhwc_pass<T, 2>(
+          M, C, {x.raw_data(), out.raw_data()}, "batch_norm", x.device(),
+          [&](auto vc, const RowsTile& t, A* ws, A* coef) {
+            constexpr int V = decltype(vc)::value;
+            bn_nhwc_stats_kernel<T, V><<<tile_grid(t), dim3(t.tx, t.ty), 0, st>>>(data_as<const T>(x), t, ws);
+            bn_nhwc_finalize_kernel<T, W><<<static_cast<unsigned>(C), 128, 0, st>>>(
+                ws, t, data_as<const W>(weight), data_as<const W>(bias), data_as<W>(running_mean),
+                data_as<W>(running_var), data_as<W>(save_mean), data_as<W>(save_invstd), coef, momentum, eps);
+            bn_nhwc_apply_kernel<T, V, 2>
+                <<<apply_grid(t), dim3(t.tx, t.ty), 0, st>>>(nullptr, data_as<const T>(x), coef, data_as<T>(out), t);
+          });
+      MG_CUDA_CHECK_LAUNCH("batch_norm");
+    });
   });
 }
 
@@ -557,20 +573,23 @@ void batch_norm_nhwc_backward(const Tensor& grad_out, const Tensor& x, const Ten
   cudaStream_t st = stream_of(x);
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm_backward", [&] {
     using T = scalar_t;
-    using A = math_t<T>;
-    nhwc_pass<T, 3>(M, C, {grad_out.raw_data(), x.raw_data(), data_as<void>(grad_x)}, "batch_norm_backward", x.device(),
-                    [&](auto vc, const RowsTile& t, A* ws, A* coef) {
-                      constexpr int V = decltype(vc)::value;
-                      bn_nhwc_bwd_sums_kernel<T, V><<<tile_grid(t), dim3(t.tx, t.ty), 0, st>>>(
-                          data_as<const T>(grad_out), data_as<const T>(x), data_as<const T>(mean), t, ws);
-                      bn_nhwc_bwd_finalize_kernel<T><<<static_cast<unsigned>(C), 128, 0, st>>>(
-                          ws, t, data_as<const T>(weight), data_as<const T>(mean), data_as<const T>(invstd),
-                          data_as<T>(grad_weight), data_as<T>(grad_bias), coef, training);
-                      if (grad_x.defined())
-                        bn_nhwc_apply_kernel<T, V, 3><<<apply_grid(t), dim3(t.tx, t.ty), 0, st>>>(
-                            data_as<const T>(grad_out), data_as<const T>(x), coef, data_as<T>(grad_x), t);
-                    });
-    MG_CUDA_CHECK_LAUNCH("batch_norm_backward");
+    with_param_type<T>(mean.dtype(), [&](auto wtag) {
+      using W = decltype(wtag);
+      using A = math_t<T>;
+      nhwc_pass<T, 3>(M, C, {grad_out.raw_data(), x.raw_data(), data_as<void>(grad_x)}, "batch_norm_backward",
+                      x.device(), [&](auto vc, const RowsTile& t, A* ws, A* coef) {
+                        constexpr int V = decltype(vc)::value;
+                        bn_nhwc_bwd_sums_kernel<T, W, V><<<tile_grid(t), dim3(t.tx, t.ty), 0, st>>>(
+                            data_as<const T>(grad_out), data_as<const T>(x), data_as<const W>(mean), t, ws);
+                        bn_nhwc_bwd_finalize_kernel<T, W><<<static_cast<unsigned>(C), 128, 0, st>>>(
+                            ws, t, data_as<const W>(weight), data_as<const W>(mean), data_as<const W>(invstd),
+                            data_as<W>(grad_weight), data_as<W>(grad_bias), coef, training);
+                        if (grad_x.defined())
+                          bn_nhwc_apply_kernel<T, V, 3><<<apply_grid(t), dim3(t.tx, t.ty), 0, st>>>(
+                              data_as<const T>(grad_out), data_as<const T>(x), coef, data_as<T>(grad_x), t);
+                      });
+      MG_CUDA_CHECK_LAUNCH("batch_norm_backward");
+    });
   });
 }
 }  // namespace
@@ -588,17 +607,20 @@ void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& wei
                                    save_invstd);
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm", [&] {
     using T = scalar_t;
-    using A = math_t<T>;
-    two_pass<T>(s, {x.raw_data(), out.raw_data()}, "batch_norm", x.device(),
-                [&](auto vc, const Walk& w, dim3 grid, A* ws) {
-                  constexpr int V = decltype(vc)::value;
-                  bn_stats_kernel<T, V><<<grid, kNormBlock, 0, stream_of(x)>>>(data_as<const T>(x), w, ws);
-                  bn_normalize_kernel<T, V><<<grid, kNormBlock, 0, stream_of(x)>>>(
-                      data_as<const T>(x), data_as<const T>(weight), data_as<const T>(bias), data_as<T>(running_mean),
-                      data_as<T>(running_var), data_as<T>(out), data_as<T>(save_mean), data_as<T>(save_invstd), w, ws,
-                      momentum, eps);
-                });
-    MG_CUDA_CHECK_LAUNCH("batch_norm");
+    with_param_type<T>(save_mean.dtype(), [&](auto wtag) {
+      using W = decltype(wtag);
+      using A = math_t<T>;
+      two_pass<T>(s, {x.raw_data(), out.raw_data()}, "batch_norm", x.device(),
+                  [&](auto vc, const Walk& w, dim3 grid, A* ws) {
+                    constexpr int V = decltype(vc)::value;
+                    bn_stats_kernel<T, V><<<grid, kNormBlock, 0, stream_of(x)>>>(data_as<const T>(x), w, ws);
+                    bn_normalize_kernel<T, W, V><<<grid, kNormBlock, 0, stream_of(x)>>>(
+                        data_as<const T>(x), data_as<const W>(weight), data_as<const W>(bias), data_as<W>(running_mean),
+                        data_as<W>(running_var), data_as<T>(out), data_as<W>(save_mean), data_as<W>(save_invstd), w, ws,
+                        momentum, eps);
+                  });
+      MG_CUDA_CHECK_LAUNCH("batch_norm");
+    });
   });
 }
 
@@ -611,10 +633,13 @@ void CudaBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight,
   mg::cuda::DeviceGuard guard(x.device());
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm", [&] {
     using T = scalar_t;
-    bn_eval_kernel<T><<<blocks_for(x.numel()), kBlock, 0, stream_of(x)>>>(
-        data_as<const T>(x), data_as<const T>(weight), data_as<const T>(bias), data_as<const T>(running_mean),
-        data_as<const T>(running_var), data_as<T>(out), s, eps, is_channels_last(x));
-    MG_CUDA_CHECK_LAUNCH("batch_norm");
+    with_param_type<T>(running_mean.dtype(), [&](auto wtag) {
+      using W = decltype(wtag);
+      bn_eval_kernel<T, W><<<blocks_for(x.numel()), kBlock, 0, stream_of(x)>>>(
+          data_as<const T>(x), data_as<const W>(weight), data_as<const W>(bias), data_as<const W>(running_mean),
+          data_as<const W>(running_var), data_as<T>(out), s, eps, is_channels_last(x));
+      MG_CUDA_CHECK_LAUNCH("batch_norm");
+    });
   });
 }
 
@@ -629,18 +654,21 @@ void CudaBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x, c
     return batch_norm_nhwc_backward(grad_out, x, weight, mean, invstd, training, grad_x, grad_weight, grad_bias);
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm_backward", [&] {
     using T = scalar_t;
-    using A = math_t<T>;
-    two_pass<T>(s, {grad_out.raw_data(), x.raw_data(), data_as<void>(grad_x)}, "batch_norm_backward", x.device(),
-                [&](auto vc, const Walk& w, dim3 grid, A* ws) {
-                  constexpr int V = decltype(vc)::value;
-                  bn_bwd_sums_kernel<T, V><<<grid, kNormBlock, 0, stream_of(x)>>>(
-                      data_as<const T>(grad_out), data_as<const T>(x), data_as<const T>(mean), w, ws);
-                  bn_bwd_dx_kernel<T, V><<<grid, kNormBlock, 0, stream_of(x)>>>(
-                      data_as<const T>(grad_out), data_as<const T>(x), data_as<const T>(weight), data_as<const T>(mean),
-                      data_as<const T>(invstd), data_as<T>(grad_x), data_as<T>(grad_weight), data_as<T>(grad_bias), w,
-                      ws, training);
-                });
-    MG_CUDA_CHECK_LAUNCH("batch_norm_backward");
+    with_param_type<T>(mean.dtype(), [&](auto wtag) {
+      using W = decltype(wtag);
+      using A = math_t<T>;
+      two_pass<T>(s, {grad_out.raw_data(), x.raw_data(), data_as<void>(grad_x)}, "batch_norm_backward", x.device(),
+                  [&](auto vc, const Walk& w, dim3 grid, A* ws) {
+                    constexpr int V = decltype(vc)::value;
+                    bn_bwd_sums_kernel<T, W, V><<<grid, kNormBlock, 0, stream_of(x)>>>(
+                        data_as<const T>(grad_out), data_as<const T>(x), data_as<const W>(mean), w, ws);
+                    bn_bwd_dx_kernel<T, W, V><<<grid, kNormBlock, 0, stream_of(x)>>>(
+                        data_as<const T>(grad_out), data_as<const T>(x), data_as<const W>(weight),
+                        data_as<const W>(mean), data_as<const W>(invstd), data_as<T>(grad_x), data_as<W>(grad_weight),
+                        data_as<W>(grad_bias), w, ws, training);
+                  });
+      MG_CUDA_CHECK_LAUNCH("batch_norm_backward");
+    });
   });
 }
 

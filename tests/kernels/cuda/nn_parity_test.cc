@@ -282,51 +282,57 @@ TEST_F(NnParity, BatchNormTrainingEvalBackward) {
   // {2, 3, 33, 31} a channel count no vector width divides.
   const std::vector<Shape> shapes = {{4, 5, 7, 9},    {16, 7},        {3, 6, 11},      {2, 3, 33, 31},
                                      {16, 8, 32, 32}, {3, 5, 37, 41}, {8, 64, 56, 56}, {4, 520, 5, 3}};
+  // A half-precision input also runs with f32 weight, bias and statistics (autocast's
+  // parameters, taken as they are): pdt is the per-channel dtype.
   for (DType dt : kDtypes)
-    for (const Shape& xs : shapes)
-      for (bool nhwc : {false, true}) {
-        if (nhwc && xs.size() != 4) continue;
-        for (bool affine : {true, false}) {
-          const std::string what = "batch_norm " + shape_str(xs) + (affine ? " affine " : " plain ") + dstr(dt) +
-                                   (nhwc ? " channels_last" : "");
-          const int64_t C = xs[1];
-          Tensor x = host(xs, dt, g, -1, 3);  // mean far from 0
-          Tensor w = affine ? host({C}, dt, g, 0.5, 1.5) : Tensor(), b = affine ? host({C}, dt, g) : Tensor();
-          Tensor rm = host({C}, dt, g, -0.5, 0.5), rv = host({C}, dt, g, 0.5, 2);
-          Tensor x_g = on_device(x, nhwc);
-          // Training: out, batch statistics, running statistics updated in place.
-          Tensor rm_c = ref(rm), rv_c = ref(rv), rm_g = to_cuda(rm), rv_g = to_cuda(rv);
-          auto [o_c, m_c, is_c] = k::batch_norm_forward_training(ref(x), ref(w), ref(b), rm_c, rv_c, 0.1, 1e-5);
-          auto [o_g, m_g, is_g] = k::batch_norm_forward_training(x_g, to_cuda(w), to_cuda(b), rm_g, rv_g, 0.1, 1e-5);
-          EXPECT_EQ(is_channels_last(o_g), nhwc) << what << ": the output keeps the input's layout";
-          const double t = tol_of(dt);
-          expect_parity(o_c, o_g, t, what + " train out");
-          expect_parity(m_c, m_g, t, what + " save_mean");
-          expect_parity(is_c, is_g, t, what + " save_invstd");
-          expect_parity(rm_c, rm_g, t, what + " running_mean");
-          expect_parity(rv_c, rv_g, t, what + " running_var");
-          // Training backward with the GPU's own statistics on both sides.
-          Tensor gy = host(xs, dt, g);
-          Tensor m_r = raw::to_dtype(m_g.cpu(), ref_dtype(dt)), is_r = raw::to_dtype(is_g.cpu(), ref_dtype(dt));
-          auto [dx_c, dw_c, db_c] = k::batch_norm_backward(ref(gy), ref(x), ref(w), m_r, is_r, true);
-          auto [dx_g, dw_g, db_g] = k::batch_norm_backward(on_device(gy, nhwc), x_g, to_cuda(w), m_g, is_g, true);
-          EXPECT_EQ(is_channels_last(dx_g), nhwc) << what << ": grad_x keeps the input's layout";
-          expect_parity(dx_c, dx_g, t, what + " train grad_x");
-          expect_parity(dw_c, dw_g, t, what + " grad_weight");
-          expect_parity(db_c, db_g, t, what + " grad_bias");
-          // Eval: running statistics as constants.
-          Tensor e_g = k::batch_norm_forward_eval(x_g, to_cuda(w), to_cuda(b), to_cuda(rm), to_cuda(rv), 1e-5);
-          EXPECT_EQ(is_channels_last(e_g), nhwc) << what;
-          expect_parity(k::batch_norm_forward_eval(ref(x), ref(w), ref(b), ref(rm), ref(rv), 1e-5), e_g, t,
-                        what + " eval out");
-          Tensor inv = raw::to_dtype(k::unary(k::Unary::Rsqrt, k::add_scalar(ref(rv), 1e-5)), dt);
-          auto [ex_c, ew_c, eb_c] = k::batch_norm_backward(ref(gy), ref(x), ref(w), ref(rm), ref(inv), false);
-          auto [ex_g, ew_g, eb_g] =
-              k::batch_norm_backward(on_device(gy, nhwc), x_g, to_cuda(w), to_cuda(rm), to_cuda(inv), false);
-          expect_parity(ex_c, ex_g, t, what + " eval grad_x");
-          expect_parity(ew_c, ew_g, t, what + " eval grad_weight");
+    for (DType pdt : {dt, DType::f32})
+      for (const Shape& xs : shapes)
+        for (bool nhwc : {false, true}) {
+          if ((nhwc && xs.size() != 4) || (pdt != dt && dt != DType::f16 && dt != DType::bf16)) continue;
+          for (bool affine : {true, false}) {
+            const std::string what = "batch_norm " + shape_str(xs) + (affine ? " affine " : " plain ") + dstr(dt) +
+                                     (nhwc ? " channels_last" : "") + (pdt != dt ? " f32 parameters" : "");
+            const int64_t C = xs[1];
+            Tensor x = host(xs, dt, g, -1, 3);  // mean far from 0
+            // Per-channel values rounded to dt, then held in pdt.
+            auto per_channel = [&](double lo, double hi) { return raw::to_dtype(host({C}, dt, g, lo, hi), pdt); };
+            Tensor w = affine ? per_channel(0.5, 1.5) : Tensor(), b = affine ? per_channel(-2, 2) : Tensor();
+            Tensor rm = per_channel(-0.5, 0.5), rv = per_channel(0.5, 2);
+            Tensor x_g = on_device(x, nhwc);
+            // Training: out, batch statistics, running statistics updated in place.
+            Tensor rm_c = ref(rm), rv_c = ref(rv), rm_g = to_cuda(rm), rv_g = to_cuda(rv);
+            auto [o_c, m_c, is_c] = k::batch_norm_forward_training(ref(x), ref(w), ref(b), rm_c, rv_c, 0.1, 1e-5);
+            auto [o_g, m_g, is_g] = k::batch_norm_forward_training(x_g, to_cuda(w), to_cuda(b), rm_g, rv_g, 0.1, 1e-5);
+            EXPECT_EQ(is_channels_last(o_g), nhwc) << what << ": the output keeps the input's layout";
+            const double t = tol_of(dt);
+            expect_parity(o_c, o_g, t, what + " train out");
+            expect_parity(m_c, m_g, t, what + " save_mean");
+            expect_parity(is_c, is_g, t, what + " save_invstd");
+            expect_parity(rm_c, rm_g, t, what + " running_mean");
+            expect_parity(rv_c, rv_g, t, what + " running_var");
+            // Training backward with the GPU's own statistics on both sides.
+            Tensor gy = host(xs, dt, g);
+            EXPECT_EQ(m_g.dtype(), pdt) << what;
+            Tensor m_r = raw::to_dtype(m_g.cpu(), ref_dtype(dt)), is_r = raw::to_dtype(is_g.cpu(), ref_dtype(dt));
+            auto [dx_c, dw_c, db_c] = k::batch_norm_backward(ref(gy), ref(x), ref(w), m_r, is_r, true);
+            auto [dx_g, dw_g, db_g] = k::batch_norm_backward(on_device(gy, nhwc), x_g, to_cuda(w), m_g, is_g, true);
+            EXPECT_EQ(is_channels_last(dx_g), nhwc) << what << ": grad_x keeps the input's layout";
+            expect_parity(dx_c, dx_g, t, what + " train grad_x");
+            expect_parity(dw_c, dw_g, t, what + " grad_weight");
+            expect_parity(db_c, db_g, t, what + " grad_bias");
+            // Eval: running statistics as constants.
+            Tensor e_g = k::batch_norm_forward_eval(x_g, to_cuda(w), to_cuda(b), to_cuda(rm), to_cuda(rv), 1e-5);
+            EXPECT_EQ(is_channels_last(e_g), nhwc) << what;
+            expect_parity(k::batch_norm_forward_eval(ref(x), ref(w), ref(b), ref(rm), ref(rv), 1e-5), e_g, t,
+                          what + " eval out");
+            Tensor inv = raw::to_dtype(k::unary(k::Unary::Rsqrt, k::add_scalar(ref(rv), 1e-5)), pdt);
+            auto [ex_c, ew_c, eb_c] = k::batch_norm_backward(ref(gy), ref(x), ref(w), ref(rm), ref(inv), false);
+            auto [ex_g, ew_g, eb_g] =
+                k::batch_norm_backward(on_device(gy, nhwc), x_g, to_cuda(w), to_cuda(rm), to_cuda(inv), false);
+            expect_parity(ex_c, ex_g, t, what + " eval grad_x");
+            expect_parity(ew_c, ew_g, t, what + " eval grad_weight");
+          }
         }
-      }
 }
 
 // ---------------------------------------------------------------- layer norm
