@@ -36,5 +36,12 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size);
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight = Tensor(), const Tensor& bias = Tensor(), bool training = false,
                   double momentum = 0.1, double eps = 1e-5);
+// relu(batch_norm(...)) as one op: on CUDA with a channels-last input the ReLU runs inside the
+// normalization pass and its gradient inside batch norm's backward passes (two fewer passes
+// over the activation each way); elsewhere it runs as its own pass. Saves the output (the
+// next layer's input, kept anyway) for the ReLU's gradient.
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight = Tensor(), const Tensor& bias = Tensor(), bool training = false,
+                       double momentum = 0.1, double eps = 1e-5);
 
 }  // namespace mg

@@ -79,8 +79,13 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual
 
 // ---------------- batch norm ----------------
 
-Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                  const Tensor& bias, bool training, double momentum, double eps) {
+namespace {
+
+// batch_norm, and with relu the ReLU after it: fused into the kernels' passes where the
+// backend can (channels-last on CUDA; kernels::batch_norm_forward_training), its backward
+// masking the gradient with the saved output.
+Tensor batch_norm_impl(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                       const Tensor& bias, bool training, double momentum, double eps, bool relu) {
   // Autocast: a half-precision activation keeps its dtype on CUDA, and the CUDA kernels take
   // its f32 weight, bias and running statistics as they are (statistics accumulate in f32;
   // the saved statistics and the parameters' gradients come out f32): no casts, as PyTorch's
@@ -88,30 +93,34 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   const bool autocast_half =
       x.defined() && is_autocast_enabled(x.device().type) && (x.dtype() == DType::f16 || x.dtype() == DType::bf16);
   if (autocast_half && !x.is_cuda())
-    return batch_norm(autocast::widen(x), running_mean, running_var, weight, bias, training, momentum, eps);
+    return batch_norm_impl(autocast::widen(x), running_mean, running_var, weight, bias, training, momentum, eps, relu);
   // Half-precision parameters beside f32 running statistics: the parameters go f32 (the
   // kernels take one per-channel dtype).
   auto is_half = [&](const Tensor& t) { return t.defined() && t.dtype() == x.dtype(); };
   if (autocast_half && running_mean.defined() && running_mean.dtype() == DType::f32 &&
       (is_half(weight) || is_half(bias)))
-    return batch_norm(x, running_mean, running_var, autocast::cached_cast(weight, DType::f32),
-                      autocast::cached_cast(bias, DType::f32), training, momentum, eps);
+    return batch_norm_impl(x, running_mean, running_var, autocast::cached_cast(weight, DType::f32),
+                           autocast::cached_cast(bias, DType::f32), training, momentum, eps, relu);
   const bool grad = any_requires_grad({x, weight, bias});
   const bool need_x = needs_grad(x), need_w = needs_grad(weight), need_b = needs_grad(bias);
   if (training) {
     Tensor rm = running_mean.defined() ? running_mean.detach() : running_mean;
     Tensor rv = running_var.defined() ? running_var.detach() : running_var;
-    auto [out, mean, invstd] = kernels::batch_norm_forward_training(x, weight, bias, rm, rv, momentum, eps);
+    auto [out, mean, invstd] = kernels::batch_norm_forward_training(x, weight, bias, rm, rv, momentum, eps, relu);
     if (grad)
       // mean/invstd are this op's own tensors: captured plainly, no version check needed.
-      record("batch_norm", {x, weight, bias}, out,
+      // With relu the output is saved too: its sign is the ReLU's gradient.
+      record(relu ? "batch_norm_relu" : "batch_norm", {x, weight, bias}, out,
              [need_x, need_w, need_b, sx = SavedTensor(x, "batch_norm"), sw = SavedTensor(weight, "batch_norm"),
-              mean = mean, invstd = invstd](const Grads& g) {
-               auto [gx, gw, gb] = kernels::batch_norm_backward(g[0], sx.unpack(), sw.unpack(), mean, invstd, true);
+              sy = relu ? SavedTensor(out, "batch_norm_relu") : SavedTensor(), mean = mean,
+              invstd = invstd](const Grads& g) {
+               auto [gx, gw, gb] =
+                   kernels::batch_norm_backward(g[0], sx.unpack(), sw.unpack(), mean, invstd, true, sy.unpack());
                return Grads{need_x ? gx : Tensor(), need_w ? gw : Tensor(), need_b ? gb : Tensor()};
              });
     return out;
   }
+  if (relu) return mg::relu(batch_norm_impl(x, running_mean, running_var, weight, bias, false, momentum, eps, false));
   Tensor out = kernels::batch_norm_forward_eval(x, weight, bias, running_mean, running_var, eps);
   if (grad)
     // Eval mode: the running statistics are constants of the function; saved with a version
@@ -125,6 +134,18 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
           return Grads{need_x ? gx : Tensor(), need_w ? gw : Tensor(), need_b ? gb : Tensor()};
         });
   return out;
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum, double eps) {
+  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, /*relu=*/false);
+}
+
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                       const Tensor& bias, bool training, double momentum, double eps) {
+  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, /*relu=*/true);
 }
 
 }  // namespace mg

@@ -110,7 +110,8 @@ class Backend {
                                              const Tensor& grad_x, const Tensor& grad_x_low, const Tensor& grad_weight,
                                              const Tensor& grad_bias) = 0;
 
-  // ---- batch norm (batch_norm.*); x [N, C, *] contiguous, per-channel tensors [C] of x's dtype ----
+  // ---- batch norm (batch_norm.*); x [N, C, *] contiguous (on CUDA also channels-last),
+  // per-channel tensors [C] of x's dtype (on CUDA f32 for an f16/bf16 x as well) ----
   virtual void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                            const Tensor& running_mean, const Tensor& running_var, double momentum,
                                            double eps, const Tensor& out, const Tensor& save_mean,
@@ -121,6 +122,17 @@ class Backend {
   virtual void batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                    const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight,
                                    const Tensor& grad_bias) = 0;
+  // Batch norm with the ReLU after it in the same passes, where the backend fuses them for
+  // this input: the training forward writes max(0, normalized); the backward first masks
+  // grad_out with relu_out > 0 (relu_out: that forward's output). False, having done nothing,
+  // where it does not (the CPU; NCHW on CUDA): the caller runs the plain kernels and the ReLU.
+  virtual bool batch_norm_relu_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                                const Tensor& running_mean, const Tensor& running_var, double momentum,
+                                                double eps, const Tensor& out, const Tensor& save_mean,
+                                                const Tensor& save_invstd) = 0;
+  virtual bool batch_norm_relu_backward(const Tensor& grad_out, const Tensor& relu_out, const Tensor& x,
+                                        const Tensor& weight, const Tensor& mean, const Tensor& invstd,
+                                        const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) = 0;
   // f32 running statistics [C] += one batch's mean/invstd (any float dtype) with the unbiasing factor.
   virtual void batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
                                        const Tensor& invstd, double unbias, double momentum, double eps) = 0;

@@ -227,7 +227,8 @@ MemoryFormat bn_format(const Tensor& x, Device dev) { return device_format(sugge
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, const Tensor& weight,
                                                                const Tensor& bias, const Tensor& running_mean,
-                                                               const Tensor& running_var, double momentum, double eps) {
+                                                               const Tensor& running_var, double momentum, double eps,
+                                                               bool relu) {
   const char* op = "batch_norm";
   const Device dev = common_device(op, {&x, &weight, &bias, &running_mean, &running_var});
   DType pd;
@@ -245,9 +246,12 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, 
   Tensor mean = empty({C}, {pd, dev}), invstd = empty({C}, {pd, dev});
   // Running statistics are written in place; a strided one goes through a contiguous copy.
   Tensor rm = prep(running_mean, pd), rv = prep(running_var, pd);
-  backend(dev, "batch_norm_forward_training")
-      .batch_norm_forward_training(prep(x, x.dtype(), fmt), prep(weight, pd), prep(bias, pd), rm, rv, momentum, eps,
-                                   out, mean, invstd);
+  Backend& be = backend(dev, "batch_norm_forward_training");
+  const Tensor xp = prep(x, x.dtype(), fmt), wp = prep(weight, pd), bp = prep(bias, pd);
+  if (!relu || !be.batch_norm_relu_forward_training(xp, wp, bp, rm, rv, momentum, eps, out, mean, invstd)) {
+    be.batch_norm_forward_training(xp, wp, bp, rm, rv, momentum, eps, out, mean, invstd);
+    if (relu) unary_(Unary::Relu, out);
+  }
   if (running_mean.defined()) {
     if (!rm.is_same(running_mean)) raw::copy_(running_mean, rm);
     if (!rv.is_same(running_var)) raw::copy_(running_var, rv);
@@ -277,12 +281,13 @@ Tensor batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tens
 }
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                                                       const Tensor& mean, const Tensor& invstd, bool training) {
+                                                       const Tensor& mean, const Tensor& invstd, bool training,
+                                                       const Tensor& relu_out) {
   const char* op = "batch_norm_backward";
   check_defined(op, grad_out, "grad_output");
   check_defined(op, mean, "mean");
   check_defined(op, invstd, "invstd");
-  const Device dev = common_device(op, {&grad_out, &x, &weight, &mean, &invstd});
+  const Device dev = common_device(op, {&grad_out, &x, &weight, &mean, &invstd, &relu_out});
   DType pd;
   const int64_t C = check_batch_norm(op, x, {{&weight, "weight"}, {&mean, "mean"}, {&invstd, "invstd"}}, &pd);
   MG_CHECK(grad_out.sizes() == x.sizes(), ShapeError, op, ": grad_output shape ", shape_str(grad_out.sizes()),
@@ -290,9 +295,15 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, c
   const MemoryFormat fmt = bn_format(x, dev);
   Tensor gx = empty(x.sizes(), {x.dtype(), dev}, fmt);
   Tensor gw = empty({C}, {pd, dev}), gb = empty({C}, {pd, dev});
-  backend(dev, "batch_norm_backward")
-      .batch_norm_backward(prep(grad_out, x.dtype(), fmt), prep(x, x.dtype(), fmt), prep(weight, pd), prep(mean, pd),
-                           prep(invstd, pd), training, gx, gw, gb);
+  MG_CHECK(!relu_out.defined() || (training && relu_out.sizes() == x.sizes()), ValueError, op,
+           ": relu_out must be the training forward's output, of the input's shape ", shape_str(x.sizes()));
+  Backend& be = backend(dev, "batch_norm_backward");
+  const Tensor xp = prep(x, x.dtype(), fmt), wp = prep(weight, pd), mp = prep(mean, pd), ip = prep(invstd, pd);
+  if (relu_out.defined() && be.batch_norm_relu_backward(prep(grad_out, x.dtype(), fmt), prep(relu_out, x.dtype(), fmt),
+                                                        xp, wp, mp, ip, gx, gw, gb))
+    return {gx, gw, gb};
+  const Tensor g = relu_out.defined() ? binary(Binary::ReluBackward, grad_out, relu_out) : grad_out;
+  be.batch_norm_backward(prep(g, x.dtype(), fmt), xp, wp, mp, ip, training, gx, gw, gb);
   return {gx, gw, gb};
 }
 

@@ -54,17 +54,22 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_backward(const Tensor&
 // ---- batch normalization (per channel = dim 1 of [N, C, *]; statistics in f64) ----
 // Returns (out, save_mean [C], save_invstd [C]). When defined, running_mean/var [C] are
 // updated in place: r = (1 - momentum) * r + momentum * batch_stat, with the unbiased
-// variance (like PyTorch). weight/bias [C] may be undefined (no affine).
+// variance (like PyTorch). weight/bias [C] may be undefined (no affine). relu: out is
+// max(0, normalized) (in the same passes for a channels-last input on CUDA, a second pass
+// elsewhere); its backward is batch_norm_backward with relu_out = out.
 std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, const Tensor& weight,
                                                                const Tensor& bias, const Tensor& running_mean,
-                                                               const Tensor& running_var, double momentum, double eps);
+                                                               const Tensor& running_var, double momentum, double eps,
+                                                               bool relu = false);
 // Normalizes with the running statistics.
 Tensor batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                                const Tensor& running_var, double eps);
 // Returns (grad_x, grad_weight, grad_bias). training: mean/invstd are the batch's (save_*),
 // and grad_x includes the statistics' dependence on x; eval: they are the running
-// statistics' mean and 1/sqrt(var + eps), constants.
+// statistics' mean and 1/sqrt(var + eps), constants. relu_out (training only): the output of
+// a forward with relu; grad_out then counts only where it is positive.
 std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                                                       const Tensor& mean, const Tensor& invstd, bool training);
+                                                       const Tensor& mean, const Tensor& invstd, bool training,
+                                                       const Tensor& relu_out = Tensor());
 
 }  // namespace mg::kernels

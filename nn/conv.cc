@@ -172,7 +172,14 @@ void BatchNorm2d::reset_parameters() {
   }
 }
 
-Tensor BatchNorm2d::forward(const Tensor& x) {
+Tensor BatchNorm2d::forward(const Tensor& x) { return run(x, /*relu=*/false); }
+
+Tensor BatchNorm2d::forward_relu(const Tensor& x) {
+  run_forward_pre_hooks();  // as operator() does
+  return run(x, /*relu=*/true);
+}
+
+Tensor BatchNorm2d::run(const Tensor& x, bool relu) {
   MG_CHECK(x.defined() && x.dim() == 4, ShapeError, "BatchNorm2d: expected a 4-D input [N, C, H, W], got shape ",
            x.defined() ? shape_str(x.sizes()) : std::string("(undefined)"));
   MG_CHECK(x.size(1) == num_features, ShapeError, "BatchNorm2d(", num_features, "): input has ", x.size(1),
@@ -186,9 +193,10 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   // Batch statistics in training, and in eval too when no running statistics are kept.
   const bool use_batch_stats = is_training() || !track_running_stats;
   const bool update = is_training() && track_running_stats;
-  return mg::batch_norm(x, update || !use_batch_stats ? running_mean : Tensor(),
-                        update || !use_batch_stats ? running_var : Tensor(), weight, bias, use_batch_stats, factor,
-                        eps);
+  const Tensor rm = update || !use_batch_stats ? running_mean : Tensor();
+  const Tensor rv = update || !use_batch_stats ? running_var : Tensor();
+  return relu ? mg::batch_norm_relu(x, rm, rv, weight, bias, use_batch_stats, factor, eps)
+              : mg::batch_norm(x, rm, rv, weight, bias, use_batch_stats, factor, eps);
 }
 
 std::string BatchNorm2d::extra_repr() const {

@@ -78,6 +78,9 @@ class BatchNorm2d : public Module {
   explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, std::optional<double> momentum = 0.1,
                        bool affine = true, bool track_running_stats = true, TensorOptions opts = {});
   Tensor forward(const Tensor& x) override;
+  // relu((*this)(x)) as one op (mg::batch_norm_relu: fused on CUDA for channels-last inputs);
+  // runs the forward pre-hooks as operator() does.
+  Tensor forward_relu(const Tensor& x);
   // running_mean = 0, running_var = 1, num_batches_tracked = 0.
   void reset_running_stats();
   // reset_running_stats(), weight = 1, bias = 0.
@@ -93,6 +96,9 @@ class BatchNorm2d : public Module {
   Tensor& running_mean;         // [C] buffer, undefined when !track_running_stats
   Tensor& running_var;          // [C] buffer
   Tensor& num_batches_tracked;  // i64 scalar buffer
+
+ private:
+  Tensor run(const Tensor& x, bool relu);
 };
 
 }  // namespace mg::nn

@@ -166,6 +166,20 @@ void CpuBackend::batch_norm_forward_training(const Tensor& x, const Tensor& weig
   forward_training_t<float>(x, weight, bias, running_mean, running_var, momentum, eps, out, save_mean, save_invstd);
 }
 
+// The CPU fuses no ReLU: kernels/norm.cc runs it apart.
+template <>
+bool CpuBackend::batch_norm_relu_forward_training(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                                  const Tensor&, double, double, const Tensor&, const Tensor&,
+                                                  const Tensor&) {
+  return false;
+}
+
+template <>
+bool CpuBackend::batch_norm_relu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                          const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  return false;
+}
+
 template <>
 void CpuBackend::batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                          const Tensor& running_mean, const Tensor& running_var, double eps,

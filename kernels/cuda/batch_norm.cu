@@ -409,12 +409,23 @@ __global__ void bn_nhwc_finalize_kernel(const math_t<T>* ws, RowsTile t, const W
   coef[2 * c + 1] = opt(b, c, A(0)) - mean * scale;
 }
 
+// g = 0 where the fused ReLU's output y is not positive (ReLU's gradient).
+template <class T, int V>
+__device__ __forceinline__ void mask_by(AlignedVec<T, V>& g, const AlignedVec<T, V>& y) {
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+    if (!(load_m(y.v[j]) > 0)) g.v[j] = store_m<T>(math_t<T>(0));
+}
+
 // out = x * coef[c][0] + coef[c][1] (forward) or, with a second input, out = g * coef[c][0] +
 // x * coef[c][1] + coef[c][2] (backward's dx); K = coefficients per channel. The stats
 // kernels' tile shape: a thread keeps one vector column, so its V channels' coefficients
 // sit in registers while it walks rows blockIdx.y * ty + threadIdx.y, step gridDim.y * ty.
+// relu (forward): out = max(0, ...); ymask (backward): g counts only where ymask > 0 (the
+// fused ReLU's output).
 template <class T, int V, int K>
-__global__ void bn_nhwc_apply_kernel(const T* g, const T* x, const math_t<T>* coef, T* out, RowsTile t) {
+__global__ void bn_nhwc_apply_kernel(const T* g, const T* x, const math_t<T>* coef, T* out, RowsTile t, bool relu,
+                                     const T* ymask) {
   using A = math_t<T>;
   const int64_t cv = blockIdx.x * static_cast<int64_t>(t.tx) + threadIdx.x;
   if (cv >= t.Cv) return;
@@ -430,9 +441,13 @@ __global__ void bn_nhwc_apply_kernel(const T* g, const T* x, const math_t<T>* co
     AlignedVec<T, V> o;
     if constexpr (K == 2) {
 #pragma unroll
-      for (int j = 0; j < V; ++j) o.v[j] = store_m<T>(load_m(xv.v[j]) * k[0][j] + k[1][j]);
+      for (int j = 0; j < V; ++j) {
+        const A v = load_m(xv.v[j]) * k[0][j] + k[1][j];
+        o.v[j] = store_m<T>(relu ? max(v, A(0)) : v);
+      }
     } else {
-      const AlignedVec<T, V> gv = load_pack<T, V>(g, i);
+      AlignedVec<T, V> gv = load_pack<T, V>(g, i);
+      if (ymask) mask_by(gv, load_pack<T, V>(ymask, i));
 #pragma unroll
       for (int j = 0; j < V; ++j) o.v[j] = store_m<T>(load_m(gv.v[j]) * k[0][j] + load_m(xv.v[j]) * k[1][j] + k[2][j]);
     }
@@ -449,7 +464,8 @@ dim3 apply_grid(const RowsTile& t) {
 
 // Backward partials: sum(g) and sum(g * (x - mean)) of chunk p, channel c into ws.
 template <class T, class W, int V>
-__global__ void bn_nhwc_bwd_sums_kernel(const T* g, const T* x, const W* mean, RowsTile t, math_t<T>* ws) {
+__global__ void bn_nhwc_bwd_sums_kernel(const T* g, const T* ymask, const T* x, const W* mean, RowsTile t,
+                                        math_t<T>* ws) {
   using A = math_t<T>;
   __shared__ A sh_g[kNormBlock * V], sh_gd[kNormBlock * V];
   const int64_t cv = blockIdx.x * static_cast<int64_t>(t.tx) + threadIdx.x;
@@ -460,7 +476,9 @@ __global__ void bn_nhwc_bwd_sums_kernel(const T* g, const T* x, const W* mean, R
   for (int j = 0; j < V; ++j) sg[j] = A(0), sgd[j] = A(0), mu[j] = cv < t.Cv ? load_m(mean[cv * V + j]) : A(0);
   if (cv < t.Cv) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += t.ty) {
-      const AlignedVec<T, V> gv = load_pack<T, V>(g, r * t.C + cv * V), xv = load_pack<T, V>(x, r * t.C + cv * V);
+      AlignedVec<T, V> gv = load_pack<T, V>(g, r * t.C + cv * V);
+      if (ymask) mask_by(gv, load_pack<T, V>(ymask, r * t.C + cv * V));
+      const AlignedVec<T, V> xv = load_pack<T, V>(x, r * t.C + cv * V);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const A gj = load_m(gv.v[j]);
@@ -541,7 +559,7 @@ void with_param_type(DType pd, F&& f) {
 // The channels-last training forward: stats, finalize, apply.
 void batch_norm_nhwc_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                              const Tensor& running_var, double momentum, double eps, const Tensor& out,
-                             const Tensor& save_mean, const Tensor& save_invstd) {
+                             const Tensor& save_mean, const Tensor& save_invstd, bool relu) {
   const int64_t C = x.size(1), M = x.numel() / C;
   cudaStream_t st = stream_of(x);
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm", [&] {
@@ -557,8 +575,8 @@ void batch_norm_nhwc_forward(const Tensor& x, const Tensor& weight, const Tensor
             bn_nhwc_finalize_kernel<T, W><<<static_cast<unsigned>(C), 128, 0, st>>>(
                 ws, t, data_as<const W>(weight), data_as<const W>(bias), data_as<W>(running_mean),
                 data_as<W>(running_var), data_as<W>(save_mean), data_as<W>(save_invstd), coef, momentum, eps);
-            bn_nhwc_apply_kernel<T, V, 2>
-                <<<apply_grid(t), dim3(t.tx, t.ty), 0, st>>>(nullptr, data_as<const T>(x), coef, data_as<T>(out), t);
+            bn_nhwc_apply_kernel<T, V, 2><<<apply_grid(t), dim3(t.tx, t.ty), 0, st>>>(
+                nullptr, data_as<const T>(x), coef, data_as<T>(out), t, relu, nullptr);
           });
       MG_CUDA_CHECK_LAUNCH("batch_norm");
     });
@@ -566,9 +584,10 @@ void batch_norm_nhwc_forward(const Tensor& x, const Tensor& weight, const Tensor
 }
 
 // The channels-last backward: partial sums, finalize (grad_weight, grad_bias, coefficients), dx.
+// relu_out, when defined, masks grad_out (the fused ReLU's backward).
 void batch_norm_nhwc_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
                               const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight,
-                              const Tensor& grad_bias) {
+                              const Tensor& grad_bias, const Tensor& relu_out) {
   const int64_t C = x.size(1), M = x.numel() / C;
   cudaStream_t st = stream_of(x);
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm_backward", [&] {
@@ -576,17 +595,19 @@ void batch_norm_nhwc_backward(const Tensor& grad_out, const Tensor& x, const Ten
     with_param_type<T>(mean.dtype(), [&](auto wtag) {
       using W = decltype(wtag);
       using A = math_t<T>;
-      nhwc_pass<T, 3>(M, C, {grad_out.raw_data(), x.raw_data(), data_as<void>(grad_x)}, "batch_norm_backward",
-                      x.device(), [&](auto vc, const RowsTile& t, A* ws, A* coef) {
+      nhwc_pass<T, 3>(M, C, {grad_out.raw_data(), x.raw_data(), data_as<void>(grad_x), data_as<void>(relu_out)},
+                      "batch_norm_backward", x.device(), [&](auto vc, const RowsTile& t, A* ws, A* coef) {
                         constexpr int V = decltype(vc)::value;
                         bn_nhwc_bwd_sums_kernel<T, W, V><<<tile_grid(t), dim3(t.tx, t.ty), 0, st>>>(
-                            data_as<const T>(grad_out), data_as<const T>(x), data_as<const W>(mean), t, ws);
+                            data_as<const T>(grad_out), data_as<const T>(relu_out), data_as<const T>(x),
+                            data_as<const W>(mean), t, ws);
                         bn_nhwc_bwd_finalize_kernel<T, W><<<static_cast<unsigned>(C), 128, 0, st>>>(
                             ws, t, data_as<const W>(weight), data_as<const W>(mean), data_as<const W>(invstd),
                             data_as<W>(grad_weight), data_as<W>(grad_bias), coef, training);
                         if (grad_x.defined())
                           bn_nhwc_apply_kernel<T, V, 3><<<apply_grid(t), dim3(t.tx, t.ty), 0, st>>>(
-                              data_as<const T>(grad_out), data_as<const T>(x), coef, data_as<T>(grad_x), t);
+                              data_as<const T>(grad_out), data_as<const T>(x), coef, data_as<T>(grad_x), t, false,
+                              data_as<const T>(relu_out));
                       });
       MG_CUDA_CHECK_LAUNCH("batch_norm_backward");
     });
@@ -604,7 +625,7 @@ void CudaBackend::batch_norm_forward_training(const Tensor& x, const Tensor& wei
   mg::cuda::DeviceGuard guard(x.device());
   if (is_channels_last(x))
     return batch_norm_nhwc_forward(x, weight, bias, running_mean, running_var, momentum, eps, out, save_mean,
-                                   save_invstd);
+                                   save_invstd, /*relu=*/false);
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm", [&] {
     using T = scalar_t;
     with_param_type<T>(save_mean.dtype(), [&](auto wtag) {
@@ -651,7 +672,8 @@ void CudaBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x, c
   if (s.C == 0) return;
   mg::cuda::DeviceGuard guard(x.device());
   if (is_channels_last(x))
-    return batch_norm_nhwc_backward(grad_out, x, weight, mean, invstd, training, grad_x, grad_weight, grad_bias);
+    return batch_norm_nhwc_backward(grad_out, x, weight, mean, invstd, training, grad_x, grad_weight, grad_bias,
+                                    Tensor());
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm_backward", [&] {
     using T = scalar_t;
     with_param_type<T>(mean.dtype(), [&](auto wtag) {
@@ -670,6 +692,32 @@ void CudaBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x, c
       MG_CUDA_CHECK_LAUNCH("batch_norm_backward");
     });
   });
+}
+
+// The fused ReLU: channels-last inputs only (the NCHW kernels leave it to the caller).
+template <>
+bool CudaBackend::batch_norm_relu_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                                   const Tensor& running_mean, const Tensor& running_var,
+                                                   double momentum, double eps, const Tensor& out,
+                                                   const Tensor& save_mean, const Tensor& save_invstd) {
+  if (!is_channels_last(x)) return false;
+  if (x.numel() == 0) return true;
+  mg::cuda::DeviceGuard guard(x.device());
+  batch_norm_nhwc_forward(x, weight, bias, running_mean, running_var, momentum, eps, out, save_mean, save_invstd,
+                          /*relu=*/true);
+  return true;
+}
+
+template <>
+bool CudaBackend::batch_norm_relu_backward(const Tensor& grad_out, const Tensor& relu_out, const Tensor& x,
+                                           const Tensor& weight, const Tensor& mean, const Tensor& invstd,
+                                           const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) {
+  if (!is_channels_last(x)) return false;
+  if (x.numel() == 0) return true;
+  mg::cuda::DeviceGuard guard(x.device());
+  batch_norm_nhwc_backward(grad_out, x, weight, mean, invstd, /*training=*/true, grad_x, grad_weight, grad_bias,
+                           relu_out);
+  return true;
 }
 
 }  // namespace mg::kernels

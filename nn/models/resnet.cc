@@ -15,8 +15,8 @@ std::shared_ptr<Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride, TensorO
 std::shared_ptr<BatchNorm2d> bn(int64_t c, TensorOptions opts) {
   return std::make_shared<BatchNorm2d>(c, 1e-5, 0.1, true, true, opts);
 }
-// ReLU in place: the tensors it overwrites are batch-norm outputs and residual sums, which
-// no backward needs (batch norm saves its input), so this saves one activation per call.
+// ReLU in place: the tensor it overwrites is a residual sum, which no backward needs, so this
+// saves one activation per block.
 Tensor relu_inplace(Tensor x) {
   if (x.is_leaf() && x.requires_grad()) return relu(x);
   return relu_(x);
@@ -37,10 +37,10 @@ ResidualBlock::ResidualBlock(std::string name, std::vector<std::shared_ptr<Conv2
   if (ds) downsample = register_module("downsample", std::move(ds));
 }
 
+// Each batch norm that a ReLU follows runs as one op with it (BatchNorm2d::forward_relu).
 Tensor ResidualBlock::forward(const Tensor& x) {
-  Tensor out = relu_inplace((*bn1)((*conv1)(x)));
-  out = (*bn2)((*conv2)(out));
-  if (conv3) out = (*bn3)((*conv3)(relu_inplace(out)));
+  Tensor out = bn1->forward_relu((*conv1)(x));
+  out = conv3 ? (*bn3)((*conv3)(bn2->forward_relu((*conv2)(out)))) : (*bn2)((*conv2)(out));
   Tensor identity = downsample ? (*downsample)(x) : x;
   return relu_inplace(add(out, identity));
 }
@@ -98,7 +98,7 @@ std::shared_ptr<Sequential> ResNet::make_layer(Block block, int64_t planes, int6
 }
 
 Tensor ResNet::forward(const Tensor& x) {
-  Tensor h = (*maxpool)(relu_inplace((*bn1)((*conv1)(x))));
+  Tensor h = (*maxpool)(bn1->forward_relu((*conv1)(x)));
   h = (*layer4)((*layer3)((*layer2)((*layer1)(h))));
   return (*fc)(flatten((*avgpool)(h), 1));
 }

@@ -291,6 +291,18 @@ void normalization(Table& t) {
     return batch_norm(v[0], constant(v[0], {0.3, -0.2}, {2}), constant(v[0], {1.5, 0.7}, {2}), v[1], v[2],
                       /*training=*/false);
   });
+  // Batch norm with its ReLU as one op; channels-last runs the fused NHWC kernels on CUDA.
+  t.add("batch_norm_relu_train", "batch_norm_relu", {{3, 2, 3, 4}, {2}, {2}}, [](const V& v) {
+    Tensor rm = zeros({2}, {v[0].dtype(), v[0].device()}), rv = ones({2}, {v[0].dtype(), v[0].device()});
+    return batch_norm_relu(v[0], rm, rv, v[1], v[2], /*training=*/true, 0.1, 1e-5);
+  });
+  t.add("batch_norm_relu_train_channels_last", "batch_norm_relu", {{3, 8, 3, 4}, {8}, {8}}, [](const V& v) {
+    return batch_norm_relu(v[0].contiguous(MemoryFormat::ChannelsLast), Tensor(), Tensor(), v[1], v[2], true);
+  });
+  t.add("batch_norm_relu_eval", "batch_norm_relu", {{3, 2, 2, 3}, {2}, {2}}, [](const V& v) {
+    return batch_norm_relu(v[0], constant(v[0], {0.3, -0.2}, {2}), constant(v[0], {1.5, 0.7}, {2}), v[1], v[2],
+                           /*training=*/false);
+  });
   // A composed chain: every intermediate is rounded once more in half precision.
   t.add("conv_bn_relu_pool_chain", "conv2d", {{2, 2, 6, 6}, {3, 2, 3, 3}, {3}}, [](const V& v) {
      Tensor h = conv2d(v[0], v[1], Tensor(), 1, 1);

@@ -320,6 +320,22 @@ TEST_F(NnParity, BatchNormTrainingEvalBackward) {
             expect_parity(dx_c, dx_g, t, what + " train grad_x");
             expect_parity(dw_c, dw_g, t, what + " grad_weight");
             expect_parity(db_c, db_g, t, what + " grad_bias");
+            // With the ReLU (fused on the channels-last kernels): max(0, out), and a backward that
+            // masks grad_out by the output. Both sides mask by the GPU's output, so a value that
+            // rounds to 0 on one side only cannot move the comparison.
+            if (affine) {
+              auto [or_g, mr_g, isr_g] = k::batch_norm_forward_training(x_g, to_cuda(w), to_cuda(b), Tensor(), Tensor(),
+                                                                        0.1, 1e-5, /*relu=*/true);
+              EXPECT_EQ(is_channels_last(or_g), nhwc) << what;
+              expect_parity(k::unary(k::Unary::Relu, o_c), or_g, t, what + " relu out");
+              Tensor y_r = raw::to_dtype(or_g.cpu(), ref_dtype(dt));
+              auto [rx_c, rw_c, rb_c] = k::batch_norm_backward(ref(gy), ref(x), ref(w), m_r, is_r, true, y_r);
+              auto [rx_g, rw_g, rb_g] =
+                  k::batch_norm_backward(on_device(gy, nhwc), x_g, to_cuda(w), mr_g, isr_g, true, or_g);
+              expect_parity(rx_c, rx_g, t, what + " relu grad_x");
+              expect_parity(rw_c, rw_g, t, what + " relu grad_weight");
+              expect_parity(rb_c, rb_g, t, what + " relu grad_bias");
+            }
             // Eval: running statistics as constants.
             Tensor e_g = k::batch_norm_forward_eval(x_g, to_cuda(w), to_cuda(b), to_cuda(rm), to_cuda(rv), 1e-5);
             EXPECT_EQ(is_channels_last(e_g), nhwc) << what;
