@@ -103,6 +103,11 @@ SUITE = [
     Entry("models_bf16", "models", "memgrad", "//bench:bench_models", models_args("bf16"), expect=(12, 8)),
     Entry("models_f32", "models", "memgrad", "//bench:bench_models", models_args("f32"), expect=(15, 0)),
     Entry("models_tf32", "models", "memgrad", "//bench:bench_models", models_args("f32", tf32=True), expect=(12, 0)),
+    Entry("models_channels_last", "models", "memgrad", "//bench:bench_models",
+          lambda ctx: ["--model", "resnet50", "--channels-last"] + models_args("bf16")(ctx), expect=(8, 5)),
+    Entry("models_channels_last_f16", "models", "memgrad", "//bench:bench_models",
+          lambda ctx: Skip("--quick runs the bf16 rows only") if ctx.quick else
+          ["--model", "resnet50", "--channels-last"] + models_args("f16")(ctx), expect=(8, 0)),
     Entry("models_pytorch", "models", "pytorch_eager", "pytorch/models_step.py",
           needs_torch(lambda ctx: ["--rows", "bf16" if ctx.quick else "all"] + steps(ctx)), expect=(40, 15),
           timeout=(180, 90)),
