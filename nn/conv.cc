@@ -187,7 +187,10 @@ Tensor BatchNorm2d::run(const Tensor& x, bool relu) {
   double factor = momentum.value_or(0.0);
   if (is_training() && track_running_stats) {
     NoGradGuard no_grad;
-    kernels::binary_(kernels::Binary::Add, num_batches_tracked, ones({}, {DType::i64, num_batches_tracked.device()}));
+    // A kept 0-dim one: the increment is one launch, not an allocation, a fill and an add.
+    if (!one_.defined() || one_.device() != num_batches_tracked.device())
+      one_ = ones({}, {DType::i64, num_batches_tracked.device()});
+    kernels::binary_(kernels::Binary::Add, num_batches_tracked, one_);
     if (!momentum) factor = 1.0 / num_batches_tracked.item();  // cumulative moving average
   }
   // Batch statistics in training, and in eval too when no running statistics are kept.

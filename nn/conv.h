@@ -99,6 +99,7 @@ class BatchNorm2d : public Module {
 
  private:
   Tensor run(const Tensor& x, bool relu);
+  Tensor one_;  // num_batches_tracked's increment, on its device
 };
 
 }  // namespace mg::nn
