@@ -114,9 +114,4 @@ bool widen_needed(std::initializer_list<const Tensor*> ts) {
 
 Tensor widen(const Tensor& t) { return t.defined() && is_half(t.dtype()) ? t.to(DType::f32) : t; }
 
-void update_running_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
-                          const Tensor& invstd, int64_t count, double momentum, double eps) {
-  kernels::batch_norm_update_stats_(running_mean, running_var, mean, invstd, count, momentum, eps);
-}
-
 }  // namespace mg::autocast

@@ -37,11 +37,4 @@ Tensor cached_cast(const Tensor& t, DType dtype);
 // Number of entries in the calling thread's weight-cast cache (tests, docs).
 size_t cache_size();
 
-// Batch norm under autocast on CUDA runs in the activation's dtype (the kernel accumulates
-// its statistics in f32) while the running statistics stay f32: this folds one training
-// step's batch mean/invstd (activation dtype, [C]) into f32 running_mean/var in place,
-// exactly as the kernel would (unbiased variance, momentum), from `count` values per channel.
-void update_running_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
-                          const Tensor& invstd, int64_t count, double momentum, double eps);
-
 }  // namespace mg::autocast

@@ -100,29 +100,5 @@ void add_stochastic_bf16_(const Tensor& param, const Tensor& update, double alph
   param.bump_version();
 }
 
-void batch_norm_update_stats_(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
-                              const Tensor& invstd, int64_t count, double momentum, double eps) {
-  const char* op = "batch_norm_update_stats_";
-  for (const Tensor* t : {&running_mean, &running_var, &mean, &invstd})
-    MG_CHECK(t->defined(), ValueError, op, ": undefined tensor");
-  MG_CHECK(running_mean.dtype() == DType::f32 && running_var.dtype() == DType::f32, DTypeError, op,
-           ": running statistics must be f32, got ", running_mean.dtype(), " and ", running_var.dtype());
-  MG_CHECK(mean.dtype() == invstd.dtype() && is_floating(mean.dtype()), DTypeError, op,
-           ": mean and invstd must share one floating dtype, got ", mean.dtype(), " and ", invstd.dtype());
-  const int64_t c = running_mean.numel();
-  for (const Tensor* t : {&running_var, &mean, &invstd})
-    MG_CHECK(t->dim() == 1 && t->numel() == c && t->is_contiguous(), ShapeError, op, ": expected contiguous [", c,
-             "] tensors, got ", shape_str(t->sizes()));
-  MG_CHECK(running_mean.dim() == 1 && running_mean.is_contiguous(), ShapeError, op,
-           ": running_mean must be a contiguous 1-D tensor, got ", shape_str(running_mean.sizes()));
-  for (const Tensor* t : {&running_var, &mean, &invstd})
-    MG_CHECK(t->device() == running_mean.device(), DeviceError, op, ": tensors on ", running_mean.device(), " and ",
-             t->device());
-  const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
-  backend(running_mean.device(), op)
-      .batch_norm_update_stats(running_mean, running_var, mean, invstd, unbias, momentum, eps);
-  running_mean.bump_version();
-  running_var.bump_version();
-}
 
 }  // namespace mg::kernels

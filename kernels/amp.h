@@ -38,12 +38,4 @@ void amp_update_scale_(const Tensor& scale, const Tensor& growth_tracker, const 
 // CUDA. Bumps param's version. Errors: DTypeError, ShapeError, DeviceError.
 void add_stochastic_bf16_(const Tensor& param, const Tensor& update, double alpha, uint64_t seed);
 
-// Batch norm under autocast keeps its running statistics in f32 while the kernel runs in
-// the activation's 16-bit dtype: this folds one training batch's per-channel mean and
-// invstd (= 1/sqrt(biased var + eps); any float dtype, [C]) into f32 running_mean and
-// running_var ([C], contiguous) in place, as the batch-norm kernel would: rm = (1-m) rm +
-// m mean, rv = (1-m) rv + m var * count/(count-1). One launch on CUDA. Bumps both versions.
-void batch_norm_update_stats_(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
-                              const Tensor& invstd, int64_t count, double momentum, double eps);
-
 }  // namespace mg::kernels

@@ -133,9 +133,6 @@ class Backend {
   virtual bool batch_norm_relu_backward(const Tensor& grad_out, const Tensor& relu_out, const Tensor& x,
                                         const Tensor& weight, const Tensor& mean, const Tensor& invstd,
                                         const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) = 0;
-  // f32 running statistics [C] += one batch's mean/invstd (any float dtype) with the unbiasing factor.
-  virtual void batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
-                                       const Tensor& invstd, double unbias, double momentum, double eps) = 0;
 
   // ---- convolution (conv.*); contiguous NCHW (CUDA also channels-last) in and out ----
   virtual void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args,

@@ -108,8 +108,6 @@ class BackendImpl final : public Backend {
   bool batch_norm_relu_backward(const Tensor& grad_out, const Tensor& relu_out, const Tensor& x, const Tensor& weight,
                                 const Tensor& mean, const Tensor& invstd, const Tensor& grad_x,
                                 const Tensor& grad_weight, const Tensor& grad_bias) override;
-  void batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
-                               const Tensor& invstd, double unbias, double momentum, double eps) override;
 
   // ---- convolution (conv.*)
   void conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args,

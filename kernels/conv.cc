@@ -11,19 +11,9 @@ namespace mg::kernels {
 
 namespace {
 
-// prep() for a convolution operand: on CUDA a channels-last (NHWC-strided) tensor is
-// passed through, the CUDA kernel reads it in place.
-Tensor prep_conv(const Tensor& t, DType ct, Device dev) {
-  if (dev.is_cuda() && t.defined() && t.dtype() == ct && t.is_contiguous(MemoryFormat::ChannelsLast)) return t;
-  return prep(t, ct);
-}
-
-// The layout a conv result is made in: on CUDA, channels-last when its lead operand (the
-// input forward, grad_output for grad_input) is, so a channels-last network stays NHWC from
-// layer to layer; NCHW otherwise (and on the CPU, whose kernels are NCHW).
-MemoryFormat conv_result_format(const Tensor& lead, Device dev) {
-  return dev.is_cuda() ? suggest_memory_format(lead) : MemoryFormat::Contiguous;
-}
+// A conv operand as the backend takes it: the compute dtype, in its own layout on CUDA (a
+// channels-last tensor passes as it is), NCHW on the CPU.
+Tensor as_operand(const Tensor& t, DType ct, Device dev) { return prep(t, ct, device_format(t, dev)); }
 
 void check_conv_args(const char* op, const Conv2dArgs& a) {
   MG_CHECK(a.stride.h >= 1 && a.stride.w >= 1, ValueError, op, ": stride must be positive, got ", str(a.stride));
@@ -82,9 +72,9 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, cons
     MG_CHECK(bias.dim() == 1 && bias.size(0) == w.size(0), ShapeError, op, ": bias shape ", shape_str(bias.sizes()),
              " should be [", w.size(0), "]");
   const DType ct = compute_dtype(dev, x.dtype());
-  Tensor out = empty(os, {ct, dev}, conv_result_format(x, dev));
+  Tensor out = empty(os, {ct, dev}, device_format(x, dev));
   backend(dev, "conv2d_forward")
-      .conv2d_forward(prep_conv(x, ct, dev), prep_conv(w, ct, dev), prep(bias, ct), args, out);
+      .conv2d_forward(as_operand(x, ct, dev), as_operand(w, ct, dev), prep(bias, ct), args, out);
   return finish(out, x.dtype());
 }
 
@@ -107,8 +97,8 @@ Tensor conv_backward(const char* op, ConvBackward run, const Tensor& grad_out, c
   const DType ct = compute_dtype(dev, operand.dtype());
   // grad_input follows grad_output's layout; grad_weight is NCHW, the module weight's layout.
   Tensor result =
-      empty(result_shape, {ct, dev}, operand_is_weight ? conv_result_format(grad_out, dev) : MemoryFormat::Contiguous);
-  (backend(dev, op).*run)(prep_conv(grad_out, ct, dev), prep_conv(operand, ct, dev), args, result);
+      empty(result_shape, {ct, dev}, operand_is_weight ? device_format(grad_out, dev) : MemoryFormat::Contiguous);
+  (backend(dev, op).*run)(as_operand(grad_out, ct, dev), as_operand(operand, ct, dev), args, result);
   return finish(result, operand.dtype());
 }
 

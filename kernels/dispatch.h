@@ -90,6 +90,8 @@ inline Tensor prep(const Tensor& t, DType ct, MemoryFormat fmt) {
 inline MemoryFormat device_format(MemoryFormat want, Device dev) {
   return dev.is_cuda() ? want : MemoryFormat::Contiguous;
 }
+// device_format of t's own layout: the layout a layer's result takes from its lead operand.
+inline MemoryFormat device_format(const Tensor& t, Device dev) { return device_format(suggest_memory_format(t), dev); }
 
 inline void check_grad_shape(const char* op, const Tensor& grad, const Shape& want) {
   MG_CHECK(grad.sizes() == want, ShapeError, op, ": grad_output shape ", shape_str(grad.sizes()), " should be ",

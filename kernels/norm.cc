@@ -218,11 +218,6 @@ int64_t check_batch_norm(const char* op, const Tensor& x,
   return C;
 }
 
-// Batch norm's data layout: on CUDA a channels-last input stays channels-last (its NHWC
-// kernels read it in place and write NHWC), so a channels-last network never transposes
-// around its norms; everything else (and the CPU) runs contiguous NCHW.
-MemoryFormat bn_format(const Tensor& x, Device dev) { return device_format(suggest_memory_format(x), dev); }
-
 }  // namespace
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, const Tensor& weight,
@@ -241,7 +236,7 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, 
            ": momentum must be finite and eps non-negative, got momentum ", momentum, ", eps ", eps);
   MG_CHECK(x.numel() / std::max<int64_t>(C, 1) > 1, ValueError, op,
            ": expected more than 1 value per channel when training, got input of shape ", shape_str(x.sizes()));
-  const MemoryFormat fmt = bn_format(x, dev);
+  const MemoryFormat fmt = device_format(x, dev);  // NHWC stays NHWC on CUDA
   Tensor out = empty(x.sizes(), {x.dtype(), dev}, fmt);
   Tensor mean = empty({C}, {pd, dev}), invstd = empty({C}, {pd, dev});
   // Running statistics are written in place; a strided one goes through a contiguous copy.
@@ -272,7 +267,7 @@ Tensor batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tens
   MG_CHECK(running_mean.defined() && running_var.defined(), ValueError, op,
            ": running_mean and running_var are required when not training (eval mode)");
   MG_CHECK(eps >= 0 && std::isfinite(eps), ValueError, op, ": eps must be non-negative, got ", eps);
-  const MemoryFormat fmt = bn_format(x, dev);
+  const MemoryFormat fmt = device_format(x, dev);  // NHWC stays NHWC on CUDA
   Tensor out = empty(x.sizes(), {x.dtype(), dev}, fmt);
   backend(dev, "batch_norm_forward_eval")
       .batch_norm_forward_eval(prep(x, x.dtype(), fmt), prep(weight, pd), prep(bias, pd), prep(running_mean, pd),
@@ -292,7 +287,7 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad_out, c
   const int64_t C = check_batch_norm(op, x, {{&weight, "weight"}, {&mean, "mean"}, {&invstd, "invstd"}}, &pd);
   MG_CHECK(grad_out.sizes() == x.sizes(), ShapeError, op, ": grad_output shape ", shape_str(grad_out.sizes()),
            " should be the input's ", shape_str(x.sizes()));
-  const MemoryFormat fmt = bn_format(x, dev);
+  const MemoryFormat fmt = device_format(x, dev);  // NHWC stays NHWC on CUDA
   Tensor gx = empty(x.sizes(), {x.dtype(), dev}, fmt);
   Tensor gw = empty({C}, {pd, dev}), gb = empty({C}, {pd, dev});
   MG_CHECK(!relu_out.defined() || (training && relu_out.sizes() == x.sizes()), ValueError, op,

@@ -59,7 +59,7 @@ std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dArgs& args, bo
   const Device dev = floating_device(op, x, "input");
   const Shape os = pool_out_shape(op, x.sizes(), args, true);
   const DType ct = compute_dtype(dev, x.dtype());
-  const MemoryFormat fmt = device_format(suggest_memory_format(x), dev);
+  const MemoryFormat fmt = device_format(x, dev);
   Tensor out = empty(os, {ct, dev}, fmt), idx = return_indices ? empty(os, {DType::i64, dev}, fmt) : Tensor();
   backend(dev, "max_pool2d").max_pool2d(prep(x, ct, fmt), args, out, idx);
   return {finish(out, x.dtype()), idx};
@@ -87,7 +87,7 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dArgs& args) {
   const Device dev = floating_device(op, x, "input");
   const Shape os = pool_out_shape(op, x.sizes(), args, false);
   const DType ct = compute_dtype(dev, x.dtype());
-  const MemoryFormat fmt = device_format(suggest_memory_format(x), dev);
+  const MemoryFormat fmt = device_format(x, dev);
   Tensor out = empty(os, {ct, dev}, fmt);
   backend(dev, "avg_pool2d").avg_pool2d(prep(x, ct, fmt), args, out);
   return finish(out, x.dtype());
@@ -114,7 +114,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Int2 output_size) {
   MG_CHECK(x.size(2) >= 1 && x.size(3) >= 1, ShapeError, op, ": input ", shape_str(x.sizes()),
            " has an empty spatial dimension");
   const DType ct = compute_dtype(dev, x.dtype());
-  const MemoryFormat fmt = device_format(suggest_memory_format(x), dev);
+  const MemoryFormat fmt = device_format(x, dev);
   Tensor out = empty({x.size(0), x.size(1), output_size.h, output_size.w}, {ct, dev}, fmt);
   backend(dev, "adaptive_avg_pool2d").adaptive_avg_pool2d(prep(x, ct, fmt), out);
   return finish(out, x.dtype());

@@ -197,22 +197,4 @@ void CpuBackend::batch_norm_backward(const Tensor& grad_out, const Tensor& x, co
   backward_t<float>(grad_out, x, weight, mean, invstd, training, grad_x, grad_weight, grad_bias);
 }
 
-template <>
-void CpuBackend::batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
-                                         const Tensor& invstd, double unbias, double momentum, double eps) {
-  const char* op = "batch_norm_update_stats_";
-  const int64_t c = running_mean.numel();
-  float* rm = static_cast<float*>(running_mean.raw_data());
-  float* rv = static_cast<float*>(running_var.raw_data());
-  MG_DISPATCH_FLOAT(mean.dtype(), op, [&] {
-    const auto* m = static_cast<const scalar_t*>(mean.raw_data());
-    const auto* is = static_cast<const scalar_t*>(invstd.raw_data());
-    for (int64_t i = 0; i < c; ++i) {
-      const double inv = static_cast<double>(is[i]);
-      rm[i] = static_cast<float>((1 - momentum) * rm[i] + momentum * static_cast<double>(m[i]));
-      rv[i] = static_cast<float>((1 - momentum) * rv[i] + momentum * unbias * (1.0 / (inv * inv) - eps));
-    }
-  });
-}
-
 }  // namespace mg::kernels

@@ -95,16 +95,6 @@ __global__ void stochastic_bf16_kernel(uint16_t* p, const U* u, int64_t n, float
   }
 }
 
-template <class S>
-__global__ void bn_stats_kernel(float* rm, float* rv, const S* mean, const S* invstd, int64_t c, float unbias,
-                                float momentum, float eps) {
-  MG_GRID_STRIDE(i, c) {
-    const float is = load_m(invstd[i]);
-    rm[i] = (1.0f - momentum) * rm[i] + momentum * load_m(mean[i]);
-    rv[i] = (1.0f - momentum) * rv[i] + momentum * unbias * (1.0f / (is * is) - eps);
-  }
-}
-
 __global__ void update_scale_kernel(float* scale, int64_t* growth_tracker, int64_t* skipped, const float* found_inf,
                                     double growth_factor, double backoff_factor, int64_t growth_interval) {
   amp_math::update_scale(*scale, *growth_tracker, *skipped, *found_inf != 0.0f, growth_factor, backoff_factor,
@@ -167,23 +157,6 @@ void CudaBackend::add_stochastic_bf16(const Tensor& param, const Tensor& update,
     stochastic_bf16_kernel<__nv_bfloat16>
         <<<blocks_for(n), kBlock, 0, st>>>(p, static_cast<const __nv_bfloat16*>(update.raw_data()), n, alpha, seed);
   MG_CUDA_CHECK_LAUNCH("add_stochastic_bf16_");
-}
-
-template <>
-void CudaBackend::batch_norm_update_stats(const Tensor& running_mean, const Tensor& running_var, const Tensor& mean,
-                                          const Tensor& invstd, double unbias, double momentum, double eps) {
-  const int64_t c = running_mean.numel();
-  if (c == 0) return;
-  mg::cuda::DeviceGuard guard(running_mean.device());
-  cudaStream_t st = stream_of(running_mean);
-  float* rm = static_cast<float*>(running_mean.raw_data());
-  float* rv = static_cast<float*>(running_var.raw_data());
-  MG_CUDA_DISPATCH_FLOAT(mean.dtype(), "batch_norm_update_stats_", [&] {
-    bn_stats_kernel<scalar_t><<<blocks_for(c), kBlock, 0, st>>>(
-        rm, rv, static_cast<const scalar_t*>(mean.raw_data()), static_cast<const scalar_t*>(invstd.raw_data()), c,
-        static_cast<float>(unbias), static_cast<float>(momentum), static_cast<float>(eps));
-  });
-  MG_CUDA_CHECK_LAUNCH("batch_norm_update_stats_");
 }
 
 }  // namespace mg::kernels

@@ -245,10 +245,12 @@ Walk make_walk(const NCS& s, int V, const char* op) {
   return w;
 }
 
+// 16 bytes / element when the vectors' dimension (`inner`: S for NCHW, C for NHWC) is a
+// multiple of it and every operand is 16-byte aligned, else 1.
 template <class T>
-int vec_width(const NCS& s, std::initializer_list<const void*> ptrs) {
+int vec_width(int64_t inner, std::initializer_list<const void*> ptrs) {
   constexpr int V = kVec16<T>;
-  if (V == 1 || s.S % V != 0) return 1;
+  if (V == 1 || inner % V != 0) return 1;
   for (const void* p : ptrs)
     if (p && (reinterpret_cast<uintptr_t>(p) & 15) != 0) return 1;
   return V;
@@ -275,7 +277,7 @@ void with_width(int v, F&& f) {
 // workspace).
 template <class T, class Launch>
 void two_pass(const NCS& s, std::initializer_list<const void*> ptrs, const char* op, Device dev, Launch&& launch) {
-  with_width<T>(vec_width<T>(s, ptrs), [&](auto vc) {
+  with_width<T>(vec_width<T>(s.S, ptrs), [&](auto vc) {
     const Walk w = make_walk(s, decltype(vc)::value, op);
     Tensor ws = workspace<T>(w, dev);
     const dim3 grid(static_cast<unsigned>(s.C), static_cast<unsigned>(w.P));
@@ -519,21 +521,12 @@ __global__ void bn_nhwc_bwd_finalize_kernel(const math_t<T>* ws, RowsTile t, con
   coef[3 * c + 2] = a * (mu * k2 - mg);
 }
 
-template <class T>
-int nhwc_width(int64_t C, std::initializer_list<const void*> ptrs) {
-  constexpr int V = kVec16<T>;
-  if (V == 1 || C % V != 0) return 1;
-  for (const void* p : ptrs)
-    if (p && (reinterpret_cast<uintptr_t>(p) & 15) != 0) return 1;
-  return V;
-}
-
 // Runs launch(V as an integral_constant, tile, ws, coef) for an [M, C] input:
 // ws holds the [P, C, 2] partials, coef the K per-channel coefficients.
 template <class T, int K, class Launch>
 void nhwc_pass(int64_t M, int64_t C, std::initializer_list<const void*> ptrs, const char* op, Device dev,
                Launch&& launch) {
-  with_width<T>(nhwc_width<T>(C, ptrs), [&](auto vc) {
+  with_width<T>(vec_width<T>(C, ptrs), [&](auto vc) {
     constexpr int V = decltype(vc)::value;
     const RowsTile t = rows_tile(M, C, V);
     MG_CHECK(C <= 65535 * int64_t{1024} && M < (int64_t{1} << 40), ShapeError, op, ": ", M, " rows of ", C,

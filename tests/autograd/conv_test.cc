@@ -54,5 +54,19 @@ TEST(ConvAutograd, BatchNormTrainingUpdatesRunningStatsOnlyInTraining) {
   for (int c = 0; c < 2; ++c) EXPECT_NEAR(got[c], 0.5 * m[c], 1e-12);
 }
 
+// batch_norm_relu is relu(batch_norm) (the op table checks its gradient): the same values and
+// running statistics on the CPU, and batch norm's own errors for bad input.
+TEST(ConvAutograd, BatchNormReluIsReluOfBatchNorm) {
+  Tensor x = randn({4, 2, 3, 3}, {DType::f64}), w = randn({2}, {DType::f64}), b = randn({2}, {DType::f64});
+  Tensor rm = zeros({2}, {DType::f64}), rv = ones({2}, {DType::f64});
+  Tensor rm2 = zeros({2}, {DType::f64}), rv2 = ones({2}, {DType::f64});
+  EXPECT_EQ(batch_norm_relu(x, rm, rv, w, b, true).to_vector<double>(),
+            relu(batch_norm(x, rm2, rv2, w, b, true)).to_vector<double>());
+  EXPECT_EQ(rm.to_vector<double>(), rm2.to_vector<double>());
+  EXPECT_EQ(rv.to_vector<double>(), rv2.to_vector<double>());
+  EXPECT_THROW(batch_norm_relu(randn({1, 3}), Tensor(), Tensor(), Tensor(), Tensor(), true), ValueError);
+  EXPECT_THROW(batch_norm_relu(x, rm, rv, ones({3}, {DType::f64}), Tensor(), true), ShapeError);
+}
+
 }  // namespace
 }  // namespace mg

@@ -316,6 +316,20 @@ TEST(BatchNorm, BadInput) {
   EXPECT_MG_ERROR(
       k::batch_norm_forward_training(randn({4, 3}), ones({3}, {DType::f64}), Tensor(), Tensor(), Tensor(), 0.1, 1e-5),
       DTypeError, "batch_norm: weight dtype f64 differs");
+  // Per-channel tensors of two dtypes; f32 ones beside an f64 input (only half inputs on CUDA
+  // take f32 per-channel tensors).
+  EXPECT_MG_ERROR(k::batch_norm_forward_training(randn({4, 3}), ones({3}), Tensor(), zeros({3}, {DType::f64}),
+                                                 ones({3}, {DType::f64}), 0.1, 1e-5),
+                  DTypeError, "batch_norm: running_mean dtype f64 differs from weight's f32");
+  EXPECT_MG_ERROR(
+      k::batch_norm_forward_training(randn({4, 3}, {DType::f64}), ones({3}), Tensor(), Tensor(), Tensor(), 0.1, 1e-5),
+      DTypeError, "batch_norm: weight dtype f32 differs from the input's f64");
+  // The fused ReLU's backward: relu_out is a training forward's output, of the input's shape.
+  Tensor x = randn({4, 3}), m = zeros({3}), is = ones({3});
+  EXPECT_MG_ERROR(k::batch_norm_backward(randn({4, 3}), x, Tensor(), m, is, true, randn({4, 2})), ValueError,
+                  "batch_norm_backward: relu_out must be the training forward's output, of the input's shape [4, 3]");
+  EXPECT_MG_ERROR(k::batch_norm_backward(randn({4, 3}), x, Tensor(), m, is, /*training=*/false, randn({4, 3})),
+                  ValueError, "batch_norm_backward: relu_out must be the training forward's output");
 }
 
 }  // namespace
