@@ -100,5 +100,4 @@ void add_stochastic_bf16_(const Tensor& param, const Tensor& update, double alph
   param.bump_version();
 }
 
-
 }  // namespace mg::kernels
