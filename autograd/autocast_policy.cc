@@ -79,6 +79,13 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
 
 size_t cache_size() { return tl_cache.entries.size(); }
 
+bool is_cached_cast(const Tensor& t) {
+  if (!t.defined()) return false;
+  for (const auto& [key, e] : tl_cache.entries)
+    if (e.cast.defined() && e.cast.storage() == t.storage()) return true;
+  return false;
+}
+
 bool lower_needed(std::initializer_list<const Tensor*> ts) {
   const Tensor* f = first_defined(ts);
   if (!f) return false;

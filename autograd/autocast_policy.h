@@ -36,5 +36,8 @@ Tensor cached_cast(const Tensor& t, DType dtype);
 
 // Number of entries in the calling thread's weight-cast cache (tests, docs).
 size_t cache_size();
+// Whether `t` shares storage with a cast in the calling thread's weight-cast cache (activation
+// offload leaves those on the device: they live for the whole region anyway).
+bool is_cached_cast(const Tensor& t);
 
 }  // namespace mg::autocast

@@ -100,16 +100,18 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
   // That h is gelu(round(pre)), the forward's epilogue rounded gelu(pre) once: they can differ
   // by one rounding of the autocast dtype.
   const bool rebuild_h = need[3] && autograd::recompute_query && autograd::recompute_query("gelu");
-  // h and pre are this node's own intermediates: captured plainly, nothing else can change them.
+  // h and pre are this node's own intermediates (nothing else can change them), saved as
+  // SavedTensors so that an OffloadScope can move them to host memory.
   record(
       "gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, out,
       [need, need_pre, rebuild_h, sx = save_if(need[1], x, "gelu_mlp"), sw_fc = save_if(need[0], w_fc, "gelu_mlp"),
-       sw_proj = save_if(need_pre, w_proj, "gelu_mlp"), h = need[3] && !rebuild_h ? h : Tensor(),
-       pre = need_pre || rebuild_h ? pre : Tensor()](const Grads& g) {
+       sw_proj = save_if(need_pre, w_proj, "gelu_mlp"), sh = save_if(need[3] && !rebuild_h, h, "gelu_mlp"),
+       spre = save_if(need_pre || rebuild_h, pre, "gelu_mlp")](const Grads& g) {
         Tensor gx, gw_fc, gb_fc, gw_proj, gb_proj;
         const Tensor g2 = raw::reshape(g[0], {-1, g[0].size(-1)});
+        const Tensor pre = spre.unpack();
         if (need[3]) {
-          const Tensor hh = rebuild_h ? kernels::unary(kernels::Unary::GeluTanh, pre) : h;
+          const Tensor hh = rebuild_h ? kernels::unary(kernels::Unary::GeluTanh, pre) : sh.unpack();
           std::tie(gw_proj, gb_proj) = kernels::linear_weight_grads(g2, raw::reshape(hh, {-1, hh.size(-1)}), need[4]);
         } else if (need[4])
           gb_proj = kernels::sum(g2, {0});

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "autograd/grad_mode.h"
+#include "autograd/offload.h"
 #include "kernels/ops.h"
 
 namespace mg::autograd {
@@ -72,10 +73,18 @@ SavedTensor::SavedTensor(const Tensor& t, const char* op) : op_(op), was_defined
       return;
     }
   }
-  if (t.defined()) {
-    data_ = t.detach();  // shares storage and the version counter, drops the history
-    saved_version_ = t.version();
+  poll_offload();
+  if (!t.defined()) return;
+  saved_version_ = t.version();
+  if ((offloaded_ = offload(t))) {  // keep the geometry and version counter, not the storage
+    auto shell = std::make_shared<TensorImpl>(*t.impl());
+    shell->storage = nullptr;
+    shell->autograd = nullptr;
+    shell->view_base = nullptr;
+    data_ = Tensor(std::move(shell));
+    return;
   }
+  data_ = t.detach();  // shares storage and the version counter, drops the history
 }
 
 Tensor SavedTensor::unpack() const {
@@ -95,6 +104,12 @@ Tensor SavedTensor::unpack() const {
            op_, "' is at version ", data_.version(), ", expected version ", saved_version_, " (of shape ",
            shape_str(data_.sizes()), ", ", data_.dtype(),
            "); clone it before modifying it in place, or do the in-place op out of place");
+  if (offloaded_) {
+    poll_offload();
+    auto impl = std::make_shared<TensorImpl>(*data_.impl());
+    impl->storage = fetch(*offloaded_);
+    return Tensor(std::move(impl));
+  }
   return data_;
 }
 

@@ -24,6 +24,8 @@ struct Edge {
 
 // A tensor stashed for backward. Remembers the version it was saved at; unpack() raises
 // mg::AutogradError naming the op if an in-place op changed it since.
+class OffloadedStorage;  // autograd/offload.h
+
 class SavedTensor {
  public:
   SavedTensor() = default;
@@ -32,17 +34,23 @@ class SavedTensor {
   void reset() {
     data_ = Tensor();
     recompute_from_.reset();
+    offloaded_.reset();
   }
   bool defined() const { return data_.defined() || recompute_from_ != nullptr; }
   // True when this saved tensor holds no data: unpack() recomputes it from the checkpoint
   // region that produced it (selective recomputation).
   bool is_recomputed() const { return recompute_from_ != nullptr; }
+  // True when the data went to host memory under an OffloadScope (autograd/offload.h):
+  // unpack() brings it back.
+  bool is_offloaded() const { return offloaded_ != nullptr; }
 
  private:
   Tensor data_;  // detached: saving never creates a reference cycle through grad_fn
   // Set instead of data_ when the tensor is an output of a node that recomputes its
   // outputs; version_ still guards against in-place changes of the original.
   std::shared_ptr<Node> recompute_from_;
+  // Set when offloaded: data_ then keeps the geometry, dtype and version counter, no storage.
+  std::shared_ptr<OffloadedStorage> offloaded_;
   uint32_t output_nr_ = 0;
   std::shared_ptr<uint32_t> version_;
   uint32_t saved_version_ = 0;

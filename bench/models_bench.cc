@@ -22,6 +22,8 @@
 //                      weight decay 0.1), "AdamW" in the config string
 //   --checkpoint       GPT-2 with every block checkpointed (" checkpoint" in the config string)
 //   --checkpoint-blocks N  GPT-2 with its first N blocks checkpointed (" checkpoint N blocks")
+//   --offload-blocks N GPT-2 with what its first N blocks save for backward offloaded to pinned
+//                      host memory (GPTRecompute::offload_blocks; " offload N blocks")
 //   --selective        GPT-2 under selective recomputation (RecomputePolicy::cheap_ops: GELU
 //                      outputs and layer norms rebuilt in backward; " selective")
 //   --memory-budget G  GPT-2: the fastest mode whose whole step (weights, gradients, optimizer
@@ -44,7 +46,8 @@
 //                      makes them: linear_cross_entropy)
 // The JSON line carries step_ms (median), step_ms_min / step_ms_max, n_runs, the peak of each
 // phase of one more step (peak_forward_gib: zero_grad, forward and loss; peak_backward_gib;
-// peak_optimizer_gib), and the throughput
+// peak_optimizer_gib), what that step offloaded (offloaded_gib; offload_used_in_place: saved
+// tensors backward took from the device before their copy out finished), and the throughput
 // at the median (samples_per_s: images, or tokens for GPT-2) for the suite
 // (bench/runner); its config string is the one bench/pytorch/models_step.py prints.
 #include <algorithm>
@@ -55,6 +58,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/offload.h"
 #include "bench/kernel_profiler.h"
 #include "bench/step_timer.h"
 #include "core/autocast.h"
@@ -75,6 +79,7 @@ struct Result {
   int n_runs = 0;
   int64_t peak_alloc = 0, peak_reserved = 0;
   double nvml_peak_gib = -1;  // device-wide used memory seen by the driver (context, workspaces, all processes)
+  mg::OffloadStats offload;   // of the probe step (activation offload)
 };
 
 // Where the peak sits: one more step after the timed ones with the peak counter reset at each
@@ -114,8 +119,10 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
   r.peak_reserved = mg::max_memory_reserved(dev);
   g_phases = {.probe = true};  // a captured step's replay never calls train_step: its phases stay -1
   mg::reset_peak_memory_stats(dev);
+  mg::reset_offload_stats();
   step();
   mg::cuda::synchronize();
+  r.offload = mg::offload_stats();
   g_phases.probe = false;
   return r;
 }
@@ -179,10 +186,12 @@ void print(const char* model, const std::string& config, const Result& r, int64_
       "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"step_ms\":%.2f,\"step_ms_min\":%.2f,"
       "\"step_ms_max\":%.2f,\"n_runs\":%d,\"peak_allocated_gib\":%.3f,\"peak_reserved_gib\":%.3f,"
       "\"nvml_peak_used_gib\":%.3f,\"samples_per_s\":%.0f,\"sample_unit\":\"%s\",\"peak_forward_gib\":%.3f,"
-      "\"peak_backward_gib\":%.3f,\"peak_optimizer_gib\":%.3f}\n",
+      "\"peak_backward_gib\":%.3f,\"peak_optimizer_gib\":%.3f,\"offloaded_gib\":%.3f,\"offload_used_in_place\":%lld}"
+      "\n",
       model, config.c_str(), r.median_ms, r.min_ms, r.max_ms, r.n_runs, r.peak_alloc / 1073741824.0,
       r.peak_reserved / 1073741824.0, r.nvml_peak_gib, samples / (r.median_ms / 1000.0), unit,
-      g_phases.forward / 1073741824.0, g_phases.backward / 1073741824.0, g_phases.optimizer / 1073741824.0);
+      g_phases.forward / 1073741824.0, g_phases.backward / 1073741824.0, g_phases.optimizer / 1073741824.0,
+      r.offload.offloaded_bytes / 1073741824.0, static_cast<long long>(r.offload.used_in_place));
   std::fflush(stdout);
 }
 
@@ -222,7 +231,7 @@ int main(int argc, char** argv) {
   bool channels_last = false;
   int64_t head_chunk_rows = 0;
   std::string selective_ops;  // comma-separated RecomputePolicy op kinds
-  int checkpoint_blocks = 0;
+  int checkpoint_blocks = 0, offload_blocks = 0;
   double max_batch_gib = 0;       // > 0: the largest-batch search instead of timing
   double budget_gib = 0;          // > 0: the fastest GPT-2 mode whose whole step fits, then timed
   int64_t batch = 0, seq = 1024;  // batch 0: each model's default
@@ -253,6 +262,8 @@ int main(int argc, char** argv) {
       g_optimizer = argv[++i];
     else if (!std::strcmp(argv[i], "--checkpoint-blocks"))
       checkpoint_blocks = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--offload-blocks"))
+      offload_blocks = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--selective-ops"))
       selective_ops = argv[++i];
     else if (!std::strcmp(argv[i], "--head-chunk-rows"))
@@ -352,6 +363,8 @@ int main(int argc, char** argv) {
       for (int i = 0; i < checkpoint_blocks && i < cfg.n_layer; ++i) model->recompute.block_mask[i] = true;
       variant += " checkpoint " + std::to_string(checkpoint_blocks) + " blocks";
     }
+    model->recompute.offload_blocks = offload_blocks;
+    if (offload_blocks > 0) variant += " offload " + std::to_string(offload_blocks) + " blocks";
     variant += std::string(selective && selective_ops.empty() ? " selective" : "") +
                (selective_ops.empty() ? "" : " selective " + selective_ops) + (logits ? " logits" : "");
     if (head_chunk_rows > 0) variant += " head chunk " + std::to_string(head_chunk_rows);

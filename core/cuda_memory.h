@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/device_runtime.h"
 #include "core/tensor.h"
@@ -40,5 +41,44 @@ Fragmentation fragmentation(int device = 0);
 // asynchronously on a stream (non_blocking) and overlap compute.
 Tensor pin_memory(const Tensor& cpu_tensor);
 bool is_pinned(const Tensor& t);
+
+// Page-locked host memory from a caching pool (PyTorch's CachingHostAllocator): activation
+// offload takes and returns blocks every step, and each cudaHostAlloc costs milliseconds and
+// synchronizes the device. A block goes back to the pool when its PinnedBlock dies; it is
+// handed out again only after the work recorded on it (record()) has finished, so a copy still
+// reading or writing it never races its next user. Sizes are rounded up (to 4 KiB, and to
+// 2 MiB from 1 MiB up), and a request reuses any cached block of its rounded size.
+class PinnedBlock {
+ public:
+  PinnedBlock() = default;
+  // mg::DeviceError without CUDA or when the host cannot pin `bytes` more.
+  static PinnedBlock allocate(size_t bytes);
+  ~PinnedBlock();
+  PinnedBlock(PinnedBlock&& o) noexcept;
+  PinnedBlock& operator=(PinnedBlock&& o) noexcept;
+  PinnedBlock(const PinnedBlock&) = delete;
+  PinnedBlock& operator=(const PinnedBlock&) = delete;
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }  // the rounded size
+  // The block is used by the work queued on `s` so far: it is not reused before that finishes.
+  void record(const Stream& s);
+
+ private:
+  void release();
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  std::vector<Event> uses_;
+};
+
+struct PinnedPoolStats {
+  int64_t in_use_bytes = 0;  // held by live PinnedBlocks
+  int64_t cached_bytes = 0;  // free in the pool, or waiting for their recorded work
+  int64_t host_allocs = 0;   // cudaHostAlloc calls so far
+  int64_t reuses = 0;        // requests served from the pool
+};
+PinnedPoolStats pinned_pool_stats();
+// Frees the pool's idle blocks (waiting for their recorded work first).
+void empty_pinned_cache();
 
 }  // namespace mg::cuda

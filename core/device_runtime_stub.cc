@@ -54,6 +54,14 @@ void write_memory_timeline(const std::string&, int) { no_cuda("write_memory_time
 Fragmentation fragmentation(int) { no_cuda("fragmentation"); }
 Tensor pin_memory(const Tensor&) { no_cuda("pin_memory"); }
 bool is_pinned(const Tensor&) { return false; }
+PinnedBlock PinnedBlock::allocate(size_t) { no_cuda("PinnedBlock::allocate"); }
+PinnedBlock::~PinnedBlock() = default;
+PinnedBlock::PinnedBlock(PinnedBlock&&) noexcept {}
+PinnedBlock& PinnedBlock::operator=(PinnedBlock&&) noexcept { return *this; }
+void PinnedBlock::record(const Stream&) { no_cuda("PinnedBlock::record"); }
+void PinnedBlock::release() {}
+PinnedPoolStats pinned_pool_stats() { return {}; }
+void empty_pinned_cache() {}
 bool is_capturing(int) { return false; }
 struct Graph::Impl {};
 Graph::Graph() = default;

@@ -7,6 +7,7 @@
 #include <optional>
 #include <tuple>
 
+#include "autograd/offload.h"
 #include "autograd/recompute.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
@@ -98,6 +99,8 @@ Tensor GPT::hidden(const Tensor& idx) {
   if (recompute.selective)
     selective.emplace(recompute.selective_ops.empty() ? RecomputePolicy::cheap_ops()
                                                       : RecomputePolicy{recompute.selective_ops});
+  std::optional<OffloadScope> offload;
+  if (recompute.offload_blocks > 0) offload.emplace(recompute.offload);
   Tensor x = embed(idx, 0);
   // Between checkpointed blocks the residual add runs on its own; elsewhere it stays pending
   // (x + pending) and is fused into the next layer norm, the last one into ln_f.
@@ -105,6 +108,7 @@ Tensor GPT::hidden(const Tensor& idx) {
   const auto blocks = h->children();
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto* b = static_cast<TransformerBlock*>(blocks[i].get());
+    if (static_cast<int64_t>(i) == recompute.offload_blocks) offload.reset();
     if (recompute.checkpointed(static_cast<int64_t>(i))) {
       if (pending.defined()) x = add(x, pending), pending = Tensor();
       x = checkpoint([b](const Tensor& in) { return (*b)(in); }, x);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/offload.h"
 #include "nn/activation.h"
 #include "nn/linear.h"
 #include "nn/module.h"
@@ -40,6 +41,12 @@ struct GPTRecompute {
   // Rows of logits forward_loss makes at a time (0: linear_cross_entropy's choice, about
   // 512 MiB of logits; fewer rows lower the peak at the head for more, smaller GEMMs).
   int64_t head_chunk_rows = 0;
+  // The first N blocks run under an OffloadScope (autograd/offload.h): what they save for
+  // backward goes to page-locked host memory while the later blocks run, and comes back as
+  // backward nears them. The first blocks because backward needs their tensors last: the copies
+  // have the rest of the forward to finish and the rest of backward to return.
+  int64_t offload_blocks = 0;
+  OffloadOptions offload;
   bool checkpointed(int64_t layer) const {
     return checkpoint_blocks || (layer < static_cast<int64_t>(block_mask.size()) && block_mask[layer]);
   }

@@ -1,0 +1,278 @@
+// Activation offload (autograd/offload.h): the copies to and from page-locked host memory, on
+// two side streams per device, and the bookkeeping that gives device memory back.
+#include "autograd/offload.h"
+
+#include <deque>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "autograd/autocast_policy.h"
+#include "core/allocator.h"
+#include "core/cuda_memory.h"
+#include "core/device_runtime.h"
+
+namespace mg {
+
+namespace {
+thread_local const OffloadOptions* tl_options = nullptr;
+
+struct Counters {
+  std::atomic<int64_t> offloaded_bytes{0}, fetched_bytes{0}, used_in_place{0}, device_bytes{0};
+};
+Counters& counters() {
+  static auto* c = new Counters();  // never destroyed: saved tensors may die during exit
+  return *c;
+}
+}  // namespace
+
+OffloadScope::OffloadScope(OffloadOptions options) : prev_(tl_options), options_(options) {
+  MG_CHECK(options_.min_bytes >= 0 && options_.prefetch_bytes >= 0, ValueError,
+           "OffloadScope: min_bytes and prefetch_bytes must be >= 0, got ", options_.min_bytes, " and ",
+           options_.prefetch_bytes);
+  tl_options = &options_;
+}
+
+OffloadScope::~OffloadScope() {
+  tl_options = prev_;
+  autograd::poll_offload();
+}
+
+OffloadStats offload_stats() {
+  Counters& c = counters();
+  return {c.offloaded_bytes.load(), c.fetched_bytes.load(), c.used_in_place.load(), c.device_bytes.load()};
+}
+
+void reset_offload_stats() {
+  Counters& c = counters();
+  c.offloaded_bytes = 0;
+  c.fetched_bytes = 0;
+  c.used_in_place = 0;
+}
+
+namespace autograd {
+
+namespace detail {
+std::atomic<int64_t> offload_pending{0};
+}
+
+// Fields are read and written under the engine's lock; the destructor touches only atomics
+// and the device (it may run while the lock is held).
+class OffloadedStorage {
+ public:
+  ~OffloadedStorage() {
+    if (on_device) {  // dropped before its copy to the host was seen finished
+      detail::offload_pending.fetch_sub(1, std::memory_order_relaxed);
+      counters().device_bytes.fetch_sub(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
+    }
+    // A copy back that nobody waited for may still be writing `fetched`: the block's next user
+    // (work on the current stream, where the allocator hands it out) must wait for it.
+    if (fetching && !consumed) to_device.wait(cuda::Stream::current(device.index));
+  }
+
+  uint64_t seq = 0;
+  size_t nbytes = 0;
+  Device device;
+  MemoryCategory category = MemoryCategory::Other;
+  int64_t prefetch_bytes = 0;
+  Storage on_device;  // the saved storage itself, until its copy to the host has finished
+  cuda::PinnedBlock host;
+  cuda::Event to_host;
+  Storage fetched;  // the copy back to the device
+  cuda::Event to_device;
+  bool fetching = false;
+  bool consumed = false;  // the current stream has been made to wait for `fetched`
+  bool counted_in_place = false;
+};
+
+namespace {
+
+// `bytes` as a flat u8 tensor over the storage (copies move whole storages).
+Tensor bytes_of(const Storage& st) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = st;
+  impl->sizes = {static_cast<int64_t>(st->nbytes)};
+  impl->strides = {1};
+  impl->dtype = DType::u8;
+  impl->version = std::make_shared<uint32_t>(0);
+  return Tensor(impl);
+}
+
+Tensor host_bytes(const cuda::PinnedBlock& b, size_t nbytes) {
+  return bytes_of(adopt_storage(b.data(), nbytes, Device::cpu(), [](void*) {}));
+}
+
+class Engine {
+ public:
+  std::shared_ptr<OffloadedStorage> offload(const Tensor& t, const OffloadOptions& o) {
+    const Storage& st = t.storage();
+    const int dev = t.device().index;
+    std::lock_guard<std::mutex> g(mu_);
+    poll_locked();
+    auto found = by_storage_.find(st.get());
+    if (found != by_storage_.end()) {
+      if (found->second.first.lock() == st) {
+        if (auto e = found->second.second.lock()) return e;
+      }
+      by_storage_.erase(found);
+    }
+    Queues& q = queues(dev);
+    auto e = std::make_shared<OffloadedStorage>();
+    e->seq = next_seq_++;
+    e->nbytes = st->nbytes;
+    e->device = t.device();
+    e->category = st->category;
+    e->prefetch_bytes = o.prefetch_bytes;
+    e->host = cuda::PinnedBlock::allocate(st->nbytes);
+    // The copy starts once the work that made the tensor (queued on the current stream) is done.
+    cuda::Event ready;
+    ready.record(cuda::Stream::current(dev));
+    ready.wait(q.to_host);
+    {
+      cuda::StreamGuard sg(q.to_host);
+      raw::copy_(host_bytes(e->host, e->nbytes), bytes_of(st), /*non_blocking=*/true);
+    }
+    e->to_host.record(q.to_host);
+    e->host.record(q.to_host);
+    e->on_device = st;
+    detail::offload_pending.fetch_add(1, std::memory_order_relaxed);
+    counters().device_bytes.fetch_add(static_cast<int64_t>(e->nbytes), std::memory_order_relaxed);
+    counters().offloaded_bytes.fetch_add(static_cast<int64_t>(e->nbytes), std::memory_order_relaxed);
+    pending_.push_back(e);
+    by_seq_[e->seq] = e;
+    by_storage_[st.get()] = {st, e};
+    if (++inserts_ % 256 == 0) sweep();
+    return e;
+  }
+
+  Storage fetch(OffloadedStorage& e) {
+    std::lock_guard<std::mutex> g(mu_);
+    poll_locked();
+    if (e.on_device) {  // backward got here before the copy to the host finished
+      if (!e.counted_in_place) counters().used_in_place.fetch_add(1, std::memory_order_relaxed);
+      e.counted_in_place = true;
+      return e.on_device;
+    }
+    const cuda::Stream compute = cuda::Stream::current(e.device.index);
+    if (!e.fetching) start_fetch(e, compute);
+    prefetch_before(e, compute);
+    if (!e.consumed) {
+      e.to_device.wait(compute);
+      e.consumed = true;
+    }
+    return e.fetched;
+  }
+
+  void poll() {
+    std::lock_guard<std::mutex> g(mu_);
+    poll_locked();
+  }
+
+ private:
+  struct Queues {
+    cuda::Stream to_host, to_device;
+  };
+
+  Queues& queues(int dev) {
+    if (queues_.size() <= static_cast<size_t>(dev)) queues_.resize(dev + 1);
+    if (!queues_[dev])
+      queues_[dev] = std::make_unique<Queues>(Queues{cuda::Stream::create(dev), cuda::Stream::create(dev)});
+    return *queues_[dev];
+  }
+
+  // Copies to the host finish in the order they were queued (one stream per device): drop the
+  // device storage of each finished one from the front.
+  void poll_locked() {
+    while (!pending_.empty()) {
+      std::shared_ptr<OffloadedStorage> e = pending_.front().lock();
+      if (e && e->on_device) {
+        if (!e->to_host.query()) break;
+        e->on_device.reset();
+        detail::offload_pending.fetch_sub(1, std::memory_order_relaxed);
+        counters().device_bytes.fetch_sub(static_cast<int64_t>(e->nbytes), std::memory_order_relaxed);
+      }
+      pending_.pop_front();
+    }
+  }
+
+  void start_fetch(OffloadedStorage& e, const cuda::Stream& compute) {
+    Queues& q = queues(e.device.index);
+    {
+      // Allocated for the current stream, where it is used and freed: the copy waits for the
+      // stream's work so far (a block just freed there may still be read).
+      MemoryCategoryGuard cat(e.category);
+      e.fetched = make_storage(e.nbytes, e.device);
+    }
+    cuda::Event ready;
+    ready.record(compute);
+    ready.wait(q.to_device);
+    e.to_host.wait(q.to_device);
+    {
+      cuda::StreamGuard sg(q.to_device);
+      raw::copy_(bytes_of(e.fetched), host_bytes(e.host, e.nbytes), /*non_blocking=*/true);
+    }
+    e.to_device.record(q.to_device);
+    e.host.record(q.to_device);
+    e.fetching = true;
+    counters().fetched_bytes.fetch_add(static_cast<int64_t>(e.nbytes), std::memory_order_relaxed);
+  }
+
+  // Starts the copies back of the tensors saved just before `e` (backward needs them next)
+  // until e.prefetch_bytes are on their way.
+  void prefetch_before(const OffloadedStorage& e, const cuda::Stream& compute) {
+    int64_t ahead = 0;
+    auto it = by_seq_.lower_bound(e.seq);
+    while (it != by_seq_.begin() && ahead < e.prefetch_bytes) {
+      --it;
+      std::shared_ptr<OffloadedStorage> p = it->second.lock();
+      if (!p) {
+        it = by_seq_.erase(it);
+        continue;
+      }
+      if (p->on_device || p->device != e.device || p->consumed) continue;
+      if (!p->fetching) start_fetch(*p, compute);
+      ahead += static_cast<int64_t>(p->nbytes);
+    }
+  }
+
+  void sweep() {
+    for (auto it = by_seq_.begin(); it != by_seq_.end();) it = it->second.expired() ? by_seq_.erase(it) : std::next(it);
+    for (auto it = by_storage_.begin(); it != by_storage_.end();)
+      it = it->second.second.expired() || it->second.first.expired() ? by_storage_.erase(it) : std::next(it);
+  }
+
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Queues>> queues_;
+  std::deque<std::weak_ptr<OffloadedStorage>> pending_;
+  std::map<uint64_t, std::weak_ptr<OffloadedStorage>> by_seq_;
+  std::unordered_map<const StorageImpl*, std::pair<std::weak_ptr<StorageImpl>, std::weak_ptr<OffloadedStorage>>>
+      by_storage_;
+  uint64_t next_seq_ = 0;
+  uint64_t inserts_ = 0;
+};
+
+Engine& engine() {
+  static auto* e = new Engine();  // never destroyed: saved tensors may die during exit
+  return *e;
+}
+
+}  // namespace
+
+std::shared_ptr<OffloadedStorage> offload(const Tensor& t) {
+  const OffloadOptions* o = tl_options;
+  if (!o || !t.defined() || !t.is_cuda()) return nullptr;
+  const Storage& st = t.storage();
+  if (!st || static_cast<int64_t>(st->nbytes) < std::max<int64_t>(o->min_bytes, 1)) return nullptr;
+  if (t.is_leaf() && t.requires_grad()) return nullptr;  // a parameter: it stays anyway
+  if (autocast::is_cached_cast(t)) return nullptr;       // a weight cast: alive all step
+  if (cuda::is_capturing(t.device().index)) return nullptr;
+  return engine().offload(t, *o);
+}
+
+Storage fetch(OffloadedStorage& s) { return engine().fetch(s); }
+
+void detail::offload_poll() { engine().poll(); }
+
+}  // namespace autograd
+}  // namespace mg
