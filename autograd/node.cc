@@ -104,8 +104,8 @@ Tensor SavedTensor::unpack() const {
            op_, "' is at version ", data_.version(), ", expected version ", saved_version_, " (of shape ",
            shape_str(data_.sizes()), ", ", data_.dtype(),
            "); clone it before modifying it in place, or do the in-place op out of place");
+  poll_offload(/*in_backward=*/true);
   if (offloaded_) {
-    poll_offload();
     auto impl = std::make_shared<TensorImpl>(*data_.impl());
     impl->storage = fetch(*offloaded_);
     return Tensor(std::move(impl));

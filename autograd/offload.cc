@@ -20,6 +20,7 @@ thread_local const OffloadOptions* tl_options = nullptr;
 
 struct Counters {
   std::atomic<int64_t> offloaded_bytes{0}, fetched_bytes{0}, used_in_place{0}, device_bytes{0};
+  std::atomic<int64_t> ahead_bytes{0};  // fetched back, not yet used
 };
 Counters& counters() {
   static auto* c = new Counters();  // never destroyed: saved tensors may die during exit
@@ -54,7 +55,7 @@ void reset_offload_stats() {
 namespace autograd {
 
 namespace detail {
-std::atomic<int64_t> offload_pending{0};
+std::atomic<int64_t> offload_waiting{0};
 }
 
 // Fields are read and written under the engine's lock; the destructor touches only atomics
@@ -62,13 +63,15 @@ std::atomic<int64_t> offload_pending{0};
 class OffloadedStorage {
  public:
   ~OffloadedStorage() {
-    if (on_device) {  // dropped before its copy to the host was seen finished
-      detail::offload_pending.fetch_sub(1, std::memory_order_relaxed);
+    if (on_device)  // dropped before its copy to the host was seen finished
       counters().device_bytes.fetch_sub(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
+    if (!fetching) detail::offload_waiting.fetch_sub(1, std::memory_order_relaxed);
+    if (fetching && !consumed) {
+      counters().ahead_bytes.fetch_sub(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
+      // A copy back that nobody waited for may still be writing `fetched`: the block's next
+      // user (work on the current stream, where the allocator hands it out) must wait for it.
+      to_device.wait(cuda::Stream::current(device.index));
     }
-    // A copy back that nobody waited for may still be writing `fetched`: the block's next user
-    // (work on the current stream, where the allocator hands it out) must wait for it.
-    if (fetching && !consumed) to_device.wait(cuda::Stream::current(device.index));
   }
 
   uint64_t seq = 0;
@@ -82,8 +85,7 @@ class OffloadedStorage {
   Storage fetched;  // the copy back to the device
   cuda::Event to_device;
   bool fetching = false;
-  bool consumed = false;  // the current stream has been made to wait for `fetched`
-  bool counted_in_place = false;
+  bool consumed = false;  // used: `fetched` waited for, or on_device taken as it is
 };
 
 namespace {
@@ -136,12 +138,13 @@ class Engine {
     e->to_host.record(q.to_host);
     e->host.record(q.to_host);
     e->on_device = st;
-    detail::offload_pending.fetch_add(1, std::memory_order_relaxed);
+    detail::offload_waiting.fetch_add(1, std::memory_order_relaxed);
     counters().device_bytes.fetch_add(static_cast<int64_t>(e->nbytes), std::memory_order_relaxed);
     counters().offloaded_bytes.fetch_add(static_cast<int64_t>(e->nbytes), std::memory_order_relaxed);
     pending_.push_back(e);
     by_seq_[e->seq] = e;
     by_storage_[st.get()] = {st, e};
+    ceiling(dev) = -1;  // a forward: the next backward sets it again
     if (++inserts_ % 256 == 0) sweep();
     return e;
   }
@@ -150,23 +153,25 @@ class Engine {
     std::lock_guard<std::mutex> g(mu_);
     poll_locked();
     if (e.on_device) {  // backward got here before the copy to the host finished
-      if (!e.counted_in_place) counters().used_in_place.fetch_add(1, std::memory_order_relaxed);
-      e.counted_in_place = true;
+      if (!e.consumed) counters().used_in_place.fetch_add(1, std::memory_order_relaxed);
+      e.consumed = true;
       return e.on_device;
     }
     const cuda::Stream compute = cuda::Stream::current(e.device.index);
     if (!e.fetching) start_fetch(e, compute);
-    prefetch_before(e, compute);
     if (!e.consumed) {
       e.to_device.wait(compute);
       e.consumed = true;
+      counters().ahead_bytes.fetch_sub(static_cast<int64_t>(e.nbytes), std::memory_order_relaxed);
     }
+    prefetch_locked();
     return e.fetched;
   }
 
-  void poll() {
+  void tick(bool in_backward) {
     std::lock_guard<std::mutex> g(mu_);
     poll_locked();
+    if (in_backward) prefetch_locked();
   }
 
  private:
@@ -189,7 +194,6 @@ class Engine {
       if (e && e->on_device) {
         if (!e->to_host.query()) break;
         e->on_device.reset();
-        detail::offload_pending.fetch_sub(1, std::memory_order_relaxed);
         counters().device_bytes.fetch_sub(static_cast<int64_t>(e->nbytes), std::memory_order_relaxed);
       }
       pending_.pop_front();
@@ -215,24 +219,36 @@ class Engine {
     e.to_device.record(q.to_device);
     e.host.record(q.to_device);
     e.fetching = true;
+    detail::offload_waiting.fetch_sub(1, std::memory_order_relaxed);
     counters().fetched_bytes.fetch_add(static_cast<int64_t>(e.nbytes), std::memory_order_relaxed);
+    counters().ahead_bytes.fetch_add(static_cast<int64_t>(e.nbytes), std::memory_order_relaxed);
   }
 
-  // Starts the copies back of the tensors saved just before `e` (backward needs them next)
-  // until e.prefetch_bytes are on their way.
-  void prefetch_before(const OffloadedStorage& e, const cuda::Stream& compute) {
-    int64_t ahead = 0;
-    auto it = by_seq_.lower_bound(e.seq);
-    while (it != by_seq_.begin() && ahead < e.prefetch_bytes) {
+  // The device's live bytes when its backward began (-1 until then): fetches ahead stay under it.
+  int64_t& ceiling(int dev) {
+    if (ceilings_.size() <= static_cast<size_t>(dev)) ceilings_.resize(dev + 1, -1);
+    return ceilings_[dev];
+  }
+
+  // Starts the copies back of the offloaded tensors backward needs next (the latest saved
+  // first) while fewer than their options' prefetch_bytes are fetched and unused and the
+  // device's live bytes stay under its ceiling. Stops at the first that does not fit: fetches
+  // go in backward's order.
+  void prefetch_locked() {
+    for (auto it = by_seq_.end(); it != by_seq_.begin();) {
       --it;
       std::shared_ptr<OffloadedStorage> p = it->second.lock();
       if (!p) {
         it = by_seq_.erase(it);
         continue;
       }
-      if (p->on_device || p->device != e.device || p->consumed) continue;
-      if (!p->fetching) start_fetch(*p, compute);
-      ahead += static_cast<int64_t>(p->nbytes);
+      if (p->on_device || p->fetching || p->consumed) continue;
+      const int dev = p->device.index;
+      const int64_t live = CategoryStats::get(p->device).total().current;
+      if (ceiling(dev) < 0) ceiling(dev) = live;
+      const int64_t n = static_cast<int64_t>(p->nbytes);
+      if (counters().ahead_bytes.load() + n > p->prefetch_bytes || live + n > ceiling(dev)) return;
+      start_fetch(*p, cuda::Stream::current(dev));
     }
   }
 
@@ -248,6 +264,7 @@ class Engine {
   std::map<uint64_t, std::weak_ptr<OffloadedStorage>> by_seq_;
   std::unordered_map<const StorageImpl*, std::pair<std::weak_ptr<StorageImpl>, std::weak_ptr<OffloadedStorage>>>
       by_storage_;
+  std::vector<int64_t> ceilings_;
   uint64_t next_seq_ = 0;
   uint64_t inserts_ = 0;
 };
@@ -272,7 +289,7 @@ std::shared_ptr<OffloadedStorage> offload(const Tensor& t) {
 
 Storage fetch(OffloadedStorage& s) { return engine().fetch(s); }
 
-void detail::offload_poll() { engine().poll(); }
+void detail::offload_tick(bool in_backward) { engine().tick(in_backward); }
 
 }  // namespace autograd
 }  // namespace mg

@@ -19,6 +19,12 @@
 // The device memory a saved tensor held is given back when its copy to the host is seen to
 // have finished: SavedTensor polls every time it saves or unpacks while copies are pending.
 // A tensor backward asks for before its copy finished is used from the device as it is.
+//
+// Backward fetches ahead: at every saved tensor it unpacks, the offloaded tensors it will need
+// next (latest saved first) are copied back while two limits hold. At most
+// OffloadOptions::prefetch_bytes are fetched and not yet used, and the device's live bytes
+// stay at or below what they were when backward began: a fetch ahead only fills memory
+// backward has already freed, so it never raises the step's peak.
 #pragma once
 
 #include <atomic>
@@ -33,10 +39,9 @@ struct OffloadOptions {
   // Saved tensors of fewer bytes stay on the device: below about a megabyte a copy's fixed
   // cost outweighs what it frees.
   int64_t min_bytes = int64_t{1} << 20;
-  // How far ahead backward fetches: when a saved tensor is first asked for, the copies back
-  // of the tensors saved before it (the ones backward needs next) are started until this many
-  // bytes are on their way. More overlaps better; each byte is device memory held early.
-  int64_t prefetch_bytes = int64_t{256} << 20;
+  // How far ahead backward fetches: the most bytes copied back and not yet used. More hides
+  // the copies better; each byte is device memory taken early.
+  int64_t prefetch_bytes = int64_t{512} << 20;
 };
 
 // Turns offload on for the calling thread for a scope (nests; the innermost options apply).
@@ -74,12 +79,14 @@ std::shared_ptr<OffloadedStorage> offload(const Tensor& t);
 Storage fetch(OffloadedStorage& s);
 
 namespace detail {
-extern std::atomic<int64_t> offload_pending;  // copies to the host not yet seen finished
-void offload_poll();
+// Offloaded tensors whose copy to the host is not yet seen finished, or not yet fetched back.
+extern std::atomic<int64_t> offload_waiting;
+void offload_tick(bool in_backward);
 }  // namespace detail
-// Drops the device memory of saved tensors whose copy to the host has finished.
-inline void poll_offload() {
-  if (detail::offload_pending.load(std::memory_order_relaxed) > 0) detail::offload_poll();
+// Drops the device memory of saved tensors whose copy to the host has finished; in backward
+// (`in_backward`: a saved tensor is being unpacked) also starts the fetches ahead.
+inline void poll_offload(bool in_backward = false) {
+  if (detail::offload_waiting.load(std::memory_order_relaxed) > 0) detail::offload_tick(in_backward);
 }
 
 }  // namespace autograd

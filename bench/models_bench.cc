@@ -21,7 +21,8 @@
 //   --optimizer sgd|adamw  the step's optimizer (default sgd; adamw: fused AdamW, lr 1e-3,
 //                      weight decay 0.1), "AdamW" in the config string
 //   --checkpoint       GPT-2 with every block checkpointed (" checkpoint" in the config string)
-//   --checkpoint-blocks N  GPT-2 with its first N blocks checkpointed (" checkpoint N blocks")
+//   --checkpoint-blocks N  GPT-2 with its first N blocks checkpointed (" checkpoint N blocks"),
+//                      or the N after the offloaded ones with --offload-blocks
 //   --offload-blocks N GPT-2 with what its first N blocks save for backward offloaded to pinned
 //                      host memory (GPTRecompute::offload_blocks; " offload N blocks")
 //   --selective        GPT-2 under selective recomputation (RecomputePolicy::cheap_ops: GELU
@@ -360,7 +361,9 @@ int main(int argc, char** argv) {
     std::string variant = checkpoint ? " checkpoint" : "";
     if (!checkpoint && checkpoint_blocks > 0) {
       model->recompute.block_mask.assign(cfg.n_layer, false);
-      for (int i = 0; i < checkpoint_blocks && i < cfg.n_layer; ++i) model->recompute.block_mask[i] = true;
+      // After the offloaded blocks (--offload-blocks): those keep their tensors, on the host.
+      for (int i = offload_blocks; i < offload_blocks + checkpoint_blocks && i < cfg.n_layer; ++i)
+        model->recompute.block_mask[i] = true;
       variant += " checkpoint " + std::to_string(checkpoint_blocks) + " blocks";
     }
     model->recompute.offload_blocks = offload_blocks;
