@@ -66,7 +66,7 @@ class OffloadedStorage {
     if (on_device)  // dropped before its copy to the host was seen finished
       counters().device_bytes.fetch_sub(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
     if (!fetching) detail::offload_waiting.fetch_sub(1, std::memory_order_relaxed);
-    if (fetching && !consumed) {
+    if (fetching && !waited) {
       counters().ahead_bytes.fetch_sub(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
       // A copy back that nobody waited for may still be writing `fetched`: the block's next
       // user (work on the current stream, where the allocator hands it out) must wait for it.
@@ -85,7 +85,12 @@ class OffloadedStorage {
   Storage fetched;  // the copy back to the device
   cuda::Event to_device;
   bool fetching = false;
-  bool consumed = false;  // used: `fetched` waited for, or on_device taken as it is
+  bool used_in_place = false;  // backward took on_device before its copy out finished: kept
+  bool waited = false;         // the current stream has been made to wait for `fetched`
+  // The storage's version counter and value when copied: a later save of the same storage
+  // reuses this copy only if nothing wrote to it in between.
+  std::shared_ptr<uint32_t> version;
+  uint32_t saved_version = 0;
 };
 
 namespace {
@@ -115,7 +120,8 @@ class Engine {
     auto found = by_storage_.find(st.get());
     if (found != by_storage_.end()) {
       if (found->second.first.lock() == st) {
-        if (auto e = found->second.second.lock()) return e;
+        auto e = found->second.second.lock();
+        if (e && e->version == t.impl()->version && e->saved_version == t.version()) return e;
       }
       by_storage_.erase(found);
     }
@@ -126,6 +132,8 @@ class Engine {
     e->device = t.device();
     e->category = st->category;
     e->prefetch_bytes = o.prefetch_bytes;
+    e->version = t.impl()->version;
+    e->saved_version = t.version();
     e->host = cuda::PinnedBlock::allocate(st->nbytes);
     // The copy starts once the work that made the tensor (queued on the current stream) is done.
     cuda::Event ready;
@@ -152,20 +160,27 @@ class Engine {
   Storage fetch(OffloadedStorage& e) {
     std::lock_guard<std::mutex> g(mu_);
     poll_locked();
-    if (e.on_device) {  // backward got here before the copy to the host finished
-      if (!e.consumed) counters().used_in_place.fetch_add(1, std::memory_order_relaxed);
-      e.consumed = true;
+    if (e.on_device) {  // backward got here before the copy to the host finished: use it, keep it
+      if (!e.used_in_place) counters().used_in_place.fetch_add(1, std::memory_order_relaxed);
+      e.used_in_place = true;
       return e.on_device;
     }
     const cuda::Stream compute = cuda::Stream::current(e.device.index);
     if (!e.fetching) start_fetch(e, compute);
-    if (!e.consumed) {
+    if (!e.waited) {
       e.to_device.wait(compute);
-      e.consumed = true;
+      e.waited = true;
       counters().ahead_bytes.fetch_sub(static_cast<int64_t>(e.nbytes), std::memory_order_relaxed);
     }
     prefetch_locked();
     return e.fetched;
+  }
+
+  void wait_all() {
+    std::lock_guard<std::mutex> g(mu_);
+    for (const auto& w : pending_)
+      if (auto e = w.lock(); e && e->on_device && !e->used_in_place) e->to_host.synchronize();
+    poll_locked();
   }
 
   void tick(bool in_backward) {
@@ -191,7 +206,7 @@ class Engine {
   void poll_locked() {
     while (!pending_.empty()) {
       std::shared_ptr<OffloadedStorage> e = pending_.front().lock();
-      if (e && e->on_device) {
+      if (e && e->on_device && !e->used_in_place) {
         if (!e->to_host.query()) break;
         e->on_device.reset();
         counters().device_bytes.fetch_sub(static_cast<int64_t>(e->nbytes), std::memory_order_relaxed);
@@ -242,7 +257,7 @@ class Engine {
         it = by_seq_.erase(it);
         continue;
       }
-      if (p->on_device || p->fetching || p->consumed) continue;
+      if (p->on_device || p->fetching) continue;
       const int dev = p->device.index;
       const int64_t live = CategoryStats::get(p->device).total().current;
       if (ceiling(dev) < 0) ceiling(dev) = live;
@@ -288,6 +303,14 @@ std::shared_ptr<OffloadedStorage> offload(const Tensor& t) {
 }
 
 Storage fetch(OffloadedStorage& s) { return engine().fetch(s); }
+
+}  // namespace autograd
+
+void offload_wait() {
+  if (autograd::detail::offload_waiting.load() > 0) autograd::engine().wait_all();
+}
+
+namespace autograd {
 
 void detail::offload_tick(bool in_backward) { engine().tick(in_backward); }
 

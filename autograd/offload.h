@@ -57,6 +57,13 @@ class OffloadScope {
   OffloadOptions options_;
 };
 
+// Blocks the calling thread until every copy to the host queued so far has finished, and gives
+// their device memory back. The host runs ahead of the device: where the step is about to peak
+// (GPT: before the head), the copies of the offloaded blocks may not have run yet, and the memory
+// they free would count only later. Waiting there costs device time only when the copies are
+// slower than the work queued behind them.
+void offload_wait();
+
 // Counters since the last reset (process-wide).
 struct OffloadStats {
   int64_t offloaded_bytes = 0;  // copies to the host started

@@ -25,6 +25,8 @@
 //                      or the N after the offloaded ones with --offload-blocks
 //   --offload-blocks N GPT-2 with what its first N blocks save for backward offloaded to pinned
 //                      host memory (GPTRecompute::offload_blocks; " offload N blocks")
+//   --offload-prefetch-mib M  how far backward fetches offloaded tensors ahead (OffloadOptions::
+//                      prefetch_bytes; default 512; " prefetch M MiB" when given)
 //   --selective        GPT-2 under selective recomputation (RecomputePolicy::cheap_ops: GELU
 //                      outputs and layer norms rebuilt in backward; " selective")
 //   --memory-budget G  GPT-2: the fastest mode whose whole step (weights, gradients, optimizer
@@ -48,7 +50,8 @@
 // The JSON line carries step_ms (median), step_ms_min / step_ms_max, n_runs, the peak of each
 // phase of one more step (peak_forward_gib: zero_grad, forward and loss; peak_backward_gib;
 // peak_optimizer_gib), what that step offloaded (offloaded_gib; offload_used_in_place: saved
-// tensors backward took from the device before their copy out finished), and the throughput
+// tensors backward took from the device before their copy out finished; offload_pending_gib:
+// offloaded bytes still on the device, their copy unfinished, as the forward ended), and the throughput
 // at the median (samples_per_s: images, or tokens for GPT-2) for the suite
 // (bench/runner); its config string is the one bench/pytorch/models_step.py prints.
 #include <algorithm>
@@ -88,6 +91,7 @@ struct Result {
 struct PhasePeaks {
   bool probe = false;
   int64_t forward = -1, backward = -1, optimizer = -1;
+  int64_t offload_pending = 0;  // device bytes of offloaded tensors whose copy out had not finished as forward ended
 };
 PhasePeaks g_phases;
 
@@ -170,6 +174,7 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBack
       loss = loss_of();
     }
     phase_end(g_phases.forward);
+    if (g_phases.probe) g_phases.offload_pending = mg::offload_stats().device_bytes;
     loss.backward();
     loss = mg::Tensor();
     phase_end(g_phases.backward);
@@ -187,12 +192,14 @@ void print(const char* model, const std::string& config, const Result& r, int64_
       "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"step_ms\":%.2f,\"step_ms_min\":%.2f,"
       "\"step_ms_max\":%.2f,\"n_runs\":%d,\"peak_allocated_gib\":%.3f,\"peak_reserved_gib\":%.3f,"
       "\"nvml_peak_used_gib\":%.3f,\"samples_per_s\":%.0f,\"sample_unit\":\"%s\",\"peak_forward_gib\":%.3f,"
-      "\"peak_backward_gib\":%.3f,\"peak_optimizer_gib\":%.3f,\"offloaded_gib\":%.3f,\"offload_used_in_place\":%lld}"
+      "\"peak_backward_gib\":%.3f,\"peak_optimizer_gib\":%.3f,\"offloaded_gib\":%.3f,\"offload_used_in_place\":%lld,"
+      "\"offload_pending_gib\":%.3f}"
       "\n",
       model, config.c_str(), r.median_ms, r.min_ms, r.max_ms, r.n_runs, r.peak_alloc / 1073741824.0,
       r.peak_reserved / 1073741824.0, r.nvml_peak_gib, samples / (r.median_ms / 1000.0), unit,
       g_phases.forward / 1073741824.0, g_phases.backward / 1073741824.0, g_phases.optimizer / 1073741824.0,
-      r.offload.offloaded_bytes / 1073741824.0, static_cast<long long>(r.offload.used_in_place));
+      r.offload.offloaded_bytes / 1073741824.0, static_cast<long long>(r.offload.used_in_place),
+      g_phases.offload_pending / 1073741824.0);
   std::fflush(stdout);
 }
 
@@ -233,9 +240,10 @@ int main(int argc, char** argv) {
   int64_t head_chunk_rows = 0;
   std::string selective_ops;  // comma-separated RecomputePolicy op kinds
   int checkpoint_blocks = 0, offload_blocks = 0;
-  double max_batch_gib = 0;       // > 0: the largest-batch search instead of timing
-  double budget_gib = 0;          // > 0: the fastest GPT-2 mode whose whole step fits, then timed
-  int64_t batch = 0, seq = 1024;  // batch 0: each model's default
+  int64_t offload_prefetch_mib = -1;  // -1: OffloadOptions' default
+  double max_batch_gib = 0;           // > 0: the largest-batch search instead of timing
+  double budget_gib = 0;              // > 0: the fastest GPT-2 mode whose whole step fits, then timed
+  int64_t batch = 0, seq = 1024;      // batch 0: each model's default
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--profile")) g_profile = true;
     if (!std::strcmp(argv[i], "--tf32")) tf32 = true;
@@ -265,6 +273,8 @@ int main(int argc, char** argv) {
       checkpoint_blocks = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--offload-blocks"))
       offload_blocks = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--offload-prefetch-mib"))
+      offload_prefetch_mib = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--selective-ops"))
       selective_ops = argv[++i];
     else if (!std::strcmp(argv[i], "--head-chunk-rows"))
@@ -368,6 +378,10 @@ int main(int argc, char** argv) {
     }
     model->recompute.offload_blocks = offload_blocks;
     if (offload_blocks > 0) variant += " offload " + std::to_string(offload_blocks) + " blocks";
+    if (offload_prefetch_mib >= 0) {
+      model->recompute.offload.prefetch_bytes = offload_prefetch_mib << 20;
+      variant += " prefetch " + std::to_string(offload_prefetch_mib) + " MiB";
+    }
     variant += std::string(selective && selective_ops.empty() ? " selective" : "") +
                (selective_ops.empty() ? "" : " selective " + selective_ops) + (logits ? " logits" : "");
     if (head_chunk_rows > 0) variant += " head chunk " + std::to_string(head_chunk_rows);

@@ -82,7 +82,11 @@ Tensor GPT::embed(const Tensor& idx, int64_t start) {
   return (*drop)(add((*wte)(idx), (*wpe)(pos)));  // [B, T, C] + [T, C]
 }
 
-Tensor GPT::forward(const Tensor& idx) { return (*lm_head)(hidden(idx)); }
+Tensor GPT::forward(const Tensor& idx) {
+  Tensor x = hidden(idx);
+  if (recompute.offload_blocks > 0) offload_wait();  // as in forward_loss
+  return (*lm_head)(x);
+}
 
 Tensor GPT::forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignore_index) {
   MG_CHECK(idx.defined() && targets.defined() && idx.dim() == 2 && targets.sizes() == idx.sizes(), ShapeError,
@@ -90,7 +94,8 @@ Tensor GPT::forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignor
            idx.defined() ? shape_str(idx.sizes()) : std::string("(undefined)"), " and ",
            targets.defined() ? shape_str(targets.sizes()) : std::string("(undefined)"));
   Tensor x = hidden(idx);
-  lm_head->run_forward_pre_hooks();  // what (*lm_head)(x) would run (pruning masks, sharding)
+  if (recompute.offload_blocks > 0) offload_wait();  // the head is the peak: the offloaded blocks' memory is back
+  lm_head->run_forward_pre_hooks();                  // what (*lm_head)(x) would run (pruning masks, sharding)
   return linear_cross_entropy(x, lm_head->weight, targets, "mean", ignore_index, 0.0, recompute.head_chunk_rows);
 }
 

@@ -44,7 +44,8 @@ struct GPTRecompute {
   // The first N blocks run under an OffloadScope (autograd/offload.h): what they save for
   // backward goes to page-locked host memory while the later blocks run, and comes back as
   // backward nears them. The first blocks because backward needs their tensors last: the copies
-  // have the rest of the forward to finish and the rest of backward to return.
+  // have the rest of the forward to finish and the rest of backward to return. Before the head
+  // (the step's peak) the forward waits for those copies: offload_wait().
   int64_t offload_blocks = 0;
   OffloadOptions offload;
   bool checkpointed(int64_t layer) const {
