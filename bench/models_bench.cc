@@ -32,7 +32,8 @@
 //   --memory-budget G  GPT-2: the fastest mode whose whole step (weights, gradients, optimizer
 //                      state, casts, workspaces, activations) peaks under G GiB, found before
 //                      timing by nn::fit_to_budget over a ladder (plain; GELU-only selective +
-//                      step in backward; then 1..12 blocks checkpointed with a 2048-row head),
+//                      step in backward; then 1..12 blocks checkpointed with a 2048-row head;
+//                      with --offload-blocks N the rungs after plain offload the first N blocks),
 //                      one trial step each; prints the tries and times the choice, or says the
 //                      smallest peak and exits 3 when nothing fits
 //   --max-batch-under G  instead of timing: the largest batch whose whole step (forward, backward,
@@ -404,8 +405,9 @@ int main(int argc, char** argv) {
     };
     if (budget_gib > 0) {
       // nn::gpt_memory_ladder: plain; GELU-only selective recomputation with the step inside
-      // backward; then 1, 2, ... n_layer blocks checkpointed on top, with a 2048-row head.
-      const std::vector<mg::nn::BudgetOption> ladder = mg::nn::gpt_memory_ladder(*model, sib.get());
+      // backward; then 1, 2, ... n_layer blocks checkpointed on top, with a 2048-row head (after
+      // the offloaded blocks, with --offload-blocks).
+      const std::vector<mg::nn::BudgetOption> ladder = mg::nn::gpt_memory_ladder(*model, sib.get(), offload_blocks);
       auto step = step_at(B);
       step();  // the optimizer's state, before any trial counts it
       const int64_t budget = static_cast<int64_t>(budget_gib * 1073741824.0);

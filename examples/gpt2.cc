@@ -176,6 +176,7 @@ void set_recompute(Run& r) {
   const std::string& m = r.f.recompute;
   r.model->recompute.checkpoint_blocks = m == "per-block" || m == "per-block+selective";
   r.model->recompute.selective = m == "selective" || m == "per-block+selective";
+  r.model->recompute.offload_blocks = r.f.offload_blocks;
   if (r.f.planner_budget.empty()) return;
   Tensor h = randn({r.micro, r.model->config.block_size, r.model->config.n_embd}, {DType::f32, r.device});
   h.requires_grad_(true);
@@ -224,7 +225,8 @@ void fit_memory_budget(Run& r) {
     opt->step();
   };
   step();  // the optimizer's state, before anything is measured
-  const nn::BudgetFitResult fit = nn::fit_to_budget(nn::gpt_memory_ladder(*r.model), step, budget, r.device);
+  const nn::BudgetFitResult fit =
+      nn::fit_to_budget(nn::gpt_memory_ladder(*r.model, nullptr, r.f.offload_blocks), step, budget, r.device);
   opt->zero_grad();
   opt.reset();
   default_generator().set_state(rng);

@@ -17,8 +17,13 @@ namespace mg::nn {
 //      backward (when in_backward is given);
 //   2 .. n_layer + 1. the first 1 .. n_layer blocks checkpointed on top of rung 1, and the head's
 //      logits made 2048 rows at a time.
-// Each rung sets model.recompute whole (block mask, selective ops, head chunk rows) and
+// With offload_blocks = m > 0, rungs 1 on also offload what the first m blocks save
+// (GPTRecompute::offload_blocks), and the checkpointed blocks are the ones after them (1 ..
+// n_layer - m). How many blocks offload hides depends on the host link: on the H200 (55 GB/s
+// each way) one block of GPT-2 at B=8 costs under 1 %, the second about 24 % (docs/recompute.md).
+// Each rung sets model.recompute whole (block mask, selective ops, head chunk rows, offload) and
 // enables or disables in_backward; the model and in_backward must outlive the ladder.
-std::vector<BudgetOption> gpt_memory_ladder(GPT& model, optim::StepInBackward* in_backward = nullptr);
+std::vector<BudgetOption> gpt_memory_ladder(GPT& model, optim::StepInBackward* in_backward = nullptr,
+                                            int64_t offload_blocks = 0);
 
 }  // namespace mg::nn

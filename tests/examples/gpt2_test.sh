@@ -46,6 +46,15 @@ if "$BIN" --memory-budget 1GiB --recompute per-block 2>"$TMP/err"; then echo "FA
 grep -q "drop --recompute" "$TMP/err" || { echo "FAIL: no message for --memory-budget with --recompute"; cat "$TMP/err"; exit 1; }
 echo "memory budget: 1GiB fits without recomputation; 1KiB names the smallest peak"
 
+if "$BIN" --offload-blocks -1 2>"$TMP/err"; then echo "FAIL: --offload-blocks -1 was accepted"; exit 1; fi
+grep -q -- "--offload-blocks must be >= 0, got -1" "$TMP/err" || { echo "FAIL: no message for --offload-blocks -1"; cat "$TMP/err"; exit 1; }
+# With offloaded blocks the ladder names them (on the CPU offload copies nothing; the rungs still run).
+"$BIN" "${common[@]}" --steps 1 --eval-every 0 --max-new-tokens 0 --memory-budget 1KiB --offload-blocks 1 >"$TMP/out" 2>"$TMP/err" && {
+  echo "FAIL: a 1 KiB budget was accepted with --offload-blocks"; exit 1; }
+grep -q "checkpoint 1 blocks selective gelu head chunk 2048 offload 1 blocks:" "$TMP/out" || {
+  echo "FAIL: the offload ladder's rungs are not named"; cat "$TMP/out"; exit 1; }
+echo "offload blocks: a negative count is refused; the ladder checkpoints the blocks after the offloaded one"
+
 if "$BIN" --recompute sometimes 2>"$TMP/err"; then echo "FAIL: a bad flag was accepted"; exit 1; fi
 grep -q "unknown --recompute" "$TMP/err" || { echo "FAIL: no message naming the flag"; cat "$TMP/err"; exit 1; }
 echo PASS

@@ -123,6 +123,17 @@ TEST(GPTMemoryLadder, RungsSetTheirModesAndFitToBudgetChoosesOne) {
   EXPECT_EQ(m.recompute.head_chunk_rows, 0);
   EXPECT_FALSE(sib.enabled());
 
+  // With offloaded blocks: the checkpointed ones come after them, one rung fewer.
+  const std::vector<BudgetOption> off = gpt_memory_ladder(m, &sib, 1);
+  ASSERT_EQ(off.size(), 2u + 2u);
+  EXPECT_EQ(off[1].name, "selective gelu step in backward offload 1 blocks");
+  off[3].apply();
+  EXPECT_EQ(off[3].name, "checkpoint 2 blocks selective gelu head chunk 2048 step in backward offload 1 blocks");
+  EXPECT_EQ(m.recompute.block_mask, (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(m.recompute.offload_blocks, 1);
+  off[0].apply();
+  EXPECT_EQ(m.recompute.offload_blocks, 0);
+
   Tensor idx = randint(0, 64, {4, 16}, {DType::i64}, &g), targets = randint(0, 64, {4, 16}, {DType::i64}, &g);
   auto step = [&] {
     opt.zero_grad();
