@@ -236,7 +236,8 @@ def max_batch_under(gib, tag, dtype, a, model="gpt2-124M", channels_last=False):
         if channels_last:
             m = m.to(memory_format=torch.channels_last)
     opt = make_optimizer(m.parameters(), a.optimizer)
-    fwd = torch.compile(m) if a.compile else m
+    # dynamic=True: one graph with a symbolic batch, not a recompile per batch size the search tries.
+    fwd = torch.compile(m, dynamic=True) if a.compile else m
     T = SIZES["seq"]
 
     def loss_at(b):
