@@ -303,10 +303,6 @@ struct RowsTile {
   int64_t per;       // rows per chunk (the last may be shorter)
   __device__ __forceinline__ int64_t begin(int p) const { return min(M, p * per); }
   __device__ __forceinline__ int64_t end(int p) const { return min(M, (p + 1) * per); }
-  // Rows of chunk [r0, r1) that row lane y visits.
-  __device__ __forceinline__ int64_t lane_rows(int64_t r0, int64_t r1, int y) const {
-    return r1 - r0 > y ? (r1 - r0 - y + ty - 1) / ty : 0;
-  }
 };
 
 RowsTile rows_tile(int64_t M, int64_t C, int V) {

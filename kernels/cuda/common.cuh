@@ -170,6 +170,28 @@ __device__ __forceinline__ A warp_max(A v) {
   return v;
 }
 
+// ---- a warp's row held in registers (softmax's and layer norm's short-row paths) ----
+// Vectors a lane keeps: up to 32 values (f32 and 16-bit rows to 1024 elements, f64 to 512).
+template <class T>
+constexpr int kWarpRowVecs = 32 / kVec16<T> < 8 ? 32 / kVec16<T> : 8;
+
+// Lane `lane`'s share of a row of nv V-element vectors at x: vector lane + 32 j into val[j],
+// converted to M, with each(value) called per element as it arrives (a running max or sum).
+// The row is read from memory once.
+template <int V, int NV, class T, class M, class Each>
+__device__ __forceinline__ void load_warp_row(const T* x, int nv, int lane, M (&val)[NV][V], Each&& each) {
+  const AlignedVec<T, V>* xv = reinterpret_cast<const AlignedVec<T, V>*>(x);
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int i = lane + 32 * j;
+    if (i < nv) {
+      const AlignedVec<T, V> v = xv[i];
+#pragma unroll
+      for (int k = 0; k < V; ++k) each(val[j][k] = load_m(v.v[k]));
+    }
+  }
+}
+
 // Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread
 // gets the result. `shm` holds 32 values.
 template <class A>

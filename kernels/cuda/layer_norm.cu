@@ -93,18 +93,9 @@ __global__ void ln_fwd_regs_kernel(const T* x, const T* w, const T* b, T* out, m
   const int64_t i = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.y;
   if (i >= rows) return;  // whole warps only
   const int lane = threadIdx.x, nv = static_cast<int>(n / V);
-  const Vec* xv = reinterpret_cast<const Vec*>(x + i * n);
   A val[NV][V];
   A s = 0;
-#pragma unroll
-  for (int j = 0; j < NV; ++j) {
-    const int c = lane + 32 * j;
-    if (c < nv) {
-      const Vec v = xv[c];
-#pragma unroll
-      for (int k = 0; k < V; ++k) s += (val[j][k] = load_m(v.v[k]));
-    }
-  }
+  load_warp_row<V, NV>(x + i * n, nv, lane, val, [&](A e) { s += e; });
   const A m = warp_sum(s) / static_cast<A>(n);
   A var = 0;
 #pragma unroll
@@ -132,10 +123,6 @@ __global__ void ln_fwd_regs_kernel(const T* x, const T* w, const T* b, T* out, m
     }
   }
 }
-
-// Vectors a lane may keep for ln_fwd_regs_kernel: up to 32 values.
-template <class T>
-constexpr int kLnRegVecs = 32 / kVec16<T> < 8 ? 32 / kVec16<T> : 8;
 
 // ---------------------------------------------------------------- residual add fused in
 // The pre-LN block's `h = x + branch; y = ln(h)` over an f32 residual stream: one pass reads
@@ -436,7 +423,7 @@ void forward_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
           <<<blocks_for(rows, 128), 128, 0, st>>>(data_as<const T>(x), data_as<const T>(weight), data_as<const T>(bias),
                                                   data_as<T>(out), data_as<A>(mean), data_as<A>(rstd), rows, n, eps);
     else {
-      constexpr int V = kVec16<T>, kMax = kLnRegVecs<T>;
+      constexpr int V = kVec16<T>, kMax = kWarpRowVecs<T>;
       const T *px = data_as<const T>(x), *pw = data_as<const T>(weight), *pb = data_as<const T>(bias);
       T* po = data_as<T>(out);
       auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };

@@ -91,23 +91,11 @@ __device__ __forceinline__ void softmax_row(const T* x, T* y, int64_t K, bool lo
 template <int V, int NV, class T, class M>
 __device__ __forceinline__ void softmax_row_regs(const T* x, T* y, int64_t K, bool log) {
   using Vec = AlignedVec<T, V>;
-  const Vec* xv = reinterpret_cast<const Vec*>(x);
   Vec* yv = reinterpret_cast<Vec*>(y);
   const int nv = static_cast<int>(K / V), lane = threadIdx.x;
   M val[NV][V];
   M mx = -std::numeric_limits<M>::infinity();
-#pragma unroll
-  for (int j = 0; j < NV; ++j) {
-    const int i = lane + 32 * j;
-    if (i < nv) {
-      const Vec v = xv[i];
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        val[j][k] = load_m(v.v[k]);
-        mx = val[j][k] > mx ? val[j][k] : mx;
-      }
-    }
-  }
+  load_warp_row<V, NV>(x, nv, lane, val, [&](M e) { mx = e > mx ? e : mx; });
   mx = fix_max(warp_max(mx));
   M s = 0;
 #pragma unroll
@@ -134,11 +122,6 @@ __device__ __forceinline__ void softmax_row_regs(const T* x, T* y, int64_t K, bo
     }
   }
 }
-
-// Vectors a lane keeps for the register path: up to 32 values (f32 rows to 1024, 16-bit rows to
-// 1024, f64 rows to 512).
-template <class T>
-constexpr int kRegVecs = 32 / kVec16<T> < 8 ? 32 / kVec16<T> : 8;
 
 // A long row shared by a block: one read for the max and the sum together (an online
 // softmax: each thread rescales its running sum once per vector, to the vector's max when that
@@ -197,16 +180,16 @@ __global__ void softmax_warp_rows_kernel(const T* a, T* out, OffsetCalc<2> oc, i
   // Vector loads when the row allows (uniform across the warp: one row).
   constexpr int V = kVec16<T>;
   const int64_t nv = K / V;
-  if (V > 1 && K % V == 0 && nv <= 32 * kRegVecs<T> && aligned16(x, y)) {
+  if (V > 1 && K % V == 0 && nv <= 32 * kWarpRowVecs<T> && aligned16(x, y)) {
     // The smallest power-of-two count of vectors per lane that covers the row.
     if (nv <= 32)
       softmax_row_regs<V, 1, T, M>(x, y, K, log);
     else if (nv <= 64)
       softmax_row_regs<V, 2, T, M>(x, y, K, log);
-    else if (nv <= 128 || kRegVecs<T> < 8)
-      softmax_row_regs<V, (kRegVecs<T> < 4 ? kRegVecs<T> : 4), T, M>(x, y, K, log);
+    else if (nv <= 128 || kWarpRowVecs<T> < 8)
+      softmax_row_regs<V, (kWarpRowVecs<T> < 4 ? kWarpRowVecs<T> : 4), T, M>(x, y, K, log);
     else
-      softmax_row_regs<V, kRegVecs<T>, T, M>(x, y, K, log);
+      softmax_row_regs<V, kWarpRowVecs<T>, T, M>(x, y, K, log);
   } else {
     softmax_row<1, T, M>(x, y, K, log);
   }
