@@ -2,6 +2,7 @@
 // two side streams per device, and the bookkeeping that gives device memory back.
 #include "autograd/offload.h"
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -308,6 +309,36 @@ Storage fetch(OffloadedStorage& s) { return engine().fetch(s); }
 
 void offload_wait() {
   if (autograd::detail::offload_waiting.load() > 0) autograd::engine().wait_all();
+}
+
+HostLink measure_host_link(Device device, int64_t bytes, int repeats) {
+  MG_CHECK(device.is_cuda(), ValueError, "measure_host_link: needs a CUDA device, got ", device.str());
+  MG_CHECK(bytes > 0 && repeats >= 1, ValueError, "measure_host_link: bytes and repeats must be >= 1, got ", bytes,
+           " and ", repeats);
+  const size_t n = static_cast<size_t>(bytes);
+  const Storage dev = make_storage(n, device);
+  cuda::PinnedBlock host = cuda::PinnedBlock::allocate(n);
+  const cuda::Stream side = cuda::Stream::create(device.index);
+  cuda::synchronize(device.index);  // `dev` was allocated for the current stream
+  auto per_ms = [&](bool to_host) {
+    const Tensor d = autograd::bytes_of(dev), h = autograd::host_bytes(host, n);
+    std::vector<double> ms;
+    for (int r = 0; r <= repeats; ++r) {
+      cuda::Event begin(true), end(true);
+      cuda::StreamGuard sg(side);
+      begin.record(side);
+      raw::copy_(to_host ? h : d, to_host ? d : h, /*non_blocking=*/true);
+      end.record(side);
+      end.synchronize();
+      if (r > 0) ms.push_back(begin.elapsed_ms(end));
+    }
+    std::sort(ms.begin(), ms.end());
+    return static_cast<double>(bytes) / std::max(ms[ms.size() / 2], 1e-6);
+  };
+  HostLink link;
+  link.to_host_bytes_per_ms = per_ms(true);
+  link.to_device_bytes_per_ms = per_ms(false);
+  return link;
 }
 
 namespace autograd {

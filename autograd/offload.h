@@ -64,6 +64,17 @@ class OffloadScope {
 // slower than the work queued behind them.
 void offload_wait();
 
+// Copy bandwidth between a device and page-locked host memory, each way, in bytes per
+// millisecond: what an offloaded tensor's copy out and back costs (memory/planner.h's
+// plan_offload weighs it against the forward's time).
+struct HostLink {
+  double to_host_bytes_per_ms = 0.0;
+  double to_device_bytes_per_ms = 0.0;
+};
+// Times `bytes`-sized copies each way on a side stream of `device` (a CUDA device, else
+// mg::ValueError): the median of `repeats` after a warm-up copy.
+HostLink measure_host_link(Device device, int64_t bytes = int64_t{64} << 20, int repeats = 5);
+
 // Counters since the last reset (process-wide).
 struct OffloadStats {
   int64_t offloaded_bytes = 0;  // copies to the host started

@@ -24,7 +24,10 @@
 //   --checkpoint-blocks N  GPT-2 with its first N blocks checkpointed (" checkpoint N blocks"),
 //                      or the N after the offloaded ones with --offload-blocks
 //   --offload-blocks N GPT-2 with what its first N blocks save for backward offloaded to pinned
-//                      host memory (GPTRecompute::offload_blocks; " offload N blocks")
+//                      host memory (GPTRecompute::offload_blocks; " offload N blocks"); N = auto:
+//                      nn::plan_gpt_offload chooses N from the measured host link and the blocks'
+//                      profile, and a JSON line gives the plan and its predicted exposed copy time
+//                      for every N (" offload N blocks (planned)")
 //   --offload-prefetch-mib M  how far backward fetches offloaded tensors ahead (OffloadOptions::
 //                      prefetch_bytes; default 512; " prefetch M MiB" when given)
 //   --selective        GPT-2 under selective recomputation (RecomputePolicy::cheap_ops: GELU
@@ -241,6 +244,7 @@ int main(int argc, char** argv) {
   int64_t head_chunk_rows = 0;
   std::string selective_ops;  // comma-separated RecomputePolicy op kinds
   int checkpoint_blocks = 0, offload_blocks = 0;
+  bool offload_auto = false;          // --offload-blocks auto: nn::plan_gpt_offload chooses
   int64_t offload_prefetch_mib = -1;  // -1: OffloadOptions' default
   double max_batch_gib = 0;           // > 0: the largest-batch search instead of timing
   double budget_gib = 0;              // > 0: the fastest GPT-2 mode whose whole step fits, then timed
@@ -273,7 +277,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--checkpoint-blocks"))
       checkpoint_blocks = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--offload-blocks"))
-      offload_blocks = std::atoi(argv[++i]);
+      offload_auto = !std::strcmp(argv[++i], "auto"), offload_blocks = offload_auto ? 0 : std::atoi(argv[i]);
     else if (!std::strcmp(argv[i], "--offload-prefetch-mib"))
       offload_prefetch_mib = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--selective-ops"))
@@ -369,6 +373,26 @@ int main(int argc, char** argv) {
       model->recompute.selective_ops.push_back(selective_ops.substr(p, q - p));
       p = q + 1;
     }
+    if (offload_auto) {
+      // The plan, and the model's prediction for every count, next to the measured rows.
+      mg::nn::GPTOffloadPlan plan;
+      {
+        mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
+                        g_dtype != mg::DType::f32);
+        plan = mg::nn::plan_gpt_offload(*model, B, dev);
+        std::string predicted;
+        for (int64_t m = 0; m <= cfg.n_layer; ++m)
+          predicted +=
+              (m ? "," : "") + std::to_string(mg::nn::evaluate_offload(plan.profile, m, plan.link).exposed_ms());
+        std::printf(
+            "{\"framework\":\"memgrad\",\"model\":\"gpt2-124M\",\"config\":\"B=%lld T=%lld%s offload plan\","
+            "\"offload_blocks\":%lld,\"summary\":\"%s\",\"predicted_exposed_ms\":[%s]}\n",
+            static_cast<long long>(B), static_cast<long long>(T), tag.c_str(),
+            static_cast<long long>(plan.plan.segments), plan.summary().c_str(), predicted.c_str());
+        std::fflush(stdout);
+      }
+      offload_blocks = static_cast<int>(plan.plan.segments);
+    }
     std::string variant = checkpoint ? " checkpoint" : "";
     if (!checkpoint && checkpoint_blocks > 0) {
       model->recompute.block_mask.assign(cfg.n_layer, false);
@@ -378,7 +402,8 @@ int main(int argc, char** argv) {
       variant += " checkpoint " + std::to_string(checkpoint_blocks) + " blocks";
     }
     model->recompute.offload_blocks = offload_blocks;
-    if (offload_blocks > 0) variant += " offload " + std::to_string(offload_blocks) + " blocks";
+    if (offload_blocks > 0 || offload_auto)
+      variant += " offload " + std::to_string(offload_blocks) + " blocks" + (offload_auto ? " (planned)" : "");
     if (offload_prefetch_mib >= 0) {
       model->recompute.offload.prefetch_bytes = offload_prefetch_mib << 20;
       variant += " prefetch " + std::to_string(offload_prefetch_mib) + " MiB";

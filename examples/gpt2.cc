@@ -171,19 +171,29 @@ std::string sample(Run& r, Generator& gen) {
   return r.f.prompt + r.tok->decode(nn::generate(*r.model, prompt, o, &gen));
 }
 
+// --offload-blocks auto: nn::plan_gpt_offload at the micro-batch, under the run's autocast.
+void plan_offload_blocks(Run& r) {
+  nn::GPTOffloadPlan plan;
+  {
+    Autocast ac(r.device.type, r.amp_dtype, r.amp);
+    plan = nn::plan_gpt_offload(*r.model, r.micro, r.device);
+  }
+  r.f.offload_blocks = plan.plan.segments;
+  if (r.lead()) std::cout << "--offload-blocks auto: " << plan.summary() << "\n";
+}
+
 // --recompute: the model's GPTRecompute; planner:BUDGET profiles the blocks at the micro-batch.
 void set_recompute(Run& r) {
   const std::string& m = r.f.recompute;
   r.model->recompute.checkpoint_blocks = m == "per-block" || m == "per-block+selective";
   r.model->recompute.selective = m == "selective" || m == "per-block+selective";
+  if (r.f.offload_auto) plan_offload_blocks(r);
   r.model->recompute.offload_blocks = r.f.offload_blocks;
   if (r.f.planner_budget.empty()) return;
-  Tensor h = randn({r.micro, r.model->config.block_size, r.model->config.n_embd}, {DType::f32, r.device});
-  h.requires_grad_(true);
   std::vector<nn::SegmentProfile> prof;
   {
     Autocast ac(r.device.type, r.amp_dtype, r.amp);
-    prof = nn::profile_segments(nn::segments_of(*r.model->h), h);
+    prof = nn::profile_gpt_blocks(*r.model, r.micro, r.device);
   }
   const std::string& b = r.f.planner_budget;
   const int64_t budget =

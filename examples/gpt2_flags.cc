@@ -50,7 +50,9 @@ Memory and speed:
   --offload-blocks N   what the first N blocks save for backward goes to pinned host memory
                        during the forward and comes back ahead of backward (CUDA; on the H200
                        one GPT-2 block at B=8 costs under 1 %); with --memory-budget the
-                       checkpointed blocks are the ones after them
+                       checkpointed blocks are the ones after them. N = auto: the most blocks
+                       whose copies hide behind the forward and backward, from the host link's
+                       measured bandwidth and the blocks' profiled bytes and times (0 off CUDA)
   --grad-accum N       split each step's batch into N micro-batches (same gradient)
   --auto-batch         the largest micro-batch that fits (find_max_batch_size: doubling then
                        bisection over out-of-memory errors, at most --max-batch N, default
@@ -155,7 +157,6 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
               {"--amp", &f.amp},
               {"--recompute", &f.recompute},
               {"--memory-budget", &f.memory_budget},
-              {"--offload-blocks", &f.offload_blocks},
               {"--grad-accum", &f.grad_accum},
               {"--max-batch", &f.max_batch},
               {"--save", &f.save},
@@ -171,6 +172,9 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
             if (flag == "--n-head") {
               f.model.n_head = parse_integer(flag, value);
               f.n_head_given = true;
+            } else if (flag == "--offload-blocks") {
+              f.offload_auto = value == "auto";
+              if (!f.offload_auto) f.offload_blocks = parse_integer(flag, value);
             } else {
               return false;
             }
@@ -207,7 +211,7 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
              ValueError, "unknown --recompute \"", f.recompute,
              "\" (valid: none, per-block, selective, per-block+selective, planner:BUDGET)");
   }
-  MG_CHECK(f.offload_blocks >= 0, ValueError, "--offload-blocks must be >= 0, got ", f.offload_blocks);
+  MG_CHECK(f.offload_blocks >= 0, ValueError, "--offload-blocks must be >= 0 or auto, got ", f.offload_blocks);
   if (!f.memory_budget.empty()) {
     MG_CHECK(parse_bytes("--memory-budget", f.memory_budget) > 0, ValueError, "--memory-budget must be > 0, got ",
              f.memory_budget);

@@ -37,6 +37,7 @@ struct GPT2Flags {
   std::string planner_budget;      // BUDGET of planner:BUDGET ("60%", "512MiB", "2GiB", bytes)
   std::string memory_budget;       // --memory-budget: the whole step's peak ("3.5GiB", bytes); empty: off
   int64_t offload_blocks = 0;      // --offload-blocks: the first N blocks' saved tensors go to host memory
+  bool offload_auto = false;       // --offload-blocks auto: N planned from the host link and the blocks' times
   bool auto_batch = false;
   int64_t max_batch = 1024;  // --auto-batch never tries more sequences per micro-batch
   bool zero = false;

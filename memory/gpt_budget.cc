@@ -1,7 +1,11 @@
 #include "memory/gpt_budget.h"
 
 #include <algorithm>
+#include <iomanip>
+#include <sstream>
 #include <string>
+
+#include "core/random.h"
 
 namespace mg::nn {
 
@@ -25,6 +29,28 @@ std::vector<BudgetOption> gpt_memory_ladder(GPT& model, optim::StepInBackward* i
     ladder.push_back({"checkpoint " + std::to_string(k) + " blocks selective gelu head chunk 2048" + sib + offloaded,
                       [mode, k] { mode(k, true); }});
   return ladder;
+}
+
+std::vector<SegmentProfile> profile_gpt_blocks(GPT& model, int64_t batch, Device device) {
+  MG_CHECK(batch >= 1, ValueError, "profile_gpt_blocks: batch must be >= 1, got ", batch);
+  Tensor h = randn({batch, model.config.block_size, model.config.n_embd}, {DType::f32, device});
+  h.requires_grad_(true);
+  return profile_segments(segments_of(*model.h), h);
+}
+
+std::string GPTOffloadPlan::summary() const {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(1) << plan.summary() << "; host link " << link.to_host_bytes_per_ms / 1e6
+    << " GB/s out, " << link.to_device_bytes_per_ms / 1e6 << " GB/s back";
+  return o.str();
+}
+
+GPTOffloadPlan plan_gpt_offload(GPT& model, int64_t batch, Device device, double max_exposed_ms) {
+  GPTOffloadPlan g;
+  g.profile = profile_gpt_blocks(model, batch, device);
+  if (device.is_cuda()) g.link = measure_host_link(device);
+  g.plan = plan_offload(g.profile, g.link, max_exposed_ms);
+  return g;
 }
 
 }  // namespace mg::nn

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "memory/batch_fit.h"
+#include "memory/planner.h"
 #include "nn/models/gpt.h"
 #include "optim/step_in_backward.h"
 
@@ -25,5 +26,22 @@ namespace mg::nn {
 // enables or disables in_backward; the model and in_backward must outlive the ladder.
 std::vector<BudgetOption> gpt_memory_ladder(GPT& model, optim::StepInBackward* in_backward = nullptr,
                                             int64_t offload_blocks = 0);
+
+// GPT's blocks profiled (nn::profile_segments: bytes each keeps for backward, forward time) on
+// a random batch of `batch` sequences of block_size positions on `device`, under the caller's
+// autocast: what the checkpoint planner and the offload planner weigh.
+std::vector<SegmentProfile> profile_gpt_blocks(GPT& model, int64_t batch, Device device);
+
+// How many of GPT's first blocks offload with their copies hidden (GPTRecompute::offload_blocks):
+// plan_offload over the blocks' profile at `batch` and the host link measured on `device`. GPT
+// waits for the copies out before its head, so they must finish within the blocks' forward.
+// Nothing is offloaded off CUDA (plan of 0 blocks).
+struct GPTOffloadPlan {
+  OffloadPlan plan;
+  HostLink link;                        // zero off CUDA
+  std::vector<SegmentProfile> profile;  // the blocks' (evaluate_offload weighs other counts)
+  std::string summary() const;          // the plan and the link, one line
+};
+GPTOffloadPlan plan_gpt_offload(GPT& model, int64_t batch, Device device, double max_exposed_ms = 0.0);
 
 }  // namespace mg::nn

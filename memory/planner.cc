@@ -240,6 +240,66 @@ CheckpointPlan plan_for_budget(const std::vector<SegmentProfile>& profile, int64
   return best;
 }
 
+std::string OffloadPlan::summary() const {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(2) << "offload " << segments << " of " << total_segments << " segments ("
+    << format_bytes(offloaded_bytes) << "), exposed " << exposed_ms() << " ms (forward " << forward_exposed_ms
+    << ", backward " << backward_exposed_ms << ")";
+  return o.str();
+}
+
+OffloadPlan evaluate_offload(const std::vector<SegmentProfile>& profile, int64_t segments, const HostLink& link,
+                             double tail_ms, double backward_ratio) {
+  const int64_t n = static_cast<int64_t>(profile.size());
+  MG_CHECK(segments >= 0 && segments <= n, ValueError, "evaluate_offload: segments must be in [0, ", n, "], got ",
+           segments);
+  MG_CHECK(tail_ms >= 0.0 && backward_ratio >= 0.0, ValueError,
+           "evaluate_offload: tail_ms and backward_ratio must be >= 0, got ", tail_ms, " and ", backward_ratio);
+  MG_CHECK(segments == 0 || (link.to_host_bytes_per_ms > 0.0 && link.to_device_bytes_per_ms > 0.0), ValueError,
+           "evaluate_offload: offloading ", segments, " segments needs a link of positive bandwidth, got ",
+           link.to_host_bytes_per_ms, " and ", link.to_device_bytes_per_ms, " bytes/ms");
+  OffloadPlan p;
+  p.segments = segments;
+  p.total_segments = n;
+  // Forward: the copies out queue on one stream behind each segment's end.
+  double t = 0.0, copy_end = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    t += profile[i].forward_ms;
+    if (i < segments) {
+      p.offloaded_bytes += profile[i].kept_bytes;
+      copy_end = std::max(copy_end, t) + static_cast<double>(profile[i].kept_bytes) / link.to_host_bytes_per_ms;
+    }
+  }
+  p.forward_exposed_ms = std::max(0.0, copy_end - (t + tail_ms));
+  // Backward: the copies back run from its start, latest segment first.
+  std::vector<double> back_end(segments, 0.0);
+  double fetch = 0.0;
+  for (int64_t i = segments - 1; i >= 0; --i)
+    back_end[i] = fetch += static_cast<double>(profile[i].kept_bytes) / link.to_device_bytes_per_ms;
+  double b = backward_ratio * tail_ms, busy = b;
+  for (int64_t i = n - 1; i >= 0; --i) {
+    if (i < segments) b = std::max(b, back_end[i]);
+    b += backward_ratio * profile[i].forward_ms;
+    busy += backward_ratio * profile[i].forward_ms;
+  }
+  p.backward_exposed_ms = b - busy;
+  return p;
+}
+
+OffloadPlan plan_offload(const std::vector<SegmentProfile>& profile, const HostLink& link, double max_exposed_ms,
+                         double tail_ms, double backward_ratio) {
+  MG_CHECK(max_exposed_ms >= 0.0, ValueError, "plan_offload: max_exposed_ms must be >= 0, got ", max_exposed_ms);
+  OffloadPlan best = evaluate_offload(profile, 0, link, tail_ms, backward_ratio);
+  if (link.to_host_bytes_per_ms <= 0.0 || link.to_device_bytes_per_ms <= 0.0) return best;
+  // Each segment more only adds copies, so the exposed time grows with the count.
+  for (int64_t m = 1; m <= static_cast<int64_t>(profile.size()); ++m) {
+    OffloadPlan p = evaluate_offload(profile, m, link, tail_ms, backward_ratio);
+    if (p.exposed_ms() > max_exposed_ms) break;
+    best = p;
+  }
+  return best;
+}
+
 std::vector<SegmentFn> segments_of(const Sequential& seq) {
   std::vector<SegmentFn> fns;
   for (size_t i = 0; i < seq.size(); ++i) {

@@ -47,13 +47,18 @@ grep -q "drop --recompute" "$TMP/err" || { echo "FAIL: no message for --memory-b
 echo "memory budget: 1GiB fits without recomputation; 1KiB names the smallest peak"
 
 if "$BIN" --offload-blocks -1 2>"$TMP/err"; then echo "FAIL: --offload-blocks -1 was accepted"; exit 1; fi
-grep -q -- "--offload-blocks must be >= 0, got -1" "$TMP/err" || { echo "FAIL: no message for --offload-blocks -1"; cat "$TMP/err"; exit 1; }
+grep -q -- "--offload-blocks must be >= 0 or auto, got -1" "$TMP/err" || { echo "FAIL: no message for --offload-blocks -1"; cat "$TMP/err"; exit 1; }
 # With offloaded blocks the ladder names them (on the CPU offload copies nothing; the rungs still run).
 "$BIN" "${common[@]}" --steps 1 --eval-every 0 --max-new-tokens 0 --memory-budget 1KiB --offload-blocks 1 >"$TMP/out" 2>"$TMP/err" && {
   echo "FAIL: a 1 KiB budget was accepted with --offload-blocks"; exit 1; }
 grep -q "checkpoint 1 blocks selective gelu head chunk 2048 offload 1 blocks:" "$TMP/out" || {
   echo "FAIL: the offload ladder's rungs are not named"; cat "$TMP/out"; exit 1; }
-echo "offload blocks: a negative count is refused; the ladder checkpoints the blocks after the offloaded one"
+# --offload-blocks auto plans from the host link: on the CPU there is none, so nothing is offloaded.
+out=$("$BIN" "${common[@]}" --steps 1 --eval-every 0 --max-new-tokens 0 --offload-blocks auto)
+grep -q "^--offload-blocks auto: offload 0 of 2 segments" <<<"$out" || { echo "FAIL: no offload plan printed"; echo "$out"; exit 1; }
+if "$BIN" --offload-blocks many 2>"$TMP/err"; then echo "FAIL: --offload-blocks many was accepted"; exit 1; fi
+grep -q -- "--offload-blocks" "$TMP/err" || { echo "FAIL: no message for --offload-blocks many"; cat "$TMP/err"; exit 1; }
+echo "offload blocks: a negative count or a word other than auto is refused; auto plans 0 blocks on the CPU; the ladder checkpoints the blocks after the offloaded one"
 
 if "$BIN" --recompute sometimes 2>"$TMP/err"; then echo "FAIL: a bad flag was accepted"; exit 1; fi
 grep -q "unknown --recompute" "$TMP/err" || { echo "FAIL: no message naming the flag"; cat "$TMP/err"; exit 1; }

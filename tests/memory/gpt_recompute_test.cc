@@ -161,5 +161,21 @@ TEST(GPTMemoryLadder, RungsSetTheirModesAndFitToBudgetChoosesOne) {
   EXPECT_TRUE(sib.enabled());
 }
 
+// plan_gpt_offload off CUDA: the blocks are profiled (one row each, the bytes they keep), there is
+// no host link, and nothing is offloaded.
+TEST(GPTOffloadPlan, OnTheCpuProfilesTheBlocksAndOffloadsNothing) {
+  const GPTConfig c{.vocab_size = 64, .block_size = 16, .n_layer = 3, .n_head = 2, .n_embd = 32};
+  Generator g(3);
+  GPT m(c, {}, &g);
+  const GPTOffloadPlan p = plan_gpt_offload(m, 2, Device::cpu());
+  ASSERT_EQ(p.profile.size(), 3u);
+  for (const SegmentProfile& s : p.profile) EXPECT_GT(s.kept_bytes, 0);
+  EXPECT_EQ(p.plan.segments, 0);
+  EXPECT_EQ(p.plan.total_segments, 3);
+  EXPECT_EQ(p.link.to_host_bytes_per_ms, 0.0);
+  EXPECT_EQ(p.summary().rfind("offload 0 of 3 segments (0 B), exposed 0.00 ms", 0), 0u) << p.summary();
+  EXPECT_THROW(profile_gpt_blocks(m, 0, Device::cpu()), ValueError);
+}
+
 }  // namespace
 }  // namespace mg::nn

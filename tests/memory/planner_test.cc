@@ -1,7 +1,7 @@
 // The checkpoint planner: profiles measure what a segment keeps; sqrt(n) has the right
 // shape; the dynamic program fits the budget and is as cheap as the best of every possible
 // split (brute force) under a slightly tighter budget; a planned run gives the plain
-// gradients and keeps what the plan said.
+// gradients and keeps what the plan said. The offload planner's timelines, worked by hand.
 #include "memory/planner.h"
 
 #include <gtest/gtest.h>
@@ -138,6 +138,84 @@ TEST(Planner, CheckpointSequentialOverASequential) {
   EXPECT_EQ(checkpoint_replay_count() - replays, 3);
   auto params = seq.parameters();
   for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].grad().to_vector<double>(), want[i]);
+}
+
+// Four segments of 1 ms keeping 100 bytes each; the copy out takes 2 ms a segment, the copy back
+// 1 ms. The timelines below are worked by hand from the cost model in planner.h.
+std::vector<SegmentProfile> even_profile() {
+  std::vector<SegmentProfile> p(4);
+  for (auto& s : p) s.kept_bytes = 100, s.output_bytes = 10, s.forward_ms = 1.0;
+  return p;
+}
+constexpr HostLink kLink{.to_host_bytes_per_ms = 50.0, .to_device_bytes_per_ms = 100.0};
+
+TEST(OffloadPlanner, HandWorkedTimelines) {
+  const auto p = even_profile();
+  // One segment: its copy runs 1..3 ms, inside the 4 ms forward; fetched back by 1 ms, needed at 6.
+  OffloadPlan one = evaluate_offload(p, 1, kLink);
+  EXPECT_EQ(one.offloaded_bytes, 100);
+  EXPECT_DOUBLE_EQ(one.exposed_ms(), 0.0);
+  // Two: the second copy queues behind the first (3..5 ms): 1 ms past the forward's end.
+  OffloadPlan two = evaluate_offload(p, 2, kLink);
+  EXPECT_EQ(two.offloaded_bytes, 200);
+  EXPECT_DOUBLE_EQ(two.forward_exposed_ms, 1.0);
+  EXPECT_DOUBLE_EQ(two.backward_exposed_ms, 0.0);
+  // Three: copies end at 7 ms.
+  EXPECT_DOUBLE_EQ(evaluate_offload(p, 3, kLink).exposed_ms(), 3.0);
+  // Four: copies end at 9 ms (5 exposed); backward needs the last segment's copy back (1 ms) at
+  // once: 1 ms more.
+  OffloadPlan four = evaluate_offload(p, 4, kLink);
+  EXPECT_DOUBLE_EQ(four.forward_exposed_ms, 5.0);
+  EXPECT_DOUBLE_EQ(four.backward_exposed_ms, 1.0);
+  // Work after the chain that the copies may overlap (tail_ms) hides the second copy.
+  EXPECT_DOUBLE_EQ(evaluate_offload(p, 2, kLink, /*tail_ms=*/1.0).exposed_ms(), 0.0);
+  // A slow copy back binds in backward: 10 ms to fetch segment 0, whose backward starts at 6 ms.
+  OffloadPlan slow = evaluate_offload(p, 1, HostLink{.to_host_bytes_per_ms = 1000.0, .to_device_bytes_per_ms = 10.0});
+  EXPECT_DOUBLE_EQ(slow.forward_exposed_ms, 0.0);
+  EXPECT_DOUBLE_EQ(slow.backward_exposed_ms, 4.0);
+  EXPECT_EQ(two.summary(), "offload 2 of 4 segments (200 B), exposed 1.00 ms (forward 1.00, backward 0.00)");
+}
+
+TEST(OffloadPlanner, PlanTakesTheMostSegmentsWithinTheExposedTime) {
+  const auto p = even_profile();
+  EXPECT_EQ(plan_offload(p, kLink).segments, 1);
+  EXPECT_EQ(plan_offload(p, kLink, 1.0).segments, 2);
+  EXPECT_EQ(plan_offload(p, kLink, 2.9).segments, 2);
+  EXPECT_EQ(plan_offload(p, kLink, 3.0).segments, 3);
+  OffloadPlan all = plan_offload(p, kLink, 100.0);
+  EXPECT_EQ(all.segments, 4);
+  EXPECT_EQ(all.total_segments, 4);
+  EXPECT_DOUBLE_EQ(all.exposed_ms(), 6.0);
+  // Even a fast link cannot hide the last segment's copy when the forward waits right after it
+  // (tail_ms 0); with work after the chain it hides everything. No link (off CUDA) offloads nothing.
+  EXPECT_EQ(plan_offload(p, HostLink{1e9, 1e9}).segments, 3);
+  EXPECT_EQ(plan_offload(p, HostLink{1e9, 1e9}, 0.0, /*tail_ms=*/0.5).segments, 4);
+  OffloadPlan none = plan_offload(p, HostLink{});
+  EXPECT_EQ(none.segments, 0);
+  EXPECT_EQ(none.offloaded_bytes, 0);
+}
+
+TEST(OffloadPlanner, BadArgumentsAreValueErrorsNamingThem) {
+  const auto p = even_profile();
+  try {
+    evaluate_offload(p, 1, HostLink{});
+    FAIL() << "expected mg::ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("evaluate_offload: offloading 1 segments needs a link of positive bandwidth"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(evaluate_offload(p, 5, kLink), ValueError);
+  EXPECT_THROW(evaluate_offload(p, -1, kLink), ValueError);
+  EXPECT_THROW(evaluate_offload(p, 1, kLink, -1.0), ValueError);
+  EXPECT_THROW(plan_offload(p, kLink, -0.5), ValueError);
+  try {
+    measure_host_link(Device::cpu());
+    FAIL() << "expected mg::ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("measure_host_link: needs a CUDA device, got cpu"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
