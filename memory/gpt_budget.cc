@@ -40,16 +40,21 @@ std::vector<SegmentProfile> profile_gpt_blocks(GPT& model, int64_t batch, Device
 
 std::string GPTOffloadPlan::summary() const {
   std::ostringstream o;
-  o << std::fixed << std::setprecision(1) << plan.summary() << "; host link " << link.to_host_bytes_per_ms / 1e6
-    << " GB/s out, " << link.to_device_bytes_per_ms / 1e6 << " GB/s back";
+  o << std::fixed << std::setprecision(2) << plan.summary() << ", within " << max_exposed_ms << " ms; host link "
+    << std::setprecision(1) << link.to_host_bytes_per_ms / 1e6 << " GB/s out, " << link.to_device_bytes_per_ms / 1e6
+    << " GB/s back";
   return o.str();
 }
 
-GPTOffloadPlan plan_gpt_offload(GPT& model, int64_t batch, Device device, double max_exposed_ms) {
+GPTOffloadPlan plan_gpt_offload(GPT& model, int64_t batch, Device device, double max_slowdown) {
+  MG_CHECK(max_slowdown >= 0.0, ValueError, "plan_gpt_offload: max_slowdown must be >= 0, got ", max_slowdown);
   GPTOffloadPlan g;
   g.profile = profile_gpt_blocks(model, batch, device);
   if (device.is_cuda()) g.link = measure_host_link(device);
-  g.plan = plan_offload(g.profile, g.link, max_exposed_ms);
+  double forward_ms = 0.0;
+  for (const SegmentProfile& s : g.profile) forward_ms += s.forward_ms;
+  g.max_exposed_ms = max_slowdown * 3.0 * forward_ms;  // forward + backward at plan_offload's ratio 2
+  g.plan = plan_offload(g.profile, g.link, g.max_exposed_ms);
   return g;
 }
 

@@ -261,13 +261,16 @@ OffloadPlan evaluate_offload(const std::vector<SegmentProfile>& profile, int64_t
   OffloadPlan p;
   p.segments = segments;
   p.total_segments = n;
-  // Forward: the copies out queue on one stream behind each segment's end.
+  // Forward: the copies out queue on one stream; a segment's start as its first tensor is saved,
+  // and none ends before the segment does (its last tensor is saved at the end).
   double t = 0.0, copy_end = 0.0;
   for (int64_t i = 0; i < n; ++i) {
+    const double start = t;
     t += profile[i].forward_ms;
     if (i < segments) {
       p.offloaded_bytes += profile[i].kept_bytes;
-      copy_end = std::max(copy_end, t) + static_cast<double>(profile[i].kept_bytes) / link.to_host_bytes_per_ms;
+      copy_end = std::max(
+          t, std::max(copy_end, start) + static_cast<double>(profile[i].kept_bytes) / link.to_host_bytes_per_ms);
     }
   }
   p.forward_exposed_ms = std::max(0.0, copy_end - (t + tail_ms));

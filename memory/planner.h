@@ -63,9 +63,10 @@ CheckpointPlan plan_sqrt_n(const std::vector<SegmentProfile>& profile);
 CheckpointPlan plan_for_budget(const std::vector<SegmentProfile>& profile, int64_t budget_bytes);
 
 // Offload (autograd/offload.h) of what the first segments save, planned so that its copies hide
-// behind compute. Cost model: segment i's kept_bytes go to the host on one side stream, the copy
-// starting when the segment's forward ends and after the copy before it; the forward waits for
-// the last copy `tail_ms` after the chain ends (GPT waits before its head: 0). Backward spends
+// behind compute. Cost model: segment i's kept_bytes go to the host on one side stream, after the
+// copy before it; its tensors are saved as the segment runs, so its copy starts with the segment
+// and ends no earlier than the segment does. The forward waits for the last copy `tail_ms` after
+// the chain ends (GPT waits before its head: 0). Backward spends
 // backward_ratio x a segment's forward time on it, in reverse order, starting with
 // backward_ratio x tail_ms; the copies back run one after another from backward's start, latest
 // segment first, and a segment's backward waits for its own. The exposed time is what the step

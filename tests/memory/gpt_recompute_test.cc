@@ -174,7 +174,11 @@ TEST(GPTOffloadPlan, OnTheCpuProfilesTheBlocksAndOffloadsNothing) {
   EXPECT_EQ(p.plan.total_segments, 3);
   EXPECT_EQ(p.link.to_host_bytes_per_ms, 0.0);
   EXPECT_EQ(p.summary().rfind("offload 0 of 3 segments (0 B), exposed 0.00 ms", 0), 0u) << p.summary();
+  double forward_ms = 0.0;
+  for (const SegmentProfile& s : p.profile) forward_ms += s.forward_ms;
+  EXPECT_DOUBLE_EQ(p.max_exposed_ms, 0.05 * 3.0 * forward_ms);  // the default max_slowdown, 5 %
   EXPECT_THROW(profile_gpt_blocks(m, 0, Device::cpu()), ValueError);
+  EXPECT_THROW(plan_gpt_offload(m, 2, Device::cpu(), -0.1), ValueError);
 }
 
 }  // namespace

@@ -151,43 +151,44 @@ constexpr HostLink kLink{.to_host_bytes_per_ms = 50.0, .to_device_bytes_per_ms =
 
 TEST(OffloadPlanner, HandWorkedTimelines) {
   const auto p = even_profile();
-  // One segment: its copy runs 1..3 ms, inside the 4 ms forward; fetched back by 1 ms, needed at 6.
+  // One segment: its copy runs 0..2 ms, inside the 4 ms forward; fetched back by 1 ms, needed at 6.
   OffloadPlan one = evaluate_offload(p, 1, kLink);
   EXPECT_EQ(one.offloaded_bytes, 100);
   EXPECT_DOUBLE_EQ(one.exposed_ms(), 0.0);
-  // Two: the second copy queues behind the first (3..5 ms): 1 ms past the forward's end.
+  // Two: the second copy queues behind the first (2..4 ms) and ends with the forward.
   OffloadPlan two = evaluate_offload(p, 2, kLink);
   EXPECT_EQ(two.offloaded_bytes, 200);
-  EXPECT_DOUBLE_EQ(two.forward_exposed_ms, 1.0);
-  EXPECT_DOUBLE_EQ(two.backward_exposed_ms, 0.0);
-  // Three: copies end at 7 ms.
-  EXPECT_DOUBLE_EQ(evaluate_offload(p, 3, kLink).exposed_ms(), 3.0);
-  // Four: copies end at 9 ms (5 exposed); backward needs the last segment's copy back (1 ms) at
+  EXPECT_DOUBLE_EQ(two.exposed_ms(), 0.0);
+  // Three: copies end at 6 ms, 2 past the forward's end.
+  OffloadPlan three = evaluate_offload(p, 3, kLink);
+  EXPECT_DOUBLE_EQ(three.forward_exposed_ms, 2.0);
+  EXPECT_DOUBLE_EQ(three.backward_exposed_ms, 0.0);
+  // Four: copies end at 8 ms (4 exposed); backward needs the last segment's copy back (1 ms) at
   // once: 1 ms more.
   OffloadPlan four = evaluate_offload(p, 4, kLink);
-  EXPECT_DOUBLE_EQ(four.forward_exposed_ms, 5.0);
+  EXPECT_DOUBLE_EQ(four.forward_exposed_ms, 4.0);
   EXPECT_DOUBLE_EQ(four.backward_exposed_ms, 1.0);
-  // Work after the chain that the copies may overlap (tail_ms) hides the second copy.
-  EXPECT_DOUBLE_EQ(evaluate_offload(p, 2, kLink, /*tail_ms=*/1.0).exposed_ms(), 0.0);
+  // Work after the chain that the copies may overlap (tail_ms) hides the third copy.
+  EXPECT_DOUBLE_EQ(evaluate_offload(p, 3, kLink, /*tail_ms=*/2.0).exposed_ms(), 0.0);
   // A slow copy back binds in backward: 10 ms to fetch segment 0, whose backward starts at 6 ms.
   OffloadPlan slow = evaluate_offload(p, 1, HostLink{.to_host_bytes_per_ms = 1000.0, .to_device_bytes_per_ms = 10.0});
   EXPECT_DOUBLE_EQ(slow.forward_exposed_ms, 0.0);
   EXPECT_DOUBLE_EQ(slow.backward_exposed_ms, 4.0);
-  EXPECT_EQ(two.summary(), "offload 2 of 4 segments (200 B), exposed 1.00 ms (forward 1.00, backward 0.00)");
+  EXPECT_EQ(three.summary(), "offload 3 of 4 segments (300 B), exposed 2.00 ms (forward 2.00, backward 0.00)");
 }
 
 TEST(OffloadPlanner, PlanTakesTheMostSegmentsWithinTheExposedTime) {
   const auto p = even_profile();
-  EXPECT_EQ(plan_offload(p, kLink).segments, 1);
-  EXPECT_EQ(plan_offload(p, kLink, 1.0).segments, 2);
-  EXPECT_EQ(plan_offload(p, kLink, 2.9).segments, 2);
-  EXPECT_EQ(plan_offload(p, kLink, 3.0).segments, 3);
+  EXPECT_EQ(plan_offload(p, kLink).segments, 2);
+  EXPECT_EQ(plan_offload(p, kLink, 1.9).segments, 2);
+  EXPECT_EQ(plan_offload(p, kLink, 2.0).segments, 3);
   OffloadPlan all = plan_offload(p, kLink, 100.0);
   EXPECT_EQ(all.segments, 4);
   EXPECT_EQ(all.total_segments, 4);
-  EXPECT_DOUBLE_EQ(all.exposed_ms(), 6.0);
-  // Even a fast link cannot hide the last segment's copy when the forward waits right after it
-  // (tail_ms 0); with work after the chain it hides everything. No link (off CUDA) offloads nothing.
+  EXPECT_DOUBLE_EQ(all.exposed_ms(), 5.0);
+  // Even a fast link cannot hide the last segment's copy back when backward starts with it (no
+  // tail): three. With work after the chain (the head's backward runs first), all four. No link
+  // (off CUDA) offloads nothing.
   EXPECT_EQ(plan_offload(p, HostLink{1e9, 1e9}).segments, 3);
   EXPECT_EQ(plan_offload(p, HostLink{1e9, 1e9}, 0.0, /*tail_ms=*/0.5).segments, 4);
   OffloadPlan none = plan_offload(p, HostLink{});
