@@ -276,9 +276,10 @@ int main(int argc, char** argv) {
       g_optimizer = argv[++i];
     else if (!std::strcmp(argv[i], "--checkpoint-blocks"))
       checkpoint_blocks = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--offload-blocks"))
-      offload_auto = !std::strcmp(argv[++i], "auto"), offload_blocks = offload_auto ? 0 : std::atoi(argv[i]);
-    else if (!std::strcmp(argv[i], "--offload-prefetch-mib"))
+    else if (!std::strcmp(argv[i], "--offload-blocks")) {
+      offload_auto = !std::strcmp(argv[++i], "auto");
+      offload_blocks = offload_auto ? 0 : std::atoi(argv[i]);
+    } else if (!std::strcmp(argv[i], "--offload-prefetch-mib"))
       offload_prefetch_mib = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--selective-ops"))
       selective_ops = argv[++i];

@@ -183,7 +183,14 @@ void plan_offload_blocks(Run& r) {
 }
 
 // --recompute: the model's GPTRecompute; planner:BUDGET profiles the blocks at the micro-batch.
+// Profiling runs the blocks (dropout draws from the default generator): its state is restored,
+// so training starts as it would have.
 void set_recompute(Run& r) {
+  const PhiloxState rng = default_generator().get_state();
+  struct Restore {
+    const PhiloxState& s;
+    ~Restore() { default_generator().set_state(s); }
+  } restore{rng};
   const std::string& m = r.f.recompute;
   r.model->recompute.checkpoint_blocks = m == "per-block" || m == "per-block+selective";
   r.model->recompute.selective = m == "selective" || m == "per-block+selective";

@@ -51,8 +51,9 @@ Memory and speed:
                        during the forward and comes back ahead of backward (CUDA; on the H200
                        one GPT-2 block at B=8 costs under 1 %); with --memory-budget the
                        checkpointed blocks are the ones after them. N = auto: the most blocks
-                       whose copies hide behind the forward and backward, from the host link's
-                       measured bandwidth and the blocks' profiled bytes and times (0 off CUDA)
+                       whose copies hide behind the forward and backward (within 5 % of the
+                       blocks' time), from the host link's measured bandwidth and the blocks'
+                       profiled bytes and times (0 off CUDA)
   --grad-accum N       split each step's batch into N micro-batches (same gradient)
   --auto-batch         the largest micro-batch that fits (find_max_batch_size: doubling then
                        bisection over out-of-memory errors, at most --max-batch N, default

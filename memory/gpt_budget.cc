@@ -33,7 +33,8 @@ std::vector<BudgetOption> gpt_memory_ladder(GPT& model, optim::StepInBackward* i
 
 std::vector<SegmentProfile> profile_gpt_blocks(GPT& model, int64_t batch, Device device) {
   MG_CHECK(batch >= 1, ValueError, "profile_gpt_blocks: batch must be >= 1, got ", batch);
-  Tensor h = randn({batch, model.config.block_size, model.config.n_embd}, {DType::f32, device});
+  Generator sample_gen(0);  // the sample draws nothing from the default generator
+  Tensor h = randn({batch, model.config.block_size, model.config.n_embd}, {DType::f32, device}, &sample_gen);
   h.requires_grad_(true);
   return profile_segments(segments_of(*model.h), h);
 }

@@ -56,9 +56,17 @@ grep -q "checkpoint 1 blocks selective gelu head chunk 2048 offload 1 blocks:" "
 # --offload-blocks auto plans from the host link: on the CPU there is none, so nothing is offloaded.
 out=$("$BIN" "${common[@]}" --steps 1 --eval-every 0 --max-new-tokens 0 --offload-blocks auto)
 grep -q "^--offload-blocks auto: offload 0 of 2 segments" <<<"$out" || { echo "FAIL: no offload plan printed"; echo "$out"; exit 1; }
+# Planning profiles the blocks, whose dropout draws from the default generator: the state is
+# restored, so a run that plans (offload, or the checkpoint planner) trains as a plain run does.
+drop=(--dropout 0.1 --steps 2 --eval-every 0 --max-new-tokens 0)
+plain=$(field "$("$BIN" "${common[@]}" "${drop[@]}" | tail -1)" val_loss)
+for planned in "--offload-blocks auto" "--recompute planner:60%"; do
+  got=$(field "$("$BIN" "${common[@]}" "${drop[@]}" $planned | tail -1)" val_loss)
+  [ "$got" = "$plain" ] || { echo "FAIL: with $planned val_loss $got, plain $plain"; exit 1; }
+done
 if "$BIN" --offload-blocks many 2>"$TMP/err"; then echo "FAIL: --offload-blocks many was accepted"; exit 1; fi
 grep -q -- "--offload-blocks" "$TMP/err" || { echo "FAIL: no message for --offload-blocks many"; cat "$TMP/err"; exit 1; }
-echo "offload blocks: a negative count or a word other than auto is refused; auto plans 0 blocks on the CPU; the ladder checkpoints the blocks after the offloaded one"
+echo "offload blocks: a negative count or a word other than auto is refused; auto plans 0 blocks on the CPU and, like the checkpoint planner, trains as a plain run does (dropout on); the ladder checkpoints the blocks after the offloaded one"
 
 if "$BIN" --recompute sometimes 2>"$TMP/err"; then echo "FAIL: a bad flag was accepted"; exit 1; fi
 grep -q "unknown --recompute" "$TMP/err" || { echo "FAIL: no message naming the flag"; cat "$TMP/err"; exit 1; }
