@@ -55,7 +55,7 @@ GPTOffloadPlan plan_gpt_offload(GPT& model, int64_t batch, Device device, double
   double forward_ms = 0.0;
   for (const SegmentProfile& s : g.profile) forward_ms += s.forward_ms;
   g.max_exposed_ms = max_slowdown * 3.0 * forward_ms;  // forward + backward at plan_offload's ratio 2
-  g.plan = plan_offload(g.profile, g.link, g.max_exposed_ms);
+  g.plan = plan_offload(g.profile, g.link, g.max_exposed_ms, 0.0, 2.0, model.recompute.offload.prefetch_bytes);
   return g;
 }
 

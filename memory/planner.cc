@@ -245,6 +245,7 @@ std::string OffloadPlan::summary() const {
   o << std::fixed << std::setprecision(2) << "offload " << segments << " of " << total_segments << " segments ("
     << format_bytes(offloaded_bytes) << "), exposed " << exposed_ms() << " ms (forward " << forward_exposed_ms
     << ", backward " << backward_exposed_ms << ")";
+  if (window_capped) o << ", stopped at a segment larger than the prefetch window";
   return o.str();
 }
 
@@ -290,12 +291,16 @@ OffloadPlan evaluate_offload(const std::vector<SegmentProfile>& profile, int64_t
 }
 
 OffloadPlan plan_offload(const std::vector<SegmentProfile>& profile, const HostLink& link, double max_exposed_ms,
-                         double tail_ms, double backward_ratio) {
+                         double tail_ms, double backward_ratio, int64_t window_bytes) {
   MG_CHECK(max_exposed_ms >= 0.0, ValueError, "plan_offload: max_exposed_ms must be >= 0, got ", max_exposed_ms);
   OffloadPlan best = evaluate_offload(profile, 0, link, tail_ms, backward_ratio);
   if (link.to_host_bytes_per_ms <= 0.0 || link.to_device_bytes_per_ms <= 0.0) return best;
   // Each segment more only adds copies, so the exposed time grows with the count.
   for (int64_t m = 1; m <= static_cast<int64_t>(profile.size()); ++m) {
+    if (window_bytes >= 0 && profile[m - 1].kept_bytes > window_bytes) {
+      best.window_capped = true;
+      break;
+    }
     OffloadPlan p = evaluate_offload(profile, m, link, tail_ms, backward_ratio);
     if (p.exposed_ms() > max_exposed_ms) break;
     best = p;

@@ -77,6 +77,7 @@ struct OffloadPlan {
   int64_t offloaded_bytes = 0;
   double forward_exposed_ms = 0.0;   // the forward's wait for the last copy out
   double backward_exposed_ms = 0.0;  // backward's waits for copies back
+  bool window_capped = false;        // plan_offload stopped at a segment larger than its window
   double exposed_ms() const { return forward_exposed_ms + backward_exposed_ms; }
   // "offload 1 of 12 segments (218.0 MiB), exposed 0.00 ms (forward 0.00, backward 0.00)".
   std::string summary() const;
@@ -86,9 +87,13 @@ struct OffloadPlan {
 OffloadPlan evaluate_offload(const std::vector<SegmentProfile>& profile, int64_t segments, const HostLink& link,
                              double tail_ms = 0.0, double backward_ratio = 2.0);
 // The most leading segments whose copies leave at most max_exposed_ms exposed (0: fully hidden).
-// A link of zero bandwidth offloads nothing.
+// A link of zero bandwidth offloads nothing. window_bytes >= 0 (OffloadOptions::prefetch_bytes):
+// the plan also stops before the first segment that keeps more. Backward fetches no more than
+// the window ahead, so the rest of such a segment's copy back would stall its own backward,
+// which the model above does not see (H200, GPT-2 B=8 with dropout 0.1: 1.2 GiB blocks against
+// the 512 MiB window, one offloaded block cost 18.5 ms where the model predicted none).
 OffloadPlan plan_offload(const std::vector<SegmentProfile>& profile, const HostLink& link, double max_exposed_ms = 0.0,
-                         double tail_ms = 0.0, double backward_ratio = 2.0);
+                         double tail_ms = 0.0, double backward_ratio = 2.0, int64_t window_bytes = -1);
 
 // A Sequential's children as segment functions (for profile_segments / checkpoint_segments),
 // and mg::checkpoint_sequential over them (PyTorch's checkpoint_sequential(seq, segments, x)).

@@ -191,6 +191,16 @@ TEST(OffloadPlanner, PlanTakesTheMostSegmentsWithinTheExposedTime) {
   // (off CUDA) offloads nothing.
   EXPECT_EQ(plan_offload(p, HostLink{1e9, 1e9}).segments, 3);
   EXPECT_EQ(plan_offload(p, HostLink{1e9, 1e9}, 0.0, /*tail_ms=*/0.5).segments, 4);
+  // A prefetch window smaller than a segment stops the plan before it.
+  OffloadPlan capped = plan_offload(p, kLink, 100.0, 0.0, 2.0, /*window_bytes=*/99);
+  EXPECT_EQ(capped.segments, 0);
+  EXPECT_TRUE(capped.window_capped);
+  EXPECT_NE(capped.summary().find("stopped at a segment larger than the prefetch window"), std::string::npos);
+  auto big_third = p;
+  big_third[2].kept_bytes = 1000;
+  EXPECT_EQ(plan_offload(big_third, HostLink{1e9, 1e9}, 100.0, 0.0, 2.0, 100).segments, 2);
+  EXPECT_EQ(plan_offload(p, kLink, 100.0, 0.0, 2.0, 100).segments, 4);
+  EXPECT_FALSE(plan_offload(p, kLink, 100.0, 0.0, 2.0, 100).window_capped);
   OffloadPlan none = plan_offload(p, HostLink{});
   EXPECT_EQ(none.segments, 0);
   EXPECT_EQ(none.offloaded_bytes, 0);
