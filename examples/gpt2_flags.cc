@@ -53,7 +53,8 @@ Memory and speed:
                        checkpointed blocks are the ones after them. N = auto: the most blocks
                        whose copies hide behind the forward and backward (within 5 % of the
                        blocks' time), from the host link's measured bandwidth and the blocks'
-                       profiled bytes and times (0 off CUDA)
+                       profiled bytes and times, stopping before a block larger than the
+                       512 MiB prefetch window (0 off CUDA)
   --grad-accum N       split each step's batch into N micro-batches (same gradient)
   --auto-batch         the largest micro-batch that fits (find_max_batch_size: doubling then
                        bisection over out-of-memory errors, at most --max-batch N, default

@@ -262,8 +262,8 @@ OffloadPlan evaluate_offload(const std::vector<SegmentProfile>& profile, int64_t
   OffloadPlan p;
   p.segments = segments;
   p.total_segments = n;
-  // Forward: the copies out queue on one stream; a segment's start as its first tensor is saved,
-  // and none ends before the segment does (its last tensor is saved at the end).
+  // Forward: the copies out queue on one stream; a segment's copy starts as its first tensor is
+  // saved, and none ends before the segment does (its last tensor is saved at the end).
   double t = 0.0, copy_end = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     const double start = t;
@@ -278,8 +278,10 @@ OffloadPlan evaluate_offload(const std::vector<SegmentProfile>& profile, int64_t
   // Backward: the copies back run from its start, latest segment first.
   std::vector<double> back_end(segments, 0.0);
   double fetch = 0.0;
-  for (int64_t i = segments - 1; i >= 0; --i)
-    back_end[i] = fetch += static_cast<double>(profile[i].kept_bytes) / link.to_device_bytes_per_ms;
+  for (int64_t i = segments - 1; i >= 0; --i) {
+    fetch += static_cast<double>(profile[i].kept_bytes) / link.to_device_bytes_per_ms;
+    back_end[i] = fetch;
+  }
   double b = backward_ratio * tail_ms, busy = b;
   for (int64_t i = n - 1; i >= 0; --i) {
     if (i < segments) b = std::max(b, back_end[i]);
