@@ -51,6 +51,21 @@ void prepare_rng_replay(const std::vector<CapturedRng>& rngs);
 Generator& default_generator();
 void manual_seed(uint64_t seed);
 
+// Puts a generator back in the state it had when the scope began. Measurements that run the
+// model (profiling, trial steps: their dropout draws from the default generator) hold one, so the
+// program's random stream continues as if they had not run.
+class GeneratorStateGuard {
+ public:
+  explicit GeneratorStateGuard(Generator& gen = default_generator()) : gen_(gen), state_(gen.get_state()) {}
+  ~GeneratorStateGuard() { gen_.set_state(state_); }
+  GeneratorStateGuard(const GeneratorStateGuard&) = delete;
+  GeneratorStateGuard& operator=(const GeneratorStateGuard&) = delete;
+
+ private:
+  Generator& gen_;
+  PhiloxState state_;
+};
+
 // Uniform [low, high) and normal(mean, std) tensors, floating dtypes only.
 Tensor rand(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);
 Tensor randn(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);

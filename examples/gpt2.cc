@@ -183,14 +183,7 @@ void plan_offload_blocks(Run& r) {
 }
 
 // --recompute: the model's GPTRecompute; planner:BUDGET profiles the blocks at the micro-batch.
-// Profiling runs the blocks (dropout draws from the default generator): its state is restored,
-// so training starts as it would have.
 void set_recompute(Run& r) {
-  const PhiloxState rng = default_generator().get_state();
-  struct Restore {
-    const PhiloxState& s;
-    ~Restore() { default_generator().set_state(s); }
-  } restore{rng};
   const std::string& m = r.f.recompute;
   r.model->recompute.checkpoint_blocks = m == "per-block" || m == "per-block+selective";
   r.model->recompute.selective = m == "selective" || m == "per-block+selective";
@@ -226,7 +219,8 @@ void trial_forward_backward(Run& r, int64_t b, Generator& gen) {
 // --memory-budget: the first rung of nn::gpt_memory_ladder (without the step inside backward,
 // which the loop's GradScaler, clipping and accumulation rule out) whose whole training step at
 // the micro-batch fits. The trial steps use a twin optimizer at lr 0 (its state is counted, the
-// weights stay bit for bit) and restore the RNG, so training starts as it would have.
+// weights stay bit for bit) and leave the default generator as it was, so training starts as it
+// would have.
 void fit_memory_budget(Run& r) {
   if (r.f.memory_budget.empty()) return;
   MG_CHECK(r.world == 1, ValueError, "gpt2 --memory-budget: one rank only (got ", r.world, ")");
@@ -234,7 +228,7 @@ void fit_memory_budget(Run& r) {
   examples::TrainingFlags trial = r.f.train;
   trial.lr = 0.0;
   std::unique_ptr<optim::Optimizer> opt = examples::make_optimizer(trial, r.model->parameters());
-  const PhiloxState rng = default_generator().get_state();
+  GeneratorStateGuard rng;  // the first trial step runs before fit_to_budget's own guard
   Generator gen(r.f.seed + 11);
   auto step = [&] {
     opt->zero_grad();
@@ -246,7 +240,6 @@ void fit_memory_budget(Run& r) {
       nn::fit_to_budget(nn::gpt_memory_ladder(*r.model, nullptr, r.f.offload_blocks), step, budget, r.device);
   opt->zero_grad();
   opt.reset();
-  default_generator().set_state(rng);
   if (r.device.is_cuda()) cuda::empty_cache();
   if (r.lead()) {
     std::cout << "memory budget " << format_bytes(budget) << ":\n";

@@ -11,6 +11,7 @@
 #include "core/cuda_memory.h"
 #include "core/device_runtime.h"
 #include "core/format_bytes.h"
+#include "core/random.h"
 
 namespace mg::nn {
 
@@ -51,6 +52,7 @@ BatchSearchResult find_max_batch_size(const std::function<void(int64_t batch)>& 
                                       const BatchSearchOptions& opts) {
   MG_CHECK(opts.start >= 1 && opts.max_batch >= opts.start, ValueError,
            "find_max_batch_size: need 1 <= start <= max_batch, got start ", opts.start, ", max_batch ", opts.max_batch);
+  GeneratorStateGuard rng;  // the trial steps' random draws leave no trace in the caller's stream
   BatchSearchResult r;
   auto fits = [&](int64_t b) {
     bool ok = true;
@@ -156,6 +158,7 @@ BudgetFitResult fit_to_budget(const std::vector<BudgetOption>& options, const st
                               int64_t budget_bytes, Device device) {
   MG_CHECK(!options.empty(), ValueError, "fit_to_budget: no options to try");
   MG_CHECK(budget_bytes > 0, ValueError, "fit_to_budget: the budget must be > 0 bytes, got ", budget_bytes);
+  GeneratorStateGuard rng;  // as in find_max_batch_size
   BudgetFitResult r;
   int smallest_index = -1;
   for (size_t i = 0; i < options.size(); ++i) {

@@ -33,7 +33,8 @@ struct BatchSearchResult {
 
 // try_step(b) runs one training step at batch b and throws mg::OutOfMemoryError when it
 // does not fit (anything else propagates). Doubles from `start` until a step fails, then
-// bisects between the last fit and the first failure: O(log max_batch) steps.
+// bisects between the last fit and the first failure: O(log max_batch) steps. The default
+// generator ends as it began (the trial steps' dropout leaves no trace in training).
 BatchSearchResult find_max_batch_size(const std::function<void(int64_t batch)>& try_step,
                                       const BatchSearchOptions& opts = {});
 
@@ -72,7 +73,8 @@ struct BudgetFitResult {
 // option stays applied). When none fits, every option has been measured, the one with the
 // smallest peak is left applied, and the result says so (chosen = -1): the caller decides
 // whether to stop. The first step of a fresh optimizer also creates its state: run one step
-// before calling, or the first option's peak includes that growth.
+// before calling, or the first option's peak includes that growth. The default generator ends as
+// it began.
 BudgetFitResult fit_to_budget(const std::vector<BudgetOption>& options, const std::function<void()>& step,
                               int64_t budget_bytes, Device device);
 

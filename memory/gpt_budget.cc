@@ -54,8 +54,9 @@ GPTOffloadPlan plan_gpt_offload(GPT& model, int64_t batch, Device device, double
   if (device.is_cuda()) g.link = measure_host_link(device);
   double forward_ms = 0.0;
   for (const SegmentProfile& s : g.profile) forward_ms += s.forward_ms;
-  g.max_exposed_ms = max_slowdown * 3.0 * forward_ms;  // forward + backward at plan_offload's ratio 2
-  g.plan = plan_offload(g.profile, g.link, g.max_exposed_ms, 0.0, 2.0, model.recompute.offload.prefetch_bytes);
+  g.max_exposed_ms = max_slowdown * (1.0 + kOffloadBackwardRatio) * forward_ms;  // forward and backward
+  g.plan = plan_offload(g.profile, g.link, g.max_exposed_ms, 0.0, kOffloadBackwardRatio,
+                        model.recompute.offload.prefetch_bytes);
   return g;
 }
 

@@ -35,10 +35,11 @@ std::vector<SegmentProfile> profile_gpt_blocks(GPT& model, int64_t batch, Device
 // How many of GPT's first blocks offload with their copies hidden (GPTRecompute::offload_blocks):
 // plan_offload over the blocks' profile at `batch` and the host link measured on `device`. GPT
 // waits for the copies out before its head, so they must finish within the blocks' forward. The
-// copies may leave exposed at most max_slowdown of the blocks' forward and backward (3x their
-// profiled forward time): the cost model is an estimate, and a plan that must hide every
-// microsecond would give up a block whose copies cost the step nothing measurable. The plan stops
-// before a block that keeps more than GPTRecompute::offload.prefetch_bytes (plan_offload's window).
+// copies may leave exposed at most max_slowdown of the blocks' forward and backward (1 +
+// kOffloadBackwardRatio times their profiled forward time): the cost model is an estimate, and a
+// plan that must hide every microsecond would give up a block whose copies cost the step nothing
+// measurable. The plan stops before a block that keeps more than
+// GPTRecompute::offload.prefetch_bytes (plan_offload's window).
 // Nothing is offloaded off CUDA (plan of 0 blocks).
 struct GPTOffloadPlan {
   OffloadPlan plan;

@@ -14,6 +14,7 @@
 #include "autograd/grad_mode.h"
 #include "core/allocator.h"
 #include "core/device_runtime.h"
+#include "core/random.h"
 
 namespace mg::nn {
 
@@ -44,6 +45,7 @@ std::vector<SegmentProfile> profile_segments(const std::vector<SegmentFn>& segme
            " names for ", segments.size(), " segments");
   MG_CHECK(repeats >= 1, ValueError, "profile_segments: repeats must be >= 1, got ", repeats);
   const Device dev = sample.device();
+  GeneratorStateGuard rng;  // the segments' dropout draws; the caller's stream goes on unchanged
   std::vector<SegmentProfile> prof(segments.size());
   for (size_t i = 0; i < segments.size(); ++i) prof[i].name = names.empty() ? "segment " + std::to_string(i) : names[i];
   {

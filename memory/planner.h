@@ -23,7 +23,8 @@ struct SegmentProfile {
 };
 
 // Runs the chain once recording (memory deltas per segment on the sample's device), then
-// `repeats` times under no_grad for the timings (median). The graph is dropped afterwards.
+// `repeats` times under no_grad for the timings (median). The graph is dropped afterwards, and
+// the default generator is left as it was (the segments' dropout draws from it).
 std::vector<SegmentProfile> profile_segments(const std::vector<SegmentFn>& segments, const Tensor& sample,
                                              const std::vector<std::string>& names = {}, int repeats = 3);
 
@@ -71,6 +72,9 @@ CheckpointPlan plan_for_budget(const std::vector<SegmentProfile>& profile, int64
 // backward_ratio x tail_ms; the copies back run one after another from backward's start, latest
 // segment first, and a segment's backward waits for its own. The exposed time is what the step
 // waits for copies, both passes together.
+// Backward's time per segment against its forward's, as the offload cost model takes it.
+inline constexpr double kOffloadBackwardRatio = 2.0;
+
 struct OffloadPlan {
   int64_t segments = 0;  // the first `segments` segments offload
   int64_t total_segments = 0;
@@ -85,7 +89,7 @@ struct OffloadPlan {
 
 // The cost model for offloading the first `segments` segments over `link`.
 OffloadPlan evaluate_offload(const std::vector<SegmentProfile>& profile, int64_t segments, const HostLink& link,
-                             double tail_ms = 0.0, double backward_ratio = 2.0);
+                             double tail_ms = 0.0, double backward_ratio = kOffloadBackwardRatio);
 // The most leading segments whose copies leave at most max_exposed_ms exposed (0: fully hidden).
 // A link of zero bandwidth offloads nothing. window_bytes >= 0 (OffloadOptions::prefetch_bytes):
 // the plan also stops before the first segment that keeps more. Backward fetches no more than
@@ -93,7 +97,8 @@ OffloadPlan evaluate_offload(const std::vector<SegmentProfile>& profile, int64_t
 // which the model above does not see (H200, GPT-2 B=8 with dropout 0.1: 1.2 GiB blocks against
 // the 512 MiB window, one offloaded block cost 18.5 ms where the model predicted none).
 OffloadPlan plan_offload(const std::vector<SegmentProfile>& profile, const HostLink& link, double max_exposed_ms = 0.0,
-                         double tail_ms = 0.0, double backward_ratio = 2.0, int64_t window_bytes = -1);
+                         double tail_ms = 0.0, double backward_ratio = kOffloadBackwardRatio,
+                         int64_t window_bytes = -1);
 
 // A Sequential's children as segment functions (for profile_segments / checkpoint_segments),
 // and mg::checkpoint_sequential over them (PyTorch's checkpoint_sequential(seq, segments, x)).

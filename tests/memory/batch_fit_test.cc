@@ -107,6 +107,23 @@ class Limited : public Module {
   std::shared_ptr<Linear> lin;
 };
 
+// The trial steps' random draws (dropout, here rand) leave the default generator as it was, in
+// both searches.
+TEST(FindMaxBatchSize, TrialStepsLeaveTheDefaultGeneratorAsItWas) {
+  const PhiloxState before = default_generator().get_state();
+  find_max_batch_size(
+      [](int64_t b) {
+        rand({b}, {DType::f32});
+        if (b > 4) throw OutOfMemoryError("trial: batch " + std::to_string(b) + " does not fit");
+      },
+      {1, 64});
+  fit_to_budget(
+      {{"only", [] {}}}, [] { rand({16}, {DType::f32}); }, 1, Device::cpu());
+  const PhiloxState after = default_generator().get_state();
+  EXPECT_EQ(after.seed, before.seed);
+  EXPECT_EQ(after.offset, before.offset);
+}
+
 TEST(FindMaxBatchSize, ModelOverloadLeavesNoGradients) {
   Limited m;
   BatchSearchResult r = find_max_batch_size(m, randn({3, 4}));

@@ -73,6 +73,19 @@ TEST(Planner, DynamicProgramMatchesBruteForce) {
   }
 }
 
+// Profiling runs the segments, and dropout draws from the default generator: it is put back, so
+// the program's random stream goes on as if the profile had not run.
+TEST(Planner, ProfileLeavesTheDefaultGeneratorAsItWas) {
+  std::vector<SegmentFn> segs(3, [](const Tensor& x) { return dropout(x, 0.5, /*training=*/true); });
+  Tensor x = randn({256}, {DType::f32});
+  x.requires_grad_(true);
+  const PhiloxState before = default_generator().get_state();
+  profile_segments(segs, x);
+  const PhiloxState after = default_generator().get_state();
+  EXPECT_EQ(after.seed, before.seed);
+  EXPECT_EQ(after.offset, before.offset);
+}
+
 TEST(Planner, SqrtNShapeAndTable) {
   auto p = random_profile(16, 4);
   CheckpointPlan s = plan_sqrt_n(p);
