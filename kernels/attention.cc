@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/enum_name.h"
+#include "kernels/backend.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
 
@@ -226,9 +227,12 @@ std::tuple<Tensor, Tensor, Tensor> flash_attention_backward(const Tensor& grad_o
   return {gq, gk, gv};
 }
 
-// The tensor-core kernels (cuda/attention_tc.cu) cover f16/bf16 at head dims 64 and 128.
+// The tensor-core kernels (cuda/attention_tc.cu) cover f16/bf16 at head dims 64 and 128, and f32
+// there in TF32 when allow_tf32() (as the f32 matmuls: off by default, so f32 stays exact to f32
+// rounding unless asked).
 AttentionKernel flash_attention_kernel(DType dt, int64_t head_dim) {
-  const bool tc = (dt == DType::f16 || dt == DType::bf16) && (head_dim == 64 || head_dim == 128);
+  const bool tc_type = dt == DType::f16 || dt == DType::bf16 || (dt == DType::f32 && allow_tf32());
+  const bool tc = tc_type && (head_dim == 64 || head_dim == 128);
   return tc && forced_kernel() != "simt" ? AttentionKernel::FlashTensorCore : AttentionKernel::FlashSimt;
 }
 

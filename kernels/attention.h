@@ -47,9 +47,9 @@ void flash_attention_backward_out(const Tensor& grad_out, const Tensor& q, const
                                   const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v);
 
 // The attention implementation for these operands: FlashTensorCore for f16/bf16 at head dim 64
-// or 128 on CUDA, FlashSimt for the other CUDA cases flash supports, Composed otherwise (CPU,
-// f64, dropout). MG_ATTENTION_KERNEL=auto|composed|simt|tc overrides it (A/B comparisons);
-// another value, or one the operands can't run, raises mg::ValueError.
+// or 128 on CUDA (f32 too under set_allow_tf32(true): TF32 products, f32 accumulation), FlashSimt for the other CUDA
+// cases flash supports, Composed otherwise (CPU, f64, dropout). MG_ATTENTION_KERNEL=auto|composed|simt|tc overrides it
+// (A/B comparisons); another value, or one the operands can't run, raises mg::ValueError.
 AttentionKernel attention_kernel(const Tensor& q, const Tensor& k, const Tensor& v, bool dropout = false);
 // The flash kernel for a dtype and head dim (the flash half of attention_kernel's rule).
 AttentionKernel flash_attention_kernel(DType dt, int64_t head_dim);

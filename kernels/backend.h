@@ -187,8 +187,9 @@ class Backend {
 };
 
 // ---- settings the backends read
-// TF32 tensor-core math for f32 matmuls on CUDA (faster, ~1e-3 relative error). Off by
-// default, like PyTorch's torch.backends.cuda.matmul.allow_tf32.
+// TF32 tensor-core math for f32 on CUDA (faster, ~1e-3 relative error): matmuls (cuBLAS,
+// cuBLASLt), convolutions (cuDNN) and flash attention at head dims 64 and 128. Off by default,
+// like PyTorch's torch.backends.cuda.matmul.allow_tf32.
 inline std::atomic<bool>& tf32_flag() {
   static std::atomic<bool> flag{false};
   return flag;

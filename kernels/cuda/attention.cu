@@ -27,8 +27,9 @@
 //
 // Speed, honestly: FMA on CUDA cores, no tensor cores (no mma/wgmma), so this runs well below
 // cuDNN / FlashAttention-2. What it guarantees is memory: O(BH * T * D), never O(T^2).
-// f16/bf16 at head dims 64 and 128 therefore go to the tensor-core kernels (attention_tc.cu);
-// these stay the reference and the fallback (f32, other head dims, MG_ATTENTION_KERNEL=simt).
+// f16/bf16 at head dims 64 and 128 therefore go to the tensor-core kernels (attention_tc.cu),
+// and f32 there too when TF32 is allowed (kernels::set_allow_tf32); these stay the reference and
+// the fallback (f32 without TF32, other head dims, MG_ATTENTION_KERNEL=simt).
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
@@ -421,6 +422,10 @@ T* ptr(const Tensor& t) {
 // t [B, H, n, D] with a unit-stride head dim, as the kernels' row layout.
 TcLayout layout_of(const Tensor& t) { return TcLayout{t.size(1), t.stride(0), t.stride(1), t.stride(2)}; }
 
+// The tensor-core element type: f32 only reaches the tensor-core kernels when TF32 is allowed
+// (kernels/attention.cc chooses).
+TcElem tc_elem(DType dt) { return dt == DType::f32 ? TcElem::tf32 : dt == DType::bf16 ? TcElem::bf16 : TcElem::f16; }
+
 // The tensor-core kernels copy rows 16 bytes at a time (tc_layout_aligned).
 bool aligned16(std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts)
@@ -441,7 +446,7 @@ void CudaBackend::flash_attention_forward(AttentionKernel kernel, const Tensor& 
   cudaStream_t st = stream_of(q);
   // kernels/attention.cc chose the kernel and aligned the views; a misaligned one still runs SIMT.
   if (kernel == AttentionKernel::FlashTensorCore && aligned16({&q, &k, &v, &out})) {
-    const TcForwardArgs a{q.dtype() == DType::bf16 ? TcElem::bf16 : TcElem::f16,
+    const TcForwardArgs a{tc_elem(q.dtype()),
                           q.raw_data(),
                           k.raw_data(),
                           v.raw_data(),
@@ -507,7 +512,7 @@ void CudaBackend::flash_attention_backward(AttentionKernel kernel, const Tensor&
       MG_CUDA_CHECK_LAUNCH(op);
     }
     if (kernel == AttentionKernel::FlashTensorCore && aligned16({&grad_out, &q, &k, &v, &grad_q, &grad_k, &grad_v})) {
-      const TcBackwardArgs a{std::is_same_v<T, __nv_bfloat16> ? TcElem::bf16 : TcElem::f16,
+      const TcBackwardArgs a{tc_elem(q.dtype()),
                              q.raw_data(),
                              k.raw_data(),
                              v.raw_data(),

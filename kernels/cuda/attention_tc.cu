@@ -47,11 +47,13 @@ constexpr int kThreads = 128;  // 4 warps
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Shared tiles are rows of kD elements padded by 8 (16 bytes): the 8 rows an ldmatrix phase
-// reads then start 4 banks apart and cover all 32 banks.
-template <int kD>
+// Shared tiles are rows of kD elements padded by 16 bytes. Half types: the 8 rows an ldmatrix
+// phase reads then start 4 banks apart and cover all 32 banks. f32 (4 elements of padding): the
+// TF32 fragments are single-word loads of (row g, column t) or (row 2t or 2t + 1, column g)
+// (g = lane / 4, t = lane % 4); rows 4 banks apart put both patterns on 32 distinct banks.
+template <class T, int kD>
 __host__ __device__ constexpr int ld_of() {
-  return kD + 8;
+  return kD + 16 / static_cast<int>(sizeof(T));
 }
 
 // Column c of a tile starting at key (or query) c0 is allowed in row r when c <= hi(r) and
@@ -75,11 +77,11 @@ __device__ __forceinline__ void key_bounds(int (&hi)[2], int64_t ra, int64_t j0,
 // asynchronously.
 template <int kRows, int kD, class T>
 __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t r0, int64_t len, int64_t ld) {
-  constexpr int kChunks = kD / 8;  // 16-byte chunks a row
+  constexpr int kVec = 16 / sizeof(T), kChunks = kD / kVec;  // 16-byte chunks a row
   for (int e = threadIdx.x; e < kRows * kChunks; e += kThreads) {
     const int r = e / kChunks, c = e % kChunks;
     const bool ok = r0 + r < len;
-    cp_async16(dst + r * ld_of<kD>() + c * 8, ok ? src + (r0 + r) * ld + c * 8 : src, ok);
+    cp_async16(dst + r * ld_of<T, kD>() + c * kVec, ok ? src + (r0 + r) * ld + c * kVec : src, ok);
   }
 }
 
@@ -88,8 +90,31 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t r0, int6
 // the kM m-tiles: ldmatrix traffic, more than the tensor cores, is what bounds these kernels.
 template <class T, int kM, int kK16, int kN8, int kD>
 __device__ __forceinline__ void mma_abt(float (&acc)[kM][kN8][4], const T* a, const T* b) {
-  constexpr int kLd = ld_of<kD>();
+  constexpr int kLd = ld_of<T, kD>();
   const int lane = threadIdx.x & 31;
+  if constexpr (std::is_same_v<T, float>) {
+    // TF32: m16n8k8, 2 kK16 slices of 8; fragments read as single words (no ldmatrix for
+    // 32-bit types), rounded to TF32 on the way.
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int kk = 0; kk < 2 * kK16; ++kk) {
+      uint32_t af[kM][4];
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        const float* ar = a + (m * 16 + g) * kLd + kk * 8 + t;
+        af[m][0] = to_tf32(ar[0]), af[m][1] = to_tf32(ar[8 * kLd]);
+        af[m][2] = to_tf32(ar[4]), af[m][3] = to_tf32(ar[8 * kLd + 4]);
+      }
+#pragma unroll
+      for (int n = 0; n < kN8; ++n) {
+        const float* br = b + (n * 8 + g) * kLd + kk * 8 + t;
+        const uint32_t b0 = to_tf32(br[0]), b1 = to_tf32(br[4]);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) mma_tf32(acc[m][n], af[m], b0, b1);
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int kk = 0; kk < kK16; ++kk) {
     uint32_t af[kM][4];
@@ -112,8 +137,31 @@ __device__ __forceinline__ void mma_abt(float (&acc)[kM][kN8][4], const T* a, co
 // times B stored k-major: b[k][n] (n contiguous), read with ldmatrix.trans.
 template <class T, int kM, int kK16, int kD>
 __device__ __forceinline__ void mma_pb(float (&acc)[kM][kD / 8][4], const float (&p)[kM][2 * kK16][4], const T* b) {
-  constexpr int kLd = ld_of<kD>();
+  constexpr int kLd = ld_of<T, kD>();
   const int lane = threadIdx.x & 31;
+  if constexpr (std::is_same_v<T, float>) {
+    // TF32: one m16n8k8 per n8 tile of p. Its accumulators hold columns 2t and 2t + 1, the A
+    // operand wants t and t + 4: the product's k order is free, so k index t stands for column
+    // 2t and t + 4 for 2t + 1, and B's rows are read in the same order. No shuffles.
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < 2 * kK16; ++j) {
+      uint32_t af[kM][4];
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        af[m][0] = to_tf32(p[m][j][0]), af[m][1] = to_tf32(p[m][j][2]);
+        af[m][2] = to_tf32(p[m][j][1]), af[m][3] = to_tf32(p[m][j][3]);
+      }
+      const float* br = b + (j * 8 + 2 * t) * kLd + g;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+        const uint32_t b0 = to_tf32(br[n * 8]), b1 = to_tf32(br[kLd + n * 8]);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) mma_tf32(acc[m][n], af[m], b0, b1);
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int kk = 0; kk < kK16; ++kk) {
     // The accumulator layout of two n8 tiles is the A-operand layout of one k16 slice.
@@ -156,6 +204,11 @@ __device__ __forceinline__ void store_rows(T* dst, const float (&acc)[kD / 8][4]
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) {
     const int col = n * 8 + 2 * t;
+    if constexpr (std::is_same_v<T, float>) {
+      if (ra < len) *reinterpret_cast<float2*>(dst + ra * ld + col) = make_float2(acc[n][0] * mul0, acc[n][1] * mul0);
+      if (rb < len) *reinterpret_cast<float2*>(dst + rb * ld + col) = make_float2(acc[n][2] * mul1, acc[n][3] * mul1);
+      continue;
+    }
     if (ra < len) *reinterpret_cast<uint32_t*>(dst + ra * ld + col) = pack2<T>(acc[n][0] * mul0, acc[n][1] * mul0);
     if (rb < len) *reinterpret_cast<uint32_t*>(dst + rb * ld + col) = pack2<T>(acc[n][2] * mul1, acc[n][3] * mul1);
   }
@@ -170,21 +223,23 @@ __device__ __forceinline__ void store_rows(T* dst, const float (&acc)[kD / 8][4]
 // - backward, kM = 1 (64 rows a block): kM = 2 at D = 64 was as fast without the mask and
 //   1.2-1.3x slower causal (half as many blocks, so a longer tail of the long diagonal ones);
 //   at D = 128 two 16 x 128 f32 gradients already take 128 registers a thread.
-template <int kD>
+template <class T, int kD>
 struct FwdTiles {
   static constexpr int kM = 2, kRows = 64 * kM, kN = 64;
 };
-template <int kD>
+template <class T, int kD>
 struct BwdTiles {
   static constexpr int kM = 1, kRows = 64 * kM, kN = kD == 64 ? 64 : 32;
-  static constexpr int kMinBlocks = kD == 64 ? 3 : 1;  // 168 registers, no spills: 3 blocks an SM
+  // Half types at D = 64: 168 registers, no spills: 3 blocks an SM. f32 tiles take twice the
+  // shared memory (105 KiB a block at D = 64), so 2 fit.
+  static constexpr int kMinBlocks = kD == 64 ? (sizeof(T) == 4 ? 2 : 3) : 1;
 };
 
 // ---------------------------------------------------------------- forward
 
-template <int kD>
+template <class T, int kD>
 constexpr size_t fwd_smem() {  // Q, and K and V twice
-  return sizeof(__half) * (FwdTiles<kD>::kRows + 4 * FwdTiles<kD>::kN) * ld_of<kD>();
+  return sizeof(T) * (FwdTiles<T, kD>::kRows + 4 * FwdTiles<T, kD>::kN) * ld_of<T, kD>();
 }
 
 template <class T, int kD>
@@ -192,8 +247,8 @@ __global__ void __launch_bounds__(kThreads)
     tc_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                   float* __restrict__ lse, TcLayout lq, TcLayout lk, TcLayout lv, TcLayout lo, int64_t b0, int64_t L,
                   int64_t S, float scale_log2, bool causal) {
-  using C = FwdTiles<kD>;
-  constexpr int kM = C::kM, kRows = C::kRows, kBc = C::kN, kN8 = kBc / 8, kLd = ld_of<kD>();
+  using C = FwdTiles<T, kD>;
+  constexpr int kM = C::kM, kRows = C::kRows, kBc = C::kN, kN8 = kBc / 8, kLd = ld_of<T, kD>();
   extern __shared__ uint4 smem_fwd[];
   T* Qs = reinterpret_cast<T*>(smem_fwd);
   // Double buffers, picked by arithmetic (an indexed pointer array would live on the stack).
@@ -294,22 +349,22 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---------------------------------------------------------------- backward
 
-template <int kD>
+template <class T, int kD>
 constexpr size_t bwd_smem() {  // two row blocks + two double-buffered tiles (+ lse, delta for dkdv)
-  using C = BwdTiles<kD>;
-  return sizeof(__half) * 2 * (C::kRows + 2 * C::kN) * ld_of<kD>() + sizeof(float) * 4 * C::kN;
+  using C = BwdTiles<T, kD>;
+  return sizeof(T) * 2 * (C::kRows + 2 * C::kN) * ld_of<T, kD>() + sizeof(float) * 4 * C::kN;
 }
 
 // Rows = keys [j0, j0 + kRows), tiles of queries; writes dk and dv of the block's keys.
 template <class T, int kD>
-__global__ void __launch_bounds__(kThreads, BwdTiles<kD>::kMinBlocks)
+__global__ void __launch_bounds__(kThreads, BwdTiles<T, kD>::kMinBlocks)
     tc_bwd_dkdv_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                        const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
                        T* __restrict__ dk, T* __restrict__ dv, TcLayout lq, TcLayout lk, TcLayout lv, TcLayout ldo,
                        TcLayout ldk, TcLayout ldv, int64_t b0, int64_t L, int64_t S, float scale, float scale_log2,
                        bool causal) {
-  using C = BwdTiles<kD>;
-  constexpr int kM = C::kM, kRows = C::kRows, kBr = C::kN, kN8 = kBr / 8, kLd = ld_of<kD>();
+  using C = BwdTiles<T, kD>;
+  constexpr int kM = C::kM, kRows = C::kRows, kBr = C::kN, kN8 = kBr / 8, kLd = ld_of<T, kD>();
   extern __shared__ uint4 smem_dkdv[];
   T* Ks = reinterpret_cast<T*>(smem_dkdv);
   T* Vs = Ks + kRows * kLd;
@@ -388,13 +443,13 @@ __global__ void __launch_bounds__(kThreads, BwdTiles<kD>::kMinBlocks)
 
 // Rows = queries [i0, i0 + kRows), tiles of keys; writes dq of the block's queries.
 template <class T, int kD>
-__global__ void __launch_bounds__(kThreads, BwdTiles<kD>::kMinBlocks)
+__global__ void __launch_bounds__(kThreads, BwdTiles<T, kD>::kMinBlocks)
     tc_bwd_dq_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                      const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
                      T* __restrict__ dq, TcLayout lq, TcLayout lk, TcLayout lv, TcLayout ldo, TcLayout ldq, int64_t b0,
                      int64_t L, int64_t S, float scale, float scale_log2, bool causal) {
-  using C = BwdTiles<kD>;
-  constexpr int kM = C::kM, kRows = C::kRows, kBc = C::kN, kN8 = kBc / 8, kLd = ld_of<kD>();
+  using C = BwdTiles<T, kD>;
+  constexpr int kM = C::kM, kRows = C::kRows, kBc = C::kN, kN8 = kBc / 8, kLd = ld_of<T, kD>();
   extern __shared__ uint4 smem_dq[];
   T* Qs = reinterpret_cast<T*>(smem_dq);
   T* Os = Qs + kRows * kLd;          // dout
@@ -475,6 +530,7 @@ cudaError_t dispatch(TcElem elem, int D, F&& f) {
     if (D == 128) return f(tag, std::integral_constant<int, 128>{});
     return cudaErrorInvalidValue;
   };
+  if (elem == TcElem::tf32) return by_dim(float{});
   return elem == TcElem::f16 ? by_dim(__half{}) : by_dim(__nv_bfloat16{});
 }
 
@@ -499,13 +555,13 @@ cudaError_t attention_tc_forward(const TcForwardArgs& a, cudaStream_t stream) {
   return dispatch(a.elem, a.D, [&](auto tag, auto dim) -> cudaError_t {
     using T = decltype(tag);
     constexpr int kD = decltype(dim)::value;
-    constexpr size_t smem = fwd_smem<kD>();
+    constexpr size_t smem = fwd_smem<T, kD>();
     if (cudaError_t e = allow_smem(tc_fwd_kernel<T, kD>, smem); e != cudaSuccess) return e;
     const float sl2 = a.scale * kLog2e;
     const TcLayout lq = tc_resolve(a.lq, a.L, kD), lk = tc_resolve(a.lk, a.S, kD), lv = tc_resolve(a.lv, a.S, kD),
                    lo = tc_resolve(a.lo, a.L, kD);
     return for_head_chunks(a.BH, [&](int64_t b0, unsigned nb) {
-      tc_fwd_kernel<T, kD><<<dim3(blocks_of(a.L, FwdTiles<kD>::kRows), nb), kThreads, smem, stream>>>(
+      tc_fwd_kernel<T, kD><<<dim3(blocks_of(a.L, FwdTiles<T, kD>::kRows), nb), kThreads, smem, stream>>>(
           static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v), static_cast<T*>(a.out),
           a.lse, lq, lk, lv, lo, b0, a.L, a.S, sl2, a.causal);
     });
@@ -516,7 +572,7 @@ cudaError_t attention_tc_backward(const TcBackwardArgs& a, cudaStream_t stream) 
   return dispatch(a.elem, a.D, [&](auto tag, auto dim) -> cudaError_t {
     using T = decltype(tag);
     constexpr int kD = decltype(dim)::value;
-    constexpr size_t smem = bwd_smem<kD>();
+    constexpr size_t smem = bwd_smem<T, kD>();
     if (cudaError_t e = allow_smem(tc_bwd_dkdv_kernel<T, kD>, smem); e != cudaSuccess) return e;
     if (cudaError_t e = allow_smem(tc_bwd_dq_kernel<T, kD>, smem); e != cudaSuccess) return e;
     const float sl2 = a.scale * kLog2e;
@@ -526,11 +582,11 @@ cudaError_t attention_tc_backward(const TcBackwardArgs& a, cudaStream_t stream) 
     const T *q = static_cast<const T*>(a.q), *k = static_cast<const T*>(a.k);
     const T *v = static_cast<const T*>(a.v), *dout = static_cast<const T*>(a.dout);
     return for_head_chunks(a.BH, [&](int64_t b0, unsigned nb) {
-      tc_bwd_dkdv_kernel<T, kD><<<dim3(blocks_of(a.S, BwdTiles<kD>::kRows), nb), kThreads, smem, stream>>>(
+      tc_bwd_dkdv_kernel<T, kD><<<dim3(blocks_of(a.S, BwdTiles<T, kD>::kRows), nb), kThreads, smem, stream>>>(
           q, k, v, dout, a.lse, a.delta, static_cast<T*>(a.dk), static_cast<T*>(a.dv), lq, lk, lv, ldo, ldk, ldv, b0,
           a.L, a.S, a.scale, sl2, a.causal);
       if (a.L == 0) return;
-      tc_bwd_dq_kernel<T, kD><<<dim3(blocks_of(a.L, BwdTiles<kD>::kRows), nb), kThreads, smem, stream>>>(
+      tc_bwd_dq_kernel<T, kD><<<dim3(blocks_of(a.L, BwdTiles<T, kD>::kRows), nb), kThreads, smem, stream>>>(
           q, k, v, dout, a.lse, a.delta, static_cast<T*>(a.dq), lq, lk, lv, ldo, ldq, b0, a.L, a.S, a.scale, sl2,
           a.causal);
     });

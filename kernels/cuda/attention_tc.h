@@ -11,7 +11,10 @@
 
 namespace mg::kernels::cuda {
 
-enum class TcElem { f16, bf16 };
+// The element type of every operand and output. tf32: f32 tensors, multiplied on the tensor
+// cores in TF32 (inputs rounded to 10 mantissa bits, f32 accumulation): the caller's choice
+// under kernels::allow_tf32().
+enum class TcElem { f16, bf16, tf32 };
 
 // Where the rows of a [B, H, n, D] view lie, in elements (the head dim is unit-stride): row r
 // of head bh = b * H + h starts at b * sb + h * sh + r * sp. Strided views let the attention
@@ -76,7 +79,7 @@ struct TcBackwardArgs {
   TcLayout lq{}, lk{}, lv{}, ldout{}, ldq{}, ldk{}, ldv{};
 };
 
-// True for the head dims the tensor-core kernels are compiled for (64, 128).
+// True for the head dims the tensor-core kernels are compiled for (64, 128), every TcElem.
 bool attention_tc_head_dim_ok(int64_t D);
 
 // Launch on `stream`; return the launch error (cudaSuccess when all launched). L, S >= 1.

@@ -1,5 +1,6 @@
 // Inline-PTX building blocks for the tensor-core kernels (attention_tc.cu): cp.async copies,
-// ldmatrix loads, mma.sync m16n8k16 in f16/bf16 with f32 accumulation, and f32 -> T2 packing.
+// ldmatrix loads, mma.sync m16n8k16 in f16/bf16 and m16n8k8 in TF32 with f32 accumulation, and
+// f32 -> T2 / tf32 conversion.
 //
 // Plain CUDA (no memgrad headers), so standalone nvcc harnesses can include the kernels too.
 #pragma once
@@ -51,6 +52,22 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+}
+
+// f32 -> tf32 (10-bit mantissa, round to nearest, ties away), as the 32-bit register mma takes.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// c += a b for one m16n8k8 tile in TF32 (f32 accumulate). Fragments (g = lane / 4, t = lane % 4):
+// a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4); b0 (k t, n g), b1 (k t + 4, n g).
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Two floats as one 32-bit register of two T (low half = x).

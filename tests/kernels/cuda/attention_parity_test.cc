@@ -9,8 +9,9 @@
 // - Memory: forward + backward at B=8, H=12, T=1024, D=64 in f32 peaks at least
 //   B*H*T*T*4 bytes below the reference (it never allocates a T x T buffer).
 // - Both f16/bf16 kernels, the tensor-core one (D = 64, 128) and the SIMT reference
-//   (MG_ATTENTION_KERNEL=simt), on the same cases against the f64 reference; the tensor-core
-//   backward is bitwise deterministic; the kernel choice itself (no GPU needed).
+//   (MG_ATTENTION_KERNEL=simt), on the same cases against the f64 reference; f32 on the tensor
+//   cores in TF32 (set_allow_tf32) within TF32's bounds; the tensor-core backward is bitwise
+//   deterministic; the kernel choice itself (no GPU needed).
 // - attention_packed_qkv (q/k/v read in place from [B, T, 3C], y and the [B, T, 3C] gradient
 //   written in place) vs the unpacked path and the f64 reference, f32/f16/bf16, causal and not,
 //   tc and simt, a misaligned qkv (contiguous fallback), and its peak memory (no head copies).
@@ -34,6 +35,7 @@
 #include "core/device_runtime.h"
 #include "core/random.h"
 #include "core/tensor.h"
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
 
@@ -42,21 +44,42 @@ namespace {
 namespace k = mg::kernels;
 using namespace mg::testing;  // to_cuda, host, dstr, CudaTest
 
-double tol_of(DType t) { return t == DType::f32 ? 1e-4 : 2e-2; }
+// TF32 (f32 on the tensor cores under kernels::set_allow_tf32): the inputs, P and dS are rounded
+// to 10 mantissa bits (unit roundoff u = 2^-11), products accumulate in f32 and results are
+// stored in f32. The bounds take bf16's multiples of its own u = 2^-8: 5u for the output
+// (bf16's 2e-2) and, since the scores carry the inputs' rounding, for the logsumexp too; 15u for
+// the gradients (bf16's 6e-2), whose ds = p (dout . v - delta) can nearly cancel.
+constexpr double kTf32U = 1.0 / 2048;
+bool tf32_on(DType t) { return t == DType::f32 && k::allow_tf32(); }
+double tol_of(DType t) { return tf32_on(t) ? 5 * kTf32U : t == DType::f32 ? 1e-4 : 2e-2; }
+double lse_tol_of(DType t) { return tf32_on(t) ? 5 * kTf32U : 1e-4; }
 // Gradients in bf16 get more room: delta = rowsum(dout * out) is taken from the output as
 // stored, rounded to bf16 (as FlashAttention does; it is all backward has), an error of up to
 // 2^-9 |out| per element that ds = p (dout . v - delta) carries into dq and dk. It shows
 // where ds nearly cancels (a query with two keys of similar dout . v): over the 4.5M
 // elements of the 70000-head case the worst is 4.3% (of |ref| + rms), typical ~1%. f16's
 // 3 more mantissa bits make it 8x smaller.
-double grad_tol_of(DType t) { return t == DType::bf16 ? 6e-2 : tol_of(t); }
+double grad_tol_of(DType t) { return tf32_on(t) ? 15 * kTf32U : t == DType::bf16 ? 6e-2 : tol_of(t); }
+
+// Sets kernels::set_allow_tf32 for a scope, restoring the setting after.
+class ScopedTf32 {
+ public:
+  explicit ScopedTf32(bool on) : was_(k::allow_tf32()) { k::set_allow_tf32(on); }
+  ~ScopedTf32() { k::set_allow_tf32(was_); }
+
+ private:
+  bool was_;
+};
 
 // |ref - got| <= tol * (|ref| + rms(ref) + 0.01) elementwise (got may be on CUDA, any
 // dtype). The small absolute floor is for gradients that are exactly zero in f64 and
 // rounding noise in f32 (L = S = 1: dq = dk = 0, as ds = dout . v - dout . out).
-void expect_close(const Tensor& ref, const Tensor& got, double tol, const std::string& what) {
-  ASSERT_TRUE(ref.defined() && got.defined()) << what;
-  ASSERT_EQ(ref.sizes(), got.sizes()) << what;
+// Returns the worst relative error.
+double expect_close(const Tensor& ref, const Tensor& got, double tol, const std::string& what) {
+  if (!ref.defined() || !got.defined() || ref.sizes() != got.sizes()) {
+    ADD_FAILURE() << what << ": undefined or shapes differ";
+    return INFINITY;
+  }
   std::vector<double> a = raw::contiguous(ref).to_vector<double>();
   std::vector<double> b = raw::to_device(raw::contiguous(got), Device::cpu()).to_vector<double>();
   double rms = 0;
@@ -72,6 +95,7 @@ void expect_close(const Tensor& ref, const Tensor& got, double tol, const std::s
                     << " vs flash " << b[i] << " (tol " << tol << ", rms " << rms << ")";
   }
   if (bad > 0) ADD_FAILURE() << what << ": " << bad << " elements off, worst relative error " << worst;
+  return worst;
 }
 
 // logsumexp over keys of scale * q k^T (masked), q [BH, L, D], k [BH, S, D] contiguous f64.
@@ -132,13 +156,22 @@ class AttentionParity : public CudaTest {
     Tensor ref = sdpa_composed(q64, k64, v64, c.causal);
     std::vector<Tensor> grads = autograd::grad({ref}, {q64, k64, v64}, {raw::to_dtype(dout, DType::f64)});
 
-    expect_close(ref.detach(), out, tol_of(dt), what + " out");
-    expect_close(logsumexp_ref(q64.detach(), k64.detach(), c.causal, scale), lse, 1e-4, what + " logsumexp");
+    worst_out = std::max(worst_out, expect_close(ref.detach(), out, tol_of(dt), what + " out"));
+    worst_lse = std::max(worst_lse, expect_close(logsumexp_ref(q64.detach(), k64.detach(), c.causal, scale), lse,
+                                                 lse_tol_of(dt), what + " logsumexp"));
     const double gtol = grad_tol_of(dt);
-    expect_close(grads[0], gq, gtol, what + " dq");
-    expect_close(grads[1], gk, gtol, what + " dk");
-    expect_close(grads[2], gv, gtol, what + " dv");
+    for (int i = 0; i < 3; ++i)
+      worst_grad = std::max(worst_grad, expect_close(grads[i],
+                                                     i == 0   ? gq
+                                                     : i == 1 ? gk
+                                                              : gv,
+                                                     gtol,
+                                                     what + (i == 0   ? " dq"
+                                                             : i == 1 ? " dk"
+                                                                      : " dv")));
   }
+  // The worst relative errors check_case has seen (for a test to report).
+  double worst_out = 0, worst_lse = 0, worst_grad = 0;
 };
 
 // ---------------------------------------------------------------- raw kernels
@@ -220,9 +253,29 @@ TEST_F(AttentionParity, TensorCoreAndSimtMatchReference) {
   }
 }
 
+TEST_F(AttentionParity, Tf32TensorCoreMatchesReference) {
+  // f32 under set_allow_tf32(true) takes the tensor-core kernels in TF32: every shape of the
+  // f16/bf16 test above, against the f64 reference within TF32's bounds (tol_of).
+  ScopedTf32 tf32(true);
+  ASSERT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 64)), "tc");
+  ASSERT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 128)), "tc");
+  for (int64_t D : {64, 128})
+    for (bool causal : {false, true}) {
+      for (int64_t T : {1, 7, 64, 100, 257, 1024}) check_case({T >= 1024 ? 2 : 3, T, T, D, causal}, DType::f32);
+      for (auto [L, S] : {std::pair<int64_t, int64_t>{5, 37}, {40, 9}, {130, 70}, {70, 130}})
+        check_case({2, L, S, D, causal}, DType::f32);
+    }
+  check_case({70000, 2, 3, 64, true}, DType::f32);  // > 65535 heads: chunked grid
+  // Other head dims stay on the SIMT kernels, exact to f32 rounding.
+  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 32)), "simt");
+  std::cout << "TF32 flash attention, worst error relative to |ref| + rms (u = 2^-11): out " << worst_out / kTf32U
+            << "u, logsumexp " << worst_lse / kTf32U << "u, gradients " << worst_grad / kTf32U << "u\n";
+}
+
 TEST_F(AttentionParity, TensorCoreBackwardIsDeterministic) {
   // dq is computed by its own pass (no atomics), so repeated runs agree to the bit.
-  for (DType dt : {DType::f16, DType::bf16}) {
+  ScopedTf32 tf32(true);  // f32 takes the tensor cores too
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
     Tensor q = to_cuda(host({4, 300, 64}, dt, g)), kk = to_cuda(host({4, 300, 64}, dt, g));
     Tensor v = to_cuda(host({4, 300, 64}, dt, g)), dout = to_cuda(host({4, 300, 64}, dt, g));
     ASSERT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(dt, 64)), "tc");
@@ -370,6 +423,9 @@ TEST_F(AttentionParity, PackedQkvBothKernels) {
     for (DType dt : {DType::f16, DType::bf16})
       for (bool causal : {false, true}) expect_packed_matches(dt, causal, 2, 100, 2, 64, 0, g);
   }
+  ScopedTf32 tf32(true);  // f32 on the tensor cores, packed and misaligned
+  for (bool causal : {false, true})
+    for (int64_t pad : {0, 1}) expect_packed_matches(DType::f32, causal, 2, 100, 2, 64, pad, g);
 }
 
 TEST_F(AttentionParity, PackedQkvAllocatesNoHeadCopies) {
@@ -436,7 +492,8 @@ TEST(AttentionKernelChoice, TensorCoresForHalfTypesAtHeadDims64And128) {
   ::unsetenv("MG_ATTENTION_KERNEL");
   EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 64)), "tc");
   EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 128)), "tc");
-  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 64)), "simt");  // f32 always SIMT
+  ScopedTf32 exact(false);
+  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 64)), "simt");  // f32 without TF32
   EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 32)), "simt");  // other head dims
   EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 80)), "simt");
   {
@@ -444,8 +501,16 @@ TEST(AttentionKernelChoice, TensorCoresForHalfTypesAtHeadDims64And128) {
     EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 64)), "simt");
   }
   {
-    ScopedKernel tc("tc");  // asks for tensor cores; f32 still cannot have them
+    ScopedKernel tc("tc");  // asks for tensor cores; f32 has them only with TF32 allowed
     EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 64)), "tc");
+    EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 64)), "simt");
+  }
+  {
+    ScopedTf32 tf32(true);  // f32 at head dims 64 and 128 in TF32; other dims stay SIMT
+    EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 64)), "tc");
+    EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 128)), "tc");
+    EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 80)), "simt");
+    ScopedKernel simt("simt");
     EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 64)), "simt");
   }
   ScopedKernel bad("fast");
