@@ -1,10 +1,10 @@
 """PyTorch side of bench/attention_bench.cc: F.scaled_dot_product_attention forward and
-forward+backward at the same shapes (q, k, v [B, H, T, D], f16/bf16, causal or not).
+forward+backward at the same shapes (q, k, v [B, H, T, D], f16/bf16, f32 with TF32, causal or not).
 
 PyTorch picks its backend (flash attention on an H200 for these shapes); the backend it used
 is printed. Times are CUDA-event medians over `iters` runs after warm-up, no host sync inside.
 Prints one JSON line per configuration and pass, keyed like attention_bench's records.
-    python3 bench/pytorch/attention_sdpa.py [--shapes 0,1,2] [--dtypes bf16,f16] [--causal 1,0]
+    python3 bench/pytorch/attention_sdpa.py [--shapes 0,1,2] [--dtypes bf16,f16,f32-tf32] [--causal 1,0]
 """
 import argparse
 import json
@@ -63,7 +63,9 @@ def sdpa_backend(q, k, v, causal):
     return names[0] if names else "unknown"
 
 
-DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+# "f32-tf32": f32 with TF32 allowed for matmuls (PyTorch picks its memory-efficient kernel, which
+# runs f32 on the tensor cores in TF32), attention_bench's f32 row with set_allow_tf32(true).
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32-tf32": torch.float32}
 
 
 def main():
@@ -75,6 +77,7 @@ def main():
     print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}", file=sys.stderr)
     for B, H, T, D in [SHAPES[int(i)] for i in a.shapes.split(",")]:
         for name in a.dtypes.split(","):
+            torch.backends.cuda.matmul.allow_tf32 = name == "f32-tf32"
             for causal in (c == "1" for c in a.causal.split(",")):
                 times = time_sdpa(B, H, T, D, DTYPES[name], causal)
                 kernel = sdpa_backend(*sdpa_inputs(B, H, T, D, DTYPES[name]), causal)
