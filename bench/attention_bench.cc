@@ -46,13 +46,14 @@ double flops(const Shape& s, bool causal, bool backward) {
 }
 
 // Args: shape index, dtype (0 bf16, 1 f16, 2 f32 with TF32 allowed: the tensor-core kernels in
-// TF32, the reference's matmuls too), causal, backward, implementation.
+// TF32, the reference's matmuls too; 3 f32 without TF32: the tensor-core kernels on TF32 pairs),
+// causal, backward, implementation.
 void BM_Attention(benchmark::State& state) {
   if (!require_gpu(state)) return;
   const Shape sh = kShapes[state.range(0)];
   const DType dt = state.range(1) == 0 ? DType::bf16 : state.range(1) == 1 ? DType::f16 : DType::f32;
-  const bool tf32_was = kernels::allow_tf32();
-  kernels::set_allow_tf32(dt == DType::f32);
+  const bool tf32_was = kernels::allow_tf32(), tf32 = state.range(1) == 2;
+  kernels::set_allow_tf32(tf32);
   const bool causal = state.range(2) != 0, backward = state.range(3) != 0;
   const Impl impl = static_cast<Impl>(state.range(4));
   ::setenv("MG_ATTENTION_KERNEL", impl == kSimt ? "simt" : "auto", 1);
@@ -89,14 +90,14 @@ void BM_Attention(benchmark::State& state) {
   // The configuration as bench/pytorch/attention_sdpa.py prints it; the tensor-core kernels are
   // memgrad's row beside PyTorch's, the others say which implementation they are.
   state.SetLabel("B" + std::to_string(sh.B) + " H" + std::to_string(sh.H) + " T" + std::to_string(sh.T) + " D" +
-                 std::to_string(sh.D) + " " + (dt == DType::f32 ? std::string("f32-tf32") : dtype_name(dt)) +
+                 std::to_string(sh.D) + " " + (tf32 ? std::string("f32-tf32") : dtype_name(dt)) +
                  (causal ? " causal" : " full") + (backward ? " fwd+bwd" : " fwd") +
                  (impl == kTc ? "" : std::string("; impl=") + kImplNames[impl]));
 }
 // Implementation is the innermost argument, so simt, tc and reference of one configuration run
 // side by side (simt first).
 BENCHMARK(BM_Attention)
-    ->ArgsProduct({{0, 1, 2}, {0, 1, 2}, {1, 0}, {0, 1}, {kSimt, kTc, kReference}})
+    ->ArgsProduct({{0, 1, 2}, {0, 1, 2, 3}, {1, 0}, {0, 1}, {kSimt, kTc, kReference}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -227,11 +227,11 @@ std::tuple<Tensor, Tensor, Tensor> flash_attention_backward(const Tensor& grad_o
   return {gq, gk, gv};
 }
 
-// The tensor-core kernels (cuda/attention_tc.cu) cover f16/bf16 at head dims 64 and 128, and f32
-// there in TF32 when allow_tf32() (as the f32 matmuls: off by default, so f32 stays exact to f32
-// rounding unless asked).
+// The tensor-core kernels (cuda/attention_tc.cu) cover f16, bf16 and f32 at head dims 64 and 128;
+// f32 in TF32 when allow_tf32() (as the f32 matmuls: off by default), otherwise as TF32 pairs
+// (three products each), as accurate as the SIMT kernels' f32 FMAs to within a few f32 ulps.
 AttentionKernel flash_attention_kernel(DType dt, int64_t head_dim) {
-  const bool tc_type = dt == DType::f16 || dt == DType::bf16 || (dt == DType::f32 && allow_tf32());
+  const bool tc_type = dt == DType::f16 || dt == DType::bf16 || dt == DType::f32;
   const bool tc = tc_type && (head_dim == 64 || head_dim == 128);
   return tc && forced_kernel() != "simt" ? AttentionKernel::FlashTensorCore : AttentionKernel::FlashSimt;
 }

@@ -46,8 +46,8 @@ void flash_attention_backward_out(const Tensor& grad_out, const Tensor& q, const
                                   const Tensor& out, const Tensor& logsumexp, bool causal, std::optional<double> scale,
                                   const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v);
 
-// The attention implementation for these operands: FlashTensorCore for f16/bf16 at head dim 64
-// or 128 on CUDA (f32 too under set_allow_tf32(true): TF32 products, f32 accumulation), FlashSimt for the other CUDA
+// The attention implementation for these operands: FlashTensorCore for f16/bf16/f32 at head dim 64
+// or 128 on CUDA (f32 in TF32 under set_allow_tf32(true), otherwise as TF32 pairs), FlashSimt for the other CUDA
 // cases flash supports, Composed otherwise (CPU, f64, dropout). MG_ATTENTION_KERNEL=auto|composed|simt|tc overrides it
 // (A/B comparisons); another value, or one the operands can't run, raises mg::ValueError.
 AttentionKernel attention_kernel(const Tensor& q, const Tensor& k, const Tensor& v, bool dropout = false);

@@ -63,9 +63,10 @@ def sdpa_backend(q, k, v, causal):
     return names[0] if names else "unknown"
 
 
-# "f32-tf32": f32 with TF32 allowed for matmuls (PyTorch picks its memory-efficient kernel, which
-# runs f32 on the tensor cores in TF32), attention_bench's f32 row with set_allow_tf32(true).
-DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32-tf32": torch.float32}
+# "f32-tf32": f32 with TF32 allowed for matmuls, attention_bench's f32 row with
+# set_allow_tf32(true); "f32": the same without TF32. PyTorch runs both on its memory-efficient
+# (CUTLASS) kernel, fmha_cutlassF_f32, whatever the TF32 flag says.
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32-tf32": torch.float32, "f32": torch.float32}
 
 
 def main():

@@ -28,8 +28,8 @@
 // Speed, honestly: FMA on CUDA cores, no tensor cores (no mma/wgmma), so this runs well below
 // cuDNN / FlashAttention-2. What it guarantees is memory: O(BH * T * D), never O(T^2).
 // f16/bf16 at head dims 64 and 128 therefore go to the tensor-core kernels (attention_tc.cu),
-// and f32 there too when TF32 is allowed (kernels::set_allow_tf32); these stay the reference and
-// the fallback (f32 without TF32, other head dims, MG_ATTENTION_KERNEL=simt).
+// and f32 there too (in TF32 when kernels::set_allow_tf32, otherwise as TF32 pairs at f32's
+// accuracy); these stay the reference and the fallback (other head dims, MG_ATTENTION_KERNEL=simt).
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
@@ -394,13 +394,6 @@ void dispatch(DType dt, int64_t D, const char* op, F&& f) {
   }
 }
 
-// Blocks above 48 KiB of dynamic shared memory must opt in (per kernel, per device).
-template <class Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  if (bytes > 48 * 1024)
-    MG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
 // Runs launch(first_bh, count) over chunks of at most 65535 heads (the grid's y limit).
 template <class F>
 void for_head_chunks(int64_t BH, F&& launch) {
@@ -422,9 +415,12 @@ T* ptr(const Tensor& t) {
 // t [B, H, n, D] with a unit-stride head dim, as the kernels' row layout.
 TcLayout layout_of(const Tensor& t) { return TcLayout{t.size(1), t.stride(0), t.stride(1), t.stride(2)}; }
 
-// The tensor-core element type: f32 only reaches the tensor-core kernels when TF32 is allowed
-// (kernels/attention.cc chooses).
-TcElem tc_elem(DType dt) { return dt == DType::f32 ? TcElem::tf32 : dt == DType::bf16 ? TcElem::bf16 : TcElem::f16; }
+// The tensor-core element type: f32 in TF32 when allowed, otherwise as TF32 pairs (three
+// products, f32's accuracy class).
+TcElem tc_elem(DType dt) {
+  if (dt == DType::f32) return allow_tf32() ? TcElem::tf32 : TcElem::f32x3;
+  return dt == DType::bf16 ? TcElem::bf16 : TcElem::f16;
+}
 
 // The tensor-core kernels copy rows 16 bytes at a time (tc_layout_aligned).
 bool aligned16(std::initializer_list<const Tensor*> ts) {

@@ -1,9 +1,11 @@
-// Tensor-core flash attention, FlashAttention-2 style, for f16 and bf16 at head dims 64 and 128.
-// attention.cu keeps the plain SIMT kernels as the reference and the fallback (f32, other head
+// Tensor-core flash attention, FlashAttention-2 style, for f16, bf16 and f32 at head dims 64 and
+// 128. attention.cu keeps the plain SIMT kernels as the reference and the fallback (other head
 // dims, MG_ATTENTION_KERNEL=simt); the contract (layout, top-left causal mask, lse) is the same.
 //
 // Every product is mma.sync.m16n8k16 (f16 or bf16 in, f32 accumulate), operands fed from
-// shared memory by ldmatrix (.trans where the matrix is stored k-major), tiles brought in by
+// shared memory by ldmatrix (.trans where the matrix is stored k-major); f32 runs the same
+// tiles with m16n8k8 TF32 products, one per product under allow_tf32(), otherwise three on
+// TF32 pairs (mma_ptx.cuh mma_f32: f32-class accuracy). Tiles are brought in by
 // cp.async (zero-filled past L and S) into double buffers, so tile t + 1 lands while tile t
 // computes. A block is 4 warps; a warp owns 16 kM rows (FwdTiles, BwdTiles below say why kM).
 //   forward  rows = 128 queries (32 a warp); K/V tiles of 64 keys. S = Q K^T stays in registers
@@ -88,29 +90,30 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t r0, int6
 // acc[m][n8][4] (16 kM rows x 8 kN8 columns) += A (16 kM x 16 kK16, row-major in shared memory
 // at a) times B^T, B stored n-major: b[n][k] (k contiguous). Each B fragment is loaded once for
 // the kM m-tiles: ldmatrix traffic, more than the tensor cores, is what bounds these kernels.
-template <class T, int kM, int kK16, int kN8, int kD>
+template <class T, int kM, int kK16, int kN8, int kD, bool kX3 = false>
 __device__ __forceinline__ void mma_abt(float (&acc)[kM][kN8][4], const T* a, const T* b) {
   constexpr int kLd = ld_of<T, kD>();
   const int lane = threadIdx.x & 31;
   if constexpr (std::is_same_v<T, float>) {
     // TF32: m16n8k8, 2 kK16 slices of 8; fragments read as single words (no ldmatrix for
-    // 32-bit types), rounded to TF32 on the way.
+    // 32-bit types), rounded to TF32 (or split into TF32 pairs) on the way.
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int kk = 0; kk < 2 * kK16; ++kk) {
-      uint32_t af[kM][4];
+      uint32_t ah[kM][4], al[kM][4];
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
         const float* ar = a + (m * 16 + g) * kLd + kk * 8 + t;
-        af[m][0] = to_tf32(ar[0]), af[m][1] = to_tf32(ar[8 * kLd]);
-        af[m][2] = to_tf32(ar[4]), af[m][3] = to_tf32(ar[8 * kLd + 4]);
+        split_tf32<kX3>(ar[0], ah[m][0], al[m][0]), split_tf32<kX3>(ar[8 * kLd], ah[m][1], al[m][1]);
+        split_tf32<kX3>(ar[4], ah[m][2], al[m][2]), split_tf32<kX3>(ar[8 * kLd + 4], ah[m][3], al[m][3]);
       }
 #pragma unroll
       for (int n = 0; n < kN8; ++n) {
         const float* br = b + (n * 8 + g) * kLd + kk * 8 + t;
-        const uint32_t b0 = to_tf32(br[0]), b1 = to_tf32(br[4]);
+        uint32_t bh[2], bl[2];
+        split_tf32<kX3>(br[0], bh[0], bl[0]), split_tf32<kX3>(br[4], bh[1], bl[1]);
 #pragma unroll
-        for (int m = 0; m < kM; ++m) mma_tf32(acc[m][n], af[m], b0, b1);
+        for (int m = 0; m < kM; ++m) mma_f32<kX3>(acc[m][n], ah[m], al[m], bh, bl);
       }
     }
     return;
@@ -135,7 +138,7 @@ __device__ __forceinline__ void mma_abt(float (&acc)[kM][kN8][4], const T* a, co
 
 // acc[m][n8][4] (16 kM rows x kD) += P (16 kM x 16 kK16: the accumulator tiles p, rounded to T)
 // times B stored k-major: b[k][n] (n contiguous), read with ldmatrix.trans.
-template <class T, int kM, int kK16, int kD>
+template <class T, int kM, int kK16, int kD, bool kX3 = false>
 __device__ __forceinline__ void mma_pb(float (&acc)[kM][kD / 8][4], const float (&p)[kM][2 * kK16][4], const T* b) {
   constexpr int kLd = ld_of<T, kD>();
   const int lane = threadIdx.x & 31;
@@ -146,18 +149,19 @@ __device__ __forceinline__ void mma_pb(float (&acc)[kM][kD / 8][4], const float 
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int j = 0; j < 2 * kK16; ++j) {
-      uint32_t af[kM][4];
+      uint32_t ah[kM][4], al[kM][4];
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
-        af[m][0] = to_tf32(p[m][j][0]), af[m][1] = to_tf32(p[m][j][2]);
-        af[m][2] = to_tf32(p[m][j][1]), af[m][3] = to_tf32(p[m][j][3]);
+        split_tf32<kX3>(p[m][j][0], ah[m][0], al[m][0]), split_tf32<kX3>(p[m][j][2], ah[m][1], al[m][1]);
+        split_tf32<kX3>(p[m][j][1], ah[m][2], al[m][2]), split_tf32<kX3>(p[m][j][3], ah[m][3], al[m][3]);
       }
       const float* br = b + (j * 8 + 2 * t) * kLd + g;
 #pragma unroll
       for (int n = 0; n < kD / 8; ++n) {
-        const uint32_t b0 = to_tf32(br[n * 8]), b1 = to_tf32(br[kLd + n * 8]);
+        uint32_t bh[2], bl[2];
+        split_tf32<kX3>(br[n * 8], bh[0], bl[0]), split_tf32<kX3>(br[kLd + n * 8], bh[1], bl[1]);
 #pragma unroll
-        for (int m = 0; m < kM; ++m) mma_tf32(acc[m][n], af[m], b0, b1);
+        for (int m = 0; m < kM; ++m) mma_f32<kX3>(acc[m][n], ah[m], al[m], bh, bl);
       }
     }
     return;
@@ -242,7 +246,7 @@ constexpr size_t fwd_smem() {  // Q, and K and V twice
   return sizeof(T) * (FwdTiles<T, kD>::kRows + 4 * FwdTiles<T, kD>::kN) * ld_of<T, kD>();
 }
 
-template <class T, int kD>
+template <class T, int kD, bool kX3 = false>
 __global__ void __launch_bounds__(kThreads)
     tc_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                   float* __restrict__ lse, TcLayout lq, TcLayout lk, TcLayout lv, TcLayout lo, int64_t b0, int64_t L,
@@ -288,7 +292,7 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_commit();
     float s[kM][kN8][4];
     zero(s);
-    mma_abt<T, kM, kD / 16, kN8, kD>(s, Qs + warp * 16 * kM * kLd, Ks);
+    mma_abt<T, kM, kD / 16, kN8, kD, kX3>(s, Qs + warp * 16 * kM * kLd, Ks);
 #pragma unroll
     for (int mi = 0; mi < kM; ++mi) {
       int hi[2];
@@ -328,7 +332,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     cp_async_wait<2>();  // V_t is in
     __syncthreads();
-    mma_pb<T, kM, kBc / 16, kD>(o, s, Vs);
+    mma_pb<T, kM, kBc / 16, kD, kX3>(o, s, Vs);
   }
   cp_async_wait<0>();
 #pragma unroll
@@ -356,7 +360,7 @@ constexpr size_t bwd_smem() {  // two row blocks + two double-buffered tiles (+ 
 }
 
 // Rows = keys [j0, j0 + kRows), tiles of queries; writes dk and dv of the block's keys.
-template <class T, int kD>
+template <class T, int kD, bool kX3 = false>
 __global__ void __launch_bounds__(kThreads, BwdTiles<T, kD>::kMinBlocks)
     tc_bwd_dkdv_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                        const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
@@ -410,8 +414,8 @@ __global__ void __launch_bounds__(kThreads, BwdTiles<T, kD>::kMinBlocks)
     float st[kM][kN8][4], dpt[kM][kN8][4];  // S^T and dP^T: 16 kM keys x kBr queries
     zero(st);
     zero(dpt);
-    mma_abt<T, kM, kD / 16, kN8, kD>(st, Ks + warp * 16 * kM * kLd, Qs);
-    mma_abt<T, kM, kD / 16, kN8, kD>(dpt, Vs + warp * 16 * kM * kLd, Os);
+    mma_abt<T, kM, kD / 16, kN8, kD, kX3>(st, Ks + warp * 16 * kM * kLd, Qs);
+    mma_abt<T, kM, kD / 16, kN8, kD, kX3>(dpt, Vs + warp * 16 * kM * kLd, Os);
     // Query i0 + c counts for a key row when lo <= c <= q_hi: before L, and (causal) not before
     // the key. Key rows past S are computed but never stored (rows are independent).
     const int q_hi = clamp_to(L - i0 - 1, -1, kBr);
@@ -430,8 +434,8 @@ __global__ void __launch_bounds__(kThreads, BwdTiles<T, kD>::kMinBlocks)
           dpt[mi][n][e] = p * (dpt[mi][n][e] - delta_s[c]);
         }
     }
-    mma_pb<T, kM, kBr / 16, kD>(gv, st, Os);
-    mma_pb<T, kM, kBr / 16, kD>(gk, dpt, Qs);
+    mma_pb<T, kM, kBr / 16, kD, kX3>(gv, st, Os);
+    mma_pb<T, kM, kBr / 16, kD, kX3>(gk, dpt, Qs);
   }
   cp_async_wait<0>();  // no query tile (L = 0, or causal keys past L): K/V copies still in flight
 #pragma unroll
@@ -442,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, BwdTiles<T, kD>::kMinBlocks)
 }
 
 // Rows = queries [i0, i0 + kRows), tiles of keys; writes dq of the block's queries.
-template <class T, int kD>
+template <class T, int kD, bool kX3 = false>
 __global__ void __launch_bounds__(kThreads, BwdTiles<T, kD>::kMinBlocks)
     tc_bwd_dq_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                      const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
@@ -493,8 +497,8 @@ __global__ void __launch_bounds__(kThreads, BwdTiles<T, kD>::kMinBlocks)
     float s[kM][kN8][4], dp[kM][kN8][4];
     zero(s);
     zero(dp);
-    mma_abt<T, kM, kD / 16, kN8, kD>(s, Qs + warp * 16 * kM * kLd, Ks);
-    mma_abt<T, kM, kD / 16, kN8, kD>(dp, Os + warp * 16 * kM * kLd, Vs);
+    mma_abt<T, kM, kD / 16, kN8, kD, kX3>(s, Qs + warp * 16 * kM * kLd, Ks);
+    mma_abt<T, kM, kD / 16, kN8, kD, kX3>(dp, Os + warp * 16 * kM * kLd, Vs);
 #pragma unroll
     for (int mi = 0; mi < kM; ++mi) {
       int hi[2];
@@ -508,7 +512,7 @@ __global__ void __launch_bounds__(kThreads, BwdTiles<T, kD>::kMinBlocks)
           dp[mi][n][e] = p * (dp[mi][n][e] - dl[mi][e / 2]);
         }
     }
-    mma_pb<T, kM, kBc / 16, kD>(acc, dp, Ks);
+    mma_pb<T, kM, kBc / 16, kD, kX3>(acc, dp, Ks);
   }
 #pragma unroll
   for (int mi = 0; mi < kM; ++mi) store_rows<T, kD>(dq, acc[mi], iw + 16 * mi, L, ldq.sp, scale, scale);
@@ -522,16 +526,17 @@ cudaError_t allow_smem(Kernel kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
 }
 
-// Calls f(T{}, integral_constant<kD>) for the element type and head dim.
+// Calls f(T{}, integral_constant<kD>, bool_constant<kX3>) for the element type and head dim.
 template <class F>
 cudaError_t dispatch(TcElem elem, int D, F&& f) {
-  auto by_dim = [&](auto tag) -> cudaError_t {
-    if (D == 64) return f(tag, std::integral_constant<int, 64>{});
-    if (D == 128) return f(tag, std::integral_constant<int, 128>{});
+  auto by_dim = [&](auto tag, auto x3) -> cudaError_t {
+    if (D == 64) return f(tag, std::integral_constant<int, 64>{}, x3);
+    if (D == 128) return f(tag, std::integral_constant<int, 128>{}, x3);
     return cudaErrorInvalidValue;
   };
-  if (elem == TcElem::tf32) return by_dim(float{});
-  return elem == TcElem::f16 ? by_dim(__half{}) : by_dim(__nv_bfloat16{});
+  if (elem == TcElem::tf32) return by_dim(float{}, std::false_type{});
+  if (elem == TcElem::f32x3) return by_dim(float{}, std::true_type{});
+  return elem == TcElem::f16 ? by_dim(__half{}, std::false_type{}) : by_dim(__nv_bfloat16{}, std::false_type{});
 }
 
 // Runs launch(first_bh, count) over chunks of at most 65535 heads (the grid's y limit).
@@ -552,16 +557,17 @@ unsigned blocks_of(int64_t rows, int per_block) { return static_cast<unsigned>((
 bool attention_tc_head_dim_ok(int64_t D) { return D == 64 || D == 128; }
 
 cudaError_t attention_tc_forward(const TcForwardArgs& a, cudaStream_t stream) {
-  return dispatch(a.elem, a.D, [&](auto tag, auto dim) -> cudaError_t {
+  return dispatch(a.elem, a.D, [&](auto tag, auto dim, auto x3) -> cudaError_t {
     using T = decltype(tag);
     constexpr int kD = decltype(dim)::value;
+    constexpr bool kX3 = decltype(x3)::value;
     constexpr size_t smem = fwd_smem<T, kD>();
-    if (cudaError_t e = allow_smem(tc_fwd_kernel<T, kD>, smem); e != cudaSuccess) return e;
+    if (cudaError_t e = allow_smem(tc_fwd_kernel<T, kD, kX3>, smem); e != cudaSuccess) return e;
     const float sl2 = a.scale * kLog2e;
     const TcLayout lq = tc_resolve(a.lq, a.L, kD), lk = tc_resolve(a.lk, a.S, kD), lv = tc_resolve(a.lv, a.S, kD),
                    lo = tc_resolve(a.lo, a.L, kD);
     return for_head_chunks(a.BH, [&](int64_t b0, unsigned nb) {
-      tc_fwd_kernel<T, kD><<<dim3(blocks_of(a.L, FwdTiles<T, kD>::kRows), nb), kThreads, smem, stream>>>(
+      tc_fwd_kernel<T, kD, kX3><<<dim3(blocks_of(a.L, FwdTiles<T, kD>::kRows), nb), kThreads, smem, stream>>>(
           static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v), static_cast<T*>(a.out),
           a.lse, lq, lk, lv, lo, b0, a.L, a.S, sl2, a.causal);
     });
@@ -569,12 +575,13 @@ cudaError_t attention_tc_forward(const TcForwardArgs& a, cudaStream_t stream) {
 }
 
 cudaError_t attention_tc_backward(const TcBackwardArgs& a, cudaStream_t stream) {
-  return dispatch(a.elem, a.D, [&](auto tag, auto dim) -> cudaError_t {
+  return dispatch(a.elem, a.D, [&](auto tag, auto dim, auto x3) -> cudaError_t {
     using T = decltype(tag);
     constexpr int kD = decltype(dim)::value;
+    constexpr bool kX3 = decltype(x3)::value;
     constexpr size_t smem = bwd_smem<T, kD>();
-    if (cudaError_t e = allow_smem(tc_bwd_dkdv_kernel<T, kD>, smem); e != cudaSuccess) return e;
-    if (cudaError_t e = allow_smem(tc_bwd_dq_kernel<T, kD>, smem); e != cudaSuccess) return e;
+    if (cudaError_t e = allow_smem(tc_bwd_dkdv_kernel<T, kD, kX3>, smem); e != cudaSuccess) return e;
+    if (cudaError_t e = allow_smem(tc_bwd_dq_kernel<T, kD, kX3>, smem); e != cudaSuccess) return e;
     const float sl2 = a.scale * kLog2e;
     const TcLayout lq = tc_resolve(a.lq, a.L, kD), lk = tc_resolve(a.lk, a.S, kD), lv = tc_resolve(a.lv, a.S, kD),
                    ldo = tc_resolve(a.ldout, a.L, kD), ldq = tc_resolve(a.ldq, a.L, kD),
@@ -582,11 +589,11 @@ cudaError_t attention_tc_backward(const TcBackwardArgs& a, cudaStream_t stream) 
     const T *q = static_cast<const T*>(a.q), *k = static_cast<const T*>(a.k);
     const T *v = static_cast<const T*>(a.v), *dout = static_cast<const T*>(a.dout);
     return for_head_chunks(a.BH, [&](int64_t b0, unsigned nb) {
-      tc_bwd_dkdv_kernel<T, kD><<<dim3(blocks_of(a.S, BwdTiles<T, kD>::kRows), nb), kThreads, smem, stream>>>(
+      tc_bwd_dkdv_kernel<T, kD, kX3><<<dim3(blocks_of(a.S, BwdTiles<T, kD>::kRows), nb), kThreads, smem, stream>>>(
           q, k, v, dout, a.lse, a.delta, static_cast<T*>(a.dk), static_cast<T*>(a.dv), lq, lk, lv, ldo, ldk, ldv, b0,
           a.L, a.S, a.scale, sl2, a.causal);
       if (a.L == 0) return;
-      tc_bwd_dq_kernel<T, kD><<<dim3(blocks_of(a.L, BwdTiles<T, kD>::kRows), nb), kThreads, smem, stream>>>(
+      tc_bwd_dq_kernel<T, kD, kX3><<<dim3(blocks_of(a.L, BwdTiles<T, kD>::kRows), nb), kThreads, smem, stream>>>(
           q, k, v, dout, a.lse, a.delta, static_cast<T*>(a.dq), lq, lk, lv, ldo, ldq, b0, a.L, a.S, a.scale, sl2,
           a.causal);
     });

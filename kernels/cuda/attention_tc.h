@@ -1,4 +1,4 @@
-// Tensor-core flash attention (FlashAttention-2 style) for f16/bf16 at head dims 64 and 128, on
+// Tensor-core flash attention (FlashAttention-2 style) for f16/bf16/f32 at head dims 64 and 128, on
 // raw device pointers: the fast path that flash_attention_* in attention.cu dispatch to.
 //
 // Plain CUDA only (no memgrad headers), so a standalone harness can compile attention_tc.cu with
@@ -13,8 +13,9 @@ namespace mg::kernels::cuda {
 
 // The element type of every operand and output. tf32: f32 tensors, multiplied on the tensor
 // cores in TF32 (inputs rounded to 10 mantissa bits, f32 accumulation): the caller's choice
-// under kernels::allow_tf32().
-enum class TcElem { f16, bf16, tf32 };
+// under kernels::allow_tf32(). f32x3: f32 tensors, each operand split into a TF32 pair and
+// multiplied in three TF32 products (about 2^-21 relative, f32's class): f32 without TF32.
+enum class TcElem { f16, bf16, tf32, f32x3 };
 
 // Where the rows of a [B, H, n, D] view lie, in elements (the head dim is unit-stride): row r
 // of head bh = b * H + h starts at b * sb + h * sh + r * sp. Strided views let the attention

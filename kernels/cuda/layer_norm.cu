@@ -93,16 +93,24 @@ __global__ void ln_fwd_regs_kernel(const T* x, const T* w, const T* b, T* out, m
   const int64_t i = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.y;
   if (i >= rows) return;  // whole warps only
   const int lane = threadIdx.x, nv = static_cast<int>(n / V);
-  A val[NV][V];
+  Vec row[NV];
+  load_warp_row<V, NV>(x + i * n, nv, lane, row);
   A s = 0;
-  load_warp_row<V, NV>(x + i * n, nv, lane, val, [&](A e) { s += e; });
+#pragma unroll
+  for (int j = 0; j < NV; ++j)
+    if (lane + 32 * j < nv)
+#pragma unroll
+      for (int k = 0; k < V; ++k) s += unpack_m(row[j], k);
   const A m = warp_sum(s) / static_cast<A>(n);
   A var = 0;
 #pragma unroll
   for (int j = 0; j < NV; ++j)
     if (lane + 32 * j < nv)
 #pragma unroll
-      for (int k = 0; k < V; ++k) var += (val[j][k] - m) * (val[j][k] - m);
+      for (int k = 0; k < V; ++k) {
+        const A d = unpack_m(row[j], k) - m;
+        var += d * d;
+      }
   const A r = A(1) / m_sqrt(warp_sum(var) / static_cast<A>(n) + static_cast<A>(eps));
   if (lane == 0) {
     mean[i] = m;
@@ -118,7 +126,8 @@ __global__ void ln_fwd_regs_kernel(const T* x, const T* w, const T* b, T* out, m
       if (b) bv = reinterpret_cast<const Vec*>(b)[c];
 #pragma unroll
       for (int k = 0; k < V; ++k)
-        o.v[k] = store_m<T>((val[j][k] - m) * r * (w ? load_m(wv.v[k]) : A(1)) + (b ? load_m(bv.v[k]) : A(0)));
+        o.v[k] =
+            store_m<T>((unpack_m(row[j], k) - m) * r * (w ? unpack_m(wv, k) : A(1)) + (b ? unpack_m(bv, k) : A(0)));
       yv[c] = o;
     }
   }

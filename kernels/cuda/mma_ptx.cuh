@@ -1,6 +1,6 @@
 // Inline-PTX building blocks for the tensor-core kernels (attention_tc.cu): cp.async copies,
-// ldmatrix loads, mma.sync m16n8k16 in f16/bf16 and m16n8k8 in TF32 with f32 accumulation, and
-// f32 -> T2 / tf32 conversion.
+// ldmatrix loads, mma.sync m16n8k16 in f16/bf16 and m16n8k8 in TF32 with f32 accumulation (and
+// f32 as TF32 pairs), and f32 -> T2 / tf32 conversion.
 //
 // Plain CUDA (no memgrad headers), so standalone nvcc harnesses can include the kernels too.
 #pragma once
@@ -68,6 +68,28 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
       "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// x as a TF32 operand: hi = x rounded to TF32; with kX3 also lo = (x - hi) rounded to TF32, so
+// x = hi + lo within 2^-22 |x| (lo is left unset otherwise, and unused).
+template <bool kX3>
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = to_tf32(x);
+  if constexpr (kX3) lo = to_tf32(x - __uint_as_float(hi));
+}
+
+// c += a b in TF32, or with kX3 as three TF32 products of the pairs, a_lo b_hi + a_hi b_lo +
+// a_hi b_hi (small terms first): f32 operands multiplied to about 2^-21 relative (what is lost
+// is a_lo b_lo and the pairs' last rounding), CUTLASS's "fast f32" and PyTorch's memory-efficient
+// attention for f32. Three times TF32's tensor-core work, still far faster than SIMT f32.
+template <bool kX3>
+__device__ __forceinline__ void mma_f32(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                        const uint32_t (&bh)[2], const uint32_t (&bl)[2]) {
+  if constexpr (kX3) {
+    mma_tf32(c, al, bh[0], bh[1]);
+    mma_tf32(c, ah, bl[0], bl[1]);
+  }
+  mma_tf32(c, ah, bh[0], bh[1]);
 }
 
 // Two floats as one 32-bit register of two T (low half = x).

@@ -6,9 +6,11 @@
 // (neighbouring rows are neighbours in memory then, so loads still coalesce).
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/mma_ptx.cuh"
 
 namespace mg::kernels {
 using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/common.cuh
@@ -86,16 +88,26 @@ __device__ __forceinline__ void softmax_row(const T* x, T* y, int64_t K, bool lo
 
 // A warp's row held in registers: NV vectors of V elements a lane (the row read from memory
 // once, not three times: three passes over 4 KB rows from L1 ran at half the copy bandwidth in
-// f32, where 64 warps' rows overflow it). Values are kept as M, and as exp(x - max) after the
-// sum for softmax, so each element's exp is computed once.
+// f32, where 64 warps' rows overflow it). f32 and f64 rows are overwritten with exp(x - max)
+// after the sum, so libm's exp runs once an element; 16-bit rows stay packed (load_warp_row)
+// and take the fast exp again at the write.
 template <int V, int NV, class T, class M>
 __device__ __forceinline__ void softmax_row_regs(const T* x, T* y, int64_t K, bool log) {
   using Vec = AlignedVec<T, V>;
+  constexpr bool kKeepExp = std::is_same_v<T, M>;
   Vec* yv = reinterpret_cast<Vec*>(y);
   const int nv = static_cast<int>(K / V), lane = threadIdx.x;
-  M val[NV][V];
+  Vec row[NV];
+  load_warp_row<V, NV>(x, nv, lane, row);
   M mx = -std::numeric_limits<M>::infinity();
-  load_warp_row<V, NV>(x, nv, lane, val, [&](M e) { mx = e > mx ? e : mx; });
+#pragma unroll
+  for (int j = 0; j < NV; ++j)
+    if (lane + 32 * j < nv)
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const M e = unpack_m(row[j], k);
+        mx = e > mx ? e : mx;
+      }
   mx = fix_max(warp_max(mx));
   M s = 0;
 #pragma unroll
@@ -103,9 +115,10 @@ __device__ __forceinline__ void softmax_row_regs(const T* x, T* y, int64_t K, bo
     if (lane + 32 * j < nv) {
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const M e = row_exp<T>(val[j][k] - mx);
+        const M e = row_exp<T>(unpack_m(row[j], k) - mx);
         s += e;
-        if (!log) val[j][k] = e;
+        if constexpr (kKeepExp)
+          if (!log) row[j].v[k] = e;
       }
     }
   }
@@ -117,7 +130,10 @@ __device__ __forceinline__ void softmax_row_regs(const T* x, T* y, int64_t K, bo
     if (i < nv) {
       Vec o;
 #pragma unroll
-      for (int k = 0; k < V; ++k) o.v[k] = log ? store_m<T>((val[j][k] - mx) - c) : store_m<T>(val[j][k] * c);
+      for (int k = 0; k < V; ++k) {
+        const M v = unpack_m(row[j], k);
+        o.v[k] = log ? store_m<T>((v - mx) - c) : store_m<T>((kKeepExp ? v : row_exp<T>(v - mx)) * c);
+      }
       yv[i] = o;
     }
   }
@@ -212,6 +228,33 @@ __global__ void softmax_block_rows_kernel(const T* a, T* out, OffsetCalc<2> oc, 
     softmax_row_online<1>(x, y, K, log, shm);
 }
 
+// Rows up to kSmemRowBytes, 16-byte aligned with K a multiple of V: blockDim = (tx, 1), a
+// block per row. The row is copied to shared memory with cp.async (a thread's whole share in
+// flight at once, no registers held), then the online pass and the write read it from there: the
+// row is read from memory once. Reading it twice from memory (the block path above) ran at
+// 0.58-0.62 of a copy over 50304: 264 rows of 100-200 KB in flight overflow the L2.
+template <class T>
+__global__ void softmax_smem_rows_kernel(const T* a, T* out, OffsetCalc<2> oc, int64_t rows, int64_t K, bool log) {
+  using M = math_t<T>;
+  constexpr int V = kVec16<T>;
+  using Vec = AlignedVec<T, V>;
+  extern __shared__ __align__(16) unsigned char smem_bytes[];  // one name for every T
+  Vec* smem_row = reinterpret_cast<Vec*>(smem_bytes);
+  __shared__ M shm[32];
+  int64_t off[2];
+  oc.get(blockIdx.x, off);
+  const T* x = a + off[1];
+  T* y = out + off[0];
+  if (!aligned16(x, y)) return softmax_row_online<1>(x, y, K, log, shm);  // uniform across the block
+  const Vec* xv = reinterpret_cast<const Vec*>(x);
+  const int nv = static_cast<int>(K / V);
+  for (int i = threadIdx.x; i < nv; i += blockDim.x) ptx::cp_async16(&smem_row[i], &xv[i], true);
+  ptx::cp_async_commit();
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+  softmax_row_online<V>(reinterpret_cast<const T*>(smem_row), y, K, log, shm);
+}
+
 template <class T>
 __global__ void softmax_cols_kernel(const T* a, T* out, OffsetCalc<2> oc, int64_t rows, int64_t K, int64_t sa,
                                     int64_t so, bool log) {
@@ -295,6 +338,15 @@ void row_launch(int64_t rows, int64_t K, dim3* grid, dim3* block) {
   *grid = dim3(static_cast<unsigned>(g));
 }
 
+// The longest row in bytes softmax_smem_rows_kernel takes on the current device: the shared
+// memory a block may opt in to (227 KiB on sm_90) less 1 KiB for its static reduction scratch.
+size_t smem_row_limit() {
+  int dev = 0, bytes = 0;
+  MG_CUDA_CHECK(cudaGetDevice(&dev));
+  MG_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return bytes > 1024 ? static_cast<size_t>(bytes) - 1024 : 0;
+}
+
 // The shape with `dim` collapsed to 1: one entry per row.
 Shape rows_shape(const Tensor& t, int64_t dim) { return with_dim(t.sizes(), dim, 1); }
 
@@ -316,10 +368,20 @@ void CudaBackend::softmax(const Tensor& a, int64_t dim, bool log, const Tensor& 
       auto oc = make_offset_calc<2>(rows_shape(x, d), {&o.strides(), &x.strides()});
       dim3 grid, block;
       row_launch(rows, K, &grid, &block);
-      if (block.x == 32)
+      const size_t row_bytes = K * sizeof(T);
+      if (block.x == 32) {
         softmax_warp_rows_kernel<T><<<grid, block, 0, st>>>(data_as<const T>(x), data_as<T>(o), oc, rows, K, log);
-      else
+      } else if (const size_t limit = smem_row_limit(); K % kVec16<T> == 0 && row_bytes <= limit) {
+        // 1024 threads at 40 registers fill an SM's register file: where two rows fit in shared
+        // memory (f16/bf16 over 50304), 512-thread blocks let one row's load overlap another's
+        // write (1024 threads: 0.66-0.69 of a copy in f16/bf16, one block an SM).
+        if (block.x == 1024 && 2 * (row_bytes + 1024) <= limit + 1024) block.x = 512;
+        allow_smem(softmax_smem_rows_kernel<T>, row_bytes);
+        softmax_smem_rows_kernel<T>
+            <<<grid, block, row_bytes, st>>>(data_as<const T>(x), data_as<T>(o), oc, rows, K, log);
+      } else {
         softmax_block_rows_kernel<T><<<grid, block, 0, st>>>(data_as<const T>(x), data_as<T>(o), oc, rows, K, log);
+      }
     };
     if ((sa == 1 && so == 1) || K == 1) {
       run_rows(a, out, dim);

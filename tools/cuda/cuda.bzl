@@ -57,11 +57,15 @@ def _cuda_objects_impl(ctx):
         obj = ctx.actions.declare_file(
             "_cuda_objs/%s/%s.pic.o" % (ctx.label.name, src.path.replace("/", "_")[:-3]),
         )
-        ctx.actions.run(
+        ctx.actions.run_shell(
             # Absolute path on purpose: nvcc finds cicc/ptxas/headers relative
             # to its own location, which a sandboxed symlink would break.
-            executable = CUDA_PATH + "/bin/nvcc",
-            arguments = args + inc + defs + ctx.attr.copts + ["-c", src.path, "-o", obj.path],
+            # A temp dir of its own: nvcc names its intermediates tmpxft_<pid>, and
+            # every sandboxed nvcc runs as pid 2 of its namespace over a shared /tmp,
+            # so two at once overwrote each other's files.
+            command = 'd=$(mktemp -d); TMPDIR="$d" "$@"; rc=$?; rm -rf "$d"; exit $rc',
+            arguments = [CUDA_PATH + "/bin/nvcc"] + args + inc + defs + ctx.attr.copts +
+                        ["-c", src.path, "-o", obj.path],
             inputs = depset([src], transitive = [hdrs]),
             outputs = [obj],
             mnemonic = "NvccCompile",

@@ -422,6 +422,31 @@ TEST_F(CudaParity, SoftmaxNonFiniteAndTransposed) {
   }
 }
 
+TEST_F(CudaParity, SoftmaxLongRowsEachPath) {
+  // Rows past 1024 elements take one of three paths: the row copied to shared memory (up to
+  // the opt-in limit, 227 KiB on sm_90: 50304 in every dtype), read twice from memory past it
+  // (60000 f32 is 234 KiB; in f16/bf16 it still fits) or when K is no multiple of the 16-byte
+  // vector (4101), and, inside the shared-memory kernel, a scalar fallback for rows that start
+  // off a 16-byte boundary (the views one element in). The reference is the f64 softmax of the
+  // same values rounded to dt: the CPU's own f32 kernel sums a row in order, an error that grows
+  // with K (5e-5 relative at 50304, seen), where the CUDA kernels' per-thread partial sums of at
+  // most 59 terms and a 10-level tree stay within tol_of(f32) = 1e-5; each f16/bf16 output is
+  // one rounding of an f32 result (tol_of).
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    for (int64_t K : {2048, 50304, 60000, 4101}) {
+      Tensor a = host({3, K + 8}, dt, g, -5, 5), ga = to_cuda(a);
+      for (int64_t start : {0, 1}) {
+        Tensor v = raw::slice(a, 1, start, start + K, 1), gv = raw::slice(ga, 1, start, start + K, 1);
+        Tensor v64 = raw::to_dtype(v, DType::f64);
+        const std::string what =
+            "softmax over " + std::to_string(K) + " from " + std::to_string(start) + ", " + dstr(dt);
+        expect_parity(raw::to_dtype(k::softmax(v64, 1), dt), k::softmax(gv, 1), tol_of(dt), what);
+        expect_parity(raw::to_dtype(k::log_softmax(v64, 1), dt), k::log_softmax(gv, 1), tol_of(dt), "log " + what);
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- indexing
 
 Tensor idx_tensor(const std::vector<int64_t>& v, const Shape& s, DType dt = DType::i64) {
