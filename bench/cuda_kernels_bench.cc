@@ -1,5 +1,6 @@
 // CUDA kernel efficiency on the device, each against a baseline measured in the same run:
-//  - elementwise / softmax bandwidth as a fraction of a device-to-device copy;
+//  - elementwise / softmax bandwidth as a fraction of a device-to-device copy (and, for the
+//    reductions, beside a read-only ceiling: cuBLAS's cublasSasum over the same bytes);
 //  - GEMM TFLOP/s in f16/bf16 (and f32, f32+TF32) through kernels::matmul vs cuBLAS called
 //    directly at 8192^3, both with the same cuBLAS workspace (kWorkspaceMiB: main() sets
 //    memgrad's MG_CUBLAS_WORKSPACE_MB to it, and the direct handle gets a buffer of that size).
@@ -47,6 +48,23 @@ void bandwidth(benchmark::State& state, DType dt, double elements, const std::st
   if (g_copy_gbps > 0) state.counters["of_copy"] = gbps / g_copy_gbps;
   state.SetLabel(what + ", " + dtype_name(dt));
 }
+
+// A read-only ceiling beside the copy: cuBLAS's sum of absolute values (cublasSasum) over the
+// same 1 GiB reads every byte once and writes one float, so the reductions (row sums) can be
+// read against what a library's read-only kernel reaches on this card, not only a copy's
+// half-read, half-write traffic.
+void BM_ReadOnlyCeiling(benchmark::State& state) {
+  if (!require_gpu(state)) return;
+  Tensor a = uniform({kN}, -1, 1, {DType::f32, kGpu}), r = empty({1}, {DType::f32, kGpu});
+  cublasHandle_t h;
+  cublasCreate(&h);
+  cublasSetStream(h, static_cast<cudaStream_t>(cuda::Stream::current(0).handle()));
+  cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE);  // the result stays on the device: no sync
+  bandwidth(state, DType::f32, 1.0 * kN, "cublasSasum (read-only ceiling)",
+            [&] { cublasSasum(h, static_cast<int>(kN), a.data_ptr<float>(), 1, r.data_ptr<float>()); });
+  cublasDestroy(h);
+}
+BENCHMARK(BM_ReadOnlyCeiling)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 // The first argument picks the dtype: 0 f32, 1 f16, 2 bf16.
 DType dtype_arg(int64_t i) { return i == 0 ? DType::f32 : i == 1 ? DType::f16 : DType::bf16; }
