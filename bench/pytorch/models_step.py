@@ -183,6 +183,17 @@ ROWS = [("f32", False, None, False, ("mlp", "resnet50", "gpt2-124M")),  # mlp on
         ("f16 autocast channels_last", False, torch.float16, True, ("resnet50",))]
 
 
+def train_step(fwd, loss_of, opt, dtype):
+    """One training step of a row: forward under autocast to dtype (none for f32), backward, step."""
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=dtype or torch.float16, enabled=dtype is not None):
+            loss = loss_of(fwd)
+        loss.backward()
+        opt.step()
+    return step
+
+
 def run_row(model, tag, tf32, dtype, channels_last, compiled, a):
     config, make = MODELS[model]
     set_tf32(tf32)
@@ -196,13 +207,7 @@ def run_row(model, tag, tf32, dtype, channels_last, compiled, a):
     if compiled and a.memory_budget is not None:
         tag += f" memory budget {a.memory_budget:g}"
     fwd = torch.compile(m) if compiled else m
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=dtype or torch.float16, enabled=dtype is not None):
-            loss = loss_of(fwd)
-        loss.backward()
-        opt.step()
+    step = train_step(fwd, loss_of, opt, dtype)
     side = "pytorch_compile" if compiled else "pytorch_eager"
     if a.cuda_graph:
         r = measure_graphed(step, opt, a.warmup, a.steps)

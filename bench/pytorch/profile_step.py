@@ -25,14 +25,7 @@ def main():
     torch.manual_seed(0)
     model, loss_of = ms.MODELS[a.model][1](channels_last)
     opt = ms.make_optimizer(model.parameters(), a.optimizer)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=dtype or torch.float16, enabled=dtype is not None):
-            loss = loss_of(model)
-        loss.backward()
-        opt.step()
-
+    step = ms.train_step(model, loss_of, opt, dtype)
     for _ in range(3):  # warm-up: cuBLAS heuristics, the allocator's pools, the optimizer's state
         step()
     torch.cuda.synchronize()
