@@ -87,50 +87,92 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t r0, int6
   }
 }
 
+// ---- f32 products: m16n8k8 in TF32, or (kX3) three on TF32 pairs. No ldmatrix for 32-bit
+// types: fragments are single-word reads (g = lane / 4, t = lane % 4), converted on the way.
+
+// A fragment's four values (a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)) as
+// TF32 operands.
+template <bool kX3>
+__device__ __forceinline__ void split_a(float a0, float a1, float a2, float a3, uint32_t (&hi)[4], uint32_t (&lo)[4]) {
+  split_tf32<kX3>(a0, hi[0], lo[0]), split_tf32<kX3>(a1, hi[1], lo[1]);
+  split_tf32<kX3>(a2, hi[2], lo[2]), split_tf32<kX3>(a3, hi[3], lo[3]);
+}
+
+// acc[m][n] += A_m B for every m-tile, the A fragments already split and B's (b0 (k t, n g),
+// b1 (k t + 4, n g)) split here, once for the kM products.
+template <bool kX3, int kM, int kN>
+__device__ __forceinline__ void mma_f32_column(float (&acc)[kM][kN][4], int n, const uint32_t (&ah)[kM][4],
+                                               const uint32_t (&al)[kM][4], float b0, float b1) {
+  uint32_t bh[2], bl[2];
+  split_tf32<kX3>(b0, bh[0], bl[0]), split_tf32<kX3>(b1, bh[1], bl[1]);
+#pragma unroll
+  for (int m = 0; m < kM; ++m) mma_f32<kX3>(acc[m][n], ah[m], al[m], bh, bl);
+}
+
+// mma_abt for f32: 2 kK16 slices of 8.
+template <int kM, int kK16, int kN8, int kD, bool kX3>
+__device__ __forceinline__ void mma_abt_f32(float (&acc)[kM][kN8][4], const float* a, const float* b) {
+  constexpr int kLd = ld_of<float, kD>();
+  const int lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int kk = 0; kk < 2 * kK16; ++kk) {
+    uint32_t ah[kM][4], al[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      const float* ar = a + (m * 16 + g) * kLd + kk * 8 + t;
+      split_a<kX3>(ar[0], ar[8 * kLd], ar[4], ar[8 * kLd + 4], ah[m], al[m]);
+    }
+#pragma unroll
+    for (int n = 0; n < kN8; ++n) {
+      const float* br = b + (n * 8 + g) * kLd + kk * 8 + t;
+      mma_f32_column<kX3>(acc, n, ah, al, br[0], br[4]);
+    }
+  }
+}
+
+// mma_pb for f32: one m16n8k8 per n8 tile of p. Its accumulators hold columns 2t and 2t + 1, the
+// A operand wants t and t + 4: the product's k order is free, so k index t stands for column 2t
+// and t + 4 for 2t + 1, and B's rows are read in the same order. No shuffles.
+template <int kM, int kK16, int kD, bool kX3>
+__device__ __forceinline__ void mma_pb_f32(float (&acc)[kM][kD / 8][4], const float (&p)[kM][2 * kK16][4],
+                                           const float* b) {
+  constexpr int kLd = ld_of<float, kD>();
+  const int lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < 2 * kK16; ++j) {
+    uint32_t ah[kM][4], al[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) split_a<kX3>(p[m][j][0], p[m][j][2], p[m][j][1], p[m][j][3], ah[m], al[m]);
+    const float* br = b + (j * 8 + 2 * t) * kLd + g;
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) mma_f32_column<kX3>(acc, n, ah, al, br[n * 8], br[kLd + n * 8]);
+  }
+}
+
 // acc[m][n8][4] (16 kM rows x 8 kN8 columns) += A (16 kM x 16 kK16, row-major in shared memory
 // at a) times B^T, B stored n-major: b[n][k] (k contiguous). Each B fragment is loaded once for
 // the kM m-tiles: ldmatrix traffic, more than the tensor cores, is what bounds these kernels.
 template <class T, int kM, int kK16, int kN8, int kD, bool kX3 = false>
 __device__ __forceinline__ void mma_abt(float (&acc)[kM][kN8][4], const T* a, const T* b) {
-  constexpr int kLd = ld_of<T, kD>();
-  const int lane = threadIdx.x & 31;
   if constexpr (std::is_same_v<T, float>) {
-    // TF32: m16n8k8, 2 kK16 slices of 8; fragments read as single words (no ldmatrix for
-    // 32-bit types), rounded to TF32 (or split into TF32 pairs) on the way.
-    const int g = lane / 4, t = lane % 4;
+    mma_abt_f32<kM, kK16, kN8, kD, kX3>(acc, a, b);
+  } else {
+    constexpr int kLd = ld_of<T, kD>();
+    const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int kk = 0; kk < 2 * kK16; ++kk) {
-      uint32_t ah[kM][4], al[kM][4];
+    for (int kk = 0; kk < kK16; ++kk) {
+      uint32_t af[kM][4];
 #pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        const float* ar = a + (m * 16 + g) * kLd + kk * 8 + t;
-        split_tf32<kX3>(ar[0], ah[m][0], al[m][0]), split_tf32<kX3>(ar[8 * kLd], ah[m][1], al[m][1]);
-        split_tf32<kX3>(ar[4], ah[m][2], al[m][2]), split_tf32<kX3>(ar[8 * kLd + 4], ah[m][3], al[m][3]);
-      }
+      for (int m = 0; m < kM; ++m) ldsm_x4(af[m], a + (m * 16 + lane % 16) * kLd + kk * 16 + (lane / 16) * 8);
 #pragma unroll
-      for (int n = 0; n < kN8; ++n) {
-        const float* br = b + (n * 8 + g) * kLd + kk * 8 + t;
-        uint32_t bh[2], bl[2];
-        split_tf32<kX3>(br[0], bh[0], bl[0]), split_tf32<kX3>(br[4], bh[1], bl[1]);
+      for (int n2 = 0; n2 < kN8 / 2; ++n2) {
+        uint32_t bf[4];
+        ldsm_x4(bf, b + (n2 * 16 + (lane % 8) + (lane / 16) * 8) * kLd + kk * 16 + ((lane / 8) % 2) * 8);
 #pragma unroll
-        for (int m = 0; m < kM; ++m) mma_f32<kX3>(acc[m][n], ah[m], al[m], bh, bl);
-      }
-    }
-    return;
-  }
-#pragma unroll
-  for (int kk = 0; kk < kK16; ++kk) {
-    uint32_t af[kM][4];
-#pragma unroll
-    for (int m = 0; m < kM; ++m) ldsm_x4(af[m], a + (m * 16 + lane % 16) * kLd + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-    for (int n2 = 0; n2 < kN8 / 2; ++n2) {
-      uint32_t bf[4];
-      ldsm_x4(bf, b + (n2 * 16 + (lane % 8) + (lane / 16) * 8) * kLd + kk * 16 + ((lane / 8) % 2) * 8);
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        mma<T>(acc[m][2 * n2], af[m], bf[0], bf[1]);
-        mma<T>(acc[m][2 * n2 + 1], af[m], bf[2], bf[3]);
+        for (int m = 0; m < kM; ++m) {
+          mma<T>(acc[m][2 * n2], af[m], bf[0], bf[1]);
+          mma<T>(acc[m][2 * n2 + 1], af[m], bf[2], bf[3]);
+        }
       }
     }
   }
@@ -140,51 +182,31 @@ __device__ __forceinline__ void mma_abt(float (&acc)[kM][kN8][4], const T* a, co
 // times B stored k-major: b[k][n] (n contiguous), read with ldmatrix.trans.
 template <class T, int kM, int kK16, int kD, bool kX3 = false>
 __device__ __forceinline__ void mma_pb(float (&acc)[kM][kD / 8][4], const float (&p)[kM][2 * kK16][4], const T* b) {
-  constexpr int kLd = ld_of<T, kD>();
-  const int lane = threadIdx.x & 31;
   if constexpr (std::is_same_v<T, float>) {
-    // TF32: one m16n8k8 per n8 tile of p. Its accumulators hold columns 2t and 2t + 1, the A
-    // operand wants t and t + 4: the product's k order is free, so k index t stands for column
-    // 2t and t + 4 for 2t + 1, and B's rows are read in the same order. No shuffles.
-    const int g = lane / 4, t = lane % 4;
+    mma_pb_f32<kM, kK16, kD, kX3>(acc, p, b);
+  } else {
+    constexpr int kLd = ld_of<T, kD>();
+    const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int j = 0; j < 2 * kK16; ++j) {
-      uint32_t ah[kM][4], al[kM][4];
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        split_tf32<kX3>(p[m][j][0], ah[m][0], al[m][0]), split_tf32<kX3>(p[m][j][2], ah[m][1], al[m][1]);
-        split_tf32<kX3>(p[m][j][1], ah[m][2], al[m][2]), split_tf32<kX3>(p[m][j][3], ah[m][3], al[m][3]);
-      }
-      const float* br = b + (j * 8 + 2 * t) * kLd + g;
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        uint32_t bh[2], bl[2];
-        split_tf32<kX3>(br[n * 8], bh[0], bl[0]), split_tf32<kX3>(br[kLd + n * 8], bh[1], bl[1]);
-#pragma unroll
-        for (int m = 0; m < kM; ++m) mma_f32<kX3>(acc[m][n], ah[m], al[m], bh, bl);
-      }
-    }
-    return;
-  }
-#pragma unroll
-  for (int kk = 0; kk < kK16; ++kk) {
-    // The accumulator layout of two n8 tiles is the A-operand layout of one k16 slice.
-    uint32_t af[kM][4];
-#pragma unroll
-    for (int m = 0; m < kM; ++m) {
-      af[m][0] = pack2<T>(p[m][2 * kk][0], p[m][2 * kk][1]);
-      af[m][1] = pack2<T>(p[m][2 * kk][2], p[m][2 * kk][3]);
-      af[m][2] = pack2<T>(p[m][2 * kk + 1][0], p[m][2 * kk + 1][1]);
-      af[m][3] = pack2<T>(p[m][2 * kk + 1][2], p[m][2 * kk + 1][3]);
-    }
-#pragma unroll
-    for (int n2 = 0; n2 < kD / 16; ++n2) {
-      uint32_t bf[4];
-      ldsm_x4_t(bf, b + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kLd + n2 * 16 + (lane / 16) * 8);
+    for (int kk = 0; kk < kK16; ++kk) {
+      // The accumulator layout of two n8 tiles is the A-operand layout of one k16 slice.
+      uint32_t af[kM][4];
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
-        mma<T>(acc[m][2 * n2], af[m], bf[0], bf[1]);
-        mma<T>(acc[m][2 * n2 + 1], af[m], bf[2], bf[3]);
+        af[m][0] = pack2<T>(p[m][2 * kk][0], p[m][2 * kk][1]);
+        af[m][1] = pack2<T>(p[m][2 * kk][2], p[m][2 * kk][3]);
+        af[m][2] = pack2<T>(p[m][2 * kk + 1][0], p[m][2 * kk + 1][1]);
+        af[m][3] = pack2<T>(p[m][2 * kk + 1][2], p[m][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int n2 = 0; n2 < kD / 16; ++n2) {
+        uint32_t bf[4];
+        ldsm_x4_t(bf, b + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kLd + n2 * 16 + (lane / 16) * 8);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          mma<T>(acc[m][2 * n2], af[m], bf[0], bf[1]);
+          mma<T>(acc[m][2 * n2 + 1], af[m], bf[2], bf[3]);
+        }
       }
     }
   }

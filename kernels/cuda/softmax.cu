@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
@@ -228,7 +229,7 @@ __global__ void softmax_block_rows_kernel(const T* a, T* out, OffsetCalc<2> oc, 
     softmax_row_online<1>(x, y, K, log, shm);
 }
 
-// Rows up to kSmemRowBytes, 16-byte aligned with K a multiple of V: blockDim = (tx, 1), a
+// Rows up to smem_row_limit() bytes with K a multiple of V: blockDim = (tx, 1), a
 // block per row. The row is copied to shared memory with cp.async (a thread's whole share in
 // flight at once, no registers held), then the online pass and the write read it from there: the
 // row is read from memory once. Reading it twice from memory (the block path above) ran at
@@ -338,13 +339,20 @@ void row_launch(int64_t rows, int64_t K, dim3* grid, dim3* block) {
   *grid = dim3(static_cast<unsigned>(g));
 }
 
-// The longest row in bytes softmax_smem_rows_kernel takes on the current device: the shared
-// memory a block may opt in to (227 KiB on sm_90) less 1 KiB for its static reduction scratch.
-size_t smem_row_limit() {
-  int dev = 0, bytes = 0;
-  MG_CUDA_CHECK(cudaGetDevice(&dev));
-  MG_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return bytes > 1024 ? static_cast<size_t>(bytes) - 1024 : 0;
+// The longest row in bytes softmax_smem_rows_kernel takes on a device: the shared memory a
+// block may opt in to (227 KiB on sm_90) less 1 KiB for its static reduction scratch. Read once
+// per process for every device, not at each launch.
+size_t smem_row_limit(int device) {
+  static const std::vector<size_t> limits = [] {
+    std::vector<size_t> v(mg::cuda::device_count());
+    for (size_t d = 0; d < v.size(); ++d) {
+      int bytes = 0;
+      MG_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, static_cast<int>(d)));
+      v[d] = bytes > 1024 ? static_cast<size_t>(bytes) - 1024 : 0;
+    }
+    return v;
+  }();
+  return limits.at(device);
 }
 
 // The shape with `dim` collapsed to 1: one entry per row.
@@ -371,7 +379,7 @@ void CudaBackend::softmax(const Tensor& a, int64_t dim, bool log, const Tensor& 
       const size_t row_bytes = K * sizeof(T);
       if (block.x == 32) {
         softmax_warp_rows_kernel<T><<<grid, block, 0, st>>>(data_as<const T>(x), data_as<T>(o), oc, rows, K, log);
-      } else if (const size_t limit = smem_row_limit(); K % kVec16<T> == 0 && row_bytes <= limit) {
+      } else if (const size_t limit = smem_row_limit(out.device().index); K % kVec16<T> == 0 && row_bytes <= limit) {
         // 1024 threads at 40 registers fill an SM's register file: where two rows fit in shared
         // memory (f16/bf16 over 50304), 512-thread blocks let one row's load overlap another's
         // write (1024 threads: 0.66-0.69 of a copy in f16/bf16, one block an SM).
