@@ -34,8 +34,10 @@ struct Shape {
 };
 const Shape kShapes[] = {{8, 12, 1024, 64}, {4, 12, 2048, 64}, {8, 8, 1024, 128}};
 
-enum Impl { kSimt = 0, kTc = 1, kReference = 2 };
-const char* const kImplNames[] = {"simt", "tc", "reference"};
+// tc's backward is the one pass (dq by atomics); tc-twopass is the same kernels under
+// kernels::set_deterministic(true), dq by a pass of its own.
+enum Impl { kSimt = 0, kTc = 1, kReference = 2, kTcTwoPass = 3 };
+const char* const kImplNames[] = {"simt", "tc", "reference", "tc-twopass"};
 
 // SIMT times by configuration, for the other implementations' ratios.
 std::map<std::tuple<int64_t, int64_t, bool, bool>, double> g_simt_ms;
@@ -57,6 +59,8 @@ void BM_Attention(benchmark::State& state) {
   const bool causal = state.range(2) != 0, backward = state.range(3) != 0;
   const Impl impl = static_cast<Impl>(state.range(4));
   ::setenv("MG_ATTENTION_KERNEL", impl == kSimt ? "simt" : "auto", 1);
+  const bool det_was = kernels::deterministic();
+  kernels::set_deterministic(impl == kTcTwoPass);
   Generator gen(7);
   Tensor q = randn({sh.B, sh.H, sh.T, sh.D}, {dt, kGpu}, &gen), k = randn({sh.B, sh.H, sh.T, sh.D}, {dt, kGpu}, &gen);
   Tensor v = randn({sh.B, sh.H, sh.T, sh.D}, {dt, kGpu}, &gen),
@@ -80,6 +84,7 @@ void BM_Attention(benchmark::State& state) {
   const double ms = event_time_ms(state, 3, step);
   ::unsetenv("MG_ATTENTION_KERNEL");
   kernels::set_allow_tf32(tf32_was);
+  kernels::set_deterministic(det_was);
   state.counters["ms"] = ms;
   state.counters["TFLOP/s"] = flops(sh, causal, backward) / (ms / 1e3) / 1e12;
   const auto key = std::make_tuple(state.range(0), state.range(1), causal, backward);
@@ -98,6 +103,11 @@ void BM_Attention(benchmark::State& state) {
 // side by side (simt first).
 BENCHMARK(BM_Attention)
     ->ArgsProduct({{0, 1, 2}, {0, 1, 2, 3}, {1, 0}, {0, 1}, {kSimt, kTc, kReference}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+// The two-pass backward beside it (after the table above, so vs_simt has its SIMT row).
+BENCHMARK(BM_Attention)
+    ->ArgsProduct({{0, 1, 2}, {0, 1, 2, 3}, {1, 0}, {1}, {kTcTwoPass}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -211,7 +211,7 @@ void flash_attention_backward_out(const Tensor& grad_out, const Tensor& q, const
       .flash_attention_backward(kernel, heads_in(grad_out, dt, s.bh, s.L, s.E, tc), heads_in(q, dt, s.bh, s.L, s.E, tc),
                                 heads_in(k, dt, s.bh, s.S, s.E, tc), heads_in(v, dt, s.bh, s.S, s.E, tc),
                                 heads_in(out, dt, s.bh, s.L, s.E, tc), as_rows(logsumexp, DType::f32, {s.bh, s.L}),
-                                causal, sc, gq.heads, gk.heads, gv.heads);
+                                causal, sc, gq.heads, gk.heads, gv.heads, tc && flash_backward_one_pass());
   gq.finish(), gk.finish(), gv.finish();
 }
 
@@ -239,6 +239,14 @@ AttentionKernel flash_attention_kernel(DType dt, int64_t head_dim) {
 AttentionKernel attention_kernel(const Tensor& q, const Tensor& k, const Tensor& v, bool dropout) {
   if (forced_kernel() == "composed" || dropout || !flash_attention_supported(q, k, v)) return AttentionKernel::Composed;
   return flash_attention_kernel(q.dtype(), q.size(-1));
+}
+
+bool flash_backward_one_pass() {
+  const char* env = std::getenv("MG_ATTENTION_BWD");
+  const std::string_view want = env ? env : "auto";
+  MG_CHECK(want == "auto" || want == "onepass" || want == "twopass", ValueError,
+           "attention: MG_ATTENTION_BWD must be auto, onepass or twopass, got '", want, "'");
+  return !deterministic() && want != "twopass";
 }
 
 const char* attention_kernel_name(AttentionKernel kernel) { return enum_name(kernel, {"composed", "simt", "tc"}); }

@@ -54,5 +54,10 @@ AttentionKernel attention_kernel(const Tensor& q, const Tensor& k, const Tensor&
 // The flash kernel for a dtype and head dim (the flash half of attention_kernel's rule).
 AttentionKernel flash_attention_kernel(DType dt, int64_t head_dim);
 const char* attention_kernel_name(AttentionKernel kernel);
+// Whether the tensor-core backward (every dtype) runs in one pass (dq added over the key blocks by f32
+// atomics into an f32 [B*H, L, D] scratch: fewer products, a run-dependent summation order) or
+// in two (dq by its own pass, bit-identical run to run). Two under set_deterministic(true);
+// MG_ATTENTION_BWD=auto|onepass|twopass overrides it otherwise (A/B comparisons).
+bool flash_backward_one_pass();
 
 }  // namespace mg::kernels

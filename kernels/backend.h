@@ -154,13 +154,14 @@ class Backend {
   // ---- flash attention (attention.*) ----
   // q [B, H, L, D], k and v [B, H, S, D] (S >= 1, D <= kFlashAttentionMaxHeadDim), one dtype,
   // unit-stride head dim (16-byte aligned rows for FlashTensorCore); out [B, H, L, D] of q's
-  // dtype and lse [BH, L] f32 fully overwritten. `kernel` is attention_kernel()'s choice.
+  // dtype and lse [BH, L] f32 fully overwritten. `kernel` is attention_kernel()'s choice;
+  // `one_pass` flash_backward_one_pass()'s (FlashTensorCore only: dq by atomics in the dk/dv pass).
   virtual void flash_attention_forward(AttentionKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v,
                                        bool causal, double scale, const Tensor& out, const Tensor& lse) = 0;
   virtual void flash_attention_backward(AttentionKernel kernel, const Tensor& grad_out, const Tensor& q,
                                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                                         bool causal, double scale, const Tensor& grad_q, const Tensor& grad_k,
-                                        const Tensor& grad_v) = 0;
+                                        const Tensor& grad_v, bool one_pass) = 0;
 
   // ---- multi-tensor optimizer updates (optim.*); contiguous lists of one dtype ----
   virtual void adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) = 0;
@@ -196,6 +197,17 @@ inline std::atomic<bool>& tf32_flag() {
 }
 inline void set_allow_tf32(bool on) { tf32_flag().store(on); }
 inline bool allow_tf32() { return tf32_flag().load(); }
+
+// Deterministic kernels only, like torch.use_deterministic_algorithms: a kernel that would sum in
+// a run-dependent order (f32 atomics) takes its deterministic variant instead, so repeated runs
+// agree to the bit. Today that is the tensor-core attention backward, whose one pass adds dq by
+// atomics and whose deterministic variant computes dq in a second pass. Off by default.
+inline std::atomic<bool>& deterministic_flag() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+inline void set_deterministic(bool on) { deterministic_flag().store(on); }
+inline bool deterministic() { return deterministic_flag().load(); }
 
 // The backend of `device`'s type; raises mg::DeviceError naming `op` when this build has none.
 Backend& backend(Device device, const char* op);

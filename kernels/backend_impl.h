@@ -130,7 +130,8 @@ class BackendImpl final : public Backend {
                                double scale, const Tensor& out, const Tensor& lse) override;
   void flash_attention_backward(AttentionKernel kernel, const Tensor& grad_out, const Tensor& q, const Tensor& k,
                                 const Tensor& v, const Tensor& out, const Tensor& lse, bool causal, double scale,
-                                const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v) override;
+                                const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+                                bool one_pass) override;
 
   // ---- multi-tensor optimizer updates (optim.*)
   void adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) override;

@@ -14,7 +14,7 @@ void CpuBackend::flash_attention_forward(AttentionKernel, const Tensor& q, const
 template <>
 void CpuBackend::flash_attention_backward(AttentionKernel, const Tensor&, const Tensor& q, const Tensor&, const Tensor&,
                                           const Tensor&, const Tensor&, bool, double, const Tensor&, const Tensor&,
-                                          const Tensor&) {
+                                          const Tensor&, bool) {
   MG_THROW(DeviceError, "flash_attention_backward: no flash kernels for ", q.device(),
            " (attention_kernel chooses the composed path there)");
 }

@@ -480,7 +480,7 @@ template <>
 void CudaBackend::flash_attention_backward(AttentionKernel kernel, const Tensor& grad_out, const Tensor& q,
                                            const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                                            bool causal, double scale, const Tensor& grad_q, const Tensor& grad_k,
-                                           const Tensor& grad_v) {
+                                           const Tensor& grad_v, bool one_pass) {
   const char* op = "flash_attention_backward";
   const int64_t BH = q.size(0) * q.size(1), L = q.size(2), S = k.size(2), D = q.size(3);
   if (BH == 0 || S == 0) return;
@@ -508,29 +508,34 @@ void CudaBackend::flash_attention_backward(AttentionKernel kernel, const Tensor&
       MG_CUDA_CHECK_LAUNCH(op);
     }
     if (kernel == AttentionKernel::FlashTensorCore && aligned16({&grad_out, &q, &k, &v, &grad_q, &grad_k, &grad_v})) {
-      const TcBackwardArgs a{tc_elem(q.dtype()),
-                             q.raw_data(),
-                             k.raw_data(),
-                             v.raw_data(),
-                             grad_out.raw_data(),
-                             ptr<const float>(lse),
-                             ptr<const float>(delta),
-                             grad_q.raw_data(),
-                             grad_k.raw_data(),
-                             grad_v.raw_data(),
-                             BH,
-                             L,
-                             S,
-                             Di,
-                             sc,
-                             causal,
-                             layout_of(q),
-                             layout_of(k),
-                             layout_of(v),
-                             layout_of(grad_out),
-                             layout_of(grad_q),
-                             layout_of(grad_k),
-                             layout_of(grad_v)};
+      TcBackwardArgs a{tc_elem(q.dtype()),
+                       q.raw_data(),
+                       k.raw_data(),
+                       v.raw_data(),
+                       grad_out.raw_data(),
+                       ptr<const float>(lse),
+                       ptr<const float>(delta),
+                       grad_q.raw_data(),
+                       grad_k.raw_data(),
+                       grad_v.raw_data(),
+                       BH,
+                       L,
+                       S,
+                       Di,
+                       sc,
+                       causal,
+                       layout_of(q),
+                       layout_of(k),
+                       layout_of(v),
+                       layout_of(grad_out),
+                       layout_of(grad_q),
+                       layout_of(grad_k),
+                       layout_of(grad_v)};
+      Tensor dq_acc;  // the one pass's f32 dq sums (16-byte aligned: the allocator's blocks are 512)
+      if (L > 0 && one_pass) {
+        dq_acc = empty({BH, L, D}, {DType::f32, q.device()});
+        a.dq_acc = ptr<float>(dq_acc);
+      }
       MG_CUDA_CHECK(attention_tc_backward(a, st));
       return;
     }

@@ -12,29 +12,32 @@
 //            (the mma accumulator layout of S is the A-operand layout of P, so P V needs no
 //            shared memory), online softmax in base 2 (scale folded into log2 e), l kept per
 //            thread and summed over the quad once at the end.
-//   backward delta = rowsum(dout * out) is the caller's (attention.cu's kernel). Then two
-//            kernels, as in the SIMT version:
+//   backward delta = rowsum(dout * out) is the caller's (attention.cu's kernel). Then, by
+//            default, one pass (FlashAttention-2's):
 //            dkdv: rows = 64 keys, tiles of queries; S^T = K Q^T and dP^T = V dO^T in
 //                  registers, P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta), then
-//                  dV += P^T dO and dK += dS^T Q straight from the accumulators;
-//            dq:   rows = 64 queries, tiles of keys; S, dP, dS likewise, dQ += dS K.
-//            Why not FA2's single pass with dq accumulated by f32 atomics: two passes recompute
-//            Q K^T and dO V^T (7 products instead of 5), but every gradient is written once
-//            (deterministic, bit-identical run to run), there is no [BH, L, D] f32 scratch to
-//            zero and convert (24 MiB at GPT-2's B8 H12 T1024 D64), no atomics contention, and
-//            dS never leaves registers. The backward does 1.4x the atomic version's FLOPs and
-//            keeps the same structure as the reference it is tested against.
+//                  dV += P^T dO and dK += dS^T Q straight from the accumulators; dS^T goes
+//                  to shared memory (over the consumed Q tile) and the block adds
+//                  dQ_t += dS_t K into an f32 scratch by f32 atomics; a last small kernel
+//                  scales and rounds it into dq.
+//            Five products a tile. The summation order of dq changes from run to run, so
+//            under set_deterministic(true) the caller asks for two passes instead, as in the
+//            SIMT version: dkdv without the dQ step, then
+//            dq:   rows = 64 queries, tiles of keys; S, dP, dS likewise, dQ += dS K,
+//            which recomputes Q K^T and dO V^T (7 products a tile instead of 5) but writes
+//            every gradient once, bit-identical run to run, with no f32 scratch.
 // P and dS are rounded to the input type before their second product (FlashAttention does the
 // same); everything else accumulates in f32.
 //
 // Speed on the H200 (docs/attention.md): forward 100-220 TFLOP/s, about 1.6-2x PyTorch's flash
 // SDPA; the bound is ldmatrix traffic (one 512-byte x4 load per 2 kM mma), not the tensor cores.
-// Next steps, each against this version: wgmma (sm_90a) with TMA, and one dkdv+dq pass.
+// Next step, against this version: wgmma (sm_90a) with TMA.
 #include "kernels/cuda/attention_tc.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -212,6 +215,43 @@ __device__ __forceinline__ void mma_pb(float (&acc)[kM][kD / 8][4], const float 
   }
 }
 
+// acc[0][n8][4] (16 rows x 8 kN8 columns) += A B for one m-tile, A (16 x 16 kK16) stored transposed
+// at a (a[k][m], rows lda elements apart: the dS^T tile the dkdv warps wrote) and B (16 kK16 x
+// 8 kN8) stored k-major at b (b[k][n], rows ld_of<T, kD> apart: a K tile). The one-pass
+// backward's dQ += dS K. Half types read A with ldmatrix.trans; f32 takes key k8 + 2t as k index t
+// and k8 + 2t + 1 as t + 4 on both sides (as mma_pb_f32), which keeps the A and B reads on 32
+// distinct banks.
+template <class T, int kK16, int kN8, int kD, bool kX3 = false>
+__device__ __forceinline__ void mma_tb(float (&acc)[1][kN8][4], const T* a, int lda, const T* b) {
+  constexpr int kLd = ld_of<T, kD>();
+  const int lane = threadIdx.x & 31;
+  if constexpr (std::is_same_v<T, float>) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < 2 * kK16; ++j) {
+      const float* ar = a + (j * 8 + 2 * t) * lda + g;
+      uint32_t ah[1][4], al[1][4];
+      split_a<kX3>(ar[0], ar[8], ar[lda], ar[lda + 8], ah[0], al[0]);
+      const float* br = b + (j * 8 + 2 * t) * kLd + g;
+#pragma unroll
+      for (int n = 0; n < kN8; ++n) mma_f32_column<kX3>(acc, n, ah, al, br[n * 8], br[kLd + n * 8]);
+    }
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < kK16; ++kk) {
+      uint32_t af[4];
+      ldsm_x4_t(af, a + (kk * 16 + (lane % 8) + (lane / 16) * 8) * lda + ((lane / 8) % 2) * 8);
+#pragma unroll
+      for (int n2 = 0; n2 < kN8 / 2; ++n2) {
+        uint32_t bf[4];
+        ldsm_x4_t(bf, b + (kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kLd + n2 * 16 + (lane / 16) * 8);
+        mma<T>(acc[0][2 * n2], af, bf[0], bf[1]);
+        mma<T>(acc[0][2 * n2 + 1], af, bf[2], bf[3]);
+      }
+    }
+  }
+}
+
 template <int kM, int kN8>
 __device__ __forceinline__ void zero(float (&acc)[kM][kN8][4]) {
 #pragma unroll
@@ -376,19 +416,42 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------- backward
 
 template <class T, int kD>
-constexpr size_t bwd_smem() {  // two row blocks + two double-buffered tiles (+ lse, delta for dkdv)
-  using C = BwdTiles<T, kD>;
-  return sizeof(T) * 2 * (C::kRows + 2 * C::kN) * ld_of<T, kD>() + sizeof(float) * 4 * C::kN;
+constexpr size_t ds_bytes() {  // the one pass's dS^T tile: kRows keys x kN queries
+  return sizeof(T) * BwdTiles<T, kD>::kRows * ld_of<T, BwdTiles<T, kD>::kN>();
 }
 
-// Rows = keys [j0, j0 + kRows), tiles of queries; writes dk and dv of the block's keys.
-template <class T, int kD, bool kX3 = false>
+// The one pass stages dS^T in a buffer of its own where kMinBlocks blocks still fit an SM
+// (227 KiB of shared memory on sm_90): one barrier a tile fewer than writing it over the
+// consumed Q tile, which f32 at D = 64 does (2 x 122 KiB would not fit). On the H200, B8 H12
+// T1024 D64 bf16 causal forward + backward: 0.364 ms against 0.374 over Q.
+template <class T, int kD>
+constexpr bool ds_own_buffer();
+
+template <class T, int kD, bool kDq = false>
+constexpr size_t bwd_smem() {  // two row blocks + two double-buffered tiles (+ lse, delta for dkdv)
+  using C = BwdTiles<T, kD>;
+  const size_t base = sizeof(T) * 2 * (C::kRows + 2 * C::kN) * ld_of<T, kD>() + sizeof(float) * 4 * C::kN;
+  if constexpr (kDq) {
+    if (ds_own_buffer<T, kD>()) return base + ds_bytes<T, kD>();
+  }
+  return base;
+}
+
+template <class T, int kD>
+constexpr bool ds_own_buffer() {
+  return (bwd_smem<T, kD>() + ds_bytes<T, kD>()) * BwdTiles<T, kD>::kMinBlocks <= 227 * 1024;
+}
+
+// Rows = keys [j0, j0 + kRows), tiles of queries; writes dk and dv of the block's keys. With kDq
+// (the one-pass backward) it also adds each query tile's dQ_t += dS_t K (unscaled) into dq_acc, f32
+// [BH, L, kD] zeroed by the caller, by f32 atomics.
+template <class T, int kD, bool kX3 = false, bool kDq = false>
 __global__ void __launch_bounds__(kThreads, BwdTiles<T, kD>::kMinBlocks)
     tc_bwd_dkdv_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                        const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                       T* __restrict__ dk, T* __restrict__ dv, TcLayout lq, TcLayout lk, TcLayout lv, TcLayout ldo,
-                       TcLayout ldk, TcLayout ldv, int64_t b0, int64_t L, int64_t S, float scale, float scale_log2,
-                       bool causal) {
+                       T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dq_acc, TcLayout lq, TcLayout lk,
+                       TcLayout lv, TcLayout ldo, TcLayout ldk, TcLayout ldv, int64_t b0, int64_t L, int64_t S,
+                       float scale, float scale_log2, bool causal) {
   using C = BwdTiles<T, kD>;
   constexpr int kM = C::kM, kRows = C::kRows, kBr = C::kN, kN8 = kBr / 8, kLd = ld_of<T, kD>();
   extern __shared__ uint4 smem_dkdv[];
@@ -458,6 +521,52 @@ __global__ void __launch_bounds__(kThreads, BwdTiles<T, kD>::kMinBlocks)
     }
     mma_pb<T, kM, kBr / 16, kD, kX3>(gv, st, Os);
     mma_pb<T, kM, kBr / 16, kD, kX3>(gk, dpt, Qs);
+    if constexpr (kDq) {
+      // dQ_t needs all kRows keys of dS_t, which four warps hold: dS^T goes through shared
+      // memory, over Q_t (the dK product above was its last reader; the loop's barrier keeps the
+      // next fetch into it waiting until every warp is past the product below). Rounded to T
+      // as for dK. Keys past S have K = 0 but a nonzero dS: they are zeroed to keep the sum clean.
+      constexpr int kLdS = ld_of<T, kBr>();
+      static_assert(kRows * kLdS <= kBr * kLd, "dS^T fits in a query tile");
+      constexpr bool kOwn = ds_own_buffer<T, kD>();
+      T* const dst = kOwn ? reinterpret_cast<T*>(delta_b + 2 * kBr) : Qb + buf * kBr * kLd;
+      if constexpr (!kOwn) __syncthreads();  // every warp is done reading Q_t
+#pragma unroll
+      for (int mi = 0; mi < kM; ++mi) {
+        const int r = warp * 16 * kM + 16 * mi + g;
+        const bool ka = j0 + r < S, kb = j0 + r + 8 < S;
+#pragma unroll
+        for (int n = 0; n < kN8; ++n) {
+          const float* d = dpt[mi][n];
+          T* pa = dst + r * kLdS + n * 8 + 2 * t;
+          if constexpr (std::is_same_v<T, float>) {
+            *reinterpret_cast<float2*>(pa) = ka ? make_float2(d[0], d[1]) : make_float2(0.f, 0.f);
+            *reinterpret_cast<float2*>(pa + 8 * kLdS) = kb ? make_float2(d[2], d[3]) : make_float2(0.f, 0.f);
+          } else {
+            *reinterpret_cast<uint32_t*>(pa) = ka ? pack2<T>(d[0], d[1]) : 0u;
+            *reinterpret_cast<uint32_t*>(pa + 8 * kLdS) = kb ? pack2<T>(d[2], d[3]) : 0u;
+          }
+        }
+      }
+      __syncthreads();
+      // The kBr x kD tile split over the warps: kBr / 16 m-tiles, each over 4 / (kBr / 16)
+      // warps side by side in the head dim.
+      constexpr int kMt = kBr / 16, kWpm = 4 / kMt, kCols = kD / kWpm;
+      static_assert(kMt * kWpm == 4 && kCols % 16 == 0, "four warps cover the dQ tile");
+      const int mt = warp / kWpm, c0 = (warp % kWpm) * kCols;
+      float dqt[1][kCols / 8][4];
+      zero(dqt);
+      mma_tb<T, kRows / 16, kCols / 8, kD, kX3>(dqt, dst + mt * 16, kLdS, Ks + c0);
+      const int64_t ra = i0 + mt * 16 + g, rb = ra + 8;
+      float* const acc_rows = dq_acc + bh * L * kD + c0 + 2 * t;
+#pragma unroll
+      for (int n = 0; n < kCols / 8; ++n) {
+        if (ra < L)
+          atomicAdd(reinterpret_cast<float2*>(acc_rows + ra * kD + n * 8), make_float2(dqt[0][n][0], dqt[0][n][1]));
+        if (rb < L)
+          atomicAdd(reinterpret_cast<float2*>(acc_rows + rb * kD + n * 8), make_float2(dqt[0][n][2], dqt[0][n][3]));
+      }
+    }
   }
   cp_async_wait<0>();  // no query tile (L = 0, or causal keys past L): K/V copies still in flight
 #pragma unroll
@@ -540,6 +649,25 @@ __global__ void __launch_bounds__(kThreads, BwdTiles<T, kD>::kMinBlocks)
   for (int mi = 0; mi < kM; ++mi) store_rows<T, kD>(dq, acc[mi], iw + 16 * mi, L, ldq.sp, scale, scale);
 }
 
+// The one-pass backward's last step: dq = scale * dq_acc, rounded to T, into dq's layout; four
+// head-dim elements a thread (kD is a multiple of 4, rows of dq 16-byte aligned).
+template <class T, int kD>
+__global__ void tc_bwd_dq_finish_kernel(const float* __restrict__ acc, T* __restrict__ dq, TcLayout ldq, int64_t L,
+                                        int64_t n4, float scale) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n4;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = e / (kD / 4), d = (e % (kD / 4)) * 4;
+    const float4 x = reinterpret_cast<const float4*>(acc)[e];
+    T* out = dq + ldq.head(row / L) + (row % L) * ldq.sp + d;
+    if constexpr (std::is_same_v<T, float>) {
+      *reinterpret_cast<float4*>(out) = make_float4(x.x * scale, x.y * scale, x.z * scale, x.w * scale);
+    } else {
+      *reinterpret_cast<uint2*>(out) =
+          make_uint2(pack2<T>(x.x * scale, x.y * scale), pack2<T>(x.z * scale, x.w * scale));
+    }
+  }
+}
+
 // ---------------------------------------------------------------- host side
 
 template <class Kernel>
@@ -602,18 +730,38 @@ cudaError_t attention_tc_backward(const TcBackwardArgs& a, cudaStream_t stream) 
     constexpr int kD = decltype(dim)::value;
     constexpr bool kX3 = decltype(x3)::value;
     constexpr size_t smem = bwd_smem<T, kD>();
-    if (cudaError_t e = allow_smem(tc_bwd_dkdv_kernel<T, kD, kX3>, smem); e != cudaSuccess) return e;
-    if (cudaError_t e = allow_smem(tc_bwd_dq_kernel<T, kD, kX3>, smem); e != cudaSuccess) return e;
     const float sl2 = a.scale * kLog2e;
     const TcLayout lq = tc_resolve(a.lq, a.L, kD), lk = tc_resolve(a.lk, a.S, kD), lv = tc_resolve(a.lv, a.S, kD),
                    ldo = tc_resolve(a.ldout, a.L, kD), ldq = tc_resolve(a.ldq, a.L, kD),
                    ldk = tc_resolve(a.ldk, a.S, kD), ldv = tc_resolve(a.ldv, a.S, kD);
     const T *q = static_cast<const T*>(a.q), *k = static_cast<const T*>(a.k);
     const T *v = static_cast<const T*>(a.v), *dout = static_cast<const T*>(a.dout);
+    const unsigned key_blocks = blocks_of(a.S, BwdTiles<T, kD>::kRows);
+    if (a.dq_acc != nullptr) {  // one pass: dk, dv and dq_acc by atomics, then dq from dq_acc
+      const int64_t n = a.BH * a.L * kD;
+      if (cudaError_t e = cudaMemsetAsync(a.dq_acc, 0, sizeof(float) * n, stream); e != cudaSuccess) return e;
+      auto run = [&](auto kernel, size_t bytes) -> cudaError_t {
+        if (cudaError_t e = allow_smem(kernel, bytes); e != cudaSuccess) return e;
+        return for_head_chunks(a.BH, [&](int64_t b0, unsigned nb) {
+          kernel<<<dim3(key_blocks, nb), kThreads, bytes, stream>>>(
+              q, k, v, dout, a.lse, a.delta, static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.dq_acc, lq, lk, lv, ldo,
+              ldk, ldv, b0, a.L, a.S, a.scale, sl2, a.causal);
+        });
+      };
+      constexpr size_t smem1 = bwd_smem<T, kD, true>();
+      if (cudaError_t e = run(tc_bwd_dkdv_kernel<T, kD, kX3, true>, smem1); e != cudaSuccess || a.L == 0) return e;
+      const int64_t n4 = n / 4, threads = 256;
+      const unsigned grid = static_cast<unsigned>(std::min<int64_t>((n4 + threads - 1) / threads, 4096));
+      tc_bwd_dq_finish_kernel<T, kD>
+          <<<grid, threads, 0, stream>>>(a.dq_acc, static_cast<T*>(a.dq), ldq, a.L, n4, a.scale);
+      return cudaGetLastError();
+    }
+    if (cudaError_t e = allow_smem(tc_bwd_dkdv_kernel<T, kD, kX3>, smem); e != cudaSuccess) return e;
+    if (cudaError_t e = allow_smem(tc_bwd_dq_kernel<T, kD, kX3>, smem); e != cudaSuccess) return e;
     return for_head_chunks(a.BH, [&](int64_t b0, unsigned nb) {
-      tc_bwd_dkdv_kernel<T, kD, kX3><<<dim3(blocks_of(a.S, BwdTiles<T, kD>::kRows), nb), kThreads, smem, stream>>>(
-          q, k, v, dout, a.lse, a.delta, static_cast<T*>(a.dk), static_cast<T*>(a.dv), lq, lk, lv, ldo, ldk, ldv, b0,
-          a.L, a.S, a.scale, sl2, a.causal);
+      tc_bwd_dkdv_kernel<T, kD, kX3><<<dim3(key_blocks, nb), kThreads, smem, stream>>>(
+          q, k, v, dout, a.lse, a.delta, static_cast<T*>(a.dk), static_cast<T*>(a.dv), nullptr, lq, lk, lv, ldo, ldk,
+          ldv, b0, a.L, a.S, a.scale, sl2, a.causal);
       if (a.L == 0) return;
       tc_bwd_dq_kernel<T, kD, kX3><<<dim3(blocks_of(a.L, BwdTiles<T, kD>::kRows), nb), kThreads, smem, stream>>>(
           q, k, v, dout, a.lse, a.delta, static_cast<T*>(a.dq), lq, lk, lv, ldo, ldq, b0, a.L, a.S, a.scale, sl2,

@@ -61,7 +61,10 @@ struct TcForwardArgs {
 };
 
 // delta [BH, L] f32 = rowsum(dout * out), computed by the caller. dq, dk, dv are fully written
-// (dk = dv = 0 for keys no query sees).
+// (dk = dv = 0 for keys no query sees). dq_acc: null for the two-pass backward (dq by a pass of
+// its own: deterministic); else f32 scratch of BH * L * D elements, 16-byte aligned, for the one
+// pass (dq summed over the key blocks by f32 atomics, in a run-dependent order), which
+// attention_tc_backward zeroes itself.
 struct TcBackwardArgs {
   TcElem elem;
   const void* q;
@@ -78,6 +81,7 @@ struct TcBackwardArgs {
   float scale;
   bool causal;
   TcLayout lq{}, lk{}, lv{}, ldout{}, ldq{}, ldk{}, ldv{};
+  float* dq_acc = nullptr;
 };
 
 // True for the head dims the tensor-core kernels are compiled for (64, 128), every TcElem.

@@ -13,6 +13,7 @@
 #include "core/allocator.h"
 #include "core/cuda_memory.h"
 #include "core/random.h"
+#include "kernels/backend.h"
 #include "nn/models/gpt.h"
 
 namespace mg {
@@ -200,7 +201,14 @@ TEST(OffloadCuda, GptWithOffloadedBlocksBitwise) {
   nn::GPT model(cfg, TensorOptions(DType::f32, kDev));
   // One sequence of distinct tokens: the embeddings' backward adds each row once, so a plain
   // run repeats itself bitwise (repeated tokens or batch rows would be summed by atomics, in
-  // an order that changes from run to run). Checked below before comparing.
+  // an order that changes from run to run). Checked below before comparing. The attention
+  // backward's one pass sums dq by atomics too: deterministic kernels for this test.
+  const bool det_was = kernels::deterministic();
+  kernels::set_deterministic(true);
+  struct Restore {
+    bool was;
+    ~Restore() { kernels::set_deterministic(was); }
+  } restore{det_was};
   const Tensor idx = arange(0.0, 256.0, 1.0, TensorOptions(DType::i64, kDev)).reshape({1, 256});
   const Tensor tgt = arange(1.0, 257.0, 1.0, TensorOptions(DType::i64, kDev)).reshape({1, 256});
   auto grads = [&] {
