@@ -160,6 +160,31 @@ double KernelProfiler::busy_ms() const {
   return total;
 }
 
+std::vector<IdleGap> KernelProfiler::idle_gaps() const {
+  std::vector<const Interval*> iv;
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (const Interval& r : g_records) iv.push_back(&r);
+  std::sort(iv.begin(), iv.end(), [](const Interval* a, const Interval* b) { return a->start < b->start; });
+  std::map<std::pair<std::string, std::string>, IdleGap> by;
+  // Walk the records in start order, tracking the busy front (the latest end so far) and the
+  // record that set it; a record starting after the front ends an idle stretch.
+  uint64_t front = 0;
+  const Interval* last = nullptr;
+  for (const Interval* r : iv) {
+    if (last != nullptr && r->start > front) {
+      IdleGap& g = by[{last->name, r->name}];
+      g.before = last->name, g.after = r->name;
+      const double ms = (r->start - front) * 1e-6;
+      ++g.count, g.total_ms += ms, g.max_ms = std::max(g.max_ms, ms);
+    }
+    if (last == nullptr || r->end > front) front = r->end, last = r;
+  }
+  std::vector<IdleGap> out;
+  for (auto& [k, v] : by) out.push_back(v);
+  std::sort(out.begin(), out.end(), [](const IdleGap& a, const IdleGap& b) { return a.total_ms > b.total_ms; });
+  return out;
+}
+
 std::string KernelProfiler::report(int steps, double wall_ms_per_step, int top) const {
   const std::vector<KernelTotal> t = totals();
   double sum = 0;
@@ -191,6 +216,20 @@ std::string KernelProfiler::report(int steps, double wall_ms_per_step, int top) 
                 busy, wall_ms_per_step, 100.0 * busy / wall_ms_per_step, static_cast<double>(launches) / steps,
                 1000.0 * sum / std::max<int64_t>(launches, 1));
   os << line;
+  // Where the device waits: the idle stretches between records, by the pair of kernels around
+  // them (the host was late to launch the second, or waited on the first).
+  const std::vector<IdleGap> gaps = idle_gaps();
+  double idle = 0;
+  for (const IdleGap& g : gaps) idle += g.total_ms;
+  std::snprintf(line, sizeof line, "device idle %.3f ms/step between records; the largest, by the kernels around them:\n",
+                idle / steps);
+  os << line;
+  for (size_t i = 0; i < gaps.size() && i < 8; ++i) {
+    std::snprintf(line, sizeof line, "  %8.3f ms/step %6.1f/step max %7.1f us  %.36s -> %.36s\n",
+                  gaps[i].total_ms / steps, static_cast<double>(gaps[i].count) / steps, 1000.0 * gaps[i].max_ms,
+                  gaps[i].before.c_str(), gaps[i].after.c_str());
+    os << line;
+  }
   return os.str();
 }
 

@@ -14,6 +14,14 @@ struct KernelTotal {
   double total_ms = 0;
 };
 
+// Device idle time between consecutive records (a kernel, copy or fill starting after every
+// earlier one has ended), summed per pair of names around it.
+struct IdleGap {
+  std::string before, after;
+  int64_t count = 0;
+  double total_ms = 0, max_ms = 0;
+};
+
 class KernelProfiler {
  public:
   // Enables CUPTI activity collection (kernels, memcpy, memset). Throws mg::Error if CUPTI
@@ -25,8 +33,11 @@ class KernelProfiler {
   std::vector<KernelTotal> totals() const;
   // Sum of device busy time (union of intervals, so overlapping kernels count once), ms.
   double busy_ms() const;
+  // The idle stretches, largest total first.
+  std::vector<IdleGap> idle_gaps() const;
   // A table: top `top` kernels by time with calls and ms per step (divided by `steps`), the
-  // rest summed, copies and fills, and the device-busy fraction of `wall_ms_per_step`.
+  // rest summed, copies and fills, the device-busy fraction of `wall_ms_per_step`, and the
+  // largest idle stretches by the kernels around them.
   std::string report(int steps, double wall_ms_per_step, int top = 25) const;
 };
 
