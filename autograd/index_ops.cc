@@ -140,8 +140,10 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   if (any_requires_grad({weight}))
     record("embedding", {weight}, out, [V, D, si = SavedTensor(flat, "embedding")](const Grads& g) {
       // Dense gradient: one row per embedding, repeated indices add up (no sparse gradients).
+      // The forward checked these indices (index_select, or the loop above on the CPU), and the
+      // saved tensor raises if they were modified since: no second check (on CUDA, a sync).
       Tensor z = zeros({V, D}, {g[0].dtype(), g[0].device()});
-      kernels::index_add_(z, 0, si.unpack(), raw::reshape(g[0], {-1, D}));
+      kernels::index_add_(z, 0, si.unpack(), raw::reshape(g[0], {-1, D}), kernels::IndexBounds::Checked);
       return Grads{z};
     });
   return out;

@@ -84,7 +84,9 @@ class Backend {
   virtual void gather(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) = 0;
   virtual void scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, bool add) = 0;
   virtual void index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) = 0;
-  virtual void index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) = 0;
+  // index_add with `checked`: the caller has already checked index against self's size along dim
+  // (kernels::IndexBounds::Checked); a backend whose check costs a host synchronization skips it.
+  virtual void index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, bool checked) = 0;
 
   // ---- layer norm (layer_norm.*) ----
   // x [M, N] contiguous; weight/bias [N] of x's dtype or undefined; out [M, N] of x's dtype,
@@ -201,7 +203,9 @@ inline bool allow_tf32() { return tf32_flag().load(); }
 // Deterministic kernels only, like torch.use_deterministic_algorithms: a kernel that would sum in
 // a run-dependent order (f32 atomics) takes its deterministic variant instead, so repeated runs
 // agree to the bit. Today that is the tensor-core attention backward, whose one pass adds dq by
-// atomics and whose deterministic variant computes dq in a second pass. Off by default.
+// atomics and whose deterministic variant computes dq in a second pass. Off by default. Not yet
+// covered (they still add by atomics): index_add with repeated indices (the embedding
+// backward), the max-pooling backward over overlapping windows, the multi-tensor norm.
 inline std::atomic<bool>& deterministic_flag() {
   static std::atomic<bool> flag{false};
   return flag;

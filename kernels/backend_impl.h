@@ -76,7 +76,7 @@ class BackendImpl final : public Backend {
   void gather(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) override;
   void scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, bool add) override;
   void index_select(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& out) override;
-  void index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) override;
+  void index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, bool checked) override;
 
   // ---- layer norm (layer_norm.*)
   void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,

@@ -88,7 +88,7 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   return out;
 }
 
-void index_add_(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+void index_add_(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, IndexBounds bounds) {
   const Device dev = check_device("index_add_", {&self, &index, &src});
   check_index_dtype("index_add_", index);
   MG_CHECK(index.dim() <= 1, ShapeError, "index_add_: index must be 0-D or 1-D, got ", shape_str(index.sizes()));
@@ -99,7 +99,7 @@ void index_add_(const Tensor& self, int64_t dim, const Tensor& index, const Tens
   if (!want.empty()) want[d] = index.numel();
   MG_CHECK(src.sizes() == want, ShapeError, "index_add_: src shape ", shape_str(src.sizes()), " should be ",
            shape_str(want), " (self ", shape_str(self.sizes()), " with dim ", d, " of size ", index.numel(), ")");
-  backend(dev, "index_add").index_add(self, d, index, src);
+  backend(dev, "index_add").index_add(self, d, index, src, bounds == IndexBounds::Checked);
   self.bump_version();
 }
 

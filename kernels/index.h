@@ -16,7 +16,13 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
 void scatter_(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);
 void scatter_add_(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
-void index_add_(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);
+// IndexBounds::Checked: the caller has already checked `index` against self's size along dim
+// (the embedding backward: its forward's index_select checked the same saved indices), so CUDA
+// skips its own check, a device-to-host copy that synchronizes the stream and drained the GPU
+// at the end of GPT-2's backward. The CPU checks either way.
+enum class IndexBounds { Check, Checked };
+void index_add_(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src,
+                IndexBounds bounds = IndexBounds::Check);
 Tensor cat(const std::vector<Tensor>& ts, int64_t dim);
 Tensor stack(const std::vector<Tensor>& ts, int64_t dim);
 

@@ -61,10 +61,12 @@ struct DimIndex {
   Tensor idx;
   int64_t size, stride;
 };
-DimIndex dim_index(const Tensor& t, int64_t dim, const Tensor& index, const char* op) {
+// With `checked` (the caller checked them already) the check and its synchronization are skipped;
+// the kernels still skip an index out of range rather than touch memory outside the tensor.
+DimIndex dim_index(const Tensor& t, int64_t dim, const Tensor& index, const char* op, bool checked = false) {
   DimIndex d{as_i64(index), t.dim() ? t.size(dim) : 1, t.dim() ? t.stride(dim) : 0};
   int64_t v;
-  if (find_bad(d.idx, 0, d.size, false, 0, &v))
+  if (!checked && find_bad(d.idx, 0, d.size, false, 0, &v))
     MG_THROW(IndexError, op, ": index ", v, " is out of bounds for dim ", dim, " with size ", d.size);
   return d;
 }
@@ -240,9 +242,9 @@ void CudaBackend::index_select(const Tensor& a, int64_t dim, const Tensor& index
 }
 
 template <>
-void CudaBackend::index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+void CudaBackend::index_add(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src, bool checked) {
   mg::cuda::DeviceGuard g(self.device());
-  const DimIndex d = dim_index(self, dim, index, "index_add_");
+  const DimIndex d = dim_index(self, dim, index, "index_add_", checked);
   const int64_t n = src.numel();
   if (n == 0) return;
   const Shape sst = strides_without(self, dim);

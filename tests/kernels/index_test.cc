@@ -72,6 +72,11 @@ TEST(Index, IndexSelectAndIndexAdd) {
   EXPECT_MG_ERROR(k::index_add_(s, 0, T({5}, {1}, DType::i64), T({1, 1}, {1, 2})), IndexError, "index_add_");
   EXPECT_MG_ERROR(k::index_add_(s, 0, T({0}, {1}, DType::i64), T({1, 1, 1}, {1, 3})), ShapeError, "index_add_");
   expect_near(s, {4, 4, 0, 0, 2, 2});  // a failed check leaves self untouched
+  // IndexBounds::Checked only lets CUDA skip its synchronizing check: the CPU checks anyway.
+  EXPECT_MG_ERROR(k::index_add_(s, 0, T({5}, {1}, DType::i64), T({1, 1}, {1, 2}), k::IndexBounds::Checked), IndexError,
+                  "index_add_");
+  k::index_add_(s, 0, T({1}, {1}, DType::i64), T({1, 2}, {1, 2}), k::IndexBounds::Checked);
+  expect_near(s, {4, 4, 1, 2, 2, 2});
 }
 
 TEST(Index, CatStack) {

@@ -517,6 +517,10 @@ TEST_F(CudaParity, IndexSelectIndexAddNll) {
         k::index_add_(s, dim, idx, src);
         k::index_add_(gs, dim, gidx, to_cuda(src));
         expect_parity(s, gs, std::max(tol_of(dt), 1e-6), "index_add_");
+        // Indices the caller vouches for (the embedding backward): the same sums, no check.
+        Tensor gs2 = raw::clone(ga);
+        k::index_add_(gs2, dim, gidx, to_cuda(src), k::IndexBounds::Checked);
+        expect_parity(s, gs2, std::max(tol_of(dt), 1e-6), "index_add_ (checked by the caller)");
       }
       Tensor scalar_idx = idx_tensor({2}, {}, it);
       expect_parity(k::index_select(a, 1, scalar_idx), k::index_select(ga, 1, to_cuda(scalar_idx)), 0,
