@@ -221,8 +221,8 @@ std::string KernelProfiler::report(int steps, double wall_ms_per_step, int top) 
   const std::vector<IdleGap> gaps = idle_gaps();
   double idle = 0;
   for (const IdleGap& g : gaps) idle += g.total_ms;
-  std::snprintf(line, sizeof line, "device idle %.3f ms/step between records; the largest, by the kernels around them:\n",
-                idle / steps);
+  std::snprintf(line, sizeof line,
+                "device idle %.3f ms/step between records; the largest, by the kernels around them:\n", idle / steps);
   os << line;
   for (size_t i = 0; i < gaps.size() && i < 8; ++i) {
     std::snprintf(line, sizeof line, "  %8.3f ms/step %6.1f/step max %7.1f us  %.36s -> %.36s\n",

@@ -57,7 +57,8 @@ const char* attention_kernel_name(AttentionKernel kernel);
 // Whether the tensor-core backward (every dtype) runs in one pass (dq added over the key blocks by f32
 // atomics into an f32 [B*H, L, D] scratch: fewer products, a run-dependent summation order) or
 // in two (dq by its own pass, bit-identical run to run). Two under set_deterministic(true);
-// MG_ATTENTION_BWD=auto|onepass|twopass overrides it otherwise (A/B comparisons).
+// MG_ATTENTION_BWD=auto|onepass|twopass overrides it otherwise (A/B comparisons). One pass is
+// then taken where it is the faster (every dtype and head dim but f32 as TF32 pairs at D = 128).
 bool flash_backward_one_pass();
 
 }  // namespace mg::kernels

@@ -532,7 +532,7 @@ void CudaBackend::flash_attention_backward(AttentionKernel kernel, const Tensor&
                        layout_of(grad_k),
                        layout_of(grad_v)};
       Tensor dq_acc;  // the one pass's f32 dq sums (16-byte aligned: the allocator's blocks are 512)
-      if (L > 0 && one_pass) {
+      if (L > 0 && one_pass && attention_tc_one_pass_pays(a.elem, Di)) {
         dq_acc = empty({BH, L, D}, {DType::f32, q.device()});
         a.dq_acc = ptr<float>(dq_acc);
       }

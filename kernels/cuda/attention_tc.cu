@@ -706,6 +706,8 @@ unsigned blocks_of(int64_t rows, int per_block) { return static_cast<unsigned>((
 
 bool attention_tc_head_dim_ok(int64_t D) { return D == 64 || D == 128; }
 
+bool attention_tc_one_pass_pays(TcElem elem, int D) { return !(elem == TcElem::f32x3 && D == 128); }
+
 cudaError_t attention_tc_forward(const TcForwardArgs& a, cudaStream_t stream) {
   return dispatch(a.elem, a.D, [&](auto tag, auto dim, auto x3) -> cudaError_t {
     using T = decltype(tag);
@@ -737,24 +739,28 @@ cudaError_t attention_tc_backward(const TcBackwardArgs& a, cudaStream_t stream) 
     const T *q = static_cast<const T*>(a.q), *k = static_cast<const T*>(a.k);
     const T *v = static_cast<const T*>(a.v), *dout = static_cast<const T*>(a.dout);
     const unsigned key_blocks = blocks_of(a.S, BwdTiles<T, kD>::kRows);
-    if (a.dq_acc != nullptr) {  // one pass: dk, dv and dq_acc by atomics, then dq from dq_acc
-      const int64_t n = a.BH * a.L * kD;
-      if (cudaError_t e = cudaMemsetAsync(a.dq_acc, 0, sizeof(float) * n, stream); e != cudaSuccess) return e;
-      auto run = [&](auto kernel, size_t bytes) -> cudaError_t {
-        if (cudaError_t e = allow_smem(kernel, bytes); e != cudaSuccess) return e;
-        return for_head_chunks(a.BH, [&](int64_t b0, unsigned nb) {
-          kernel<<<dim3(key_blocks, nb), kThreads, bytes, stream>>>(
-              q, k, v, dout, a.lse, a.delta, static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.dq_acc, lq, lk, lv, ldo,
-              ldk, ldv, b0, a.L, a.S, a.scale, sl2, a.causal);
-        });
-      };
-      constexpr size_t smem1 = bwd_smem<T, kD, true>();
-      if (cudaError_t e = run(tc_bwd_dkdv_kernel<T, kD, kX3, true>, smem1); e != cudaSuccess || a.L == 0) return e;
-      const int64_t n4 = n / 4, threads = 256;
-      const unsigned grid = static_cast<unsigned>(std::min<int64_t>((n4 + threads - 1) / threads, 4096));
-      tc_bwd_dq_finish_kernel<T, kD>
-          <<<grid, threads, 0, stream>>>(a.dq_acc, static_cast<T*>(a.dq), ldq, a.L, n4, a.scale);
-      return cudaGetLastError();
+    // One pass: dk, dv and dq_acc by atomics, then dq from dq_acc; where it does not pay
+    // (attention_tc_one_pass_pays) dq_acc is ignored and the kernel not even compiled.
+    if constexpr (!(kX3 && kD == 128)) {
+      if (a.dq_acc != nullptr) {
+        const int64_t n = a.BH * a.L * kD;
+        if (cudaError_t e = cudaMemsetAsync(a.dq_acc, 0, sizeof(float) * n, stream); e != cudaSuccess) return e;
+        auto run = [&](auto kernel, size_t bytes) -> cudaError_t {
+          if (cudaError_t e = allow_smem(kernel, bytes); e != cudaSuccess) return e;
+          return for_head_chunks(a.BH, [&](int64_t b0, unsigned nb) {
+            kernel<<<dim3(key_blocks, nb), kThreads, bytes, stream>>>(
+                q, k, v, dout, a.lse, a.delta, static_cast<T*>(a.dk), static_cast<T*>(a.dv), a.dq_acc, lq, lk, lv, ldo,
+                ldk, ldv, b0, a.L, a.S, a.scale, sl2, a.causal);
+          });
+        };
+        constexpr size_t smem1 = bwd_smem<T, kD, true>();
+        if (cudaError_t e = run(tc_bwd_dkdv_kernel<T, kD, kX3, true>, smem1); e != cudaSuccess || a.L == 0) return e;
+        const int64_t n4 = n / 4, threads = 256;
+        const unsigned grid = static_cast<unsigned>(std::min<int64_t>((n4 + threads - 1) / threads, 4096));
+        tc_bwd_dq_finish_kernel<T, kD>
+            <<<grid, threads, 0, stream>>>(a.dq_acc, static_cast<T*>(a.dq), ldq, a.L, n4, a.scale);
+        return cudaGetLastError();
+      }
     }
     if (cudaError_t e = allow_smem(tc_bwd_dkdv_kernel<T, kD, kX3>, smem); e != cudaSuccess) return e;
     if (cudaError_t e = allow_smem(tc_bwd_dq_kernel<T, kD, kX3>, smem); e != cudaSuccess) return e;

@@ -64,7 +64,7 @@ struct TcForwardArgs {
 // (dk = dv = 0 for keys no query sees). dq_acc: null for the two-pass backward (dq by a pass of
 // its own: deterministic); else f32 scratch of BH * L * D elements, 16-byte aligned, for the one
 // pass (dq summed over the key blocks by f32 atomics, in a run-dependent order), which
-// attention_tc_backward zeroes itself.
+// attention_tc_backward zeroes itself (ignored where attention_tc_one_pass_pays is false).
 struct TcBackwardArgs {
   TcElem elem;
   const void* q;
@@ -86,6 +86,12 @@ struct TcBackwardArgs {
 
 // True for the head dims the tensor-core kernels are compiled for (64, 128), every TcElem.
 bool attention_tc_head_dim_ok(int64_t D);
+
+// Whether the one-pass backward (TcBackwardArgs::dq_acc) beats two passes for this element type
+// and head dim on the H200 (docs/attention.md): everywhere but TF32 pairs at D = 128, where the
+// one-pass kernel needs more than 255 registers and spills (B8 H8 T1024 forward + backward:
+// 4.26 / 6.19 ms causal / full against 4.15 / 5.73 in two passes).
+bool attention_tc_one_pass_pays(TcElem elem, int D);
 
 // Launch on `stream`; return the launch error (cudaSuccess when all launched). L, S >= 1.
 cudaError_t attention_tc_forward(const TcForwardArgs& a, cudaStream_t stream);
