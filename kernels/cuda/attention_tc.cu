@@ -523,8 +523,9 @@ __global__ void __launch_bounds__(kThreads, BwdTiles<T, kD>::kMinBlocks)
     mma_pb<T, kM, kBr / 16, kD, kX3>(gk, dpt, Qs);
     if constexpr (kDq) {
       // dQ_t needs all kRows keys of dS_t, which four warps hold: dS^T goes through shared
-      // memory, over Q_t (the dK product above was its last reader; the loop's barrier keeps the
-      // next fetch into it waiting until every warp is past the product below). Rounded to T
+      // memory, in a buffer of its own (ds_own_buffer) or else over Q_t, whose last reader is
+      // the dK product above. Either way the loop's top barrier keeps the next tile's writes
+      // (dS^T, or the fetch into Q's buffer) behind every warp's product below. Rounded to T
       // as for dK. Keys past S have K = 0 but a nonzero dS: they are zeroed to keep the sum clean.
       constexpr int kLdS = ld_of<T, kBr>();
       static_assert(kRows * kLdS <= kBr * kLd, "dS^T fits in a query tile");
