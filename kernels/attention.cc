@@ -3,6 +3,7 @@
 #include "kernels/attention.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -103,15 +104,23 @@ bool tc_aligned(const Tensor& h) {
   return true;
 }
 
-// MG_ATTENTION_KERNEL, read on every call so a test or a benchmark can switch it at run time
-// (getenv costs nothing next to a kernel launch).
-std::string_view forced_kernel() {
-  const char* env = std::getenv("MG_ATTENTION_KERNEL");
+// An A/B switch read from the environment on every call, so a test or a benchmark can flip it
+// at run time (getenv costs nothing next to a kernel launch): "auto" when unset, else one of
+// `choices` ("auto" first), or mg::ValueError listing them.
+std::string_view env_choice(const char* name, std::initializer_list<std::string_view> choices) {
+  const char* env = std::getenv(name);
   const std::string_view want = env ? env : "auto";
-  MG_CHECK(want == "auto" || want == "composed" || want == "simt" || want == "tc", ValueError,
-           "attention: MG_ATTENTION_KERNEL must be auto, composed, simt or tc, got '", want, "'");
-  return want;
+  for (std::string_view c : choices)
+    if (want == c) return want;
+  std::string list;  // "a, b, c or d"
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (i > 0) list += i + 1 == choices.size() ? " or " : ", ";
+    list += choices.begin()[i];
+  }
+  MG_THROW(ValueError, "attention: ", name, " must be ", list, ", got '", want, "'");
 }
+
+std::string_view forced_kernel() { return env_choice("MG_ATTENTION_KERNEL", {"auto", "composed", "simt", "tc"}); }
 
 // An input as the kernels' [B, H, n, e] layout of dtype dt: the tensor itself when its strides
 // allow, else (another dtype, a non-unit head stride, misaligned for the tensor cores) a
@@ -242,10 +251,7 @@ AttentionKernel attention_kernel(const Tensor& q, const Tensor& k, const Tensor&
 }
 
 bool flash_backward_one_pass() {
-  const char* env = std::getenv("MG_ATTENTION_BWD");
-  const std::string_view want = env ? env : "auto";
-  MG_CHECK(want == "auto" || want == "onepass" || want == "twopass", ValueError,
-           "attention: MG_ATTENTION_BWD must be auto, onepass or twopass, got '", want, "'");
+  const std::string_view want = env_choice("MG_ATTENTION_BWD", {"auto", "onepass", "twopass"});
   return !deterministic() && want != "twopass";
 }
 

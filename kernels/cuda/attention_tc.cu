@@ -17,12 +17,12 @@
 //            dkdv: rows = 64 keys, tiles of queries; S^T = K Q^T and dP^T = V dO^T in
 //                  registers, P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta), then
 //                  dV += P^T dO and dK += dS^T Q straight from the accumulators; dS^T goes
-//                  to shared memory (over the consumed Q tile) and the block adds
+//                  to shared memory (ds_own_buffer says where) and the block adds
 //                  dQ_t += dS_t K into an f32 scratch by f32 atomics; a last small kernel
 //                  scales and rounds it into dq.
-//            Five products a tile. The summation order of dq changes from run to run, so
-//            under set_deterministic(true) the caller asks for two passes instead, as in the
-//            SIMT version: dkdv without the dQ step, then
+//            Five products a tile (one_pass_pays: not TF32 pairs at D = 128). The summation
+//            order of dq changes from run to run, so under set_deterministic(true) the caller
+//            asks for two passes instead, as in the SIMT version: dkdv without the dQ step, then
 //            dq:   rows = 64 queries, tiles of keys; S, dP, dS likewise, dQ += dS K,
 //            which recomputes Q K^T and dO V^T (7 products a tile instead of 5) but writes
 //            every gradient once, bit-identical run to run, with no f32 scratch.
@@ -416,6 +416,12 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------- backward
 
 template <class T, int kD>
+constexpr size_t bwd_smem() {  // two row blocks + two double-buffered tiles (+ lse, delta for dkdv)
+  using C = BwdTiles<T, kD>;
+  return sizeof(T) * 2 * (C::kRows + 2 * C::kN) * ld_of<T, kD>() + sizeof(float) * 4 * C::kN;
+}
+
+template <class T, int kD>
 constexpr size_t ds_bytes() {  // the one pass's dS^T tile: kRows keys x kN queries
   return sizeof(T) * BwdTiles<T, kD>::kRows * ld_of<T, BwdTiles<T, kD>::kN>();
 }
@@ -425,22 +431,18 @@ constexpr size_t ds_bytes() {  // the one pass's dS^T tile: kRows keys x kN quer
 // consumed Q tile, which f32 at D = 64 does (2 x 122 KiB would not fit). On the H200, B8 H12
 // T1024 D64 bf16 causal forward + backward: 0.364 ms against 0.374 over Q.
 template <class T, int kD>
-constexpr bool ds_own_buffer();
-
-template <class T, int kD, bool kDq = false>
-constexpr size_t bwd_smem() {  // two row blocks + two double-buffered tiles (+ lse, delta for dkdv)
-  using C = BwdTiles<T, kD>;
-  const size_t base = sizeof(T) * 2 * (C::kRows + 2 * C::kN) * ld_of<T, kD>() + sizeof(float) * 4 * C::kN;
-  if constexpr (kDq) {
-    if (ds_own_buffer<T, kD>()) return base + ds_bytes<T, kD>();
-  }
-  return base;
-}
-
-template <class T, int kD>
 constexpr bool ds_own_buffer() {
   return (bwd_smem<T, kD>() + ds_bytes<T, kD>()) * BwdTiles<T, kD>::kMinBlocks <= 227 * 1024;
 }
+
+template <class T, int kD>
+constexpr size_t one_pass_smem() {
+  return bwd_smem<T, kD>() + (ds_own_buffer<T, kD>() ? ds_bytes<T, kD>() : 0);
+}
+
+// Where the one pass beats two on the H200 (attention_tc_one_pass_pays): everywhere but TF32
+// pairs at D = 128, whose one-pass kernel needs more than 255 registers and spills.
+constexpr bool one_pass_pays(bool x3, int D) { return !(x3 && D == 128); }
 
 // Rows = keys [j0, j0 + kRows), tiles of queries; writes dk and dv of the block's keys. With kDq
 // (the one-pass backward) it also adds each query tile's dQ_t += dS_t K (unscaled) into dq_acc, f32
@@ -707,7 +709,7 @@ unsigned blocks_of(int64_t rows, int per_block) { return static_cast<unsigned>((
 
 bool attention_tc_head_dim_ok(int64_t D) { return D == 64 || D == 128; }
 
-bool attention_tc_one_pass_pays(TcElem elem, int D) { return !(elem == TcElem::f32x3 && D == 128); }
+bool attention_tc_one_pass_pays(TcElem elem, int D) { return one_pass_pays(elem == TcElem::f32x3, D); }
 
 cudaError_t attention_tc_forward(const TcForwardArgs& a, cudaStream_t stream) {
   return dispatch(a.elem, a.D, [&](auto tag, auto dim, auto x3) -> cudaError_t {
@@ -741,8 +743,8 @@ cudaError_t attention_tc_backward(const TcBackwardArgs& a, cudaStream_t stream) 
     const T *v = static_cast<const T*>(a.v), *dout = static_cast<const T*>(a.dout);
     const unsigned key_blocks = blocks_of(a.S, BwdTiles<T, kD>::kRows);
     // One pass: dk, dv and dq_acc by atomics, then dq from dq_acc; where it does not pay
-    // (attention_tc_one_pass_pays) dq_acc is ignored and the kernel not even compiled.
-    if constexpr (!(kX3 && kD == 128)) {
+    // dq_acc is ignored and the kernel not even compiled.
+    if constexpr (one_pass_pays(kX3, kD)) {
       if (a.dq_acc != nullptr) {
         const int64_t n = a.BH * a.L * kD;
         if (cudaError_t e = cudaMemsetAsync(a.dq_acc, 0, sizeof(float) * n, stream); e != cudaSuccess) return e;
@@ -754,8 +756,9 @@ cudaError_t attention_tc_backward(const TcBackwardArgs& a, cudaStream_t stream) 
                 ldk, ldv, b0, a.L, a.S, a.scale, sl2, a.causal);
           });
         };
-        constexpr size_t smem1 = bwd_smem<T, kD, true>();
-        if (cudaError_t e = run(tc_bwd_dkdv_kernel<T, kD, kX3, true>, smem1); e != cudaSuccess || a.L == 0) return e;
+        if (cudaError_t e = run(tc_bwd_dkdv_kernel<T, kD, kX3, true>, one_pass_smem<T, kD>());
+            e != cudaSuccess || a.L == 0)
+          return e;
         const int64_t n4 = n / 4, threads = 256;
         const unsigned grid = static_cast<unsigned>(std::min<int64_t>((n4 + threads - 1) / threads, 4096));
         tc_bwd_dq_finish_kernel<T, kD>
