@@ -55,12 +55,27 @@ Tensor sdpa_composed(const Tensor& q, const Tensor& k, const Tensor& v, bool cau
 }
 
 namespace {
+// A replay's kept attention output must have the shape this call would make: [..., L, Ev].
+void check_kept(const char* op, const Tensor& out, Shape want, int64_t ev) {
+  want.back() = ev;
+  MG_CHECK(out.sizes() == want, AutogradError, op, ": the checkpoint replay's kept output has shape ",
+           shape_str(out.sizes()), ", this call makes ", shape_str(want),
+           " (the region must be a function of its inputs)");
+}
+
 // The memory-efficient path: the node saves q, k, v, out and the per-row logsumexp
 // ([..., L] f32), never the [L, S] probabilities; backward recomputes them tile by tile.
 // Its backward is a kernel, not differentiable ops, so no double backward through it.
 Tensor flash_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
   constexpr const char* op = "scaled_dot_product_attention";
-  auto [out, lse] = kernels::flash_attention_forward(q, k, v, causal, scale);
+  Tensor out, lse;
+  if (auto kept = autograd::stash_take("attention"); !kept.empty()) {  // a checkpoint replay
+    out = kept[0], lse = kept[1];
+    check_kept(op, out, q.sizes(), v.size(-1));
+  } else {
+    std::tie(out, lse) = kernels::flash_attention_forward(q, k, v, causal, scale);
+    autograd::stash_put("attention", {out, lse});
+  }
   if (!any_requires_grad({q, k, v})) return out;
   record(op, {q, k, v}, out,
          [causal, scale, sq = SavedTensor(q, op), sk = SavedTensor(k, op), sv = SavedTensor(v, op),
@@ -123,10 +138,16 @@ Tensor attention_packed_qkv(const Tensor& qkv, int64_t num_heads, bool causal, d
     return y.transpose(1, 2).reshape({B, T, C});
   }
   const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(D));
-  Tensor y = empty({B, T, C}, {qkv.dtype(), qkv.device()});
-  // y's [B, H, T, D] view: the kernels write each head's rows into its columns of y.
-  Tensor lse =
-      kernels::flash_attention_forward_out(q, k, v, raw::transpose(raw::view(y, {B, T, H, D}), 1, 2), causal, s);
+  Tensor y, lse;
+  if (auto kept = autograd::stash_take("attention"); !kept.empty()) {  // a checkpoint replay
+    y = kept[0], lse = kept[1];
+    check_kept(op, y, {B, T, C}, C);
+  } else {
+    y = empty({B, T, C}, {qkv.dtype(), qkv.device()});
+    // y's [B, H, T, D] view: the kernels write each head's rows into its columns of y.
+    lse = kernels::flash_attention_forward_out(q, k, v, raw::transpose(raw::view(y, {B, T, H, D}), 1, 2), causal, s);
+    autograd::stash_put("attention", {y, lse});
+  }
   if (!any_requires_grad({qkv})) return y;
   record(
       op, {qkv}, y,

@@ -10,6 +10,15 @@ namespace mg {
 
 namespace {
 Tensor mT(const Tensor& t) { return raw::transpose(t, -1, -2); }
+
+// A checkpoint replay's kept output of a linear layer must be x's shape with `out_features` last.
+void check_kept(const char* op, const Tensor& out, const Tensor& x, int64_t out_features) {
+  Shape want = x.sizes();
+  if (!want.empty()) want.back() = out_features;
+  MG_CHECK(out.sizes() == want, AutogradError, op, ": the checkpoint replay's kept output has shape ",
+           shape_str(out.sizes()), ", this call makes ", shape_str(want),
+           " (the region must be a function of its inputs)");
+}
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -65,7 +74,14 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   if (autocast::lower_needed({&x, &w, &bias}))
     return linear(autocast::lower(x), autocast::lower(w), autocast::lower(bias));
-  Tensor out = kernels::linear(x, w, bias);
+  Tensor out;
+  if (auto kept = autograd::stash_take("linear"); !kept.empty()) {  // a checkpoint replay
+    out = kept[0];
+    check_kept("linear", out, x, w.size(0));
+  } else {
+    out = kernels::linear(x, w, bias);
+    autograd::stash_put("linear", {out});
+  }
   if (!any_requires_grad({x, w, bias})) return out;
   const bool need_x = needs_grad(x), need_w = needs_grad(w), need_b = needs_grad(bias);
   record("linear", {x, w, bias}, out,
@@ -90,7 +106,16 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
     return gelu_mlp(autocast::lower(x), autocast::lower(w_fc), autocast::lower(b_fc), autocast::lower(w_proj),
                     autocast::lower(b_proj));
   auto [h, pre] = kernels::linear_gelu(x, w_fc, b_fc);  // h = gelu(pre), pre = x @ w_fc^T + b_fc
-  Tensor out = kernels::linear(h, w_proj, b_proj);
+  // In a checkpoint replay that kept the output, c_fc and the GELU still run (backward needs
+  // pre and h, bitwise those of the forward); c_proj's GEMM does not.
+  Tensor out;
+  if (auto kept = autograd::stash_take("gelu_mlp"); !kept.empty()) {
+    out = kept[0];
+    check_kept("gelu_mlp", out, x, w_proj.size(0));
+  } else {
+    out = kernels::linear(h, w_proj, b_proj);
+    autograd::stash_put("gelu_mlp", {out});
+  }
   if (!any_requires_grad({x, w_fc, b_fc, w_proj, b_proj})) return out;
   const std::array<bool, 5> need{needs_grad(x), needs_grad(w_fc), needs_grad(b_fc), needs_grad(w_proj),
                                  needs_grad(b_proj)};

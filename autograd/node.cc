@@ -57,6 +57,67 @@ void check_inplace_allowed(const Tensor& t, const char* op) {
 thread_local RecomputeHook recompute_hook = nullptr;
 thread_local RecomputeQuery recompute_query = nullptr;
 
+// ---------------- RegionStash ----------------
+
+thread_local RegionStash* region_stash = nullptr;
+namespace {
+thread_local int64_t t_stash_reuses = 0;
+}
+
+RegionStash::RegionStash(std::vector<std::string> ops, std::string region)
+    : ops_(std::move(ops)), region_(std::move(region)) {}
+
+bool RegionStash::keeps(const char* op) const {
+  for (const std::string& o : ops_)
+    if (o == op) return true;
+  return false;
+}
+
+void RegionStash::put(const char* op, const std::vector<Tensor>& outs) {
+  Entry e{op, {}};
+  for (const Tensor& t : outs) e.outs.emplace_back(t, op);
+  entries_.push_back(std::move(e));
+}
+
+std::vector<Tensor> RegionStash::take(const char* op) {
+  MG_CHECK(next_ < entries_.size() && std::string(entries_[next_].op) == op, AutogradError, region_,
+           ": the replay called ", op, " where the forward kept ",
+           next_ < entries_.size() ? std::string(entries_[next_].op) + "'s outputs" : std::string("nothing more"),
+           " (entry ", next_, " of ", entries_.size(), "; the region must be a function of its inputs)");
+  std::vector<Tensor> out;
+  for (SavedTensor& s : entries_[next_].outs) out.push_back(s.unpack()), s.reset();
+  ++next_;
+  ++t_stash_reuses;
+  return out;
+}
+
+void RegionStash::start_replay() {
+  replaying_ = true;
+  next_ = 0;
+}
+
+void RegionStash::finish_replay() {
+  const size_t taken = next_, kept = entries_.size();
+  entries_.clear();
+  replaying_ = false;
+  next_ = 0;
+  MG_CHECK(taken == kept, AutogradError, region_, ": the replay took ", taken, " of the ", kept,
+           " kept op outputs (the region must be a function of its inputs)");
+}
+
+std::vector<Tensor> stash_take(const char* op) {
+  RegionStash* s = region_stash;
+  if (!s || !s->replaying() || !s->keeps(op)) return {};
+  return s->take(op);
+}
+
+void stash_put(const char* op, const std::vector<Tensor>& outs) {
+  RegionStash* s = region_stash;
+  if (s && !s->replaying() && s->keeps(op)) s->put(op, outs);
+}
+
+int64_t stash_reuse_count() { return t_stash_reuses; }
+
 // ---------------- SavedTensor ----------------
 
 SavedTensor::SavedTensor(const Tensor& t, const char* op) : op_(op), was_defined_(t.defined()) {

@@ -154,6 +154,48 @@ extern thread_local RecomputeHook recompute_hook;
 using RecomputeQuery = bool (*)(const char* op);
 extern thread_local RecomputeQuery recompute_query;
 
+// Selective activation checkpointing (CheckpointOptions::keep_ops in autograd/recompute.h):
+// the outputs a checkpoint region keeps from its forward, so that its replay takes them instead
+// of running those ops again (PyTorch's selective activation checkpoint, MUST_SAVE). While such
+// a region runs its forward, region_stash points at its stash and the ops it names put their
+// outputs in, in call order; while it replays, the same calls take them back out in the same
+// order. The entries are SavedTensors: version-checked, and offloaded under an OffloadScope.
+class RegionStash {
+ public:
+  explicit RegionStash(std::vector<std::string> ops, std::string region);
+  bool keeps(const char* op) const;
+  bool replaying() const { return replaying_; }
+  void put(const char* op, const std::vector<Tensor>& outs);
+  // The next entry, which must be `op`'s (AutogradError otherwise: the replay called other ops
+  // than the forward, so the region was not a function of its inputs).
+  std::vector<Tensor> take(const char* op);
+  void start_replay();
+  // After the replay: every entry was taken (AutogradError otherwise); the stash is emptied.
+  void finish_replay();
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    const char* op;
+    std::vector<SavedTensor> outs;
+  };
+  std::vector<std::string> ops_;
+  std::string region_;
+  std::vector<Entry> entries_;
+  size_t next_ = 0;
+  bool replaying_ = false;
+};
+extern thread_local RegionStash* region_stash;
+
+// For the ops that take part ("attention", "gelu_mlp", "linear"): in a region's replay, the
+// outputs its forward kept for this call of `op` (empty when there is none to take).
+std::vector<Tensor> stash_take(const char* op);
+// In a region's forward that keeps `op`: keep `outs` for the replay (else nothing happens).
+void stash_put(const char* op, const std::vector<Tensor>& outs);
+// How many times this thread's replays took kept outputs instead of running the op (tests and
+// benches count what selective checkpointing saved).
+int64_t stash_reuse_count();
+
 // Checks an in-place op on `t` is allowed (not a leaf requiring grad while grad mode is on)
 // and bumps its version counter. `op` names the in-place op for the error message.
 void check_inplace(const Tensor& t, const char* op);

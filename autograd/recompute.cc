@@ -4,6 +4,7 @@
 #include "autograd/recompute.h"
 
 #include <atomic>
+#include <optional>
 #include <string>
 
 #include "autograd/engine.h"
@@ -30,6 +31,9 @@ class CheckpointNode final : public autograd::Node {
     rng_ = default_generator().get_state();
     autocast_ = autocast_state();
   }
+
+  // The forward's stash, when the region keeps op outputs (set by checkpoint() before fn runs).
+  std::shared_ptr<autograd::RegionStash> stash;
 
   std::string name() const override { return name_; }
   bool recomputes_outputs() const override { return opts_.recompute_outputs; }
@@ -61,6 +65,7 @@ class CheckpointNode final : public autograd::Node {
 
   void release_saved() override {
     saved_.clear();
+    stash.reset();
     fn_ = nullptr;
     replay_inputs_.clear();
     replay_outputs_.clear();
@@ -92,17 +97,28 @@ class CheckpointNode final : public autograd::Node {
     if (opts_.preserve_rng_state) gen.set_state(rng_);
     set_autocast_state(autocast_);
     std::vector<Tensor> out;
+    autograd::RegionStash* const stash_now = autograd::region_stash;
+    auto restore = [&] {
+      if (opts_.preserve_rng_state) gen.set_state(rng_now);
+      set_autocast_state(autocast_now);
+      autograd::region_stash = stash_now;
+    };
     try {
       EnableGradGuard grad(true);
       MemoryCategoryGuard category(MemoryCategory::Activations);
+      if (stash) {  // the kept op outputs stand in for those ops
+        stash->start_replay();
+        autograd::region_stash = stash.get();
+      }
       out = fn_(in);
+      if (stash) stash->finish_replay();
     } catch (...) {
-      if (opts_.preserve_rng_state) gen.set_state(rng_now);
-      set_autocast_state(autocast_now);
+      restore();
+      stash.reset();
       throw;
     }
-    if (opts_.preserve_rng_state) gen.set_state(rng_now);
-    set_autocast_state(autocast_now);
+    restore();
+    stash.reset();
     g_replays++;
     MG_CHECK(out.size() == num_outputs, AutogradError, name_, ": the replay returned ", out.size(),
              " outputs, the forward returned ", num_outputs, " (the region must be a function of its inputs)");
@@ -124,6 +140,18 @@ class CheckpointNode final : public autograd::Node {
   PhiloxState rng_;
   AutocastState autocast_;
   std::vector<Tensor> replay_inputs_, replay_outputs_;
+};
+
+// Points region_stash at a region's stash while its forward runs.
+class StashScope {
+ public:
+  explicit StashScope(autograd::RegionStash* s) : prev_(autograd::region_stash) { autograd::region_stash = s; }
+  ~StashScope() { autograd::region_stash = prev_; }
+  StashScope(const StashScope&) = delete;
+  StashScope& operator=(const StashScope&) = delete;
+
+ private:
+  autograd::RegionStash* prev_;
 };
 
 thread_local const RecomputePolicy* t_policy = nullptr;
@@ -188,8 +216,22 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
   MG_CHECK(fn != nullptr, ValueError, "checkpoint: fn is empty");
   if (!is_grad_enabled()) return fn(inputs);  // nothing to record: e.g. inside an outer region's forward
 
+  static const char* const keepable[] = {"attention", "gelu_mlp", "linear"};
+  for (const std::string& o : opts.keep_ops) {
+    bool ok = false;
+    for (const char* k : keepable) ok |= o == k;
+    MG_CHECK(ok, ValueError, opts.name ? opts.name : "checkpoint", ": keep_ops names \"", o,
+             "\", which no op keeps (known: attention, gelu_mlp, linear)");
+  }
   // The node is built before the forward runs so it captures the RNG state fn starts from.
   auto node = std::make_shared<CheckpointNode>(fn, opts, inputs);
+  // Inside another region (its forward or its replay) the outer stash stays in charge, so that
+  // the outer replay finds every output its forward kept.
+  std::optional<StashScope> stash_scope;
+  if (!opts.keep_ops.empty() && !autograd::region_stash) {
+    node->stash = std::make_shared<autograd::RegionStash>(opts.keep_ops, node->name());
+    stash_scope.emplace(node->stash.get());
+  }
   std::vector<Tensor> raw_out;
   bool needs_node = autograd::any_requires_grad(inputs);
   if (needs_node) {
@@ -202,10 +244,12 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
     raw_out = fn(inputs);
     for (const Tensor& o : raw_out) needs_node |= o.defined() && o.requires_grad();
   }
+  stash_scope.reset();
   std::vector<Tensor> out;
   out.reserve(raw_out.size());
   for (const Tensor& o : raw_out) out.push_back(o.defined() ? o.detach() : Tensor());
   raw_out.clear();
+  if (node->stash && node->stash->size() == 0) node->stash.reset();  // nothing was kept
   if (!needs_node) return out;
   autograd::record_node(node, inputs, out);
   return out;

@@ -21,6 +21,18 @@ struct CheckpointOptions {
   bool recompute_outputs = false;
   // Names the region in error messages and in the tape ("checkpoint" by default).
   const char* name = "checkpoint";
+  // Selective activation checkpointing: the op kinds whose outputs the region keeps from its
+  // forward, so that its replay takes them instead of running those ops again (PyTorch's
+  // create_selective_checkpoint_contexts with MUST_SAVE). The region then keeps its inputs plus
+  // these outputs, and the replay runs only the rest. Kinds that take part:
+  //   "attention": the flash kernels' output and logsumexp (attention_packed_qkv,
+  //                scaled_dot_product_attention); the replay skips the attention forward;
+  //   "gelu_mlp":  the fused MLP's output; the replay runs c_fc and the GELU its backward needs,
+  //                not c_proj;
+  //   "linear":    a linear's output; the replay skips its GEMM.
+  // Other names are a ValueError. A region inside another region (its forward or its replay)
+  // keeps what the outer region keeps, not its own list.
+  std::vector<std::string> keep_ops;
 };
 
 using CheckpointFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& inputs)>;

@@ -45,6 +45,9 @@
 //                      JSON line per model with max_batch and the tries
 //   --selective-ops L  selective recomputation of the op kinds in the comma-separated list L only
 //                      (e.g. gelu: " selective gelu")
+//   --keep-ops L       checkpointed blocks keep the outputs of the op kinds in L (attention,
+//                      gelu_mlp, linear: CheckpointOptions::keep_ops) and their replay skips
+//                      those ops (" keeping L")
 //   --head-chunk-rows N  rows of logits linear_cross_entropy makes at a time (default: ~512 MiB)
 //   --step-in-backward the optimizer steps inside backward, 32 MiB of parameters at a time
 //                      (optim::StepInBackward; " step in backward")
@@ -243,6 +246,7 @@ int main(int argc, char** argv) {
   bool channels_last = false;
   int64_t head_chunk_rows = 0;
   std::string selective_ops;  // comma-separated RecomputePolicy op kinds
+  std::string keep_ops;       // comma-separated CheckpointOptions::keep_ops of checkpointed blocks
   int checkpoint_blocks = 0, offload_blocks = 0;
   bool offload_auto = false;          // --offload-blocks auto: nn::plan_gpt_offload chooses
   int64_t offload_prefetch_mib = -1;  // -1: OffloadOptions' default
@@ -283,6 +287,8 @@ int main(int argc, char** argv) {
       offload_prefetch_mib = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--selective-ops"))
       selective_ops = argv[++i];
+    else if (!std::strcmp(argv[i], "--keep-ops"))
+      keep_ops = argv[++i];
     else if (!std::strcmp(argv[i], "--head-chunk-rows"))
       head_chunk_rows = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--memory-budget"))
@@ -369,11 +375,17 @@ int main(int argc, char** argv) {
     model->recompute.checkpoint_blocks = checkpoint;
     model->recompute.head_chunk_rows = head_chunk_rows;
     model->recompute.selective = selective || !selective_ops.empty();
-    for (size_t p = 0; p < selective_ops.size();) {
-      const size_t q = std::min(selective_ops.find(',', p), selective_ops.size());
-      model->recompute.selective_ops.push_back(selective_ops.substr(p, q - p));
-      p = q + 1;
-    }
+    auto split = [](const std::string& list) {
+      std::vector<std::string> out;
+      for (size_t p = 0; p < list.size();) {
+        const size_t q = std::min(list.find(',', p), list.size());
+        out.push_back(list.substr(p, q - p));
+        p = q + 1;
+      }
+      return out;
+    };
+    model->recompute.selective_ops = split(selective_ops);
+    model->recompute.keep_ops = split(keep_ops);
     if (offload_auto) {
       // The plan, and the model's prediction for every count, next to the measured rows.
       mg::nn::GPTOffloadPlan plan;
@@ -402,6 +414,7 @@ int main(int argc, char** argv) {
         model->recompute.block_mask[i] = true;
       variant += " checkpoint " + std::to_string(checkpoint_blocks) + " blocks";
     }
+    if (!keep_ops.empty()) variant += " keeping " + keep_ops;
     model->recompute.offload_blocks = offload_blocks;
     if (offload_blocks > 0 || offload_auto)
       variant += " offload " + std::to_string(offload_blocks) + " blocks" + (offload_auto ? " (planned)" : "");

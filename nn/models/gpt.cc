@@ -116,7 +116,9 @@ Tensor GPT::hidden(const Tensor& idx) {
     if (static_cast<int64_t>(i) == recompute.offload_blocks) offload.reset();
     if (recompute.checkpointed(static_cast<int64_t>(i))) {
       if (pending.defined()) x = add(x, pending), pending = Tensor();
-      x = checkpoint([b](const Tensor& in) { return (*b)(in); }, x);
+      CheckpointOptions opts;
+      opts.keep_ops = recompute.keep_ops;
+      x = checkpoint([b](const Tensor& in) { return (*b)(in); }, x, opts);
     } else {
       b->run_forward_pre_hooks();
       std::tie(x, pending) = b->forward_pending(x, pending);

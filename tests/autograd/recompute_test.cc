@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "autograd/engine.h"
+#include "autograd/node.h"
 #include "autograd/functions.h"
 #include "autograd/transformer_functions.h"
 #include "core/allocator.h"
@@ -288,17 +289,29 @@ TEST(SelectiveRecompute, CheapOpsGradientsBitwiseAndLessMemory) {
   EXPECT_LT(kept_selective, kept_plain / 2) << kept_selective << " vs " << kept_plain;
 }
 
+// gelu_mlp's parameters (c_fc [4d, d] and [4d], c_proj [d, 4d] and [d]) and an input [rows, d];
+// `all` is the parameters, then the input.
+struct MlpCase {
+  std::vector<Tensor> p, all;
+  Tensor x;
+  MlpCase(int64_t d, int64_t rows, uint64_t seed)
+      : p{param({4 * d, d}, DType::f64, seed), param({4 * d}, DType::f64, seed + 1),
+          param({d, 4 * d}, DType::f64, seed + 2), param({d}, DType::f64, seed + 3)},
+        all(p),
+        x(param({rows, d}, DType::f64, seed + 4)) {
+    all.push_back(x);
+  }
+};
+
 // gelu_mlp (the fused MLP node) under a policy that rebuilds gelu keeps its fusion and drops
 // its GELU output h, rebuilding gelu(pre) for c_proj's weight gradient: on the CPU the same
 // kernel on the same pre, so the gradients are bitwise the plain run's, and exactly h's bytes
 // (rows * 4d * 8) fewer are kept, with no region replayed.
 TEST(SelectiveRecompute, FusedMlpDropsItsGeluOutput) {
   const int64_t d = 16, rows = 64;
-  std::vector<Tensor> p{param({4 * d, d}, DType::f64, 11), param({4 * d}, DType::f64, 12),
-                        param({d, 4 * d}, DType::f64, 13), param({d}, DType::f64, 14)};
-  Tensor x = param({rows, d}, DType::f64, 15);
-  std::vector<Tensor> all = p;
-  all.push_back(x);
+  const MlpCase c(d, rows, 11);
+  const auto &p = c.p, &all = c.all;
+  const Tensor& x = c.x;
   auto run = [&](bool selective, int64_t* kept) {
     return run_selective(all, selective, kept, [&] { return gelu_mlp(x, p[0], p[1], p[2], p[3]); });
   };
@@ -316,6 +329,105 @@ TEST(SelectiveRecompute, UnknownOpKindIsAValueError) {
   RecomputePolicy p{{"relu"}};
   EXPECT_TRUE(p.recomputes("relu"));
   EXPECT_FALSE(p.recomputes("gelu"));
+}
+
+// Selective activation checkpointing: a region that keeps its linears' outputs replays only the
+// rest (the GELU, the dropout with the forward's mask, the residual add), so the two GEMMs run
+// once. The gradients are the plain run's bitwise: the kept outputs are the forward's own.
+TEST(CheckpointKeepOps, KeptLinearsAreTakenNotRecomputedAndGradientsAreBitwise) {
+  Block b(8, DType::f64, 60, 0.25);
+  Tensor x = param({6, 5, 8}, DType::f64, 7);
+  std::vector<Tensor> all = b.params();
+  all.push_back(x);
+  manual_seed(78);
+  sum(square(b(x))).backward();
+  auto want = grads_of(all);
+  clear_grads(all);
+
+  manual_seed(78);
+  CheckpointOptions opts;
+  opts.keep_ops = {"linear"};
+  const int64_t base = memory_allocated();
+  Tensor y = checkpoint([&](const Tensor& in) { return b(in); }, x, opts);
+  // Kept: the output y and the two linears' outputs (fc [6, 5, 32], proj [6, 5, 8]), f64.
+  EXPECT_LE(memory_allocated() - base, (x.numel() + 30 * 32 + x.numel()) * 8 + 3 * 4096);
+  const int64_t reuses = autograd::stash_reuse_count(), replays = checkpoint_replay_count();
+  sum(square(y)).backward();
+  EXPECT_EQ(checkpoint_replay_count() - replays, 1);
+  EXPECT_EQ(autograd::stash_reuse_count() - reuses, 2);  // both linears taken, not run
+  expect_bitwise(grads_of(all), want);
+}
+
+// The fused MLP keeping its output: the replay runs c_fc and the GELU (backward needs them) but
+// not c_proj's GEMM; the gradients are bitwise, and a region keeping nothing it runs still works.
+TEST(CheckpointKeepOps, FusedMlpKeepsItsOutput) {
+  const MlpCase c(16, 48, 21);
+  const auto &p = c.p, &all = c.all;
+  const Tensor& x = c.x;
+  auto mlp = [&](const Tensor& in) { return add(in, gelu_mlp(in, p[0], p[1], p[2], p[3])); };
+  sum(square(mlp(x))).backward();
+  auto want = grads_of(all);
+  for (const char* keep : {"gelu_mlp", "attention"}) {  // attention: kept nowhere here
+    clear_grads(all);
+    CheckpointOptions opts;
+    opts.keep_ops = {keep};
+    const int64_t reuses = autograd::stash_reuse_count();
+    sum(square(checkpoint(mlp, x, opts))).backward();
+    EXPECT_EQ(autograd::stash_reuse_count() - reuses, std::string(keep) == "gelu_mlp" ? 1 : 0) << keep;
+    expect_bitwise(grads_of(all), want);
+  }
+}
+
+// Nested regions keep what the outermost region keeps: the inner region's forward inside the
+// outer replay takes the outer forward's kept output, and its own replay later runs the op.
+TEST(CheckpointKeepOps, NestedRegionUsesTheOuterStash) {
+  Block b1(6, DType::f64, 70), b2(6, DType::f64, 80);
+  Tensor x = param({3, 6}, DType::f64, 8);
+  std::vector<Tensor> all = b1.params();
+  for (auto& t : b2.params()) all.push_back(t);
+  all.push_back(x);
+  sum(b2(b1(x))).backward();
+  auto want = grads_of(all);
+  clear_grads(all);
+  CheckpointOptions outer, inner;
+  outer.keep_ops = {"linear"};
+  inner.keep_ops = {"linear"};  // ignored inside the outer region
+  Tensor y = checkpoint(
+      [&](const Tensor& in) { return b2(checkpoint([&](const Tensor& i2) { return b1(i2); }, in, inner)); }, x, outer);
+  sum(y).backward();
+  expect_bitwise(grads_of(all), want);
+}
+
+TEST(CheckpointKeepOps, UnknownKindAndAReplayThatCallsOtherOpsAreErrors) {
+  Tensor x = param({4, 8}, DType::f64, 9), w = param({8, 8}, DType::f64, 10);
+  CheckpointOptions opts;
+  opts.keep_ops = {"matmul"};
+  try {
+    checkpoint([&](const Tensor& in) { return linear(in, w); }, x, opts);
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"matmul\""), std::string::npos) << e.what();
+  }
+  // The replay skips the linear the forward ran: one kept output left untaken.
+  opts.keep_ops = {"linear"};
+  int calls = 0;
+  Tensor y = checkpoint([&](const Tensor& in) { return ++calls == 1 ? tanh(linear(in, w)) : tanh(in); }, x, opts);
+  try {
+    sum(y).backward();
+    FAIL() << "expected AutogradError";
+  } catch (const AutogradError& e) {
+    EXPECT_NE(std::string(e.what()).find("took 0 of the 1 kept"), std::string::npos) << e.what();
+  }
+  // The replay runs one linear more than the forward did: nothing is kept for the second.
+  calls = 0;
+  Tensor z =
+      checkpoint([&](const Tensor& in) { return calls++ == 0 ? linear(in, w) : linear(linear(in, w), w); }, x, opts);
+  try {
+    sum(z).backward();
+    FAIL() << "expected AutogradError";
+  } catch (const AutogradError& e) {
+    EXPECT_NE(std::string(e.what()).find("nothing more"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Checkpoint, InPlaceOnSavedInputIsAnErrorAtBackward) {

@@ -10,6 +10,7 @@
 
 #include "autograd/recompute.h"
 #include "autograd/functions.h"
+#include "autograd/node.h"
 #include "core/allocator.h"
 #include "core/device_runtime.h"
 #include "core/random.h"
@@ -40,6 +41,37 @@ StepResult train_step(GPT& m, const Tensor& idx, const Tensor& targets) {
   return r;
 }
 
+// An f32 GPT on the first CUDA device with a batch of 4 sequences of block_size tokens.
+struct CudaGpt {
+  Generator g;
+  GPT m;
+  Tensor idx, targets;
+  CudaGpt(const GPTConfig& c, uint64_t seed)
+      : g(seed),
+        m(c, {DType::f32, Device::cuda(0)}, &g),
+        idx(randint(0, c.vocab_size, {4, c.block_size}, {DType::i64, Device::cuda(0)}, &g)),
+        targets(randint(0, c.vocab_size, {4, c.block_size}, {DType::i64, Device::cuda(0)}, &g)) {}
+  StepResult step() { return train_step(m, idx, targets); }
+};
+
+// A CUDA step against the plain one. Not bitwise: f32 atomics (the one-pass attention backward's
+// dQ, the embedding's scatter of repeated tokens) sum in another order each run. Such a sum has
+// at most B * T = 256 terms here, so it moves by at most 256 roundings of 2^-24 of its largest
+// partial sum, under 2e-5 of a gradient's scale; 1e-4 leaves room for that to pass through the
+// layers. The loss is a forward-only result of the same kernels: 1e-6 of it.
+void expect_within_rounding(const StepResult& r, const StepResult& plain, const std::string& what) {
+  EXPECT_NEAR(r.loss, plain.loss, 1e-6 * std::abs(plain.loss)) << what;
+  ASSERT_EQ(r.grads.size(), plain.grads.size()) << what;
+  for (size_t i = 0; i < r.grads.size(); ++i) {
+    double worst = 0, scale = 0;
+    for (size_t k = 0; k < r.grads[i].size(); ++k) {
+      worst = std::max(worst, static_cast<double>(std::abs(r.grads[i][k] - plain.grads[i][k])));
+      scale = std::max(scale, static_cast<double>(std::abs(plain.grads[i][k])));
+    }
+    EXPECT_LE(worst, 1e-4 * scale + 1e-7) << what << " param " << i;
+  }
+}
+
 TEST(GPTRecompute, AllModesMatchThePlainRunBitwise) {
   const GPTConfig c{.vocab_size = 64, .block_size = 16, .n_layer = 3, .n_head = 2, .n_embd = 32, .dropout = 0.1};
   Generator g(1);
@@ -50,7 +82,7 @@ TEST(GPTRecompute, AllModesMatchThePlainRunBitwise) {
     const char* name;
     GPTRecompute r;
   };
-  std::vector<Mode> modes(4);
+  std::vector<Mode> modes(5);
   modes[0] = {"per-block", {}};
   modes[0].r.checkpoint_blocks = true;
   modes[1] = {"selective", {}};
@@ -59,6 +91,10 @@ TEST(GPTRecompute, AllModesMatchThePlainRunBitwise) {
   modes[2].r.checkpoint_blocks = modes[2].r.selective = true;
   modes[3] = {"mask", {}};
   modes[3].r.block_mask = {true, false, true};
+  // On the CPU attention runs as plain ops (nothing to keep); the MLP and the linears keep.
+  modes[4] = {"per-block keeping attention, gelu_mlp, linear", {}};
+  modes[4].r.checkpoint_blocks = true;
+  modes[4].r.keep_ops = {"attention", "gelu_mlp", "linear"};
   for (const Mode& mode : modes) {
     m.recompute = mode.r;
     const StepResult r = train_step(m, idx, targets);
@@ -72,29 +108,41 @@ TEST(GPTRecompute, AllModesMatchThePlainRunBitwise) {
 
 TEST(GPTRecompute, CudaModesMatchThePlainRunWithinRounding) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const GPTConfig c{.vocab_size = 256, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .dropout = 0.1};
-  const Device dev = Device::cuda(0);
-  Generator g(2);
-  GPT m(c, {DType::f32, dev}, &g);
-  Tensor idx = randint(0, 256, {4, 64}, {DType::i64, dev}, &g),
-         targets = randint(0, 256, {4, 64}, {DType::i64, dev}, &g);
-  const StepResult plain = train_step(m, idx, targets);
+  CudaGpt t({.vocab_size = 256, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .dropout = 0.1}, 2);
+  GPT& m = t.m;
+  const StepResult plain = t.step();
   for (int mode = 0; mode < 3; ++mode) {
     m.recompute = {};
     m.recompute.checkpoint_blocks = mode != 1;
     m.recompute.selective = mode != 0;
-    const StepResult r = train_step(m, idx, targets);
-    EXPECT_NEAR(r.loss, plain.loss, 1e-6 * std::abs(plain.loss)) << "mode " << mode;
-    for (size_t i = 0; i < r.grads.size(); ++i) {
-      double worst = 0, scale = 0;
-      for (size_t k = 0; k < r.grads[i].size(); ++k) {
-        worst = std::max(worst, static_cast<double>(std::abs(r.grads[i][k] - plain.grads[i][k])));
-        scale = std::max(scale, static_cast<double>(std::abs(plain.grads[i][k])));
-      }
-      EXPECT_LE(worst, 1e-4 * scale + 1e-7) << "mode " << mode << " param " << i;
-    }
+    const StepResult r = t.step();
+    expect_within_rounding(r, plain, "mode " + std::to_string(mode));
     EXPECT_LT(r.kept, plain.kept) << "mode " << mode;
   }
+  m.recompute = {};
+}
+
+// Checkpointed blocks keeping the flash attention's and the MLP's outputs: the replay takes both
+// (two reuses a block) instead of running them, the gradients agree with the plain run within
+// the same rounding bound as above, and the forward keeps more than plain checkpointing and less
+// than no recomputation. Dropout 0: the flash kernels only run without it.
+TEST(GPTRecompute, CudaBlocksKeepingAttentionAndMlpOutputs) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const GPTConfig c{.vocab_size = 256, .block_size = 64, .n_layer = 3, .n_head = 4, .n_embd = 128};
+  CudaGpt t(c, 3);
+  GPT& m = t.m;
+  const StepResult plain = t.step();
+  m.recompute.checkpoint_blocks = true;
+  const StepResult ck = t.step();
+  m.recompute.keep_ops = {"attention", "gelu_mlp"};
+  const int64_t reuses = autograd::stash_reuse_count();
+  const StepResult kept = t.step();
+  EXPECT_EQ(autograd::stash_reuse_count() - reuses, 2 * c.n_layer);
+  expect_within_rounding(kept, plain, "keeping attention, gelu_mlp");
+  // Per block it keeps the attention output [4, 64, 128] f32, its logsumexp and the MLP output.
+  EXPECT_GT(kept.kept, ck.kept);
+  EXPECT_LT(kept.kept, plain.kept);
+  EXPECT_GE(kept.kept - ck.kept, c.n_layer * 2 * 4 * 64 * 128 * 4);
   m.recompute = {};
 }
 
