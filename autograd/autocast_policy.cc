@@ -72,7 +72,16 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
         !stale_node)
       return e.cast;
   }
-  Tensor c = t.to(dtype);
+  // In a checkpoint replay that kept the forward's casts (keep_ops "weight_casts"), the kept cast
+  // stands in for a new one: the same values, with the edge a fresh t.to(dtype) would record.
+  Tensor c = autograd::stash_take_cast(t, dtype);
+  if (c.defined())
+    autograd::record("to", {t}, c, [from = t.dtype()](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{kernels::cast(g[0], from)};
+    });
+  else
+    c = t.to(dtype);
+  autograd::stash_put_cast(t, c);
   tl_cache.entries[t.impl()] = Entry{t.impl_ptr(), t.version(), dtype, grad, c};
   return c;
 }

@@ -14,6 +14,10 @@ struct Node;
 struct AutogradMeta final : AutogradMetaInterface {
   bool requires_grad_ = false;
   bool retains_grad_ = false;
+  // Set on a leaf whose .grad only its owner reads, once, and nobody updates in place (a
+  // checkpoint replay's detached inputs): AccumulateGrad keeps the first gradient as it comes,
+  // without the defensive copy it makes of a buffer another path might still hold.
+  bool private_grad_ = false;
   std::shared_ptr<TensorImpl> grad_;
   std::shared_ptr<Node> grad_fn_;  // null for leaves
   uint32_t output_nr_ = 0;         // which output of grad_fn_ this tensor is

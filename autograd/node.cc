@@ -91,6 +91,23 @@ std::vector<Tensor> RegionStash::take(const char* op) {
   return out;
 }
 
+void RegionStash::put_cast(const Tensor& source, const Tensor& cast) {
+  for (const CastEntry& e : casts_)
+    if (e.source == source.impl() && e.cast.dtype() == cast.dtype()) return;  // the first cast stands
+  casts_.push_back({source.impl(), source.version(), cast.detach()});
+}
+
+Tensor RegionStash::take_cast(const Tensor& source, DType dtype) {
+  for (CastEntry& e : casts_)
+    if (e.source == source.impl() && e.cast.defined() && e.cast.dtype() == dtype) {
+      Tensor c = std::move(e.cast);
+      if (e.version != source.version()) return Tensor();  // the weight changed: cast it again
+      ++t_stash_reuses;
+      return c;
+    }
+  return Tensor();
+}
+
 void RegionStash::start_replay() {
   replaying_ = true;
   next_ = 0;
@@ -99,6 +116,7 @@ void RegionStash::start_replay() {
 void RegionStash::finish_replay() {
   const size_t taken = next_, kept = entries_.size();
   entries_.clear();
+  casts_.clear();  // casts are found by source: one the replay did not need is no error
   replaying_ = false;
   next_ = 0;
   MG_CHECK(taken == kept, AutogradError, region_, ": the replay took ", taken, " of the ", kept,
@@ -114,6 +132,17 @@ std::vector<Tensor> stash_take(const char* op) {
 void stash_put(const char* op, const std::vector<Tensor>& outs) {
   RegionStash* s = region_stash;
   if (s && !s->replaying() && s->keeps(op)) s->put(op, outs);
+}
+
+Tensor stash_take_cast(const Tensor& source, DType dtype) {
+  RegionStash* s = region_stash;
+  if (!s || !s->replaying() || !s->keeps("weight_casts")) return Tensor();
+  return s->take_cast(source, dtype);
+}
+
+void stash_put_cast(const Tensor& source, const Tensor& cast) {
+  RegionStash* s = region_stash;
+  if (s && !s->replaying() && s->keeps("weight_casts")) s->put_cast(source, cast);
 }
 
 int64_t stash_reuse_count() { return t_stash_reuses; }
@@ -265,8 +294,11 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     // Keep the incoming buffer only when nothing else can see it (no other path's gradient,
     // no view, dense); otherwise store a fresh copy so a later in-place update of .grad
     // (an optimizer, zero_grad) never writes into a gradient someone else holds.
-    const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && !g.impl()->autograd &&
-                           !g.impl()->view_base && g.is_contiguous() && g.offset() == 0;
+    // (The engine itself never writes into a gradient: it sums out of place.)
+    const AutogradMeta* m = meta(t);
+    const bool unshared = (m && m->private_grad_) || (g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1);
+    const bool exclusive =
+        unshared && !g.impl()->autograd && !g.impl()->view_base && g.is_contiguous() && g.offset() == 0;
     t.set_grad(exclusive ? g : raw::clone(g));
   } else {
     // Out of place: a grad captured earlier (e.g. by the user) keeps its value.

@@ -169,23 +169,39 @@ class RegionStash {
   // The next entry, which must be `op`'s (AutogradError otherwise: the replay called other ops
   // than the forward, so the region was not a function of its inputs).
   std::vector<Tensor> take(const char* op);
+  // "weight_casts": autocast's casts of leaf weights, found by their source (a weight used twice is
+  // cast once, and a replay may meet the cache in another state than the forward did).
+  void put_cast(const Tensor& source, const Tensor& cast);
+  // The forward's cast of `source` to `dtype`, if kept and `source` is unchanged since; else undefined.
+  Tensor take_cast(const Tensor& source, DType dtype);
   void start_replay();
   // After the replay: every entry was taken (AutogradError otherwise); the stash is emptied.
   void finish_replay();
-  size_t size() const { return entries_.size(); }
+  size_t size() const { return entries_.size() + casts_.size(); }
 
  private:
   struct Entry {
     const char* op;
     std::vector<SavedTensor> outs;
   };
+  struct CastEntry {
+    const TensorImpl* source;
+    uint32_t version;
+    Tensor cast;
+  };
   std::vector<std::string> ops_;
   std::string region_;
   std::vector<Entry> entries_;
+  std::vector<CastEntry> casts_;
   size_t next_ = 0;
   bool replaying_ = false;
 };
 extern thread_local RegionStash* region_stash;
+
+// autocast's weight casts ("weight_casts"): in a region's replay, the forward's cast of `source`
+// (undefined when there is none); in its forward, keep `cast` for the replay.
+Tensor stash_take_cast(const Tensor& source, DType dtype);
+void stash_put_cast(const Tensor& source, const Tensor& cast);
 
 // For the ops that take part ("attention", "gelu_mlp", "linear"): in a region's replay, the
 // outputs its forward kept for this call of `op` (empty when there is none to take).

@@ -85,7 +85,11 @@ class CheckpointNode final : public autograd::Node {
       Tensor t = saved_[i].unpack();
       if (t.defined()) {
         t = t.detach();
-        if (input_requires_grad_[i]) t.requires_grad_(true);
+        if (input_requires_grad_[i]) {
+          t.requires_grad_(true);
+          // apply() hands this .grad on once and drops the leaf: no copy of it is needed.
+          autograd::materialize_meta(t).private_grad_ = true;
+        }
       }
       in.push_back(std::move(t));
     }
@@ -216,12 +220,12 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
   MG_CHECK(fn != nullptr, ValueError, "checkpoint: fn is empty");
   if (!is_grad_enabled()) return fn(inputs);  // nothing to record: e.g. inside an outer region's forward
 
-  static const char* const keepable[] = {"attention", "gelu_mlp", "linear"};
+  static const char* const keepable[] = {"attention", "gelu_mlp", "linear", "weight_casts"};
   for (const std::string& o : opts.keep_ops) {
     bool ok = false;
     for (const char* k : keepable) ok |= o == k;
     MG_CHECK(ok, ValueError, opts.name ? opts.name : "checkpoint", ": keep_ops names \"", o,
-             "\", which no op keeps (known: attention, gelu_mlp, linear)");
+             "\", which no op keeps (known: attention, gelu_mlp, linear, weight_casts)");
   }
   // The node is built before the forward runs so it captures the RNG state fn starts from.
   auto node = std::make_shared<CheckpointNode>(fn, opts, inputs);

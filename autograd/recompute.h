@@ -29,7 +29,10 @@ struct CheckpointOptions {
   //                scaled_dot_product_attention); the replay skips the attention forward;
   //   "gelu_mlp":  the fused MLP's output; the replay runs c_fc and the GELU its backward needs,
   //                not c_proj;
-  //   "linear":    a linear's output; the replay skips its GEMM.
+  //   "linear":    a linear's output; the replay skips its GEMM;
+  //   "weight_casts": autocast's casts of the weights the region uses; the replay does not cast
+  //                them again. They then live until the region's backward (under autocast they
+  //                are alive through the forward anyway, in its cast cache).
   // Other names are a ValueError. A region inside another region (its forward or its replay)
   // keeps what the outer region keeps, not its own list.
   std::vector<std::string> keep_ops;

@@ -107,17 +107,29 @@ Tensor GPT::hidden(const Tensor& idx) {
   std::optional<OffloadScope> offload;
   if (recompute.offload_blocks > 0) offload.emplace(recompute.offload);
   Tensor x = embed(idx, 0);
-  // Between checkpointed blocks the residual add runs on its own; elsewhere it stays pending
-  // (x + pending) and is fused into the next layer norm, the last one into ln_f.
+  // The residual add stays pending (x + pending) and is fused into the next layer norm, the last
+  // one into ln_f. A checkpointed block that keeps its MLP output takes and returns the pair too:
+  // its pending output is that kept tensor, so the region holds nothing more for it. Other
+  // checkpointed blocks do the add and keep only the sum, one tensor of the residual stream.
+  CheckpointOptions opts;
+  opts.keep_ops = recompute.keep_ops;
+  const bool pass_pending = std::find(opts.keep_ops.begin(), opts.keep_ops.end(), "gelu_mlp") != opts.keep_ops.end();
   Tensor pending;
   const auto blocks = h->children();
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto* b = static_cast<TransformerBlock*>(blocks[i].get());
     if (static_cast<int64_t>(i) == recompute.offload_blocks) offload.reset();
-    if (recompute.checkpointed(static_cast<int64_t>(i))) {
+    if (recompute.checkpointed(static_cast<int64_t>(i)) && pass_pending) {
+      auto out = checkpoint(
+          [b](const std::vector<Tensor>& in) {
+            b->run_forward_pre_hooks();
+            auto [hh, m] = b->forward_pending(in[0], in[1]);
+            return std::vector<Tensor>{hh, m};
+          },
+          {x, pending}, opts);
+      x = out[0], pending = out[1];
+    } else if (recompute.checkpointed(static_cast<int64_t>(i))) {
       if (pending.defined()) x = add(x, pending), pending = Tensor();
-      CheckpointOptions opts;
-      opts.keep_ops = recompute.keep_ops;
       x = checkpoint([b](const Tensor& in) { return (*b)(in); }, x, opts);
     } else {
       b->run_forward_pre_hooks();

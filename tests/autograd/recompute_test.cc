@@ -378,6 +378,35 @@ TEST(CheckpointKeepOps, FusedMlpKeepsItsOutput) {
   }
 }
 
+// Under autocast the region's forward casts its f32 weights once (w1, b1, w2 to bf16); keeping
+// "weight_casts", the replay records those very casts instead of casting again: the gradients
+// are bitwise those of a plain checkpoint, three casts are reused, and the weights' gradients
+// still arrive in f32.
+TEST(CheckpointKeepOps, WeightCastsAreReusedUnderAutocast) {
+  Block b(8, DType::f32, 90);
+  Tensor x = param({6, 8}, DType::f32, 26);
+  std::vector<Tensor> all = b.params();
+  all.push_back(x);
+  auto run = [&](std::vector<std::string> keep) {
+    clear_grads(all);
+    CheckpointOptions opts;
+    opts.keep_ops = std::move(keep);
+    Tensor y;
+    {
+      Autocast ac(DeviceType::CPU, DType::bf16);
+      y = checkpoint([&](const Tensor& in) { return b(in); }, x, opts);
+    }
+    sum(y.to(DType::f32)).backward();
+    return grads_of(all);
+  };
+  auto want = run({});
+  const int64_t reuses = autograd::stash_reuse_count();
+  auto got = run({"weight_casts"});
+  EXPECT_EQ(autograd::stash_reuse_count() - reuses, 3);
+  expect_bitwise(got, want);
+  for (const Tensor& p : b.params()) EXPECT_EQ(p.grad().dtype(), DType::f32);
+}
+
 // Nested regions keep what the outermost region keeps: the inner region's forward inside the
 // outer replay takes the outer forward's kept output, and its own replay later runs the op.
 TEST(CheckpointKeepOps, NestedRegionUsesTheOuterStash) {
