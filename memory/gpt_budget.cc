@@ -13,21 +13,32 @@ std::vector<BudgetOption> gpt_memory_ladder(GPT& model, optim::StepInBackward* i
   const int64_t n = model.config.n_layer, off = std::clamp<int64_t>(offload_blocks, 0, n);
   const std::string sib = in_backward ? " step in backward" : "";
   const std::string offloaded = off > 0 ? " offload " + std::to_string(off) + " blocks" : "";
-  auto mode = [&model, in_backward, n, off](int64_t blocks, bool lean) {
+  static const std::vector<std::string> kKeep = {"attention", "gelu_mlp", "weight_casts"};
+  auto mode = [&model, in_backward, n, off](int64_t blocks, bool lean, bool keep, int64_t head_rows) {
     GPTRecompute r;
     r.block_mask.assign(n, false);
     for (int64_t i = 0; i < blocks; ++i) r.block_mask[off + i] = true;
     if (lean) r.selective = true, r.selective_ops = {"gelu"}, r.offload_blocks = off;
-    r.head_chunk_rows = blocks > 0 ? 2048 : 0;
+    if (keep) r.keep_ops = kKeep;
+    r.head_chunk_rows = head_rows;
     model.recompute = r;
     if (in_backward) in_backward->set_enabled(lean);
   };
   std::vector<BudgetOption> ladder;
-  ladder.push_back({"no recomputation", [mode] { mode(0, false); }});
-  ladder.push_back({"selective gelu" + sib + offloaded, [mode] { mode(0, true); }});
+  ladder.push_back({"no recomputation", [mode] { mode(0, false, false, 0); }});
+  ladder.push_back({"selective gelu" + sib + offloaded, [mode] { mode(0, true, false, 0); }});
+  // Blocks that keep their attention and MLP outputs first: each saves nearly what a plain
+  // checkpoint saves (GPT-2 at B=8: 0.17 GiB against 0.19) for half its replay time.
+  const std::string keeping = " keeping attention, gelu_mlp, weight_casts selective gelu";
   for (int64_t k = 1; k <= n - off; ++k)
-    ladder.push_back({"checkpoint " + std::to_string(k) + " blocks selective gelu head chunk 2048" + sib + offloaded,
-                      [mode, k] { mode(k, true); }});
+    ladder.push_back({"checkpoint " + std::to_string(k) + " blocks" + keeping + sib + offloaded,
+                      [mode, k] { mode(k, true, true, 0); }});
+  // Then the head in smaller chunks, and last the blocks keeping nothing but their inputs.
+  const int64_t all = n - off;
+  ladder.push_back({"checkpoint " + std::to_string(all) + " blocks" + keeping + " head chunk 2048" + sib + offloaded,
+                    [mode, all] { mode(all, true, true, 2048); }});
+  ladder.push_back({"checkpoint " + std::to_string(all) + " blocks selective gelu head chunk 2048" + sib + offloaded,
+                    [mode, all] { mode(all, true, false, 2048); }});
   return ladder;
 }
 

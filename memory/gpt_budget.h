@@ -12,12 +12,14 @@
 namespace mg::nn {
 
 // The rungs, in order (B=8 bf16 GPT-2 124M on the H200, docs/recompute.md: 4.80 GiB at
-// 20.4 ms down to 2.35 GiB at about +29 %):
+// about 20 ms down to about 2.35 GiB at about +29 %):
 //   0. no recomputation;
 //   1. selective recomputation of the GELU output only, with the optimizer step inside
 //      backward (when in_backward is given);
-//   2 .. n_layer + 1. the first 1 .. n_layer blocks checkpointed on top of rung 1, and the head's
-//      logits made 2048 rows at a time.
+//   2 .. n_layer + 1. the first 1 .. n_layer blocks checkpointed on top of rung 1, each keeping
+//      its attention and MLP outputs and its weight casts (GPTRecompute::keep_ops);
+//   n_layer + 2. every block so, and the head's logits made 2048 rows at a time;
+//   n_layer + 3. every block checkpointed keeping only its input, the head in 2048-row chunks.
 // With offload_blocks = m > 0, rungs 1 on also offload what the first m blocks save
 // (GPTRecompute::offload_blocks), and the checkpointed blocks are the ones after them (1 ..
 // n_layer - m). How many blocks offload hides depends on the host link: on the H200 (55 GB/s

@@ -156,15 +156,25 @@ TEST(GPTMemoryLadder, RungsSetTheirModesAndFitToBudgetChoosesOne) {
   optim::AdamW opt(m.parameters(), {});
   optim::StepInBackward sib(opt);
   const std::vector<BudgetOption> ladder = gpt_memory_ladder(m, &sib);
-  ASSERT_EQ(ladder.size(), 2u + 3u);
+  ASSERT_EQ(ladder.size(), 2u + 3u + 2u);
   EXPECT_EQ(ladder[0].name, "no recomputation");
-  EXPECT_EQ(ladder[3].name, "checkpoint 2 blocks selective gelu head chunk 2048 step in backward");
+  EXPECT_EQ(ladder[3].name,
+            "checkpoint 2 blocks keeping attention, gelu_mlp, weight_casts selective gelu step in backward");
   ladder[3].apply();
   EXPECT_EQ(m.recompute.block_mask, (std::vector<bool>{true, true, false}));
   EXPECT_TRUE(m.recompute.selective);
   EXPECT_EQ(m.recompute.selective_ops, std::vector<std::string>{"gelu"});
-  EXPECT_EQ(m.recompute.head_chunk_rows, 2048);
+  EXPECT_EQ(m.recompute.keep_ops, (std::vector<std::string>{"attention", "gelu_mlp", "weight_casts"}));
+  EXPECT_EQ(m.recompute.head_chunk_rows, 0);
   EXPECT_TRUE(sib.enabled());
+  ladder[5].apply();  // every block, keeping, the head in 2048-row chunks
+  EXPECT_EQ(m.recompute.block_mask, (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(m.recompute.head_chunk_rows, 2048);
+  EXPECT_EQ(m.recompute.keep_ops.size(), 3u);
+  ladder[6].apply();  // the smallest: every block keeping only its input
+  EXPECT_EQ(ladder[6].name, "checkpoint 3 blocks selective gelu head chunk 2048 step in backward");
+  EXPECT_TRUE(m.recompute.keep_ops.empty());
+  EXPECT_EQ(m.recompute.head_chunk_rows, 2048);
   ladder[0].apply();
   EXPECT_EQ(m.recompute.block_mask, (std::vector<bool>{false, false, false}));
   EXPECT_FALSE(m.recompute.selective);
@@ -173,10 +183,12 @@ TEST(GPTMemoryLadder, RungsSetTheirModesAndFitToBudgetChoosesOne) {
 
   // With offloaded blocks: the checkpointed ones come after them, one rung fewer.
   const std::vector<BudgetOption> off = gpt_memory_ladder(m, &sib, 1);
-  ASSERT_EQ(off.size(), 2u + 2u);
+  ASSERT_EQ(off.size(), 2u + 2u + 2u);
   EXPECT_EQ(off[1].name, "selective gelu step in backward offload 1 blocks");
   off[3].apply();
-  EXPECT_EQ(off[3].name, "checkpoint 2 blocks selective gelu head chunk 2048 step in backward offload 1 blocks");
+  EXPECT_EQ(off[3].name,
+            "checkpoint 2 blocks keeping attention, gelu_mlp, weight_casts selective gelu step in backward offload 1 "
+            "blocks");
   EXPECT_EQ(m.recompute.block_mask, (std::vector<bool>{false, true, true}));
   EXPECT_EQ(m.recompute.offload_blocks, 1);
   off[0].apply();
@@ -204,7 +216,7 @@ TEST(GPTMemoryLadder, RungsSetTheirModesAndFitToBudgetChoosesOne) {
   ASSERT_TRUE(r.fits()) << r.summary(last);
   EXPECT_GE(r.chosen, 1);
   EXPECT_LE(r.peaks[r.chosen].second, last);
-  const int64_t blocks = r.chosen - 1;
+  const int64_t blocks = std::min<int64_t>(r.chosen - 1, c.n_layer);  // the last two rungs: every block
   for (int64_t i = 0; i < c.n_layer; ++i) EXPECT_EQ(m.recompute.block_mask[i], i < blocks) << "block " << i;
   EXPECT_TRUE(sib.enabled());
 }
