@@ -338,13 +338,17 @@ bool flat_like(const Tensor& t, const Tensor& out) {
   return t.sizes() == out.sizes() && (out.is_contiguous() ? t.is_contiguous() : same_dense_layout(out, t));
 }
 
-// True when t (expanded to out's shape) is one contiguous row of out's last dim repeated:
-// unit stride along the last dim, stride 0 elsewhere.
-bool repeated_row(const Tensor& t, const Tensor& out) {
-  if (t.dim() != out.dim() || t.dim() < 2 || t.sizes() != out.sizes() || t.stride(-1) != 1) return false;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d)
-    if (t.stride(d) != 0 && t.size(d) != 1) return false;
-  return true;
+// When t (expanded to out's shape) is one contiguous block of out's trailing dims repeated over
+// its leading ones (stride 0 there: a bias [N] against [R, N], a position table [T, C] against
+// [B, T, C]), the block's element count; 0 otherwise.
+int64_t repeated_block(const Tensor& t, const Tensor& out) {
+  if (t.dim() != out.dim() || t.dim() < 2 || t.sizes() != out.sizes()) return 0;
+  int64_t d = t.dim() - 1, inner = 1;
+  for (; d >= 0 && (t.size(d) == 1 || t.stride(d) == inner); --d) inner *= t.size(d);  // the contiguous tail
+  if (inner == out.numel()) return 0;  // the whole tensor: flat, not repeated
+  for (int64_t e = d; e >= 0; --e)
+    if (t.stride(e) != 0 && t.size(e) != 1) return 0;
+  return inner;
 }
 
 constexpr int code(Binary op) { return static_cast<int>(op); }
@@ -398,8 +402,10 @@ void launch_binary_t(int op, Params p, const Tensor& a, const Tensor& b, const T
     return;
   }
   constexpr int V = kVec16<T> < kVec16<O> ? kVec16<T> : kVec16<O>;
-  const int64_t inner = out.dim() >= 2 ? out.size(-1) : 0;
-  const bool row_b = repeated_row(b, out) && flat_like(a, out), row_a = repeated_row(a, out) && flat_like(b, out);
+  const int64_t block_b = flat_like(a, out) ? repeated_block(b, out) : 0;
+  const int64_t block_a = flat_like(b, out) ? repeated_block(a, out) : 0;
+  const bool row_b = block_b > 0, row_a = !row_b && block_a > 0;
+  const int64_t inner = row_b ? block_b : block_a;
   if (out.is_contiguous() && (row_a || row_b) && inner % V == 0 && n / V < (int64_t{1} << 31) && aligned16(pa) &&
       aligned16(pb) && aligned16(po)) {
     const mg::cuda::FastDiv inner_v(static_cast<uint32_t>(inner / V));

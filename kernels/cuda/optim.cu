@@ -137,7 +137,33 @@ __global__ void adam_kernel(TensorListMeta<5> m, optim_math::AdamScalars<float> 
     step_size = static_cast<float>(ss);
     bc2_sqrt = static_cast<float>(bc);
   }
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+  // 16-byte loads and stores where every list is aligned at the chunk's start (the allocator's
+  // blocks are; a view at an odd offset is not), the same per-element math, the tail one at a time.
+  const uintptr_t bases = reinterpret_cast<uintptr_t>(p + begin) | reinterpret_cast<uintptr_t>(g + begin) |
+                          reinterpret_cast<uintptr_t>(ea + begin) | reinterpret_cast<uintptr_t>(eas + begin) |
+                          (vmax ? reinterpret_cast<uintptr_t>(vmax + begin) : 0);
+  int64_t tail = begin;
+  if ((bases & 15) == 0) {
+    tail = begin + ((end - begin) & ~int64_t{3});
+    for (int64_t i = begin + 4 * threadIdx.x; i < tail; i += 4 * blockDim.x) {
+      float4 pv = *reinterpret_cast<const float4*>(p + i), gv = *reinterpret_cast<const float4*>(g + i);
+      float4 mv = *reinterpret_cast<const float4*>(ea + i), vv = *reinterpret_cast<const float4*>(eas + i);
+      float4 xv = vmax ? *reinterpret_cast<const float4*>(vmax + i) : float4{};
+      float* const pk[4] = {&pv.x, &pv.y, &pv.z, &pv.w};
+      const float gk[4] = {gv.x, gv.y, gv.z, gv.w};
+      float* const mk[4] = {&mv.x, &mv.y, &mv.z, &mv.w};
+      float* const vk[4] = {&vv.x, &vv.y, &vv.z, &vv.w};
+      float* const xk[4] = {&xv.x, &xv.y, &xv.z, &xv.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        optim_math::adam_element<float>(*pk[k], gk[k], *mk[k], *vk[k], vmax ? xk[k] : nullptr, s, step_size, bc2_sqrt);
+      *reinterpret_cast<float4*>(p + i) = pv;
+      *reinterpret_cast<float4*>(ea + i) = mv;
+      *reinterpret_cast<float4*>(eas + i) = vv;
+      if (vmax) *reinterpret_cast<float4*>(vmax + i) = xv;
+    }
+  }
+  for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) {
     float pi = p[i], mi = ea[i], vi = eas[i];
     optim_math::adam_element<float>(pi, g[i], mi, vi, vmax ? vmax + i : nullptr, s, step_size, bc2_sqrt);
     p[i] = pi;

@@ -266,6 +266,31 @@ TEST_F(CudaParity, StridedLargeOddDims) {
   }
 }
 
+// An operand that is a block of the trailing dims repeated over the leading ones ([T, C] against
+// [B, T, C], GPT's position table; [3, T, C] against [2, 3, T, C]) takes the repeated-row kernel
+// when the block is a multiple of the vector width, either operand, in either order (sub is not
+// commutative), to a bool output too; [B, 1, C] is no such block and odd blocks keep the strided
+// path. Exact: one rounding of the same op either way.
+TEST_F(CudaParity, RepeatedBlockBroadcast) {
+  using B = k::Binary;
+  struct Case {
+    Shape full, block;
+  };
+  const std::vector<Case> cases = {{{4, 64, 96}, {64, 96}},    {{4, 64, 96}, {1, 64, 96}},
+                                   {{2, 3, 16, 40}, {16, 40}}, {{2, 3, 16, 40}, {3, 16, 40}},
+                                   {{4, 64, 96}, {4, 1, 96}},  {{5, 7, 9}, {7, 9}}};
+  for (DType dt : {DType::f32, DType::f16, DType::bf16})
+    for (const Case& c : cases) {
+      Tensor a = host(c.full, dt, g), b = host(c.block, dt, g);
+      Tensor ga = to_cuda(a), gb = to_cuda(b);
+      const std::string what = shape_str(c.full) + " with " + shape_str(c.block);
+      for (B op : {B::Add, B::Sub, B::Ge}) {
+        expect_parity(k::binary(op, a, b), k::binary(op, ga, gb), 0, "full op block " + what);
+        expect_parity(k::binary(op, b, a), k::binary(op, gb, ga), 0, "block op full " + what);
+      }
+    }
+}
+
 // ---------------------------------------------------------------- reductions
 
 struct RedCase {
