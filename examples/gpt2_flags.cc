@@ -37,8 +37,10 @@ Evaluation and sampling:
                        --temperature X (0: greedy), --top-k K (0: all), --prompt TEXT
 Memory and speed:
   --amp MODE           off (default), bf16 (autocast) or f16 (autocast + GradScaler; CUDA)
-  --recompute MODE     none (default), per-block (checkpoint every block), selective (rebuild
-                       norms, GELU, dropout), per-block+selective, or planner:BUDGET (the
+  --recompute MODE     none (default), per-block (checkpoint every block), per-block-keep (every
+                       block checkpointed keeping its attention and MLP outputs and weight casts:
+                       about half the replay), selective (rebuild norms, GELU, dropout),
+                       per-block+selective, or planner:BUDGET (the
                        planner checkpoints the fewest blocks whose activations fit BUDGET:
                        "60%" of no recomputation's, or bytes such as 512MiB, 2GiB)
   --memory-budget SIZE before training, the fastest recomputation whose whole training step
@@ -208,10 +210,10 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
     MG_CHECK(!f.planner_budget.empty(), ValueError, "--recompute planner:BUDGET needs a budget (60%, 512MiB, ...)");
     if (f.planner_budget.back() != '%') parse_bytes("--recompute planner:", f.planner_budget);
   } else {
-    MG_CHECK(f.recompute == "none" || f.recompute == "per-block" || f.recompute == "selective" ||
-                 f.recompute == "per-block+selective",
+    MG_CHECK(f.recompute == "none" || f.recompute == "per-block" || f.recompute == "per-block-keep" ||
+                 f.recompute == "selective" || f.recompute == "per-block+selective",
              ValueError, "unknown --recompute \"", f.recompute,
-             "\" (valid: none, per-block, selective, per-block+selective, planner:BUDGET)");
+             "\" (valid: none, per-block, per-block-keep, selective, per-block+selective, planner:BUDGET)");
   }
   MG_CHECK(f.offload_blocks >= 0, ValueError, "--offload-blocks must be >= 0 or auto, got ", f.offload_blocks);
   if (!f.memory_budget.empty()) {
