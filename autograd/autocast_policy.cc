@@ -2,11 +2,14 @@
 
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "kernels/amp.h"
 #include "kernels/ops.h"
+#include "kernels/optim.h"
 
 namespace mg::autocast {
 
@@ -41,10 +44,51 @@ struct Entry {
 };
 struct Cache {
   std::unordered_map<const TensorImpl*, Entry> entries;
+  // The weights cast since the last prefetch, in order (what the next region will cast again),
+  // and the region whose first cast made the last prefetch.
+  std::vector<std::weak_ptr<TensorImpl>> sources;
+  uint64_t prefetched_region = 0;
 };
 thread_local Cache tl_cache;
 
 void clear_cache() { tl_cache.entries.clear(); }
+
+bool cacheable(const Tensor& t) {
+  return t.is_leaf() && t.requires_grad() && t.dtype() == DType::f32 && autocast_state().nesting > 0;
+}
+
+// A new region (the first cast since an Autocast guard entered): cast every weight the previous
+// regions cast, still alive, cacheable and on t's device, to `dtype` in one multi-tensor launch
+// instead of one cast kernel each as the ops reach them (GPT-2: 97 launches a step). Under grad
+// mode each gets the edge t.to(dtype) would record. A weight the new region does not use is cast
+// for nothing; the casts live until the region exits, as casts made one by one would.
+void prefetch(const Tensor& t, DType dtype, bool grad) {
+  const uint64_t region = autocast_region_count();
+  if (tl_cache.prefetched_region == region) return;
+  tl_cache.prefetched_region = region;
+  std::vector<std::weak_ptr<TensorImpl>> previous = std::move(tl_cache.sources);
+  tl_cache.sources.clear();
+  std::vector<Tensor> src, dst;
+  std::unordered_set<const TensorImpl*> seen;
+  for (const auto& w : previous) {
+    std::shared_ptr<TensorImpl> impl = w.lock();
+    if (!impl || !seen.insert(impl.get()).second || tl_cache.entries.count(impl.get())) continue;
+    Tensor s(std::move(impl));
+    if (!cacheable(s) || s.device() != t.device() || !s.is_contiguous()) continue;
+    src.push_back(s);
+    dst.push_back(empty(s.sizes(), {dtype, s.device()}));
+  }
+  if (src.size() < 2) return;  // one cast: nothing to batch
+  kernels::multi_tensor_cast_(src, dst);
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (grad)
+      autograd::record("to", {src[i]}, dst[i], [from = src[i].dtype()](const std::vector<Tensor>& g) {
+        return std::vector<Tensor>{kernels::cast(g[0], from)};
+      });
+    tl_cache.entries[src[i].impl()] = Entry{src[i].impl_ptr(), src[i].version(), dtype, grad, dst[i]};
+    tl_cache.sources.push_back(src[i].impl_ptr());
+  }
+}
 
 // Installed while static initializers run: the ops below are linked wherever autocast can
 // be entered, so this translation unit (and the hook) always comes along.
@@ -53,9 +97,6 @@ void clear_cache() { tl_cache.entries.clear(); }
   return true;
 }();
 
-bool cacheable(const Tensor& t) {
-  return t.is_leaf() && t.requires_grad() && t.dtype() == DType::f32 && autocast_state().nesting > 0;
-}
 
 }  // namespace
 
@@ -63,14 +104,18 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
   if (!t.defined() || t.dtype() == dtype) return t;
   if (!cacheable(t)) return t.to(dtype);
   const bool grad = is_grad_enabled();
+  prefetch(t, dtype, grad);
   auto it = tl_cache.entries.find(t.impl());
   if (it != tl_cache.entries.end()) {
     const Entry& e = it->second;
     const auto fn = autograd::grad_fn(e.cast);
     const bool stale_node = grad && (!fn || fn->released);
-    if (e.source.lock() == t.impl_ptr() && e.version == t.version() && e.dtype == dtype && e.with_grad == grad &&
-        !stale_node)
+    // A cast made under grad serves a lookup under no_grad too (its history is then unused).
+    if (e.source.lock() == t.impl_ptr() && e.version == t.version() && e.dtype == dtype &&
+        (e.with_grad == grad || e.with_grad) && !stale_node) {
+      autograd::stash_put_cast(t, e.cast);  // a checkpoint region keeping weight casts keeps this one
       return e.cast;
+    }
   }
   // In a checkpoint replay that kept the forward's casts (keep_ops "weight_casts"), the kept cast
   // stands in for a new one: the same values, with the edge a fresh t.to(dtype) would record.
@@ -83,6 +128,7 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
     c = t.to(dtype);
   autograd::stash_put_cast(t, c);
   tl_cache.entries[t.impl()] = Entry{t.impl_ptr(), t.version(), dtype, grad, c};
+  tl_cache.sources.push_back(t.impl_ptr());
   return c;
 }
 

@@ -8,7 +8,10 @@ namespace mg {
 
 namespace {
 thread_local AutocastState tl_state;
+thread_local uint64_t tl_regions = 0;
 }  // namespace
+
+uint64_t autocast_region_count() { return tl_regions; }
 
 namespace detail {
 void (*autocast_cache_clear_hook)() = nullptr;
@@ -45,6 +48,7 @@ Autocast::Autocast(DeviceType device, DType dtype, bool enabled) : prev_(tl_stat
     if (enabled) s.cpu_dtype = dtype;
   }
   if (enabled) ++s.nesting;
+  if (enabled && prev_.nesting == 0) ++tl_regions;
   tl_state = s;
 }
 

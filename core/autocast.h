@@ -37,6 +37,11 @@ DType autocast_dtype(DeviceType t);
 // outermost enabled region exits).
 void clear_autocast_cache();
 
+// How many outermost enabled regions the calling thread's Autocast guards have entered (a
+// checkpoint replay restoring a region's state does not count): the weight-cast cache casts the
+// previous region's weights in one go at the first cast of a new one.
+uint64_t autocast_region_count();
+
 namespace detail {
 // Set by the layer that owns the weight-cast cache; clear_autocast_cache() calls it.
 extern void (*autocast_cache_clear_hook)();

@@ -171,6 +171,8 @@ class Backend {
   // Sum of |x|^p over all tensors (max |x| for p = inf; a NaN once seen stays), one host read.
   virtual double multi_tensor_norm_partial(const std::vector<Tensor>& ts, double norm_type) = 0;
   virtual void multi_tensor_scale(const std::vector<Tensor>& ts, double scale) = 0;
+  // dst[i] = src[i] (f32 -> f16/bf16, contiguous, checked by kernels::multi_tensor_cast_).
+  virtual void multi_tensor_cast(const std::vector<Tensor>& src, const std::vector<Tensor>& dst) = 0;
   // f32 contiguous tensors of one device: total_norm (f32 [1]) = their norm, then each *= the
   // clip coefficient, with no host read (kernels/optim.h multi_tensor_clip_).
   virtual void multi_tensor_clip(const std::vector<Tensor>& ts, double max_norm, double norm_type,

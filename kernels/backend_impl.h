@@ -138,6 +138,7 @@ class BackendImpl final : public Backend {
   void sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h, const DeviceScalars& d) override;
   double multi_tensor_norm_partial(const std::vector<Tensor>& ts, double norm_type) override;
   void multi_tensor_scale(const std::vector<Tensor>& ts, double scale) override;
+  void multi_tensor_cast(const std::vector<Tensor>& src, const std::vector<Tensor>& dst) override;
   void multi_tensor_clip(const std::vector<Tensor>& ts, double max_norm, double norm_type,
                          const Tensor& total_norm) override;
 

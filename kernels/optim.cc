@@ -183,4 +183,25 @@ void multi_tensor_scale_(const std::vector<Tensor>& ts, double scale) {
   }
 }
 
+void multi_tensor_cast_(const std::vector<Tensor>& src, const std::vector<Tensor>& dst) {
+  const char* op = "multi_tensor_cast_";
+  MG_CHECK(src.size() == dst.size(), ValueError, op, ": ", src.size(), " sources but ", dst.size(), " destinations");
+  if (src.empty()) return;
+  const Device dev = src[0].defined() ? src[0].device() : Device::cpu();
+  const DType to = dst[0].defined() ? dst[0].dtype() : DType::bf16;
+  for (size_t i = 0; i < src.size(); ++i) {
+    const Tensor &s = src[i], &d = dst[i];
+    MG_CHECK(s.defined() && d.defined(), ValueError, op, ": pair ", i, " has an undefined tensor");
+    MG_CHECK(s.dtype() == DType::f32 && (d.dtype() == DType::f16 || d.dtype() == DType::bf16) && d.dtype() == to,
+             DTypeError, op, ": pair ", i, " casts ", s.dtype(), " to ", d.dtype(),
+             " (expected f32 to one of f16, bf16; ", "the list's first is ", to, ")");
+    MG_CHECK(s.device() == dev && d.device() == dev, DeviceError, op, ": pair ", i, " is on ", s.device(), " and ",
+             d.device(), ", the list on ", dev);
+    MG_CHECK(s.sizes() == d.sizes() && s.is_contiguous() && d.is_contiguous(), ValueError, op, ": pair ", i,
+             " has shapes ", shape_str(s.sizes()), " and ", shape_str(d.sizes()), " (both contiguous, equal shapes)");
+  }
+  backend(dev, op).multi_tensor_cast(src, dst);
+  for (const Tensor& d : dst) d.bump_version();
+}
+
 }  // namespace mg::kernels

@@ -43,4 +43,9 @@ Tensor multi_tensor_clip_(const std::vector<Tensor>& ts, double max_norm, double
 // ts[i] *= scale in place for every tensor (fused launches for f32 CUDA tensors).
 void multi_tensor_scale_(const std::vector<Tensor>& ts, double scale);
 
+// dst[i] = src[i] cast to dst[i]'s dtype (the rounding of raw::copy_) for every pair: f32 sources
+// to f16 or bf16, contiguous, of one device and shape pairwise (ValueError/DTypeError/DeviceError
+// otherwise). On CUDA one launch per 36 tensors instead of one per tensor: autocast's weight casts.
+void multi_tensor_cast_(const std::vector<Tensor>& src, const std::vector<Tensor>& dst);
+
 }  // namespace mg::kernels

@@ -106,6 +106,11 @@ void CpuBackend::multi_tensor_scale(const std::vector<Tensor>& ts, double scale)
 }
 
 template <>
+void CpuBackend::multi_tensor_cast(const std::vector<Tensor>& src, const std::vector<Tensor>& dst) {
+  for (size_t i = 0; i < src.size(); ++i) raw::copy_(dst[i], src[i]);
+}
+
+template <>
 void CpuBackend::multi_tensor_clip(const std::vector<Tensor>& ts, double max_norm, double norm_type,
                                    const Tensor& total_norm) {
   const double total = optim_math::finish_norm(multi_tensor_norm_partial(ts, norm_type), norm_type);

@@ -219,6 +219,28 @@ __global__ void norm_kernel(TensorListMeta<1> m, int mode, float p, double* out)
     atomicMax(reinterpret_cast<unsigned long long*>(out), static_cast<unsigned long long>(__double_as_longlong(acc)));
 }
 
+// ptr: 0 the f32 source, 1 the destination (a D*, stored as float*). The same conversion as
+// raw::copy_'s cast kernel (core/cuda/copy.cu: from_float), four elements a thread where the
+// chunk's start is aligned on both sides.
+template <class D>
+__global__ void cast_list_kernel(TensorListMeta<2> m) {
+  const auto [t, begin, end] = block_range(m);
+  const float* src = m.ptr[0][t];
+  D* dst = reinterpret_cast<D*>(m.ptr[1][t]);
+  int64_t tail = begin;
+  if (((reinterpret_cast<uintptr_t>(src + begin) & 15) | (reinterpret_cast<uintptr_t>(dst + begin) & 7)) == 0) {
+    tail = begin + ((end - begin) & ~int64_t{3});
+    for (int64_t i = begin + 4 * threadIdx.x; i < tail; i += 4 * blockDim.x) {
+      const float4 v = *reinterpret_cast<const float4*>(src + i);
+      AlignedVec<D, 4> o;
+      o.v[0] = from_float<D>(v.x), o.v[1] = from_float<D>(v.y), o.v[2] = from_float<D>(v.z),
+      o.v[3] = from_float<D>(v.w);
+      *reinterpret_cast<AlignedVec<D, 4>*>(dst + i) = o;
+    }
+  }
+  for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) dst[i] = from_float<D>(src[i]);
+}
+
 // scale_by: null, or a device factor that replaces `scale` (the device-side clip).
 __global__ void scale_kernel(TensorListMeta<1> m, float scale, const float* scale_by) {
   const auto [t, begin, end] = block_range(m);
@@ -349,6 +371,26 @@ void CudaBackend::multi_tensor_scale(const std::vector<Tensor>& ts, double scale
     scale_kernel<<<nb, kThreads, 0, stream>>>(m, static_cast<float>(scale), nullptr);
     MG_CUDA_CHECK_LAUNCH("multi_tensor_scale");
   });
+}
+
+template <>
+void CudaBackend::multi_tensor_cast(const std::vector<Tensor>& src, const std::vector<Tensor>& dst) {
+  const cudaStream_t stream = stream_of(dst[0]);
+  const bool to_bf16 = dst[0].dtype() == DType::bf16;
+  multi_tensor_apply<2>(
+      src.size(), numels(src),
+      [&](TensorListMeta<2>& m, int slot, size_t i) {
+        m.ptr[0][slot] = fptr(src[i]);
+        m.ptr[1][slot] = static_cast<float*>(dst[i].raw_data());  // a D*, as the list stores it
+        m.s0[slot] = m.s1[slot] = 0.0f;
+      },
+      [&](const TensorListMeta<2>& m, int nb) {
+        if (to_bf16)
+          cast_list_kernel<__nv_bfloat16><<<nb, kThreads, 0, stream>>>(m);
+        else
+          cast_list_kernel<__half><<<nb, kThreads, 0, stream>>>(m);
+        MG_CUDA_CHECK_LAUNCH("multi_tensor_cast");
+      });
 }
 
 template <>

@@ -9,10 +9,10 @@
 
 #include "autograd/autocast_policy.h"
 #include "autograd/functions.h"
+#include "autograd/node.h"
 #include "core/autocast.h"
 #include "core/device_runtime.h"
 #include "core/random.h"
-#include "kernels/ops.h"
 #include "kernels/ops.h"
 
 namespace mg {
@@ -172,6 +172,41 @@ TEST(Autocast, WeightCastIsCachedForTheRegion) {
   EXPECT_EQ(autocast::cache_size(), 1u);
   set_autocast_state(outside);
   EXPECT_EQ(autocast::cache_size(), 0u);
+}
+
+// A new region casts the weights the previous one cast in one multi-tensor launch, at its first
+// cast: both are cached before their ops run, equal bitwise to their own casts, with the edge a
+// fresh cast gets (the gradients are bitwise the first region's); a weight changed between
+// regions is cast from its new value. The input is data (no grad): never cached, never batched.
+TEST(Autocast, NextRegionCastsThePreviousRegionsWeightsAtOnce) {
+  Generator g(7);
+  Tensor x = randn({4, 8}, {DType::f32}, &g);
+  Tensor w1 = leaf({6, 8}, Device::cpu(), g), w2 = leaf({3, 6}, Device::cpu(), g);
+  auto step = [&] {
+    w1.set_grad(Tensor());
+    w2.set_grad(Tensor());
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    sum(linear(linear(x, w1), w2)).backward();
+    return std::vector<Tensor>{w1.grad(), w2.grad()};
+  };
+  const std::vector<Tensor> first = step();
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    Tensor c2 = autocast::lower(w2);
+    EXPECT_EQ(autocast::cache_size(), 2u);  // w1 came along
+    EXPECT_TRUE(bitwise_equal(c2, w2.to(DType::bf16)));
+    EXPECT_TRUE(autograd::grad_fn(c2) != nullptr);
+  }
+  const std::vector<Tensor> second = step();
+  EXPECT_TRUE(bitwise_equal(second[0], first[0]));
+  EXPECT_TRUE(bitwise_equal(second[1], first[1]));
+  {
+    NoGradGuard ng;
+    add_(w1, 0.5);
+  }
+  Autocast ac(DeviceType::CPU, DType::bf16);
+  autocast::lower(w2);  // the region's first cast: w1 is cast along with it, after the change
+  EXPECT_TRUE(bitwise_equal(autocast::lower(w1), w1.to(DType::bf16)));
 }
 
 // The gradient through an autocast matmul is exactly the gradient of the explicitly cast

@@ -116,6 +116,31 @@ TEST(OptimCuda, FusedMatchesPerParameterOnDevice) {
   expect_close(a, b, 1e-5, "fused vs per-parameter");
 }
 
+// The multi-tensor cast (autocast's weight casts in one launch) equals raw::copy_'s cast bitwise,
+// to bf16 and f16, over more tensors than one launch takes, odd sizes, an empty tensor and one
+// spanning many chunks; bad lists are errors naming the pair.
+TEST(OptimCuda, MultiTensorCastEqualsTheCast) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(9);
+  std::vector<Tensor> src;
+  for (const Shape& s : shapes()) src.push_back(randn(s, {DType::f32, Device::cuda(0)}));
+  for (DType to : {DType::bf16, DType::f16}) {
+    std::vector<Tensor> dst;
+    for (const Tensor& t : src) dst.push_back(empty(t.sizes(), {to, t.device()}));
+    kernels::multi_tensor_cast_(src, dst);
+    for (size_t i = 0; i < src.size(); ++i) {
+      const Tensor want = src[i].to(to);
+      ASSERT_EQ(dst[i].sizes(), want.sizes());
+      EXPECT_EQ(dst[i].to(DType::f32).to_vector<float>(), want.to(DType::f32).to_vector<float>())
+          << to << " tensor " << i << " " << shape_str(src[i].sizes());
+    }
+  }
+  std::vector<Tensor> one{src[3]}, wrong{empty({2}, {DType::bf16, Device::cuda(0)})};
+  EXPECT_THROW(kernels::multi_tensor_cast_(one, wrong), ValueError);
+  std::vector<Tensor> f64{empty(src[3].sizes(), {DType::f64, Device::cuda(0)})};
+  EXPECT_THROW(kernels::multi_tensor_cast_(one, f64), DTypeError);
+}
+
 TEST(OptimCuda, StateLivesOnTheDeviceAndResumes) {
   SKIP_WITHOUT_CUDA();
   manual_seed(9);
