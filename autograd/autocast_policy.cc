@@ -41,6 +41,11 @@ struct Entry {
   DType dtype = DType::f32;
   bool with_grad = false;
   Tensor cast;
+  // Made by prefetch() without its graph edge: the first lookup under grad records it, so the
+  // cast node comes right before its first consumer, as a cast made there would (the engine runs
+  // later nodes first: edges recorded at the region's start would leave every weight gradient's
+  // cast to the end of backward).
+  bool edge_pending = false;
 };
 struct Cache {
   std::unordered_map<const TensorImpl*, Entry> entries;
@@ -60,9 +65,9 @@ bool cacheable(const Tensor& t) {
 // A new region (the first cast since an Autocast guard entered): cast every weight the previous
 // regions cast, still alive, cacheable and on t's device, to `dtype` in one multi-tensor launch
 // instead of one cast kernel each as the ops reach them (GPT-2: 97 launches a step). Under grad
-// mode each gets the edge t.to(dtype) would record. A weight the new region does not use is cast
-// for nothing; the casts live until the region exits, as casts made one by one would.
-void prefetch(const Tensor& t, DType dtype, bool grad) {
+// mode each gets the edge t.to(dtype) would record, at its first use. A weight the new region does
+// not use is cast for nothing; the casts live until the region exits, as casts made one by one would.
+void prefetch(const Tensor& t, DType dtype) {
   const uint64_t region = autocast_region_count();
   if (tl_cache.prefetched_region == region) return;
   tl_cache.prefetched_region = region;
@@ -81,13 +86,16 @@ void prefetch(const Tensor& t, DType dtype, bool grad) {
   if (src.size() < 2) return;  // one cast: nothing to batch
   kernels::multi_tensor_cast_(src, dst);
   for (size_t i = 0; i < src.size(); ++i) {
-    if (grad)
-      autograd::record("to", {src[i]}, dst[i], [from = src[i].dtype()](const std::vector<Tensor>& g) {
-        return std::vector<Tensor>{kernels::cast(g[0], from)};
-      });
-    tl_cache.entries[src[i].impl()] = Entry{src[i].impl_ptr(), src[i].version(), dtype, grad, dst[i]};
+    tl_cache.entries[src[i].impl()] = Entry{src[i].impl_ptr(), src[i].version(), dtype, false, dst[i], true};
     tl_cache.sources.push_back(src[i].impl_ptr());
   }
+}
+
+// The edge t.to(dtype) would record from t to its cast c.
+void record_cast_edge(const Tensor& t, const Tensor& c) {
+  autograd::record("to", {t}, c, [from = t.dtype()](const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{kernels::cast(g[0], from)};
+  });
 }
 
 // Installed while static initializers run: the ops below are linked wherever autocast can
@@ -97,17 +105,21 @@ void prefetch(const Tensor& t, DType dtype, bool grad) {
   return true;
 }();
 
-
 }  // namespace
 
 Tensor cached_cast(const Tensor& t, DType dtype) {
   if (!t.defined() || t.dtype() == dtype) return t;
   if (!cacheable(t)) return t.to(dtype);
   const bool grad = is_grad_enabled();
-  prefetch(t, dtype, grad);
+  prefetch(t, dtype);
   auto it = tl_cache.entries.find(t.impl());
   if (it != tl_cache.entries.end()) {
-    const Entry& e = it->second;
+    Entry& e = it->second;
+    if (e.edge_pending && grad && e.source.lock() == t.impl_ptr() && e.version == t.version() && e.dtype == dtype) {
+      record_cast_edge(t, e.cast);  // a prefetched cast's first use under grad
+      e.edge_pending = false;
+      e.with_grad = true;
+    }
     const auto fn = autograd::grad_fn(e.cast);
     const bool stale_node = grad && (!fn || fn->released);
     // A cast made under grad serves a lookup under no_grad too (its history is then unused).
@@ -121,9 +133,7 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
   // stands in for a new one: the same values, with the edge a fresh t.to(dtype) would record.
   Tensor c = autograd::stash_take_cast(t, dtype);
   if (c.defined())
-    autograd::record("to", {t}, c, [from = t.dtype()](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{kernels::cast(g[0], from)};
-    });
+    record_cast_edge(t, c);
   else
     c = t.to(dtype);
   autograd::stash_put_cast(t, c);
