@@ -218,8 +218,6 @@ int64_t checkpoint_replay_count() { return g_replays.load(); }
 std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs,
                                const CheckpointOptions& opts) {
   MG_CHECK(fn != nullptr, ValueError, "checkpoint: fn is empty");
-  if (!is_grad_enabled()) return fn(inputs);  // nothing to record: e.g. inside an outer region's forward
-
   static const char* const keepable[] = {"attention", "gelu_mlp", "linear", "weight_casts"};
   for (const std::string& o : opts.keep_ops) {
     bool ok = false;
@@ -227,6 +225,8 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
     MG_CHECK(ok, ValueError, opts.name ? opts.name : "checkpoint", ": keep_ops names \"", o,
              "\", which no op keeps (known: attention, gelu_mlp, linear, weight_casts)");
   }
+  if (!is_grad_enabled()) return fn(inputs);  // nothing to record: e.g. inside an outer region's forward
+
   // The node is built before the forward runs so it captures the RNG state fn starts from.
   auto node = std::make_shared<CheckpointNode>(fn, opts, inputs);
   // Inside another region (its forward or its replay) the outer stash stays in charge, so that
