@@ -7,6 +7,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "core/device_runtime.h"
 #include "kernels/amp.h"
 #include "kernels/ops.h"
 #include "kernels/optim.h"
@@ -52,9 +53,15 @@ struct Cache {
   // The weights cast since the last prefetch, in order (what the next region will cast again),
   // and the region whose first cast made the last prefetch.
   std::vector<std::weak_ptr<TensorImpl>> sources;
+  std::unordered_set<const TensorImpl*> source_set;  // sources, to add each once
   uint64_t prefetched_region = 0;
 };
+
 thread_local Cache tl_cache;
+// A weight a lookup used since the last prefetch: the next region casts it ahead.
+void note_source(const Tensor& t) {
+  if (tl_cache.source_set.insert(t.impl()).second) tl_cache.sources.push_back(t.impl_ptr());
+}
 
 void clear_cache() { tl_cache.entries.clear(); }
 
@@ -65,14 +72,18 @@ bool cacheable(const Tensor& t) {
 // A new region (the first cast since an Autocast guard entered): cast every weight the previous
 // regions cast, still alive, cacheable and on t's device, to `dtype` in one multi-tensor launch
 // instead of one cast kernel each as the ops reach them (GPT-2: 97 launches a step). Under grad
-// mode each gets the edge t.to(dtype) would record, at its first use. A weight the new region does
-// not use is cast for nothing; the casts live until the region exits, as casts made one by one would.
+// mode each gets the edge t.to(dtype) would record, at its first use. Only weights a lookup used
+// since the last prefetch are cast ahead; one the new region does not use is cast for nothing; the casts live until the
+// region exits, as casts made one by one would.
 void prefetch(const Tensor& t, DType dtype) {
   const uint64_t region = autocast_region_count();
   if (tl_cache.prefetched_region == region) return;
   tl_cache.prefetched_region = region;
   std::vector<std::weak_ptr<TensorImpl>> previous = std::move(tl_cache.sources);
   tl_cache.sources.clear();
+  tl_cache.source_set.clear();
+  // A graph being captured would bake in weights it does not own: each cast there is its own op.
+  if (t.is_cuda() && cuda::is_capturing(t.device().index)) return;
   std::vector<Tensor> src, dst;
   std::unordered_set<const TensorImpl*> seen;
   for (const auto& w : previous) {
@@ -87,7 +98,6 @@ void prefetch(const Tensor& t, DType dtype) {
   kernels::multi_tensor_cast_(src, dst);
   for (size_t i = 0; i < src.size(); ++i) {
     tl_cache.entries[src[i].impl()] = Entry{src[i].impl_ptr(), src[i].version(), dtype, false, dst[i], true};
-    tl_cache.sources.push_back(src[i].impl_ptr());
   }
 }
 
@@ -126,6 +136,7 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
     if (e.source.lock() == t.impl_ptr() && e.version == t.version() && e.dtype == dtype &&
         (e.with_grad == grad || e.with_grad) && !stale_node) {
       autograd::stash_put_cast(t, e.cast);  // a checkpoint region keeping weight casts keeps this one
+      note_source(t);
       return e.cast;
     }
   }
@@ -138,7 +149,7 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
     c = t.to(dtype);
   autograd::stash_put_cast(t, c);
   tl_cache.entries[t.impl()] = Entry{t.impl_ptr(), t.version(), dtype, grad, c};
-  tl_cache.sources.push_back(t.impl_ptr());
+  note_source(t);
   return c;
 }
 

@@ -84,22 +84,27 @@ std::vector<Tensor> RegionStash::take(const char* op) {
            ": the replay called ", op, " where the forward kept ",
            next_ < entries_.size() ? std::string(entries_[next_].op) + "'s outputs" : std::string("nothing more"),
            " (entry ", next_, " of ", entries_.size(), "; the region must be a function of its inputs)");
+  std::vector<SavedTensor>& outs = entries_[next_++].outs;
+  bool unchanged = true;
+  for (const SavedTensor& s : outs) unchanged &= s.unchanged();
   std::vector<Tensor> out;
-  for (SavedTensor& s : entries_[next_].outs) out.push_back(s.unpack()), s.reset();
-  ++next_;
-  ++t_stash_reuses;
+  if (unchanged)
+    for (SavedTensor& s : outs) out.push_back(s.unpack());
+  outs.clear();
+  if (unchanged) ++t_stash_reuses;
   return out;
 }
 
 void RegionStash::put_cast(const Tensor& source, const Tensor& cast) {
   for (const CastEntry& e : casts_)
-    if (e.source == source.impl() && e.cast.dtype() == cast.dtype()) return;  // the first cast stands
-  casts_.push_back({source.impl(), source.version(), cast.detach()});
+    if (e.source.lock() == source.impl_ptr() && e.cast.dtype() == cast.dtype()) return;  // the first cast stands
+  casts_.push_back({source.impl_ptr(), source.version(), cast.detach()});
 }
 
 Tensor RegionStash::take_cast(const Tensor& source, DType dtype) {
   for (CastEntry& e : casts_)
-    if (e.source == source.impl() && e.cast.defined() && e.cast.dtype() == dtype) {
+    if (e.source.lock() == source.impl_ptr() && e.cast.defined() && e.cast.dtype() == dtype &&
+        e.cast.sizes() == source.sizes()) {
       Tensor c = std::move(e.cast);
       if (e.version != source.version()) return Tensor();  // the weight changed: cast it again
       ++t_stash_reuses;

@@ -43,6 +43,11 @@ class SavedTensor {
   // True when the data went to host memory under an OffloadScope (autograd/offload.h):
   // unpack() brings it back.
   bool is_offloaded() const { return offloaded_ != nullptr; }
+  // False when an in-place op has written the tensor since it was saved (unpack() would raise).
+  bool unchanged() const {
+    if (recompute_from_) return *version_ == saved_version_;
+    return !data_.defined() || data_.version() == saved_version_;
+  }
 
  private:
   Tensor data_;  // detached: saving never creates a reference cycle through grad_fn
@@ -167,7 +172,8 @@ class RegionStash {
   bool replaying() const { return replaying_; }
   void put(const char* op, const std::vector<Tensor>& outs);
   // The next entry, which must be `op`'s (AutogradError otherwise: the replay called other ops
-  // than the forward, so the region was not a function of its inputs).
+  // than the forward, so the region was not a function of its inputs). Empty when the region
+  // wrote the kept output in place after the op made it: the op then runs again.
   std::vector<Tensor> take(const char* op);
   // "weight_casts": autocast's casts of leaf weights, found by their source (a weight used twice is
   // cast once, and a replay may meet the cache in another state than the forward did).
@@ -185,7 +191,7 @@ class RegionStash {
     std::vector<SavedTensor> outs;
   };
   struct CastEntry {
-    const TensorImpl* source;
+    std::weak_ptr<TensorImpl> source;
     uint32_t version;
     Tensor cast;
   };

@@ -119,7 +119,10 @@ Tensor GPT::hidden(const Tensor& idx) {
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto* b = static_cast<TransformerBlock*>(blocks[i].get());
     if (static_cast<int64_t>(i) == recompute.offload_blocks) offload.reset();
-    if (recompute.checkpointed(static_cast<int64_t>(i)) && pass_pending) {
+    // The kept output is the pending branch only where the MLP is the fused node and nothing
+    // follows it (no dropout).
+    const bool kept_branch = pass_pending && b->mlp->gelu->approximate == "tanh" && b->mlp->dropout->p == 0.0;
+    if (recompute.checkpointed(static_cast<int64_t>(i)) && kept_branch) {
       auto out = checkpoint(
           [b](const std::vector<Tensor>& in) {
             b->run_forward_pre_hooks();

@@ -204,9 +204,21 @@ TEST(Autocast, NextRegionCastsThePreviousRegionsWeightsAtOnce) {
     NoGradGuard ng;
     add_(w1, 0.5);
   }
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    autocast::lower(w2);  // the region's first cast: w1 is cast along with it, after the change
+    EXPECT_TRUE(bitwise_equal(autocast::lower(w1), w1.to(DType::bf16)));
+  }
+  // Only weights a region used are cast ahead in the next: a region that casts w2 alone leaves
+  // w1 out of the one after it.
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    autocast::lower(w2);
+    EXPECT_EQ(autocast::cache_size(), 2u);  // the previous region used both
+  }
   Autocast ac(DeviceType::CPU, DType::bf16);
-  autocast::lower(w2);  // the region's first cast: w1 is cast along with it, after the change
-  EXPECT_TRUE(bitwise_equal(autocast::lower(w1), w1.to(DType::bf16)));
+  autocast::lower(w2);
+  EXPECT_EQ(autocast::cache_size(), 1u);
 }
 
 // The gradient through an autocast matmul is exactly the gradient of the explicitly cast

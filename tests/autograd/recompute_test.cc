@@ -427,6 +427,27 @@ TEST(CheckpointKeepOps, NestedRegionUsesTheOuterStash) {
   expect_bitwise(grads_of(all), want);
 }
 
+// A region that writes a kept output in place after the op made it (y = linear(x, w); y += 1) is
+// still a function of its inputs: the replay finds the kept copy changed, runs the linear again,
+// and the gradients are the plain run's bitwise.
+TEST(CheckpointKeepOps, KeptOutputWrittenInPlaceIsRecomputed) {
+  Tensor x = param({4, 8}, DType::f64, 27), w = param({8, 8}, DType::f64, 28);
+  auto f = [&](const Tensor& in) {
+    Tensor y = linear(in, w);
+    add_(y, 1.0);
+    return tanh(y);
+  };
+  sum(f(x)).backward();
+  auto want = grads_of({x, w});
+  clear_grads({x, w});
+  CheckpointOptions opts;
+  opts.keep_ops = {"linear"};
+  const int64_t reuses = autograd::stash_reuse_count();
+  sum(checkpoint(f, x, opts)).backward();
+  EXPECT_EQ(autograd::stash_reuse_count(), reuses);  // taken as changed, not reused
+  expect_bitwise(grads_of({x, w}), want);
+}
+
 TEST(CheckpointKeepOps, UnknownKindAndAReplayThatCallsOtherOpsAreErrors) {
   Tensor x = param({4, 8}, DType::f64, 9), w = param({8, 8}, DType::f64, 10);
   CheckpointOptions opts;
