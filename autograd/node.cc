@@ -128,10 +128,14 @@ void RegionStash::finish_replay() {
            " kept op outputs (the region must be a function of its inputs)");
 }
 
-std::vector<Tensor> stash_take(const char* op) {
+std::vector<Tensor> stash_take(const char* op, const Shape& want) {
   RegionStash* s = region_stash;
   if (!s || !s->replaying() || !s->keeps(op)) return {};
-  return s->take(op);
+  std::vector<Tensor> kept = s->take(op);
+  MG_CHECK(kept.empty() || kept[0].sizes() == want, AutogradError, op,
+           ": the checkpoint replay's kept output has shape ", shape_str(kept[0].sizes()), ", this call makes ",
+           shape_str(want), " (the region must be a function of its inputs)");
+  return kept;
 }
 
 void stash_put(const char* op, const std::vector<Tensor>& outs) {

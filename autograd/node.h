@@ -210,8 +210,10 @@ Tensor stash_take_cast(const Tensor& source, DType dtype);
 void stash_put_cast(const Tensor& source, const Tensor& cast);
 
 // For the ops that take part ("attention", "gelu_mlp", "linear"): in a region's replay, the
-// outputs its forward kept for this call of `op` (empty when there is none to take).
-std::vector<Tensor> stash_take(const char* op);
+// outputs its forward kept for this call of `op` (empty when there is none to take). `want` is
+// the shape this call makes for its first output: a kept one of another shape is an
+// AutogradError (the region was not a function of its inputs).
+std::vector<Tensor> stash_take(const char* op, const Shape& want);
 // In a region's forward that keeps `op`: keep `outs` for the replay (else nothing happens).
 void stash_put(const char* op, const std::vector<Tensor>& outs);
 // How many times this thread's replays took kept outputs instead of running the op (tests and

@@ -187,7 +187,7 @@ void set_recompute(Run& r) {
   const std::string& m = r.f.recompute;
   r.model->recompute.checkpoint_blocks = m == "per-block" || m == "per-block-keep" || m == "per-block+selective";
   r.model->recompute.selective = m == "selective" || m == "per-block+selective";
-  if (m == "per-block-keep") r.model->recompute.keep_ops = {"attention", "gelu_mlp", "weight_casts"};
+  if (m == "per-block-keep") r.model->recompute.keep_ops = nn::GPTRecompute::block_outputs();
   if (r.f.offload_auto) plan_offload_blocks(r);
   r.model->recompute.offload_blocks = r.f.offload_blocks;
   if (r.f.planner_budget.empty()) return;

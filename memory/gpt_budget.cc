@@ -13,13 +13,12 @@ std::vector<BudgetOption> gpt_memory_ladder(GPT& model, optim::StepInBackward* i
   const int64_t n = model.config.n_layer, off = std::clamp<int64_t>(offload_blocks, 0, n);
   const std::string sib = in_backward ? " step in backward" : "";
   const std::string offloaded = off > 0 ? " offload " + std::to_string(off) + " blocks" : "";
-  static const std::vector<std::string> kKeep = {"attention", "gelu_mlp", "weight_casts"};
   auto mode = [&model, in_backward, n, off](int64_t blocks, bool lean, bool keep, int64_t head_rows) {
     GPTRecompute r;
     r.block_mask.assign(n, false);
     for (int64_t i = 0; i < blocks; ++i) r.block_mask[off + i] = true;
     if (lean) r.selective = true, r.selective_ops = {"gelu"}, r.offload_blocks = off;
-    if (keep) r.keep_ops = kKeep;
+    if (keep) r.keep_ops = GPTRecompute::block_outputs();
     r.head_chunk_rows = head_rows;
     model.recompute = r;
     if (in_backward) in_backward->set_enabled(lean);

@@ -44,6 +44,8 @@ struct GPTRecompute {
   // bytes (GPT-2 at B=8, T=1024: about 50 MB a block against 25, and 230 without checkpointing),
   // and its replay skips the attention forward, the MLP's c_proj GEMM and the casts.
   std::vector<std::string> keep_ops;
+  // That set: what `gpt2 --recompute per-block-keep` and gpt_memory_ladder's kept rungs use.
+  static std::vector<std::string> block_outputs() { return {"attention", "gelu_mlp", "weight_casts"}; }
   // Rows of logits forward_loss makes at a time (0: linear_cross_entropy's choice, about
   // 512 MiB of logits; fewer rows lower the peak at the head for more, smaller GEMMs).
   int64_t head_chunk_rows = 0;

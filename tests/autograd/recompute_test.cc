@@ -468,6 +468,16 @@ TEST(CheckpointKeepOps, UnknownKindAndAReplayThatCallsOtherOpsAreErrors) {
   } catch (const AutogradError& e) {
     EXPECT_NE(std::string(e.what()).find("took 0 of the 1 kept"), std::string::npos) << e.what();
   }
+  // The replay runs the linear on fewer rows: the kept output's shape does not match.
+  calls = 0;
+  Tensor u = checkpoint([&](const Tensor& in) { return linear(calls++ == 0 ? in : in.narrow(0, 0, 2), w); }, x, opts);
+  try {
+    sum(u).backward();
+    FAIL() << "expected AutogradError";
+  } catch (const AutogradError& e) {
+    EXPECT_NE(std::string(e.what()).find("kept output has shape [4, 8], this call makes [2, 8]"), std::string::npos)
+        << e.what();
+  }
   // The replay runs one linear more than the forward did: nothing is kept for the second.
   calls = 0;
   Tensor z =
