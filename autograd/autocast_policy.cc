@@ -106,6 +106,7 @@ void record_cast_edge(const Tensor& t, const Tensor& c) {
   autograd::record("to", {t}, c, [from = t.dtype()](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{kernels::cast(g[0], from)};
   });
+  autograd::accept_source_dtype_grads(c, t.dtype());
 }
 
 // Installed while static initializers run: the ops below are linked wherever autocast can

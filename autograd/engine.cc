@@ -22,9 +22,18 @@ struct ByPriority {
 
 // Adds `g` into a gradient slot, out of place: the same gradient tensor may flow down
 // several edges (add's backward hands `g` to both inputs), so it is never written to.
+// Gradients of two dtypes meet at a node that takes a wider one (Node::accepts_grad_dtype):
+// the sum is made in the wider.
 void accumulate(Tensor& slot, const Tensor& g) {
   if (!g.defined()) return;
-  slot = slot.defined() ? kernels::add(slot, g) : g;
+  if (!slot.defined()) {
+    slot = g;
+  } else if (slot.dtype() != g.dtype()) {
+    const DType wide = promote_types(slot.dtype(), g.dtype());
+    slot = kernels::add(kernels::cast(slot, wide), kernels::cast(g, wide));
+  } else {
+    slot = kernels::add(slot, g);
+  }
 }
 
 // A gradient produced for input `edge` must match what that node produced in forward.
@@ -39,7 +48,9 @@ Tensor conform(const Tensor& g, const Edge& edge, const Node& from, size_t index
              ", expected shape ", shape_str(want));
     r = kernels::sum_to(r, want);
   }
-  if (r.dtype() != to.output_dtypes[edge.input_nr]) r = kernels::cast(r, to.output_dtypes[edge.input_nr]);
+  const bool taken_wider = edge.input_nr == 0 && to.accepts_grad_dtype == r.dtype();
+  if (r.dtype() != to.output_dtypes[edge.input_nr] && !taken_wider)
+    r = kernels::cast(r, to.output_dtypes[edge.input_nr]);
   if (r.device() != to.output_devices[edge.input_nr]) r = raw::to_device(r, to.output_devices[edge.input_nr]);
   return r;
 }
@@ -159,7 +170,10 @@ void execute(GraphTask& task, const std::vector<Tensor>& roots, const std::vecto
     buf.resize(node->num_outputs);
 
     if (auto it = task.captures.find(node.get()); it != task.captures.end())
-      for (auto [input_nr, slot] : it->second) accumulate(task.captured[slot], buf[input_nr]);
+      for (auto [input_nr, slot] : it->second)  // grad() returns the input's own dtype
+        accumulate(task.captured[slot], buf[input_nr].defined() && input_nr < node->output_dtypes.size()
+                                            ? kernels::cast(buf[input_nr], node->output_dtypes[input_nr])
+                                            : buf[input_nr]);
 
     const bool is_sink = dynamic_cast<AccumulateGrad*>(node.get()) != nullptr;
     bool run = task.accumulate_into_leaves ? true : task.must_run.count(node.get()) > 0;

@@ -17,6 +17,14 @@ Shape linear_shape(const Tensor& x, int64_t out_features) {
   if (!s.empty()) s.back() = out_features;
   return s;
 }
+
+// The dtype a linear's weight (and bias) gradient is written in: f32 straight from the GEMM's
+// accumulator when w is autocast's f16/bf16 cast of an f32 weight, whose "to" node takes f32 as it
+// is (autograd::grad_dtype_for): no cast kernel back, and one rounding fewer. Else w's own.
+DType weight_grad_dtype(const Tensor& w) {
+  const DType d = autograd::grad_dtype_for(w);
+  return d == DType::f32 && (w.dtype() == DType::f16 || w.dtype() == DType::bf16) ? d : w.dtype();
+}
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -82,14 +90,14 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   if (!any_requires_grad({x, w, bias})) return out;
   const bool need_x = needs_grad(x), need_w = needs_grad(w), need_b = needs_grad(bias);
   record("linear", {x, w, bias}, out,
-         [need_x, need_w, need_b, sx = save_if(need_w, x, "linear"), sw = save_if(need_x, w, "linear"),
-          ws = w.sizes()](const Grads& g) {
+         [need_x, need_w, need_b, sx = save_if(need_w, x, "linear"), sw = save_if(need_x, w, "linear"), ws = w.sizes(),
+          gw_dtype = weight_grad_dtype(w)](const Grads& g) {
            Tensor gx, gw, gb;
            if (need_x) gx = kernels::matmul(g[0], sw.unpack());  // [..., out] @ [out, in]
            if (need_w) {  // g^T x over all rows, and the bias gradient in the same GEMM where it can
              Tensor g2 = raw::reshape(g[0], {-1, ws[0]});
              Tensor x2 = raw::reshape(sx.unpack(), {-1, ws[1]});
-             std::tie(gw, gb) = kernels::linear_weight_grads(g2, x2, need_b);
+             std::tie(gw, gb) = kernels::linear_weight_grads(g2, x2, need_b, gw_dtype);
            } else if (need_b) {
              gb = g[0];  // the engine sums it over the rows
            }
@@ -123,36 +131,38 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
   const bool rebuild_h = need[3] && autograd::recompute_query && autograd::recompute_query("gelu");
   // h and pre are this node's own intermediates (nothing else can change them), saved as
   // SavedTensors so that an OffloadScope can move them to host memory.
-  record(
-      "gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, out,
-      [need, need_pre, rebuild_h, sx = save_if(need[1], x, "gelu_mlp"), sw_fc = save_if(need[0], w_fc, "gelu_mlp"),
-       sw_proj = save_if(need_pre, w_proj, "gelu_mlp"), sh = save_if(need[3] && !rebuild_h, h, "gelu_mlp"),
-       spre = save_if(need_pre || rebuild_h, pre, "gelu_mlp")](const Grads& g) {
-        Tensor gx, gw_fc, gb_fc, gw_proj, gb_proj;
-        const Tensor g2 = raw::reshape(g[0], {-1, g[0].size(-1)});
-        const Tensor pre = spre.unpack();
-        if (need[3]) {
-          const Tensor hh = rebuild_h ? kernels::unary(kernels::Unary::GeluTanh, pre) : sh.unpack();
-          std::tie(gw_proj, gb_proj) = kernels::linear_weight_grads(g2, raw::reshape(hh, {-1, hh.size(-1)}), need[4]);
-        } else if (need[4])
-          gb_proj = kernels::sum(g2, {0});
-        if (need_pre) {
-          const Tensor g_pre =
-              kernels::matmul_gelu_backward(g2, sw_proj.unpack(), raw::reshape(pre, {-1, pre.size(-1)}));
-          if (need[1]) {  // c_fc's bias gradient inside its weight-gradient GEMM
-            const Tensor x = sx.unpack();
-            std::tie(gw_fc, gb_fc) = kernels::linear_weight_grads(g_pre, raw::reshape(x, {-1, x.size(-1)}), need[2]);
-          } else if (need[2]) {
-            gb_fc = kernels::sum(g_pre, {0});
-          }
-          if (need[0]) {
-            Shape s = pre.sizes();
-            s.back() = sw_fc.unpack().size(1);
-            gx = raw::reshape(kernels::matmul(g_pre, sw_fc.unpack()), s);
-          }
-        }
-        return Grads{gx, gw_fc, gb_fc, gw_proj, gb_proj};
-      });
+  record("gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, out,
+         [need, need_pre, rebuild_h, sx = save_if(need[1], x, "gelu_mlp"), sw_fc = save_if(need[0], w_fc, "gelu_mlp"),
+          sw_proj = save_if(need_pre, w_proj, "gelu_mlp"), sh = save_if(need[3] && !rebuild_h, h, "gelu_mlp"),
+          spre = save_if(need_pre || rebuild_h, pre, "gelu_mlp"), dt_fc = weight_grad_dtype(w_fc),
+          dt_proj = weight_grad_dtype(w_proj)](const Grads& g) {
+           Tensor gx, gw_fc, gb_fc, gw_proj, gb_proj;
+           const Tensor g2 = raw::reshape(g[0], {-1, g[0].size(-1)});
+           const Tensor pre = spre.unpack();
+           if (need[3]) {
+             const Tensor hh = rebuild_h ? kernels::unary(kernels::Unary::GeluTanh, pre) : sh.unpack();
+             std::tie(gw_proj, gb_proj) =
+                 kernels::linear_weight_grads(g2, raw::reshape(hh, {-1, hh.size(-1)}), need[4], dt_proj);
+           } else if (need[4])
+             gb_proj = kernels::sum(g2, {0});
+           if (need_pre) {
+             const Tensor g_pre =
+                 kernels::matmul_gelu_backward(g2, sw_proj.unpack(), raw::reshape(pre, {-1, pre.size(-1)}));
+             if (need[1]) {  // c_fc's bias gradient inside its weight-gradient GEMM
+               const Tensor x = sx.unpack();
+               std::tie(gw_fc, gb_fc) =
+                   kernels::linear_weight_grads(g_pre, raw::reshape(x, {-1, x.size(-1)}), need[2], dt_fc);
+             } else if (need[2]) {
+               gb_fc = kernels::sum(g_pre, {0});
+             }
+             if (need[0]) {
+               Shape s = pre.sizes();
+               s.back() = sw_fc.unpack().size(1);
+               gx = raw::reshape(kernels::matmul(g_pre, sw_fc.unpack()), s);
+             }
+           }
+           return Grads{gx, gw_fc, gb_fc, gw_proj, gb_proj};
+         });
   return out;
 }
 

@@ -386,6 +386,19 @@ Edge gradient_edge(const Tensor& t) {
   return {acc, 0};
 }
 
+DType grad_dtype_for(const Tensor& t) {
+  const AutogradMeta* m = t.defined() ? meta(t) : nullptr;
+  if (m && m->grad_fn_ && m->output_nr_ == 0 && m->grad_fn_->accepts_grad_dtype)
+    return *m->grad_fn_->accepts_grad_dtype;
+  return t.dtype();
+}
+
+void accept_source_dtype_grads(const Tensor& cast, DType from) {
+  AutogradMeta* m = cast.defined() ? meta(cast) : nullptr;
+  if (!m || !m->grad_fn_ || !is_floating(from) || !is_floating(cast.dtype())) return;
+  if (dtype_size(from) > dtype_size(cast.dtype())) m->grad_fn_->accepts_grad_dtype = from;
+}
+
 bool any_requires_grad(const std::vector<Tensor>& inputs) {
   if (!is_grad_enabled()) return false;
   for (const Tensor& t : inputs)

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,11 @@ struct Node : std::enable_shared_from_this<Node> {
   std::vector<Shape> output_shapes;
   std::vector<DType> output_dtypes;
   std::vector<Device> output_devices;
+  // A dtype besides output_dtypes[0] whose gradient for output 0 this node takes as it is (the
+  // engine casts any other mismatch to output_dtypes). Set on a narrowing cast ("to" f32 -> bf16,
+  // autocast's weight casts): its backward casts the gradient back to the source dtype anyway, so
+  // a GEMM may write a weight gradient in f32 (grad_dtype_for) and save a rounding and a kernel.
+  std::optional<DType> accepts_grad_dtype;
   // Weak handles to the tensors this node produced, so the engine can fill the .grad of a
   // non-leaf output that asked for retain_grad() (weak: outputs own their grad_fn, not back).
   std::vector<std::weak_ptr<TensorImpl>> output_tensors;
@@ -127,6 +133,13 @@ struct FunctionNode final : Node {
 
 // The edge a gradient for `t` should flow into (its grad_fn, or its leaf accumulator).
 Edge gradient_edge(const Tensor& t);
+
+// The dtype a gradient for `t` is best made in: the wider one t's grad_fn takes as it is
+// (Node::accepts_grad_dtype: t is a narrowing cast of an f32 weight), else t's own.
+DType grad_dtype_for(const Tensor& t);
+// Marks `cast`'s grad_fn, the "to" node of a cast from `from`, as taking gradients in `from`
+// as they are, when `from` is the wider floating type. No-op for an untracked cast.
+void accept_source_dtype_grads(const Tensor& cast, DType from);
 
 // True when grad mode is on and some input requires grad.
 bool any_requires_grad(const std::vector<Tensor>& inputs);

@@ -122,6 +122,7 @@ struct DifferentiableHooks final : AutogradHooks {
     if (dt == self.dtype()) return self;
     Tensor out = raw::to_dtype(self, dt);
     record("to", {self}, out, [from = self.dtype()](const Grads& g) { return Grads{kernels::cast(g[0], from)}; });
+    autograd::accept_source_dtype_grads(out, self.dtype());
     return out;
   }
 

@@ -62,6 +62,7 @@
 // at the median (samples_per_s: images, or tokens for GPT-2) for the suite
 // (bench/runner); its config string is the one bench/pytorch/models_step.py prints.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -102,6 +103,15 @@ struct PhasePeaks {
 };
 PhasePeaks g_phases;
 
+// With --profile: the host's time in each phase of an eager step (zero_grad + forward + loss,
+// backward, optimizer step) from a synchronized start, and when the device finished after the
+// host did. A host that takes as long as the step is the bound (launch overhead), not the device.
+struct HostPhases {
+  bool probe = false;
+  std::chrono::steady_clock::time_point t0, forward, backward, optimizer;
+};
+HostPhases g_host;
+
 template <class StepFn>
 Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
   std::unique_ptr<mg::nvml::Monitor> mon;
@@ -122,6 +132,32 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
     mg::cuda::synchronize();
     prof.stop();
     std::printf("%s", prof.report(steps, ms[ms.size() / 2]).c_str());
+    if (!g_graph) {
+      // Host phases, medians over `steps` steps each started on an idle device.
+      std::vector<double> f, b, o, d;
+      auto ms_between = [](auto a, auto z) { return std::chrono::duration<double, std::milli>(z - a).count(); };
+      g_host.probe = true;
+      for (int i = 0; i < steps; ++i) {
+        mg::cuda::synchronize();
+        g_host.t0 = g_host.forward = g_host.backward = g_host.optimizer = std::chrono::steady_clock::now();
+        step();
+        mg::cuda::synchronize();
+        const auto done = std::chrono::steady_clock::now();
+        f.push_back(ms_between(g_host.t0, g_host.forward));
+        b.push_back(ms_between(g_host.forward, g_host.backward));
+        o.push_back(ms_between(g_host.backward, g_host.optimizer));
+        d.push_back(ms_between(g_host.optimizer, done));
+      }
+      g_host.probe = false;
+      auto med = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      std::printf(
+          "host ms/step (medians, each step from an idle device): forward+loss %.3f, backward %.3f, optimizer "
+          "%.3f; the device finished %.3f ms after the host\n",
+          med(f), med(b), med(o), med(d));
+    }
   }
   r.median_ms = ms[ms.size() / 2];
   r.min_ms = ms.front();
@@ -155,6 +191,9 @@ std::unique_ptr<mg::optim::Optimizer> make_optimizer(const std::vector<mg::Tenso
   if (g_optimizer == "adamw") {
     mg::optim::AdamWOptions o;
     o.weight_decay = 0.1;
+    // A captured step replays the update: its step counts (bias corrections) and lr must live
+    // on the device, as PyTorch's fused AdamW keeps its step count there.
+    o.capturable = g_graph;
     return std::make_unique<mg::optim::AdamW>(params, o);
   }
   return std::make_unique<mg::optim::SGD>(params, mg::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
@@ -169,6 +208,12 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBack
   return [&opt, loss_of, in_backward] {
     const mg::Device dev = mg::Device::cuda(0);
     auto phase_end = [&](int64_t& peak) {
+      if (g_host.probe) {
+        const auto now = std::chrono::steady_clock::now();
+        (&peak == &g_phases.forward    ? g_host.forward
+         : &peak == &g_phases.backward ? g_host.backward
+                                       : g_host.optimizer) = now;
+      }
       if (!g_phases.probe) return;
       peak = mg::max_memory_allocated(dev);
       mg::reset_peak_memory_stats(dev);

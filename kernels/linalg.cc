@@ -133,17 +133,26 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
 }
 
 std::pair<Tensor, Tensor> linear_weight_grads(const Tensor& g, const Tensor& x, bool want_bias) {
+  return linear_weight_grads(g, x, want_bias, x.dtype());
+}
+
+std::pair<Tensor, Tensor> linear_weight_grads(const Tensor& g, const Tensor& x, bool want_bias, DType grad_dtype) {
   const Device dev = check_device("linear_weight_grads", {&g, &x});
   check_matmul_dtypes("linear_weight_grads", g, x);
   MG_CHECK(g.dim() == 2 && x.dim() == 2 && g.size(0) == x.size(0), ShapeError,
            "linear_weight_grads: expected g [rows, out] and x [rows, in], got ", shape_str(g.sizes()), " and ",
            shape_str(x.sizes()));
+  const bool wider = grad_dtype != x.dtype();
+  MG_CHECK(!wider || (grad_dtype == DType::f32 && (x.dtype() == DType::f16 || x.dtype() == DType::bf16)), DTypeError,
+           "linear_weight_grads: gradients in ", dtype_name(grad_dtype), " from ", dtype_name(x.dtype()),
+           " operands (only f32 from f16 or bf16, or the operands' own dtype)");
   const Tensor gc = raw::contiguous(g), xc = raw::contiguous(x);
-  Tensor gw = empty({g.size(1), x.size(1)}, {x.dtype(), dev});
-  Tensor gb = want_bias ? empty({g.size(1)}, {g.dtype(), dev}) : Tensor();
-  if (want_bias && backend(dev, "linear_weight_grads").fused_linear_weight_grads(gc, xc, gw, gb)) return {gw, gb};
-  backend(dev, "linear_weight_grads").gemm(gc, true, xc, false, gw, 1.0, 0.0);
-  if (want_bias) gb = sum(gc, {0});
+  Backend& be = backend(dev, "linear_weight_grads");
+  Tensor gw = empty({g.size(1), x.size(1)}, {grad_dtype, dev});
+  Tensor gb = want_bias ? empty({g.size(1)}, {grad_dtype, dev}) : Tensor();
+  if ((want_bias || wider) && be.fused_linear_weight_grads(gc, xc, gw, gb)) return {gw, gb};
+  be.gemm(gc, true, xc, false, gw, 1.0, 0.0);  // a widening GEMM when gw is f32
+  if (want_bias) gb = raw::to_dtype(sum(gc, {0}), grad_dtype);
   return {gw, gb};
 }
 

@@ -24,7 +24,12 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
 // linear's weight and bias gradients from the output gradient g [rows, out] and the input
 // x [rows, in]: gw = g^T @ x and, with want_bias, gb = g summed over rows (else undefined). On
 // CUDA one cuBLASLt GEMM computes both (the bias-gradient epilogue); elsewhere a GEMM and a sum.
+// `grad_dtype` (default: x's) may be f32 for f16/bf16 g and x: both gradients are then written
+// from the f32 accumulator without rounding to the operands' type (on CUDA in the same one GEMM;
+// elsewhere a widening GEMM, and the bias sum rounded to x's dtype, then widened). Autocast's weight casts take such
+// gradients as they are (autograd::grad_dtype_for), which saves the cast back to the f32 weight.
 std::pair<Tensor, Tensor> linear_weight_grads(const Tensor& g, const Tensor& x, bool want_bias);
+std::pair<Tensor, Tensor> linear_weight_grads(const Tensor& g, const Tensor& x, bool want_bias, DType grad_dtype);
 
 // The transformer MLP's first linear with its tanh GELU: returns (out, pre) with pre = x @ w^T
 // + bias and out = gelu_tanh(pre), both shaped like linear's result. On CUDA in f16/bf16 one

@@ -13,7 +13,8 @@ bench_models prints them, so the suite pairs them):
 --compile runs the rows through torch.compile (side "pytorch_compile").
 --cuda-graph captures the whole step (forward, backward, fused SGD) with torch.cuda.graph after
 warm-up on a side stream, PyTorch's whole-network capture recipe (side "pytorch_graph", config
-suffix " CUDA graph" as bench_models --cuda-graph prints it).
+suffix " CUDA graph" as bench_models --cuda-graph prints it); with --compile too, the compiled
+step captured the same way (side "pytorch_compile_graph").
 Prints one JSON line per row.
     python3 bench/pytorch/models_step.py [--rows all|bf16|channels_last] [--model all|resnet50|gpt2] [--compile]
                                          [--cuda-graph] [--steps N] [--warmup N] [--checkpoint]
@@ -211,7 +212,7 @@ def run_row(model, tag, tf32, dtype, channels_last, compiled, a):
     side = "pytorch_compile" if compiled else "pytorch_eager"
     if a.cuda_graph:
         r = measure_graphed(step, opt, a.warmup, a.steps)
-        side, tag = "pytorch_graph", tag + " CUDA graph"
+        side, tag = ("pytorch_compile_graph" if compiled else "pytorch_graph"), tag + " CUDA graph"
     else:
         r = measure(step, a.warmup, a.steps)
     n, unit = SAMPLES[model]

@@ -50,14 +50,14 @@ int alignment(const void* p) {
 
 // One matmul's shape: column-major D (m x n) = op(A) @ op(B), A and B with leading dims.
 struct Key {
-  int dtype, compute, epilogue;
+  int dtype, out_dtype, compute, epilogue;  // out_dtype: C and D (and the bias), wider than A and B or the same
   bool ta, tb;
   int64_t m, n, k, lda, ldb, ldd;
   int align_a, align_b, align_d, align_bias;
   int64_t ld_aux;  // 0: no auxiliary matrix
   auto tie() const {
-    return std::tie(dtype, compute, epilogue, ta, tb, m, n, k, lda, ldb, ldd, align_a, align_b, align_d, align_bias,
-                    ld_aux);
+    return std::tie(dtype, out_dtype, compute, epilogue, ta, tb, m, n, k, lda, ldb, ldd, align_a, align_b, align_d,
+                    align_bias, ld_aux);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -111,9 +111,11 @@ const Plan* plan_for(const Key& key, int device, size_t workspace) {
   set_attr(p->op, CUBLASLT_MATMUL_DESC_TRANSB, key.tb ? CUBLAS_OP_T : CUBLAS_OP_N);
   set_attr(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<cublasLtEpilogue_t>(key.epilogue));
   if (key.ld_aux) set_attr(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, key.ld_aux);
+  // A wider D: the bias gradient in D's type too (cuBLASLt's default, said here).
+  if (key.out_dtype != key.dtype) set_attr(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, key.out_dtype);
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, data, key.ta ? key.k : key.m, key.ta ? key.m : key.k, key.lda));
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, data, key.tb ? key.n : key.k, key.tb ? key.k : key.n, key.ldb));
-  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, data, key.m, key.n, key.ldd));
+  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, static_cast<cudaDataType_t>(key.out_dtype), key.m, key.n, key.ldd));
   cublasLtMatmulPreference_t pref = nullptr;
   MG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, auto v) {
@@ -139,19 +141,26 @@ const Plan* plan_for(const Key& key, int device, size_t workspace) {
 // Column-major D = op(A) @ op(B) with `epilogue` reading or writing `bias`; false when
 // cuBLASLt cannot take it (the caller falls back).
 // `aux` (leading dim ld_aux, D's shape and dtype) is the GELU epilogues' auxiliary matrix.
-bool lt_matmul(int device, DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, int64_t lda,
-               const void* B, int64_t ldb, void* D, int64_t ldd, cublasLtEpilogue_t epilogue, void* bias,
+// A and B are `dt`; D (and the bias) is `out`: `dt`, or f32 from f16/bf16 operands (the f32
+// accumulator written without rounding it to the operands' type).
+bool lt_matmul(int device, DType dt, DType out, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
+               int64_t lda, const void* B, int64_t ldb, void* D, int64_t ldd, cublasLtEpilogue_t epilogue, void* bias,
                void* aux = nullptr, int64_t ld_aux = 0) {
   cudaDataType_t data;
   cublasComputeType_t compute;
   if (!lt_enabled() || !lt_types(dt, &data, &compute)) return false;
+  cudaDataType_t out_data = data;
+  if (out != dt) {
+    if (out != DType::f32 || (dt != DType::f16 && dt != DType::bf16)) return false;
+    out_data = CUDA_R_32F;
+  }
   // cuBLASLt wants the auxiliary matrix 16-byte aligned with a leading dim a multiple of 8.
   if (aux && (alignment(aux) < 16 || ld_aux % 8 != 0)) return false;
   size_t ws_bytes = 0;
   void* ws = cublas_workspace(device, &ws_bytes);
   const Key key{
-      data,         compute,         epilogue,        ta, tb, m, n, k, lda, ldb, ldd, alignment(A), alignment(B),
-      alignment(D), alignment(bias), aux ? ld_aux : 0};
+      data,         out_data,     compute,         epilogue,        ta, tb, m, n, k, lda, ldb, ldd, alignment(A),
+      alignment(B), alignment(D), alignment(bias), aux ? ld_aux : 0};
   const Plan* p = plan_for(key, device, ws_bytes);
   if (!p) return false;
   set_attr(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
@@ -174,19 +183,22 @@ bool lt_linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, const 
   if (!plain_rows(x) || !plain_rows(w) || !plain_rows(out) || !bias.is_contiguous()) return false;
   const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
   if (rows == 0 || n == 0 || k == 0) return false;
-  return lt_matmul(out.device().index, out.dtype(), true, false, n, rows, k, w.raw_data(), k, x.raw_data(), k,
-                   out.raw_data(), n, CUBLASLT_EPILOGUE_BIAS, bias.raw_data());
+  return lt_matmul(out.device().index, out.dtype(), out.dtype(), true, false, n, rows, k, w.raw_data(), k, x.raw_data(),
+                   k, out.raw_data(), n, CUBLASLT_EPILOGUE_BIAS, bias.raw_data());
 }
 
 // Row-major gw[n, k] = g[rows, n]^T @ x[rows, k] is column-major gw^T (k x n) = x^T (k x rows)
 // @ g (op T of its column-major n x rows storage); gb[n], the sum of g over rows, is the sum
-// of op(B) over the GEMM's k dimension: the BGRADB epilogue.
+// of op(B) over the GEMM's k dimension: the BGRADB epilogue. Without gb, the plain GEMM (for an
+// f32 gw from f16/bf16 operands, which cublasGemmEx's one-dtype path here does not take).
 bool lt_weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor& gb) {
-  if (!plain_rows(g) || !plain_rows(x) || !plain_rows(gw) || !gb.is_contiguous()) return false;
+  if (!plain_rows(g) || !plain_rows(x) || !plain_rows(gw)) return false;
+  if (gb.defined() && (!gb.is_contiguous() || gb.dtype() != gw.dtype())) return false;
   const int64_t rows = g.size(0), n = g.size(1), k = x.size(1);
   if (rows == 0 || n == 0 || k == 0) return false;
-  return lt_matmul(gw.device().index, gw.dtype(), false, true, k, n, rows, x.raw_data(), k, g.raw_data(), n,
-                   gw.raw_data(), k, CUBLASLT_EPILOGUE_BGRADB, gb.raw_data());
+  return lt_matmul(gw.device().index, x.dtype(), gw.dtype(), false, true, k, n, rows, x.raw_data(), k, g.raw_data(), n,
+                   gw.raw_data(), k, gb.defined() ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT,
+                   gb.defined() ? gb.raw_data() : nullptr);
 }
 
 // lt_linear_bias's layout; the auxiliary output pre^T has D's layout (ld n).
@@ -198,8 +210,8 @@ bool lt_linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias, const 
   if (out.dtype() != DType::f16 && out.dtype() != DType::bf16) return false;
   const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
   if (rows == 0 || n == 0 || k == 0) return false;
-  return lt_matmul(out.device().index, out.dtype(), true, false, n, rows, k, w.raw_data(), k, x.raw_data(), k,
-                   out.raw_data(), n, bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX,
+  return lt_matmul(out.device().index, out.dtype(), out.dtype(), true, false, n, rows, k, w.raw_data(), k, x.raw_data(),
+                   k, out.raw_data(), n, bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX,
                    bias.defined() ? bias.raw_data() : nullptr, pre.raw_data(), n);
 }
 
@@ -214,8 +226,8 @@ bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre
   if (g_pre.dtype() != DType::f16 && g_pre.dtype() != DType::bf16) return false;  // see lt_linear_gelu
   const int64_t rows = g.size(0), k = g.size(1), n = w.size(1);
   if (rows == 0 || n == 0 || k == 0) return false;
-  return lt_matmul(g_pre.device().index, g_pre.dtype(), false, false, n, rows, k, w.raw_data(), n, g.raw_data(), k,
-                   g_pre.raw_data(), n, CUBLASLT_EPILOGUE_DGELU, nullptr, pre.raw_data(), n);
+  return lt_matmul(g_pre.device().index, g_pre.dtype(), g_pre.dtype(), false, false, n, rows, k, w.raw_data(), n,
+                   g.raw_data(), k, g_pre.raw_data(), n, CUBLASLT_EPILOGUE_DGELU, nullptr, pre.raw_data(), n);
 }
 
 }  // namespace mg::kernels::cuda

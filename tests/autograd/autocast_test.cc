@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "autograd/autocast_policy.h"
+#include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
 #include "core/autocast.h"
@@ -41,6 +42,32 @@ Tensor leaf(const Shape& s, Device d, Generator& g, double scale = 1.0) {
   Tensor t = kernels::mul_scalar(randn(s, {DType::f32, d}, &g), scale);
   t.requires_grad_();
   return t;
+}
+
+// A linear's weight gradient under autocast is written in f32 by the weight-gradient GEMM (the
+// cast's "to" node takes f32 as it is): bitwise kernels::linear_weight_grads(g, x_lp, f32), within
+// f32 accumulation of the f64 product of the same lp operands, and not rounded to lp on the way
+// (the cast back from lp made every element an lp value). On CUDA the bias gradient comes from the
+// same GEMM; on the CPU it is a row sum in lp, widened, so only its dtype is checked there.
+void check_f32_weight_grads(Device d, DType lp) {
+  Generator g(21);
+  const int64_t rows = 64;
+  Tensor x = leaf({rows, 32}, d, g), w = leaf({24, 32}, d, g, 0.2), b = leaf({24}, d, g);
+  Tensor c = randn({rows, 24}, {DType::f32, d}, &g).to(lp);  // sum(y * c): dL/dy is c exactly
+  {
+    Autocast ac(d.type, lp);
+    sum(linear(x, w, b) * c).backward();
+  }
+  const Tensor xl = x.detach().to(lp);
+  auto [rw, rb] = kernels::linear_weight_grads(c, xl, true, DType::f32);
+  ASSERT_EQ(w.grad().dtype(), DType::f32);
+  ASSERT_EQ(b.grad().dtype(), DType::f32);
+  EXPECT_TRUE(bitwise_equal(w.grad(), rw));
+  if (d.is_cuda()) EXPECT_TRUE(bitwise_equal(b.grad(), rb));
+  EXPECT_FALSE(bitwise_equal(w.grad(), w.grad().to(lp).to(DType::f32)));
+  // f32 sums of `rows` products: at most about rows * 2^-24 of the largest magnitude off.
+  Tensor ref = kernels::matmul(c.to(DType::f64).to(Device::cpu()).t(), xl.to(DType::f64).to(Device::cpu()));
+  EXPECT_LT(rel_err(w.grad().to(Device::cpu()), ref), rows * std::ldexp(1.0, -24));
 }
 
 // Every op family's output dtype inside a region on `dev` with low-precision dtype `lp`.
@@ -249,6 +276,36 @@ TEST(Autocast, BackwardRunsInTheForwardDtype) {
   EXPECT_LT(rel_err(gw, w.grad()), 3e-2);
 }
 
+TEST(Autocast, WeightGradientsComeInF32FromTheGemm) { check_f32_weight_grads(Device::cpu(), DType::bf16); }
+
+// A weight cast used twice: one use hands its node an f32 gradient (a linear), the other an lp
+// one (a matmul): the engine sums them in f32, and grad() asked for the cast itself returns the
+// cast's own dtype.
+TEST(Autocast, WiderAndNarrowerGradientsMeetAtTheCast) {
+  Generator g(22);
+  Tensor x = leaf({16, 8}, Device::cpu(), g), w = leaf({6, 8}, Device::cpu(), g);
+  Tensor two_uses, wc;
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    wc = autocast::cached_cast(w, DType::bf16);
+    two_uses = sum(linear(x, w)) + sum(matmul(x, wc.t()));  // linear finds wc in the cache
+  }
+  Tensor gc = autograd::grad({two_uses}, {wc}, {}, /*retain_graph=*/true)[0];
+  EXPECT_EQ(gc.dtype(), DType::bf16);
+  two_uses.backward();
+  const Tensor both = w.grad();
+  ASSERT_EQ(both.dtype(), DType::f32);
+  Tensor once;
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    w.set_grad(Tensor());
+    sum(linear(x, w)).backward();
+    once = w.grad().clone();
+  }
+  // Both uses have the same gradient, the matmul's rounded to bf16 (8 bits): within 2^-8 of twice one.
+  EXPECT_LT(rel_err(both, kernels::mul_scalar(once, 2.0)), std::ldexp(1.0, -8));
+}
+
 // Two micro-batches inside one region with backward between them (gradient accumulation):
 // the cached weight cast whose node the first backward released is replaced, not reused.
 TEST(Autocast, GradientAccumulationInsideOneRegion) {
@@ -351,6 +408,11 @@ TEST(AutocastCuda, BatchNormKeepsHalfActivationsAndF32Stats) {
   Autocast ac(DeviceType::CUDA, DType::f16);
   Tensor h = conv2d(x, cw, Tensor(), 1, 1);
   EXPECT_EQ(batch_norm(h, rm, rv, w, b, false).dtype(), DType::f16);
+}
+
+TEST(AutocastCuda, WeightGradientsComeInF32FromTheGemm) {
+  SKIP_WITHOUT_CUDA();
+  for (DType lp : {DType::f16, DType::bf16}) check_f32_weight_grads(Device::cuda(0), lp);
 }
 
 TEST(AutocastCuda, LinearGradientsMatchF32) {
