@@ -71,10 +71,11 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-def make_optimizer(params, name):
-    """SGD(momentum 0.9) or AdamW (lr 1e-3, weight decay 0.1), fused like memgrad's (--optimizer)."""
+def make_optimizer(params, name, capturable=False):
+    """SGD(momentum 0.9) or AdamW (lr 1e-3, weight decay 0.1), fused like memgrad's (--optimizer).
+    capturable: AdamW for a captured step (--cuda-graph), as bench_models sets it."""
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1, fused=True)
+        return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1, fused=True, capturable=capturable)
     return torch.optim.SGD(params, lr=0.01, momentum=0.9, fused=True)
 
 
@@ -200,7 +201,7 @@ def run_row(model, tag, tf32, dtype, channels_last, compiled, a):
     set_tf32(tf32)
     torch.manual_seed(0)
     m, loss_of = make(channels_last)
-    opt = make_optimizer(m.parameters(), a.optimizer)
+    opt = make_optimizer(m.parameters(), a.optimizer, capturable=a.cuda_graph)
     if a.optimizer == "adamw":
         tag += " AdamW"
     if a.checkpoint and model == "gpt2-124M":
