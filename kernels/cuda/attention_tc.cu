@@ -342,6 +342,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int mi = 0; mi < kM; ++mi) m[mi][0] = m[mi][1] = -INFINITY, l[mi][0] = l[mi][1] = 0.f;
   const int64_t s_end = causal ? (S < i0 + kRows ? S : i0 + kRows) : S;
+  const bool fold_scale = scale_log2 > 0.f;
   for (int64_t j0 = 0, tile = 0; j0 < s_end; j0 += kBc, ++tile) {
     T* const Ks = buf(Kb, tile);
     T* const Vs = buf(Vb, tile);
@@ -355,19 +356,33 @@ __global__ void __launch_bounds__(kThreads)
     float s[kM][kN8][4];
     zero(s);
     mma_abt<T, kM, kD / 16, kN8, kD, kX3>(s, Qs + warp * 16 * kM * kLd, Ks);
+    // Every key of the tile before S and, causal, at or before the warp's first row: no mask
+    // (warp-uniform; under the causal mask only the tiles on the diagonal need one). With a
+    // positive scale such a tile's row max is taken over the raw scores (max commutes with the
+    // scaling) and the scale goes into the exponent's one FMA, ex2(s * scale - m).
+    const bool open_tile = fold_scale && j0 + kBc <= S && (!causal || j0 + kBc - 1 <= iw);
 #pragma unroll
     for (int mi = 0; mi < kM; ++mi) {
-      int hi[2];
-      key_bounds<kBc>(hi, iw + 16 * mi + g, j0, S, causal);
       float mx[2] = {m[mi][0], m[mi][1]};
+      if (open_tile) {
+        float raw[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int n = 0; n < kN8; ++n)
+        for (int n = 0; n < kN8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const bool ok = n * 8 + 2 * t + (e & 1) <= hi[e / 2];
-          s[mi][n][e] = ok ? s[mi][n][e] * scale_log2 : -INFINITY;
-          mx[e / 2] = fmaxf(mx[e / 2], s[mi][n][e]);
-        }
+          for (int e = 0; e < 4; ++e) raw[e / 2] = fmaxf(raw[e / 2], s[mi][n][e]);
+        mx[0] = fmaxf(mx[0], raw[0] * scale_log2), mx[1] = fmaxf(mx[1], raw[1] * scale_log2);
+      } else {
+        int hi[2];
+        key_bounds<kBc>(hi, iw + 16 * mi + g, j0, S, causal);
+#pragma unroll
+        for (int n = 0; n < kN8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const bool ok = n * 8 + 2 * t + (e & 1) <= hi[e / 2];
+            s[mi][n][e] = ok ? s[mi][n][e] * scale_log2 : -INFINITY;
+            mx[e / 2] = fmaxf(mx[e / 2], s[mi][n][e]);
+          }
+      }
       float corr[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -379,12 +394,14 @@ __global__ void __launch_bounds__(kThreads)
         m[mi][r] = mx[r];
         l[mi][r] *= corr[r];
       }
+      // The scaled score less the row max (per thread l; the quad's partial sums are added at the end).
+      const float mul = open_tile ? scale_log2 : 1.f;
 #pragma unroll
       for (int n = 0; n < kN8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[mi][n][e] = ex2(s[mi][n][e] - m[mi][e / 2]);
-          l[mi][e / 2] += s[mi][n][e];  // per thread; the quad's partial sums are added at the end
+          s[mi][n][e] = ex2(fmaf(s[mi][n][e], mul, -m[mi][e / 2]));
+          l[mi][e / 2] += s[mi][n][e];
         }
 #pragma unroll
       for (int n = 0; n < kD / 8; ++n) {
