@@ -181,6 +181,28 @@ __device__ __forceinline__ void mma_abt(float (&acc)[kM][kN8][4], const T* a, co
   }
 }
 
+// mma_abt for half types with A's fragments already in registers (the forward's Q at D = 64,
+// loaded once for all key tiles: a fifth of the ldmatrix traffic per tile).
+template <class T, int kM, int kK16, int kN8, int kD>
+__device__ __forceinline__ void mma_abt_a_regs(float (&acc)[kM][kN8][4], const uint32_t (&af)[kM][kK16][4],
+                                               const T* b) {
+  constexpr int kLd = ld_of<T, kD>();
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int kk = 0; kk < kK16; ++kk) {
+#pragma unroll
+    for (int n2 = 0; n2 < kN8 / 2; ++n2) {
+      uint32_t bf[4];
+      ldsm_x4(bf, b + (n2 * 16 + (lane % 8) + (lane / 16) * 8) * kLd + kk * 16 + ((lane / 8) % 2) * 8);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma<T>(acc[m][2 * n2], af[m][kk], bf[0], bf[1]);
+        mma<T>(acc[m][2 * n2 + 1], af[m][kk], bf[2], bf[3]);
+      }
+    }
+  }
+}
+
 // acc[m][n8][4] (16 kM rows x kD) += P (16 kM x 16 kK16: the accumulator tiles p, rounded to T)
 // times B stored k-major: b[k][n] (n contiguous), read with ldmatrix.trans.
 template <class T, int kM, int kK16, int kD, bool kX3 = false>
@@ -343,6 +365,10 @@ __global__ void __launch_bounds__(kThreads)
   for (int mi = 0; mi < kM; ++mi) m[mi][0] = m[mi][1] = -INFINITY, l[mi][0] = l[mi][1] = 0.f;
   const int64_t s_end = causal ? (S < i0 + kRows ? S : i0 + kRows) : S;
   const bool fold_scale = scale_log2 > 0.f;
+  // Half types at D = 64 keep the warp's Q fragments in registers (32 a thread) across the key
+  // tiles; at D = 128 they would take 64 more registers than the 255 the kernel may use.
+  constexpr bool kQInRegs = !std::is_same_v<T, float> && kD == 64;
+  uint32_t qf[kM][kD / 16][4];
   for (int64_t j0 = 0, tile = 0; j0 < s_end; j0 += kBc, ++tile) {
     T* const Ks = buf(Kb, tile);
     T* const Vs = buf(Vb, tile);
@@ -355,7 +381,18 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_commit();
     float s[kM][kN8][4];
     zero(s);
-    mma_abt<T, kM, kD / 16, kN8, kD, kX3>(s, Qs + warp * 16 * kM * kLd, Ks);
+    if constexpr (kQInRegs) {
+      if (tile == 0) {  // Q arrived with K_0
+#pragma unroll
+        for (int mi = 0; mi < kM; ++mi)
+#pragma unroll
+          for (int kk = 0; kk < kD / 16; ++kk)
+            ldsm_x4(qf[mi][kk], Qs + (warp * 16 * kM + mi * 16 + lane % 16) * kLd + kk * 16 + (lane / 16) * 8);
+      }
+      mma_abt_a_regs<T, kM, kD / 16, kN8, kD>(s, qf, Ks);
+    } else {
+      mma_abt<T, kM, kD / 16, kN8, kD, kX3>(s, Qs + warp * 16 * kM * kLd, Ks);
+    }
     // Every key of the tile before S and, causal, at or before the warp's first row: no mask
     // (warp-uniform; under the causal mask only the tiles on the diagonal need one). With a
     // positive scale such a tile's row max is taken over the raw scores (max commutes with the
