@@ -306,7 +306,8 @@ __device__ __forceinline__ void store_rows(T* dst, const float (&acc)[kD / 8][4]
 
 // kM m-tiles (16 rows) per warp, so a block owns kRows = 64 kM rows; the other side comes in
 // tiles of kN. Measured on the H200 (tools/attention_check.py, both variants verified):
-// - forward, kM = 2 (128 queries a block, 215/255 registers at D = 64/128): 1.0-1.35x faster
+// - forward, kM = 2 (128 queries a block, then 215/255 registers at D = 64/128; 245 at D = 64
+//   since Q stays in registers): 1.0-1.35x faster
 //   than kM = 1, most without the causal mask (B8 H12 T1024 D64 bf16 full 0.172 -> 0.146 ms);
 // - backward, kM = 1 (64 rows a block): kM = 2 at D = 64 was as fast without the mask and
 //   1.2-1.3x slower causal (half as many blocks, so a longer tail of the long diagonal ones);
