@@ -9,10 +9,13 @@
 //                      the row to set beside PyTorch's allow_tf32 = True
 // Models (--model resnet50|gpt2|all, or mlp): ResNet-50 and GPT-2 124M as above; mlp, only when
 // named, is the main job's MLP 784-256-128-10 (B=64).
-//   --cuda-graph       the whole step (forward, backward, SGD) captured into a CUDA graph after
-//                      --warmup eager steps (mg::CapturedStep) and timed as replays
+//   --cuda-graph       the whole step (forward, backward, optimizer step; AdamW made capturable)
+//                      captured into a CUDA graph after --warmup eager steps (mg::CapturedStep)
+//                      and timed as replays
 //   --profile          then runs --steps more steps under CUPTI and prints, per kernel,
-//                      calls and ms per step, and how busy the device was (launch overhead)
+//                      calls and ms per step, and how busy the device was (launch overhead);
+//                      eager, also the host's time in each phase of a step started on an idle
+//                      device, and how long after the host the device finished
 //   --channels-last    ResNet-50 runs channels-last (NHWC) end to end: set_memory_format on the
 //                      model and an NHWC input (" channels_last" in the config string, as
 //                      PyTorch's memory_format=torch.channels_last row)
