@@ -43,5 +43,12 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight = Tensor(), const Tensor& bias = Tensor(), bool training = false,
                        double momentum = 0.1, double eps = 1e-5);
+// relu(batch_norm(x, ...) + residual) as one op, a residual block's output: on CUDA with
+// channels-last inputs of one dtype the add and the ReLU run inside the normalization pass
+// (rounded once); elsewhere as the ops one by one. The residual's gradient is the output's
+// gradient masked by output > 0.
+Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
+                           const Tensor& running_var, const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
+                           bool training = false, double momentum = 0.1, double eps = 1e-5);
 
 }  // namespace mg

@@ -3,6 +3,7 @@
 // for half-precision activations and f32 running statistics.
 
 #include <array>
+#include <tuple>
 
 #include "autograd/conv_functions.h"
 #include "autograd/op_support.h"
@@ -81,11 +82,13 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual
 
 namespace {
 
-// batch_norm, and with relu the ReLU after it: fused into the kernels' passes where the
-// backend can (channels-last on CUDA; kernels::batch_norm_forward_training), its backward
-// masking the gradient with the saved output.
+// batch_norm, and with relu the ReLU after it (with a residual, relu(batch_norm(x) + residual)):
+// fused into the kernels' passes where the backend can (channels-last on CUDA;
+// kernels::batch_norm_forward_training), its backward masking the gradient with the saved
+// output.
 Tensor batch_norm_impl(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                       const Tensor& bias, bool training, double momentum, double eps, bool relu) {
+                       const Tensor& bias, bool training, double momentum, double eps, bool relu,
+                       const Tensor& residual = Tensor()) {
   // Autocast: a half-precision activation keeps its dtype on CUDA, and the CUDA kernels take
   // its f32 weight, bias and running statistics as they are (statistics accumulate in f32;
   // the saved statistics and the parameters' gradients come out f32): no casts, as PyTorch's
@@ -93,20 +96,42 @@ Tensor batch_norm_impl(const Tensor& x, const Tensor& running_mean, const Tensor
   const bool autocast_half =
       x.defined() && is_autocast_enabled(x.device().type) && (x.dtype() == DType::f16 || x.dtype() == DType::bf16);
   if (autocast_half && !x.is_cuda())
-    return batch_norm_impl(autocast::widen(x), running_mean, running_var, weight, bias, training, momentum, eps, relu);
+    return batch_norm_impl(autocast::widen(x), running_mean, running_var, weight, bias, training, momentum, eps, relu,
+                           residual.defined() ? autocast::widen(residual) : residual);
+  // A residual of another dtype than x's: the ops one by one, with add's type promotion.
+  if (residual.defined() && x.defined() && residual.sizes() == x.sizes() && residual.dtype() != x.dtype())
+    return mg::relu(mg::add(batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, false),
+                            residual));
   // Half-precision parameters beside f32 running statistics: the parameters go f32 (the
   // kernels take one per-channel dtype).
   auto is_half = [&](const Tensor& t) { return t.defined() && t.dtype() == x.dtype(); };
   if (autocast_half && running_mean.defined() && running_mean.dtype() == DType::f32 &&
       (is_half(weight) || is_half(bias)))
     return batch_norm_impl(x, running_mean, running_var, autocast::cached_cast(weight, DType::f32),
-                           autocast::cached_cast(bias, DType::f32), training, momentum, eps, relu);
-  const bool grad = any_requires_grad({x, weight, bias});
+                           autocast::cached_cast(bias, DType::f32), training, momentum, eps, relu, residual);
+  const bool grad = any_requires_grad({x, weight, bias, residual});
   const bool need_x = needs_grad(x), need_w = needs_grad(weight), need_b = needs_grad(bias);
   if (training) {
     Tensor rm = running_mean.defined() ? running_mean.detach() : running_mean;
     Tensor rv = running_var.defined() ? running_var.detach() : running_var;
-    auto [out, mean, invstd] = kernels::batch_norm_forward_training(x, weight, bias, rm, rv, momentum, eps, relu);
+    auto [out, mean, invstd] =
+        kernels::batch_norm_forward_training(x, weight, bias, rm, rv, momentum, eps, relu, residual);
+    if (grad && residual.defined()) {
+      // The residual's gradient is grad_out masked by out > 0; batch norm's backward takes
+      // that same masked gradient.
+      record("batch_norm_add_relu", {x, weight, bias, residual}, out,
+             [need_x, need_w, need_b, need_r = needs_grad(residual), sx = SavedTensor(x, "batch_norm_add_relu"),
+              sw = SavedTensor(weight, "batch_norm_add_relu"), sy = SavedTensor(out, "batch_norm_add_relu"),
+              mean = mean, invstd = invstd](const Grads& g) {
+               const Tensor gm = kernels::binary(kernels::Binary::ReluBackward, g[0], sy.unpack());
+               Tensor gx, gw, gb;
+               if (need_x || need_w || need_b)
+                 std::tie(gx, gw, gb) = kernels::batch_norm_backward(gm, sx.unpack(), sw.unpack(), mean, invstd, true);
+               return Grads{need_x ? gx : Tensor(), need_w ? gw : Tensor(), need_b ? gb : Tensor(),
+                            need_r ? gm : Tensor()};
+             });
+      return out;
+    }
     if (grad)
       // mean/invstd are this op's own tensors: captured plainly, no version check needed.
       // With relu the output is saved too: its sign is the ReLU's gradient.
@@ -120,6 +145,9 @@ Tensor batch_norm_impl(const Tensor& x, const Tensor& running_mean, const Tensor
              });
     return out;
   }
+  if (relu && residual.defined())
+    return mg::relu(
+        mg::add(batch_norm_impl(x, running_mean, running_var, weight, bias, false, momentum, eps, false), residual));
   if (relu) return mg::relu(batch_norm_impl(x, running_mean, running_var, weight, bias, false, momentum, eps, false));
   Tensor out = kernels::batch_norm_forward_eval(x, weight, bias, running_mean, running_var, eps);
   if (grad)
@@ -146,6 +174,17 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                        const Tensor& bias, bool training, double momentum, double eps) {
   return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, /*relu=*/true);
+}
+
+Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
+                           const Tensor& running_var, const Tensor& weight, const Tensor& bias, bool training,
+                           double momentum, double eps) {
+  MG_CHECK(residual.defined(), ValueError, "batch_norm_add_relu: the residual is undefined");
+  MG_CHECK(x.defined() && residual.sizes() == x.sizes(), ShapeError, "batch_norm_add_relu: residual shape ",
+           shape_str(residual.sizes()), " must equal the input's ",
+           x.defined() ? shape_str(x.sizes()) : std::string("(undefined)"));
+  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, /*relu=*/true,
+                         residual);
 }
 
 }  // namespace mg

@@ -126,13 +126,15 @@ class Backend {
                                    const Tensor& invstd, bool training, const Tensor& grad_x, const Tensor& grad_weight,
                                    const Tensor& grad_bias) = 0;
   // Batch norm with the ReLU after it in the same passes, where the backend fuses them for
-  // this input: the training forward writes max(0, normalized); the backward first masks
-  // grad_out with relu_out > 0 (relu_out: that forward's output). False, having done nothing,
-  // where it does not (the CPU; NCHW on CUDA): the caller runs the plain kernels and the ReLU.
+  // this input: the training forward writes max(0, normalized) (max(0, normalized + residual)
+  // with a residual of x's shape, dtype and layout: a ResNet block's output); the backward first
+  // masks grad_out with relu_out > 0 (relu_out: that forward's output). False, having done
+  // nothing, where it does not (the CPU; NCHW on CUDA): the caller runs the plain kernels, the
+  // residual add and the ReLU.
   virtual bool batch_norm_relu_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                                 const Tensor& running_mean, const Tensor& running_var, double momentum,
                                                 double eps, const Tensor& out, const Tensor& save_mean,
-                                                const Tensor& save_invstd) = 0;
+                                                const Tensor& save_invstd, const Tensor& residual) = 0;
   virtual bool batch_norm_relu_backward(const Tensor& grad_out, const Tensor& relu_out, const Tensor& x,
                                         const Tensor& weight, const Tensor& mean, const Tensor& invstd,
                                         const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias) = 0;

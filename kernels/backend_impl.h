@@ -104,7 +104,7 @@ class BackendImpl final : public Backend {
   bool batch_norm_relu_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                         const Tensor& running_mean, const Tensor& running_var, double momentum,
                                         double eps, const Tensor& out, const Tensor& save_mean,
-                                        const Tensor& save_invstd) override;
+                                        const Tensor& save_invstd, const Tensor& residual) override;
   bool batch_norm_relu_backward(const Tensor& grad_out, const Tensor& relu_out, const Tensor& x, const Tensor& weight,
                                 const Tensor& mean, const Tensor& invstd, const Tensor& grad_x,
                                 const Tensor& grad_weight, const Tensor& grad_bias) override;

@@ -223,7 +223,7 @@ int64_t check_batch_norm(const char* op, const Tensor& x,
 std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, const Tensor& weight,
                                                                const Tensor& bias, const Tensor& running_mean,
                                                                const Tensor& running_var, double momentum, double eps,
-                                                               bool relu) {
+                                                               bool relu, const Tensor& residual) {
   const char* op = "batch_norm";
   const Device dev = common_device(op, {&x, &weight, &bias, &running_mean, &running_var});
   DType pd;
@@ -236,6 +236,13 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, 
            ": momentum must be finite and eps non-negative, got momentum ", momentum, ", eps ", eps);
   MG_CHECK(x.numel() / std::max<int64_t>(C, 1) > 1, ValueError, op,
            ": expected more than 1 value per channel when training, got input of shape ", shape_str(x.sizes()));
+  if (residual.defined()) {
+    MG_CHECK(relu, ValueError, op, ": a residual is added only before the fused ReLU (relu = true)");
+    MG_CHECK(residual.sizes() == x.sizes() && residual.dtype() == x.dtype() && residual.device() == dev, ShapeError,
+             op, ": residual must match the input (", shape_str(x.sizes()), " ", dtype_name(x.dtype()), " on ",
+             dev.str(), "), got ", shape_str(residual.sizes()), " ", dtype_name(residual.dtype()), " on ",
+             residual.device().str());
+  }
   const MemoryFormat fmt = device_format(x, dev);  // NHWC stays NHWC on CUDA
   Tensor out = empty(x.sizes(), {x.dtype(), dev}, fmt);
   Tensor mean = empty({C}, {pd, dev}), invstd = empty({C}, {pd, dev});
@@ -243,8 +250,10 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, 
   Tensor rm = prep(running_mean, pd), rv = prep(running_var, pd);
   Backend& be = backend(dev, "batch_norm_forward_training");
   const Tensor xp = prep(x, x.dtype(), fmt), wp = prep(weight, pd), bp = prep(bias, pd);
-  if (!relu || !be.batch_norm_relu_forward_training(xp, wp, bp, rm, rv, momentum, eps, out, mean, invstd)) {
+  const Tensor res = residual.defined() ? prep(residual, x.dtype(), fmt) : residual;
+  if (!relu || !be.batch_norm_relu_forward_training(xp, wp, bp, rm, rv, momentum, eps, out, mean, invstd, res)) {
     be.batch_norm_forward_training(xp, wp, bp, rm, rv, momentum, eps, out, mean, invstd);
+    if (res.defined()) binary_(Binary::Add, out, res);
     if (relu) unary_(Unary::Relu, out);
   }
   if (running_mean.defined()) {

@@ -56,11 +56,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_backward(const Tensor&
 // updated in place: r = (1 - momentum) * r + momentum * batch_stat, with the unbiased
 // variance (like PyTorch). weight/bias [C] may be undefined (no affine). relu: out is
 // max(0, normalized) (in the same passes for a channels-last input on CUDA, a second pass
-// elsewhere); its backward is batch_norm_backward with relu_out = out.
+// elsewhere); its backward is batch_norm_backward with relu_out = out. residual (relu only;
+// x's shape and dtype): out is max(0, normalized + residual), a ResNet block's output, the add
+// inside the normalizing pass where the ReLU is; its gradient is grad_out masked by out > 0.
 std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, const Tensor& weight,
                                                                const Tensor& bias, const Tensor& running_mean,
                                                                const Tensor& running_var, double momentum, double eps,
-                                                               bool relu = false);
+                                                               bool relu = false, const Tensor& residual = Tensor());
 // Normalizes with the running statistics.
 Tensor batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                                const Tensor& running_var, double eps);

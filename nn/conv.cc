@@ -179,7 +179,12 @@ Tensor BatchNorm2d::forward_relu(const Tensor& x) {
   return run(x, /*relu=*/true);
 }
 
-Tensor BatchNorm2d::run(const Tensor& x, bool relu) {
+Tensor BatchNorm2d::forward_add_relu(const Tensor& x, const Tensor& residual) {
+  run_forward_pre_hooks();
+  return run(x, /*relu=*/true, residual);
+}
+
+Tensor BatchNorm2d::run(const Tensor& x, bool relu, const Tensor& residual) {
   MG_CHECK(x.defined() && x.dim() == 4, ShapeError, "BatchNorm2d: expected a 4-D input [N, C, H, W], got shape ",
            x.defined() ? shape_str(x.sizes()) : std::string("(undefined)"));
   MG_CHECK(x.size(1) == num_features, ShapeError, "BatchNorm2d(", num_features, "): input has ", x.size(1),
@@ -198,6 +203,7 @@ Tensor BatchNorm2d::run(const Tensor& x, bool relu) {
   const bool update = is_training() && track_running_stats;
   const Tensor rm = update || !use_batch_stats ? running_mean : Tensor();
   const Tensor rv = update || !use_batch_stats ? running_var : Tensor();
+  if (residual.defined()) return mg::batch_norm_add_relu(x, residual, rm, rv, weight, bias, use_batch_stats, factor, eps);
   return relu ? mg::batch_norm_relu(x, rm, rv, weight, bias, use_batch_stats, factor, eps)
               : mg::batch_norm(x, rm, rv, weight, bias, use_batch_stats, factor, eps);
 }

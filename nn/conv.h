@@ -81,6 +81,9 @@ class BatchNorm2d : public Module {
   // relu((*this)(x)) as one op (mg::batch_norm_relu: fused on CUDA for channels-last inputs);
   // runs the forward pre-hooks as operator() does.
   Tensor forward_relu(const Tensor& x);
+  // relu((*this)(x) + residual) as one op (mg::batch_norm_add_relu: the add and the ReLU
+  // inside the normalization pass on CUDA for channels-last inputs): a residual block's output.
+  Tensor forward_add_relu(const Tensor& x, const Tensor& residual);
   // running_mean = 0, running_var = 1, num_batches_tracked = 0.
   void reset_running_stats();
   // reset_running_stats(), weight = 1, bias = 0.
@@ -98,7 +101,7 @@ class BatchNorm2d : public Module {
   Tensor& num_batches_tracked;  // i64 scalar buffer
 
  private:
-  Tensor run(const Tensor& x, bool relu);
+  Tensor run(const Tensor& x, bool relu, const Tensor& residual = Tensor());
   Tensor one_;  // num_batches_tracked's increment, on its device
 };
 

@@ -170,7 +170,7 @@ void CpuBackend::batch_norm_forward_training(const Tensor& x, const Tensor& weig
 template <>
 bool CpuBackend::batch_norm_relu_forward_training(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                   const Tensor&, double, double, const Tensor&, const Tensor&,
-                                                  const Tensor&) {
+                                                  const Tensor&, const Tensor&) {
   return false;
 }
 

@@ -420,7 +420,8 @@ __device__ __forceinline__ void mask_by(AlignedVec<T, V>& g, const AlignedVec<T,
 // kernels' tile shape: a thread keeps one vector column, so its V channels' coefficients
 // sit in registers while it walks rows blockIdx.y * ty + threadIdx.y, step gridDim.y * ty.
 // relu (forward): out = max(0, ...); ymask (backward): g counts only where ymask > 0 (the
-// fused ReLU's output).
+// fused ReLU's output). In the forward (K = 2) g, when given, is a residual added before the
+// ReLU: out = max(0, x * coef[c][0] + coef[c][1] + g), rounded once.
 template <class T, int V, int K>
 __global__ void bn_nhwc_apply_kernel(const T* g, const T* x, const math_t<T>* coef, T* out, RowsTile t, bool relu,
                                      const T* ymask) {
@@ -438,9 +439,12 @@ __global__ void bn_nhwc_apply_kernel(const T* g, const T* x, const math_t<T>* co
     const AlignedVec<T, V> xv = load_pack<T, V>(x, i);
     AlignedVec<T, V> o;
     if constexpr (K == 2) {
+      AlignedVec<T, V> rv;
+      if (g) rv = load_pack<T, V>(g, i);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const A v = load_m(xv.v[j]) * k[0][j] + k[1][j];
+        A v = load_m(xv.v[j]) * k[0][j] + k[1][j];
+        if (g) v += load_m(rv.v[j]);
         o.v[j] = store_m<T>(relu ? max(v, A(0)) : v);
       }
     } else {
@@ -548,7 +552,8 @@ void with_param_type(DType pd, F&& f) {
 // The channels-last training forward: stats, finalize, apply.
 void batch_norm_nhwc_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                              const Tensor& running_var, double momentum, double eps, const Tensor& out,
-                             const Tensor& save_mean, const Tensor& save_invstd, bool relu) {
+                             const Tensor& save_mean, const Tensor& save_invstd, bool relu,
+                             const Tensor& residual = Tensor()) {
   const int64_t C = x.size(1), M = x.numel() / C;
   cudaStream_t st = stream_of(x);
   MG_CUDA_DISPATCH_FLOAT(x.dtype(), "batch_norm", [&] {
@@ -557,7 +562,7 @@ void batch_norm_nhwc_forward(const Tensor& x, const Tensor& weight, const Tensor
       using W = decltype(wtag);
       using A = math_t<T>;
       nhwc_pass<T, 2>(
-          M, C, {x.raw_data(), out.raw_data()}, "batch_norm", x.device(),
+          M, C, {x.raw_data(), out.raw_data(), data_as<void>(residual)}, "batch_norm", x.device(),
           [&](auto vc, const RowsTile& t, A* ws, A* coef) {
             constexpr int V = decltype(vc)::value;
             bn_nhwc_stats_kernel<T, V><<<tile_grid(t), dim3(t.tx, t.ty), 0, st>>>(data_as<const T>(x), t, ws);
@@ -565,7 +570,7 @@ void batch_norm_nhwc_forward(const Tensor& x, const Tensor& weight, const Tensor
                 ws, t, data_as<const W>(weight), data_as<const W>(bias), data_as<W>(running_mean),
                 data_as<W>(running_var), data_as<W>(save_mean), data_as<W>(save_invstd), coef, momentum, eps);
             bn_nhwc_apply_kernel<T, V, 2><<<apply_grid(t), dim3(t.tx, t.ty), 0, st>>>(
-                nullptr, data_as<const T>(x), coef, data_as<T>(out), t, relu, nullptr);
+                data_as<const T>(residual), data_as<const T>(x), coef, data_as<T>(out), t, relu, nullptr);
           });
       MG_CUDA_CHECK_LAUNCH("batch_norm");
     });
@@ -688,12 +693,13 @@ template <>
 bool CudaBackend::batch_norm_relu_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                                    const Tensor& running_mean, const Tensor& running_var,
                                                    double momentum, double eps, const Tensor& out,
-                                                   const Tensor& save_mean, const Tensor& save_invstd) {
-  if (!is_channels_last(x)) return false;
+                                                   const Tensor& save_mean, const Tensor& save_invstd,
+                                                   const Tensor& residual) {
+  if (!is_channels_last(x) || (residual.defined() && !is_channels_last(residual))) return false;
   if (x.numel() == 0) return true;
   mg::cuda::DeviceGuard guard(x.device());
   batch_norm_nhwc_forward(x, weight, bias, running_mean, running_var, momentum, eps, out, save_mean, save_invstd,
-                          /*relu=*/true);
+                          /*relu=*/true, residual);
   return true;
 }
 

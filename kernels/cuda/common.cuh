@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <type_traits>
 
@@ -26,6 +27,19 @@ inline cudaStream_t stream_of(const Tensor& t) {
 }
 
 constexpr int kBlock = 256;
+
+// The device's SM count (asked once per device: kernels that size their grid to the GPU).
+inline int sm_count(const Device& d) {
+  static std::atomic<int> counts[64] = {};
+  const int i = d.index;
+  if (i < 0 || i >= 64) return 132;
+  int c = counts[i].load(std::memory_order_relaxed);
+  if (c == 0) {
+    if (cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, i) != cudaSuccess || c <= 0) c = 132;
+    counts[i].store(c, std::memory_order_relaxed);
+  }
+  return c;
+}
 
 // Blocks for a grid-stride loop over n items: enough to fill the GPU, never more than needed.
 inline unsigned blocks_for(int64_t n, int block = kBlock) {

@@ -6,6 +6,8 @@
 // (CUBLAS_COMPUTE_32F, default math: no TF32), f16/bf16 take f32 accumulation, f64 f64.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/cuda/check.h"
 #include "core/device_runtime.h"
@@ -192,10 +194,28 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
   }
 }
 
+// The bias gradient is the column sum of g by memgrad's vectorized column reduction, after
+// the plain weight-gradient GEMM. cuBLASLt's BGRADB epilogue runs the same sum as a kernel of
+// its own (globalKernelBgradAB_v2) at about half the copy's bandwidth: 0.65 ms of a GPT-2 124M
+// bf16 step at B=8, 48 launches (docs/h200_run_2026-12-03.log, session 13 call 2).
+// MG_BIAS_GRAD=epilogue takes the epilogue instead (A/B runs).
+namespace {
+bool bias_grad_epilogue() {
+  static const bool on = [] {
+    const char* e = std::getenv("MG_BIAS_GRAD");
+    return e && std::strcmp(e, "epilogue") == 0;
+  }();
+  return on;
+}
+}  // namespace
+
 template <>
 bool CudaBackend::fused_linear_weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor& gb) {
   mg::cuda::DeviceGuard guard(gw.device());
-  return cuda::lt_weight_grads(g, x, gw, gb);
+  if (!gb.defined() || bias_grad_epilogue()) return cuda::lt_weight_grads(g, x, gw, gb);
+  if (!cuda::lt_weight_grads(g, x, gw, Tensor())) return false;
+  sum(g, raw::view(gb, {1, gb.numel()}));
+  return true;
 }
 
 template <>

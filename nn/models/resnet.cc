@@ -15,12 +15,6 @@ std::shared_ptr<Conv2d> conv1x1(int64_t in, int64_t out, int64_t stride, TensorO
 std::shared_ptr<BatchNorm2d> bn(int64_t c, TensorOptions opts) {
   return std::make_shared<BatchNorm2d>(c, 1e-5, 0.1, true, true, opts);
 }
-// ReLU in place: the tensor it overwrites is a residual sum, which no backward needs, so this
-// saves one activation per block.
-Tensor relu_inplace(Tensor x) {
-  if (x.is_leaf() && x.requires_grad()) return relu(x);
-  return relu_(x);
-}
 }  // namespace
 
 ResidualBlock::ResidualBlock(std::string name, std::vector<std::shared_ptr<Conv2d>> convs, std::shared_ptr<Module> ds,
@@ -37,12 +31,13 @@ ResidualBlock::ResidualBlock(std::string name, std::vector<std::shared_ptr<Conv2
   if (ds) downsample = register_module("downsample", std::move(ds));
 }
 
-// Each batch norm that a ReLU follows runs as one op with it (BatchNorm2d::forward_relu).
+// Each batch norm that a ReLU follows runs as one op with it (BatchNorm2d::forward_relu), the
+// last one with the residual add too (BatchNorm2d::forward_add_relu: the block's output).
 Tensor ResidualBlock::forward(const Tensor& x) {
   Tensor out = bn1->forward_relu((*conv1)(x));
-  out = conv3 ? (*bn3)((*conv3)(bn2->forward_relu((*conv2)(out)))) : (*bn2)((*conv2)(out));
-  Tensor identity = downsample ? (*downsample)(x) : x;
-  return relu_inplace(add(out, identity));
+  if (conv3) out = bn2->forward_relu((*conv2)(out));
+  const Tensor identity = downsample ? (*downsample)(x) : x;
+  return conv3 ? bn3->forward_add_relu((*conv3)(out), identity) : bn2->forward_add_relu((*conv2)(out), identity);
 }
 
 BasicBlock::BasicBlock(int64_t inplanes, int64_t planes, int64_t stride, std::shared_ptr<Module> ds, TensorOptions opts,

@@ -68,5 +68,31 @@ TEST(ConvAutograd, BatchNormReluIsReluOfBatchNorm) {
   EXPECT_THROW(batch_norm_relu(x, rm, rv, ones({3}, {DType::f64}), Tensor(), true), ShapeError);
 }
 
+// batch_norm_add_relu is relu(batch_norm(x) + residual): the same values and running statistics
+// on the CPU (where it runs as those ops), a residual of another dtype promoted as add promotes,
+// and a residual of another shape (even a broadcastable one) an error naming both shapes.
+TEST(ConvAutograd, BatchNormAddReluIsReluOfBatchNormPlusResidual) {
+  Tensor x = randn({4, 2, 3, 3}, {DType::f64}), r = randn({4, 2, 3, 3}, {DType::f64});
+  Tensor w = randn({2}, {DType::f64}), b = randn({2}, {DType::f64});
+  Tensor rm = zeros({2}, {DType::f64}), rv = ones({2}, {DType::f64});
+  Tensor rm2 = zeros({2}, {DType::f64}), rv2 = ones({2}, {DType::f64});
+  EXPECT_EQ(batch_norm_add_relu(x, r, rm, rv, w, b, true).to_vector<double>(),
+            relu(batch_norm(x, rm2, rv2, w, b, true) + r).to_vector<double>());
+  EXPECT_EQ(rm.to_vector<double>(), rm2.to_vector<double>());
+  EXPECT_EQ(rv.to_vector<double>(), rv2.to_vector<double>());
+  const Tensor rf = r.to(DType::f32);
+  Tensor y = batch_norm_add_relu(x, rf, Tensor(), Tensor(), w, b, true);
+  EXPECT_EQ(y.dtype(), DType::f64);
+  EXPECT_EQ(y.to_vector<double>(), relu(batch_norm(x, Tensor(), Tensor(), w, b, true) + rf).to_vector<double>());
+  try {
+    batch_norm_add_relu(x, randn({1, 2, 3, 3}, {DType::f64}), Tensor(), Tensor(), w, b, true);
+    ADD_FAILURE() << "a broadcastable residual was accepted";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("[1, 2, 3, 3]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[4, 2, 3, 3]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(batch_norm_add_relu(x, Tensor(), Tensor(), Tensor(), w, b, true), ValueError);
+}
+
 }  // namespace
 }  // namespace mg

@@ -303,6 +303,21 @@ void normalization(Table& t) {
     return batch_norm_relu(v[0], constant(v[0], {0.3, -0.2}, {2}), constant(v[0], {1.5, 0.7}, {2}), v[1], v[2],
                            /*training=*/false);
   });
+  // A residual block's output: relu(batch_norm(x) + residual) as one op (the fused NHWC apply
+  // pass on CUDA channels-last; the ops one by one elsewhere), both inputs differentiated.
+  t.add("batch_norm_add_relu_train", "batch_norm_add_relu", {{3, 2, 3, 4}, {3, 2, 3, 4}, {2}, {2}}, [](const V& v) {
+    Tensor rm = zeros({2}, {v[0].dtype(), v[0].device()}), rv = ones({2}, {v[0].dtype(), v[0].device()});
+    return batch_norm_add_relu(v[0], v[1], rm, rv, v[2], v[3], /*training=*/true, 0.1, 1e-5);
+  });
+  t.add("batch_norm_add_relu_train_channels_last", "batch_norm_add_relu", {{3, 8, 3, 4}, {3, 8, 3, 4}, {8}, {8}},
+        [](const V& v) {
+          return batch_norm_add_relu(v[0].contiguous(MemoryFormat::ChannelsLast),
+                                     v[1].contiguous(MemoryFormat::ChannelsLast), Tensor(), Tensor(), v[2], v[3], true);
+        });
+  t.add("batch_norm_add_relu_eval", "batch_norm_add_relu", {{3, 2, 2, 3}, {3, 2, 2, 3}, {2}, {2}}, [](const V& v) {
+    return batch_norm_add_relu(v[0], v[1], constant(v[0], {0.3, -0.2}, {2}), constant(v[0], {1.5, 0.7}, {2}), v[2],
+                               v[3], /*training=*/false);
+  });
   // A composed chain: every intermediate is rounded once more in half precision.
   t.add("conv_bn_relu_pool_chain", "conv2d", {{2, 2, 6, 6}, {3, 2, 3, 3}, {3}}, [](const V& v) {
      Tensor h = conv2d(v[0], v[1], Tensor(), 1, 1);

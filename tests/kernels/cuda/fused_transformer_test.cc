@@ -41,12 +41,15 @@ double row_gamma(int64_t n) { return gamma_k((n + 31) / 32 + 5, DType::f32); }
 
 TEST_F(FusedTransformer, AddLayerNormMatchesF64ForMixedDtypes) {
   const double u32 = unit_roundoff(DType::f32);
-  for (int64_t n : {768, 100, 66}) {  // 66: the scalar path (n % 4 != 0)
+  // 768, 1024, 256: the backward's one-pass kernel (rows of 128 kG elements), 256 over enough
+  // rows that each warp takes several and the block partials are many; 100: the separate
+  // partial-sum pass; 66: the scalar path (n % 4 != 0).
+  for (int64_t n : {768, 1024, 256, 100, 66}) {
     for (DType rdt : {DType::f32, DType::bf16, DType::f16}) {
       for (DType odt : {DType::bf16, DType::f16, DType::f32}) {
         SCOPED_TRACE("n " + std::to_string(n) + " residual " + dstr(rdt) + " out " + dstr(odt));
         Generator g(static_cast<uint64_t>(n) * 7 + static_cast<uint64_t>(rdt) * 3 + static_cast<uint64_t>(odt));
-        const int64_t m = 37;
+        const int64_t m = n == 256 ? 5000 : 37;
         Tensor x = host({m, n}, DType::f32, g), res = host({m, n}, rdt, g);
         Tensor w = host({n}, DType::f32, g, 0.5, 1.5), b = host({n}, DType::f32, g);
         Tensor gy = host({m, n}, odt, g), gh = host({m, n}, DType::f32, g);
@@ -235,6 +238,36 @@ TEST_F(FusedTransformer, MatmulGeluBackwardMatchesF64) {
         bound[r * hidden + j] = 1.1 * (2 * u * std::abs(s * d) + 1.13 * gk * sa + dd * std::abs(s));
       }
     EXPECT_TRUE(within(f64(gpre), from_vector(ref, {rows, hidden}, {DType::f64}), bound));
+  }
+}
+
+// linear's weight and bias gradients on CUDA: gw from the weight-gradient GEMM, gb the column
+// sum of g (memgrad's column reduction, or cuBLASLt's BGRADB epilogue under
+// MG_BIAS_GRAD=epilogue). gb against the f64 sum of the same rounded g: f32 accumulation of
+// `rows` terms in any order is within gamma_rows(f32) of the sum of |g|, then one rounding to
+// gb's dtype (u(out) |gb|). GPT-2's widths (768, 2304, 3072) and an odd one (the scalar kernel).
+TEST_F(FusedTransformer, LinearBiasGradientIsTheColumnSum) {
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    const std::vector<DType> outs = dt == DType::f32 ? std::vector<DType>{dt} : std::vector<DType>{dt, DType::f32};
+    for (DType out : outs) {
+      for (int64_t n : {768, 2304, 3072, 77}) {
+        SCOPED_TRACE(dstr(dt) + " -> " + dstr(out) + " n " + std::to_string(n));
+        Generator g(static_cast<uint64_t>(n) + 3 * static_cast<uint64_t>(dt));
+        const int64_t rows = 1500, kin = 64;
+        Tensor gy = host({rows, n}, dt, g), x = host({rows, kin}, dt, g);
+        auto [gw, gb] = k::linear_weight_grads(to_cuda(gy), to_cuda(x), true, out);
+        ASSERT_TRUE(gb.defined());
+        ASSERT_EQ(gb.dtype(), out);
+        ASSERT_EQ(gw.dtype(), out);
+        const std::vector<double> gv = values(gy);
+        std::vector<double> ref(n, 0), mag(n, 0), bound(n);
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < n; ++j) ref[j] += gv[i * n + j], mag[j] += std::abs(gv[i * n + j]);
+        for (int64_t j = 0; j < n; ++j)
+          bound[j] = gamma_k(rows, DType::f32) * mag[j] + unit_roundoff(out) * std::abs(ref[j]);
+        EXPECT_TRUE(within(f64(gb), from_vector(ref, {n}, {DType::f64}), bound));
+      }
+    }
   }
 }
 
