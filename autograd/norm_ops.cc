@@ -100,8 +100,8 @@ Tensor batch_norm_impl(const Tensor& x, const Tensor& running_mean, const Tensor
                            residual.defined() ? autocast::widen(residual) : residual);
   // A residual of another dtype than x's: the ops one by one, with add's type promotion.
   if (residual.defined() && x.defined() && residual.sizes() == x.sizes() && residual.dtype() != x.dtype())
-    return mg::relu(mg::add(batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, false),
-                            residual));
+    return mg::relu(
+        mg::add(batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, false), residual));
   // Half-precision parameters beside f32 running statistics: the parameters go f32 (the
   // kernels take one per-channel dtype).
   auto is_half = [&](const Tensor& t) { return t.defined() && t.dtype() == x.dtype(); };
@@ -183,8 +183,7 @@ Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor
   MG_CHECK(x.defined() && residual.sizes() == x.sizes(), ShapeError, "batch_norm_add_relu: residual shape ",
            shape_str(residual.sizes()), " must equal the input's ",
            x.defined() ? shape_str(x.sizes()) : std::string("(undefined)"));
-  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, /*relu=*/true,
-                         residual);
+  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, /*relu=*/true, residual);
 }
 
 }  // namespace mg

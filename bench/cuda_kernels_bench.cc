@@ -117,6 +117,18 @@ void BM_Sum(benchmark::State& state) {
 }
 BENCHMARK(BM_Sum)->Apply(over_dtypes);
 
+// Column sums of GPT-2's [B*T, C] gradients at B=8, T=1024 (a linear's bias gradient, read once):
+// the vectorized column kernel with split rows and its finalize.
+void BM_ColumnSum(benchmark::State& state) {
+  if (!require_gpu(state)) return;
+  const DType dt = dtype_arg(state.range(0));
+  const int64_t cols = state.range(1), rows = 8192;
+  Tensor a = uniform({rows, cols}, -1, 1, {dt, kGpu});
+  bandwidth(state, dt, 1.0 * rows * cols, "column sums of [8192, " + std::to_string(cols) + "]",
+            [&] { Tensor c = kernels::sum(a, {0}); });
+}
+BENCHMARK(BM_ColumnSum)->ArgsProduct({{0, 1, 2}, {768, 3072}})->UseManualTime()->Unit(benchmark::kMillisecond);
+
 // Layer norm over GPT-2's 768 in the input's dtype (reads x, writes y; the statistics are
 // 8 bytes a row), and the GPT block's fused residual step: an f32 residual stream plus a
 // branch in dt, h written in f32 and y in dt (add_layer_norm, 8 + 2 * size(dt) bytes moved

@@ -5,6 +5,9 @@
 // line per model (median step ms over --steps after --warmup, peak allocated/reserved).
 //   --dtype f16|bf16   forward and loss under mg::Autocast (f32 master weights; no loss
 //                      scaling here: bench_amp has the full GradScaler step)
+//   --tune-gemm        GEMM autotuning (kernels::set_gemm_autotune: each cuBLASLt shape's first call
+//                      times the heuristic's top 8 algorithms and keeps the fastest; " tuned GEMMs"
+//                      in the config string, as PyTorch's TunableOp row would be)
 //   --tf32             f32 matmuls and convolutions on TF32 tensor cores (kernels::set_allow_tf32),
 //                      the row to set beside PyTorch's allow_tf32 = True
 // Models (--model resnet50|gpt2|all, or mlp): ResNet-50 and GPT-2 124M as above; mlp, only when
@@ -290,6 +293,7 @@ int main(int argc, char** argv) {
   std::string which = "all";
   int warmup = 3, steps = 10;
   std::string dtype = "f32";
+  bool tune_gemm = false;
   bool tf32 = false, logits = false, checkpoint = false, selective = false, in_backward = false;
   bool channels_last = false;
   int64_t head_chunk_rows = 0;
@@ -304,6 +308,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--profile")) g_profile = true;
     if (!std::strcmp(argv[i], "--tf32")) tf32 = true;
+    if (!std::strcmp(argv[i], "--tune-gemm")) tune_gemm = true;
     if (!std::strcmp(argv[i], "--cuda-graph")) g_graph = true;
     if (!std::strcmp(argv[i], "--logits")) logits = true;
     if (!std::strcmp(argv[i], "--checkpoint")) checkpoint = true;
@@ -363,13 +368,14 @@ int main(int argc, char** argv) {
   }
   const std::string tag = " " + dtype + (dtype == "f32" ? "" : " autocast") + (tf32 ? " TF32" : "") +
                           (channels_last ? " channels_last" : "") + (g_optimizer == "adamw" ? " AdamW" : "") +
-                          (g_graph ? " CUDA graph" : "");
+                          (g_graph ? " CUDA graph" : "") + (tune_gemm ? " tuned GEMMs" : "");
   if (!mg::cuda::is_available()) {
     std::fprintf(stderr, "bench_models: no CUDA device; nothing to measure\n");
     return 0;
   }
   const mg::Device dev = mg::Device::cuda(0);
   mg::kernels::set_allow_tf32(tf32);
+  mg::kernels::set_gemm_autotune(tune_gemm);
   mg::manual_seed(0);
   if (which == "mlp") {  // not in "all": the suite's model rows are ResNet-50 and GPT-2
     // The main job's MLP (examples/fashion_mnist): launch-bound, where capture matters most.

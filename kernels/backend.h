@@ -218,6 +218,18 @@ inline std::atomic<bool>& deterministic_flag() {
 inline void set_deterministic(bool on) { deterministic_flag().store(on); }
 inline bool deterministic() { return deterministic_flag().load(); }
 
+// GEMM autotuning, like PyTorch's TunableOp (PYTORCH_TUNABLEOP_ENABLED): the first cuBLASLt
+// matmul of each shape, dtype and epilogue times the heuristic's top candidates on its own
+// operands (a host sync, once per shape; never during CUDA graph capture) and keeps the fastest.
+// Off by default (or MG_GEMM_TUNE=1): which algorithm wins can differ between runs, and with it
+// the last bits of the results; set_deterministic(true) turns it off.
+inline std::atomic<bool>& gemm_autotune_flag() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+inline void set_gemm_autotune(bool on) { gemm_autotune_flag().store(on); }
+inline bool gemm_autotune() { return gemm_autotune_flag().load() && !deterministic(); }
+
 // The backend of `device`'s type; raises mg::DeviceError naming `op` when this build has none.
 Backend& backend(Device device, const char* op);
 // Whether this build has kernels for `device`.

@@ -238,9 +238,9 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_forward_training(const Tensor& x, 
            ": expected more than 1 value per channel when training, got input of shape ", shape_str(x.sizes()));
   if (residual.defined()) {
     MG_CHECK(relu, ValueError, op, ": a residual is added only before the fused ReLU (relu = true)");
-    MG_CHECK(residual.sizes() == x.sizes() && residual.dtype() == x.dtype() && residual.device() == dev, ShapeError,
-             op, ": residual must match the input (", shape_str(x.sizes()), " ", dtype_name(x.dtype()), " on ",
-             dev.str(), "), got ", shape_str(residual.sizes()), " ", dtype_name(residual.dtype()), " on ",
+    MG_CHECK(residual.sizes() == x.sizes() && residual.dtype() == x.dtype() && residual.device() == dev, ShapeError, op,
+             ": residual must match the input (", shape_str(x.sizes()), " ", dtype_name(x.dtype()), " on ", dev.str(),
+             "), got ", shape_str(residual.sizes()), " ", dtype_name(residual.dtype()), " on ",
              residual.device().str());
   }
   const MemoryFormat fmt = device_format(x, dev);  // NHWC stays NHWC on CUDA

@@ -37,7 +37,10 @@ int64_t cross_entropy_forward_t(const Tensor& logits, const Tensor& target, int6
     // The loop knows the row, so it names it (the CUDA kernel reports the value only).
     MG_CHECK(t[i] >= 0 && t[i] < C, IndexError, "cross_entropy: target ", t[i], " at position ", i,
              " is out of range for ", C, " classes (expected [0, ", C - 1, "] or ignore_index ", ignore_index, ")");
-    pl[i] = static_cast<A>(l - (1.0 - e) * static_cast<double>(row[t[i]]) - e / static_cast<double>(C) * sx);
+    // Without smoothing the mean-logit term is left out, not multiplied by 0: a row with -inf
+    // logits (a masked vocabulary) has sx = -inf, and 0 * -inf would make the loss NaN.
+    const double smooth = e != 0.0 ? e / static_cast<double>(C) * sx : 0.0;
+    pl[i] = static_cast<A>(l - (1.0 - e) * static_cast<double>(row[t[i]]) - smooth);
   }
   return ignore_index;
 }

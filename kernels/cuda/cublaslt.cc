@@ -7,13 +7,16 @@
 // alignment and cached per thread; the workspace is the cuBLAS handle's, from memgrad's allocator.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <tuple>
+#include <vector>
 
+#include "core/cuda/check.h"
 #include "core/device_runtime.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cublas.h"
@@ -67,6 +70,8 @@ struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool usable = false;  // the heuristic found an algorithm
+  // The heuristic's other candidates, best first, until autotuning has timed them (emptied then).
+  std::vector<cublasLtMatmulAlgo_t> candidates;
   ~Plan() {
     if (op) cublasLtMatmulDescDestroy(op);
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -99,8 +104,19 @@ void set_attr(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr, cons
   MG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, attr, &v, sizeof(v)));
 }
 
+// How many of the heuristic's candidates autotuning times.
+constexpr int kTuneCandidates = 8;
+
+bool env_gemm_tune() {
+  static const bool on = [] {
+    const char* e = std::getenv("MG_GEMM_TUNE");
+    return e && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
+
 // The plan for `key`, made on first use (null when cuBLASLt has no algorithm for it).
-const Plan* plan_for(const Key& key, int device, size_t workspace) {
+Plan* plan_for(const Key& key, int device, size_t workspace) {
   thread_local std::map<Key, std::unique_ptr<Plan>> plans;
   auto it = plans.find(key);
   if (it != plans.end()) return it->second->usable ? it->second.get() : nullptr;
@@ -126,16 +142,49 @@ const Plan* plan_for(const Key& key, int device, size_t workspace) {
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(key.align_b));
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(key.align_d));
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(key.align_d));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates]{};
   int found = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(lt_handle(device), p->op, p->a, p->b, p->d, p->d, pref, 1, &result, &found);
+  const bool tune = gemm_autotune() || (env_gemm_tune() && !deterministic());
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_handle(device), p->op, p->a, p->b, p->d, p->d, pref,
+                                                           tune ? kTuneCandidates : 1, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   p->usable = st == CUBLAS_STATUS_SUCCESS && found > 0;
-  if (p->usable) p->algo = result.algo;
-  const Plan* out = p->usable ? p.get() : nullptr;
+  if (p->usable) p->algo = results[0].algo;
+  for (int i = 1; i < found; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) p->candidates.push_back(results[i].algo);
+  Plan* out = p->usable ? p.get() : nullptr;
   plans.emplace(key, std::move(p));
   return out;
+}
+
+// Times the plan's algorithm and its candidates on this call's operands (each run writes only
+// D, the bias gradient and the auxiliary output, which the caller's run then overwrites: beta
+// is 0) and keeps the fastest: the median of 3 timed runs after one warm-up each. Not while the
+// stream is being captured (the candidates stay for a later eager call).
+template <class Run>
+void tune(Plan& p, cudaStream_t stream, Run&& run) {
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) return;
+  std::vector<cublasLtMatmulAlgo_t> algos{p.algo};
+  algos.insert(algos.end(), p.candidates.begin(), p.candidates.end());
+  p.candidates.clear();
+  cudaEvent_t ev[4];
+  for (auto& e : ev) MG_CUDA_CHECK(cudaEventCreate(&e));
+  float best = -1;
+  for (const auto& algo : algos) {
+    if (run(algo) != CUBLAS_STATUS_SUCCESS) continue;  // a candidate the operands' alignment refuses
+    float ms[3];
+    for (int r = 0; r < 3; ++r) {
+      MG_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+      MG_CUBLAS_CHECK(run(algo));
+      MG_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+      MG_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+      MG_CUDA_CHECK(cudaEventElapsedTime(&ms[r], ev[0], ev[1]));
+    }
+    std::sort(ms, ms + 3);
+    if (best < 0 || ms[1] < best) best = ms[1], p.algo = algo;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
 }
 
 // Column-major D = op(A) @ op(B) with `epilogue` reading or writing `bias`; false when
@@ -161,14 +210,18 @@ bool lt_matmul(int device, DType dt, DType out, bool ta, bool tb, int64_t m, int
   const Key key{
       data,         out_data,     compute,         epilogue,        ta, tb, m, n, k, lda, ldb, ldd, alignment(A),
       alignment(B), alignment(D), alignment(bias), aux ? ld_aux : 0};
-  const Plan* p = plan_for(key, device, ws_bytes);
+  Plan* p = plan_for(key, device, ws_bytes);
   if (!p) return false;
   set_attr(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   if (aux) set_attr(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
   const float one = 1.0f, zero = 0.0f;
   const auto stream = static_cast<cudaStream_t>(mg::cuda::Stream::current(device).handle());
-  MG_CUBLAS_CHECK(cublasLtMatmul(lt_handle(device), p->op, &one, A, p->a, B, p->b, &zero, D, p->d, D, p->d, &p->algo,
-                                 ws, ws_bytes, stream));
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(lt_handle(device), p->op, &one, A, p->a, B, p->b, &zero, D, p->d, D, p->d, &algo, ws,
+                          ws_bytes, stream);
+  };
+  if (!p->candidates.empty()) tune(*p, stream, run);
+  MG_CUBLAS_CHECK(run(p->algo));
   return true;
 }
 

@@ -618,35 +618,45 @@ bool CudaBackend::fused_add_layer_norm_backward(const Tensor& grad_out, const Te
   const int kg = vec && n % 128 == 0 ? static_cast<int>(n / 128) : 0;
   const bool fused = (kg == 2 || kg == 4 || kg == 6 || kg == 8) && (grad_x.defined() || grad_x_low.defined());
   const bool params = grad_weight.defined() || grad_bias.defined();
-  const bool done = fused && with_stream_dtype(grad_out.dtype(), [&](auto g_tag) {
-    using G = decltype(g_tag);
-    with_stream_dtype(grad_x_low.defined() ? grad_x_low.dtype() : DType::f32, [&](auto l_tag) {
-      using L = decltype(l_tag);
-      // Three blocks an SM (32 KiB of shared memory and about 80 registers a thread allow more;
-      // three keep the partials small), never more than the rows need.
-      const int64_t chunks = std::min<int64_t>(row_blocks(rows, "add_layer_norm_backward"), 3 * sm_count(sum.device()));
-      Tensor partial;
-      if (params) partial = empty({2, chunks, n}, {DType::f32, sum.device()});
-      auto launch = [&](auto kernel) {
-        kernel<<<static_cast<unsigned>(chunks), dim3(32, kRowsPerBlock), 0, st>>>(
-            data_as<const G>(grad_out), data_as<const float>(grad_sum), data_as<const float>(sum),
-            data_as<const float>(mean), data_as<const float>(rstd), data_as<const float>(weight),
-            data_as<float>(grad_x), data_as<L>(grad_x_low), data_as<float>(partial), rows);
-      };
-      switch (kg) {
-        case 2: launch(add_ln_bwd_fused_kernel<2, G, L>); break;
-        case 4: launch(add_ln_bwd_fused_kernel<4, G, L>); break;
-        case 6: launch(add_ln_bwd_fused_kernel<6, G, L>); break;
-        default: launch(add_ln_bwd_fused_kernel<8, G, L>); break;
-      }
-      MG_CUDA_CHECK_LAUNCH("add_layer_norm_backward");
-      if (params) {
-        ln_bwd_params_final_kernel<float><<<static_cast<unsigned>((n + 31) / 32), dim3(32, kFinalY), 0, st>>>(
-            data_as<const float>(partial), data_as<float>(grad_weight), data_as<float>(grad_bias), chunks, n);
-        MG_CUDA_CHECK_LAUNCH("add_layer_norm_backward");
-      }
-    });
-  });
+  const bool done =
+      fused && with_stream_dtype(grad_out.dtype(), [&](auto g_tag) {
+        using G = decltype(g_tag);
+        with_stream_dtype(grad_x_low.defined() ? grad_x_low.dtype() : DType::f32, [&](auto l_tag) {
+          using L = decltype(l_tag);
+          // Three blocks an SM (32 KiB of shared memory and about 80 registers a thread allow more;
+          // three keep the partials small), never more than the rows need.
+          const int64_t chunks =
+              std::min<int64_t>(row_blocks(rows, "add_layer_norm_backward"), 3 * sm_count(sum.device()));
+          Tensor partial;
+          if (params) partial = empty({2, chunks, n}, {DType::f32, sum.device()});
+          auto launch = [&](auto kernel) {
+            kernel<<<static_cast<unsigned>(chunks), dim3(32, kRowsPerBlock), 0, st>>>(
+                data_as<const G>(grad_out), data_as<const float>(grad_sum), data_as<const float>(sum),
+                data_as<const float>(mean), data_as<const float>(rstd), data_as<const float>(weight),
+                data_as<float>(grad_x), data_as<L>(grad_x_low), data_as<float>(partial), rows);
+          };
+          switch (kg) {
+            case 2:
+              launch(add_ln_bwd_fused_kernel<2, G, L>);
+              break;
+            case 4:
+              launch(add_ln_bwd_fused_kernel<4, G, L>);
+              break;
+            case 6:
+              launch(add_ln_bwd_fused_kernel<6, G, L>);
+              break;
+            default:
+              launch(add_ln_bwd_fused_kernel<8, G, L>);
+              break;
+          }
+          MG_CUDA_CHECK_LAUNCH("add_layer_norm_backward");
+          if (params) {
+            ln_bwd_params_final_kernel<float><<<static_cast<unsigned>((n + 31) / 32), dim3(32, kFinalY), 0, st>>>(
+                data_as<const float>(partial), data_as<float>(grad_weight), data_as<float>(grad_bias), chunks, n);
+            MG_CUDA_CHECK_LAUNCH("add_layer_norm_backward");
+          }
+        });
+      });
   if (done) return true;
   with_stream_dtype(grad_out.dtype(), [&](auto g_tag) {
     using G = decltype(g_tag);

@@ -26,14 +26,23 @@ __device__ __forceinline__ MaxSum<A> merge(MaxSum<A> a, MaxSum<A> b) {
   if (m == -std::numeric_limits<A>::infinity()) return {m, a.s + b.s};
   return {m, a.s * m_exp(a.m - m) + b.s * m_exp(b.m - m)};
 }
-template <class A>
-__device__ __forceinline__ void push(MaxSum<A>& r, A x) {
-  if (x > r.m) {
-    r.s = r.s * m_exp(r.m - x) + A(1);
-    r.m = x;
-  } else {
-    r.s += m_exp(x - r.m);
+// V values at once: one rescale for their maximum, then V independent exponentials (where
+// pushing them one by one chains every exponential on the one before through r). Values that
+// are all -inf add nothing.
+template <class A, int V>
+__device__ __forceinline__ void push_vec(MaxSum<A>& r, const A (&v)[V]) {
+  A mv = v[0];
+#pragma unroll
+  for (int k = 1; k < V; ++k) mv = max(mv, v[k]);
+  if (mv == -std::numeric_limits<A>::infinity()) return;
+  if (mv > r.m) {
+    r.s = r.m == -std::numeric_limits<A>::infinity() ? A(0) : r.s * m_exp(r.m - mv);
+    r.m = mv;
   }
+  A s = 0;
+#pragma unroll
+  for (int k = 0; k < V; ++k) s += m_exp(v[k] - r.m);
+  r.s += s;
 }
 
 template <class A>
@@ -61,14 +70,16 @@ __global__ void ce_forward_kernel(const T* logits, const int64_t* target, int64_
   const T* x = logits + row * C;
   MaxSum<A> r{-std::numeric_limits<A>::infinity(), A(0)};
   A sum_x = 0;
+#pragma unroll 2
   for (int64_t j = threadIdx.x * V; j < C; j += static_cast<int64_t>(blockDim.x) * V) {
     const AlignedVec<T, V> p = *reinterpret_cast<const AlignedVec<T, V>*>(x + j);
+    A v[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const A v = load_m(p.v[k]);
-      push(r, v);
-      sum_x += v;
+      v[k] = load_m(p.v[k]);
+      sum_x += v[k];
     }
+    push_vec(r, v);
   }
   r = block_merge(r, sm, ss);
   if (e != 0.0) sum_x = block_sum(sum_x, sx);

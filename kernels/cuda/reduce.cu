@@ -164,7 +164,9 @@ __global__ void reduce_cols_vec_kernel(const T* a, O* out, A* partial, RedArgs<A
 #pragma unroll
     for (int j = 0; j < V; ++j) m[j] = args.mode == kSqDev ? args.mean[o + j] : A(0);
     const T* base = a + o;
-#pragma unroll 4
+    // Eight 16-byte loads in flight a thread: with short chunks (8 rows a thread, see reduce_t) the
+    // grid has enough of them to cover the copy's latency.
+#pragma unroll 8
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kColY) {
       const AlignedVec<T, V> p = *reinterpret_cast<const AlignedVec<T, V>*>(base + r * args.rstride);
 #pragma unroll
@@ -189,15 +191,24 @@ __global__ void reduce_cols_vec_kernel(const T* a, O* out, A* partial, RedArgs<A
   }
 }
 
+// Adds the splits' partials of 32 consecutive outputs a block: thread (x, y) sums splits y, y +
+// kFinY, ... of output x (kFinY loads in flight per output, where a thread per output made
+// `splits` dependent-latency loads), then the kFinY sums are added in order (deterministic).
+constexpr int kFinY = 16;
 template <class A, class O>
 __global__ void reduce_finalize_kernel(const A* partial, int splits, O* out, RedArgs<A> args) {
-  MG_GRID_STRIDE(o, args.num_out) {
-    A s = A(0);
-    for (int k = 0; k < splits; ++k) s += partial[k * args.num_out + o];
-    int64_t offs[2];
-    args.oc.get(o, offs);
-    out[offs[0]] = finish<O>(s, args.scale);
-  }
+  __shared__ A shm[kFinY][33];
+  const int64_t o = blockIdx.x * 32LL + threadIdx.x;
+  A s = A(0);
+  if (o < args.num_out)
+    for (int k = threadIdx.y; k < splits; k += kFinY) s += partial[k * args.num_out + o];
+  shm[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || o >= args.num_out) return;
+  for (int y = 1; y < kFinY; ++y) s += shm[y][threadIdx.x];
+  int64_t offs[2];
+  args.oc.get(o, offs);
+  out[offs[0]] = finish<O>(s, args.scale);
 }
 
 constexpr int64_t kFillBlocks = 2 * 132;  // enough blocks to cover an H200 twice
@@ -237,7 +248,7 @@ void reduce_t(const Tensor& a, const Tensor& out, int mode, double scale, const 
   if (vec) {
     block = dim3(32, kColY);
     grid.x = static_cast<unsigned>(cdiv(args.num_out, 32 * kV));
-    min_chunk = 16LL * kColY;
+    min_chunk = 8LL * kColY;  // 8 rows a thread: the kernel's unrolled loads
   } else if (rows) {
     // A warp per row up to 16K elements: 256 threads on a 4096-element row read two vectors
     // each and spent the rest on the block reduction's barriers (0.6 of copy in f16).
@@ -275,8 +286,9 @@ void reduce_t(const Tensor& a, const Tensor& out, int mode, double scale, const 
     reduce_cols_kernel<T, A, O><<<grid, block, 0, st>>>(pa, po, partial, args);
   MG_CUDA_CHECK_LAUNCH("reduce");
   if (splits > 1) {
-    reduce_finalize_kernel<A, O>
-        <<<blocks_for(args.num_out), kBlock, 0, st>>>(partial, static_cast<int>(splits), po, args);
+    MG_CHECK(cdiv(args.num_out, 32) <= 0x7fffffff, ShapeError, "reduction: too many outputs (", args.num_out, ")");
+    reduce_finalize_kernel<A, O><<<static_cast<unsigned>(cdiv(args.num_out, 32)), dim3(32, kFinY), 0, st>>>(
+        partial, static_cast<int>(splits), po, args);
     MG_CUDA_CHECK_LAUNCH("reduce (finalize)");
   }
 }

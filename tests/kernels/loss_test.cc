@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/device_runtime.h"
@@ -44,6 +45,17 @@ TEST(CrossEntropyFused, MatchesLogSoftmaxNllAndSoftmaxMinusOnehot) {
       }
     }
   }
+}
+
+// A masked vocabulary: -inf logits in a row leave its loss finite (the -inf terms add nothing
+// to the logsumexp); without smoothing the loss is lse - x[t] exactly as for any row.
+TEST(CrossEntropyFused, MaskedLogitsGiveAFiniteLoss) {
+  const double inf = std::numeric_limits<double>::infinity();
+  Tensor x = from_vector(std::vector<double>{-inf, -inf, 1.0, 2.0, 0.5, -inf}, {1, 6});
+  auto [loss, lse] = k::cross_entropy_forward(x, targets({3}), -100, 0.0);
+  const double want_lse = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(0.5));
+  EXPECT_NEAR(lse.to_vector<double>()[0], want_lse, 1e-12);
+  EXPECT_NEAR(loss.to_vector<double>()[0], want_lse - 2.0, 1e-12);
 }
 
 TEST(CrossEntropyFused, BadTargetsAndShapes) {

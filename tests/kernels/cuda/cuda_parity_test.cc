@@ -447,6 +447,26 @@ TEST_F(CudaParity, SoftmaxNonFiniteAndTransposed) {
   }
 }
 
+// The fused cross-entropy forward over rows that start with -inf (a masked vocabulary: the
+// vector kernel's first eight values all -inf, then some), in each float dtype at GPT-2's
+// vocabulary: the loss and logsumexp match the CPU's.
+TEST_F(CudaParity, CrossEntropyMaskedLogits) {
+  const int64_t M = 3, C = 50304;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    Tensor r = randn({M * C}, {DType::f32}, &g);
+    std::vector<float> v = r.to_vector<float>();
+    for (int64_t j = 0; j < 8; ++j) v[j] = -INFINITY;  // row 0: a whole first vector
+    for (int64_t j = 0; j < C; j += 3) v[C + j] = -INFINITY;  // row 1: every third value
+    Tensor logits = raw::to_dtype(from_vector(v, {M, C}), dt);
+    Tensor target = from_vector<int64_t>({9, 1, 17}, {M});
+    auto [loss, lse] = k::cross_entropy_forward(logits, target, -100, 0.0);
+    auto [gloss, glse] = k::cross_entropy_forward(to_cuda(logits), to_cuda(target), -100, 0.0);
+    // Both devices read the same rounded logits and sum in f32 (in different orders): f32's tolerance.
+    expect_parity(loss, gloss, tol_of(DType::f32), "cross_entropy loss " + dstr(dt));
+    expect_parity(lse, glse, tol_of(DType::f32), "cross_entropy lse " + dstr(dt));
+  }
+}
+
 TEST_F(CudaParity, SoftmaxLongRowsEachPath) {
   // Rows past 1024 elements take one of three paths: the row copied to shared memory (up to
   // the opt-in limit, 227 KiB on sm_90: 50304 in every dtype), read twice from memory past it

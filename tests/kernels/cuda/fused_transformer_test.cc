@@ -271,5 +271,34 @@ TEST_F(FusedTransformer, LinearBiasGradientIsTheColumnSum) {
   }
 }
 
+// GEMM autotuning (kernels::set_gemm_autotune): the first cuBLASLt call of a shape times the
+// heuristic's candidates on its own operands and keeps the fastest; whichever wins, the result is
+// an f32 accumulation of the same products: within gamma_k(f32) of the sum of |x||w| (+ |b|), then
+// one rounding to the output dtype. Shapes no other test uses, so their plans are made tuned.
+TEST_F(FusedTransformer, AutotunedGemmsKeepTheirResults) {
+  k::set_gemm_autotune(true);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dstr(dt));
+    Generator g(5 + static_cast<uint64_t>(dt));
+    const int64_t rows = 1000, kin = 200, n = 136;
+    Tensor x = host({rows, kin}, dt, g), w = host({n, kin}, dt, g, -0.3, 0.3), b = host({n}, dt, g);
+    for (int rep = 0; rep < 2; ++rep) {  // the tuning call, then the plan's chosen algorithm
+      Tensor y = k::linear(to_cuda(x), to_cuda(w), to_cuda(b));
+      const std::vector<double> xv = values(x), wv = values(w), bv = values(b);
+      std::vector<double> ref(rows * n), bound(rows * n);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t o = 0; o < n; ++o) {
+          double s = bv[o], a = std::abs(bv[o]);
+          for (int64_t i = 0; i < kin; ++i)
+            s += xv[r * kin + i] * wv[o * kin + i], a += std::abs(xv[r * kin + i] * wv[o * kin + i]);
+          ref[r * n + o] = s;
+          bound[r * n + o] = gamma_k(kin + 1, DType::f32) * a + unit_roundoff(dt) * std::abs(s);
+        }
+      EXPECT_TRUE(within(f64(y), from_vector(ref, {rows, n}, {DType::f64}), bound));
+    }
+  }
+  k::set_gemm_autotune(false);
+}
+
 }  // namespace
 }  // namespace mg
