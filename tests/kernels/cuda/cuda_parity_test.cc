@@ -455,7 +455,7 @@ TEST_F(CudaParity, CrossEntropyMaskedLogits) {
   for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     Tensor r = randn({M * C}, {DType::f32}, &g);
     std::vector<float> v = r.to_vector<float>();
-    for (int64_t j = 0; j < 8; ++j) v[j] = -INFINITY;  // row 0: a whole first vector
+    for (int64_t j = 0; j < 8; ++j) v[j] = -INFINITY;         // row 0: a whole first vector
     for (int64_t j = 0; j < C; j += 3) v[C + j] = -INFINITY;  // row 1: every third value
     Tensor logits = raw::to_dtype(from_vector(v, {M, C}), dt);
     Tensor target = from_vector<int64_t>({9, 1, 17}, {M});
