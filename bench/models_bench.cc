@@ -10,8 +10,9 @@
 //                      in the config string, as PyTorch's TunableOp row would be)
 //   --tf32             f32 matmuls and convolutions on TF32 tensor cores (kernels::set_allow_tf32),
 //                      the row to set beside PyTorch's allow_tf32 = True
-// Models (--model resnet50|gpt2|all, or mlp): ResNet-50 and GPT-2 124M as above; mlp, only when
-// named, is the main job's MLP 784-256-128-10 (B=64).
+// Models (--model resnet50|gpt2|all, or mlp, mobilenet): ResNet-50 and GPT-2 124M as above; mlp,
+// only when named, is the main job's MLP 784-256-128-10 (B=64); mobilenet, only when named,
+// MobileNet v1 (B=64, 224x224; --channels-last as ResNet-50: depthwise convolutions in NHWC).
 //   --cuda-graph       the whole step (forward, backward, optimizer step; AdamW made capturable)
 //                      captured into a CUDA graph after --warmup eager steps (mg::CapturedStep)
 //                      and timed as replays
@@ -84,6 +85,7 @@
 #include "memgrad.h"
 #include "memory/gpt_budget.h"
 #include "nn/models/gpt.h"
+#include "nn/models/mobilenet.h"
 #include "nn/models/resnet.h"
 
 namespace {
@@ -393,8 +395,8 @@ int main(int argc, char** argv) {
     auto step = train_step(*opt, [&] { return mg::cross_entropy(model->forward(x), y); });
     print("mlp", "784-256-128-10 B=" + std::to_string(B) + tag, run(step, warmup, steps, dev), B, "images");
   }
-  if (which == "all" || which == "resnet50") {
-    auto model = mg::nn::resnet50(1000, mg::TensorOptions(mg::DType::f32, dev));
+  // The CNNs: ResNet-50, and MobileNet (v1, 224x224) only when named (not in "all").
+  auto cnn = [&](const std::string& name, std::shared_ptr<mg::nn::Module> model) {
     model->train();
     if (channels_last) model->set_memory_format(mg::MemoryFormat::ChannelsLast);
     auto opt = make_optimizer(model->parameters());
@@ -406,15 +408,19 @@ int main(int argc, char** argv) {
       return train_step(*opt, [model, x, y] { return mg::cross_entropy((*model)(x), y); });
     };
     if (max_batch_gib > 0) {
-      print_max_batch("resnet50", "224x224" + tag, max_batch_gib, dev, [&](int64_t b) {
+      print_max_batch(name.c_str(), "224x224" + tag, max_batch_gib, dev, [&](int64_t b) {
         step_at(b)();
         opt->zero_grad();
       });
     } else {
       auto step = step_at(B);
-      print("resnet50", "B=" + std::to_string(B) + " 224x224" + tag, run(step, warmup, steps, dev), B, "images");
+      print(name.c_str(), "B=" + std::to_string(B) + " 224x224" + tag, run(step, warmup, steps, dev), B, "images");
     }
-  }
+  };
+  if (which == "all" || which == "resnet50")
+    cnn("resnet50", mg::nn::resnet50(1000, mg::TensorOptions(mg::DType::f32, dev)));
+  if (which == "mobilenet")
+    cnn("mobilenet", std::make_shared<mg::nn::MobileNet>(1000, 1.0, mg::TensorOptions(mg::DType::f32, dev)));
   if (which == "all" || which == "gpt2") {
     mg::cuda::empty_cache();
     mg::nn::GPTConfig cfg;  // 124M, vocab 50304, T=1024

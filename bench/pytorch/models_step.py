@@ -16,7 +16,7 @@ warm-up on a side stream, PyTorch's whole-network capture recipe (side "pytorch_
 suffix " CUDA graph" as bench_models --cuda-graph prints it); with --compile too, the compiled
 step captured the same way (side "pytorch_compile_graph").
 Prints one JSON line per row.
-    python3 bench/pytorch/models_step.py [--rows all|bf16|channels_last] [--model all|resnet50|gpt2] [--compile]
+    python3 bench/pytorch/models_step.py [--rows all|bf16|channels_last] [--model all|resnet50|gpt2-124M|mobilenet|mlp] [--compile]
                                          [--cuda-graph] [--steps N] [--warmup N] [--checkpoint]
                                          [--max-batch-under GIB]
 """
@@ -155,6 +155,38 @@ def resnet50(channels_last):
     return m, lambda model: F.cross_entropy(model(x), y)
 
 
+class MobileNetV1(nn.Module):
+    """memgrad's nn::MobileNet (v1, width 1.0): a 3x3 stride-2 stem, then 13 depthwise-separable
+    blocks (depthwise 3x3 + BN + ReLU, pointwise 1x1 + BN + ReLU), average pool, linear.
+    torchvision has no v1, so it is written here, layer for layer."""
+    CFG = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2), (512, 1), (512, 1), (512, 1),
+           (512, 1), (512, 1), (1024, 2), (1024, 1)]
+
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        layers = [nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU(inplace=True)]
+        c = 32
+        for out, stride in self.CFG:
+            layers += [nn.Conv2d(c, c, 3, stride, 1, groups=c, bias=False), nn.BatchNorm2d(c), nn.ReLU(inplace=True),
+                       nn.Conv2d(c, out, 1, bias=False), nn.BatchNorm2d(out), nn.ReLU(inplace=True)]
+            c = out
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(c, num_classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+def mobilenet(channels_last):
+    B = batch_or(64)
+    m = MobileNetV1().cuda().train()
+    x = torch.randn(B, 3, 224, 224, device="cuda")
+    if channels_last:
+        m, x = m.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (B,), device="cuda")
+    return m, lambda model: F.cross_entropy(model(x), y)
+
+
 def gpt2(channels_last):
     m = GPT().cuda().train()
     m.checkpoint = SIZES.get("checkpoint", False)
@@ -173,16 +205,19 @@ def mlp(channels_last):
 
 MODELS = {"mlp": (lambda: f"784-256-128-10 B={batch_or(64)}", mlp),
           "resnet50": (lambda: f"B={batch_or(64)} 224x224", resnet50),
+          "mobilenet": (lambda: f"B={batch_or(64)} 224x224", mobilenet),
           "gpt2-124M": (lambda: f"B={batch_or(8)} T={SIZES['seq']}", gpt2)}
 # What one step consumes, for samples_per_s (images, or tokens for GPT-2).
 SAMPLES = {"mlp": (lambda: batch_or(64), "images"), "resnet50": (lambda: batch_or(64), "images"),
+           "mobilenet": (lambda: batch_or(64), "images"),
            "gpt2-124M": (lambda: batch_or(8) * SIZES["seq"], "tokens")}
 # (precision tag as bench_models prints it, TF32, autocast dtype, channels_last, models)
-ROWS = [("f32", False, None, False, ("mlp", "resnet50", "gpt2-124M")),  # mlp only with --model mlp
-        ("f32 TF32", True, None, False, ("resnet50", "gpt2-124M")),
-        ("bf16 autocast", False, torch.bfloat16, False, ("resnet50", "gpt2-124M")),
-        ("bf16 autocast channels_last", False, torch.bfloat16, True, ("resnet50",)),
-        ("f16 autocast channels_last", False, torch.float16, True, ("resnet50",))]
+# mlp and mobilenet only when named (--model mlp / mobilenet), as bench_models runs them.
+ROWS = [("f32", False, None, False, ("mlp", "resnet50", "mobilenet", "gpt2-124M")),
+        ("f32 TF32", True, None, False, ("resnet50", "mobilenet", "gpt2-124M")),
+        ("bf16 autocast", False, torch.bfloat16, False, ("resnet50", "mobilenet", "gpt2-124M")),
+        ("bf16 autocast channels_last", False, torch.bfloat16, True, ("resnet50", "mobilenet")),
+        ("f16 autocast channels_last", False, torch.float16, True, ("resnet50", "mobilenet"))]
 
 
 def train_step(fwd, loss_of, opt, dtype):
@@ -327,7 +362,7 @@ def main():
             if not row_wanted(a.rows, dtype, channels_last):
                 continue
             for model in models:
-                if model != "mlp" and a.model in (model, "all"):
+                if model not in ("mlp", "mobilenet") and a.model in (model, "all") or a.model == model == "mobilenet":
                     set_tf32(tf32)
                     max_batch_under(a.max_batch_under, tag, dtype, a, model, channels_last)
         return
@@ -335,7 +370,7 @@ def main():
         if not row_wanted(a.rows, dtype, channels_last):
             continue
         for model in models:
-            if a.model == model or (a.model == "all" and model != "mlp"):
+            if a.model == model or (a.model == "all" and model not in ("mlp", "mobilenet")):
                 run_row(model, tag, tf32, dtype, channels_last, a.compile, a)
 
 

@@ -138,6 +138,22 @@ __device__ __forceinline__ T store_m(M v) {
   else
     return static_cast<T>(v);
 }
+// kV consecutive elements (one aligned vector load) as floats, and back: the f32 math of the
+// f32/f16/bf16 kernels that move 16 (or 8) bytes a thread.
+template <int kV, class T>
+__device__ __forceinline__ void load_v(const T* p, float (&out)[kV]) {
+  const AlignedVec<T, kV> v = *reinterpret_cast<const AlignedVec<T, kV>*>(p);
+#pragma unroll
+  for (int k = 0; k < kV; ++k) out[k] = static_cast<float>(load_m(v.v[k]));
+}
+template <int kV, class T>
+__device__ __forceinline__ void store_v(T* p, const float (&in)[kV]) {
+  AlignedVec<T, kV> v;
+#pragma unroll
+  for (int k = 0; k < kV; ++k) v.v[k] = store_m<T>(in[k]);
+  *reinterpret_cast<AlignedVec<T, kV>*>(p) = v;
+}
+
 // Element to double (for comparisons against double bounds).
 template <class T>
 __device__ __forceinline__ double load_d(T v) {

@@ -10,7 +10,9 @@
 //
 // Precision: f32 runs with CUDNN_FMA_MATH (no TF32, so results match the CPU to ~1e-5)
 // unless kernels::set_allow_tf32(true); f16/bf16 use tensor cores with f32 accumulation;
-// f64 runs in f64. Groups (depthwise included) and dilation are cuDNN's own.
+// f64 runs in f64. Groups and dilation are cuDNN's own, except depthwise convolutions over
+// channels-last operands, which run memgrad's NHWC kernels (depthwise_conv.cu) where those
+// measured faster (run_depthwise).
 //
 // Layout: a call runs NCHW, or NHWC when its data input is channels-last, so cuDNN gets one
 // layout throughout (its fast NHWC tensor-core kernels want all three in NHWC). A 1x1,
@@ -20,6 +22,8 @@
 // and less host work per call than cuDNN's own route to the same GEMM kernels. Most
 // of ResNet-50's 53 convolutions (33) are of that kind.
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -29,6 +33,7 @@
 #include "core/device_runtime.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cudnn.h"
+#include "kernels/cuda/depthwise_conv.h"
 #include "kernels/backend.h"
 
 namespace mg::kernels {
@@ -440,14 +445,43 @@ bool run_pointwise(CudaBackend& be, Dir dir, const Tensor& lead, const Tensor& x
   return true;
 }
 
+// A depthwise convolution over channels-last operands by memgrad's kernels
+// (kernels/cuda/depthwise_conv.cu) or cuDNN's, whichever measured faster for the dtype and
+// direction (H200, MobileNet v1 at B=64, docs/h200_run_2026-12-04.log session 14 call 5):
+//   - f16: cuDNN's NHWC depthwise kernels (sm90_xmma_depthwise_*) are faster than ours, except
+//     for the input gradient of a strided convolution, where cuDNN runs a direct kernel
+//     (dgrad2d_grouped_direct_kernel: 1.8 ms a step for MobileNet's four strided layers);
+//   - bf16: cuDNN has no fast NHWC depthwise kernel (23.4 ms a MobileNet step against 7.6);
+//   - f32: ours (the same kernels as bf16's).
+// MG_DEPTHWISE_NHWC=0 always takes cuDNN, =1 always ours (A/B runs).
+int depthwise_mode() {
+  static const int mode = [] {
+    const char* e = std::getenv("MG_DEPTHWISE_NHWC");
+    return !e ? -1 : std::strcmp(e, "0") == 0 ? 0 : 1;
+  }();
+  return mode;
+}
+
+bool run_depthwise(Dir dir, const Tensor& lead, const Tensor& x, const Tensor& w, const Tensor& y,
+                   const Conv2dArgs& a) {
+  if (!is_channels_last(lead) || depthwise_mode() == 0) return false;
+  const bool strided = !(a.stride == Int2(1));
+  if (depthwise_mode() < 0 && x.dtype() == DType::f16 && !(dir == Dir::BwdData && strided)) return false;
+  const DepthwiseDir d = dir == Dir::Fwd       ? DepthwiseDir::Fwd
+                         : dir == Dir::BwdData ? DepthwiseDir::BwdData
+                                               : DepthwiseDir::BwdFilter;
+  return depthwise_conv_nhwc(d, x, w, y, a);
+}
+
 // The entry points: nothing to do for an empty `out`, zeros when an input is empty (a sum
-// over nothing), else run_pointwise (a 1x1 channels-last GEMM) or run_layout. `out` is one of
-// x, w, y.
+// over nothing), else run_pointwise (a 1x1 channels-last GEMM), run_depthwise or run_layout.
+// `out` is one of x, w, y.
 void run_or_zero(CudaBackend& be, Dir dir, const Tensor& lead, const Tensor& x, const Tensor& w, const Tensor& y,
                  const Tensor& out, const Conv2dArgs& a) {
   if (out.numel() == 0) return;
   if (x.numel() == 0 || w.numel() == 0 || y.numel() == 0) return raw::fill_(out, 0.0);
   if (run_pointwise(be, dir, lead, x, w, y, a)) return;
+  if (run_depthwise(dir, lead, x, w, y, a)) return;
   run_layout(dir, lead, x, w, y, out, a);
 }
 

@@ -138,20 +138,6 @@ __global__ void ln_fwd_regs_kernel(const T* x, const T* w, const T* b, T* out, m
 // x and the (half-precision) branch output, writes h and y already in the consumer's dtype.
 // Same per-row math as ln_fwd_kernel; h is re-read from the row this thread just wrote.
 
-// kV consecutive elements as floats (one 16-byte f32 / 8-byte half load for kV = 4), and back.
-template <int kV, class T>
-__device__ __forceinline__ void load_v(const T* p, float (&out)[kV]) {
-  const AlignedVec<T, kV> v = *reinterpret_cast<const AlignedVec<T, kV>*>(p);
-#pragma unroll
-  for (int k = 0; k < kV; ++k) out[k] = load_m(v.v[k]);
-}
-template <int kV, class T>
-__device__ __forceinline__ void store_v(T* p, const float (&in)[kV]) {
-  AlignedVec<T, kV> v;
-#pragma unroll
-  for (int k = 0; k < kV; ++k) v.v[k] = store_m<T>(in[k]);
-  *reinterpret_cast<AlignedVec<T, kV>*>(p) = v;
-}
 // A weight / bias chunk, or `dflt` when the tensor is absent.
 template <int kV>
 __device__ __forceinline__ void load_or(const float* p, int64_t j, float dflt, float (&out)[kV]) {

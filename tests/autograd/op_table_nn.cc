@@ -202,6 +202,18 @@ void convolution(Table& t) {
   conv("conv2d_1x1_9_from_7", {4, 7, 5, 5}, {9, 7, 1, 1}, true, 1, 0, 1, 1);
   conv("conv2d_mixed_stride_dilation_groups3", {2, 9, 16, 13}, {6, 3, 3, 2}, true, {2, 3}, {2, 1}, {2, 1}, 3);
   conv("conv2d_batch1_7x7_stride2", {1, 3, 23, 19}, {8, 3, 7, 7}, true, 2, 3, 1, 1);
+  // Depthwise over channels-last inputs: memgrad's NHWC kernels on CUDA (16 channels: the
+  // 16-byte vector path, 8 channels a thread in half precision and 4 in f32; 5 channels: one at
+  // a time), strides 1 and 2, uneven stride, padding and dilation.
+  auto depthwise_nhwc = [&](std::string name, Shape x, Shape w, Int2 s, Int2 p, Int2 d) {
+    const int64_t k = std::max(w[2] * w[3], x[0] * x[2] * x[3]);
+    t.add(std::move(name), "conv2d", {x, w}, [=](const V& v) {
+       return conv2d(v[0].contiguous(MemoryFormat::ChannelsLast), v[1], Tensor(), s, p, d, x[1]);
+     }).cond = cond_for(k);
+  };
+  depthwise_nhwc("conv2d_depthwise_channels_last", {2, 16, 7, 6}, {16, 1, 3, 3}, 1, 1, 1);
+  depthwise_nhwc("conv2d_depthwise_channels_last_stride2", {2, 16, 9, 8}, {16, 1, 3, 3}, 2, 1, 1);
+  depthwise_nhwc("conv2d_depthwise_channels_last_odd", {3, 5, 7, 8}, {5, 1, 3, 3}, {1, 2}, {1, 0}, {2, 1});
   t.add("conv2d_unbatched", "conv2d", {{2, 5, 4}, {3, 2, 2, 2}, {3}},
         [](const V& v) { return conv2d(v[0], v[1], v[2], 1, 1); });
   t.add("conv2d_channels_last", "conv2d", {{2, 5, 4, 3}, {2, 3, 3, 3}}, [](const V& v) {

@@ -104,6 +104,10 @@ std::vector<ConvCase> conv_cases() {
       {"1x1", {4, 7, 5, 5}, {9, 7, 1, 1}, A(1, 0, 1, 1), true},
       {"mixed stride/dilation groups3", {2, 9, 16, 13}, {6, 3, 3, 2}, A(Int2(2, 3), Int2(2, 1), Int2(2, 1), 3), true},
       {"batch1 7x7 stride2", {1, 3, 23, 19}, {8, 3, 7, 7}, A(2, 3, 1, 1), true},
+      // MobileNet's depthwise 3x3 at its sizes: channels-last runs memgrad's NHWC kernels, the
+      // weight gradient over 3136 (and 900) positions in several chunks.
+      {"depthwise 3x3 (MobileNet)", {4, 64, 28, 28}, {64, 1, 3, 3}, A(1, 1, 1, 64), false},
+      {"depthwise 3x3 stride2 (MobileNet)", {4, 32, 29, 30}, {32, 1, 3, 3}, A(2, 1, 1, 32), false},
   };
 }
 
