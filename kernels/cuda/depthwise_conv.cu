@@ -123,20 +123,36 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-  const int slot = (threadIdx.y * blockDim.x + threadIdx.x) * V;
+  // The block's rows of each tap's sums: a tree over the rows when their count is a power of
+  // two (every thread adding, log2(ty) steps), else row lane 0 adds them in order. Either way
+  // the order is fixed.
+  const int slot = (threadIdx.y * blockDim.x + threadIdx.x) * V, row = blockDim.x * V;
+  const bool tree = (blockDim.y & (blockDim.y - 1)) == 0;
 #pragma unroll
   for (int t = 0; t < kTaps; ++t) {
 #pragma unroll
     for (int k = 0; k < V; ++k) red[slot + k] = acc[t][k];
     __syncthreads();
-    if (threadIdx.y == 0 && cv < g.Cv) {
+    float s[V];
+    if (tree) {
+      for (int half = blockDim.y / 2; half > 0; half /= 2) {
+        if (static_cast<int>(threadIdx.y) < half)
+#pragma unroll
+          for (int k = 0; k < V; ++k) red[slot + k] += red[slot + half * row + k];
+        __syncthreads();
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) s[k] = red[slot + k];
+    } else if (threadIdx.y == 0) {
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        float s = 0;
-        for (int y = 0; y < static_cast<int>(blockDim.y); ++y) s += red[(y * blockDim.x + threadIdx.x) * V + k];
-        partial[(blockIdx.y * static_cast<int64_t>(kTaps) + t) * g.C + cv * V + k] = s;
+        s[k] = 0;
+        for (int y = 0; y < static_cast<int>(blockDim.y); ++y) s[k] += red[y * row + threadIdx.x * V + k];
       }
     }
+    if (threadIdx.y == 0 && cv < g.Cv)
+#pragma unroll
+      for (int k = 0; k < V; ++k) partial[(blockIdx.y * static_cast<int64_t>(kTaps) + t) * g.C + cv * V + k] = s[k];
     __syncthreads();
   }
 }
