@@ -50,10 +50,10 @@ class Backend {
   virtual void bmm(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   // out [M, N] (contiguous) = x [M, K] @ w[N, K]^T + bias [N] (bias may be undefined).
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) = 0;
-  // gw [N, K] = g [M, N]^T @ x [M, K] and gb [N] = g summed over rows, in one fused pass (all
-  // contiguous); false when the backend has none for these operands, and the caller runs a
-  // GEMM and a sum instead. gb may be undefined (gw alone); gw and gb may be f32 from f16/bf16
-  // g and x.
+  // gw [N, K] = g [M, N]^T @ x [M, K] and gb [N] = g summed over rows, by the backend's own
+  // route (all contiguous; CUDA: a cuBLASLt GEMM, then its column reduction); false when the
+  // backend has none for these operands, and the caller runs a GEMM and a sum instead. gb may be undefined (gw alone);
+  // gw and gb may be f32 from f16/bf16 g and x.
   virtual bool fused_linear_weight_grads(const Tensor& g, const Tensor& x, const Tensor& gw, const Tensor& gb) = 0;
   // The MLP's GEMMs with the tanh GELU inside (false when the backend has none for these
   // operands; the caller composes). Forward: pre [M, N] = x [M, K] @ w [N, K]^T + bias [N] and

@@ -23,9 +23,9 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
 // linear's weight and bias gradients from the output gradient g [rows, out] and the input
 // x [rows, in]: gw = g^T @ x and, with want_bias, gb = g summed over rows (else undefined). On
-// CUDA one cuBLASLt GEMM computes both (the bias-gradient epilogue); elsewhere a GEMM and a sum.
-// `grad_dtype` (default: x's) may be f32 for f16/bf16 g and x: both gradients are then written
-// from the f32 accumulator without rounding to the operands' type (on CUDA in the same one GEMM;
+// CUDA a cuBLASLt GEMM and the column reduction (CudaBackend::fused_linear_weight_grads);
+// elsewhere a GEMM and a sum. `grad_dtype` (default: x's) may be f32 for f16/bf16 g and x: both
+// gradients are then written from f32 sums without rounding to the operands' type (on CUDA;
 // elsewhere a widening GEMM, and the bias sum rounded to x's dtype, then widened). Autocast's weight casts take such
 // gradients as they are (autograd::grad_dtype_for), which saves the cast back to the f32 weight.
 std::pair<Tensor, Tensor> linear_weight_grads(const Tensor& g, const Tensor& x, bool want_bias);
@@ -42,8 +42,8 @@ std::pair<Tensor, Tensor> linear_gelu(const Tensor& x, const Tensor& w, const Te
 // linear with weight w [k, n]: g_pre = (g @ w) * gelu_tanh'(pre), pre [rows, n]. On CUDA in
 // f16/bf16 one cuBLASLt GEMM (the GELU-derivative epilogue, reading pre); elsewhere a GEMM, then
 // the GELU backward kernel. linear_gelu's bias gradient is the row sum of g_pre: the caller takes
-// it inside the weight-gradient GEMM (linear_weight_grads), which measured faster than the
-// epilogue's own bias-gradient variant.
+// it with the weight gradient (linear_weight_grads), which measured faster than the epilogue's
+// own bias-gradient variant.
 Tensor matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre);
 
 }  // namespace mg::kernels

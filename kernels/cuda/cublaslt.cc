@@ -1,6 +1,7 @@
 // cuBLASLt matmuls with fused epilogues for the linear layer: the bias added inside the GEMM
-// (forward) and the bias gradient reduced inside the weight-gradient GEMM (backward), one
-// kernel each where cublasGemmEx needs a second one; for the transformer MLP, the tanh GELU
+// (forward) and, under MG_BIAS_GRAD=epilogue, the bias gradient by the BGRADB epilogue
+// (backward; by default kernels/cuda/linalg.cc takes it from the column reduction, which
+// measured faster); for the transformer MLP, the tanh GELU
 // applied in the c_fc GEMM (its argument stored as the epilogue's auxiliary output) and its
 // derivative applied in the GEMM that computes the gradient reaching it. A plan (descriptors,
 // layouts and the heuristic's algorithm) is made once per shape, dtype, epilogue and operand

@@ -47,8 +47,9 @@ Tensor leaf(const Shape& s, Device d, Generator& g, double scale = 1.0) {
 // A linear's weight gradient under autocast is written in f32 by the weight-gradient GEMM (the
 // cast's "to" node takes f32 as it is): bitwise kernels::linear_weight_grads(g, x_lp, f32), within
 // f32 accumulation of the f64 product of the same lp operands, and not rounded to lp on the way
-// (the cast back from lp made every element an lp value). On CUDA the bias gradient comes from the
-// same GEMM; on the CPU it is a row sum in lp, widened, so only its dtype is checked there.
+// (the cast back from lp made every element an lp value). On CUDA the bias gradient is the column
+// reduction's f32 sum (bitwise the kernel's too); on the CPU it is a row sum in lp, widened, so only its dtype is
+// checked there.
 void check_f32_weight_grads(Device d, DType lp) {
   Generator g(21);
   const int64_t rows = 64;
