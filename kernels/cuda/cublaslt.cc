@@ -169,7 +169,7 @@ void tune(Plan& p, cudaStream_t stream, Run&& run) {
   std::vector<cublasLtMatmulAlgo_t> algos{p.algo};
   algos.insert(algos.end(), p.candidates.begin(), p.candidates.end());
   p.candidates.clear();
-  cudaEvent_t ev[4];
+  cudaEvent_t ev[2];  // around each timed run
   for (auto& e : ev) MG_CUDA_CHECK(cudaEventCreate(&e));
   float best = -1;
   for (const auto& algo : algos) {
