@@ -120,7 +120,9 @@ std::string_view env_choice(const char* name, std::initializer_list<std::string_
   MG_THROW(ValueError, "attention: ", name, " must be ", list, ", got '", want, "'");
 }
 
-std::string_view forced_kernel() { return env_choice("MG_ATTENTION_KERNEL", {"auto", "composed", "simt", "tc"}); }
+std::string_view forced_kernel() {
+  return env_choice("MG_ATTENTION_KERNEL", {"auto", "composed", "simt", "tc", "cudnn"});
+}
 
 // An input as the kernels' [B, H, n, e] layout of dtype dt: the tensor itself when its strides
 // allow, else (another dtype, a non-unit head stride, misaligned for the tensor cores) a
@@ -172,7 +174,7 @@ Tensor flash_attention_forward_out(const Tensor& q, const Tensor& k, const Tenso
   Tensor lse = empty({s.bh, s.L}, {DType::f32, q.device()});
   const DType dt = q.dtype();
   const AttentionKernel kernel = flash_attention_kernel(dt, s.E);
-  const bool tc = kernel == AttentionKernel::FlashTensorCore;
+  const bool tc = kernel != AttentionKernel::FlashSimt;
   const HeadsOut o(out, s.bh, s.L, s.E, tc);
   backend(q.device(), op)
       .flash_attention_forward(kernel, heads_in(q, dt, s.bh, s.L, s.E, tc), heads_in(k, dt, s.bh, s.S, s.E, tc),
@@ -214,7 +216,7 @@ void flash_attention_backward_out(const Tensor& grad_out, const Tensor& q, const
   check_out(op, grad_v, "grad_v", kv_shape, q);
   const DType dt = q.dtype();
   const AttentionKernel kernel = flash_attention_kernel(dt, s.E);
-  const bool tc = kernel == AttentionKernel::FlashTensorCore;
+  const bool tc = kernel != AttentionKernel::FlashSimt;
   const HeadsOut gq(grad_q, s.bh, s.L, s.E, tc), gk(grad_k, s.bh, s.S, s.E, tc), gv(grad_v, s.bh, s.S, s.E, tc);
   backend(q.device(), op)
       .flash_attention_backward(kernel, heads_in(grad_out, dt, s.bh, s.L, s.E, tc), heads_in(q, dt, s.bh, s.L, s.E, tc),
@@ -239,10 +241,19 @@ std::tuple<Tensor, Tensor, Tensor> flash_attention_backward(const Tensor& grad_o
 // The tensor-core kernels (cuda/attention_tc.cu) cover f16, bf16 and f32 at head dims 64 and 128;
 // f32 in TF32 when allow_tf32() (as the f32 matmuls: off by default), otherwise as TF32 pairs
 // (three products each), as accurate as the SIMT kernels' f32 FMAs to within a few f32 ulps.
+//
+// f16/bf16 at head dims that are multiples of 8 go to cuDNN's fused attention first
+// (FlashCudnn; measured on the H200 in docs/attention.md), which hands a configuration it
+// declines (lengths not multiples of 64, no engine) to the tensor-core kernels. Not under
+// set_deterministic(true): cuDNN's backward sums dq by atomics, our two-pass backward does not.
 AttentionKernel flash_attention_kernel(DType dt, int64_t head_dim) {
-  const bool tc_type = dt == DType::f16 || dt == DType::bf16 || dt == DType::f32;
+  const std::string_view forced = forced_kernel();
+  const bool half = dt == DType::f16 || dt == DType::bf16;
+  if (half && head_dim % 8 == 0 && !deterministic() && (forced == "auto" || forced == "cudnn"))
+    return AttentionKernel::FlashCudnn;
+  const bool tc_type = half || dt == DType::f32;
   const bool tc = tc_type && (head_dim == 64 || head_dim == 128);
-  return tc && forced_kernel() != "simt" ? AttentionKernel::FlashTensorCore : AttentionKernel::FlashSimt;
+  return tc && forced != "simt" ? AttentionKernel::FlashTensorCore : AttentionKernel::FlashSimt;
 }
 
 AttentionKernel attention_kernel(const Tensor& q, const Tensor& k, const Tensor& v, bool dropout) {
@@ -255,6 +266,8 @@ bool flash_backward_one_pass() {
   return !deterministic() && want != "twopass";
 }
 
-const char* attention_kernel_name(AttentionKernel kernel) { return enum_name(kernel, {"composed", "simt", "tc"}); }
+const char* attention_kernel_name(AttentionKernel kernel) {
+  return enum_name(kernel, {"composed", "simt", "tc", "cudnn"});
+}
 
 }  // namespace mg::kernels

@@ -46,10 +46,14 @@ void flash_attention_backward_out(const Tensor& grad_out, const Tensor& q, const
                                   const Tensor& out, const Tensor& logsumexp, bool causal, std::optional<double> scale,
                                   const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v);
 
-// The attention implementation for these operands: FlashTensorCore for f16/bf16/f32 at head dim 64
-// or 128 on CUDA (f32 in TF32 under set_allow_tf32(true), otherwise as TF32 pairs), FlashSimt for the other CUDA
-// cases flash supports, Composed otherwise (CPU, f64, dropout). MG_ATTENTION_KERNEL=auto|composed|simt|tc overrides it
-// (A/B comparisons); another value, or one the operands can't run, raises mg::ValueError.
+// The attention implementation for these operands: FlashCudnn (cuDNN's fused attention,
+// kernels/cuda/cudnn_attention.h) for f16/bf16 at head dims that are multiples of 8, unless
+// set_deterministic(true); FlashTensorCore for f16/bf16/f32 at head dim 64 or 128 on CUDA (f32 in
+// TF32 under set_allow_tf32(true), otherwise as TF32 pairs), FlashSimt for the other CUDA cases
+// flash supports, Composed otherwise (CPU, f64, dropout). FlashCudnn hands the lengths cuDNN is
+// not asked for (not multiples of 64) to FlashTensorCore, or FlashSimt at other head dims.
+// MG_ATTENTION_KERNEL=auto|composed|simt|tc|cudnn overrides it (A/B comparisons); another value,
+// or one the operands can't run, raises mg::ValueError.
 AttentionKernel attention_kernel(const Tensor& q, const Tensor& k, const Tensor& v, bool dropout = false);
 // The flash kernel for a dtype and head dim (the flash half of attention_kernel's rule).
 AttentionKernel flash_attention_kernel(DType dt, int64_t head_dim);

@@ -92,6 +92,8 @@ enum class AttentionKernel {
   Composed,         // generic kernels (matmul, softmax, ...): every device, dropout, f64
   FlashSimt,        // kernels/cuda/attention.cu: tiled online softmax on CUDA cores, any head dim <= 128
   FlashTensorCore,  // kernels/cuda/attention_tc.cu: mma.sync tiles, f16/bf16 at head dim 64 or 128
+  FlashCudnn,       // kernels/cuda/cudnn_attention.cc: cuDNN's fused SDPA engines, f16/bf16, the
+                    // tensor-core (or SIMT) kernels where cuDNN declines a configuration
 };
 constexpr int64_t kFlashAttentionMaxHeadDim = 128;
 

@@ -38,6 +38,7 @@
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cudnn_attention.h"
 
 namespace mg::kernels {
 using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/common.cuh
@@ -429,6 +430,11 @@ bool aligned16(std::initializer_list<const Tensor*> ts) {
   return true;
 }
 
+// Where cuDNN declines a configuration: the tensor-core kernels at their head dims, SIMT otherwise.
+AttentionKernel tc_fallback(int64_t D) {
+  return attention_tc_head_dim_ok(D) ? AttentionKernel::FlashTensorCore : AttentionKernel::FlashSimt;
+}
+
 }  // namespace
 
 template <>
@@ -441,6 +447,11 @@ void CudaBackend::flash_attention_forward(AttentionKernel kernel, const Tensor& 
   mg::cuda::DeviceGuard guard(q.device());
   cudaStream_t st = stream_of(q);
   // kernels/attention.cc chose the kernel and aligned the views; a misaligned one still runs SIMT.
+  if (kernel == AttentionKernel::FlashCudnn) {
+    if (aligned16({&q, &k, &v, &out}) && cudnn_attention_forward(q, k, v, causal, static_cast<float>(scale), out, lse))
+      return;
+    kernel = tc_fallback(D);
+  }
   if (kernel == AttentionKernel::FlashTensorCore && aligned16({&q, &k, &v, &out})) {
     const TcForwardArgs a{tc_elem(q.dtype()),
                           q.raw_data(),
@@ -485,6 +496,13 @@ void CudaBackend::flash_attention_backward(AttentionKernel kernel, const Tensor&
   const int64_t BH = q.size(0) * q.size(1), L = q.size(2), S = k.size(2), D = q.size(3);
   if (BH == 0 || S == 0) return;
   mg::cuda::DeviceGuard guard(q.device());
+  if (kernel == AttentionKernel::FlashCudnn) {
+    if (L > 0 && aligned16({&grad_out, &q, &k, &v, &out, &grad_q, &grad_k, &grad_v}) &&
+        cudnn_attention_backward(grad_out, q, k, v, out, lse, causal, static_cast<float>(scale), grad_q, grad_k,
+                                 grad_v))
+      return;
+    kernel = tc_fallback(D);
+  }
   cudaStream_t st = stream_of(q);
   Tensor delta = empty({BH, L}, {DType::f32, q.device()});
   dispatch(q.dtype(), D, op, [&](auto tag, auto dim) {

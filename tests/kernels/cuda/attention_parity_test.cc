@@ -27,6 +27,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -38,6 +39,7 @@
 #include "core/random.h"
 #include "core/tensor.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/ops.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
 
@@ -271,8 +273,10 @@ std::vector<Case> tensor_core_cases() {
 
 TEST_F(AttentionParity, TensorCoreAndSimtMatchReference) {
   // The tensor-core shapes in f16/bf16 through both kernels.
+  // Under "cudnn" the lengths that are multiples of 64 run in cuDNN, the others fall back to the
+  // tensor-core kernels.
   const std::vector<Case> cases = tensor_core_cases();
-  for (const char* kernel : {"tc", "simt"}) {
+  for (const char* kernel : {"cudnn", "tc", "simt"}) {
     ScopedKernel use(kernel);
     SCOPED_TRACE(kernel);
     for (DType dt : {DType::f16, DType::bf16}) {
@@ -283,6 +287,51 @@ TEST_F(AttentionParity, TensorCoreAndSimtMatchReference) {
     }
     check_case({70000, 2, 3, 64, true}, DType::f16);  // > 65535 heads: chunked grid
   }
+}
+
+// cuDNN's fused attention (kernels/cuda/cudnn_attention.cc), the default for f16/bf16: lengths that
+// are multiples of 64 (L = S, L < S and L > S under the top-left causal mask), head dims 32, 64,
+// 128, against the f64 reference with the tolerances of the other half-precision kernels (the
+// same rounding: inputs and P, dS in the io type, f32 sums). The GPT shapes (L = S, D = 64 or
+// 128) must really run in cuDNN: its run counter rises by two (forward and backward) per case.
+TEST_F(AttentionParity, CudnnMatchesReference) {
+  ::unsetenv("MG_ATTENTION_KERNEL");
+  for (DType dt : {DType::f16, DType::bf16}) {
+    ASSERT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(dt, 64)), "cudnn");
+    for (bool causal : {false, true}) {
+      for (auto [BH, T, D] : {std::tuple<int64_t, int64_t, int64_t>{3, 64, 64}, {2, 1024, 64}, {2, 256, 128}}) {
+        const int64_t before = k::cuda::cudnn_attention_runs();
+        check_case({BH, T, T, D, causal}, dt);
+        EXPECT_EQ(k::cuda::cudnn_attention_runs() - before, 2)
+            << dstr(dt) << " T=" << T << " D=" << D << ": " << k::cuda::cudnn_attention_last_decline();
+      }
+      for (const Case& c :
+           {Case{2, 128, 256, 64, causal}, Case{2, 256, 128, 64, causal}, Case{2, 128, 128, 32, causal}}) {
+        const int64_t before = k::cuda::cudnn_attention_runs();
+        check_case(c, dt);
+        const int64_t ran = k::cuda::cudnn_attention_runs() - before;
+        std::cout << name_of(c, dt) << ": " << ran << " of 2 calls in cuDNN"
+                  << (ran < 2 ? " (declined: " + k::cuda::cudnn_attention_last_decline() + ")" : std::string()) << "\n";
+      }
+    }
+  }
+}
+
+TEST_F(AttentionParity, CudnnPlansAreBuiltOncePerConfiguration) {
+  // A configuration's plan is built on its first call and reused: the second call of the same
+  // shapes builds nothing. Prints what building costs (cuDNN compiles its kernels at run time).
+  ::unsetenv("MG_ATTENTION_KERNEL");
+  const Case c{4, 512, 512, 64, true};
+  const auto before = k::cuda::cudnn_attention_plan_stats();
+  check_case(c, DType::bf16);
+  const auto first = k::cuda::cudnn_attention_plan_stats();
+  check_case(c, DType::bf16);
+  const auto second = k::cuda::cudnn_attention_plan_stats();
+  EXPECT_EQ(first.built - before.built, 2);  // forward and backward
+  EXPECT_EQ(second.built, first.built);
+  EXPECT_EQ(second.declined, first.declined);
+  std::cout << "cuDNN attention plans for bf16 B*H=4 T=512 D=64 causal: forward + backward built in "
+            << (first.build_seconds - before.build_seconds) << " s\n";
 }
 
 TEST_F(AttentionParity, Tf32TensorCoreMatchesReference) {
@@ -484,11 +533,18 @@ TEST_F(AttentionParity, PackedQkvMatchesUnpackedAndReference) {
 }
 
 TEST_F(AttentionParity, PackedQkvBothKernels) {
-  for (const char* kernel : {"tc", "simt"}) {
+  for (const char* kernel : {"cudnn", "tc", "simt"}) {
     ScopedKernel use(kernel);
     SCOPED_TRACE(kernel);
     for (DType dt : {DType::f16, DType::bf16})
-      for (bool causal : {false, true}) expect_packed_matches(dt, causal, 2, 100, 2, 64, 0, g);
+      for (bool causal : {false, true}) {
+        expect_packed_matches(dt, causal, 2, 100, 2, 64, 0, g);
+        // T = 128: cuDNN reads q, k, v straight out of the packed [B, T, 3C] tensor.
+        const int64_t before = k::cuda::cudnn_attention_runs();
+        expect_packed_matches(dt, causal, 2, 128, 2, 64, 0, g);
+        if (std::string(kernel) == "cudnn")
+          EXPECT_GE(k::cuda::cudnn_attention_runs() - before, 4) << k::cuda::cudnn_attention_last_decline();
+      }
   }
   ScopedTf32 tf32(true);  // f32 on the tensor cores, packed and misaligned
   for (bool causal : {false, true})
@@ -559,20 +615,33 @@ TEST_F(AttentionParity, FlashNeverAllocatesTxT) {
 
 TEST(AttentionKernelChoice, TensorCoresForHalfTypesAtHeadDims64And128) {
   ::unsetenv("MG_ATTENTION_KERNEL");
-  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 64)), "tc");
-  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 128)), "tc");
+  // Half types: cuDNN's fused attention at head dims that are multiples of 8.
+  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 64)), "cudnn");
+  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 128)), "cudnn");
+  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 32)), "cudnn");
+  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 80)), "cudnn");
+  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 36)), "simt");  // not a multiple of 8
+  {
+    ScopedDeterministic det(true);  // cuDNN's backward sums dq by atomics: our two-pass kernels instead
+    EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 64)), "tc");
+    EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 32)), "simt");
+  }
   ScopedTf32 exact(false);
   EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 64)), "tc");  // as TF32 pairs
   EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 32)), "simt");
-  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 32)), "simt");  // other head dims
-  EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 80)), "simt");
   {
     ScopedKernel simt("simt");
     EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 64)), "simt");
   }
   {
+    ScopedKernel cudnn("cudnn");  // half types only: f32 keeps the tensor-core kernels
+    EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 64)), "cudnn");
+    EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 64)), "tc");
+  }
+  {
     ScopedKernel tc("tc");  // asks for tensor cores: at head dims 64 and 128 only
     EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 64)), "tc");
+    EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 32)), "simt");
     EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 64)), "tc");
     EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f32, 80)), "simt");
   }
@@ -610,7 +679,7 @@ TEST(AttentionKernelChoice, TensorCoresForHalfTypesAtHeadDims64And128) {
     k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 64));
     ADD_FAILURE() << "MG_ATTENTION_KERNEL=fast was accepted";
   } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("MG_ATTENTION_KERNEL must be auto, composed, simt or tc, got 'fast'"),
+    EXPECT_NE(std::string(e.what()).find("MG_ATTENTION_KERNEL must be auto, composed, simt, tc or cudnn, got 'fast'"),
               std::string::npos)
         << e.what();
   }
