@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <deque>
 #include <limits>
 #include <map>
@@ -457,9 +458,14 @@ bool cudnn_attention_eligible(DType dt, int64_t L, int64_t S, int64_t D) {
          L % 64 == 0 && S % 64 == 0;
 }
 
+// The logsumexp as the graphs declare it: [B * H, L] f32, contiguous and 16-byte aligned.
+bool lse_ok(const Tensor& lse) {
+  return lse.dtype() == DType::f32 && lse.is_contiguous() && reinterpret_cast<uintptr_t>(lse.raw_data()) % 16 == 0;
+}
+
 bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale,
                              const Tensor& out, const Tensor& lse) {
-  if (!cudnn_attention_eligible(q.dtype(), q.size(2), k.size(2), q.size(3))) return false;
+  if (!cudnn_attention_eligible(q.dtype(), q.size(2), k.size(2), q.size(3)) || !lse_ok(lse)) return false;
   const Device dev = q.device();
   cudnnHandle_t h = cudnn_handle(dev.index);
   Key key = {0, dev.index, static_cast<int64_t>(q.dtype()), causal};
@@ -477,7 +483,7 @@ bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 bool cudnn_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                               const Tensor& lse, bool causal, float scale, const Tensor& dq, const Tensor& dk,
                               const Tensor& dv) {
-  if (!cudnn_attention_eligible(q.dtype(), q.size(2), k.size(2), q.size(3))) return false;
+  if (!cudnn_attention_eligible(q.dtype(), q.size(2), k.size(2), q.size(3)) || !lse_ok(lse)) return false;
   const Device dev = q.device();
   cudnnHandle_t h = cudnn_handle(dev.index);
   Key key = {1, dev.index, static_cast<int64_t>(q.dtype()), causal};

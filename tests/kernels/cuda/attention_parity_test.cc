@@ -305,8 +305,8 @@ TEST_F(AttentionParity, CudnnMatchesReference) {
         EXPECT_EQ(k::cuda::cudnn_attention_runs() - before, 2)
             << dstr(dt) << " T=" << T << " D=" << D << ": " << k::cuda::cudnn_attention_last_decline();
       }
-      for (const Case& c :
-           {Case{2, 128, 256, 64, causal}, Case{2, 256, 128, 64, causal}, Case{2, 128, 128, 32, causal}}) {
+      for (const Case& c : {Case{2, 128, 256, 64, causal}, Case{2, 256, 128, 64, causal}, Case{2, 128, 128, 32, causal},
+                            Case{2, 128, 128, 80, causal}}) {
         const int64_t before = k::cuda::cudnn_attention_runs();
         check_case(c, dt);
         const int64_t ran = k::cuda::cudnn_attention_runs() - before;
@@ -621,6 +621,13 @@ TEST(AttentionKernelChoice, TensorCoresForHalfTypesAtHeadDims64And128) {
   EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::f16, 32)), "cudnn");
   EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 80)), "cudnn");
   EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 36)), "simt");  // not a multiple of 8
+  // Which lengths cuDNN is asked for (the rest fall back): multiples of 64, half types, D <= 128.
+  EXPECT_TRUE(k::cuda::cudnn_attention_eligible(DType::bf16, 1024, 1024, 64));
+  EXPECT_TRUE(k::cuda::cudnn_attention_eligible(DType::f16, 128, 256, 128));
+  EXPECT_FALSE(k::cuda::cudnn_attention_eligible(DType::bf16, 1000, 1024, 64));  // a sampling step's length
+  EXPECT_FALSE(k::cuda::cudnn_attention_eligible(DType::bf16, 1024, 1, 64));
+  EXPECT_FALSE(k::cuda::cudnn_attention_eligible(DType::f32, 1024, 1024, 64));
+  EXPECT_FALSE(k::cuda::cudnn_attention_eligible(DType::bf16, 1024, 1024, 136));
   {
     ScopedDeterministic det(true);  // cuDNN's backward sums dq by atomics: our two-pass kernels instead
     EXPECT_STREQ(k::attention_kernel_name(k::flash_attention_kernel(DType::bf16, 64)), "tc");
