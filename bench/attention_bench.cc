@@ -1,5 +1,7 @@
-// Attention speed on the device: the tensor-core flash kernels (attention_tc.cu) against the SIMT
-// flash kernels and the materializing sdpa_composed, measured in the same run, as ratios.
+// Attention speed on the device: memgrad's default flash path (cuDNN's fused attention for
+// f16/bf16, cudnn_attention.cc; the tensor-core kernels for f32), our tensor-core kernels
+// (attention_tc.cu) and the SIMT flash kernels against the materializing sdpa_composed,
+// measured in the same run, as ratios.
 //
 // Shapes match bench/pytorch/attention_sdpa.py (run it on the same card for PyTorch's SDPA):
 // GPT-2 124M's attention (B8 H12 T1024 D64), a longer sequence (B4 H12 T2048 D64) and D = 128.
@@ -34,10 +36,11 @@ struct Shape {
 };
 const Shape kShapes[] = {{8, 12, 1024, 64}, {4, 12, 2048, 64}, {8, 8, 1024, 128}};
 
-// tc's backward is the one pass (dq by atomics); tc-twopass is the same kernels under
-// kernels::set_deterministic(true), dq by a pass of its own.
-enum Impl { kSimt = 0, kTc = 1, kReference = 2, kTcTwoPass = 3 };
-const char* const kImplNames[] = {"simt", "tc", "reference", "tc-twopass"};
+// kDefault is what flash_attention_forward picks (MG_ATTENTION_KERNEL=auto); tc forces our
+// tensor-core kernels, whose backward is the one pass (dq by atomics); tc-twopass is the same
+// kernels under kernels::set_deterministic(true), dq by a pass of its own.
+enum Impl { kSimt = 0, kDefault = 1, kReference = 2, kTcTwoPass = 3, kTc = 4 };
+const char* const kImplNames[] = {"simt", "default", "reference", "tc-twopass", "tc"};
 
 // SIMT times by configuration, for the other implementations' ratios.
 std::map<std::tuple<int64_t, int64_t, bool, bool>, double> g_simt_ms;
@@ -58,7 +61,7 @@ void BM_Attention(benchmark::State& state) {
   kernels::set_allow_tf32(tf32);
   const bool causal = state.range(2) != 0, backward = state.range(3) != 0;
   const Impl impl = static_cast<Impl>(state.range(4));
-  ::setenv("MG_ATTENTION_KERNEL", impl == kSimt ? "simt" : "auto", 1);
+  ::setenv("MG_ATTENTION_KERNEL", impl == kSimt ? "simt" : impl == kTc ? "tc" : "auto", 1);
   const bool det_was = kernels::deterministic();
   kernels::set_deterministic(impl == kTcTwoPass);
   Generator gen(7);
@@ -92,17 +95,17 @@ void BM_Attention(benchmark::State& state) {
     g_simt_ms[key] = ms;
   else if (g_simt_ms.count(key))
     state.counters["vs_simt"] = ms / g_simt_ms[key];
-  // The configuration as bench/pytorch/attention_sdpa.py prints it; the tensor-core kernels are
+  // The configuration as bench/pytorch/attention_sdpa.py prints it; the default path is
   // memgrad's row beside PyTorch's, the others say which implementation they are.
   state.SetLabel("B" + std::to_string(sh.B) + " H" + std::to_string(sh.H) + " T" + std::to_string(sh.T) + " D" +
                  std::to_string(sh.D) + " " + (tf32 ? std::string("f32-tf32") : dtype_name(dt)) +
                  (causal ? " causal" : " full") + (backward ? " fwd+bwd" : " fwd") +
-                 (impl == kTc ? "" : std::string("; impl=") + kImplNames[impl]));
+                 (impl == kDefault ? "" : std::string("; impl=") + kImplNames[impl]));
 }
-// Implementation is the innermost argument, so simt, tc and reference of one configuration run
-// side by side (simt first).
+// Implementation is the innermost argument, so simt, the default, tc and reference of one
+// configuration run side by side (simt first).
 BENCHMARK(BM_Attention)
-    ->ArgsProduct({{0, 1, 2}, {0, 1, 2, 3}, {1, 0}, {0, 1}, {kSimt, kTc, kReference}})
+    ->ArgsProduct({{0, 1, 2}, {0, 1, 2, 3}, {1, 0}, {0, 1}, {kSimt, kDefault, kTc, kReference}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 // The two-pass backward beside it (after the table above, so vs_simt has its SIMT row).
