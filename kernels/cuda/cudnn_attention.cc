@@ -27,8 +27,6 @@
 #include <vector>
 
 #include "core/allocator.h"
-#include "core/cuda/check.h"
-#include "core/device_runtime.h"
 #include "kernels/cuda/cudnn.h"
 
 namespace mg::kernels::cuda {
