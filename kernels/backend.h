@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "core/tensor.h"
@@ -221,10 +222,14 @@ inline bool deterministic() { return deterministic_flag().load(); }
 // GEMM autotuning, like PyTorch's TunableOp (PYTORCH_TUNABLEOP_ENABLED): the first cuBLASLt
 // matmul of each shape, dtype and epilogue times the heuristic's top candidates on its own
 // operands (a host sync, once per shape; never during CUDA graph capture) and keeps the fastest.
-// Off by default (or MG_GEMM_TUNE=1): which algorithm wins can differ between runs, and with it
-// the last bits of the results; set_deterministic(true) turns it off.
+// Off by default; MG_GEMM_TUNE=1 in the environment turns it on at start-up. Which algorithm wins
+// can differ between runs, and with it the last bits of the results; set_deterministic(true)
+// turns it off.
 inline std::atomic<bool>& gemm_autotune_flag() {
-  static std::atomic<bool> flag{false};
+  static std::atomic<bool> flag{[] {
+    const char* e = std::getenv("MG_GEMM_TUNE");
+    return e != nullptr && e[0] == '1' && e[1] == '\0';
+  }()};
   return flag;
 }
 inline void set_gemm_autotune(bool on) { gemm_autotune_flag().store(on); }

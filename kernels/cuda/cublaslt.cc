@@ -108,14 +108,6 @@ void set_attr(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr, cons
 // How many of the heuristic's candidates autotuning times.
 constexpr int kTuneCandidates = 8;
 
-bool env_gemm_tune() {
-  static const bool on = [] {
-    const char* e = std::getenv("MG_GEMM_TUNE");
-    return e && std::strcmp(e, "1") == 0;
-  }();
-  return on;
-}
-
 // The plan for `key`, made on first use (null when cuBLASLt has no algorithm for it).
 Plan* plan_for(const Key& key, int device, size_t workspace) {
   thread_local std::map<Key, std::unique_ptr<Plan>> plans;
@@ -145,7 +137,7 @@ Plan* plan_for(const Key& key, int device, size_t workspace) {
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(key.align_d));
   cublasLtMatmulHeuristicResult_t results[kTuneCandidates]{};
   int found = 0;
-  const bool tune = gemm_autotune() || (env_gemm_tune() && !deterministic());
+  const bool tune = gemm_autotune();
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_handle(device), p->op, p->a, p->b, p->d, p->d, pref,
                                                            tune ? kTuneCandidates : 1, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);

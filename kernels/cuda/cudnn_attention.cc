@@ -274,12 +274,10 @@ struct Plan {
   int64_t workspace = 0;
 };
 
-cudnnDataType_t io_type(DType dt) { return dt == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF; }
-
 std::unique_ptr<Plan> build_forward(cudnnHandle_t h, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& out, bool causal) {
   auto p = std::make_unique<Plan>();
-  p->graph = std::make_unique<Graph>(io_type(q.dtype()));
+  p->graph = std::make_unique<Graph>(cudnn_data_type(q.dtype(), "flash_attention"));
   Graph& g = *p->graph;
   const Split sp = split_of({&q, &k, &v, &out});
   const int64_t B = sp.B, H = sp.H, L = q.size(2), S = k.size(2);
@@ -314,7 +312,7 @@ std::unique_ptr<Plan> build_backward(cudnnHandle_t h, const Tensor& dout, const 
                                      const Tensor& v, const Tensor& out, const Tensor& dq, const Tensor& dk,
                                      const Tensor& dv, bool causal) {
   auto p = std::make_unique<Plan>();
-  p->graph = std::make_unique<Graph>(io_type(q.dtype()));
+  p->graph = std::make_unique<Graph>(cudnn_data_type(q.dtype(), "flash_attention"));
   Graph& g = *p->graph;
   const Split sp = split_of({&q, &k, &v, &out, &dout, &dq, &dk, &dv});
   const int64_t B = sp.B, H = sp.H, L = q.size(2), S = k.size(2), D = q.size(3);
