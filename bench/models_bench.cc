@@ -5,8 +5,9 @@
 // line per model (median step ms over --steps after --warmup, peak allocated/reserved).
 //   --dtype f16|bf16   forward and loss under mg::Autocast (f32 master weights; no loss
 //                      scaling here: bench_amp has the full GradScaler step)
-//   --tune-gemm        GEMM autotuning (kernels::set_gemm_autotune: each cuBLASLt shape's first call
-//                      times the heuristic's top 8 algorithms and keeps the fastest; " tuned GEMMs"
+//   --tune-gemm        GEMM autotuning (kernels::set_gemm_autotune, or MG_GEMM_TUNE=1: each
+//                      cuBLASLt shape's first call times the heuristic's top 8 algorithms and
+//                      keeps the fastest; " tuned GEMMs"
 //                      in the config string, as PyTorch's TunableOp row would be)
 //   --tf32             f32 matmuls and convolutions on TF32 tensor cores (kernels::set_allow_tf32),
 //                      the row to set beside PyTorch's allow_tf32 = True
@@ -368,6 +369,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_models: --dtype must be f32, f16 or bf16, got %s\n", dtype.c_str());
     return 2;
   }
+  // --tune-gemm turns autotuning on; MG_GEMM_TUNE=1 already has (kernels::gemm_autotune). The
+  // label says which ran.
+  if (tune_gemm) mg::kernels::set_gemm_autotune(true);
+  tune_gemm = mg::kernels::gemm_autotune();
   const std::string tag = " " + dtype + (dtype == "f32" ? "" : " autocast") + (tf32 ? " TF32" : "") +
                           (channels_last ? " channels_last" : "") + (g_optimizer == "adamw" ? " AdamW" : "") +
                           (g_graph ? " CUDA graph" : "") + (tune_gemm ? " tuned GEMMs" : "");
@@ -377,7 +382,6 @@ int main(int argc, char** argv) {
   }
   const mg::Device dev = mg::Device::cuda(0);
   mg::kernels::set_allow_tf32(tf32);
-  mg::kernels::set_gemm_autotune(tune_gemm);
   mg::manual_seed(0);
   if (which == "mlp") {  // not in "all": the suite's model rows are ResNet-50 and GPT-2
     // The main job's MLP (examples/fashion_mnist): launch-bound, where capture matters most.
