@@ -281,6 +281,30 @@ void remove_post_accumulate_grad_hook(uint64_t handle) {
 
 // ---------------- AccumulateGrad ----------------
 
+namespace {
+// True for a view that is the only way to reach its bytes: a kernel's output reshaped on its
+// way out (a bias gradient [C] viewed from a reduction's [1, C], a layer norm's [C] from its
+// rows), whose base no one else holds, spanning the whole storage. Storing such a gradient as
+// it is saves the copy (two small memcpys per layer norm and one per bias, every step).
+bool sole_view(const Tensor& g) {
+  const std::shared_ptr<TensorImpl>& base = g.impl()->view_base;
+  return base && base.use_count() == 1 && !base->autograd && g.storage().use_count() == 2 &&
+         g.nbytes() == g.storage()->nbytes;
+}
+
+// g's bytes as a tensor of their own (no view base), sharing the storage and version counter.
+std::shared_ptr<TensorImpl> plain_impl(const Tensor& g) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = g.storage();
+  impl->sizes = g.sizes();
+  impl->strides = g.strides();
+  impl->offset = 0;
+  impl->dtype = g.dtype();
+  impl->version = g.impl()->version;
+  return impl;
+}
+}  // namespace
+
 AccumulateGrad::AccumulateGrad(const Tensor& t) : leaf(t.impl_ptr()) {
   // Leaves' sinks run as soon as they are ready, so their gradient buffers die early.
   sequence_nr = std::numeric_limits<uint64_t>::max();
@@ -305,10 +329,15 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     // (an optimizer, zero_grad) never writes into a gradient someone else holds.
     // (The engine itself never writes into a gradient: it sums out of place.)
     const AutogradMeta* m = meta(t);
+    const bool dense = !g.impl()->autograd && g.is_contiguous() && g.offset() == 0;
     const bool unshared = (m && m->private_grad_) || (g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1);
-    const bool exclusive =
-        unshared && !g.impl()->autograd && !g.impl()->view_base && g.is_contiguous() && g.offset() == 0;
-    t.set_grad(exclusive ? g : raw::clone(g));
+    if (dense && unshared && !g.impl()->view_base) {
+      t.set_grad(g);
+    } else if (dense && g.impl_ptr().use_count() == 1 && sole_view(g)) {
+      t.set_grad(Tensor(plain_impl(g)));
+    } else {
+      t.set_grad(raw::clone(g));
+    }
   } else {
     // Out of place: a grad captured earlier (e.g. by the user) keeps its value.
     t.set_grad(kernels::add(old, g));

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -19,6 +20,7 @@ struct Interval {
   uint64_t start, end;
   int kind;  // 0 kernel, 1 memcpy, 2 memset
   std::string name;
+  uint64_t bytes = 0;  // copies and fills
 };
 
 std::mutex g_mu;
@@ -86,12 +88,12 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         auto* m = reinterpret_cast<CUpti_ActivityMemcpy6*>(rec);
-        got.push_back({m->start, m->end, 1, "[memcpy]"});
+        got.push_back({m->start, m->end, 1, "[memcpy]", m->bytes});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         auto* m = reinterpret_cast<CUpti_ActivityMemset4*>(rec);
-        got.push_back({m->start, m->end, 2, "[memset]"});
+        got.push_back({m->start, m->end, 2, "[memset]", m->bytes});
         break;
       }
       default:
@@ -158,6 +160,31 @@ double KernelProfiler::busy_ms() const {
   }
   if (open) total += (cur_e - cur_s) * 1e-6;
   return total;
+}
+
+std::vector<CopySite> KernelProfiler::copy_sites() const {
+  std::vector<const Interval*> iv;
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (const Interval& r : g_records) iv.push_back(&r);
+  std::sort(iv.begin(), iv.end(), [](const Interval* a, const Interval* b) { return a->start < b->start; });
+  std::map<std::tuple<std::string, std::string, uint64_t>, CopySite> by;
+  for (size_t i = 0; i < iv.size(); ++i) {
+    if (iv[i]->kind == 0) continue;
+    // The nearest kernel before it names the op that asked for it (copies run back to back).
+    std::string before = "(start)";
+    for (size_t j = i; j-- > 0;)
+      if (iv[j]->kind == 0) {
+        before = iv[j]->name;
+        break;
+      }
+    CopySite& c = by[{iv[i]->name, before, iv[i]->bytes}];
+    c.what = iv[i]->name, c.after_kernel = before, c.bytes = iv[i]->bytes;
+    ++c.count, c.total_ms += (iv[i]->end - iv[i]->start) * 1e-6;
+  }
+  std::vector<CopySite> out;
+  for (auto& [k, v] : by) out.push_back(v);
+  std::sort(out.begin(), out.end(), [](const CopySite& a, const CopySite& b) { return a.count > b.count; });
+  return out;
 }
 
 std::vector<IdleGap> KernelProfiler::idle_gaps() const {
@@ -228,6 +255,19 @@ std::string KernelProfiler::report(int steps, double wall_ms_per_step, int top) 
     std::snprintf(line, sizeof line, "  %8.3f ms/step %6.1f/step max %7.1f us  %.36s -> %.36s\n",
                   gaps[i].total_ms / steps, static_cast<double>(gaps[i].count) / steps, 1000.0 * gaps[i].max_ms,
                   gaps[i].before.c_str(), gaps[i].after.c_str());
+    os << line;
+  }
+  // Copies and fills, by size and the kernel before them (the op that asked for them).
+  const std::vector<CopySite> sites = copy_sites();
+  int64_t ncopies = 0;
+  for (const CopySite& c : sites) ncopies += c.count;
+  std::snprintf(line, sizeof line, "copies and fills: %.1f/step; the most frequent, by size and the kernel before:\n",
+                static_cast<double>(ncopies) / steps);
+  os << line;
+  for (size_t i = 0; i < sites.size() && i < 8; ++i) {
+    std::snprintf(line, sizeof line, "  %6.1f/step %8.3f ms/step  %s %10llu B after %.40s\n",
+                  static_cast<double>(sites[i].count) / steps, sites[i].total_ms / steps, sites[i].what.c_str(),
+                  static_cast<unsigned long long>(sites[i].bytes), sites[i].after_kernel.c_str());
     os << line;
   }
   return os.str();

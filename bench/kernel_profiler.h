@@ -22,6 +22,15 @@ struct IdleGap {
   double total_ms = 0, max_ms = 0;
 };
 
+// The copies and fills of one size after one kernel (the op that asked for them).
+struct CopySite {
+  std::string what;          // "[memcpy]" or "[memset]"
+  std::string after_kernel;  // the nearest kernel before it, "(start)" when none
+  uint64_t bytes = 0;
+  int64_t count = 0;
+  double total_ms = 0;
+};
+
 class KernelProfiler {
  public:
   // Enables CUPTI activity collection (kernels, memcpy, memset). Throws mg::Error if CUPTI
@@ -35,9 +44,11 @@ class KernelProfiler {
   double busy_ms() const;
   // The idle stretches, largest total first.
   std::vector<IdleGap> idle_gaps() const;
+  // The copies and fills, most frequent first.
+  std::vector<CopySite> copy_sites() const;
   // A table: top `top` kernels by time with calls and ms per step (divided by `steps`), the
   // rest summed, copies and fills, the device-busy fraction of `wall_ms_per_step`, and the
-  // largest idle stretches by the kernels around them.
+  // largest idle stretches by the kernels around them, and the most frequent copies and fills.
   std::string report(int steps, double wall_ms_per_step, int top = 25) const;
 };
 

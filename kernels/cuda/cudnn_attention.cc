@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/device_runtime.h"
 #include "kernels/cuda/cudnn.h"
 
 namespace mg::kernels::cuda {
@@ -384,23 +385,30 @@ void add_layout(Key& key, const Tensor& t) {
 }
 
 // The cached plan for `key`, built by `build` on first use; null when cuDNN can't run it.
+// Never built inside a CUDA-graph capture on `device`: building compiles kernels and may
+// synchronize or allocate, which a capture cannot hold. The captured call then runs on our
+// kernels and nothing is remembered; the first eager call builds the plan.
 template <class Build>
-Plan* plan_for(const Key& key, Build&& build) {
-  auto [it, fresh] = plans().try_emplace(key);
-  if (fresh) {
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      it->second = build();
-    } catch (const Unsupported& e) {
-      it->second = nullptr;  // remembered: the caller's kernels run this configuration
-      last_decline() = e.what;
-    }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+Plan* plan_for(const Key& key, int device, Build&& build) {
+  if (auto found = plans().find(key); found != plans().end()) return found->second.get();
+  if (mg::cuda::is_capturing(device)) {
+    last_decline() = "not built during a CUDA graph capture (the first eager call builds it)";
+    return nullptr;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<Plan> plan;
+  try {
+    plan = build();
+  } catch (const Unsupported& e) {
+    last_decline() = e.what;  // remembered (a null plan): the caller's kernels run this configuration
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  {
     std::lock_guard<std::mutex> lock(g_stats_mu);
-    (it->second ? g_stats.built : g_stats.declined) += 1;
+    (plan ? g_stats.built : g_stats.declined) += 1;
     g_stats.build_seconds += s;
   }
-  return it->second.get();
+  return plans().emplace(key, std::move(plan)).first->second.get();
 }
 
 std::atomic<int64_t> g_runs{0};
@@ -466,7 +474,7 @@ bool cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   cudnnHandle_t h = cudnn_handle(dev.index);
   Key key = {0, dev.index, static_cast<int64_t>(q.dtype()), causal};
   for (const Tensor* t : {&q, &k, &v, &out}) add_layout(key, *t);
-  Plan* p = plan_for(key, [&] { return build_forward(h, q, k, v, out, causal); });
+  Plan* p = plan_for(key, dev.index, [&] { return build_forward(h, q, k, v, out, causal); });
   if (!p) return false;
   float neg_inf = -std::numeric_limits<float>::infinity();
   std::vector<std::pair<int64_t, void*>> binds = {{kQ, q.raw_data()},   {kK, k.raw_data()},       {kV, v.raw_data()},
@@ -484,7 +492,7 @@ bool cudnn_attention_backward(const Tensor& dout, const Tensor& q, const Tensor&
   cudnnHandle_t h = cudnn_handle(dev.index);
   Key key = {1, dev.index, static_cast<int64_t>(q.dtype()), causal};
   for (const Tensor* t : {&dout, &q, &k, &v, &out, &dq, &dk, &dv}) add_layout(key, *t);
-  Plan* p = plan_for(key, [&] { return build_backward(h, dout, q, k, v, out, dq, dk, dv, causal); });
+  Plan* p = plan_for(key, dev.index, [&] { return build_backward(h, dout, q, k, v, out, dq, dk, dv, causal); });
   if (!p) return false;
   const int64_t BH = q.size(0) * q.size(1), L = q.size(2), D = q.size(3);
   Tensor row_sum = empty({BH, L}, {DType::f32, dev}), dq_acc = empty({BH, L, D}, {DType::f32, dev});

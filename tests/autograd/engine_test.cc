@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <thread>
 
 #include "autograd/engine.h"
@@ -192,6 +193,40 @@ TEST(Engine, InplaceRebasesHistory) {
   EXPECT_EQ(y.version(), 1u);
   sum(y).backward();
   EXPECT_EQ(vals(x.grad()), (std::vector<double>{3, 0}));
+}
+
+// A leaf's first gradient is kept without a copy when nothing else can reach its bytes, and
+// copied when something can: a view whose base is otherwise unheld (a kernel's [1, C] output
+// viewed as [C], as a reduction or layer norm hands back a bias gradient) is kept; a view of a
+// base someone still holds, or one that spans only part of its storage, is copied.
+TEST(Engine, FirstGradientKeptWithoutCopyOnlyWhenUnreachable) {
+  const auto grad_via = [](const std::function<Tensor()>& make, const void** made) {
+    Tensor b = leaf({1, 2, 3}, {3});
+    Tensor y = b.detach();  // the op's output: its backward hands back make()'s tensor
+    autograd::record("give", {b}, y, [make, made](const std::vector<Tensor>&) {
+      Tensor g = make();
+      *made = g.raw_data();
+      return std::vector<Tensor>{g};
+    });
+    sum(y).backward();
+    return b.grad();
+  };
+  const void* made = nullptr;
+  // A [1, 3] buffer viewed as [3], the base dropped: kept as it is, and no longer a view.
+  Tensor g1 = grad_via([] { return raw::view(tensor({4, 5, 6}, {1, 3}, {DType::f64}), {3}); }, &made);
+  EXPECT_EQ(g1.raw_data(), made);
+  EXPECT_EQ(g1.impl()->view_base, nullptr);
+  EXPECT_EQ(vals(g1), (std::vector<double>{4, 5, 6}));
+  // The base still held elsewhere: copied, so writing .grad never reaches the base.
+  Tensor held = tensor({7, 8, 9}, {1, 3}, {DType::f64});
+  Tensor g2 = grad_via([&] { return raw::view(held, {3}); }, &made);
+  EXPECT_NE(g2.raw_data(), made);
+  g2.fill_(0.0);
+  EXPECT_EQ(vals(held), (std::vector<double>{7, 8, 9}));
+  // A view over part of a larger buffer: copied (keeping it would pin the whole buffer).
+  Tensor g3 = grad_via([] { return raw::slice(tensor({1, 2, 3, 4, 5, 6}, {6}, {DType::f64}), 0, 0, 3, 1); }, &made);
+  EXPECT_NE(g3.raw_data(), made);
+  EXPECT_EQ(vals(g3), (std::vector<double>{1, 2, 3}));
 }
 
 TEST(Engine, Detach) {

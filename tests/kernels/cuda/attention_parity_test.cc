@@ -17,6 +17,8 @@
 // - attention_packed_qkv (q/k/v read in place from [B, T, 3C], y and the [B, T, 3C] gradient
 //   written in place) vs the unpacked path and the f64 reference, f32/f16/bf16, causal and not,
 //   tc and simt, a misaligned qkv (contiguous fallback), and its peak memory (no head copies).
+// - cuDNN's fused attention: against the reference, plans built once per configuration and
+//   never inside a CUDA-graph capture.
 // GPU tests skip without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -332,6 +334,42 @@ TEST_F(AttentionParity, CudnnPlansAreBuiltOncePerConfiguration) {
   EXPECT_EQ(second.declined, first.declined);
   std::cout << "cuDNN attention plans for bf16 B*H=4 T=512 D=64 causal: forward + backward built in "
             << (first.build_seconds - before.build_seconds) << " s\n";
+}
+
+// A configuration first met inside a CUDA-graph capture builds no plan there (building compiles
+// kernels and may synchronize, which a capture cannot hold) and remembers no decline: the
+// captured forward runs on our kernels, the first eager call builds the plan and runs in cuDNN,
+// and both outputs match the f64 reference.
+TEST_F(AttentionParity, CudnnBuildsNoPlanDuringCapture) {
+  ::unsetenv("MG_ATTENTION_KERNEL");
+  const Case c{2, 320, 320, 64, true};  // a configuration no other test builds
+  Tensor q = host({c.BH, c.L, c.D}, DType::bf16, g), kk = host({c.BH, c.S, c.D}, DType::bf16, g),
+         v = host({c.BH, c.S, c.D}, DType::bf16, g);
+  const Tensor dq = to_cuda(q), dk = to_cuda(kk), dv = to_cuda(v);
+  const auto stats0 = k::cuda::cudnn_attention_plan_stats();
+  const int64_t runs0 = k::cuda::cudnn_attention_runs();
+  Tensor captured_out;
+  cuda::Graph graph;
+  {
+    const cuda::Stream side = cuda::Stream::create();
+    cuda::StreamGuard guard(side);
+    graph.capture_begin();
+    captured_out = std::get<0>(k::flash_attention_forward(dq, dk, dv, c.causal));
+    graph.capture_end();
+    graph.replay();
+    side.synchronize();
+  }
+  const auto stats1 = k::cuda::cudnn_attention_plan_stats();
+  EXPECT_EQ(stats1.built, stats0.built);
+  EXPECT_EQ(stats1.declined, stats0.declined);
+  EXPECT_EQ(k::cuda::cudnn_attention_runs(), runs0);
+  const Tensor eager_out = std::get<0>(k::flash_attention_forward(dq, dk, dv, c.causal));
+  EXPECT_EQ(k::cuda::cudnn_attention_plan_stats().built - stats0.built, 1);
+  EXPECT_EQ(k::cuda::cudnn_attention_runs() - runs0, 1) << k::cuda::cudnn_attention_last_decline();
+  const Tensor ref = sdpa_composed(raw::to_dtype(q, DType::f64), raw::to_dtype(kk, DType::f64),
+                                   raw::to_dtype(v, DType::f64), c.causal);
+  expect_close(ref, captured_out, tol_of(DType::bf16), "captured out (our kernels)");
+  expect_close(ref, eager_out, tol_of(DType::bf16), "eager out (cuDNN)");
 }
 
 TEST_F(AttentionParity, Tf32TensorCoreMatchesReference) {
