@@ -211,7 +211,8 @@ __global__ void reduce_finalize_kernel(const A* partial, int splits, O* out, Red
   out[offs[0]] = finish<O>(s, args.scale);
 }
 
-constexpr int64_t kFillBlocks = 2 * 132;  // enough blocks to cover an H200 twice
+// Enough blocks to cover the GPU twice.
+int64_t fill_blocks(const Device& d) { return 2LL * sm_count(d); }
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -263,7 +264,7 @@ void reduce_t(const Tensor& a, const Tensor& out, int mode, double scale, const 
   }
   MG_CHECK(grid.x <= 0x7fffffffu, ShapeError, "reduction: too many outputs (", args.num_out, ")");
   int64_t splits = 1;
-  const int64_t fill = vec ? 4 * kFillBlocks : kFillBlocks;  // the vector kernel's blocks are short: more of them
+  const int64_t fill = vec ? 4 * fill_blocks(out.device()) : fill_blocks(out.device());  // vector blocks are short
   if (grid.x < fill && args.R > 2 * min_chunk)
     splits = std::min<int64_t>({cdiv(fill, grid.x), args.R / min_chunk, 65535});
   args.chunk = cdiv(args.R, splits);
@@ -512,8 +513,8 @@ void CudaBackend::max_min(const Tensor& a, int64_t dim, bool is_max, const Tenso
     dim3 block(tx, kRowBig / tx), grid(static_cast<unsigned>(cdiv(num_out, block.y)));
     int64_t splits = 1;
     const int64_t min_chunk = 16LL * tx;
-    if (grid.x < kFillBlocks && K > 2 * min_chunk)
-      splits = std::min<int64_t>({cdiv(kFillBlocks, grid.x), K / min_chunk, 65535});
+    const int64_t fill = fill_blocks(values.device());
+    if (grid.x < fill && K > 2 * min_chunk) splits = std::min<int64_t>({cdiv(fill, grid.x), K / min_chunk, 65535});
     args.chunk = cdiv(K, splits);
     splits = cdiv(K, args.chunk);
     grid.y = static_cast<unsigned>(splits);

@@ -19,6 +19,7 @@
 #include "tests/autograd/gradcheck.h"
 #include "tests/autograd/layouts.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
+#include "tests/rounding.h"
 
 namespace mg {
 namespace {
@@ -329,6 +330,48 @@ TEST_F(CudaParity, SumVarNaNAndIntegers) {
     for (std::vector<int64_t> dims : {std::vector<int64_t>{}, {0}, {1}})
       expect_parity(k::sum(a, dims), k::sum(to_cuda(a), dims), 0, std::string("int sum ") + dtype_name(dt));
   }
+}
+
+// Column sums split over row chunks (the bias gradients' [rows, C] sums: partial sums per chunk,
+// then a kernel adding them in a fixed order). Against the f64 sum of the same values; bitwise
+// the same on a second call and inside a CUDA-graph capture (deterministic). Tiles whole and
+// partial (136 = 17 bf16 vectors of 8), every floating dtype.
+TEST_F(CudaParity, SplitColumnSumsMatchReferenceAndRepeatBitwise) {
+  for (DType dt : kFloats)
+    for (Shape shape : {Shape{8192, 768}, Shape{8192, 2304}, Shape{3000, 136}, Shape{70000, 16}}) {
+      const std::string what = std::string(dtype_name(dt)) + " " + shape_str(shape);
+      SCOPED_TRACE(what);
+      const Tensor x = host(shape, dt, g), gx = to_cuda(x);
+      const Tensor once = k::sum(gx, {0});
+      const Tensor again = k::sum(gx, {0});
+      Tensor captured;
+      {
+        const cuda::Stream side = cuda::Stream::create();
+        cuda::StreamGuard guard(side);
+        cuda::Graph graph;
+        graph.capture_begin();
+        captured = k::sum(gx, {0});
+        graph.capture_end();
+        graph.replay();
+        side.synchronize();
+      }
+      const std::vector<double> got = raw::to_device(once, Device::cpu()).to_vector<double>();
+      EXPECT_EQ(raw::to_device(again, Device::cpu()).to_vector<double>(), got) << "second call";
+      EXPECT_EQ(raw::to_device(captured, Device::cpu()).to_vector<double>(), got) << "in a capture";
+      // f32 accumulation of R terms (gamma_R of the terms' magnitudes), then the result rounded
+      // to dt (u |ref|): the bound of tests/rounding.h.
+      const std::vector<double> xs = raw::to_dtype(x, DType::f64).to_vector<double>();
+      const int64_t R = shape[0], C = shape[1];
+      const DType acc = dt == DType::f64 ? DType::f64 : DType::f32;
+      int bad = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        double ref = 0, mag = 0;
+        for (int64_t r = 0; r < R; ++r) ref += xs[r * C + c], mag += std::abs(xs[r * C + c]);
+        const double bound = mg::testing::gamma_k(R, acc) * mag + unit_roundoff(dt) * std::abs(ref);
+        if (!(std::abs(got[c] - ref) <= bound) && ++bad <= 3)
+          ADD_FAILURE() << "column " << c << ": " << got[c] << " vs " << ref << " (bound " << bound << ")";
+      }
+    }
 }
 
 TEST_F(CudaParity, MaxMinArgmax) {
