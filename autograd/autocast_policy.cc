@@ -47,20 +47,22 @@ struct Entry {
   // later nodes first: edges recorded at the region's start would leave every weight gradient's
   // cast to the end of backward).
   bool edge_pending = false;
+  // Handed over by provide_cast() (made outside any region, by an optimizer's kernel).
+  bool provided = false;
 };
 struct Cache {
   std::unordered_map<const TensorImpl*, Entry> entries;
-  // The weights cast since the last prefetch, in order (what the next region will cast again),
-  // and the region whose first cast made the last prefetch.
-  std::vector<std::weak_ptr<TensorImpl>> sources;
+  // The weights cast since the last prefetch, in order, with their dtypes (what the next region
+  // will cast again), and the region whose first cast made the last prefetch.
+  std::vector<std::pair<std::weak_ptr<TensorImpl>, DType>> sources;
   std::unordered_set<const TensorImpl*> source_set;  // sources, to add each once
   uint64_t prefetched_region = 0;
 };
 
 thread_local Cache tl_cache;
 // A weight a lookup used since the last prefetch: the next region casts it ahead.
-void note_source(const Tensor& t) {
-  if (tl_cache.source_set.insert(t.impl()).second) tl_cache.sources.push_back(t.impl_ptr());
+void note_source(const Tensor& t, DType dtype) {
+  if (tl_cache.source_set.insert(t.impl()).second) tl_cache.sources.emplace_back(t.impl_ptr(), dtype);
 }
 
 void clear_cache() { tl_cache.entries.clear(); }
@@ -79,15 +81,15 @@ void prefetch(const Tensor& t, DType dtype) {
   const uint64_t region = autocast_region_count();
   if (tl_cache.prefetched_region == region) return;
   tl_cache.prefetched_region = region;
-  std::vector<std::weak_ptr<TensorImpl>> previous = std::move(tl_cache.sources);
+  std::vector<std::pair<std::weak_ptr<TensorImpl>, DType>> previous = std::move(tl_cache.sources);
   tl_cache.sources.clear();
   tl_cache.source_set.clear();
   // A graph being captured would bake in weights it does not own: each cast there is its own op.
   if (t.is_cuda() && cuda::is_capturing(t.device().index)) return;
   std::vector<Tensor> src, dst;
   std::unordered_set<const TensorImpl*> seen;
-  for (const auto& w : previous) {
-    std::shared_ptr<TensorImpl> impl = w.lock();
+  for (const auto& source : previous) {
+    std::shared_ptr<TensorImpl> impl = source.first.lock();
     if (!impl || !seen.insert(impl.get()).second || tl_cache.entries.count(impl.get())) continue;
     Tensor s(std::move(impl));
     if (!cacheable(s) || s.device() != t.device() || !s.is_contiguous()) continue;
@@ -124,6 +126,11 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
   const bool grad = is_grad_enabled();
   prefetch(t, dtype);
   auto it = tl_cache.entries.find(t.impl());
+  // A provided cast is eager memory its graph's replays would never write: a capture casts anew.
+  if (it != tl_cache.entries.end() && it->second.provided && t.is_cuda() && cuda::is_capturing(t.device().index)) {
+    tl_cache.entries.erase(it);
+    it = tl_cache.entries.end();
+  }
   if (it != tl_cache.entries.end()) {
     Entry& e = it->second;
     if (e.edge_pending && grad && e.source.lock() == t.impl_ptr() && e.version == t.version() && e.dtype == dtype) {
@@ -137,7 +144,7 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
     if (e.source.lock() == t.impl_ptr() && e.version == t.version() && e.dtype == dtype &&
         (e.with_grad == grad || e.with_grad) && !stale_node) {
       autograd::stash_put_cast(t, e.cast);  // a checkpoint region keeping weight casts keeps this one
-      note_source(t);
+      note_source(t, dtype);
       return e.cast;
     }
   }
@@ -150,8 +157,36 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
     c = t.to(dtype);
   autograd::stash_put_cast(t, c);
   tl_cache.entries[t.impl()] = Entry{t.impl_ptr(), t.version(), dtype, grad, c};
-  note_source(t);
+  note_source(t, dtype);
   return c;
+}
+
+std::vector<std::pair<Tensor, DType>> weights_cast_next_region() {
+  std::vector<std::pair<Tensor, DType>> out;
+  for (const auto& [w, dtype] : tl_cache.sources)
+    if (std::shared_ptr<TensorImpl> impl = w.lock()) out.emplace_back(Tensor(std::move(impl)), dtype);
+  return out;
+}
+
+void provide_cast(const Tensor& weight, const Tensor& cast) {
+  MG_CHECK(weight.defined() && cast.defined(), ValueError, "provide_cast: undefined tensor");
+  MG_CHECK(cast.sizes() == weight.sizes() && cast.device() == weight.device() && is_half(cast.dtype()) &&
+               weight.dtype() == DType::f32,
+           ValueError, "provide_cast: the cast of an f32 weight of shape ", shape_str(weight.sizes()), " on ",
+           weight.device(), " must be f16/bf16 of its shape and device, got ", cast.dtype(), " ",
+           shape_str(cast.sizes()), " on ", cast.device());
+  Entry e{weight.impl_ptr(), weight.version(), cast.dtype(), false, cast, true};
+  e.provided = true;
+  tl_cache.entries[weight.impl()] = std::move(e);
+}
+
+Tensor provided_cast(const Tensor& weight) {
+  if (!weight.defined()) return Tensor();
+  auto it = tl_cache.entries.find(weight.impl());
+  if (it == tl_cache.entries.end()) return Tensor();
+  const Entry& e = it->second;
+  const bool valid = e.provided && e.source.lock() == weight.impl_ptr() && e.version == weight.version();
+  return valid ? e.cast : Tensor();
 }
 
 size_t cache_size() { return tl_cache.entries.size(); }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "core/autocast.h"
@@ -33,6 +34,21 @@ Tensor widen(const Tensor& t);
 // Casts a leaf weight to `dtype` through the region's cache (the batch-norm hook uses it to
 // bring f32 affine parameters to the activation's dtype). Outside a region: a plain cast.
 Tensor cached_cast(const Tensor& t, DType dtype);
+
+// The weights the calling thread's next autocast region will cast at its start (the ones the
+// regions since the last such start cast), each with the dtype it was cast to. An optimizer
+// updating them can write those casts in its own kernel (AdamOptions::write_autocast_casts) and
+// hand them over with provide_cast(): the next region then casts none of them.
+std::vector<std::pair<Tensor, DType>> weights_cast_next_region();
+// Gives the calling thread's weight-cast cache `cast`, the cast of `weight` as it now is (its
+// version) to cast.dtype(), for the next region to use as if it had made it at its start: the
+// edge t.to(dtype) records is recorded at its first use under grad. Dropped, like any entry,
+// when a region exits or `weight` changes; not used inside a CUDA-graph capture (the graph
+// would read a tensor its replays never write).
+void provide_cast(const Tensor& weight, const Tensor& cast);
+// The cast provide_cast() gave for `weight`, while the cache still holds it and `weight` is
+// unchanged since; undefined otherwise (a region's own casts are not reported).
+Tensor provided_cast(const Tensor& weight);
 
 // Number of entries in the calling thread's weight-cast cache (tests, docs).
 size_t cache_size();

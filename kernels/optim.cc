@@ -1,10 +1,11 @@
 // Checks and dispatch for kernels/optim.h; the loops are in cpu/optim.cc and
-// cuda/optim_multi_tensor.cu, which share the per-element rules of optim_math.h.
+// cuda/optim.cu, which share the per-element rules of optim_math.h.
 #include "kernels/optim.h"
 
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
@@ -84,8 +85,30 @@ void adam_multi_tensor_(const AdamTensors& t, const AdamHyper& h, const DeviceSc
     for (size_t i = 0; i < t.steps.size(); ++i)
       MG_CHECK(t.steps[i] >= 1, ValueError, op, ": step count of params[", i, "] is ", t.steps[i], " (must be >= 1)");
   }
+  if (!t.low_copies.empty()) {
+    MG_CHECK(t.low_copies.size() == t.params.size(), ValueError, op, ": ", t.low_copies.size(), " low copies for ",
+             t.params.size(), " params");
+    MG_CHECK(t.params[0].dtype() == DType::f32, DTypeError, op, ": low copies need f32 params, got ",
+             t.params[0].dtype());
+    std::optional<DType> low;
+    for (size_t i = 0; i < t.low_copies.size(); ++i) {
+      const Tensor& c = t.low_copies[i];
+      if (!c.defined()) continue;
+      MG_CHECK(c.dtype() == DType::f16 || c.dtype() == DType::bf16, DTypeError, op, ": low_copies[", i,
+               "] has dtype ", c.dtype(), " (f16 or bf16)");
+      MG_CHECK(!low || c.dtype() == *low, DTypeError, op, ": low_copies[", i, "] has dtype ", c.dtype(),
+               ", an earlier one ", *low, " (one dtype a call)");
+      low = c.dtype();
+      MG_CHECK(c.device() == dev, DeviceError, op, ": low_copies[", i, "] is on ", c.device(), ", params[0] on ", dev);
+      MG_CHECK(c.sizes() == t.params[i].sizes(), ShapeError, op, ": low_copies[", i, "] has shape ",
+               shape_str(c.sizes()), ", its parameter ", shape_str(t.params[i].sizes()));
+      MG_CHECK(c.is_contiguous(), ValueError, op, ": low_copies[", i, "] is not contiguous");
+    }
+  }
   backend(dev, op).adam_multi_tensor(t, h, d);
   for (const Tensor& p : t.params) p.bump_version();
+  for (const Tensor& c : t.low_copies)
+    if (c.defined()) c.bump_version();
 }
 
 void sgd_multi_tensor_(const SGDTensors& t, const SGDHyper& h, const DeviceScalars& d) {

@@ -109,10 +109,15 @@ struct AdamHyper {
 // max_exp_avg_sq is only read when amsgrad is set.
 // step_counts replaces steps in a capturable update (below): one i64 [1] counter per
 // parameter on its device, incremented by the update itself, so a replayed step counts.
+// low_copies (empty, or one entry per parameter): where defined, a contiguous f16/bf16 tensor of
+// the f32 parameter's shape that the update also writes: the new parameter rounded to nearest
+// (the parameter as it was when a GradScaler skips the update), the cast the next autocast
+// region would make. Every defined one of one dtype.
 struct AdamTensors {
   std::vector<Tensor> params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq;
   std::vector<int64_t> steps;
   std::vector<Tensor> step_counts;
+  std::vector<Tensor> low_copies;
 };
 struct SGDHyper {
   double lr = 1e-3, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;

@@ -1,9 +1,13 @@
 #include "optim/adam.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <unordered_map>
 
+#include "autograd/autocast_policy.h"
 #include "autograd/grad_mode.h"
+#include "core/device_runtime.h"
 #include "kernels/ops.h"
 #include "kernels/optim.h"
 #include "optim/bf16_update.h"
@@ -84,7 +88,10 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions defaults)
 Adam::Adam(std::vector<ParamGroup> groups, AdamOptions defaults) : Adam("Adam", std::move(groups), defaults, false) {}
 
 Adam::Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions defaults, bool decoupled)
-    : Optimizer(name, to_map(defaults)), decoupled_(decoupled), fused_(defaults.fused) {
+    : Optimizer(name, to_map(defaults)),
+      decoupled_(decoupled),
+      fused_(defaults.fused),
+      write_autocast_casts_(defaults.write_autocast_casts) {
   MG_CHECK(!groups.empty(), ValueError, name, ": got an empty list of parameter groups");
   MG_CHECK(defaults.fused || !defaults.capturable, ValueError, name, ": capturable needs fused = true");
   capturable_ = defaults.capturable;
@@ -131,6 +138,13 @@ void Adam::step() {
     h.decoupled_weight_decay = decoupled_;
     // Fused lists per (device, dtype): one multi-tensor call each.
     std::map<std::pair<std::string, DType>, kernels::AdamTensors> fused;
+    // The next autocast region's casts, per weight, that the fused update writes (one dtype a device).
+    std::unordered_map<const TensorImpl*, DType> next_casts;
+    if (write_autocast_casts_ && !capturable_) {
+      std::map<std::string, DType> device_dtype;
+      for (const auto& [w, dt] : autocast::weights_cast_next_region())
+        if (device_dtype.try_emplace(w.device().str(), dt).first->second == dt) next_casts.emplace(w.impl(), dt);
+    }
     for (size_t pi = 0; pi < g.params.size(); ++pi) {
       const Tensor& p = g.params[pi];
       Tensor grad = p.grad();
@@ -161,6 +175,10 @@ void Adam::step() {
         continue;
       }
       kernels::AdamTensors& l = fused[{p.device().str(), p.dtype()}];
+      const auto cast = next_casts.find(p.impl());
+      const bool write_cast = cast != next_casts.end() && p.dtype() == DType::f32 &&
+                              !(p.is_cuda() && cuda::is_capturing(p.device().index));
+      l.low_copies.push_back(write_cast ? empty(p.sizes(), {cast->second, p.device()}) : Tensor());
       l.params.push_back(p);
       l.grads.push_back(grad);
       l.exp_avg.push_back(st.buffers["exp_avg"]);
@@ -171,9 +189,14 @@ void Adam::step() {
       else
         l.steps.push_back(st.step);
     }
-    for (auto& [key, l] : fused)
+    for (auto& [key, l] : fused) {
+      if (std::none_of(l.low_copies.begin(), l.low_copies.end(), [](const Tensor& c) { return c.defined(); }))
+        l.low_copies.clear();
       kernels::adam_multi_tensor_(l, h,
                                   capturable_ ? device_scalars(gi, l.params[0].device()) : kernels::DeviceScalars{});
+      for (size_t i = 0; i < l.low_copies.size(); ++i)
+        if (l.low_copies[i].defined()) autocast::provide_cast(l.params[i], l.low_copies[i]);
+    }
   }
 }
 

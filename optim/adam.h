@@ -24,6 +24,15 @@ struct AdamOptions {
   // inside a CUDA graph and be skipped on the device by a GradScaler. Needs the fused path for
   // every parameter.
   bool capturable = false;
+  // On the fused path, also write the next autocast region's low-precision copy of each f32
+  // parameter that region will cast (the ones the last region cast: autocast::
+  // weights_cast_next_region), in the update's own kernel: 2 bytes a parameter more there
+  // instead of a cast kernel reading 4 and writing 2 at the region's start, and no host work
+  // before the forward's first GEMM. The copies are handed to the autocast cache
+  // (autocast::provide_cast) and live from the step until that region exits, where casts made
+  // by the region would live from its start. Off in capturable mode (a captured step casts in
+  // its graph).
+  bool write_autocast_casts = true;
 };
 
 // Per parameter p with gradient g, step t (counted per parameter), group options
@@ -51,6 +60,7 @@ class Adam : public Optimizer {
  private:
   bool decoupled_;
   bool fused_;
+  bool write_autocast_casts_;
 };
 
 // AdamW: Adam with decoupled weight decay (default 1e-2, like torch.optim.AdamW).

@@ -78,6 +78,8 @@ template <>
 void CpuBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
   if (t.params[0].dtype() == DType::f64) return adam_cpu<double>(t, h, d);
   adam_cpu<float>(t, h, d);
+  for (size_t i = 0; i < t.low_copies.size(); ++i)  // updated, or as they were when skipped
+    if (t.low_copies[i].defined()) raw::copy_(t.low_copies[i], t.params[i]);
 }
 
 template <>

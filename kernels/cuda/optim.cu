@@ -15,7 +15,7 @@ using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/co
 
 namespace {
 
-constexpr int kMaxTensors = 36;
+constexpr int kMaxTensors = 32;
 constexpr int kMaxBlocks = 320;
 // Elements per block: 64K for large lists (few launches), down to 2K for small ones so their
 // blocks still cover the device (the main job's MLP, 235K parameters, would get 4 blocks of 64K
@@ -30,7 +30,7 @@ int64_t chunk_for(const std::vector<int64_t>& numel) {
 }
 constexpr int kThreads = 512;
 
-// Kept under the classic 4 KiB kernel-parameter limit: 5*36*8 + 2*36*8 + 2*36*4 + 320 + 320*4.
+// Kept under the classic 4 KiB kernel-parameter limit: 6*32*8 + 2*32*8 + 2*32*4 + 320 + 320*4.
 template <int Depth>
 struct TensorListMeta {
   float* ptr[Depth][kMaxTensors];
@@ -42,7 +42,7 @@ struct TensorListMeta {
   unsigned char block_tensor[kMaxBlocks];
   int block_chunk[kMaxBlocks];
 };
-static_assert(sizeof(TensorListMeta<5>) + 64 <= 4096, "kernel parameters must fit in 4 KiB");
+static_assert(sizeof(TensorListMeta<6>) + 64 <= 4096, "kernel parameters must fit in 4 KiB");
 
 // Walks the tensors in chunks, filling `meta` and calling launch(meta, nblocks) whenever the
 // block table or the tensor table is full, and once at the end. A tensor cut by a launch is
@@ -119,11 +119,20 @@ __global__ void step_count_kernel(CounterList c, DeviceArgs d) {
   if (i < c.n) ++*c.count[i];
 }
 
-// ptr: 0 param, 1 grad, 2 exp_avg, 3 exp_avg_sq, 4 max_exp_avg_sq (amsgrad only).
-__global__ void adam_kernel(TensorListMeta<5> m, optim_math::AdamScalars<float> s, DeviceArgs d) {
-  if (skip_update(d)) return;
+// ptr: 0 param, 1 grad, 2 exp_avg, 3 exp_avg_sq, 4 max_exp_avg_sq (amsgrad only), 5 the
+// parameter's low-precision copy (a D*, null when it has none): written with the new value
+// rounded to nearest, as cast_list_kernel would (the next autocast region's cast), or with the
+// parameter as it is when the update is skipped.
+template <class D>
+__global__ void adam_kernel(TensorListMeta<6> m, optim_math::AdamScalars<float> s, DeviceArgs d) {
   const auto [t, begin, end] = block_range(m);
   float* p = m.ptr[0][t];
+  D* low = reinterpret_cast<D*>(m.ptr[5][t]);
+  if (skip_update(d)) {
+    if (low)
+      for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) low[i] = from_float<D>(p[i]);
+    return;
+  }
   const float* g = m.ptr[1][t];
   float* ea = m.ptr[2][t];
   float* eas = m.ptr[3][t];
@@ -142,8 +151,9 @@ __global__ void adam_kernel(TensorListMeta<5> m, optim_math::AdamScalars<float> 
   const uintptr_t bases = reinterpret_cast<uintptr_t>(p + begin) | reinterpret_cast<uintptr_t>(g + begin) |
                           reinterpret_cast<uintptr_t>(ea + begin) | reinterpret_cast<uintptr_t>(eas + begin) |
                           (vmax ? reinterpret_cast<uintptr_t>(vmax + begin) : 0);
+  const bool low_aligned = !low || (reinterpret_cast<uintptr_t>(low + begin) & 7) == 0;
   int64_t tail = begin;
-  if ((bases & 15) == 0) {
+  if ((bases & 15) == 0 && low_aligned) {
     tail = begin + ((end - begin) & ~int64_t{3});
     for (int64_t i = begin + 4 * threadIdx.x; i < tail; i += 4 * blockDim.x) {
       float4 pv = *reinterpret_cast<const float4*>(p + i), gv = *reinterpret_cast<const float4*>(g + i);
@@ -161,6 +171,12 @@ __global__ void adam_kernel(TensorListMeta<5> m, optim_math::AdamScalars<float> 
       *reinterpret_cast<float4*>(ea + i) = mv;
       *reinterpret_cast<float4*>(eas + i) = vv;
       if (vmax) *reinterpret_cast<float4*>(vmax + i) = xv;
+      if (low) {
+        AlignedVec<D, 4> o;
+        o.v[0] = from_float<D>(pv.x), o.v[1] = from_float<D>(pv.y), o.v[2] = from_float<D>(pv.z),
+        o.v[3] = from_float<D>(pv.w);
+        *reinterpret_cast<AlignedVec<D, 4>*>(low + i) = o;
+      }
     }
   }
   for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) {
@@ -169,6 +185,7 @@ __global__ void adam_kernel(TensorListMeta<5> m, optim_math::AdamScalars<float> 
     p[i] = pi;
     ea[i] = mi;
     eas[i] = vi;
+    if (low) low[i] = from_float<D>(pi);
   }
 }
 
@@ -302,14 +319,20 @@ void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, co
   }
   const optim_math::AdamScalars<float> s{float(h.lr),           float(h.beta1),           float(h.beta2), float(h.eps),
                                          float(h.weight_decay), h.decoupled_weight_decay, h.amsgrad,      h.maximize};
-  multi_tensor_apply<5>(
+  const bool lows = !t.low_copies.empty();
+  bool to_bf16 = true;  // the low copies' type (one a call, checked by kernels::adam_multi_tensor_)
+  for (const Tensor& c : t.low_copies)
+    if (c.defined()) to_bf16 = c.dtype() == DType::bf16;
+  multi_tensor_apply<6>(
       t.params.size(), numels(t.params),
-      [&](TensorListMeta<5>& m, int slot, size_t i) {
+      [&](TensorListMeta<6>& m, int slot, size_t i) {
         m.ptr[0][slot] = fptr(t.params[i]);
         m.ptr[1][slot] = fptr(t.grads[i]);
         m.ptr[2][slot] = fptr(t.exp_avg[i]);
         m.ptr[3][slot] = fptr(t.exp_avg_sq[i]);
         m.ptr[4][slot] = h.amsgrad ? fptr(t.max_exp_avg_sq[i]) : nullptr;
+        // a D*, as the list stores it
+        m.ptr[5][slot] = lows && t.low_copies[i].defined() ? static_cast<float*>(t.low_copies[i].raw_data()) : nullptr;
         // Bias corrections in double on the host, like PyTorch's per-parameter step (or on the
         // device from the step counts there).
         m.step[slot] = device_steps ? static_cast<int64_t*>(t.step_counts[i].raw_data()) : nullptr;
@@ -320,8 +343,11 @@ void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, co
         m.s0[slot] = static_cast<float>(step_size);
         m.s1[slot] = static_cast<float>(bc2_sqrt);
       },
-      [&](const TensorListMeta<5>& m, int nb) {
-        adam_kernel<<<nb, kThreads, 0, stream>>>(m, s, d);
+      [&](const TensorListMeta<6>& m, int nb) {
+        if (to_bf16)
+          adam_kernel<__nv_bfloat16><<<nb, kThreads, 0, stream>>>(m, s, d);
+        else
+          adam_kernel<__half><<<nb, kThreads, 0, stream>>>(m, s, d);
         MG_CUDA_CHECK_LAUNCH("adam_multi_tensor");
       });
 }

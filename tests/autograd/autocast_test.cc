@@ -438,5 +438,45 @@ TEST(AutocastCuda, LinearGradientsMatchF32) {
   }
 }
 
+// A cast handed over by provide_cast() (an optimizer's update wrote it) serves the next region,
+// but not one captured into a CUDA graph: there the region casts anew, since the graph would
+// otherwise read an eager tensor its replays never write. The stand-in here is deliberately
+// not w's cast (zeros), so a capture that used it would show.
+TEST(AutocastCuda, ProvidedCastServesTheNextRegionButNotACapture) {
+  SKIP_WITHOUT_CUDA();
+  const Device d = Device::cuda(0);
+  Generator g(13);
+  Tensor w = leaf({6, 8}, d, g);
+  const Tensor stand_in = zeros({6, 8}, {DType::bf16, d});
+  autocast::provide_cast(w, stand_in);
+  EXPECT_TRUE(autocast::provided_cast(w).is_same(stand_in));
+  Tensor captured;
+  cuda::Graph graph;
+  {
+    const cuda::Stream side = cuda::Stream::create();
+    cuda::StreamGuard guard(side);
+    graph.capture_begin();
+    {
+      Autocast ac(DeviceType::CUDA, DType::bf16);
+      captured = autocast::lower(w);
+    }
+    graph.capture_end();
+    graph.replay();
+    side.synchronize();
+  }
+  EXPECT_FALSE(captured.is_same(stand_in));
+  EXPECT_TRUE(bitwise_equal(captured, w.detach().to(DType::bf16)));
+  autocast::provide_cast(w, stand_in);
+  {
+    Autocast ac(DeviceType::CUDA, DType::bf16);
+    EXPECT_TRUE(autocast::lower(w).is_same(stand_in));
+  }
+  EXPECT_EQ(autocast::cache_size(), 0u);  // the region's exit drops it, as its own casts
+  // A cast of the wrong dtype, shape or device is a ValueError naming them.
+  EXPECT_THROW(autocast::provide_cast(w, zeros({6, 8}, {DType::f32, d})), ValueError);
+  EXPECT_THROW(autocast::provide_cast(w, zeros({8, 6}, {DType::bf16, d})), ValueError);
+  EXPECT_THROW(autocast::provide_cast(w, zeros({6, 8}, {DType::bf16})), ValueError);
+}
+
 }  // namespace
 }  // namespace mg

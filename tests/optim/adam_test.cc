@@ -4,7 +4,10 @@
 
 #include <cmath>
 
+#include "autograd/autocast_policy.h"
 #include "autograd/functions.h"
+#include "core/autocast.h"
+#include "core/device_runtime.h"
 #include "core/random.h"
 #include "nn/nn.h"
 #include "optim/adam.h"
@@ -232,6 +235,73 @@ std::vector<Tensor> clone_params(const std::vector<Tensor>& ps) {
   std::vector<Tensor> out;
   for (auto& p : ps) out.push_back(nn::parameter(p.detach().clone()));
   return out;
+}
+
+// AdamW under autocast writes the next region's weight casts in its update and hands them to
+// the cast cache: after each step the cache holds one cast per weight the model used (none
+// without write_autocast_casts), and the next region's lookups return those very tensors, each
+// bitwise the weight's own cast, so training is bitwise the same as without. A weight changed
+// after the step gets a fresh cast. On the CPU (bf16), and on CUDA (bf16 and f16)
+// when present.
+TEST(AdamW, WritesTheNextAutocastRegionsCastsAndTrainsTheSame) {
+  std::vector<std::pair<Device, DType>> cases = {{Device::cpu(), DType::bf16}};
+  if (cuda::is_available()) cases.insert(cases.end(), {{Device::cuda(0), DType::bf16}, {Device::cuda(0), DType::f16}});
+  for (auto [dev, low] : cases) {
+    SCOPED_TRACE(dev.str() + " " + dtype_name(low));
+    const DeviceType type = dev.is_cuda() ? DeviceType::CUDA : DeviceType::CPU;
+    // Four steps of one model, alone on this thread (another model's region would clear the
+    // cache in between); returns the losses and the final parameters.
+    const auto train = [&](bool write) {
+      Generator g(11), data(12);
+      nn::Sequential m;
+      m.push_back(std::make_shared<nn::Linear>(16, 32, true, TensorOptions{DType::f32, dev}, &g));
+      m.push_back(std::make_shared<nn::GELU>());
+      m.push_back(std::make_shared<nn::Linear>(32, 4, true, TensorOptions{DType::f32, dev}, &g));
+      AdamWOptions o;
+      o.lr = 1e-2;
+      o.write_autocast_casts = write;
+      AdamW opt(m.parameters(), o);
+      std::vector<double> losses;
+      std::vector<Tensor> provided;  // the update's casts, from the step before
+      for (int step = 0; step < 4; ++step) {
+        const Tensor x = randn({8, 16}, {DType::f32, dev}, &data);
+        opt.zero_grad();
+        {
+          Autocast ac(type, low);
+          for (size_t i = 0; i < provided.size(); ++i) {
+            const Tensor p = m.parameters()[i], c = autocast::lower(p);
+            EXPECT_TRUE(c.is_same(provided[i])) << "step " << step << ": parameter " << i << " was cast again";
+            EXPECT_EQ(c.to(DType::f32).to_vector<float>(), p.detach().to(low).to(DType::f32).to_vector<float>());
+          }
+          Tensor loss = mean(square(m.forward(x)));
+          loss.backward();
+          losses.push_back(loss.item());
+        }
+        opt.step();
+        EXPECT_EQ(autocast::cache_size(), write ? 4u : 0u) << "after step " << step;
+        provided.clear();
+        for (const Tensor& p : m.parameters()) {
+          const Tensor c = autocast::provided_cast(p);
+          EXPECT_EQ(c.defined(), write);
+          if (write) provided.push_back(c);
+        }
+      }
+      if (write) {  // a weight changed after its step: the next region casts the new value
+        Tensor w = m.parameters()[0];
+        {
+          NoGradGuard ng;
+          add_(w, 0.5);
+        }
+        EXPECT_FALSE(autocast::provided_cast(w).defined());
+        Autocast ac(type, low);
+        const Tensor c = autocast::lower(w);
+        EXPECT_FALSE(c.is_same(provided[0]));
+        EXPECT_EQ(c.to(DType::f32).to_vector<float>(), w.detach().to(low).to(DType::f32).to_vector<float>());
+      }
+      return losses;
+    };
+    EXPECT_EQ(train(true), train(false));
+  }
 }
 
 TEST(OptimizerStateDict, ResumeIsBitIdentical) {

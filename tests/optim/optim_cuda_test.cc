@@ -141,6 +141,70 @@ TEST(OptimCuda, MultiTensorCastEqualsTheCast) {
   EXPECT_THROW(kernels::multi_tensor_cast_(one, f64), DTypeError);
 }
 
+// The fused Adam update writing low-precision copies (the next autocast region's weight casts):
+// each copy equals the updated parameter cast by raw::copy_ bitwise, to bf16 and f16, over the
+// list shapes() gives (launches cut mid-tensor, odd tails, an empty tensor), with some
+// parameters left without a copy; the parameters themselves are bitwise those of an update
+// without copies. Under a skipped update (found_inf) the copies are the unchanged parameters.
+// Bad lists are errors naming the entry.
+TEST(OptimCuda, AdamWritesLowCopiesOfTheUpdatedParameters) {
+  SKIP_WITHOUT_CUDA();
+  manual_seed(10);
+  const Device gpu = Device::cuda(0);
+  std::vector<Tensor> init, grads;
+  for (const Shape& s : shapes())
+    init.push_back(randn(s, {DType::f32, gpu})), grads.push_back(randn(s, {DType::f32, gpu}));
+  kernels::AdamHyper h;
+  h.lr = 1e-2;
+  h.weight_decay = 0.01;
+  h.decoupled_weight_decay = true;
+  const auto lists = [&](bool lows, DType to) {
+    kernels::AdamTensors t;
+    for (size_t i = 0; i < init.size(); ++i) {
+      t.params.push_back(init[i].clone());
+      t.grads.push_back(grads[i]);
+      t.exp_avg.push_back(zeros(init[i].sizes(), {DType::f32, gpu}));
+      t.exp_avg_sq.push_back(zeros(init[i].sizes(), {DType::f32, gpu}));
+      t.steps.push_back(1);
+      if (lows) t.low_copies.push_back(i % 3 == 1 ? Tensor() : empty(init[i].sizes(), {to, gpu}));
+    }
+    return t;
+  };
+  for (DType to : {DType::bf16, DType::f16}) {
+    const kernels::AdamTensors plain = lists(false, to), with = lists(true, to);
+    kernels::adam_multi_tensor_(plain, h);
+    kernels::adam_multi_tensor_(with, h);
+    for (size_t i = 0; i < init.size(); ++i) {
+      EXPECT_EQ(with.params[i].to_vector<float>(), plain.params[i].to_vector<float>()) << "param " << i;
+      if (with.low_copies[i].defined())
+        EXPECT_EQ(with.low_copies[i].to(DType::f32).to_vector<float>(),
+                  with.params[i].to(to).to(DType::f32).to_vector<float>())
+            << to << " copy " << i << " " << shape_str(init[i].sizes());
+    }
+    // A skipped update (GradScaler found an inf): parameters unchanged, copies of them.
+    const kernels::AdamTensors skipped = lists(true, to);
+    kernels::DeviceScalars d;
+    d.found_inf = full({1}, 1.0, {DType::f32, gpu});
+    kernels::adam_multi_tensor_(skipped, h, d);
+    for (size_t i = 0; i < init.size(); ++i) {
+      EXPECT_EQ(skipped.params[i].to_vector<float>(), init[i].to_vector<float>()) << "skipped param " << i;
+      if (skipped.low_copies[i].defined())
+        EXPECT_EQ(skipped.low_copies[i].to(DType::f32).to_vector<float>(),
+                  init[i].to(to).to(DType::f32).to_vector<float>())
+            << "skipped copy " << i;
+    }
+  }
+  kernels::AdamTensors bad = lists(true, DType::bf16);
+  bad.low_copies[0] = empty(init[0].sizes(), {DType::f32, gpu});
+  EXPECT_THROW(kernels::adam_multi_tensor_(bad, h), DTypeError);
+  bad.low_copies[0] = empty(init[0].sizes(), {DType::f16, gpu});  // beside bf16 ones
+  EXPECT_THROW(kernels::adam_multi_tensor_(bad, h), DTypeError);
+  bad.low_copies[0] = empty({3}, {DType::bf16, gpu});
+  EXPECT_THROW(kernels::adam_multi_tensor_(bad, h), ShapeError);
+  bad.low_copies.pop_back();
+  EXPECT_THROW(kernels::adam_multi_tensor_(bad, h), ValueError);
+}
+
 TEST(OptimCuda, StateLivesOnTheDeviceAndResumes) {
   SKIP_WITHOUT_CUDA();
   manual_seed(9);
