@@ -94,8 +94,8 @@ void adam_multi_tensor_(const AdamTensors& t, const AdamHyper& h, const DeviceSc
     for (size_t i = 0; i < t.low_copies.size(); ++i) {
       const Tensor& c = t.low_copies[i];
       if (!c.defined()) continue;
-      MG_CHECK(c.dtype() == DType::f16 || c.dtype() == DType::bf16, DTypeError, op, ": low_copies[", i,
-               "] has dtype ", c.dtype(), " (f16 or bf16)");
+      MG_CHECK(c.dtype() == DType::f16 || c.dtype() == DType::bf16, DTypeError, op, ": low_copies[", i, "] has dtype ",
+               c.dtype(), " (f16 or bf16)");
       MG_CHECK(!low || c.dtype() == *low, DTypeError, op, ": low_copies[", i, "] has dtype ", c.dtype(),
                ", an earlier one ", *low, " (one dtype a call)");
       low = c.dtype();

@@ -176,8 +176,8 @@ void Adam::step() {
       }
       kernels::AdamTensors& l = fused[{p.device().str(), p.dtype()}];
       const auto cast = next_casts.find(p.impl());
-      const bool write_cast = cast != next_casts.end() && p.dtype() == DType::f32 &&
-                              !(p.is_cuda() && cuda::is_capturing(p.device().index));
+      const bool write_cast =
+          cast != next_casts.end() && p.dtype() == DType::f32 && !(p.is_cuda() && cuda::is_capturing(p.device().index));
       l.low_copies.push_back(write_cast ? empty(p.sizes(), {cast->second, p.device()}) : Tensor());
       l.params.push_back(p);
       l.grads.push_back(grad);
