@@ -76,10 +76,12 @@ Tensor GPT::embed(const Tensor& idx, int64_t start) {
   const int64_t T = idx.size(1);
   MG_CHECK(start + T <= config.block_size, ValueError, "GPT: sequence length ", start + T, " exceeds block_size ",
            config.block_size);
-  if (!positions_.defined() || positions_.device() != idx.device())
-    positions_ = arange(0.0, static_cast<double>(config.block_size), 1.0, {DType::i64, idx.device()});
-  Tensor pos = positions_.slice(0, start, start + T);
-  return (*drop)(add((*wte)(idx), (*wpe)(pos)));  // [B, T, C] + [T, C]
+  // Positions start .. start + T: rows of wpe taken as a view (the whole table at full length), the
+  // rows an embedding lookup of arange(start, start + T) returns, with the same gradient, but no
+  // lookup: no gather, and no index check, whose host read would stall every step's start.
+  const Tensor& table = wpe->weight;
+  const Tensor pos = start == 0 && T == table.size(0) ? table : table.slice(0, start, start + T);
+  return (*drop)(add((*wte)(idx), pos));  // [B, T, C] + [T, C]
 }
 
 Tensor GPT::forward(const Tensor& idx) {

@@ -100,9 +100,6 @@ class GPT : public Module {
  private:
   Tensor embed(const Tensor& idx, int64_t start);  // wte(idx) + wpe(start ..), dropout
   Tensor hidden(const Tensor& idx);                // the blocks and ln_f: lm_head's input
-  // Positions 0 .. block_size - 1 on the device of the last forward, made once (arange builds on
-  // the host and uploads: a step captured into a CUDA graph may not do that, a slice of this may).
-  Tensor positions_;
 };
 
 struct GenerateOptions {
