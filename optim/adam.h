@@ -1,5 +1,5 @@
 // Adam and AdamW (decoupled weight decay, amsgrad) with torch.optim's update rules; on CUDA
-// every group's f32 parameters are updated by fused multi-tensor launches (kernels/optim_ops.h).
+// every group's f32 parameters are updated by fused multi-tensor launches (kernels/optim.h).
 #pragma once
 
 #include <vector>

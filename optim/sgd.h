@@ -15,7 +15,7 @@ struct SGDOptions {
   double weight_decay = 0.0;
   bool nesterov = false;
   bool maximize = false;
-  // Fused multi-tensor update (kernels/optim_ops.h) for every contiguous f32 parameter (f64
+  // Fused multi-tensor update (kernels/optim.h) for every contiguous f32 parameter (f64
   // too on the CPU); false: one kernel per op per parameter (PyTorch's foreach=False).
   bool fused = true;
   // Capturable (optim/optimizer.h): the lr and step counts in device memory, so the step can run

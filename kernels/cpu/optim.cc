@@ -1,5 +1,5 @@
 // Optimizer CPU loops over lists of tensors; the per-element rules (optim_math.h) are the ones
-// cuda/optim_multi_tensor.cu runs.
+// cuda/optim.cu runs.
 #include <cmath>
 
 #include "kernels/cpu/cpu_backend.h"

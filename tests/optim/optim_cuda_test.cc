@@ -18,7 +18,7 @@ namespace {
 #define SKIP_WITHOUT_CUDA() \
   if (!mg::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
 
-// More tensors than one launch takes (36), one spanning more chunks than one launch has
+// More tensors than one launch takes (32), one spanning more chunks than one launch has
 // blocks (320 x 65536 elements), odd sizes and an empty tensor.
 std::vector<Shape> shapes() {
   std::vector<Shape> s = {{21 * 1000 * 1000 + 17}, {0}, {1}, {65536}, {65537}, {3, 300, 300}};
