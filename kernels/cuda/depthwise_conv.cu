@@ -57,6 +57,24 @@ __device__ __forceinline__ bool tap_source(int o, int k, int stride, int pad, in
   return i >= 0 && i < extent;
 }
 
+// Calls f(tap, ih, iw) for each of position (oh, ow)'s kK x kK taps that has a source along both
+// axes (tap_source): the tap loop of the forward, the input gradient and the filter gradient.
+// Unrolled, so `tap` is a constant in each call (a register index).
+template <bool kFlip, class F>
+__device__ __forceinline__ void for_each_tap(uint32_t oh, uint32_t ow, const Geom& g, int IH, int IW, F&& f) {
+#pragma unroll
+  for (int kh = 0; kh < kK; ++kh) {
+    int ih;
+    if (!tap_source<kFlip>(static_cast<int>(oh), kh, g.sh, g.ph, g.dh, IH, ih)) continue;
+#pragma unroll
+    for (int kw = 0; kw < kK; ++kw) {
+      int iw;
+      if (!tap_source<kFlip>(static_cast<int>(ow), kw, g.sw, g.pw, g.dw, IW, iw)) continue;
+      f(kh * kK + kw, ih, iw);
+    }
+  }
+}
+
 // kFlip = false: the forward, y[p] = sum over taps of x[p's tap] w[tap]. kFlip = true: the
 // input gradient, dx[q] = sum over the (output, tap) pairs that read q of dy[output] w[tap].
 template <class T, int V, bool kFlip>
@@ -75,20 +93,13 @@ __global__ void __launch_bounds__(kThreads) dw_apply_kernel(const T* in, const T
   for (uint32_t p = blockIdx.y * blockDim.y + threadIdx.y; p < M; p += gridDim.y * blockDim.y) {
     const uint32_t q = p / OW, ow = p - q * OW, oh = q % OH, n = q / OH;
     float acc[V] = {};
+    for_each_tap<kFlip>(oh, ow, g, IH, IW, [&](int t, int ih, int iw) {
+      float v[V];
+      load_v<V>(in + ((static_cast<int64_t>(n) * IH + ih) * IW + iw) * g.C + cv * V, v);
+      const float* wt = &sw[t][cl];
 #pragma unroll
-    for (int kh = 0; kh < kK; ++kh) {
-      int ih, iw;
-      if (!tap_source<kFlip>(static_cast<int>(oh), kh, g.sh, g.ph, g.dh, IH, ih)) continue;
-#pragma unroll
-      for (int kw = 0; kw < kK; ++kw) {
-        if (!tap_source<kFlip>(static_cast<int>(ow), kw, g.sw, g.pw, g.dw, IW, iw)) continue;
-        float v[V];
-        load_v<V>(in + ((static_cast<int64_t>(n) * IH + ih) * IW + iw) * g.C + cv * V, v);
-        const float* wt = &sw[kh * kK + kw][cl];
-#pragma unroll
-        for (int k = 0; k < V; ++k) acc[k] += v[k] * wt[k];
-      }
-    }
+      for (int k = 0; k < V; ++k) acc[k] += v[k] * wt[k];
+    });
     store_v<V>(out + static_cast<int64_t>(p) * g.C + cv * V, acc);
   }
 }
@@ -109,19 +120,12 @@ __global__ void __launch_bounds__(kThreads)
       const uint32_t q = p / OW, ow = p - q * OW, oh = q % OH, n = q / OH;
       float gv[V];
       load_v<V>(gy + static_cast<int64_t>(p) * g.C + cv * V, gv);
+      for_each_tap<false>(oh, ow, g, H, W, [&](int t, int ih, int iw) {
+        float xv[V];
+        load_v<V>(x + ((static_cast<int64_t>(n) * H + ih) * W + iw) * g.C + cv * V, xv);
 #pragma unroll
-      for (int kh = 0; kh < kK; ++kh) {
-        int ih, iw;
-        if (!tap_source<false>(static_cast<int>(oh), kh, g.sh, g.ph, g.dh, H, ih)) continue;
-#pragma unroll
-        for (int kw = 0; kw < kK; ++kw) {
-          if (!tap_source<false>(static_cast<int>(ow), kw, g.sw, g.pw, g.dw, W, iw)) continue;
-          float xv[V];
-          load_v<V>(x + ((static_cast<int64_t>(n) * H + ih) * W + iw) * g.C + cv * V, xv);
-#pragma unroll
-          for (int k = 0; k < V; ++k) acc[kh * kK + kw][k] += gv[k] * xv[k];
-        }
-      }
+        for (int k = 0; k < V; ++k) acc[t][k] += gv[k] * xv[k];
+      });
     }
   // The block's rows of each tap's sums: a tree over the rows when their count is a power of
   // two (every thread adding, log2(ty) steps), else row lane 0 adds them in order. Either way
