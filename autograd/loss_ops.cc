@@ -201,10 +201,6 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   if (autocast::lower_needed({&x, &weight}))
     return linear_cross_entropy(autocast::lower(x), autocast::lower(weight), target, reduction, ignore_index,
                                 label_smoothing, chunk_rows);
-  // Per-row losses need the logits' rows, and the CPU's kernels are f32/f64: both compose.
-  const bool cpu_half = !x.is_cuda() && (x.dtype() == DType::f16 || x.dtype() == DType::bf16);
-  if (red == Reduction::None || cpu_half)
-    return cross_entropy(linear(x, weight), target, reduction, ignore_index, label_smoothing);
   MG_CHECK(x.dtype() == weight.dtype(), DTypeError, op, ": x is ", x.dtype(), " but weight is ", weight.dtype());
   MG_CHECK(x.device() == weight.device() && x.device() == target.device(), DeviceError, op, ": x on ", x.device(),
            ", weight on ", weight.device(), ", target on ", target.device());
@@ -216,6 +212,15 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
            target.dtype());
   MG_CHECK(target.sizes() == rows_shape, ShapeError, op, ": target shape ", shape_str(target.sizes()),
            " does not match x ", shape_str(x.sizes()), " (expected ", shape_str(rows_shape), ": one class per row)");
+  // Per-row losses need the logits' rows, and the CPU's kernels are f32/f64: both compose, on the
+  // rows ([N, classes] logits, [N] targets: cross_entropy's class-index layout), the per-row
+  // losses shaped back as x's rows.
+  const bool cpu_half = !x.is_cuda() && (x.dtype() == DType::f16 || x.dtype() == DType::bf16);
+  if (red == Reduction::None || cpu_half) {
+    const Tensor loss = cross_entropy(linear(reshape(x, {-1, x.size(-1)}), weight), reshape(target, {-1}), reduction,
+                                      ignore_index, label_smoothing);
+    return red == Reduction::None ? reshape(loss, rows_shape) : loss;
+  }
   const int64_t K = weight.size(1), C = weight.size(0);
   const Tensor x2 = raw::reshape(x, {-1, K});
   const Tensor t = raw::reshape(target.dtype() == DType::i64 ? target : kernels::cast(target, DType::i64), {-1});

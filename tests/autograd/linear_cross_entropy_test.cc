@@ -105,6 +105,23 @@ double rel_norm_diff(const Tensor& a, const Tensor& b) {
 // to f32 sums (rows: sqrt(M) u_f32 each), the gradients normwise to the two roundings on each
 // side: 4 u(dtype). f16 scales the composition's loss by 1024 (a GradScaler's job): unscaled,
 // its logit gradients (about 1 / (50304 * 2048)) are below f16's smallest subnormal.
+// The paths that compose (per-row losses, and CPU bf16 autocast, whose kernels are f32/f64) take
+// a language model's [B, T, K] input and [B, T] targets too: the composition runs on the rows and
+// gives exactly what cross_entropy gives on the flattened logits, per-row losses shaped [B, T].
+TEST(LinearCrossEntropy, ComposedPathsTakeBatchedRows) {
+  Generator g(25);
+  const int64_t B = 2, T = 4, K = 8, C = 11;
+  Tensor x = randn({B, T, K}, {DType::f32}, &g), w = randn({C, K}, {DType::f32}, &g);
+  Tensor t = randint(0, C, {B, T}, {DType::i64}, &g);
+  const Tensor per = linear_cross_entropy(x, w, t, "none");
+  ASSERT_EQ(per.sizes(), (Shape{B, T}));
+  EXPECT_EQ(per.to_vector<float>(),
+            cross_entropy(linear(x, w).reshape({-1, C}), t.reshape({-1}), "none").to_vector<float>());
+  Autocast ac(DeviceType::CPU, DType::bf16);
+  const Tensor mean_loss = linear_cross_entropy(x, w, t);
+  EXPECT_EQ(mean_loss.item(), cross_entropy(linear(x, w).reshape({-1, C}), t.reshape({-1})).item());
+}
+
 TEST(LinearCrossEntropy, CudaHalfAutocastMatchesComposition) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const int64_t M = 2048, K = 768, C = 50304;
