@@ -7,6 +7,7 @@
 
 #include "autograd/autocast_policy.h"
 #include "autograd/grad_mode.h"
+#include "core/allocator.h"
 #include "core/device_runtime.h"
 #include "kernels/ops.h"
 #include "kernels/optim.h"
@@ -178,7 +179,13 @@ void Adam::step() {
       const auto cast = next_casts.find(p.impl());
       const bool write_cast =
           cast != next_casts.end() && p.dtype() == DType::f32 && !(p.is_cuda() && cuda::is_capturing(p.device().index));
-      l.low_copies.push_back(write_cast ? empty(p.sizes(), {cast->second, p.device()}) : Tensor());
+      Tensor low;
+      if (write_cast) {
+        // The next forward's memory, counted as the casts that forward would make (not optimizer state).
+        MemoryCategoryGuard act(MemoryCategory::Activations);
+        low = empty(p.sizes(), {cast->second, p.device()});
+      }
+      l.low_copies.push_back(low);
       l.params.push_back(p);
       l.grads.push_back(grad);
       l.exp_avg.push_back(st.buffers["exp_avg"]);

@@ -30,7 +30,8 @@ struct AdamOptions {
   // instead of a cast kernel reading 4 and writing 2 at the region's start, and no host work
   // before the forward's first GEMM. The copies are handed to the autocast cache
   // (autocast::provide_cast) and live from the step until that region exits, where casts made
-  // by the region would live from its start. Off in capturable mode (a captured step casts in
+  // by the region would live from its start; memory stats count them as activations, as they
+  // count a forward's casts. Off in capturable mode (a captured step casts in
   // its graph).
   bool write_autocast_casts = true;
 };
