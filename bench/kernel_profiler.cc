@@ -25,6 +25,21 @@ struct Interval {
 
 std::mutex g_mu;
 std::vector<Interval> g_records;
+// CUDA runtime calls on the host (CUPTI stamps them on the same clock as the device records).
+struct ApiCall {
+  uint64_t start, end;
+  uint32_t cbid;
+};
+std::vector<ApiCall> g_api;
+
+std::string api_name(uint32_t cbid) {
+  const char* name = nullptr;
+  if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &name) != CUPTI_SUCCESS || !name)
+    return "runtime call " + std::to_string(cbid);
+  std::string s = name;
+  const size_t v = s.find("_v");  // "cudaLaunchKernel_v7000" -> "cudaLaunchKernel"
+  return v == std::string::npos ? s : s.substr(0, v);
+}
 
 #define MG_CUPTI_CHECK(call)                                                       \
   do {                                                                             \
@@ -78,6 +93,7 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   CUpti_Activity* rec = nullptr;
   std::vector<Interval> got;
+  std::vector<ApiCall> api;
   while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
     switch (rec->kind) {
       case CUPTI_ACTIVITY_KIND_KERNEL:
@@ -96,6 +112,11 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
         got.push_back({m->start, m->end, 2, "[memset]", m->bytes});
         break;
       }
+      case CUPTI_ACTIVITY_KIND_RUNTIME: {
+        auto* a = reinterpret_cast<CUpti_ActivityAPI*>(rec);
+        api.push_back({a->start, a->end, a->cbid});
+        break;
+      }
       default:
         break;
     }
@@ -103,6 +124,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   std::free(buffer);
   std::lock_guard<std::mutex> lock(g_mu);
   g_records.insert(g_records.end(), got.begin(), got.end());
+  g_api.insert(g_api.end(), api.begin(), api.end());
 }
 
 }  // namespace
@@ -111,9 +133,11 @@ void KernelProfiler::start() {
   {
     std::lock_guard<std::mutex> lock(g_mu);
     g_records.clear();
+    g_api.clear();
   }
   MG_CUPTI_CHECK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
   MG_CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  MG_CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME));
   MG_CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
   MG_CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET));
 }
@@ -123,6 +147,7 @@ void KernelProfiler::stop() {
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMCPY);
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMSET);
+  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_RUNTIME);
 }
 
 std::vector<KernelTotal> KernelProfiler::totals() const {
@@ -187,6 +212,53 @@ std::vector<CopySite> KernelProfiler::copy_sites() const {
   return out;
 }
 
+std::vector<ApiTotal> KernelProfiler::api_totals() const {
+  std::map<uint32_t, ApiTotal> by;
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (const ApiCall& a : g_api) {
+    ApiTotal& t = by[a.cbid];
+    ++t.calls;
+    t.total_ms += (a.end - a.start) * 1e-6;
+  }
+  std::vector<ApiTotal> out;
+  for (auto& [cbid, t] : by) {
+    t.name = api_name(cbid);
+    out.push_back(t);
+  }
+  std::sort(out.begin(), out.end(), [](const ApiTotal& a, const ApiTotal& b) { return a.total_ms > b.total_ms; });
+  return out;
+}
+
+std::vector<IdleStretch> KernelProfiler::longest_idle(int n) const {
+  std::vector<const Interval*> iv;
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (const Interval& r : g_records) iv.push_back(&r);
+  std::sort(iv.begin(), iv.end(), [](const Interval* a, const Interval* b) { return a->start < b->start; });
+  std::vector<IdleStretch> all;
+  uint64_t front = 0;
+  const Interval* last = nullptr;
+  for (const Interval* r : iv) {
+    if (last != nullptr && r->start > front) all.push_back({last->name, r->name, front, r->start, {}, 0});
+    if (last == nullptr || r->end > front) front = r->end, last = r;
+  }
+  std::sort(all.begin(), all.end(),
+            [](const IdleStretch& a, const IdleStretch& b) { return a.end_ns - a.start_ns > b.end_ns - b.start_ns; });
+  if (static_cast<int>(all.size()) > n) all.resize(n);
+  // The host's runtime calls that started inside each stretch: what the device waited for.
+  for (IdleStretch& g : all) {
+    std::map<uint32_t, std::pair<int64_t, double>> by;
+    for (const ApiCall& a : g_api)
+      if (a.start >= g.start_ns && a.start < g.end_ns) {
+        auto& [count, ms] = by[a.cbid];
+        ++count, ms += (std::min(a.end, g.end_ns) - a.start) * 1e-6;
+        g.api_ms += (std::min(a.end, g.end_ns) - a.start) * 1e-6;
+      }
+    for (auto& [cbid, v] : by) g.api.push_back({api_name(cbid), v.first, v.second});
+    std::sort(g.api.begin(), g.api.end(), [](const ApiTotal& a, const ApiTotal& b) { return a.total_ms > b.total_ms; });
+  }
+  return all;
+}
+
 std::vector<IdleGap> KernelProfiler::idle_gaps() const {
   std::vector<const Interval*> iv;
   std::lock_guard<std::mutex> lock(g_mu);
@@ -211,6 +283,19 @@ std::vector<IdleGap> KernelProfiler::idle_gaps() const {
   std::sort(out.begin(), out.end(), [](const IdleGap& a, const IdleGap& b) { return a.total_ms > b.total_ms; });
   return out;
 }
+
+namespace {
+// "<what>: N/step; <then>:" with N the items' counts summed over the steps.
+template <class T>
+void per_step_header(std::ostringstream& os, const std::vector<T>& items, int64_t T::*count, int steps,
+                     const char* what, const char* then) {
+  int64_t n = 0;
+  for (const T& t : items) n += t.*count;
+  char line[160];
+  std::snprintf(line, sizeof line, "%s: %.1f/step; %s:\n", what, static_cast<double>(n) / steps, then);
+  os << line;
+}
+}  // namespace
 
 std::string KernelProfiler::report(int steps, double wall_ms_per_step, int top) const {
   const std::vector<KernelTotal> t = totals();
@@ -257,13 +342,29 @@ std::string KernelProfiler::report(int steps, double wall_ms_per_step, int top) 
                   gaps[i].before.c_str(), gaps[i].after.c_str());
     os << line;
   }
+  // The host's CUDA runtime calls, and what it called while the device sat in its longest waits.
+  const std::vector<ApiTotal> api = api_totals();
+  per_step_header(os, api, &ApiTotal::calls, steps, "CUDA runtime calls", "the costliest on the host");
+  for (size_t i = 0; i < api.size() && i < 8; ++i) {
+    std::snprintf(line, sizeof line, "  %8.1f/step %8.3f ms/step  %s\n", static_cast<double>(api[i].calls) / steps,
+                  api[i].total_ms / steps, api[i].name.c_str());
+    os << line;
+  }
+  for (const IdleStretch& g : longest_idle(3)) {
+    std::snprintf(line, sizeof line, "idle %.1f us (%.36s -> %.36s): %.1f us of it in runtime calls",
+                  (g.end_ns - g.start_ns) * 1e-3, g.before.c_str(), g.after.c_str(), 1000.0 * g.api_ms);
+    os << line;
+    for (size_t i = 0; i < g.api.size() && i < 4; ++i) {
+      std::snprintf(line, sizeof line, "%s %s x%lld %.1f us", i == 0 ? ":" : ",", g.api[i].name.c_str(),
+                    static_cast<long long>(g.api[i].calls), 1000.0 * g.api[i].total_ms);
+      os << line;
+    }
+    os << "\n";
+  }
   // Copies and fills, by size and the kernel before them (the op that asked for them).
   const std::vector<CopySite> sites = copy_sites();
-  int64_t ncopies = 0;
-  for (const CopySite& c : sites) ncopies += c.count;
-  std::snprintf(line, sizeof line, "copies and fills: %.1f/step; the most frequent, by size and the kernel before:\n",
-                static_cast<double>(ncopies) / steps);
-  os << line;
+  per_step_header(os, sites, &CopySite::count, steps, "copies and fills",
+                  "the most frequent, by size and the kernel before");
   for (size_t i = 0; i < sites.size() && i < 8; ++i) {
     std::snprintf(line, sizeof line, "  %6.1f/step %8.3f ms/step  %s %10llu B after %.40s\n",
                   static_cast<double>(sites[i].count) / steps, sites[i].total_ms / steps, sites[i].what.c_str(),

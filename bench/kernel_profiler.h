@@ -1,5 +1,6 @@
-// KernelProfiler: records every kernel, memcpy and memset on the GPU through CUPTI's activity
-// API between start() and stop(), then prints where a training step's device time goes.
+// KernelProfiler: records every kernel, memcpy and memset on the GPU, and the host's CUDA runtime
+// calls, through CUPTI's activity API between start() and stop(), then prints where a training
+// step's device time goes and what the host did while the device waited.
 #pragma once
 
 #include <cstdint>
@@ -31,10 +32,27 @@ struct CopySite {
   double total_ms = 0;
 };
 
+// A CUDA runtime function's calls on the host: count and time inside them.
+struct ApiTotal {
+  std::string name;
+  int64_t calls = 0;
+  double total_ms = 0;
+};
+
+// One stretch of device idle time, the records around it, and the runtime calls the host
+// started during it (what it was doing while the device waited; the rest is host code between
+// calls).
+struct IdleStretch {
+  std::string before, after;
+  uint64_t start_ns = 0, end_ns = 0;
+  std::vector<ApiTotal> api;
+  double api_ms = 0;
+};
+
 class KernelProfiler {
  public:
-  // Enables CUPTI activity collection (kernels, memcpy, memset). Throws mg::Error if CUPTI
-  // cannot be initialized.
+  // Enables CUPTI activity collection (kernels, memcpy, memset, the host's CUDA runtime calls).
+  // Throws mg::Error if CUPTI cannot be initialized.
   void start();
   // Flushes and stops; the records are kept for report().
   void stop();
@@ -44,11 +62,16 @@ class KernelProfiler {
   double busy_ms() const;
   // The idle stretches, largest total first.
   std::vector<IdleGap> idle_gaps() const;
+  // The host's CUDA runtime calls by function, costliest first.
+  std::vector<ApiTotal> api_totals() const;
+  // The n longest single idle stretches, longest first, with the runtime calls inside each.
+  std::vector<IdleStretch> longest_idle(int n) const;
   // The copies and fills, most frequent first.
   std::vector<CopySite> copy_sites() const;
   // A table: top `top` kernels by time with calls and ms per step (divided by `steps`), the
   // rest summed, copies and fills, the device-busy fraction of `wall_ms_per_step`, and the
-  // largest idle stretches by the kernels around them, and the most frequent copies and fills.
+  // largest idle stretches by the kernels around them, the host's runtime calls (by function,
+  // and inside the three longest idle stretches), and the most frequent copies and fills.
   std::string report(int steps, double wall_ms_per_step, int top = 25) const;
 };
 

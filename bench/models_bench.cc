@@ -21,6 +21,8 @@
 //                      calls and ms per step, and how busy the device was (launch overhead);
 //                      eager, also the host's time in each phase of a step started on an idle
 //                      device, and how long after the host the device finished
+//   --host-samples PATH  then runs --steps more eager steps while sampling the host's call
+//                      stacks (bench/host_sampler.h) into PATH, for tools/host_samples.py
 //   --channels-last    ResNet-50 runs channels-last (NHWC) end to end: set_memory_format on the
 //                      model and an NHWC input (" channels_last" in the config string, as
 //                      PyTorch's memory_format=torch.channels_last row)
@@ -79,6 +81,7 @@
 #include <vector>
 
 #include "autograd/offload.h"
+#include "bench/host_sampler.h"
 #include "bench/kernel_profiler.h"
 #include "bench/step_timer.h"
 #include "core/autocast.h"
@@ -120,6 +123,7 @@ struct HostPhases {
   std::chrono::steady_clock::time_point t0, forward, backward, optimizer;
 };
 HostPhases g_host;
+std::string g_host_samples;  // --host-samples PATH: sampled host stacks of the eager steps
 
 template <class StepFn>
 Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
@@ -167,6 +171,16 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
           "%.3f; the device finished %.3f ms after the host\n",
           med(f), med(b), med(o), med(d));
     }
+  }
+  if (!g_host_samples.empty() && !g_graph) {
+    // Sampled host stacks over `steps` eager steps, written for tools/host_samples.py.
+    mg::bench::HostSampler sampler;
+    sampler.start();
+    for (int i = 0; i < steps; ++i) step();
+    mg::cuda::synchronize();
+    sampler.stop();
+    const int n = sampler.write(g_host_samples);
+    std::printf("host samples: %d over %d steps written to %s\n", n, steps, g_host_samples.c_str());
   }
   r.median_ms = ms[ms.size() / 2];
   r.min_ms = ms.front();
@@ -351,6 +365,8 @@ int main(int argc, char** argv) {
       budget_gib = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--max-batch-under"))
       max_batch_gib = std::atof(argv[++i]);
+    else if (!std::strcmp(argv[i], "--host-samples"))
+      g_host_samples = argv[++i];
   }
   if (g_optimizer != "sgd" && g_optimizer != "adamw") {
     std::fprintf(stderr, "bench_models: --optimizer must be sgd or adamw, got %s\n", g_optimizer.c_str());

@@ -1,13 +1,18 @@
 // Indexing on CUDA: one_hot, gather/scatter(_add), index_select/index_add, nll_loss.
 // Index values are validated on the device before any kernel reads through them: a check
 // kernel records the first bad value and one small device->host read raises
-// mg::IndexError with the CPU kernels' message (legal: [0, size); negative indices are out
-// of bounds, like PyTorch and the CPU side). i32 indices are widened to i64 first (index tensors are small).
-// Pure data movement dispatches on the element size; the adding forms use atomics.
+// mg::IndexError with the CPU kernels' message (inside a kernels::DeferredIndexChecks scope the
+// read waits for the scope's finish(); the kernels skip a bad index meanwhile) (legal: [0, size); negative indices are
+// out of bounds, like PyTorch and the CPU side). i32 indices are widened to i64 first (index tensors are small). Pure
+// data movement dispatches on the element size; the adding forms use atomics.
 #include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/deferred_checks.h"
 
 namespace mg::kernels {
 using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/common.cuh
@@ -55,6 +60,68 @@ bool find_bad(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, int64_
   return host.flag != 0;
 }
 
+// Pinned host slots for checks a DeferredIndexChecks scope holds, each with an event that marks
+// its copy done: a pool per thread (scopes are), allocated once, never freed (threads can end
+// after the driver is gone). A scope holding more than kSlots checks waits for the rest at once.
+constexpr int kSlots = 64;
+struct PinnedSlots {
+  BadIndex* host = nullptr;
+  cudaEvent_t event[kSlots] = {};
+  int event_device[kSlots] = {};
+  std::vector<int> free;
+};
+PinnedSlots& slots() {
+  thread_local PinnedSlots* s = [] {
+    auto* p = new PinnedSlots();
+    MG_CUDA_CHECK(cudaHostAlloc(&p->host, kSlots * sizeof(BadIndex), cudaHostAllocPortable));
+    for (int i = kSlots - 1; i >= 0; --i) p->free.push_back(i);
+    return p;
+  }();
+  return *s;
+}
+
+// Checks idx against [lo, hi) (ignore allowed when use_ignore) and calls raise(bad value), which
+// throws. Inside a DeferredIndexChecks scope the check's finding is read at the scope's finish().
+void check_or_defer(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, int64_t ignore,
+                    std::function<void(int64_t)> raise) {
+  DeferredIndexChecks* scope = DeferredIndexChecks::current();
+  const int64_t n = idx.numel();
+  if (scope == nullptr || n == 0 || slots().free.empty() || mg::cuda::is_capturing(idx.device().index)) {
+    int64_t v;
+    if (find_bad(idx, lo, hi, use_ignore, ignore, &v)) raise(v);
+    return;
+  }
+  PinnedSlots& ps = slots();
+  const int slot = ps.free.back();
+  const int dev = idx.device().index;
+  if (ps.event[slot] && ps.event_device[slot] != dev) {
+    MG_CUDA_CHECK(cudaEventDestroy(ps.event[slot]));
+    ps.event[slot] = nullptr;
+  }
+  if (!ps.event[slot]) {
+    MG_CUDA_CHECK(cudaEventCreateWithFlags(&ps.event[slot], cudaEventDisableTiming));
+    ps.event_device[slot] = dev;
+  }
+  ps.free.pop_back();
+  cudaStream_t st = stream_of(idx);
+  Tensor buf = empty({2}, {DType::i64, idx.device()});  // freed in stream order: the copy below reads it first
+  MG_CUDA_CHECK(cudaMemsetAsync(buf.raw_data(), 0, sizeof(BadIndex), st));
+  auto oc = make_offset_calc<1>(idx.sizes(), {&idx.strides()});
+  check_index_kernel<<<blocks_for(n), kBlock, 0, st>>>(static_cast<const int64_t*>(idx.raw_data()), oc, n, lo, hi,
+                                                       use_ignore, ignore, static_cast<BadIndex*>(buf.raw_data()));
+  MG_CUDA_CHECK_LAUNCH("index check");
+  MG_CUDA_CHECK(cudaMemcpyAsync(ps.host + slot, buf.raw_data(), sizeof(BadIndex), cudaMemcpyDeviceToHost, st));
+  MG_CUDA_CHECK(cudaEventRecord(ps.event[slot], st));
+  scope->defer([slot, raise = std::move(raise)] {
+    PinnedSlots& mine = slots();
+    const cudaError_t e = cudaEventSynchronize(mine.event[slot]);
+    const BadIndex found = mine.host[slot];
+    mine.free.push_back(slot);
+    MG_CUDA_CHECK(e);
+    if (found.flag != 0) raise(found.value);
+  });
+}
+
 // What gather/scatter/index_select/index_add index with: the index as i64, checked against
 // [0, size), and the indexed tensor's size and stride along `dim` (1 and 0 for a 0-d tensor).
 struct DimIndex {
@@ -65,9 +132,10 @@ struct DimIndex {
 // the kernels still skip an index out of range rather than touch memory outside the tensor.
 DimIndex dim_index(const Tensor& t, int64_t dim, const Tensor& index, const char* op, bool checked = false) {
   DimIndex d{as_i64(index), t.dim() ? t.size(dim) : 1, t.dim() ? t.stride(dim) : 0};
-  int64_t v;
-  if (!checked && find_bad(d.idx, 0, d.size, false, 0, &v))
-    MG_THROW(IndexError, op, ": index ", v, " is out of bounds for dim ", dim, " with size ", d.size);
+  if (!checked)
+    check_or_defer(d.idx, 0, d.size, false, 0, [op, dim, size = d.size](int64_t v) {
+      MG_THROW(IndexError, op, ": index ", v, " is out of bounds for dim ", dim, " with size ", size);
+    });
   return d;
 }
 

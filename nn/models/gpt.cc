@@ -12,6 +12,7 @@
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "core/random.h"
+#include "kernels/deferred_checks.h"
 #include "nn/init.h"
 
 namespace mg::nn {
@@ -95,10 +96,16 @@ Tensor GPT::forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignor
            "GPT::forward_loss: expected idx and targets [B, T] of one shape, got ",
            idx.defined() ? shape_str(idx.sizes()) : std::string("(undefined)"), " and ",
            targets.defined() ? shape_str(targets.sizes()) : std::string("(undefined)"));
+  // The token ids' bounds check is read with the loss's label check, not on its own at the
+  // step's start, where it would hold the host until the device had run the previous step's
+  // backward and optimizer (kernels/deferred_checks.h). A bad id still raises here.
+  kernels::DeferredIndexChecks checks;
   Tensor x = hidden(idx);
   if (recompute.offload_blocks > 0) offload_wait();  // the head is the peak: the offloaded blocks' memory is back
   lm_head->run_forward_pre_hooks();                  // what (*lm_head)(x) would run (pruning masks, sharding)
-  return linear_cross_entropy(x, lm_head->weight, targets, "mean", ignore_index, 0.0, recompute.head_chunk_rows);
+  Tensor loss = linear_cross_entropy(x, lm_head->weight, targets, "mean", ignore_index, 0.0, recompute.head_chunk_rows);
+  checks.finish();
+  return loss;
 }
 
 Tensor GPT::hidden(const Tensor& idx) {

@@ -10,6 +10,7 @@
 #include "autograd/functions.h"
 #include "core/device_runtime.h"
 #include "kernels/ops.h"
+#include "tests/error_of.h"
 #include "nn/models/gpt.h"
 #include "nn/models/mobilenet.h"
 #include "nn/models/resnet.h"
@@ -396,6 +397,30 @@ TEST(GPT, CudaMatchesCpu) {
   lb.backward();
   auto a = cpu.wte->weight.grad().to_vector<double>(), b = gpu.wte->weight.grad().cpu().to_vector<double>();
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(b[i], a[i], 1e-4) << i;
+}
+
+// forward_loss reads the token ids' bounds check with the loss's own (kernels/deferred_checks.h):
+// a token outside the vocabulary still raises from forward_loss, naming the lookup and the value,
+// on the CPU and on CUDA, and the device works on after it (the lookup skipped the bad row); a
+// good batch after it trains as before.
+TEST(GPT, ForwardLossRaisesForATokenOutsideTheVocabulary) {
+  std::vector<Device> devices = {Device::cpu()};
+  if (cuda::is_available()) devices.push_back(Device::cuda(0));
+  for (const Device& d : devices) {
+    SCOPED_TRACE(d.str());
+    Generator g(11);
+    GPT gpt(tiny_gpt(), {DType::f32, d}, &g);
+    std::vector<int64_t> ids(16, 3);
+    ids[5] = 57;  // the vocabulary is 50
+    const Tensor bad = from_vector<int64_t>(ids, {2, 8}).to(d), targets = zeros({2, 8}, {DType::i64, d});
+    const std::string what = mg::testing::error_of<IndexError>([&] { gpt.forward_loss(bad, targets); });
+    // The CPU's lookup names the embedding, CUDA's the index_select under it; both the value.
+    EXPECT_NE(what.find(d.is_cuda() ? "index_select: index 57" : "embedding: index 57"), std::string::npos) << what;
+    const Tensor good = full({2, 8}, 3, {DType::i64, d});
+    Tensor loss = gpt.forward_loss(good, targets);
+    loss.backward();
+    EXPECT_TRUE(std::isfinite(loss.item()));
+  }
 }
 
 }  // namespace

@@ -15,9 +15,11 @@
 #include "core/device_runtime.h"
 #include "core/random.h"
 #include "core/tensor.h"
+#include "kernels/deferred_checks.h"
 #include "kernels/ops.h"
 #include "tests/autograd/gradcheck.h"
 #include "tests/autograd/layouts.h"
+#include "tests/error_of.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
 #include "tests/rounding.h"
 
@@ -372,6 +374,55 @@ TEST_F(CudaParity, SplitColumnSumsMatchReferenceAndRepeatBitwise) {
           ADD_FAILURE() << "column " << c << ": " << got[c] << " vs " << ref << " (bound " << bound << ")";
       }
     }
+}
+
+// kernels::DeferredIndexChecks: inside a scope a bad index does not raise at the call (the gather
+// skips it), and finish() raises the IndexError the call raises outside a scope, word for word.
+// A scope left without finish() raises nothing; scopes nest, each finishing its own checks; the
+// rows of good indices are right; checks past the 64 pinned slots are made at once.
+TEST_F(CudaParity, DeferredIndexChecksRaiseAtFinish) {
+  const Tensor ha = host({10, 4}, DType::f32, g), a = to_cuda(ha);
+  const Tensor hgood = from_vector<int64_t>({0, 9, 4}, {3});
+  const Tensor bad = to_cuda(from_vector<int64_t>({1, 12, 3}, {3})), good = to_cuda(hgood);
+  const std::string direct = error_of<IndexError>([&] { k::index_select(a, 0, bad); });
+  EXPECT_NE(direct.find("12"), std::string::npos) << direct;
+  {
+    k::DeferredIndexChecks scope;
+    EXPECT_NO_THROW(k::index_select(a, 0, bad));
+    k::index_select(a, 0, good);
+    EXPECT_EQ(scope.pending(), 2u);
+    EXPECT_EQ(error_of<IndexError>([&] { scope.finish(); }), direct);
+    EXPECT_EQ(scope.pending(), 0u);
+  }
+  {
+    k::DeferredIndexChecks left;  // destroyed without finish(): nothing raised
+    k::index_select(a, 0, bad);
+  }
+  {
+    k::DeferredIndexChecks outer;
+    k::index_select(a, 0, good);
+    {
+      k::DeferredIndexChecks inner;
+      k::index_select(a, 0, bad);
+      EXPECT_EQ(outer.pending(), 1u);
+      EXPECT_EQ(inner.pending(), 1u);
+      EXPECT_EQ(error_of<IndexError>([&] { inner.finish(); }), direct);
+    }
+    EXPECT_NO_THROW(outer.finish());
+  }
+  {
+    k::DeferredIndexChecks scope;
+    const Tensor rows = k::index_select(a, 0, good);
+    scope.finish();
+    expect_parity(k::index_select(ha, 0, hgood), rows, 0, "index_select in a scope");
+  }
+  {
+    k::DeferredIndexChecks scope;
+    for (int i = 0; i < 70; ++i) k::index_select(a, 0, good);
+    EXPECT_EQ(scope.pending(), 64u);
+    EXPECT_EQ(error_of<IndexError>([&] { k::index_select(a, 0, bad); }), direct);  // no slot: at once
+    EXPECT_NO_THROW(scope.finish());
+  }
 }
 
 TEST_F(CudaParity, MaxMinArgmax) {
