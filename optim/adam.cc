@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <unordered_map>
 
 #include "autograd/autocast_policy.h"
@@ -122,9 +123,24 @@ Optimizer::StateSpec Adam::state_spec(const std::map<std::string, double>& optio
           p.dtype() == DType::bf16 ? DType::f32 : p.dtype()};
 }
 
+std::unordered_map<const TensorImpl*, DType> Adam::next_region_casts() const {
+  // The weights the next autocast region will cast, with their dtype (one a device); none when
+  // casts are not written, or on a device whose stream is being captured (a graph casts itself).
+  std::unordered_map<const TensorImpl*, DType> out;
+  if (!write_autocast_casts_ || capturable_) return out;
+  std::map<std::string, std::optional<DType>> device_dtype;  // nullopt: the device takes none
+  for (const auto& [w, dt] : autocast::weights_cast_next_region()) {
+    auto [it, fresh] = device_dtype.try_emplace(w.device().str(), dt);
+    if (fresh && w.is_cuda() && cuda::is_capturing(w.device().index)) it->second.reset();
+    if (it->second == dt) out.emplace(w.impl(), dt);
+  }
+  return out;
+}
+
 void Adam::step() {
   NoGradGuard ng;
   MemoryCategoryGuard cat(MemoryCategory::OptimizerState);
+  const std::unordered_map<const TensorImpl*, DType> next_casts = next_region_casts();
   for (size_t gi = 0; gi < param_groups().size(); ++gi) {
     ParamGroup& g = param_groups()[gi];
     validate(g);  // a scheduler or the user may have edited the options since
@@ -139,13 +155,6 @@ void Adam::step() {
     h.decoupled_weight_decay = decoupled_;
     // Fused lists per (device, dtype): one multi-tensor call each.
     std::map<std::pair<std::string, DType>, kernels::AdamTensors> fused;
-    // The next autocast region's casts, per weight, that the fused update writes (one dtype a device).
-    std::unordered_map<const TensorImpl*, DType> next_casts;
-    if (write_autocast_casts_ && !capturable_) {
-      std::map<std::string, DType> device_dtype;
-      for (const auto& [w, dt] : autocast::weights_cast_next_region())
-        if (device_dtype.try_emplace(w.device().str(), dt).first->second == dt) next_casts.emplace(w.impl(), dt);
-    }
     for (size_t pi = 0; pi < g.params.size(); ++pi) {
       const Tensor& p = g.params[pi];
       Tensor grad = p.grad();
@@ -177,10 +186,8 @@ void Adam::step() {
       }
       kernels::AdamTensors& l = fused[{p.device().str(), p.dtype()}];
       const auto cast = next_casts.find(p.impl());
-      const bool write_cast =
-          cast != next_casts.end() && p.dtype() == DType::f32 && !(p.is_cuda() && cuda::is_capturing(p.device().index));
       Tensor low;
-      if (write_cast) {
+      if (cast != next_casts.end() && p.dtype() == DType::f32) {
         // The next forward's memory, counted as the casts that forward would make (not optimizer state).
         MemoryCategoryGuard act(MemoryCategory::Activations);
         low = empty(p.sizes(), {cast->second, p.device()});

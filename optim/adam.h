@@ -2,6 +2,7 @@
 // every group's f32 parameters are updated by fused multi-tensor launches (kernels/optim.h).
 #pragma once
 
+#include <unordered_map>
 #include <vector>
 
 #include "optim/optimizer.h"
@@ -59,6 +60,9 @@ class Adam : public Optimizer {
   StateSpec state_spec(const std::map<std::string, double>& options, const Tensor& param) const override;
 
  private:
+  // The weights whose next autocast cast this step writes (AdamOptions::write_autocast_casts).
+  std::unordered_map<const TensorImpl*, DType> next_region_casts() const;
+
   bool decoupled_;
   bool fused_;
   bool write_autocast_casts_;

@@ -40,19 +40,27 @@ __global__ void check_index_kernel(const int64_t* idx, OffsetCalc<1> oc, int64_t
 // i64 view of an index tensor (i32 is widened on the device).
 Tensor as_i64(const Tensor& index) { return index.dtype() == DType::i64 ? index : raw::to_dtype(index, DType::i64); }
 
-// Returns the first out-of-range value found (has_bad false when all are legal).
-bool find_bad(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, int64_t ignore, int64_t* value) {
-  const int64_t n = idx.numel();
-  // Inside a CUDA graph capture the result could only be read at replay: no host check then
-  // (docs/cuda_graphs.md: indices in a captured step are the caller's to keep in range).
-  if (n == 0 || mg::cuda::is_capturing(idx.device().index)) return false;
-  cudaStream_t st = stream_of(idx);
+// Queues the check of idx against [lo, hi) (ignore allowed when use_ignore) on stream st: a
+// zeroed BadIndex on the device, then the kernel that records the first bad value into it.
+// Returns that buffer (freed in stream order, so a copy queued after it reads it first).
+Tensor queue_check(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, int64_t ignore, cudaStream_t st) {
   Tensor buf = empty({2}, {DType::i64, idx.device()});
   MG_CUDA_CHECK(cudaMemsetAsync(buf.raw_data(), 0, sizeof(BadIndex), st));
   auto oc = make_offset_calc<1>(idx.sizes(), {&idx.strides()});
-  check_index_kernel<<<blocks_for(n), kBlock, 0, st>>>(static_cast<const int64_t*>(idx.raw_data()), oc, n, lo, hi,
-                                                       use_ignore, ignore, static_cast<BadIndex*>(buf.raw_data()));
+  check_index_kernel<<<blocks_for(idx.numel()), kBlock, 0, st>>>(static_cast<const int64_t*>(idx.raw_data()), oc,
+                                                                 idx.numel(), lo, hi, use_ignore, ignore,
+                                                                 static_cast<BadIndex*>(buf.raw_data()));
   MG_CUDA_CHECK_LAUNCH("index check");
+  return buf;
+}
+
+// Returns the first out-of-range value found (has_bad false when all are legal).
+bool find_bad(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, int64_t ignore, int64_t* value) {
+  // Inside a CUDA graph capture the result could only be read at replay: no host check then
+  // (docs/cuda_graphs.md: indices in a captured step are the caller's to keep in range).
+  if (idx.numel() == 0 || mg::cuda::is_capturing(idx.device().index)) return false;
+  cudaStream_t st = stream_of(idx);
+  const Tensor buf = queue_check(idx, lo, hi, use_ignore, ignore, st);
   BadIndex host{};
   MG_CUDA_CHECK(cudaMemcpyAsync(&host, buf.raw_data(), sizeof(BadIndex), cudaMemcpyDeviceToHost, st));
   MG_CUDA_CHECK(cudaStreamSynchronize(st));
@@ -85,8 +93,7 @@ PinnedSlots& slots() {
 void check_or_defer(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, int64_t ignore,
                     std::function<void(int64_t)> raise) {
   DeferredIndexChecks* scope = DeferredIndexChecks::current();
-  const int64_t n = idx.numel();
-  if (scope == nullptr || n == 0 || slots().free.empty() || mg::cuda::is_capturing(idx.device().index)) {
+  if (scope == nullptr || idx.numel() == 0 || slots().free.empty() || mg::cuda::is_capturing(idx.device().index)) {
     int64_t v;
     if (find_bad(idx, lo, hi, use_ignore, ignore, &v)) raise(v);
     return;
@@ -102,16 +109,11 @@ void check_or_defer(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, 
     MG_CUDA_CHECK(cudaEventCreateWithFlags(&ps.event[slot], cudaEventDisableTiming));
     ps.event_device[slot] = dev;
   }
-  ps.free.pop_back();
   cudaStream_t st = stream_of(idx);
-  Tensor buf = empty({2}, {DType::i64, idx.device()});  // freed in stream order: the copy below reads it first
-  MG_CUDA_CHECK(cudaMemsetAsync(buf.raw_data(), 0, sizeof(BadIndex), st));
-  auto oc = make_offset_calc<1>(idx.sizes(), {&idx.strides()});
-  check_index_kernel<<<blocks_for(n), kBlock, 0, st>>>(static_cast<const int64_t*>(idx.raw_data()), oc, n, lo, hi,
-                                                       use_ignore, ignore, static_cast<BadIndex*>(buf.raw_data()));
-  MG_CUDA_CHECK_LAUNCH("index check");
+  const Tensor buf = queue_check(idx, lo, hi, use_ignore, ignore, st);
   MG_CUDA_CHECK(cudaMemcpyAsync(ps.host + slot, buf.raw_data(), sizeof(BadIndex), cudaMemcpyDeviceToHost, st));
   MG_CUDA_CHECK(cudaEventRecord(ps.event[slot], st));
+  ps.free.pop_back();  // taken once its copy and event are queued: a failure above leaves it free
   scope->defer([slot, raise = std::move(raise)] {
     PinnedSlots& mine = slots();
     const cudaError_t e = cudaEventSynchronize(mine.event[slot]);
