@@ -21,6 +21,7 @@
 //                      calls and ms per step, and how busy the device was (launch overhead);
 //                      eager, also the host's time in each phase of a step started on an idle
 //                      device, and how long after the host the device finished
+//   --profile-top N    --profile lists the N kernels that took the most time (default 25)
 //   --host-samples PATH  then runs --steps more eager steps while sampling the host's call
 //                      stacks (bench/host_sampler.h) into PATH, for tools/host_samples.py
 //   --channels-last    ResNet-50 runs channels-last (NHWC) end to end: set_memory_format on the
@@ -95,6 +96,7 @@
 namespace {
 
 bool g_profile = false;
+int g_profile_top = 25;  // --profile-top N: kernels listed by --profile
 bool g_graph = false;
 mg::DType g_dtype = mg::DType::f32;
 
@@ -144,7 +146,7 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
     for (int i = 0; i < steps; ++i) step();
     mg::cuda::synchronize();
     prof.stop();
-    std::printf("%s", prof.report(steps, ms[ms.size() / 2]).c_str());
+    std::printf("%s", prof.report(steps, ms[ms.size() / 2], g_profile_top).c_str());
     if (!g_graph) {
       // Host phases, medians over `steps` steps each started on an idle device.
       std::vector<double> f, b, o, d;
@@ -340,6 +342,8 @@ int main(int argc, char** argv) {
       which = argv[++i];
     else if (!std::strcmp(argv[i], "--steps"))
       steps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--profile-top"))
+      g_profile_top = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--warmup"))
       warmup = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--batch"))

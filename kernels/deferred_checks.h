@@ -11,16 +11,19 @@
 namespace mg::kernels {
 
 // Within a scope of the calling thread, the CUDA bounds checks of gather, scatter, index_select
-// and index_add (an embedding's lookup) do not wait for their result. Each check's finding is
-// copied to pinned host memory behind an event. The op runs on: its kernels skip an index out of
-// range, touching nothing outside the tensor. finish() waits for those events and raises the
-// first failed check's mg::IndexError, the message the op would have raised.
+// and index_add (an embedding's lookup) and the label check of cross_entropy do not wait for their
+// result. Each check's finding is copied to pinned host memory behind an event
+// (kernels/cuda/deferred_read.h). The op runs on: its kernels skip an index out of range,
+// touching nothing outside the tensor (a bad label's row gets a NaN loss). finish() waits for
+// those events and raises the first failed check's mg::IndexError, the message the op would have
+// raised.
 //
 // Where it pays: a check that must wait drains the device queue. The host then has nothing
 // queued, and the device idles while the host works its way ahead again. GPT::forward_loss
 // looks up the token ids at the step's start, where that wait held the host until the previous
-// step's backward and optimizer had run. It finishes the scope after the loss, whose label check
-// reads the device anyway.
+// step's backward and optimizer had run. It finishes the scope after the loss: by then the wait is
+// for the loss's last label check, with that chunk's gradient kernels still queued behind it,
+// where each chunk's own read had drained the queue.
 //
 // Scopes nest (each finishes its own checks). A scope left without finish() (an exception
 // unwinding) waits for its checks and raises nothing. The CPU checks at once, scope or not, as

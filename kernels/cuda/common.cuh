@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <type_traits>
+#include <utility>
 
 #include "core/cuda/check.h"
 #include "core/cuda/dtype_cuda.cuh"
@@ -46,6 +47,39 @@ inline unsigned blocks_for(int64_t n, int block = kBlock) {
   int64_t g = (n + block - 1) / block;
   const int64_t cap = 132LL * 32;  // 32 blocks per SM of an H200 is plenty for grid-stride loops
   return static_cast<unsigned>(g < 1 ? 1 : (g > cap ? cap : g));
+}
+
+// Programmatic dependent launch (sm_90 and later). A kernel launched by launch_dependent() may be
+// scheduled before the kernel ahead of it in the stream has finished: once every block of that
+// kernel has exited or called allow_dependents(). It must call wait_for_previous() before it
+// reads anything the kernel ahead wrote (or writes what that kernel reads): the wait returns when
+// that kernel has completed and its writes are visible. Between two short dependent kernels (a
+// reduction and its finalize) this hides the 1-3 us the device otherwise idles between them. On
+// older devices, and for a kernel launched plainly, both calls do nothing.
+__device__ __forceinline__ void wait_for_previous() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+// Like kernel<<<grid, block, smem, st>>>(args...): a failed launch is left for MG_CUDA_CHECK_LAUNCH.
+template <class... Params, class... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 // Offsets of N operands for a linear index over a common shape, dims collapsed on the host

@@ -6,12 +6,14 @@
 // out of bounds, like PyTorch and the CPU side). i32 indices are widened to i64 first (index tensors are small). Pure
 // data movement dispatches on the element size; the adding forms use atomics.
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <utility>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/deferred_read.h"
 #include "kernels/deferred_checks.h"
 
 namespace mg::kernels {
@@ -54,26 +56,54 @@ Tensor queue_check(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, i
   return buf;
 }
 
+// The finding of a check queued on st, read at once (the host waits for the device).
+BadIndex read_now(const Tensor& buf, cudaStream_t st) {
+  BadIndex host{};
+  MG_CUDA_CHECK(cudaMemcpyAsync(&host, buf.raw_data(), sizeof(BadIndex), cudaMemcpyDeviceToHost, st));
+  MG_CUDA_CHECK(cudaStreamSynchronize(st));
+  return host;
+}
+
 // Returns the first out-of-range value found (has_bad false when all are legal).
 bool find_bad(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, int64_t ignore, int64_t* value) {
   // Inside a CUDA graph capture the result could only be read at replay: no host check then
   // (docs/cuda_graphs.md: indices in a captured step are the caller's to keep in range).
   if (idx.numel() == 0 || mg::cuda::is_capturing(idx.device().index)) return false;
   cudaStream_t st = stream_of(idx);
-  const Tensor buf = queue_check(idx, lo, hi, use_ignore, ignore, st);
-  BadIndex host{};
-  MG_CUDA_CHECK(cudaMemcpyAsync(&host, buf.raw_data(), sizeof(BadIndex), cudaMemcpyDeviceToHost, st));
-  MG_CUDA_CHECK(cudaStreamSynchronize(st));
-  *value = host.value;
-  return host.flag != 0;
+  const BadIndex found = read_now(queue_check(idx, lo, hi, use_ignore, ignore, st), st);
+  *value = found.value;
+  return found.flag != 0;
 }
 
-// Pinned host slots for checks a DeferredIndexChecks scope holds, each with an event that marks
+// Checks idx against [lo, hi) (ignore allowed when use_ignore) and calls raise(bad value), which
+// throws. Inside a DeferredIndexChecks scope the check's finding is read at the scope's finish()
+// (cuda::defer_host_read); outside one, or with no pinned slot free, at once.
+void check_or_defer(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, int64_t ignore,
+                    std::function<void(int64_t)> raise) {
+  if (idx.numel() == 0 || mg::cuda::is_capturing(idx.device().index)) return;  // as find_bad
+  cudaStream_t st = stream_of(idx);
+  const Tensor buf = queue_check(idx, lo, hi, use_ignore, ignore, st);
+  auto settle = [raise](const void* host) {
+    BadIndex found;
+    std::memcpy(&found, host, sizeof found);
+    if (found.flag != 0) raise(found.value);
+  };
+  if (defer_host_read(buf.raw_data(), sizeof(BadIndex), idx.device().index, st, settle)) return;
+  const BadIndex found = read_now(buf, st);
+  if (found.flag != 0) raise(found.value);
+}
+
+}  // namespace
+
+namespace cuda {
+
+namespace {
+// Pinned host slots for reads a DeferredIndexChecks scope holds, each with an event that marks
 // its copy done: a pool per thread (scopes are), allocated once, never freed (threads can end
-// after the driver is gone). A scope holding more than kSlots checks waits for the rest at once.
+// after the driver is gone). A scope holding more than kSlots reads makes the rest at once.
 constexpr int kSlots = 64;
 struct PinnedSlots {
-  BadIndex* host = nullptr;
+  unsigned char (*host)[kDeferredReadBytes] = nullptr;
   cudaEvent_t event[kSlots] = {};
   int event_device[kSlots] = {};
   std::vector<int> free;
@@ -81,48 +111,49 @@ struct PinnedSlots {
 PinnedSlots& slots() {
   thread_local PinnedSlots* s = [] {
     auto* p = new PinnedSlots();
-    MG_CUDA_CHECK(cudaHostAlloc(&p->host, kSlots * sizeof(BadIndex), cudaHostAllocPortable));
+    MG_CUDA_CHECK(
+        cudaHostAlloc(reinterpret_cast<void**>(&p->host), kSlots * kDeferredReadBytes, cudaHostAllocPortable));
     for (int i = kSlots - 1; i >= 0; --i) p->free.push_back(i);
     return p;
   }();
   return *s;
 }
+}  // namespace
 
-// Checks idx against [lo, hi) (ignore allowed when use_ignore) and calls raise(bad value), which
-// throws. Inside a DeferredIndexChecks scope the check's finding is read at the scope's finish().
-void check_or_defer(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, int64_t ignore,
-                    std::function<void(int64_t)> raise) {
+bool defer_host_read(const void* src, size_t bytes, int device, cudaStream_t st,
+                     std::function<void(const void* host)> settle) {
   DeferredIndexChecks* scope = DeferredIndexChecks::current();
-  if (scope == nullptr || idx.numel() == 0 || slots().free.empty() || mg::cuda::is_capturing(idx.device().index)) {
-    int64_t v;
-    if (find_bad(idx, lo, hi, use_ignore, ignore, &v)) raise(v);
-    return;
-  }
+  MG_CHECK(bytes <= kDeferredReadBytes, ValueError, "defer_host_read: ", bytes, " bytes, at most ", kDeferredReadBytes);
+  if (scope == nullptr || mg::cuda::is_capturing(device)) return false;
   PinnedSlots& ps = slots();
+  if (ps.free.empty()) return false;
   const int slot = ps.free.back();
-  const int dev = idx.device().index;
-  if (ps.event[slot] && ps.event_device[slot] != dev) {
+  if (ps.event[slot] && ps.event_device[slot] != device) {
     MG_CUDA_CHECK(cudaEventDestroy(ps.event[slot]));
     ps.event[slot] = nullptr;
   }
   if (!ps.event[slot]) {
     MG_CUDA_CHECK(cudaEventCreateWithFlags(&ps.event[slot], cudaEventDisableTiming));
-    ps.event_device[slot] = dev;
+    ps.event_device[slot] = device;
   }
-  cudaStream_t st = stream_of(idx);
-  const Tensor buf = queue_check(idx, lo, hi, use_ignore, ignore, st);
-  MG_CUDA_CHECK(cudaMemcpyAsync(ps.host + slot, buf.raw_data(), sizeof(BadIndex), cudaMemcpyDeviceToHost, st));
+  MG_CUDA_CHECK(cudaMemcpyAsync(ps.host[slot], src, bytes, cudaMemcpyDeviceToHost, st));
   MG_CUDA_CHECK(cudaEventRecord(ps.event[slot], st));
   ps.free.pop_back();  // taken once its copy and event are queued: a failure above leaves it free
-  scope->defer([slot, raise = std::move(raise)] {
+  scope->defer([slot, settle = std::move(settle)] {
     PinnedSlots& mine = slots();
     const cudaError_t e = cudaEventSynchronize(mine.event[slot]);
-    const BadIndex found = mine.host[slot];
+    unsigned char found[kDeferredReadBytes];
+    std::memcpy(found, mine.host[slot], kDeferredReadBytes);
     mine.free.push_back(slot);
     MG_CUDA_CHECK(e);
-    if (found.flag != 0) raise(found.value);
+    settle(found);
   });
+  return true;
 }
+
+}  // namespace cuda
+
+namespace {
 
 // What gather/scatter/index_select/index_add index with: the index as i64, checked against
 // [0, size), and the indexed tensor's size and stride along `dim` (1 and 0 for a 0-d tensor).
@@ -149,7 +180,7 @@ __global__ void gather_kernel(const E* a, const int64_t* idx, E* out, OffsetCalc
     int64_t off[3];
     oc.get(i, off);  // out, index, a (dim stride zeroed)
     const int64_t j = idx[off[1]];
-    if (j < 0 || j >= size) continue;  // never taken: checked before launch
+    if (j < 0 || j >= size) continue;  // skipped: it raised before launch, or raises at a scope's finish()
     out[off[0]] = a[off[2] + j * sd];
   }
 }
@@ -161,7 +192,7 @@ __global__ void scatter_kernel(E* self, const int64_t* idx, const E* src, Offset
     int64_t off[3];
     oc.get(i, off);  // self (dim stride zeroed), index, src
     const int64_t j = idx[off[1]];
-    if (j < 0 || j >= size) continue;  // never taken: checked before launch
+    if (j < 0 || j >= size) continue;  // skipped: it raised before launch, or raises at a scope's finish()
     self[off[0] + j * sd] = src[off[2]];
   }
 }
@@ -194,7 +225,7 @@ __global__ void scatter_add_kernel(T* self, const int64_t* idx, const T* src, Of
     int64_t off[3];
     oc.get(i, off);
     const int64_t j = idx[off[1]];
-    if (j < 0 || j >= size) continue;  // never taken: checked before launch
+    if (j < 0 || j >= size) continue;  // skipped: it raised before launch, or raises at a scope's finish()
     atomic_add(self + off[0] + j * sd, src[off[2]]);
   }
 }

@@ -154,6 +154,7 @@ __device__ __forceinline__ void load_or(const float* p, int64_t j, float dflt, f
 template <int kV, class R, class O>
 __global__ void add_ln_fwd_kernel(const float* x, const R* res, const float* w, const float* b, float* sum, O* out,
                                   float* mean, float* rstd, int64_t rows, int64_t n, double eps) {
+  wait_for_previous();  // launched dependent: the branch is mostly the GEMM ahead's output
   const int64_t i = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.y;
   if (i >= rows) return;  // whole warps only: no block-wide sync below
   const int64_t step = 32 * kV, j0 = threadIdx.x * kV;
@@ -299,6 +300,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
       }
     }
   }
+  allow_dependents();  // the parameters' finalize may be scheduled; it waits for this kernel
   if (!partial) return;
   // The 8 warps' sums, dweight then dbias through one buffer: thread (x, y) adds column
   // x + 32 c for c = y, y + 8, ... over the warps in order.
@@ -405,6 +407,7 @@ template <class T>
 __global__ void ln_bwd_params_final_kernel(const math_t<T>* partial, T* dw, T* db, int64_t chunks, int64_t n) {
   using A = math_t<T>;
   __shared__ A sw[kFinalY][33], sb[kFinalY][33];
+  wait_for_previous();  // launched dependent on the kernel that wrote `partial`
   const int64_t j = blockIdx.x * 32 + threadIdx.x;
   A w = 0, b = 0;
   if (j < n)
@@ -476,8 +479,8 @@ void param_grads(const Tensor& grad_out, const Tensor& x, const Tensor& mean, co
   };
   vec ? launch(ln_bwd_params_partial_kernel<T, G, 4>) : launch(ln_bwd_params_partial_kernel<T, G, 1>);
   MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
-  ln_bwd_params_final_kernel<T><<<static_cast<unsigned>((n + 31) / 32), dim3(32, kFinalY), 0, st>>>(
-      data_as<const A>(partial), data_as<T>(grad_weight), data_as<T>(grad_bias), chunks, n);
+  launch_dependent(ln_bwd_params_final_kernel<T>, dim3(static_cast<unsigned>((n + 31) / 32)), dim3(32, kFinalY), 0, st,
+                   data_as<const A>(partial), data_as<T>(grad_weight), data_as<T>(grad_bias), chunks, n);
   MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
 }
 
@@ -576,10 +579,10 @@ bool CudaBackend::fused_add_layer_norm_forward(const Tensor& x, const Tensor& re
     with_stream_dtype(out.dtype(), [&](auto o_tag) {
       using O = decltype(o_tag);
       auto launch = [&](auto kernel) {
-        kernel<<<row_blocks(rows, "add_layer_norm"), dim3(32, kRowsPerBlock), 0, st>>>(
-            data_as<const float>(x), data_as<const R>(residual), data_as<const float>(weight),
-            data_as<const float>(bias), residual.defined() ? data_as<float>(sum) : nullptr, data_as<O>(out),
-            data_as<float>(mean), data_as<float>(rstd), rows, n, eps);
+        launch_dependent(kernel, dim3(row_blocks(rows, "add_layer_norm")), dim3(32, kRowsPerBlock), 0, st,
+                         data_as<const float>(x), data_as<const R>(residual), data_as<const float>(weight),
+                         data_as<const float>(bias), residual.defined() ? data_as<float>(sum) : nullptr,
+                         data_as<O>(out), data_as<float>(mean), data_as<float>(rstd), rows, n, eps);
       };
       vec ? launch(add_ln_fwd_kernel<4, R, O>) : launch(add_ln_fwd_kernel<1, R, O>);
       MG_CUDA_CHECK_LAUNCH("add_layer_norm");
@@ -637,8 +640,9 @@ bool CudaBackend::fused_add_layer_norm_backward(const Tensor& grad_out, const Te
           }
           MG_CUDA_CHECK_LAUNCH("add_layer_norm_backward");
           if (params) {
-            ln_bwd_params_final_kernel<float><<<static_cast<unsigned>((n + 31) / 32), dim3(32, kFinalY), 0, st>>>(
-                data_as<const float>(partial), data_as<float>(grad_weight), data_as<float>(grad_bias), chunks, n);
+            launch_dependent(ln_bwd_params_final_kernel<float>, dim3(static_cast<unsigned>((n + 31) / 32)),
+                             dim3(32, kFinalY), 0, st, data_as<const float>(partial), data_as<float>(grad_weight),
+                             data_as<float>(grad_bias), chunks, n);
             MG_CUDA_CHECK_LAUNCH("add_layer_norm_backward");
           }
         });

@@ -5,10 +5,12 @@
 // [8192, 50304] bf16 logits that replaces cast-to-f32 + log_softmax + nll scatter +
 // log_softmax backward + cast back (~15 GB of traffic, two f32 [M, C] buffers) by ~2.5 GB.
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/deferred_read.h"
 
 namespace mg::kernels {
 using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/common.cuh
@@ -125,6 +127,13 @@ __global__ void ce_backward_kernel(const math_t<T>* coef, int64_t coef_stride, c
 
 int threads_for(int64_t C) { return C >= 8192 ? 512 : C >= 1024 ? 256 : 128; }
 
+// The label of row `row` of a contiguous i64 target, read at once (an error path only).
+int64_t read_target(const Tensor& target, unsigned long long row) {
+  int64_t v = 0;
+  MG_CUDA_CHECK(cudaMemcpy(&v, static_cast<const int64_t*>(target.raw_data()) + row, sizeof v, cudaMemcpyDeviceToHost));
+  return v;
+}
+
 // V when every row starts 16-byte aligned (C a multiple of V, aligned base), else 1.
 template <class T>
 bool vec_rows(const void* p, int64_t C) {
@@ -158,17 +167,26 @@ int64_t CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& t
           <<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(px, pt, C, ignore_index, smoothing, pl, pe, pbad);
   });
   MG_CUDA_CHECK_LAUNCH("cross_entropy");
-  // One 8-byte read per call, like nll_loss's label check: a bad label must raise here. Inside
-  // a CUDA graph capture there is nothing to read yet: the check is skipped (docs/cuda_graphs.md).
+  // One 8-byte read per call, like nll_loss's label check: a bad label must raise. Inside a CUDA
+  // graph capture there is nothing to read yet: the check is skipped (docs/cuda_graphs.md).
   if (mg::cuda::is_capturing(logits.device().index)) return ignore_index;
+  // Inside a kernels::DeferredIndexChecks scope the read waits for the scope's finish(), which
+  // raises the IndexError kernels/loss.cc raises for a returned label, word for word. Meanwhile a
+  // bad row's loss is NaN and its gradient has no target term (ce_backward_kernel matches no
+  // column): nothing outside the tensors is touched.
+  auto settle = [target, C, ignore_index](const void* host) {
+    unsigned long long row;
+    std::memcpy(&row, host, sizeof row);
+    if (row == ~0ULL) return;
+    const int64_t v = read_target(target, row);
+    MG_THROW(IndexError, "cross_entropy: target ", v, " is out of range for ", C, " classes (expected [0, ", C - 1,
+             "] or ignore_index ", ignore_index, ")");
+  };
+  if (defer_host_read(pbad, sizeof(unsigned long long), logits.device().index, st, settle)) return ignore_index;
   unsigned long long first = 0;
   MG_CUDA_CHECK(cudaMemcpyAsync(&first, pbad, sizeof first, cudaMemcpyDeviceToHost, st));
   MG_CUDA_CHECK(cudaStreamSynchronize(st));
-  if (first == ~0ULL) return ignore_index;
-  int64_t v = 0;
-  MG_CUDA_CHECK(
-      cudaMemcpy(&v, static_cast<const int64_t*>(target.raw_data()) + first, sizeof v, cudaMemcpyDeviceToHost));
-  return v;
+  return first == ~0ULL ? ignore_index : read_target(target, first);
 }
 
 template <>

@@ -153,6 +153,8 @@ __global__ void reduce_cols_kernel(const T* a, O* out, A* partial, RedArgs<A> ar
 template <class T, class A, class O, int V>
 __global__ void reduce_cols_vec_kernel(const T* a, O* out, A* partial, RedArgs<A> args) {
   __shared__ A shm[kColY][32 * V + 1];
+  wait_for_previous();  // launched dependent: `a` is the kernel ahead's output (a gradient, mostly)
+  allow_dependents();   // the finalize may be scheduled now; it waits for this kernel to complete
   const int64_t o = (blockIdx.x * 32LL + threadIdx.x) * V;
   const int64_t r0 = blockIdx.y * args.chunk;
   const int64_t r1 = ::min(args.R, r0 + args.chunk);
@@ -198,6 +200,7 @@ constexpr int kFinY = 16;
 template <class A, class O>
 __global__ void reduce_finalize_kernel(const A* partial, int splits, O* out, RedArgs<A> args) {
   __shared__ A shm[kFinY][33];
+  wait_for_previous();  // launched dependent on the column kernel that wrote `partial`
   const int64_t o = blockIdx.x * 32LL + threadIdx.x;
   A s = A(0);
   if (o < args.num_out)
@@ -280,7 +283,7 @@ void reduce_t(const Tensor& a, const Tensor& out, int mode, double scale, const 
     partial = static_cast<A*>(ws.raw_data());
   }
   if (vec)
-    reduce_cols_vec_kernel<T, A, O, kV><<<grid, block, 0, st>>>(pa, po, partial, args);
+    launch_dependent(reduce_cols_vec_kernel<T, A, O, kV>, grid, block, 0, st, pa, po, partial, args);
   else if (rows)
     reduce_rows_kernel<T, A, O><<<grid, block, 0, st>>>(pa, po, partial, args);
   else
@@ -288,8 +291,8 @@ void reduce_t(const Tensor& a, const Tensor& out, int mode, double scale, const 
   MG_CUDA_CHECK_LAUNCH("reduce");
   if (splits > 1) {
     MG_CHECK(cdiv(args.num_out, 32) <= 0x7fffffff, ShapeError, "reduction: too many outputs (", args.num_out, ")");
-    reduce_finalize_kernel<A, O><<<static_cast<unsigned>(cdiv(args.num_out, 32)), dim3(32, kFinY), 0, st>>>(
-        partial, static_cast<int>(splits), po, args);
+    launch_dependent(reduce_finalize_kernel<A, O>, dim3(static_cast<unsigned>(cdiv(args.num_out, 32))), dim3(32, kFinY),
+                     0, st, partial, static_cast<int>(splits), po, args);
     MG_CUDA_CHECK_LAUNCH("reduce (finalize)");
   }
 }

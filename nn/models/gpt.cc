@@ -96,9 +96,10 @@ Tensor GPT::forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignor
            "GPT::forward_loss: expected idx and targets [B, T] of one shape, got ",
            idx.defined() ? shape_str(idx.sizes()) : std::string("(undefined)"), " and ",
            targets.defined() ? shape_str(targets.sizes()) : std::string("(undefined)"));
-  // The token ids' bounds check is read with the loss's label check, not on its own at the
-  // step's start, where it would hold the host until the device had run the previous step's
-  // backward and optimizer (kernels/deferred_checks.h). A bad id still raises here.
+  // The token ids' bounds check and the loss's label checks (one a head chunk) are read once,
+  // after the loss, not each on its own: the ids' check would hold the host at the step's start
+  // until the device had run the previous step's backward and optimizer, and each label check
+  // would drain the queue (kernels/deferred_checks.h). A bad id or label still raises here.
   kernels::DeferredIndexChecks checks;
   Tensor x = hidden(idx);
   if (recompute.offload_blocks > 0) offload_wait();  // the head is the peak: the offloaded blocks' memory is back

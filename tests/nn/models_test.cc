@@ -423,5 +423,29 @@ TEST(GPT, ForwardLossRaisesForATokenOutsideTheVocabulary) {
   }
 }
 
+// A label outside the vocabulary raises from forward_loss, naming it, on both devices: on CUDA the
+// head's label checks (one a chunk of rows, here four) are read once, after the loss
+// (kernels::DeferredIndexChecks), and the bad label sits in the third chunk. The same model then
+// trains on good labels.
+TEST(GPT, ForwardLossRaisesForALabelOutsideTheVocabulary) {
+  std::vector<Device> devices = {Device::cpu()};
+  if (cuda::is_available()) devices.push_back(Device::cuda(0));
+  for (const Device& d : devices) {
+    SCOPED_TRACE(d.str());
+    Generator g(12);
+    GPT gpt(tiny_gpt(), {DType::f32, d}, &g);
+    gpt.recompute.head_chunk_rows = 4;
+    const Tensor ids = full({2, 8}, 3, {DType::i64, d});
+    std::vector<int64_t> labels(16, 1);
+    labels[9] = 50;  // the vocabulary is 50
+    const Tensor bad = from_vector<int64_t>(labels, {2, 8}).to(d);
+    const std::string what = mg::testing::error_of<IndexError>([&] { gpt.forward_loss(ids, bad); });
+    EXPECT_NE(what.find("target 50"), std::string::npos) << what;
+    Tensor loss = gpt.forward_loss(ids, full({2, 8}, 1, {DType::i64, d}));
+    loss.backward();
+    EXPECT_TRUE(std::isfinite(loss.item()));
+  }
+}
+
 }  // namespace
 }  // namespace mg::nn

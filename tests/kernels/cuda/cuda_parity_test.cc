@@ -9,6 +9,7 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/cuda/dtype_cuda.cuh"
@@ -421,6 +422,42 @@ TEST_F(CudaParity, DeferredIndexChecksRaiseAtFinish) {
     for (int i = 0; i < 70; ++i) k::index_select(a, 0, good);
     EXPECT_EQ(scope.pending(), 64u);
     EXPECT_EQ(error_of<IndexError>([&] { k::index_select(a, 0, bad); }), direct);  // no slot: at once
+    EXPECT_NO_THROW(scope.finish());
+  }
+}
+
+// cross_entropy's label check in a kernels::DeferredIndexChecks scope: the call does not raise, the
+// bad row's loss is NaN, the other rows' losses are the ones a clean call gives (the same kernel:
+// equal bits), the gradient stays finite, and finish() raises the call's own IndexError word for
+// word; without finish() nothing is raised.
+TEST_F(CudaParity, CrossEntropyLabelCheckDeferredInAScope) {
+  const Tensor logits = to_cuda(host({4, 7}, DType::f32, g));
+  const Tensor good = to_cuda(from_vector<int64_t>({0, 6, -100, 3}, {4}));
+  const Tensor bad = to_cuda(from_vector<int64_t>({0, 6, 7, 3}, {4}));  // row 2: class 7 of 7
+  const std::string direct = error_of<IndexError>([&] { k::cross_entropy_forward(logits, bad, -100, 0.0); });
+  EXPECT_NE(direct.find("target 7"), std::string::npos) << direct;
+  const auto host_floats = [](const Tensor& t) { return raw::to_device(t, Device::cpu()).to_vector<float>(); };
+  const std::vector<float> clean = host_floats(std::get<0>(k::cross_entropy_forward(logits, good, -100, 0.0)));
+  {
+    k::DeferredIndexChecks scope;
+    std::tuple<Tensor, Tensor> out;
+    EXPECT_NO_THROW(out = k::cross_entropy_forward(logits, bad, -100, 0.0));
+    const Tensor grad = k::cross_entropy_backward(full_like(std::get<0>(out), 0.25), logits, bad, std::get<1>(out),
+                                                  -100, 0.0, Tensor());
+    EXPECT_EQ(scope.pending(), 1u);
+    EXPECT_EQ(error_of<IndexError>([&] { scope.finish(); }), direct);
+    const std::vector<float> got = host_floats(std::get<0>(out));
+    EXPECT_TRUE(std::isnan(got[2]));
+    for (int r : {0, 1, 3}) EXPECT_EQ(got[r], clean[r]) << "row " << r;
+    for (float v : host_floats(grad)) EXPECT_TRUE(std::isfinite(v));
+  }
+  {
+    k::DeferredIndexChecks left;  // destroyed without finish(): nothing raised
+    k::cross_entropy_forward(logits, bad, -100, 0.0);
+  }
+  {
+    k::DeferredIndexChecks scope;
+    k::cross_entropy_forward(logits, good, -100, 0.0);
     EXPECT_NO_THROW(scope.finish());
   }
 }
