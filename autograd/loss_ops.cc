@@ -178,8 +178,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::stri
 
 // linear + cross_entropy without the logits: the loss is the graph's end, so its gradient with
 // respect to the logits is known in the forward pass up to the scalar coefficient the backward
-// brings (g / count). Each chunk of rows makes its logits, its loss, then overwrites the logits
-// with (softmax - onehot) * prescale and folds them into the two products the gradients need:
+// brings (g / count). Each chunk of rows makes its logits, its loss and, over the logits, their
+// gradient (softmax - onehot) * prescale (kernels::cross_entropy_forward_backward: one read of
+// the logits on CUDA), and folds them into the two products the gradients need:
 // gx_raw = d @ w and gw_raw += d^T @ x, both f32 for half inputs (widening GEMMs), so chunking
 // adds no rounding. The backward is two scalings. Peak extra memory: one chunk of logits and
 // the two accumulators, instead of the [M, V] logits and their [M, V] gradient.
@@ -243,10 +244,14 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
     const int64_t r1 = std::min(M, r0 + step);
     const Tensor xc = raw::slice(x2, 0, r0, r1, 1), tc = raw::slice(t, 0, r0, r1, 1);
     Tensor logits = kernels::linear(xc, weight);  // [rows, C]
-    auto [loss, lse] = kernels::cross_entropy_forward(logits, tc, ignore_index, label_smoothing);
-    raw::copy_(raw::slice(per, 0, r0, r1, 1), loss);
-    if (!need_x && !need_w) continue;
-    kernels::cross_entropy_backward(coef, logits, tc, lse, ignore_index, label_smoothing, logits);  // in place
+    if (!need_x && !need_w) {
+      raw::copy_(raw::slice(per, 0, r0, r1, 1),
+                 std::get<0>(kernels::cross_entropy_forward(logits, tc, ignore_index, label_smoothing)));
+      continue;
+    }
+    // The loss and, in place, the logits' gradient: one read of the logits on CUDA.
+    raw::copy_(raw::slice(per, 0, r0, r1, 1), std::get<0>(kernels::cross_entropy_forward_backward(
+                                                  logits, tc, ignore_index, label_smoothing, coef, logits)));
     if (need_x) kernels::gemm(logits, false, weight, false, raw::slice(gx_raw, 0, r0, r1, 1));
     if (need_w) kernels::gemm(logits, true, xc, false, gw_raw, 1.0, r0 == 0 ? 0.0 : 1.0);
   }

@@ -17,6 +17,7 @@
 #include "core/device_runtime.h"
 #include "core/random.h"
 #include "core/tensor.h"
+#include "kernels/deferred_checks.h"
 #include "kernels/ops.h"
 
 namespace mg::bench {
@@ -110,6 +111,37 @@ void BM_Softmax(benchmark::State& state) {
             [&] { Tensor c = kernels::softmax(a, -1); });
 }
 BENCHMARK(BM_Softmax)->ArgsProduct({{0, 1, 2}, {1024, 50304}})->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// The loss head's cross-entropy over GPT-2's 50304 classes, [8192, 50304] logits (a B=8 step's):
+// the loss and, over the logits, their gradient. Arg 1 = 0: the two kernels
+// (cross_entropy_forward, then cross_entropy_backward in place: two reads and a write of the
+// logits); 1: kernels::cross_entropy_forward_backward (one read and a write where the row fits in
+// shared memory). Bandwidth counts one read and one write, so the two kernels' figure is what
+// they reach for the work the fused kernel does.
+void BM_CrossEntropy(benchmark::State& state) {
+  if (!require_gpu(state)) return;
+  const DType dt = dtype_arg(state.range(0));
+  const bool fused = state.range(1) == 1;
+  const int64_t rows = 8192, cols = 50304;
+  Tensor logits = uniform({rows, cols}, -5, 5, {dt, kGpu});
+  Tensor target = randint(0, cols, {rows}, {DType::i64, kGpu});
+  const Tensor coef = full({1}, 1.0 / rows, {DType::f32, kGpu});
+  // The label checks are read 32 calls at a time (as GPT::forward_loss reads its chunks' at once),
+  // not each with a wait that would idle the device between calls.
+  kernels::DeferredIndexChecks checks;
+  int calls = 0;
+  bandwidth(state, dt, 2.0 * rows * cols,
+            std::string("cross-entropy loss and gradient over 50304, ") + (fused ? "one pass" : "two kernels"), [&] {
+              if (++calls % 32 == 0) checks.finish();
+              if (fused) {
+                kernels::cross_entropy_forward_backward(logits, target, -100, 0.0, coef, logits);
+              } else {
+                auto [loss, lse] = kernels::cross_entropy_forward(logits, target, -100, 0.0);
+                kernels::cross_entropy_backward(coef, logits, target, lse, -100, 0.0, logits);
+              }
+            });
+}
+BENCHMARK(BM_CrossEntropy)->ArgsProduct({{0, 1, 2}, {0, 1}})->UseManualTime()->Unit(benchmark::kMillisecond);
 
 void BM_Sum(benchmark::State& state) {
   if (!require_gpu(state)) return;

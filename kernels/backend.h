@@ -80,6 +80,11 @@ class Backend {
   // coef [M] or [1] in lse's dtype; grad has logits' shape and dtype and is fully overwritten.
   virtual void cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target, const Tensor& lse,
                                       int64_t ignore_index, double smoothing, const Tensor& grad) = 0;
+  // cross_entropy_forward, then cross_entropy_backward(coef, ...) into grad, which may be logits
+  // itself: a backend may read the logits once. Returns what cross_entropy_forward returns.
+  virtual int64_t cross_entropy_forward_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                                 double smoothing, const Tensor& coef, const Tensor& loss,
+                                                 const Tensor& lse, const Tensor& grad) = 0;
 
   // ---- indexing (index.*); index tensors are i64 or i32 and are bounds-checked here ----
   virtual void one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) = 0;

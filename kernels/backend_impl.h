@@ -70,6 +70,9 @@ class BackendImpl final : public Backend {
                                 const Tensor& loss, const Tensor& lse) override;
   void cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target, const Tensor& lse,
                               int64_t ignore_index, double smoothing, const Tensor& grad) override;
+  int64_t cross_entropy_forward_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                         double smoothing, const Tensor& coef, const Tensor& loss, const Tensor& lse,
+                                         const Tensor& grad) override;
 
   // ---- indexing (index.*)
   void one_hot(const Tensor& indices, int64_t num_classes, const Tensor& out) override;

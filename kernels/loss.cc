@@ -47,6 +47,30 @@ Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t i
   return out;
 }
 
+namespace {
+// The error for a label outside [0, C) other than ignore_index (v: what the backend returned).
+void check_label(int64_t v, const Tensor& logits, int64_t ignore_index) {
+  MG_CHECK(v == ignore_index, IndexError, "cross_entropy: target ", v, " is out of range for ", logits.size(1),
+           " classes (expected [0, ", logits.size(1) - 1, "] or ignore_index ", ignore_index, ")");
+}
+// coef in the accumulation dtype, contiguous: [M] or one element.
+Tensor prep_coef(const char* op, const Tensor& coef, int64_t M, DType ad, const Device& dev) {
+  MG_CHECK(coef.defined() && (coef.numel() == 1 || coef.numel() == M), ShapeError, op, ": coef must have 1 or ", M,
+           " elements, got shape ", coef.defined() ? shape_str(coef.sizes()) : std::string("(undefined)"));
+  MG_CHECK(coef.device() == dev, DeviceError, op, ": coef is on ", coef.device(), " but logits are on ", dev);
+  return raw::contiguous(coef.dtype() == ad ? coef : cast(coef, ad));
+}
+// `out`, where the gradient goes: contiguous, logits' dtype and shape, logits itself or apart from it.
+void check_grad_out(const char* op, const Tensor& out, const Tensor& logits, const Tensor& x) {
+  MG_CHECK(out.sizes() == logits.sizes() && out.dtype() == logits.dtype() && out.device() == logits.device() &&
+               out.is_contiguous(),
+           ValueError, op, ": out must be a contiguous ", logits.dtype(), " tensor of shape ",
+           shape_str(logits.sizes()), " on ", logits.device());
+  MG_CHECK(!(out.storage() == x.storage()) || x.raw_data() == out.raw_data(), ValueError, op,
+           ": out may be logits itself but must not partly overlap it");
+}
+}  // namespace
+
 std::tuple<Tensor, Tensor> cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                                  double label_smoothing) {
   const char* op = "cross_entropy";
@@ -54,9 +78,8 @@ std::tuple<Tensor, Tensor> cross_entropy_forward(const Tensor& logits, const Ten
   Tensor x = raw::contiguous(logits), t = prep_target(target);
   const TensorOptions o{acc_dtype(logits.dtype()), logits.device()};
   Tensor loss = empty({logits.size(0)}, o), lse = empty({logits.size(0)}, o);
-  const int64_t v = backend(logits.device(), op).cross_entropy_forward(x, t, ignore_index, label_smoothing, loss, lse);
-  MG_CHECK(v == ignore_index, IndexError, op, ": target ", v, " is out of range for ", logits.size(1),
-           " classes (expected [0, ", logits.size(1) - 1, "] or ignore_index ", ignore_index, ")");
+  check_label(backend(logits.device(), op).cross_entropy_forward(x, t, ignore_index, label_smoothing, loss, lse),
+              logits, ignore_index);
   return {loss, lse};
 }
 
@@ -68,19 +91,31 @@ Tensor cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Te
   const int64_t M = logits.size(0);
   MG_CHECK(lse.defined() && lse.sizes() == Shape{M} && lse.dtype() == ad, ShapeError, op, ": lse must be [", M, "] of ",
            ad);
-  MG_CHECK(coef.defined() && (coef.numel() == 1 || coef.numel() == M), ShapeError, op, ": coef must have 1 or ", M,
-           " elements, got shape ", shape_str(coef.sizes()));
   Tensor x = raw::contiguous(logits), t = prep_target(target), l = raw::contiguous(lse);
-  Tensor c = raw::contiguous(coef.dtype() == ad ? coef : cast(coef, ad));
-  MG_CHECK(!out.defined() || (out.sizes() == logits.sizes() && out.dtype() == logits.dtype() &&
-                              out.device() == logits.device() && out.is_contiguous()),
-           ValueError, op, ": out must be a contiguous ", logits.dtype(), " tensor of shape ",
-           shape_str(logits.sizes()), " on ", logits.device());
-  MG_CHECK(!out.defined() || !(out.storage() == x.storage()) || x.raw_data() == out.raw_data(), ValueError, op,
-           ": out may be logits itself but must not partly overlap it");
+  const Tensor c = prep_coef(op, coef, M, ad, logits.device());
+  if (out.defined()) check_grad_out(op, out, logits, x);
   Tensor grad = out.defined() ? out : empty(logits.sizes(), {logits.dtype(), logits.device()});
   backend(logits.device(), op).cross_entropy_backward(c, x, t, l, ignore_index, label_smoothing, grad);
   return grad;
+}
+
+std::tuple<Tensor, Tensor> cross_entropy_forward_backward(const Tensor& logits, const Tensor& target,
+                                                          int64_t ignore_index, double label_smoothing,
+                                                          const Tensor& coef, const Tensor& out) {
+  const char* op = "cross_entropy_forward_backward";
+  check_inputs(op, logits, target, label_smoothing);
+  MG_CHECK(out.defined(), ValueError, op, ": out, where the gradient goes, is required (it may be logits itself)");
+  const DType ad = acc_dtype(logits.dtype());
+  const int64_t M = logits.size(0);
+  Tensor x = raw::contiguous(logits), t = prep_target(target);
+  const Tensor c = prep_coef(op, coef, M, ad, logits.device());
+  check_grad_out(op, out, logits, x);
+  const TensorOptions o{ad, logits.device()};
+  Tensor loss = empty({M}, o), lse = empty({M}, o);
+  check_label(backend(logits.device(), op)
+                  .cross_entropy_forward_backward(x, t, ignore_index, label_smoothing, c, loss, lse, out),
+              logits, ignore_index);
+  return {loss, lse};
 }
 
 }  // namespace mg::kernels

@@ -28,4 +28,13 @@ std::tuple<Tensor, Tensor> cross_entropy_forward(const Tensor& logits, const Ten
 Tensor cross_entropy_backward(const Tensor& coef, const Tensor& logits, const Tensor& target, const Tensor& lse,
                               int64_t ignore_index, double label_smoothing, const Tensor& out = Tensor());
 
+// cross_entropy_forward, then cross_entropy_backward(coef, ..., out) in one call, for a loss whose
+// gradient is known in the forward pass up to coef (linear_cross_entropy's chunks): returns
+// {loss, lse}, and the gradient is in `out` (required; it may be logits itself). On CUDA a row
+// that fits in shared memory (GPT-2's 50304 classes in any dtype) is read from memory once,
+// where the two calls read it twice; the results are the two calls' to the bit.
+std::tuple<Tensor, Tensor> cross_entropy_forward_backward(const Tensor& logits, const Tensor& target,
+                                                          int64_t ignore_index, double label_smoothing,
+                                                          const Tensor& coef, const Tensor& out);
+
 }  // namespace mg::kernels

@@ -118,4 +118,14 @@ void CpuBackend::cross_entropy_backward(const Tensor& coef, const Tensor& logits
   });
 }
 
+// The two passes in turn: the loops read the logits from cache-sized rows anyway.
+template <>
+int64_t CpuBackend::cross_entropy_forward_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                                   double smoothing, const Tensor& coef, const Tensor& loss,
+                                                   const Tensor& lse, const Tensor& grad) {
+  const int64_t bad = cross_entropy_forward(logits, target, ignore_index, smoothing, loss, lse);
+  if (bad == ignore_index) cross_entropy_backward(coef, logits, target, lse, ignore_index, smoothing, grad);
+  return bad;
+}
+
 }  // namespace mg::kernels

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "core/cuda/check.h"
 #include "core/cuda/dtype_cuda.cuh"
@@ -199,6 +200,17 @@ __device__ __forceinline__ float m_exp(float x) { return expf(x); }
 __device__ __forceinline__ double m_exp(double x) { return exp(x); }
 __device__ __forceinline__ float m_log(float x) { return logf(x); }
 __device__ __forceinline__ double m_log(double x) { return log(x); }
+
+// exp in the math type M for data of type T (softmax's and cross-entropy's per-element passes):
+// the fast hardware exp (a few f32 ulps) for the 16-bit types, whose inputs and results round to
+// 2^-8 / 2^-11 anyway; libm's for f32 and f64.
+template <class T, class M>
+__device__ __forceinline__ M row_exp(M x) {
+  if constexpr (mg::cuda::is_half_v<T>)
+    return __expf(x);
+  else
+    return m_exp(x);
+}
 __device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
 __device__ __forceinline__ float m_erf(float x) { return erff(x); }
@@ -291,6 +303,23 @@ __device__ __forceinline__ A block_max(A v, A* shm, A lowest) {
   __syncthreads();
   v = lane < nw ? shm[lane] : lowest;
   return warp_max(v);
+}
+
+// The longest row in bytes a block-per-row kernel can hold in shared memory on a device
+// (softmax_smem_rows_kernel, ce_fused_smem_kernel): the shared memory a block may opt in to (227
+// KiB on sm_90) less 1 KiB for the kernels' static reduction scratch. Read once per process for
+// every device, not at each launch.
+inline size_t smem_row_limit(int device) {
+  static const std::vector<size_t> limits = [] {
+    std::vector<size_t> v(mg::cuda::device_count());
+    for (size_t d = 0; d < v.size(); ++d) {
+      int bytes = 0;
+      MG_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, static_cast<int>(d)));
+      v[d] = bytes > 1024 ? static_cast<size_t>(bytes) - 1024 : 0;
+    }
+    return v;
+  }();
+  return limits.at(device);
 }
 
 // Blocks above 48 KiB of dynamic shared memory must opt in (per kernel, per device).

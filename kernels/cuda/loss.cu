@@ -6,11 +6,13 @@
 // log_softmax backward + cast back (~15 GB of traffic, two f32 [M, C] buffers) by ~2.5 GB.
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <limits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/deferred_read.h"
+#include "kernels/cuda/mma_ptx.cuh"
 
 namespace mg::kernels {
 using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/common.cuh
@@ -28,22 +30,24 @@ __device__ __forceinline__ MaxSum<A> merge(MaxSum<A> a, MaxSum<A> b) {
   if (m == -std::numeric_limits<A>::infinity()) return {m, a.s + b.s};
   return {m, a.s * m_exp(a.m - m) + b.s * m_exp(b.m - m)};
 }
+// The per-element exponentials use row_exp (kernels/cuda/common.cuh): __expf for f16/bf16 logits,
+// where expf's range reduction had made the one-pass kernel compute-bound.
 // V values at once: one rescale for their maximum, then V independent exponentials (where
 // pushing them one by one chains every exponential on the one before through r). Values that
 // are all -inf add nothing.
-template <class A, int V>
+template <class T, class A, int V>
 __device__ __forceinline__ void push_vec(MaxSum<A>& r, const A (&v)[V]) {
   A mv = v[0];
 #pragma unroll
   for (int k = 1; k < V; ++k) mv = max(mv, v[k]);
   if (mv == -std::numeric_limits<A>::infinity()) return;
   if (mv > r.m) {
-    r.s = r.m == -std::numeric_limits<A>::infinity() ? A(0) : r.s * m_exp(r.m - mv);
+    r.s = r.m == -std::numeric_limits<A>::infinity() ? A(0) : r.s * row_exp<T>(r.m - mv);
     r.m = mv;
   }
   A s = 0;
 #pragma unroll
-  for (int k = 0; k < V; ++k) s += m_exp(v[k] - r.m);
+  for (int k = 0; k < V; ++k) s += row_exp<T>(v[k] - r.m);
   r.s += s;
 }
 
@@ -63,13 +67,15 @@ __device__ __forceinline__ MaxSum<A> block_merge(MaxSum<A> r, A* sm, A* ss) {
   return r;
 }
 
+// One row's forward, x the row (in memory or in shared memory): thread 0 writes lse and loss (NaN
+// for a bad label, whose row is flagged in `bad`: the lowest such row wins). Every thread gets
+// the row's logsumexp.
 template <class T, int V>
-__global__ void ce_forward_kernel(const T* logits, const int64_t* target, int64_t C, int64_t ignore_index, double e,
-                                  math_t<T>* loss, math_t<T>* lse, unsigned long long* bad) {
+__device__ __forceinline__ math_t<T> ce_row_forward(const T* x, int64_t row, const int64_t* target, int64_t C,
+                                                    int64_t ignore_index, double e, math_t<T>* loss, math_t<T>* lse,
+                                                    unsigned long long* bad) {
   using A = math_t<T>;
   __shared__ A sm[32], ss[32], sx[32];
-  const int64_t row = blockIdx.x;
-  const T* x = logits + row * C;
   MaxSum<A> r{-std::numeric_limits<A>::infinity(), A(0)};
   A sum_x = 0;
 #pragma unroll 2
@@ -81,12 +87,15 @@ __global__ void ce_forward_kernel(const T* logits, const int64_t* target, int64_
       v[k] = load_m(p.v[k]);
       sum_x += v[k];
     }
-    push_vec(r, v);
+    push_vec<T, A, V>(r, v);
   }
   r = block_merge(r, sm, ss);
   if (e != 0.0) sum_x = block_sum(sum_x, sx);
+  // Lane 0's: the lanes' merges pair the partial sums in different orders (the compiler's fused
+  // multiply-adds round them differently), and lane 0 of every warp computes thread 0's value,
+  // the one written to lse. A gradient from this l is then the one from lse.
+  const A l = __shfl_sync(0xffffffffu, r.m + m_log(r.s), 0);
   if (threadIdx.x == 0) {
-    const A l = r.m + m_log(r.s);
     lse[row] = l;
     const int64_t t = target[row];
     if (t == ignore_index) {
@@ -99,6 +108,47 @@ __global__ void ce_forward_kernel(const T* logits, const int64_t* target, int64_
       loss[row] = l - (A(1) - ea) * load_m(x[t]) - (e != 0.0 ? ea / static_cast<A>(C) * sum_x : A(0));
     }
   }
+  return l;
+}
+
+template <class T, int V>
+__global__ void ce_forward_kernel(const T* logits, const int64_t* target, int64_t C, int64_t ignore_index, double e,
+                                  math_t<T>* loss, math_t<T>* lse, unsigned long long* bad) {
+  const int64_t row = blockIdx.x;
+  ce_row_forward<T, V>(logits + row * C, row, target, C, ignore_index, e, loss, lse, bad);
+}
+
+// One row's gradient, x the row (in memory or in shared memory), g where it goes (x itself is
+// fine: each thread reads its elements before it writes them): coef * (softmax - target
+// distribution), 0 for an ignored row; a bad label matches no column. The target's column is
+// found once a vector (d), not by a 64-bit compare an element; subtracting no hit from the others
+// leaves their values as they were: the same bits as subtracting 0.
+template <class T, int V>
+__device__ __forceinline__ void ce_row_backward(const T* x, T* g, int64_t t, math_t<T> c, math_t<T> l, int64_t C,
+                                                int64_t ignore_index, double e) {
+  using A = math_t<T>;
+  if (t == ignore_index) {  // the whole row is 0 (the block's branch: t is the row's)
+    AlignedVec<T, V> z;
+#pragma unroll
+    for (int k = 0; k < V; ++k) z.v[k] = store_m<T>(A(0));
+    for (int64_t j = threadIdx.x * V; j < C; j += static_cast<int64_t>(blockDim.x) * V)
+      *reinterpret_cast<AlignedVec<T, V>*>(g + j) = z;
+    return;
+  }
+  const A off = static_cast<A>(e) / static_cast<A>(C), hit = A(1) - static_cast<A>(e);
+  for (int64_t j = threadIdx.x * V; j < C; j += static_cast<int64_t>(blockDim.x) * V) {
+    const AlignedVec<T, V> p = *reinterpret_cast<const AlignedVec<T, V>*>(x + j);
+    const int64_t d = t - j;
+    const int dk = d >= 0 && d < V ? static_cast<int>(d) : -1;
+    AlignedVec<T, V> o;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      A q = row_exp<T>(load_m(p.v[k]) - l) - off;
+      if (k == dk) q -= hit;
+      o.v[k] = store_m<T>(c * q);
+    }
+    *reinterpret_cast<AlignedVec<T, V>*>(g + j) = o;
+  }
 }
 
 template <class T, int V>
@@ -106,22 +156,81 @@ __global__ void ce_backward_kernel(const math_t<T>* coef, int64_t coef_stride, c
                                    const math_t<T>* lse, int64_t C, int64_t ignore_index, double e, T* grad) {
   using A = math_t<T>;
   const int64_t row = blockIdx.x;
-  const T* x = logits + row * C;
-  T* g = grad + row * C;
   const int64_t t = target[row];
-  const bool ignored = t == ignore_index;
-  const A c = ignored ? A(0) : coef[row * coef_stride];
-  const A l = lse[row];
-  const A off = static_cast<A>(e) / static_cast<A>(C), hit = A(1) - static_cast<A>(e);
-  for (int64_t j = threadIdx.x * V; j < C; j += static_cast<int64_t>(blockDim.x) * V) {
-    const AlignedVec<T, V> p = *reinterpret_cast<const AlignedVec<T, V>*>(x + j);
-    AlignedVec<T, V> o;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const A q = m_exp(load_m(p.v[k]) - l) - off - (j + k == t ? hit : A(0));
-      o.v[k] = store_m<T>(ignored ? A(0) : c * q);
+  const A c = t == ignore_index ? A(0) : coef[row * coef_stride];
+  ce_row_backward<T, V>(logits + row * C, grad + row * C, t, c, lse[row], C, ignore_index, e);
+}
+
+// Forward and backward of a row held in shared memory (C * sizeof(T) <= smem_row_limit, C a
+// multiple of V, rows 16-byte aligned): the row is copied there with cp.async (each thread's whole
+// share in flight), the forward and the gradient read it from there, and the gradient goes to
+// `grad` (logits itself or apart). The logits are read from memory once, where the two kernels
+// above read them twice (the second read misses the L2: a block's row is 100 KB for GPT-2's
+// 50304 classes in bf16, with 264 rows in flight). Same arithmetic as the two kernels, in the
+// same order for the same block size: the same bits.
+template <class T>
+__device__ __forceinline__ void ce_fused_row(const T* x, int64_t row, const int64_t* target, int64_t C,
+                                             int64_t ignore_index, double e, const math_t<T>* coef, int64_t coef_stride,
+                                             math_t<T>* loss, math_t<T>* lse, unsigned long long* bad, T* grad) {
+  using A = math_t<T>;
+  constexpr int V = kVec16<T>;
+  const A l = ce_row_forward<T, V>(x, row, target, C, ignore_index, e, loss, lse, bad);
+  const int64_t t = target[row];
+  const A c = t == ignore_index ? A(0) : coef[row * coef_stride];
+  ce_row_backward<T, V>(x, grad + row * C, t, c, l, C, ignore_index, e);
+}
+
+// Queues the cp.async copy of row `row` into dst (one commit group).
+template <class T>
+__device__ __forceinline__ void ce_load_row(const T* logits, int64_t row, int64_t C, AlignedVec<T, kVec16<T>>* dst) {
+  using Vec = AlignedVec<T, kVec16<T>>;
+  const Vec* src = reinterpret_cast<const Vec*>(logits + row * C);
+  const int nv = static_cast<int>(C / kVec16<T>);
+  for (int i = threadIdx.x; i < nv; i += blockDim.x) ptx::cp_async16(&dst[i], &src[i], true);
+  ptx::cp_async_commit();
+}
+
+// A row a block (f32 over 50304: one row of 201 KB fits, two do not).
+template <class T>
+__global__ void ce_fused_smem_kernel(const T* logits, const int64_t* target, int64_t C, int64_t ignore_index, double e,
+                                     const math_t<T>* coef, int64_t coef_stride, math_t<T>* loss, math_t<T>* lse,
+                                     unsigned long long* bad, T* grad) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  auto* buf = reinterpret_cast<AlignedVec<T, kVec16<T>>*>(smem_bytes);
+  ce_load_row(logits, blockIdx.x, C, buf);
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+  ce_fused_row(reinterpret_cast<const T*>(buf), blockIdx.x, target, C, ignore_index, e, coef, coef_stride, loss, lse,
+               bad, grad);
+}
+
+// Where two long rows fit (f16/bf16 over 50304: 2 x 100.6 KB): one block an SM walks rows blockIdx.x,
+// + gridDim.x, ..., copying the next row into one buffer while it works on the other, so the
+// memory is never idle while the block computes. A block a row, two an SM (the kernel above),
+// ran at 0.55-0.64 of a copy on the H200 (bench_cuda_kernels, BM_CrossEntropy): both blocks of
+// an SM spent stretches computing with no load in flight.
+template <class T>
+__global__ void ce_fused_pipelined_kernel(const T* logits, const int64_t* target, int64_t M, int64_t C,
+                                          int64_t ignore_index, double e, const math_t<T>* coef, int64_t coef_stride,
+                                          math_t<T>* loss, math_t<T>* lse, unsigned long long* bad, T* grad) {
+  using Vec = AlignedVec<T, kVec16<T>>;
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  Vec* const buf = reinterpret_cast<Vec*>(smem_bytes);  // two rows: buf and buf + nv
+  const int64_t nv = C / kVec16<T>;
+  int64_t row = blockIdx.x;
+  if (row < M) ce_load_row(logits, row, C, buf);
+  for (int it = 0; row < M; ++it, row += gridDim.x) {
+    const int64_t next = row + gridDim.x;
+    if (next < M) {
+      ce_load_row(logits, next, C, buf + ((it + 1) & 1) * nv);  // last read before the barrier below
+      ptx::cp_async_wait<1>();                                  // this row's copy is done, the next one's in flight
+    } else {
+      ptx::cp_async_wait<0>();
     }
-    *reinterpret_cast<AlignedVec<T, V>*>(g + j) = o;
+    __syncthreads();
+    ce_fused_row(reinterpret_cast<const T*>(buf + (it & 1) * nv), row, target, C, ignore_index, e, coef, coef_stride,
+                 loss, lse, bad, grad);
+    __syncthreads();  // every thread is done with this row's buffer before the next iteration refills it
   }
 }
 
@@ -142,6 +251,37 @@ bool vec_rows(const void* p, int64_t C) {
 
 }  // namespace
 
+namespace {
+
+// The label check's finding, `bad` (the lowest bad row, or all ones), read for the caller: the
+// bad label, or ignore_index when none. Inside a CUDA graph capture there is nothing to read yet:
+// the check is skipped (docs/cuda_graphs.md). Inside a kernels::DeferredIndexChecks scope the
+// read waits for the scope's finish(), which raises the IndexError kernels/loss.cc raises for a
+// returned label, word for word; meanwhile a bad row's loss is NaN and its gradient has no target
+// term (ce_row_backward matches no column): nothing outside the tensors is touched.
+int64_t label_check(const Tensor& bad, const Tensor& target, int64_t C, int64_t ignore_index, cudaStream_t st) {
+  const int device = bad.device().index;
+  if (mg::cuda::is_capturing(device)) return ignore_index;
+  auto settle = [target, C, ignore_index](const void* host) {
+    unsigned long long row;
+    std::memcpy(&row, host, sizeof row);
+    if (row == ~0ULL) return;
+    const int64_t v = read_target(target, row);
+    MG_THROW(IndexError, "cross_entropy: target ", v, " is out of range for ", C, " classes (expected [0, ", C - 1,
+             "] or ignore_index ", ignore_index, ")");
+  };
+  if (defer_host_read(bad.raw_data(), sizeof(unsigned long long), device, st, settle)) return ignore_index;
+  unsigned long long first = 0;
+  MG_CUDA_CHECK(cudaMemcpyAsync(&first, bad.raw_data(), sizeof first, cudaMemcpyDeviceToHost, st));
+  MG_CUDA_CHECK(cudaStreamSynchronize(st));
+  return first == ~0ULL ? ignore_index : read_target(target, first);
+}
+
+// The label check's buffer: all ones (unsigned max), lowered by the kernels to the first bad row.
+Tensor bad_row_flag(const Tensor& logits) { return full({}, -1.0, {DType::i64, logits.device()}); }
+
+}  // namespace
+
 template <>
 int64_t CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                            double smoothing, const Tensor& loss, const Tensor& lse) {
@@ -150,7 +290,7 @@ int64_t CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& t
   mg::cuda::DeviceGuard guard(logits.device());
   cudaStream_t st = stream_of(logits);
   MG_CHECK(M <= 0x7fffffff, ShapeError, "cross_entropy: too many rows (", M, ")");
-  Tensor bad = full({}, -1.0, {DType::i64, logits.device()});  // all ones: unsigned max
+  const Tensor bad = bad_row_flag(logits);
   auto* pbad = static_cast<unsigned long long*>(bad.raw_data());
   MG_CUDA_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&] {
     using T = scalar_t;
@@ -167,26 +307,7 @@ int64_t CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& t
           <<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(px, pt, C, ignore_index, smoothing, pl, pe, pbad);
   });
   MG_CUDA_CHECK_LAUNCH("cross_entropy");
-  // One 8-byte read per call, like nll_loss's label check: a bad label must raise. Inside a CUDA
-  // graph capture there is nothing to read yet: the check is skipped (docs/cuda_graphs.md).
-  if (mg::cuda::is_capturing(logits.device().index)) return ignore_index;
-  // Inside a kernels::DeferredIndexChecks scope the read waits for the scope's finish(), which
-  // raises the IndexError kernels/loss.cc raises for a returned label, word for word. Meanwhile a
-  // bad row's loss is NaN and its gradient has no target term (ce_backward_kernel matches no
-  // column): nothing outside the tensors is touched.
-  auto settle = [target, C, ignore_index](const void* host) {
-    unsigned long long row;
-    std::memcpy(&row, host, sizeof row);
-    if (row == ~0ULL) return;
-    const int64_t v = read_target(target, row);
-    MG_THROW(IndexError, "cross_entropy: target ", v, " is out of range for ", C, " classes (expected [0, ", C - 1,
-             "] or ignore_index ", ignore_index, ")");
-  };
-  if (defer_host_read(pbad, sizeof(unsigned long long), logits.device().index, st, settle)) return ignore_index;
-  unsigned long long first = 0;
-  MG_CUDA_CHECK(cudaMemcpyAsync(&first, pbad, sizeof first, cudaMemcpyDeviceToHost, st));
-  MG_CUDA_CHECK(cudaStreamSynchronize(st));
-  return first == ~0ULL ? ignore_index : read_target(target, first);
+  return label_check(bad, target, C, ignore_index, st);
 }
 
 template <>
@@ -214,6 +335,51 @@ void CudaBackend::cross_entropy_backward(const Tensor& coef, const Tensor& logit
           <<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(pc, cs, px, pt, pe, C, ignore_index, smoothing, pg);
   });
   MG_CUDA_CHECK_LAUNCH("cross_entropy_backward");
+}
+
+template <>
+int64_t CudaBackend::cross_entropy_forward_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                                    double smoothing, const Tensor& coef, const Tensor& loss,
+                                                    const Tensor& lse, const Tensor& grad) {
+  const int64_t M = logits.size(0), C = logits.size(1);
+  if (M == 0) return ignore_index;
+  mg::cuda::DeviceGuard guard(logits.device());
+  const size_t row_bytes = static_cast<size_t>(C) * dtype_size(logits.dtype());
+  bool one_pass = false;
+  MG_CUDA_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&] {
+    using T = scalar_t;
+    one_pass = kVec16<T> > 1 && vec_rows<T>(logits.raw_data(), C) && vec_rows<T>(grad.raw_data(), C) &&
+               row_bytes <= smem_row_limit(logits.device().index);
+  });
+  if (!one_pass) {  // long or unaligned rows: the two kernels
+    const int64_t v = cross_entropy_forward(logits, target, ignore_index, smoothing, loss, lse);
+    cross_entropy_backward(coef, logits, target, lse, ignore_index, smoothing, grad);
+    return v;
+  }
+  cudaStream_t st = stream_of(logits);
+  MG_CHECK(M <= 0x7fffffff, ShapeError, "cross_entropy: too many rows (", M, ")");
+  const Tensor bad = bad_row_flag(logits);
+  const int64_t cs = coef.numel() == 1 ? 0 : 1;
+  MG_CUDA_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&] {
+    using T = scalar_t;
+    using A = math_t<T>;
+    auto* pbad = static_cast<unsigned long long*>(bad.raw_data());
+    // Long rows two a block (a block an SM), short ones a block each (many blocks an SM).
+    if (row_bytes >= 32 * 1024 && 2 * row_bytes <= smem_row_limit(logits.device().index)) {
+      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(M, sm_count(logits.device())));
+      allow_smem(ce_fused_pipelined_kernel<T>, 2 * row_bytes);
+      ce_fused_pipelined_kernel<T><<<blocks, threads_for(C), 2 * row_bytes, st>>>(
+          data_as<const T>(logits), data_as<const int64_t>(target), M, C, ignore_index, smoothing,
+          data_as<const A>(coef), cs, data_as<A>(loss), data_as<A>(lse), pbad, data_as<T>(grad));
+    } else {
+      allow_smem(ce_fused_smem_kernel<T>, row_bytes);
+      ce_fused_smem_kernel<T><<<static_cast<unsigned>(M), threads_for(C), row_bytes, st>>>(
+          data_as<const T>(logits), data_as<const int64_t>(target), C, ignore_index, smoothing, data_as<const A>(coef),
+          cs, data_as<A>(loss), data_as<A>(lse), pbad, data_as<T>(grad));
+    }
+  });
+  MG_CUDA_CHECK_LAUNCH("cross_entropy");
+  return label_check(bad, target, C, ignore_index, st);
 }
 
 }  // namespace mg::kernels

@@ -30,16 +30,6 @@ __device__ __forceinline__ M fix_max(M mx) {
   return isinf(mx) ? (mx > M(0) ? mx : M(0)) : mx;
 }
 
-// exp for the forward: the fast hardware exp (a few f32 ulps) for the 16-bit types, whose
-// results round to 2^-8 / 2^-11 anyway; libm's for f32 and f64.
-template <class T, class M>
-__device__ __forceinline__ M row_exp(M x) {
-  if constexpr (mg::cuda::is_half_v<T>)
-    return __expf(x);
-  else
-    return m_exp(x);
-}
-
 template <class T, class M>
 __device__ __forceinline__ T softmax_out(M x, M mx, M inv_or_logs, bool log) {
   return log ? store_m<T>((x - mx) - inv_or_logs) : store_m<T>(row_exp<T>(x - mx) * inv_or_logs);
@@ -337,22 +327,6 @@ void row_launch(int64_t rows, int64_t K, dim3* grid, dim3* block) {
   const int64_t g = (rows + block->y - 1) / block->y;
   MG_CHECK(g <= 0x7fffffff, ShapeError, "softmax: too many rows (", rows, ")");
   *grid = dim3(static_cast<unsigned>(g));
-}
-
-// The longest row in bytes softmax_smem_rows_kernel takes on a device: the shared memory a
-// block may opt in to (227 KiB on sm_90) less 1 KiB for its static reduction scratch. Read once
-// per process for every device, not at each launch.
-size_t smem_row_limit(int device) {
-  static const std::vector<size_t> limits = [] {
-    std::vector<size_t> v(mg::cuda::device_count());
-    for (size_t d = 0; d < v.size(); ++d) {
-      int bytes = 0;
-      MG_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, static_cast<int>(d)));
-      v[d] = bytes > 1024 ? static_cast<size_t>(bytes) - 1024 : 0;
-    }
-    return v;
-  }();
-  return limits.at(device);
 }
 
 // The shape with `dim` collapsed to 1: one entry per row.

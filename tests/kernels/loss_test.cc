@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "core/device_runtime.h"
@@ -44,6 +45,41 @@ TEST(CrossEntropyFused, MatchesLogSoftmaxNllAndSoftmaxMinusOnehot) {
         EXPECT_NEAR(gv[i * 7 + j], want_g, 1e-12) << i << "," << j;
       }
     }
+  }
+}
+
+// cross_entropy_forward_backward is the two calls: the same loss, lse and gradient to the bit (CPU
+// runs them in turn), into a separate `out` or over the logits; its argument errors name it.
+TEST(CrossEntropyFused, ForwardBackwardIsTheTwoCalls) {
+  Generator g(4);
+  const Tensor x = uniform({5, 7}, -4, 4, {DType::f64}, &g);
+  const Tensor t = targets({0, 6, 3, -100, 2});
+  const Tensor coef = from_vector(std::vector<double>{0.5, -1.0, 2.0, 3.0, 1.5}, {5});
+  for (double e : {0.0, 0.1}) {
+    auto [loss, lse] = k::cross_entropy_forward(x, t, -100, e);
+    const Tensor grad = k::cross_entropy_backward(coef, x, t, lse, -100, e);
+    const Tensor out = empty({5, 7}, {DType::f64});
+    auto [floss, flse] = k::cross_entropy_forward_backward(x, t, -100, e, coef, out);
+    EXPECT_EQ(floss.to_vector<double>(), loss.to_vector<double>());
+    EXPECT_EQ(flse.to_vector<double>(), lse.to_vector<double>());
+    EXPECT_EQ(out.to_vector<double>(), grad.to_vector<double>());
+    const Tensor over = x.clone();
+    k::cross_entropy_forward_backward(over, t, -100, e, coef, over);
+    EXPECT_EQ(over.to_vector<double>(), grad.to_vector<double>());
+  }
+  const Tensor out = empty({5, 7}, {DType::f64});
+  EXPECT_THROW(k::cross_entropy_forward_backward(x, t, -100, 0.0, coef, Tensor()), ValueError);
+  EXPECT_THROW(k::cross_entropy_forward_backward(x, t, -100, 0.0, from_vector(std::vector<double>{1, 2}, {2}), out),
+               ShapeError);
+  EXPECT_THROW(k::cross_entropy_forward_backward(x, t, -100, 0.0, coef, empty({5, 7}, {DType::f32})), ValueError);
+  EXPECT_THROW(k::cross_entropy_forward_backward(x, t, -100, 0.0, coef, raw::slice(x, 1, 1, 7, 1)), ValueError);
+  try {
+    k::cross_entropy_forward_backward(x, targets({0, 7, 3, -100, 2}), -100, 0.0, coef, out);
+    ADD_FAILURE() << "no error for class 7 of 7";
+  } catch (const IndexError& err) {
+    const std::string what = err.what();  // the CPU backend names the row too ("at position 1")
+    EXPECT_NE(what.find("target 7"), std::string::npos) << what;
+    EXPECT_NE(what.find("out of range for 7 classes"), std::string::npos) << what;
   }
 }
 

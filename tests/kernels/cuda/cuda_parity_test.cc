@@ -460,6 +460,18 @@ TEST_F(CudaParity, CrossEntropyLabelCheckDeferredInAScope) {
     k::cross_entropy_forward(logits, good, -100, 0.0);
     EXPECT_NO_THROW(scope.finish());
   }
+  {  // the one-pass forward and backward (rows of 1000 held in shared memory) defers the same way
+    const Tensor wide = to_cuda(host({4, 1000}, DType::f32, g)),
+                 wide_bad = to_cuda(from_vector<int64_t>({0, 1000, 5, 9}, {4}));
+    const Tensor coef = to_cuda(from_vector<float>({1.0f}, {1}));
+    const Tensor out = empty({4, 1000}, {DType::f32, Device::cuda(0)});
+    const std::string wide_direct =
+        error_of<IndexError>([&] { k::cross_entropy_forward_backward(wide, wide_bad, -100, 0.0, coef, out); });
+    EXPECT_NE(wide_direct.find("target 1000"), std::string::npos) << wide_direct;
+    k::DeferredIndexChecks scope;
+    EXPECT_NO_THROW(k::cross_entropy_forward_backward(wide, wide_bad, -100, 0.0, coef, out));
+    EXPECT_EQ(error_of<IndexError>([&] { scope.finish(); }), wide_direct);
+  }
 }
 
 TEST_F(CudaParity, MaxMinArgmax) {
@@ -553,6 +565,49 @@ TEST_F(CudaParity, Gemm) {
     k::gemm(av(to_cuda(a)), false, to_cuda(b), false, raw::slice(gc2, 1, 0, 34, 2), 1.0, 1.0);
     expect_parity(c2, gc2, tol, "gemm stepped out");
   }
+}
+
+// cross_entropy_forward_backward on CUDA is the two calls to the bit: rows held in shared memory
+// (50304 classes in f32/f16/bf16, 1000 in every dtype) run one fused kernel with the two kernels'
+// arithmetic in their order (f16/bf16 over 50304: two rows a block, the next one's copy in flight);
+// rows too long for it (50304 in f64) or of an odd length (37) run the two kernels. An ignored row, label smoothing, a
+// per-row and a single coefficient, and the gradient into a separate tensor and over the logits.
+TEST_F(CudaParity, CrossEntropyForwardBackwardIsTheTwoCalls) {
+  const auto host_doubles = [](const Tensor& t) {
+    return raw::to_device(k::cast(t, DType::f64), Device::cpu()).to_vector<double>();
+  };
+  for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64})
+    for (int64_t C : {int64_t{50304}, int64_t{1000}, int64_t{37}}) {
+      // 300 rows over 50304: more than the H200's 132 SMs, so the two-row kernel's blocks walk
+      // several rows each and the next row's copy overlaps the current one's arithmetic.
+      const int64_t M = C == 50304 ? 300 : 6;
+      const Tensor logits = to_cuda(host({M, C}, dt, g, -8, 8));
+      std::vector<int64_t> labels(M);
+      std::vector<double> coefs(M);
+      for (int64_t i = 0; i < M; ++i) {
+        labels[i] = i % 5 == 2 ? -100 : i == 1 ? C - 1 : (i * 7919) % C;  // an ignored row every five
+        coefs[i] = 0.25 * static_cast<double>(i % 7) - 0.5;
+      }
+      const Tensor t = to_cuda(from_vector<int64_t>(labels, {M}));
+      const DType ad = dt == DType::f64 ? DType::f64 : DType::f32;
+      const Tensor per_row = to_cuda(k::cast(from_vector<double>(coefs, {M}), ad));
+      const Tensor single = to_cuda(k::cast(from_vector<double>({0.125}, {1}), ad));
+      for (double e : {0.0, 0.1})
+        for (const Tensor* coef : {&per_row, &single}) {
+          const std::string what = std::string(dtype_name(dt)) + " C=" + std::to_string(C) + " e=" + std::to_string(e) +
+                                   (coef == &single ? " one coef" : " per-row coef");
+          auto [loss, lse] = k::cross_entropy_forward(logits, t, -100, e);
+          const Tensor grad = k::cross_entropy_backward(*coef, logits, t, lse, -100, e);
+          const Tensor out = empty({M, C}, {dt, Device::cuda(0)});
+          auto [floss, flse] = k::cross_entropy_forward_backward(logits, t, -100, e, *coef, out);
+          EXPECT_EQ(host_doubles(floss), host_doubles(loss)) << what;
+          EXPECT_EQ(host_doubles(flse), host_doubles(lse)) << what;
+          EXPECT_EQ(host_doubles(out), host_doubles(grad)) << what;
+          const Tensor over = logits.clone();
+          k::cross_entropy_forward_backward(over, t, -100, e, *coef, over);
+          EXPECT_EQ(host_doubles(over), host_doubles(grad)) << what << " over the logits";
+        }
+    }
 }
 
 // ---------------------------------------------------------------- softmax family
