@@ -32,6 +32,7 @@ __device__ __forceinline__ MaxSum<A> merge(MaxSum<A> a, MaxSum<A> b) {
 }
 // The per-element exponentials use row_exp (kernels/cuda/common.cuh): __expf for f16/bf16 logits,
 // where expf's range reduction had made the one-pass kernel compute-bound.
+//
 // V values at once: one rescale for their maximum, then V independent exponentials (where
 // pushing them one by one chains every exponential on the one before through r). Values that
 // are all -inf add nothing.
