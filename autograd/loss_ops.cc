@@ -244,14 +244,13 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
     const int64_t r1 = std::min(M, r0 + step);
     const Tensor xc = raw::slice(x2, 0, r0, r1, 1), tc = raw::slice(t, 0, r0, r1, 1);
     Tensor logits = kernels::linear(xc, weight);  // [rows, C]
-    if (!need_x && !need_w) {
-      raw::copy_(raw::slice(per, 0, r0, r1, 1),
-                 std::get<0>(kernels::cross_entropy_forward(logits, tc, ignore_index, label_smoothing)));
-      continue;
-    }
-    // The loss and, in place, the logits' gradient: one read of the logits on CUDA.
-    raw::copy_(raw::slice(per, 0, r0, r1, 1), std::get<0>(kernels::cross_entropy_forward_backward(
-                                                  logits, tc, ignore_index, label_smoothing, coef, logits)));
+    // The loss and, when a gradient is wanted, in place the logits' (one read of them on CUDA).
+    const bool grad = need_x || need_w;
+    const auto [loss, lse] =
+        grad ? kernels::cross_entropy_forward_backward(logits, tc, ignore_index, label_smoothing, coef, logits)
+             : kernels::cross_entropy_forward(logits, tc, ignore_index, label_smoothing);
+    raw::copy_(raw::slice(per, 0, r0, r1, 1), loss);
+    if (!grad) continue;
     if (need_x) kernels::gemm(logits, false, weight, false, raw::slice(gx_raw, 0, r0, r1, 1));
     if (need_w) kernels::gemm(logits, true, xc, false, gw_raw, 1.0, r0 == 0 ? 0.0 : 1.0);
   }

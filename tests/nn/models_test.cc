@@ -403,10 +403,22 @@ TEST(GPT, CudaMatchesCpu) {
 // a token outside the vocabulary still raises from forward_loss, naming the lookup and the value,
 // on the CPU and on CUDA, and the device works on after it (the lookup skipped the bad row); a
 // good batch after it trains as before.
-TEST(GPT, ForwardLossRaisesForATokenOutsideTheVocabulary) {
+// The CPU, and the first GPU where there is one.
+std::vector<Device> cpu_and_cuda() {
   std::vector<Device> devices = {Device::cpu()};
   if (cuda::is_available()) devices.push_back(Device::cuda(0));
-  for (const Device& d : devices) {
+  return devices;
+}
+
+// After a raised error the model works on: a good batch gives a finite loss and a backward pass.
+void expect_trains_after_error(GPT& gpt, const Tensor& ids, const Tensor& targets) {
+  Tensor loss = gpt.forward_loss(ids, targets);
+  loss.backward();
+  EXPECT_TRUE(std::isfinite(loss.item()));
+}
+
+TEST(GPT, ForwardLossRaisesForATokenOutsideTheVocabulary) {
+  for (const Device& d : cpu_and_cuda()) {
     SCOPED_TRACE(d.str());
     Generator g(11);
     GPT gpt(tiny_gpt(), {DType::f32, d}, &g);
@@ -416,10 +428,7 @@ TEST(GPT, ForwardLossRaisesForATokenOutsideTheVocabulary) {
     const std::string what = mg::testing::error_of<IndexError>([&] { gpt.forward_loss(bad, targets); });
     // The CPU's lookup names the embedding, CUDA's the index_select under it; both the value.
     EXPECT_NE(what.find(d.is_cuda() ? "index_select: index 57" : "embedding: index 57"), std::string::npos) << what;
-    const Tensor good = full({2, 8}, 3, {DType::i64, d});
-    Tensor loss = gpt.forward_loss(good, targets);
-    loss.backward();
-    EXPECT_TRUE(std::isfinite(loss.item()));
+    expect_trains_after_error(gpt, full({2, 8}, 3, {DType::i64, d}), targets);
   }
 }
 
@@ -428,9 +437,7 @@ TEST(GPT, ForwardLossRaisesForATokenOutsideTheVocabulary) {
 // (kernels::DeferredIndexChecks), and the bad label sits in the third chunk. The same model then
 // trains on good labels.
 TEST(GPT, ForwardLossRaisesForALabelOutsideTheVocabulary) {
-  std::vector<Device> devices = {Device::cpu()};
-  if (cuda::is_available()) devices.push_back(Device::cuda(0));
-  for (const Device& d : devices) {
+  for (const Device& d : cpu_and_cuda()) {
     SCOPED_TRACE(d.str());
     Generator g(12);
     GPT gpt(tiny_gpt(), {DType::f32, d}, &g);
@@ -441,9 +448,7 @@ TEST(GPT, ForwardLossRaisesForALabelOutsideTheVocabulary) {
     const Tensor bad = from_vector<int64_t>(labels, {2, 8}).to(d);
     const std::string what = mg::testing::error_of<IndexError>([&] { gpt.forward_loss(ids, bad); });
     EXPECT_NE(what.find("target 50"), std::string::npos) << what;
-    Tensor loss = gpt.forward_loss(ids, full({2, 8}, 1, {DType::i64, d}));
-    loss.backward();
-    EXPECT_TRUE(std::isfinite(loss.item()));
+    expect_trains_after_error(gpt, ids, full({2, 8}, 1, {DType::i64, d}));
   }
 }
 
