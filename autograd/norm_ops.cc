@@ -40,41 +40,46 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
                                          const Tensor& weight, const Tensor& bias, double eps,
-                                         std::optional<DType> out_dtype) {
+                                         std::optional<DType> out_dtype, const Tensor& residual_bias) {
   // A policy that rebuilds layer_norm: run as the plain ops, whose layer_norm it can rebuild.
   // Any other policy (e.g. GELU only) keeps the fused kernel.
   if (autograd::recompute_hook && autograd::recompute_query && autograd::recompute_query("layer_norm")) {
     Tensor h = residual.defined() ? add(x, residual) : x;
+    if (residual_bias.defined()) h = add(h, residual_bias);
     Tensor y = layer_norm(h, normalized_shape, weight, bias, eps);
     return {h, out_dtype && y.dtype() != *out_dtype ? y.to(*out_dtype) : y};
   }
-  if (autocast::widen_needed({&x, &weight, &bias}))
+  if (autocast::widen_needed({&x, &weight, &bias, &residual_bias}))
     return add_layer_norm(autocast::widen(x), residual, normalized_shape, autocast::widen(weight),
-                          autocast::widen(bias), eps, out_dtype);
+                          autocast::widen(bias), eps, out_dtype, autocast::widen(residual_bias));
   const DType out_t = out_dtype.value_or(x.dtype());
-  auto [h, y, mean, rstd] = kernels::add_layer_norm_forward(x, residual, normalized_shape, weight, bias, eps, out_t);
+  auto [h, y, mean, rstd] =
+      kernels::add_layer_norm_forward(x, residual, normalized_shape, weight, bias, eps, out_t, residual_bias);
   const bool has_res = residual.defined();
-  if (!any_requires_grad({x, residual, weight, bias})) return {h, y};
-  const std::array<bool, 4> mask{needs_grad(x), needs_grad(residual), needs_grad(weight), needs_grad(bias)};
+  if (!any_requires_grad({x, residual, weight, bias, residual_bias})) return {h, y};
+  const std::array<bool, 5> mask{needs_grad(x), needs_grad(residual), needs_grad(weight), needs_grad(bias),
+                                 needs_grad(residual_bias)};
   const DType res_t = has_res ? residual.dtype() : x.dtype();
+  const DType rb_t = residual_bias.defined() ? residual_bias.dtype() : x.dtype();
   // h is saved for backward (the norm's input), not the normalized y; without a residual, h is x.
-  auto backward = [mask, has_res, res_t, normalized_shape, sh = SavedTensor(h, "add_layer_norm"),
+  auto backward = [mask, has_res, res_t, rb_t, normalized_shape, sh = SavedTensor(h, "add_layer_norm"),
                    sw = weight.defined() ? SavedTensor(weight, "add_layer_norm") : SavedTensor(), mean = mean,
                    rstd = rstd](const Grads& g) {
     const Tensor& gh = has_res ? g[0] : Tensor();
     const Tensor& gy = has_res ? g[1] : g[0];
     if (!gy.defined()) {  // only h was used: its gradient passes to both inputs (never one tensor for both)
       Tensor gres = mask[1] && gh.defined() ? (gh.dtype() == res_t ? gh.clone() : gh.to(res_t)) : Tensor();
-      return Grads{gh, gres, Tensor(), Tensor()};
+      Tensor grb = mask[4] && gh.defined() ? kernels::sum_to(gh, normalized_shape).to(rb_t) : Tensor();
+      return Grads{gh, gres, Tensor(), Tensor(), grb};
     }
-    auto [gx, gres, gw, gb] =
-        kernels::add_layer_norm_backward(gy, gh, sh.unpack(), normalized_shape, mean, rstd, sw.unpack(), res_t, mask);
-    return Grads{gx, gres, gw, gb};
+    kernels::AddLayerNormGrads r = kernels::add_layer_norm_backward(gy, gh, sh.unpack(), normalized_shape, mean, rstd,
+                                                                    sw.unpack(), res_t, rb_t, mask);
+    return Grads{r.x, r.residual, r.weight, r.bias, r.residual_bias};
   };
   if (has_res)
-    record("add_layer_norm", {x, residual, weight, bias}, std::vector<Tensor>{h, y}, backward);
+    record("add_layer_norm", {x, residual, weight, bias, residual_bias}, std::vector<Tensor>{h, y}, backward);
   else
-    record("add_layer_norm", {x, residual, weight, bias}, y, backward);
+    record("add_layer_norm", {x, residual, weight, bias, residual_bias}, y, backward);
   return {has_res ? h : x, y};
 }
 

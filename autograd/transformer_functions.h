@@ -24,9 +24,14 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 // residual stream's gradient in and writes the branch's gradient in its dtype (no separate
 // add, casts or gradient accumulation). Same values as add + layer_norm + cast, which it runs
 // as under a selective-recompute policy (so layer_norm stays recomputable) and on the CPU.
+// residual_bias (normalized_shape; needs a residual) is added with the residual, h = (x +
+// residual) + residual_bias: the bias of the Linear that made residual, left out of that
+// Linear's GEMM, so that its gradient (the column sums of h's gradient) comes out of this op's
+// backward kernel instead of a column reduction of its own (a GPT-2 block's c_proj biases).
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
                                          const Tensor& weight, const Tensor& bias, double eps = 1e-5,
-                                         std::optional<DType> out_dtype = std::nullopt);
+                                         std::optional<DType> out_dtype = std::nullopt,
+                                         const Tensor& residual_bias = Tensor());
 
 // The transformer MLP: linear(gelu_tanh(linear(x, w_fc, b_fc)), w_proj, b_proj) as one node
 // (biases may be undefined). On CUDA in f16/bf16 the GELU runs inside the first GEMM

@@ -105,19 +105,21 @@ class Backend {
                                    const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight,
                                    const Tensor& grad_bias) = 0;
   // Residual add fused into layer norm (pre-LN transformer blocks); false when the backend
-  // has no fused kernel for these dtypes and the caller composes. Forward: sum = x + residual
-  // (residual defined, any float dtype; sum has x's dtype), out = layer_norm(sum) in out's
-  // dtype (the cast for a low-precision consumer in the same pass); without a residual the
-  // input x is normalized and sum is not written. Backward: with g = grad_out (out's dtype),
-  // grad_x = grad_sum (x's dtype, may be undefined) + layer norm backward of g, also written
-  // to grad_x_low in its dtype when defined (the residual branch's gradient).
-  virtual bool fused_add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                                            const Tensor& bias, double eps, const Tensor& sum, const Tensor& out,
-                                            const Tensor& mean, const Tensor& rstd) = 0;
+  // has no fused kernel for these dtypes and the caller composes. Forward: sum = (x + residual)
+  // + residual_bias (residual defined, any float dtype; residual_bias [n] of x's dtype or
+  // undefined; sum has x's dtype), out = layer_norm(sum) in out's dtype (the cast for a
+  // low-precision consumer in the same pass); without a residual the input x is normalized and
+  // sum is not written. Backward: with g = grad_out (out's dtype), grad_x = grad_sum (x's
+  // dtype, may be undefined) + layer norm backward of g, also written to grad_x_low in its
+  // dtype when defined (the residual branch's gradient), and grad_residual_bias (x's dtype,
+  // when defined) = grad_x summed over the rows.
+  virtual bool fused_add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& residual_bias,
+                                            const Tensor& weight, const Tensor& bias, double eps, const Tensor& sum,
+                                            const Tensor& out, const Tensor& mean, const Tensor& rstd) = 0;
   virtual bool fused_add_layer_norm_backward(const Tensor& grad_out, const Tensor& grad_sum, const Tensor& sum,
                                              const Tensor& mean, const Tensor& rstd, const Tensor& weight,
                                              const Tensor& grad_x, const Tensor& grad_x_low, const Tensor& grad_weight,
-                                             const Tensor& grad_bias) = 0;
+                                             const Tensor& grad_bias, const Tensor& grad_residual_bias) = 0;
 
   // ---- batch norm (batch_norm.*); x [N, C, *] contiguous (on CUDA also channels-last),
   // per-channel tensors [C] of x's dtype (on CUDA f32 for an f16/bf16 x as well) ----
@@ -199,6 +201,15 @@ class Backend {
   // Contiguous bf16 param += alpha * update (f32 or bf16, contiguous), stochastically rounded.
   virtual void add_stochastic_bf16(const Tensor& param, const Tensor& update, float alpha, uint64_t seed) = 0;
 };
+
+// The error for a cross-entropy label outside [0, classes) other than ignore_index: raised by
+// the dispatch layer (kernels/loss.cc) for the label cross_entropy_forward returns, and by a
+// backend that raises it itself (the CUDA check read later, in a DeferredIndexChecks scope), so
+// that both say the same words.
+[[noreturn]] inline void raise_bad_label(int64_t label, int64_t classes, int64_t ignore_index) {
+  MG_THROW(IndexError, "cross_entropy: target ", label, " is out of range for ", classes, " classes (expected [0, ",
+           classes - 1, "] or ignore_index ", ignore_index, ")");
+}
 
 // ---- settings the backends read
 // TF32 tensor-core math for f32 on CUDA (faster, ~1e-3 relative error): matmuls (cuBLAS,

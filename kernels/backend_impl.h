@@ -87,13 +87,13 @@ class BackendImpl final : public Backend {
   void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                            const Tensor& weight, const Tensor& grad_x, const Tensor& grad_weight,
                            const Tensor& grad_bias) override;
-  bool fused_add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
-                                    double eps, const Tensor& sum, const Tensor& out, const Tensor& mean,
-                                    const Tensor& rstd) override;
+  bool fused_add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& residual_bias,
+                                    const Tensor& weight, const Tensor& bias, double eps, const Tensor& sum,
+                                    const Tensor& out, const Tensor& mean, const Tensor& rstd) override;
   bool fused_add_layer_norm_backward(const Tensor& grad_out, const Tensor& grad_sum, const Tensor& sum,
                                      const Tensor& mean, const Tensor& rstd, const Tensor& weight, const Tensor& grad_x,
-                                     const Tensor& grad_x_low, const Tensor& grad_weight,
-                                     const Tensor& grad_bias) override;
+                                     const Tensor& grad_x_low, const Tensor& grad_weight, const Tensor& grad_bias,
+                                     const Tensor& grad_residual_bias) override;
 
   // ---- batch norm (batch_norm.*)
   void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,

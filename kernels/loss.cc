@@ -50,8 +50,7 @@ Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target, int64_t i
 namespace {
 // The error for a label outside [0, C) other than ignore_index (v: what the backend returned).
 void check_label(int64_t v, const Tensor& logits, int64_t ignore_index) {
-  MG_CHECK(v == ignore_index, IndexError, "cross_entropy: target ", v, " is out of range for ", logits.size(1),
-           " classes (expected [0, ", logits.size(1) - 1, "] or ignore_index ", ignore_index, ")");
+  if (v != ignore_index) raise_bad_label(v, logits.size(1), ignore_index);
 }
 // coef in the accumulation dtype, contiguous: [M] or one element.
 Tensor prep_coef(const char* op, const Tensor& coef, int64_t M, DType ad, const Device& dev) {

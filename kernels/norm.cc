@@ -19,6 +19,16 @@ struct LnShape {
   Shape stats;              // x.shape[:-k] + [1] * k
 };
 
+// A per-element parameter of the norm (weight, bias, residual_bias): normalized_shape, floating,
+// on x's device; undefined passes.
+void check_norm_param(const char* op, const Tensor& x, const Shape& ns, const Tensor& p, const char* what) {
+  if (!p.defined()) return;
+  MG_CHECK(p.sizes() == ns, ShapeError, op, ": ", what, " has shape ", shape_str(p.sizes()),
+           ", expected normalized_shape ", shape_str(ns));
+  MG_CHECK(is_floating(p.dtype()), DTypeError, op, ": ", what, " must be floating, got ", p.dtype());
+  check_same_device(op, x, p, what);
+}
+
 LnShape check_layer_norm(const char* op, const Tensor& x, const Shape& ns, const Tensor& weight, const Tensor& bias) {
   MG_CHECK(x.defined(), ValueError, op, ": got an undefined input");
   MG_CHECK(is_floating(x.dtype()), DTypeError, op, ": input must be floating, got ", x.dtype());
@@ -28,15 +38,8 @@ LnShape check_layer_norm(const char* op, const Tensor& x, const Shape& ns, const
   if (k <= x.dim()) tail.assign(x.sizes().end() - k, x.sizes().end());
   MG_CHECK(k <= x.dim() && tail == ns, ShapeError, op, ": normalized_shape ", shape_str(ns),
            " must equal the input's last ", k, " dims, but the input has shape ", shape_str(x.sizes()));
-  auto check_param = [&](const Tensor& p, const char* what) {
-    if (!p.defined()) return;
-    MG_CHECK(p.sizes() == ns, ShapeError, op, ": ", what, " has shape ", shape_str(p.sizes()),
-             ", expected normalized_shape ", shape_str(ns));
-    MG_CHECK(is_floating(p.dtype()), DTypeError, op, ": ", what, " must be floating, got ", p.dtype());
-    check_same_device(op, x, p, what);
-  };
-  check_param(weight, "weight");
-  check_param(bias, "bias");
+  check_norm_param(op, x, ns, weight, "weight");
+  check_norm_param(op, x, ns, bias, "bias");
   LnShape s;
   s.n = shape_numel(ns);
   s.rows = s.n == 0 ? 0 : x.numel() / s.n;
@@ -110,7 +113,8 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, c
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_forward(const Tensor& x, const Tensor& residual,
                                                                   const Shape& normalized_shape, const Tensor& weight,
-                                                                  const Tensor& bias, double eps, DType out_dtype) {
+                                                                  const Tensor& bias, double eps, DType out_dtype,
+                                                                  const Tensor& residual_bias) {
   const char* op = "add_layer_norm";
   const LnShape s = check_layer_norm(op, x, normalized_shape, weight, bias);
   check_eps(eps);
@@ -121,29 +125,35 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_forward(const Tensor& 
     MG_CHECK(is_floating(residual.dtype()), DTypeError, op, ": residual must be floating, got ", residual.dtype());
     check_same_device(op, x, residual, "residual");
   }
+  if (residual_bias.defined()) {
+    MG_CHECK(residual.defined(), ValueError, op, ": a residual bias (shape ", shape_str(residual_bias.sizes()),
+             ") needs a residual, got none");
+    check_norm_param(op, x, normalized_shape, residual_bias, "residual_bias");
+  }
   const DType st = layer_norm_stats_dtype(x.dtype());
   const auto same = [&](const Tensor& t) { return !t.defined() || t.dtype() == x.dtype(); };
-  if (s.rows > 0 && same(weight) && same(bias)) {
+  if (s.rows > 0 && same(weight) && same(bias) && same(residual_bias)) {
     const Tensor x2 = as_rows(x, x.dtype(), {s.rows, s.n});
     const Tensor r2 = residual.defined() ? as_rows(residual, residual.dtype(), {s.rows, s.n}) : Tensor();
     Tensor sum = residual.defined() ? empty({s.rows, s.n}, {x.dtype(), x.device()}) : x2;
     Tensor out = empty({s.rows, s.n}, {out_dtype, x.device()});
     Tensor mean = empty({s.rows}, {st, x.device()}), rstd = empty({s.rows}, {st, x.device()});
-    const Tensor w = weight.defined() ? as_rows(weight, x.dtype(), {s.n}) : Tensor();
-    const Tensor b = bias.defined() ? as_rows(bias, x.dtype(), {s.n}) : Tensor();
-    if (backend(x.device(), op).fused_add_layer_norm_forward(x2, r2, w, b, eps, sum, out, mean, rstd))
+    const auto row = [&](const Tensor& t) { return t.defined() ? as_rows(t, x.dtype(), {s.n}) : Tensor(); };
+    if (backend(x.device(), op)
+            .fused_add_layer_norm_forward(x2, r2, row(residual_bias), row(weight), row(bias), eps, sum, out, mean,
+                                          rstd))
       return {raw::view(sum, x.sizes()), raw::view(out, x.sizes()), raw::view(mean, s.stats), raw::view(rstd, s.stats)};
   }
-  const Tensor sum = residual.defined() ? add(x, cast(residual, x.dtype())) : x;
+  Tensor sum = residual.defined() ? add(x, cast(residual, x.dtype())) : x;
+  if (residual_bias.defined()) sum = add(sum, cast(residual_bias, x.dtype()));  // (x + residual) + residual_bias
   auto [out, mean, rstd] = layer_norm_forward(sum, normalized_shape, weight, bias, eps);
   return {sum, out.dtype() == out_dtype ? out : cast(out, out_dtype), mean, rstd};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_backward(const Tensor& grad_out, const Tensor& grad_sum,
-                                                                   const Tensor& sum, const Shape& normalized_shape,
-                                                                   const Tensor& mean, const Tensor& rstd,
-                                                                   const Tensor& weight, DType residual_dtype,
-                                                                   std::array<bool, 4> mask) {
+AddLayerNormGrads add_layer_norm_backward(const Tensor& grad_out, const Tensor& grad_sum, const Tensor& sum,
+                                          const Shape& normalized_shape, const Tensor& mean, const Tensor& rstd,
+                                          const Tensor& weight, DType residual_dtype, DType residual_bias_dtype,
+                                          std::array<bool, 5> mask) {
   const char* op = "add_layer_norm_backward";
   const LnShape s = check_layer_norm(op, sum, normalized_shape, weight, Tensor());
   for (const Tensor* g : {&grad_out, &grad_sum}) {
@@ -155,33 +165,40 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_backward(const Tensor&
     check_same_device(op, sum, *g, "gradient");
   }
   check_stats(op, s, sum, mean, rstd);
-  const bool need_sum_grad = mask[0] || mask[1];
+  const bool need_sum_grad = mask[0] || mask[1] || mask[4];
   const TensorOptions o{sum.dtype(), sum.device()};
-  if (s.rows > 0 && (!weight.defined() || weight.dtype() == sum.dtype())) {
+  const auto shaped = [&](const Tensor& t, const Shape& sh) { return t.defined() ? raw::view(t, sh) : t; };
+  if (s.rows > 0 && (!weight.defined() || weight.dtype() == sum.dtype()) &&
+      (!mask[4] || residual_bias_dtype == sum.dtype())) {
     const DType st = layer_norm_stats_dtype(sum.dtype());
     Tensor gx = mask[0] ? empty({s.rows, s.n}, o) : Tensor();
     Tensor glow = mask[1] ? empty({s.rows, s.n}, {residual_dtype, sum.device()}) : Tensor();
     Tensor gw = mask[2] ? empty({s.n}, o) : Tensor();
     Tensor gb = mask[3] ? empty({s.n}, o) : Tensor();
+    Tensor grb = mask[4] ? empty({s.n}, o) : Tensor();
     const Tensor w = weight.defined() ? as_rows(weight, sum.dtype(), {s.n}) : Tensor();
     const Tensor gs = grad_sum.defined() ? as_rows(grad_sum, sum.dtype(), {s.rows, s.n}) : Tensor();
     if (backend(sum.device(), op)
             .fused_add_layer_norm_backward(as_rows(grad_out, grad_out.dtype(), {s.rows, s.n}), gs,
                                            as_rows(sum, sum.dtype(), {s.rows, s.n}), as_rows(mean, st, {s.rows}),
-                                           as_rows(rstd, st, {s.rows}), w, gx, glow, gw, gb)) {
-      const auto shaped = [&](const Tensor& t, const Shape& sh) { return t.defined() ? raw::view(t, sh) : t; };
+                                           as_rows(rstd, st, {s.rows}), w, gx, glow, gw, gb, grb))
       return {shaped(gx, sum.sizes()), shaped(glow, sum.sizes()), shaped(gw, normalized_shape),
-              shaped(gb, normalized_shape)};
-    }
+              shaped(gb, normalized_shape), shaped(grb, normalized_shape)};
   }
   const Tensor g = grad_out.dtype() == sum.dtype() ? grad_out : cast(grad_out, sum.dtype());
   auto [gx, gw, gb] =
       layer_norm_backward(g, sum, normalized_shape, mean, rstd, weight, {need_sum_grad, mask[2], mask[3]});
   if (need_sum_grad && grad_sum.defined()) gx = add(gx, grad_sum);
+  // The residual bias's gradient: the sum's gradient summed over the rows.
+  Tensor grb;
+  if (mask[4]) {
+    grb = raw::view(kernels::sum(raw::reshape(gx, {s.rows, s.n}), {0}), normalized_shape);
+    if (grb.dtype() != residual_bias_dtype) grb = cast(grb, residual_bias_dtype);
+  }
   // The residual's gradient is its own tensor, never an alias of grad_x's.
   Tensor gres;
   if (mask[1]) gres = residual_dtype != sum.dtype() ? cast(gx, residual_dtype) : mask[0] ? raw::clone(gx) : gx;
-  return {mask[0] ? gx : Tensor(), gres, gw, gb};
+  return {mask[0] ? gx : Tensor(), gres, gw, gb, grb};
 }
 
 // ---------------------------------------------------------------- batch norm

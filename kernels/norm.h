@@ -33,23 +33,30 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, c
                                                        std::array<bool, 3> mask = {true, true, true});
 
 // ---- residual add + layer norm (pre-LN transformer blocks) ----
-// sum = x + residual and out = layer_norm(sum) written in out_dtype, so that the residual
-// stream's add, the norm and the cast to a half-precision consumer are one pass over the rows
-// on CUDA (f32 x, weight and bias; f32/f16/bf16 residual and out); elsewhere the same is
-// composed from add, layer_norm_forward and cast. residual may be undefined (sum is x then).
-// sum has x's dtype and shape; returns (sum, out, mean, rstd).
+// sum = (x + residual) + residual_bias and out = layer_norm(sum) written in out_dtype, so that
+// the residual stream's add, the branch's bias, the norm and the cast to a half-precision
+// consumer are one pass over the rows on CUDA (f32 x, weight, bias and residual_bias; f32/f16/
+// bf16 residual and out); elsewhere the same is composed from add, layer_norm_forward and cast.
+// residual may be undefined (sum is x then); residual_bias (normalized_shape, the bias of the
+// Linear whose output is residual, left out of that Linear) needs a residual. sum has x's dtype
+// and shape; returns (sum, out, mean, rstd).
 std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_forward(const Tensor& x, const Tensor& residual,
                                                                   const Shape& normalized_shape, const Tensor& weight,
-                                                                  const Tensor& bias, double eps, DType out_dtype);
+                                                                  const Tensor& bias, double eps, DType out_dtype,
+                                                                  const Tensor& residual_bias = Tensor());
 // Its backward. grad_out has out's dtype; grad_sum (sum's dtype, or undefined) is the gradient
 // reaching sum from later ops. grad of sum = grad_sum + layer norm backward of grad_out; returns
-// (grad_x = that, in sum's dtype; grad_residual = that again, in residual_dtype; grad_weight,
-// grad_bias), an entry undefined when its mask bit is false.
-std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_backward(const Tensor& grad_out, const Tensor& grad_sum,
-                                                                   const Tensor& sum, const Shape& normalized_shape,
-                                                                   const Tensor& mean, const Tensor& rstd,
-                                                                   const Tensor& weight, DType residual_dtype,
-                                                                   std::array<bool, 4> mask);
+// (grad_x = that, in sum's dtype; grad_residual = that again, in residual_dtype; grad_weight;
+// grad_bias; grad_residual_bias = its column sums, in residual_bias_dtype), an entry undefined
+// when its mask bit is false. On CUDA the column sums are taken in the kernel's pass from the
+// f32 gradient, before its rounding to residual_dtype.
+struct AddLayerNormGrads {
+  Tensor x, residual, weight, bias, residual_bias;
+};
+AddLayerNormGrads add_layer_norm_backward(const Tensor& grad_out, const Tensor& grad_sum, const Tensor& sum,
+                                          const Shape& normalized_shape, const Tensor& mean, const Tensor& rstd,
+                                          const Tensor& weight, DType residual_dtype, DType residual_bias_dtype,
+                                          std::array<bool, 5> mask);
 
 // ---- batch normalization (per channel = dim 1 of [N, C, *]; statistics in f64) ----
 // Returns (out, save_mean [C], save_invstd [C]). When defined, running_mean/var [C] are

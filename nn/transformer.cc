@@ -42,13 +42,27 @@ void LayerNorm::reset_parameters() {
 
 Tensor LayerNorm::forward(const Tensor& x) { return mg::layer_norm(x, normalized_shape, weight, bias, eps); }
 
-std::pair<Tensor, Tensor> LayerNorm::forward_residual(const Tensor& x, const Tensor& residual) {
+std::pair<Tensor, Tensor> LayerNorm::forward_residual(const Tensor& x, const Tensor& residual,
+                                                      const Tensor& residual_bias) {
   MG_CHECK(x.defined(), ValueError, "LayerNorm::forward_residual: input is an undefined tensor");
   run_forward_pre_hooks();
   std::optional<DType> out;
   if (is_autocast_enabled(x.device().type)) out = autocast_dtype(x.device().type);
-  return add_layer_norm(x, residual, normalized_shape, weight, bias, eps, out);
+  return add_layer_norm(x, residual, normalized_shape, weight, bias, eps, out, residual_bias);
 }
+
+// ---------------- a pending branch ----------------
+
+Tensor PendingBranch::added_to(const Tensor& x) const {
+  if (!out.defined()) return x;
+  Tensor h = add(x, out);
+  return bias.defined() ? add(h, bias) : h;
+}
+
+namespace {
+// A dropout that changes its input: p > 0 in training mode.
+bool dropout_active(const Dropout& d) { return d.p > 0.0 && d.is_training(); }
+}  // namespace
 
 std::string LayerNorm::extra_repr() const {
   std::ostringstream os;
@@ -103,15 +117,25 @@ MultiheadSelfAttention::MultiheadSelfAttention(int64_t embed_dim, int64_t num_he
   resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(dropout));
 }
 
-Tensor MultiheadSelfAttention::forward(const Tensor& x) {
+Tensor MultiheadSelfAttention::attend(const Tensor& x) {
   MG_CHECK(x.defined() && x.dim() == 3 && x.size(2) == embed_dim, ShapeError,
            "MultiheadSelfAttention(embed_dim=", embed_dim, "): expected input [B, T, ", embed_dim, "], got ",
            shape_or_undefined(x));
   Tensor qkv = (*c_attn)(x);  // [B, T, 3C]
   // On CUDA the flash kernels read the heads straight out of qkv and write y as [B, T, C]: no
   // head split, merge or gradient concatenation copies (216 strided copies a GPT-2 step before).
-  Tensor y = attention_packed_qkv(qkv, num_heads, causal, is_training() ? dropout : 0.0);
-  return (*resid_dropout)((*c_proj)(y));
+  return attention_packed_qkv(qkv, num_heads, causal, is_training() ? dropout : 0.0);
+}
+
+Tensor MultiheadSelfAttention::forward(const Tensor& x) { return (*resid_dropout)((*c_proj)(attend(x))); }
+
+Tensor MultiheadSelfAttention::pending_bias() const { return dropout_active(*resid_dropout) ? Tensor() : c_proj->bias; }
+
+PendingBranch MultiheadSelfAttention::forward_branch(const Tensor& x) {
+  if (!pending_bias().defined()) return {forward(x), Tensor()};
+  Tensor y = attend(x);
+  c_proj->run_forward_pre_hooks();  // what (*c_proj)(y) would run (pruning may set the bias)
+  return {linear(y, c_proj->weight, Tensor()), c_proj->bias};
 }
 
 Tensor MultiheadSelfAttention::forward_cached(const Tensor& x, KVCache& cache, size_t layer) {
@@ -165,13 +189,27 @@ MLP::MLP(const TransformerBlockOptions& o, TensorOptions opts, Generator* gen) :
 
 Tensor MLP::forward(const Tensor& x) {
   if (gelu->approximate != "tanh") return (*dropout)((*c_proj)((*gelu)((*c_fc)(x))));
-  // The same computation as one node whose GEMMs carry the GELU (autograd/linalg_ops.cc);
-  // the children's pre-hooks (pruning) still run first.
+  return (*dropout)(fused(x, true));
+}
+
+// The same computation as one node whose GEMMs carry the GELU (autograd/linalg_ops.cc), with
+// or without c_proj's bias; the children's pre-hooks (pruning) still run first.
+Tensor MLP::fused(const Tensor& x, bool with_bias) {
   MG_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == c_fc->in_features, ShapeError, "MLP(n_embd=", c_fc->in_features,
            "): input's last dim must be ", c_fc->in_features, ", got shape ", shape_or_undefined(x));
   c_fc->run_forward_pre_hooks();
   c_proj->run_forward_pre_hooks();
-  return (*dropout)(gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias));
+  return gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, with_bias ? c_proj->bias : Tensor());
+}
+
+Tensor MLP::pending_bias() const {
+  return gelu->approximate != "tanh" || dropout_active(*dropout) ? Tensor() : c_proj->bias;
+}
+
+PendingBranch MLP::forward_branch(const Tensor& x) {
+  if (!pending_bias().defined()) return {forward(x), Tensor()};
+  Tensor out = fused(x, false);
+  return {out, c_proj->bias};
 }
 
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, TensorOptions opts, Generator* gen)
@@ -183,16 +221,19 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, TensorOptio
   mlp = register_module("mlp", std::make_shared<MLP>(o, opts, gen));
 }
 
-std::pair<Tensor, Tensor> TransformerBlock::forward_pending(const Tensor& x, const Tensor& pending) {
+std::pair<Tensor, PendingBranch> TransformerBlock::forward_pending(const Tensor& x, const PendingBranch& pending) {
   MG_CHECK(x.defined(), ValueError, "TransformerBlock: input is an undefined tensor");
-  auto [h1, y1] = ln_1->forward_residual(x, pending);
-  auto [h2, y2] = ln_2->forward_residual(h1, (*attn)(y1));
-  return {h2, (*mlp)(y2)};
+  auto [h1, y1] = ln_1->forward_residual(x, pending.out, pending.bias);
+  attn->run_forward_pre_hooks();  // what (*attn)(y1) would run
+  const PendingBranch a = attn->forward_branch(y1);
+  auto [h2, y2] = ln_2->forward_residual(h1, a.out, a.bias);
+  mlp->run_forward_pre_hooks();
+  return {h2, mlp->forward_branch(y2)};
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {
-  auto [h, m] = forward_pending(x, Tensor());
-  return add(h, m);
+  auto [h, m] = forward_pending(x, {});
+  return m.added_to(h);
 }
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache, size_t layer) {

@@ -25,7 +25,9 @@ class LayerNorm : public Module {
   // The pre-LN residual step: (h, ln(h)) with h = x + residual (residual may be undefined: h is
   // x), through add_layer_norm. Under autocast ln(h) comes out in the autocast dtype, for the
   // linear that reads it. Runs the forward pre-hooks like operator().
-  std::pair<Tensor, Tensor> forward_residual(const Tensor& x, const Tensor& residual);
+  // residual_bias: see mg::add_layer_norm (a branch's bias added with the branch).
+  std::pair<Tensor, Tensor> forward_residual(const Tensor& x, const Tensor& residual,
+                                             const Tensor& residual_bias = Tensor());
   void reset_parameters();
   std::string extra_repr() const override;
 
@@ -74,6 +76,15 @@ struct KVCache {
   void clear() { length = 0; }
 };
 
+// A branch's output whose add into the residual stream is left to the next layer norm
+// (mg::add_layer_norm), with the bias of the Linear that made it when that Linear left its bias
+// out (undefined otherwise): the stream's next value is (x + out) + bias.
+struct PendingBranch {
+  Tensor out, bias;
+  // (x + out) + bias, the add done here (x alone when out is undefined).
+  Tensor added_to(const Tensor& x) const;
+};
+
 // Self-attention over x [B, T, C]: one Linear makes q, k and v together (c_attn, C -> 3C),
 // heads of C / num_heads attend through mg::attention_packed_qkv (straight from c_attn's
 // output, no head split/merge copies on CUDA), c_proj mixes them back. Dropout on the attention weights and on the
@@ -83,6 +94,11 @@ class MultiheadSelfAttention : public Module {
   MultiheadSelfAttention(int64_t embed_dim, int64_t num_heads, bool causal = false, double dropout = 0.0,
                          bool bias = true, TensorOptions opts = {}, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
+  // forward(x) with c_proj's bias left for the residual add (PendingBranch) where nothing comes
+  // between them: c_proj has a bias and the output dropout is off (p = 0 or eval mode).
+  PendingBranch forward_branch(const Tensor& x);
+  // The bias forward_branch leaves out now, or an undefined tensor.
+  Tensor pending_bias() const;
   // Inference on the next x.size(1) positions after cache.length: their keys and values are
   // written into layer `layer` of the cache and the queries attend to every cached position.
   // Causal (the model's mask) needs cache.length == 0 or one new position (no dropout either way).
@@ -94,6 +110,9 @@ class MultiheadSelfAttention : public Module {
   const double dropout;
   std::shared_ptr<Linear> c_attn, c_proj;
   std::shared_ptr<Dropout> resid_dropout;
+
+ private:
+  Tensor attend(const Tensor& x);  // the heads' output [B, T, C], before c_proj
 };
 
 struct TransformerBlockOptions {
@@ -112,9 +131,17 @@ class MLP : public Module {
  public:
   MLP(const TransformerBlockOptions& o, TensorOptions opts = {}, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
+  // forward(x) with c_proj's bias left for the residual add (PendingBranch) where the MLP is the
+  // fused gelu_mlp node (GELU "tanh") with a c_proj bias and the dropout off.
+  PendingBranch forward_branch(const Tensor& x);
+  // The bias forward_branch leaves out now, or an undefined tensor.
+  Tensor pending_bias() const;
   std::shared_ptr<Linear> c_fc, c_proj;
   std::shared_ptr<GELU> gelu;
   std::shared_ptr<Dropout> dropout;
+
+ private:
+  Tensor fused(const Tensor& x, bool with_bias);  // the gelu_mlp node, without the dropout
 };
 
 // Pre-norm residual block (GPT-2): x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)).
@@ -123,11 +150,11 @@ class TransformerBlock : public Module {
   explicit TransformerBlock(const TransformerBlockOptions& o, TensorOptions opts = {}, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
   // The block with the residual stream's last add left open: given x and the previous block's
-  // pending branch output (undefined for the first block), returns (h, m) where this block's
-  // output is h + m. A stack of blocks passes (h, m) on, so each add is fused into the next
-  // layer norm (add_layer_norm) and never runs on its own; forward(x) is forward_pending(x, {})
-  // with the add done.
-  std::pair<Tensor, Tensor> forward_pending(const Tensor& x, const Tensor& pending);
+  // pending branch (empty for the first block), returns (h, m) where this block's output is
+  // m.added_to(h). A stack of blocks passes (h, m) on, so each add, with the c_proj bias before
+  // it, is fused into the next layer norm (add_layer_norm) and never runs on its own;
+  // forward(x) is forward_pending(x, {}) with the add done.
+  std::pair<Tensor, PendingBranch> forward_pending(const Tensor& x, const PendingBranch& pending);
   Tensor forward_cached(const Tensor& x, KVCache& cache, size_t layer);
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<MultiheadSelfAttention> attn;

@@ -110,15 +110,15 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, co
 
 // The fused residual add runs as its parts on the CPU (kernels/norm.cc composes them).
 template <>
-bool CpuBackend::fused_add_layer_norm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double,
-                                              const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+bool CpuBackend::fused_add_layer_norm_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                              double, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   return false;
 }
 
 template <>
 bool CpuBackend::fused_add_layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                               const Tensor&, const Tensor&) {
+                                               const Tensor&, const Tensor&, const Tensor&) {
   return false;
 }
 

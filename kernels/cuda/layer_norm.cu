@@ -150,10 +150,11 @@ __device__ __forceinline__ void load_or(const float* p, int64_t j, float dflt, f
 }
 
 // Lane l handles elements [kV (l + 32 t), kV (l + 32 t) + kV) of its row: kV = 4 when n % 4 == 0
-// and every tensor is aligned to 4 elements (the launcher checks), 1 otherwise.
+// and every tensor is aligned to 4 elements (the launcher checks), 1 otherwise. rb (the
+// branch's bias, or null) is added after the branch: h = (x + res) + rb.
 template <int kV, class R, class O>
-__global__ void add_ln_fwd_kernel(const float* x, const R* res, const float* w, const float* b, float* sum, O* out,
-                                  float* mean, float* rstd, int64_t rows, int64_t n, double eps) {
+__global__ void add_ln_fwd_kernel(const float* x, const R* res, const float* rb, const float* w, const float* b,
+                                  float* sum, O* out, float* mean, float* rstd, int64_t rows, int64_t n, double eps) {
   wait_for_previous();  // launched dependent: the branch is mostly the GEMM ahead's output
   const int64_t i = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + threadIdx.y;
   if (i >= rows) return;  // whole warps only: no block-wide sync below
@@ -169,6 +170,11 @@ __global__ void add_ln_fwd_kernel(const float* x, const R* res, const float* w, 
       load_v<kV>(res + i * n + j, r);
 #pragma unroll
       for (int k = 0; k < kV; ++k) v[k] += r[k];
+      if (rb) {
+        load_v<kV>(rb + j, r);
+#pragma unroll
+        for (int k = 0; k < kV; ++k) v[k] += r[k];
+      }
       store_v<kV>(hr + j, v);
     }
 #pragma unroll
@@ -217,13 +223,13 @@ __device__ __forceinline__ void add_row_sums(const G* gr, const float* hr, const
 }
 
 // One lane's kV elements of dh = grad_sum + rstd * (g*w - mean(g*w) - xhat * mean(g*w * xhat)),
-// stored in f32 (dx) and the branch's dtype (dx_low) where given; g and xhat are handed back
-// for the callers that also sum the parameters' gradients.
+// stored in f32 (dx) and the branch's dtype (dx_low) where given; g, xhat and dh are handed
+// back for the callers that also sum the parameters' gradients.
 template <int kV, class G, class L>
 __device__ __forceinline__ void store_row_dh(const G* gr, const float* hr, const float* w, const float* gsum_r,
                                              float* dx_r, L* dx_low_r, int64_t j, float m, float r, float mean_g,
-                                             float mean_gx, float (&gv)[kV], float (&xhat)[kV]) {
-  float hv[kV], wv[kV], d[kV];
+                                             float mean_gx, float (&gv)[kV], float (&xhat)[kV], float (&d)[kV]) {
+  float hv[kV], wv[kV];
   load_v<kV>(gr + j, gv);
   load_v<kV>(hr + j, hv);
   load_or<kV>(w, j, 1.0f, wv);
@@ -257,9 +263,9 @@ __global__ void add_ln_bwd_dx_kernel(const G* g, const float* gsum, const float*
   for (int64_t j = j0; j < n; j += step) add_row_sums<kV>(gr, hr, w, j, m, r, sg, sgx);
   const float mean_g = warp_sum(sg) / static_cast<float>(n), mean_gx = warp_sum(sgx) / static_cast<float>(n);
   for (int64_t j = j0; j < n; j += step) {
-    float gv[kV], xhat[kV];
+    float gv[kV], xhat[kV], d[kV];
     store_row_dh<kV>(gr, hr, w, gsum ? gsum + i * n : nullptr, dx ? dx + i * n : nullptr,
-                     dx_low ? dx_low + i * n : nullptr, j, m, r, mean_g, mean_gx, gv, xhat);
+                     dx_low ? dx_low + i * n : nullptr, j, m, r, mean_g, mean_gx, gv, xhat, d);
   }
 }
 
@@ -270,14 +276,23 @@ __global__ void add_ln_bwd_dx_kernel(const G* g, const float* gsum, const float*
 // (partial[0][block][j] dweight, partial[1][block][j] dbias) for ln_bwd_params_final_kernel.
 // It saves the separate partial-sum pass's second read of g and h (0.37 ms of a GPT-2 124M
 // step at B=8, 25 calls). Deterministic: rows go to warps and sums are added in a fixed order.
+// With `branch_bias` the column sums of dh (the gradient of the branch's bias, which the
+// forward added here) are partial[2]: each warp adds its rows' dh into its own row of the
+// shared buffer as it goes (registers would cost the kernel a block an SM), so the bias no
+// longer needs a column reduction of the branch's gradient of its own.
 template <int kG, class G, class L>
 __global__ void __launch_bounds__(32 * kRowsPerBlock)
     add_ln_bwd_fused_kernel(const G* g, const float* gsum, const float* h, const float* mean, const float* rstd,
-                            const float* w, float* dx, L* dx_low, float* partial, int64_t rows) {
+                            const float* w, float* dx, L* dx_low, float* partial, bool branch_bias, int64_t rows) {
   constexpr int kV = 4;
   constexpr int64_t n = 128 * kG;
-  __shared__ float red[kRowsPerBlock][n];
+  __shared__ __align__(16) float red[kRowsPerBlock][n];
   const int lane = threadIdx.x, warp = threadIdx.y;
+  // A lane's kV columns of its warp's row of red, as one 16-byte vector.
+  const auto red_at = [&](int t) -> float4& { return *reinterpret_cast<float4*>(&red[warp][(lane + 32 * t) * kV]); };
+  if (branch_bias)
+#pragma unroll
+    for (int t = 0; t < kG; ++t) red_at(t) = make_float4(0.f, 0.f, 0.f, 0.f);
   float dw[kG][kV] = {}, db[kG][kV] = {};
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kRowsPerBlock) + warp; i < rows;
        i += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
@@ -290,34 +305,44 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
     const float mean_g = warp_sum(sg) / static_cast<float>(n), mean_gx = warp_sum(sgx) / static_cast<float>(n);
 #pragma unroll
     for (int t = 0; t < kG; ++t) {
-      float gv[kV], xhat[kV];
+      float gv[kV], xhat[kV], d[kV];
       store_row_dh<kV>(gr, hr, w, gsum ? gsum + i * n : nullptr, dx ? dx + i * n : nullptr,
-                       dx_low ? dx_low + i * n : nullptr, (lane + 32 * t) * kV, m, r, mean_g, mean_gx, gv, xhat);
+                       dx_low ? dx_low + i * n : nullptr, (lane + 32 * t) * kV, m, r, mean_g, mean_gx, gv, xhat, d);
 #pragma unroll
       for (int k = 0; k < kV; ++k) {
         dw[t][k] += gv[k] * xhat[k];
         db[t][k] += gv[k];
       }
+      if (branch_bias) {  // a lane's own columns of its warp's row: no other thread touches them
+        float4& acc = red_at(t);
+        acc.x += d[0], acc.y += d[1], acc.z += d[2], acc.w += d[3];
+      }
     }
   }
   allow_dependents();  // the parameters' finalize may be scheduled; it waits for this kernel
   if (!partial) return;
-  // The 8 warps' sums, dweight then dbias through one buffer: thread (x, y) adds column
-  // x + 32 c for c = y, y + 8, ... over the warps in order.
+  // The 8 warps' sums through one buffer, the branch bias's (already there) first, then
+  // dweight and dbias: thread (x, y) adds column x + 32 c for c = y, y + 8, ... over the warps
+  // in order.
   float* out = partial + static_cast<int64_t>(blockIdx.x) * n;
+  constexpr int kOrder[3] = {2, 0, 1};
 #pragma unroll
-  for (int which = 0; which < 2; ++which) {
+  for (int o = 0; o < 3; ++o) {
+    const int part = kOrder[o];
+    if (part == 2 && !branch_bias) continue;
+    if (part != 2) {
 #pragma unroll
-    for (int t = 0; t < kG; ++t)
+      for (int t = 0; t < kG; ++t)
 #pragma unroll
-      for (int k = 0; k < kV; ++k) red[warp][(lane + 32 * t) * kV + k] = which == 0 ? dw[t][k] : db[t][k];
+        for (int k = 0; k < kV; ++k) red[warp][(lane + 32 * t) * kV + k] = part == 0 ? dw[t][k] : db[t][k];
+    }
     __syncthreads();
     for (int64_t c = warp; c < n / 32; c += kRowsPerBlock) {
       const int64_t j = lane + 32 * c;
       float s = 0;
 #pragma unroll
       for (int y = 0; y < kRowsPerBlock; ++y) s += red[y][j];
-      out[static_cast<int64_t>(which) * gridDim.x * n + j] = s;
+      out[static_cast<int64_t>(part) * gridDim.x * n + j] = s;
     }
     __syncthreads();
   }
@@ -401,24 +426,31 @@ __global__ void ln_bwd_params_partial_kernel(const G* g, const T* x, const math_
 
 // Adds the chunks' partials of a 32-column strip: thread (x, y) sums chunks y, y + kFinalY, ...
 // of column x (kFinalY loads in flight per column, where one thread per column made ~90
-// dependent-latency loads), then the kFinalY sums are added in order (deterministic).
+// dependent-latency loads), then the kFinalY sums are added in order (deterministic). The
+// parts: partial[0] -> dw, partial[1] -> db and, when drb is given, partial[2] -> drb (the
+// branch bias of add_ln_bwd_fused_kernel).
 constexpr int kFinalY = 16;
 template <class T>
-__global__ void ln_bwd_params_final_kernel(const math_t<T>* partial, T* dw, T* db, int64_t chunks, int64_t n) {
+__global__ void ln_bwd_params_final_kernel(const math_t<T>* partial, T* dw, T* db, T* drb, int64_t chunks, int64_t n) {
   using A = math_t<T>;
-  __shared__ A sw[kFinalY][33], sb[kFinalY][33];
+  __shared__ A sw[kFinalY][33], sb[kFinalY][33], sr[kFinalY][33];
   wait_for_previous();  // launched dependent on the kernel that wrote `partial`
   const int64_t j = blockIdx.x * 32 + threadIdx.x;
-  A w = 0, b = 0;
+  A w = 0, b = 0, rb = 0;
   if (j < n)
-    for (int64_t c = threadIdx.y; c < chunks; c += kFinalY) w += partial[c * n + j], b += partial[(chunks + c) * n + j];
+    for (int64_t c = threadIdx.y; c < chunks; c += kFinalY) {
+      w += partial[c * n + j], b += partial[(chunks + c) * n + j];
+      if (drb) rb += partial[(2 * chunks + c) * n + j];
+    }
   sw[threadIdx.y][threadIdx.x] = w;
   sb[threadIdx.y][threadIdx.x] = b;
+  sr[threadIdx.y][threadIdx.x] = rb;
   __syncthreads();
   if (threadIdx.y == 0 && j < n) {
-    for (int y = 1; y < kFinalY; ++y) w += sw[y][threadIdx.x], b += sb[y][threadIdx.x];
+    for (int y = 1; y < kFinalY; ++y) w += sw[y][threadIdx.x], b += sb[y][threadIdx.x], rb += sr[y][threadIdx.x];
     if (dw) dw[j] = store_m<T>(w);
     if (db) db[j] = store_m<T>(b);
+    if (drb) drb[j] = store_m<T>(rb);
   }
 }
 
@@ -480,7 +512,8 @@ void param_grads(const Tensor& grad_out, const Tensor& x, const Tensor& mean, co
   vec ? launch(ln_bwd_params_partial_kernel<T, G, 4>) : launch(ln_bwd_params_partial_kernel<T, G, 1>);
   MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
   launch_dependent(ln_bwd_params_final_kernel<T>, dim3(static_cast<unsigned>((n + 31) / 32)), dim3(32, kFinalY), 0, st,
-                   data_as<const A>(partial), data_as<T>(grad_weight), data_as<T>(grad_bias), chunks, n);
+                   data_as<const A>(partial), data_as<T>(grad_weight), data_as<T>(grad_bias), static_cast<T*>(nullptr),
+                   chunks, n);
   MG_CUDA_CHECK_LAUNCH("layer_norm_backward");
 }
 
@@ -562,27 +595,28 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, c
 }
 
 template <>
-bool CudaBackend::fused_add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                                               const Tensor& bias, double eps, const Tensor& sum, const Tensor& out,
-                                               const Tensor& mean, const Tensor& rstd) {
+bool CudaBackend::fused_add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& residual_bias,
+                                               const Tensor& weight, const Tensor& bias, double eps, const Tensor& sum,
+                                               const Tensor& out, const Tensor& mean, const Tensor& rstd) {
   const DType rt = residual.defined() ? residual.dtype() : DType::f32;
-  if (x.dtype() != DType::f32 || !f32_or_none(weight) || !f32_or_none(bias) || !stream_dtype(rt) ||
-      !stream_dtype(out.dtype()))
+  if (x.dtype() != DType::f32 || !f32_or_none(weight) || !f32_or_none(bias) || !f32_or_none(residual_bias) ||
+      !stream_dtype(rt) || !stream_dtype(out.dtype()))
     return false;
   const int64_t rows = x.size(0), n = x.size(1);
   if (rows == 0 || n == 0) return false;
   mg::cuda::DeviceGuard guard(x.device());
   cudaStream_t st = stream_of(x);
-  const bool vec = vec4_rows(n, {&x, &residual, &weight, &bias, &sum, &out});
+  const bool vec = vec4_rows(n, {&x, &residual, &residual_bias, &weight, &bias, &sum, &out});
   return with_stream_dtype(rt, [&](auto r_tag) {
     using R = decltype(r_tag);
     with_stream_dtype(out.dtype(), [&](auto o_tag) {
       using O = decltype(o_tag);
       auto launch = [&](auto kernel) {
         launch_dependent(kernel, dim3(row_blocks(rows, "add_layer_norm")), dim3(32, kRowsPerBlock), 0, st,
-                         data_as<const float>(x), data_as<const R>(residual), data_as<const float>(weight),
-                         data_as<const float>(bias), residual.defined() ? data_as<float>(sum) : nullptr,
-                         data_as<O>(out), data_as<float>(mean), data_as<float>(rstd), rows, n, eps);
+                         data_as<const float>(x), data_as<const R>(residual), data_as<const float>(residual_bias),
+                         data_as<const float>(weight), data_as<const float>(bias),
+                         residual.defined() ? data_as<float>(sum) : nullptr, data_as<O>(out), data_as<float>(mean),
+                         data_as<float>(rstd), rows, n, eps);
       };
       vec ? launch(add_ln_fwd_kernel<4, R, O>) : launch(add_ln_fwd_kernel<1, R, O>);
       MG_CUDA_CHECK_LAUNCH("add_layer_norm");
@@ -594,9 +628,10 @@ template <>
 bool CudaBackend::fused_add_layer_norm_backward(const Tensor& grad_out, const Tensor& grad_sum, const Tensor& sum,
                                                 const Tensor& mean, const Tensor& rstd, const Tensor& weight,
                                                 const Tensor& grad_x, const Tensor& grad_x_low,
-                                                const Tensor& grad_weight, const Tensor& grad_bias) {
-  if (sum.dtype() != DType::f32 || !f32_or_none(weight) || !f32_or_none(grad_sum) || !stream_dtype(grad_out.dtype()) ||
-      (grad_x_low.defined() && !stream_dtype(grad_x_low.dtype())))
+                                                const Tensor& grad_weight, const Tensor& grad_bias,
+                                                const Tensor& grad_residual_bias) {
+  if (sum.dtype() != DType::f32 || !f32_or_none(weight) || !f32_or_none(grad_sum) || !f32_or_none(grad_residual_bias) ||
+      !stream_dtype(grad_out.dtype()) || (grad_x_low.defined() && !stream_dtype(grad_x_low.dtype())))
     return false;
   const int64_t rows = sum.size(0), n = sum.size(1);
   if (rows == 0 || n == 0) return false;
@@ -606,7 +641,11 @@ bool CudaBackend::fused_add_layer_norm_backward(const Tensor& grad_out, const Te
   // Rows of 256, 512, 768 or 1024 elements: one kernel for dx and the parameters' partial sums.
   const int kg = vec && n % 128 == 0 ? static_cast<int>(n / 128) : 0;
   const bool fused = (kg == 2 || kg == 4 || kg == 6 || kg == 8) && (grad_x.defined() || grad_x_low.defined());
-  const bool params = grad_weight.defined() || grad_bias.defined();
+  // The residual bias's gradient comes only from the fused kernel's pass; elsewhere the caller
+  // composes the whole backward.
+  if (grad_residual_bias.defined() && !fused) return false;
+  const bool branch_bias = grad_residual_bias.defined();
+  const bool params = grad_weight.defined() || grad_bias.defined() || branch_bias;
   const bool done =
       fused && with_stream_dtype(grad_out.dtype(), [&](auto g_tag) {
         using G = decltype(g_tag);
@@ -617,12 +656,12 @@ bool CudaBackend::fused_add_layer_norm_backward(const Tensor& grad_out, const Te
           const int64_t chunks =
               std::min<int64_t>(row_blocks(rows, "add_layer_norm_backward"), 3 * sm_count(sum.device()));
           Tensor partial;
-          if (params) partial = empty({2, chunks, n}, {DType::f32, sum.device()});
+          if (params) partial = empty({branch_bias ? 3 : 2, chunks, n}, {DType::f32, sum.device()});
           auto launch = [&](auto kernel) {
             kernel<<<static_cast<unsigned>(chunks), dim3(32, kRowsPerBlock), 0, st>>>(
                 data_as<const G>(grad_out), data_as<const float>(grad_sum), data_as<const float>(sum),
                 data_as<const float>(mean), data_as<const float>(rstd), data_as<const float>(weight),
-                data_as<float>(grad_x), data_as<L>(grad_x_low), data_as<float>(partial), rows);
+                data_as<float>(grad_x), data_as<L>(grad_x_low), data_as<float>(partial), branch_bias, rows);
           };
           switch (kg) {
             case 2:
@@ -642,7 +681,7 @@ bool CudaBackend::fused_add_layer_norm_backward(const Tensor& grad_out, const Te
           if (params) {
             launch_dependent(ln_bwd_params_final_kernel<float>, dim3(static_cast<unsigned>((n + 31) / 32)),
                              dim3(32, kFinalY), 0, st, data_as<const float>(partial), data_as<float>(grad_weight),
-                             data_as<float>(grad_bias), chunks, n);
+                             data_as<float>(grad_bias), data_as<float>(grad_residual_bias), chunks, n);
             MG_CUDA_CHECK_LAUNCH("add_layer_norm_backward");
           }
         });

@@ -184,11 +184,8 @@ __device__ __forceinline__ void ce_fused_row(const T* x, int64_t row, const int6
 // Queues the cp.async copy of row `row` into dst (one commit group).
 template <class T>
 __device__ __forceinline__ void ce_load_row(const T* logits, int64_t row, int64_t C, AlignedVec<T, kVec16<T>>* dst) {
-  using Vec = AlignedVec<T, kVec16<T>>;
-  const Vec* src = reinterpret_cast<const Vec*>(logits + row * C);
-  const int nv = static_cast<int>(C / kVec16<T>);
-  for (int i = threadIdx.x; i < nv; i += blockDim.x) ptx::cp_async16(&dst[i], &src[i], true);
-  ptx::cp_async_commit();
+  ptx::cp_async_block(dst, reinterpret_cast<const AlignedVec<T, kVec16<T>>*>(logits + row * C),
+                      static_cast<int>(C / kVec16<T>));
 }
 
 // A row a block (f32 over 50304: one row of 201 KB fits, two do not).
@@ -250,10 +247,6 @@ bool vec_rows(const void* p, int64_t C) {
   return kVec16<T> > 1 && C % kVec16<T> == 0 && (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
-}  // namespace
-
-namespace {
-
 // The label check's finding, `bad` (the lowest bad row, or all ones), read for the caller: the
 // bad label, or ignore_index when none. Inside a CUDA graph capture there is nothing to read yet:
 // the check is skipped (docs/cuda_graphs.md). Inside a kernels::DeferredIndexChecks scope the
@@ -267,9 +260,7 @@ int64_t label_check(const Tensor& bad, const Tensor& target, int64_t C, int64_t 
     unsigned long long row;
     std::memcpy(&row, host, sizeof row);
     if (row == ~0ULL) return;
-    const int64_t v = read_target(target, row);
-    MG_THROW(IndexError, "cross_entropy: target ", v, " is out of range for ", C, " classes (expected [0, ", C - 1,
-             "] or ignore_index ", ignore_index, ")");
+    raise_bad_label(read_target(target, row), C, ignore_index);
   };
   if (defer_host_read(bad.raw_data(), sizeof(unsigned long long), device, st, settle)) return ignore_index;
   unsigned long long first = 0;

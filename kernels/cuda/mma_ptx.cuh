@@ -26,6 +26,15 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
+// n 16-byte vectors src[0, n) into shared dst[0, n), spread over the block's threads (thread t
+// copies t, t + blockDim.x, ...), as one committed group: every thread's whole share in flight at
+// once, no registers held. Wait with cp_async_wait, then __syncthreads.
+template <class V>
+__device__ __forceinline__ void cp_async_block(V* dst, const V* src, int n) {
+  static_assert(sizeof(V) == 16, "cp_async_block copies 16-byte vectors");
+  for (int i = threadIdx.x; i < n; i += blockDim.x) cp_async16(&dst[i], &src[i], true);
+  cp_async_commit();
+}
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

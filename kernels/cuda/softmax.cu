@@ -237,10 +237,7 @@ __global__ void softmax_smem_rows_kernel(const T* a, T* out, OffsetCalc<2> oc, i
   const T* x = a + off[1];
   T* y = out + off[0];
   if (!aligned16(x, y)) return softmax_row_online<1>(x, y, K, log, shm);  // uniform across the block
-  const Vec* xv = reinterpret_cast<const Vec*>(x);
-  const int nv = static_cast<int>(K / V);
-  for (int i = threadIdx.x; i < nv; i += blockDim.x) ptx::cp_async16(&smem_row[i], &xv[i], true);
-  ptx::cp_async_commit();
+  ptx::cp_async_block(smem_row, reinterpret_cast<const Vec*>(x), static_cast<int>(K / V));
   ptx::cp_async_wait<0>();
   __syncthreads();
   softmax_row_online<V>(reinterpret_cast<const T*>(smem_row), y, K, log, shm);

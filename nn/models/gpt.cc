@@ -117,14 +117,15 @@ Tensor GPT::hidden(const Tensor& idx) {
   std::optional<OffloadScope> offload;
   if (recompute.offload_blocks > 0) offload.emplace(recompute.offload);
   Tensor x = embed(idx, 0);
-  // The residual add stays pending (x + pending) and is fused into the next layer norm, the last
-  // one into ln_f. A checkpointed block that keeps its MLP output takes and returns the pair too:
-  // its pending output is that kept tensor, so the region holds nothing more for it. Other
-  // checkpointed blocks do the add and keep only the sum, one tensor of the residual stream.
+  // The residual add stays pending (x + pending, with the c_proj bias that made it) and is fused
+  // into the next layer norm, the last one into ln_f. A checkpointed block that keeps its MLP
+  // output takes and returns the pair too: its pending output is that kept tensor, so the region
+  // holds nothing more for it. Other checkpointed blocks do the add and keep only the sum, one
+  // tensor of the residual stream.
   CheckpointOptions opts;
   opts.keep_ops = recompute.keep_ops;
   const bool pass_pending = std::find(opts.keep_ops.begin(), opts.keep_ops.end(), "gelu_mlp") != opts.keep_ops.end();
-  Tensor pending;
+  PendingBranch pending;
   const auto blocks = h->children();
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto* b = static_cast<TransformerBlock*>(blocks[i].get());
@@ -134,22 +135,22 @@ Tensor GPT::hidden(const Tensor& idx) {
     const bool kept_branch = pass_pending && b->mlp->gelu->approximate == "tanh" && b->mlp->dropout->p == 0.0;
     if (recompute.checkpointed(static_cast<int64_t>(i)) && kept_branch) {
       auto out = checkpoint(
-          [b](const std::vector<Tensor>& in) {
+          [b, in_bias = pending.bias](const std::vector<Tensor>& in) {
             b->run_forward_pre_hooks();
-            auto [hh, m] = b->forward_pending(in[0], in[1]);
-            return std::vector<Tensor>{hh, m};
+            auto [hh, m] = b->forward_pending(in[0], {in[1], in_bias});
+            return std::vector<Tensor>{hh, m.out};
           },
-          {x, pending}, opts);
-      x = out[0], pending = out[1];
+          {x, pending.out}, opts);
+      x = out[0], pending = {out[1], b->mlp->pending_bias()};
     } else if (recompute.checkpointed(static_cast<int64_t>(i))) {
-      if (pending.defined()) x = add(x, pending), pending = Tensor();
+      x = pending.added_to(x), pending = {};
       x = checkpoint([b](const Tensor& in) { return (*b)(in); }, x, opts);
     } else {
       b->run_forward_pre_hooks();
       std::tie(x, pending) = b->forward_pending(x, pending);
     }
   }
-  return ln_f->forward_residual(x, pending).second;
+  return ln_f->forward_residual(x, pending.out, pending.bias).second;
 }
 
 Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) {

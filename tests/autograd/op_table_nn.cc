@@ -356,6 +356,17 @@ void normalization(Table& t) {
     auto [h, y] = add_layer_norm(x[0], x[1], {5}, x[2], x[3]);
     return stack({h, y}, 0);
   });
+  // With the branch's bias added with the residual (x + residual) + residual_bias; rows of 256
+  // take CUDA's one-pass backward kernel, which sums the bias's gradient in its pass.
+  t.add("add_layer_norm_residual_bias", "add_layer_norm", {{3, 5}, {3, 5}, {5}, {5}, {5}}, [](const V& x) {
+    auto [h, y] = add_layer_norm(x[0], x[1], {5}, x[2], x[3], 1e-5, std::nullopt, x[4]);
+    return stack({h, y}, 0);
+  });
+  t.add("add_layer_norm_residual_bias_256", "add_layer_norm", {{4, 256}, {4, 256}, {256}, {256}, {256}},
+        [](const V& x) {
+          auto [h, y] = add_layer_norm(x[0], x[1], {256}, x[2], x[3], 1e-5, std::nullopt, x[4]);
+          return stack({h, y}, 0);
+        });
   t.add("add_layer_norm_no_residual", "add_layer_norm", {{4, 6}, {6}, {6}},
         [](const V& x) { return add_layer_norm(x[0], Tensor(), {6}, x[1], x[2]).second; });
   t.add("add_layer_norm_2x3x40_no_affine", "add_layer_norm", {{2, 3, 40}, {2, 3, 40}}, [](const V& x) {

@@ -58,6 +58,20 @@ TEST(Errors, ShapesNamedInMessages) {
   EXPECT_MG_ERROR(k::axpby(zeros({2}), 1, zeros({3}), 1), ShapeError, "axpby");
 }
 
+// The residual add's bias (a branch's Linear bias, kernels::add_layer_norm_forward) needs the
+// branch and the normalized shape.
+TEST(Errors, AddLayerNormResidualBias) {
+  Tensor x = zeros({2, 4}), r = zeros({2, 4});
+  EXPECT_MG_ERROR(k::add_layer_norm_forward(x, Tensor(), {4}, Tensor(), Tensor(), 1e-5, DType::f32, zeros({4})),
+                  ValueError, "add_layer_norm: a residual bias (shape [4]) needs a residual, got none");
+  EXPECT_MG_ERROR(k::add_layer_norm_forward(x, r, {4}, Tensor(), Tensor(), 1e-5, DType::f32, zeros({3})), ShapeError,
+                  "add_layer_norm: residual_bias has shape [3], expected normalized_shape [4]");
+  EXPECT_MG_ERROR(k::add_layer_norm_forward(x, r, {4}, Tensor(), Tensor(), 1e-5, DType::f32, zeros({4}, {DType::i64})),
+                  DTypeError, "add_layer_norm: residual_bias must be floating, got i64");
+  EXPECT_MG_ERROR(k::add_layer_norm_forward(x, r, {4}, Tensor(), Tensor(), 1e-5, DType::f32, fake_cuda({4})),
+                  DeviceError, "add_layer_norm");
+}
+
 TEST(Errors, FailedOpsLeaveInputsUnchanged) {
   Tensor a = T({1, 2}, {2});
   uint32_t v = a.version();

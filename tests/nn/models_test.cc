@@ -108,8 +108,8 @@ GPTConfig tiny_gpt(int64_t layers = 2, int64_t d = 32, int64_t vocab = 50, int64
   return {.vocab_size = vocab, .block_size = block, .n_layer = layers, .n_head = 4, .n_embd = d};
 }
 
-// GPT::forward leaves each residual add pending and fuses it into the next layer norm
-// (add_layer_norm) and the MLP into one node (gelu_mlp). The same model composed the plain way
+// GPT::forward leaves each residual add pending, with the c_proj bias before it, and fuses it
+// into the next layer norm (add_layer_norm) and the MLP into one node (gelu_mlp). The same model composed the plain way
 // (add, layer_norm, linear, gelu, linear) gives the same loss and gradients: in f64 on the CPU
 // the two orders of the same operations agree to a few f64 roundings of the loss's scale. With
 // some blocks checkpointed the pending add is flushed before them.
@@ -144,13 +144,15 @@ void expect_same_loss_and_grads(GPT& gpt, const Tensor& loss, const std::functio
 
 TEST(GPT, FusedResidualNormAndMlpMatchPlainComposition) {
   const char* modes[] = {"no recompute", "block 1 checkpointed", "selective, GELU only",
-                         "block 1 checkpointed, selective GELU only"};
-  for (int mode = 0; mode < 4; ++mode) {
+                         "block 1 checkpointed, selective GELU only", "blocks 0 and 1 checkpointed keeping gelu_mlp"};
+  for (int mode = 0; mode < 5; ++mode) {
     SCOPED_TRACE(modes[mode]);
     Generator g(4);
     GPT gpt(tiny_gpt(3), {DType::f64}, &g);
     if (mode == 1 || mode == 3) gpt.recompute.block_mask = {false, true, false};
-    if (mode >= 2) gpt.recompute.selective = true, gpt.recompute.selective_ops = {"gelu"};
+    if (mode == 2 || mode == 3) gpt.recompute.selective = true, gpt.recompute.selective_ops = {"gelu"};
+    // The checkpointed blocks take and return the pending branch; its c_proj bias goes along.
+    if (mode == 4) gpt.recompute.block_mask = {true, true, false}, gpt.recompute.keep_ops = {"gelu_mlp"};
     Tensor idx = randint(0, 50, {2, 8}, {DType::i64}, &g), targets = randint(0, 50, {2, 8}, {DType::i64}, &g);
     Tensor loss = GPT::loss(gpt(idx), targets);
     expect_same_loss_and_grads(gpt, loss, [&] { return plain_gpt_loss(gpt, idx, targets); });

@@ -103,11 +103,17 @@ TEST(MultiheadSelfAttention, CausalOutputIgnoresFutureTokens) {
   EXPECT_NE(full(x).narrow(1, 0, 3).to_vector<double>(), full(x2).narrow(1, 0, 3).to_vector<double>());
 }
 
-TEST(TransformerBlock, GradcheckInputAndParametersGetGradients) {
-  Generator g(13);
+// GPT-2's block at 8 channels and 2 heads.
+TransformerBlockOptions small_block() {
   TransformerBlockOptions o;
   o.n_embd = 8;
   o.n_head = 2;
+  return o;
+}
+
+TEST(TransformerBlock, GradcheckInputAndParametersGetGradients) {
+  Generator g(13);
+  TransformerBlockOptions o = small_block();
   TransformerBlock block(o, kF64, &g);
   EXPECT_EQ(block.num_parameters(), 2 * 16 + (8 * 24 + 24) + (8 * 8 + 8) + (8 * 32 + 32) + (32 * 8 + 8));
   EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& x) { return block(x[0]); },
@@ -119,10 +125,46 @@ TEST(TransformerBlock, GradcheckInputAndParametersGetGradients) {
   }
 }
 
+// The c_proj biases are left to the next residual add (add_layer_norm) only where nothing
+// comes between: the output dropouts off (p = 0, or eval mode) and the MLP the fused node.
+TEST(TransformerBlock, PendingBranchCarriesTheProjectionBiasWithoutDropout) {
+  Generator g(5);
+  TransformerBlockOptions o = small_block();
+  TransformerBlock block(o, kF64, &g);
+  Tensor x = randn({2, 3, 8}, kF64, &g);
+  auto [h, m] = block.forward_pending(x, {});
+  ASSERT_TRUE(m.bias.defined());
+  EXPECT_TRUE(m.bias.is_same(block.mlp->c_proj->bias));
+  EXPECT_TRUE(block.attn->pending_bias().is_same(block.attn->c_proj->bias));
+  // The pending pair adds up to the block's output, and to the plain composition's.
+  Tensor plain = add(x, (*block.attn)((*block.ln_1)(x)));
+  plain = add(plain, (*block.mlp)((*block.ln_2)(plain)));
+  const auto a = m.added_to(h).to_vector<double>(), b = block(x).to_vector<double>(), c = plain.to_vector<double>();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(a[i], b[i], 1e-12);
+    EXPECT_NEAR(a[i], c[i], 1e-12);  // two orders of the same f64 adds
+  }
+
+  o.dropout = 0.1;
+  TransformerBlock dropping(o, kF64, &g);
+  EXPECT_FALSE(dropping.forward_pending(x, {}).second.bias.defined());  // training: the dropout is on
+  EXPECT_FALSE(dropping.attn->pending_bias().defined());
+  dropping.eval();
+  EXPECT_TRUE(dropping.forward_pending(x, {}).second.bias.is_same(dropping.mlp->c_proj->bias));
+  EXPECT_TRUE(dropping.attn->pending_bias().is_same(dropping.attn->c_proj->bias));
+
+  o.dropout = 0.0;
+  o.gelu_approximate = "none";  // the MLP runs as its modules, c_proj with its bias
+  TransformerBlock erf(o, kF64, &g);
+  EXPECT_FALSE(erf.forward_pending(x, {}).second.bias.defined());
+  o.gelu_approximate = "tanh";
+  o.bias = false;
+  TransformerBlock unbiased(o, kF64, &g);
+  EXPECT_FALSE(unbiased.forward_pending(x, {}).second.bias.defined());
+}
+
 TEST(TransformerBlock, DropoutOnlyInTraining) {
-  TransformerBlockOptions o;
-  o.n_embd = 8;
-  o.n_head = 2;
+  TransformerBlockOptions o = small_block();
   o.dropout = 0.5;
   TransformerBlock block(o);
   Tensor x = randn({2, 4, 8});

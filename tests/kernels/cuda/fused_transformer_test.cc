@@ -1,8 +1,8 @@
 // The GPT block's fused kernels on CUDA against f64 references computed on the CPU from the
 // very (already rounded) values the device saw, at the block's own sizes:
-//   - add_layer_norm with an f32 residual stream, an f32/f16/bf16 branch and an f32/f16/bf16
-//     output (the mixed dtypes the op table, whose inputs share one dtype, cannot express),
-//     forward and backward;
+//   - add_layer_norm with an f32 residual stream, an f32/f16/bf16 branch, an f32/f16/bf16
+//     output and with or without the branch's bias (the mixed dtypes the op table, whose
+//     inputs share one dtype, cannot express), forward and backward;
 //   - gelu_mlp forward and the gradient reaching the GELU's argument (cuBLASLt's GELU and
 //     DGELU epilogues in bf16, the GEMM and GELU kernels in f32).
 // Bounds are derived per element from the roundings each path performs (see each test).
@@ -47,20 +47,28 @@ TEST_F(FusedTransformer, AddLayerNormMatchesF64ForMixedDtypes) {
   for (int64_t n : {768, 1024, 256, 100, 66}) {
     for (DType rdt : {DType::f32, DType::bf16, DType::f16}) {
       for (DType odt : {DType::bf16, DType::f16, DType::f32}) {
-        SCOPED_TRACE("n " + std::to_string(n) + " residual " + dstr(rdt) + " out " + dstr(odt));
+        // Half of the combinations add the branch's bias (a GPT-2 block's c_proj bias) too.
+        const bool with_rb = odt != DType::f32;
+        SCOPED_TRACE("n " + std::to_string(n) + " residual " + dstr(rdt) + " out " + dstr(odt) +
+                     (with_rb ? " with the residual bias" : ""));
         Generator g(static_cast<uint64_t>(n) * 7 + static_cast<uint64_t>(rdt) * 3 + static_cast<uint64_t>(odt));
         const int64_t m = n == 256 ? 5000 : 37;
         Tensor x = host({m, n}, DType::f32, g), res = host({m, n}, rdt, g);
         Tensor w = host({n}, DType::f32, g, 0.5, 1.5), b = host({n}, DType::f32, g);
+        Tensor rb = with_rb ? host({n}, DType::f32, g) : Tensor();
         Tensor gy = host({m, n}, odt, g), gh = host({m, n}, DType::f32, g);
-        auto [h, y, mean, rstd] =
-            k::add_layer_norm_forward(to_cuda(x), to_cuda(res), {n}, to_cuda(w), to_cuda(b), 1e-5, odt);
+        auto [h, y, mean, rstd] = k::add_layer_norm_forward(to_cuda(x), to_cuda(res), {n}, to_cuda(w), to_cuda(b), 1e-5,
+                                                            odt, with_rb ? to_cuda(rb) : Tensor());
         ASSERT_EQ(h.dtype(), DType::f32);
         ASSERT_EQ(y.dtype(), odt);
-        // h: one f32 addition of exact inputs, rounded once.
-        Tensor h_ref = k::add(f64(x), f64(res));
+        // h: x + res rounded once in f32; with the bias, a = x + res rounded and then a + rb
+        // rounded: within u32 |a| (1 + u32) + u32 |h|.
+        Tensor a_ref = k::add(f64(x), f64(res));
+        Tensor h_ref = with_rb ? k::add(a_ref, f64(rb)) : a_ref;
         std::vector<double> hb;
-        for (double v : values(h_ref)) hb.push_back(u32 * std::abs(v));
+        const std::vector<double> av = values(a_ref), hrv = values(h_ref);
+        for (size_t e = 0; e < av.size(); ++e)
+          hb.push_back(with_rb ? u32 * (1 + u32) * std::abs(av[e]) + u32 * std::abs(hrv[e]) : u32 * std::abs(hrv[e]));
         EXPECT_TRUE(within(f64(h), h_ref, hb));
         // y against the f64 norm of the device's own (rounded) h: the mean and variance sums
         // (row_gamma each, relative to |h| sums, i.e. about |xhat| + 1 in units of the row's
@@ -80,9 +88,12 @@ TEST_F(FusedTransformer, AddLayerNormMatchesF64ForMixedDtypes) {
         EXPECT_TRUE(within(f64(y), y_ref, yb));
 
         // Backward: grad of h = gh + layer norm backward of gy, from the device's mean/rstd.
-        auto [gx, glow, gw, gb] = k::add_layer_norm_backward(to_cuda(gy), to_cuda(gh), h, {n}, mean, rstd, to_cuda(w),
-                                                             rdt, {true, true, true, true});
+        const k::AddLayerNormGrads gr =
+            k::add_layer_norm_backward(to_cuda(gy), to_cuda(gh), h, {n}, mean, rstd, to_cuda(w), rdt, DType::f32,
+                                       {true, true, true, true, with_rb});
+        const Tensor &gx = gr.x, &glow = gr.residual, &gw = gr.weight, &gb = gr.bias;
         ASSERT_TRUE(gx.defined() && glow.defined() && gw.defined() && gb.defined());
+        ASSERT_EQ(gr.residual_bias.defined(), with_rb);
         EXPECT_EQ(gx.dtype(), DType::f32);
         EXPECT_EQ(glow.dtype(), rdt);
         auto [gx_ln, gw_ref, gb_ref] = k::layer_norm_backward(f64(gy), f64(h), {n}, f64(mean), f64(rstd), f64(w));
@@ -123,6 +134,16 @@ TEST_F(FusedTransformer, AddLayerNormMatchesF64ForMixedDtypes) {
           }
         EXPECT_TRUE(within(f64(gw), gw_ref, wb));
         EXPECT_TRUE(within(f64(gb), gb_ref, bb));
+        if (with_rb) {
+          // The residual bias's gradient: column sums of dx over the m rows, within
+          // gamma_m(f32) of the sums of |dx| plus the sum of the terms' own bounds.
+          EXPECT_EQ(gr.residual_bias.dtype(), DType::f32);
+          std::vector<double> rbb(n, 0);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j)
+              rbb[j] += gamma_k(m, DType::f32) * std::abs(gxr[i * n + j]) + dxb[i * n + j];
+          EXPECT_TRUE(within(f64(gr.residual_bias), k::sum(gx_ref, {0}), rbb));
+        }
       }
     }
   }
@@ -140,12 +161,14 @@ TEST_F(FusedTransformer, AddLayerNormWithoutResidualAndMasks) {
   // Same kernel math as layer_norm's warp-per-row kernel, then one rounding to bf16.
   EXPECT_EQ(values(y), values(raw::to_dtype(y_ref, DType::bf16)));
   Tensor gy = to_cuda(host({8, 66}, DType::bf16, g));
-  auto [gx, glow, gw, gb] =
-      k::add_layer_norm_backward(gy, Tensor(), h, {66}, mean, rstd, w, DType::bf16, {true, false, false, true});
+  const k::AddLayerNormGrads gr = k::add_layer_norm_backward(gy, Tensor(), h, {66}, mean, rstd, w, DType::bf16,
+                                                             DType::f32, {true, false, false, true, false});
+  const Tensor &gx = gr.x, &glow = gr.residual, &gw = gr.weight, &gb = gr.bias;
   EXPECT_TRUE(gx.defined());
   EXPECT_FALSE(glow.defined());
   EXPECT_FALSE(gw.defined());
   EXPECT_TRUE(gb.defined());
+  EXPECT_FALSE(gr.residual_bias.defined());
   auto [gx_ref, gw_ref, gb_ref] =
       k::layer_norm_backward(raw::to_dtype(gy, DType::f32), x, {66}, mean, rstd, w, {true, false, true});
   // The same per-row math on the same f32 values (the bf16 gradient widened exactly).
