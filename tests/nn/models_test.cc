@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "autograd/functions.h"
+#include "core/autocast.h"
 #include "core/device_runtime.h"
 #include "kernels/ops.h"
 #include "tests/error_of.h"
@@ -157,6 +158,23 @@ TEST(GPT, FusedResidualNormAndMlpMatchPlainComposition) {
     Tensor loss = GPT::loss(gpt(idx), targets);
     expect_same_loss_and_grads(gpt, loss, [&] { return plain_gpt_loss(gpt, idx, targets); });
   }
+}
+
+// Under bf16 autocast the blocks hand the f32 c_proj biases to add_layer_norm beside bf16
+// branches (on the CPU the op runs as its parts, widened to f32): every parameter, those biases
+// among them, gets an f32 gradient with no NaN or infinity.
+TEST(GPT, Bf16AutocastGivesTheProjectionBiasesF32Gradients) {
+  Generator g(6);
+  GPT gpt(tiny_gpt(2), {}, &g);
+  Tensor idx = randint(0, 50, {2, 8}, {DType::i64}, &g), targets = randint(0, 50, {2, 8}, {DType::i64}, &g);
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    gpt.forward_loss(idx, targets).backward();
+  }
+  expect_finite_grads(gpt);
+  for (auto& [name, p] : gpt.named_parameters()) EXPECT_EQ(p.grad().dtype(), DType::f32) << name;
+  auto& last = static_cast<TransformerBlock&>(*gpt.h->children().back());
+  EXPECT_TRUE(last.mlp->pending_bias().is_same(last.mlp->c_proj->bias));  // the bias went with the branch
 }
 
 // forward_loss (linear_cross_entropy: no logits) against loss(forward(idx)): the same products
