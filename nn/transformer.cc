@@ -51,6 +51,13 @@ std::pair<Tensor, Tensor> LayerNorm::forward_residual(const Tensor& x, const Ten
   return add_layer_norm(x, residual, normalized_shape, weight, bias, eps, out, residual_bias);
 }
 
+std::string LayerNorm::extra_repr() const {
+  std::ostringstream os;
+  os << shape_str(normalized_shape) << ", eps=" << eps
+     << ", elementwise_affine=" << (weight.defined() ? "true" : "false");
+  return os.str();
+}
+
 // ---------------- a pending branch ----------------
 
 Tensor PendingBranch::added_to(const Tensor& x) const {
@@ -63,13 +70,6 @@ namespace {
 // A dropout that changes its input: p > 0 in training mode.
 bool dropout_active(const Dropout& d) { return d.p > 0.0 && d.is_training(); }
 }  // namespace
-
-std::string LayerNorm::extra_repr() const {
-  std::ostringstream os;
-  os << shape_str(normalized_shape) << ", eps=" << eps
-     << ", elementwise_affine=" << (weight.defined() ? "true" : "false");
-  return os.str();
-}
 
 // ---------------- Embedding ----------------
 
@@ -209,7 +209,7 @@ Tensor MLP::pending_bias() const {
 PendingBranch MLP::forward_branch(const Tensor& x) {
   if (!pending_bias().defined()) return {forward(x), Tensor()};
   Tensor out = fused(x, false);
-  return {out, c_proj->bias};
+  return {out, c_proj->bias};  // read after fused() ran c_proj's pre-hooks (pruning may set it)
 }
 
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, TensorOptions opts, Generator* gen)
