@@ -32,6 +32,23 @@ if [ "$what" = suite ]; then
   cp "$OUT"/suite/results.json "$OUT"/suite/report.md "$OUT"/suite/index.html "$FINAL"/ 2>/dev/null
   exit $rc
 fi
+# `run.sh ab N ARGS...`: bench_models of this tree and of the staged base (tools/stage_gpu.sh,
+# MG_STAGE_BASE) in turns, N runs each with the same ARGS, each run's last MG_AB_TAIL lines
+# (default 4: the JSON result line and what precedes it) under a label naming the build.
+if [ "$what" = ab ]; then
+  shift
+  n=${1:?usage: run.sh ab N ARGS...}
+  shift
+  [ -x bin/base_bench_bench_models ] || { echo "run.sh ab: no base staged (MG_STAGE_BASE)"; exit 2; }
+  echo "this tree $(cat COMMIT 2>/dev/null), base $(cat BASE_COMMIT 2>/dev/null): bench_models $*"
+  for i in $(seq "$n"); do
+    for who in this:bench_bench_models base:base_bench_bench_models; do
+      echo "=== ${who%%:*} run $i"
+      timeout 600 "bin/${who#*:}" "$@" 2>&1 | tail -n "${MG_AB_TAIL:-4}"
+    done
+  done
+  exit 0
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 if [ "$what" = tests ] || [ "$what" = all ]; then
   for b in bin/tests_*; do

@@ -4,6 +4,7 @@
 # Then, on the device machine (device tool, carry [".stage"]):
 #   bash .stage/run.sh [tests|bench|all]      # results under $OUT
 #   bash .stage/run.sh suite [--quick]        # the benchmark suite (bench/runner): report in $OUT
+#   bash .stage/run.sh ab N ARGS...           # bench_models of this tree and of MG_STAGE_BASE in turns
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +28,23 @@ for t in $TESTS $BINS; do
   p=bazel-bin/${p/://}
   [ -x "$p" ] && cp "$p" ".stage/bin/$(echo "${t#//}" | tr '/:' '__')"
 done
+# MG_STAGE_BASE=<rev>: bench_models built from <rev> too, staged as base_bench_bench_models, so
+# that `run.sh ab` can time the change against its base in turns within one device call (the
+# card's speed moves between calls by more than a change of a few percent). The base builds in
+# a git worktree with its own Bazel output base (the shared disk cache makes it mostly hits);
+# both are removed afterwards.
+if [ -n "${MG_STAGE_BASE:-}" ]; then
+  wt=$(mktemp -d /tmp/mg_base.XXXXXX)
+  git worktree add -q --detach "$wt" "$MG_STAGE_BASE"
+  if (cd "$wt" && bazel build --jobs="${MG_JOBS:-2}" //bench:bench_models); then
+    cp "$wt/bazel-bin/bench/bench_models" .stage/bin/base_bench_bench_models
+    git rev-parse --short=12 "$MG_STAGE_BASE" > .stage/BASE_COMMIT
+  else
+    echo "stage: bench_models did not build at $MG_STAGE_BASE; no base staged"
+  fi
+  (cd "$wt" && bazel clean --expunge 2>/dev/null) || true
+  git worktree remove --force "$wt"
+fi
 # Debian's Google Benchmark is a shared library; the device image has none.
 for so in /usr/lib/x86_64-linux-gnu/libbenchmark.so.1*; do cp -L "$so" .stage/lib/ 2>/dev/null || true; done
 # CUPTI for bench_models --profile (PyTorch's wheels may not ship the toolkit's soname).
