@@ -221,18 +221,20 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, TensorOptio
   mlp = register_module("mlp", std::make_shared<MLP>(o, opts, gen));
 }
 
-std::pair<Tensor, PendingBranch> TransformerBlock::forward_pending(const Tensor& x, const PendingBranch& pending) {
+std::pair<Tensor, PendingBranch> TransformerBlock::forward_pending(const Tensor& x, const PendingBranch& pending,
+                                                                   bool mlp_bias_pending) {
   MG_CHECK(x.defined(), ValueError, "TransformerBlock: input is an undefined tensor");
   auto [h1, y1] = ln_1->forward_residual(x, pending.out, pending.bias);
   attn->run_forward_pre_hooks();  // what (*attn)(y1) would run
   const PendingBranch a = attn->forward_branch(y1);
   auto [h2, y2] = ln_2->forward_residual(h1, a.out, a.bias);
+  if (!mlp_bias_pending) return {h2, {(*mlp)(y2), Tensor()}};
   mlp->run_forward_pre_hooks();
   return {h2, mlp->forward_branch(y2)};
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {
-  auto [h, m] = forward_pending(x, {});
+  auto [h, m] = forward_pending(x, {}, false);  // one add, the MLP's bias inside its GEMM
   return m.added_to(h);
 }
 

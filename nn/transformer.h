@@ -152,9 +152,11 @@ class TransformerBlock : public Module {
   // The block with the residual stream's last add left open: given x and the previous block's
   // pending branch (empty for the first block), returns (h, m) where this block's output is
   // m.added_to(h). A stack of blocks passes (h, m) on, so each add, with the c_proj bias before
-  // it, is fused into the next layer norm (add_layer_norm) and never runs on its own;
-  // forward(x) is forward_pending(x, {}) with the add done.
-  std::pair<Tensor, PendingBranch> forward_pending(const Tensor& x, const PendingBranch& pending);
+  // it, is fused into the next layer norm (add_layer_norm) and never runs on its own. With
+  // mlp_bias_pending false the MLP adds its bias in its GEMM (m.bias undefined), for a caller
+  // that adds m at once: forward(x) is forward_pending(x, {}, false) with the add done.
+  std::pair<Tensor, PendingBranch> forward_pending(const Tensor& x, const PendingBranch& pending,
+                                                   bool mlp_bias_pending = true);
   Tensor forward_cached(const Tensor& x, KVCache& cache, size_t layer);
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<MultiheadSelfAttention> attn;

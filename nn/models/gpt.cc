@@ -127,27 +127,37 @@ Tensor GPT::hidden(const Tensor& idx) {
   const bool pass_pending = std::find(opts.keep_ops.begin(), opts.keep_ops.end(), "gelu_mlp") != opts.keep_ops.end();
   PendingBranch pending;
   const auto blocks = h->children();
+  const auto block = [&](size_t i) { return static_cast<TransformerBlock*>(blocks[i].get()); };
+  // The kept output is the pending branch only where the MLP is the fused node and nothing
+  // follows it (no dropout).
+  const auto kept_branch = [&](size_t i) {
+    return pass_pending && block(i)->mlp->gelu->approximate == "tanh" && block(i)->mlp->dropout->p == 0.0;
+  };
+  // Whether block i (ln_f for i past the last) takes the pending branch into its first norm: a
+  // checkpointed block that does not keep its MLP output adds it first, and then the MLP's bias
+  // is better added inside the GEMM before it than as an add of its own.
+  const auto takes_pending = [&](size_t i) {
+    return i == blocks.size() || !recompute.checkpointed(static_cast<int64_t>(i)) || kept_branch(i);
+  };
   for (size_t i = 0; i < blocks.size(); ++i) {
-    auto* b = static_cast<TransformerBlock*>(blocks[i].get());
+    TransformerBlock* b = block(i);
     if (static_cast<int64_t>(i) == recompute.offload_blocks) offload.reset();
-    // The kept output is the pending branch only where the MLP is the fused node and nothing
-    // follows it (no dropout).
-    const bool kept_branch = pass_pending && b->mlp->gelu->approximate == "tanh" && b->mlp->dropout->p == 0.0;
-    if (recompute.checkpointed(static_cast<int64_t>(i)) && kept_branch) {
+    const bool bias_pending = takes_pending(i + 1);
+    if (recompute.checkpointed(static_cast<int64_t>(i)) && kept_branch(i)) {
       auto out = checkpoint(
-          [b, in_bias = pending.bias](const std::vector<Tensor>& in) {
+          [b, in_bias = pending.bias, bias_pending](const std::vector<Tensor>& in) {
             b->run_forward_pre_hooks();
-            auto [hh, m] = b->forward_pending(in[0], {in[1], in_bias});
+            auto [hh, m] = b->forward_pending(in[0], {in[1], in_bias}, bias_pending);
             return std::vector<Tensor>{hh, m.out};
           },
           {x, pending.out}, opts);
-      x = out[0], pending = {out[1], b->mlp->pending_bias()};
+      x = out[0], pending = {out[1], bias_pending ? b->mlp->pending_bias() : Tensor()};
     } else if (recompute.checkpointed(static_cast<int64_t>(i))) {
       x = pending.added_to(x), pending = {};
       x = checkpoint([b](const Tensor& in) { return (*b)(in); }, x, opts);
     } else {
       b->run_forward_pre_hooks();
-      std::tie(x, pending) = b->forward_pending(x, pending);
+      std::tie(x, pending) = b->forward_pending(x, pending, bias_pending);
     }
   }
   return ln_f->forward_residual(x, pending.out, pending.bias).second;

@@ -136,6 +136,8 @@ TEST(TransformerBlock, PendingBranchCarriesTheProjectionBiasWithoutDropout) {
   ASSERT_TRUE(m.bias.defined());
   EXPECT_TRUE(m.bias.is_same(block.mlp->c_proj->bias));
   EXPECT_TRUE(block.attn->pending_bias().is_same(block.attn->c_proj->bias));
+  // Asked to, the MLP keeps its bias (forward(x) adds the branch at once, one add).
+  EXPECT_FALSE(block.forward_pending(x, {}, false).second.bias.defined());
   // The pending pair adds up to the block's output, and to the plain composition's.
   Tensor plain = add(x, (*block.attn)((*block.ln_1)(x)));
   plain = add(plain, (*block.mlp)((*block.ln_2)(plain)));
