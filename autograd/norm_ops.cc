@@ -41,6 +41,9 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
                                          const Tensor& weight, const Tensor& bias, double eps,
                                          std::optional<DType> out_dtype, const Tensor& residual_bias) {
+  // Checked here too: the plain-ops path below would add the bias to x alone.
+  MG_CHECK(!residual_bias.defined() || residual.defined(), ValueError, "add_layer_norm: a residual bias (shape ",
+           shape_str(residual_bias.sizes()), ") needs a residual, got none");
   // A policy that rebuilds layer_norm: run as the plain ops, whose layer_norm it can rebuild.
   // Any other policy (e.g. GELU only) keeps the fused kernel.
   if (autograd::recompute_hook && autograd::recompute_query && autograd::recompute_query("layer_norm")) {

@@ -4,9 +4,11 @@
 #include <cmath>
 
 #include "autograd/functions.h"
+#include "autograd/recompute.h"
 #include "kernels/ops.h"
 #include "nn/nn.h"
 #include "tests/autograd/gradcheck.h"
+#include "tests/error_of.h"
 
 namespace mg::nn {
 namespace {
@@ -37,6 +39,17 @@ TEST(LayerNormModule, GradcheckThroughModule) {
   init::normal_(ln.bias);
   EXPECT_TRUE(
       gradcheck([&](const std::vector<Tensor>& x) { return ln(x[0]); }, {randn({2, 3, 2}, kF64).requires_grad_(true)}));
+}
+
+// A residual bias goes with a residual: without one it is an error, on the fused op's path
+// and on the plain ops' path that a policy rebuilding layer norms takes.
+TEST(LayerNormModule, ResidualBiasWithoutResidualIsAnError) {
+  LayerNorm ln(4);
+  Tensor x = randn({2, 4}), b = zeros({4});
+  const std::string want = "add_layer_norm: a residual bias (shape [4]) needs a residual, got none";
+  EXPECT_EQ(testing::error_of<ValueError>([&] { ln.forward_residual(x, Tensor(), b); }), want);
+  SelectiveRecompute policy(RecomputePolicy::cheap_ops());
+  EXPECT_EQ(testing::error_of<ValueError>([&] { ln.forward_residual(x.requires_grad_(true), Tensor(), b); }), want);
 }
 
 TEST(EmbeddingModule, LooksUpRowsAndInitsStandardNormal) {
