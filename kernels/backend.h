@@ -204,8 +204,8 @@ class Backend {
 
 // The error for a cross-entropy label outside [0, classes) other than ignore_index: raised by
 // the dispatch layer (kernels/loss.cc) for the label cross_entropy_forward returns, and by a
-// backend that raises it itself (the CUDA check read later, in a DeferredIndexChecks scope), so
-// that both say the same words.
+// backend that raises it itself (CUDA's, whose check may be read at a DeferredIndexChecks
+// scope's finish()), so that both say the same words.
 [[noreturn]] inline void raise_bad_label(int64_t label, int64_t classes, int64_t ignore_index) {
   MG_THROW(IndexError, "cross_entropy: target ", label, " is out of range for ", classes, " classes (expected [0, ",
            classes - 1, "] or ignore_index ", ignore_index, ")");

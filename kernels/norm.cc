@@ -192,7 +192,7 @@ AddLayerNormGrads add_layer_norm_backward(const Tensor& grad_out, const Tensor& 
   // The residual bias's gradient: the sum's gradient summed over the rows.
   Tensor grb;
   if (mask[4]) {
-    grb = raw::view(kernels::sum(raw::reshape(gx, {s.rows, s.n}), {0}), normalized_shape);
+    grb = sum_to(gx, normalized_shape);
     if (grb.dtype() != residual_bias_dtype) grb = cast(grb, residual_bias_dtype);
   }
   // The residual's gradient is its own tensor, never an alias of grad_x's.

@@ -56,28 +56,23 @@ Tensor queue_check(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, i
   return buf;
 }
 
-// The finding of a check queued on st, read at once (the host waits for the device).
-BadIndex read_now(const Tensor& buf, cudaStream_t st) {
-  BadIndex host{};
-  MG_CUDA_CHECK(cudaMemcpyAsync(&host, buf.raw_data(), sizeof(BadIndex), cudaMemcpyDeviceToHost, st));
-  MG_CUDA_CHECK(cudaStreamSynchronize(st));
-  return host;
-}
-
 // Returns the first out-of-range value found (has_bad false when all are legal).
 bool find_bad(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, int64_t ignore, int64_t* value) {
   // Inside a CUDA graph capture the result could only be read at replay: no host check then
   // (docs/cuda_graphs.md: indices in a captured step are the caller's to keep in range).
   if (idx.numel() == 0 || mg::cuda::is_capturing(idx.device().index)) return false;
   cudaStream_t st = stream_of(idx);
-  const BadIndex found = read_now(queue_check(idx, lo, hi, use_ignore, ignore, st), st);
+  const Tensor buf = queue_check(idx, lo, hi, use_ignore, ignore, st);
+  BadIndex found{};
+  MG_CUDA_CHECK(cudaMemcpyAsync(&found, buf.raw_data(), sizeof(BadIndex), cudaMemcpyDeviceToHost, st));
+  MG_CUDA_CHECK(cudaStreamSynchronize(st));
   *value = found.value;
   return found.flag != 0;
 }
 
 // Checks idx against [lo, hi) (ignore allowed when use_ignore) and calls raise(bad value), which
-// throws. Inside a DeferredIndexChecks scope the check's finding is read at the scope's finish()
-// (cuda::defer_host_read); outside one, or with no pinned slot free, at once.
+// throws. Inside a DeferredIndexChecks scope the check's finding is read at the scope's finish(),
+// outside one at once (cuda::read_to_host).
 void check_or_defer(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, int64_t ignore,
                     std::function<void(int64_t)> raise) {
   if (idx.numel() == 0 || mg::cuda::is_capturing(idx.device().index)) return;  // as find_bad
@@ -88,9 +83,7 @@ void check_or_defer(const Tensor& idx, int64_t lo, int64_t hi, bool use_ignore, 
     std::memcpy(&found, host, sizeof found);
     if (found.flag != 0) raise(found.value);
   };
-  if (defer_host_read(buf.raw_data(), sizeof(BadIndex), idx.device().index, st, settle)) return;
-  const BadIndex found = read_now(buf, st);
-  if (found.flag != 0) raise(found.value);
+  read_to_host(buf.raw_data(), sizeof(BadIndex), idx.device().index, st, settle);
 }
 
 }  // namespace
@@ -120,13 +113,18 @@ PinnedSlots& slots() {
 }
 }  // namespace
 
-bool defer_host_read(const void* src, size_t bytes, int device, cudaStream_t st,
-                     std::function<void(const void* host)> settle) {
+void read_to_host(const void* src, size_t bytes, int device, cudaStream_t st,
+                  std::function<void(const void* host)> settle) {
+  MG_CHECK(bytes <= kDeferredReadBytes, ValueError, "read_to_host: ", bytes, " bytes, at most ", kDeferredReadBytes);
   DeferredIndexChecks* scope = DeferredIndexChecks::current();
-  MG_CHECK(bytes <= kDeferredReadBytes, ValueError, "defer_host_read: ", bytes, " bytes, at most ", kDeferredReadBytes);
-  if (scope == nullptr || mg::cuda::is_capturing(device)) return false;
+  if (scope == nullptr || slots().free.empty()) {  // read now: the host waits for st (no slots made outside a scope)
+    unsigned char now[kDeferredReadBytes];
+    MG_CUDA_CHECK(cudaMemcpyAsync(now, src, bytes, cudaMemcpyDeviceToHost, st));
+    MG_CUDA_CHECK(cudaStreamSynchronize(st));
+    settle(now);
+    return;
+  }
   PinnedSlots& ps = slots();
-  if (ps.free.empty()) return false;
   const int slot = ps.free.back();
   if (ps.event[slot] && ps.event_device[slot] != device) {
     MG_CUDA_CHECK(cudaEventDestroy(ps.event[slot]));
@@ -148,7 +146,6 @@ bool defer_host_read(const void* src, size_t bytes, int device, cudaStream_t st,
     MG_CUDA_CHECK(e);
     settle(found);
   });
-  return true;
 }
 
 }  // namespace cuda

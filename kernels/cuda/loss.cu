@@ -247,26 +247,22 @@ bool vec_rows(const void* p, int64_t C) {
   return kVec16<T> > 1 && C % kVec16<T> == 0 && (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
-// The label check's finding, `bad` (the lowest bad row, or all ones), read for the caller: the
-// bad label, or ignore_index when none. Inside a CUDA graph capture there is nothing to read yet:
-// the check is skipped (docs/cuda_graphs.md). Inside a kernels::DeferredIndexChecks scope the
-// read waits for the scope's finish(), which raises the IndexError kernels/loss.cc raises for a
-// returned label, word for word; meanwhile a bad row's loss is NaN and its gradient has no target
-// term (ce_row_backward matches no column): nothing outside the tensors is touched.
+// The label check's finding, `bad` (the lowest bad row, or all ones): a bad label raises the
+// IndexError kernels/loss.cc raises for a returned label (kernels::raise_bad_label), here at once
+// or, inside a kernels::DeferredIndexChecks scope, at the scope's finish() (cuda::read_to_host);
+// meanwhile a bad row's loss is NaN and its gradient has no target term (ce_row_backward matches
+// no column): nothing outside the tensors is touched. Inside a CUDA graph capture there is
+// nothing to read yet: the check is skipped (docs/cuda_graphs.md). Returns ignore_index: a label
+// the caller would raise for is raised here.
 int64_t label_check(const Tensor& bad, const Tensor& target, int64_t C, int64_t ignore_index, cudaStream_t st) {
   const int device = bad.device().index;
   if (mg::cuda::is_capturing(device)) return ignore_index;
-  auto settle = [target, C, ignore_index](const void* host) {
+  read_to_host(bad.raw_data(), sizeof(unsigned long long), device, st, [target, C, ignore_index](const void* host) {
     unsigned long long row;
     std::memcpy(&row, host, sizeof row);
-    if (row == ~0ULL) return;
-    raise_bad_label(read_target(target, row), C, ignore_index);
-  };
-  if (defer_host_read(bad.raw_data(), sizeof(unsigned long long), device, st, settle)) return ignore_index;
-  unsigned long long first = 0;
-  MG_CUDA_CHECK(cudaMemcpyAsync(&first, bad.raw_data(), sizeof first, cudaMemcpyDeviceToHost, st));
-  MG_CUDA_CHECK(cudaStreamSynchronize(st));
-  return first == ~0ULL ? ignore_index : read_target(target, first);
+    if (row != ~0ULL) raise_bad_label(read_target(target, row), C, ignore_index);
+  });
+  return ignore_index;
 }
 
 // The label check's buffer: all ones (unsigned max), lowered by the kernels to the first bad row.
