@@ -201,9 +201,9 @@ __device__ __forceinline__ double m_exp(double x) { return exp(x); }
 __device__ __forceinline__ float m_log(float x) { return logf(x); }
 __device__ __forceinline__ double m_log(double x) { return log(x); }
 
-// exp in the math type M for data of type T (softmax's and cross-entropy's per-element passes):
-// the fast hardware exp (a few f32 ulps) for the 16-bit types, whose inputs and results round to
-// 2^-8 / 2^-11 anyway; libm's for f32 and f64.
+// exp in the math type M for data of type T (softmax's per-element passes): the fast hardware exp
+// (a few f32 ulps) for the 16-bit types, whose inputs and results round to 2^-8 / 2^-11 anyway;
+// libm's for f32 and f64. Cross-entropy folds its shift into the exponent (RowExp, loss.cu).
 template <class T, class M>
 __device__ __forceinline__ M row_exp(M x) {
   if constexpr (mg::cuda::is_half_v<T>)

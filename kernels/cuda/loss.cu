@@ -8,6 +8,7 @@
 #include <cstring>
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
@@ -30,9 +31,34 @@ __device__ __forceinline__ MaxSum<A> merge(MaxSum<A> a, MaxSum<A> b) {
   if (m == -std::numeric_limits<A>::infinity()) return {m, a.s + b.s};
   return {m, a.s * m_exp(a.m - m) + b.s * m_exp(b.m - m)};
 }
-// The per-element exponentials use row_exp (kernels/cuda/common.cuh): __expf for f16/bf16 logits,
-// where expf's range reduction had made the one-pass kernel compute-bound.
-//
+// exp(x - m) for the per-element passes, m fixed over many x. For f16/bf16 logits the one-pass
+// kernel is bound by its instruction issue, not its traffic, so each exponential is one FFMA and
+// the SFU's ex2: 2^(x log2(e) - m log2(e)), with m log2(e) rounded once per m. That rounding puts
+// an error of at most |m| log2(e) 2^-24 into the exponent: a relative error of about |m| 2^-24 in
+// each term, the size of lse's own f32 rounding (lse >= m), far below the 2^-8 / 2^-11 the
+// gradient is written with. ptx::ex2 flushes results under 2^-126 to zero (skipping
+// ex2.approx.f32's denormal fix-up, three instructions an exponential): such a term adds nothing
+// to a sum whose largest term is 1, f16 cannot hold a gradient that small, and in bf16 it is 0
+// give or take 2^-126. f32 and f64 logits keep libm's exp of x - m.
+constexpr float kLog2e = 1.4426950408889634f;
+template <class T>
+struct RowExp {
+  using A = math_t<T>;
+  A m;  // m log2(e) for f16/bf16, m itself otherwise
+  __device__ __forceinline__ explicit RowExp(A m_) {
+    if constexpr (mg::cuda::is_half_v<T>)
+      m = m_ * kLog2e;
+    else
+      m = m_;
+  }
+  __device__ __forceinline__ A operator()(A x) const {
+    if constexpr (mg::cuda::is_half_v<T>)
+      return ptx::ex2(fmaf(x, kLog2e, -m));
+    else
+      return m_exp(x - m);
+  }
+};
+
 // V values at once: one rescale for their maximum, then V independent exponentials (where
 // pushing them one by one chains every exponential on the one before through r). Values that
 // are all -inf add nothing.
@@ -43,12 +69,13 @@ __device__ __forceinline__ void push_vec(MaxSum<A>& r, const A (&v)[V]) {
   for (int k = 1; k < V; ++k) mv = max(mv, v[k]);
   if (mv == -std::numeric_limits<A>::infinity()) return;
   if (mv > r.m) {
-    r.s = r.m == -std::numeric_limits<A>::infinity() ? A(0) : r.s * row_exp<T>(r.m - mv);
+    r.s = r.m == -std::numeric_limits<A>::infinity() ? A(0) : r.s * RowExp<T>(mv)(r.m);
     r.m = mv;
   }
-  A s = 0;
+  const RowExp<T> ex(r.m);
+  A s = ex(v[0]);
 #pragma unroll
-  for (int k = 0; k < V; ++k) s += row_exp<T>(v[k] - r.m);
+  for (int k = 1; k < V; ++k) s += ex(v[k]);
   r.s += s;
 }
 
@@ -70,8 +97,9 @@ __device__ __forceinline__ MaxSum<A> block_merge(MaxSum<A> r, A* sm, A* ss) {
 
 // One row's forward, x the row (in memory or in shared memory): thread 0 writes lse and loss (NaN
 // for a bad label, whose row is flagged in `bad`: the lowest such row wins). Every thread gets
-// the row's logsumexp.
-template <class T, int V>
+// the row's logsumexp. kSmooth: label smoothing e != 0, which also needs the row's sum (without
+// it the loss is lse - x[t], the bits of the smoothing formula at e = 0).
+template <class T, int V, bool kSmooth>
 __device__ __forceinline__ math_t<T> ce_row_forward(const T* x, int64_t row, const int64_t* target, int64_t C,
                                                     int64_t ignore_index, double e, math_t<T>* loss, math_t<T>* lse,
                                                     unsigned long long* bad) {
@@ -86,12 +114,12 @@ __device__ __forceinline__ math_t<T> ce_row_forward(const T* x, int64_t row, con
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       v[k] = load_m(p.v[k]);
-      sum_x += v[k];
+      if constexpr (kSmooth) sum_x += v[k];
     }
     push_vec<T, A, V>(r, v);
   }
   r = block_merge(r, sm, ss);
-  if (e != 0.0) sum_x = block_sum(sum_x, sx);
+  if constexpr (kSmooth) sum_x = block_sum(sum_x, sx);
   // Lane 0's: the lanes' merges pair the partial sums in different orders (the compiler's fused
   // multiply-adds round them differently), and lane 0 of every warp computes thread 0's value,
   // the one written to lse. A gradient from this l is then the one from lse.
@@ -104,27 +132,55 @@ __device__ __forceinline__ math_t<T> ce_row_forward(const T* x, int64_t row, con
     } else if (t < 0 || t >= C) {
       atomicMin(bad, static_cast<unsigned long long>(row));
       loss[row] = std::numeric_limits<A>::quiet_NaN();
-    } else {
+    } else if constexpr (kSmooth) {
       const A ea = static_cast<A>(e);
-      loss[row] = l - (A(1) - ea) * load_m(x[t]) - (e != 0.0 ? ea / static_cast<A>(C) * sum_x : A(0));
+      loss[row] = l - (A(1) - ea) * load_m(x[t]) - ea / static_cast<A>(C) * sum_x;
+    } else {
+      loss[row] = l - load_m(x[t]);
     }
   }
   return l;
 }
 
-template <class T, int V>
+template <class T, int V, bool kSmooth>
 __global__ void ce_forward_kernel(const T* logits, const int64_t* target, int64_t C, int64_t ignore_index, double e,
                                   math_t<T>* loss, math_t<T>* lse, unsigned long long* bad) {
   const int64_t row = blockIdx.x;
-  ce_row_forward<T, V>(logits + row * C, row, target, C, ignore_index, e, loss, lse, bad);
+  ce_row_forward<T, V, kSmooth>(logits + row * C, row, target, C, ignore_index, e, loss, lse, bad);
+}
+
+// coef * (softmax - target distribution) for the V values of p from column j on, into o. The
+// target's column is found once a vector, by one unsigned compare (hit, below): the vector that
+// holds it (one a row) takes the branch that subtracts at that column; the others do no compare
+// an element. A bad label hits no vector. Without smoothing, q is the softmax itself: the same
+// bits as subtracting off = 0.
+template <class T, int V, bool kSmooth>
+__device__ __forceinline__ void ce_grad_vec(const AlignedVec<T, V>& p, AlignedVec<T, V>& o, int64_t j, int64_t t,
+                                            const RowExp<T>& ex, math_t<T> c, math_t<T> off, math_t<T> hit) {
+  using A = math_t<T>;
+  const uint64_t d = static_cast<uint64_t>(t) - static_cast<uint64_t>(j);  // wraps for t < j
+  if (d >= static_cast<uint64_t>(V)) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      A q = ex(load_m(p.v[k]));
+      if constexpr (kSmooth) q -= off;
+      o.v[k] = store_m<T>(c * q);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      A q = ex(load_m(p.v[k]));
+      if constexpr (kSmooth) q -= off;
+      if (static_cast<uint64_t>(k) == d) q -= hit;
+      o.v[k] = store_m<T>(c * q);
+    }
+  }
 }
 
 // One row's gradient, x the row (in memory or in shared memory), g where it goes (x itself is
 // fine: each thread reads its elements before it writes them): coef * (softmax - target
-// distribution), 0 for an ignored row; a bad label matches no column. The target's column is
-// found once a vector (d), not by a 64-bit compare an element; subtracting no hit from the others
-// leaves their values as they were: the same bits as subtracting 0.
-template <class T, int V>
+// distribution), 0 for an ignored row.
+template <class T, int V, bool kSmooth>
 __device__ __forceinline__ void ce_row_backward(const T* x, T* g, int64_t t, math_t<T> c, math_t<T> l, int64_t C,
                                                 int64_t ignore_index, double e) {
   using A = math_t<T>;
@@ -136,30 +192,25 @@ __device__ __forceinline__ void ce_row_backward(const T* x, T* g, int64_t t, mat
       *reinterpret_cast<AlignedVec<T, V>*>(g + j) = z;
     return;
   }
-  const A off = static_cast<A>(e) / static_cast<A>(C), hit = A(1) - static_cast<A>(e);
+  const A off = kSmooth ? static_cast<A>(e) / static_cast<A>(C) : A(0);
+  const A hit = kSmooth ? A(1) - static_cast<A>(e) : A(1);
+  const RowExp<T> ex(l);
   for (int64_t j = threadIdx.x * V; j < C; j += static_cast<int64_t>(blockDim.x) * V) {
     const AlignedVec<T, V> p = *reinterpret_cast<const AlignedVec<T, V>*>(x + j);
-    const int64_t d = t - j;
-    const int dk = d >= 0 && d < V ? static_cast<int>(d) : -1;
     AlignedVec<T, V> o;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      A q = row_exp<T>(load_m(p.v[k]) - l) - off;
-      if (k == dk) q -= hit;
-      o.v[k] = store_m<T>(c * q);
-    }
+    ce_grad_vec<T, V, kSmooth>(p, o, j, t, ex, c, off, hit);
     *reinterpret_cast<AlignedVec<T, V>*>(g + j) = o;
   }
 }
 
-template <class T, int V>
+template <class T, int V, bool kSmooth>
 __global__ void ce_backward_kernel(const math_t<T>* coef, int64_t coef_stride, const T* logits, const int64_t* target,
                                    const math_t<T>* lse, int64_t C, int64_t ignore_index, double e, T* grad) {
   using A = math_t<T>;
   const int64_t row = blockIdx.x;
   const int64_t t = target[row];
   const A c = t == ignore_index ? A(0) : coef[row * coef_stride];
-  ce_row_backward<T, V>(logits + row * C, grad + row * C, t, c, lse[row], C, ignore_index, e);
+  ce_row_backward<T, V, kSmooth>(logits + row * C, grad + row * C, t, c, lse[row], C, ignore_index, e);
 }
 
 // Forward and backward of a row held in shared memory (C * sizeof(T) <= smem_row_limit, C a
@@ -169,16 +220,16 @@ __global__ void ce_backward_kernel(const math_t<T>* coef, int64_t coef_stride, c
 // above read them twice (the second read misses the L2: a block's row is 100 KB for GPT-2's
 // 50304 classes in bf16, with 264 rows in flight). Same arithmetic as the two kernels, in the
 // same order for the same block size: the same bits.
-template <class T>
+template <class T, bool kSmooth>
 __device__ __forceinline__ void ce_fused_row(const T* x, int64_t row, const int64_t* target, int64_t C,
                                              int64_t ignore_index, double e, const math_t<T>* coef, int64_t coef_stride,
                                              math_t<T>* loss, math_t<T>* lse, unsigned long long* bad, T* grad) {
   using A = math_t<T>;
   constexpr int V = kVec16<T>;
-  const A l = ce_row_forward<T, V>(x, row, target, C, ignore_index, e, loss, lse, bad);
+  const A l = ce_row_forward<T, V, kSmooth>(x, row, target, C, ignore_index, e, loss, lse, bad);
   const int64_t t = target[row];
   const A c = t == ignore_index ? A(0) : coef[row * coef_stride];
-  ce_row_backward<T, V>(x, grad + row * C, t, c, l, C, ignore_index, e);
+  ce_row_backward<T, V, kSmooth>(x, grad + row * C, t, c, l, C, ignore_index, e);
 }
 
 // Queues the cp.async copy of row `row` into dst (one commit group).
@@ -189,7 +240,7 @@ __device__ __forceinline__ void ce_load_row(const T* logits, int64_t row, int64_
 }
 
 // A row a block (f32 over 50304: one row of 201 KB fits, two do not).
-template <class T>
+template <class T, bool kSmooth>
 __global__ void ce_fused_smem_kernel(const T* logits, const int64_t* target, int64_t C, int64_t ignore_index, double e,
                                      const math_t<T>* coef, int64_t coef_stride, math_t<T>* loss, math_t<T>* lse,
                                      unsigned long long* bad, T* grad) {
@@ -198,8 +249,8 @@ __global__ void ce_fused_smem_kernel(const T* logits, const int64_t* target, int
   ce_load_row(logits, blockIdx.x, C, buf);
   ptx::cp_async_wait<0>();
   __syncthreads();
-  ce_fused_row(reinterpret_cast<const T*>(buf), blockIdx.x, target, C, ignore_index, e, coef, coef_stride, loss, lse,
-               bad, grad);
+  ce_fused_row<T, kSmooth>(reinterpret_cast<const T*>(buf), blockIdx.x, target, C, ignore_index, e, coef, coef_stride,
+                           loss, lse, bad, grad);
 }
 
 // Where two long rows fit (f16/bf16 over 50304: 2 x 100.6 KB): one block an SM walks rows blockIdx.x,
@@ -207,7 +258,7 @@ __global__ void ce_fused_smem_kernel(const T* logits, const int64_t* target, int
 // memory is never idle while the block computes. A block a row, two an SM (the kernel above),
 // ran at 0.55-0.64 of a copy on the H200 (bench_cuda_kernels, BM_CrossEntropy): both blocks of
 // an SM spent stretches computing with no load in flight.
-template <class T>
+template <class T, bool kSmooth>
 __global__ void ce_fused_pipelined_kernel(const T* logits, const int64_t* target, int64_t M, int64_t C,
                                           int64_t ignore_index, double e, const math_t<T>* coef, int64_t coef_stride,
                                           math_t<T>* loss, math_t<T>* lse, unsigned long long* bad, T* grad) {
@@ -226,8 +277,8 @@ __global__ void ce_fused_pipelined_kernel(const T* logits, const int64_t* target
       ptx::cp_async_wait<0>();
     }
     __syncthreads();
-    ce_fused_row(reinterpret_cast<const T*>(buf + (it & 1) * nv), row, target, C, ignore_index, e, coef, coef_stride,
-                 loss, lse, bad, grad);
+    ce_fused_row<T, kSmooth>(reinterpret_cast<const T*>(buf + (it & 1) * nv), row, target, C, ignore_index, e, coef,
+                             coef_stride, loss, lse, bad, grad);
     __syncthreads();  // every thread is done with this row's buffer before the next iteration refills it
   }
 }
@@ -242,6 +293,16 @@ int64_t read_target(const Tensor& target, unsigned long long row) {
 }
 
 // V when every row starts 16-byte aligned (C a multiple of V, aligned base), else 1.
+// Calls f with std::true_type when label smoothing is on, std::false_type when it is off: the
+// kernels are compiled for each (the row sum and the smoothing terms only where they are used).
+template <class F>
+void with_smoothing(double smoothing, F&& f) {
+  if (smoothing != 0.0)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
 template <class T>
 bool vec_rows(const void* p, int64_t C) {
   return kVec16<T> > 1 && C % kVec16<T> == 0 && (reinterpret_cast<uintptr_t>(p) & 15) == 0;
@@ -287,12 +348,15 @@ int64_t CudaBackend::cross_entropy_forward(const Tensor& logits, const Tensor& t
     auto* pl = static_cast<A*>(loss.raw_data());
     auto* pe = static_cast<A*>(lse.raw_data());
     const auto* pt = static_cast<const int64_t*>(target.raw_data());
-    if (vec_rows<T>(px, C))
-      ce_forward_kernel<T, kVec16<T>>
-          <<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(px, pt, C, ignore_index, smoothing, pl, pe, pbad);
-    else
-      ce_forward_kernel<T, 1>
-          <<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(px, pt, C, ignore_index, smoothing, pl, pe, pbad);
+    with_smoothing(smoothing, [&](auto smooth) {
+      constexpr bool kS = decltype(smooth)::value;
+      if (vec_rows<T>(px, C))
+        ce_forward_kernel<T, kVec16<T>, kS>
+            <<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(px, pt, C, ignore_index, smoothing, pl, pe, pbad);
+      else
+        ce_forward_kernel<T, 1, kS>
+            <<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(px, pt, C, ignore_index, smoothing, pl, pe, pbad);
+    });
   });
   MG_CUDA_CHECK_LAUNCH("cross_entropy");
   return label_check(bad, target, C, ignore_index, st);
@@ -315,12 +379,15 @@ void CudaBackend::cross_entropy_backward(const Tensor& coef, const Tensor& logit
     const auto* pc = static_cast<const A*>(coef.raw_data());
     const auto* pe = static_cast<const A*>(lse.raw_data());
     const auto* pt = static_cast<const int64_t*>(target.raw_data());
-    if (vec_rows<T>(px, C) && vec_rows<T>(pg, C))
-      ce_backward_kernel<T, kVec16<T>>
-          <<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(pc, cs, px, pt, pe, C, ignore_index, smoothing, pg);
-    else
-      ce_backward_kernel<T, 1>
-          <<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(pc, cs, px, pt, pe, C, ignore_index, smoothing, pg);
+    with_smoothing(smoothing, [&](auto smooth) {
+      constexpr bool kS = decltype(smooth)::value;
+      if (vec_rows<T>(px, C) && vec_rows<T>(pg, C))
+        ce_backward_kernel<T, kVec16<T>, kS>
+            <<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(pc, cs, px, pt, pe, C, ignore_index, smoothing, pg);
+      else
+        ce_backward_kernel<T, 1, kS>
+            <<<static_cast<unsigned>(M), threads_for(C), 0, st>>>(pc, cs, px, pt, pe, C, ignore_index, smoothing, pg);
+    });
   });
   MG_CUDA_CHECK_LAUNCH("cross_entropy_backward");
 }
@@ -353,18 +420,22 @@ int64_t CudaBackend::cross_entropy_forward_backward(const Tensor& logits, const 
     using A = math_t<T>;
     auto* pbad = static_cast<unsigned long long*>(bad.raw_data());
     // Long rows two a block (a block an SM), short ones a block each (many blocks an SM).
-    if (row_bytes >= 32 * 1024 && 2 * row_bytes <= smem_row_limit(logits.device().index)) {
-      const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(M, sm_count(logits.device())));
-      allow_smem(ce_fused_pipelined_kernel<T>, 2 * row_bytes);
-      ce_fused_pipelined_kernel<T><<<blocks, threads_for(C), 2 * row_bytes, st>>>(
-          data_as<const T>(logits), data_as<const int64_t>(target), M, C, ignore_index, smoothing,
-          data_as<const A>(coef), cs, data_as<A>(loss), data_as<A>(lse), pbad, data_as<T>(grad));
-    } else {
-      allow_smem(ce_fused_smem_kernel<T>, row_bytes);
-      ce_fused_smem_kernel<T><<<static_cast<unsigned>(M), threads_for(C), row_bytes, st>>>(
-          data_as<const T>(logits), data_as<const int64_t>(target), C, ignore_index, smoothing, data_as<const A>(coef),
-          cs, data_as<A>(loss), data_as<A>(lse), pbad, data_as<T>(grad));
-    }
+    const bool pipelined = row_bytes >= 32 * 1024 && 2 * row_bytes <= smem_row_limit(logits.device().index);
+    with_smoothing(smoothing, [&](auto smooth) {
+      constexpr bool kS = decltype(smooth)::value;
+      if (pipelined) {
+        const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(M, sm_count(logits.device())));
+        allow_smem(ce_fused_pipelined_kernel<T, kS>, 2 * row_bytes);
+        ce_fused_pipelined_kernel<T, kS><<<blocks, threads_for(C), 2 * row_bytes, st>>>(
+            data_as<const T>(logits), data_as<const int64_t>(target), M, C, ignore_index, smoothing,
+            data_as<const A>(coef), cs, data_as<A>(loss), data_as<A>(lse), pbad, data_as<T>(grad));
+      } else {
+        allow_smem(ce_fused_smem_kernel<T, kS>, row_bytes);
+        ce_fused_smem_kernel<T, kS><<<static_cast<unsigned>(M), threads_for(C), row_bytes, st>>>(
+            data_as<const T>(logits), data_as<const int64_t>(target), C, ignore_index, smoothing,
+            data_as<const A>(coef), cs, data_as<A>(loss), data_as<A>(lse), pbad, data_as<T>(grad));
+      }
+    });
   });
   MG_CUDA_CHECK_LAUNCH("cross_entropy");
   return label_check(bad, target, C, ignore_index, st);
