@@ -14,6 +14,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda/dtype_cuda.cuh"
 #include "core/device_runtime.h"
+#include "kernels/cuda/mma_ptx.cuh"
 #include "core/tensor.h"
 
 namespace mg::kernels::cuda {
@@ -201,16 +202,34 @@ __device__ __forceinline__ double m_exp(double x) { return exp(x); }
 __device__ __forceinline__ float m_log(float x) { return logf(x); }
 __device__ __forceinline__ double m_log(double x) { return log(x); }
 
-// exp in the math type M for data of type T (softmax's per-element passes): the fast hardware exp
-// (a few f32 ulps) for the 16-bit types, whose inputs and results round to 2^-8 / 2^-11 anyway;
-// libm's for f32 and f64. Cross-entropy folds its shift into the exponent (RowExp, loss.cu).
-template <class T, class M>
-__device__ __forceinline__ M row_exp(M x) {
-  if constexpr (mg::cuda::is_half_v<T>)
-    return __expf(x);
-  else
-    return m_exp(x);
-}
+// exp(x - m) for a row's per-element passes (softmax, cross-entropy), m fixed over many x. For
+// f16/bf16 data these kernels are bound by instruction issue as much as by traffic, so each
+// exponential is one FFMA and the SFU's ex2: 2^(x log2(e) - m log2(e)), with m log2(e) rounded
+// once per m. That rounding puts at most |m| log2(e) 2^-24 into the exponent: a relative error of
+// about |m| 2^-24 in each term, the size of f32's own rounding of m (a logsumexp >= m carries it
+// too), far below the 2^-8 / 2^-11 the 16-bit results are written with. ptx::ex2 flushes results
+// under 2^-126 to zero (skipping the denormal fix-up of ex2.approx.f32, which __expf compiles to:
+// three instructions an exponential): such a term adds nothing to a sum whose largest term is 1,
+// f16 cannot hold a value that small, and in bf16 it is 0 give or take 2^-126. -inf gives 0, and
+// inf - inf NaN, as exp(x - m) does. f32 and f64 data keep libm's exp of x - m.
+constexpr float kLog2e = 1.4426950408889634f;
+template <class T>
+struct RowExp {
+  using A = math_t<T>;
+  A m;  // m log2(e) for f16/bf16, m itself otherwise
+  __device__ __forceinline__ explicit RowExp(A m_) {
+    if constexpr (mg::cuda::is_half_v<T>)
+      m = m_ * kLog2e;
+    else
+      m = m_;
+  }
+  __device__ __forceinline__ A operator()(A x) const {
+    if constexpr (mg::cuda::is_half_v<T>)
+      return ptx::ex2(fmaf(x, kLog2e, -m));
+    else
+      return m_exp(x - m);
+  }
+};
 __device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
 __device__ __forceinline__ float m_erf(float x) { return erff(x); }

@@ -31,34 +31,10 @@ __device__ __forceinline__ MaxSum<A> merge(MaxSum<A> a, MaxSum<A> b) {
   if (m == -std::numeric_limits<A>::infinity()) return {m, a.s + b.s};
   return {m, a.s * m_exp(a.m - m) + b.s * m_exp(b.m - m)};
 }
-// exp(x - m) for the per-element passes, m fixed over many x. For f16/bf16 logits the one-pass
-// kernel is bound by its instruction issue, not its traffic, so each exponential is one FFMA and
-// the SFU's ex2: 2^(x log2(e) - m log2(e)), with m log2(e) rounded once per m. That rounding puts
-// an error of at most |m| log2(e) 2^-24 into the exponent: a relative error of about |m| 2^-24 in
-// each term, the size of lse's own f32 rounding (lse >= m), far below the 2^-8 / 2^-11 the
-// gradient is written with. ptx::ex2 flushes results under 2^-126 to zero (skipping
-// ex2.approx.f32's denormal fix-up, three instructions an exponential): such a term adds nothing
-// to a sum whose largest term is 1, f16 cannot hold a gradient that small, and in bf16 it is 0
-// give or take 2^-126. f32 and f64 logits keep libm's exp of x - m.
-constexpr float kLog2e = 1.4426950408889634f;
-template <class T>
-struct RowExp {
-  using A = math_t<T>;
-  A m;  // m log2(e) for f16/bf16, m itself otherwise
-  __device__ __forceinline__ explicit RowExp(A m_) {
-    if constexpr (mg::cuda::is_half_v<T>)
-      m = m_ * kLog2e;
-    else
-      m = m_;
-  }
-  __device__ __forceinline__ A operator()(A x) const {
-    if constexpr (mg::cuda::is_half_v<T>)
-      return ptx::ex2(fmaf(x, kLog2e, -m));
-    else
-      return m_exp(x - m);
-  }
-};
 
+// The per-element exponentials are RowExp's (kernels/cuda/common.cuh): one FFMA and the SFU's ex2
+// for f16/bf16 logits, where the one-pass kernel is bound by its instructions, not its traffic.
+//
 // V values at once: one rescale for their maximum, then V independent exponentials (where
 // pushing them one by one chains every exponential on the one before through r). Values that
 // are all -inf add nothing.

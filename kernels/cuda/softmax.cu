@@ -30,9 +30,10 @@ __device__ __forceinline__ M fix_max(M mx) {
   return isinf(mx) ? (mx > M(0) ? mx : M(0)) : mx;
 }
 
+// ex is RowExp<T>(mx): exp(x - mx).
 template <class T, class M>
-__device__ __forceinline__ T softmax_out(M x, M mx, M inv_or_logs, bool log) {
-  return log ? store_m<T>((x - mx) - inv_or_logs) : store_m<T>(row_exp<T>(x - mx) * inv_or_logs);
+__device__ __forceinline__ T softmax_out(M x, M mx, const RowExp<T>& ex, M inv_or_logs, bool log) {
+  return log ? store_m<T>((x - mx) - inv_or_logs) : store_m<T>(ex(x) * inv_or_logs);
 }
 
 // The last pass over a row shared by blockDim.x threads: y = softmax_out(x) from the row's
@@ -40,11 +41,12 @@ __device__ __forceinline__ T softmax_out(M x, M mx, M inv_or_logs, bool log) {
 template <int V, class T, class M>
 __device__ __forceinline__ void write_row(const AlignedVec<T, V>* xv, AlignedVec<T, V>* yv, int64_t nv, M mx, M c,
                                           bool log) {
+  const RowExp<T> ex(mx);
   for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
     const AlignedVec<T, V> v = xv[i];
     AlignedVec<T, V> o;
 #pragma unroll
-    for (int k = 0; k < V; ++k) o.v[k] = softmax_out<T>(load_m(v.v[k]), mx, c, log);
+    for (int k = 0; k < V; ++k) o.v[k] = softmax_out<T>(load_m(v.v[k]), mx, ex, c, log);
     yv[i] = o;
   }
 }
@@ -67,11 +69,12 @@ __device__ __forceinline__ void softmax_row(const T* x, T* y, int64_t K, bool lo
     }
   }
   mx = fix_max(warp_max(mx));
+  const RowExp<T> ex(mx);
   M s = 0;
   for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
     const Vec v = xv[i];
 #pragma unroll
-    for (int k = 0; k < V; ++k) s += row_exp<T>(load_m(v.v[k]) - mx);
+    for (int k = 0; k < V; ++k) s += ex(load_m(v.v[k]));
   }
   s = warp_sum(s);
   write_row<V>(xv, yv, nv, mx, log ? m_log(s) : M(1) / s, log);
@@ -100,13 +103,14 @@ __device__ __forceinline__ void softmax_row_regs(const T* x, T* y, int64_t K, bo
         mx = e > mx ? e : mx;
       }
   mx = fix_max(warp_max(mx));
+  const RowExp<T> ex(mx);
   M s = 0;
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
     if (lane + 32 * j < nv) {
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const M e = row_exp<T>(unpack_m(row[j], k) - mx);
+        const M e = ex(unpack_m(row[j], k));
         s += e;
         if constexpr (kKeepExp)
           if (!log) row[j].v[k] = e;
@@ -123,7 +127,7 @@ __device__ __forceinline__ void softmax_row_regs(const T* x, T* y, int64_t K, bo
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const M v = unpack_m(row[j], k);
-        o.v[k] = log ? store_m<T>((v - mx) - c) : store_m<T>((kKeepExp ? v : row_exp<T>(v - mx)) * c);
+        o.v[k] = log ? store_m<T>((v - mx) - c) : store_m<T>((kKeepExp ? v : ex(v)) * c);
       }
       yv[i] = o;
     }
@@ -154,10 +158,11 @@ __device__ __forceinline__ void softmax_row_online(const T* x, T* y, int64_t K, 
     const M m = vmax > mx ? vmax : mx;
     if (m != kNegInf) {
       // One rescale a vector, then its V terms (independent exps, no per-element branch).
+      const RowExp<T> ex(m);
       M add = 0;
 #pragma unroll
-      for (int k = 0; k < V; ++k) add += row_exp<T>(e[k] - m);  // -inf adds 0; NaN, or +inf twice, NaN
-      s = (mx == kNegInf ? M(0) : s * row_exp<T>(mx - m)) + add;
+      for (int k = 0; k < V; ++k) add += ex(e[k]);  // -inf adds 0; NaN, or +inf twice, NaN
+      s = (mx == kNegInf ? M(0) : s * ex(mx)) + add;
       mx = m;
     } else {
 #pragma unroll
@@ -166,7 +171,7 @@ __device__ __forceinline__ void softmax_row_online(const T* x, T* y, int64_t K, 
     }
   }
   const M row_mx = fix_max(block_max(mx, shm, kNegInf));
-  s = block_sum(mx == kNegInf ? s : s * row_exp<T>(mx - row_mx), shm);  // s is 0 or NaN there
+  s = block_sum(mx == kNegInf ? s : s * RowExp<T>(row_mx)(mx), shm);  // s is 0 or NaN there
   write_row<V>(xv, yv, nv, row_mx, log ? m_log(s) : M(1) / s, log);
 }
 
@@ -174,9 +179,13 @@ __device__ __forceinline__ bool aligned16(const void* p, const void* q) {
   return ((reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(q)) & 15) == 0;
 }
 
-// Rows up to 1024 elements: blockDim = (32, ty), a warp per row.
+// Rows up to 1024 elements: blockDim = (32, 8), a warp per row. The bounds keep f16/bf16 at 32
+// registers a lane (their rows stay packed), so eight blocks, all 64 warps, fit an SM: left free,
+// ptxas took 36-40 around the exponentials and six fitted. f32 (53) and f64 (80) keep the blocks
+// an SM they had.
 template <class T>
-__global__ void softmax_warp_rows_kernel(const T* a, T* out, OffsetCalc<2> oc, int64_t rows, int64_t K, bool log) {
+__global__ void __launch_bounds__(256, mg::cuda::is_half_v<T> ? 8 : 3)
+    softmax_warp_rows_kernel(const T* a, T* out, OffsetCalc<2> oc, int64_t rows, int64_t K, bool log) {
   using M = math_t<T>;
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.y) + threadIdx.y;
   if (row >= rows) return;  // whole warps only
@@ -258,10 +267,11 @@ __global__ void softmax_cols_kernel(const T* a, T* out, OffsetCalc<2> oc, int64_
       mx = v > mx ? v : mx;
     }
     mx = fix_max(mx);
+    const RowExp<T> ex(mx);
     M s = 0;
-    for (int64_t j = 0; j < K; ++j) s += row_exp<T>(load_m(x[j * sa]) - mx);
+    for (int64_t j = 0; j < K; ++j) s += ex(load_m(x[j * sa]));
     const M c = log ? m_log(s) : M(1) / s;
-    for (int64_t j = 0; j < K; ++j) y[j * so] = softmax_out<T>(load_m(x[j * sa]), mx, c, log);
+    for (int64_t j = 0; j < K; ++j) y[j * so] = softmax_out<T>(load_m(x[j * sa]), mx, ex, c, log);
   }
 }
 

@@ -653,6 +653,80 @@ TEST_F(CudaParity, CrossEntropyMaskedLogits) {
   }
 }
 
+// The one-pass cross-entropy against an f64 reference from the same rounded logits, with bounds
+// derived from each rounding, at lengths that take the shared-memory kernels (1000 classes, and
+// GPT-2's 50304: two rows a block in f16/bf16): the target in every lane of a 16-byte vector (the
+// gradient subtracts it in the one vector that holds it), at the row's first and last column, an
+// ignored row, a per-row coefficient, with and without label smoothing.
+TEST_F(CudaParity, CrossEntropyForwardBackwardMatchesF64) {
+  const auto host_doubles = [](const Tensor& t) {
+    return raw::to_device(k::cast(t, DType::f64), Device::cpu()).to_vector<double>();
+  };
+  for (DType dt : {DType::f32, DType::f16, DType::bf16})
+    for (int64_t C : {int64_t{1000}, int64_t{50304}})
+      for (double e : {0.0, 0.1}) {
+        const int64_t M = 24;
+        const Tensor logits = host({M, C}, dt, g, -8, 8);
+        const std::vector<double> x = raw::to_dtype(logits, DType::f64).to_vector<double>();
+        std::vector<int64_t> labels(M);
+        std::vector<double> coefs(M);
+        for (int64_t r = 0; r < M; ++r) {
+          labels[r] = r == 0 ? 0 : r == 1 ? C - 1 : r == 5 ? -100 : 8 * ((r * 37) % (C / 8)) + r % 8;
+          coefs[r] = 0.25 * static_cast<double>(r % 7) - 0.75;
+        }
+        const Tensor coef = to_cuda(from_vector<float>(std::vector<float>(coefs.begin(), coefs.end()), {M}));
+        const Tensor t = to_cuda(from_vector<int64_t>(labels, {M}));
+        const Tensor grad = empty({M, C}, {dt, Device::cuda(0)});
+        auto [loss, lse] = k::cross_entropy_forward_backward(to_cuda(logits), t, -100, e, coef, grad);
+        const std::vector<double> gl = host_doubles(loss), ge = host_doubles(lse), gg = host_doubles(grad);
+        const double u = unit_roundoff(DType::f32), ud = unit_roundoff(dt), sum_bound = gamma_k(C, DType::f32);
+        const double sub_half_spacing = std::ldexp(1.0, dt == DType::f16 ? -25 : dt == DType::bf16 ? -134 : -150);
+        const std::string what = dstr(dt) + " C=" + std::to_string(C) + " e=" + std::to_string(e);
+        for (int64_t r = 0; r < M; ++r) {
+          const double* xr = x.data() + r * C;
+          double m = xr[0], s = 0, sx = 0, ax = 0;
+          for (int64_t j = 0; j < C; ++j) m = std::max(m, xr[j]);
+          for (int64_t j = 0; j < C; ++j) s += std::exp(xr[j] - m), sx += xr[j], ax += std::abs(xr[j]);
+          const double l = m + std::log(s);
+          // lse: the f32 sum of C terms in the kernel's order (gamma_C relative); each term's exp off
+          // by its argument's rounding (u (2 |m| + |x|), ln 2 and log2 e folded in) and the fast
+          // exp's (a few u), once for the term and once for each rescale of a running sum (at most
+          // one a vector a thread, 13 over 50304, and one a merge, 9): 64 u (|m| + |lse| + 4) in
+          // all; then the log's few ulps of the result.
+          const double lse_bound = sum_bound + 64 * u * (std::abs(m) + std::abs(l) + 4) + 4 * u * std::abs(l);
+          EXPECT_NEAR(ge[r], l, lse_bound) << what << " lse row " << r;
+          const int64_t tr = labels[r];
+          if (tr == -100) {
+            EXPECT_EQ(gl[r], 0.0) << what << " ignored row " << r;
+          } else {
+            const double ref = l - (1 - e) * xr[tr] - e / static_cast<double>(C) * sx;
+            // lse's error, plus f32 roundings of the two terms (the smoothing sum: gamma_C of sum |x|).
+            const double bound = lse_bound + 4 * u * (std::abs(l) + std::abs(xr[tr])) + e / C * sum_bound * ax;
+            EXPECT_NEAR(gl[r], ref, bound) << what << " loss row " << r;
+          }
+          // The gradient from the kernel's own lse (its error is bounded above): c (p - e / C - (1 -
+          // e) [j = t]) with p = exp(x - lse) good to the exp's argument rounding and the fast exp
+          // (16 u (|x| + |lse| + 2)), the f32 arithmetic after it (4 u of the terms; a p under
+          // 2^-126 may be flushed to 0), then the rounding to dt: ud of the result, or half the
+          // subnormal spacing below dt's normal range.
+          const double c = tr == -100 ? 0.0 : static_cast<double>(static_cast<float>(coefs[r]));
+          for (int64_t j = 0; j < C; ++j) {
+            const double p = std::exp(xr[j] - ge[r]), hit = j == tr ? 1 - e : 0.0;
+            const double ref = c * (p - e / static_cast<double>(C) - hit);
+            const double terms = std::abs(c) * (p + e / static_cast<double>(C) + hit);
+            const double pre = std::abs(c) * p * 16 * u * (std::abs(xr[j]) + std::abs(ge[r]) + 2) + 4 * u * terms +
+                               std::abs(c) * std::ldexp(1.0, -126);
+            const double bound = pre + ud * (std::abs(ref) + pre) + sub_half_spacing;
+            if (std::abs(gg[r * C + j] - ref) > bound) {
+              ADD_FAILURE() << what << " grad row " << r << " col " << j << " (target " << tr << "): " << gg[r * C + j]
+                            << " vs " << ref << " bound " << bound;
+              break;
+            }
+          }
+        }
+      }
+}
+
 TEST_F(CudaParity, SoftmaxLongRowsEachPath) {
   // Rows past 1024 elements take one of three paths: the row copied to shared memory (up to
   // the opt-in limit, 227 KiB on sm_90: 50304 in every dtype), read twice from memory past it
