@@ -203,13 +203,13 @@ Tensor MLP::fused(const Tensor& x, bool with_bias) {
 }
 
 Tensor MLP::pending_bias() const {
-  return gelu->approximate != "tanh" || dropout_active(*dropout) ? Tensor() : c_proj->bias;
+  const bool folds = gelu->approximate == "tanh" && !dropout_active(*dropout) && !c_proj->has_forward_pre_hooks();
+  return folds ? c_proj->bias : Tensor();
 }
 
 PendingBranch MLP::forward_branch(const Tensor& x) {
   if (!pending_bias().defined()) return {forward(x), Tensor()};
-  Tensor out = fused(x, false);
-  return {out, c_proj->bias};  // read after fused() ran c_proj's pre-hooks (pruning may set it)
+  return {fused(x, false), c_proj->bias};
 }
 
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, TensorOptions opts, Generator* gen)
