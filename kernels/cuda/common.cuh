@@ -203,33 +203,29 @@ __device__ __forceinline__ float m_log(float x) { return logf(x); }
 __device__ __forceinline__ double m_log(double x) { return log(x); }
 
 // exp(x - m) for a row's per-element passes (softmax, cross-entropy), m fixed over many x. For
-// f16/bf16 data these kernels are bound by instruction issue as much as by traffic, so each
-// exponential is one FFMA and the SFU's ex2: 2^(x log2(e) - m log2(e)), with m log2(e) rounded
-// once per m. That rounding puts at most |m| log2(e) 2^-24 into the exponent: a relative error of
-// about |m| 2^-24 in each term, the size of f32's own rounding of m (a logsumexp >= m carries it
-// too), far below the 2^-8 / 2^-11 the 16-bit results are written with. ptx::ex2 flushes results
-// under 2^-126 to zero (skipping the denormal fix-up of ex2.approx.f32, which __expf compiles to:
-// three instructions an exponential): such a term adds nothing to a sum whose largest term is 1,
-// f16 cannot hold a value that small, and in bf16 it is 0 give or take 2^-126. -inf gives 0, and
-// inf - inf NaN, as exp(x - m) does. f32 and f64 data keep libm's exp of x - m.
+// f16/bf16 data these kernels are bound by instruction issue as much as by traffic, so it is the
+// SFU's ex2 of (x - m) log2(e) with results under 2^-126 flushed to zero (ex2.approx.ftz):
+// __expf compiles to ex2.approx.f32, whose denormal fix-up is three more instructions an
+// exponential. A flushed term adds nothing to a sum whose largest term is 1, f16 cannot hold a
+// value that small, and in bf16 it is 0 give or take 2^-126. x - m is exact near the maximum
+// (Sterbenz), as before; folding m log2(e) into an FFMA would save one more instruction but
+// round m log2(e): an absolute error of |m| 2^-24 that log_softmax's small outputs (x - m - log s)
+// would carry, and an overflow for bf16 logits past 2^127 / log2(e). -inf gives 0, inf - inf NaN,
+// as exp(x - m) does. f32 and f64 data keep libm's exp of x - m.
 constexpr float kLog2e = 1.4426950408889634f;
 template <class T>
 struct RowExp {
   using A = math_t<T>;
-  A m;  // m log2(e) for f16/bf16, m itself otherwise
-  __device__ __forceinline__ explicit RowExp(A m_) {
-    if constexpr (mg::cuda::is_half_v<T>)
-      m = m_ * kLog2e;
-    else
-      m = m_;
-  }
+  A m;
+  __device__ __forceinline__ explicit RowExp(A m_) : m(m_) {}
   __device__ __forceinline__ A operator()(A x) const {
     if constexpr (mg::cuda::is_half_v<T>)
-      return ptx::ex2(fmaf(x, kLog2e, -m));
+      return ptx::ex2((x - m) * kLog2e);
     else
       return m_exp(x - m);
   }
 };
+
 __device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
 __device__ __forceinline__ float m_erf(float x) { return erff(x); }

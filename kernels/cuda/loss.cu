@@ -32,8 +32,9 @@ __device__ __forceinline__ MaxSum<A> merge(MaxSum<A> a, MaxSum<A> b) {
   return {m, a.s * m_exp(a.m - m) + b.s * m_exp(b.m - m)};
 }
 
-// The per-element exponentials are RowExp's (kernels/cuda/common.cuh): one FFMA and the SFU's ex2
-// for f16/bf16 logits, where the one-pass kernel is bound by its instructions, not its traffic.
+// The per-element exponentials are RowExp's (kernels/cuda/common.cuh): the SFU's ex2 with no
+// denormal fix-up for f16/bf16 logits, where the one-pass kernel is bound by its instructions, not
+// its traffic.
 //
 // V values at once: one rescale for their maximum, then V independent exponentials (where
 // pushing them one by one chains every exponential on the one before through r). Values that
