@@ -641,8 +641,8 @@ bool CudaBackend::fused_add_layer_norm_backward(const Tensor& grad_out, const Te
   // Rows of 256, 512, 768 or 1024 elements: one kernel for dx and the parameters' partial sums.
   const int kg = vec && n % 128 == 0 ? static_cast<int>(n / 128) : 0;
   const bool fused = (kg == 2 || kg == 4 || kg == 6 || kg == 8) && (grad_x.defined() || grad_x_low.defined());
-  // The residual bias's gradient comes only from the fused kernel's pass; elsewhere the caller
-  // composes the whole backward.
+  // The residual bias's gradient comes only from the fused kernel's pass; for other widths the
+  // caller runs this without it and sums the f32 dx by columns (kernels/norm.cc).
   if (grad_residual_bias.defined() && !fused) return false;
   const bool branch_bias = grad_residual_bias.defined();
   const bool params = grad_weight.defined() || grad_bias.defined() || branch_bias;
