@@ -191,7 +191,9 @@ AddLayerNormGrads add_layer_norm_backward(const Tensor& grad_out, const Tensor& 
     if (fused(gx, grb)) return result();
     // A backend that sums the residual bias's gradient only in a one-pass kernel, which this width
     // does not take (CUDA: rows other than 256-1024 elements): the rest of the backward without it,
-    // into an f32 gradient of the sum, and the bias's gradient as that gradient's column sums.
+    // into a gradient of the sum (allocated here if the caller did not ask for it), and the bias's
+    // gradient as that gradient's column sums. A backend with no fused backward at all (the CPU)
+    // declines again, and the composition below runs.
     if (mask[4]) {
       const Tensor dx = gx.defined() ? gx : empty({s.rows, s.n}, o);
       if (fused(dx, Tensor())) {

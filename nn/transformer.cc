@@ -203,7 +203,7 @@ Tensor MLP::fused(const Tensor& x, bool with_bias) {
 }
 
 Tensor MLP::pending_bias() const {
-  const bool folds = gelu->approximate == "tanh" && !dropout_active(*dropout) && !c_proj->has_forward_pre_hooks();
+  const bool folds = gelu->approximate == "tanh" && !dropout_active(*dropout) && !c_proj->is_parameter_derived("bias");
   return folds ? c_proj->bias : Tensor();
 }
 

@@ -132,11 +132,12 @@ class MLP : public Module {
   MLP(const TransformerBlockOptions& o, TensorOptions opts = {}, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
   // forward(x) with c_proj's bias left for the residual add (PendingBranch) where the MLP is the
-  // fused gelu_mlp node (GELU "tanh") with a c_proj bias, the dropout off and no pre-hook on
-  // c_proj: the bias leaves the block (into the next one, perhaps across a checkpoint region's
-  // edge), so it must be the parameter itself. A bias a pre-hook makes (pruning's bias_orig *
-  // mask) would be made inside a checkpointed block's forward without grad, and reach the next
-  // norm with no history: it stays in the GEMM.
+  // fused gelu_mlp node (GELU "tanh") with a c_proj bias, the dropout off and the bias not a
+  // derived parameter: the bias leaves the block (into the next one, perhaps across a checkpoint
+  // region's edge), so it must be the parameter itself. A derived bias (pruning's bias_orig *
+  // mask, made by c_proj's pre-hook) would be made inside a checkpointed block's forward without
+  // grad, and reach the next norm with no history: it stays in the GEMM. (A pruned weight does
+  // not stop the fold.)
   PendingBranch forward_branch(const Tensor& x);
   // The bias forward_branch leaves out now, or an undefined tensor.
   Tensor pending_bias() const;

@@ -207,11 +207,12 @@ __device__ __forceinline__ double m_log(double x) { return log(x); }
 // SFU's ex2 of (x - m) log2(e) with results under 2^-126 flushed to zero (ex2.approx.ftz):
 // __expf compiles to ex2.approx.f32, whose denormal fix-up is three more instructions an
 // exponential. A flushed term adds nothing to a sum whose largest term is 1, f16 cannot hold a
-// value that small, and in bf16 it is 0 give or take 2^-126. x - m is exact near the maximum
-// (Sterbenz), as before; folding m log2(e) into an FFMA would save one more instruction but
-// round m log2(e): an absolute error of |m| 2^-24 that log_softmax's small outputs (x - m - log s)
-// would carry, and an overflow for bf16 logits past 2^127 / log2(e). -inf gives 0, inf - inf NaN,
-// as exp(x - m) does. f32 and f64 data keep libm's exp of x - m.
+// value that small, and in bf16 it is 0 give or take 2^-126. x - m rounds once, to at most
+// 2^-24 |x - m| (exact for x near a row maximum m, by Sterbenz), as __expf(x - m) had it.
+// Folding m log2(e) into an FFMA would save one more instruction but round m log2(e): an
+// absolute error of |m| 2^-24 that log_softmax's small outputs (x - m - log s) would carry, and
+// an overflow for bf16 logits past 2^127 / log2(e). -inf gives 0, inf - inf NaN, as exp(x - m)
+// does. f32 and f64 data keep libm's exp of x - m.
 constexpr float kLog2e = 1.4426950408889634f;
 template <class T>
 struct RowExp {

@@ -142,22 +142,27 @@ Tensor GPT::hidden(const Tensor& idx) {
   for (size_t i = 0; i < blocks.size(); ++i) {
     TransformerBlock* b = block(i);
     if (static_cast<int64_t>(i) == recompute.offload_blocks) offload.reset();
-    const bool bias_pending = takes_pending(i + 1);
     if (recompute.checkpointed(static_cast<int64_t>(i)) && kept_branch(i)) {
+      // Decided once, here: the region's forward and its replay in backward must leave the same
+      // bias pending as the caller adds to the next norm, the parameter itself.
+      const Tensor out_bias = takes_pending(i + 1) ? b->mlp->pending_bias() : Tensor();
       auto out = checkpoint(
-          [b, in_bias = pending.bias, bias_pending](const std::vector<Tensor>& in) {
+          [b, in_bias = pending.bias, fold = out_bias.defined()](const std::vector<Tensor>& in) {
             b->run_forward_pre_hooks();
-            auto [hh, m] = b->forward_pending(in[0], {in[1], in_bias}, bias_pending);
+            auto [hh, m] = b->forward_pending(in[0], {in[1], in_bias}, fold);
+            MG_CHECK(m.bias.defined() == fold, ValueError, "GPT: block's MLP bias was ", fold ? "" : "not ",
+                     "left to the next layer norm when this checkpointed block was decided, but is ",
+                     fold ? "not " : "", "now (its c_proj was pruned or changed between the forward and its replay)");
             return std::vector<Tensor>{hh, m.out};
           },
           {x, pending.out}, opts);
-      x = out[0], pending = {out[1], bias_pending ? b->mlp->pending_bias() : Tensor()};
+      x = out[0], pending = {out[1], out_bias};
     } else if (recompute.checkpointed(static_cast<int64_t>(i))) {
       x = pending.added_to(x), pending = {};
       x = checkpoint([b](const Tensor& in) { return (*b)(in); }, x, opts);
     } else {
       b->run_forward_pre_hooks();
-      std::tie(x, pending) = b->forward_pending(x, pending, bias_pending);
+      std::tie(x, pending) = b->forward_pending(x, pending, takes_pending(i + 1));
     }
   }
   return ln_f->forward_residual(x, pending.out, pending.bias).second;

@@ -150,9 +150,10 @@ TEST(GPT, FusedResidualNormAndMlpMatchPlainComposition) {
                          "selective, GELU only",
                          "block 1 checkpointed, selective GELU only",
                          "blocks 0 and 1 checkpointed keeping gelu_mlp",
-                         "the same with every MLP's c_proj bias pruned",
-                         "the same, pruned and not checkpointed"};
-  for (int mode = 0; mode < 7; ++mode) {
+                         "the same with every c_proj bias pruned",
+                         "every c_proj bias pruned, no recompute",
+                         "block 1 checkpointed keeping gelu_mlp, every c_proj weight pruned"};
+  for (int mode = 0; mode < 8; ++mode) {
     SCOPED_TRACE(modes[mode]);
     Generator g(4);
     GPT gpt(tiny_gpt(3), {DType::f64}, &g);
@@ -160,12 +161,20 @@ TEST(GPT, FusedResidualNormAndMlpMatchPlainComposition) {
     if (mode == 2 || mode == 3) gpt.recompute.selective = true, gpt.recompute.selective_ops = {"gelu"};
     // The checkpointed blocks take and return the pending branch; its c_proj bias goes along.
     if (mode == 4 || mode == 5) gpt.recompute.block_mask = {true, true, false}, gpt.recompute.keep_ops = {"gelu_mlp"};
-    // A pruned bias (bias_orig * mask, made by c_proj's pre-hook) stays inside the MLP's GEMM: made
-    // in a checkpointed block's forward, without grad, it would carry no history to bias_orig.
+    // A plain block hands its MLP's bias into the checkpointed block after it (captured by the region).
+    if (mode == 7) gpt.recompute.block_mask = {false, true, false}, gpt.recompute.keep_ops = {"gelu_mlp"};
+    // A pruned MLP bias (bias_orig * mask, made by c_proj's pre-hook) stays inside the MLP's GEMM:
+    // made in a checkpointed block's forward, without grad, it would carry no history to
+    // bias_orig. The attention's is added inside its own block. A pruned weight changes neither.
     if (mode >= 5)
-      for (auto& child : gpt.h->children())
-        prune::l1_unstructured(*static_cast<TransformerBlock&>(*child).mlp->c_proj, "bias",
-                               prune::Amount::fraction(0.5));
+      for (auto& child : gpt.h->children()) {
+        auto& blk = static_cast<TransformerBlock&>(*child);
+        const std::string what = mode == 7 ? "weight" : "bias";
+        prune::l1_unstructured(*blk.mlp->c_proj, what, prune::Amount::fraction(0.5));
+        prune::l1_unstructured(*blk.attn->c_proj, what, prune::Amount::fraction(0.5));
+      }
+    const auto& first = static_cast<TransformerBlock&>(*gpt.h->children()[0]);
+    EXPECT_EQ(first.mlp->pending_bias().defined(), mode != 5 && mode != 6);
     Tensor idx = randint(0, 50, {2, 8}, {DType::i64}, &g), targets = randint(0, 50, {2, 8}, {DType::i64}, &g);
     Tensor loss = GPT::loss(gpt(idx), targets);
     expect_same_loss_and_grads(gpt, loss, [&] { return plain_gpt_loss(gpt, idx, targets); });
