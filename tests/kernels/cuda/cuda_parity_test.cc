@@ -542,6 +542,39 @@ TEST_F(CudaParity, SoftmaxNonFiniteAndTransposed) {
   }
 }
 
+// log_softmax's outputs near 0 at large logits, in f16/bf16: a row of one m and n - 1 values
+// m - 16 has a maximum output of -log(1 + (n - 1) e^-16), about -7e-6 for n = 64. The
+// exponentials must see x - m, not x log2(e) - m log2(e) with m log2(e) rounded, whose error of up
+// to |m| 2^-24 (6e-5 at m = 1000) would land whole in those outputs. Against f64 from the same
+// (exact) inputs: x - m exact, the sum of n terms off by (n - 1) u of itself and each term by its
+// exp's 20 u or so, the log's and the subtraction's roundings, then the rounding to the dtype.
+TEST_F(CudaParity, LogSoftmaxSmallOutputsAtLargeLogits) {
+  const double u = unit_roundoff(DType::f32);
+  for (DType dt : {DType::f16, DType::bf16})
+    for (int64_t n : {int64_t{64}, int64_t{4096}})
+      for (double m : {1000.0, -1000.0, 300.0}) {
+        const int64_t M = 3;
+        std::vector<double> v(M * n, m - 16);
+        for (int64_t r = 0; r < M; ++r) v[r * n + (r * 37) % n] = m;  // the maximum somewhere else in each row
+        const Tensor x = raw::to_dtype(from_vector<double>(v, {M, n}), dt);
+        ASSERT_EQ(raw::to_dtype(x, DType::f64).to_vector<double>(), v);  // m and m - 16 are exact in dt
+        const std::vector<double> got =
+            raw::to_dtype(raw::to_device(k::log_softmax(to_cuda(x), 1), Device::cpu()), DType::f64).to_vector<double>();
+        const double log_s = std::log1p(static_cast<double>(n - 1) * std::exp(-16.0));
+        const double ud = unit_roundoff(dt), sub = dt == DType::f16 ? std::ldexp(1.0, -25) : std::ldexp(1.0, -134);
+        for (int64_t i = 0; i < M * n; ++i) {
+          const double ref = v[i] - m - log_s;
+          const double pre = static_cast<double>(n + 22) * u + u * std::abs(ref);
+          const double bound = pre + ud * (std::abs(ref) + pre) + sub;
+          if (std::abs(got[i] - ref) > bound) {
+            ADD_FAILURE() << dstr(dt) << " n=" << n << " m=" << m << " element " << i << ": " << got[i] << " vs " << ref
+                          << " (bound " << bound << ")";
+            break;
+          }
+        }
+      }
+}
+
 TEST_F(CudaParity, SoftmaxLongRowsEachPath) {
   // Rows past 1024 elements take one of three paths: the row copied to shared memory (up to
   // the opt-in limit, 227 KiB on sm_90: 50304 in every dtype), read twice from memory past it
