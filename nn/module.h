@@ -51,7 +51,6 @@ class Module : public std::enable_shared_from_this<Module> {
   void register_forward_pre_hook(const std::string& key, ForwardPreHook hook);
   bool remove_forward_pre_hook(const std::string& key);
   bool has_forward_pre_hook(const std::string& key) const;
-  bool has_forward_pre_hooks() const { return !pre_hooks_.empty(); }
   // Runs them: operator() does, and so does a parent module that calls a fused op on its
   // children's parameters instead of calling the children (nn/transformer.cc).
   void run_forward_pre_hooks();
