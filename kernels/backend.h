@@ -112,8 +112,7 @@ class Backend {
   // sum is not written. Backward: with g = grad_out (out's dtype), grad_x = grad_sum (x's
   // dtype, may be undefined) + layer norm backward of g, also written to grad_x_low in its
   // dtype when defined (the residual branch's gradient), and grad_residual_bias (x's dtype,
-  // when defined) = grad_x summed over the rows. A backend may return false for a call with
-  // grad_residual_bias only and take the same call without it (the caller then sums grad_x).
+  // when defined) = grad_x summed over the rows.
   virtual bool fused_add_layer_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& residual_bias,
                                             const Tensor& weight, const Tensor& bias, double eps, const Tensor& sum,
                                             const Tensor& out, const Tensor& mean, const Tensor& rstd) = 0;

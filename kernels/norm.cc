@@ -178,29 +178,12 @@ AddLayerNormGrads add_layer_norm_backward(const Tensor& grad_out, const Tensor& 
     Tensor grb = mask[4] ? empty({s.n}, o) : Tensor();
     const Tensor w = weight.defined() ? as_rows(weight, sum.dtype(), {s.n}) : Tensor();
     const Tensor gs = grad_sum.defined() ? as_rows(grad_sum, sum.dtype(), {s.rows, s.n}) : Tensor();
-    Backend& be = backend(sum.device(), op);
-    const auto fused = [&](const Tensor& dx, const Tensor& drb) {
-      return be.fused_add_layer_norm_backward(as_rows(grad_out, grad_out.dtype(), {s.rows, s.n}), gs,
-                                              as_rows(sum, sum.dtype(), {s.rows, s.n}), as_rows(mean, st, {s.rows}),
-                                              as_rows(rstd, st, {s.rows}), w, dx, glow, gw, gb, drb);
-    };
-    const auto result = [&] {
-      return AddLayerNormGrads{shaped(gx, sum.sizes()), shaped(glow, sum.sizes()), shaped(gw, normalized_shape),
-                               shaped(gb, normalized_shape), shaped(grb, normalized_shape)};
-    };
-    if (fused(gx, grb)) return result();
-    // A backend that sums the residual bias's gradient only in a one-pass kernel, which this width
-    // does not take (CUDA: rows other than 256-1024 elements): the rest of the backward without it,
-    // into a gradient of the sum (allocated here if the caller did not ask for it), and the bias's
-    // gradient as that gradient's column sums. A backend with no fused backward at all (the CPU)
-    // declines again, and the composition below runs.
-    if (mask[4]) {
-      const Tensor dx = gx.defined() ? gx : empty({s.rows, s.n}, o);
-      if (fused(dx, Tensor())) {
-        grb = sum_to(dx, {s.n});
-        return result();
-      }
-    }
+    if (backend(sum.device(), op)
+            .fused_add_layer_norm_backward(as_rows(grad_out, grad_out.dtype(), {s.rows, s.n}), gs,
+                                           as_rows(sum, sum.dtype(), {s.rows, s.n}), as_rows(mean, st, {s.rows}),
+                                           as_rows(rstd, st, {s.rows}), w, gx, glow, gw, gb, grb))
+      return {shaped(gx, sum.sizes()), shaped(glow, sum.sizes()), shaped(gw, normalized_shape),
+              shaped(gb, normalized_shape), shaped(grb, normalized_shape)};
   }
   const Tensor g = grad_out.dtype() == sum.dtype() ? grad_out : cast(grad_out, sum.dtype());
   auto [gx, gw, gb] =

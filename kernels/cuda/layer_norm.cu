@@ -641,9 +641,6 @@ bool CudaBackend::fused_add_layer_norm_backward(const Tensor& grad_out, const Te
   // Rows of 256, 512, 768 or 1024 elements: one kernel for dx and the parameters' partial sums.
   const int kg = vec && n % 128 == 0 ? static_cast<int>(n / 128) : 0;
   const bool fused = (kg == 2 || kg == 4 || kg == 6 || kg == 8) && (grad_x.defined() || grad_x_low.defined());
-  // The residual bias's gradient comes only from the fused kernel's pass; for other widths the
-  // caller runs this without it and sums the f32 dx by columns (kernels/norm.cc).
-  if (grad_residual_bias.defined() && !fused) return false;
   const bool branch_bias = grad_residual_bias.defined();
   const bool params = grad_weight.defined() || grad_bias.defined() || branch_bias;
   const bool done =
@@ -687,22 +684,26 @@ bool CudaBackend::fused_add_layer_norm_backward(const Tensor& grad_out, const Te
         });
       });
   if (done) return true;
+  // Other widths: the dx kernel, and the residual bias's gradient as dx's column sums (into an f32
+  // dx made here when the caller asked only for the branch's copy).
+  const Tensor dx = branch_bias && !grad_x.defined() ? empty({rows, n}, {DType::f32, sum.device()}) : grad_x;
   with_stream_dtype(grad_out.dtype(), [&](auto g_tag) {
     using G = decltype(g_tag);
-    if (grad_x.defined() || grad_x_low.defined())
+    if (dx.defined() || grad_x_low.defined())
       with_stream_dtype(grad_x_low.defined() ? grad_x_low.dtype() : DType::f32, [&](auto l_tag) {
         using L = decltype(l_tag);
         auto launch = [&](auto kernel) {
           kernel<<<row_blocks(rows, "add_layer_norm_backward"), dim3(32, kRowsPerBlock), 0, st>>>(
               data_as<const G>(grad_out), data_as<const float>(grad_sum), data_as<const float>(sum),
-              data_as<const float>(mean), data_as<const float>(rstd), data_as<const float>(weight),
-              data_as<float>(grad_x), data_as<L>(grad_x_low), rows, n);
+              data_as<const float>(mean), data_as<const float>(rstd), data_as<const float>(weight), data_as<float>(dx),
+              data_as<L>(grad_x_low), rows, n);
         };
         vec ? launch(add_ln_bwd_dx_kernel<4, G, L>) : launch(add_ln_bwd_dx_kernel<1, G, L>);
         MG_CUDA_CHECK_LAUNCH("add_layer_norm_backward");
       });
     param_grads<float, G>(grad_out, sum, mean, rstd, grad_weight, grad_bias, st);
   });
+  if (branch_bias) this->sum(dx, raw::view(grad_residual_bias, {1, n}));
   return true;
 }
 
