@@ -341,13 +341,41 @@ Tensor dropout(const Tensor& a, double p, bool training) {
   if (!training || p == 0.0) return a;
   MG_CHECK(is_floating(a.dtype()), DTypeError, "dropout: input must be floating, got ", a.dtype());
   // Inverted dropout: keep with probability 1 - p and scale by 1 / (1 - p), so eval is identity.
-  Tensor keep = empty(a.sizes(), {a.dtype(), a.device()});
-  bernoulli_(keep, 1.0 - p);
-  Tensor mask = kernels::mul_scalar(keep, 1.0 / (1.0 - p));
-  keep = Tensor();
-  Tensor out = kernels::mul(a, mask);
+  auto [out, keep] = kernels::bias_dropout_add(Tensor(), a, Tensor(), p);
   if (any_requires_grad({a}))
-    record("dropout", {a}, out, [mask](const Grads& g) { return Grads{kernels::mul(g[0], mask)}; });
+    record("dropout", {a}, out,
+           [keep = std::move(keep), p](const Grads& g) { return Grads{kernels::dropout_backward(g[0], keep, p)}; });
+  return out;
+}
+
+Tensor bias_dropout_add(const Tensor& x_in, const Tensor& branch_in, const Tensor& bias_in, double p, bool training) {
+  MG_CHECK(p >= 0.0 && p < 1.0, ValueError, "bias_dropout_add: probability p must be in [0, 1), got ", p);
+  MG_CHECK(branch_in.defined(), ValueError, "bias_dropout_add: branch is an undefined tensor");
+  MG_CHECK(is_floating(branch_in.dtype()), DTypeError, "bias_dropout_add: branch must be floating, got ",
+           branch_in.dtype());
+  Tensor x = x_in, branch = branch_in, bias = bias_in;
+  if (x.defined()) {  // the dtype pairs the kernel takes: one dtype, or an f32 stream with a half branch
+    MG_CHECK(is_floating(x.dtype()), DTypeError, "bias_dropout_add: residual must be floating, got ", x.dtype());
+    const DType wide = promote_types(x.dtype(), branch.dtype());
+    const bool half_branch = branch.dtype() == DType::f16 || branch.dtype() == DType::bf16;
+    if (x.dtype() != wide) x = x.to(wide);
+    if (branch.dtype() != wide && !(wide == DType::f32 && half_branch)) branch = branch.to(wide);
+  }
+  if (bias.defined() && bias.dtype() != branch.dtype()) bias = bias.to(branch.dtype());
+  if (!training || p == 0.0) {
+    Tensor h = bias.defined() ? add(branch, bias) : branch;
+    return x.defined() ? add(x, h) : h;
+  }
+  auto [out, keep] = kernels::bias_dropout_add(x, branch, bias, p);
+  if (!any_requires_grad({x, branch, bias})) return out;
+  const bool need_b = needs_grad(branch), need_bias = needs_grad(bias);
+  record("bias_dropout_add", {x, branch, bias}, out,
+         [keep = std::move(keep), p, need_b, need_bias, bdt = branch.dtype()](const Grads& g) {
+           Tensor gb, gbias;
+           if (need_b || need_bias) gb = kernels::dropout_backward(g[0], keep, p, bdt);
+           if (need_bias) gbias = kernels::sum(raw::reshape(gb, {-1, gb.size(-1)}), {0});
+           return Grads{g[0], gb, gbias};
+         });
   return out;
 }
 

@@ -106,8 +106,16 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const std::string
 Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction = "mean");
 
 // ---- regularization ----
-// Inverted dropout with a Philox mask; identity when !training or p == 0.
+// Inverted dropout with a Philox mask; identity when !training or p == 0. One kernel
+// (kernels::bias_dropout_add without bias or residual), and only the b8 mask is saved.
 Tensor dropout(const Tensor& a, double p, bool training);
+// x + dropout(branch + bias, p, training): a transformer branch's bias, dropout and residual add
+// in one kernel, with the mask dropout would draw (same generator stream) and only that b8 mask
+// saved for backward. x and bias may be undefined; bias is [branch.size(-1)] (cast to branch's
+// dtype when it differs: autocast's f32 bias with a bf16 branch). The result has x's dtype: an
+// f32 residual stream with an f16/bf16 branch stays f32, other mixes promote. When dropout is
+// off it is the plain adds. Bias's gradient is the column sums of the branch's.
+Tensor bias_dropout_add(const Tensor& x, const Tensor& branch, const Tensor& bias, double p, bool training);
 
 // Operators.
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }

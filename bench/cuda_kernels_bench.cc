@@ -220,6 +220,37 @@ void BM_AddLayerNorm(benchmark::State& state) {
 }
 BENCHMARK(BM_AddLayerNorm)->Apply(over_dtypes);
 
+// A transformer branch's bias, dropout (p = 0.1) and residual add: an f32 stream [R, 768] (f64
+// for f64) plus dropout(branch + bias) with the branch in the dtype. range(1) = 1: the fused
+// kernel (reads x and the branch, writes the sum and a b8 mask); 0: the ops it replaces, a
+// Bernoulli mask in the dtype, its scaling, the product and the add (the bias inside the GEMM
+// before them, not counted). of_copy counts the fused kernel's bytes for both, so the composed
+// row's figure is its time measured against the same work.
+void BM_BiasDropoutAdd(benchmark::State& state) {
+  if (!require_gpu(state)) return;
+  const DType dt = dtype_arg(state.range(0));
+  const bool fused = state.range(1) == 1;
+  const DType stream = dt == DType::f64 ? DType::f64 : DType::f32;
+  const int64_t rows = kN / 4 / 768;
+  Tensor x = uniform({rows, 768}, -1, 1, {stream, kGpu}), br = uniform({rows, 768}, -1, 1, {dt, kGpu});
+  Tensor bias = uniform({768}, -1, 1, {dt, kGpu});
+  const double per_element = (2.0 * dtype_size(stream) + dtype_size(dt) + 1.0) / dtype_size(dt);
+  const double p = 0.1;
+  bandwidth(state, dt, per_element * rows * 768,
+            fused ? "stream + dropout(branch + bias) over 768, one kernel"
+                  : "stream + dropout(branch), bernoulli_ + mul_scalar + mul + add",
+            [&] {
+              if (fused) {
+                auto r = kernels::bias_dropout_add(x, br, bias, p);
+              } else {
+                Tensor keep = empty({rows, 768}, {dt, kGpu});
+                bernoulli_(keep, 1.0 - p);
+                Tensor r = kernels::add(x, kernels::mul(br, kernels::mul_scalar(keep, 1.0 / (1.0 - p))));
+              }
+            });
+}
+BENCHMARK(BM_BiasDropoutAdd)->ArgsProduct({{0, 1, 2}, {0, 1}})->UseManualTime()->Unit(benchmark::kMillisecond);
+
 // ---- GEMM ----
 const int64_t kM = 8192;
 

@@ -29,6 +29,10 @@
 //                      PyTorch's memory_format=torch.channels_last row)
 //   --batch N          batch size (default: 64 for the MLP and ResNet-50, 8 for GPT-2)
 //   --seq T            GPT-2's sequence length (default 1024)
+//   --resid-dropout P  GPT-2 with each block's two output dropouts at P (after the attention's
+//                      and the MLP's c_proj: bias + dropout + residual add as one kernel;
+//                      " resid-dropout P" in the config string; PyTorch's models_step.py takes the
+//                      same flag)
 //   --optimizer sgd|adamw  the step's optimizer (default sgd; adamw: fused AdamW, lr 1e-3,
 //                      weight decay 0.1), "AdamW" in the config string
 //   --checkpoint       GPT-2 with every block checkpointed (" checkpoint" in the config string)
@@ -308,6 +312,13 @@ void print_max_batch(const char* model, const std::string& config, double gib, m
 
 }  // namespace
 
+// %g of v: 0.1 as "0.1".
+std::string fmt_g(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
 int main(int argc, char** argv) {
   std::string which = "all";
   int warmup = 3, steps = 10;
@@ -324,6 +335,7 @@ int main(int argc, char** argv) {
   double max_batch_gib = 0;           // > 0: the largest-batch search instead of timing
   double budget_gib = 0;              // > 0: the fastest GPT-2 mode whose whole step fits, then timed
   int64_t batch = 0, seq = 1024;      // batch 0: each model's default
+  double resid_dropout = 0;           // GPT-2's output dropouts (--resid-dropout)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--profile")) g_profile = true;
     if (!std::strcmp(argv[i], "--tf32")) tf32 = true;
@@ -350,6 +362,8 @@ int main(int argc, char** argv) {
       batch = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--seq"))
       seq = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--resid-dropout"))
+      resid_dropout = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--optimizer"))
       g_optimizer = argv[++i];
     else if (!std::strcmp(argv[i], "--checkpoint-blocks"))
@@ -395,7 +409,8 @@ int main(int argc, char** argv) {
   tune_gemm = mg::kernels::gemm_autotune();
   const std::string tag = " " + dtype + (dtype == "f32" ? "" : " autocast") + (tf32 ? " TF32" : "") +
                           (channels_last ? " channels_last" : "") + (g_optimizer == "adamw" ? " AdamW" : "") +
-                          (g_graph ? " CUDA graph" : "") + (tune_gemm ? " tuned GEMMs" : "");
+                          (g_graph ? " CUDA graph" : "") + (tune_gemm ? " tuned GEMMs" : "") +
+                          (resid_dropout > 0 ? " resid-dropout " + fmt_g(resid_dropout) : "");
   if (!mg::cuda::is_available()) {
     std::fprintf(stderr, "bench_models: no CUDA device; nothing to measure\n");
     return 0;
@@ -456,6 +471,13 @@ int main(int argc, char** argv) {
     }
     auto model = std::make_shared<mg::nn::GPT>(cfg, mg::TensorOptions(mg::DType::f32, dev));
     model->train();
+    if (resid_dropout > 0) {
+      for (const auto& child : model->h->children()) {
+        auto* block = static_cast<mg::nn::TransformerBlock*>(child.get());
+        block->attn->resid_dropout->p = resid_dropout;
+        block->mlp->dropout->p = resid_dropout;
+      }
+    }
     model->recompute.checkpoint_blocks = checkpoint;
     model->recompute.head_chunk_rows = head_chunk_rows;
     model->recompute.selective = selective || !selective_ops.empty();

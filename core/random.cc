@@ -75,19 +75,28 @@ uint64_t reserve_in_capture(Generator& g, uint64_t blocks, const Device& dev, co
   return within;
 }
 
-void philox_fill(const Tensor& t, int kind, double a, double b, Generator* gen) {
+}  // namespace
+
+PhiloxDraw reserve_philox(Generator* gen, uint64_t blocks, const Device& dev) {
   Generator& g = gen ? *gen : default_generator();
+  PhiloxDraw d;
+  d.seed = g.seed();
+  d.base = t_capturing && dev.is_cuda() ? reserve_in_capture(g, blocks, dev, &d.device_offset) : g.reserve(blocks);
+  return d;
+}
+
+namespace {
+void philox_fill(const Tensor& t, int kind, double a, double b, Generator* gen) {
   const int64_t n = t.numel();
   uint64_t blocks = kind == kNormal ? (n + 1) / 2 : (n + 3) / 4;
-  if (t.is_cuda()) {
+  if (t.is_cuda())
     MG_CHECK(cuda_hooks().philox_fill != nullptr, DeviceError, "random fill: no CUDA backend in this build");
-    const int64_t* counter = nullptr;
-    const uint64_t base = t_capturing ? reserve_in_capture(g, blocks, t.device(), &counter) : g.reserve(blocks);
-    cuda_hooks().philox_fill(t, kind, g.seed(), base, a, b, counter);
+  const PhiloxDraw d = reserve_philox(gen, blocks, t.device());
+  if (t.is_cuda()) {
+    cuda_hooks().philox_fill(t, kind, d.seed, d.base, a, b, d.device_offset);
     return;
   }
-  uint64_t base = g.reserve(blocks);
-  uint64_t seed = g.seed();
+  const uint64_t base = d.base, seed = d.seed;
   // Logical (row-major) element order, whatever the strides.
   Tensor c = t.is_contiguous() ? t : empty(t.sizes(), {t.dtype(), t.device()});
   MG_DISPATCH_FLOAT(t.dtype(), "random fill", [&] {

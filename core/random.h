@@ -47,6 +47,17 @@ std::vector<CapturedRng> end_rng_capture();
 // Before a replay, on the current stream: each generator's blocks reserved, the start written.
 void prepare_rng_replay(const std::vector<CapturedRng>& rngs);
 
+// `blocks` Philox blocks reserved from `gen` (the default generator when null) for a kernel on
+// `dev` that computes its own numbers (the fused dropout): the seed, the first block's offset
+// and, inside a CUDA graph capture, the graph's device counter that each replay adds to the
+// offset (null otherwise). Block k then holds the numbers of elements 4k..4k+3, as in a fill.
+struct PhiloxDraw {
+  uint64_t seed = 0;
+  uint64_t base = 0;
+  const int64_t* device_offset = nullptr;
+};
+PhiloxDraw reserve_philox(Generator* gen, uint64_t blocks, const Device& dev);
+
 // The process-wide default generator (seeded with manual_seed).
 Generator& default_generator();
 void manual_seed(uint64_t seed);

@@ -33,6 +33,17 @@ class Backend {
   virtual void axpby(const Tensor& a, double alpha, const Tensor& b, double beta, const Tensor& out) = 0;
   // cond is b8; cond, a, b broadcast to out's shape; a, b have out's dtype.
   virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // Bias, dropout and residual add in one pass (kernels::bias_dropout_add): branch [M, N]
+  // contiguous floating; out [M, N] contiguous in branch's dtype, or f32 with an f16/bf16
+  // branch; x (the residual) out's shape and dtype, contiguous, or undefined; bias [N] in
+  // branch's dtype or undefined; keep b8 [M, N]. keep[i] is drawn as DropoutDraw says and
+  // out[i] = x[i] + keep[i] * (branch[i] + bias[i % N]) * scale in the op math type (f32, f64
+  // for f64), one rounding.
+  virtual void bias_dropout_add(const Tensor& x, const Tensor& branch, const Tensor& bias, const DropoutDraw& draw,
+                                const Tensor& out, const Tensor& keep) = 0;
+  // out = grad * keep * scale, one rounding; grad and out of one floating dtype, or an f32
+  // grad with an f16/bf16 out; keep b8; all contiguous of one shape.
+  virtual void dropout_backward(const Tensor& grad, const Tensor& keep, double scale, const Tensor& out) = 0;
 
   // ---- reductions (reduce.*); `out` has a's rank with size 1 on the reduced dims ----
   virtual void sum(const Tensor& a, const Tensor& out) = 0;                      // out: a's dtype (floating) or i64

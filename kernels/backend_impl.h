@@ -40,6 +40,9 @@ class BackendImpl final : public Backend {
   void clamp_backward(const Tensor& grad, const Tensor& x, double lo, double hi, const Tensor& out) override;
   void axpby(const Tensor& a, double alpha, const Tensor& b, double beta, const Tensor& out) override;
   void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void bias_dropout_add(const Tensor& x, const Tensor& branch, const Tensor& bias, const DropoutDraw& draw,
+                        const Tensor& out, const Tensor& keep) override;
+  void dropout_backward(const Tensor& grad, const Tensor& keep, double scale, const Tensor& out) override;
 
   // ---- reductions (reduce.*)
   void sum(const Tensor& a, const Tensor& out) override;

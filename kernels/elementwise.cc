@@ -6,6 +6,7 @@
 #include <cmath>
 #include <initializer_list>
 
+#include "core/random.h"
 #include "kernels/dispatch.h"
 
 namespace mg::kernels {
@@ -204,6 +205,78 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   const DType ct = result_type(a, b);
   Tensor out = empty(shape, {ct, dev}, result_memory_format(shape, {&a, &b, &cond}));
   backend(dev, "where").where(bcast(cond, shape), bcast(cast_to(a, ct), shape), bcast(cast_to(b, ct), shape), out);
+  return out;
+}
+
+// ---------------------------------------------------------------- bias + dropout + residual
+
+namespace {
+// The dtype pairs the fused dropout takes: one dtype, or an f32 residual / gradient with an
+// f16/bf16 branch.
+bool dropout_dtypes_ok(DType wide, DType branch) {
+  return wide == branch || (wide == DType::f32 && (branch == DType::f16 || branch == DType::bf16));
+}
+void check_dropout_p(const char* op, double p) {
+  MG_CHECK(p >= 0.0 && p < 1.0, ValueError, op, ": dropout probability p must be in [0, 1), got ", p);
+}
+}  // namespace
+
+std::pair<Tensor, Tensor> bias_dropout_add(const Tensor& x, const Tensor& branch, const Tensor& bias, double p,
+                                           Generator* gen) {
+  const char* op = "bias_dropout_add";
+  check_dropout_p(op, p);
+  MG_CHECK(branch.defined(), ValueError, op, ": branch is an undefined tensor");
+  const Device dev = one_device(op, {&x, &branch, &bias}, true);
+  MG_CHECK(is_floating(branch.dtype()), DTypeError, op, ": branch must be floating, got ", branch.dtype());
+  MG_CHECK(branch.dim() >= 1, ShapeError, op, ": branch must have at least one dim, got shape ",
+           shape_str(branch.sizes()));
+  const int64_t n = branch.size(-1);
+  if (bias.defined()) {
+    MG_CHECK(bias.dim() == 1 && bias.size(0) == n, ShapeError, op, ": bias must be [", n,
+             "] (branch's last dim), got shape ", shape_str(bias.sizes()));
+    MG_CHECK(bias.dtype() == branch.dtype(), DTypeError, op, ": bias dtype ", bias.dtype(), " differs from branch's ",
+             branch.dtype());
+  }
+  DType out_dtype = branch.dtype();
+  if (x.defined()) {
+    MG_CHECK(x.sizes() == branch.sizes(), ShapeError, op, ": residual shape ", shape_str(x.sizes()),
+             " differs from branch shape ", shape_str(branch.sizes()));
+    MG_CHECK(dropout_dtypes_ok(x.dtype(), branch.dtype()), DTypeError, op, ": residual dtype ", x.dtype(),
+             " with branch dtype ", branch.dtype(), " (expected one dtype, or an f32 residual with f16/bf16)");
+    out_dtype = x.dtype();
+  }
+  Tensor out = empty(branch.sizes(), {out_dtype, dev});
+  Tensor keep = empty(branch.sizes(), {DType::b8, dev});
+  DropoutDraw d;
+  const uint64_t count = static_cast<uint64_t>(branch.numel());
+  const PhiloxDraw pd = reserve_philox(gen, (count + 3) / 4, dev);  // bernoulli_'s blocks for as many elements
+  d.seed = pd.seed;
+  d.base = pd.base;
+  d.device_offset = pd.device_offset;
+  // (r >> 8) / 2^24 < q  <=>  (r >> 8) < ceil(q * 2^24) for the integer r >> 8 (q * 2^24 exact).
+  const double q = 1.0 - p;
+  d.keep_below = static_cast<uint32_t>(std::ceil(q * 16777216.0));
+  d.scale = 1.0 / q;
+  if (branch.numel() == 0) return {out, keep};
+  backend(dev, op).bias_dropout_add(x.defined() ? x.contiguous() : x, branch.contiguous(),
+                                    bias.defined() ? bias.contiguous() : bias, d, out, keep);
+  return {out, keep};
+}
+
+Tensor dropout_backward(const Tensor& grad, const Tensor& keep, double p, std::optional<DType> out_dtype) {
+  const char* op = "dropout_backward";
+  check_dropout_p(op, p);
+  const Device dev = check_device(op, {&grad, &keep});
+  MG_CHECK(is_floating(grad.dtype()), DTypeError, op, ": grad must be floating, got ", grad.dtype());
+  MG_CHECK(keep.dtype() == DType::b8, DTypeError, op, ": mask must be b8, got ", keep.dtype());
+  MG_CHECK(grad.sizes() == keep.sizes(), ShapeError, op, ": grad shape ", shape_str(grad.sizes()),
+           " differs from mask shape ", shape_str(keep.sizes()));
+  const DType od = out_dtype.value_or(grad.dtype());
+  MG_CHECK(dropout_dtypes_ok(grad.dtype(), od), DTypeError, op, ": output dtype ", od, " from grad dtype ",
+           grad.dtype(), " (expected grad's, or f16/bf16 from f32)");
+  Tensor out = empty(grad.sizes(), {od, dev});
+  if (grad.numel() == 0) return out;
+  backend(dev, op).dropout_backward(grad.contiguous(), keep.contiguous(), 1.0 / (1.0 - p), out);
   return out;
 }
 

@@ -2,8 +2,15 @@
 // promotion, clamp, axpby, where, casts, fills and copies. Each checks its inputs, then dispatches.
 #pragma once
 
+#include <optional>
+#include <utility>
+
 #include "core/tensor.h"
 #include "kernels/types.h"
+
+namespace mg {
+class Generator;
+}  // namespace mg
 
 namespace mg::kernels {
 
@@ -31,6 +38,23 @@ void axpby_(const Tensor& a, double alpha, const Tensor& b, double beta);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // Gradient of clamp: grad where lo <= x <= hi, else 0.
 Tensor clamp_backward(const Tensor& grad, const Tensor& x, double lo, double hi);
+
+// ---- fused bias + dropout + residual (transformer branches) ----
+// Inverted dropout of (branch + bias), added to the residual x, in one pass: returns (out,
+// keep) with out = x + keep * (branch + bias) / (1 - p) and keep (b8, branch's shape) the mask
+// bernoulli_(1 - p) would draw from `gen` (the default generator when null) at this point of
+// its stream. x and bias may be undefined (a plain dropout). branch is floating with ndim >= 1;
+// bias is [N], N = branch's last dim, in branch's dtype; x has branch's shape and either
+// branch's dtype or f32 with an f16/bf16 branch (a residual stream kept in f32 under autocast),
+// and out has x's dtype (branch's without x). Math in f32 (f64 for f64), one rounding: in f32
+// and f64 the same bits as add(x, mul(add(branch, bias), mul_scalar(keep, 1 / (1 - p)))).
+// 0 <= p < 1; a CUDA graph capture draws as random fills do (core/random.h).
+std::pair<Tensor, Tensor> bias_dropout_add(const Tensor& x, const Tensor& branch, const Tensor& bias, double p,
+                                           Generator* gen = nullptr);
+// grad * keep / (1 - p) in out_dtype (grad's when unset; else grad's dtype, or f16/bf16 from an
+// f32 grad): the gradient bias_dropout_add passes to its branch.
+Tensor dropout_backward(const Tensor& grad, const Tensor& keep, double p,
+                        std::optional<DType> out_dtype = std::nullopt);
 
 // ---- casts, fills, copies ----
 Tensor cast(const Tensor& a, DType dtype);

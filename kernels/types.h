@@ -138,5 +138,19 @@ struct DeviceScalars {
   Tensor found_inf;  // f32 [1]: nonzero skips the whole update, step counts included (GradScaler)
 };
 
+// An inverted dropout's draw (kernels::bias_dropout_add): Philox block `base + i / 4` of `seed`,
+// word i % 4, gives element i (row-major) its number r, and the element is kept when
+// (r >> 8) < keep_below, i.e. when (r >> 8) / 2^24 < 1 - p: the very test bernoulli_(1 - p)
+// makes, so the mask is the one dropout's fill would draw at this point of the stream. A kept
+// element is scaled by `scale` = 1 / (1 - p). device_offset: added to base on the device (a
+// CUDA graph's replay counter, core/random.h), else null.
+struct DropoutDraw {
+  uint64_t seed = 0;
+  uint64_t base = 0;
+  const int64_t* device_offset = nullptr;
+  uint32_t keep_below = 0;
+  double scale = 1.0;
+};
+
 }  // namespace kernels
 }  // namespace mg

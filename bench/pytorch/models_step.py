@@ -18,7 +18,7 @@ step captured the same way (side "pytorch_compile_graph").
 Prints one JSON line per row.
     python3 bench/pytorch/models_step.py [--rows all|bf16|channels_last] [--model all|resnet50|gpt2-124M|mobilenet|mlp] [--compile]
                                          [--cuda-graph] [--steps N] [--warmup N] [--checkpoint]
-                                         [--max-batch-under GIB]
+                                         [--max-batch-under GIB] [--resid-dropout P]
 """
 import argparse
 import json
@@ -39,14 +39,15 @@ class Block(nn.Module):
         self.c_fc = nn.Linear(d, 4 * d)
         self.mlp_proj = nn.Linear(4 * d, d)
         self.h = h
+        self.drop = nn.Dropout(SIZES["resid_dropout"])  # after each c_proj (--resid-dropout)
 
     def forward(self, x):
         B, T, C = x.shape
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+        x = x + self.drop(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+        return x + self.drop(self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh")))
 
 
 class GPT(nn.Module):
@@ -137,7 +138,7 @@ def set_tf32(on):
 
 
 # --batch / --seq (0: each model's default), as bench_models takes them.
-SIZES = {"batch": 0, "seq": 1024}
+SIZES = {"batch": 0, "seq": 1024, "resid_dropout": 0.0}
 
 
 def batch_or(default):
@@ -252,7 +253,8 @@ def run_row(model, tag, tf32, dtype, channels_last, compiled, a):
     else:
         r = measure(step, a.warmup, a.steps)
     n, unit = SAMPLES[model]
-    print_row(model=model, config=f"{config()} {tag}", side=side, **r,
+    rd = SIZES["resid_dropout"] if model == "gpt2-124M" else 0
+    print_row(model=model, config=f"{config()} {tag}" + (f" resid-dropout {rd:g}" if rd > 0 else ""), side=side, **r,
               samples_per_s=round(n() / (r["step_ms"] / 1000.0)), sample_unit=unit)
     del m, opt, fwd
     torch.cuda.empty_cache()
@@ -345,6 +347,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--resid-dropout", type=float, default=0.0,
+                    help="GPT-2: nn.Dropout(P) after each block's c_proj and MLP projection (bench_models' flag)")
     ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
     ap.add_argument("--checkpoint", action="store_true", help="GPT-2: every block checkpointed")
     ap.add_argument("--memory-budget", type=float, default=None,
@@ -353,7 +357,7 @@ def main():
     ap.add_argument("--max-batch-under", type=float, default=0,
                     help="GiB: the largest batch under this cap (GPT-2 and ResNet-50), for each --rows precision")
     a = ap.parse_args()
-    SIZES.update(batch=a.batch, seq=a.seq, checkpoint=a.checkpoint)
+    SIZES.update(batch=a.batch, seq=a.seq, checkpoint=a.checkpoint, resid_dropout=a.resid_dropout)
     if a.memory_budget is not None:
         import torch._functorch.config
         torch._functorch.config.activation_memory_budget = a.memory_budget

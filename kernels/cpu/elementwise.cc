@@ -3,6 +3,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "core/philox.h"
 #include "core/strided_loop.h"
 #include "kernels/cpu/cpu_backend.h"
 
@@ -297,6 +298,71 @@ void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, con
   MG_DISPATCH_ALL(out.dtype(), "where", [&] {
     using T = scalar_t;
     map3<T, bool, T, T>(cond, a, b, out, [](bool c, T x, T y) { return c ? x : y; });
+  });
+}
+
+// ---- bias + dropout + residual: element i's number is word i % 4 of Philox block base + i / 4,
+// as in a Bernoulli fill (core/random.cc), so one block serves four elements.
+
+namespace {
+// `f(i, keep_i)` for i in [0, n), drawing each Philox block once.
+template <class F>
+void for_each_draw(const DropoutDraw& d, int64_t n, F f) {
+  for (int64_t g = 0; g * 4 < n; ++g) {
+    uint32_t r[4];
+    philox4x32(d.base + static_cast<uint64_t>(g), 0, d.seed, r);
+    for (int64_t j = 0; j < 4 && g * 4 + j < n; ++j) f(g * 4 + j, (r[j] >> 8) < d.keep_below);
+  }
+}
+}  // namespace
+
+template <>
+void CpuBackend::bias_dropout_add(const Tensor& x, const Tensor& branch, const Tensor& bias, const DropoutDraw& d,
+                                  const Tensor& out, const Tensor& keep) {
+  const int64_t n = branch.numel(), cols = branch.size(-1);
+  bool* pk = ptr<bool>(keep);
+  MG_DISPATCH_FLOAT(branch.dtype(), "bias_dropout_add", [&] {
+    using B = scalar_t;
+    using M = opmath_t<B>;
+    const B* pb = ptr<const B>(branch);
+    const B* pbias = bias.defined() ? ptr<const B>(bias) : nullptr;
+    const M scale = static_cast<M>(d.scale), zero = static_cast<M>(0);
+    auto run = [&](auto* po, const auto* px) {
+      using O = std::remove_const_t<std::remove_pointer_t<decltype(po)>>;
+      for_each_draw(d, n, [&](int64_t i, bool k) {
+        M v = static_cast<M>(pb[i]);
+        if (pbias) v = v + static_cast<M>(pbias[i % cols]);
+        v = v * (k ? scale : zero);  // a product, as dropout's mul: a dropped NaN stays NaN
+        if (px) v = static_cast<M>(static_cast<opmath_t<O>>(px[i])) + v;
+        po[i] = static_cast<O>(v);
+        pk[i] = k;
+      });
+    };
+    if (out.dtype() == branch.dtype())
+      run(ptr<B>(out), x.defined() ? ptr<const B>(x) : static_cast<const B*>(nullptr));
+    else
+      run(ptr<float>(out), x.defined() ? ptr<const float>(x) : static_cast<const float*>(nullptr));
+  });
+}
+
+template <>
+void CpuBackend::dropout_backward(const Tensor& grad, const Tensor& keep, double scale, const Tensor& out) {
+  const int64_t n = grad.numel();
+  const bool* pk = ptr<const bool>(keep);
+  MG_DISPATCH_FLOAT(out.dtype(), "dropout_backward", [&] {
+    using O = scalar_t;
+    using M = opmath_t<O>;
+    const M s = static_cast<M>(scale), zero = static_cast<M>(0);
+    auto run = [&](const auto* pg) {
+      using G = std::remove_const_t<std::remove_pointer_t<decltype(pg)>>;
+      O* po = ptr<O>(out);
+      for (int64_t i = 0; i < n; ++i)
+        po[i] = static_cast<O>(static_cast<M>(static_cast<opmath_t<G>>(pg[i])) * (pk[i] ? s : zero));
+    };
+    if (grad.dtype() == out.dtype())
+      run(ptr<const O>(grad));
+    else
+      run(ptr<const float>(grad));
   });
 }
 

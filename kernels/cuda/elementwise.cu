@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <iterator>
 
+#include "core/philox.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 
@@ -224,6 +225,95 @@ __device__ __forceinline__ O binary_op(int op, T av, T bv, const Params& p) {
 // ---- kernels ----
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// ---- bias + dropout + residual (kernels::bias_dropout_add) ----
+// Item g is elements 4g..4g+3: Philox block base + g holds their four numbers, as in a
+// Bernoulli fill (core/cuda/copy.cu), so each block is computed once. kVec: the item's four
+// elements share one row of the bias (cols % 4 == 0) and every pointer is aligned to four
+// elements, so each operand moves as one vector (the mask as one 32-bit word).
+// a * b rounded as its own step: never contracted with the residual add into an FMA, so the
+// kernel computes add(x, mul(...)) with the composed ops' roundings (and the CPU kernel's bits).
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
+template <class B, class O>
+__device__ __forceinline__ math_t<B> dropout_term(const B* branch, const B* bias, int64_t i, int64_t col, bool k,
+                                                  math_t<B> scale) {
+  using M = math_t<B>;
+  M v = load_m(branch[i]);
+  if (bias) v += load_m(bias[col]);
+  return mul_rn(v, k ? scale : M(0));  // a product, as dropout's mul: a dropped NaN stays NaN
+}
+
+template <class B, class O, bool kVec>
+__global__ void bias_dropout_add_kernel(const O* x, const B* branch, const B* bias, O* out, bool* keep, DropoutDraw d,
+                                        int64_t n, int64_t cols) {
+  using M = math_t<B>;
+  const uint64_t base = d.base + (d.device_offset ? static_cast<uint64_t>(*d.device_offset) : 0);
+  const M scale = static_cast<M>(d.scale);
+  const int64_t items = (n + 3) / 4;
+  MG_GRID_STRIDE(g, items) {
+    uint32_t r[4];
+    philox4x32(base + static_cast<uint64_t>(g), 0, d.seed, r);
+    bool k[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) k[j] = (r[j] >> 8) < d.keep_below;
+    const int64_t i0 = g * 4;
+    if (kVec && i0 + 4 <= n) {
+      const AlignedVec<B, 4> bv = reinterpret_cast<const AlignedVec<B, 4>*>(branch)[g];
+      AlignedVec<B, 4> biv;
+      if (bias) biv = *reinterpret_cast<const AlignedVec<B, 4>*>(bias + i0 % cols);
+      AlignedVec<O, 4> xv;
+      if (x) xv = reinterpret_cast<const AlignedVec<O, 4>*>(x)[g];
+      AlignedVec<O, 4> ov;
+      uint32_t kw = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        M v = load_m(bv.v[j]);
+        if (bias) v += load_m(biv.v[j]);
+        v = mul_rn(v, k[j] ? scale : M(0));
+        if (x) v = static_cast<M>(load_m(xv.v[j])) + v;
+        ov.v[j] = store_m<O>(v);
+        kw |= static_cast<uint32_t>(k[j]) << (8 * j);
+      }
+      reinterpret_cast<AlignedVec<O, 4>*>(out)[g] = ov;
+      reinterpret_cast<uint32_t*>(keep)[g] = kw;
+    } else {
+      for (int j = 0; j < 4 && i0 + j < n; ++j) {
+        const int64_t i = i0 + j;
+        M v = dropout_term<B, O>(branch, bias, i, i % cols, k[j], scale);
+        if (x) v = static_cast<M>(load_m(x[i])) + v;
+        out[i] = store_m<O>(v);
+        keep[i] = k[j];
+      }
+    }
+  }
+}
+
+// out = grad * keep * scale; four elements an item (the mask as one 32-bit word) when kVec.
+template <class G, class O, bool kVec>
+__global__ void dropout_backward_kernel(const G* grad, const bool* keep, O* out, double scale_d, int64_t n) {
+  using M = math_t<O>;
+  const M scale = static_cast<M>(scale_d);
+  const int64_t items = (n + 3) / 4;
+  MG_GRID_STRIDE(g, items) {
+    const int64_t i0 = g * 4;
+    if (kVec && i0 + 4 <= n) {
+      const AlignedVec<G, 4> gv = reinterpret_cast<const AlignedVec<G, 4>*>(grad)[g];
+      const uint32_t kw = reinterpret_cast<const uint32_t*>(keep)[g];
+      AlignedVec<O, 4> ov;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        ov.v[j] = store_m<O>(static_cast<M>(load_m(gv.v[j])) * (((kw >> (8 * j)) & 0xff) ? scale : M(0)));
+      reinterpret_cast<AlignedVec<O, 4>*>(out)[g] = ov;
+    } else {
+      for (int64_t i = i0; i < i0 + 4 && i < n; ++i)
+        out[i] = store_m<O>(static_cast<M>(load_m(grad[i])) * (keep[i] ? scale : M(0)));
+    }
+  }
+}
+
+bool aligned_to(const void* p, size_t bytes) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 template <class T>
 __device__ __forceinline__ void unary_contig_loop(int op, const Params& p, const T* a, T* out, int64_t n) {
@@ -484,6 +574,74 @@ void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, co
         static_cast<const T*>(b.raw_data()), static_cast<T*>(out.raw_data()), oc, n);
   });
   MG_CUDA_CHECK_LAUNCH("where");
+}
+
+template <>
+void CudaBackend::bias_dropout_add(const Tensor& x, const Tensor& branch, const Tensor& bias, const DropoutDraw& d,
+                                   const Tensor& out, const Tensor& keep) {
+  const int64_t n = branch.numel(), cols = branch.size(-1);
+  if (n == 0) return;
+  mg::cuda::DeviceGuard guard(out.device());
+  cudaStream_t st = stream_of(out);
+  MG_CUDA_DISPATCH_FLOAT(branch.dtype(), "bias_dropout_add", [&] {
+    using B = scalar_t;
+    auto run = [&](auto tag) {
+      using O = decltype(tag);
+      const O* px = static_cast<const O*>(x.defined() ? x.raw_data() : nullptr);
+      const B* pb = static_cast<const B*>(branch.raw_data());
+      const B* pbias = static_cast<const B*>(bias.defined() ? bias.raw_data() : nullptr);
+      O* po = static_cast<O*>(out.raw_data());
+      bool* pk = static_cast<bool*>(keep.raw_data());
+      const bool vec = cols % 4 == 0 && aligned_to(px, 4 * sizeof(O)) && aligned_to(pb, 4 * sizeof(B)) &&
+                       aligned_to(pbias, 4 * sizeof(B)) && aligned_to(po, 4 * sizeof(O)) && aligned_to(pk, 4);
+      const unsigned blocks = blocks_for((n + 3) / 4);
+      if (vec)
+        bias_dropout_add_kernel<B, O, true><<<blocks, kBlock, 0, st>>>(px, pb, pbias, po, pk, d, n, cols);
+      else
+        bias_dropout_add_kernel<B, O, false><<<blocks, kBlock, 0, st>>>(px, pb, pbias, po, pk, d, n, cols);
+    };
+    if (out.dtype() == branch.dtype()) {
+      run(B{});
+    } else {
+      if constexpr (mg::cuda::is_half_v<B>)
+        run(float{});
+      else
+        MG_THROW(DTypeError, "bias_dropout_add: residual dtype ", out.dtype(), " with branch dtype ", branch.dtype());
+    }
+  });
+  MG_CUDA_CHECK_LAUNCH("bias_dropout_add");
+}
+
+template <>
+void CudaBackend::dropout_backward(const Tensor& grad, const Tensor& keep, double scale, const Tensor& out) {
+  const int64_t n = grad.numel();
+  if (n == 0) return;
+  mg::cuda::DeviceGuard guard(out.device());
+  cudaStream_t st = stream_of(out);
+  MG_CUDA_DISPATCH_FLOAT(out.dtype(), "dropout_backward", [&] {
+    using O = scalar_t;
+    auto run = [&](auto tag) {
+      using G = decltype(tag);
+      const G* pg = static_cast<const G*>(grad.raw_data());
+      const bool* pk = static_cast<const bool*>(keep.raw_data());
+      O* po = static_cast<O*>(out.raw_data());
+      const bool vec = aligned_to(pg, 4 * sizeof(G)) && aligned_to(po, 4 * sizeof(O)) && aligned_to(pk, 4);
+      const unsigned blocks = blocks_for((n + 3) / 4);
+      if (vec)
+        dropout_backward_kernel<G, O, true><<<blocks, kBlock, 0, st>>>(pg, pk, po, scale, n);
+      else
+        dropout_backward_kernel<G, O, false><<<blocks, kBlock, 0, st>>>(pg, pk, po, scale, n);
+    };
+    if (grad.dtype() == out.dtype()) {
+      run(O{});
+    } else {
+      if constexpr (mg::cuda::is_half_v<O>)
+        run(float{});
+      else
+        MG_THROW(DTypeError, "dropout_backward: grad dtype ", grad.dtype(), " with output dtype ", out.dtype());
+    }
+  });
+  MG_CUDA_CHECK_LAUNCH("dropout_backward");
 }
 
 }  // namespace mg::kernels

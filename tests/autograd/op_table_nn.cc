@@ -106,6 +106,20 @@ void dropout_and_inplace(Table& t) {
      manual_seed(1234);  // the same mask on every evaluation
      return dropout(x[0], 0.4, true);
    }).device_dtypes = kCpuOnly;
+  // x + dropout(branch + bias): off (eval) the adds; on, seeded. Its kernels compute each
+  // element's number from the same Philox block on the CPU and the device (as bernoulli_
+  // does), so one seed gives one mask on both and the seeded rows run on the device too
+  // (the masks' bits: tests/kernels/cuda/dropout_parity_test.cc).
+  t.add("bias_dropout_add_eval", "bias_dropout_add", {{3, 8}, {3, 8}, {8}},
+        [](const V& x) { return bias_dropout_add(x[0], x[1], x[2], 0.3, false); });
+  t.add("bias_dropout_add_train_seeded", "bias_dropout_add", {{2, 3, 8}, {2, 3, 8}, {8}}, [](const V& x) {
+    manual_seed(4321);  // the same mask on every evaluation
+    return bias_dropout_add(x[0], x[1], x[2], 0.3, true);
+  });
+  t.add("bias_dropout_add_no_residual_no_bias", "bias_dropout_add", {{4, 5}}, [](const V& x) {
+    manual_seed(99);
+    return bias_dropout_add(Tensor(), x[0], Tensor(), 0.5, true);
+  });
 
   // In-place ops on non-leaf tensors (history rebase).
   t.add("inplace_add_", "add_", {{3, 4}, {4}}, [](const V& x) {

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "autograd/autograd_meta.h"
 #include "autograd/functions.h"
 #include "autograd/recompute.h"
 #include "kernels/ops.h"
@@ -176,6 +177,44 @@ TEST(TransformerBlock, PendingBranchCarriesTheProjectionBiasWithoutDropout) {
   o.bias = false;
   TransformerBlock unbiased(o, kF64, &g);
   EXPECT_FALSE(unbiased.forward_pending(x, {}).second.bias.defined());
+}
+
+// With the output dropouts on (training), each branch's c_proj bias, dropout and residual add
+// run as one bias_dropout_add (the stream's value never left pending), drawing the masks the
+// plain composition draws from the same seed: the block's output and every gradient are the
+// composition's, in f64 up to the order of its adds (the bias in the GEMM or in the kernel).
+TEST(TransformerBlock, TrainingDropoutIsTheFusedKernelWithTheComposedValues) {
+  for (const char* gelu : {"tanh", "none"}) {
+    Generator g(17);
+    TransformerBlockOptions o = small_block();
+    o.dropout = 0.3;
+    o.gelu_approximate = gelu;
+    TransformerBlock block(o, kF64, &g);
+    const Tensor x0 = randn({2, 5, 8}, kF64, &g), gout = randn({2, 5, 8}, kF64, &g);
+    const auto run = [&](bool fused) {
+      block.zero_grad();
+      Tensor x = x0.detach().requires_grad_(true);
+      manual_seed(2718);
+      Tensor y;
+      if (fused) {
+        auto [h, m] = block.forward_pending(x, {});
+        EXPECT_FALSE(m.out.defined()) << "a dropped branch is added in the block";
+        y = h;
+        EXPECT_EQ(autograd::grad_fn(y)->name(), "bias_dropout_add");
+      } else {
+        y = add(x, (*block.attn)((*block.ln_1)(x)));
+        y = add(y, (*block.mlp)((*block.ln_2)(y)));
+      }
+      y.backward(gout);
+      std::vector<std::vector<double>> r{y.to_vector<double>(), x.grad().to_vector<double>()};
+      for (auto& [name, p] : block.named_parameters()) r.push_back(p.grad().to_vector<double>());
+      return r;
+    };
+    const auto f = run(true), c = run(false);
+    ASSERT_EQ(f.size(), c.size());
+    for (size_t t = 0; t < f.size(); ++t)
+      for (size_t i = 0; i < f[t].size(); ++i) EXPECT_NEAR(f[t][i], c[t][i], 1e-11) << gelu << " tensor " << t;
+  }
 }
 
 TEST(TransformerBlock, DropoutOnlyInTraining) {
