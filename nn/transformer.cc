@@ -62,6 +62,7 @@ std::string LayerNorm::extra_repr() const {
 
 Tensor PendingBranch::added_to(const Tensor& x) const {
   if (!out.defined()) return x;
+  if (dropout > 0.0) return bias_dropout_add(x, out, bias, dropout, true);
   Tensor h = add(x, out);
   return bias.defined() ? add(h, bias) : h;
 }
@@ -138,8 +139,7 @@ PendingBranch MultiheadSelfAttention::forward_branch(const Tensor& x) {
   c_proj->run_forward_pre_hooks();  // what (*c_proj)(y) would run (pruning may set the bias)
   if (!dropped) return {linear(y, c_proj->weight, Tensor()), c_proj->bias};
   resid_dropout->run_forward_pre_hooks();  // what (*resid_dropout)(...) would run
-  return {bias_dropout_add(Tensor(), linear(y, c_proj->weight, Tensor()), c_proj->bias, resid_dropout->p, true),
-          Tensor()};
+  return {linear(y, c_proj->weight, Tensor()), c_proj->bias, resid_dropout->p};
 }
 
 Tensor MultiheadSelfAttention::forward_cached(const Tensor& x, KVCache& cache, size_t layer) {
@@ -222,7 +222,7 @@ PendingBranch MLP::forward_branch(const Tensor& x) {
       m = linear(a, c_proj->weight, Tensor());
     }
     dropout->run_forward_pre_hooks();
-    return {bias_dropout_add(Tensor(), m, c_proj->bias, dropout->p, true), Tensor()};
+    return {m, c_proj->bias, dropout->p};
   }
   if (!pending_bias().defined()) return {forward(x), Tensor()};
   return {fused(x, false), c_proj->bias};
@@ -243,7 +243,13 @@ std::pair<Tensor, PendingBranch> TransformerBlock::forward_pending(const Tensor&
   auto [h1, y1] = ln_1->forward_residual(x, pending.out, pending.bias);
   attn->run_forward_pre_hooks();  // what (*attn)(y1) would run
   const PendingBranch a = attn->forward_branch(y1);
-  auto [h2, y2] = ln_2->forward_residual(h1, a.out, a.bias);
+  // With the attention's dropout on, its bias, dropout and add are one kernel, then the norm.
+  auto [h2, y2] =
+      a.dropout > 0.0 ? ln_2->forward_residual(a.added_to(h1), Tensor()) : ln_2->forward_residual(h1, a.out, a.bias);
+  if (dropout_active(*mlp->dropout)) {  // likewise, in the block: a dropped branch is never left pending
+    mlp->run_forward_pre_hooks();
+    return {mlp->forward_branch(y2).added_to(h2), {}};
+  }
   if (!mlp_bias_pending) return {h2, {(*mlp)(y2), Tensor()}};
   mlp->run_forward_pre_hooks();
   return {h2, mlp->forward_branch(y2)};

@@ -78,12 +78,13 @@ struct KVCache {
 
 // A branch's output whose add into the residual stream is left to the next layer norm
 // (mg::add_layer_norm), with the bias of the Linear that made it when that Linear left its bias
-// out (undefined otherwise): the stream's next value is (x + out) + bias. A branch whose
-// dropout is on comes as dropout(c_proj's output + bias), made by one bias_dropout_add (bias
-// undefined here).
+// out (undefined otherwise): the stream's next value is (x + out) + bias. With dropout > 0 (a
+// training-mode dropout after the Linear) the next value is x + dropout(out + bias): one
+// bias_dropout_add kernel, done by the block itself, never left to the next one.
 struct PendingBranch {
   Tensor out, bias;
-  // (x + out) + bias, the add done here (x alone when out is undefined).
+  double dropout = 0.0;
+  // The stream's next value, the add done here (x alone when out is undefined).
   Tensor added_to(const Tensor& x) const;
 };
 
@@ -98,8 +99,8 @@ class MultiheadSelfAttention : public Module {
   Tensor forward(const Tensor& x) override;
   // forward(x) with c_proj's bias left for the residual add (PendingBranch) where nothing comes
   // between them: c_proj has a bias and the output dropout is off (p = 0 or eval mode). With
-  // the dropout on, the bias and the dropout run as one bias_dropout_add after c_proj's GEMM,
-  // and the residual add is still the next norm's.
+  // the dropout on, c_proj's output without its bias, the bias and p: the caller runs the bias,
+  // the dropout and the residual add as one bias_dropout_add.
   PendingBranch forward_branch(const Tensor& x);
   // The bias forward_branch leaves out now, or an undefined tensor.
   Tensor pending_bias() const;
@@ -141,8 +142,8 @@ class MLP : public Module {
   // region's edge), so it must be the parameter itself. A derived bias (pruning's bias_orig *
   // mask, made by c_proj's pre-hook) would be made inside a checkpointed block's forward without
   // grad, and reach the next norm with no history: it stays in the GEMM. (A pruned weight does
-  // not stop the fold.) With the dropout on (training, p > 0) the branch is
-  // bias_dropout_add(c_proj's output without its bias, the bias), its add still pending.
+  // not stop the fold.) With the dropout on (training, p > 0): c_proj's output without its
+  // bias, the bias and p, for one bias_dropout_add in the block.
   PendingBranch forward_branch(const Tensor& x);
   // The bias forward_branch leaves out now, or an undefined tensor.
   Tensor pending_bias() const;

@@ -229,11 +229,8 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 // ---- bias + dropout + residual (kernels::bias_dropout_add) ----
 // Item g is elements 4g..4g+3: Philox block base + g holds their four numbers, as in a
 // Bernoulli fill (core/cuda/copy.cu), so each block is computed once. kVec: the item's four
-// elements share one row of the bias (cols % 4 == 0), every pointer is aligned to four
-// elements and there are fewer than 2^31 items, so each operand moves as one vector (the mask as
-// one 32-bit word) and the bias's item is found by a 32-bit FastDiv by the row's items: the
-// kernel sits close to the instruction bound (Philox is about 70 instructions an item), where a
-// 64-bit remainder is a subroutine call.
+// elements share one row of the bias (cols % 4 == 0) and every pointer is aligned to four
+// elements, so each operand moves as one vector (the mask as one 32-bit word).
 // a * b rounded as its own step: never contracted with the residual add into an FMA, so the
 // kernel computes add(x, mul(...)) with the composed ops' roundings (and the CPU kernel's bits).
 __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
@@ -250,7 +247,7 @@ __device__ __forceinline__ math_t<B> dropout_term(const B* branch, const B* bias
 
 template <class B, class O, bool kVec>
 __global__ void bias_dropout_add_kernel(const O* x, const B* branch, const B* bias, O* out, bool* keep, DropoutDraw d,
-                                        int64_t n, int64_t cols, mg::cuda::FastDiv row_items) {
+                                        int64_t n, int64_t cols) {
   using M = math_t<B>;
   const uint64_t base = d.base + (d.device_offset ? static_cast<uint64_t>(*d.device_offset) : 0);
   const M scale = static_cast<M>(d.scale);
@@ -265,10 +262,7 @@ __global__ void bias_dropout_add_kernel(const O* x, const B* branch, const B* bi
     if (kVec && i0 + 4 <= n) {
       const AlignedVec<B, 4> bv = reinterpret_cast<const AlignedVec<B, 4>*>(branch)[g];
       AlignedVec<B, 4> biv;
-      if (bias) {
-        const uint32_t gi = static_cast<uint32_t>(g);
-        biv = reinterpret_cast<const AlignedVec<B, 4>*>(bias)[gi - row_items.div(gi) * row_items.d];
-      }
+      if (bias) biv = *reinterpret_cast<const AlignedVec<B, 4>*>(bias + i0 % cols);
       AlignedVec<O, 4> xv;
       if (x) xv = reinterpret_cast<const AlignedVec<O, 4>*>(x)[g];
       AlignedVec<O, 4> ov;
@@ -598,17 +592,13 @@ void CudaBackend::bias_dropout_add(const Tensor& x, const Tensor& branch, const 
       const B* pbias = static_cast<const B*>(bias.defined() ? bias.raw_data() : nullptr);
       O* po = static_cast<O*>(out.raw_data());
       bool* pk = static_cast<bool*>(keep.raw_data());
-      const int64_t items = (n + 3) / 4;
-      const bool vec = cols % 4 == 0 && items < (int64_t{1} << 31) && aligned_to(px, 4 * sizeof(O)) &&
-                       aligned_to(pb, 4 * sizeof(B)) && aligned_to(pbias, 4 * sizeof(B)) &&
-                       aligned_to(po, 4 * sizeof(O)) && aligned_to(pk, 4);
-      const unsigned blocks = blocks_for(items);
-      if (vec) {
-        const mg::cuda::FastDiv row_items(static_cast<uint32_t>(cols / 4));
-        bias_dropout_add_kernel<B, O, true><<<blocks, kBlock, 0, st>>>(px, pb, pbias, po, pk, d, n, cols, row_items);
-      } else {
-        bias_dropout_add_kernel<B, O, false><<<blocks, kBlock, 0, st>>>(px, pb, pbias, po, pk, d, n, cols, {});
-      }
+      const bool vec = cols % 4 == 0 && aligned_to(px, 4 * sizeof(O)) && aligned_to(pb, 4 * sizeof(B)) &&
+                       aligned_to(pbias, 4 * sizeof(B)) && aligned_to(po, 4 * sizeof(O)) && aligned_to(pk, 4);
+      const unsigned blocks = blocks_for((n + 3) / 4);
+      if (vec)
+        bias_dropout_add_kernel<B, O, true><<<blocks, kBlock, 0, st>>>(px, pb, pbias, po, pk, d, n, cols);
+      else
+        bias_dropout_add_kernel<B, O, false><<<blocks, kBlock, 0, st>>>(px, pb, pbias, po, pk, d, n, cols);
     };
     if (out.dtype() == branch.dtype()) {
       run(B{});
