@@ -373,7 +373,7 @@ Tensor bias_dropout_add(const Tensor& x_in, const Tensor& branch_in, const Tenso
          [keep = std::move(keep), p, need_b, need_bias, bdt = branch.dtype()](const Grads& g) {
            Tensor gb, gbias;
            if (need_b || need_bias) gb = kernels::dropout_backward(g[0], keep, p, bdt);
-           if (need_bias) gbias = kernels::sum(raw::reshape(gb, {-1, gb.size(-1)}), {0});
+           if (need_bias) gbias = kernels::sum_to(gb, {gb.size(-1)});  // the bias broadcast over the rows
            return Grads{g[0], gb, gbias};
          });
   return out;
