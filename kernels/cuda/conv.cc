@@ -447,7 +447,7 @@ bool run_pointwise(CudaBackend& be, Dir dir, const Tensor& lead, const Tensor& x
 
 // A depthwise convolution over channels-last operands by memgrad's kernels
 // (kernels/cuda/depthwise_conv.cu) or cuDNN's, whichever measured faster for the dtype and
-// direction (H200, MobileNet v1 at B=64, docs/h200_run_2026-12-04.log session 14 call 5):
+// direction (H200, MobileNet v1 at B=64, bench/results/h200_run_2026-12-04.log):
 //   - f16: cuDNN's NHWC depthwise kernels (sm90_xmma_depthwise_*) are faster than ours, except
 //     for the input gradient of a strided convolution, where cuDNN runs a direct kernel
 //     (dgrad2d_grouped_direct_kernel: 1.8 ms a step for MobileNet's four strided layers);

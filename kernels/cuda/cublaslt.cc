@@ -266,7 +266,7 @@ bool lt_linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias, const 
 // pre^T (D's layout). The bias gradient is the caller's, inside its weight-gradient GEMM: on the
 // H200 (cuBLASLt 13, bf16, GPT-2's MLP) DGELU_BGRAD ran as a generic kernel at 166 us a call, and
 // DGELU alone took GPT-2's step from 21.43 to 20.65 ms against the plain GEMM + GELU backward
-// kernel (docs/h200_run_2026-12-02.log, calls 1 and 2).
+// kernel (bench/results/h200_run_2026-12-02.log).
 bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre) {
   if (!plain_rows(g) || !plain_rows(w) || !plain_rows(pre) || !plain_rows(g_pre)) return false;
   if (g_pre.dtype() != DType::f16 && g_pre.dtype() != DType::bf16) return false;  // see lt_linear_gelu

@@ -32,7 +32,7 @@ constexpr double kTanhC = 0.044715;
 
 // tanh for the 16-bit types' GELU: the hardware's tanh.approx.f32 (one MUFU instruction,
 // relative error below 2^-10.9), where libm's tanhf made the half kernels compute-bound (0.48-0.60
-// of a copy's bandwidth on the H200, docs/h200_run_2026-12-02.log). The error is below bf16's
+// of a copy's bandwidth on the H200, bench/results/h200_run_2026-12-02.log). The error is below bf16's
 // rounding (2^-8) and about one f16 rounding (2^-11); f32 and f64 keep the libm tanh.
 template <class T, class M>
 __device__ __forceinline__ M gelu_tanh_of(M x) {

@@ -197,7 +197,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
 // The bias gradient is the column sum of g by memgrad's vectorized column reduction, after
 // the plain weight-gradient GEMM. cuBLASLt's BGRADB epilogue runs the same sum as a kernel of
 // its own (globalKernelBgradAB_v2) at about half the copy's bandwidth: 0.65 ms of a GPT-2 124M
-// bf16 step at B=8, 48 launches (docs/h200_run_2026-12-03.log, session 13 call 2).
+// bf16 step at B=8, 48 launches (bench/results/h200_run_2026-12-03.log).
 // MG_BIAS_GRAD=epilogue takes the epilogue instead (A/B runs).
 namespace {
 bool bias_grad_epilogue() {
