@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Peak memory against step time, one point per JSON result line, as a self-contained SVG.
 
-    python3 tools/plot_tradeoff.py LOG --section "Session 5, call 2" --config "B=8 T=1024 bf16 autocast AdamW" OUT.svg
+    python3 tools/plot_tradeoff.py LOG --section HEADING --config "B=8 T=1024 bf16 autocast AdamW" OUT.svg
+
+HEADING is the text of one "## " heading of the log; bench/results/README.md names the heading
+each chart there was drawn from.
 
 Reads the JSON lines of bench_models and bench/pytorch/models_step.py from LOG (from the line
 that contains --section to the next "## " heading that does not), keeps those whose config
@@ -18,8 +21,8 @@ def read_points(path, section, prefix):
     points, seen, inside = [], set(), False
     for line in open(path, encoding="utf-8"):
         if line.startswith("## "):
-            # A section's heading may run over several "## " lines: only a new "## Session"
-            # or "## Call" heading ends it.
+            # A section's heading may run over several "## " lines: only the next run's heading
+            # (the logs start each with "## Session" or "## Call") ends it.
             if section in line:
                 inside = True
             elif line.startswith(("## Session", "## Call")):

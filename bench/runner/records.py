@@ -21,28 +21,39 @@ SCHEMA_DOC = "docs/benchmarks_schema.md"
 SIDES = ("memgrad", "pytorch_eager", "pytorch_compile")
 STATUSES = ("ok", "failed", "skipped", "timeout")
 
-# Field-name suffix -> unit, first match wins (a metric's name says what it measures).
+# Field-name pattern -> unit, first match wins (a metric's name says what it measures). A pattern
+# matches a whole name ("ms"), the end of a name ("_ms", "_gib"), or "_"-delimited words inside it
+# ("_us_" in transform_us_per_image, "_vs_" in ratio_vs_pageable); a leading pattern ending in "_"
+# ("vs_") matches the start of a name. Words, not substrings: "used" in nvml_peak_used_gib is not
+# "_us" (microseconds).
 UNITS = (
     ("images_per_s", "images/s"),
     ("tokens_per_s", "tokens/s"),
+    ("samples_per_s", "samples/s"),
     ("GB_per_s", "GB/s"),
     ("GB/s", "GB/s"),
     ("TFLOP/s", "TFLOP/s"),
     ("tflops", "TFLOP/s"),
     ("ms_per_batch", "ms"),
-    ("_ms", "ms"),
-    ("ms", "ms"),
-    ("_us", "us"),
+    ("ns_per_op", "ns"),
     ("_gib", "GiB"),
     ("_GiB", "GiB"),
     ("_mib", "MiB"),
+    ("_bytes", "bytes"),
+    ("_ms", "ms"),
+    ("ms", "ms"),
+    ("_us", "us"),
+    ("_ns", "ns"),
     ("speedup", "x"),
     ("ratio", "x"),
     ("_vs_", "x"),
     ("vs_", "x"),
     ("_over_", "x"),
     ("of_copy", "x"),
-    ("device_calls", "calls"),
+    ("of_same_size_copy", "x"),
+    ("device_calls", "count"),
+    ("_in_place", "count"),
+    ("launches", "count"),
     ("passed", "bool"),
 )
 # Numeric fields that describe the configuration although their names carry a unit.
@@ -56,14 +67,28 @@ INFO_FIELDS = {"kernel", "device", "implementation", "args", "step_reps"}
 N_RUNS_FIELDS = ("n_runs", "steps")
 
 
+def _matches(name, pattern):
+    if name == pattern or name.endswith(pattern):
+        return True
+    if pattern.startswith("_"):  # a whole word inside the name: "_us" in "transform_us_per_image"
+        return pattern.rstrip("_") + "_" in name
+    return pattern.endswith("_") and name.startswith(pattern)  # "vs_" in "vs_simt"
+
+
 def unit_of(name):
     """The unit a metric's name implies, or None when the field is not a metric."""
     if name in CONFIG_FIELDS:
         return None
-    for suffix, unit in UNITS:
-        if name.endswith(suffix) or (suffix.startswith("_") and suffix in name) or suffix == name:
+    for pattern, unit in UNITS:
+        if _matches(name, pattern):
             return unit
     return None
+
+
+def display_unit(record):
+    """The unit to show for a record: what its metric's name implies now, else the stored one
+    (a results.json written before a unit rule was mended still reads right)."""
+    return unit_of(record["metric"]) or record["unit"]
 
 
 def _param(v):

@@ -17,7 +17,7 @@ th{background:#f4f4f4}ul.notes{color:#555;font-size:12px}
 svg .title{font-weight:600;font-size:13px}svg .tick,svg .point{font-size:10px;fill:#555}
 svg .label,svg .value{font-size:11px}svg .grid{stroke:#eee}svg .ref{stroke:#c33;stroke-dasharray:4 3}
 svg .s0{fill:#2f6db5;stroke:#2f6db5}svg .s1{fill:#e08a1e;stroke:#e08a1e}svg .s2{fill:#6a9f3a;stroke:#6a9f3a}
-svg .line{fill:none;stroke-width:1.5}
+svg .line{fill:none;stroke-width:1.5}svg .leader{stroke:#999;stroke-width:0.7}
 """
 
 

@@ -2,6 +2,7 @@
 PyTorch, and one table per technique. `tables(doc)` builds them once; render() writes them as
 Markdown (report.md, docs/benchmarks.md) and report_html.py as HTML."""
 import entries as suite_entries
+import records
 
 SIDE_NAMES = {"memgrad": "memgrad", "pytorch_eager": "PyTorch eager", "pytorch_compile": "PyTorch compile"}
 NOT_MEASURED = "not measured in this run"
@@ -40,10 +41,11 @@ def entry_rows(doc):
 
 
 def by_key(recs):
-    """{(benchmark, config, metric, unit): {side: record}} in first-seen order."""
+    """{(benchmark, config, metric, unit): {side: record}} in first-seen order; the unit is the
+    one the metric's name implies (records.display_unit)."""
     out = {}
     for r in recs:
-        out.setdefault((r["benchmark"], r["config"], r["metric"], r["unit"]), {})[r["side"]] = r
+        out.setdefault((r["benchmark"], r["config"], r["metric"], records.display_unit(r)), {})[r["side"]] = r
     return out
 
 

@@ -6,6 +6,8 @@ per entry under OUT/logs/.
 
     bazel run -c opt //bench:suite -- [--quick] [--only models,amp,...] [--out DIR]
     bash .stage/run.sh suite [--quick] [--only ...] [--out DIR]      (the staged copy)
+    python3 bench/runner/suite.py --render RESULTS_JSON [--out DIR]  (report.md and index.html
+                                                                      again from a run's results.json)
 
 A progress line per entry, with the time left estimated from the entries' expected times
 scaled by how the run has gone so far.
@@ -160,6 +162,8 @@ def parse_args(argv):
     ap.add_argument("--only", help="comma-separated techniques: " + ",".join(suite_entries.TECHNIQUES))
     ap.add_argument("--out", default="suite_out", help="output folder (default: suite_out)")
     ap.add_argument("--cpu", action="store_true", help="run the CPU subset even where a GPU is visible")
+    ap.add_argument("--render", metavar="RESULTS_JSON",
+                    help="run nothing: write report.md and index.html into --out from this results.json")
     a = ap.parse_args(argv)
     # `bazel run` starts us in the runfiles tree: a relative --out means the caller's folder.
     if not os.path.isabs(a.out):
@@ -167,8 +171,31 @@ def parse_args(argv):
     return a
 
 
+def write_reports(doc, out):
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(report_md.render(doc))
+    with open(os.path.join(out, "index.html"), "w") as f:
+        f.write(report_html.render(doc))
+
+
+def render_only(path, out):
+    with open(path) as f:
+        doc = json.load(f)
+    problems = records.validate(doc)
+    os.makedirs(out, exist_ok=True)
+    write_reports(doc, out)
+    print(f"suite: rendered {len(doc['records'])} records of {path} into {out}/report.md, index.html")
+    for p in problems:
+        print("suite: schema problem:", p, file=sys.stderr)
+    return 1 if problems else 0
+
+
 def main(argv):
     args = parse_args(argv)
+    if args.render:
+        return render_only(args.render if os.path.isabs(args.render) else
+                           os.path.join(os.environ.get("BUILD_WORKING_DIRECTORY", os.getcwd()), args.render),
+                           args.out)
     t0 = time.monotonic()
     env = environment.collect([ROOT, STAGED_ROOT])
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
@@ -195,10 +222,7 @@ def main(argv):
     problems = records.validate(doc)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(doc, f, indent=1)
-    with open(os.path.join(args.out, "report.md"), "w") as f:
-        f.write(report_md.render(doc))
-    with open(os.path.join(args.out, "index.html"), "w") as f:
-        f.write(report_html.render(doc))
+    write_reports(doc, args.out)
     counts = {s: sum(r["status"] == s for r in results) for s in records.STATUSES}
     print(f"suite: {len(recs)} records; " + ", ".join(f"{n} {s}" for s, n in counts.items()) +
           f"; {fmt_s(doc['suite']['wall_s'])}; wrote {args.out}/results.json, report.md, index.html", flush=True)
