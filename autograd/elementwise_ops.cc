@@ -271,6 +271,13 @@ Tensor silu(const Tensor& a) {
   return unary_from_input("silu", Unary::Silu, a,
                           [](const Tensor& g, const Tensor& x) { return kernels::binary(Binary::SiluBackward, g, x); });
 }
+Tensor softplus(const Tensor& a, double beta) {
+  MG_CHECK(beta > 0.0, ValueError, "softplus: beta must be positive, got ", beta);
+  if (beta != 1.0) return div(softplus(mul(a, beta)), beta);  // log(1 + exp(beta x)) / beta
+  return unary_from_input("softplus", Unary::Softplus, a, [](const Tensor& g, const Tensor& x) {
+    return kernels::binary(Binary::SoftplusBackward, g, x);
+  });
+}
 Tensor sigmoid(const Tensor& a) {
   return unary_from_output("sigmoid", Unary::Sigmoid, a, [](const Tensor& g, const Tensor& y) {
     return kernels::binary(Binary::SigmoidBackward, g, y);

@@ -33,6 +33,9 @@ Tensor pow(const Tensor& a, const Tensor& exponent);
 Tensor relu(const Tensor& a);
 Tensor gelu(const Tensor& a, bool tanh_approx = false);
 Tensor silu(const Tensor& a);
+// log(1 + exp(beta x)) / beta, smooth relu; x itself where beta x > 20 (PyTorch's default
+// threshold: the two differ by less than exp(-20) x, under f32's rounding). beta > 0.
+Tensor softplus(const Tensor& a, double beta = 1.0);
 Tensor sigmoid(const Tensor& a);
 Tensor tanh(const Tensor& a);
 Tensor maximum(const Tensor& a, const Tensor& b);

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "core/env.h"
 #include "data/idx.h"
 
 namespace mg::data {
@@ -39,8 +40,8 @@ const char* stem(Split s, bool images) {
 }  // namespace
 
 std::string FashionMNIST::default_root() {
-  const char* env = std::getenv("MG_FASHION_MNIST");
-  return env && *env ? std::string(env) : std::string(kDefaultRoot);
+  const char* root = env::get("MG_FASHION_MNIST");
+  return root ? std::string(root) : std::string(kDefaultRoot);
 }
 
 bool FashionMNIST::available(const std::string& root) {

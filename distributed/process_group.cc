@@ -6,6 +6,7 @@
 
 #include "core/device_runtime.h"
 #include "core/enum_name.h"
+#include "core/env.h"
 #include "distributed/backends.h"
 #include "distributed/launch_env.h"
 #include "kernels/ops.h"
@@ -25,14 +26,6 @@ GroupFactory& nccl_factory() {
 
 bool nccl_available() { return detail::nccl_factory() != nullptr; }
 
-namespace {
-const char* env(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : nullptr;
-}
-
-}  // namespace
-
 ProcessGroupOptions resolve_options(ProcessGroupOptions o) {
   if (o.rank < 0 || o.world_size < 0 || o.local_rank < 0 || o.master_addr.empty() || o.master_port < 0) {
     const LaunchEnv e = LaunchEnv::from_environment();
@@ -42,10 +35,10 @@ ProcessGroupOptions resolve_options(ProcessGroupOptions o) {
     if (o.master_addr.empty()) o.master_addr = e.master_addr;
     if (o.master_port < 0) o.master_port = e.master_port;
   }
-  if (o.token.empty() && env("MG_DIST_TOKEN")) o.token = env("MG_DIST_TOKEN");
-  if (o.init_file.empty() && env("MG_DIST_INIT_FILE")) o.init_file = env("MG_DIST_INIT_FILE");
+  if (o.token.empty() && env::get("MG_DIST_TOKEN")) o.token = env::get("MG_DIST_TOKEN");
+  if (o.init_file.empty() && env::get("MG_DIST_INIT_FILE")) o.init_file = env::get("MG_DIST_INIT_FILE");
   if (o.timeout.count() <= 0) {
-    const char* t = env("MG_DIST_TIMEOUT_S");
+    const char* t = env::get("MG_DIST_TIMEOUT_S");
     double s = 60.0;
     if (t) {
       char* end = nullptr;
@@ -56,7 +49,7 @@ ProcessGroupOptions resolve_options(ProcessGroupOptions o) {
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
   }
   if (o.backend == Backend::Auto) {
-    if (const char* b = env("MG_DIST_BACKEND")) {
+    if (const char* b = env::get("MG_DIST_BACKEND")) {
       std::string v = b;
       MG_CHECK(v == "cpu" || v == "nccl", ValueError, "init_process_group: MG_DIST_BACKEND='", v,
                "' (expected cpu or nccl)");

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/enum_name.h"
+#include "core/env.h"
 #include "kernels/backend.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
@@ -104,24 +105,10 @@ bool tc_aligned(const Tensor& h) {
   return true;
 }
 
-// An A/B switch read from the environment on every call, so a test or a benchmark can flip it
-// at run time (getenv costs nothing next to a kernel launch): "auto" when unset, else one of
-// `choices` ("auto" first), or mg::ValueError listing them.
-std::string_view env_choice(const char* name, std::initializer_list<std::string_view> choices) {
-  const char* env = std::getenv(name);
-  const std::string_view want = env ? env : "auto";
-  for (std::string_view c : choices)
-    if (want == c) return want;
-  std::string list;  // "a, b, c or d"
-  for (size_t i = 0; i < choices.size(); ++i) {
-    if (i > 0) list += i + 1 == choices.size() ? " or " : ", ";
-    list += choices.begin()[i];
-  }
-  MG_THROW(ValueError, "attention: ", name, " must be ", list, ", got '", want, "'");
-}
-
+// The switches are read on every call, so a test or a benchmark can flip them at run time
+// (getenv costs nothing next to a kernel launch).
 std::string_view forced_kernel() {
-  return env_choice("MG_ATTENTION_KERNEL", {"auto", "composed", "simt", "tc", "cudnn"});
+  return env::choice("MG_ATTENTION_KERNEL", {"auto", "composed", "simt", "tc", "cudnn"});
 }
 
 // An input as the kernels' [B, H, n, e] layout of dtype dt: the tensor itself when its strides
@@ -262,7 +249,7 @@ AttentionKernel attention_kernel(const Tensor& q, const Tensor& k, const Tensor&
 }
 
 bool flash_backward_one_pass() {
-  const std::string_view want = env_choice("MG_ATTENTION_BWD", {"auto", "onepass", "twopass"});
+  const std::string_view want = env::choice("MG_ATTENTION_BWD", {"auto", "onepass", "twopass"});
   return !deterministic() && want != "twopass";
 }
 

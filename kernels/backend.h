@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "core/env.h"
 #include "core/tensor.h"
 #include "kernels/types.h"
 
@@ -253,10 +254,7 @@ inline bool deterministic() { return deterministic_flag().load(); }
 // can differ between runs, and with it the last bits of the results; set_deterministic(true)
 // turns it off.
 inline std::atomic<bool>& gemm_autotune_flag() {
-  static std::atomic<bool> flag{[] {
-    const char* e = std::getenv("MG_GEMM_TUNE");
-    return e != nullptr && e[0] == '1' && e[1] == '\0';
-  }()};
+  static std::atomic<bool> flag{env::choice("MG_GEMM_TUNE", {"0", "1"}) == "1"};
   return flag;
 }
 inline void set_gemm_autotune(bool on) { gemm_autotune_flag().store(on); }

@@ -12,39 +12,6 @@
 namespace mg::kernels {
 namespace {
 
-const char* unary_name(Unary op) {
-  static const char* names[] = {"neg",       "exp",     "log",  "sqrt", "rsqrt",      "abs",    "relu", "gelu",
-                                "gelu_tanh", "sigmoid", "tanh", "sign", "reciprocal", "square", "silu", "logical_not"};
-  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(Unary::LogicalNot) + 1,
-                "a Unary op was added: name it here");
-  return names[static_cast<int>(op)];
-}
-
-const char* binary_name(Binary op) {
-  static const char* names[] = {"add",
-                                "sub",
-                                "mul",
-                                "div",
-                                "pow",
-                                "maximum",
-                                "minimum",
-                                "eq",
-                                "ne",
-                                "lt",
-                                "le",
-                                "gt",
-                                "ge",
-                                "relu_backward",
-                                "gelu_backward",
-                                "gelu_tanh_backward",
-                                "sigmoid_backward",
-                                "tanh_backward",
-                                "silu_backward"};
-  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(Binary::SiluBackward) + 1,
-                "a Binary op was added: name it here");
-  return names[static_cast<int>(op)];
-}
-
 bool is_comparison(Binary op) { return op >= Binary::Eq && op <= Binary::Ge; }
 bool is_backward(Binary op) { return op >= Binary::ReluBackward; }
 
@@ -79,7 +46,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
 }
 
 Tensor unary(Unary op, const Tensor& a) {
-  const char* name = unary_name(op);
+  const char* name = op_name(op);
   const Device dev = check_device(name, {&a});
   if (op == Unary::LogicalNot) return binary(Binary::Eq, a, zeros({}, {a.dtype(), dev}));
   MG_CHECK(!(op == Unary::Neg && a.dtype() == DType::b8), DTypeError, name,
@@ -92,7 +59,7 @@ Tensor unary(Unary op, const Tensor& a) {
 }
 
 void unary_(Unary op, const Tensor& a) {
-  const char* name = unary_name(op);
+  const char* name = op_name(op);
   check_device(name, {&a});
   MG_CHECK(!unary_float_only(op) || is_floating(a.dtype()), DTypeError, name,
            "_: in-place op needs a floating tensor (its result is floating), got ", a.dtype());
@@ -107,7 +74,7 @@ void unary_(Unary op, const Tensor& a) {
 }
 
 Tensor binary(Binary op, const Tensor& a, const Tensor& b) {
-  const char* name = binary_name(op);
+  const char* name = op_name(op);
   const Device dev = check_device(name, {&a, &b});
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), name);
   DType ct = result_type(a, b);
@@ -123,7 +90,7 @@ Tensor binary(Binary op, const Tensor& a, const Tensor& b) {
 }
 
 void binary_(Binary op, const Tensor& a, const Tensor& b) {
-  const char* name = binary_name(op);
+  const char* name = op_name(op);
   check_device(name, {&a, &b});
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), name);
   MG_CHECK(shape == a.sizes(), ShapeError, name, "_: cannot broadcast ", shape_str(b.sizes()),

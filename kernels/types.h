@@ -37,8 +37,18 @@ enum class Unary {
   Reciprocal,
   Square,
   Silu,
+  Softplus,  // log(1 + exp(x)), x itself above 20 (PyTorch's threshold)
   LogicalNot
 };
+// The op's name in error messages.
+inline const char* op_name(Unary op) {
+  static const char* names[] = {"neg",        "exp",    "log",       "sqrt",     "rsqrt",      "abs",
+                                "relu",       "gelu",   "gelu_tanh", "sigmoid",  "tanh",       "sign",
+                                "reciprocal", "square", "silu",      "softplus", "logical_not"};
+  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(Unary::LogicalNot) + 1,
+                "a Unary op was added: name it here");
+  return names[static_cast<int>(op)];
+}
 // Unary ops whose result is floating even for integer inputs (promote to f32 like PyTorch).
 inline bool unary_float_only(Unary op) {
   switch (op) {
@@ -74,7 +84,33 @@ enum class Binary {
   SigmoidBackward,   // a * b * (1 - b), b = output
   TanhBackward,      // a * (1 - b^2), b = output
   SiluBackward,      // a * silu'(b), b = input
+  SoftplusBackward,  // a * sigmoid(b), b = input (a itself above softplus's threshold)
 };
+inline const char* op_name(Binary op) {
+  static const char* names[] = {"add",
+                                "sub",
+                                "mul",
+                                "div",
+                                "pow",
+                                "maximum",
+                                "minimum",
+                                "eq",
+                                "ne",
+                                "lt",
+                                "le",
+                                "gt",
+                                "ge",
+                                "relu_backward",
+                                "gelu_backward",
+                                "gelu_tanh_backward",
+                                "sigmoid_backward",
+                                "tanh_backward",
+                                "silu_backward",
+                                "softplus_backward"};
+  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(Binary::SoftplusBackward) + 1,
+                "a Binary op was added: name it here");
+  return names[static_cast<int>(op)];
+}
 
 struct Conv2dArgs {
   Int2 stride{1}, padding{0}, dilation{1};

@@ -1,6 +1,7 @@
 #include "nn/activation.h"
 
 #include <sstream>
+#include <utility>
 
 #include "autograd/functions.h"
 
@@ -15,11 +16,26 @@ Tensor ReLU::forward(const Tensor& x) {
   return y;
 }
 
+GELU::GELU(std::string approximate) : Module("GELU"), approximate(std::move(approximate)) {
+  MG_CHECK(this->approximate == "none" || this->approximate == "tanh", ValueError,
+           "GELU: approximate must be \"none\" or \"tanh\", got \"", this->approximate, "\"");
+}
+
+Tensor GELU::forward(const Tensor& x) { return mg::gelu(x, approximate == "tanh"); }
+
+Tensor SiLU::forward(const Tensor& x) { return mg::silu(x); }
+
 Dropout::Dropout(double p) : Module("Dropout"), p(p) {
   MG_CHECK(p >= 0.0 && p < 1.0, ValueError, "Dropout: p must be in [0, 1), got ", p);
 }
 
 Tensor Dropout::forward(const Tensor& x) { return mg::dropout(x, p, is_training()); }
+
+Branch Dropout::branch(Branch b) {
+  run_forward_pre_hooks();
+  if (p > 0.0 && is_training()) b.p = p;
+  return b;
+}
 
 std::string Dropout::extra_repr() const {
   std::ostringstream os;

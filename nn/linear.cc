@@ -37,11 +37,22 @@ void Linear::reset_parameters(Generator* gen) {
   }
 }
 
-Tensor Linear::forward(const Tensor& x) {
+void Linear::check_input(const Tensor& x) const {
   MG_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in_features, ShapeError, "Linear(in_features=", in_features,
            ", out_features=", out_features, "): input's last dim must be ", in_features, ", got shape ",
            x.defined() ? shape_str(x.sizes()) : std::string("(undefined)"));
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  check_input(x);
   return mg::linear(x, weight, bias);
+}
+
+Branch Linear::branch(const Tensor& x) {
+  run_forward_pre_hooks();
+  check_input(x);
+  if (!bias.defined() || is_parameter_derived("bias")) return {mg::linear(x, weight, bias)};
+  return {mg::linear(x, weight, Tensor()), bias};
 }
 
 std::string Linear::extra_repr() const {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/random.h"
+#include "autograd/residual.h"
 #include "nn/module.h"
 
 namespace mg::nn {
@@ -13,6 +14,10 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features, bool bias = true, TensorOptions opts = {},
          Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
+  // The layer as a residual branch (mg::Residual): the output without the bias, and the bias,
+  // which the stream adds inside its next layer norm. A derived bias (pruning's bias_orig * mask,
+  // made by a pre-hook) stays in the GEMM: it must not outlive the call that made it.
+  Branch branch(const Tensor& x);
   // kaiming_uniform_(weight, a = sqrt(5)) and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
   void reset_parameters(Generator* gen = nullptr);
   std::string extra_repr() const override;
@@ -22,6 +27,9 @@ class Linear : public Module {
   // Bound to the registry: assigning here re-points the registered parameter (weight tying).
   Tensor& weight;  // [out, in]
   Tensor& bias;    // [out], undefined when bias = false
+
+ private:
+  void check_input(const Tensor& x) const;
 };
 
 }  // namespace mg::nn

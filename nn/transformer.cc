@@ -1,10 +1,8 @@
 #include "nn/transformer.h"
 
-#include <optional>
 #include <sstream>
 
 #include "autograd/functions.h"
-#include "core/autocast.h"
 #include "nn/init.h"
 
 namespace mg::nn {
@@ -42,13 +40,9 @@ void LayerNorm::reset_parameters() {
 
 Tensor LayerNorm::forward(const Tensor& x) { return mg::layer_norm(x, normalized_shape, weight, bias, eps); }
 
-std::pair<Tensor, Tensor> LayerNorm::forward_residual(const Tensor& x, const Tensor& residual,
-                                                      const Tensor& residual_bias) {
-  MG_CHECK(x.defined(), ValueError, "LayerNorm::forward_residual: input is an undefined tensor");
+Tensor LayerNorm::operator()(const Residual& x) {
   run_forward_pre_hooks();
-  std::optional<DType> out;
-  if (is_autocast_enabled(x.device().type)) out = autocast_dtype(x.device().type);
-  return add_layer_norm(x, residual, normalized_shape, weight, bias, eps, out, residual_bias);
+  return mg::layer_norm(x, normalized_shape, weight, bias, eps);
 }
 
 std::string LayerNorm::extra_repr() const {
@@ -57,20 +51,6 @@ std::string LayerNorm::extra_repr() const {
      << ", elementwise_affine=" << (weight.defined() ? "true" : "false");
   return os.str();
 }
-
-// ---------------- a pending branch ----------------
-
-Tensor PendingBranch::added_to(const Tensor& x) const {
-  if (!out.defined()) return x;
-  if (dropout > 0.0) return bias_dropout_add(x, out, bias, dropout, true);
-  Tensor h = add(x, out);
-  return bias.defined() ? add(h, bias) : h;
-}
-
-namespace {
-// A dropout that changes its input: p > 0 in training mode.
-bool dropout_active(const Dropout& d) { return d.p > 0.0 && d.is_training(); }
-}  // namespace
 
 // ---------------- Embedding ----------------
 
@@ -93,17 +73,6 @@ std::string Embedding::extra_repr() const {
   os << num_embeddings << ", " << embedding_dim;
   return os.str();
 }
-
-// ---------------- activations ----------------
-
-GELU::GELU(std::string approximate) : Module("GELU"), approximate(std::move(approximate)) {
-  MG_CHECK(this->approximate == "none" || this->approximate == "tanh", ValueError,
-           "GELU: approximate must be \"none\" or \"tanh\", got \"", this->approximate, "\"");
-}
-
-Tensor GELU::forward(const Tensor& x) { return mg::gelu(x, approximate == "tanh"); }
-
-Tensor SiLU::forward(const Tensor& x) { return mg::silu(x); }
 
 // ---------------- attention ----------------
 
@@ -130,16 +99,9 @@ Tensor MultiheadSelfAttention::attend(const Tensor& x) {
 
 Tensor MultiheadSelfAttention::forward(const Tensor& x) { return (*resid_dropout)((*c_proj)(attend(x))); }
 
-Tensor MultiheadSelfAttention::pending_bias() const { return dropout_active(*resid_dropout) ? Tensor() : c_proj->bias; }
-
-PendingBranch MultiheadSelfAttention::forward_branch(const Tensor& x) {
-  const bool dropped = dropout_active(*resid_dropout);
-  if (!dropped && !pending_bias().defined()) return {forward(x), Tensor()};
-  Tensor y = attend(x);
-  c_proj->run_forward_pre_hooks();  // what (*c_proj)(y) would run (pruning may set the bias)
-  if (!dropped) return {linear(y, c_proj->weight, Tensor()), c_proj->bias};
-  resid_dropout->run_forward_pre_hooks();  // what (*resid_dropout)(...) would run
-  return {linear(y, c_proj->weight, Tensor()), c_proj->bias, resid_dropout->p};
+Branch MultiheadSelfAttention::branch(const Tensor& x) {
+  run_forward_pre_hooks();
+  return resid_dropout->branch(c_proj->branch(attend(x)));
 }
 
 Tensor MultiheadSelfAttention::forward_cached(const Tensor& x, KVCache& cache, size_t layer) {
@@ -196,36 +158,21 @@ Tensor MLP::forward(const Tensor& x) {
   return (*dropout)(fused(x, true));
 }
 
-// The same computation as one node whose GEMMs carry the GELU (autograd/linalg_ops.cc), with
-// or without c_proj's bias; the children's pre-hooks (pruning) still run first.
+Branch MLP::branch(const Tensor& x) {
+  run_forward_pre_hooks();
+  if (gelu->approximate != "tanh") return dropout->branch(c_proj->branch((*gelu)((*c_fc)(x))));
+  const bool bias_pending = c_proj->bias.defined() && !c_proj->is_parameter_derived("bias");
+  return dropout->branch({fused(x, !bias_pending), bias_pending ? c_proj->bias : Tensor()});
+}
+
+// The MLP as one node whose GEMMs carry the GELU (autograd/linalg_ops.cc), with or without
+// c_proj's bias; the children's pre-hooks (pruning) still run first.
 Tensor MLP::fused(const Tensor& x, bool with_bias) {
   MG_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == c_fc->in_features, ShapeError, "MLP(n_embd=", c_fc->in_features,
            "): input's last dim must be ", c_fc->in_features, ", got shape ", shape_or_undefined(x));
   c_fc->run_forward_pre_hooks();
   c_proj->run_forward_pre_hooks();
   return gelu_mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, with_bias ? c_proj->bias : Tensor());
-}
-
-Tensor MLP::pending_bias() const {
-  const bool folds = gelu->approximate == "tanh" && !dropout_active(*dropout) && !c_proj->is_parameter_derived("bias");
-  return folds ? c_proj->bias : Tensor();
-}
-
-PendingBranch MLP::forward_branch(const Tensor& x) {
-  if (dropout_active(*dropout)) {
-    Tensor m;
-    if (gelu->approximate == "tanh") {
-      m = fused(x, false);
-    } else {
-      Tensor a = (*gelu)((*c_fc)(x));
-      c_proj->run_forward_pre_hooks();
-      m = linear(a, c_proj->weight, Tensor());
-    }
-    dropout->run_forward_pre_hooks();
-    return {m, c_proj->bias, dropout->p};
-  }
-  if (!pending_bias().defined()) return {forward(x), Tensor()};
-  return {fused(x, false), c_proj->bias};
 }
 
 TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, TensorOptions opts, Generator* gen)
@@ -237,27 +184,17 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& o, TensorOptio
   mlp = register_module("mlp", std::make_shared<MLP>(o, opts, gen));
 }
 
-std::pair<Tensor, PendingBranch> TransformerBlock::forward_pending(const Tensor& x, const PendingBranch& pending,
-                                                                   bool mlp_bias_pending) {
-  MG_CHECK(x.defined(), ValueError, "TransformerBlock: input is an undefined tensor");
-  auto [h1, y1] = ln_1->forward_residual(x, pending.out, pending.bias);
-  attn->run_forward_pre_hooks();  // what (*attn)(y1) would run
-  const PendingBranch a = attn->forward_branch(y1);
-  // With the attention's dropout on, its bias, dropout and add are one kernel, then the norm.
-  auto [h2, y2] =
-      a.dropout > 0.0 ? ln_2->forward_residual(a.added_to(h1), Tensor()) : ln_2->forward_residual(h1, a.out, a.bias);
-  if (dropout_active(*mlp->dropout)) {  // likewise, in the block: a dropped branch is never left pending
-    mlp->run_forward_pre_hooks();
-    return {mlp->forward_branch(y2).added_to(h2), {}};
-  }
-  if (!mlp_bias_pending) return {h2, {(*mlp)(y2), Tensor()}};
-  mlp->run_forward_pre_hooks();
-  return {h2, mlp->forward_branch(y2)};
+Residual TransformerBlock::forward(Residual x) {
+  x = x + attn->branch((*ln_1)(x));
+  x = x + mlp->branch((*ln_2)(x));
+  return x;
 }
 
-Tensor TransformerBlock::forward(const Tensor& x) {
-  auto [h, m] = forward_pending(x, {}, false);  // one add, the MLP's bias inside its GEMM
-  return m.added_to(h);
+Tensor TransformerBlock::forward(const Tensor& x) { return forward(Residual(x)).value(); }
+
+Residual TransformerBlock::operator()(const Residual& x) {
+  run_forward_pre_hooks();
+  return forward(x);
 }
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache, size_t layer) {

@@ -1,12 +1,12 @@
-// Transformer layers as Modules (torch.nn.LayerNorm, Embedding, GELU, SiLU), causal
-// self-attention with a fused qkv projection, and the pre-norm GPT-2 block built from them.
+// Transformer layers as Modules (torch.nn.LayerNorm, Embedding), causal self-attention with a
+// fused qkv projection, the MLP, and the pre-norm GPT-2 block built from them.
 #pragma once
 
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "autograd/residual.h"
 #include "core/random.h"
 #include "nn/activation.h"
 #include "nn/linear.h"
@@ -22,12 +22,10 @@ class LayerNorm : public Module {
   explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true,
                      TensorOptions opts = {});
   Tensor forward(const Tensor& x) override;
-  // The pre-LN residual step: (h, ln(h)) with h = x + residual (residual may be undefined: h is
-  // x), through add_layer_norm. Under autocast ln(h) comes out in the autocast dtype, for the
-  // linear that reads it. Runs the forward pre-hooks like operator().
-  // residual_bias: see mg::add_layer_norm (a branch's bias added with the branch).
-  std::pair<Tensor, Tensor> forward_residual(const Tensor& x, const Tensor& residual,
-                                             const Tensor& residual_bias = Tensor());
+  using Module::operator();
+  // The norm of a residual stream: a pending add runs inside it (mg::layer_norm(Residual)), and
+  // under autocast the output comes in the autocast dtype, for the linear that reads it.
+  Tensor operator()(const Residual& x);
   void reset_parameters();
   std::string extra_repr() const override;
 
@@ -50,21 +48,6 @@ class Embedding : public Module {
   Tensor& weight;  // bound to the registry: assign to tie it with another module's weight
 };
 
-// approximate: "none" (erf, exact) or "tanh" (GPT-2's approximation).
-class GELU : public Module {
- public:
-  explicit GELU(std::string approximate = "none");
-  Tensor forward(const Tensor& x) override;
-  std::string extra_repr() const override { return "approximate=" + approximate; }
-  const std::string approximate;
-};
-
-class SiLU : public Module {
- public:
-  SiLU() : Module("SiLU") {}
-  Tensor forward(const Tensor& x) override;
-};
-
 // Keys and values of the positions seen so far, one [B, num_heads, capacity, head_dim] pair per
 // layer, for decoding one token at a time (GPT::forward_cached). Each layer's pair is allocated at
 // its first use with the dtype and device of that layer's projections; `length` positions are filled.
@@ -76,18 +59,6 @@ struct KVCache {
   void clear() { length = 0; }
 };
 
-// A branch's output whose add into the residual stream is left to the next layer norm
-// (mg::add_layer_norm), with the bias of the Linear that made it when that Linear left its bias
-// out (undefined otherwise): the stream's next value is (x + out) + bias. With dropout > 0 (a
-// training-mode dropout after the Linear) the next value is x + dropout(out + bias): one
-// bias_dropout_add kernel, done by the block itself, never left to the next one.
-struct PendingBranch {
-  Tensor out, bias;
-  double dropout = 0.0;
-  // The stream's next value, the add done here (x alone when out is undefined).
-  Tensor added_to(const Tensor& x) const;
-};
-
 // Self-attention over x [B, T, C]: one Linear makes q, k and v together (c_attn, C -> 3C),
 // heads of C / num_heads attend through mg::attention_packed_qkv (straight from c_attn's
 // output, no head split/merge copies on CUDA), c_proj mixes them back. Dropout on the attention weights and on the
@@ -97,13 +68,8 @@ class MultiheadSelfAttention : public Module {
   MultiheadSelfAttention(int64_t embed_dim, int64_t num_heads, bool causal = false, double dropout = 0.0,
                          bool bias = true, TensorOptions opts = {}, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
-  // forward(x) with c_proj's bias left for the residual add (PendingBranch) where nothing comes
-  // between them: c_proj has a bias and the output dropout is off (p = 0 or eval mode). With
-  // the dropout on, c_proj's output without its bias, the bias and p: the caller runs the bias,
-  // the dropout and the residual add as one bias_dropout_add.
-  PendingBranch forward_branch(const Tensor& x);
-  // The bias forward_branch leaves out now, or an undefined tensor.
-  Tensor pending_bias() const;
+  // forward(x) as a residual branch: c_proj's bias and the output dropout left to the stream.
+  Branch branch(const Tensor& x);
   // Inference on the next x.size(1) positions after cache.length: their keys and values are
   // written into layer `layer` of the cache and the queries attend to every cached position.
   // Causal (the model's mask) needs cache.length == 0 or one new position (no dropout either way).
@@ -131,22 +97,15 @@ struct TransformerBlockOptions {
   int64_t mlp_ratio = 4;  // hidden width = mlp_ratio * n_embd
 };
 
-// c_fc (C -> 4C), GELU, c_proj (4C -> C), dropout.
+// c_fc (C -> 4C), GELU, c_proj (4C -> C), dropout. With GPT-2's GELU ("tanh") the three layers
+// run as one node, mg::gelu_mlp (the GELU inside the GEMMs' epilogues).
 class MLP : public Module {
  public:
   MLP(const TransformerBlockOptions& o, TensorOptions opts = {}, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
-  // forward(x) with c_proj's bias left for the residual add (PendingBranch) where the MLP is the
-  // fused gelu_mlp node (GELU "tanh") with a c_proj bias, the dropout off and the bias not a
-  // derived parameter: the bias leaves the block (into the next one, perhaps across a checkpoint
-  // region's edge), so it must be the parameter itself. A derived bias (pruning's bias_orig *
-  // mask, made by c_proj's pre-hook) would be made inside a checkpointed block's forward without
-  // grad, and reach the next norm with no history: it stays in the GEMM. (A pruned weight does
-  // not stop the fold.) With the dropout on (training, p > 0): c_proj's output without its
-  // bias, the bias and p, for one bias_dropout_add in the block.
-  PendingBranch forward_branch(const Tensor& x);
-  // The bias forward_branch leaves out now, or an undefined tensor.
-  Tensor pending_bias() const;
+  // forward(x) as a residual branch: c_proj's bias (unless derived, Linear::branch) and the
+  // dropout left to the stream.
+  Branch branch(const Tensor& x);
   std::shared_ptr<Linear> c_fc, c_proj;
   std::shared_ptr<GELU> gelu;
   std::shared_ptr<Dropout> dropout;
@@ -155,19 +114,15 @@ class MLP : public Module {
   Tensor fused(const Tensor& x, bool with_bias);  // the gelu_mlp node, without the dropout
 };
 
-// Pre-norm residual block (GPT-2): x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)).
+// Pre-norm residual block (GPT-2): x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). On a residual
+// stream (mg::Residual) each add is left for the next layer norm, which runs it in its kernel.
 class TransformerBlock : public Module {
  public:
   explicit TransformerBlock(const TransformerBlockOptions& o, TensorOptions opts = {}, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
-  // The block with the residual stream's last add left open: given x and the previous block's
-  // pending branch (empty for the first block), returns (h, m) where this block's output is
-  // m.added_to(h). A stack of blocks passes (h, m) on, so each add, with the c_proj bias before
-  // it, is fused into the next layer norm (add_layer_norm) and never runs on its own. With
-  // mlp_bias_pending false the MLP adds its bias in its GEMM (m.bias undefined), for a caller
-  // that adds m at once: forward(x) is forward_pending(x, {}, false) with the add done.
-  std::pair<Tensor, PendingBranch> forward_pending(const Tensor& x, const PendingBranch& pending,
-                                                   bool mlp_bias_pending = true);
+  Residual forward(Residual x);
+  using Module::operator();
+  Residual operator()(const Residual& x);  // forward(x) after the pre-hooks
   Tensor forward_cached(const Tensor& x, KVCache& cache, size_t layer);
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<MultiheadSelfAttention> attn;

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/env.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace mg::kernels {
@@ -303,10 +304,7 @@ void backward_weight_t(const Tensor& gout, const Tensor& x, const Conv2dArgs& a,
 
 int cpu::nn_num_threads() {
   static const int n = [] {
-    if (const char* env = std::getenv("MG_NUM_THREADS")) {
-      const int v = std::atoi(env);
-      if (v >= 1) return v;
-    }
+    if (const long v = env::integer("MG_NUM_THREADS", 0); v >= 1) return static_cast<int>(v);
     return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }();
   return n;

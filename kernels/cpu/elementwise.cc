@@ -132,6 +132,8 @@ void unary_t(Unary op, const Tensor& a, const Tensor& out) {
         return run([](M x) { return M(1) / x; });
       case Unary::Silu:
         return run([](M x) { return x / (M(1) + std::exp(-x)); });
+      case Unary::Softplus:
+        return run([](M x) { return x > M(20) ? x : std::log1p(std::exp(x)); });
       case Unary::Abs:
         return run([](M x) { return std::abs(x); });
       default:
@@ -227,6 +229,8 @@ void binary_t(Binary op, const Tensor& a, const Tensor& b, const Tensor& out) {
           const M s = M(1) / (M(1) + std::exp(-x));
           return g * s * (M(1) + x * (M(1) - s));
         });
+      case Binary::SoftplusBackward:
+        return run([](M g, M x) { return x > M(20) ? g : g / (M(1) + std::exp(-x)); });
       default:
         break;
     }

@@ -31,6 +31,7 @@
 
 #include "core/cuda/check.h"
 #include "core/device_runtime.h"
+#include "core/env.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cudnn.h"
 #include "kernels/cuda/depthwise_conv.h"
@@ -456,8 +457,8 @@ bool run_pointwise(CudaBackend& be, Dir dir, const Tensor& lead, const Tensor& x
 // MG_DEPTHWISE_NHWC=0 always takes cuDNN, =1 always ours (A/B runs).
 int depthwise_mode() {
   static const int mode = [] {
-    const char* e = std::getenv("MG_DEPTHWISE_NHWC");
-    return !e ? -1 : std::strcmp(e, "0") == 0 ? 0 : 1;
+    const std::string_view m = env::choice("MG_DEPTHWISE_NHWC", {"auto", "0", "1"});
+    return m == "auto" ? -1 : m == "0" ? 0 : 1;
   }();
   return mode;
 }

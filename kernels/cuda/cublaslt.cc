@@ -19,6 +19,7 @@
 
 #include "core/cuda/check.h"
 #include "core/device_runtime.h"
+#include "core/env.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cublas.h"
 #include "kernels/cuda/thread_handles.h"
@@ -37,10 +38,7 @@ cublasLtHandle_t lt_handle(int device) {
 
 // MG_CUBLASLT=0 sends every linear through cublasGemmEx + separate bias kernels (A/B runs).
 bool lt_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("MG_CUBLASLT");
-    return !e || std::strcmp(e, "0") != 0;
-  }();
+  static const bool on = env::choice("MG_CUBLASLT", {"1", "0"}) == "1";
   return on;
 }
 

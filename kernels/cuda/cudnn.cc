@@ -12,16 +12,14 @@
 #include "core/enum_name.h"
 #include "core/cuda_memory.h"
 #include "core/device_runtime.h"
+#include "core/env.h"
 #include "kernels/cuda/thread_handles.h"
 
 namespace mg::kernels::cuda {
 namespace {
 
 std::atomic<bool>& benchmark_flag() {
-  static std::atomic<bool> flag{[] {
-    const char* e = std::getenv("MG_CUDNN_BENCHMARK");
-    return e && e[0] == '1';
-  }()};
+  static std::atomic<bool> flag{env::choice("MG_CUDNN_BENCHMARK", {"0", "1"}) == "1"};
   return flag;
 }
 

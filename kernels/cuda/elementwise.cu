@@ -81,6 +81,8 @@ __device__ __forceinline__ T unary_op(int op, T xv, const Params& p) {
         return store_m<T>(x * x);
       case static_cast<int>(Unary::Silu):
         return store_m<T>(x / (M(1) + m_exp(-x)));
+      case static_cast<int>(Unary::Softplus):
+        return store_m<T>(x > M(20) ? x : log1p(m_exp(x)));
       case static_cast<int>(Unary::LogicalNot):
         return store_m<T>(M(x == M(0)));
       case kClamp: {
@@ -201,6 +203,8 @@ __device__ __forceinline__ O binary_op(int op, T av, T bv, const Params& p) {
           const M s = M(1) / (M(1) + m_exp(-y));
           return store_m<O>(x * s * (M(1) + y * (M(1) - s)));
         }
+        case static_cast<int>(Binary::SoftplusBackward):
+          return store_m<O>(y > M(20) ? x : x / (M(1) + m_exp(-y)));
         default:
           return store_m<O>(M(0));
       }

@@ -11,6 +11,7 @@
 
 #include "core/cuda/check.h"
 #include "core/device_runtime.h"
+#include "core/env.h"
 #include "kernels/cuda/cublas.h"
 #include "kernels/cuda/cuda_backend.h"
 
@@ -201,10 +202,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, c
 // MG_BIAS_GRAD=epilogue takes the epilogue instead (A/B runs).
 namespace {
 bool bias_grad_epilogue() {
-  static const bool on = [] {
-    const char* e = std::getenv("MG_BIAS_GRAD");
-    return e && std::strcmp(e, "epilogue") == 0;
-  }();
+  static const bool on = env::choice("MG_BIAS_GRAD", {"reduce", "epilogue"}) == "epilogue";
   return on;
 }
 }  // namespace

@@ -10,14 +10,14 @@
 #include <vector>
 
 #include "core/device_runtime.h"
+#include "core/env.h"
 
 namespace mg::kernels::cuda {
 
 // A library workspace size from the environment, given in MiB (a negative value counts as 0),
 // or `default_mib` when the variable is unset. Callers read it once, into a static.
 inline std::size_t env_workspace_bytes(const char* name, long default_mib) {
-  const char* e = std::getenv(name);
-  const long mib = e ? std::strtol(e, nullptr, 10) : default_mib;
+  const long mib = env::integer(name, default_mib);
   return static_cast<std::size_t>(mib < 0 ? 0 : mib) << 20;
 }
 

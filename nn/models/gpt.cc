@@ -4,11 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
-#include <optional>
-#include <tuple>
 
-#include "autograd/offload.h"
-#include "autograd/recompute.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "core/random.h"
@@ -85,11 +81,7 @@ Tensor GPT::embed(const Tensor& idx, int64_t start) {
   return (*drop)(add((*wte)(idx), pos));  // [B, T, C] + [T, C]
 }
 
-Tensor GPT::forward(const Tensor& idx) {
-  Tensor x = hidden(idx);
-  if (recompute.offload_blocks > 0) offload_wait();  // as in forward_loss
-  return (*lm_head)(x);
-}
+Tensor GPT::forward(const Tensor& idx) { return (*lm_head)(hidden(idx)); }
 
 Tensor GPT::forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignore_index) {
   MG_CHECK(idx.defined() && targets.defined() && idx.dim() == 2 && targets.sizes() == idx.sizes(), ShapeError,
@@ -102,70 +94,20 @@ Tensor GPT::forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignor
   // would drain the queue (kernels/deferred_checks.h). A bad id or label still raises here.
   kernels::DeferredIndexChecks checks;
   Tensor x = hidden(idx);
-  if (recompute.offload_blocks > 0) offload_wait();  // the head is the peak: the offloaded blocks' memory is back
-  lm_head->run_forward_pre_hooks();                  // what (*lm_head)(x) would run (pruning masks, sharding)
+  lm_head->run_forward_pre_hooks();  // what (*lm_head)(x) would run (pruning masks, sharding)
   Tensor loss = linear_cross_entropy(x, lm_head->weight, targets, "mean", ignore_index, 0.0, recompute.head_chunk_rows);
   checks.finish();
   return loss;
 }
 
+// The blocks run on a residual stream whose adds fuse into the next layer norm (mg::Residual);
+// checkpointing, selective recomputation and offload are the plan's (nn/models/recompute_plan.h).
 Tensor GPT::hidden(const Tensor& idx) {
-  std::optional<SelectiveRecompute> selective;
-  if (recompute.selective)
-    selective.emplace(recompute.selective_ops.empty() ? RecomputePolicy::cheap_ops()
-                                                      : RecomputePolicy{recompute.selective_ops});
-  std::optional<OffloadScope> offload;
-  if (recompute.offload_blocks > 0) offload.emplace(recompute.offload);
-  Tensor x = embed(idx, 0);
-  // The residual add stays pending (x + pending, with the c_proj bias that made it) and is fused
-  // into the next layer norm, the last one into ln_f. A checkpointed block that keeps its MLP
-  // output takes and returns the pair too: its pending output is that kept tensor, so the region
-  // holds nothing more for it. Other checkpointed blocks do the add and keep only the sum, one
-  // tensor of the residual stream.
-  CheckpointOptions opts;
-  opts.keep_ops = recompute.keep_ops;
-  const bool pass_pending = std::find(opts.keep_ops.begin(), opts.keep_ops.end(), "gelu_mlp") != opts.keep_ops.end();
-  PendingBranch pending;
-  const auto blocks = h->children();
-  const auto block = [&](size_t i) { return static_cast<TransformerBlock*>(blocks[i].get()); };
-  // The kept output is the pending branch only where the MLP is the fused node and nothing
-  // follows it (no dropout).
-  const auto kept_branch = [&](size_t i) {
-    return pass_pending && block(i)->mlp->gelu->approximate == "tanh" && block(i)->mlp->dropout->p == 0.0;
-  };
-  // Whether block i (ln_f for i past the last) takes the pending branch into its first norm: a
-  // checkpointed block that does not keep its MLP output adds it first, and then the MLP's bias
-  // is better added inside the GEMM before it than as an add of its own.
-  const auto takes_pending = [&](size_t i) {
-    return i == blocks.size() || !recompute.checkpointed(static_cast<int64_t>(i)) || kept_branch(i);
-  };
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    TransformerBlock* b = block(i);
-    if (static_cast<int64_t>(i) == recompute.offload_blocks) offload.reset();
-    if (recompute.checkpointed(static_cast<int64_t>(i)) && kept_branch(i)) {
-      // Decided once, here: the region's forward and its replay in backward must leave the same
-      // bias pending as the caller adds to the next norm, the parameter itself.
-      const Tensor out_bias = takes_pending(i + 1) ? b->mlp->pending_bias() : Tensor();
-      auto out = checkpoint(
-          [b, in_bias = pending.bias, fold = out_bias.defined()](const std::vector<Tensor>& in) {
-            b->run_forward_pre_hooks();
-            auto [hh, m] = b->forward_pending(in[0], {in[1], in_bias}, fold);
-            MG_CHECK(m.bias.defined() == fold, ValueError, "GPT: block's MLP bias was ", fold ? "" : "not ",
-                     "left to the next layer norm when this checkpointed block was decided, but is ",
-                     fold ? "not " : "", "now (its c_proj was pruned or changed between the forward and its replay)");
-            return std::vector<Tensor>{hh, m.out};
-          },
-          {x, pending.out}, opts);
-      x = out[0], pending = {out[1], out_bias};
-    } else if (recompute.checkpointed(static_cast<int64_t>(i))) {
-      x = pending.added_to(x), pending = {};
-      x = checkpoint([b](const Tensor& in) { return (*b)(in); }, x, opts);
-    } else {
-      b->run_forward_pre_hooks();
-      std::tie(x, pending) = b->forward_pending(x, pending, takes_pending(i + 1));
-    }
-  }
-  return ln_f->forward_residual(x, pending.out, pending.bias).second;
+  BlockPlan plan(recompute);
+  Residual x = embed(idx, 0);
+  for (int64_t i = 0; i < config.n_layer; ++i) x = plan.run(i, block(i), x);
+  plan.finish();
+  return (*ln_f)(x);
 }
 
 Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) {

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "autograd/offload.h"
 #include "nn/activation.h"
 #include "nn/linear.h"
+#include "nn/models/recompute_plan.h"
 #include "nn/module.h"
 #include "nn/sequential.h"
 #include "nn/transformer.h"
@@ -24,41 +24,6 @@ struct GPTConfig {
   double dropout = 0.0;
   bool bias = true;       // biases in the Linears and LayerNorms (GPT-2 has them)
   bool tied_head = true;  // lm_head.weight IS transformer.wte.weight (one Parameter)
-};
-
-// Activation recomputation for GPT::forward (autograd/recompute.h). Per-block
-// checkpointing keeps each block's input only; selective recomputation keeps the matmul and
-// attention outputs and rebuilds the layer norms, GELU and dropout; both can be combined.
-struct GPTRecompute {
-  bool checkpoint_blocks = false;  // every block
-  std::vector<bool> block_mask;    // or exactly these blocks (a planner's choice; size n_layer)
-  bool selective = false;
-  // The op kinds selective recomputation rebuilds (RecomputePolicy names); empty:
-  // RecomputePolicy::cheap_ops(). {"gelu"} alone drops the MLP's GELU output (a quarter of a
-  // block's activations) and keeps the fused residual-add + layer norm, which a policy naming
-  // layer_norm runs as plain ops.
-  std::vector<std::string> selective_ops;
-  // The op outputs a checkpointed block keeps (CheckpointOptions::keep_ops): {"attention",
-  // "gelu_mlp", "weight_casts"} keeps the attention output and logsumexp, the MLP's output and
-  // the block's bf16 weight casts under autocast. The block then keeps twice a plain checkpoint's
-  // bytes (GPT-2 at B=8, T=1024: about 50 MB a block against 25, and 230 without checkpointing),
-  // and its replay skips the attention forward, the MLP's c_proj GEMM and the casts.
-  std::vector<std::string> keep_ops;
-  // That set: what `gpt2 --recompute per-block-keep` and gpt_memory_ladder's kept rungs use.
-  static std::vector<std::string> block_outputs() { return {"attention", "gelu_mlp", "weight_casts"}; }
-  // Rows of logits forward_loss makes at a time (0: linear_cross_entropy's choice, about
-  // 512 MiB of logits; fewer rows lower the peak at the head for more, smaller GEMMs).
-  int64_t head_chunk_rows = 0;
-  // The first N blocks run under an OffloadScope (autograd/offload.h): what they save for
-  // backward goes to page-locked host memory while the later blocks run, and comes back as
-  // backward nears them. The first blocks because backward needs their tensors last: the copies
-  // have the rest of the forward to finish and the rest of backward to return. Before the head
-  // (the step's peak) the forward waits for those copies: offload_wait().
-  int64_t offload_blocks = 0;
-  OffloadOptions offload;
-  bool checkpointed(int64_t layer) const {
-    return checkpoint_blocks || (layer < static_cast<int64_t>(block_mask.size()) && block_mask[layer]);
-  }
 };
 
 class GPT : public Module {
@@ -89,13 +54,14 @@ class GPT : public Module {
   static Tensor loss(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
 
   const GPTConfig config;
-  GPTRecompute recompute;               // read by forward(); off by default
+  GPTRecompute recompute;               // read by forward(); off by default (nn/models/recompute_plan.h)
   std::shared_ptr<Module> transformer;  // wte, wpe, drop, h, ln_f (nanoGPT's ModuleDict)
   std::shared_ptr<Embedding> wte, wpe;
   std::shared_ptr<Dropout> drop;
   std::shared_ptr<Sequential> h;  // n_layer TransformerBlocks
   std::shared_ptr<LayerNorm> ln_f;
   std::shared_ptr<Linear> lm_head;  // no bias; its weight is wte's when tied
+  TransformerBlock& block(int64_t i) { return static_cast<TransformerBlock&>(*(*h)[i]); }
 
  private:
   Tensor embed(const Tensor& idx, int64_t start);  // wte(idx) + wpe(start ..), dropout

@@ -66,6 +66,7 @@ void elementwise(Table& t) {
   t.add("gelu_erf", "gelu", {{3, 4}}, [](const V& x) { return gelu(x[0]); });
   t.add("gelu_tanh", "gelu", {{3, 4}}, [](const V& x) { return gelu(x[0], true); });
   t.add("silu", "silu", {{3, 4}}, [](const V& x) { return silu(x[0]); });
+  t.add("softplus_beta", "softplus", {{3, 4}}, [](const V& x) { return softplus(x[0], 2.5); });
   t.add("sigmoid", "sigmoid", {{3, 4}}, [](const V& x) { return sigmoid(x[0]); });
   t.add("tanh", "tanh", {{3, 4}}, [](const V& x) { return tanh(x[0]); });
   t.add("maximum", "maximum", {{3, 4}, {3, 4}}, [](const V& x) { return maximum(x[0], x[1]); });
@@ -99,6 +100,7 @@ void elementwise(Table& t) {
       {"tanh", [](const Tensor& a) { return tanh(a); }, false},
       {"square", [](const Tensor& a) { return square(a); }, false},
       {"silu", [](const Tensor& a) { return silu(a); }, false},
+      {"softplus", [](const Tensor& a) { return softplus(a); }, false},
   };
   for (const Unary& u : unary)
     for (const Layout& l : unary_layouts()) {

@@ -210,5 +210,31 @@ TEST(OpTable, RowsAreUniqueAndRunOnTheDevice) {
   EXPECT_LE(rows.size() - device_rows, 5u);
 }
 
+// softplus past its threshold is x itself, with gradient 1, where log1p(exp(x)) would overflow
+// in f32 (exp(100) = inf); far below it the value and gradient underflow towards 0, never
+// negative or NaN. Exact comparisons: above the threshold the op returns its input unchanged.
+TEST(OpTable, SoftplusThresholdAndTails) {
+  std::vector<Device> devices{Device::cpu()};
+  if (cuda::device_count() > 0) devices.push_back(Device::cuda(0));
+  for (const Device& d : devices)
+    for (DType t : {DType::f32, DType::f64}) {
+      SCOPED_TRACE(d.str() + " " + dtype_name(t));
+      Tensor x = tensor({25.0, 100.0, 1e4, -100.0}, {4}, {t}).to(d).requires_grad_(true);
+      Tensor y = softplus(x);
+      sum(y).backward();
+      const auto v = y.cpu().to_vector<double>(), g = x.grad().cpu().to_vector<double>();
+      const auto in = x.detach().cpu().to_vector<double>();
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(v[i], in[i]);
+        EXPECT_EQ(g[i], 1.0);
+      }
+      EXPECT_GE(v[3], 0.0);
+      EXPECT_LT(v[3], 1e-40);
+      EXPECT_GE(g[3], 0.0);
+      EXPECT_LT(g[3], 1e-40);
+    }
+  EXPECT_THROW(softplus(ones({2}), 0.0), ValueError);
+}
+
 }  // namespace
 }  // namespace mg::op_table

@@ -43,14 +43,44 @@ TEST(LayerNormModule, GradcheckThroughModule) {
 }
 
 // A residual bias goes with a residual: without one it is an error, on the fused op's path
-// and on the plain ops' path that a policy rebuilding layer norms takes.
+// and on the plain ops' path that a policy rebuilding layer norms takes, and a residual
+// stream refuses a branch that is a bias alone.
 TEST(LayerNormModule, ResidualBiasWithoutResidualIsAnError) {
   LayerNorm ln(4);
   Tensor x = randn({2, 4}), b = zeros({4});
+  const auto norm = [&](const Tensor& in) {
+    return add_layer_norm(in, Tensor(), {4}, ln.weight, ln.bias, 1e-5, {}, b);
+  };
   const std::string want = "add_layer_norm: a residual bias (shape [4]) needs a residual, got none";
-  EXPECT_EQ(testing::error_of<ValueError>([&] { ln.forward_residual(x, Tensor(), b); }), want);
+  EXPECT_EQ(testing::error_of<ValueError>([&] { norm(x); }), want);
+  EXPECT_EQ(testing::error_of<ValueError>([&] {
+              Residual(x, Branch{Tensor(), b});
+            }),
+            "Residual: a branch bias (shape [4]) needs a branch output, got none");
   SelectiveRecompute policy(RecomputePolicy::cheap_ops());
-  EXPECT_EQ(testing::error_of<ValueError>([&] { ln.forward_residual(x.requires_grad_(true), Tensor(), b); }), want);
+  EXPECT_EQ(testing::error_of<ValueError>([&] { norm(x.requires_grad_(true)); }), want);
+}
+
+// On a residual stream the add waits for the next layer norm: ln(x + branch) is the norm of the
+// sum, and the stream holds the sum afterwards; value() adds without a norm. f64: the fused op
+// and the plain ops are two orders of the same adds.
+TEST(LayerNormModule, ResidualStreamAddsInsideTheNorm) {
+  Generator g(8);
+  LayerNorm ln(Shape{6}, 1e-5, true, true, kF64);
+  init::normal_(ln.weight, 0.0, 1.0, &g);
+  init::normal_(ln.bias, 0.0, 1.0, &g);
+  const Tensor x = randn({3, 6}, kF64, &g), out = randn({3, 6}, kF64, &g), bias = randn({6}, kF64, &g);
+  const Tensor sum = add(add(x, out), bias);
+  Residual r = Residual(x) + Branch{out, bias};
+  ASSERT_TRUE(r.has_pending());
+  const auto y = ln(r).to_vector<double>(), want = ln(sum).to_vector<double>();
+  EXPECT_FALSE(r.has_pending());
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-12);
+  const auto h = r.value().to_vector<double>(), s = sum.to_vector<double>();
+  for (size_t i = 0; i < h.size(); ++i) EXPECT_NEAR(h[i], s[i], 1e-12);
+  Residual v = Residual(x) + Branch{out, bias};
+  const auto hv = v.value().to_vector<double>();
+  for (size_t i = 0; i < hv.size(); ++i) EXPECT_NEAR(hv[i], s[i], 1e-12);
 }
 
 TEST(EmbeddingModule, LooksUpRowsAndInitsStandardNormal) {
@@ -140,22 +170,23 @@ TEST(TransformerBlock, GradcheckInputAndParametersGetGradients) {
 }
 
 // The c_proj biases are left to the next residual add (add_layer_norm) only where nothing
-// comes between: the output dropouts off (p = 0, or eval mode) and the MLP the fused node.
+// comes between: the output dropouts off (p = 0, or eval mode) and the projection's bias the
+// parameter itself.
 TEST(TransformerBlock, PendingBranchCarriesTheProjectionBiasWithoutDropout) {
   Generator g(5);
   TransformerBlockOptions o = small_block();
   TransformerBlock block(o, kF64, &g);
   Tensor x = randn({2, 3, 8}, kF64, &g);
-  auto [h, m] = block.forward_pending(x, {});
-  ASSERT_TRUE(m.bias.defined());
-  EXPECT_TRUE(m.bias.is_same(block.mlp->c_proj->bias));
-  EXPECT_TRUE(block.attn->pending_bias().is_same(block.attn->c_proj->bias));
-  // Asked to, the MLP keeps its bias (forward(x) adds the branch at once, one add).
-  EXPECT_FALSE(block.forward_pending(x, {}, false).second.bias.defined());
-  // The pending pair adds up to the block's output, and to the plain composition's.
+  const auto mlp_bias = [&](TransformerBlock& b) { return b(Residual(x)).pending().bias; };
+  const auto attn_bias = [&](TransformerBlock& b) { return b.attn->branch((*b.ln_1)(x)).bias; };
+  Residual r = block(Residual(x));
+  ASSERT_TRUE(r.has_pending());
+  EXPECT_TRUE(r.pending().bias.is_same(block.mlp->c_proj->bias));
+  EXPECT_TRUE(attn_bias(block).is_same(block.attn->c_proj->bias));
+  // The stream adds up to the block's output on a plain tensor, and to the plain composition's.
   Tensor plain = add(x, (*block.attn)((*block.ln_1)(x)));
   plain = add(plain, (*block.mlp)((*block.ln_2)(plain)));
-  const auto a = m.added_to(h).to_vector<double>(), b = block(x).to_vector<double>(), c = plain.to_vector<double>();
+  const auto a = r.value().to_vector<double>(), b = block(x).to_vector<double>(), c = plain.to_vector<double>();
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_NEAR(a[i], b[i], 1e-12);
     EXPECT_NEAR(a[i], c[i], 1e-12);  // two orders of the same f64 adds
@@ -163,20 +194,20 @@ TEST(TransformerBlock, PendingBranchCarriesTheProjectionBiasWithoutDropout) {
 
   o.dropout = 0.1;
   TransformerBlock dropping(o, kF64, &g);
-  EXPECT_FALSE(dropping.forward_pending(x, {}).second.bias.defined());  // training: the dropout is on
-  EXPECT_FALSE(dropping.attn->pending_bias().defined());
+  EXPECT_FALSE(dropping(Residual(x)).has_pending());  // training: the dropout is on, added in the block
+  EXPECT_EQ(dropping.attn->branch((*dropping.ln_1)(x)).p, 0.1);
   dropping.eval();
-  EXPECT_TRUE(dropping.forward_pending(x, {}).second.bias.is_same(dropping.mlp->c_proj->bias));
-  EXPECT_TRUE(dropping.attn->pending_bias().is_same(dropping.attn->c_proj->bias));
+  EXPECT_TRUE(mlp_bias(dropping).is_same(dropping.mlp->c_proj->bias));
+  EXPECT_TRUE(attn_bias(dropping).is_same(dropping.attn->c_proj->bias));
 
   o.dropout = 0.0;
-  o.gelu_approximate = "none";  // the MLP runs as its modules, c_proj with its bias
+  o.gelu_approximate = "none";  // the MLP runs as its modules; c_proj still leaves its bias
   TransformerBlock erf(o, kF64, &g);
-  EXPECT_FALSE(erf.forward_pending(x, {}).second.bias.defined());
+  EXPECT_TRUE(mlp_bias(erf).is_same(erf.mlp->c_proj->bias));
   o.gelu_approximate = "tanh";
   o.bias = false;
   TransformerBlock unbiased(o, kF64, &g);
-  EXPECT_FALSE(unbiased.forward_pending(x, {}).second.bias.defined());
+  EXPECT_FALSE(mlp_bias(unbiased).defined());
 }
 
 // With the output dropouts on (training), each branch's c_proj bias, dropout and residual add
@@ -197,9 +228,9 @@ TEST(TransformerBlock, TrainingDropoutIsTheFusedKernelWithTheComposedValues) {
       manual_seed(2718);
       Tensor y;
       if (fused) {
-        auto [h, m] = block.forward_pending(x, {});
-        EXPECT_FALSE(m.out.defined()) << "a dropped branch is added in the block";
-        y = h;
+        Residual r = block(Residual(x));
+        EXPECT_FALSE(r.has_pending()) << "a dropped branch is added in the block";
+        y = r.value();
         EXPECT_EQ(autograd::grad_fn(y)->name(), "bias_dropout_add");
       } else {
         y = add(x, (*block.attn)((*block.ln_1)(x)));
