@@ -38,12 +38,6 @@ class SavedTensor {
     offloaded_.reset();
   }
   bool defined() const { return data_.defined() || recompute_from_ != nullptr; }
-  // True when this saved tensor holds no data: unpack() recomputes it from the checkpoint
-  // region that produced it (selective recomputation).
-  bool is_recomputed() const { return recompute_from_ != nullptr; }
-  // True when the data went to host memory under an OffloadScope (autograd/offload.h):
-  // unpack() brings it back.
-  bool is_offloaded() const { return offloaded_ != nullptr; }
   // False when an in-place op has written the tensor since it was saved (unpack() would raise).
   bool unchanged() const {
     if (recompute_from_) return *version_ == saved_version_;

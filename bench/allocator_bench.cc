@@ -9,9 +9,9 @@
 #include <memory>
 
 #include "bench/training_trace.h"
-#include "core/cuda/caching_allocator.h"
+#include "core/allocator/caching_allocator.h"
 #include "core/cuda/cuda_device_memory.h"
-#include "core/cuda/fake_device.h"
+#include "core/allocator/fake_device.h"
 #include "core/device_runtime.h"
 
 namespace mg::bench {
@@ -41,7 +41,7 @@ void BM_CachingAllocFree(benchmark::State& state) {
   if (!have_gpu(state)) return;
   const size_t bytes = static_cast<size_t>(state.range(0));
   cuda::CudaDeviceMemory mem(0);
-  cuda::CachingAllocator a(mem, 0);
+  allocator::CachingAllocator a(mem, 0);
   a.free(a.allocate(bytes));  // warm: the segment is cached
   for (auto _ : state) {
     void* p = a.allocate(bytes);
@@ -56,8 +56,8 @@ void BM_CachingAllocFree(benchmark::State& state) {
 // GPU (the device is only touched on the warm-up allocation). Arg 1 = expandable segments.
 void BM_CachingAllocFreeFake(benchmark::State& state) {
   const size_t bytes = static_cast<size_t>(state.range(0));
-  cuda::FakeDevice mem(size_t{140} << 30);
-  cuda::CachingAllocator a(mem, 0);
+  allocator::FakeDevice mem(size_t{140} << 30);
+  allocator::CachingAllocator a(mem, 0);
   a.set_expandable_segments(state.range(1) != 0);
   a.free(a.allocate(bytes));
   for (auto _ : state) {
@@ -77,11 +77,11 @@ BENCHMARK(BM_CachingAllocFreeFake)->ArgsProduct({{4 << 10, 1 << 20, 64 << 20}, {
 constexpr const char* kPyTorchPolicies = "reserved_slack:-1,segment_reuse_ratio:0";
 
 // Replays a trace; reports peak reserved / peak allocated (1.0 = no waste) and device calls.
-void replay(benchmark::State& state, cuda::DeviceMemory& mem, const std::vector<TraceEvent>& trace, bool expandable,
-            bool pytorch_policies) {
+void replay(benchmark::State& state, allocator::DeviceMemory& mem, const std::vector<TraceEvent>& trace,
+            bool expandable, bool pytorch_policies) {
   double ratio = 0, peak_alloc = 0, peak_res = 0, calls = 0;
   for (auto _ : state) {
-    cuda::CachingAllocator a(mem, 0);
+    allocator::CachingAllocator a(mem, 0);
     a.set_expandable_segments(expandable);
     if (pytorch_policies) a.configure(kPyTorchPolicies);
     std::map<int64_t, void*> live;
@@ -97,7 +97,7 @@ void replay(benchmark::State& state, cuda::DeviceMemory& mem, const std::vector<
     peak_alloc = static_cast<double>(a.max_memory_allocated());
     peak_res = static_cast<double>(a.max_memory_reserved());
     ratio = peak_res / peak_alloc;
-    const cuda::DeviceStats st = a.stats();
+    const allocator::DeviceStats st = a.stats();
     calls = static_cast<double>(st.num_device_alloc + st.num_device_free);
     a.empty_cache();
   }
@@ -121,7 +121,7 @@ void BM_TraceGpt2Step(benchmark::State& state) {
     cuda::CudaDeviceMemory mem(0, unit);
     replay(state, mem, trace, expandable, pytorch);
   } else {
-    cuda::FakeDevice mem(size_t{140} << 30, true, unit);
+    allocator::FakeDevice mem(size_t{140} << 30, true, unit);
     replay(state, mem, trace, expandable, pytorch);
   }
   state.SetLabel(std::string(real ? "H200" : "fake device") +
@@ -154,7 +154,7 @@ void BM_TraceGrowingBatch(benchmark::State& state) {
     cuda::CudaDeviceMemory mem(0);
     replay(state, mem, trace, expandable, pytorch);
   } else {
-    cuda::FakeDevice mem(size_t{140} << 30);
+    allocator::FakeDevice mem(size_t{140} << 30);
     replay(state, mem, trace, expandable, pytorch);
   }
   state.SetLabel(std::string(real ? "H200" : "fake device") + (expandable ? ", expandable segments" : ", segments") +

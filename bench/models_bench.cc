@@ -40,7 +40,7 @@
 //                      or the N after the offloaded ones with --offload-blocks
 //   --offload-blocks N GPT-2 with what its first N blocks save for backward offloaded to pinned
 //                      host memory (GPTRecompute::offload_blocks; " offload N blocks"); N = auto:
-//                      nn::plan_gpt_offload chooses N from the measured host link and the blocks'
+//                      memory::plan_gpt_offload chooses N from the measured host link and the blocks'
 //                      profile, and a JSON line gives the plan and its predicted exposed copy time
 //                      for every N (" offload N blocks (planned)")
 //   --offload-prefetch-mib M  how far backward fetches offloaded tensors ahead (OffloadOptions::
@@ -49,7 +49,7 @@
 //                      outputs and layer norms rebuilt in backward; " selective")
 //   --memory-budget G  GPT-2: the fastest mode whose whole step (weights, gradients, optimizer
 //                      state, casts, workspaces, activations) peaks under G GiB, found before
-//                      timing by nn::fit_to_budget over a ladder (plain; GELU-only selective +
+//                      timing by memory::fit_to_budget over a ladder (plain; GELU-only selective +
 //                      step in backward; then 1..12 blocks checkpointed with a 2048-row head;
 //                      with --offload-blocks N the rungs after plain offload the first N blocks),
 //                      one trial step each; prints the tries and times the choice, or says the
@@ -290,7 +290,7 @@ void print_max_batch(const char* model, const std::string& config, double gib, m
                      const std::function<void(int64_t)>& step_at) {
   mg::cuda::empty_cache();
   mg::cuda::set_per_process_memory_limit(static_cast<int64_t>(gib * 1073741824.0), dev.index);
-  const mg::nn::BatchSearchResult r = mg::nn::find_max_batch_size([&](int64_t b) {
+  const mg::memory::BatchSearchResult r = mg::memory::find_max_batch_size([&](int64_t b) {
     try {
       step_at(b);
     } catch (const mg::OutOfMemoryError&) {
@@ -330,7 +330,7 @@ int main(int argc, char** argv) {
   std::string selective_ops;  // comma-separated RecomputePolicy op kinds
   std::string keep_ops;       // comma-separated CheckpointOptions::keep_ops of checkpointed blocks
   int checkpoint_blocks = 0, offload_blocks = 0;
-  bool offload_auto = false;          // --offload-blocks auto: nn::plan_gpt_offload chooses
+  bool offload_auto = false;          // --offload-blocks auto: memory::plan_gpt_offload chooses
   int64_t offload_prefetch_mib = -1;  // -1: OffloadOptions' default
   double max_batch_gib = 0;           // > 0: the largest-batch search instead of timing
   double budget_gib = 0;              // > 0: the fastest GPT-2 mode whose whole step fits, then timed
@@ -494,15 +494,15 @@ int main(int argc, char** argv) {
     model->recompute.keep_ops = split(keep_ops);
     if (offload_auto) {
       // The plan, and the model's prediction for every count, next to the measured rows.
-      mg::nn::GPTOffloadPlan plan;
+      mg::memory::GPTOffloadPlan plan;
       {
         mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
                         g_dtype != mg::DType::f32);
-        plan = mg::nn::plan_gpt_offload(*model, B, dev);
+        plan = mg::memory::plan_gpt_offload(*model, B, dev);
         std::string predicted;
         for (int64_t m = 0; m <= cfg.n_layer; ++m)
           predicted +=
-              (m ? "," : "") + std::to_string(mg::nn::evaluate_offload(plan.profile, m, plan.link).exposed_ms());
+              (m ? "," : "") + std::to_string(mg::memory::evaluate_offload(plan.profile, m, plan.link).exposed_ms());
         std::printf(
             "{\"framework\":\"memgrad\",\"model\":\"gpt2-124M\",\"config\":\"B=%lld T=%lld%s offload plan\","
             "\"offload_blocks\":%lld,\"summary\":\"%s\",\"predicted_exposed_ms\":[%s]}\n",
@@ -549,14 +549,15 @@ int main(int argc, char** argv) {
           sib.get());
     };
     if (budget_gib > 0) {
-      // nn::gpt_memory_ladder: plain; GELU-only selective recomputation with the step inside
+      // memory::gpt_memory_ladder: plain; GELU-only selective recomputation with the step inside
       // backward; then 1, 2, ... n_layer blocks checkpointed on top, with a 2048-row head (after
       // the offloaded blocks, with --offload-blocks).
-      const std::vector<mg::nn::BudgetOption> ladder = mg::nn::gpt_memory_ladder(*model, sib.get(), offload_blocks);
+      const std::vector<mg::memory::BudgetOption> ladder =
+          mg::memory::gpt_memory_ladder(*model, sib.get(), offload_blocks);
       auto step = step_at(B);
       step();  // the optimizer's state, before any trial counts it
       const int64_t budget = static_cast<int64_t>(budget_gib * 1073741824.0);
-      const mg::nn::BudgetFitResult fit = mg::nn::fit_to_budget(ladder, step, budget, dev);
+      const mg::memory::BudgetFitResult fit = mg::memory::fit_to_budget(ladder, step, budget, dev);
       std::string tries;
       for (const auto& [name, peak] : fit.peaks)
         tries += (tries.empty() ? "" : ",") + std::string("[\"") + name + "\"," + std::to_string(peak) + "]";

@@ -90,21 +90,21 @@ struct AutocastScope {
 };
 
 // The planner over a chain of blocks: profile at the batch, plan for budget x "none".
-mg::nn::CheckpointPlan plan_blocks(const Options& o, const std::vector<mg::nn::SegmentFn>& blocks, const Tensor& h,
-                                   const char* what) {
+mg::memory::CheckpointPlan plan_blocks(const Options& o, const std::vector<mg::memory::SegmentFn>& blocks,
+                                       const Tensor& h, const char* what) {
   std::vector<std::string> names;
   for (size_t i = 0; i < blocks.size(); ++i) names.push_back("block " + std::to_string(i));
-  std::vector<mg::nn::SegmentProfile> prof;
+  std::vector<mg::memory::SegmentProfile> prof;
   {
     AutocastScope ac(o);
-    prof = mg::nn::profile_segments(blocks, h, names);
+    prof = mg::memory::profile_segments(blocks, h, names);
   }
-  const mg::nn::CheckpointPlan none = mg::nn::plan_none(prof);
+  const mg::memory::CheckpointPlan none = mg::memory::plan_none(prof);
   const auto budget = static_cast<int64_t>(o.budget * static_cast<double>(none.plain_bytes));
-  mg::nn::CheckpointPlan plan = mg::nn::plan_for_budget(prof, budget);
+  mg::memory::CheckpointPlan plan = mg::memory::plan_for_budget(prof, budget);
   std::printf("%s: planner at %.0f%% of the blocks' activations (%s)\n%s%s\n", what, 100 * o.budget,
               mg::format_bytes(budget).c_str(), plan.table(prof).c_str(),
-              mg::nn::plan_sqrt_n(prof).table(prof).c_str());
+              mg::memory::plan_sqrt_n(prof).table(prof).c_str());
   return plan;
 }
 
@@ -161,14 +161,14 @@ void bench_gpt(const Options& o, mg::Device dev) {
 
   // The planner works on the blocks over a hidden state of the real shape.
   model->recompute = none;
-  std::vector<mg::nn::SegmentFn> blocks;
+  std::vector<mg::memory::SegmentFn> blocks;
   for (const auto& b : model->h->children()) {
     mg::nn::Module* m = b.get();
     blocks.push_back([m](const Tensor& x) { return (*m)(x); });
   }
   Tensor h = mg::randn({B, T, cfg.n_embd}, {mg::DType::f32, dev});
   h.requires_grad_(true);
-  mg::nn::CheckpointPlan plan = plan_blocks(o, blocks, h, "gpt2");
+  mg::memory::CheckpointPlan plan = plan_blocks(o, blocks, h, "gpt2");
   h = Tensor();
   mg::nn::GPTRecompute planned;
   planned.block_mask = plan.segment_mask();
@@ -187,7 +187,7 @@ void bench_mlp(const Options& o, mg::Device dev) {
     lin.push_back(std::make_shared<mg::nn::Linear>(d, d, true, mg::TensorOptions(mg::DType::f32, dev)));
     for (const Tensor& p : lin.back()->parameters()) params.push_back(p);
   }
-  std::vector<mg::nn::SegmentFn> blocks;
+  std::vector<mg::memory::SegmentFn> blocks;
   for (auto& l : lin) {
     mg::nn::Linear* m = l.get();
     blocks.push_back([m](const Tensor& x) { return mg::gelu((*m)(x), true); });
@@ -214,24 +214,24 @@ void bench_mlp(const Options& o, mg::Device dev) {
   };
   const std::string config = std::to_string(layers) + "x(Linear " + std::to_string(d) +
                              " + GELU) B=" + std::to_string(B) + " " + o.dtype_name + " SGD(momentum)";
-  auto set_plan = [&](const mg::nn::CheckpointPlan& p, bool sel) {
+  auto set_plan = [&](const mg::memory::CheckpointPlan& p, bool sel) {
     bounds = p.bounds;
     flags = p.checkpointed;
     selective = sel;
     if (o.cuda) mg::cuda::empty_cache();
   };
-  std::vector<mg::nn::SegmentProfile> flat(blocks.size());  // structure only, for the fixed plans
-  set_plan(mg::nn::plan_none(flat), false);
+  std::vector<mg::memory::SegmentProfile> flat(blocks.size());  // structure only, for the fixed plans
+  set_plan(mg::memory::plan_none(flat), false);
   const Result base = measure(o, dev, step);
   print("mlp", config, "none", base, base);
-  set_plan(mg::nn::plan_every_segment(flat), false);
+  set_plan(mg::memory::plan_every_segment(flat), false);
   print("mlp", config, "per-block", measure(o, dev, step), base);
-  set_plan(mg::nn::plan_none(flat), true);
+  set_plan(mg::memory::plan_none(flat), true);
   print("mlp", config, "selective", measure(o, dev, step), base);
-  set_plan(mg::nn::plan_sqrt_n(flat), false);
+  set_plan(mg::memory::plan_sqrt_n(flat), false);
   print("mlp", config, "sqrt(n)", measure(o, dev, step), base);
   Tensor h = x.detach();
-  mg::nn::CheckpointPlan plan = plan_blocks(o, blocks, h, "mlp");
+  mg::memory::CheckpointPlan plan = plan_blocks(o, blocks, h, "mlp");
   set_plan(plan, false);
   print("mlp", config, "planner@" + std::to_string(static_cast<int>(std::lround(100 * o.budget))) + "%",
         measure(o, dev, step), base);

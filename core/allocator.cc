@@ -122,7 +122,6 @@ AllocatorFactory g_cuda_factory = nullptr;
 }
 
 void register_cuda_allocator(AllocatorFactory f) { g_cuda_factory = f; }
-bool cuda_allocator_registered() { return g_cuda_factory != nullptr; }
 
 Allocator& allocator_for(Device d) {
   if (d.is_cpu()) return cpu_allocator();

@@ -104,7 +104,6 @@ CpuAllocator& cpu_allocator();
 Allocator& allocator_for(Device d);
 using AllocatorFactory = Allocator& (*)(int device_index);
 void register_cuda_allocator(AllocatorFactory f);
-bool cuda_allocator_registered();
 
 // The surface PyTorch users look for, for any device.
 int64_t memory_allocated(Device d = Device::cpu());

@@ -1,6 +1,6 @@
 // Replacing a file atomically: the bytes go to a mkstemp temporary file in the target's
 // directory, which gets mode 0644, is fsynced, renamed over the target, and the directory is
-// fsynced. Used by checkpoint files (checkpoint/serialize) and record files (data/mmap_dataset).
+// fsynced. Used by checkpoint files (serialize/serialize) and record files (data/mmap_dataset).
 #pragma once
 
 #include <sys/types.h>

@@ -1,4 +1,5 @@
-// Over 600 lines: the Tensor type's methods (views, factories, checked sizes, copies) share one set of private helpers.
+// The Tensor type's methods (views, factories, checked sizes, copies), on one set of private
+// helpers (shape checks, stride arithmetic, the copy paths).
 #include "core/tensor.h"
 
 #include <algorithm>

@@ -32,7 +32,7 @@
 #include "nn/nn.h"
 #include "examples/run_report.h"
 #include "examples/training_setup.h"
-#include "checkpoint/training_checkpoint.h"
+#include "serialize/training_checkpoint.h"
 #include "core/captured_step.h"
 #include "optim/grad_scaler.h"
 #include "optim/clip_grad.h"
@@ -314,7 +314,7 @@ int run(const Flags& f) {
   gso.enabled = f.amp == "f16";
   gso.capturable = f.cuda_graph;
   mg::optim::GradScaler scaler(gso);
-  mg::nn::TrainingCheckpoint ckpt;
+  mg::serialize::TrainingCheckpoint ckpt;
   ckpt.add("model", *model).add("optimizer", optimizer).add("schedule", schedule).add("scaler", scaler);
   ckpt.add_generator("rng", mg::default_generator());
   int64_t first_epoch = 1;

@@ -22,8 +22,8 @@
 
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
-#include "checkpoint/serialize.h"
-#include "checkpoint/training_checkpoint.h"
+#include "serialize/serialize.h"
+#include "serialize/training_checkpoint.h"
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/cuda_memory.h"
@@ -171,12 +171,12 @@ std::string sample(Run& r, Generator& gen) {
   return r.f.prompt + r.tok->decode(nn::generate(*r.model, prompt, o, &gen));
 }
 
-// --offload-blocks auto: nn::plan_gpt_offload at the micro-batch, under the run's autocast.
+// --offload-blocks auto: memory::plan_gpt_offload at the micro-batch, under the run's autocast.
 void plan_offload_blocks(Run& r) {
-  nn::GPTOffloadPlan plan;
+  memory::GPTOffloadPlan plan;
   {
     Autocast ac(r.device.type, r.amp_dtype, r.amp);
-    plan = nn::plan_gpt_offload(*r.model, r.micro, r.device);
+    plan = memory::plan_gpt_offload(*r.model, r.micro, r.device);
   }
   r.f.offload_blocks = plan.plan.segments;
   if (r.lead()) std::cout << "--offload-blocks auto: " << plan.summary() << "\n";
@@ -191,17 +191,17 @@ void set_recompute(Run& r) {
   if (r.f.offload_auto) plan_offload_blocks(r);
   r.model->recompute.offload_blocks = r.f.offload_blocks;
   if (r.f.planner_budget.empty()) return;
-  std::vector<nn::SegmentProfile> prof;
+  std::vector<memory::SegmentProfile> prof;
   {
     Autocast ac(r.device.type, r.amp_dtype, r.amp);
-    prof = nn::profile_gpt_blocks(*r.model, r.micro, r.device);
+    prof = memory::profile_gpt_blocks(*r.model, r.micro, r.device);
   }
   const std::string& b = r.f.planner_budget;
   const int64_t budget =
       b.back() == '%' ? static_cast<int64_t>(examples::parse_number("--recompute planner:", b.substr(0, b.size() - 1)) /
-                                             100.0 * static_cast<double>(nn::plan_none(prof).plain_bytes))
+                                             100.0 * static_cast<double>(memory::plan_none(prof).plain_bytes))
                       : examples::parse_bytes("--recompute planner:", b);
-  const nn::CheckpointPlan plan = nn::plan_for_budget(prof, budget);
+  const memory::CheckpointPlan plan = memory::plan_for_budget(prof, budget);
   r.model->recompute.block_mask = plan.segment_mask();
   if (r.lead())
     std::cout << "recompute planner, budget " << format_bytes(budget) << (plan.fits ? "" : " (does not fit)") << ":\n"
@@ -217,7 +217,7 @@ void trial_forward_backward(Run& r, int64_t b, Generator& gen) {
   r.model->forward_loss(x, y).backward();
 }
 
-// --memory-budget: the first rung of nn::gpt_memory_ladder (without the step inside backward,
+// --memory-budget: the first rung of memory::gpt_memory_ladder (without the step inside backward,
 // which the loop's GradScaler, clipping and accumulation rule out) whose whole training step at
 // the micro-batch fits. The trial steps use a twin optimizer at lr 0 (its state is counted, the
 // weights stay bit for bit) and leave the default generator as it was, so training starts as it
@@ -237,8 +237,8 @@ void fit_memory_budget(Run& r) {
     opt->step();
   };
   step();  // the optimizer's state, before anything is measured
-  const nn::BudgetFitResult fit =
-      nn::fit_to_budget(nn::gpt_memory_ladder(*r.model, nullptr, r.f.offload_blocks), step, budget, r.device);
+  const memory::BudgetFitResult fit =
+      memory::fit_to_budget(memory::gpt_memory_ladder(*r.model, nullptr, r.f.offload_blocks), step, budget, r.device);
   opt->zero_grad();
   opt.reset();
   if (r.device.is_cuda()) cuda::empty_cache();
@@ -260,7 +260,7 @@ void find_micro_batch(Run& r) {
     trial_forward_backward(r, b, gen);
     for (Tensor& p : params) p.set_grad(Tensor());
   };
-  const nn::BatchSearchResult res = nn::find_max_batch_size(try_step, {1, r.f.max_batch});
+  const memory::BatchSearchResult res = memory::find_max_batch_size(try_step, {1, r.f.max_batch});
   if (r.device.is_cuda()) cuda::empty_cache();
   MG_CHECK(res.max_batch > 0, OutOfMemoryError, "gpt2 --auto-batch: not even one sequence of ",
            r.model->config.block_size, " tokens fits");
@@ -283,7 +283,7 @@ void print_logits(Run& r) {
   if (!r.f.logits_out.empty()) {
     StateDict sd;
     sd.tensors["logits"] = logits;
-    nn::save(sd, r.f.logits_out);
+    serialize::save(sd, r.f.logits_out);
   }
   const std::vector<float> v = logits.to_vector<float>();
   const int64_t V = logits.size(1);
@@ -317,7 +317,7 @@ int train(Run& r) {
   gso.enabled = f.amp == "f16";
   optim::GradScaler scaler(gso);
   Generator data_gen(f.seed * 1000003 + static_cast<uint64_t>(r.rank)), sample_gen(f.seed + 1);
-  nn::TrainingCheckpoint ckpt;
+  serialize::TrainingCheckpoint ckpt;
   ckpt.add("model", *r.model).add("schedule", schedule).add("scaler", scaler);
   if (!zero) ckpt.add("optimizer", optimizer);
   ckpt.add_generator("rng", default_generator()).add_generator("data", data_gen);
@@ -347,7 +347,7 @@ int train(Run& r) {
     zero ? zero->zero_grad() : opt->zero_grad();
     auto [x, y] = r.train.random_batch(f.batch, T, r.device, data_gen);
     int64_t m = 0;
-    double loss = nn::accumulate_gradients(x, y, f.grad_accum, [&](const Tensor& xb, const Tensor& yb) {
+    double loss = memory::accumulate_gradients(x, y, f.grad_accum, [&](const Tensor& xb, const Tensor& yb) {
       std::optional<dist::DistributedDataParallel::NoSyncGuard> no_sync;
       if (r.ddp && ++m < f.grad_accum) no_sync.emplace(*r.ddp);  // reduce once, after the last
       MemoryCategoryGuard act(MemoryCategory::Activations);

@@ -11,7 +11,7 @@
 
 #include "core/state_dict.h"
 #include "core/tensor.h"
-#include "checkpoint/serialize.h"
+#include "serialize/serialize.h"
 
 namespace {
 
@@ -60,7 +60,7 @@ Tensor make(const Spec& s) {
 }
 
 int check(const std::string& path) {
-  mg::StateDict sd = mg::nn::load(path);
+  mg::StateDict sd = mg::serialize::load(path);
   int bad = 0;
   for (const Spec& s : kSpecs) {
     auto it = sd.tensors.find(s.name);
@@ -80,8 +80,8 @@ int check(const std::string& path) {
     std::vector<double> v = t.to_vector<double>();
     int wrong = 0;
     for (size_t i = 0; i < v.size(); ++i) wrong += v[i] != expected(s.dtype, static_cast<int64_t>(i));
-    std::printf("%-16s %-5s %-10s %s\n", s.name, mg::nn::safetensors_dtype(s.dtype), mg::shape_str(s.shape).c_str(),
-                wrong ? "WRONG VALUES" : "ok");
+    std::printf("%-16s %-5s %-10s %s\n", s.name, mg::serialize::safetensors_dtype(s.dtype),
+                mg::shape_str(s.shape).c_str(), wrong ? "WRONG VALUES" : "ok");
     bad += wrong != 0;
   }
   std::printf("meta: %s\n", sd.meta.dump().c_str());
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     mg::StateDict sd;
     for (const Spec& s : kSpecs) sd.tensors[s.name] = make(s);
     sd.meta = {{"step", 42}, {"writer", "memgrad"}};
-    mg::nn::save(sd, argv[2]);
+    mg::serialize::save(sd, argv[2]);
     std::printf("wrote %zu tensors to %s\n", sd.tensors.size(), argv[2]);
     return 0;
   } catch (const mg::Error& e) {

@@ -1,6 +1,6 @@
 // Checks, type promotion, broadcasting and dispatch for the elementwise ops of
 // kernels/elementwise.h; the loops are in cpu/elementwise.cc and cuda/elementwise.cu.
-#include "kernels/ops.h"
+#include "kernels/elementwise.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,6 +8,7 @@
 
 #include "core/random.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 
 namespace mg::kernels {
 namespace {

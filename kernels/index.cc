@@ -1,6 +1,6 @@
 // Checks and dispatch for kernels/index.h (one_hot, gather, scatter, index_select,
 // index_add, cat, stack); the loops are in cpu/index.cc and cuda/index.cu.
-#include "kernels/ops.h"
+#include "kernels/index.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
 // Checks, batching and dispatch for kernels/linalg.h; Eigen in cpu/linalg.cc, cuBLAS in
 // cuda/linalg.cc.
-#include "kernels/ops.h"
+#include "kernels/linalg.h"
 
 #include <algorithm>
 #include <cmath>

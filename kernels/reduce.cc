@@ -1,6 +1,6 @@
 // Checks, output shapes and dispatch for the reductions of kernels/reduce.h; the loops are
 // in cpu/reduce.cc and cuda/reduce.cu.
-#include "kernels/ops.h"
+#include "kernels/reduce.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
 // Checks and dispatch for kernels/softmax.h; the row loops are in cpu/softmax.cc and
 // cuda/softmax.cu.
-#include "kernels/ops.h"
+#include "kernels/softmax.h"
 
 #include <algorithm>
 #include <cmath>

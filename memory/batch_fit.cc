@@ -13,7 +13,7 @@
 #include "core/format_bytes.h"
 #include "core/random.h"
 
-namespace mg::nn {
+namespace mg::memory {
 
 namespace {
 // Row indices 0, 1, .., rows-1, 0, 1, .. for a batch of b rows.
@@ -85,7 +85,7 @@ BatchSearchResult find_max_batch_size(const std::function<void(int64_t batch)>& 
   return r;
 }
 
-BatchSearchResult find_max_batch_size(Module& model, const Tensor& sample, const BatchSearchOptions& opts,
+BatchSearchResult find_max_batch_size(nn::Module& model, const Tensor& sample, const BatchSearchOptions& opts,
                                       const std::function<Tensor(const Tensor& output)>& loss_fn) {
   MG_CHECK(sample.defined() && sample.dim() >= 1 && sample.size(0) >= 1, ShapeError,
            "find_max_batch_size: the sample needs at least one row, got ",
@@ -199,4 +199,4 @@ std::string BudgetFitResult::summary(int64_t budget_bytes) const {
          ") against a budget of " + format_bytes(budget_bytes);
 }
 
-}  // namespace mg::nn
+}  // namespace mg::memory

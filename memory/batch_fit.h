@@ -12,7 +12,7 @@
 #include "core/tensor.h"
 #include "nn/module.h"
 
-namespace mg::nn {
+namespace mg::memory {
 
 // Splits inputs and targets along dim 0 into `micro_batches` nearly equal pieces; for each,
 // runs loss_fn (a mean over its rows), scales it by rows / total and backpropagates, so the
@@ -41,7 +41,7 @@ BatchSearchResult find_max_batch_size(const std::function<void(int64_t batch)>& 
 // One training step of `model` on a batch of b rows made by repeating the rows of `sample`
 // ([rows, ...]); the loss is loss_fn(output) (default: mean of squares). Gradients are
 // dropped after each try, so every try starts from the same memory.
-BatchSearchResult find_max_batch_size(Module& model, const Tensor& sample, const BatchSearchOptions& opts = {},
+BatchSearchResult find_max_batch_size(nn::Module& model, const Tensor& sample, const BatchSearchOptions& opts = {},
                                       const std::function<Tensor(const Tensor& output)>& loss_fn = nullptr);
 
 // A ladder of memory-saving configurations, ordered from fastest to smallest (e.g. plain;
@@ -98,4 +98,4 @@ std::vector<std::vector<int64_t>> split_batches_by_memory(
     const std::vector<int64_t>& sizes, int64_t budget_bytes,
     const std::function<int64_t(int64_t count, int64_t longest)>& estimate);
 
-}  // namespace mg::nn
+}  // namespace mg::memory

@@ -7,18 +7,19 @@
 
 #include "core/random.h"
 
-namespace mg::nn {
+namespace mg::memory {
 
-std::vector<BudgetOption> gpt_memory_ladder(GPT& model, optim::StepInBackward* in_backward, int64_t offload_blocks) {
+std::vector<BudgetOption> gpt_memory_ladder(nn::GPT& model, optim::StepInBackward* in_backward,
+                                            int64_t offload_blocks) {
   const int64_t n = model.config.n_layer, off = std::clamp<int64_t>(offload_blocks, 0, n);
   const std::string sib = in_backward ? " step in backward" : "";
   const std::string offloaded = off > 0 ? " offload " + std::to_string(off) + " blocks" : "";
   auto mode = [&model, in_backward, n, off](int64_t blocks, bool lean, bool keep, int64_t head_rows) {
-    GPTRecompute r;
+    nn::GPTRecompute r;
     r.block_mask.assign(n, false);
     for (int64_t i = 0; i < blocks; ++i) r.block_mask[off + i] = true;
     if (lean) r.selective = true, r.selective_ops = {"gelu"}, r.offload_blocks = off;
-    if (keep) r.keep_ops = GPTRecompute::block_outputs();
+    if (keep) r.keep_ops = nn::GPTRecompute::block_outputs();
     r.head_chunk_rows = head_rows;
     model.recompute = r;
     if (in_backward) in_backward->set_enabled(lean);
@@ -41,7 +42,7 @@ std::vector<BudgetOption> gpt_memory_ladder(GPT& model, optim::StepInBackward* i
   return ladder;
 }
 
-std::vector<SegmentProfile> profile_gpt_blocks(GPT& model, int64_t batch, Device device) {
+std::vector<SegmentProfile> profile_gpt_blocks(nn::GPT& model, int64_t batch, Device device) {
   MG_CHECK(batch >= 1, ValueError, "profile_gpt_blocks: batch must be >= 1, got ", batch);
   Generator sample_gen(0);  // the sample draws nothing from the default generator
   Tensor h = randn({batch, model.config.block_size, model.config.n_embd}, {DType::f32, device}, &sample_gen);
@@ -57,7 +58,7 @@ std::string GPTOffloadPlan::summary() const {
   return o.str();
 }
 
-GPTOffloadPlan plan_gpt_offload(GPT& model, int64_t batch, Device device, double max_slowdown) {
+GPTOffloadPlan plan_gpt_offload(nn::GPT& model, int64_t batch, Device device, double max_slowdown) {
   MG_CHECK(max_slowdown >= 0.0, ValueError, "plan_gpt_offload: max_slowdown must be >= 0, got ", max_slowdown);
   GPTOffloadPlan g;
   g.profile = profile_gpt_blocks(model, batch, device);
@@ -70,4 +71,4 @@ GPTOffloadPlan plan_gpt_offload(GPT& model, int64_t batch, Device device, double
   return g;
 }
 
-}  // namespace mg::nn
+}  // namespace mg::memory

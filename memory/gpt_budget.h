@@ -9,7 +9,7 @@
 #include "nn/models/gpt.h"
 #include "optim/step_in_backward.h"
 
-namespace mg::nn {
+namespace mg::memory {
 
 // The rungs, in order (B=8 bf16 GPT-2 124M on the H200, docs/recompute.md: 4.80 GiB at
 // about 20 ms down to about 2.35 GiB at about +29 %):
@@ -26,13 +26,13 @@ namespace mg::nn {
 // each way) one block of GPT-2 at B=8 costs under 1 %, the second about 24 % (docs/recompute.md).
 // Each rung sets model.recompute whole (block mask, selective ops, head chunk rows, offload) and
 // enables or disables in_backward; the model and in_backward must outlive the ladder.
-std::vector<BudgetOption> gpt_memory_ladder(GPT& model, optim::StepInBackward* in_backward = nullptr,
+std::vector<BudgetOption> gpt_memory_ladder(nn::GPT& model, optim::StepInBackward* in_backward = nullptr,
                                             int64_t offload_blocks = 0);
 
-// GPT's blocks profiled (nn::profile_segments: bytes each keeps for backward, forward time) on
+// GPT's blocks profiled (memory::profile_segments: bytes each keeps for backward, forward time) on
 // a random batch of `batch` sequences of block_size positions on `device`, under the caller's
 // autocast: what the checkpoint planner and the offload planner weigh.
-std::vector<SegmentProfile> profile_gpt_blocks(GPT& model, int64_t batch, Device device);
+std::vector<SegmentProfile> profile_gpt_blocks(nn::GPT& model, int64_t batch, Device device);
 
 // How many of GPT's first blocks offload with their copies hidden (GPTRecompute::offload_blocks):
 // plan_offload over the blocks' profile at `batch` and the host link measured on `device`. GPT
@@ -50,6 +50,6 @@ struct GPTOffloadPlan {
   double max_exposed_ms = 0.0;          // the bound the plan was held to
   std::string summary() const;          // the plan, its bound and the link, one line
 };
-GPTOffloadPlan plan_gpt_offload(GPT& model, int64_t batch, Device device, double max_slowdown = 0.05);
+GPTOffloadPlan plan_gpt_offload(nn::GPT& model, int64_t batch, Device device, double max_slowdown = 0.05);
 
-}  // namespace mg::nn
+}  // namespace mg::memory

@@ -16,7 +16,7 @@
 #include "core/device_runtime.h"
 #include "core/random.h"
 
-namespace mg::nn {
+namespace mg::memory {
 
 namespace {
 
@@ -312,16 +312,16 @@ OffloadPlan plan_offload(const std::vector<SegmentProfile>& profile, const HostL
   return best;
 }
 
-std::vector<SegmentFn> segments_of(const Sequential& seq) {
+std::vector<SegmentFn> segments_of(const nn::Sequential& seq) {
   std::vector<SegmentFn> fns;
   for (size_t i = 0; i < seq.size(); ++i) {
-    std::shared_ptr<Module> m = seq[i];  // owned by the function: replays run after this returns
+    std::shared_ptr<nn::Module> m = seq[i];  // owned by the function: replays run after this returns
     fns.push_back([m](const Tensor& x) { return (*m)(x); });
   }
   return fns;
 }
 
-Tensor checkpoint_sequential(const Sequential& seq, int64_t segments, const Tensor& input) {
+Tensor checkpoint_sequential(const nn::Sequential& seq, int64_t segments, const Tensor& input) {
   return mg::checkpoint_sequential(segments_of(seq), segments, input);
 }
 
@@ -354,4 +354,4 @@ std::string CheckpointPlan::table(const std::vector<SegmentProfile>& profile) co
   return os.str();
 }
 
-}  // namespace mg::nn
+}  // namespace mg::memory

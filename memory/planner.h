@@ -11,7 +11,7 @@
 #include "core/tensor.h"
 #include "nn/sequential.h"
 
-namespace mg::nn {
+namespace mg::memory {
 
 using SegmentFn = std::function<Tensor(const Tensor&)>;
 
@@ -102,7 +102,7 @@ OffloadPlan plan_offload(const std::vector<SegmentProfile>& profile, const HostL
 
 // A Sequential's children as segment functions (for profile_segments / checkpoint_segments),
 // and mg::checkpoint_sequential over them (PyTorch's checkpoint_sequential(seq, segments, x)).
-std::vector<SegmentFn> segments_of(const Sequential& seq);
-Tensor checkpoint_sequential(const Sequential& seq, int64_t segments, const Tensor& input);
+std::vector<SegmentFn> segments_of(const nn::Sequential& seq);
+Tensor checkpoint_sequential(const nn::Sequential& seq, int64_t segments, const Tensor& input);
 
-}  // namespace mg::nn
+}  // namespace mg::memory

@@ -12,11 +12,6 @@ namespace mg::nn {
 
 namespace {
 
-Tensor make_state(const Shape& shape, TensorOptions opts) {
-  MemoryCategoryGuard g(MemoryCategory::Parameters);
-  return empty(shape, {opts.dtype, opts.device});
-}
-
 std::string pair_str(Int2 v) {
   std::ostringstream os;
   os << "(" << v.h << ", " << v.w << ")";
@@ -60,8 +55,8 @@ Conv2d::Conv2d(int64_t in, int64_t out, Int2 k, Int2 s, Int2 p, Int2 d, int64_t 
       padding(non_negative(p, "Conv2d", "padding")),
       dilation(positive(d, "Conv2d", "dilation")),
       groups(check_groups(in, out, g)),
-      weight(register_parameter("weight", make_state({out, in / g, k.h, k.w}, opts))),
-      bias(register_parameter("bias", with_bias ? make_state({out}, opts) : Tensor())) {
+      weight(register_parameter("weight", init::empty_parameter({out, in / g, k.h, k.w}, opts))),
+      bias(register_parameter("bias", with_bias ? init::empty_parameter({out}, opts) : Tensor())) {
   reset_parameters(gen);
 }
 
@@ -143,12 +138,12 @@ BatchNorm2d::BatchNorm2d(int64_t n, double eps_, std::optional<double> momentum_
       momentum(momentum_),
       affine(affine_),
       track_running_stats(track),
-      weight(register_parameter("weight", affine_ ? make_state({n}, opts) : Tensor())),
-      bias(register_parameter("bias", affine_ ? make_state({n}, opts) : Tensor())),
-      running_mean(register_buffer("running_mean", track ? make_state({n}, opts) : Tensor())),
-      running_var(register_buffer("running_var", track ? make_state({n}, opts) : Tensor())),
-      num_batches_tracked(
-          register_buffer("num_batches_tracked", track ? make_state({}, {DType::i64, opts.device}) : Tensor())) {
+      weight(register_parameter("weight", affine_ ? init::empty_parameter({n}, opts) : Tensor())),
+      bias(register_parameter("bias", affine_ ? init::empty_parameter({n}, opts) : Tensor())),
+      running_mean(register_buffer("running_mean", track ? init::empty_parameter({n}, opts) : Tensor())),
+      running_var(register_buffer("running_var", track ? init::empty_parameter({n}, opts) : Tensor())),
+      num_batches_tracked(register_buffer("num_batches_tracked",
+                                          track ? init::empty_parameter({}, {DType::i64, opts.device}) : Tensor())) {
   MG_CHECK(eps_ >= 0, ValueError, "BatchNorm2d: eps must be non-negative, got ", eps_);
   MG_CHECK(!momentum_ || (*momentum_ >= 0 && *momentum_ <= 1), ValueError,
            "BatchNorm2d: momentum must be in [0, 1] (or nullopt for a cumulative average), got ", *momentum_);

@@ -7,6 +7,11 @@
 
 namespace mg::nn::init {
 
+Tensor empty_parameter(const Shape& shape, TensorOptions opts) {
+  MemoryCategoryGuard g(MemoryCategory::Parameters);
+  return empty(shape, {opts.dtype, opts.device});
+}
+
 namespace {
 void check_float(const Tensor& t, const char* op) {
   MG_CHECK(t.defined(), ValueError, op, ": undefined tensor");

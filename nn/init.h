@@ -16,6 +16,10 @@ std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& t);
 // "relu" -> sqrt(2), "leaky_relu" -> sqrt(2 / (1 + param^2)), "selu" -> 3/4.
 double calculate_gain(const std::string& nonlinearity, double param = 0.01);
 
+// An uninitialised tensor for a module's parameter or buffer, counted under
+// MemoryCategory::Parameters in the allocator's stats; a reset_parameters() then fills it.
+Tensor empty_parameter(const Shape& shape, TensorOptions opts);
+
 const Tensor& uniform_(const Tensor& t, double low = 0.0, double high = 1.0, Generator* gen = nullptr);
 const Tensor& normal_(const Tensor& t, double mean = 0.0, double std = 1.0, Generator* gen = nullptr);
 const Tensor& constant_(const Tensor& t, double value);

@@ -9,11 +9,6 @@
 namespace mg::nn {
 
 namespace {
-Tensor make_param(const Shape& shape, TensorOptions opts) {
-  MemoryCategoryGuard g(MemoryCategory::Parameters);
-  return empty(shape, {opts.dtype, opts.device});
-}
-
 int64_t checked(int64_t n, const char* what) {
   MG_CHECK(n > 0, ValueError, "Linear: ", what, " must be positive, got ", n);
   return n;
@@ -24,8 +19,8 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, TensorOptions opts, Gene
     : Module("Linear"),
       in_features(checked(in, "in_features")),
       out_features(checked(out, "out_features")),
-      weight(register_parameter("weight", make_param({out, in}, opts))),
-      bias(register_parameter("bias", with_bias ? make_param({out}, opts) : Tensor())) {
+      weight(register_parameter("weight", init::empty_parameter({out, in}, opts))),
+      bias(register_parameter("bias", with_bias ? init::empty_parameter({out}, opts) : Tensor())) {
   reset_parameters(gen);
 }
 

@@ -8,11 +8,6 @@
 namespace mg::nn {
 
 namespace {
-Tensor make_param(const Shape& shape, TensorOptions opts) {
-  MemoryCategoryGuard g(MemoryCategory::Parameters);
-  return empty(shape, {opts.dtype, opts.device});
-}
-
 std::string shape_or_undefined(const Tensor& x) { return x.defined() ? shape_str(x.sizes()) : "(undefined)"; }
 }  // namespace
 
@@ -25,8 +20,8 @@ LayerNorm::LayerNorm(Shape ns, double eps, bool affine, bool with_bias, TensorOp
     : Module("LayerNorm"),
       normalized_shape(std::move(ns)),
       eps(eps),
-      weight(register_parameter("weight", affine ? make_param(normalized_shape, opts) : Tensor())),
-      bias(register_parameter("bias", affine && with_bias ? make_param(normalized_shape, opts) : Tensor())) {
+      weight(register_parameter("weight", affine ? init::empty_parameter(normalized_shape, opts) : Tensor())),
+      bias(register_parameter("bias", affine && with_bias ? init::empty_parameter(normalized_shape, opts) : Tensor())) {
   MG_CHECK(!normalized_shape.empty(), ValueError, "LayerNorm: normalized_shape must not be empty");
   for (int64_t d : normalized_shape)
     MG_CHECK(d > 0, ValueError, "LayerNorm: normalized_shape ", shape_str(normalized_shape), " must be positive");
@@ -58,7 +53,7 @@ Embedding::Embedding(int64_t n, int64_t dim, TensorOptions opts, Generator* gen)
     : Module("Embedding"),
       num_embeddings(n),
       embedding_dim(dim),
-      weight(register_parameter("weight", make_param({n > 0 ? n : 0, dim > 0 ? dim : 0}, opts))) {
+      weight(register_parameter("weight", init::empty_parameter({n > 0 ? n : 0, dim > 0 ? dim : 0}, opts))) {
   MG_CHECK(n > 0 && dim > 0, ValueError, "Embedding: num_embeddings and embedding_dim must be positive, got ", n,
            " and ", dim);
   reset_parameters(gen);

@@ -279,7 +279,7 @@ void cuda_philox_fill(const Tensor& dst, int kind, uint64_t seed, uint64_t offse
 
 }  // namespace
 
-// Called once from the CUDA backend's registration (core/cuda/backend.cc).
+// Called once from the CUDA backend's registration (core/cuda/register_backend.cc).
 void register_copy_hooks() {
   cuda_hooks().copy = &cuda_copy;
   cuda_hooks().fill = &cuda_fill;

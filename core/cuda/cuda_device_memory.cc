@@ -10,6 +10,8 @@
 
 namespace mg::cuda {
 
+using namespace allocator;  // this backend serves the caching allocator (core/allocator/)
+
 namespace {
 // Driver entry points fetched at run time, so binaries never link libcuda.so directly
 // (they must start on machines without a driver).

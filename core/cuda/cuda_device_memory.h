@@ -6,9 +6,17 @@
 #include <map>
 #include <string>
 
-#include "core/cuda/device_memory.h"
+#include "core/allocator/device_memory.h"
+
+namespace mg::allocator {
+class CachingAllocator;
+}  // namespace mg::allocator
 
 namespace mg::cuda {
+
+using allocator::DeviceMemory;  // implemented here for the CUDA device
+using allocator::EventId;
+using allocator::StreamId;
 
 class CudaDeviceMemory final : public DeviceMemory {
  public:
@@ -46,8 +54,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   std::map<std::uintptr_t, unsigned long long> page_handles_;  // page address -> CUmemGenericAllocationHandle
 };
 
-class CachingAllocator;
-// The caching allocator of device `device` (core/cuda/backend.cc), created on first use.
-CachingAllocator& caching_allocator(int device);
+// The caching allocator of device `device` (core/cuda/register_backend.cc), created on first use.
+allocator::CachingAllocator& caching_allocator(int device);
 
 }  // namespace mg::cuda

@@ -1,14 +1,16 @@
 // mg::cuda::Graph: stream capture into a CUDA graph, with the caching allocator routing the
-// captured work's allocations to a private pool (core/cuda/caching_allocator_pools.cc).
+// captured work's allocations to a private pool (core/allocator/caching_allocator_pools.cc).
 #include <cuda_runtime.h>
 
-#include "core/cuda/caching_allocator.h"
+#include "core/allocator/caching_allocator.h"
 #include "core/cuda/check.h"
 #include "core/cuda/cuda_device_memory.h"
 #include "core/device_runtime.h"
 #include "core/random.h"
 
 namespace mg::cuda {
+
+using namespace allocator;  // this backend serves the caching allocator (core/allocator/)
 
 bool is_capturing(int device) {
   if (!is_available()) return false;

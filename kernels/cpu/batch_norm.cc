@@ -89,7 +89,7 @@ void forward_training_t(const Tensor& x, const Tensor& weight, const Tensor& bia
   T *prm = data_as<T>(running_mean), *prv = data_as<T>(running_var);
   T *po = data_as<T>(out), *pm = data_as<T>(save_mean), *pi = data_as<T>(save_invstd);
   const double M = static_cast<double>(s.M());
-  cpu::nn_parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
+  cpu::parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       // Two passes: the mean, then squared deviations from it (no E[x^2] - E[x]^2 cancellation).
       double sum, unused, dev, sq;
@@ -114,7 +114,7 @@ void forward_eval_t(const Tensor& x, const Tensor& weight, const Tensor& bias, c
   const NCS s = ncs(x);
   const T *pw = data_as<T>(weight), *pb = data_as<T>(bias), *prm = data_as<T>(running_mean),
           *prv = data_as<T>(running_var);
-  cpu::nn_parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
+  cpu::parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const double invstd = 1.0 / std::sqrt(static_cast<double>(prv[c]) + eps);
       const double scale = (pw ? pw[c] : 1.0) * invstd;
@@ -131,7 +131,7 @@ void backward_t(const Tensor& grad_out, const Tensor& x, const Tensor& weight, c
   const T *pm = data_as<T>(mean), *pi = data_as<T>(invstd);
   T *pdx = data_as<T>(grad_x), *pdw = data_as<T>(grad_weight), *pdb = data_as<T>(grad_bias);
   const double M = static_cast<double>(s.M());
-  cpu::nn_parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
+  cpu::parallel_for(s.C, channel_grain(s), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const double mu = pm[c], is = pi[c], w = pw ? pw[c] : 1.0;
       double sum_g, sum_gd;  // sum(g), sum(g * (x - mean))

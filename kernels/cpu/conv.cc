@@ -14,7 +14,6 @@
 #include <thread>
 #include <vector>
 
-#include "core/env.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace mg::kernels {
@@ -158,7 +157,7 @@ void for_chunks(int64_t N, int64_t chunk, int workers, F f) {
 // start-up costs tens of microseconds).
 int num_workers(const Geo& g) {
   const double flops = 2.0 * g.N * g.O * g.L * g.K;
-  return flops < 4e6 ? 1 : cpu::nn_num_threads();
+  return flops < 4e6 ? 1 : cpu::num_threads();
 }
 
 // Per-worker scratch buffers, allocated before any thread starts (the allocator and the
@@ -301,26 +300,6 @@ void backward_weight_t(const Tensor& gout, const Tensor& x, const Conv2dArgs& a,
 }
 
 }  // namespace
-
-int cpu::nn_num_threads() {
-  static const int n = [] {
-    if (const long v = env::integer("MG_NUM_THREADS", 0); v >= 1) return static_cast<int>(v);
-    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  }();
-  return n;
-}
-
-void cpu::nn_parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& f) {
-  if (n <= 0) return;
-  const int64_t t = std::clamp<int64_t>(n / std::max<int64_t>(grain, 1), 1, cpu::nn_num_threads());
-  if (t == 1) return f(0, n);
-  std::vector<std::thread> ts;
-  const int64_t per = (n + t - 1) / t;
-  for (int64_t k = 1; k < t; ++k)
-    if (k * per < n) ts.emplace_back(f, k * per, std::min(n, (k + 1) * per));
-  f(0, std::min(n, per));
-  for (auto& th : ts) th.join();
-}
 
 template <>
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dArgs& args,

@@ -8,11 +8,11 @@
 
 namespace mg::kernels::cpu {
 
-// Threads the CPU kernels use: $MG_NUM_THREADS if set, else the hardware's (defined in conv.cc).
-int nn_num_threads();
-// Runs f(begin, end) over contiguous slices of [0, n) on up to nn_num_threads() threads,
+// Threads the CPU kernels use: $MG_NUM_THREADS if set, else the hardware's (cpu/parallel.cc).
+int num_threads();
+// Runs f(begin, end) over contiguous slices of [0, n) on up to num_threads() threads,
 // giving each at least `grain` items (one slice on the calling thread when n < 2 * grain).
-void nn_parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& f);
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& f);
 
 }  // namespace mg::kernels::cpu
 

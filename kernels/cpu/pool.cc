@@ -105,7 +105,7 @@ void max_pool_t(const Tensor& x, const Pool2dArgs& a, const Tensor& out, const T
   // (ceil_mode can add partial windows at the bottom/right edge: those take the general path.)
   if (a.kernel == Int2(2) && a.stride == Int2(2) && a.padding == Int2(0) && a.dilation == Int2(1) && 2 * p.Ho <= p.H &&
       2 * p.Wo <= p.W) {
-    cpu::nn_parallel_for(p.P, plane_grain(p.H * p.W), [=](int64_t q0, int64_t q1) {
+    cpu::parallel_for(p.P, plane_grain(p.H * p.W), [=](int64_t q0, int64_t q1) {
       for (int64_t q = q0; q < q1; ++q)
         max_pool_2x2(px + q * p.H * p.W, p.W, p.Ho, p.Wo, po + q * p.Ho * p.Wo, pi ? pi + q * p.Ho * p.Wo : nullptr);
     });
@@ -121,7 +121,7 @@ void max_pool_t(const Tensor& x, const Pool2dArgs& a, const Tensor& out, const T
     owlo[j] = off >= 0 ? 0 : (-off + sw - 1) / sw;
     owhi[j] = p.W - 1 - off < 0 ? 0 : std::min(p.Wo, (p.W - 1 - off) / sw + 1);
   }
-  cpu::nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
+  cpu::parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q) {
       const T* plane = px + q * p.H * p.W;
       for (int64_t oh = 0; oh < p.Ho; ++oh) {
@@ -157,7 +157,7 @@ void max_pool_backward_t(const Tensor& gout, const Tensor& indices, const Tensor
   T* pd = data_as<T>(gx);
   std::fill(pd, pd + gx.numel(), T(0));
   const int64_t L = p.Ho * p.Wo, HW = p.H * p.W;
-  cpu::nn_parallel_for(p.P, plane_grain(HW), [&](int64_t q0, int64_t q1) {
+  cpu::parallel_for(p.P, plane_grain(HW), [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q)
       for (int64_t l = 0; l < L; ++l) {
         const int64_t k = pi[q * L + l];
@@ -200,7 +200,7 @@ void avg_pool_t(const Tensor& x, const Tensor& out, Window window) {
   const Planes p = planes(x.sizes(), out.sizes());
   const T* px = data_as<const T>(x);
   T* po = data_as<T>(out);
-  cpu::nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
+  cpu::parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q) {
       const T* plane = px + q * p.H * p.W;
       for (int64_t oh = 0; oh < p.Ho; ++oh)
@@ -221,7 +221,7 @@ void avg_pool_backward_t(const Tensor& gout, const Tensor& gx, Window window) {
   const T* pg = data_as<const T>(gout);
   T* pd = data_as<T>(gx);
   std::fill(pd, pd + gx.numel(), T(0));
-  cpu::nn_parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
+  cpu::parallel_for(p.P, plane_grain(p.H * p.W), [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q) {
       T* plane = pd + q * p.H * p.W;
       for (int64_t oh = 0; oh < p.Ho; ++oh)

@@ -190,12 +190,6 @@ __device__ __forceinline__ void store_v(T* p, const float (&in)[kV]) {
   *reinterpret_cast<AlignedVec<T, kV>*>(p) = v;
 }
 
-// Element to double (for comparisons against double bounds).
-template <class T>
-__device__ __forceinline__ double load_d(T v) {
-  return static_cast<double>(load_m(v));
-}
-
 // Float/double overloads so templates on the math type pick the right precision.
 __device__ __forceinline__ float m_exp(float x) { return expf(x); }
 __device__ __forceinline__ double m_exp(double x) { return exp(x); }

@@ -4,7 +4,7 @@
 #include <set>
 
 #include "autograd/grad_mode.h"
-#include "checkpoint/serialize.h"
+#include "serialize/serialize.h"
 
 namespace mg::nn {
 
@@ -100,7 +100,7 @@ void load_hf_gpt2(GPT& model, const StateDict& hf) {
 }
 
 std::shared_ptr<GPT> gpt2_from_hf_safetensors(const std::string& path, TensorOptions opts, int64_t n_head) {
-  const StateDict hf = nn::load(path, Device::cpu());
+  const StateDict hf = serialize::load(path, Device::cpu());
   auto model = std::make_shared<GPT>(hf_gpt2_config(hf, n_head), opts, nullptr, /*init_weights=*/false);
   load_hf_gpt2(*model, hf);
   return model;

@@ -14,11 +14,6 @@ const ViTConfig& checked(const ViTConfig& c) {
   return c;
 }
 
-Tensor make_param(const Shape& shape, TensorOptions opts) {
-  MemoryCategoryGuard g(MemoryCategory::Parameters);
-  return empty(shape, {opts.dtype, opts.device});
-}
-
 int64_t patches(const ViTConfig& c) { return (c.image_size / c.patch_size) * (c.image_size / c.patch_size); }
 }  // namespace
 
@@ -29,8 +24,8 @@ ViT::ViT(const ViTConfig& cfg, TensorOptions opts, Generator* gen)
       patch_embed(register_module(
           "patch_embed",
           std::make_shared<Linear>(cfg.in_channels * cfg.patch_size * cfg.patch_size, cfg.dim, true, opts, gen))),
-      cls_token(register_parameter("cls_token", make_param({1, 1, cfg.dim}, opts))),
-      pos_embedding(register_parameter("pos_embedding", make_param({1, patches(cfg) + 1, cfg.dim}, opts))) {
+      cls_token(register_parameter("cls_token", init::empty_parameter({1, 1, cfg.dim}, opts))),
+      pos_embedding(register_parameter("pos_embedding", init::empty_parameter({1, patches(cfg) + 1, cfg.dim}, opts))) {
   init::zeros_(cls_token);
   init::normal_(pos_embedding, 0.0, 0.02, gen);
   drop = register_module("drop", std::make_shared<Dropout>(config.dropout));

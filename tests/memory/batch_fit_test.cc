@@ -10,8 +10,8 @@
 
 #include "autograd/functions.h"
 #include "autograd/recompute.h"
-#include "core/cuda/caching_allocator.h"
-#include "core/cuda/fake_device.h"
+#include "core/allocator/caching_allocator.h"
+#include "core/allocator/fake_device.h"
 #include "core/cuda_memory.h"
 #include "core/device_runtime.h"
 #include "core/random.h"
@@ -20,6 +20,8 @@
 #include "nn/sequential.h"
 
 namespace mg::nn {
+
+using namespace mg::memory;  // the module under test
 namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
@@ -58,8 +60,8 @@ TEST(GradientAccumulation, EqualsOneLargeBatch) {
 TEST(FindMaxBatchSize, FakeDeviceUnderTheAllocatorLimit) {
   // A "step" keeps a fixed 24 MiB workspace plus 3 MiB of activations per sample, with the
   // allocator capped at 1 GiB of a 2 GiB fake device.
-  cuda::FakeDevice dev(2048 * MiB);
-  cuda::CachingAllocator alloc(dev);
+  allocator::FakeDevice dev(2048 * MiB);
+  allocator::CachingAllocator alloc(dev);
   alloc.set_memory_limit(1024 * MiB);
   auto step = [&](int64_t b) {
     std::vector<void*> live;

@@ -20,6 +20,8 @@
 #include "optim/step_in_backward.h"
 
 namespace mg::nn {
+
+using namespace mg::memory;  // the module under test
 namespace {
 
 struct StepResult {

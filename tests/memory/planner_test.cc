@@ -14,6 +14,8 @@
 #include "nn/transformer.h"
 
 namespace mg::nn {
+
+using namespace mg::memory;  // the module under test
 namespace {
 
 std::vector<SegmentProfile> random_profile(int n, uint64_t seed) {

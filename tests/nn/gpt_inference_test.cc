@@ -9,7 +9,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
-#include "checkpoint/serialize.h"
+#include "serialize/serialize.h"
 #include "core/random.h"
 #include "nn/models/gpt.h"
 #include "nn/models/gpt_pretrained.h"
@@ -172,7 +172,7 @@ TEST(HFGPT2, SyntheticFileLoadsToTheLogitsOfTheSameWeightsByHand) {
   Generator gen(11);
   const StateDict hf = synthetic_hf(c, gen);
   const std::string path = tmp_path("hf_gpt2.safetensors");
-  nn::save(hf, path);
+  serialize::save(hf, path);
   auto model = gpt2_from_hf_safetensors(path, {}, /*n_head=*/4);
   EXPECT_EQ(model->config.vocab_size, 50);
   EXPECT_EQ(model->config.block_size, 12);
