@@ -3,10 +3,10 @@
 // optimizers, schedulers, clipping, GradScaler and data loading. Depend on //:memgrad.
 #pragma once
 
-#include "autograd/recompute.h"
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
+#include "autograd/recompute.h"
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/captured_step.h"
@@ -23,12 +23,10 @@
 #include "data/transforms.h"
 #include "kernels/ops.h"
 #include "memory/batch_fit.h"
-#include "nn/nn.h"
 #include "memory/planner.h"
+#include "nn/nn.h"
 #include "nn/prune.h"
-#include "serialize/serialize.h"
 #include "nn/summary.h"
-#include "serialize/training_checkpoint.h"
 #include "optim/adam.h"
 #include "optim/bf16_update.h"
 #include "optim/clip_grad.h"
@@ -37,3 +35,5 @@
 #include "optim/optimizer.h"
 #include "optim/sgd.h"
 #include "optim/step_in_backward.h"
+#include "serialize/serialize.h"
+#include "serialize/training_checkpoint.h"
