@@ -16,7 +16,7 @@
 // load_state_dict(const StateDict&) plugs in (Module, the optimizers, LR schedulers, GradScaler)
 // without this file depending on optim/. Component "model" saves its tensors as "model.<key>" and
 // its meta under meta["model"]; meta["checkpoint"] holds step, epoch, the component list and the
-// caller's extra fields. (Not autograd/checkpoint: that is activation recomputation.)
+// caller's extra fields. (Not mg::checkpoint, autograd/recompute.h: that is activation recomputation.)
 namespace mg::serialize {
 
 template <class T>

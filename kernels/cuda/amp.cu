@@ -1,4 +1,4 @@
-// CUDA kernels of kernels/amp_ops.h. The unscale kernel takes a list of gradients in one
+// CUDA kernels of kernels/amp.h. The unscale kernel takes a list of gradients in one
 // launch: block b finds its tensor by a binary search over the per-tensor block offsets
 // carried in the kernel argument, so a model's ~150 gradients cost 3 launches, not 150,
 // and no host read (the GradScaler reads the flag once per step).
