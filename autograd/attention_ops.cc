@@ -63,12 +63,11 @@ Tensor flash_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal
   Tensor out, lse;
   Shape out_shape = q.sizes();
   out_shape.back() = v.size(-1);
-  if (auto kept = autograd::stash_take("attention", out_shape); !kept.empty()) {  // a checkpoint replay
-    out = kept[0], lse = kept[1];
-  } else {
-    std::tie(out, lse) = kernels::flash_attention_forward(q, k, v, causal, scale);
-    autograd::stash_put("attention", {out, lse});
-  }
+  const auto outs = autograd::kept_or_run("attention", out_shape, [&] {
+    auto [o, l] = kernels::flash_attention_forward(q, k, v, causal, scale);
+    return std::vector<Tensor>{o, l};
+  });
+  out = outs[0], lse = outs[1];
   if (!any_requires_grad({q, k, v})) return out;
   record(op, {q, k, v}, out,
          [causal, scale, sq = SavedTensor(q, op), sk = SavedTensor(k, op), sv = SavedTensor(v, op),
@@ -132,14 +131,14 @@ Tensor attention_packed_qkv(const Tensor& qkv, int64_t num_heads, bool causal, d
   }
   const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(D));
   Tensor y, lse;
-  if (auto kept = autograd::stash_take("attention", {B, T, C}); !kept.empty()) {  // a checkpoint replay
-    y = kept[0], lse = kept[1];
-  } else {
-    y = empty({B, T, C}, {qkv.dtype(), qkv.device()});
-    // y's [B, H, T, D] view: the kernels write each head's rows into its columns of y.
-    lse = kernels::flash_attention_forward_out(q, k, v, raw::transpose(raw::view(y, {B, T, H, D}), 1, 2), causal, s);
-    autograd::stash_put("attention", {y, lse});
-  }
+  const auto outs = autograd::kept_or_run("attention", {B, T, C}, [&] {
+    Tensor o = empty({B, T, C}, {qkv.dtype(), qkv.device()});
+    // o's [B, H, T, D] view: the kernels write each head's rows into its columns of o.
+    Tensor l =
+        kernels::flash_attention_forward_out(q, k, v, raw::transpose(raw::view(o, {B, T, H, D}), 1, 2), causal, s);
+    return std::vector<Tensor>{o, l};
+  });
+  y = outs[0], lse = outs[1];
   if (!any_requires_grad({qkv})) return y;
   record(
       op, {qkv}, y,

@@ -80,13 +80,8 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   if (autocast::lower_needed({&x, &w, &bias}))
     return linear(autocast::lower(x), autocast::lower(w), autocast::lower(bias));
-  Tensor out;
-  if (auto kept = autograd::stash_take("linear", linear_shape(x, w.size(0))); !kept.empty()) {  // a replay
-    out = kept[0];
-  } else {
-    out = kernels::linear(x, w, bias);
-    autograd::stash_put("linear", {out});
-  }
+  const Tensor out = autograd::kept_or_run("linear", linear_shape(x, w.size(0)),
+                                           [&] { return std::vector<Tensor>{kernels::linear(x, w, bias)}; })[0];
   if (!any_requires_grad({x, w, bias})) return out;
   const bool need_x = needs_grad(x), need_w = needs_grad(w), need_b = needs_grad(bias);
   record("linear", {x, w, bias}, out,
@@ -113,13 +108,8 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
   auto [h, pre] = kernels::linear_gelu(x, w_fc, b_fc);  // h = gelu(pre), pre = x @ w_fc^T + b_fc
   // In a checkpoint replay that kept the output, c_fc and the GELU still run (backward needs
   // pre and h, bitwise those of the forward); c_proj's GEMM does not.
-  Tensor out;
-  if (auto kept = autograd::stash_take("gelu_mlp", linear_shape(x, w_proj.size(0))); !kept.empty()) {
-    out = kept[0];
-  } else {
-    out = kernels::linear(h, w_proj, b_proj);
-    autograd::stash_put("gelu_mlp", {out});
-  }
+  const Tensor out = autograd::kept_or_run("gelu_mlp", linear_shape(x, w_proj.size(0)),
+                                           [&] { return std::vector<Tensor>{kernels::linear(h, w_proj, b_proj)}; })[0];
   if (!any_requires_grad({x, w_fc, b_fc, w_proj, b_proj})) return out;
   const std::array<bool, 5> need{needs_grad(x), needs_grad(w_fc), needs_grad(b_fc), needs_grad(w_proj),
                                  needs_grad(b_proj)};

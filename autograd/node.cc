@@ -128,6 +128,7 @@ void RegionStash::finish_replay() {
            " kept op outputs (the region must be a function of its inputs)");
 }
 
+namespace {
 std::vector<Tensor> stash_take(const char* op, const Shape& want) {
   RegionStash* s = region_stash;
   if (!s || !s->replaying() || !s->keeps(op)) return {};
@@ -141,6 +142,14 @@ std::vector<Tensor> stash_take(const char* op, const Shape& want) {
 void stash_put(const char* op, const std::vector<Tensor>& outs) {
   RegionStash* s = region_stash;
   if (s && !s->replaying() && s->keeps(op)) s->put(op, outs);
+}
+}  // namespace
+
+std::vector<Tensor> kept_or_run(const char* op, const Shape& want, const std::function<std::vector<Tensor>()>& run) {
+  if (std::vector<Tensor> kept = stash_take(op, want); !kept.empty()) return kept;
+  std::vector<Tensor> outs = run();
+  stash_put(op, outs);
+  return outs;
 }
 
 Tensor stash_take_cast(const Tensor& source, DType dtype) {

@@ -216,13 +216,12 @@ extern thread_local RegionStash* region_stash;
 Tensor stash_take_cast(const Tensor& source, DType dtype);
 void stash_put_cast(const Tensor& source, const Tensor& cast);
 
-// For the ops that take part ("attention", "gelu_mlp", "linear"): in a region's replay, the
-// outputs its forward kept for this call of `op` (empty when there is none to take). `want` is
-// the shape this call makes for its first output: a kept one of another shape is an
-// AutogradError (the region was not a function of its inputs).
-std::vector<Tensor> stash_take(const char* op, const Shape& want);
-// In a region's forward that keeps `op`: keep `outs` for the replay (else nothing happens).
-void stash_put(const char* op, const std::vector<Tensor>& outs);
+// The ops that take part ("attention", "gelu_mlp", "linear") compute their outputs through this
+// one call: in a region's replay, the outputs its forward kept for this call of `op`; otherwise
+// run()'s, kept for the replay when the region keeps `op`. `want` is the shape this call makes
+// for its first output: a kept one of another shape is an AutogradError (the region was not a
+// function of its inputs).
+std::vector<Tensor> kept_or_run(const char* op, const Shape& want, const std::function<std::vector<Tensor>()>& run);
 // How many times this thread's replays took kept outputs instead of running the op (tests and
 // benches count what selective checkpointing saved).
 int64_t stash_reuse_count();

@@ -172,7 +172,7 @@ TEST(TransformerBlock, GradcheckInputAndParametersGetGradients) {
 // The c_proj biases are left to the next residual add (add_layer_norm) only where nothing
 // comes between: the output dropouts off (p = 0, or eval mode) and the projection's bias the
 // parameter itself.
-TEST(TransformerBlock, PendingBranchCarriesTheProjectionBiasWithoutDropout) {
+TEST(TransformerBlock, BranchCarriesTheProjectionBiasToTheStreamWithoutDropout) {
   Generator g(5);
   TransformerBlockOptions o = small_block();
   TransformerBlock block(o, kF64, &g);
