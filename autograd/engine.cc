@@ -1,6 +1,17 @@
 // The backward engine. Single-threaded: count dependencies over the reachable graph, then run
 // nodes whose gradients are complete, latest-created first, summing gradients that meet at
 // a node input. Each node's saved tensors are dropped the moment it has run.
+//
+// The tape's whole policy (docs/autograd.md says it at length):
+//  1. An op records a node only when grad mode is on and an input requires grad.
+//  2. A node saves only what its backward needs (SavedTensor, detached: no reference cycles).
+//  3. Backward frees each node's saved tensors as soon as it has run, unless retain_graph.
+//  4. An in-place write bumps the storage's version; unpacking a changed saved tensor raises an
+//     error naming the op that saved it.
+//  5. Backward runs under no_grad; each gradient is summed to its input's shape and cast to its
+//     dtype and device here (conform), once for every op.
+//  6. Saved tensors may instead be rebuilt from a checkpoint region or brought back from host
+//     memory (autograd/recompute.h, autograd/offload.h); the node does not know which.
 #include "autograd/engine.h"
 
 #include <queue>

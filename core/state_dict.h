@@ -1,5 +1,5 @@
 // StateDict: what modules, optimizers, LR schedulers and the GradScaler save and load: named
-// tensors plus JSON metadata (step counts, hyper-parameters). nn/serialize writes it as safetensors.
+// tensors plus JSON metadata (step counts, hyper-parameters). serialize/serialize.h writes it as safetensors.
 #pragma once
 
 #include <functional>

@@ -1,5 +1,26 @@
 // The allocation machinery of CachingAllocator: pools, segments, split/coalesce, stream events,
 // expandable segments and the free-cache-then-retry path. Reports and settings: *_stats.cc.
+//
+// The whole policy (docs/caching_allocator.md says it at length):
+//  1. Every request rounds up to a multiple of 512 B (round_size).
+//  2. Requests up to 1 MiB take the small pool (2 MiB segments); larger ones the large pool
+//     (20 MiB segments below 10 MiB, else their own size rounded to 2 MiB: segment_size_for).
+//  3. Best fit: the smallest free block of the caller's stream that fits (a set ordered by
+//     stream, size, address); a whole free segment over 20 MiB is kept from requests under an
+//     eighth of it (segment reuse ratio) unless the device refuses a new one.
+//  4. Split: the rest of a bigger block becomes free when it is >= 512 B (small pool) or
+//     > 1 MiB (large pool); blocks of max_split_size or more are never split.
+//  5. Coalesce: a freed block merges with free neighbours in its segment.
+//  6. Streams: a block is reused only on its stream; record_stream defers its reuse until
+//     events on the other streams complete.
+//  7. Growth budget: new device memory past (1 + slack) x the peak allocated frees cache first.
+//  8. On OOM: a skipped whole segment, then free just the missing bytes and retry, then wait
+//     for pending frees, free every free segment and retry, then OutOfMemoryError saying what
+//     was asked, allocated, reserved and free (nothing left half-done).
+//  9. empty_cache returns every wholly free segment (and free pages of expandable ones).
+// 10. set_memory_fraction / set_memory_limit cap reserved bytes; over the cap is an OOM.
+// 11. Expandable segments map and unmap pages in one virtual range per (pool, stream).
+// 12. Blocks allocated during CUDA graph capture live in a private pool only it reuses.
 #include "core/allocator/caching_allocator.h"
 
 #include <algorithm>
