@@ -43,10 +43,14 @@ Tensor Linear::forward(const Tensor& x) {
   return mg::linear(x, weight, bias);
 }
 
-Branch Linear::branch(const Tensor& x) {
+bool Linear::leaves_bias(bool bias_pending) const {
+  return bias_pending && bias.defined() && !is_parameter_derived("bias");
+}
+
+Branch Linear::branch(const Tensor& x, bool bias_pending) {
   run_forward_pre_hooks();
   check_input(x);
-  if (!bias.defined() || is_parameter_derived("bias")) return {mg::linear(x, weight, bias)};
+  if (!leaves_bias(bias_pending)) return {mg::linear(x, weight, bias)};
   return {mg::linear(x, weight, Tensor()), bias};
 }
 

@@ -15,9 +15,13 @@ class Linear : public Module {
          Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
   // The layer as a residual branch (mg::Residual): the output without the bias, and the bias,
-  // which the stream adds inside its next layer norm. A derived bias (pruning's bias_orig * mask,
-  // made by a pre-hook) stays in the GEMM: it must not outlive the call that made it.
-  Branch branch(const Tensor& x);
+  // which the stream adds inside its next layer norm. With bias_pending false (no norm reads
+  // the stream next) or a derived bias the bias stays in the GEMM (leaves_bias).
+  Branch branch(const Tensor& x, bool bias_pending = true);
+  // Whether branch() leaves the bias to the stream: asked to, with a bias that is the parameter
+  // itself. A derived bias (pruning's bias_orig * mask, made by a pre-hook) must not outlive the
+  // call that made it.
+  bool leaves_bias(bool bias_pending) const;
   // kaiming_uniform_(weight, a = sqrt(5)) and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
   void reset_parameters(Generator* gen = nullptr);
   std::string extra_repr() const override;

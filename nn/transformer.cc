@@ -153,11 +153,11 @@ Tensor MLP::forward(const Tensor& x) {
   return (*dropout)(fused(x, true));
 }
 
-Branch MLP::branch(const Tensor& x) {
+Branch MLP::branch(const Tensor& x, bool bias_pending) {
   run_forward_pre_hooks();
-  if (gelu->approximate != "tanh") return dropout->branch(c_proj->branch((*gelu)((*c_fc)(x))));
-  const bool bias_pending = c_proj->bias.defined() && !c_proj->is_parameter_derived("bias");
-  return dropout->branch({fused(x, !bias_pending), bias_pending ? c_proj->bias : Tensor()});
+  if (gelu->approximate != "tanh") return dropout->branch(c_proj->branch((*gelu)((*c_fc)(x)), bias_pending));
+  const bool leaves = c_proj->leaves_bias(bias_pending);
+  return dropout->branch({fused(x, !leaves), leaves ? c_proj->bias : Tensor()});
 }
 
 // The MLP as one node whose GEMMs carry the GELU (autograd/linalg_ops.cc), with or without
@@ -185,7 +185,17 @@ Residual TransformerBlock::forward(Residual x) {
   return x;
 }
 
-Tensor TransformerBlock::forward(const Tensor& x) { return forward(Residual(x)).value(); }
+Tensor TransformerBlock::forward_output(Residual x) {
+  x = x + attn->branch((*ln_1)(x));
+  return (x + mlp->branch((*ln_2)(x), /*bias_pending=*/false)).value();
+}
+
+Tensor TransformerBlock::forward(const Tensor& x) { return forward_output(x); }
+
+Tensor TransformerBlock::output(const Residual& x) {
+  run_forward_pre_hooks();
+  return forward_output(x);
+}
 
 Residual TransformerBlock::operator()(const Residual& x) {
   run_forward_pre_hooks();

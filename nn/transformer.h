@@ -103,9 +103,9 @@ class MLP : public Module {
  public:
   MLP(const TransformerBlockOptions& o, TensorOptions opts = {}, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
-  // forward(x) as a residual branch: c_proj's bias (unless derived, Linear::branch) and the
-  // dropout left to the stream.
-  Branch branch(const Tensor& x);
+  // forward(x) as a residual branch: the dropout, and c_proj's bias where Linear::leaves_bias
+  // says so, left to the stream.
+  Branch branch(const Tensor& x, bool bias_pending = true);
   std::shared_ptr<Linear> c_fc, c_proj;
   std::shared_ptr<GELU> gelu;
   std::shared_ptr<Dropout> dropout;
@@ -119,14 +119,21 @@ class MLP : public Module {
 class TransformerBlock : public Module {
  public:
   explicit TransformerBlock(const TransformerBlockOptions& o, TensorOptions opts = {}, Generator* gen = nullptr);
-  Tensor forward(const Tensor& x) override;
+  Tensor forward(const Tensor& x) override;  // output(x) without the pre-hooks
   Residual forward(Residual x);
   using Module::operator();
   Residual operator()(const Residual& x);  // forward(x) after the pre-hooks
+  // The block when no layer norm reads its output next (a checkpoint region's edge, a model
+  // without a final norm): the MLP's bias stays in its GEMM and the last add runs here, once.
+  // Runs the pre-hooks.
+  Tensor output(const Residual& x);
   Tensor forward_cached(const Tensor& x, KVCache& cache, size_t layer);
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<MultiheadSelfAttention> attn;
   std::shared_ptr<MLP> mlp;
+
+ private:
+  Tensor forward_output(Residual x);
 };
 
 }  // namespace mg::nn

@@ -103,7 +103,7 @@ Tensor GPT::forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignor
 // The blocks run on a residual stream whose adds fuse into the next layer norm (mg::Residual);
 // checkpointing, selective recomputation and offload are the plan's (nn/models/recompute_plan.h).
 Tensor GPT::hidden(const Tensor& idx) {
-  BlockPlan plan(recompute);
+  BlockPlan plan(recompute, config.n_layer);
   Residual x = embed(idx, 0);
   for (int64_t i = 0; i < config.n_layer; ++i) x = plan.run(i, block(i), x);
   plan.finish();

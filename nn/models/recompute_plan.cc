@@ -5,7 +5,7 @@
 
 namespace mg::nn {
 
-BlockPlan::BlockPlan(const GPTRecompute& plan) : plan_(plan) {
+BlockPlan::BlockPlan(const GPTRecompute& plan, int64_t n_layer) : plan_(plan), n_layer_(n_layer) {
   opts_.keep_ops = plan.keep_ops;
   keeps_branch_ = std::find(plan.keep_ops.begin(), plan.keep_ops.end(), "gelu_mlp") != plan.keep_ops.end();
   if (plan.selective)
@@ -13,11 +13,15 @@ BlockPlan::BlockPlan(const GPTRecompute& plan) : plan_(plan) {
   if (plan.offload_blocks > 0) offload_.emplace(plan.offload);
 }
 
+bool BlockPlan::norm_reads_output(int64_t i) const {
+  return i + 1 == n_layer_ || !plan_.checkpointed(i + 1) || keeps_branch_;
+}
+
 Residual BlockPlan::run(int64_t i, TransformerBlock& block, const Residual& x) {
   if (i == plan_.offload_blocks) offload_.reset();
-  if (!plan_.checkpointed(i)) return block(x);
+  if (!plan_.checkpointed(i)) return norm_reads_output(i) ? block(x) : Residual(block.output(x));
   if (keeps_branch_) return checkpointed_with_branch(block, x);
-  return checkpoint([&block](const Tensor& in) { return block(Residual(in)).value(); }, x.value(), opts_);
+  return checkpoint([&block](const Tensor& in) { return block.output(in); }, x.value(), opts_);
 }
 
 Residual BlockPlan::checkpointed_with_branch(TransformerBlock& block, const Residual& x) {

@@ -53,13 +53,15 @@ struct GPTRecompute {
 // (it enters the selective-recompute policy and the offload scope for the whole pass); run(i, ...)
 // once per block in order; finish() before the head.
 //
-// A checkpointed block keeps its input only, so the stream's pending add is done before it and
-// the region holds one tensor. With keep_ops naming "gelu_mlp" the region takes and returns the
-// stream with its pending branch instead: the branch it returns is the MLP output the region
-// keeps anyway, and the add still fuses into the next layer norm.
+// A checkpointed block keeps its input only, so the stream reaches it added up and the region
+// holds one tensor: the block before it, and the region itself, end with the add done and the
+// MLP's bias in its GEMM (TransformerBlock::output), as no layer norm reads their output. With
+// keep_ops naming "gelu_mlp" the region takes and returns the stream with its pending branch
+// instead: the branch it returns is the MLP output the region keeps anyway, and the add still
+// fuses into the next layer norm.
 class BlockPlan {
  public:
-  explicit BlockPlan(const GPTRecompute& plan);
+  BlockPlan(const GPTRecompute& plan, int64_t n_layer);
   Residual run(int64_t i, TransformerBlock& block, const Residual& x);
   // Ends the offload scope and waits for its copies (the head is the step's peak: the offloaded
   // blocks' memory must be back by then).
@@ -67,7 +69,11 @@ class BlockPlan {
 
  private:
   Residual checkpointed_with_branch(TransformerBlock& block, const Residual& x);
+  // Whether a layer norm reads block i's output with its pending add: the next block's ln_1
+  // (unless that block is a region that takes the stream added up) or ln_f.
+  bool norm_reads_output(int64_t i) const;
   const GPTRecompute& plan_;
+  const int64_t n_layer_;
   CheckpointOptions opts_;
   bool keeps_branch_ = false;
   std::optional<SelectiveRecompute> selective_;

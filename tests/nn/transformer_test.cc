@@ -210,6 +210,22 @@ TEST(TransformerBlock, BranchCarriesTheProjectionBiasToTheStreamWithoutDropout) 
   EXPECT_FALSE(mlp_bias(unbiased).defined());
 }
 
+// On a plain tensor (no layer norm reads the output next) the block adds its MLP branch once,
+// with c_proj's bias inside the fused MLP's GEMM: the output's node is one add whose inputs are
+// the stream (from add_layer_norm) and the gelu_mlp node itself, not a second add of the bias.
+TEST(TransformerBlock, PlainOutputAddsTheMlpOnceWithItsBiasInTheGemm) {
+  Generator g(9);
+  TransformerBlock block(small_block(), kF64, &g);
+  Tensor x = randn({2, 3, 8}, kF64, &g).requires_grad_(true);
+  Tensor y = block(x);
+  ASSERT_EQ(autograd::grad_fn(y)->name(), "add");
+  std::vector<std::string> inputs;
+  for (const auto& e : autograd::grad_fn(y)->next_edges) inputs.push_back(e.node ? e.node->name() : "");
+  EXPECT_EQ(inputs, (std::vector<std::string>{"add_layer_norm", "gelu_mlp"}));
+  Residual r = block(Residual(x));  // a norm reads this one: the bias is left to it
+  EXPECT_TRUE(r.pending().bias.is_same(block.mlp->c_proj->bias));
+}
+
 // With the output dropouts on (training), each branch's c_proj bias, dropout and residual add
 // run as one bias_dropout_add (the stream's value never left pending), drawing the masks the
 // plain composition draws from the same seed: the block's output and every gradient are the
