@@ -80,17 +80,21 @@ Tensor flash_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal
 }
 }  // namespace
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
-                                    std::optional<double> scale) {
-  if (autocast::lower_needed({&q, &k, &v}))
-    return scaled_dot_product_attention(autocast::lower(q), autocast::lower(k), autocast::lower(v), causal, dropout_p,
-                                        scale);
+namespace {
+Tensor scaled_dot_product_attention_math(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                         double dropout_p, std::optional<double> scale) {
   // kernels::attention_kernel makes the one choice: flash (SIMT or tensor cores) for the CUDA
   // inputs those kernels take without dropout, the composed path for the rest.
   const double s = check_sdpa(q, k, v, dropout_p, scale);
   if (kernels::attention_kernel(q, k, v, dropout_p > 0.0) != kernels::AttentionKernel::Composed)
     return flash_sdpa(q, k, v, causal, s);
   return sdpa_composed(q, k, v, causal, dropout_p, scale);
+}
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
+                                    std::optional<double> scale) {
+  return around(policy::attention, scaled_dot_product_attention_math, q, k, v, causal, dropout_p, scale);
 }
 
 // ---------------- attention from a packed [B, T, 3C] projection ----------------
@@ -104,16 +108,15 @@ Tensor packed_heads(const Tensor& t, int64_t i, int64_t H) {
 }
 }  // namespace
 
-Tensor attention_packed_qkv(const Tensor& qkv, int64_t num_heads, bool causal, double dropout_p,
-                            std::optional<double> scale) {
+namespace {
+Tensor attention_packed_qkv_math(const Tensor& qkv, int64_t num_heads, bool causal, double dropout_p,
+                                 std::optional<double> scale) {
   constexpr const char* op = "attention_packed_qkv";
   MG_CHECK(qkv.defined(), ValueError, op, ": got an undefined tensor");
   MG_CHECK(num_heads > 0, ValueError, op, ": num_heads must be positive, got ", num_heads);
   MG_CHECK(qkv.dim() == 3 && qkv.size(2) % (3 * num_heads) == 0, ShapeError, op,
            ": expected qkv [B, T, 3C] with C a multiple of num_heads (", num_heads, "), got ", shape_str(qkv.sizes()));
   MG_CHECK(is_floating(qkv.dtype()), DTypeError, op, ": qkv must be floating, got ", qkv.dtype());
-  if (autocast::lower_needed({&qkv}))
-    return attention_packed_qkv(autocast::lower(qkv), num_heads, causal, dropout_p, scale);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = num_heads, D = C / H;
   MG_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, ValueError, op, ": dropout_p must be in [0, 1), got ", dropout_p);
   MG_CHECK(!scale || std::isfinite(*scale), ValueError, op, ": scale must be finite, got ", scale.value_or(0.0));
@@ -153,6 +156,12 @@ Tensor attention_packed_qkv(const Tensor& qkv, int64_t num_heads, bool causal, d
         return Grads{gqkv};
       });
   return y;
+}
+}  // namespace
+
+Tensor attention_packed_qkv(const Tensor& qkv, int64_t num_heads, bool causal, double dropout_p,
+                            std::optional<double> scale) {
+  return around(policy::attention_packed_qkv, attention_packed_qkv_math, qkv, num_heads, causal, dropout_p, scale);
 }
 
 }  // namespace mg

@@ -1,5 +1,6 @@
-// Autocast's op policy, applied at the entry of the differentiable ops: which inputs an op
-// casts to the region's low precision (matmul family) or to f32 (softmax, norms, losses, ...).
+// Autocast's casts, applied at the entry of the differentiable ops (autograd/op_policy.h says
+// which op gets which): an op's inputs to the region's low precision (matmul family) or to f32
+// (softmax, norms, losses, ...).
 #pragma once
 
 #include <initializer_list>
@@ -11,11 +12,10 @@
 
 namespace mg::autocast {
 
-// Each differentiable op starts with one of these, e.g. for matmul:
-//   if (autocast::lower_needed({&a, &b})) return matmul(autocast::lower(a), autocast::lower(b));
-// The recursive call sees inputs already in the target dtype, so it runs the op itself. The
-// casts are differentiable (Tensor::to), so the gradient reaches an f32 weight as f32 while
-// the op's own backward runs in the dtype its forward used.
+// autograd::around (op_policy.h) applies these at an op's entry, by the op's row in its table:
+// the math then sees inputs already in the target dtype. The casts are differentiable
+// (Tensor::to), so the gradient reaches an f32 weight as f32 while the op's own backward runs in
+// the dtype its forward used.
 
 // True when autocast is on for the inputs' device and some floating input is not yet in the
 // region's low-precision dtype (f64 is never cast, as in PyTorch).

@@ -6,11 +6,9 @@
 
 namespace mg {
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Int2 stride, Int2 padding, Int2 dilation,
-              int64_t groups) {
-  if (autocast::lower_needed({&x, &weight, &bias}))
-    return conv2d(autocast::lower(x), autocast::lower(weight), autocast::lower(bias), stride, padding, dilation,
-                  groups);
+namespace {
+Tensor conv2d_math(const Tensor& x, const Tensor& weight, const Tensor& bias, Int2 stride, Int2 padding, Int2 dilation,
+                   int64_t groups) {
   const kernels::Conv2dArgs args{stride, padding, dilation, groups};
   return batched(x, "conv2d", [&](const Tensor& x4) {
     Tensor out = kernels::conv2d_forward(x4, weight, bias, args);
@@ -28,6 +26,12 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Int2 st
            });
     return out;
   });
+}
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Int2 stride, Int2 padding, Int2 dilation,
+              int64_t groups) {
+  return around(policy::conv2d, conv2d_math, x, weight, bias, stride, padding, dilation, groups);
 }
 
 }  // namespace mg

@@ -69,8 +69,8 @@ Tensor div(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor pow(const Tensor& a, const Tensor& exponent) {
-  if (autocast::widen_needed({&a, &exponent})) return pow(autocast::widen(a), autocast::widen(exponent));
+namespace {
+Tensor pow_math(const Tensor& a, const Tensor& exponent) {
   Tensor out = kernels::binary(Binary::Pow, a, exponent);
   if (any_requires_grad({a, exponent})) {
     Wants ma(a), mb(exponent);
@@ -89,6 +89,9 @@ Tensor pow(const Tensor& a, const Tensor& exponent) {
   }
   return out;
 }
+}  // namespace
+
+Tensor pow(const Tensor& a, const Tensor& exponent) { return around(policy::pow, pow_math, a, exponent); }
 
 namespace {
 // max/min: the gradient goes to the winner, split evenly on ties (PyTorch's convention).
@@ -165,8 +168,8 @@ Tensor rsub(double s, const Tensor& a) {
   return out;
 }
 
-Tensor pow(const Tensor& a, double e) {
-  if (autocast::widen_needed({&a})) return pow(autocast::widen(a), e);
+namespace {
+Tensor pow_scalar_math(const Tensor& a, double e) {
   Tensor out = kernels::pow_scalar(a, e);
   if (any_requires_grad({a}))
     record("pow", {a}, out, [ma = Wants(a), e, sa = SavedTensor(a, "pow")](const Grads& g) {
@@ -176,6 +179,9 @@ Tensor pow(const Tensor& a, double e) {
     });
   return out;
 }
+}  // namespace
+
+Tensor pow(const Tensor& a, double e) { return around(policy::pow, pow_scalar_math, a, e); }
 
 Tensor clamp(const Tensor& a, double lo, double hi) {
   MG_CHECK(!(lo > hi), ValueError, "clamp: lo (", lo, ") must not exceed hi (", hi, ")");
@@ -218,14 +224,20 @@ Tensor neg(const Tensor& a) {
   return out;
 }
 
-Tensor exp(const Tensor& a) {
-  if (autocast::widen_needed({&a})) return exp(autocast::widen(a));
+namespace {
+Tensor exp_math(const Tensor& a) {
   return unary_from_output("exp", Unary::Exp, a, [](const Tensor& g, const Tensor& y) { return kernels::mul(g, y); });
 }
-Tensor log(const Tensor& a) {
-  if (autocast::widen_needed({&a})) return log(autocast::widen(a));
+}  // namespace
+
+Tensor exp(const Tensor& a) { return around(policy::exp, exp_math, a); }
+namespace {
+Tensor log_math(const Tensor& a) {
   return unary_from_input("log", Unary::Log, a, [](const Tensor& g, const Tensor& x) { return kernels::div(g, x); });
 }
+}  // namespace
+
+Tensor log(const Tensor& a) { return around(policy::log, log_math, a); }
 Tensor sqrt(const Tensor& a) {  // 1 / (2 sqrt(x))
   return unary_from_output("sqrt", Unary::Sqrt, a, [](const Tensor& g, const Tensor& y) {
     return kernels::div(g, kernels::mul_scalar(y, 2.0));
@@ -246,18 +258,18 @@ Tensor square(const Tensor& a) {
     return kernels::mul(g, kernels::mul_scalar(x, 2.0));
   });
 }
-Tensor relu(const Tensor& a) {  // y > 0 exactly where x > 0, so the output is enough
-  if (autograd::recompute_hook)
-    if (Tensor r = autograd::recompute_hook("relu", a, [](const Tensor& x) { return relu(x); }); r.defined()) return r;
+// y > 0 exactly where x > 0, so the output is enough
+namespace {
+Tensor relu_math(const Tensor& a) {
   return unary_from_output("relu", Unary::Relu, a, [](const Tensor& g, const Tensor& y) {
     return kernels::binary(Binary::ReluBackward, g, y);
   });
 }
-Tensor gelu(const Tensor& a, bool tanh_approx) {
-  if (autograd::recompute_hook)
-    if (Tensor r = autograd::recompute_hook("gelu", a, [tanh_approx](const Tensor& x) { return gelu(x, tanh_approx); });
-        r.defined())
-      return r;
+}  // namespace
+
+Tensor relu(const Tensor& a) { return around(policy::relu, relu_math, a); }
+namespace {
+Tensor gelu_math(const Tensor& a, bool tanh_approx) {
   if (tanh_approx)
     return unary_from_input("gelu", Unary::GeluTanh, a, [](const Tensor& g, const Tensor& x) {
       return kernels::binary(Binary::GeluTanhBackward, g, x);
@@ -265,12 +277,17 @@ Tensor gelu(const Tensor& a, bool tanh_approx) {
   return unary_from_input("gelu", Unary::Gelu, a,
                           [](const Tensor& g, const Tensor& x) { return kernels::binary(Binary::GeluBackward, g, x); });
 }
-Tensor silu(const Tensor& a) {
-  if (autograd::recompute_hook)
-    if (Tensor r = autograd::recompute_hook("silu", a, [](const Tensor& x) { return silu(x); }); r.defined()) return r;
+}  // namespace
+
+Tensor gelu(const Tensor& a, bool tanh_approx) { return around(policy::gelu, gelu_math, a, tanh_approx); }
+namespace {
+Tensor silu_math(const Tensor& a) {
   return unary_from_input("silu", Unary::Silu, a,
                           [](const Tensor& g, const Tensor& x) { return kernels::binary(Binary::SiluBackward, g, x); });
 }
+}  // namespace
+
+Tensor silu(const Tensor& a) { return around(policy::silu, silu_math, a); }
 Tensor softplus(const Tensor& a, double beta) {
   MG_CHECK(beta > 0.0, ValueError, "softplus: beta must be positive, got ", beta);
   if (beta != 1.0) return div(softplus(mul(a, beta)), beta);  // log(1 + exp(beta x)) / beta
@@ -339,11 +356,8 @@ Tensor& relu_(Tensor& a) {
 
 // ---------------- dropout ----------------
 
-Tensor dropout(const Tensor& a, double p, bool training) {
-  if (autograd::recompute_hook && training && p > 0.0)
-    if (Tensor r = autograd::recompute_hook("dropout", a, [p](const Tensor& x) { return dropout(x, p, true); });
-        r.defined())
-      return r;
+namespace {
+Tensor dropout_math(const Tensor& a, double p, bool training) {
   MG_CHECK(p >= 0.0 && p < 1.0, ValueError, "dropout: probability p must be in [0, 1), got ", p);
   if (!training || p == 0.0) return a;
   MG_CHECK(is_floating(a.dtype()), DTypeError, "dropout: input must be floating, got ", a.dtype());
@@ -353,6 +367,13 @@ Tensor dropout(const Tensor& a, double p, bool training) {
     record("dropout", {a}, out,
            [keep = std::move(keep), p](const Grads& g) { return Grads{kernels::dropout_backward(g[0], keep, p)}; });
   return out;
+}
+}  // namespace
+
+Tensor dropout(const Tensor& a, double p, bool training) {
+  // Dropout is the identity outside training: nothing to rebuild.
+  if (!training || p == 0.0) return dropout_math(a, p, training);
+  return around(policy::dropout, dropout_math, a, p, training);
 }
 
 Tensor bias_dropout_add(const Tensor& x_in, const Tensor& branch_in, const Tensor& bias_in, double p, bool training) {

@@ -27,8 +27,8 @@ DType weight_grad_dtype(const Tensor& w) {
 }
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
-  if (autocast::lower_needed({&a, &b})) return matmul(autocast::lower(a), autocast::lower(b));
+namespace {
+Tensor matmul_math(const Tensor& a, const Tensor& b) {
   Tensor out = kernels::matmul(a, b);
   if (!any_requires_grad({a, b})) return out;
   const bool need_a = needs_grad(a), need_b = needs_grad(b);
@@ -61,9 +61,12 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
          });
   return out;
 }
+}  // namespace
 
-Tensor bmm(const Tensor& a, const Tensor& b) {
-  if (autocast::lower_needed({&a, &b})) return bmm(autocast::lower(a), autocast::lower(b));
+Tensor matmul(const Tensor& a, const Tensor& b) { return around(policy::matmul, matmul_math, a, b); }
+
+namespace {
+Tensor bmm_math(const Tensor& a, const Tensor& b) {
   Tensor out = kernels::bmm(a, b);
   if (!any_requires_grad({a, b})) return out;
   const bool need_a = needs_grad(a), need_b = needs_grad(b);
@@ -76,10 +79,12 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
          });
   return out;
 }
+}  // namespace
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  if (autocast::lower_needed({&x, &w, &bias}))
-    return linear(autocast::lower(x), autocast::lower(w), autocast::lower(bias));
+Tensor bmm(const Tensor& a, const Tensor& b) { return around(policy::bmm, bmm_math, a, b); }
+
+namespace {
+Tensor linear_math(const Tensor& x, const Tensor& w, const Tensor& bias) {
   const Tensor out = autograd::kept_or_run("linear", linear_shape(x, w.size(0)),
                                            [&] { return std::vector<Tensor>{kernels::linear(x, w, bias)}; })[0];
   if (!any_requires_grad({x, w, bias})) return out;
@@ -100,11 +105,15 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
          });
   return out;
 }
+}  // namespace
 
-Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj) {
-  if (autocast::lower_needed({&x, &w_fc, &b_fc, &w_proj, &b_proj}))
-    return gelu_mlp(autocast::lower(x), autocast::lower(w_fc), autocast::lower(b_fc), autocast::lower(w_proj),
-                    autocast::lower(b_proj));
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  return around(policy::linear, linear_math, x, w, bias);
+}
+
+namespace {
+Tensor gelu_mlp_math(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj,
+                     const Tensor& b_proj) {
   auto [h, pre] = kernels::linear_gelu(x, w_fc, b_fc);  // h = gelu(pre), pre = x @ w_fc^T + b_fc
   // In a checkpoint replay that kept the output, c_fc and the GELU still run (backward needs
   // pre and h, bitwise those of the forward); c_proj's GEMM does not.
@@ -118,7 +127,7 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
   // gradient rebuilds it from pre (kept anyway) with the GELU kernel, one elementwise pass.
   // That h is gelu(round(pre)), the forward's epilogue rounded gelu(pre) once: they can differ
   // by one rounding of the autocast dtype.
-  const bool rebuild_h = need[3] && autograd::recompute_query && autograd::recompute_query("gelu");
+  const bool rebuild_h = need[3] && autograd::rebuilds("gelu");
   // h and pre are this node's own intermediates (nothing else can change them), saved as
   // SavedTensors so that an OffloadScope can move them to host memory.
   record("gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, out,
@@ -154,6 +163,11 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
            return Grads{gx, gw_fc, gb_fc, gw_proj, gb_proj};
          });
   return out;
+}
+}  // namespace
+
+Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj) {
+  return around(policy::gelu_mlp, gelu_mlp_math, x, w_fc, b_fc, w_proj, b_proj);
 }
 
 }  // namespace mg

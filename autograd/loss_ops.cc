@@ -107,14 +107,19 @@ Tensor nll_rows(const Tensor& lp, const Tensor& target, Reduction red, int64_t i
 }
 }  // namespace
 
-Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const std::string& reduction, int64_t ignore_index) {
-  if (autocast::widen_needed({&log_probs}))
-    return nll_loss(autocast::widen(log_probs), target, reduction, ignore_index);
+namespace {
+Tensor nll_loss_math(const Tensor& log_probs, const Tensor& target, const std::string& reduction,
+                     int64_t ignore_index) {
   const Reduction red = parse_reduction(reduction, "nll_loss");
   Rows r = to_rows(log_probs, target, "nll_loss");
   check_labels(r.target, r.scores.size(1), ignore_index, "nll_loss");
   Tensor out = nll_rows(r.scores, r.target, red, ignore_index);
   return red == Reduction::None ? out.reshape(r.target_shape) : out;
+}
+}  // namespace
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const std::string& reduction, int64_t ignore_index) {
+  return around(policy::nll_loss, nll_loss_math, log_probs, target, reduction, ignore_index);
 }
 
 // Fused: kernels::cross_entropy_forward keeps one logsumexp per row (f32) instead of the
@@ -138,20 +143,17 @@ Tensor cross_entropy_probs(const Tensor& logits, const Tensor& target, Reduction
   if (red == Reduction::None) return per;
   return red == Reduction::Sum ? sum(per) : mean(per);
 }
-}  // namespace
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::string& reduction, int64_t ignore_index,
-                     double label_smoothing) {
-  if (logits.defined() && target.defined() && is_floating(target.dtype()) && is_floating(logits.dtype())) {
-    if (autocast::widen_needed({&logits}))
-      return cross_entropy(autocast::widen(logits), target, reduction, ignore_index, label_smoothing);
-    MG_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError,
-             "cross_entropy: label_smoothing must be in [0, 1], got ", label_smoothing);
-    return cross_entropy_probs(logits, target, parse_reduction(reduction, "cross_entropy"), label_smoothing);
-  }
-  // The CPU kernel is f32/f64; CPU autocast (bf16) widens as the f32 policy says.
-  if (!logits.is_cuda() && autocast::widen_needed({&logits}))
-    return cross_entropy(autocast::widen(logits), target, reduction, ignore_index, label_smoothing);
+Tensor cross_entropy_probs_math(const Tensor& logits, const Tensor& target, const std::string& reduction, int64_t,
+                                double label_smoothing) {
+  MG_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError,
+           "cross_entropy: label_smoothing must be in [0, 1], got ", label_smoothing);
+  return cross_entropy_probs(logits, target, parse_reduction(reduction, "cross_entropy"), label_smoothing);
+}
+
+// Class-index targets: the fused kernel (the CPU kernel is f32/f64, the CUDA one reads f16/bf16).
+Tensor cross_entropy_math(const Tensor& logits, const Tensor& target, const std::string& reduction,
+                          int64_t ignore_index, double label_smoothing) {
   const Reduction red = parse_reduction(reduction, "cross_entropy");
   MG_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError,
            "cross_entropy: label_smoothing must be in [0, 1], got ", label_smoothing);
@@ -175,6 +177,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::stri
   }
   return red == Reduction::None ? out.reshape(r.target_shape) : out;
 }
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::string& reduction, int64_t ignore_index,
+                     double label_smoothing) {
+  if (logits.defined() && target.defined() && is_floating(target.dtype()) && is_floating(logits.dtype()))
+    return around(policy::cross_entropy_probs, cross_entropy_probs_math, logits, target, reduction, ignore_index,
+                  label_smoothing);
+  return around(policy::cross_entropy, cross_entropy_math, logits, target, reduction, ignore_index, label_smoothing);
+}
 
 // linear + cross_entropy without the logits: the loss is the graph's end, so its gradient with
 // respect to the logits is known in the forward pass up to the scalar coefficient the backward
@@ -190,8 +201,10 @@ namespace {
 double logit_grad_prescale(DType t) { return t == DType::f16 ? 1024.0 : 1.0; }
 }  // namespace
 
-Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& target, const std::string& reduction,
-                            int64_t ignore_index, double label_smoothing, int64_t chunk_rows) {
+namespace {
+Tensor linear_cross_entropy_math(const Tensor& x, const Tensor& weight, const Tensor& target,
+                                 const std::string& reduction, int64_t ignore_index, double label_smoothing,
+                                 int64_t chunk_rows) {
   constexpr const char* op = "linear_cross_entropy";
   MG_CHECK(x.defined() && weight.defined() && target.defined(), ValueError, op, ": undefined input");
   MG_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), ShapeError, op, ": x ",
@@ -199,9 +212,6 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
            " do not chain (expected weight [classes, in] with in == x.size(-1))");
   MG_CHECK(chunk_rows >= 0, ValueError, op, ": chunk_rows must be >= 0 (0: automatic), got ", chunk_rows);
   const Reduction red = parse_reduction(reduction, op);
-  if (autocast::lower_needed({&x, &weight}))
-    return linear_cross_entropy(autocast::lower(x), autocast::lower(weight), target, reduction, ignore_index,
-                                label_smoothing, chunk_rows);
   MG_CHECK(x.dtype() == weight.dtype(), DTypeError, op, ": x is ", x.dtype(), " but weight is ", weight.dtype());
   MG_CHECK(x.device() == weight.device() && x.device() == target.device(), DeviceError, op, ": x on ", x.device(),
            ", weight on ", weight.device(), ", target on ", target.device());
@@ -269,10 +279,16 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor&
   }
   return out;
 }
+}  // namespace
 
-Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {
-  if (autocast::widen_needed({&input, &target}))
-    return mse_loss(autocast::widen(input), autocast::widen(target), reduction);
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& target, const std::string& reduction,
+                            int64_t ignore_index, double label_smoothing, int64_t chunk_rows) {
+  return around(policy::linear_cross_entropy, linear_cross_entropy_math, x, weight, target, reduction, ignore_index,
+                label_smoothing, chunk_rows);
+}
+
+namespace {
+Tensor mse_loss_math(const Tensor& input, const Tensor& target, const std::string& reduction) {
   const Reduction red = parse_reduction(reduction, "mse_loss");
   MG_CHECK(input.sizes() == target.sizes(), ShapeError, "mse_loss: input shape ", shape_str(input.sizes()),
            " and target shape ", shape_str(target.sizes()),
@@ -281,6 +297,11 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& re
            "mse_loss: input and target must be floating, got ", input.dtype(), " and ", target.dtype());
   Tensor sq = square(sub(input, target));
   return red == Reduction::None ? sq : red == Reduction::Sum ? sum(sq) : mean(sq);
+}
+}  // namespace
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {
+  return around(policy::mse_loss, mse_loss_math, input, target, reduction);
 }
 
 }  // namespace mg

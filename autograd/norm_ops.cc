@@ -12,17 +12,9 @@ namespace mg {
 
 // ---------------- layer norm ----------------
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
-                  double eps) {
-  if (autograd::recompute_hook)
-    if (Tensor r = autograd::recompute_hook("layer_norm", x,
-                                            [normalized_shape, weight, bias, eps](const Tensor& in) {
-                                              return layer_norm(in, normalized_shape, weight, bias, eps);
-                                            });
-        r.defined())
-      return r;
-  if (autocast::widen_needed({&x, &weight, &bias}))
-    return layer_norm(autocast::widen(x), normalized_shape, autocast::widen(weight), autocast::widen(bias), eps);
+namespace {
+Tensor layer_norm_math(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                       double eps) {
   auto [out, mean, rstd] = kernels::layer_norm_forward(x, normalized_shape, weight, bias, eps);
   if (!any_requires_grad({x, weight, bias})) return out;
   const std::array<bool, 3> mask{needs_grad(x), needs_grad(weight), needs_grad(bias)};
@@ -38,23 +30,17 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   return out;
 }
 
-std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
-                                         const Tensor& weight, const Tensor& bias, double eps,
-                                         std::optional<DType> out_dtype, const Tensor& residual_bias) {
-  // Checked here too: the plain-ops path below would add the bias to x alone.
-  MG_CHECK(!residual_bias.defined() || residual.defined(), ValueError, "add_layer_norm: a residual bias (shape ",
-           shape_str(residual_bias.sizes()), ") needs a residual, got none");
-  // A policy that rebuilds layer_norm: run as the plain ops, whose layer_norm it can rebuild.
-  // Any other policy (e.g. GELU only) keeps the fused kernel.
-  if (autograd::recompute_hook && autograd::recompute_query && autograd::recompute_query("layer_norm")) {
-    Tensor h = residual.defined() ? add(x, residual) : x;
-    if (residual_bias.defined()) h = add(h, residual_bias);
-    Tensor y = layer_norm(h, normalized_shape, weight, bias, eps);
-    return {h, out_dtype && y.dtype() != *out_dtype ? y.to(*out_dtype) : y};
-  }
-  if (autocast::widen_needed({&x, &weight, &bias, &residual_bias}))
-    return add_layer_norm(autocast::widen(x), residual, normalized_shape, autocast::widen(weight),
-                          autocast::widen(bias), eps, out_dtype, autocast::widen(residual_bias));
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  return around(policy::layer_norm, layer_norm_math, x, normalized_shape, weight, bias, eps);
+}
+
+namespace {
+std::pair<Tensor, Tensor> add_layer_norm_math(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                                              const Tensor& weight, const Tensor& bias, double eps,
+                                              std::optional<DType> out_dtype, const Tensor& residual_bias) {
   const DType out_t = out_dtype.value_or(x.dtype());
   auto [h, y, mean, rstd] =
       kernels::add_layer_norm_forward(x, residual, normalized_shape, weight, bias, eps, out_t, residual_bias);
@@ -86,6 +72,27 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual
   return {has_res ? h : x, y};
 }
 
+}  // namespace
+
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                                         const Tensor& weight, const Tensor& bias, double eps,
+                                         std::optional<DType> out_dtype, const Tensor& residual_bias) {
+  // Checked here too: the plain ops below would add the bias to x alone.
+  MG_CHECK(!residual_bias.defined() || residual.defined(), ValueError, "add_layer_norm: a residual bias (shape ",
+           shape_str(residual_bias.sizes()), ") needs a residual, got none");
+  // A policy that rebuilds layer_norm: the plain ops, whose layer_norm it can rebuild. Any other
+  // policy (e.g. GELU only) keeps the fused kernel.
+  if (autograd::rebuilds("layer_norm")) {
+    Tensor h = residual.defined() ? add(x, residual) : x;
+    if (residual_bias.defined()) h = add(h, residual_bias);
+    Tensor y = layer_norm(h, normalized_shape, weight, bias, eps);
+    return {h, out_dtype && y.dtype() != *out_dtype ? y.to(*out_dtype) : y};
+  }
+  // The residual stream keeps its dtype; the kernel adds it in f32.
+  return around(policy::add_layer_norm, add_layer_norm_math, x, as_is(residual), normalized_shape, weight, bias, eps,
+                out_dtype, residual_bias);
+}
+
 // ---------------- batch norm ----------------
 
 namespace {
@@ -93,29 +100,26 @@ namespace {
 // batch_norm, and with relu the ReLU after it (with a residual, relu(batch_norm(x) + residual)):
 // fused into the kernels' passes where the backend can (channels-last on CUDA;
 // kernels::batch_norm_forward_training), its backward masking the gradient with the saved
-// output.
-Tensor batch_norm_impl(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+// output. Under autocast a half-precision activation keeps its dtype on CUDA, and the CUDA
+// kernels take its f32 weight, bias and running statistics as they are (statistics accumulate in
+// f32; the saved statistics and the parameters' gradients come out f32): no casts, as PyTorch's
+// cuDNN batch norm. The CPU kernel is f32-only: there the policy widens (policy::batch_norm).
+Tensor batch_norm_math(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                        const Tensor& bias, bool training, double momentum, double eps, bool relu,
-                       const Tensor& residual = Tensor()) {
-  // Autocast: a half-precision activation keeps its dtype on CUDA, and the CUDA kernels take
-  // its f32 weight, bias and running statistics as they are (statistics accumulate in f32;
-  // the saved statistics and the parameters' gradients come out f32): no casts, as PyTorch's
-  // cuDNN batch norm. The CPU kernel is f32-only: there the input is widened.
+                       const Tensor& residual) {
   const bool autocast_half =
       x.defined() && is_autocast_enabled(x.device().type) && (x.dtype() == DType::f16 || x.dtype() == DType::bf16);
-  if (autocast_half && !x.is_cuda())
-    return batch_norm_impl(autocast::widen(x), running_mean, running_var, weight, bias, training, momentum, eps, relu,
-                           residual.defined() ? autocast::widen(residual) : residual);
   // A residual of another dtype than x's: the ops one by one, with add's type promotion.
   if (residual.defined() && x.defined() && residual.sizes() == x.sizes() && residual.dtype() != x.dtype())
     return mg::relu(
-        mg::add(batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, false), residual));
+        mg::add(batch_norm_math(x, running_mean, running_var, weight, bias, training, momentum, eps, false, Tensor()),
+                residual));
   // Half-precision parameters beside f32 running statistics: the parameters go f32 (the
   // kernels take one per-channel dtype).
   auto is_half = [&](const Tensor& t) { return t.defined() && t.dtype() == x.dtype(); };
   if (autocast_half && running_mean.defined() && running_mean.dtype() == DType::f32 &&
       (is_half(weight) || is_half(bias)))
-    return batch_norm_impl(x, running_mean, running_var, autocast::cached_cast(weight, DType::f32),
+    return batch_norm_math(x, running_mean, running_var, autocast::cached_cast(weight, DType::f32),
                            autocast::cached_cast(bias, DType::f32), training, momentum, eps, relu, residual);
   const bool grad = any_requires_grad({x, weight, bias, residual});
   const bool need_x = needs_grad(x), need_w = needs_grad(weight), need_b = needs_grad(bias);
@@ -154,9 +158,10 @@ Tensor batch_norm_impl(const Tensor& x, const Tensor& running_mean, const Tensor
     return out;
   }
   if (relu && residual.defined())
-    return mg::relu(
-        mg::add(batch_norm_impl(x, running_mean, running_var, weight, bias, false, momentum, eps, false), residual));
-  if (relu) return mg::relu(batch_norm_impl(x, running_mean, running_var, weight, bias, false, momentum, eps, false));
+    return mg::relu(mg::add(
+        batch_norm_math(x, running_mean, running_var, weight, bias, false, momentum, eps, false, Tensor()), residual));
+  if (relu)
+    return mg::relu(batch_norm_math(x, running_mean, running_var, weight, bias, false, momentum, eps, false, Tensor()));
   Tensor out = kernels::batch_norm_forward_eval(x, weight, bias, running_mean, running_var, eps);
   if (grad)
     // Eval mode: the running statistics are constants of the function; saved with a version
@@ -172,16 +177,26 @@ Tensor batch_norm_impl(const Tensor& x, const Tensor& running_mean, const Tensor
   return out;
 }
 
+// The running statistics are updated in place: autocast never casts them.
+Tensor batch_norm_around(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                         const Tensor& bias, bool training, double momentum, double eps, bool relu,
+                         const Tensor& residual) {
+  return around(policy::batch_norm, batch_norm_math, x, as_is(running_mean), as_is(running_var), weight, bias, training,
+                momentum, eps, relu, residual);
+}
+
 }  // namespace
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
-  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, /*relu=*/false);
+  return batch_norm_around(x, running_mean, running_var, weight, bias, training, momentum, eps, /*relu=*/false,
+                           Tensor());
 }
 
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                        const Tensor& bias, bool training, double momentum, double eps) {
-  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, /*relu=*/true);
+  return batch_norm_around(x, running_mean, running_var, weight, bias, training, momentum, eps, /*relu=*/true,
+                           Tensor());
 }
 
 Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
@@ -191,7 +206,8 @@ Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor
   MG_CHECK(x.defined() && residual.sizes() == x.sizes(), ShapeError, "batch_norm_add_relu: residual shape ",
            shape_str(residual.sizes()), " must equal the input's ",
            x.defined() ? shape_str(x.sizes()) : std::string("(undefined)"));
-  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, /*relu=*/true, residual);
+  return batch_norm_around(x, running_mean, running_var, weight, bias, training, momentum, eps, /*relu=*/true,
+                           residual);
 }
 
 }  // namespace mg

@@ -1,5 +1,5 @@
 // What every autograd/<family>_ops.cc uses: the tape (record, SavedTensor), the kernels the
-// forward and backward run on, and the autocast policy. Included by those files only.
+// forward and backward run on, and the policies applied around an op (op_policy.h). Included by those files only.
 //
 // A backward returns each input's gradient in whatever shape and dtype its math gives: the
 // engine sums a broadcast gradient back to the input's shape and casts it to the input's dtype
@@ -11,11 +11,15 @@
 #include "autograd/autocast_policy.h"
 #include "autograd/functions.h"
 #include "autograd/node.h"
+#include "autograd/op_policy.h"
 #include "kernels/ops.h"
 
 namespace mg {
 
 using autograd::any_requires_grad;
+using autograd::around;
+using autograd::as_is;
+namespace policy = autograd::policy;
 using autograd::needs_grad;
 using autograd::record;
 using autograd::SavedTensor;

@@ -36,8 +36,8 @@ Tensor keep(const Tensor& g, const Shape& keep_shape) {
 }
 }  // namespace
 
-Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
-  if (autocast::widen_needed({&a})) return sum(autocast::widen(a), dims, keepdim);
+namespace {
+Tensor sum_math(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   Tensor out = kernels::sum(a, dims, keepdim);
   if (any_requires_grad({a})) {
     Shape ks = keepdim_shape(a.sizes(), reduced_mask(a.sizes(), dims, "sum"));
@@ -46,9 +46,14 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   }
   return out;
 }
+}  // namespace
 
-Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
-  if (autocast::widen_needed({&a})) return mean(autocast::widen(a), dims, keepdim);
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  return around(policy::sum, sum_math, a, dims, keepdim);
+}
+
+namespace {
+Tensor mean_math(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   Tensor out = kernels::mean(a, dims, keepdim);
   if (any_requires_grad({a})) {
     auto mask = reduced_mask(a.sizes(), dims, "mean");
@@ -59,6 +64,11 @@ Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
     });
   }
   return out;
+}
+}  // namespace
+
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  return around(policy::mean, mean_math, a, dims, keepdim);
 }
 
 Tensor max(const Tensor& a, int64_t dim, bool keepdim) {
@@ -93,8 +103,8 @@ Tensor amax(const Tensor& a) {
 
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim) { return kernels::argmax(a, dim, keepdim); }
 
-Tensor var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
-  if (autocast::widen_needed({&a})) return var(autocast::widen(a), dims, correction, keepdim);
+namespace {
+Tensor var_math(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
   Tensor out = kernels::var(a, dims, correction, keepdim);
   if (any_requires_grad({a})) {
     auto mask = reduced_mask(a.sizes(), dims, "var");
@@ -109,6 +119,11 @@ Tensor var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction
            });
   }
   return out;
+}
+}  // namespace
+
+Tensor var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+  return around(policy::var, var_math, a, dims, correction, keepdim);
 }
 
 }  // namespace mg

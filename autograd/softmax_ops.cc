@@ -19,18 +19,20 @@ Tensor softmax_like(const char* op, const Tensor& a, int64_t dim, Forward forwar
 }
 }  // namespace
 
-Tensor softmax(const Tensor& a, int64_t dim) {
-  if (autograd::recompute_hook)
-    if (Tensor r = autograd::recompute_hook("softmax", a, [dim](const Tensor& x) { return softmax(x, dim); });
-        r.defined())
-      return r;
-  if (autocast::widen_needed({&a})) return softmax(autocast::widen(a), dim);
+namespace {
+Tensor softmax_math(const Tensor& a, int64_t dim) {
   return softmax_like("softmax", a, dim, kernels::softmax, kernels::softmax_backward);
 }
+}  // namespace
 
-Tensor log_softmax(const Tensor& a, int64_t dim) {
-  if (autocast::widen_needed({&a})) return log_softmax(autocast::widen(a), dim);
+Tensor softmax(const Tensor& a, int64_t dim) { return around(policy::softmax, softmax_math, a, dim); }
+
+namespace {
+Tensor log_softmax_math(const Tensor& a, int64_t dim) {
   return softmax_like("log_softmax", a, dim, kernels::log_softmax, kernels::log_softmax_backward);
 }
+}  // namespace
+
+Tensor log_softmax(const Tensor& a, int64_t dim) { return around(policy::log_softmax, log_softmax_math, a, dim); }
 
 }  // namespace mg
