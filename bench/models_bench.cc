@@ -33,8 +33,9 @@
 //                      and the MLP's c_proj: bias + dropout + residual add as one kernel;
 //                      " resid-dropout P" in the config string; PyTorch's models_step.py takes the
 //                      same flag)
-//   --optimizer sgd|adamw  the step's optimizer (default sgd; adamw: fused AdamW, lr 1e-3,
-//                      weight decay 0.1), "AdamW" in the config string
+//   --optimizer sgd|adamw|adamw8bit  the step's optimizer (default sgd; adamw: fused AdamW, lr
+//                      1e-3, weight decay 0.1, "AdamW" in the config string; adamw8bit: the same
+//                      with 8-bit moments, "AdamW8bit")
 //   --checkpoint       GPT-2 with every block checkpointed (" checkpoint" in the config string)
 //   --checkpoint-blocks N  GPT-2 with its first N blocks checkpointed (" checkpoint N blocks"),
 //                      or the N after the offloaded ones with --offload-blocks
@@ -217,12 +218,14 @@ Result run(StepFn& step, int warmup, int steps, mg::Device dev) {
 // or fused AdamW (lr 1e-3, weight decay 0.1, GPT-2's usual), PyTorch's fused=True on its side.
 std::string g_optimizer = "sgd";
 std::unique_ptr<mg::optim::Optimizer> make_optimizer(const std::vector<mg::Tensor>& params) {
-  if (g_optimizer == "adamw") {
-    mg::optim::AdamWOptions o;
+  if (g_optimizer == "adamw" || g_optimizer == "adamw8bit") {
+    mg::optim::AdamW8bitOptions o;
     o.weight_decay = 0.1;
     // A captured step replays the update: its step counts (bias corrections) and lr must live
     // on the device, as PyTorch's fused AdamW keeps its step count there.
     o.capturable = g_graph;
+    if (g_optimizer == "adamw8bit") return std::make_unique<mg::optim::AdamW8bit>(params, o);
+    o.state_bits = 32;
     return std::make_unique<mg::optim::AdamW>(params, o);
   }
   return std::make_unique<mg::optim::SGD>(params, mg::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
@@ -386,8 +389,8 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--host-samples"))
       g_host_samples = argv[++i];
   }
-  if (g_optimizer != "sgd" && g_optimizer != "adamw") {
-    std::fprintf(stderr, "bench_models: --optimizer must be sgd or adamw, got %s\n", g_optimizer.c_str());
+  if (g_optimizer != "sgd" && g_optimizer != "adamw" && g_optimizer != "adamw8bit") {
+    std::fprintf(stderr, "bench_models: --optimizer must be sgd, adamw or adamw8bit, got %s\n", g_optimizer.c_str());
     return 2;
   }
   if (batch < 0 || seq < 1) {
@@ -408,7 +411,10 @@ int main(int argc, char** argv) {
   if (tune_gemm) mg::kernels::set_gemm_autotune(true);
   tune_gemm = mg::kernels::gemm_autotune();
   const std::string tag = " " + dtype + (dtype == "f32" ? "" : " autocast") + (tf32 ? " TF32" : "") +
-                          (channels_last ? " channels_last" : "") + (g_optimizer == "adamw" ? " AdamW" : "") +
+                          (channels_last ? " channels_last" : "") +
+                          (g_optimizer == "adamw"       ? " AdamW"
+                           : g_optimizer == "adamw8bit" ? " AdamW8bit"
+                                                        : "") +
                           (g_graph ? " CUDA graph" : "") + (tune_gemm ? " tuned GEMMs" : "") +
                           (resid_dropout > 0 ? " resid-dropout " + fmt_g(resid_dropout) : "");
   if (!mg::cuda::is_available()) {

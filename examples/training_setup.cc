@@ -11,7 +11,7 @@
 
 namespace mg::examples {
 
-const char* kTrainingUsage = R"(  --optimizer NAME    sgd (default), adam or adamw
+const char* kTrainingUsage = R"(  --optimizer NAME    sgd (default), adam, adamw or adamw8bit (AdamW with 8-bit moments)
   --lr X              learning rate (default 0.02 for sgd, 0.001 for adam/adamw)
   --momentum X        SGD momentum (default 0.9)
   --weight-decay X    sgd/adam: L2 penalty added to the gradient; adamw: decoupled decay
@@ -124,15 +124,15 @@ bool parse_training_flag(TrainingFlags& f, const std::string& arg, const std::st
 }
 
 void finalize_training_flags(TrainingFlags& f, int64_t epochs) {
-  MG_CHECK(f.optimizer == "sgd" || f.optimizer == "adam" || f.optimizer == "adamw", ValueError,
-           "unknown --optimizer \"", f.optimizer, "\" (valid: sgd, adam, adamw)");
+  MG_CHECK(f.optimizer == "sgd" || f.optimizer == "adam" || f.optimizer == "adamw" || f.optimizer == "adamw8bit",
+           ValueError, "unknown --optimizer \"", f.optimizer, "\" (valid: sgd, adam, adamw, adamw8bit)");
   const std::vector<std::string> kinds = {"none", "step", "multistep", "exponential", "cosine", "plateau"};
   bool known = false;
   for (auto& k : kinds) known |= k == f.scheduler;
   MG_CHECK(known, ValueError, "unknown --scheduler \"", f.scheduler,
            "\" (valid: none, step, multistep, exponential, cosine, plateau)");
   if (f.lr < 0) f.lr = f.optimizer == "sgd" ? 0.02 : 1e-3;
-  if (f.weight_decay < 0) f.weight_decay = f.optimizer == "adamw" ? 0.01 : 0.0;
+  if (f.weight_decay < 0) f.weight_decay = f.optimizer == "adamw" || f.optimizer == "adamw8bit" ? 0.01 : 0.0;
   if (f.gamma < 0) f.gamma = f.scheduler == "exponential" ? 0.9 : 0.1;
   if (f.milestones.empty()) f.milestones = {std::max<int64_t>(1, epochs / 2), std::max<int64_t>(1, 3 * epochs / 4)};
   MG_CHECK(f.warmup_steps >= 0, ValueError, "--warmup-steps must be >= 0, got ", f.warmup_steps);
@@ -157,6 +157,12 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainingFlags& f, std::ve
   o.weight_decay = f.weight_decay;
   o.capturable = f.capturable;
   if (f.optimizer == "adamw") return std::make_unique<optim::AdamW>(std::move(params), o);
+  if (f.optimizer == "adamw8bit") {
+    optim::AdamW8bitOptions q;
+    static_cast<optim::AdamWOptions&>(q) = o;
+    q.state_bits = 8;
+    return std::make_unique<optim::AdamW8bit>(std::move(params), q);
+  }
   return std::make_unique<optim::Adam>(std::move(params), static_cast<const optim::AdamOptions&>(o));
 }
 

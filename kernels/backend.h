@@ -190,6 +190,8 @@ class Backend {
 
   // ---- multi-tensor optimizer updates (optim.*); contiguous lists of one dtype ----
   virtual void adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) = 0;
+  // 8-bit moments (t.exp_avg_absmax set): kernels/optim.h's adam8bit_multi_tensor_.
+  virtual void adam8bit_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) = 0;
   virtual void sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h, const DeviceScalars& d) = 0;
   // Sum of |x|^p over all tensors (max |x| for p = inf; a NaN once seen stays), one host read.
   virtual double multi_tensor_norm_partial(const std::vector<Tensor>& ts, double norm_type) = 0;

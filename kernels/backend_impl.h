@@ -141,6 +141,7 @@ class BackendImpl final : public Backend {
 
   // ---- multi-tensor optimizer updates (optim.*)
   void adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) override;
+  void adam8bit_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) override;
   void sgd_multi_tensor(const SGDTensors& t, const SGDHyper& h, const DeviceScalars& d) override;
   double multi_tensor_norm_partial(const std::vector<Tensor>& ts, double norm_type) override;
   void multi_tensor_scale(const std::vector<Tensor>& ts, double scale) override;

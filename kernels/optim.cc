@@ -64,13 +64,10 @@ bool multi_tensor_supported(const Tensor& t) {
   return t.defined() && t.is_contiguous() && dtype_fusable(t) && device_has_fused(t.device());
 }
 
-void adam_multi_tensor_(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
-  const char* op = "adam_multi_tensor_";
-  if (t.params.empty()) return;
-  check_lists(op, t.params, {{"grads", &t.grads}, {"exp_avg", &t.exp_avg}, {"exp_avg_sq", &t.exp_avg_sq}});
-  if (h.amsgrad) check_lists(op, t.params, {{"max_exp_avg_sq", &t.max_exp_avg_sq}});
-  MG_CHECK(!t.step_counts.empty() || t.steps.size() == t.params.size(), ValueError, op, ": ", t.steps.size(),
-           " step counts for ", t.params.size(), " params");
+namespace {
+// The checks adam_multi_tensor_ and adam8bit_multi_tensor_ share: step counts, device scalars
+// and low copies.
+void check_adam_steps(const char* op, const AdamTensors& t, const DeviceScalars& d) {
   const Device dev = t.params[0].device();
   check_device_scalars(op, dev, d);
   if (!t.step_counts.empty()) {
@@ -105,10 +102,72 @@ void adam_multi_tensor_(const AdamTensors& t, const AdamHyper& h, const DeviceSc
       MG_CHECK(c.is_contiguous(), ValueError, op, ": low_copies[", i, "] is not contiguous");
     }
   }
-  backend(dev, op).adam_multi_tensor(t, h, d);
+}
+
+// Bumps the versions of what an Adam update wrote.
+void bump_adam_outputs(const AdamTensors& t) {
   for (const Tensor& p : t.params) p.bump_version();
   for (const Tensor& c : t.low_copies)
     if (c.defined()) c.bump_version();
+}
+}  // namespace
+
+void adam_multi_tensor_(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
+  const char* op = "adam_multi_tensor_";
+  if (t.params.empty()) return;
+  check_lists(op, t.params, {{"grads", &t.grads}, {"exp_avg", &t.exp_avg}, {"exp_avg_sq", &t.exp_avg_sq}});
+  if (h.amsgrad) check_lists(op, t.params, {{"max_exp_avg_sq", &t.max_exp_avg_sq}});
+  MG_CHECK(!t.step_counts.empty() || t.steps.size() == t.params.size(), ValueError, op, ": ", t.steps.size(),
+           " step counts for ", t.params.size(), " params");
+  check_adam_steps(op, t, d);
+  backend(t.params[0].device(), op).adam_multi_tensor(t, h, d);
+  bump_adam_outputs(t);
+}
+
+int64_t quant_blocks(int64_t n) { return (n + optim_math::kQuantBlock - 1) / optim_math::kQuantBlock; }
+
+const float* quant_code(bool is_signed) { return is_signed ? optim_math::kCodeSigned.v : optim_math::kCodeUnsigned.v; }
+
+void adam8bit_multi_tensor_(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
+  const char* op = "adam8bit_multi_tensor_";
+  if (t.params.empty()) return;
+  check_lists(op, t.params, {{"grads", &t.grads}});
+  MG_CHECK(t.params[0].dtype() == DType::f32, DTypeError, op, ": 8-bit state needs f32 params, got ",
+           t.params[0].dtype());
+  MG_CHECK(!h.amsgrad, ValueError, op, ": amsgrad has no 8-bit state (use the f32 Adam)");
+  MG_CHECK(!t.step_counts.empty() || t.steps.size() == t.params.size(), ValueError, op, ": ", t.steps.size(),
+           " step counts for ", t.params.size(), " params");
+  const Device dev = t.params[0].device();
+  const std::pair<const char*, const std::vector<Tensor>*> codes[] = {{"exp_avg", &t.exp_avg},
+                                                                      {"exp_avg_sq", &t.exp_avg_sq}};
+  const std::pair<const char*, const std::vector<Tensor>*> scales[] = {{"exp_avg_absmax", &t.exp_avg_absmax},
+                                                                       {"exp_avg_sq_absmax", &t.exp_avg_sq_absmax}};
+  for (int k = 0; k < 2; ++k) {
+    for (const auto& [what, list] : {codes[k], scales[k]})
+      MG_CHECK(list->size() == t.params.size(), ValueError, op, ": ", what, " has ", list->size(), " tensors, params ",
+               t.params.size());
+    for (size_t i = 0; i < t.params.size(); ++i) {
+      const Tensor& q = (*codes[k].second)[i];
+      const Tensor& a = (*scales[k].second)[i];
+      const int64_t n = t.params[i].numel();
+      MG_CHECK(q.defined() && q.dtype() == DType::u8 && q.device() == dev && q.is_contiguous() && q.numel() == n,
+               ValueError, op, ": ", codes[k].first, "[", i, "] must be a contiguous u8 tensor of ", n, " elements on ",
+               dev, ", got ",
+               q.defined() ? detail::format(q.dtype(), " ", shape_str(q.sizes()), " on ", q.device())
+                           : std::string("undefined"));
+      MG_CHECK(a.defined() && a.dtype() == DType::f32 && a.device() == dev && a.is_contiguous() &&
+                   a.numel() == quant_blocks(n),
+               ValueError, op, ": ", scales[k].first, "[", i, "] must be a contiguous f32 tensor of ", quant_blocks(n),
+               " elements (one per 2048) on ", dev, ", got ",
+               a.defined() ? detail::format(a.dtype(), " ", shape_str(a.sizes()), " on ", a.device())
+                           : std::string("undefined"));
+    }
+  }
+  check_adam_steps(op, t, d);
+  backend(dev, op).adam8bit_multi_tensor(t, h, d);
+  bump_adam_outputs(t);
+  for (const auto& list : {&t.exp_avg, &t.exp_avg_sq, &t.exp_avg_absmax, &t.exp_avg_sq_absmax})
+    for (const Tensor& x : *list) x.bump_version();
 }
 
 void sgd_multi_tensor_(const SGDTensors& t, const SGDHyper& h, const DeviceScalars& d) {

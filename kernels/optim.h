@@ -24,6 +24,18 @@ bool multi_tensor_supported(const Tensor& t);
 // into a CUDA graph. The bias corrections are then computed on the device in double, the same
 // expression the host computes for t.steps.
 void adam_multi_tensor_(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d = {});
+// AdamW/Adam with 8-bit blockwise-quantized moments (t.exp_avg_absmax and t.exp_avg_sq_absmax
+// set; see kernels/types.h): per block of 2048 elements, the moments are read back through the
+// codes and their absmax, updated with the same per-element rule as adam_multi_tensor_ (the f32
+// parameter takes the step from the updated, unrounded moments), and stored again against the
+// block's new absmax, rounded to the nearest code value. f32 params and grads, no amsgrad; the
+// same step counts, DeviceScalars and low copies as adam_multi_tensor_. One fused kernel per
+// 24 tensors on CUDA.
+void adam8bit_multi_tensor_(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d = {});
+// The number of 2048-element blocks of an n-element 8-bit moment (its absmax tensor's length).
+int64_t quant_blocks(int64_t n);
+// The 256 code values of the 8-bit moments, ascending: signed for exp_avg, unsigned for exp_avg_sq.
+const float* quant_code(bool is_signed);
 void sgd_multi_tensor_(const SGDTensors& t, const SGDHyper& h, const DeviceScalars& d = {});
 
 // The p-norm of all elements of all tensors taken together (norm_type = +inf: max |x|), the

@@ -83,4 +83,81 @@ MG_OPTIM_HD void adam_bias_corrections(double lr, double beta1, double beta2, do
   *bc2_sqrt = std::sqrt(1.0 - std::pow(beta2, t));
 }
 
+// ---- 8-bit optimizer state (blockwise dynamic quantization, after Dettmers et al. 2022) ----
+// A moment tensor is stored as one byte per element: an index into a 256-entry code of values in
+// [-1, 1] (m) or [0, 1] (v), and one f32 absmax per block of kQuantBlock elements; element i is
+// code[q[i]] * absmax[i / kQuantBlock]. The codes are dynamic-tree ones: a decade (power-of-ten
+// range) per exponent step and a linear fraction inside it, finer in the larger decades, so a block
+// keeps small values to about 7 decades below its largest with a relative error of a few percent,
+// and values near the largest to a fraction of a percent.
+//   signed (m):   0, 1, and +-10^(k-6) * (0.1 + 0.9 (j + 1/2) / 2^k) for decade k = 0..6, j < 2^k
+//                 (2 * 127 + 2 = 256 values)
+//   unsigned (v): 0 and 10^(k-7) * (0.1 + 0.9 (j + 1/2) / 2^k) for decade k = 0..7, j < 2^k
+//                 (255 + 1 = 256 values; v spans the square of m's range, so one decade more)
+// Rounding is to the nearest code value (ties to the smaller index), deterministic.
+constexpr int kQuantBlock = 2048;
+constexpr int kQuantCodeSize = 256;
+
+struct QuantCode {
+  float v[kQuantCodeSize];
+};
+// The code in ascending order, computed at compile time (one table for the CPU loop and the CUDA
+// kernels' constant memory: both read the same 256 floats).
+constexpr QuantCode make_dynamic_code(bool is_signed) {
+  constexpr double kPow10[8] = {1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1e0};
+  double v[kQuantCodeSize] = {};
+  int n = 0;
+  const int decades = is_signed ? 7 : 8;
+  for (int k = 0; k < decades; ++k) {
+    const double scale = kPow10[k + 8 - decades];
+    const int items = 1 << k;
+    for (int j = 0; j < items; ++j) {
+      const double x = scale * (0.1 + 0.9 * (j + 0.5) / items);
+      v[n++] = x;
+      if (is_signed) v[n++] = -x;
+    }
+  }
+  v[n++] = 0.0;
+  if (is_signed) v[n++] = 1.0;
+  for (int i = 1; i < n; ++i)  // insertion sort, at compile time
+    for (int j = i; j > 0 && v[j - 1] > v[j]; --j) {
+      const double t = v[j];
+      v[j] = v[j - 1];
+      v[j - 1] = t;
+    }
+  QuantCode c{};
+  for (int i = 0; i < kQuantCodeSize; ++i) c.v[i] = static_cast<float>(v[i]);
+  return c;
+}
+inline constexpr QuantCode kCodeSigned = make_dynamic_code(true);
+inline constexpr QuantCode kCodeUnsigned = make_dynamic_code(false);
+static_assert(kCodeSigned.v[0] > -1.0f && kCodeSigned.v[255] == 1.0f && kCodeSigned.v[127] == 0.0f);
+static_assert(kCodeUnsigned.v[0] == 0.0f && kCodeUnsigned.v[255] < 1.0f);
+
+// The index of the code value nearest x (x in code's range; outside it, the end index). A NaN x
+// gives an arbitrary index: its block's absmax is then NaN too (block_absmax propagates it), so
+// the state reads back NaN, as an f32 moment would.
+MG_OPTIM_HD unsigned char quantize_nearest(const float* code, float x) {
+  if (x <= code[0]) return 0;
+  if (x >= code[kQuantCodeSize - 1]) return kQuantCodeSize - 1;
+  int lo = 0, hi = kQuantCodeSize - 1;  // code[lo] < x < code[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (code[mid] <= x)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return static_cast<unsigned char>(x - code[lo] <= code[hi] - x ? lo : hi);
+}
+
+// x / absmax, the value quantize_nearest takes (0 for an all-zero block).
+MG_OPTIM_HD float quant_normalize(float x, float absmax) { return absmax > 0.0f ? x / absmax : 0.0f; }
+
+// max(a, |b|) that keeps a NaN from either side (fmaxf would drop it).
+MG_OPTIM_HD float nan_max_abs(float a, float b) {
+  b = b < 0.0f ? -b : b;
+  return (a != a || b != b) ? (a != a ? a : b) : (b > a ? b : a);
+}
+
 }  // namespace mg::kernels::optim_math

@@ -149,8 +149,12 @@ struct AdamHyper {
 // the f32 parameter's shape that the update also writes: the new parameter rounded to nearest
 // (the parameter as it was when a GradScaler skips the update), the cast the next autocast
 // region would make. Every defined one of one dtype.
+// 8-bit state (adam8bit_multi_tensor_): exp_avg and exp_avg_sq are u8 codes of the params' shapes
+// (kernels/optim_math.h's dynamic codes) and exp_avg_absmax / exp_avg_sq_absmax their f32 block
+// scales, [ceil(numel / 2048)] each.
 struct AdamTensors {
   std::vector<Tensor> params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq;
+  std::vector<Tensor> exp_avg_absmax, exp_avg_sq_absmax;
   std::vector<int64_t> steps;
   std::vector<Tensor> step_counts;
   std::vector<Tensor> low_copies;

@@ -93,8 +93,13 @@ Adam::Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions default
     : Optimizer(name, to_map(defaults)),
       decoupled_(decoupled),
       fused_(defaults.fused),
-      write_autocast_casts_(defaults.write_autocast_casts) {
+      write_autocast_casts_(defaults.write_autocast_casts),
+      state_bits_(defaults.state_bits),
+      min_8bit_size_(defaults.min_8bit_size) {
   MG_CHECK(!groups.empty(), ValueError, name, ": got an empty list of parameter groups");
+  MG_CHECK(state_bits_ == 8 || state_bits_ == 32, ValueError, name, ": state_bits must be 8 or 32, got ", state_bits_);
+  MG_CHECK(state_bits_ == 32 || defaults.fused, ValueError, name, ": 8-bit state needs fused = true");
+  MG_CHECK(min_8bit_size_ >= 1, ValueError, name, ": min_8bit_size must be >= 1, got ", min_8bit_size_);
   MG_CHECK(defaults.fused || !defaults.capturable, ValueError, name, ": capturable needs fused = true");
   capturable_ = defaults.capturable;
   for (auto& g : groups) add_param_group(std::move(g));
@@ -113,12 +118,26 @@ void Adam::validate(const ParamGroup& g) const {
   for (const char* flag : {"amsgrad", "maximize"})
     MG_CHECK(g.get(flag) == 0.0 || g.get(flag) == 1.0, ValueError, name(), ": option \"", flag,
              "\" must be 0 or 1, got ", g.get(flag));
+  MG_CHECK(state_bits_ == 32 || g.get("amsgrad") == 0.0, ValueError, name(),
+           ": amsgrad has no 8-bit state (use AdamW with state_bits = 32)");
+}
+
+bool Adam::quantized(const Tensor& p) const {
+  return state_bits_ == 8 && p.dtype() == DType::f32 && p.is_contiguous() && p.numel() >= min_8bit_size_;
 }
 
 Optimizer::StateSpec Adam::state_spec(const std::map<std::string, double>& options, const Tensor& p) const {
   // bf16 parameters keep f32 state (pure-bf16 training); others their own dtype. step() creates
   // max_exp_avg_sq once amsgrad is on and never drops it.
   const bool amsgrad = options.at("amsgrad") != 0.0;
+  if (quantized(p)) {
+    const Shape blocks{kernels::quant_blocks(p.numel())};
+    return {{{"exp_avg", true, false, DType::u8},
+             {"exp_avg_sq", true, false, DType::u8},
+             {"exp_avg_absmax", true, true, DType::f32, blocks},
+             {"exp_avg_sq_absmax", true, true, DType::f32, blocks}},
+            DType::f32};
+  }
   return {{{"exp_avg", true, false}, {"exp_avg_sq", true, true}, {"max_exp_avg_sq", amsgrad, true}},
           p.dtype() == DType::bf16 ? DType::f32 : p.dtype()};
 }
@@ -153,8 +172,29 @@ void Adam::step() {
     h.amsgrad = g.get("amsgrad") != 0.0;
     h.maximize = g.get("maximize") != 0.0;
     h.decoupled_weight_decay = decoupled_;
-    // Fused lists per (device, dtype): one multi-tensor call each.
+    // Fused lists per (device, dtype), and the 8-bit ones per device: one multi-tensor call each.
     std::map<std::pair<std::string, DType>, kernels::AdamTensors> fused;
+    std::map<std::string, kernels::AdamTensors> fused8;
+    // A parameter's entry in a fused list: its gradient, moments, step and the low copy the next
+    // autocast region would cast (AdamOptions::write_autocast_casts).
+    auto add_to_list = [&](kernels::AdamTensors& l, const Tensor& p, const Tensor& grad, ParamState& st) {
+      const auto cast = next_casts.find(p.impl());
+      Tensor low;
+      if (cast != next_casts.end() && p.dtype() == DType::f32) {
+        // The next forward's memory, counted as the casts that forward would make (not optimizer state).
+        MemoryCategoryGuard act(MemoryCategory::Activations);
+        low = empty(p.sizes(), {cast->second, p.device()});
+      }
+      l.low_copies.push_back(low);
+      l.params.push_back(p);
+      l.grads.push_back(grad);
+      l.exp_avg.push_back(st.buffers["exp_avg"]);
+      l.exp_avg_sq.push_back(st.buffers["exp_avg_sq"]);
+      if (capturable_)
+        l.step_counts.push_back(step_count_for(p, st));
+      else
+        l.steps.push_back(st.step);
+    };
     for (size_t pi = 0; pi < g.params.size(); ++pi) {
       const Tensor& p = g.params[pi];
       Tensor grad = p.grad();
@@ -164,6 +204,22 @@ void Adam::step() {
                " on ", p.device());
       if (capturable_) check_capturable(p, grad, gi, pi);
       ParamState& st = state_for(p);
+      if (quantized(p)) {
+        if (st.buffers.empty()) {  // a zero absmax reads every code as 0
+          const Shape blocks{kernels::quant_blocks(p.numel())};
+          st.buffers["exp_avg"] = zeros(p.sizes(), {DType::u8, p.device()});
+          st.buffers["exp_avg_sq"] = zeros(p.sizes(), {DType::u8, p.device()});
+          st.buffers["exp_avg_absmax"] = zeros(blocks, {DType::f32, p.device()});
+          st.buffers["exp_avg_sq_absmax"] = zeros(blocks, {DType::f32, p.device()});
+        }
+        if (!capturable_) ++st.step;
+        kernels::AdamTensors& l = fused8[p.device().str()];
+        add_to_list(l, p, grad.is_contiguous() && grad.dtype() == DType::f32 ? grad : grad.to(DType::f32).contiguous(),
+                    st);
+        l.exp_avg_absmax.push_back(st.buffers["exp_avg_absmax"]);
+        l.exp_avg_sq_absmax.push_back(st.buffers["exp_avg_sq_absmax"]);
+        continue;
+      }
       const DType sdt = state_spec(g.options, p).dtype;
       if (st.buffers.empty()) {
         st.buffers["exp_avg"] = zeros(p.sizes(), {sdt, p.device()});
@@ -185,32 +241,23 @@ void Adam::step() {
         continue;
       }
       kernels::AdamTensors& l = fused[{p.device().str(), p.dtype()}];
-      const auto cast = next_casts.find(p.impl());
-      Tensor low;
-      if (cast != next_casts.end() && p.dtype() == DType::f32) {
-        // The next forward's memory, counted as the casts that forward would make (not optimizer state).
-        MemoryCategoryGuard act(MemoryCategory::Activations);
-        low = empty(p.sizes(), {cast->second, p.device()});
-      }
-      l.low_copies.push_back(low);
-      l.params.push_back(p);
-      l.grads.push_back(grad);
-      l.exp_avg.push_back(st.buffers["exp_avg"]);
-      l.exp_avg_sq.push_back(st.buffers["exp_avg_sq"]);
+      add_to_list(l, p, grad, st);
       if (h.amsgrad) l.max_exp_avg_sq.push_back(st.buffers["max_exp_avg_sq"]);
-      if (capturable_)
-        l.step_counts.push_back(step_count_for(p, st));
-      else
-        l.steps.push_back(st.step);
     }
-    for (auto& [key, l] : fused) {
+    auto run = [&](kernels::AdamTensors& l, bool eight_bit) {
       if (std::none_of(l.low_copies.begin(), l.low_copies.end(), [](const Tensor& c) { return c.defined(); }))
         l.low_copies.clear();
-      kernels::adam_multi_tensor_(l, h,
-                                  capturable_ ? device_scalars(gi, l.params[0].device()) : kernels::DeviceScalars{});
+      const kernels::DeviceScalars d =
+          capturable_ ? device_scalars(gi, l.params[0].device()) : kernels::DeviceScalars{};
+      if (eight_bit)
+        kernels::adam8bit_multi_tensor_(l, h, d);
+      else
+        kernels::adam_multi_tensor_(l, h, d);
       for (size_t i = 0; i < l.low_copies.size(); ++i)
         if (l.low_copies[i].defined()) autocast::provide_cast(l.params[i], l.low_copies[i]);
-    }
+    };
+    for (auto& [key, l] : fused) run(l, false);
+    for (auto& [key, l] : fused8) run(l, true);
   }
 }
 
@@ -219,5 +266,11 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions defaults)
 
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions defaults)
     : Adam("AdamW", std::move(groups), defaults, true) {}
+
+AdamW8bit::AdamW8bit(std::vector<Tensor> params, AdamW8bitOptions defaults)
+    : AdamW8bit(std::vector<ParamGroup>{{std::move(params), {}}}, defaults) {}
+
+AdamW8bit::AdamW8bit(std::vector<ParamGroup> groups, AdamW8bitOptions defaults)
+    : Adam("AdamW8bit", std::move(groups), defaults, true) {}
 
 }  // namespace mg::optim

@@ -35,6 +35,13 @@ struct AdamOptions {
   // count a forward's casts. Off in capturable mode (a captured step casts in
   // its graph).
   bool write_autocast_casts = true;
+  // 8: 8-bit optimizer state. The moments of every contiguous f32 parameter with at least
+  // min_8bit_size elements are kept as blockwise-quantized codes (one byte an element and one f32
+  // scale per 2048: kernels/optim.h, adam8bit_multi_tensor_), 2 bytes a parameter instead of 8;
+  // smaller parameters (biases, norms) keep f32 moments, as bitsandbytes does. The f32 parameter
+  // (the master weight) and its update stay f32. Needs fused, no amsgrad. 32: f32 moments.
+  int state_bits = 32;
+  int64_t min_8bit_size = 4096;
 };
 
 // Per parameter p with gradient g, step t (counted per parameter), group options
@@ -62,10 +69,14 @@ class Adam : public Optimizer {
  private:
   // The weights whose next autocast cast this step writes (AdamOptions::write_autocast_casts).
   std::unordered_map<const TensorImpl*, DType> next_region_casts() const;
+  // Whether p's moments are kept in 8 bits (AdamOptions::state_bits).
+  bool quantized(const Tensor& p) const;
 
   bool decoupled_;
   bool fused_;
   bool write_autocast_casts_;
+  int state_bits_;
+  int64_t min_8bit_size_;
 };
 
 // AdamW: Adam with decoupled weight decay (default 1e-2, like torch.optim.AdamW).
@@ -77,6 +88,19 @@ class AdamW : public Adam {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions defaults = {});
   AdamW(std::vector<ParamGroup> groups, AdamWOptions defaults = {});
+};
+
+// AdamW with 8-bit moments (AdamOptions::state_bits = 8): bitsandbytes' AdamW8bit. Its state
+// dict names itself "AdamW8bit" and holds, per quantized parameter, "exp_avg" and "exp_avg_sq"
+// (u8 codes, the parameter's shape) and "exp_avg_absmax" and "exp_avg_sq_absmax" (f32, one a block).
+struct AdamW8bitOptions : AdamWOptions {
+  AdamW8bitOptions() { state_bits = 8; }
+};
+
+class AdamW8bit : public Adam {
+ public:
+  AdamW8bit(std::vector<Tensor> params, AdamW8bitOptions defaults = {});
+  AdamW8bit(std::vector<ParamGroup> groups, AdamW8bitOptions defaults = {});
 };
 
 }  // namespace mg::optim

@@ -258,11 +258,18 @@ StagedLoad Optimizer::stage_state_dict(const StateDict& sd) {
       const std::string where = detail::format(op, ": state.", key, ".", name, " (parameter ", i, ", group ", gi, ")");
       auto known = std::find_if(spec.buffers.begin(), spec.buffers.end(), [&](auto& b) { return b.name == name; });
       MG_CHECK(known != spec.buffers.end(), ValueError, where, ": not a buffer ", name_, " keeps");
-      MG_CHECK(t.defined() && t.sizes() == p.sizes(), ShapeError, where, " has shape ",
-               t.defined() ? shape_str(t.sizes()) : "undefined", ", the parameter has ", shape_str(p.sizes()));
-      MG_CHECK(is_floating(t.dtype()), ValueError, where, " has dtype ", t.dtype(), " (expected a floating dtype)");
-      const std::string bad = first_bad_value(t, known->nonnegative);
-      MG_CHECK(bad.empty(), ValueError, where, ": ", bad);
+      const Shape want = known->shape.value_or(p.sizes());
+      MG_CHECK(t.defined() && t.sizes() == want, ShapeError, where, " has shape ",
+               t.defined() ? shape_str(t.sizes()) : "undefined", known->shape ? ", expected " : ", the parameter has ",
+               shape_str(want));
+      if (known->dtype && !is_floating(*known->dtype)) {  // codes: any value of the dtype is one
+        MG_CHECK(t.dtype() == *known->dtype, ValueError, where, " has dtype ", t.dtype(), " (expected ", *known->dtype,
+                 ")");
+      } else {
+        MG_CHECK(is_floating(t.dtype()), ValueError, where, " has dtype ", t.dtype(), " (expected a floating dtype)");
+        const std::string bad = first_bad_value(t, known->nonnegative);
+        MG_CHECK(bad.empty(), ValueError, where, ": ", bad);
+      }
       st.buffers[name] = t;
     }
     state[p.impl()] = std::move(st);
@@ -282,9 +289,10 @@ StagedLoad Optimizer::stage_state_dict(const StateDict& sd) {
     for (auto& [p, gi] : params) {
       auto it = state.find(p->impl());
       if (it == state.end()) continue;
-      const DType dtype = state_spec(options[gi], *p).dtype;
+      const StateSpec spec = state_spec(options[gi], *p);
       for (auto& [name, t] : it->second.buffers) {
-        Tensor copy = empty(t.sizes(), {dtype, p->device()});
+        auto known = std::find_if(spec.buffers.begin(), spec.buffers.end(), [&](auto& b) { return b.name == name; });
+        Tensor copy = empty(t.sizes(), {known->dtype.value_or(spec.dtype), p->device()});
         raw::copy_(copy, t);
         t = copy;
       }

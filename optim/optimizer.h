@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -102,11 +103,14 @@ class Optimizer {
   virtual void validate(const ParamGroup& group) const = 0;
   // The state buffers a parameter of a group with `options` holds after a step: each name,
   // whether it must be present (or only may be, e.g. left over from an option since turned
-  // off), and whether its values are >= 0 (running squares). All kept in `dtype`.
+  // off), and whether its values are >= 0 (running squares). All kept in `dtype` and the
+  // parameter's shape, unless the buffer names its own (8-bit state: u8 codes and a scale per block).
   struct BufferSpec {
     std::string name;
     bool required = true;
     bool nonnegative = false;
+    std::optional<DType> dtype = std::nullopt;
+    std::optional<Shape> shape = std::nullopt;
   };
   struct StateSpec {
     std::vector<BufferSpec> buffers;

@@ -1,6 +1,10 @@
 // Optimizer CPU loops over lists of tensors; the per-element rules (optim_math.h) are the ones
 // cuda/optim.cu runs.
+#include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "kernels/optim.h"
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/optim_math.h"
@@ -31,6 +35,52 @@ void adam_cpu(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) 
     const int64_t n = t.params[i].numel();
     for (int64_t j = 0; j < n; ++j)
       optim_math::adam_element<T>(p[j], g[j], m[j], v[j], vmax ? vmax + j : nullptr, s, step_size, bc2_sqrt);
+  }
+}
+
+// 8-bit moments: block by block, the moments are read through their codes, updated with
+// adam_element (the parameter stepping with the unrounded new moments), and stored against the
+// block's new absmax. Blocks are independent: parallel over them.
+void adam8bit_cpu(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
+  if (skipped(d)) return;
+  const double lr = lr_of(d, h.lr);
+  const optim_math::AdamScalars<float> s{
+      float(lr), float(h.beta1), float(h.beta2), float(h.eps), float(h.weight_decay), h.decoupled_weight_decay,
+      false,     h.maximize};
+  const float* code_m = quant_code(true);
+  const float* code_v = quant_code(false);
+  constexpr int64_t B = optim_math::kQuantBlock;
+  for (size_t i = 0; i < t.params.size(); ++i) {
+    const double st = static_cast<double>(t.step_counts.empty() ? t.steps[i] : ++*t.step_counts[i].data_ptr<int64_t>());
+    double step_size_d = 0, bc2_sqrt_d = 0;
+    optim_math::adam_bias_corrections(lr, h.beta1, h.beta2, st, &step_size_d, &bc2_sqrt_d);
+    const float step_size = float(step_size_d), bc2_sqrt = float(bc2_sqrt_d);
+    float* p = t.params[i].data_ptr<float>();
+    const float* g = t.grads[i].data_ptr<float>();
+    uint8_t* mq = t.exp_avg[i].data_ptr<uint8_t>();
+    uint8_t* vq = t.exp_avg_sq[i].data_ptr<uint8_t>();
+    float* am = t.exp_avg_absmax[i].data_ptr<float>();
+    float* av = t.exp_avg_sq_absmax[i].data_ptr<float>();
+    const int64_t n = t.params[i].numel();
+    cpu::parallel_for(quant_blocks(n), 1, [&](int64_t b0, int64_t b1) {
+      std::vector<float> m(B), v(B);
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t begin = b * B, len = std::min(B, n - begin);
+        float new_am = 0.0f, new_av = 0.0f;
+        for (int64_t j = 0; j < len; ++j) {
+          float mj = code_m[mq[begin + j]] * am[b], vj = code_v[vq[begin + j]] * av[b];
+          optim_math::adam_element<float>(p[begin + j], g[begin + j], mj, vj, nullptr, s, step_size, bc2_sqrt);
+          m[j] = mj, v[j] = vj;
+          new_am = optim_math::nan_max_abs(new_am, mj);
+          new_av = optim_math::nan_max_abs(new_av, vj);
+        }
+        for (int64_t j = 0; j < len; ++j) {
+          mq[begin + j] = optim_math::quantize_nearest(code_m, optim_math::quant_normalize(m[j], new_am));
+          vq[begin + j] = optim_math::quantize_nearest(code_v, optim_math::quant_normalize(v[j], new_av));
+        }
+        am[b] = new_am, av[b] = new_av;
+      }
+    });
   }
 }
 
@@ -78,6 +128,13 @@ template <>
 void CpuBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
   if (t.params[0].dtype() == DType::f64) return adam_cpu<double>(t, h, d);
   adam_cpu<float>(t, h, d);
+  for (size_t i = 0; i < t.low_copies.size(); ++i)  // updated, or as they were when skipped
+    if (t.low_copies[i].defined()) raw::copy_(t.low_copies[i], t.params[i]);
+}
+
+template <>
+void CpuBackend::adam8bit_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
+  adam8bit_cpu(t, h, d);
   for (size_t i = 0; i < t.low_copies.size(); ++i)  // updated, or as they were when skipped
     if (t.low_copies[i].defined()) raw::copy_(t.low_copies[i], t.params[i]);
 }

@@ -31,14 +31,15 @@ int64_t chunk_for(const std::vector<int64_t>& numel) {
 constexpr int kThreads = 512;
 
 // Kept under the classic 4 KiB kernel-parameter limit: 6*32*8 + 2*32*8 + 2*32*4 + 320 + 320*4.
-template <int Depth>
+template <int Depth, int Tensors = kMaxTensors>
 struct TensorListMeta {
-  float* ptr[Depth][kMaxTensors];
-  int64_t* step[kMaxTensors];  // capturable Adam: the parameter's device step count, else null
-  int64_t numel[kMaxTensors];
-  int64_t chunk;          // elements per block, chunk_for() of the whole list
-  float s0[kMaxTensors];  // per tensor scalar: Adam step size, SGD first-step flag
-  float s1[kMaxTensors];  // per tensor scalar: Adam sqrt(1 - beta2^t)
+  static constexpr int kTensors = Tensors;
+  float* ptr[Depth][Tensors];
+  int64_t* step[Tensors];  // capturable Adam: the parameter's device step count, else null
+  int64_t numel[Tensors];
+  int64_t chunk;      // elements per block, chunk_for() of the whole list
+  float s0[Tensors];  // per tensor scalar: Adam step size, SGD first-step flag
+  float s1[Tensors];  // per tensor scalar: Adam sqrt(1 - beta2^t)
   unsigned char block_tensor[kMaxBlocks];
   int block_chunk[kMaxBlocks];
 };
@@ -46,12 +47,14 @@ static_assert(sizeof(TensorListMeta<6>) + 64 <= 4096, "kernel parameters must fi
 
 // Walks the tensors in chunks, filling `meta` and calling launch(meta, nblocks) whenever the
 // block table or the tensor table is full, and once at the end. A tensor cut by a launch is
-// carried into the next table with its remaining chunks.
-template <int Depth, class FillTensor, class Launch>
-void multi_tensor_apply(size_t ntensors, const std::vector<int64_t>& numel, FillTensor fill, Launch launch) {
-  TensorListMeta<Depth> meta;
+// carried into the next table with its remaining chunks. `chunk`: the elements a block takes
+// (default: chunk_for() of the list).
+template <int Depth, int Tensors = kMaxTensors, class FillTensor, class Launch>
+void multi_tensor_apply(size_t ntensors, const std::vector<int64_t>& numel, FillTensor fill, Launch launch,
+                        int64_t chunk = 0) {
+  TensorListMeta<Depth, Tensors> meta;
   std::memset(&meta, 0, sizeof(meta));
-  meta.chunk = chunk_for(numel);
+  meta.chunk = chunk > 0 ? chunk : chunk_for(numel);
   const int64_t chunk_elems = meta.chunk;
   int nt = 0, nb = 0;
   for (size_t i = 0; i < ntensors; ++i) {
@@ -65,7 +68,7 @@ void multi_tensor_apply(size_t ntensors, const std::vector<int64_t>& numel, Fill
       meta.block_chunk[nb] = static_cast<int>(c);
       ++nb;
       const bool blocks_full = nb == kMaxBlocks;
-      const bool tensors_full = nt == kMaxTensors && c == chunks - 1;
+      const bool tensors_full = nt == Tensors && c == chunks - 1;
       if (blocks_full || tensors_full) {
         launch(meta, nb);
         nb = 0;
@@ -90,8 +93,8 @@ struct BlockRange {
   int t;
   int64_t begin, end;
 };
-template <int Depth>
-__device__ __forceinline__ BlockRange block_range(const TensorListMeta<Depth>& m) {
+template <class Meta>
+__device__ __forceinline__ BlockRange block_range(const Meta& m) {
   const int t = m.block_tensor[blockIdx.x];
   const int64_t begin = static_cast<int64_t>(m.block_chunk[blockIdx.x]) * m.chunk;
   return {t, begin, min(begin + m.chunk, m.numel[t])};
@@ -105,6 +108,23 @@ struct DeviceArgs {
   double beta1 = 0, beta2 = 0;  // Adam with device step counts: bias corrections on the device
 };
 __device__ __forceinline__ bool skip_update(const DeviceArgs& d) { return d.found_inf && *d.found_inf != 0.0f; }
+
+// Tensor t's step size and sqrt(1 - beta2^step), and the lr: from the launch table, or from
+// device memory in a capturable update (the host computes the same expression for host counts).
+template <class Meta>
+__device__ __forceinline__ void adam_step_scalars(const Meta& m, int t, const DeviceArgs& d,
+                                                  optim_math::AdamScalars<float>& s, float& step_size,
+                                                  float& bc2_sqrt) {
+  step_size = m.s0[t], bc2_sqrt = m.s1[t];
+  if (d.lr) s.lr = static_cast<float>(*d.lr);
+  if (m.step[t]) {
+    double ss = 0, bc = 0;
+    optim_math::adam_bias_corrections(d.lr ? *d.lr : static_cast<double>(s.lr), d.beta1, d.beta2,
+                                      static_cast<double>(*m.step[t]), &ss, &bc);
+    step_size = static_cast<float>(ss);
+    bc2_sqrt = static_cast<float>(bc);
+  }
+}
 
 // Capturable Adam: every listed step count += 1, unless the update is skipped; runs before the
 // update kernels, which then read the new counts.
@@ -137,15 +157,8 @@ __global__ void adam_kernel(TensorListMeta<6> m, optim_math::AdamScalars<float> 
   float* ea = m.ptr[2][t];
   float* eas = m.ptr[3][t];
   float* vmax = m.ptr[4][t];
-  float step_size = m.s0[t], bc2_sqrt = m.s1[t];
-  if (d.lr) s.lr = static_cast<float>(*d.lr);
-  if (m.step[t]) {  // the host computes the same expression for host step counts
-    double ss = 0, bc = 0;
-    optim_math::adam_bias_corrections(d.lr ? *d.lr : static_cast<double>(s.lr), d.beta1, d.beta2,
-                                      static_cast<double>(*m.step[t]), &ss, &bc);
-    step_size = static_cast<float>(ss);
-    bc2_sqrt = static_cast<float>(bc);
-  }
+  float step_size = 0, bc2_sqrt = 0;
+  adam_step_scalars(m, t, d, s, step_size, bc2_sqrt);
   // 16-byte loads and stores where every list is aligned at the chunk's start (the allocator's
   // blocks are; a view at an odd offset is not), the same per-element math, the tail one at a time.
   const uintptr_t bases = reinterpret_cast<uintptr_t>(p + begin) | reinterpret_cast<uintptr_t>(g + begin) |
@@ -187,6 +200,82 @@ __global__ void adam_kernel(TensorListMeta<6> m, optim_math::AdamScalars<float> 
     eas[i] = vi;
     if (low) low[i] = from_float<D>(pi);
   }
+}
+
+// 8-bit Adam: one block of kQuantThreads threads per 2048-element quantization block, each
+// thread holding 8 elements in registers between the update and the requantization (the new
+// absmax is the block's max over all of them). ptr: 0 param, 1 grad, 2 exp_avg codes (u8*),
+// 3 exp_avg_sq codes, 4 exp_avg absmax (one float a block), 5 exp_avg_sq absmax, 6 the low copy
+// (a D*, or null).
+constexpr int kQuantThreads = 256;
+constexpr int kQuantPerThread = optim_math::kQuantBlock / kQuantThreads;
+constexpr int kQuantTensors = 24;
+using QuantMeta = TensorListMeta<7, kQuantTensors>;
+static_assert(sizeof(QuantMeta) + 64 <= 4096, "kernel parameters must fit in 4 KiB");
+__constant__ optim_math::QuantCode c_code_signed = optim_math::kCodeSigned;
+__constant__ optim_math::QuantCode c_code_unsigned = optim_math::kCodeUnsigned;
+
+// max over the block of nan_max_abs; every thread gets the result.
+__device__ __forceinline__ float block_nan_max(float x, float* scratch) {
+  for (int off = 16; off > 0; off >>= 1) x = optim_math::nan_max_abs(x, __shfl_xor_sync(0xffffffffu, x, off));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  x = lane < kQuantThreads / 32 ? scratch[lane] : 0.0f;
+  for (int off = 16; off > 0; off >>= 1) x = optim_math::nan_max_abs(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+
+template <class D>
+__global__ void __launch_bounds__(kQuantThreads)
+    adam8bit_kernel(QuantMeta m, optim_math::AdamScalars<float> s, DeviceArgs d) {
+  const auto [t, begin, end] = block_range(m);
+  float* p = m.ptr[0][t];
+  D* low = reinterpret_cast<D*>(m.ptr[6][t]);
+  if (skip_update(d)) {
+    if (low)
+      for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) low[i] = from_float<D>(p[i]);
+    return;
+  }
+  __shared__ float code_m[optim_math::kQuantCodeSize], code_v[optim_math::kQuantCodeSize];
+  __shared__ float scratch_m[kQuantThreads / 32], scratch_v[kQuantThreads / 32];
+  for (int i = threadIdx.x; i < optim_math::kQuantCodeSize; i += blockDim.x)
+    code_m[i] = c_code_signed.v[i], code_v[i] = c_code_unsigned.v[i];
+  const float* g = m.ptr[1][t];
+  auto* mq = reinterpret_cast<unsigned char*>(m.ptr[2][t]);
+  auto* vq = reinterpret_cast<unsigned char*>(m.ptr[3][t]);
+  float* am = m.ptr[4][t];
+  float* av = m.ptr[5][t];
+  const int64_t blk = begin / optim_math::kQuantBlock;
+  const float old_am = am[blk], old_av = av[blk];
+  float step_size = 0, bc2_sqrt = 0;
+  adam_step_scalars(m, t, d, s, step_size, bc2_sqrt);
+  __syncthreads();  // the codes
+  float mr[kQuantPerThread], vr[kQuantPerThread];
+  float lm = 0.0f, lv = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kQuantPerThread; ++k) {
+    const int64_t i = begin + threadIdx.x + k * kQuantThreads;
+    mr[k] = vr[k] = 0.0f;
+    if (i >= end) continue;
+    float mi = code_m[mq[i]] * old_am, vi = code_v[vq[i]] * old_av, pi = p[i];
+    optim_math::adam_element<float>(pi, g[i], mi, vi, nullptr, s, step_size, bc2_sqrt);
+    p[i] = pi;
+    if (low) low[i] = from_float<D>(pi);
+    mr[k] = mi, vr[k] = vi;
+    lm = optim_math::nan_max_abs(lm, mi);
+    lv = optim_math::nan_max_abs(lv, vi);
+  }
+  const float new_am = block_nan_max(lm, scratch_m);
+  const float new_av = block_nan_max(lv, scratch_v);
+#pragma unroll
+  for (int k = 0; k < kQuantPerThread; ++k) {
+    const int64_t i = begin + threadIdx.x + k * kQuantThreads;
+    if (i >= end) continue;
+    mq[i] = optim_math::quantize_nearest(code_m, optim_math::quant_normalize(mr[k], new_am));
+    vq[i] = optim_math::quantize_nearest(code_v, optim_math::quant_normalize(vr[k], new_av));
+  }
+  if (threadIdx.x == 0) am[blk] = new_am, av[blk] = new_av;
 }
 
 // ptr: 0 param, 1 grad, 2 momentum buffer (null without momentum).
@@ -294,22 +383,8 @@ void apply_to_list(const std::vector<Tensor>& ts, Launch&& launch) {
       launch);
 }
 
-DeviceArgs device_args(const DeviceScalars& d) {
-  DeviceArgs a;
-  a.lr = d.lr.defined() ? static_cast<const double*>(d.lr.raw_data()) : nullptr;
-  a.found_inf = d.found_inf.defined() ? static_cast<const float*>(d.found_inf.raw_data()) : nullptr;
-  return a;
-}
-
-}  // namespace
-
-template <>
-void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& dev) {
-  const cudaStream_t stream = stream_of(t.params[0]);
-  DeviceArgs d = device_args(dev);
-  d.beta1 = h.beta1;
-  d.beta2 = h.beta2;
-  const bool device_steps = !t.step_counts.empty();
+// Capturable Adam: advances every device step count (unless skipped) before the update reads them.
+void count_steps(const AdamTensors& t, const DeviceArgs& d, cudaStream_t stream) {
   for (size_t i = 0; i < t.step_counts.size(); i += kMaxCounters) {
     CounterList c{};
     c.n = static_cast<int>(std::min<size_t>(kMaxCounters, t.step_counts.size() - i));
@@ -317,6 +392,43 @@ void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, co
     step_count_kernel<<<1, kMaxCounters, 0, stream>>>(c, d);
     MG_CUDA_CHECK_LAUNCH("adam_multi_tensor (step counts)");
   }
+}
+
+DeviceArgs device_args(const DeviceScalars& d) {
+  DeviceArgs a;
+  a.lr = d.lr.defined() ? static_cast<const double*>(d.lr.raw_data()) : nullptr;
+  a.found_inf = d.found_inf.defined() ? static_cast<const float*>(d.found_inf.raw_data()) : nullptr;
+  return a;
+}
+
+// The device arguments of an Adam launch, after advancing its device step counts if it has them.
+DeviceArgs adam_device_args(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& dev, cudaStream_t stream) {
+  DeviceArgs d = device_args(dev);
+  d.beta1 = h.beta1;
+  d.beta2 = h.beta2;
+  count_steps(t, d, stream);
+  return d;
+}
+
+// Parameter i's step in a launch table: its device step count, or its bias corrections computed
+// in double on the host, like PyTorch's per-parameter step.
+template <class Meta>
+void fill_adam_step(Meta& m, int slot, const AdamTensors& t, const AdamHyper& h, size_t i) {
+  const bool device_steps = !t.step_counts.empty();
+  m.step[slot] = device_steps ? static_cast<int64_t*>(t.step_counts[i].raw_data()) : nullptr;
+  if (device_steps) return;
+  double step_size = 0, bc2_sqrt = 0;
+  optim_math::adam_bias_corrections(h.lr, h.beta1, h.beta2, static_cast<double>(t.steps[i]), &step_size, &bc2_sqrt);
+  m.s0[slot] = static_cast<float>(step_size);
+  m.s1[slot] = static_cast<float>(bc2_sqrt);
+}
+
+}  // namespace
+
+template <>
+void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& dev) {
+  const cudaStream_t stream = stream_of(t.params[0]);
+  const DeviceArgs d = adam_device_args(t, h, dev, stream);
   const optim_math::AdamScalars<float> s{float(h.lr),           float(h.beta1),           float(h.beta2), float(h.eps),
                                          float(h.weight_decay), h.decoupled_weight_decay, h.amsgrad,      h.maximize};
   const bool lows = !t.low_copies.empty();
@@ -333,15 +445,7 @@ void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, co
         m.ptr[4][slot] = h.amsgrad ? fptr(t.max_exp_avg_sq[i]) : nullptr;
         // a D*, as the list stores it
         m.ptr[5][slot] = lows && t.low_copies[i].defined() ? static_cast<float*>(t.low_copies[i].raw_data()) : nullptr;
-        // Bias corrections in double on the host, like PyTorch's per-parameter step (or on the
-        // device from the step counts there).
-        m.step[slot] = device_steps ? static_cast<int64_t*>(t.step_counts[i].raw_data()) : nullptr;
-        if (device_steps) return;
-        double step_size = 0, bc2_sqrt = 0;
-        optim_math::adam_bias_corrections(h.lr, h.beta1, h.beta2, static_cast<double>(t.steps[i]), &step_size,
-                                          &bc2_sqrt);
-        m.s0[slot] = static_cast<float>(step_size);
-        m.s1[slot] = static_cast<float>(bc2_sqrt);
+        fill_adam_step(m, slot, t, h, i);
       },
       [&](const TensorListMeta<6>& m, int nb) {
         if (to_bf16)
@@ -350,6 +454,38 @@ void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, co
           adam_kernel<__half><<<nb, kThreads, 0, stream>>>(m, s, d);
         MG_CUDA_CHECK_LAUNCH("adam_multi_tensor");
       });
+}
+
+template <>
+void CudaBackend::adam8bit_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& dev) {
+  const cudaStream_t stream = stream_of(t.params[0]);
+  const DeviceArgs d = adam_device_args(t, h, dev, stream);
+  const optim_math::AdamScalars<float> s{float(h.lr),           float(h.beta1),           float(h.beta2), float(h.eps),
+                                         float(h.weight_decay), h.decoupled_weight_decay, false,          h.maximize};
+  const bool lows = !t.low_copies.empty();
+  bool to_bf16 = true;
+  for (const Tensor& c : t.low_copies)
+    if (c.defined()) to_bf16 = c.dtype() == DType::bf16;
+  multi_tensor_apply<7, kQuantTensors>(
+      t.params.size(), numels(t.params),
+      [&](QuantMeta& m, int slot, size_t i) {
+        m.ptr[0][slot] = fptr(t.params[i]);
+        m.ptr[1][slot] = fptr(t.grads[i]);
+        m.ptr[2][slot] = static_cast<float*>(t.exp_avg[i].raw_data());  // u8*, as the list stores it
+        m.ptr[3][slot] = static_cast<float*>(t.exp_avg_sq[i].raw_data());
+        m.ptr[4][slot] = fptr(t.exp_avg_absmax[i]);
+        m.ptr[5][slot] = fptr(t.exp_avg_sq_absmax[i]);
+        m.ptr[6][slot] = lows && t.low_copies[i].defined() ? static_cast<float*>(t.low_copies[i].raw_data()) : nullptr;
+        fill_adam_step(m, slot, t, h, i);
+      },
+      [&](const QuantMeta& m, int nb) {
+        if (to_bf16)
+          adam8bit_kernel<__nv_bfloat16><<<nb, kQuantThreads, 0, stream>>>(m, s, d);
+        else
+          adam8bit_kernel<__half><<<nb, kQuantThreads, 0, stream>>>(m, s, d);
+        MG_CUDA_CHECK_LAUNCH("adam8bit_multi_tensor");
+      },
+      optim_math::kQuantBlock);
 }
 
 template <>

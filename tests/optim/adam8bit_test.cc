@@ -1,0 +1,235 @@
+// AdamW8bit (8-bit blockwise-quantized moments) on the CPU: the codes, the update against a
+// reference written out here (linear-scan rounding, block by block), which parameters keep f32
+// state, training next to f32 AdamW, state_dict resume and what a bad load or option says.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "autograd/functions.h"
+#include "core/random.h"
+#include "kernels/optim.h"
+#include "nn/nn.h"
+#include "optim/adam.h"
+
+namespace mg::optim {
+namespace {
+
+constexpr int kBlock = 2048;
+
+TEST(AdamW8bit, CodesAreSortedAndSpanTheirRange) {
+  for (bool is_signed : {true, false}) {
+    const float* c = kernels::quant_code(is_signed);
+    for (int i = 1; i < 256; ++i) ASSERT_LT(c[i - 1], c[i]) << "signed " << is_signed << " index " << i;
+    EXPECT_EQ(c[is_signed ? 127 : 0], 0.0f);
+    EXPECT_GT(c[255], 0.99f);
+    EXPECT_LE(c[255], 1.0f);
+    // The smallest nonzero magnitude: 7 (m) or 8 (v) decades below 1.
+    const float smallest = is_signed ? c[128] : c[1];
+    EXPECT_LT(smallest, is_signed ? 1e-6f : 1e-7f);
+    EXPECT_GT(smallest, is_signed ? 1e-7f : 1e-8f);
+  }
+  EXPECT_GT(kernels::quant_code(true)[0], -1.0f);
+}
+
+// The code index nearest x, by a linear scan (the kernels use a binary search); ties to the
+// smaller index, as they do.
+int nearest(const float* code, float x) {
+  int best = 0;
+  for (int i = 1; i < 256; ++i)
+    if (std::fabs(code[i] - x) < std::fabs(code[best] - x)) best = i;
+  return best;
+}
+
+// One 8-bit AdamW step, written out: dequantize, torch's AdamW rule in f32 (the order of
+// kernels/optim_math.h's adam_element), new absmax per block, requantize to the nearest code.
+struct Ref8 {
+  std::vector<float> p;
+  std::vector<uint8_t> mq, vq;
+  std::vector<float> am, av;
+  int t = 0;
+};
+void ref8_step(Ref8& r, const std::vector<float>& g, const AdamW8bitOptions& o) {
+  ++r.t;
+  const float* cm = kernels::quant_code(true);
+  const float* cv = kernels::quant_code(false);
+  const double bc1 = 1 - std::pow(o.beta1, r.t), bc2 = 1 - std::pow(o.beta2, r.t);
+  const float step_size = static_cast<float>(o.lr / bc1), bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  const float lr = float(o.lr), b1 = float(o.beta1), b2 = float(o.beta2), eps = float(o.eps),
+              wd = float(o.weight_decay);
+  const size_t n = r.p.size();
+  for (size_t b0 = 0; b0 < n; b0 += kBlock) {
+    const size_t b = b0 / kBlock, e = std::min(n, b0 + kBlock);
+    std::vector<float> m(e - b0), v(e - b0);
+    float am = 0, av = 0;
+    for (size_t i = b0; i < e; ++i) {
+      float mi = cm[r.mq[i]] * r.am[b], vi = cv[r.vq[i]] * r.av[b];
+      r.p[i] = r.p[i] * (1.0f - lr * wd);
+      mi = b1 * mi + (1.0f - b1) * g[i];
+      vi = b2 * vi + (1.0f - b2) * (g[i] * g[i]);
+      // adam_element's sqrt(v) / bc2_sqrt + eps on the host: C's double sqrt, so that line runs in
+      // double and rounds to f32 once.
+      const float denom = static_cast<float>(std::sqrt(static_cast<double>(vi)) / bc2_sqrt + eps);
+      r.p[i] = r.p[i] - step_size * (mi / denom);
+      m[i - b0] = mi, v[i - b0] = vi;
+      am = std::max(am, std::fabs(mi)), av = std::max(av, vi);
+    }
+    for (size_t i = b0; i < e; ++i) {
+      r.mq[i] = static_cast<uint8_t>(nearest(cm, am > 0 ? m[i - b0] / am : 0.0f));
+      r.vq[i] = static_cast<uint8_t>(nearest(cv, av > 0 ? v[i - b0] / av : 0.0f));
+    }
+    r.am[b] = am, r.av[b] = av;
+  }
+}
+
+TEST(AdamW8bit, MatchesTheWrittenOutRule) {
+  manual_seed(11);
+  const int64_t n = 2 * kBlock + 904;  // two whole blocks and a partial one
+  Tensor p = nn::parameter(randn({n}));
+  AdamW8bitOptions o;
+  o.lr = 1e-2;
+  o.beta1 = 0.8;
+  o.beta2 = 0.95;
+  o.eps = 1e-6;
+  o.weight_decay = 0.1;
+  AdamW8bit opt({p}, o);
+  Ref8 r{p.to_vector<float>(), std::vector<uint8_t>(n, 0), std::vector<uint8_t>(n, 0), std::vector<float>(3, 0.0f),
+         std::vector<float>(3, 0.0f)};
+  for (int s = 0; s < 6; ++s) {
+    Tensor g = mul(randn({n}), s % 2 ? 1e-3 : 1.0);  // moments of two scales in one history
+    p.set_grad(g);
+    opt.step();
+    ref8_step(r, g.to_vector<float>(), o);
+  }
+  // The same f32 operations in the same order (the CPU build contracts none into FMAs), and a
+  // rounding that picks the nearest code either way: bitwise.
+  const std::vector<float> got = p.to_vector<float>();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], r.p[i]) << "element " << i;
+  const ParamState* st = opt.state(p);
+  ASSERT_NE(st, nullptr);
+  EXPECT_EQ(st->buffers.at("exp_avg").to_vector<uint8_t>(), r.mq);
+  EXPECT_EQ(st->buffers.at("exp_avg_sq").to_vector<uint8_t>(), r.vq);
+  EXPECT_EQ(st->buffers.at("exp_avg_absmax").to_vector<float>(), r.am);
+  EXPECT_EQ(st->buffers.at("exp_avg_sq_absmax").to_vector<float>(), r.av);
+}
+
+TEST(AdamW8bit, SmallParametersKeepF32MomentsAndStateIsTwoBytesAParameter) {
+  Tensor w = nn::parameter(randn({64, 96})), bias = nn::parameter(randn({96}));
+  AdamW8bit opt({w, bias});
+  w.set_grad(ones_like(w));
+  bias.set_grad(ones_like(bias));
+  opt.step();
+  EXPECT_EQ(opt.state(w)->buffers.at("exp_avg").dtype(), DType::u8);
+  EXPECT_EQ(opt.state(w)->buffers.at("exp_avg_absmax").numel(), 3);  // 6144 elements, blocks of 2048
+  EXPECT_EQ(opt.state(bias)->buffers.at("exp_avg").dtype(), DType::f32);
+  EXPECT_EQ(opt.state_nbytes(), (2 * 6144 + 2 * 3 * 4) + 2 * 96 * 4);
+}
+
+// Least squares y = x A on a 64 x 96 weight: 8-bit and f32 AdamW from one seed and one data
+// stream stay together. The moments' rounding is below 1 % of a block's largest value for the
+// larger values (the top decade's 64 or 128 codes), so the steps differ by a few percent at
+// most; the bound asks the trajectories to differ by under 5 % of the distance they travel.
+TEST(AdamW8bit, TrainsBesideF32AdamW) {
+  manual_seed(5);
+  const Tensor target = randn({64, 96}), w0 = randn({64, 96});
+  auto train = [&](bool eight_bit) {
+    manual_seed(6);
+    Tensor w = nn::parameter(w0.clone());
+    AdamW8bitOptions o;
+    o.lr = 2e-2;
+    o.state_bits = eight_bit ? 8 : 32;
+    AdamW8bit opt({w}, o);
+    double loss = 0, first = 0;
+    for (int s = 0; s < 300; ++s) {
+      const Tensor x = randn({32, 64});
+      Tensor l = mean(square(sub(matmul(x, w), matmul(x, target))));
+      w.set_grad(Tensor());
+      l.backward();
+      opt.step();
+      loss = l.item<double>();
+      if (s == 0) first = loss;
+    }
+    EXPECT_LT(loss, 0.05 * first) << "it trained";
+    return std::make_pair(w.detach(), loss);
+  };
+  const auto [w32, loss32] = train(false);
+  const auto [w8, loss8] = train(true);
+  auto l2 = [](const Tensor& t) { return std::sqrt(sum(square(t)).item<double>()); };
+  const double moved = l2(sub(w32, w0)), apart = l2(sub(w8, w32));
+  EXPECT_LT(apart, 0.05 * moved) << "f32 moved " << moved << ", 8-bit ended " << apart << " from it";
+  EXPECT_LT(loss8, 1.05 * loss32 + 1e-3) << "losses " << loss8 << " vs " << loss32;
+}
+
+TEST(AdamW8bit, ResumeIsBitIdentical) {
+  manual_seed(3);
+  const std::vector<Tensor> init = {randn({40, 120}), randn({7})};
+  auto fresh = [&] {
+    std::vector<Tensor> ps;
+    for (const Tensor& t : init) ps.push_back(nn::parameter(t.clone()));
+    return ps;
+  };
+  auto steps = [](Optimizer& opt, std::vector<Tensor>& ps, int n, uint64_t seed) {
+    manual_seed(seed);
+    for (int s = 0; s < n; ++s) {
+      for (Tensor& p : ps) p.set_grad(randn(p.sizes()));
+      opt.step();
+    }
+  };
+  std::vector<Tensor> a = fresh();
+  AdamW8bit oa(a);
+  steps(oa, a, 3, 10);
+  StateDict sd = oa.state_dict();
+  for (auto& [k, t] : sd.tensors) t = t.clone();
+  sd.meta = nlohmann::json::parse(sd.meta.dump());
+  std::vector<Tensor> b;
+  for (const Tensor& t : a) b.push_back(nn::parameter(t.detach().clone()));
+  steps(oa, a, 4, 11);
+  AdamW8bit ob(b);
+  ob.load_state_dict(sd);
+  EXPECT_EQ(ob.state_nbytes(), oa.state_nbytes());
+  steps(ob, b, 4, 11);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].to_vector<float>(), b[i].to_vector<float>()) << "param " << i;
+}
+
+TEST(AdamW8bit, BadLoadsAndOptionsSaySo) {
+  Tensor w = nn::parameter(randn({40, 120}));
+  w.set_grad(ones_like(w));
+  AdamW f32({w});
+  f32.step();
+  AdamW8bit q({w});
+  auto message = [](const auto& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // f32 AdamW state into the 8-bit optimizer: refused, naming both.
+  EXPECT_NE(message([&] { q.load_state_dict(f32.state_dict()); }).find("saved by a AdamW optimizer"),
+            std::string::npos);
+  q.step();
+  StateDict sd = q.state_dict();
+  for (auto& [k, t] : sd.tensors) t = t.clone();
+  StateDict neg = sd;
+  neg.tensors["state.0.exp_avg_sq_absmax"] = mul(neg.tensors["state.0.exp_avg_sq_absmax"], -1.0);
+  EXPECT_NE(message([&] { q.load_state_dict(neg); }).find("must be finite and >= 0"), std::string::npos);
+  StateDict wrong = sd;
+  wrong.tensors["state.0.exp_avg"] = zeros({40, 120});
+  EXPECT_NE(message([&] { q.load_state_dict(wrong); }).find("(expected u8)"), std::string::npos);
+  StateDict blocks = sd;
+  blocks.tensors["state.0.exp_avg_absmax"] = zeros({2});
+  EXPECT_NE(message([&] { q.load_state_dict(blocks); }).find("expected [3]"), std::string::npos);
+
+  AdamW8bitOptions o;
+  o.amsgrad = true;
+  EXPECT_NE(message([&] { AdamW8bit({w}, o); }).find("amsgrad has no 8-bit state"), std::string::npos);
+  o = AdamW8bitOptions();
+  o.state_bits = 16;
+  EXPECT_NE(message([&] { AdamW8bit({w}, o); }).find("state_bits must be 8 or 32, got 16"), std::string::npos);
+  o = AdamW8bitOptions();
+  o.fused = false;
+  EXPECT_NE(message([&] { AdamW8bit({w}, o); }).find("needs fused = true"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mg::optim
