@@ -29,6 +29,11 @@
 //                      PyTorch's memory_format=torch.channels_last row)
 //   --batch N          batch size (default: 64 for the MLP and ResNet-50, 8 for GPT-2)
 //   --seq T            GPT-2's sequence length (default 1024)
+//   --gpt NAME         the GPT's size (nn::gpt_preset: gpt2 = 124M, gpt2-medium, gpt2-large,
+//                      gpt2-xl, gpt-2.7b, gpt-6.7b); the JSON's model field names it
+//   --memory-cap G     the allocator's per-process limit at G GiB for the whole run (a G GiB
+//                      card out of a larger one; " cap G GiB" in the config string): a step
+//                      that needs more fails with the allocator's OutOfMemoryError
 //   --resid-dropout P  GPT-2 with each block's two output dropouts at P (after the attention's
 //                      and the MLP's c_proj: bias + dropout + residual add as one kernel;
 //                      " resid-dropout P" in the config string; PyTorch's models_step.py takes the
@@ -322,7 +327,7 @@ std::string fmt_g(double v) {
   return buf;
 }
 
-int main(int argc, char** argv) {
+int run_main(int argc, char** argv) {
   std::string which = "all";
   int warmup = 3, steps = 10;
   std::string dtype = "f32";
@@ -338,6 +343,8 @@ int main(int argc, char** argv) {
   double max_batch_gib = 0;           // > 0: the largest-batch search instead of timing
   double budget_gib = 0;              // > 0: the fastest GPT-2 mode whose whole step fits, then timed
   int64_t batch = 0, seq = 1024;      // batch 0: each model's default
+  std::string gpt_size = "gpt2";      // --gpt: the GPT preset (nn::gpt_preset)
+  double memory_cap_gib = 0;          // --memory-cap: the allocator's per-process limit for the whole run
   double resid_dropout = 0;           // GPT-2's output dropouts (--resid-dropout)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--profile")) g_profile = true;
@@ -365,6 +372,10 @@ int main(int argc, char** argv) {
       batch = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--seq"))
       seq = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--gpt"))
+      gpt_size = argv[++i];
+    else if (!std::strcmp(argv[i], "--memory-cap"))
+      memory_cap_gib = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--resid-dropout"))
       resid_dropout = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--optimizer"))
@@ -416,12 +427,16 @@ int main(int argc, char** argv) {
                            : g_optimizer == "adamw8bit" ? " AdamW8bit"
                                                         : "") +
                           (g_graph ? " CUDA graph" : "") + (tune_gemm ? " tuned GEMMs" : "") +
-                          (resid_dropout > 0 ? " resid-dropout " + fmt_g(resid_dropout) : "");
+                          (resid_dropout > 0 ? " resid-dropout " + fmt_g(resid_dropout) : "") +
+                          (memory_cap_gib > 0 ? " cap " + fmt_g(memory_cap_gib) + " GiB" : "");
   if (!mg::cuda::is_available()) {
     std::fprintf(stderr, "bench_models: no CUDA device; nothing to measure\n");
     return 0;
   }
   const mg::Device dev = mg::Device::cuda(0);
+  // A smaller card out of this one: every allocation of the run (model, state, steps) under it.
+  if (memory_cap_gib > 0)
+    mg::cuda::set_per_process_memory_limit(static_cast<int64_t>(memory_cap_gib * 1073741824.0), dev.index);
   mg::kernels::set_allow_tf32(tf32);
   mg::manual_seed(0);
   if (which == "mlp") {  // not in "all": the suite's model rows are ResNet-50 and GPT-2
@@ -468,7 +483,8 @@ int main(int argc, char** argv) {
     cnn("mobilenet", std::make_shared<mg::nn::MobileNet>(1000, 1.0, mg::TensorOptions(mg::DType::f32, dev)));
   if (which == "all" || which == "gpt2") {
     mg::cuda::empty_cache();
-    mg::nn::GPTConfig cfg;  // 124M, vocab 50304, T=1024
+    const mg::nn::GPTConfig cfg = mg::nn::gpt_preset(gpt_size);  // --gpt; gpt2: 124M, vocab 50304, T=1024
+    const std::string label = gpt_size == "gpt2" ? "gpt2-124M" : gpt_size;
     const int64_t B = batch_or(8), T = seq;
     if (T > cfg.block_size) {
       std::fprintf(stderr, "bench_models: --seq %lld exceeds GPT-2's context of %lld\n", static_cast<long long>(T),
@@ -510,9 +526,9 @@ int main(int argc, char** argv) {
           predicted +=
               (m ? "," : "") + std::to_string(mg::memory::evaluate_offload(plan.profile, m, plan.link).exposed_ms());
         std::printf(
-            "{\"framework\":\"memgrad\",\"model\":\"gpt2-124M\",\"config\":\"B=%lld T=%lld%s offload plan\","
+            "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"B=%lld T=%lld%s offload plan\","
             "\"offload_blocks\":%lld,\"summary\":\"%s\",\"predicted_exposed_ms\":[%s]}\n",
-            static_cast<long long>(B), static_cast<long long>(T), tag.c_str(),
+            label.c_str(), static_cast<long long>(B), static_cast<long long>(T), tag.c_str(),
             static_cast<long long>(plan.plan.segments), plan.summary().c_str(), predicted.c_str());
         std::fflush(stdout);
       }
@@ -568,18 +584,19 @@ int main(int argc, char** argv) {
       for (const auto& [name, peak] : fit.peaks)
         tries += (tries.empty() ? "" : ",") + std::string("[\"") + name + "\"," + std::to_string(peak) + "]";
       std::printf(
-          "{\"framework\":\"memgrad\",\"model\":\"gpt2-124M\",\"config\":\"B=%lld T=%lld%s memory budget %g GiB\","
+          "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"B=%lld T=%lld%s memory budget %g GiB\","
           "\"fits\":%s,\"summary\":\"%s\",\"tries\":[%s]}\n",
-          static_cast<long long>(B), static_cast<long long>(T), tag.c_str(), budget_gib, fit.fits() ? "true" : "false",
-          fit.summary(budget).c_str(), tries.c_str());
+          label.c_str(), static_cast<long long>(B), static_cast<long long>(T), tag.c_str(), budget_gib,
+          fit.fits() ? "true" : "false", fit.summary(budget).c_str(), tries.c_str());
       std::fflush(stdout);
       if (!fit.fits()) return 3;
-      print("gpt2-124M", "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag + " " + fit.peaks[fit.chosen].first,
+      print(label.c_str(),
+            "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag + " " + fit.peaks[fit.chosen].first,
             run(step, warmup, steps, dev), B * T, "tokens");
       return 0;
     }
     if (max_batch_gib > 0) {
-      print_max_batch("gpt2-124M", "T=" + std::to_string(T) + tag + variant, max_batch_gib, dev, [&](int64_t b) {
+      print_max_batch(label.c_str(), "T=" + std::to_string(T) + tag + variant, max_batch_gib, dev, [&](int64_t b) {
         try {
           step_at(b)();
         } catch (const mg::OutOfMemoryError&) {
@@ -591,8 +608,20 @@ int main(int argc, char** argv) {
       return 0;
     }
     auto step = step_at(B);
-    print("gpt2-124M", "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag + variant,
+    print(label.c_str(), "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag + variant,
           run(step, warmup, steps, dev), B * T, "tokens");
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const mg::OutOfMemoryError& e) {  // e.g. under --memory-cap: say so as the result line
+    std::string msg = e.what();
+    for (char& c : msg)
+      if (c == '"' || c == '\\' || c == '\n') c = ' ';
+    std::printf("{\"framework\":\"memgrad\",\"oom\":true,\"error\":\"%s\"}\n", msg.c_str());
+    return 4;
+  }
 }

@@ -1,11 +1,13 @@
 #include "examples/gpt2_flags.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <map>
 
 #include "core/error.h"
+#include "nn/models/gpt.h"
 
 namespace mg::examples {
 
@@ -16,8 +18,10 @@ key-value cache, and ends with one JSON line (validation loss, tokens/s, peak me
 
 Model and data:
   --preset NAME        tiny (default: 2 layers, 64 wide, T=64; a CPU run of about a minute),
-                       small (6 layers, 384 wide, T=256) or gpt2 (124M: 12 layers, 768 wide,
-                       12 heads, T=1024, vocab 50304)
+                       small (6 layers, 384 wide, T=256), gpt2 (124M: 12 layers, 768 wide,
+                       12 heads, T=1024, vocab 50304), or a larger GPT at gpt2's batch and
+                       context: gpt2-medium (350M), gpt2-large (774M), gpt2-xl (1.56B),
+                       gpt-2.7b, gpt-6.7b
   --n-layer N, --n-embd N, --n-head N, --block-size T, --dropout P, --vocab-size V
                        override the preset's shape (V >= the tokenizer's vocabulary)
   --batch N            sequences per optimizer step; --steps N; --lr X (and the optimizer
@@ -111,9 +115,20 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
     if (std::string(argv[i]) == "--preset") f.preset = argv[i + 1];
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]).rfind("--preset=", 0) == 0) f.preset = std::string(argv[i]).substr(9);
-  auto p = kPresets.find(f.preset);
-  MG_CHECK(p != kPresets.end(), ValueError, "unknown --preset \"", f.preset, "\" (valid: tiny, small, gpt2)");
-  const Preset& ps = p->second;
+  // The larger GPTs: nn::gpt_preset's shapes, trained as the gpt2 preset is (B=8, T=1024), at the
+  // lower learning rates GPT-2's and GPT-3's papers used for them.
+  Preset ps{};
+  if (auto p = kPresets.find(f.preset); p != kPresets.end()) {
+    ps = p->second;
+  } else {
+    const auto names = nn::gpt_preset_names();
+    MG_CHECK(std::find(names.begin(), names.end(), f.preset) != names.end(), ValueError, "unknown --preset \"",
+             f.preset, "\" (valid: tiny, small, gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt-2.7b, gpt-6.7b)");
+    const nn::GPTConfig c = nn::gpt_preset(f.preset);
+    ps = kPresets.at("gpt2");
+    ps.n_layer = c.n_layer, ps.n_embd = c.n_embd, ps.n_head = c.n_head;
+    ps.lr = c.n_embd <= 1024 ? 3e-4 : c.n_embd <= 1600 ? 2e-4 : 1.6e-4;
+  }
   f.model.n_layer = ps.n_layer;
   f.model.n_embd = ps.n_embd;
   f.model.n_head = ps.n_head;

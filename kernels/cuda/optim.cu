@@ -202,14 +202,17 @@ __global__ void adam_kernel(TensorListMeta<6> m, optim_math::AdamScalars<float> 
   }
 }
 
-// 8-bit Adam: one block of kQuantThreads threads per 2048-element quantization block, each
-// thread holding 8 elements in registers between the update and the requantization (the new
-// absmax is the block's max over all of them). ptr: 0 param, 1 grad, 2 exp_avg codes (u8*),
+// 8-bit Adam: a block of kQuantThreads threads takes the 2048-element quantization blocks of its
+// chunk one at a time, each thread holding 8 elements in registers between the update and the
+// requantization (the new absmax is the block's max over all of them). Chunks as large as the f32
+// update's keep the launches as few (one 2048-element block a CUDA block took 190 launches for
+// GPT-2 124M). ptr: 0 param, 1 grad, 2 exp_avg codes (u8*),
 // 3 exp_avg_sq codes, 4 exp_avg absmax (one float a block), 5 exp_avg_sq absmax, 6 the low copy
 // (a D*, or null).
 constexpr int kQuantThreads = 256;
 constexpr int kQuantPerThread = optim_math::kQuantBlock / kQuantThreads;
 constexpr int kQuantTensors = 24;
+static_assert(kMinChunk % optim_math::kQuantBlock == 0, "a launch's chunks must be whole quantization blocks");
 using QuantMeta = TensorListMeta<7, kQuantTensors>;
 static_assert(sizeof(QuantMeta) + 64 <= 4096, "kernel parameters must fit in 4 KiB");
 __constant__ optim_math::QuantCode c_code_signed = optim_math::kCodeSigned;
@@ -246,36 +249,42 @@ __global__ void __launch_bounds__(kQuantThreads)
   auto* vq = reinterpret_cast<unsigned char*>(m.ptr[3][t]);
   float* am = m.ptr[4][t];
   float* av = m.ptr[5][t];
-  const int64_t blk = begin / optim_math::kQuantBlock;
-  const float old_am = am[blk], old_av = av[blk];
   float step_size = 0, bc2_sqrt = 0;
   adam_step_scalars(m, t, d, s, step_size, bc2_sqrt);
   __syncthreads();  // the codes
-  float mr[kQuantPerThread], vr[kQuantPerThread];
-  float lm = 0.0f, lv = 0.0f;
+  // The launch's chunk is a multiple of the quantization block: this block's elements are whole
+  // quantization blocks (the last one of a tensor partial), taken one after another.
+  for (int64_t qbegin = begin; qbegin < end; qbegin += optim_math::kQuantBlock) {
+    const int64_t qend = min(qbegin + optim_math::kQuantBlock, end);
+    const int64_t blk = qbegin / optim_math::kQuantBlock;
+    const float old_am = am[blk], old_av = av[blk];
+    float mr[kQuantPerThread], vr[kQuantPerThread];
+    float lm = 0.0f, lv = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kQuantPerThread; ++k) {
-    const int64_t i = begin + threadIdx.x + k * kQuantThreads;
-    mr[k] = vr[k] = 0.0f;
-    if (i >= end) continue;
-    float mi = code_m[mq[i]] * old_am, vi = code_v[vq[i]] * old_av, pi = p[i];
-    optim_math::adam_element<float>(pi, g[i], mi, vi, nullptr, s, step_size, bc2_sqrt);
-    p[i] = pi;
-    if (low) low[i] = from_float<D>(pi);
-    mr[k] = mi, vr[k] = vi;
-    lm = optim_math::nan_max_abs(lm, mi);
-    lv = optim_math::nan_max_abs(lv, vi);
-  }
-  const float new_am = block_nan_max(lm, scratch_m);
-  const float new_av = block_nan_max(lv, scratch_v);
+    for (int k = 0; k < kQuantPerThread; ++k) {
+      const int64_t i = qbegin + threadIdx.x + k * kQuantThreads;
+      mr[k] = vr[k] = 0.0f;
+      if (i >= qend) continue;
+      float mi = code_m[mq[i]] * old_am, vi = code_v[vq[i]] * old_av, pi = p[i];
+      optim_math::adam_element<float>(pi, g[i], mi, vi, nullptr, s, step_size, bc2_sqrt);
+      p[i] = pi;
+      if (low) low[i] = from_float<D>(pi);
+      mr[k] = mi, vr[k] = vi;
+      lm = optim_math::nan_max_abs(lm, mi);
+      lv = optim_math::nan_max_abs(lv, vi);
+    }
+    const float new_am = block_nan_max(lm, scratch_m);
+    const float new_av = block_nan_max(lv, scratch_v);
 #pragma unroll
-  for (int k = 0; k < kQuantPerThread; ++k) {
-    const int64_t i = begin + threadIdx.x + k * kQuantThreads;
-    if (i >= end) continue;
-    mq[i] = optim_math::quantize_nearest(code_m, optim_math::quant_normalize(mr[k], new_am));
-    vq[i] = optim_math::quantize_nearest(code_v, optim_math::quant_normalize(vr[k], new_av));
+    for (int k = 0; k < kQuantPerThread; ++k) {
+      const int64_t i = qbegin + threadIdx.x + k * kQuantThreads;
+      if (i >= qend) continue;
+      mq[i] = optim_math::quantize_nearest(code_m, optim_math::quant_normalize(mr[k], new_am));
+      vq[i] = optim_math::quantize_nearest(code_v, optim_math::quant_normalize(vr[k], new_av));
+    }
+    if (threadIdx.x == 0) am[blk] = new_am, av[blk] = new_av;
+    __syncthreads();  // every thread read this block's scratch before the next one writes it
   }
-  if (threadIdx.x == 0) am[blk] = new_am, av[blk] = new_av;
 }
 
 // ptr: 0 param, 1 grad, 2 momentum buffer (null without momentum).
@@ -484,8 +493,7 @@ void CudaBackend::adam8bit_multi_tensor(const AdamTensors& t, const AdamHyper& h
         else
           adam8bit_kernel<__half><<<nb, kQuantThreads, 0, stream>>>(m, s, d);
         MG_CUDA_CHECK_LAUNCH("adam8bit_multi_tensor");
-      },
-      optim_math::kQuantBlock);
+      });
 }
 
 template <>

@@ -191,4 +191,41 @@ std::vector<int64_t> generate(GPT& model, const std::vector<int64_t>& prompt, co
   return out;
 }
 
+namespace {
+struct NamedShape {
+  const char* name;
+  int64_t n_layer, n_embd, n_head;
+};
+constexpr NamedShape kPresets[] = {{"gpt2", 12, 768, 12},        {"gpt2-medium", 24, 1024, 16},
+                                   {"gpt2-large", 36, 1280, 20}, {"gpt2-xl", 48, 1600, 25},
+                                   {"gpt-2.7b", 32, 2560, 32},   {"gpt-6.7b", 32, 4096, 32}};
+}  // namespace
+
+std::vector<std::string> gpt_preset_names() {
+  std::vector<std::string> names;
+  for (const NamedShape& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
+
+GPTConfig gpt_preset(const std::string& name) {
+  for (const NamedShape& p : kPresets)
+    if (name == p.name) {
+      GPTConfig c;
+      c.n_layer = p.n_layer, c.n_embd = p.n_embd, c.n_head = p.n_head;
+      return c;
+    }
+  std::string valid;
+  for (const NamedShape& p : kPresets) valid += std::string(valid.empty() ? "" : ", ") + p.name;
+  MG_THROW(ValueError, "gpt_preset: unknown model \"", name, "\" (valid: ", valid, ")");
+}
+
+int64_t gpt_num_params(const GPTConfig& c) {
+  const int64_t d = c.n_embd, b = c.bias ? 1 : 0;
+  // Per block: two layer norms (weight, bias), qkv (3d^2 + 3d), the attention's projection
+  // (d^2 + d) and the MLP (4d^2 + 4d and 4d^2 + d).
+  const int64_t block = 12 * d * d + (2 + 2 * b) * d + b * (3 * d + d + 4 * d + d);
+  const int64_t head = c.tied_head ? 0 : c.vocab_size * d;
+  return c.vocab_size * d + c.block_size * d + c.n_layer * block + (1 + b) * d + head;
+}
+
 }  // namespace mg::nn

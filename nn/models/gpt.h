@@ -26,6 +26,17 @@ struct GPTConfig {
   bool tied_head = true;  // lm_head.weight IS transformer.wte.weight (one Parameter)
 };
 
+// Model sizes by name, at GPT-2's padded vocabulary (50304) and context (1024):
+//   gpt2 (124M: 12 layers, 768 wide, 12 heads), gpt2-medium (350M: 24, 1024, 16),
+//   gpt2-large (774M: 36, 1280, 20), gpt2-xl (1.56B: 48, 1600, 25), and GPT-3's shapes
+//   gpt-2.7b (32, 2560, 32) and gpt-6.7b (32, 4096, 32).
+// Any other name is a ValueError listing these.
+GPTConfig gpt_preset(const std::string& name);
+std::vector<std::string> gpt_preset_names();
+// The number of parameters GPT(cfg) holds (a tied head counted once), without building it:
+// V d + T d + L (12 d^2 + 13 d) + 2 d with biases.
+int64_t gpt_num_params(const GPTConfig& cfg);
+
 class GPT : public Module {
  public:
   // GPT-2's init: every Linear and Embedding weight ~ N(0, 0.02), biases 0, and the residual

@@ -144,6 +144,32 @@ void expect_same_loss_and_grads(GPT& gpt, const Tensor& loss, const std::functio
   }
 }
 
+TEST(GPT, PresetsAndParameterCounts) {
+  // Hugging Face's parameter counts of GPT-2 at its own vocabulary of 50257 (tied head).
+  const std::pair<const char*, int64_t> hf[] = {
+      {"gpt2", 124439808}, {"gpt2-medium", 354823168}, {"gpt2-large", 774030080}, {"gpt2-xl", 1557611200}};
+  for (const auto& [name, count] : hf) {
+    GPTConfig c = gpt_preset(name);
+    c.vocab_size = 50257;
+    EXPECT_EQ(gpt_num_params(c), count) << name;
+  }
+  EXPECT_EQ(gpt_preset("gpt-6.7b").n_embd, 4096);
+  EXPECT_EQ(gpt_preset_names().size(), 6u);
+  // The formula counts what a built model holds, with and without biases and tying.
+  for (bool bias : {true, false})
+    for (bool tied : {true, false}) {
+      GPTConfig c;
+      c.vocab_size = 97, c.block_size = 16, c.n_layer = 2, c.n_head = 2, c.n_embd = 24, c.bias = bias;
+      c.tied_head = tied;
+      GPT m(c, {}, nullptr, false);
+      int64_t n = 0;
+      for (const Tensor& p : m.parameters()) n += p.numel();
+      EXPECT_EQ(n, gpt_num_params(c)) << "bias " << bias << " tied " << tied;
+    }
+  EXPECT_NE(testing::error_of([] { gpt_preset("gpt2-xxl"); }).find("unknown model \"gpt2-xxl\" (valid: gpt2, "),
+            std::string::npos);
+}
+
 TEST(GPT, FusedResidualNormAndMlpMatchPlainComposition) {
   const char* modes[] = {"no recompute",
                          "block 1 checkpointed",
