@@ -32,8 +32,8 @@
 //   --gpt NAME         the GPT's size (nn::gpt_preset: gpt2 = 124M, gpt2-medium, gpt2-large,
 //                      gpt2-xl, gpt-2.7b, gpt-6.7b); the JSON's model field names it
 //   --memory-cap G     the allocator's per-process limit at G GiB for the whole run (a G GiB
-//                      card out of a larger one; " cap G GiB" in the config string): a step
-//                      that needs more fails with the allocator's OutOfMemoryError
+//                      card out of a larger one, on expandable segments; " cap G GiB" in the config
+//                      string): a step that needs more fails with the allocator's OutOfMemoryError
 //   --resid-dropout P  GPT-2 with each block's two output dropouts at P (after the attention's
 //                      and the MLP's c_proj: bias + dropout + residual add as one kernel;
 //                      " resid-dropout P" in the config string; PyTorch's models_step.py takes the
@@ -434,9 +434,13 @@ int run_main(int argc, char** argv) {
     return 0;
   }
   const mg::Device dev = mg::Device::cuda(0);
-  // A smaller card out of this one: every allocation of the run (model, state, steps) under it.
-  if (memory_cap_gib > 0)
+  // A smaller card out of this one: every allocation of the run (model, state, steps) under it,
+  // from expandable segments (what a full card runs on: the cap counts reserved bytes, and
+  // fixed-size segments would lose the difference to fragmentation).
+  if (memory_cap_gib > 0) {
+    mg::cuda::set_expandable_segments(true, dev.index);
     mg::cuda::set_per_process_memory_limit(static_cast<int64_t>(memory_cap_gib * 1073741824.0), dev.index);
+  }
   mg::kernels::set_allow_tf32(tf32);
   mg::manual_seed(0);
   if (which == "mlp") {  // not in "all": the suite's model rows are ResNet-50 and GPT-2
@@ -577,9 +581,24 @@ int run_main(int argc, char** argv) {
       const std::vector<mg::memory::BudgetOption> ladder =
           mg::memory::gpt_memory_ladder(*model, sib.get(), offload_blocks);
       auto step = step_at(B);
-      step();  // the optimizer's state, before any trial counts it
+      // A step that ran out of memory (a rung too large for --memory-cap) leaves nothing behind:
+      // the step inside backward drops its round, the gradients go.
+      auto trial = [&] {
+        try {
+          step();
+        } catch (const mg::OutOfMemoryError&) {
+          if (sib) sib->abandon();
+          opt->zero_grad();
+          throw;
+        }
+      };
+      try {
+        trial();  // the optimizer's state, before any trial counts it
+      } catch (const mg::OutOfMemoryError&) {
+        mg::cuda::empty_cache();  // under a cap: the first rung that runs makes the state
+      }
       const int64_t budget = static_cast<int64_t>(budget_gib * 1073741824.0);
-      const mg::memory::BudgetFitResult fit = mg::memory::fit_to_budget(ladder, step, budget, dev);
+      const mg::memory::BudgetFitResult fit = mg::memory::fit_to_budget(ladder, trial, budget, dev);
       std::string tries;
       for (const auto& [name, peak] : fit.peaks)
         tries += (tries.empty() ? "" : ",") + std::string("[\"") + name + "\"," + std::to_string(peak) + "]";

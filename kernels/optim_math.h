@@ -138,17 +138,15 @@ static_assert(kCodeUnsigned.v[0] == 0.0f && kCodeUnsigned.v[255] < 1.0f);
 // gives an arbitrary index: its block's absmax is then NaN too (block_absmax propagates it), so
 // the state reads back NaN, as an f32 moment would.
 MG_OPTIM_HD unsigned char quantize_nearest(const float* code, float x) {
-  if (x <= code[0]) return 0;
-  if (x >= code[kQuantCodeSize - 1]) return kQuantCodeSize - 1;
-  int lo = 0, hi = kQuantCodeSize - 1;  // code[lo] < x < code[hi]
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (code[mid] <= x)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  return static_cast<unsigned char>(x - code[lo] <= code[hi] - x ? lo : hi);
+  // pos: the last index whose value is <= x (0 when x is below them all), in 8 fixed steps
+  // without branches, so the searches of a thread's elements interleave.
+  int pos = 0;
+#ifdef __CUDACC__
+#pragma unroll
+#endif
+  for (int step = kQuantCodeSize / 2; step >= 1; step /= 2) pos += code[pos + step] <= x ? step : 0;
+  if (pos == kQuantCodeSize - 1) return static_cast<unsigned char>(pos);
+  return static_cast<unsigned char>(x - code[pos] <= code[pos + 1] - x ? pos : pos + 1);  // ties: the smaller
 }
 
 // x / absmax, the value quantize_nearest takes (0 for an all-zero block).

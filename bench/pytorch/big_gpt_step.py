@@ -6,7 +6,8 @@ memory cap, in one of PyTorch's modes:
   checkpoint  every block under torch.utils.checkpoint, fused AdamW
   fsdp        FSDP2 (fully_shard per block and the root) at world size 1 with CPUOffloadPolicy:
               parameters, gradients and the optimizer state in host memory, bf16 compute and f32
-              reduction (MixedPrecisionPolicy), the AdamW step on the CPU
+              reduction (MixedPrecisionPolicy), the AdamW step on the CPU, every block
+              checkpointed
 
 Prints one JSON line: step_ms (median, min, max over --steps after --warmup), tokens_per_s, the
 peak allocated and reserved GiB, or {"oom": true} when a step does not fit under the cap.
@@ -67,6 +68,7 @@ def main():
             m.to_empty(device="cpu")
             for p in m.parameters():
                 torch.nn.init.normal_(p, std=0.02)
+            m.checkpoint = True
             opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.1)  # CPU tensors: foreach
             autocast = False  # MixedPrecisionPolicy casts
         else:
