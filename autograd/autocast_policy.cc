@@ -170,8 +170,8 @@ std::vector<std::pair<Tensor, DType>> weights_cast_next_region() {
 
 void provide_cast(const Tensor& weight, const Tensor& cast) {
   MG_CHECK(weight.defined() && cast.defined(), ValueError, "provide_cast: undefined tensor");
-  MG_CHECK(cast.sizes() == weight.sizes() && cast.device() == weight.device() && is_half(cast.dtype()) &&
-               weight.dtype() == DType::f32,
+  MG_CHECK(cast.sizes() == weight.sizes() && (cast.device() == weight.device() || !weight.is_cuda()) &&
+               is_half(cast.dtype()) && weight.dtype() == DType::f32,
            ValueError, "provide_cast: the cast of an f32 weight of shape ", shape_str(weight.sizes()), " on ",
            weight.device(), " must be f16/bf16 of its shape and device, got ", cast.dtype(), " ",
            shape_str(cast.sizes()), " on ", cast.device());
@@ -232,5 +232,31 @@ bool widen_needed(std::initializer_list<const Tensor*> ts) {
 }
 
 Tensor widen(const Tensor& t) { return t.defined() && is_half(t.dtype()) ? t.to(DType::f32) : t; }
+
+Tensor lower_to(const Tensor& t, const Device& device) {
+  if (!t.defined()) return t;
+  const DType target = autocast_dtype(device.type);
+  // Outside a region (or a dtype autocast leaves alone): the values as they are, on the device.
+  if (!is_autocast_enabled(device.type) || !lowerable(t, target)) return t.device() == device ? t : t.to(device);
+  const bool grad = is_grad_enabled();
+  auto it = tl_cache.entries.find(t.impl());
+  if (it != tl_cache.entries.end()) {
+    Entry& e = it->second;
+    const bool current =
+        e.source.lock() == t.impl_ptr() && e.version == t.version() && e.dtype == target && e.cast.device() == device;
+    if (current && e.edge_pending && grad) {
+      record_cast_edge(t, e.cast);  // a provided cast's first use under grad
+      e.edge_pending = false;
+      e.with_grad = true;
+    }
+    const auto fn = autograd::grad_fn(e.cast);
+    if (current && (e.with_grad == grad || e.with_grad) && !(grad && (!fn || fn->released))) return e.cast;
+  }
+  // No cast for this region yet: the f32 values to the device, cast there; the copy's edge brings
+  // the gradient home. Kept for the region's other uses of t.
+  Tensor c = t.to(device).to(target);
+  tl_cache.entries[t.impl()] = Entry{t.impl_ptr(), t.version(), target, grad, c};
+  return c;
+}
 
 }  // namespace mg::autocast

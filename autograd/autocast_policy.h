@@ -31,6 +31,12 @@ bool widen_needed(std::initializer_list<const Tensor*> ts);
 // `t` as f32 when it is f16/bf16; otherwise unchanged.
 Tensor widen(const Tensor& t);
 
+// lower() for a host-resident parameter (an f32 leaf in host memory, memory/host_params.h) that
+// an op on `device` reads: the cast provide_cast() gave for this region on `device` when there
+// is one, else t copied to `device` and cast there, once per region (outside a region: t copied
+// to `device`). Either way the recorded edge takes the gradient back to t on the host.
+Tensor lower_to(const Tensor& t, const Device& device);
+
 // Casts a leaf weight to `dtype` through the region's cache (the batch-norm hook uses it to
 // bring f32 affine parameters to the activation's dtype). Outside a region: a plain cast.
 Tensor cached_cast(const Tensor& t, DType dtype);
@@ -41,7 +47,8 @@ Tensor cached_cast(const Tensor& t, DType dtype);
 // hand them over with provide_cast(): the next region then casts none of them.
 std::vector<std::pair<Tensor, DType>> weights_cast_next_region();
 // Gives the calling thread's weight-cast cache `cast`, the cast of `weight` as it now is (its
-// version) to cast.dtype(), for the next region to use as if it had made it at its start: the
+// version) to cast.dtype(), for the next region to use as if it had made it at its start (on the
+// weight's device, or on a CUDA device for a weight in host memory: lower_to()): the
 // edge t.to(dtype) records is recorded at its first use under grad. Dropped, like any entry,
 // when a region exits or `weight` changes; not used inside a CUDA-graph capture (the graph
 // would read a tensor its replays never write).

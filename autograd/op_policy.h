@@ -14,7 +14,9 @@
 //      widen f16/bf16 to f32 (reductions, norms, softmax, losses, exp/log/pow), widen on the CPU only
 //      (the CUDA kernel reads half inputs and computes in f32 itself), or leave them as they are.
 //      The casts are differentiable (Tensor::to): an f32 weight gets its gradient in f32.
-// Arguments that are not tensors pass through; a tensor wrapped in as_is() is not cast.
+// Arguments that are not tensors pass through; a tensor wrapped in as_is() is not cast. A
+// parameter held in host memory (memory/host_params.h) that an op on a CUDA device reads comes to
+// that device here, cast (lowering ops) or copied (the others), with the gradient's way back.
 //
 // The other replay hook, a checkpoint region's kept outputs (autograd::kept_or_run, node.h), wraps
 // the kernel call inside the math: the op still records its node when a replay takes its output.
@@ -22,6 +24,7 @@
 
 #include <functional>
 #include <initializer_list>
+#include <optional>
 #include <type_traits>
 
 #include "autograd/autocast_policy.h"
@@ -92,10 +95,26 @@ const Tensor* tensor_of(const T&) {
 inline const Tensor* tensor_of(const Tensor& t) { return &t; }
 
 template <class T>
-const T& cast_arg(Cast, const T& v) {
+const T& cast_arg(Cast, const Device*, const T& v) {
   return v;
 }
-inline Tensor cast_arg(Cast c, const Tensor& t) { return c == Cast::lower ? autocast::lower(t) : autocast::widen(t); }
+// A host-resident parameter (an f32 leaf that requires grad, in host memory: memory/host_params.h)
+// read by an op on a CUDA device.
+inline bool host_param_on(const Device* device, const Tensor& t) {
+  return device && device->is_cuda() && t.defined() && !t.is_cuda() && t.is_leaf() && t.requires_grad();
+}
+template <class T>
+bool host_param_on(const Device*, const T&) {
+  return false;
+}
+
+// `device`: the op's (its first defined tensor's). A host parameter comes to that device: cast
+// there by a lowering op (autocast::lower_to), copied by the others.
+inline Tensor cast_arg(Cast c, const Device* device, const Tensor& t) {
+  const bool host = host_param_on(device, t);
+  if (c == Cast::lower) return host ? autocast::lower_to(t, *device) : autocast::lower(t);
+  return host ? autocast::widen(t).to(*device) : autocast::widen(t);
+}
 
 inline bool cast_needed(Cast c, std::initializer_list<const Tensor*> ts) {
   switch (c) {
@@ -115,7 +134,13 @@ inline bool cast_needed(Cast c, std::initializer_list<const Tensor*> ts) {
 
 template <class Math, class... Args>
 auto cast_and_run(const OpPolicy& p, const Math& math, const Args&... args) {
-  if (p.cast != Cast::none && cast_needed(p.cast, {tensor_of(args)...})) return math(cast_arg(p.cast, args)...);
+  if (p.cast == Cast::none) return math(args...);
+  std::optional<Device> device;
+  for (const Tensor* t : {tensor_of(args)...})
+    if (!device && t && t->defined()) device = t->device();
+  const Device* dev = device ? &*device : nullptr;
+  if (cast_needed(p.cast, {tensor_of(args)...}) || (host_param_on(dev, args) || ...))
+    return math(cast_arg(p.cast, dev, args)...);
   return math(args...);
 }
 }  // namespace detail

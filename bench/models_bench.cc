@@ -31,6 +31,9 @@
 //   --seq T            GPT-2's sequence length (default 1024)
 //   --gpt NAME         the GPT's size (nn::gpt_preset: gpt2 = 124M, gpt2-medium, gpt2-large,
 //                      gpt2-xl, gpt-2.7b, gpt-6.7b); the JSON's model field names it
+//   --host-params      GPT: the blocks' Linear weights and biases in pinned host memory with their
+//                      gradients and optimizer state, the optimizer stepping them on the CPU, the
+//                      device holding their bf16 casts (memory::HostParams; " host params")
 //   --memory-cap G     the allocator's per-process limit at G GiB for the whole run (a G GiB
 //                      card out of a larger one, on expandable segments; " cap G GiB" in the config
 //                      string): a step that needs more fails with the allocator's OutOfMemoryError
@@ -99,6 +102,7 @@
 #include "core/nvml.h"
 #include "memgrad.h"
 #include "memory/gpt_budget.h"
+#include "memory/host_params.h"
 #include "nn/models/gpt.h"
 #include "nn/models/mobilenet.h"
 #include "nn/models/resnet.h"
@@ -236,6 +240,9 @@ std::unique_ptr<mg::optim::Optimizer> make_optimizer(const std::vector<mg::Tenso
   return std::make_unique<mg::optim::SGD>(params, mg::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
 }
 
+// --host-params: GPT-2's Linear weights and biases in host memory (memory/host_params.h).
+std::unique_ptr<mg::memory::HostParams> g_host_params;
+
 // One optimizer step on a loss computed under the bench's autocast (--dtype): zero_grad, the
 // forward and loss (`loss_of`), backward, step.
 // With `in_backward` (--step-in-backward) the update runs inside backward, a bucket at a time,
@@ -271,6 +278,7 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBack
       in_backward->finish();
     else
       opt.step();
+    if (g_host_params) g_host_params->provide_casts();  // the next forward's casts of the host parameters
     phase_end(g_phases.optimizer);
   };
 }
@@ -345,6 +353,7 @@ int run_main(int argc, char** argv) {
   int64_t batch = 0, seq = 1024;      // batch 0: each model's default
   std::string gpt_size = "gpt2";      // --gpt: the GPT preset (nn::gpt_preset)
   double memory_cap_gib = 0;          // --memory-cap: the allocator's per-process limit for the whole run
+  bool host_params = false;           // --host-params: GPT's Linear parameters in host memory
   double resid_dropout = 0;           // GPT-2's output dropouts (--resid-dropout)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--profile")) g_profile = true;
@@ -376,6 +385,8 @@ int run_main(int argc, char** argv) {
       gpt_size = argv[++i];
     else if (!std::strcmp(argv[i], "--memory-cap"))
       memory_cap_gib = std::atof(argv[++i]);
+    else if (!std::strcmp(argv[i], "--host-params"))
+      host_params = true;
     else if (!std::strcmp(argv[i], "--resid-dropout"))
       resid_dropout = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--optimizer"))
@@ -558,6 +569,11 @@ int run_main(int argc, char** argv) {
                (selective_ops.empty() ? "" : " selective " + selective_ops) + (logits ? " logits" : "");
     if (head_chunk_rows > 0) variant += " head chunk " + std::to_string(head_chunk_rows);
     if (in_backward) variant += " step in backward";
+    if (host_params) {
+      g_host_params = std::make_unique<mg::memory::HostParams>(mg::memory::gpt_linear_params(*model), dev);
+      g_host_params->provide_casts();
+      variant += " host params";
+    }
     auto opt = make_optimizer(model->parameters());
     std::unique_ptr<mg::optim::StepInBackward> sib;
     if (in_backward || budget_gib > 0) {

@@ -316,8 +316,6 @@ Module& Module::requires_grad_(bool on) {
   return *this;
 }
 
-namespace {
-// Points t's own TensorImpl at `moved`'s storage and layout, so every handle to t sees it.
 void retarget(const Tensor& t, const Tensor& moved) {
   if (moved.is_same(t)) return;
   TensorImpl* impl = t.impl();
@@ -328,6 +326,8 @@ void retarget(const Tensor& t, const Tensor& moved) {
   impl->dtype = moved.dtype();
   t.bump_version();
 }
+
+namespace {
 
 template <class Convert>
 void convert_in_place(const Tensor& t, Convert&& convert) {

@@ -32,9 +32,12 @@ void adam_cpu(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) 
     T* m = t.exp_avg[i].data_ptr<T>();
     T* v = t.exp_avg_sq[i].data_ptr<T>();
     T* vmax = h.amsgrad ? t.max_exp_avg_sq[i].data_ptr<T>() : nullptr;
-    const int64_t n = t.params[i].numel();
-    for (int64_t j = 0; j < n; ++j)
-      optim_math::adam_element<T>(p[j], g[j], m[j], v[j], vmax ? vmax + j : nullptr, s, step_size, bc2_sqrt);
+    // Elements are independent: split over the cores (host parameters, memory/host_params.h,
+    // step here at the host's memory bandwidth), the same result as one loop.
+    cpu::parallel_for(t.params[i].numel(), int64_t{1} << 15, [&](int64_t b, int64_t e) {
+      for (int64_t j = b; j < e; ++j)
+        optim_math::adam_element<T>(p[j], g[j], m[j], v[j], vmax ? vmax + j : nullptr, s, step_size, bc2_sqrt);
+    });
   }
 }
 
