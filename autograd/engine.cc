@@ -19,6 +19,7 @@
 #include <unordered_set>
 
 #include "autograd/grad_mode.h"
+#include "core/profiler.h"
 #include "kernels/ops.h"
 
 namespace mg::autograd {
@@ -199,7 +200,10 @@ void execute(GraphTask& task, const std::vector<Tensor>& roots, const std::vecto
         for (size_t i = 0; i < buf.size(); ++i)
           if (!buf[i].defined())
             buf[i] = zeros(node->output_shapes[i], {node->output_dtypes[i], node->output_devices[i]});
-      outs = node->apply(std::move(buf));
+      {
+        profiler::Range r(profiler::enabled() ? profiler::intern(node->name()) : nullptr, "backward");
+        outs = node->apply(std::move(buf));
+      }
       MG_CHECK(is_sink || outs.size() == node->next_edges.size(), AutogradError, "backward of '", node->name(),
                "' returned ", outs.size(), " gradients, expected ", node->next_edges.size());
     }

@@ -29,6 +29,7 @@
 
 #include "autograd/autocast_policy.h"
 #include "autograd/node.h"
+#include "core/profiler.h"
 
 namespace mg::autograd {
 
@@ -149,6 +150,7 @@ auto cast_and_run(const OpPolicy& p, const Math& math, const Args&... args) {
 template <class Math, class... Rest>
 auto around(const OpPolicy& p, const Math& math, const Tensor& x, const Rest&... rest)
     -> std::invoke_result_t<const Math&, const Tensor&, const Rest&...> {
+  profiler::Range range(p.name, "op");  // a trace's host range (core/profiler.h); nothing when off
   if constexpr (std::is_same_v<std::invoke_result_t<const Math&, const Tensor&, const Rest&...>, Tensor>) {
     if (p.rebuildable && recompute_hook) {
       // The rebuild replays the op through around() again: autocast applies in the replay as it did.

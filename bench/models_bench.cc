@@ -31,6 +31,9 @@
 //   --seq T            GPT-2's sequence length (default 1024)
 //   --gpt NAME         the GPT's size (nn::gpt_preset: gpt2 = 124M, gpt2-medium, gpt2-large,
 //                      gpt2-xl, gpt-2.7b, gpt-6.7b); the JSON's model field names it
+//   --trace PATH       after the timed steps, one more eager step recorded by mg::profiler into
+//                      PATH as a Chrome trace (open it in ui.perfetto.dev): op, backward-node and
+//                      phase ranges, the memory counter tracks, the allocator's segment events
 //   --host-params      GPT: the blocks' Linear weights and biases in pinned host memory with their
 //                      gradients and optimizer state, the optimizer stepping them on the CPU, the
 //                      device holding their bf16 casts (memory::HostParams; " host params")
@@ -100,6 +103,7 @@
 #include "bench/step_timer.h"
 #include "core/autocast.h"
 #include "core/nvml.h"
+#include "core/profiler.h"
 #include "memgrad.h"
 #include "memory/gpt_budget.h"
 #include "memory/host_params.h"
@@ -216,9 +220,33 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
 
 // measure() of the eager step, or with --cuda-graph of its replays (the capture's warm-up is
 // the eager warm-up; two replays warm the graph itself).
+// --trace PATH: after the timed steps, one more eager step under mg::profiler, written to PATH
+// as a Chrome trace (Perfetto) and checked by its validator.
+std::string g_trace_path;
+template <class StepFn>
+void trace_one_step(StepFn& step, mg::Device dev) {
+  if (g_trace_path.empty()) return;
+  mg::cuda::synchronize(dev.index);
+  mg::profiler::start();
+  {
+    mg::profiler::Range r("step", "phase");
+    step();
+    mg::cuda::synchronize(dev.index);
+  }
+  mg::profiler::stop();
+  mg::profiler::export_chrome_trace(g_trace_path);
+  const std::string bad = mg::profiler::validate_chrome_trace(mg::profiler::chrome_trace_json());
+  std::fprintf(stderr, "bench_models: one step's trace, %zu events, in %s (%s)\n", mg::profiler::event_count(),
+               g_trace_path.c_str(), bad.empty() ? "valid" : bad.c_str());
+}
+
 template <class StepFn>
 Result run(StepFn& step, int warmup, int steps, mg::Device dev) {
-  if (!g_graph) return measure(step, warmup, steps, dev);
+  if (!g_graph) {
+    Result r = measure(step, warmup, steps, dev);
+    trace_one_step(step, dev);
+    return r;
+  }
   mg::CapturedStep captured(step, warmup);
   return measure([&] { captured.replay(); }, 2, steps, dev);
 }
@@ -265,20 +293,27 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBack
     opt.zero_grad();
     mg::Tensor loss;
     {
+      mg::profiler::Range r("forward", "phase");
       mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
                       g_dtype != mg::DType::f32);
       loss = loss_of();
     }
     phase_end(g_phases.forward);
     if (g_phases.probe) g_phases.offload_pending = mg::offload_stats().device_bytes;
-    loss.backward();
-    loss = mg::Tensor();
+    {
+      mg::profiler::Range r("backward", "phase");
+      loss.backward();
+      loss = mg::Tensor();
+    }
     phase_end(g_phases.backward);
-    if (in_backward && in_backward->enabled())
-      in_backward->finish();
-    else
-      opt.step();
-    if (g_host_params) g_host_params->provide_casts();  // the next forward's casts of the host parameters
+    {
+      mg::profiler::Range r("optimizer", "phase");
+      if (in_backward && in_backward->enabled())
+        in_backward->finish();
+      else
+        opt.step();
+      if (g_host_params) g_host_params->provide_casts();  // the next forward's casts of the host parameters
+    }
     phase_end(g_phases.optimizer);
   };
 }
@@ -387,6 +422,8 @@ int run_main(int argc, char** argv) {
       memory_cap_gib = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--host-params"))
       host_params = true;
+    else if (!std::strcmp(argv[i], "--trace"))
+      g_trace_path = argv[++i];
     else if (!std::strcmp(argv[i], "--resid-dropout"))
       resid_dropout = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--optimizer"))

@@ -6,6 +6,7 @@
 
 #include "core/enum_name.h"
 #include "core/error.h"
+#include "core/profiler.h"
 
 namespace mg {
 
@@ -21,10 +22,32 @@ MemoryCategoryGuard::MemoryCategoryGuard(MemoryCategory c) : prev_(tl_category) 
 MemoryCategoryGuard::~MemoryCategoryGuard() { tl_category = prev_; }
 MemoryCategory MemoryCategoryGuard::current() { return tl_category; }
 
-CategoryStats& CategoryStats::get(Device d) {
-  // One slot for the CPU and up to 64 CUDA devices; never destroyed (storages may be
-  // released during static destruction).
+namespace {
+// One slot for the CPU and up to 64 CUDA devices; never destroyed (storages may be released
+// during static destruction).
+CategoryStats* stats_slots() {
   static CategoryStats* slots = new CategoryStats[65];
+  return slots;
+}
+
+// A trace's memory counter track for these stats (core/profiler.h): live bytes by category.
+void trace_counters(const CategoryStats* s, const std::array<MemoryCounter, 6>& by_cat, const MemoryCounter& total) {
+  static const std::string* names = [] {
+    auto* n = new std::string[65];
+    n[0] = "memory cpu";
+    for (int i = 0; i < 64; ++i) n[1 + i] = "memory cuda:" + std::to_string(i);
+    return n;
+  }();
+  std::pair<const char*, int64_t> series[7];
+  for (size_t i = 0; i < by_cat.size(); ++i)
+    series[i] = {memory_category_name(static_cast<MemoryCategory>(i)), by_cat[i].current};
+  series[6] = {"total", total.current};
+  profiler::counter(names[s - stats_slots()], series, 7);
+}
+}  // namespace
+
+CategoryStats& CategoryStats::get(Device d) {
+  CategoryStats* slots = stats_slots();
   MG_CHECK(d.is_cpu() || (d.index >= 0 && d.index < 64), DeviceError, "CategoryStats: device index ", d.index,
            " out of range");
   return slots[d.is_cpu() ? 0 : 1 + d.index];
@@ -37,12 +60,14 @@ void CategoryStats::on_alloc(MemoryCategory c, int64_t bytes) {
   total_.add(bytes);
   if (total_.peak > old_peak)
     for (size_t i = 0; i < by_cat_.size(); ++i) at_peak_[i] = by_cat_[i].current;
+  if (profiler::enabled()) trace_counters(this, by_cat_, total_);
 }
 
 void CategoryStats::on_free(MemoryCategory c, int64_t bytes) {
   std::lock_guard<std::mutex> g(mu_);
   by_cat_[static_cast<size_t>(c)].sub(bytes);
   total_.sub(bytes);
+  if (profiler::enabled()) trace_counters(this, by_cat_, total_);
 }
 
 MemoryCounter CategoryStats::counter(MemoryCategory c) const {

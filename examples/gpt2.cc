@@ -28,6 +28,7 @@
 #include "core/autocast.h"
 #include "core/cuda_memory.h"
 #include "core/device_runtime.h"
+#include "core/profiler.h"
 #include "core/random.h"
 #include "data/tokenizer.h"
 #include "distributed/ddp.h"
@@ -342,7 +343,15 @@ int train(Run& r) {
   nlohmann::json history = nlohmann::json::array();
   history.push_back({{"step", ckpt.step}, {"val_loss", initial_val}});
   if (r.lead()) std::cout << "step " << ckpt.step << ": validation loss " << initial_val << std::endl;
+  const int64_t traced_step = ckpt.step + 2;  // --trace: after two warm-up steps
   while (ckpt.step < f.steps) {
+    const bool tracing = !f.trace.empty() && ckpt.step == traced_step;
+    if (tracing) {
+      if (r.device.is_cuda()) cuda::synchronize();
+      profiler::start();
+    }
+    std::optional<profiler::Range> step_range;
+    if (tracing) step_range.emplace("step", "phase");
     const auto t0 = Clock::now();
     zero ? zero->zero_grad() : opt->zero_grad();
     auto [x, y] = r.train.random_batch(f.batch, T, r.device, data_gen);
@@ -370,6 +379,15 @@ int train(Run& r) {
     ++ckpt.step;
     last_loss = loss;
     if (r.device.is_cuda()) cuda::synchronize();
+    if (tracing) {
+      step_range.reset();
+      profiler::stop();
+      profiler::export_chrome_trace(f.trace);
+      const std::string bad = profiler::validate_chrome_trace(profiler::chrome_trace_json());
+      if (r.lead())
+        std::cout << "trace of step " << ckpt.step << ": " << profiler::event_count() << " events in " << f.trace
+                  << (bad.empty() ? " (valid)" : " (" + bad + ")") << std::endl;
+    }
     train_seconds += seconds_since(t0);
     tokens += f.batch * T * r.world;
     char stats[96];

@@ -69,6 +69,8 @@ Memory and speed:
                        backend); or start the ranks yourself with tools/launch --nproc N -- gpt2
   --zero               with several ranks: shard the optimizer state (ZeRO-1)
   --save PATH          write a training checkpoint at every validation and at the end (atomic)
+  --trace PATH         record the third training step (after two warm-up steps) as a Chrome trace
+                       (op, backward-node and phase ranges, memory counters) to open in Perfetto
   --resume PATH        continue from it with the same flags; --stop-after N ends after step N
 Other:
   --seed N (default 0), --device cpu|cuda|cuda:N, --no-progress, --help
@@ -161,6 +163,7 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
               {"--batch", &f.batch},
               {"--steps", &f.steps},
               {"--data", &f.data},
+              {"--trace", &f.trace},
               {"--val-fraction", &f.val_fraction},
               {"--bpe-encoder", &f.bpe_encoder},
               {"--bpe-vocab", &f.bpe_vocab},

@@ -43,6 +43,7 @@ struct GPT2Flags {
   bool zero = false;
   int nproc = 0;
   std::string save, resume;
+  std::string trace;        // --trace: the third step's Chrome trace (core/profiler.h)
   int64_t stop_after = -1;  // end after this step, as a preempted job would
   uint64_t seed = 0;
   std::string device;

@@ -27,6 +27,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/profiler.h"
 
 namespace mg::allocator {
 namespace {
@@ -319,6 +320,7 @@ CachingAllocator::Block* CachingAllocator::alloc_segment(bool small, StreamId st
   }
   void* ptr = device_.malloc(seg_size);
   if (!ptr) return nullptr;
+  profiler::instant("segment alloc", "allocator", {{"bytes", static_cast<int64_t>(seg_size)}});
   Segment* seg = add_segment(reinterpret_cast<std::uintptr_t>(ptr), seg_size, small, stream);
   seg->size = seg_size;
   seg->oversize = seg_size >= max_split_size_;
@@ -449,6 +451,7 @@ CachingAllocator::Block* CachingAllocator::grow_expandable(bool small, StreamId 
     }
     const std::size_t bytes = map_bytes(c, std::min(c->size, hi - c->addr));
     if (!device_.map(reinterpret_cast<void*>(c->addr), bytes)) return give_up();
+    profiler::instant("segment map", "allocator", {{"bytes", static_cast<int64_t>(bytes)}});
     ++stats_.num_device_alloc;
     update(stats_.reserved_bytes, small, static_cast<std::int64_t>(bytes));
     seg->size += bytes;
@@ -489,6 +492,7 @@ std::size_t CachingAllocator::unmap_free_pages(Block* b, std::size_t max_bytes) 
   const std::size_t bytes = hi - lo;
   wait_before_unmap(b);
   device_.unmap(reinterpret_cast<void*>(lo), bytes);
+  profiler::instant("segment unmap", "allocator", {{"bytes", static_cast<int64_t>(bytes)}});
   ++stats_.num_device_free;
   update(stats_.reserved_bytes, s->small, -static_cast<std::int64_t>(bytes));
   s->size -= bytes;
@@ -625,6 +629,7 @@ std::size_t CachingAllocator::release_segment(Segment* s) {
     pool_erase(s->head);
     delete_block(s->head);
     device_.free(reinterpret_cast<void*>(addr));
+    profiler::instant("segment free", "allocator", {{"bytes", static_cast<int64_t>(size)}});
     ++stats_.num_device_free;
     update(stats_.segment, small, -1);
     update(stats_.reserved_bytes, small, -static_cast<std::int64_t>(size));

@@ -9,6 +9,7 @@
 
 #include "core/allocator/caching_allocator.h"
 #include "core/error.h"
+#include "core/profiler.h"
 
 namespace mg::allocator {
 namespace {
@@ -292,6 +293,7 @@ void CachingAllocator::throw_oom(std::size_t bytes, std::size_t size, StreamId s
     m << " Reserved but unallocated memory is at least the request: the cache is fragmented;"
          " try set_expandable_segments(true) (configure(\"expandable_segments:True\")).";
   }
+  profiler::instant("out of memory", "allocator", {{"bytes", static_cast<int64_t>(bytes)}});
   throw OutOfMemoryError(m.str());
 }
 
