@@ -81,6 +81,7 @@
 //   --logits           GPT-2's head and loss as GPT::loss(model(idx)): the [B, T, V] logits
 //                      made and kept (the A/B row; by default GPT::forward_loss, which never
 //                      makes them: linear_cross_entropy)
+// GPT rows under autocast on an H100/H200 add mfu: model FLOPs utilization (llm.c's count).
 // The JSON line carries step_ms (median), step_ms_min / step_ms_max, n_runs, the peak of each
 // phase of one more step (peak_forward_gib: zero_grad, forward and loss; peak_backward_gib;
 // peak_optimizer_gib), what that step offloaded (offloaded_gib; offload_used_in_place: saved
@@ -319,19 +320,31 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBack
 }
 
 // `samples`: what one step consumes (images, or tokens for GPT-2), `unit` names it.
+// The GPT rows' model FLOPs utilization (llm.c's 6 N + 6 L C T a token against the card's dense
+// bf16/f16 tensor-core peak: 989 TFLOP/s on the H100 and H200 SXM): set for GPT rows under
+// autocast on those cards, 0 elsewhere (no "mfu" field).
+double g_flops_per_sample = 0, g_peak_flops = 0;
+double dense_half_peak(int device) {
+  const std::string name = mg::cuda::get_device_properties(device).name;
+  return name.find("H100") != std::string::npos || name.find("H200") != std::string::npos ? 989e12 : 0.0;
+}
+
 void print(const char* model, const std::string& config, const Result& r, int64_t samples, const char* unit) {
+  const double per_s = samples / (r.median_ms / 1000.0);
+  char mfu[32] = "";
+  if (g_flops_per_sample > 0 && g_peak_flops > 0)
+    std::snprintf(mfu, sizeof(mfu), ",\"mfu\":%.4f", per_s * g_flops_per_sample / g_peak_flops);
   std::printf(
       "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"step_ms\":%.2f,\"step_ms_min\":%.2f,"
       "\"step_ms_max\":%.2f,\"n_runs\":%d,\"peak_allocated_gib\":%.3f,\"peak_reserved_gib\":%.3f,"
       "\"nvml_peak_used_gib\":%.3f,\"samples_per_s\":%.0f,\"sample_unit\":\"%s\",\"peak_forward_gib\":%.3f,"
       "\"peak_backward_gib\":%.3f,\"peak_optimizer_gib\":%.3f,\"offloaded_gib\":%.3f,\"offload_used_in_place\":%lld,"
-      "\"offload_pending_gib\":%.3f}"
+      "\"offload_pending_gib\":%.3f%s}"
       "\n",
       model, config.c_str(), r.median_ms, r.min_ms, r.max_ms, r.n_runs, r.peak_alloc / 1073741824.0,
-      r.peak_reserved / 1073741824.0, r.nvml_peak_gib, samples / (r.median_ms / 1000.0), unit,
-      g_phases.forward / 1073741824.0, g_phases.backward / 1073741824.0, g_phases.optimizer / 1073741824.0,
-      r.offload.offloaded_bytes / 1073741824.0, static_cast<long long>(r.offload.used_in_place),
-      g_phases.offload_pending / 1073741824.0);
+      r.peak_reserved / 1073741824.0, r.nvml_peak_gib, per_s, unit, g_phases.forward / 1073741824.0,
+      g_phases.backward / 1073741824.0, g_phases.optimizer / 1073741824.0, r.offload.offloaded_bytes / 1073741824.0,
+      static_cast<long long>(r.offload.used_in_place), g_phases.offload_pending / 1073741824.0, mfu);
   std::fflush(stdout);
 }
 
@@ -537,6 +550,8 @@ int run_main(int argc, char** argv) {
     mg::cuda::empty_cache();
     const mg::nn::GPTConfig cfg = mg::nn::gpt_preset(gpt_size);  // --gpt; gpt2: 124M, vocab 50304, T=1024
     const std::string label = gpt_size == "gpt2" ? "gpt2-124M" : gpt_size;
+    g_flops_per_sample = mg::nn::gpt_flops_per_token(cfg, seq);
+    if (g_dtype != mg::DType::f32) g_peak_flops = dense_half_peak(dev.index);
     const int64_t B = batch_or(8), T = seq;
     if (T > cfg.block_size) {
       std::fprintf(stderr, "bench_models: --seq %lld exceeds GPT-2's context of %lld\n", static_cast<long long>(T),

@@ -55,6 +55,7 @@ UNITS = (
     ("_in_place", "count"),
     ("launches", "count"),
     ("passed", "bool"),
+    ("mfu", "fraction"),
 )
 # Numeric fields that describe the configuration although their names carry a unit.
 CONFIG_FIELDS = {"decode_us", "tensor_mib", "batch_per_rank", "seq", "params", "world", "workers", "tensors",

@@ -21,7 +21,7 @@ class UnitTest(unittest.TestCase):
             "offload_used_in_place": "count", "device_calls": "count", "passed": "bool",
             "tokens_per_s": "tokens/s", "samples_per_s": "samples/s", "images_per_s": "images/s",
             "GB/s": "GB/s", "TFLOP/s": "TFLOP/s", "of_copy": "x", "vs_simt": "x", "speedup_vs_f32": "x",
-            "ratio_vs_0_workers": "x", "reserved_over_alloc": "x",
+            "ratio_vs_0_workers": "x", "reserved_over_alloc": "x", "mfu": "fraction",
         }
         for name, unit in cases.items():
             self.assertEqual(records.unit_of(name), unit, name)

@@ -228,4 +228,14 @@ int64_t gpt_num_params(const GPTConfig& c) {
   return c.vocab_size * d + c.block_size * d + c.n_layer * block + (1 + b) * d + head;
 }
 
+double gpt_flops_per_token(const GPTConfig& cfg, int64_t T) {
+  return 6.0 * static_cast<double>(gpt_num_params(cfg)) +
+         6.0 * static_cast<double>(cfg.n_layer) * static_cast<double>(cfg.n_embd) * static_cast<double>(T);
+}
+
+double gpt_mfu(const GPTConfig& cfg, int64_t T, double tokens_per_s, double peak_flops) {
+  MG_CHECK(peak_flops > 0, ValueError, "gpt_mfu: the peak must be > 0 FLOP/s, got ", peak_flops);
+  return tokens_per_s * gpt_flops_per_token(cfg, T) / peak_flops;
+}
+
 }  // namespace mg::nn

@@ -36,6 +36,11 @@ std::vector<std::string> gpt_preset_names();
 // The number of parameters GPT(cfg) holds (a tied head counted once), without building it:
 // V d + T d + L (12 d^2 + 13 d) + 2 d with biases.
 int64_t gpt_num_params(const GPTConfig& cfg);
+// Training FLOPs per token at sequence length T, llm.c's count: 6 N (forward and backward of
+// every weight) + 6 L C T (the attention scores and their weighted sum, forward and backward).
+double gpt_flops_per_token(const GPTConfig& cfg, int64_t T);
+// Model FLOPs utilization: `tokens_per_s` times gpt_flops_per_token, over `peak_flops`.
+double gpt_mfu(const GPTConfig& cfg, int64_t T, double tokens_per_s, double peak_flops);
 
 class GPT : public Module {
  public:

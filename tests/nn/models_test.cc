@@ -168,6 +168,12 @@ TEST(GPT, PresetsAndParameterCounts) {
     }
   EXPECT_NE(testing::error_of([] { gpt_preset("gpt2-xxl"); }).find("unknown model \"gpt2-xxl\" (valid: gpt2, "),
             std::string::npos);
+  // llm.c's FLOPs a token, 6 N + 6 L C T: GPT-2 124M at T = 1024 (N = 124,475,904 at vocab 50304).
+  const GPTConfig small = gpt_preset("gpt2");
+  EXPECT_EQ(gpt_flops_per_token(small, 1024), 6.0 * 124475904 + 6.0 * 12 * 768 * 1024);
+  // 400K tokens/s against a 989 TFLOP/s peak: 0.326 of it.
+  EXPECT_NEAR(gpt_mfu(small, 1024, 4e5, 989e12), 4e5 * (6.0 * 124475904 + 6.0 * 12 * 768 * 1024) / 989e12, 1e-12);
+  EXPECT_NE(testing::error_of([&] { gpt_mfu(small, 1024, 1.0, 0.0); }).find("peak must be > 0"), std::string::npos);
 }
 
 TEST(GPT, FusedResidualNormAndMlpMatchPlainComposition) {
