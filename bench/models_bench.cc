@@ -413,6 +413,7 @@ int run_main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--selective")) selective = true;
     if (!std::strcmp(argv[i], "--step-in-backward")) in_backward = true;
     if (!std::strcmp(argv[i], "--channels-last")) channels_last = true;
+    if (!std::strcmp(argv[i], "--host-params")) host_params = true;  // a switch: read here, last or not
   }
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--dtype"))
@@ -433,8 +434,6 @@ int run_main(int argc, char** argv) {
       gpt_size = argv[++i];
     else if (!std::strcmp(argv[i], "--memory-cap"))
       memory_cap_gib = std::atof(argv[++i]);
-    else if (!std::strcmp(argv[i], "--host-params"))
-      host_params = true;
     else if (!std::strcmp(argv[i], "--trace"))
       g_trace_path = argv[++i];
     else if (!std::strcmp(argv[i], "--resid-dropout"))
