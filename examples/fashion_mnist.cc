@@ -14,6 +14,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/device_runtime.h"
+#include "core/profiler.h"
 #include "core/random.h"
 #include "data/dataloader.h"
 #include "data/fashion_mnist.h"
@@ -91,6 +93,7 @@ struct Flags {
   int workers = 0;                     // DataLoader worker threads
   std::string amp = "off";             // off, f16 (+ GradScaler) or bf16 autocast
   std::string save_path, resume_path;  // training checkpoints (safetensors, atomic)
+  std::string trace_path;              // --trace: the third training batch as a Chrome trace
   int64_t stop_after = -1;             // end the run after this epoch (as if preempted)
   bool pin_memory = false;
   bool cuda_graph = false;  // replay one captured training step (mg::CapturedStep)
@@ -127,6 +130,8 @@ accuracy and the peak memory by category after each epoch, and one JSON line at 
   --amp MODE          off (default), f16 (autocast + GradScaler; CUDA) or bf16 (autocast)
   --save PATH         write a training checkpoint (model, optimizer, schedule, GradScaler,
                       RNG, epoch) to PATH after every epoch, atomically
+  --trace PATH        record the third training batch (forward, backward, step) as a Chrome trace
+                      to open in Perfetto (docs/profiling.md)
   --resume PATH       continue from a checkpoint written by --save with the same flags
   --stop-after N      end this run after epoch N, as a preempted job would (with --save,
                       a later --resume finishes it bit-identically)
@@ -165,6 +170,7 @@ Flags parse_flags(int argc, char** argv) {
               {"--data-dir", &f.data_dir},
               {"--amp", &f.amp},
               {"--save", &f.save_path},
+              {"--trace", &f.trace_path},
               {"--resume", &f.resume_path},
               {"--stop-after", &f.stop_after},
               {"--workers", &f.workers},
@@ -381,7 +387,20 @@ int run(const Flags& f) {
     int64_t batches = 0, epoch_images = 0;
     for (auto it = train_loader.begin(); it != train_loader.end(); ++it) {
       mg::Tensor x = it->data.to(device), y = it->target.to(device);
+      const bool tracing = !f.trace_path.empty() && epoch == first_epoch && it.batch() == 2;
+      if (tracing) mg::profiler::start();
+      std::optional<mg::profiler::Range> traced;
+      if (tracing) traced.emplace("step", "phase");
       const mg::Tensor loss = f.cuda_graph && x.size(0) == f.batch_size ? graphed.step(x, y) : train_step(x, y);
+      if (tracing) {
+        if (device.is_cuda()) mg::cuda::synchronize();
+        traced.reset();
+        mg::profiler::stop();
+        mg::profiler::export_chrome_trace(f.trace_path);
+        const std::string bad = mg::profiler::validate_chrome_trace(mg::profiler::chrome_trace_json());
+        std::cout << "trace of batch 3: " << mg::profiler::event_count() << " events in " << f.trace_path
+                  << (bad.empty() ? " (valid)" : " (" + bad + ")") << std::endl;
+      }
       schedule.after_batch();
       ++ckpt.step;
       const double l = loss.item();
