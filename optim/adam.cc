@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <unordered_map>
 
 #include "autograd/autocast_policy.h"
@@ -12,6 +13,7 @@
 #include "core/device_runtime.h"
 #include "kernels/ops.h"
 #include "kernels/optim.h"
+#include "kernels/optim_math.h"
 #include "optim/bf16_update.h"
 
 namespace mg::optim {
@@ -259,6 +261,67 @@ void Adam::step() {
     for (auto& [key, l] : fused) run(l, false);
     for (auto& [key, l] : fused8) run(l, true);
   }
+}
+
+namespace {
+// The 8-bit codes and per-block absmax of f32 values `v` (kernels/optim_math.h's rule, as a step
+// stores them), and the f32 values codes and scales stand for.
+std::pair<std::vector<uint8_t>, std::vector<float>> quantize_blocks(const std::vector<float>& v, bool is_signed) {
+  const float* code = kernels::quant_code(is_signed);
+  const int64_t n = static_cast<int64_t>(v.size()), nb = kernels::quant_blocks(n);
+  std::vector<uint8_t> q(v.size());
+  std::vector<float> absmax(nb, 0.0f);
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t lo = b * kernels::optim_math::kQuantBlock, hi = std::min(n, lo + kernels::optim_math::kQuantBlock);
+    for (int64_t i = lo; i < hi; ++i) absmax[b] = kernels::optim_math::nan_max_abs(absmax[b], v[i]);
+    for (int64_t i = lo; i < hi; ++i)
+      q[i] = kernels::optim_math::quantize_nearest(code, kernels::optim_math::quant_normalize(v[i], absmax[b]));
+  }
+  return {q, absmax};
+}
+std::vector<float> dequantize_blocks(const std::vector<uint8_t>& q, const std::vector<float>& absmax, bool is_signed) {
+  const float* code = kernels::quant_code(is_signed);
+  std::vector<float> v(q.size());
+  for (size_t i = 0; i < q.size(); ++i) v[i] = code[q[i]] * absmax[i / kernels::optim_math::kQuantBlock];
+  return v;
+}
+}  // namespace
+
+std::optional<StateDict> Adam::converted_state_dict(const StateDict& sd, const std::string& saved_type) const {
+  const bool to_8bit = name() == "AdamW8bit" && saved_type == "AdamW";
+  const bool from_8bit = name() == "AdamW" && saved_type == "AdamW8bit";
+  if (!to_8bit && !from_8bit) return std::nullopt;
+  StateDict out = sd;
+  out.meta["type"] = name();
+  std::vector<const Tensor*> params;
+  for (const ParamGroup& g : param_groups())
+    for (const Tensor& p : g.params) params.push_back(&p);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string pre = "state." + std::to_string(i) + ".";
+    auto m = out.tensors.find(pre + "exp_avg"), v = out.tensors.find(pre + "exp_avg_sq");
+    if (m == out.tensors.end() || v == out.tensors.end()) continue;  // no state, or a malformed one: checked later
+    const Tensor& p = *params[i];
+    const bool codes = m->second.dtype() == DType::u8 && out.tensors.count(pre + "exp_avg_absmax") &&
+                       out.tensors.count(pre + "exp_avg_sq_absmax");
+    if (to_8bit && quantized(p) && !codes && m->second.numel() == p.numel() && v->second.numel() == p.numel()) {
+      for (auto [it, is_signed, scale] :
+           {std::tuple{m, true, "exp_avg_absmax"}, std::tuple{v, false, "exp_avg_sq_absmax"}}) {
+        auto [q, absmax] = quantize_blocks(it->second.to(DType::f32).to_vector<float>(), is_signed);
+        it->second = from_vector<uint8_t>(q, p.sizes());
+        out.tensors[pre + scale] = from_vector<float>(absmax, {static_cast<int64_t>(absmax.size())});
+      }
+    } else if (from_8bit && codes) {
+      for (auto [it, is_signed, scale] :
+           {std::tuple{m, true, "exp_avg_absmax"}, std::tuple{v, false, "exp_avg_sq_absmax"}}) {
+        const Tensor& a = out.tensors.at(pre + scale);
+        it->second = from_vector<float>(
+            dequantize_blocks(it->second.to_vector<uint8_t>(), a.to(DType::f32).to_vector<float>(), is_signed),
+            it->second.sizes());
+        out.tensors.erase(pre + scale);
+      }
+    }
+  }
+  return out;
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions defaults)

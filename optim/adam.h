@@ -65,6 +65,9 @@ class Adam : public Optimizer {
   Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions defaults, bool decoupled);
   void validate(const ParamGroup& group) const override;
   StateSpec state_spec(const std::map<std::string, double>& options, const Tensor& param) const override;
+  // AdamW's state into AdamW8bit (the moments quantized as a step would store them) and
+  // AdamW8bit's into AdamW (the codes read back to f32): a checkpoint of either resumes in the other.
+  std::optional<StateDict> converted_state_dict(const StateDict& sd, const std::string& saved_type) const override;
 
  private:
   // The weights whose next autocast cast this step writes (AdamOptions::write_autocast_casts).

@@ -203,6 +203,8 @@ StagedLoad Optimizer::stage_state_dict(const StateDict& sd) {
   MG_CHECK(m.is_object() && m.contains("type") && m.contains("param_groups") && m.contains("state"), ValueError, op,
            ": meta lacks \"type\", \"param_groups\" or \"state\"");
   const std::string type = m["type"].is_string() ? m["type"].get<std::string>() : m["type"].dump();
+  if (type != name_)
+    if (std::optional<StateDict> converted = converted_state_dict(sd, type)) return stage_state_dict(*converted);
   MG_CHECK(type == name_, ValueError, op, ": the state was saved by a ", type, " optimizer");
   const nlohmann::json& jgroups = m["param_groups"];
   MG_CHECK(jgroups.is_array() && jgroups.size() == groups_.size(), ValueError, op, ": saved state has ",

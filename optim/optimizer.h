@@ -117,6 +117,14 @@ class Optimizer {
     DType dtype = DType::f32;
   };
   virtual StateSpec state_spec(const std::map<std::string, double>& options, const Tensor& param) const = 0;
+  // A state dict saved by another optimizer type (`saved_type`) converted into this one's layout,
+  // when this optimizer knows how (AdamW's f32 moments and AdamW8bit's codes); nullopt otherwise,
+  // and loading it is then refused naming both types.
+  virtual std::optional<StateDict> converted_state_dict(const StateDict& sd, const std::string& saved_type) const {
+    (void)sd;
+    (void)saved_type;
+    return std::nullopt;
+  }
   // Creates the state on first use. Call under MemoryCategoryGuard(OptimizerState). Creating
   // it inside a CUDA graph capture is a ValueError (the graph would reset it on every replay).
   ParamState& state_for(const Tensor& p);

@@ -198,8 +198,11 @@ TEST(AdamW8bit, BadLoadsAndOptionsSaySo) {
   f32.step();
   AdamW8bit q({w});
   auto message = [](const auto& f) { return testing::error_of(f); };
-  // f32 AdamW state into the 8-bit optimizer: refused, naming both.
-  EXPECT_NE(message([&] { q.load_state_dict(f32.state_dict()); }).find("saved by a AdamW optimizer"),
+  // Another optimizer's state is refused, naming both.
+  AdamOptions plain;
+  Adam adam({w}, plain);
+  adam.step();
+  EXPECT_NE(message([&] { q.load_state_dict(adam.state_dict()); }).find("saved by a Adam optimizer"),
             std::string::npos);
   q.step();
   StateDict sd = q.state_dict();
@@ -223,6 +226,54 @@ TEST(AdamW8bit, BadLoadsAndOptionsSaySo) {
   o = AdamW8bitOptions();
   o.fused = false;
   EXPECT_NE(message([&] { AdamW8bit({w}, o); }).find("needs fused = true"), std::string::npos);
+}
+
+// A checkpoint of either optimizer resumes in the other: AdamW's f32 moments are quantized as a
+// step would store them (the codes of the written-out rule, block by block), AdamW8bit's codes are
+// read back to f32 exactly; options and steps carry over, and training goes on.
+TEST(AdamW8bit, StateConvertsBetweenAdamWAndAdamW8bit) {
+  manual_seed(4);
+  const Tensor init = randn({5000});
+  Tensor a = nn::parameter(init.clone()), b = nn::parameter(init.clone());
+  AdamW f32({a});
+  AdamW8bit q({b});
+  for (int s = 0; s < 3; ++s) {
+    const Tensor g = randn({5000});
+    a.set_grad(g);
+    b.set_grad(g.clone());
+    f32.step();
+    q.step();
+  }
+  // AdamW -> AdamW8bit.
+  Tensor c = nn::parameter(a.detach().clone());
+  AdamW8bit into8(std::vector<Tensor>{c});
+  into8.load_state_dict(f32.state_dict());
+  const auto m32 = f32.state(a)->buffers.at("exp_avg").to_vector<float>();
+  const ParamState* s8 = into8.state(c);
+  ASSERT_NE(s8, nullptr);
+  EXPECT_EQ(s8->step, 3);
+  const auto codes = s8->buffers.at("exp_avg").to_vector<uint8_t>();
+  const auto absmax = s8->buffers.at("exp_avg_absmax").to_vector<float>();
+  ASSERT_EQ(absmax.size(), 3u);
+  for (size_t i = 0; i < codes.size(); ++i) {
+    const float am = absmax[i / kBlock];
+    ASSERT_EQ(codes[i], nearest(kernels::quant_code(true), am > 0 ? m32[i] / am : 0.0f)) << "element " << i;
+  }
+  // AdamW8bit -> AdamW: the f32 moments are what the codes stand for.
+  Tensor d = nn::parameter(b.detach().clone());
+  AdamW from8(std::vector<Tensor>{d});
+  from8.load_state_dict(q.state_dict());
+  const auto qm = q.state(b)->buffers.at("exp_avg").to_vector<uint8_t>();
+  const auto qa = q.state(b)->buffers.at("exp_avg_absmax").to_vector<float>();
+  const auto back = from8.state(d)->buffers.at("exp_avg").to_vector<float>();
+  for (size_t i = 0; i < back.size(); ++i) ASSERT_EQ(back[i], kernels::quant_code(true)[qm[i]] * qa[i / kBlock]);
+  EXPECT_EQ(from8.state(d)->buffers.count("exp_avg_absmax"), 0u);
+  // Both go on training.
+  for (Tensor* p : {&c, &d}) p->set_grad(ones_like(*p));
+  into8.step();
+  from8.step();
+  EXPECT_EQ(into8.state(c)->step, 4);
+  EXPECT_EQ(from8.state(d)->step, 4);
 }
 
 }  // namespace
