@@ -324,10 +324,6 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBack
 // bf16/f16 tensor-core peak: 989 TFLOP/s on the H100 and H200 SXM): set for GPT rows under
 // autocast on those cards, 0 elsewhere (no "mfu" field).
 double g_flops_per_sample = 0, g_peak_flops = 0;
-double dense_half_peak(int device) {
-  const std::string name = mg::cuda::get_device_properties(device).name;
-  return name.find("H100") != std::string::npos || name.find("H200") != std::string::npos ? 989e12 : 0.0;
-}
 
 void print(const char* model, const std::string& config, const Result& r, int64_t samples, const char* unit) {
   const double per_s = samples / (r.median_ms / 1000.0);
@@ -550,7 +546,8 @@ int run_main(int argc, char** argv) {
     const mg::nn::GPTConfig cfg = mg::nn::gpt_preset(gpt_size);  // --gpt; gpt2: 124M, vocab 50304, T=1024
     const std::string label = gpt_size == "gpt2" ? "gpt2-124M" : gpt_size;
     g_flops_per_sample = mg::nn::gpt_flops_per_token(cfg, seq);
-    if (g_dtype != mg::DType::f32) g_peak_flops = dense_half_peak(dev.index);
+    if (g_dtype != mg::DType::f32)
+      g_peak_flops = mg::nn::dense_half_peak_flops(mg::cuda::get_device_properties(dev.index).name);
     const int64_t B = batch_or(8), T = seq;
     if (T > cfg.block_size) {
       std::fprintf(stderr, "bench_models: --seq %lld exceeds GPT-2's context of %lld\n", static_cast<long long>(T),

@@ -439,11 +439,9 @@ int train(Run& r) {
   };
   // Model FLOPs utilization against the dense f16/bf16 tensor-core peak of an H100 or H200 SXM
   // (989 TFLOP/s), for a run under autocast on one: llm.c's 6 N + 6 L C T FLOPs a token.
-  if (r.device.is_cuda() && r.amp) {
-    const std::string card = cuda::get_device_properties(r.device.index).name;
-    if (card.find("H100") != std::string::npos || card.find("H200") != std::string::npos)
-      out["mfu"] = nn::gpt_mfu(r.model->config, T, out["tokens_per_second"].get<double>() / r.world, 989e12);
-  }
+  if (r.device.is_cuda() && r.amp)
+    if (const double peak = nn::dense_half_peak_flops(cuda::get_device_properties(r.device.index).name); peak > 0)
+      out["mfu"] = nn::gpt_mfu(r.model->config, T, out["tokens_per_second"].get<double>() / r.world, peak);
   std::cout << "peak memory: " << examples::memory_line(out["peak_bytes"]) << "\n" << out.dump() << std::endl;
   return 0;
 }

@@ -9,6 +9,7 @@
 #endif
 
 #include <cmath>
+#include <cstdint>
 
 namespace mg::kernels::optim_math {
 
@@ -156,6 +157,16 @@ MG_OPTIM_HD float quant_normalize(float x, float absmax) { return absmax > 0.0f 
 MG_OPTIM_HD float nan_max_abs(float a, float b) {
   b = b < 0.0f ? -b : b;
   return (a != a || b != b) ? (a != a ? a : b) : (b > a ? b : a);
+}
+
+// One block of n (<= kQuantBlock) f32 values stored as codes: q[i] the nearest code to
+// v[i] / absmax; returns the block's absmax. The host's quantization (the CPU update, a state
+// dict's conversion); the CUDA kernel does the same with a block reduction.
+inline float quantize_block(const float* v, int64_t n, const float* code, unsigned char* q) {
+  float absmax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) absmax = nan_max_abs(absmax, v[i]);
+  for (int64_t i = 0; i < n; ++i) q[i] = quantize_nearest(code, quant_normalize(v[i], absmax));
+  return absmax;
 }
 
 }  // namespace mg::kernels::optim_math

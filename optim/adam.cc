@@ -267,16 +267,12 @@ namespace {
 // The 8-bit codes and per-block absmax of f32 values `v` (kernels/optim_math.h's rule, as a step
 // stores them), and the f32 values codes and scales stand for.
 std::pair<std::vector<uint8_t>, std::vector<float>> quantize_blocks(const std::vector<float>& v, bool is_signed) {
-  const float* code = kernels::quant_code(is_signed);
-  const int64_t n = static_cast<int64_t>(v.size()), nb = kernels::quant_blocks(n);
+  const int64_t n = static_cast<int64_t>(v.size()), nb = kernels::quant_blocks(n), B = kernels::optim_math::kQuantBlock;
   std::vector<uint8_t> q(v.size());
-  std::vector<float> absmax(nb, 0.0f);
-  for (int64_t b = 0; b < nb; ++b) {
-    const int64_t lo = b * kernels::optim_math::kQuantBlock, hi = std::min(n, lo + kernels::optim_math::kQuantBlock);
-    for (int64_t i = lo; i < hi; ++i) absmax[b] = kernels::optim_math::nan_max_abs(absmax[b], v[i]);
-    for (int64_t i = lo; i < hi; ++i)
-      q[i] = kernels::optim_math::quantize_nearest(code, kernels::optim_math::quant_normalize(v[i], absmax[b]));
-  }
+  std::vector<float> absmax(nb);
+  for (int64_t b = 0; b < nb; ++b)
+    absmax[b] = kernels::optim_math::quantize_block(v.data() + b * B, std::min(B, n - b * B),
+                                                    kernels::quant_code(is_signed), q.data() + b * B);
   return {q, absmax};
 }
 std::vector<float> dequantize_blocks(const std::vector<uint8_t>& q, const std::vector<float>& absmax, bool is_signed) {

@@ -69,19 +69,13 @@ void adam8bit_cpu(const AdamTensors& t, const AdamHyper& h, const DeviceScalars&
       std::vector<float> m(B), v(B);
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t begin = b * B, len = std::min(B, n - begin);
-        float new_am = 0.0f, new_av = 0.0f;
         for (int64_t j = 0; j < len; ++j) {
           float mj = code_m[mq[begin + j]] * am[b], vj = code_v[vq[begin + j]] * av[b];
           optim_math::adam_element<float>(p[begin + j], g[begin + j], mj, vj, nullptr, s, step_size, bc2_sqrt);
           m[j] = mj, v[j] = vj;
-          new_am = optim_math::nan_max_abs(new_am, mj);
-          new_av = optim_math::nan_max_abs(new_av, vj);
         }
-        for (int64_t j = 0; j < len; ++j) {
-          mq[begin + j] = optim_math::quantize_nearest(code_m, optim_math::quant_normalize(m[j], new_am));
-          vq[begin + j] = optim_math::quantize_nearest(code_v, optim_math::quant_normalize(v[j], new_av));
-        }
-        am[b] = new_am, av[b] = new_av;
+        am[b] = optim_math::quantize_block(m.data(), len, code_m, mq + begin);
+        av[b] = optim_math::quantize_block(v.data(), len, code_v, vq + begin);
       }
     });
   }

@@ -233,6 +233,10 @@ double gpt_flops_per_token(const GPTConfig& cfg, int64_t T) {
          6.0 * static_cast<double>(cfg.n_layer) * static_cast<double>(cfg.n_embd) * static_cast<double>(T);
 }
 
+double dense_half_peak_flops(const std::string& device_name) {
+  return device_name.find("H100") != std::string::npos || device_name.find("H200") != std::string::npos ? 989e12 : 0.0;
+}
+
 double gpt_mfu(const GPTConfig& cfg, int64_t T, double tokens_per_s, double peak_flops) {
   MG_CHECK(peak_flops > 0, ValueError, "gpt_mfu: the peak must be > 0 FLOP/s, got ", peak_flops);
   return tokens_per_s * gpt_flops_per_token(cfg, T) / peak_flops;

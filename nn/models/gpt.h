@@ -39,6 +39,9 @@ int64_t gpt_num_params(const GPTConfig& cfg);
 // Training FLOPs per token at sequence length T, llm.c's count: 6 N (forward and backward of
 // every weight) + 6 L C T (the attention scores and their weighted sum, forward and backward).
 double gpt_flops_per_token(const GPTConfig& cfg, int64_t T);
+// The dense f16/bf16 tensor-core peak of the card named `device_name` (a CUDA device's name): 989
+// TFLOP/s for the H100 and H200 SXM, 0 for a card this table does not know.
+double dense_half_peak_flops(const std::string& device_name);
 // Model FLOPs utilization: `tokens_per_s` times gpt_flops_per_token, over `peak_flops`.
 double gpt_mfu(const GPTConfig& cfg, int64_t T, double tokens_per_s, double peak_flops);
 

@@ -174,6 +174,9 @@ TEST(GPT, PresetsAndParameterCounts) {
   // 400K tokens/s against a 989 TFLOP/s peak: 0.326 of it.
   EXPECT_NEAR(gpt_mfu(small, 1024, 4e5, 989e12), 4e5 * (6.0 * 124475904 + 6.0 * 12 * 768 * 1024) / 989e12, 1e-12);
   EXPECT_NE(testing::error_of([&] { gpt_mfu(small, 1024, 1.0, 0.0); }).find("peak must be > 0"), std::string::npos);
+  EXPECT_EQ(dense_half_peak_flops("NVIDIA H100 80GB HBM3"), 989e12);
+  EXPECT_EQ(dense_half_peak_flops("NVIDIA H200"), 989e12);
+  EXPECT_EQ(dense_half_peak_flops("NVIDIA A100-SXM4-80GB"), 0.0);  // not in the table: no MFU
 }
 
 TEST(GPT, FusedResidualNormAndMlpMatchPlainComposition) {
