@@ -7,7 +7,7 @@ set -euo pipefail
 PACKAGES=(
   bazel-bootstrap bazel-rules-java build-essential
   libgtest-dev libbenchmark-dev libeigen3-dev zlib1g-dev nlohmann-json3-dev
-  dataset-fashion-mnist python3 clang-format
+  dataset-fashion-mnist python3 clang-format cmake ccache
 )
 
 missing=()
