@@ -5,7 +5,8 @@ packages, the C++ tests under tests/, the main job (//examples:fashion_mnist), a
 depend on. This script reads the BUILD.bazel files (Starlark parsed as Python, with the project's
 macros expanded the way tools/defs.bzl, tests/defs.bzl and tools/cuda/cuda.bzl define them) and
 compares them with that file, target by target: a source, header, dependency, copt or linkopt
-that one build lists and the other does not fails the check, and so does a target only one has.
+that one build lists and the other does not fails the check, and so does a target only one has,
+a plain cc_* rule CMake would need, or an attribute CMake does not mirror (defines, includes, ...).
 
     python3 tools/check_cmake_sources.py           # exit 1 and name each difference (CI runs it)
     python3 tools/check_cmake_sources.py --write   # rewrite cmake/bazel_targets.cmake from Bazel
@@ -32,6 +33,12 @@ LISTS = ["SRCS", "HDRS", "DEPS", "COPTS", "LINKOPTS"]
 CONDITIONS = {"": "", "cuda": "CUDA_", "nocuda": "NOCUDA_"}
 FLAGS = ["ALWAYSLINK", "CUDA_ONLY", "TESTONLY", "CORE_ONLY", "GPU"]
 KINDS = ["library", "test", "binary"]
+
+# The attributes CMake mirrors, and those that do not change what is compiled or linked. Any
+# other (defines, includes, local_defines, ...) fails the check until CMake learns it.
+MIRRORED = {"name", "srcs", "hdrs", "deps", "copts", "linkopts", "alwayslink", "testonly", "cuda_only",
+            "core_only", "tags", "size"}
+IGNORED = {"visibility", "data", "timeout", "shard_count", "flaky", "args", "env", "linkstatic"}
 
 # tests/defs.bzl: what every test links.
 TEST_COMMON_DEPS = ["//core:core", "//core:runtime", "@system_gtest//:gtest_main"]
@@ -130,6 +137,15 @@ def expand(call, package):
         kw[k.arg] = evaluate(k.value, "//%s:%s" % (package, k.arg))
     name = kw["name"]
     label = "//%s:%s" % (package, name)
+    if rule in ("cc_library", "cc_binary", "cc_test"):
+        t = Target("unsupported", label)
+        t.why = "a plain %s; CMake mirrors the project's macros (tools/defs.bzl, tests/defs.bzl)" % rule
+        return t
+    unknown = sorted(set(kw) - MIRRORED - IGNORED)
+    if unknown:
+        t = Target("unsupported", label)
+        t.why = "%s not mirrored by CMake (cmake/memgrad_targets.cmake)" % ", ".join(unknown)
+        return t
 
     def lst(key, default=None):
         v = kw.get(key)
@@ -193,7 +209,7 @@ def expand(call, package):
         if "hdrs" not in kw:
             hdrs = Cond([name + ".h"])
     else:
-        raise BuildError("%s: plain %s; use the project's macros (tools/defs.bzl)" % (label, rule))
+        raise BuildError("%s: %s is not mirrored" % (label, rule))
 
     t = Target(kind, label)
     t.flags = flags
@@ -240,11 +256,11 @@ def bazel_targets():
     roots = []
     for top in LIBRARY_DIRS:
         for pkg in packages_under(top):
-            roots += [t.label for t in read_package(pkg, cache).values() if t.kind == "library"]
+            roots += [t.label for t in read_package(pkg, cache).values() if t.kind in ("library", "unsupported")]
     for top in TEST_DIRS:
         for pkg in packages_under(top):
             roots += [t.label for t in read_package(pkg, cache).values()
-                      if t.kind == "test" or (t.kind == "library" and "TESTONLY" in t.flags)]
+                      if t.kind in ("test", "unsupported") or (t.kind == "library" and "TESTONLY" in t.flags)]
     roots += EXTRA_ROOTS
 
     order, seen = [], set()
@@ -261,6 +277,8 @@ def bazel_targets():
         if t is None:
             raise BuildError("%s is needed (by %s) but not a C++ target CMake can build" % (
                 label, path[-1] if path else "the roots"))
+        if t.kind == "unsupported":
+            raise BuildError("%s: %s" % (label, t.why))
         for d in t.deps():
             visit(d, path + [label])
         seen.add(label)

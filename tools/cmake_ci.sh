@@ -51,20 +51,18 @@ fail() {
 cmake -S . -B "$B" -DMEMGRAD_CUDA=OFF "${LAUNCHER[@]}" >"$ROOT/build/cmake-configure.log" 2>&1 ||
   { cat "$ROOT/build/cmake-configure.log"; fail "configure"; }
 step "configure"
+built=0
 if [ $rc -eq 0 ]; then
-  cmake --build "$B" -j "$JOBS" >"$ROOT/build/cmake-build.log" 2>&1 ||
+  cmake --build "$B" -j "$JOBS" >"$ROOT/build/cmake-build.log" 2>&1 && built=1 ||
     { grep -E -B2 -A8 "error|Error" "$ROOT/build/cmake-build.log" | head -80; fail "build"; }
 fi
 step "build (library, main job, tests)"
 command -v ccache >/dev/null && ccache -s | grep -E "Hits|Misses" | tr -s ' ' | tr '\n' ' ' && echo
 
-ctest_rc=1
-if [ $rc -eq 0 ]; then
-  ctest --test-dir "$B" -j "$JOBS" --output-on-failure "$@"
-  ctest_rc=$?
-  [ $ctest_rc -eq 0 ] || fail "ctest"
+if [ $built -eq 1 ]; then
+  ctest --test-dir "$B" -j "$JOBS" --output-on-failure "$@" || fail "ctest"
+  step "ctest"
 fi
-step "ctest"
 summary=$(python3 tools/count_tests.py "$B/testlogs" 2>/dev/null | tail -1)
 # A test binary that failed without a failing case in its XML (a crash, a timeout) counts as one.
 extra=0
@@ -75,12 +73,10 @@ if [ -f "$B/Testing/Temporary/LastTestsFailed.log" ]; then
   done <"$B/Testing/Temporary/LastTestsFailed.log"
 fi
 
-if [ $rc -eq 0 ]; then
+# find_package(memgrad CONFIG) against the install, then FetchContent of this source tree.
+if [ $built -eq 1 ]; then
   cmake --install "$B" --prefix "$PREFIX" >/dev/null || fail "install"
   step "install"
-fi
-# find_package(memgrad CONFIG) against the install, then FetchContent of this source tree.
-if [ $rc -eq 0 ]; then
   { cmake -S examples/embed_cmake -B "$EMBED/package" -DCMAKE_PREFIX_PATH="$PREFIX" "${LAUNCHER[@]}" >/dev/null &&
     cmake --build "$EMBED/package" -j "$JOBS" >/dev/null && "$EMBED/package/train_two_layer"; } ||
     fail "examples/embed_cmake with find_package"
