@@ -1,6 +1,7 @@
 #include "autograd/autocast_policy.h"
 
 #include <memory>
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -233,6 +234,30 @@ bool widen_needed(std::initializer_list<const Tensor*> ts) {
 
 Tensor widen(const Tensor& t) { return t.defined() && is_half(t.dtype()) ? t.to(DType::f32) : t; }
 
+namespace {
+struct CastSources {
+  std::mutex mu;
+  uint64_t next = 1;
+  std::vector<std::pair<uint64_t, HostCastSource>> list;
+};
+CastSources& cast_sources() {
+  static CastSources* r = new CastSources();  // leaked: sources may be removed during exit
+  return *r;
+}
+Tensor cast_from_sources(const Tensor& t, const Device& device, DType dtype) {
+  std::vector<HostCastSource> fns;
+  {
+    CastSources& r = cast_sources();
+    std::lock_guard<std::mutex> g(r.mu);
+    for (const auto& [h, fn] : r.list) fns.push_back(fn);
+  }
+  NoGradGuard ng;
+  for (const HostCastSource& fn : fns)
+    if (Tensor c = fn(t, device, dtype); c.defined()) return c;
+  return Tensor();
+}
+}  // namespace
+
 Tensor lower_to(const Tensor& t, const Device& device) {
   if (!t.defined()) return t;
   const DType target = autocast_dtype(device.type);
@@ -252,11 +277,31 @@ Tensor lower_to(const Tensor& t, const Device& device) {
     const auto fn = autograd::grad_fn(e.cast);
     if (current && (e.with_grad == grad || e.with_grad) && !(grad && (!fn || fn->released))) return e.cast;
   }
-  // No cast for this region yet: the f32 values to the device, cast there; the copy's edge brings
-  // the gradient home. Kept for the region's other uses of t.
-  Tensor c = t.to(device).to(target);
+  // No cast for this region yet: a host cast source's copy (with the edge a cast records), else
+  // the f32 values to the device, cast there (the copy's edge brings the gradient home). Kept for
+  // the region's other uses of t.
+  Tensor c = cast_from_sources(t, device, target);
+  if (c.defined()) {
+    if (grad) record_cast_edge(t, c);
+  } else {
+    c = t.to(device).to(target);
+  }
   tl_cache.entries[t.impl()] = Entry{t.impl_ptr(), t.version(), target, grad, c};
   return c;
+}
+
+uint64_t add_host_cast_source(HostCastSource source) {
+  MG_CHECK(static_cast<bool>(source), ValueError, "add_host_cast_source: an empty function");
+  CastSources& r = cast_sources();
+  std::lock_guard<std::mutex> g(r.mu);
+  r.list.emplace_back(r.next, std::move(source));
+  return r.next++;
+}
+
+void remove_host_cast_source(uint64_t handle) {
+  CastSources& r = cast_sources();
+  std::lock_guard<std::mutex> g(r.mu);
+  std::erase_if(r.list, [&](const auto& e) { return e.first == handle; });
 }
 
 }  // namespace mg::autocast

@@ -3,6 +3,8 @@
 // (softmax, norms, losses, ...).
 #pragma once
 
+#include <functional>
+
 #include <initializer_list>
 #include <utility>
 #include <vector>
@@ -36,6 +38,15 @@ Tensor widen(const Tensor& t);
 // is one, else t copied to `device` and cast there, once per region (outside a region: t copied
 // to `device`). Either way the recorded edge takes the gradient back to t on the host.
 Tensor lower_to(const Tensor& t, const Device& device);
+
+// Sources of casts for host-resident parameters: a source returns `weight`'s cast to `dtype` on
+// `device` when it keeps one (memory/host_params.h keeps each parameter's cast in pinned memory
+// and copies it over), else an undefined tensor. lower_to asks them when its region has no cast
+// (a checkpoint's recomputation runs in a new region) before copying the f32 values over.
+using HostCastSource = std::function<Tensor(const Tensor& weight, const Device& device, DType dtype)>;
+// Returns a handle for remove_host_cast_source.
+uint64_t add_host_cast_source(HostCastSource source);
+void remove_host_cast_source(uint64_t handle);
 
 // Casts a leaf weight to `dtype` through the region's cache (the batch-norm hook uses it to
 // bring f32 affine parameters to the activation's dtype). Outside a region: a plain cast.

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "autograd/grad_mode.h"
@@ -314,11 +315,69 @@ std::shared_ptr<TensorImpl> plain_impl(const Tensor& g) {
 }
 }  // namespace
 
+namespace {
+struct SinkEntry {
+  std::weak_ptr<TensorImpl> leaf;  // guards against a new tensor at a dead one's address
+  Device device;
+  GradientSink fn;
+};
+struct SinkRegistry {
+  std::mutex mu;
+  std::atomic<size_t> count{0};  // fast path: no lookup while nothing is registered
+  std::unordered_map<const TensorImpl*, SinkEntry> by_leaf;
+};
+SinkRegistry& sinks() {
+  static SinkRegistry* r = new SinkRegistry();  // leaked: sinks may be cleared during exit
+  return *r;
+}
+// The sink of `t`, if it has one (a copy: the sink may clear itself while running).
+std::optional<SinkEntry> sink_of(const Tensor& t) {
+  SinkRegistry& r = sinks();
+  if (r.count.load(std::memory_order_relaxed) == 0) return std::nullopt;
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.by_leaf.find(t.impl());
+  if (it == r.by_leaf.end() || it->second.leaf.lock() != t.impl_ptr()) return std::nullopt;
+  return it->second;
+}
+// The device the engine brings `t`'s gradients to before its AccumulateGrad runs.
+void set_accumulator_device(const Tensor& t, Device device) {
+  const AutogradMeta* m = meta(t);
+  if (!m) return;
+  if (auto node = m->grad_accumulator_.lock(); node && !node->output_devices.empty()) node->output_devices[0] = device;
+}
+}  // namespace
+
+void set_gradient_sink(const Tensor& leaf, Device device, GradientSink sink) {
+  MG_CHECK(leaf.defined() && leaf.is_leaf() && leaf.requires_grad() && sink, AutogradError,
+           "set_gradient_sink: the tensor must be a leaf that requires grad, and the sink a function");
+  SinkRegistry& r = sinks();
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    std::erase_if(r.by_leaf, [](const auto& kv) { return kv.second.leaf.expired(); });
+    r.by_leaf[leaf.impl()] = SinkEntry{leaf.impl_ptr(), device, std::move(sink)};
+    r.count = r.by_leaf.size();
+  }
+  set_accumulator_device(leaf, device);
+}
+
+void clear_gradient_sink(const Tensor& leaf) {
+  if (!leaf.defined()) return;
+  SinkRegistry& r = sinks();
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.by_leaf.erase(leaf.impl());
+    r.count = r.by_leaf.size();
+  }
+  set_accumulator_device(leaf, leaf.device());
+}
+
 AccumulateGrad::AccumulateGrad(const Tensor& t) : leaf(t.impl_ptr()) {
   // Leaves' sinks run as soon as they are ready, so their gradient buffers die early.
   sequence_nr = std::numeric_limits<uint64_t>::max();
   fill_output_meta(*this, {t});
   output_tensors.clear();  // the leaf is tracked through `leaf`
+  // A leaf with a gradient sink takes its gradients where the sink wants them.
+  if (auto s = sink_of(t)) output_devices[0] = s->device;
 }
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
@@ -330,6 +389,11 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   MG_CHECK(g.sizes() == t.sizes(), AutogradError, "AccumulateGrad: gradient of shape ", shape_str(g.sizes()),
            " for a leaf of shape ", shape_str(t.sizes()));
   if (g.dtype() != t.dtype()) g = kernels::cast(g, t.dtype());
+  if (auto s = sink_of(t)) {
+    if (g.device() != s->device) g = raw::to_device(g, s->device);
+    s->fn(t, std::move(g));
+    return {};
+  }
   if (g.device() != t.device()) g = raw::to_device(g, t.device());
   Tensor old = t.grad();
   if (!old.defined()) {

@@ -108,6 +108,17 @@ using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
 uint64_t register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGradHook hook);
 void remove_post_accumulate_grad_hook(uint64_t handle);
 
+// A gradient sink takes a leaf's gradients instead of its .grad: each gradient backward
+// produces for `leaf` is handed to `sink` as it arrives, in the leaf's dtype and on `device`
+// (which may differ from the leaf's: a parameter in host memory read on a CUDA device sinks its
+// gradient where it was computed), and nothing accumulates into leaf.grad; post-accumulate-grad
+// hooks do not run for it. The sink runs on the thread running backward, and owns what it does
+// with the gradient (memory/host_params.h copies it to the host asynchronously). One sink a leaf;
+// setting one replaces the last; the registry holds the leaf weakly.
+using GradientSink = std::function<void(const Tensor& leaf, Tensor grad)>;
+void set_gradient_sink(const Tensor& leaf, Device device, GradientSink sink);
+void clear_gradient_sink(const Tensor& leaf);
+
 // A node whose backward is a closure written beside the forward (Flashlight style).
 // Saved tensors live in the closure's captures; release_saved() destroys the closure.
 struct FunctionNode final : Node {

@@ -272,6 +272,28 @@ std::unique_ptr<mg::optim::Optimizer> make_optimizer(const std::vector<mg::Tenso
 // --host-params: GPT-2's Linear weights and biases in host memory (memory/host_params.h).
 std::unique_ptr<mg::memory::HostParams> g_host_params;
 
+// --host-params' second line: per step, the host update's time (the optimizer, then the casts it
+// writes), the time the next forward waited for it (what backward did not hide), the bytes over
+// the host link each way; and the update's memory traffic against the host's copy bandwidth
+// measured here (AdamW in f32 reads the master, gradient and two moments and writes three of
+// them, 28 bytes an element; 8-bit moments 16; SGD with momentum 20; plus the cast's 2).
+void print_host_params(const mg::memory::HostParams& hp) {
+  const mg::memory::HostParams::Stats s = hp.stats();
+  const int64_t n = hp.host_bytes() / 4;
+  const double steps = n > 0 ? static_cast<double>(s.updates) / static_cast<double>(hp.params().size()) : 0;
+  if (steps <= 0) return;
+  const double bytes_per_elem = (g_optimizer == "adamw" ? 28 : g_optimizer == "adamw8bit" ? 16 : 20) + 2;
+  const double copy = mg::memory::measure_host_copy_bandwidth();
+  const double update_per_ms = bytes_per_elem * n * steps / (s.update_ms + s.cast_ms);
+  std::printf(
+      "{\"host_params\":%lld,\"host_gib\":%.3f,\"updates_per_param\":%.0f,\"update_ms\":%.1f,\"cast_ms\":%.1f,"
+      "\"wait_ms\":%.1f,\"to_host_gib\":%.3f,\"to_device_gib\":%.3f,\"host_copy_gbps\":%.1f,"
+      "\"update_gbps\":%.1f,\"update_fraction_of_copy\":%.3f}\n",
+      static_cast<long long>(n), hp.host_bytes() / 1073741824.0, steps, s.update_ms / steps, s.cast_ms / steps,
+      s.wait_ms / steps, s.to_host_bytes / steps / 1073741824.0, s.to_device_bytes / steps / 1073741824.0, copy / 1e6,
+      update_per_ms / 1e6, update_per_ms / copy);
+}
+
 // One optimizer step on a loss computed under the bench's autocast (--dtype): zero_grad, the
 // forward and loss (`loss_of`), backward, step.
 // With `in_backward` (--step-in-backward) the update runs inside backward, a bucket at a time,
@@ -618,11 +640,14 @@ int run_main(int argc, char** argv) {
     if (head_chunk_rows > 0) variant += " head chunk " + std::to_string(head_chunk_rows);
     if (in_backward) variant += " step in backward";
     if (host_params) {
-      g_host_params = std::make_unique<mg::memory::HostParams>(mg::memory::gpt_linear_params(*model), dev);
+      // The same optimizer, built a second time over the host parameters: the host's loop steps
+      // those, the device's kernel the rest.
+      g_host_params = std::make_unique<mg::memory::HostParams>(
+          mg::memory::gpt_linear_params(*model), dev, [](std::vector<mg::Tensor> ps) { return make_optimizer(ps); });
       g_host_params->provide_casts();
       variant += " host params";
     }
-    auto opt = make_optimizer(model->parameters());
+    auto opt = make_optimizer(g_host_params ? g_host_params->others(model->parameters()) : model->parameters());
     std::unique_ptr<mg::optim::StepInBackward> sib;
     if (in_backward || budget_gib > 0) {
       sib = std::make_unique<mg::optim::StepInBackward>(*opt);
@@ -693,6 +718,7 @@ int run_main(int argc, char** argv) {
     auto step = step_at(B);
     print(label.c_str(), "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag + variant,
           run(step, warmup, steps, dev), B * T, "tokens");
+    if (g_host_params) print_host_params(*g_host_params);
   }
   return 0;
 }

@@ -1,21 +1,76 @@
 #include "memory/host_params.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <unordered_set>
+
 #include "autograd/autocast_policy.h"
 #include "autograd/grad_mode.h"
+#include "autograd/node.h"
 #include "core/allocator.h"
 #include "core/cuda_memory.h"
+#include "core/device_runtime.h"
+#include "core/profiler.h"
 #include "kernels/ops.h"
+#include "kernels/parallel.h"
 #include "nn/linear.h"
 #include "nn/module.h"
 
 namespace mg::memory {
+namespace {
 
-HostParams::HostParams(std::vector<Tensor> params, Device device, DType cast_dtype)
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A contiguous CPU tensor over `nbytes` of pinned memory that the caller keeps alive.
+Tensor over(void* data, const Shape& shape, DType dtype) {
+  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = adopt_storage(data, nbytes, Device::cpu(), [](void*) {});
+  impl->sizes = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  impl->version = std::make_shared<uint32_t>(0);
+  return Tensor(impl);
+}
+
+// dst[j] = round-to-nearest-even(src[j]) in the 16-bit type H, vectorized (AVX2 where the CPU has it).
+template <class H>
+__attribute__((optimize("O3"), target_clones("avx2", "default"))) void cast_range(const float* __restrict src,
+                                                                                  uint16_t* __restrict dst, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = H::from_float(src[j]);
+}
+
+// cast = p in f16 or bf16, rounded to nearest even: the device's cast kernel's result.
+void write_cast(const Tensor& p, const Tensor& cast) {
+  const float* src = p.data_ptr<float>();
+  auto* dst = static_cast<uint16_t*>(cast.storage()->data) + cast.offset();  // 16-bit codes
+  const bool bf16 = cast.dtype() == DType::bf16;
+  kernels::cpu::parallel_for(p.numel(), int64_t{1} << 16, [&](int64_t b, int64_t e) {
+    bf16 ? cast_range<BFloat16>(src + b, dst + b, e - b) : cast_range<Half>(src + b, dst + b, e - b);
+  });
+}
+
+}  // namespace
+
+// One gradient on its way home: the pinned block it lands in and the copy's event.
+struct HostParams::Task {
+  size_t i = 0;
+  bool step = true;
+  cuda::PinnedBlock block;
+  cuda::Event copied;
+};
+
+HostParams::HostParams(std::vector<Tensor> params, Device device, HostOptimizerFactory make_optimizer, DType cast_dtype)
     : params_(std::move(params)), device_(device), cast_dtype_(cast_dtype) {
   const char* op = "HostParams";
   MG_CHECK(device.is_cuda(), DeviceError, op, ": the parameters are read on a CUDA device, got ", device);
   MG_CHECK(cast_dtype == DType::bf16 || cast_dtype == DType::f16, DTypeError, op,
            ": the device casts are f16 or bf16, got ", cast_dtype);
+  MG_CHECK(static_cast<bool>(make_optimizer), ValueError, op, ": no optimizer factory for the host parameters");
+  std::unordered_set<const TensorImpl*> distinct;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     MG_CHECK(p.defined() && p.dtype() == DType::f32 && p.is_leaf() && p.requires_grad() && p.is_contiguous() &&
@@ -25,22 +80,201 @@ HostParams::HostParams(std::vector<Tensor> params, Device device, DType cast_dty
              p.defined() ? detail::format(p.dtype(), " ", shape_str(p.sizes()), " on ", p.device(),
                                           p.grad().defined() ? " with a gradient" : "")
                          : std::string("undefined"));
+    MG_CHECK(distinct.insert(p.impl()).second, ValueError, op, ": params[", i, "] is listed twice");
   }
-  NoGradGuard ng;
-  for (const Tensor& p : params_) nn::retarget(p, cuda::pin_memory(raw::to_device(p, Device::cpu())));
+  {
+    NoGradGuard ng;
+    MemoryCategoryGuard cat(MemoryCategory::Parameters);
+    for (const Tensor& p : params_) {
+      nn::retarget(p, cuda::pin_memory(raw::to_device(p, Device::cpu())));
+      Tensor c = cuda::pin_memory(empty(p.sizes(), TensorOptions(cast_dtype_)));
+      write_cast(p, c);
+      casts_.push_back(c);
+    }
+  }
+  opt_ = make_optimizer(params_);
+  MG_CHECK(opt_ != nullptr, ValueError, op, ": the optimizer factory returned no optimizer");
+  sums_.resize(params_.size());
+  seen_.assign(params_.size(), 0);
+  stream_ = cuda::Stream::create(device.index);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    index_[params_[i].impl()] = i;
+    autograd::set_gradient_sink(params_[i], device,
+                                [this, i](const Tensor&, Tensor g) { on_gradient(i, std::move(g)); });
+  }
+  // A region without the casts (a checkpoint's recomputation) copies them over again from
+  // pinned memory. The worker writes a parameter's cast only after its gradient, which comes
+  // after every recomputation reading it in the round, and on the stream after the copy.
+  source_ = autocast::add_host_cast_source([this](const Tensor& w, const Device& d, DType dtype) {
+    auto it = index_.find(w.impl());
+    if (it == index_.end() || d != device_ || dtype != cast_dtype_) return Tensor();
+    MemoryCategoryGuard act(MemoryCategory::Activations);
+    return device_cast(it->second);
+  });
+  worker_ = std::thread([this] { run_worker(); });
 }
 
-void HostParams::provide_casts() const {
+HostParams::~HostParams() {
+  autocast::remove_host_cast_source(source_);
+  for (const Tensor& p : params_) autograd::clear_gradient_sink(p);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+// On the thread running backward: the gradient to pinned memory on the copy stream, once the
+// work that made it (queued on the current stream) is done; the worker takes it from there.
+void HostParams::on_gradient(size_t i, Tensor grad) {
+  MG_CHECK(!(step_ && seen_[i]), AutogradError, "HostParams: host parameter ", i, " of shape ",
+           shape_str(params_[i].sizes()),
+           " received a second gradient in one round while stepping (used by two separately accumulated "
+           "paths, or two backward() calls without provide_casts() between them); its update would be split in two");
+  seen_[i] = 1;
+  if (!grad.is_contiguous()) grad = raw::contiguous(grad);
+  auto t = std::make_unique<Task>();
+  t->i = i;
+  t->step = step_;
+  t->block = cuda::PinnedBlock::allocate(static_cast<size_t>(grad.nbytes()));
+  const cuda::Stream compute = cuda::Stream::current(device_.index);
+  cuda::Event ready;
+  ready.record(compute);
+  ready.wait(stream_);
+  {
+    cuda::StreamGuard sg(stream_);
+    raw::copy_(over(t->block.data(), grad.sizes(), DType::f32), grad, /*non_blocking=*/true);
+  }
+  cuda::record_stream(grad, stream_);  // the device memory is reused only after the copy
+  t->block.record(stream_);
+  t->copied.record(stream_);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stats_.gradients++;
+    stats_.to_host_bytes += grad.nbytes();
+    queue_.push_back(std::move(t));
+  }
+  cv_.notify_one();
+}
+
+void HostParams::run_worker() {
+  // The updates' loops leave a core to the thread running backward (it launches the device's work).
+  kernels::cpu::ThreadCap cap(kernels::cpu::num_threads() - 1);
+  for (;;) {
+    std::unique_ptr<Task> t;
+    {
+      std::unique_lock<std::mutex> g(mu_);
+      cv_.wait(g, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      t = std::move(queue_.front());
+      queue_.pop_front();
+      ++busy_;
+    }
+    std::exception_ptr err;
+    bool failed;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      failed = error_ != nullptr;
+    }
+    try {
+      if (!failed) process(*t);  // after an error the remaining updates are dropped until wait()
+    } catch (...) {
+      err = std::current_exception();
+    }
+    t.reset();  // the pinned block back to its pool
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (err && !error_) error_ = err;
+      --busy_;
+    }
+    idle_cv_.notify_all();
+  }
+}
+
+void HostParams::process(Task& t) {
+  t.copied.synchronize();
+  profiler::Range range("host update", "optimizer");  // on the worker's track of a trace
+  const Tensor& p = params_[t.i];
+  Tensor g = over(t.block.data(), p.sizes(), DType::f32);
+  NoGradGuard ng;
+  MemoryCategoryGuard cat(MemoryCategory::Gradients);
+  Tensor& sum = sums_[t.i];
+  if (sum.defined()) {
+    sum = kernels::add(sum, g);
+    g = sum;
+  }
+  if (!t.step) {
+    if (!sum.defined()) sum = raw::clone(g);  // the block goes back to its pool
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  p.set_grad(g);
+  struct Drop {  // the gradient is the block's, even when the step throws
+    const Tensor& p;
+    ~Drop() { p.set_grad(Tensor()); }
+  } drop{p};
+  opt_->step();
+  const double step_ms = ms_since(t0);
+  const auto t1 = std::chrono::steady_clock::now();
+  write_cast(p, casts_[t.i]);
+  sum = Tensor();
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.updates++;
+  stats_.update_ms += step_ms;
+  stats_.cast_ms += ms_since(t1);
+}
+
+void HostParams::wait() {
+  std::unique_lock<std::mutex> g(mu_);
+  idle_cv_.wait(g, [&] { return queue_.empty() && busy_ == 0; });
+  if (error_) {
+    std::exception_ptr e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void HostParams::provide_casts() {
+  const auto t0 = std::chrono::steady_clock::now();
+  wait();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stats_.wait_ms += ms_since(t0);
+  }
+  std::fill(seen_.begin(), seen_.end(), 0);
   NoGradGuard ng;
   // The next forward's memory, counted as the casts that forward would make.
   MemoryCategoryGuard act(MemoryCategory::Activations);
-  for (const Tensor& p : params_) autocast::provide_cast(p, raw::to_device(kernels::cast(p, cast_dtype_), device_));
+  for (size_t i = 0; i < params_.size(); ++i) autocast::provide_cast(params_[i], device_cast(i));
+}
+
+Tensor HostParams::device_cast(size_t i) {
+  Tensor c = empty(params_[i].sizes(), TensorOptions(cast_dtype_, device_));
+  raw::copy_(c, casts_[i], /*non_blocking=*/true);  // on the current stream, ahead of its readers
+  std::lock_guard<std::mutex> g(mu_);
+  stats_.to_device_bytes += c.nbytes();
+  return c;
+}
+
+std::vector<Tensor> HostParams::others(const std::vector<Tensor>& all) const {
+  std::unordered_set<const TensorImpl*> host;
+  for (const Tensor& p : params_) host.insert(p.impl());
+  std::vector<Tensor> out;
+  for (const Tensor& t : all)
+    if (!host.count(t.impl())) out.push_back(t);
+  return out;
 }
 
 int64_t HostParams::host_bytes() const {
   int64_t n = 0;
   for (const Tensor& p : params_) n += p.nbytes();
   return n;
+}
+
+HostParams::Stats HostParams::stats() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return stats_;
 }
 
 std::vector<Tensor> gpt_linear_params(nn::GPT& model) {
@@ -51,6 +285,21 @@ std::vector<Tensor> gpt_linear_params(nn::GPT& model) {
       if (lin->bias.defined()) out.push_back(lin->bias);
     }
   return out;
+}
+
+double measure_host_copy_bandwidth(int64_t bytes, int repeats) {
+  MG_CHECK(bytes >= 1024 && repeats >= 1, ValueError, "measure_host_copy_bandwidth: bytes must be >= 1024 and ",
+           "repeats >= 1, got ", bytes, " and ", repeats);
+  std::vector<char> a(static_cast<size_t>(bytes), 1), b(static_cast<size_t>(bytes), 0);
+  std::vector<double> per_ms;
+  for (int r = 0; r <= repeats; ++r) {  // the first pass warms the pages
+    const auto t0 = std::chrono::steady_clock::now();
+    kernels::cpu::parallel_for(bytes, int64_t{1} << 20,
+                               [&](int64_t s, int64_t e) { std::memcpy(b.data() + s, a.data() + s, e - s); });
+    if (r > 0) per_ms.push_back(2.0 * static_cast<double>(bytes) / ms_since(t0));
+  }
+  std::sort(per_ms.begin(), per_ms.end());
+  return per_ms[per_ms.size() / 2];
 }
 
 }  // namespace mg::memory

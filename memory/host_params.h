@@ -1,53 +1,144 @@
-// Parameters in host memory, read on the device through their casts: ZeRO-Offload's layout on
-// one GPU. A host parameter's f32 master weight sits in pinned host memory, and so do its
-// gradient and the optimizer's state (an optimizer over it steps on the CPU: kernels/cpu/optim.cc
-// runs the same AdamW rule as the CUDA kernel, over all cores). The device holds only the
-// low-precision cast the forward reads, given to each autocast region before it starts
-// (provide_casts). The ops find it there (autograd/op_policy.h: a host parameter read by an op
-// on the device comes to it; autocast::lower_to), and the gradient returns to the host through
-// the cast's edge (the engine moves a gradient to its input's device).
+// Parameters in host memory, read on the device through their casts: ZeRO-Offload on one GPU.
+// A host parameter's f32 master weight, its optimizer state and the optimizer's update live on
+// the host; the device holds only the low-precision cast the forward reads.
 //
-// What it saves: a host parameter costs the device 2 bytes (its bf16 cast) instead of 18 (f32
-// master, f32 gradient, two f32 moments, bf16 cast); what it costs: the cast's copy to the device
-// each step, the gradient's copy back, and the update at the host's memory bandwidth.
+// One step, and where each piece runs:
+//   provide_casts()  waits for the host updates of the last step, then copies each parameter's
+//                    cast (kept in pinned host memory, written by the update) to the device on
+//                    the current stream and gives it to the next autocast region
+//                    (autocast::provide_cast); the ops find it there (autograd/op_policy.h: a host
+//                    parameter read by an op on the device comes to it, autocast::lower_to).
+//   forward          reads the casts; nothing else of a host parameter is on the device. A
+//                    checkpointed block's recomputation, in a region of its own, copies its casts
+//                    over again (autocast::add_host_cast_source), 2 bytes a parameter.
+//   backward         each host parameter's f32 gradient, as soon as backward has it (a gradient
+//                    sink on the parameter, autograd/node.h), is copied to pinned host memory on
+//                    a side stream; a worker thread waits for that copy, runs the optimizer on the
+//                    parameter (kernels/cpu/optim.cc: AdamW's rule, over all cores) and writes its
+//                    new cast. The updates of the last blocks run while backward still computes
+//                    the first blocks' gradients.
+//
+// The update is the optimizer's own, on the f32 master and the f32 gradient the device-resident
+// model would have: the same result as the device's optimizer, up to the rounding of fused
+// multiply-adds (the CUDA kernel contracts them, the host loop does not).
+//
+// What it saves: a host parameter costs the device 2 bytes (its bf16 cast) instead of 16 or 18
+// (f32 master, f32 gradient, two f32 moments, the cast). What it costs: the cast's copy to the
+// device and the gradient's copy back (2 bytes a parameter to the device, 4 back, hidden behind
+// compute where the link allows) and the host update, at the host's memory bandwidth;
+// a step takes at least the host's update time (bench_models --host-params prints both).
 // Which parameters qualify: ones the model reads only through ops with an autocast rule under a
 // CUDA autocast region (Linear weights and biases: gpt_linear_params); an embedding table or a
 // norm's weight stays on the device.
+//
+// What combines with it: activation checkpointing, the step inside backward (for the device's
+// parameters), 8-bit optimizer state (an AdamW8bit factory: its host loop), gradient
+// accumulation (set_step(false) for every micro-batch but the last: the gradients add up on the
+// host in f32). What does not: gradient clipping by the global norm and GradScaler's inf check
+// (both need every gradient before the first update), CUDA graphs (the casts are eager memory).
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
+#include "core/device_runtime.h"
 #include "core/tensor.h"
 #include "nn/models/gpt.h"
+#include "optim/optimizer.h"
 
 namespace mg::memory {
+
+// Builds the optimizer that steps the host parameters (given in host memory), e.g.
+//   [](std::vector<Tensor> ps) { return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions{}); }
+using HostOptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor> host_params)>;
 
 class HostParams {
  public:
   // Moves every tensor of `params` (f32 leaves that require grad, contiguous, on the CUDA device
-  // `device`, without a gradient) to pinned host memory in place: the module and optimizers
-  // holding them see host tensors from now on. A ValueError names the first that does not
-  // qualify; a failed pinned allocation is the CUDA error it raised.
-  HostParams(std::vector<Tensor> params, Device device, DType cast_dtype = DType::bf16);
+  // `device`, without a gradient) to pinned host memory in place (the module sees host tensors
+  // from now on), builds their optimizer with `make_optimizer`, and starts the update thread.
+  // A ValueError names the first parameter that does not qualify; a failed pinned allocation is
+  // the CUDA error it raised.
+  HostParams(std::vector<Tensor> params, Device device, HostOptimizerFactory make_optimizer,
+             DType cast_dtype = DType::bf16);
+  // Waits for the updates in flight; the parameters stay in host memory.
+  ~HostParams();
+  HostParams(const HostParams&) = delete;
+  HostParams& operator=(const HostParams&) = delete;
 
-  // Gives the calling thread's next autocast region the casts of every parameter as it now is,
-  // on the device (one cast on the host and one copy each). Call after each optimizer step and
-  // before the first forward.
-  void provide_casts() const;
+  // Waits for the updates of the last backward, then gives the calling thread's next autocast
+  // region the casts of every parameter, copied to the device on the current stream. Call before
+  // the first forward and between each backward and the next forward; it also starts a new round
+  // (a parameter may receive one gradient a round while stepping is on).
+  void provide_casts();
+  // Off: the gradients of the next backwards add up on the host (f32) without an update; the next
+  // backward with it on updates with the sum. Default on.
+  void set_step(bool on) { step_ = on; }
+  // Blocks until every update queued so far has run; rethrows the first error an update raised.
+  void wait();
 
   const std::vector<Tensor>& params() const { return params_; }
+  // The optimizer stepping the host parameters (its learning rate, state_dict, ...). Change it
+  // only between wait() and the next backward.
+  optim::Optimizer& optimizer() { return *opt_; }
+  // The tensors of `all` that are not host parameters (what a device optimizer should step).
+  std::vector<Tensor> others(const std::vector<Tensor>& all) const;
   // Bytes of f32 masters held in host memory.
   int64_t host_bytes() const;
 
+  // Since construction: gradients copied home and updates run, the bytes copied each way, the
+  // worker's time in the optimizer and in writing casts, and the time provide_casts() waited for
+  // the worker (the update time not hidden behind backward).
+  struct Stats {
+    int64_t gradients = 0, updates = 0;
+    int64_t to_host_bytes = 0, to_device_bytes = 0;
+    double update_ms = 0.0, cast_ms = 0.0, wait_ms = 0.0;
+  };
+  Stats stats() const;
+
  private:
+  struct Task;
+  void on_gradient(size_t i, Tensor grad);
+  Tensor device_cast(size_t i);  // the parameter's cast copied to the device on the current stream
+  void run_worker();
+  void process(Task& t);
+
   std::vector<Tensor> params_;
   Device device_;
   DType cast_dtype_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  std::vector<Tensor> casts_;  // each parameter's cast, pinned, written by the update
+  std::vector<Tensor> sums_;   // gradients added up while stepping is off (f32, host)
+  std::vector<uint8_t> seen_;  // a gradient arrived for this parameter in this round
+  cuda::Stream stream_;        // the gradients' copies home
+  std::unordered_map<const TensorImpl*, size_t> index_;
+  uint64_t source_ = 0;  // autocast's host cast source (a checkpoint's recomputation reads it)
+  bool step_ = true;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<std::unique_ptr<Task>> queue_;
+  size_t busy_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  Stats stats_;
+  std::thread worker_;
 };
 
 // Every Linear weight and bias of the GPT's blocks: the parameters the blocks read only through
 // autocast's casts (the embeddings, the norms and the tied head stay on the device).
 std::vector<Tensor> gpt_linear_params(nn::GPT& model);
+
+// The host's memory bandwidth as a parallel copy of `bytes` over every core sees it (bytes read
+// plus bytes written, per millisecond; the median of `repeats`): the ceiling of a host update.
+double measure_host_copy_bandwidth(int64_t bytes = int64_t{1} << 30, int repeats = 5);
 
 }  // namespace mg::memory

@@ -16,9 +16,17 @@ int num_threads() {
   return n;
 }
 
+namespace {
+thread_local int tl_cap = 0;  // 0: no cap
+}  // namespace
+
+ThreadCap::ThreadCap(int threads) : prev_(tl_cap) { tl_cap = std::max(1, threads); }
+ThreadCap::~ThreadCap() { tl_cap = prev_; }
+
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& f) {
   if (n <= 0) return;
-  const int64_t t = std::clamp<int64_t>(n / std::max<int64_t>(grain, 1), 1, num_threads());
+  const int64_t most = tl_cap > 0 ? std::min(tl_cap, num_threads()) : num_threads();
+  const int64_t t = std::clamp<int64_t>(n / std::max<int64_t>(grain, 1), 1, most);
   if (t == 1) return f(0, n);
   std::vector<std::thread> ts;
   const int64_t per = (n + t - 1) / t;

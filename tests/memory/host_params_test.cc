@@ -1,9 +1,12 @@
-// memory::HostParams: a GPT whose Linear parameters live in host memory (the optimizer stepping
-// them on the CPU, the device reading their bf16 casts) trains as the GPT with every parameter
-// on the device; what the device holds; and what bad input says. The training cases need a GPU.
+// memory::HostParams: a GPT whose Linear parameters live in host memory (their optimizer stepping
+// them on the CPU during backward, the device reading their bf16 casts) trains as the GPT with
+// every parameter on the device, with and without gradient accumulation; the host update is the
+// device's within a few ulps; what bad input says. The training cases need a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "autograd/functions.h"
 #include "core/autocast.h"
@@ -26,78 +29,103 @@ nn::GPTConfig tiny() {
 
 TEST(HostParams, BadInputSaysWhatIsWrong) {
   nn::GPT m(tiny());
-  EXPECT_NE(testing::error_of([&] { HostParams(gpt_linear_params(m), Device::cpu()); }).find("a CUDA device"),
+  const HostOptimizerFactory sgd = [](std::vector<Tensor> ps) {
+    return std::make_unique<optim::SGD>(ps, optim::SGDOptions{.lr = 0.05});
+  };
+  EXPECT_NE(testing::error_of([&] { HostParams(gpt_linear_params(m), Device::cpu(), sgd); }).find("a CUDA device"),
             std::string::npos);
   // The blocks' Linear weights and biases: 4 Linears a block (qkv, projection, MLP in and out).
   EXPECT_EQ(gpt_linear_params(m).size(), 2u * 4u * 2u);
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   Tensor on_cpu = nn::parameter(randn({4, 4}));
-  EXPECT_NE(testing::error_of([&] { HostParams({on_cpu}, Device::cuda(0)); }).find("params[0] must be"),
+  EXPECT_NE(testing::error_of([&] { HostParams({on_cpu}, Device::cuda(0), sgd); }).find("params[0] must be"),
+            std::string::npos);
+  Tensor w = nn::parameter(randn({4, 4}, {DType::f32, Device::cuda(0)}));
+  EXPECT_NE(testing::error_of([&] {
+              HostParams({w, w}, Device::cuda(0), sgd);
+            }).find("listed twice"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] { HostParams({w}, Device::cuda(0), nullptr); }).find("no optimizer factory"),
             std::string::npos);
 }
 
 // 20 steps under bf16 autocast, B=4, T=16, from one seed and one data stream: every parameter
 // on the device, or the Linear parameters in host memory. The forward reads the same bf16 casts
-// of the same f32 masters and the gradients are the same GEMMs; the update differs only in its
-// rounding (the CPU loop contracts no multiply-add, the CUDA kernel does). With SGD the update is
-// linear in the gradient, so those ulps stay ulps: where one moves a weight across a bf16
-// rounding boundary, the next forwards see one bf16 ulp (2^-8 relative) of that weight changed,
-// which moves the gradients by far less than the steps. Bound: every parameter within 1e-4 of
-// the device run's (the runs move them by ~1e-2), every loss within 1e-4 relative. With AdamW the
-// update divides by sqrt(v): an element whose gradient is near zero can flip the sign of its step
-// on an ulp, so that run only checks that every host parameter trained (its gradient came home).
+// of the same f32 masters and the gradients are the same GEMMs (the host receives the f32
+// gradient the device's AccumulateGrad would hold); the update differs only in its rounding (the
+// CPU loop contracts no multiply-add, the CUDA kernel does). With SGD the update is linear in the
+// gradient, so those ulps stay ulps: where one moves a weight across a bf16 rounding boundary,
+// the next forwards see one bf16 ulp (2^-8 relative) of that weight changed, which moves the
+// gradients by far less than the steps. Bound: every parameter within 1e-4 of the device run's
+// (the runs move them by ~1e-2), every loss within 1e-4 relative. With AdamW the update divides
+// by sqrt(v): an element whose gradient is near zero can flip the sign of its step on an ulp, so
+// that run checks that every host parameter trained and the loss on one repeated batch fell
+// (`same_batch`: every step sees the first step's batch). `micro` > 1 splits each
+// batch in `micro` micro-batches of B/micro whose gradients add up before the step (on the host
+// with set_step(false), in .grad on the device), each loss divided by `micro`.
 std::vector<std::vector<float>> train(bool host, bool adamw, std::vector<double>* losses,
-                                      std::vector<std::vector<float>>* host_init = nullptr) {
+                                      std::vector<std::vector<float>>* host_init = nullptr, int micro = 1,
+                                      bool same_batch = false) {
   const Device dev = Device::cuda(0);
   manual_seed(0);
   auto m = std::make_shared<nn::GPT>(tiny(), TensorOptions(DType::f32, dev));
+  auto make = [adamw](std::vector<Tensor> ps) -> std::unique_ptr<optim::Optimizer> {
+    if (adamw) return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions());
+    return std::make_unique<optim::SGD>(ps, optim::SGDOptions{.lr = 0.05});
+  };
   std::unique_ptr<HostParams> hp;
   if (host) {
-    hp = std::make_unique<HostParams>(gpt_linear_params(*m), dev);
+    hp = std::make_unique<HostParams>(gpt_linear_params(*m), dev, make);
     hp->provide_casts();
     for (const Tensor& p : hp->params()) {
       EXPECT_FALSE(p.is_cuda());
       if (host_init) host_init->push_back(p.to_vector<float>());
     }
   }
-  std::unique_ptr<optim::Optimizer> opt;
-  if (adamw)
-    opt = std::make_unique<optim::AdamW>(m->parameters(), optim::AdamWOptions());
-  else
-    opt = std::make_unique<optim::SGD>(m->parameters(), optim::SGDOptions{.lr = 0.05});
+  std::unique_ptr<optim::Optimizer> opt = make(hp ? hp->others(m->parameters()) : m->parameters());
   manual_seed(1);
+  const Tensor idx0 = randint(0, 97, {4, 16}, {DType::i64, dev}), tgt0 = randint(0, 97, {4, 16}, {DType::i64, dev});
   for (int s = 0; s < 20; ++s) {
-    const Tensor idx = randint(0, 97, {4, 16}, {DType::i64, dev}), tgt = randint(0, 97, {4, 16}, {DType::i64, dev});
+    const Tensor idx = s == 0 || same_batch ? idx0 : randint(0, 97, {4, 16}, {DType::i64, dev});
+    const Tensor tgt = s == 0 || same_batch ? tgt0 : randint(0, 97, {4, 16}, {DType::i64, dev});
     opt->zero_grad();
-    Tensor loss;
-    {
-      Autocast ac(DeviceType::CUDA, DType::bf16);
-      loss = m->forward_loss(idx, tgt);
+    double total = 0;
+    for (int k = 0; k < micro; ++k) {
+      const int64_t rows = 4 / micro;
+      Tensor loss;
+      {
+        Autocast ac(DeviceType::CUDA, DType::bf16);
+        loss = m->forward_loss(idx.narrow(0, k * rows, rows), tgt.narrow(0, k * rows, rows));
+        if (micro > 1) loss = loss / static_cast<double>(micro);
+      }
+      if (hp) hp->set_step(k == micro - 1);
+      loss.backward();
+      if (hp && k < micro - 1) hp->provide_casts();  // the weights are unchanged: the same casts again
+      total += loss.item<double>();
     }
-    loss.backward();
     opt->step();
     if (hp) hp->provide_casts();
-    losses->push_back(loss.item<double>());
+    losses->push_back(total);
   }
   std::vector<std::vector<float>> out;
   for (const Tensor& p : (hp ? hp->params() : m->parameters())) out.push_back(p.to_vector<float>());
+  if (hp) {
+    const HostParams::Stats st = hp->stats();
+    EXPECT_EQ(st.updates, 20 * static_cast<int64_t>(hp->params().size()));
+    EXPECT_EQ(st.gradients, 20 * micro * static_cast<int64_t>(hp->params().size()));
+  }
   return out;
 }
 
-TEST(HostParams, TrainsAsTheDeviceResidentModel) {
-  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  std::vector<double> la, lb;
-  manual_seed(0);
-  nn::GPT probe(tiny(), {}, nullptr, false);
-  const size_t n_host = gpt_linear_params(probe).size();
-  const auto all = train(false, false, &la);
-  const auto host = train(true, false, &lb);
-  // The host run returns its host parameters; the device run all of the model's, in the model's
-  // order, where the host ones are the blocks' Linears: compare those through the same selection.
-  ASSERT_EQ(host.size(), n_host);
+// The host run's parameters against the device run's, through the same selection (the host run
+// returns its host parameters; the device run all of the model's, where the host ones are the
+// blocks' Linears).
+void expect_same_training(const std::vector<std::vector<float>>& all, const std::vector<std::vector<float>>& host,
+                          const std::vector<double>& la, const std::vector<double>& lb) {
   manual_seed(0);
   auto m = std::make_shared<nn::GPT>(tiny(), TensorOptions(DType::f32, Device::cuda(0)));
   const std::vector<Tensor> linear = gpt_linear_params(*m), params = m->parameters();
+  ASSERT_EQ(host.size(), linear.size());
   size_t k = 0;
   for (size_t i = 0; i < params.size() && k < linear.size(); ++i) {
     if (!params[i].is_same(linear[k])) continue;
@@ -110,11 +138,60 @@ TEST(HostParams, TrainsAsTheDeviceResidentModel) {
   for (size_t s = 0; s < la.size(); ++s) EXPECT_NEAR(la[s], lb[s], 1e-4 * std::fabs(la[s])) << "step " << s;
 }
 
+TEST(HostParams, TrainsAsTheDeviceResidentModel) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  std::vector<double> la, lb;
+  const auto all = train(false, false, &la);
+  const auto host = train(true, false, &lb);
+  expect_same_training(all, host, la, lb);
+}
+
+TEST(HostParams, AccumulatesOnTheHostAsTheDeviceDoes) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  // Two micro-batches a step: the device adds the second gradient to .grad, the host to its f32
+  // sum; both then step with the same f32 total.
+  std::vector<double> la, lb;
+  const auto all = train(false, false, &la, nullptr, 2);
+  const auto host = train(true, false, &lb, nullptr, 2);
+  expect_same_training(all, host, la, lb);
+}
+
+// One AdamW step on the host's loop and on the device's fused kernel from the same state and
+// gradient. Every operand of the update (the decayed weight, the step) is at most
+// max(|p_old|, |p_new|) + |p_old - p_new| <= 3 max(|p_old|, |p_new|) in magnitude, and the two
+// orders of the same f32 operations (with and without FMA contraction) differ by a few roundings
+// of those operands; so the results agree within 8 ulps of max(|p_old|, |p_new|).
+TEST(HostParams, HostUpdateIsTheDevicesWithinUlps) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  manual_seed(3);
+  const Tensor init = randn({1 << 16}), grad = randn({1 << 16}) * 1e-2;
+  Tensor pc = nn::parameter(init.clone()), pg = nn::parameter(init.to(Device::cuda(0)));
+  optim::AdamWOptions o;
+  o.lr = 1e-2;
+  optim::AdamW oc({pc}, o), og({pg}, o);
+  for (int s = 0; s < 3; ++s) {  // three steps: the moments away from their first-step values
+    const Tensor g = grad * static_cast<double>(s + 1);
+    pc.set_grad(g.clone());
+    pg.set_grad(g.to(Device::cuda(0)));
+    oc.step();
+    og.step();
+  }
+  const auto a = pc.to_vector<float>(), b = pg.to_vector<float>(), p0 = init.to_vector<float>();
+  double worst = 0;
+  for (size_t j = 0; j < a.size(); ++j) {
+    const float mag = std::max(std::fabs(p0[j]), std::fabs(b[j]));
+    const double ulp = std::nextafter(mag, INFINITY) - mag;
+    worst = std::max(worst, std::fabs(double(a[j]) - b[j]) / ulp);
+  }
+  EXPECT_LE(worst, 8.0);
+  std::printf("host vs device AdamW, 3 steps: at most %.1f ulps of max(|p_old|, |p_new|)\n", worst);
+}
+
 TEST(HostParams, EveryHostParameterTrainsUnderAdamW) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   std::vector<double> losses;
   std::vector<std::vector<float>> init;
-  const auto out = train(true, true, &losses, &init);
+  const auto out = train(true, true, &losses, &init, 1, /*same_batch=*/true);
   ASSERT_EQ(out.size(), init.size());
   for (size_t k = 0; k < out.size(); ++k) EXPECT_NE(out[k], init[k]) << "host parameter " << k << " never moved";
   EXPECT_LT(losses.back(), losses.front());
