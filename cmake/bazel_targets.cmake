@@ -206,6 +206,7 @@ mg_bazel_target(library //kernels:kernels ALWAYSLINK
     kernels/norm.h
     kernels/ops.h
     kernels/optim.h
+    kernels/parallel.h
     kernels/pool.h
     kernels/reduce.h
     kernels/softmax.h
@@ -218,6 +219,7 @@ mg_bazel_target(library //kernels:kernels ALWAYSLINK
     //kernels/cuda:cuda_kernels
   COPTS
     -DEIGEN_NO_DEBUG
+    -fno-math-errno
 )
 mg_bazel_target(library //autograd:autograd ALWAYSLINK
   SRCS
@@ -630,6 +632,7 @@ mg_bazel_target(library //memory:host_params
     //kernels:kernels
     //nn:nn
     //nn/models:models
+    //optim:optim
 )
 mg_bazel_target(test //tests/autograd:autocast_test SIZE small
   SRCS
