@@ -1,5 +1,9 @@
 // Adam/AdamW against a hand-written f64 reference of torch.optim's rule, fused vs
 // per-parameter paths, lazy state, parameter groups, validation and state_dict round trips.
+// First: optim_math's unqualified sqrt must find the C library's, as in kernels/cpu/optim.cc, not
+// mg::sqrt(Tensor) that the headers below declare.
+#include "kernels/optim_math.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -103,6 +107,35 @@ TEST(Adam, MatchesHandWrittenReference) {
                 << "step " << s + 1 << " element " << i;
         }
       }
+}
+
+// The CPU loop's vectorized path (no amsgrad, no maximize: kernels/cpu/optim.cc's adam_range, the
+// AVX2 clone where the CPU has it) runs optim_math::adam_element's operations in the same order
+// on every element: the result is the scalar rule's, bit for bit, over several threads' slices.
+TEST(Adam, CpuLoopIsTheElementRuleBitwise) {
+  manual_seed(5);
+  for (bool adamw : {false, true}) {
+    const AdamOptions o = opts(1e-2, 0.1, false, false, true);
+    const Tensor init = randn({100003});
+    Tensor p = nn::parameter(init.clone());
+    auto opt = make_opt({p}, o, adamw);
+    std::vector<float> rp = init.to_vector<float>(), rm(rp.size(), 0.f), rv(rp.size(), 0.f);
+    const kernels::optim_math::AdamScalars<float> sc{
+        float(o.lr), float(o.beta1), float(o.beta2), float(o.eps), float(o.weight_decay), adamw, false, false};
+    for (int s = 1; s <= 3; ++s) {
+      const Tensor g = randn({100003});
+      p.set_grad(g);
+      opt->step();
+      double step_size = 0, bc2_sqrt = 0;
+      kernels::optim_math::adam_bias_corrections(o.lr, o.beta1, o.beta2, double(s), &step_size, &bc2_sqrt);
+      const auto gv = g.to_vector<float>();
+      for (size_t j = 0; j < rp.size(); ++j)
+        kernels::optim_math::adam_element<float>(rp[j], gv[j], rm[j], rv[j], nullptr, sc, float(step_size),
+                                                 float(bc2_sqrt));
+    }
+    const auto got = p.to_vector<float>();
+    for (size_t j = 0; j < rp.size(); ++j) ASSERT_EQ(got[j], rp[j]) << (adamw ? "AdamW" : "Adam") << " element " << j;
+  }
 }
 
 TEST(Adam, FusedEqualsPerParameter) {
