@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "autograd/grad_mode.h"
+#include "autograd/node.h"
 #include "kernels/ops.h"
 #include "nn/module.h"
 
@@ -73,6 +74,93 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, std
   }
   local_ = make_local(views);
   MG_CHECK(local_ != nullptr, ValueError, "ZeroRedundancyOptimizer: the factory returned no optimizer");
+  MG_CHECK(opts.stage == 1 || opts.stage == 2, ValueError, "ZeroRedundancyOptimizer: stage must be 1 or 2, got ",
+           opts.stage);
+  if (opts.stage == 2) {
+    chunk_params_.resize(chunks_.size());
+    param_chunks_.resize(params_.size());
+    for (size_t k = 0; k < chunks_.size(); ++k) {
+      const Chunk& c = chunks_[k];
+      for_each_piece(c.global_begin, c.global_begin + c.per_rank * N, [&](size_t i, int64_t, int64_t, int64_t) {
+        chunk_params_[k].push_back(i);
+        param_chunks_[i].push_back(k);
+      });
+    }
+    shard_grads_.resize(chunks_.size());
+    start_round();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      MG_CHECK(params_[i].is_leaf() && params_[i].requires_grad(), ValueError, "ZeroRedundancyOptimizer: stage 2 ",
+               "reduces gradients as backward makes them; parameter ", i, " is not a leaf that requires grad");
+      hooks_.push_back(
+          autograd::register_post_accumulate_grad_hook(params_[i], [this, i](const Tensor&) { on_gradient(i); }));
+    }
+  }
+}
+
+ZeroRedundancyOptimizer::~ZeroRedundancyOptimizer() {
+  for (uint64_t h : hooks_) autograd::remove_post_accumulate_grad_hook(h);
+}
+
+void ZeroRedundancyOptimizer::start_round() {
+  waiting_.assign(chunks_.size(), 0);
+  for (size_t k = 0; k < chunks_.size(); ++k) waiting_[k] = static_cast<int64_t>(chunk_params_[k].size());
+  unreduced_.assign(params_.size(), 0);
+  for (size_t i = 0; i < params_.size(); ++i) unreduced_[i] = static_cast<int64_t>(param_chunks_[i].size());
+  reported_.assign(params_.size(), 0);
+  reduced_.assign(chunks_.size(), 0);
+}
+
+// A parameter's gradient is final for this backward: the chunks it completes are reduced now.
+void ZeroRedundancyOptimizer::on_gradient(size_t i) {
+  MG_CHECK(!reported_[i], AutogradError, "ZeroRedundancyOptimizer (stage 2): parameter ", i, " of shape ",
+           shape_str(params_[i].sizes()),
+           " received a second gradient before every parameter reported in this backward (used by two "
+           "separately accumulated paths); its chunks are already reduced");
+  reported_[i] = 1;
+  for (size_t k : param_chunks_[i])
+    if (--waiting_[k] == 0) {
+      reduce_chunk(k);
+      ++reduced_in_backward_;
+    }
+  if (std::all_of(reduced_.begin(), reduced_.end(), [](uint8_t r) { return r != 0; })) start_round();
+}
+
+// Chunk k's gradients (zeros where a parameter has none), averaged over the ranks: this rank's
+// slice of them.
+Tensor ZeroRedundancyOptimizer::reduced_slice(size_t k) const {
+  NoGradGuard ng;
+  MemoryCategoryGuard cat(MemoryCategory::Gradients);
+  const Chunk& c = chunks_[k];
+  const int64_t N = pg_->size();
+  Tensor full = zeros({c.per_rank * N}, {dtype_, pg_->device()});
+  for_each_piece(c.global_begin, c.global_begin + c.per_rank * N,
+                 [&](size_t i, int64_t p_off, int64_t r_off, int64_t len) {
+                   Tensor g = params_[i].grad();
+                   if (g.defined())
+                     kernels::copy_(flat_slice(full, r_off, len), flat_slice(raw::contiguous(g), p_off, len));
+                 });
+  Tensor mine = empty({c.per_rank}, {dtype_, pg_->device()});
+  pg_->reduce_scatter(mine, full, ReduceOp::Avg);
+  return mine;
+}
+
+// Stage 2: chunk k reduced into this rank's slices (added to what earlier backwards left); a
+// parameter whose chunks are all reduced gives its full gradient up.
+void ZeroRedundancyOptimizer::reduce_chunk(size_t k) {
+  NoGradGuard ng;
+  MemoryCategoryGuard cat(MemoryCategory::Gradients);
+  Tensor mine = reduced_slice(k);
+  shard_grads_[k] = shard_grads_[k].defined() ? kernels::add(shard_grads_[k], mine) : mine;
+  reduced_[k] = 1;
+  for (size_t i : chunk_params_[k])
+    if (--unreduced_[i] == 0) params_[i].set_grad(Tensor());
+}
+
+int64_t ZeroRedundancyOptimizer::shard_grad_nbytes() const {
+  int64_t n = 0;
+  for (const Tensor& g : shard_grads_)
+    if (g.defined()) n += g.nbytes();
+  return n;
 }
 
 void ZeroRedundancyOptimizer::step() {
@@ -81,23 +169,18 @@ void ZeroRedundancyOptimizer::step() {
   // 1. Gradients for this rank's pieces: views of .grad (already averaged by DDP), or slices of
   //    a reduce-scattered chunk.
   std::vector<Tensor> reduced(chunks_.size());
-  if (opts_.reduce_gradients) {
-    MemoryCategoryGuard cat(MemoryCategory::Gradients);
-    for (size_t k = 0; k < chunks_.size(); ++k) {
-      const Chunk& c = chunks_[k];
-      Tensor full = zeros({c.per_rank * N}, {dtype_, pg_->device()});
-      for_each_piece(c.global_begin, c.global_begin + c.per_rank * N,
-                     [&](size_t i, int64_t p_off, int64_t r_off, int64_t len) {
-                       Tensor g = params_[i].grad();
-                       if (g.defined())
-                         kernels::copy_(flat_slice(full, r_off, len), flat_slice(raw::contiguous(g), p_off, len));
-                     });
-      reduced[k] = empty({c.per_rank}, {dtype_, pg_->device()});
-      pg_->reduce_scatter(reduced[k], full, ReduceOp::Avg);
-    }
+  if (opts_.stage == 2) {
+    // Chunks whose parameters did not all report (some had no gradient) are reduced now, in
+    // chunk order on every rank; a chunk no backward reached counts as zeros.
+    for (size_t k = 0; k < chunks_.size(); ++k)
+      if (!reduced_[k] && waiting_[k] < static_cast<int64_t>(chunk_params_[k].size())) reduce_chunk(k);
+    for (size_t k = 0; k < chunks_.size(); ++k)
+      reduced[k] = shard_grads_[k].defined() ? shard_grads_[k] : zeros({chunks_[k].per_rank}, {dtype_, pg_->device()});
+  } else if (opts_.reduce_gradients) {
+    for (size_t k = 0; k < chunks_.size(); ++k) reduced[k] = reduced_slice(k);
   }
   for (Piece& pc : pieces_) {
-    if (opts_.reduce_gradients) {
+    if (opts_.reduce_gradients || opts_.stage == 2) {
       pc.view.set_grad(raw::slice(reduced[pc.chunk], 0, pc.slice_offset, pc.slice_offset + pc.len, 1));
       continue;
     }
@@ -124,9 +207,17 @@ void ZeroRedundancyOptimizer::step() {
                    });
   }
   for (const Tensor& p : params_) p.bump_version();
+  if (opts_.stage == 2) {
+    for (Tensor& g : shard_grads_) g = Tensor();
+    start_round();
+  }
 }
 
 void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
+  if (opts_.stage == 2) {  // the reduced slices are this optimizer's gradients
+    for (Tensor& g : shard_grads_) g = Tensor();
+    start_round();
+  }
   for (const Tensor& p : params_) {
     if (set_to_none) {
       p.set_grad(Tensor());

@@ -1,6 +1,10 @@
-// ZeRO stage 1: optimizer-state sharding. The parameters are laid end to end in one flat
-// index space; each rank owns 1/N of it, keeps the optimizer state (SGD momentum, Adam
-// moments) for that slice only, updates that slice, then all-gathers the updated parameters.
+// ZeRO stages 1 and 2: optimizer-state and gradient sharding. The parameters are laid end to end
+// in one flat index space; each rank owns 1/N of it, keeps the optimizer state (SGD momentum,
+// Adam moments) for that slice only, updates that slice, then all-gathers the updated parameters.
+// Stage 2 also shards the gradients: as backward finalizes the gradients of every parameter in a
+// chunk (post-accumulate-grad hooks, as DDP's buckets), the chunk is reduce-scattered (averaged)
+// into this rank's slice, and a parameter's full gradient is dropped once every chunk it touches
+// is reduced, so the whole set of gradients never exists on a rank.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +24,9 @@ struct ZeroOptions {
   // false: .grad already holds the average over ranks (DDP did it), only the owned slice is
   // read. true: reduce-scatter the gradients here (average), for use without DDP.
   bool reduce_gradients = false;
+  // 1: shard the optimizer state. 2: also shard the gradients during backward (each rank's own
+  // gradients; not with DDP, which would all-reduce them first).
+  int stage = 1;
 };
 
 class ZeroRedundancyOptimizer {
@@ -40,6 +47,15 @@ class ZeroRedundancyOptimizer {
   // zero (SGD proper skips such a parameter; with DDP every parameter has one).
   void step();
   void zero_grad(bool set_to_none = true);
+  ~ZeroRedundancyOptimizer();
+  ZeroRedundancyOptimizer(const ZeroRedundancyOptimizer&) = delete;
+  ZeroRedundancyOptimizer& operator=(const ZeroRedundancyOptimizer&) = delete;
+
+  // Stage 2: bytes of this rank's reduced gradient slices (1/N of the gradients), and the chunks
+  // reduce-scattered during backward since construction.
+  int64_t shard_grad_nbytes() const;
+  int64_t chunks_reduced_in_backward() const { return reduced_in_backward_; }
+  size_t num_chunks() const { return chunks_.size(); }
 
   // The slice's optimizer: its param_groups()[0] holds lr etc. (schedulers act on it).
   optim::Optimizer& local_optimizer() { return *local_; }
@@ -79,6 +95,20 @@ class ZeroRedundancyOptimizer {
   std::vector<Chunk> chunks_;
   std::vector<Piece> pieces_;
   std::unique_ptr<optim::Optimizer> local_;
+
+  // Stage 2: each chunk's parameters, each parameter's chunks, this round's counts of
+  // parameters yet to report per chunk and of unreduced chunks per parameter, and the reduced
+  // slices (summed over the backwards of an accumulation).
+  void on_gradient(size_t i);
+  void reduce_chunk(size_t k);
+  Tensor reduced_slice(size_t k) const;
+  void start_round();
+  std::vector<std::vector<size_t>> chunk_params_, param_chunks_;
+  std::vector<int64_t> waiting_, unreduced_;
+  std::vector<uint8_t> reported_, reduced_;
+  std::vector<Tensor> shard_grads_;
+  std::vector<uint64_t> hooks_;
+  int64_t reduced_in_backward_ = 0;
 };
 
 }  // namespace mg::dist

@@ -445,6 +445,14 @@ TEST(CpuZero, ShardsAdamsMoments) {
   for (int w : {1, 2, 3}) zero_adam_case(kCpu, w);
 }
 
+TEST(CpuZero, Stage2ShardsGradientsDuringBackward) {
+  for (int w : {1, 2, 4}) zero2_matches_plain_case(kCpu, DType::f64, w, /*micro=*/1);
+}
+
+TEST(CpuZero, Stage2AccumulatesMicroBatchesInTheShards) {
+  for (int w : {2, 3}) zero2_matches_plain_case(kCpu, DType::f64, w, /*micro=*/2);
+}
+
 // ---------------- DDP with the other memory techniques ----------------
 
 TEST(CpuDDP, CheckpointedModelUnderAutocast) {

@@ -169,4 +169,56 @@ inline void zero_matches_plain_case(Backend backend, DType dt, int world, bool r
   });
 }
 
+// ZeRO-2: each rank trains the same MLP on its slice of a global batch with AdamW, the gradients
+// reduce-scattered chunk by chunk during backward (tiny chunks: slices straddle parameters);
+// the reference trains on the whole batch (its MSE is the mean of the ranks'). `micro` backwards
+// per step (each on a part of the rank's slice, its loss scaled by 1/micro) add up in the
+// reduced slices. After every backward no rank holds a full gradient, only its slices: together
+// exactly one copy of the (padded) flat space.
+inline void zero2_matches_plain_case(Backend backend, DType dt, int world, int micro) {
+  run_ranks(world, [&](int rank, int W) {
+    auto pg = join(backend);
+    const Device dev = pg->device();
+    auto model = small_mlp(1000, dt, dev), ref = small_mlp(1000, dt, dev);
+    const optim::AdamWOptions ao = [] {
+      optim::AdamWOptions o;
+      o.lr = 0.01;
+      o.weight_decay = 0.1;
+      return o;
+    }();
+    ZeroOptions zo;
+    zo.chunk_mb = 24.0 * dtype_size(dt) / 1048576.0;  // 24 elements per chunk
+    zo.stage = 2;
+    ZeroRedundancyOptimizer zero(
+        model->parameters(), pg, [&](std::vector<Tensor> shard) { return std::make_unique<optim::AdamW>(shard, ao); },
+        zo);
+    optim::AdamW plain(ref->parameters(), ao);
+    const int64_t B = 4, es = static_cast<int64_t>(dtype_size(dt));
+    for (int step = 0; step < 3; ++step) {
+      Generator data_gen(77 + step);
+      Tensor X = on(randn({W * B, 6}, {DType::f64}, &data_gen), dt, dev);
+      Tensor Y = on(randn({W * B, 3}, {DType::f64}, &data_gen), dt, dev);
+      const int64_t rows = B / micro;
+      for (int k = 0; k < micro; ++k) {
+        const int64_t r0 = rank * B + k * rows;
+        Tensor x = raw::contiguous(raw::slice(X, 0, r0, r0 + rows, 1));
+        Tensor y = raw::contiguous(raw::slice(Y, 0, r0, r0 + rows, 1));
+        (mse_loss((*model)(x), y) * (1.0 / micro)).backward();
+        for (const Tensor& p : model->parameters()) EXPECT_FALSE(p.grad().defined()) << "a full gradient was kept";
+        EXPECT_EQ(zero.shard_grad_nbytes(), zero.shard_numel() * es);
+      }
+      mse_loss((*ref)(X), Y).backward();
+      zero.step();
+      plain.step();
+      zero.zero_grad();
+      plain.zero_grad();
+      auto mp = model->parameters(), rp = ref->parameters();
+      for (size_t i = 0; i < mp.size(); ++i)
+        EXPECT_TRUE(all_close(mp[i], rp[i], rtol_for(dt), atol_for(dt))) << "step " << step << ", param " << i;
+    }
+    // Every parameter has a gradient in every backward: each backward reduced every chunk.
+    EXPECT_EQ(zero.chunks_reduced_in_backward(), 3 * micro * static_cast<int64_t>(zero.num_chunks()));
+  });
+}
+
 }  // namespace mg::dist::testing
