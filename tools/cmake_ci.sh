@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The CMake build in CI: configures the CPU-only build (-DMEMGRAD_CUDA=OFF), builds the library,
 # the main job and the tests, runs every test through ctest (as tools/test.sh runs every Bazel
-# test: the ones labelled gpu skip their GPU cases), installs to a temporary prefix, then builds
-# and runs examples/embed_cmake against it twice: through find_package(memgrad CONFIG) and
-# through FetchContent of this tree. Prints the time of each step and ends with the tests' line
-# "N passed, M failed, K skipped" (gtest cases); exits non-zero if any step failed.
+# test: the ones labelled gpu skip their GPU cases) and the main job for one short epoch,
+# installs to a temporary prefix, then builds and runs examples/embed_cmake against it twice:
+# through find_package(memgrad CONFIG) and through FetchContent of this tree. Prints the time of
+# each step and ends with the tests' line "N passed, M failed, K skipped" (gtest cases); exits
+# non-zero if any step failed.
 #
 #   bash tools/cmake_ci.sh [CTEST_ARGS...]      e.g. -L small for the quick subset, -LE gpu
 #
@@ -71,6 +72,14 @@ if [ -f "$B/Testing/Temporary/LastTestsFailed.log" ]; then
     xml="$B/testlogs/$(echo "${name#//}" | tr ':' '/')/test.xml"
     grep -q "<failure" "$xml" 2>/dev/null || extra=$((extra + 1))
   done <"$B/Testing/Temporary/LastTestsFailed.log"
+fi
+
+# The main job trains one short epoch on the CPU (where the data set is installed).
+if [ $built -eq 1 ] && { [ -d /usr/share/datasets/fashion-mnist ] || [ -n "${MG_FASHION_MNIST:-}" ]; }; then
+  out=$("$B/bin/examples/fashion_mnist" --device cpu --limit-train 2048 --epochs 1 --no-progress 2>&1) ||
+    { echo "$out" | tail -5; fail "the main job"; }
+  grep "^epoch" <<<"$out"
+  step "main job (one short epoch)"
 fi
 
 # find_package(memgrad CONFIG) against the install, then FetchContent of this source tree.
