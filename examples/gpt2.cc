@@ -304,13 +304,22 @@ int train(Run& r) {
   const GPT2Flags& f = r.f;
   const int64_t T = r.model->config.block_size;
   std::vector<Tensor> params = r.model->parameters();
-  if (r.world > 1) r.ddp = std::make_shared<dist::DistributedDataParallel>(r.model, r.pg);
+  const bool zero2 = f.zero && f.zero_stage == 2 && r.world > 1;
+  // ZeRO-2 reduces the gradients itself; rank 0's initial parameters are everyone's, as DDP's are.
+  if (r.world > 1 && !zero2) r.ddp = std::make_shared<dist::DistributedDataParallel>(r.model, r.pg);
+  if (zero2) {
+    NoGradGuard ng;
+    for (const Tensor& p : params) r.pg->broadcast(p, 0);
+    for (const Tensor& b : r.model->buffers()) r.pg->broadcast(b, 0);
+  }
   std::unique_ptr<optim::Optimizer> opt;
   std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;
-  if (f.zero && r.world > 1)
+  if (f.zero && r.world > 1) {
+    dist::ZeroOptions zo;
+    zo.stage = f.zero_stage;
     zero = std::make_unique<dist::ZeroRedundancyOptimizer>(
-        params, r.pg, [&](std::vector<Tensor> p) { return examples::make_optimizer(f.train, std::move(p)); });
-  else
+        params, r.pg, [&](std::vector<Tensor> p) { return examples::make_optimizer(f.train, std::move(p)); }, zo);
+  } else
     opt = examples::make_optimizer(f.train, params);
   optim::Optimizer& optimizer = zero ? zero->local_optimizer() : *opt;
   examples::Schedule schedule(f.train, optimizer, f.steps, 1);
@@ -334,7 +343,8 @@ int train(Run& r) {
               << r.model->config.vocab_size << "\ntraining: " << f.steps << " steps of " << f.batch * r.world
               << " sequences (" << r.world << " rank(s) x " << f.grad_accum << " micro-batch(es) of " << r.micro
               << "), " << f.train.optimizer << " lr " << f.train.lr << ", " << schedule.describe() << ", amp " << f.amp
-              << ", recompute " << f.recompute << (zero ? ", ZeRO-1" : "") << ", device " << r.device << "\n";
+              << ", recompute " << f.recompute << (zero ? (zero2 ? ", ZeRO-2" : ", ZeRO-1") : "") << ", device "
+              << r.device << "\n";
   CategoryStats::get(r.device).reset_peak();
   examples::ProgressBar bar(f.progress && r.lead());
   const double initial_val = eval_loss(r);
@@ -430,6 +440,7 @@ int train(Run& r) {
       {"amp", f.amp},
       {"recompute", f.recompute},
       {"zero", zero != nullptr},
+      {"zero_stage", zero ? f.zero_stage : 0},
       {"skipped_steps", skipped},
       {"device", r.device.str()},
       {"seed", f.seed},

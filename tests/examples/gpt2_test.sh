@@ -3,7 +3,7 @@
 # ln(256) = 5.55 (bytes, uniform) and falls below 4.0 within 120 steps (measured 3.52 here; the
 # margin absorbs other summation orders and compilers); (2) a run stopped at step 20 and resumed from its
 # checkpoint ends exactly where the uninterrupted run ends; (3) --memory-budget fits or names the
-# smallest peak; (4) a bad flag is a usage error.
+# smallest peak; (4) ZeRO-2 on two ranks trains as DDP does; (5) a bad flag is a usage error.
 set -euo pipefail
 BIN="${TEST_SRCDIR}/${TEST_WORKSPACE:-memgrad}/examples/gpt2"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -68,6 +68,18 @@ done
 if "$BIN" --offload-blocks many 2>"$TMP/err"; then echo "FAIL: --offload-blocks many was accepted"; exit 1; fi
 grep -q -- "--offload-blocks" "$TMP/err" || { echo "FAIL: no message for --offload-blocks many"; cat "$TMP/err"; exit 1; }
 echo "offload blocks: a negative count or a word other than auto is refused; auto plans 0 blocks on the CPU and, like the checkpoint planner, trains as a plain run does (dropout on); the ladder checkpoints the blocks after the offloaded one"
+
+# ZeRO-2 on two CPU ranks trains as DDP does: the same gradients, averaged by a reduce-scatter
+# instead of an all-reduce (another summation order: f32 roundings apart, far below 1e-3).
+zero=(--nproc 2 --steps 6 --eval-every 0 --max-new-tokens 0 --clip-grad-norm 0)  # ZeRO-2 takes no global-norm clipping
+ddp_loss=$(field "$("$BIN" "${common[@]}" "${zero[@]}" | tail -1)" val_loss)
+z2=$("$BIN" "${common[@]}" "${zero[@]}" --zero-stage 2 | tail -1)
+[ "$(field "$z2" zero_stage)" = "2" ] || { echo "FAIL: --zero-stage 2 did not run ZeRO-2: $z2"; exit 1; }
+python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= 1e-3 * abs(a) else 1)" \
+  "$ddp_loss" "$(field "$z2" val_loss)" || { echo "FAIL: ZeRO-2 val_loss $(field "$z2" val_loss), DDP $ddp_loss"; exit 1; }
+if "$BIN" --zero-stage 3 2>"$TMP/err"; then echo "FAIL: --zero-stage 3 was accepted"; exit 1; fi
+grep -q -- "--zero-stage must be 1 or 2, got 3" "$TMP/err" || { echo "FAIL: no message for --zero-stage 3"; cat "$TMP/err"; exit 1; }
+echo "zero stage 2: two ranks end at val_loss $(field "$z2" val_loss), DDP at $ddp_loss"
 
 if "$BIN" --recompute sometimes 2>"$TMP/err"; then echo "FAIL: a bad flag was accepted"; exit 1; fi
 grep -q "unknown --recompute" "$TMP/err" || { echo "FAIL: no message naming the flag"; cat "$TMP/err"; exit 1; }
