@@ -4,6 +4,7 @@
 #include "distributed/zero.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
@@ -156,6 +157,32 @@ void ZeroRedundancyOptimizer::reduce_chunk(size_t k) {
     if (--unreduced_[i] == 0) params_[i].set_grad(Tensor());
 }
 
+// Chunks whose parameters did not all report (some had no gradient) are reduced now, in chunk
+// order on every rank; a chunk no backward reached counts as zeros.
+void ZeroRedundancyOptimizer::finish_reduction() {
+  for (size_t k = 0; k < chunks_.size(); ++k)
+    if (!reduced_[k] && waiting_[k] < static_cast<int64_t>(chunk_params_[k].size())) reduce_chunk(k);
+}
+
+double ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm) {
+  MG_CHECK(opts_.stage == 2, ValueError, "ZeroRedundancyOptimizer::clip_grad_norm_: stage 1 keeps the full ",
+           "gradients; clip them with optim::clip_grad_norm_ on the parameters");
+  MG_CHECK(std::isfinite(max_norm) && max_norm >= 0.0, ValueError,
+           "ZeroRedundancyOptimizer::clip_grad_norm_: max_norm must be finite and >= 0, got ", max_norm);
+  NoGradGuard ng;
+  finish_reduction();
+  std::vector<Tensor> slices;
+  for (const Tensor& g : shard_grads_)
+    if (g.defined()) slices.push_back(g);
+  const double mine = slices.empty() ? 0.0 : kernels::multi_tensor_norm(slices, 2.0);
+  Tensor sq = full({1}, mine * mine, {DType::f64, pg_->device()});
+  pg_->all_reduce(sq, ReduceOp::Sum);  // every element is in exactly one rank's slice
+  const double total = std::sqrt(raw::to_device(sq, Device::cpu()).item<double>());
+  const double coef = std::min(max_norm / (total + 1e-6), 1.0);
+  if (coef != 1.0 && !slices.empty()) kernels::multi_tensor_scale_(slices, coef);
+  return total;
+}
+
 int64_t ZeroRedundancyOptimizer::shard_grad_nbytes() const {
   int64_t n = 0;
   for (const Tensor& g : shard_grads_)
@@ -170,10 +197,7 @@ void ZeroRedundancyOptimizer::step() {
   //    a reduce-scattered chunk.
   std::vector<Tensor> reduced(chunks_.size());
   if (opts_.stage == 2) {
-    // Chunks whose parameters did not all report (some had no gradient) are reduced now, in
-    // chunk order on every rank; a chunk no backward reached counts as zeros.
-    for (size_t k = 0; k < chunks_.size(); ++k)
-      if (!reduced_[k] && waiting_[k] < static_cast<int64_t>(chunk_params_[k].size())) reduce_chunk(k);
+    finish_reduction();
     for (size_t k = 0; k < chunks_.size(); ++k)
       reduced[k] = shard_grads_[k].defined() ? shard_grads_[k] : zeros({chunks_[k].per_rank}, {dtype_, pg_->device()});
   } else if (opts_.reduce_gradients) {

@@ -51,6 +51,12 @@ class ZeroRedundancyOptimizer {
   ZeroRedundancyOptimizer(const ZeroRedundancyOptimizer&) = delete;
   ZeroRedundancyOptimizer& operator=(const ZeroRedundancyOptimizer&) = delete;
 
+  // Stage 2: clips the gradients' global 2-norm to max_norm as optim::clip_grad_norm_ does over
+  // the full gradients (coefficient min(max_norm / (norm + 1e-6), 1)), from the slices: each
+  // rank's sum of squares, one all-reduce. Call between backward and step(); returns the norm.
+  // Stage 1 keeps full gradients: clip those with optim::clip_grad_norm_ instead.
+  double clip_grad_norm_(double max_norm);
+
   // Stage 2: bytes of this rank's reduced gradient slices (1/N of the gradients), and the chunks
   // reduce-scattered during backward since construction.
   int64_t shard_grad_nbytes() const;
@@ -103,6 +109,7 @@ class ZeroRedundancyOptimizer {
   void reduce_chunk(size_t k);
   Tensor reduced_slice(size_t k) const;
   void start_round();
+  void finish_reduction();
   std::vector<std::vector<size_t>> chunk_params_, param_chunks_;
   std::vector<int64_t> waiting_, unreduced_;
   std::vector<uint8_t> reported_, reduced_;

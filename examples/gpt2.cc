@@ -378,7 +378,10 @@ int train(Run& r) {
     loss /= scaler.get_scale();
     if (f.train.clip_grad_norm > 0) {
       if (!zero) scaler.unscale_(optimizer);
-      optim::clip_grad_norm_(params, f.train.clip_grad_norm);
+      if (zero2)
+        zero->clip_grad_norm_(f.train.clip_grad_norm);  // from the gradient slices: one all-reduce
+      else
+        optim::clip_grad_norm_(params, f.train.clip_grad_norm);
     }
     if (zero)
       zero->step();

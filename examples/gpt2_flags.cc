@@ -250,8 +250,6 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
   MG_CHECK(f.nproc >= 0 && f.max_batch >= 1, ValueError, "--nproc must be >= 0 and --max-batch >= 1");
   MG_CHECK(f.zero_stage == 1 || f.zero_stage == 2, ValueError, "--zero-stage must be 1 or 2, got ", f.zero_stage);
   if (f.zero_stage == 2) f.zero = true;
-  MG_CHECK(!(f.zero_stage == 2 && f.train.clip_grad_norm > 0), ValueError,
-           "--zero-stage 2 with --clip-grad-norm: the full gradients never exist on a rank to take their norm");
   MG_CHECK(!(f.zero && f.amp == "f16"), ValueError,
            "--zero with --amp f16: the GradScaler steps a whole optimizer, ZeRO a shard (use bf16)");
   if (f.train.warmup_steps < 0) f.train.warmup_steps = f.steps / 20;

@@ -4,6 +4,7 @@
 
 #include "distributed/tensor_parallel.h"
 #include "distributed/zero.h"
+#include "optim/clip_grad.h"
 #include "tests/distributed/ddp_cases.h"
 
 namespace mg::dist::testing {
@@ -174,8 +175,9 @@ inline void zero_matches_plain_case(Backend backend, DType dt, int world, bool r
 // the reference trains on the whole batch (its MSE is the mean of the ranks'). `micro` backwards
 // per step (each on a part of the rank's slice, its loss scaled by 1/micro) add up in the
 // reduced slices. After every backward no rank holds a full gradient, only its slices: together
-// exactly one copy of the (padded) flat space.
-inline void zero2_matches_plain_case(Backend backend, DType dt, int world, int micro) {
+// exactly one copy of the (padded) flat space. `clip` > 0: the global norm clipped to it from the
+// slices, against optim::clip_grad_norm_ over the reference's full gradients (same norm, 1e-10).
+inline void zero2_matches_plain_case(Backend backend, DType dt, int world, int micro, double clip = 0) {
   run_ranks(world, [&](int rank, int W) {
     auto pg = join(backend);
     const Device dev = pg->device();
@@ -208,6 +210,11 @@ inline void zero2_matches_plain_case(Backend backend, DType dt, int world, int m
         EXPECT_EQ(zero.shard_grad_nbytes(), zero.shard_numel() * es);
       }
       mse_loss((*ref)(X), Y).backward();
+      if (clip > 0) {
+        const double a = zero.clip_grad_norm_(clip), b = optim::clip_grad_norm_(ref->parameters(), clip);
+        EXPECT_NEAR(a, b, 1e-10 * b) << "step " << step;
+        EXPECT_GT(b, clip) << "the test should clip";
+      }
       zero.step();
       plain.step();
       zero.zero_grad();

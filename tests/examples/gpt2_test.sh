@@ -69,9 +69,10 @@ if "$BIN" --offload-blocks many 2>"$TMP/err"; then echo "FAIL: --offload-blocks 
 grep -q -- "--offload-blocks" "$TMP/err" || { echo "FAIL: no message for --offload-blocks many"; cat "$TMP/err"; exit 1; }
 echo "offload blocks: a negative count or a word other than auto is refused; auto plans 0 blocks on the CPU and, like the checkpoint planner, trains as a plain run does (dropout on); the ladder checkpoints the blocks after the offloaded one"
 
-# ZeRO-2 on two CPU ranks trains as DDP does: the same gradients, averaged by a reduce-scatter
-# instead of an all-reduce (another summation order: f32 roundings apart, far below 1e-3).
-zero=(--nproc 2 --steps 6 --eval-every 0 --max-new-tokens 0 --clip-grad-norm 0)  # ZeRO-2 takes no global-norm clipping
+# ZeRO-2 on two CPU ranks trains as DDP does, gradient clipping included: the same gradients,
+# averaged by a reduce-scatter instead of an all-reduce, their norm summed from the slices
+# (other summation orders: f32 roundings apart, far below 1e-3).
+zero=(--nproc 2 --steps 6 --eval-every 0 --max-new-tokens 0 --clip-grad-norm 0.5)  # clipped from the slices
 ddp_loss=$(field "$("$BIN" "${common[@]}" "${zero[@]}" | tail -1)" val_loss)
 z2=$("$BIN" "${common[@]}" "${zero[@]}" --zero-stage 2 | tail -1)
 [ "$(field "$z2" zero_stage)" = "2" ] || { echo "FAIL: --zero-stage 2 did not run ZeRO-2: $z2"; exit 1; }
