@@ -183,6 +183,105 @@ double ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm) {
   return total;
 }
 
+StateDict ZeroRedundancyOptimizer::full_state_dict() const {
+  NoGradGuard ng;
+  const char* op = "ZeroRedundancyOptimizer::full_state_dict";
+  const int64_t N = pg_->size();
+  // The buffer names, from the first rank whose slice has state (a rank may own only padding).
+  std::string names;
+  int64_t step = 0;
+  for (const Piece& pc : pieces_)
+    if (const optim::ParamState* st = local_->state(pc.view)) {
+      step = std::max(step, st->step_value());
+      if (names.empty())
+        for (const auto& [name, t] : st->buffers) {
+          MG_CHECK(t.defined() && t.dtype() == dtype_ && t.numel() == pc.len, ValueError, op,
+                   ": the local optimizer's ", "buffer '", name, "' is not elementwise (",
+                   t.defined() ? shape_str(t.sizes()) : "undefined", " for a piece of ", pc.len, " elements)");
+          names += name + ",";
+        }
+    }
+  constexpr int64_t kNames = 256;
+  MG_CHECK(static_cast<int64_t>(names.size()) < kNames, ValueError, op, ": buffer names too long: ", names);
+  Tensor mine = zeros({kNames}, {DType::i64, Device::cpu()});  // one character an element
+  std::copy(names.begin(), names.end(), mine.data_ptr<int64_t>());
+  Tensor all = raw::to_device(pg_->all_gather(raw::to_device(mine, pg_->device())), Device::cpu());
+  names.clear();
+  for (int64_t r = 0; r < N && names.empty(); ++r)
+    for (int64_t j = 0; j < kNames && all.data_ptr<int64_t>()[r * kNames + j] != 0; ++j)
+      names += static_cast<char>(all.data_ptr<int64_t>()[r * kNames + j]);
+  Tensor steps = full({1}, static_cast<double>(step), {DType::i64, pg_->device()});
+  pg_->all_reduce(steps, ReduceOp::Max);
+  step = raw::to_device(steps, Device::cpu()).item<int64_t>();
+
+  StateDict sd;
+  const StateDict local = local_->state_dict();
+  sd.meta["type"] = local.meta["type"];
+  nlohmann::json group = local.meta["param_groups"][0];
+  nlohmann::json ids = nlohmann::json::array(), states = nlohmann::json::object();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    ids.push_back(static_cast<int64_t>(i));
+    if (!names.empty()) states[std::to_string(i)] = {{"step", step}};
+  }
+  group["params"] = ids;
+  sd.meta["param_groups"] = nlohmann::json::array({group});
+  sd.meta["state"] = states;
+  for (size_t start = 0, end; (end = names.find(',', start)) != std::string::npos; start = end + 1) {
+    const std::string name = names.substr(start, end - start);
+    std::vector<Tensor> whole;
+    for (const Tensor& p : params_) whole.push_back(zeros(p.sizes(), {dtype_, pg_->device()}));
+    for (size_t k = 0; k < chunks_.size(); ++k) {
+      const Chunk& c = chunks_[k];
+      Tensor slice = zeros({c.per_rank}, {dtype_, pg_->device()});
+      for (const Piece& pc : pieces_)
+        if (pc.chunk == k)
+          if (const optim::ParamState* st = local_->state(pc.view); st && st->buffers.count(name))
+            kernels::copy_(flat_slice(slice, pc.slice_offset, pc.len), st->buffers.at(name));
+      Tensor gathered = empty({c.per_rank * N}, {dtype_, pg_->device()});
+      pg_->all_gather(gathered, slice);
+      for_each_piece(c.global_begin, c.global_begin + c.per_rank * N,
+                     [&](size_t i, int64_t p_off, int64_t r_off, int64_t len) {
+                       kernels::copy_(flat_slice(whole[i], p_off, len), flat_slice(gathered, r_off, len));
+                     });
+    }
+    for (size_t i = 0; i < params_.size(); ++i) sd.tensors["state." + std::to_string(i) + "." + name] = whole[i];
+  }
+  return sd;
+}
+
+void ZeroRedundancyOptimizer::load_full_state_dict(const StateDict& sd) {
+  const char* op = "ZeroRedundancyOptimizer::load_full_state_dict";
+  MG_CHECK(sd.meta.contains("param_groups") && sd.meta["param_groups"].is_array() &&
+               sd.meta["param_groups"].size() == 1 && sd.meta.contains("state"),
+           ValueError, op, ": expected one parameter group and a state (a full_state_dict)");
+  const nlohmann::json& g = sd.meta["param_groups"][0];
+  MG_CHECK(g.contains("params") && g["params"].size() == params_.size(), ValueError, op, ": the dict holds ",
+           g.contains("params") ? g["params"].size() : 0, " parameters, this optimizer ", params_.size());
+  StateDict local;
+  const StateDict mine = local_->state_dict();
+  local.meta["type"] = sd.meta.value("type", mine.meta["type"]);
+  nlohmann::json lg = g;
+  lg["params"] = mine.meta["param_groups"][0]["params"];
+  local.meta["param_groups"] = nlohmann::json::array({lg});
+  nlohmann::json states = nlohmann::json::object();
+  for (size_t j = 0; j < pieces_.size(); ++j) {
+    const Piece& pc = pieces_[j];
+    const std::string key = std::to_string(pc.param);
+    if (!sd.meta["state"].contains(key)) continue;
+    states[std::to_string(j)] = sd.meta["state"][key];
+    const std::string prefix = "state." + key + ".";
+    for (auto it = sd.tensors.lower_bound(prefix); it != sd.tensors.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+      const Tensor& t = it->second;
+      MG_CHECK(t.numel() == params_[pc.param].numel(), ValueError, op, ": ", it->first, " has ", t.numel(),
+               " elements, parameter ", pc.param, " has ", params_[pc.param].numel());
+      local.tensors["state." + std::to_string(j) + "." + it->first.substr(prefix.size())] =
+          raw::clone(flat_slice(raw::contiguous(t), pc.param_offset, pc.len));
+    }
+  }
+  local.meta["state"] = states;
+  local_->load_state_dict(local);
+}
+
 int64_t ZeroRedundancyOptimizer::shard_grad_nbytes() const {
   int64_t n = 0;
   for (const Tensor& g : shard_grads_)

@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/state_dict.h"
 #include "distributed/process_group.h"
 #include "optim/optimizer.h"
 
@@ -50,6 +51,17 @@ class ZeroRedundancyOptimizer {
   ~ZeroRedundancyOptimizer();
   ZeroRedundancyOptimizer(const ZeroRedundancyOptimizer&) = delete;
   ZeroRedundancyOptimizer& operator=(const ZeroRedundancyOptimizer&) = delete;
+
+  // The optimizer state of every parameter, gathered from the ranks' slices chunk by chunk into
+  // the layout of one optimizer of the local type stepping all of `params` in one process (one
+  // group, the local group's options): what that optimizer's load_state_dict takes, and what
+  // load_full_state_dict takes at any world size and chunk size (resharding). Collective: every
+  // rank calls it and gets the whole dict. Elementwise state only (SGD's momentum, Adam's
+  // moments); a per-block buffer (AdamW8bit's codes) is a ValueError naming it.
+  StateDict full_state_dict() const;
+  // Takes this rank's slices of a full_state_dict (or of a one-process optimizer's state_dict of
+  // the local type over the same parameters); the group's options come with it. Not collective.
+  void load_full_state_dict(const StateDict& sd);
 
   // Stage 2: clips the gradients' global 2-norm to max_norm as optim::clip_grad_norm_ does over
   // the full gradients (coefficient min(max_norm / (norm + 1e-6), 1)), from the slices: each

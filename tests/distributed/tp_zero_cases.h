@@ -228,4 +228,77 @@ inline void zero2_matches_plain_case(Backend backend, DType dt, int world, int m
   });
 }
 
+// ZeRO's full state dict: after two AdamW steps (stage 2, 24-element chunks) the gathered state
+// equals the one-process AdamW's, moments and steps; a ZeRO over 40-element chunks (stage 1: other
+// slices) and a one-process AdamW both take it, and one more step on each gives the one-process
+// parameters.
+inline void zero_full_state_case(Backend backend, int world) {
+  run_ranks(world, [&](int rank, int W) {
+    auto pg = join(backend);
+    const Device dev = pg->device();
+    const DType dt = DType::f64;
+    auto model = small_mlp(1000, dt, dev), ref = small_mlp(1000, dt, dev);
+    optim::AdamWOptions ao;
+    ao.lr = 0.01;
+    ao.weight_decay = 0.1;
+    auto adamw = [&](std::vector<Tensor> p) { return std::make_unique<optim::AdamW>(p, ao); };
+    ZeroOptions zo;
+    zo.chunk_mb = 24.0 * dtype_size(dt) / 1048576.0;
+    zo.stage = 2;
+    ZeroRedundancyOptimizer zero(model->parameters(), pg, adamw, zo);
+    optim::AdamW plain(ref->parameters(), ao);
+    const int64_t B = 4;
+    auto batch = [&](int step) {
+      Generator data_gen(77 + step);
+      Tensor X = on(randn({W * B, 6}, {DType::f64}, &data_gen), dt, dev);
+      Tensor Y = on(randn({W * B, 3}, {DType::f64}, &data_gen), dt, dev);
+      return std::make_pair(X, Y);
+    };
+    for (int step = 0; step < 2; ++step) {
+      auto [X, Y] = batch(step);
+      Tensor x = raw::contiguous(raw::slice(X, 0, rank * B, (rank + 1) * B, 1));
+      Tensor y = raw::contiguous(raw::slice(Y, 0, rank * B, (rank + 1) * B, 1));
+      mse_loss((*model)(x), y).backward();
+      mse_loss((*ref)(X), Y).backward();
+      zero.step();
+      plain.step();
+      zero.zero_grad();
+      plain.zero_grad();
+    }
+    const StateDict full = zero.full_state_dict(), want = plain.state_dict();
+    EXPECT_EQ(full.meta["state"], want.meta["state"]);
+    ASSERT_EQ(full.tensors.size(), want.tensors.size());
+    for (const auto& [k, t] : want.tensors) {
+      ASSERT_TRUE(full.tensors.count(k)) << k;
+      EXPECT_TRUE(all_close(full.tensors.at(k), t, rtol_for(dt), atol_for(dt))) << k;
+    }
+    // Resharded: other chunks, stage 1 (its gradients are the averaged ones, as DDP leaves them).
+    std::vector<Tensor> other, solo_params;
+    for (const Tensor& p : ref->parameters()) {
+      other.push_back(nn::parameter(raw::clone(p)));
+      solo_params.push_back(nn::parameter(raw::clone(p)));
+    }
+    ZeroOptions zo1;
+    zo1.chunk_mb = 40.0 * dtype_size(dt) / 1048576.0;
+    ZeroRedundancyOptimizer resharded(other, pg, adamw, zo1);
+    resharded.load_full_state_dict(full);
+    optim::AdamW solo(solo_params, ao);
+    solo.load_state_dict(full);
+    auto [X, Y] = batch(2);
+    mse_loss((*ref)(X), Y).backward();
+    const auto rp = ref->parameters();
+    for (size_t i = 0; i < rp.size(); ++i) {
+      other[i].set_grad(raw::clone(rp[i].grad()));
+      solo_params[i].set_grad(raw::clone(rp[i].grad()));
+    }
+    plain.step();
+    resharded.step();
+    solo.step();
+    for (size_t i = 0; i < rp.size(); ++i) {
+      EXPECT_TRUE(all_close(other[i], rp[i], rtol_for(dt), atol_for(dt))) << "resharded, param " << i;
+      EXPECT_TRUE(all_close(solo_params[i], rp[i], rtol_for(dt), atol_for(dt))) << "one process, param " << i;
+    }
+  });
+}
+
 }  // namespace mg::dist::testing
