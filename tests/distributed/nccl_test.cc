@@ -152,6 +152,22 @@ TEST(NcclZero, ShardsAdamsMomentsTwoGpus) {
   zero_adam_case(kNccl, 2);
 }
 
+// ZeRO-2 through NCCL: the CPU backend's cases in f32 (gradients reduce-scattered in backward,
+// micro-batches, the clipped norm), and the full state dict resharded; one GPU runs the same code
+// at world size 1, two GPUs are their own tests.
+TEST(NcclZero, Stage2OneGpu) {
+  MG_REQUIRE_GPUS(1);
+  zero2_matches_plain_case(kNccl, DType::f32, 1, 2, /*clip=*/0.05);
+  zero_full_state_case(kNccl, 1);
+}
+
+TEST(NcclZero, Stage2TwoGpus) {
+  MG_REQUIRE_GPUS(2);
+  zero2_matches_plain_case(kNccl, DType::f32, 2, 1);
+  zero2_matches_plain_case(kNccl, DType::f32, 2, 2, /*clip=*/0.05);
+  zero_full_state_case(kNccl, 2);
+}
+
 TEST(NcclDDP, CheckpointedModelUnderAutocastOneGpu) {
   MG_REQUIRE_GPUS(1);
   ddp_checkpoint_autocast_case(kNccl, 1);
