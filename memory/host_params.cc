@@ -128,11 +128,14 @@ HostParams::~HostParams() {
 // On the thread running backward: the gradient to pinned memory on the copy stream, once the
 // work that made it (queued on the current stream) is done; the worker takes it from there.
 void HostParams::on_gradient(size_t i, Tensor grad) {
-  MG_CHECK(!(step_ && seen_[i]), AutogradError, "HostParams: host parameter ", i, " of shape ",
-           shape_str(params_[i].sizes()),
-           " received a second gradient in one round while stepping (used by two separately accumulated "
-           "paths, or two backward() calls without provide_casts() between them); its update would be split in two");
-  seen_[i] = 1;
+  // While stepping, one gradient a round; with stepping off they add up, as many as come.
+  if (step_) {
+    MG_CHECK(!seen_[i], AutogradError, "HostParams: host parameter ", i, " of shape ", shape_str(params_[i].sizes()),
+             " received a second gradient in one round while stepping (used by two separately accumulated "
+             "paths, or two backward() calls without provide_casts() between them); its update would be split in "
+             "two");
+    seen_[i] = 1;
+  }
   if (!grad.is_contiguous()) grad = raw::contiguous(grad);
   auto t = std::make_unique<Task>();
   t->i = i;
