@@ -543,6 +543,7 @@ mg_bazel_target(library //distributed:distributed
     //kernels:kernels
     //nn:nn
     //optim:optim
+    //serialize:serialize
   CUDA_DEPS
     //distributed:nccl_backend
 )

@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "kernels/ops.h"
 #include "nn/module.h"
+#include "serialize/serialize.h"
 
 namespace mg::dist {
 
@@ -183,9 +185,8 @@ double ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm) {
   return total;
 }
 
-StateDict ZeroRedundancyOptimizer::full_state_dict() const {
-  NoGradGuard ng;
-  const char* op = "ZeroRedundancyOptimizer::full_state_dict";
+std::pair<std::string, int64_t> ZeroRedundancyOptimizer::state_layout() const {
+  const char* op = "ZeroRedundancyOptimizer: the state";
   const int64_t N = pg_->size();
   // The buffer names, from the first rank whose slice has state (a rank may own only padding).
   std::string names;
@@ -212,8 +213,22 @@ StateDict ZeroRedundancyOptimizer::full_state_dict() const {
       names += static_cast<char>(all.data_ptr<int64_t>()[r * kNames + j]);
   Tensor steps = full({1}, static_cast<double>(step), {DType::i64, pg_->device()});
   pg_->all_reduce(steps, ReduceOp::Max);
-  step = raw::to_device(steps, Device::cpu()).item<int64_t>();
+  return {names, raw::to_device(steps, Device::cpu()).item<int64_t>()};
+}
 
+namespace {
+std::vector<std::string> split_names(const std::string& names) {
+  std::vector<std::string> out;
+  for (size_t start = 0, end; (end = names.find(',', start)) != std::string::npos; start = end + 1)
+    out.push_back(names.substr(start, end - start));
+  return out;
+}
+}  // namespace
+
+StateDict ZeroRedundancyOptimizer::full_state_dict() const {
+  NoGradGuard ng;
+  const int64_t N = pg_->size();
+  const auto [names, step] = state_layout();
   StateDict sd;
   const StateDict local = local_->state_dict();
   sd.meta["type"] = local.meta["type"];
@@ -226,8 +241,7 @@ StateDict ZeroRedundancyOptimizer::full_state_dict() const {
   group["params"] = ids;
   sd.meta["param_groups"] = nlohmann::json::array({group});
   sd.meta["state"] = states;
-  for (size_t start = 0, end; (end = names.find(',', start)) != std::string::npos; start = end + 1) {
-    const std::string name = names.substr(start, end - start);
+  for (const std::string& name : split_names(names)) {
     std::vector<Tensor> whole;
     for (const Tensor& p : params_) whole.push_back(zeros(p.sizes(), {dtype_, pg_->device()}));
     for (size_t k = 0; k < chunks_.size(); ++k) {
@@ -280,6 +294,104 @@ void ZeroRedundancyOptimizer::load_full_state_dict(const StateDict& sd) {
   }
   local.meta["state"] = states;
   local_->load_state_dict(local);
+}
+
+namespace {
+std::string shard_path(const std::string& dir, int64_t rank, int64_t world) {
+  return dir + "/zero-shard-" + std::to_string(rank) + "-of-" + std::to_string(world) + ".safetensors";
+}
+}  // namespace
+
+void ZeroRedundancyOptimizer::save_sharded(const std::string& dir) const {
+  NoGradGuard ng;
+  const auto [names, step] = state_layout();
+  const int64_t N = pg_->size(), rank = pg_->rank();
+  StateDict sd;
+  nlohmann::json chunks = nlohmann::json::array(), params = nlohmann::json::array();
+  for (const Chunk& c : chunks_) chunks.push_back({c.global_begin, c.per_rank});
+  for (size_t i = 0; i < params_.size(); ++i)
+    params.push_back({{"shape", params_[i].sizes()}, {"offset", offsets_[i]}});
+  const StateDict local = local_->state_dict();
+  nlohmann::json group = local.meta["param_groups"][0];
+  group.erase("params");
+  sd.meta["zero"] = {{"rank", rank},     {"world", N},
+                     {"total", total_},  {"chunks", chunks},
+                     {"params", params}, {"type", local.meta["type"]},
+                     {"group", group},   {"step", step},
+                     {"names", names},   {"dtype", dtype_name(dtype_)}};
+  for (const std::string& name : split_names(names))
+    for (size_t k = 0; k < chunks_.size(); ++k) {
+      Tensor slice = zeros({chunks_[k].per_rank}, {dtype_, Device::cpu()});
+      for (const Piece& pc : pieces_)
+        if (pc.chunk == k)
+          if (const optim::ParamState* st = local_->state(pc.view); st && st->buffers.count(name))
+            kernels::copy_(flat_slice(slice, pc.slice_offset, pc.len),
+                           raw::to_device(st->buffers.at(name), Device::cpu()));
+      sd.tensors["chunk." + std::to_string(k) + "." + name] = slice;
+    }
+  serialize::save(sd, shard_path(dir, rank, N));
+  pg_->barrier();
+}
+
+StateDict ZeroRedundancyOptimizer::read_sharded(const std::string& dir) {
+  const char* op = "ZeroRedundancyOptimizer::read_sharded";
+  // The layout from rank 0's shard; every other shard must carry the same.
+  StateDict first = serialize::load([&] {
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      const std::string f = e.path().filename().string();
+      if (f.rfind("zero-shard-0-of-", 0) == 0) return e.path().string();
+    }
+    throw IOError(detail::format(op, ": no zero-shard-0-of-N.safetensors in ", dir));
+  }());
+  MG_CHECK(first.meta.contains("zero"), IOError, op, ": rank 0's shard in ", dir, " holds no ZeRO layout");
+  const nlohmann::json layout = first.meta["zero"];
+  const int64_t world = layout["world"].get<int64_t>();
+  const std::vector<std::string> names = split_names(layout["names"].get<std::string>());
+  const DType dtype = first.tensors.empty() ? DType::f32 : first.tensors.begin()->second.dtype();
+  std::vector<Tensor> whole_of;  // per parameter, then per name: index p * names + n
+  std::vector<int64_t> offsets;
+  for (const auto& p : layout["params"]) offsets.push_back(p["offset"].get<int64_t>());
+  const int64_t total = layout["total"].get<int64_t>();
+  for (const auto& p : layout["params"])
+    for (size_t n = 0; n < names.size(); ++n) whole_of.push_back(zeros(p["shape"].get<Shape>(), {dtype}));
+  for (int64_t r = 0; r < world; ++r) {
+    const std::string path = shard_path(dir, r, world);
+    MG_CHECK(std::filesystem::exists(path), IOError, op, ": ", path, " is missing (rank ", r, " of ", world, ")");
+    const StateDict shard = r == 0 ? first : serialize::load(path);
+    MG_CHECK(shard.meta.contains("zero") && shard.meta["zero"]["chunks"] == layout["chunks"] &&
+                 shard.meta["zero"]["params"] == layout["params"] && shard.meta["zero"]["rank"] == r,
+             IOError, op, ": ", path, " was written with another layout than rank 0's shard");
+    for (size_t k = 0; k < layout["chunks"].size(); ++k) {
+      const int64_t begin = layout["chunks"][k][0].get<int64_t>(), per_rank = layout["chunks"][k][1].get<int64_t>();
+      const int64_t lo = begin + r * per_rank, hi = std::min(lo + per_rank, total);
+      for (size_t n = 0; n < names.size(); ++n) {
+        const std::string key = "chunk." + std::to_string(k) + "." + names[n];
+        MG_CHECK(shard.tensors.count(key) && shard.tensors.at(key).numel() == per_rank, IOError, op, ": ", path,
+                 " lacks ", key, " of ", per_rank, " elements");
+        const Tensor& slice = shard.tensors.at(key);
+        auto it = std::upper_bound(offsets.begin(), offsets.end(), lo);
+        for (size_t i = it == offsets.begin() ? 0 : static_cast<size_t>(it - offsets.begin() - 1);
+             i < offsets.size() && offsets[i] < hi; ++i) {
+          const Tensor& w = whole_of[i * names.size() + n];
+          const int64_t a = std::max(lo, offsets[i]), b = std::min(hi, offsets[i] + w.numel());
+          if (a < b) kernels::copy_(flat_slice(w, a - offsets[i], b - a), flat_slice(slice, a - lo, b - a));
+        }
+      }
+    }
+  }
+  StateDict sd;
+  sd.meta["type"] = layout["type"];
+  nlohmann::json group = layout["group"], ids = nlohmann::json::array(), states = nlohmann::json::object();
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    ids.push_back(static_cast<int64_t>(i));
+    if (!names.empty()) states[std::to_string(i)] = {{"step", layout["step"]}};
+    for (size_t n = 0; n < names.size(); ++n)
+      sd.tensors["state." + std::to_string(i) + "." + names[n]] = whole_of[i * names.size() + n];
+  }
+  group["params"] = ids;
+  sd.meta["param_groups"] = nlohmann::json::array({group});
+  sd.meta["state"] = states;
+  return sd;
 }
 
 int64_t ZeroRedundancyOptimizer::shard_grad_nbytes() const {

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/state_dict.h"
@@ -62,6 +64,21 @@ class ZeroRedundancyOptimizer {
   // Takes this rank's slices of a full_state_dict (or of a one-process optimizer's state_dict of
   // the local type over the same parameters); the group's options come with it. Not collective.
   void load_full_state_dict(const StateDict& sd);
+
+  // Sharded checkpoints: every rank writes its slices of the optimizer state, chunk by chunk, to
+  // dir/zero-shard-<rank>-of-<N>.safetensors, and the layout (world size, chunks, each
+  // parameter's shape and flat offset, the optimizer's type, options and step) goes into every
+  // shard's metadata; each file is written atomically, then the ranks meet at a barrier. The
+  // directory must exist. Collective.
+  void save_sharded(const std::string& dir) const;
+  // The whole state dict (full_state_dict's layout) from a directory save_sharded wrote at any
+  // world size: every shard is read and its slices placed. A missing shard, or shards of another
+  // layout, is an mg::IOError naming the file.
+  static StateDict read_sharded(const std::string& dir);
+  // This rank's slices from such a directory, at any world size or chunk size (resharding):
+  // load_full_state_dict(read_sharded(dir)). Not collective; it holds the whole state while it
+  // loads.
+  void load_sharded(const std::string& dir) { load_full_state_dict(read_sharded(dir)); }
 
   // Stage 2: clips the gradients' global 2-norm to max_norm as optim::clip_grad_norm_ does over
   // the full gradients (coefficient min(max_norm / (norm + 1e-6), 1)), from the slices: each
@@ -122,6 +139,8 @@ class ZeroRedundancyOptimizer {
   Tensor reduced_slice(size_t k) const;
   void start_round();
   void finish_reduction();
+  // The local state's buffer names ("a,b,") and the largest step, agreed over the ranks.
+  std::pair<std::string, int64_t> state_layout() const;
   std::vector<std::vector<size_t>> chunk_params_, param_chunks_;
   std::vector<int64_t> waiting_, unreduced_;
   std::vector<uint8_t> reported_, reduced_;

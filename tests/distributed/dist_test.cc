@@ -457,6 +457,8 @@ TEST(CpuZero, FullStateDictReshardsAndLoadsInOneProcess) {
   for (int w : {1, 2, 3}) zero_full_state_case(kCpu, w);
 }
 
+TEST(CpuZero, ShardedCheckpointLoadsAtAnotherWorldSize) { zero_sharded_checkpoint_case(kCpu); }
+
 TEST(CpuZero, Stage2ClipsTheGlobalNormFromTheShards) {
   for (int w : {2, 4}) zero2_matches_plain_case(kCpu, DType::f64, w, /*micro=*/1, /*clip=*/0.05);
 }

@@ -1,6 +1,9 @@
-// Tensor parallel layers against the unsharded layers (outputs and every gradient), and
-// ZeRO-1 against a plain optimizer. Shared by the CPU and NCCL binaries.
+// Tensor parallel layers against the unsharded layers (outputs and every gradient); ZeRO-1 and
+// ZeRO-2 against a plain optimizer, their state gathered whole and saved in shards. Shared by the
+// CPU and NCCL binaries.
 #pragma once
+
+#include <filesystem>
 
 #include "distributed/tensor_parallel.h"
 #include "distributed/zero.h"
@@ -300,6 +303,91 @@ inline void zero_full_state_case(Backend backend, int world) {
       EXPECT_TRUE(all_close(solo_params[i], rp[i], rtol_for(dt), atol_for(dt))) << "one process, param " << i;
     }
   });
+}
+
+// Sharded checkpoints: 2 ranks train two AdamW steps (stage 2) and save their slices; the
+// directory read whole equals the gathered state; 3 ranks (other slices) load it and take the
+// next step to the one-process parameters; a directory missing a shard names the file.
+inline void zero_sharded_checkpoint_case(Backend backend) {
+  const DType dt = DType::f64;
+  const std::string dir =
+      std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/zero_shards";
+  optim::AdamWOptions ao;
+  ao.lr = 0.01;
+  ao.weight_decay = 0.1;
+  auto adamw = [ao](std::vector<Tensor> p) { return std::make_unique<optim::AdamW>(p, ao); };
+  const int64_t B = 4, W0 = 2;  // the saving run's ranks: its global batch has W0 * B rows
+  auto batch = [&](int step, Device dev) {
+    Generator data_gen(77 + step);
+    Tensor X = on(randn({W0 * B, 6}, {DType::f64}, &data_gen), dt, dev);
+    Tensor Y = on(randn({W0 * B, 3}, {DType::f64}, &data_gen), dt, dev);
+    return std::make_pair(X, Y);
+  };
+  run_ranks(W0, [&](int rank, int W) {
+    auto pg = join(backend);
+    const Device dev = pg->device();
+    auto model = small_mlp(1000, dt, dev);
+    ZeroOptions zo;
+    zo.chunk_mb = 24.0 * dtype_size(dt) / 1048576.0;
+    zo.stage = 2;
+    ZeroRedundancyOptimizer zero(model->parameters(), pg, adamw, zo);
+    for (int step = 0; step < 2; ++step) {
+      auto [X, Y] = batch(step, dev);
+      Tensor x = raw::contiguous(raw::slice(X, 0, rank * B, (rank + 1) * B, 1));
+      Tensor y = raw::contiguous(raw::slice(Y, 0, rank * B, (rank + 1) * B, 1));
+      mse_loss((*model)(x), y).backward();
+      zero.step();
+      zero.zero_grad();
+    }
+    std::filesystem::create_directories(dir);
+    zero.save_sharded(dir);
+    const StateDict full = zero.full_state_dict(), read = ZeroRedundancyOptimizer::read_sharded(dir);
+    EXPECT_EQ(read.meta["state"], full.meta["state"]);
+    ASSERT_EQ(read.tensors.size(), full.tensors.size());
+    for (const auto& [k, t] : full.tensors) EXPECT_TRUE(all_close(read.tensors.at(k), t, 0, 0)) << k;
+    EXPECT_TRUE(std::filesystem::exists(dir + "/zero-shard-" + std::to_string(rank) + "-of-2.safetensors"));
+  });
+  run_ranks(3, [&](int, int) {
+    auto pg = join(backend);
+    const Device dev = pg->device();
+    auto ref = small_mlp(1000, dt, dev);
+    optim::AdamW plain(ref->parameters(), ao);
+    for (int step = 0; step < 3; ++step) {
+      auto [X, Y] = batch(step, dev);
+      mse_loss((*ref)(X), Y).backward();
+      if (step < 2) {
+        plain.step();
+        plain.zero_grad();
+      }
+    }
+    // ref now holds the two-step parameters and the third step's gradients.
+    std::vector<Tensor> mine;
+    for (const Tensor& p : ref->parameters()) {
+      mine.push_back(nn::parameter(raw::clone(p)));
+      mine.back().set_grad(raw::clone(p.grad()));
+    }
+    ZeroOptions zo;
+    zo.chunk_mb = 40.0 * dtype_size(dt) / 1048576.0;
+    ZeroRedundancyOptimizer zero(mine, pg, adamw, zo);
+    zero.load_sharded(dir);
+    zero.step();
+    plain.step();
+    const auto rp = ref->parameters();
+    for (size_t i = 0; i < rp.size(); ++i)
+      EXPECT_TRUE(all_close(mine[i], rp[i], rtol_for(dt), atol_for(dt))) << "param " << i;
+  });
+  // A shard gone: the error names it.
+  const std::string broken = dir + "_broken";
+  std::filesystem::create_directories(broken);
+  std::filesystem::copy_file(dir + "/zero-shard-0-of-2.safetensors", broken + "/zero-shard-0-of-2.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::remove(broken + "/zero-shard-1-of-2.safetensors");
+  try {
+    ZeroRedundancyOptimizer::read_sharded(broken);
+    ADD_FAILURE() << "a missing shard was not noticed";
+  } catch (const IOError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero-shard-1-of-2.safetensors is missing"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace mg::dist::testing
