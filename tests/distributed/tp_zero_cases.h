@@ -212,6 +212,10 @@ inline void zero2_matches_plain_case(Backend backend, DType dt, int world, int m
         (mse_loss((*model)(x), y) * (1.0 / micro)).backward();
         for (const Tensor& p : model->parameters()) EXPECT_FALSE(p.grad().defined()) << "a full gradient was kept";
         EXPECT_EQ(zero.shard_grad_nbytes(), zero.shard_numel() * es);
+        // Measured, not computed: what the allocator counts as gradients on this rank's device
+        // after backward is its slices, 1/N of the padded flat space (the reference model holds
+        // no gradient here: its backward comes after, its last ones were dropped).
+        EXPECT_EQ(CategoryStats::get(dev).counter(MemoryCategory::Gradients).current, zero.shard_numel() * es);
       }
       mse_loss((*ref)(X), Y).backward();
       if (clip > 0) {
