@@ -8,6 +8,7 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "core/profiler.h"
 #include "kernels/ops.h"
 
 namespace mg::dist {
@@ -186,6 +187,7 @@ void DistributedDataParallel::launch(Bucket& b) {
       kernels::fill_(dst, 0.0);  // an unused parameter contributes zero
     }
   }
+  profiler::instant("ddp bucket all_reduce", "collective", {{"bytes", b.flat.nbytes()}});  // launched, not waited
   b.work = pg_->all_reduce_async(b.flat, ReduceOp::Avg);
 }
 

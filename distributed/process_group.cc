@@ -7,6 +7,7 @@
 #include "core/device_runtime.h"
 #include "core/enum_name.h"
 #include "core/env.h"
+#include "core/profiler.h"
 #include "distributed/backends.h"
 #include "distributed/launch_env.h"
 #include "kernels/ops.h"
@@ -133,14 +134,17 @@ void on_contiguous(const Tensor& t, F&& fn) {
 }  // namespace
 
 void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op) {
+  profiler::Range range("all_reduce", "collective");  // a trace's collective track (core/profiler.h)
   on_contiguous(t, [&](const Tensor& c) { all_reduce_async(c, op)->wait(); });
 }
 
 void ProcessGroup::broadcast(const Tensor& t, int root) {
+  profiler::Range range("broadcast", "collective");
   on_contiguous(t, [&](const Tensor& c) { broadcast_async(c, root)->wait(); });
 }
 
 void ProcessGroup::all_gather(const Tensor& out, const Tensor& in) {
+  profiler::Range range("all_gather", "collective");
   Tensor src = in.defined() && !in.is_contiguous() ? raw::contiguous(in) : in;
   on_contiguous(out, [&](const Tensor& c) { all_gather_async(c, src)->wait(); });
 }
@@ -155,6 +159,7 @@ Tensor ProcessGroup::all_gather(const Tensor& in) {
 }
 
 void ProcessGroup::reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) {
+  profiler::Range range("reduce_scatter", "collective");
   Tensor src = in.defined() && !in.is_contiguous() ? raw::contiguous(in) : in;
   on_contiguous(out, [&](const Tensor& c) { reduce_scatter_async(c, src, op)->wait(); });
 }

@@ -7,10 +7,14 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <map>
 #include <set>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "autograd/node.h"
+#include "core/profiler.h"
 #include "tests/error_of.h"
 #include "data/dataloader.h"
 #include "distributed/distributed_sampler.h"
@@ -464,6 +468,36 @@ TEST(CpuZero, Stage2ClipsTheGlobalNormFromTheShards) {
 }
 
 // ---------------- DDP with the other memory techniques ----------------
+
+// A trace taken on a rank holds its collectives: each blocking collective as a range in the
+// "collective" category, each DDP bucket's launch as an instant with its bytes; the file passes
+// the trace validator.
+TEST(CpuProfiler, CollectivesAreOnTheTrace) {
+  run_ranks(2, [](int, int) {
+    auto pg = join(kCpu);
+    auto model = small_mlp(3, DType::f32, pg->device());
+    DistributedDataParallel ddp(model, pg);
+    profiler::start();
+    Tensor t = ones({64});
+    pg->all_reduce(t);
+    Tensor out = empty({32});
+    pg->reduce_scatter(out, t);
+    mse_loss(ddp(randn({4, 6})), randn({4, 3})).backward();
+    profiler::stop();
+    const std::string json = profiler::chrome_trace_json();
+    EXPECT_EQ(profiler::validate_chrome_trace(json), "");
+    const nlohmann::json trace = nlohmann::json::parse(json);
+    std::map<std::string, int> seen;
+    for (const auto& e : trace["traceEvents"])
+      if (e.value("cat", "") == "collective") {
+        seen[e["name"].get<std::string>()]++;
+        if (e["name"] == "ddp bucket all_reduce") EXPECT_GT(e["args"]["bytes"].get<int64_t>(), 0);
+      }
+    EXPECT_EQ(seen["all_reduce"], 1);
+    EXPECT_EQ(seen["reduce_scatter"], 1);
+    EXPECT_GE(seen["ddp bucket all_reduce"], 1);
+  });
+}
 
 TEST(CpuDDP, CheckpointedModelUnderAutocast) {
   for (int w : {1, 2}) ddp_checkpoint_autocast_case(kCpu, w);
