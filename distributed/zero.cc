@@ -19,18 +19,28 @@ namespace {
 Tensor flat_slice(const Tensor& t, int64_t begin, int64_t len) {
   return raw::slice(raw::view(t, {t.numel()}), 0, begin, begin + len, 1);
 }
+
+// Calls fn(i, offset in tensor i, offset in [begin, end), length) for every run of tensor i
+// inside the flat range [begin, min(end, total)), where tensor i starts at offsets[i] and holds
+// numel(i) elements.
+template <class Numel, class F>
+void for_each_overlap(const std::vector<int64_t>& offsets, int64_t total, int64_t begin, int64_t end, Numel numel,
+                      F&& fn) {
+  end = std::min(end, total);
+  auto it = std::upper_bound(offsets.begin(), offsets.end(), begin);
+  size_t i = it == offsets.begin() ? 0 : static_cast<size_t>(it - offsets.begin() - 1);
+  for (; i < offsets.size() && offsets[i] < end; ++i) {
+    const int64_t p_begin = offsets[i], p_end = p_begin + numel(i);
+    const int64_t a = std::max(begin, p_begin), b = std::min(end, p_end);
+    if (a < b) fn(i, a - p_begin, a - begin, b - a);
+  }
+}
 }  // namespace
 
 template <class F>
 void ZeroRedundancyOptimizer::for_each_piece(int64_t begin, int64_t end, F&& fn) const {
-  end = std::min(end, total_);
-  auto it = std::upper_bound(offsets_.begin(), offsets_.end(), begin);
-  size_t i = it == offsets_.begin() ? 0 : static_cast<size_t>(it - offsets_.begin() - 1);
-  for (; i < params_.size() && offsets_[i] < end; ++i) {
-    const int64_t p_begin = offsets_[i], p_end = p_begin + params_[i].numel();
-    const int64_t a = std::max(begin, p_begin), b = std::min(end, p_end);
-    if (a < b) fn(i, a - p_begin, a - begin, b - a);
-  }
+  for_each_overlap(
+      offsets_, total_, begin, end, [&](size_t i) { return params_[i].numel(); }, std::forward<F>(fn));
 }
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, std::shared_ptr<ProcessGroup> pg,
@@ -111,6 +121,7 @@ void ZeroRedundancyOptimizer::start_round() {
   for (size_t i = 0; i < params_.size(); ++i) unreduced_[i] = static_cast<int64_t>(param_chunks_[i].size());
   reported_.assign(params_.size(), 0);
   reduced_.assign(chunks_.size(), 0);
+  reduced_count_ = 0;
 }
 
 // A parameter's gradient is final for this backward: the chunks it completes are reduced now.
@@ -125,7 +136,7 @@ void ZeroRedundancyOptimizer::on_gradient(size_t i) {
       reduce_chunk(k);
       ++reduced_in_backward_;
     }
-  if (std::all_of(reduced_.begin(), reduced_.end(), [](uint8_t r) { return r != 0; })) start_round();
+  if (reduced_count_ == chunks_.size()) start_round();
 }
 
 // Chunk k's gradients (zeros where a parameter has none), averaged over the ranks: this rank's
@@ -150,11 +161,11 @@ Tensor ZeroRedundancyOptimizer::reduced_slice(size_t k) const {
 // Stage 2: chunk k reduced into this rank's slices (added to what earlier backwards left); a
 // parameter whose chunks are all reduced gives its full gradient up.
 void ZeroRedundancyOptimizer::reduce_chunk(size_t k) {
-  NoGradGuard ng;
-  MemoryCategoryGuard cat(MemoryCategory::Gradients);
+  MemoryCategoryGuard cat(MemoryCategory::Gradients);  // the sum below
   Tensor mine = reduced_slice(k);
   shard_grads_[k] = shard_grads_[k].defined() ? kernels::add(shard_grads_[k], mine) : mine;
   reduced_[k] = 1;
+  ++reduced_count_;
   for (size_t i : chunk_params_[k])
     if (--unreduced_[i] == 0) params_[i].set_grad(Tensor());
 }
@@ -216,6 +227,17 @@ std::pair<std::string, int64_t> ZeroRedundancyOptimizer::state_layout() const {
   return {names, raw::to_device(steps, Device::cpu()).item<int64_t>()};
 }
 
+// This rank's slice of chunk k of the state buffer `name` (zeros where it owns padding or a piece
+// has no state yet).
+Tensor ZeroRedundancyOptimizer::state_slice(size_t k, const std::string& name) const {
+  Tensor slice = zeros({chunks_[k].per_rank}, {dtype_, pg_->device()});
+  for (const Piece& pc : pieces_)
+    if (pc.chunk == k)
+      if (const optim::ParamState* st = local_->state(pc.view); st && st->buffers.count(name))
+        kernels::copy_(flat_slice(slice, pc.slice_offset, pc.len), st->buffers.at(name));
+  return slice;
+}
+
 namespace {
 std::vector<std::string> split_names(const std::string& names) {
   std::vector<std::string> out;
@@ -246,11 +268,7 @@ StateDict ZeroRedundancyOptimizer::full_state_dict() const {
     for (const Tensor& p : params_) whole.push_back(zeros(p.sizes(), {dtype_, pg_->device()}));
     for (size_t k = 0; k < chunks_.size(); ++k) {
       const Chunk& c = chunks_[k];
-      Tensor slice = zeros({c.per_rank}, {dtype_, pg_->device()});
-      for (const Piece& pc : pieces_)
-        if (pc.chunk == k)
-          if (const optim::ParamState* st = local_->state(pc.view); st && st->buffers.count(name))
-            kernels::copy_(flat_slice(slice, pc.slice_offset, pc.len), st->buffers.at(name));
+      Tensor slice = state_slice(k, name);
       Tensor gathered = empty({c.per_rank * N}, {dtype_, pg_->device()});
       pg_->all_gather(gathered, slice);
       for_each_piece(c.global_begin, c.global_begin + c.per_rank * N,
@@ -321,13 +339,7 @@ void ZeroRedundancyOptimizer::save_sharded(const std::string& dir) const {
                      {"names", names},   {"dtype", dtype_name(dtype_)}};
   for (const std::string& name : split_names(names))
     for (size_t k = 0; k < chunks_.size(); ++k) {
-      Tensor slice = zeros({chunks_[k].per_rank}, {dtype_, Device::cpu()});
-      for (const Piece& pc : pieces_)
-        if (pc.chunk == k)
-          if (const optim::ParamState* st = local_->state(pc.view); st && st->buffers.count(name))
-            kernels::copy_(flat_slice(slice, pc.slice_offset, pc.len),
-                           raw::to_device(st->buffers.at(name), Device::cpu()));
-      sd.tensors["chunk." + std::to_string(k) + "." + name] = slice;
+      sd.tensors["chunk." + std::to_string(k) + "." + name] = raw::to_device(state_slice(k, name), Device::cpu());
     }
   serialize::save(sd, shard_path(dir, rank, N));
   pg_->barrier();
@@ -363,19 +375,17 @@ StateDict ZeroRedundancyOptimizer::read_sharded(const std::string& dir) {
              IOError, op, ": ", path, " was written with another layout than rank 0's shard");
     for (size_t k = 0; k < layout["chunks"].size(); ++k) {
       const int64_t begin = layout["chunks"][k][0].get<int64_t>(), per_rank = layout["chunks"][k][1].get<int64_t>();
-      const int64_t lo = begin + r * per_rank, hi = std::min(lo + per_rank, total);
+      const int64_t lo = begin + r * per_rank;
       for (size_t n = 0; n < names.size(); ++n) {
         const std::string key = "chunk." + std::to_string(k) + "." + names[n];
         MG_CHECK(shard.tensors.count(key) && shard.tensors.at(key).numel() == per_rank, IOError, op, ": ", path,
                  " lacks ", key, " of ", per_rank, " elements");
         const Tensor& slice = shard.tensors.at(key);
-        auto it = std::upper_bound(offsets.begin(), offsets.end(), lo);
-        for (size_t i = it == offsets.begin() ? 0 : static_cast<size_t>(it - offsets.begin() - 1);
-             i < offsets.size() && offsets[i] < hi; ++i) {
-          const Tensor& w = whole_of[i * names.size() + n];
-          const int64_t a = std::max(lo, offsets[i]), b = std::min(hi, offsets[i] + w.numel());
-          if (a < b) kernels::copy_(flat_slice(w, a - offsets[i], b - a), flat_slice(slice, a - lo, b - a));
-        }
+        for_each_overlap(
+            offsets, total, lo, lo + per_rank, [&](size_t i) { return whole_of[i * names.size() + n].numel(); },
+            [&](size_t i, int64_t p_off, int64_t s_off, int64_t len) {
+              kernels::copy_(flat_slice(whole_of[i * names.size() + n], p_off, len), flat_slice(slice, s_off, len));
+            });
       }
     }
   }

@@ -137,6 +137,7 @@ class ZeroRedundancyOptimizer {
   void on_gradient(size_t i);
   void reduce_chunk(size_t k);
   Tensor reduced_slice(size_t k) const;
+  Tensor state_slice(size_t k, const std::string& name) const;
   void start_round();
   void finish_reduction();
   // The local state's buffer names ("a,b,") and the largest step, agreed over the ranks.
@@ -144,6 +145,7 @@ class ZeroRedundancyOptimizer {
   std::vector<std::vector<size_t>> chunk_params_, param_chunks_;
   std::vector<int64_t> waiting_, unreduced_;
   std::vector<uint8_t> reported_, reduced_;
+  size_t reduced_count_ = 0;
   std::vector<Tensor> shard_grads_;
   std::vector<uint64_t> hooks_;
   int64_t reduced_in_backward_ = 0;
