@@ -107,10 +107,6 @@ Tensor bytes_of(const Storage& st) {
   return Tensor(impl);
 }
 
-Tensor host_bytes(const cuda::PinnedBlock& b, size_t nbytes) {
-  return bytes_of(adopt_storage(b.data(), nbytes, Device::cpu(), [](void*) {}));
-}
-
 class Engine {
  public:
   std::shared_ptr<OffloadedStorage> offload(const Tensor& t, const OffloadOptions& o) {
@@ -142,7 +138,7 @@ class Engine {
     ready.wait(q.to_host);
     {
       cuda::StreamGuard sg(q.to_host);
-      raw::copy_(host_bytes(e->host, e->nbytes), bytes_of(st), /*non_blocking=*/true);
+      raw::copy_(e->host.view({static_cast<int64_t>(e->nbytes)}, DType::u8), bytes_of(st), /*non_blocking=*/true);
     }
     e->to_host.record(q.to_host);
     e->host.record(q.to_host);
@@ -230,7 +226,7 @@ class Engine {
     e.to_host.wait(q.to_device);
     {
       cuda::StreamGuard sg(q.to_device);
-      raw::copy_(bytes_of(e.fetched), host_bytes(e.host, e.nbytes), /*non_blocking=*/true);
+      raw::copy_(bytes_of(e.fetched), e.host.view({static_cast<int64_t>(e.nbytes)}, DType::u8), /*non_blocking=*/true);
     }
     e.to_device.record(q.to_device);
     e.host.record(q.to_device);
@@ -321,7 +317,7 @@ HostLink measure_host_link(Device device, int64_t bytes, int repeats) {
   const cuda::Stream side = cuda::Stream::create(device.index);
   cuda::synchronize(device.index);  // `dev` was allocated for the current stream
   auto per_ms = [&](bool to_host) {
-    const Tensor d = autograd::bytes_of(dev), h = autograd::host_bytes(host, n);
+    const Tensor d = autograd::bytes_of(dev), h = host.view({static_cast<int64_t>(n)}, DType::u8);
     std::vector<double> ms;
     for (int r = 0; r <= repeats; ++r) {
       cuda::Event begin(true), end(true);

@@ -63,6 +63,9 @@ class PinnedBlock {
   size_t size() const { return size_; }  // the rounded size
   // The block is used by the work queued on `s` so far: it is not reused before that finishes.
   void record(const Stream& s);
+  // A contiguous CPU tensor of `shape` and `dtype` over the block's first bytes (at most size());
+  // the block must outlive it. What host<->device copies read and write.
+  Tensor view(const Shape& shape, DType dtype) const;
 
  private:
   void release();

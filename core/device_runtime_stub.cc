@@ -59,6 +59,7 @@ PinnedBlock::~PinnedBlock() = default;
 PinnedBlock::PinnedBlock(PinnedBlock&&) noexcept {}
 PinnedBlock& PinnedBlock::operator=(PinnedBlock&&) noexcept { return *this; }
 void PinnedBlock::record(const Stream&) { no_cuda("PinnedBlock::record"); }
+Tensor PinnedBlock::view(const Shape&, DType) const { no_cuda("PinnedBlock::view"); }
 void PinnedBlock::release() {}
 PinnedPoolStats pinned_pool_stats() { return {}; }
 void empty_pinned_cache() {}

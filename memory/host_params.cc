@@ -24,18 +24,6 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// A contiguous CPU tensor over `nbytes` of pinned memory that the caller keeps alive.
-Tensor over(void* data, const Shape& shape, DType dtype) {
-  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = adopt_storage(data, nbytes, Device::cpu(), [](void*) {});
-  impl->sizes = shape;
-  impl->strides = contiguous_strides(shape);
-  impl->dtype = dtype;
-  impl->version = std::make_shared<uint32_t>(0);
-  return Tensor(impl);
-}
-
 // dst[j] = round-to-nearest-even(src[j]) in the 16-bit type H, vectorized (AVX2 where the CPU has it).
 template <class H>
 __attribute__((optimize("O3"), target_clones("avx2", "default"))) void cast_range(const float* __restrict src,
@@ -147,7 +135,7 @@ void HostParams::on_gradient(size_t i, Tensor grad) {
   ready.wait(stream_);
   {
     cuda::StreamGuard sg(stream_);
-    raw::copy_(over(t->block.data(), grad.sizes(), DType::f32), grad, /*non_blocking=*/true);
+    raw::copy_(t->block.view(grad.sizes(), DType::f32), grad, /*non_blocking=*/true);
   }
   cuda::record_stream(grad, stream_);  // the device memory is reused only after the copy
   t->block.record(stream_);
@@ -199,7 +187,7 @@ void HostParams::process(Task& t) {
   t.copied.synchronize();
   profiler::Range range("host update", "optimizer");  // on the worker's track of a trace
   const Tensor& p = params_[t.i];
-  Tensor g = over(t.block.data(), p.sizes(), DType::f32);
+  Tensor g = t.block.view(p.sizes(), DType::f32);
   NoGradGuard ng;
   MemoryCategoryGuard cat(MemoryCategory::Gradients);
   Tensor& sum = sums_[t.i];

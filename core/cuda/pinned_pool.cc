@@ -119,6 +119,19 @@ PinnedBlock PinnedBlock::allocate(size_t bytes) {
 
 PinnedBlock::~PinnedBlock() { release(); }
 
+Tensor PinnedBlock::view(const Shape& shape, DType dtype) const {
+  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  MG_CHECK(nbytes <= size_, ValueError, "PinnedBlock::view: ", shape_str(shape), " ", dtype, " needs ", nbytes,
+           " bytes, the block has ", size_);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = adopt_storage(data_, nbytes, Device::cpu(), [](void*) {});  // the block owns the memory
+  impl->sizes = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  impl->version = std::make_shared<uint32_t>(0);
+  return Tensor(impl);
+}
+
 PinnedBlock::PinnedBlock(PinnedBlock&& o) noexcept
     : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), uses_(std::move(o.uses_)) {}
 
