@@ -491,7 +491,9 @@ TEST(CpuProfiler, CollectivesAreOnTheTrace) {
     for (const auto& e : trace["traceEvents"])
       if (e.value("cat", "") == "collective") {
         seen[e["name"].get<std::string>()]++;
-        if (e["name"] == "ddp bucket all_reduce") EXPECT_GT(e["args"]["bytes"].get<int64_t>(), 0);
+        if (e["name"] == "ddp bucket all_reduce") {
+          EXPECT_GT(e["args"]["bytes"].get<int64_t>(), 0);
+        }
       }
     EXPECT_EQ(seen["all_reduce"], 1);
     EXPECT_EQ(seen["reduce_scatter"], 1);
