@@ -225,21 +225,53 @@ void execute(GraphTask& task, const std::vector<Tensor>& roots, const std::vecto
   }
 }
 
+// The callbacks queued during this thread's outermost backward, and how deep the backwards nest.
+thread_local std::vector<std::function<void()>> queued_callbacks;
+thread_local int backward_depth = 0;
+
+// Marks one backward on this thread; the outermost runs the queued callbacks when it ends well
+// and drops them when it ends with an error.
+struct BackwardFrame {
+  BackwardFrame() { ++backward_depth; }
+  ~BackwardFrame() {
+    if (--backward_depth == 0) queued_callbacks.clear();
+  }
+  void finish() {
+    if (backward_depth != 1) return;
+    // A callback may queue another (it runs too, after the ones before it).
+    for (size_t i = 0; i < queued_callbacks.size(); ++i) {
+      std::function<void()> fn = std::move(queued_callbacks[i]);
+      fn();
+    }
+    queued_callbacks.clear();
+  }
+};
+
 }  // namespace
+
+void queue_callback(std::function<void()> fn) {
+  MG_CHECK(backward_depth > 0, AutogradError, "queue_callback: called outside a backward");
+  queued_callbacks.push_back(std::move(fn));
+}
+
+bool in_backward() { return backward_depth > 0; }
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
   // Backward never records (no create_graph), and what it allocates is gradient memory.
   NoGradGuard no_grad;
   MemoryCategoryGuard category(MemoryCategory::Gradients);
+  BackwardFrame frame;
   GraphTask task;
   task.retain_graph = retain_graph;
   execute(task, roots, grads);
+  frame.finish();
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs, bool retain_graph, bool allow_unused) {
   NoGradGuard no_grad;
   MemoryCategoryGuard category(MemoryCategory::Gradients);
+  BackwardFrame frame;
   GraphTask task;
   task.accumulate_into_leaves = false;
   task.retain_graph = retain_graph;
@@ -263,6 +295,7 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
       task.captured[i] = c.detach();
     }
   }
+  frame.finish();
   return task.captured;
 }
 

@@ -235,6 +235,7 @@ mg_bazel_target(library //autograd:autograd ALWAYSLINK
     autograd/node.cc
     autograd/norm_ops.cc
     autograd/offload.cc
+    autograd/param_units.cc
     autograd/pool_ops.cc
     autograd/reduce_ops.cc
     autograd/residual.cc
@@ -251,6 +252,7 @@ mg_bazel_target(library //autograd:autograd ALWAYSLINK
     autograd/offload.h
     autograd/op_policy.h
     autograd/op_support.h
+    autograd/param_units.h
     autograd/residual.h
     autograd/transformer_functions.h
   DEPS
@@ -526,12 +528,14 @@ mg_bazel_target(library //distributed:distributed
   SRCS
     distributed/ddp.cc
     distributed/distributed_sampler.cc
+    distributed/fully_shard.cc
     distributed/spawn.cc
     distributed/tensor_parallel.cc
     distributed/zero.cc
   HDRS
     distributed/ddp.h
     distributed/distributed_sampler.h
+    distributed/fully_shard.h
     distributed/spawn.h
     distributed/tensor_parallel.h
     distributed/zero.h
@@ -920,6 +924,7 @@ mg_bazel_target(library //tests/distributed:cases TESTONLY
     tests/distributed/ddp_cases.h
     tests/distributed/dist_test_util.h
     tests/distributed/tp_zero_cases.h
+    tests/distributed/zero3_cases.h
   DEPS
     //autograd:autograd
     //autograd:recompute
@@ -927,6 +932,7 @@ mg_bazel_target(library //tests/distributed:cases TESTONLY
     //distributed:distributed
     //kernels:kernels
     //nn:nn
+    //nn/models:models
     //optim:optim
     @system_gtest//:gtest
 )
@@ -966,6 +972,15 @@ mg_bazel_target(test //tests/distributed:rendezvous_test SIZE small
     tests/distributed/rendezvous_test.cc
   DEPS
     //distributed:process_group
+    //core:core
+    //core:runtime
+    @system_gtest//:gtest_main
+)
+mg_bazel_target(test //tests/distributed:zero3_test SIZE large
+  SRCS
+    tests/distributed/zero3_test.cc
+  DEPS
+    //tests/distributed:cases
     //core:core
     //core:runtime
     @system_gtest//:gtest_main

@@ -11,7 +11,7 @@
 namespace mg {
 
 const char* memory_category_name(MemoryCategory c) {
-  return enum_name(c, {"other", "parameters", "gradients", "optimizer_state", "activations", "data"});
+  return enum_name(c, {"other", "parameters", "gradients", "optimizer_state", "activations", "data", "gathered"});
 }
 
 namespace {
@@ -31,18 +31,20 @@ CategoryStats* stats_slots() {
 }
 
 // A trace's memory counter track for these stats (core/profiler.h): live bytes by category.
-void trace_counters(const CategoryStats* s, const std::array<MemoryCounter, 6>& by_cat, const MemoryCounter& total) {
+constexpr size_t kCategories = static_cast<size_t>(MemoryCategory::kCount);
+void trace_counters(const CategoryStats* s, const std::array<MemoryCounter, kCategories>& by_cat,
+                    const MemoryCounter& total) {
   static const std::string* names = [] {
     auto* n = new std::string[65];
     n[0] = "memory cpu";
     for (int i = 0; i < 64; ++i) n[1 + i] = "memory cuda:" + std::to_string(i);
     return n;
   }();
-  std::pair<const char*, int64_t> series[7];
+  std::pair<const char*, int64_t> series[kCategories + 1];
   for (size_t i = 0; i < by_cat.size(); ++i)
     series[i] = {memory_category_name(static_cast<MemoryCategory>(i)), by_cat[i].current};
-  series[6] = {"total", total.current};
-  profiler::counter(names[s - stats_slots()], series, 7);
+  series[kCategories] = {"total", total.current};
+  profiler::counter(names[s - stats_slots()], series, kCategories + 1);
 }
 }  // namespace
 

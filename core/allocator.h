@@ -35,7 +35,18 @@ struct MemoryCounter {
 
 // What a block of memory is for. A thread-local guard (MemoryCategoryGuard) sets it;
 // storages remember the category they were created under.
-enum class MemoryCategory : uint8_t { Other, Parameters, Gradients, OptimizerState, Activations, Data, kCount };
+// Gathered: parameters brought to the device for a unit's use and released after it (the
+// working set of ZeRO-3 and of parameter offload, autograd/param_units.h).
+enum class MemoryCategory : uint8_t {
+  Other,
+  Parameters,
+  Gradients,
+  OptimizerState,
+  Activations,
+  Data,
+  Gathered,
+  kCount
+};
 const char* memory_category_name(MemoryCategory c);
 
 class MemoryCategoryGuard {

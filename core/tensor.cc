@@ -42,6 +42,37 @@ Storage make_storage(size_t nbytes, Device device) {
   return s;
 }
 
+void release_storage(const Storage& s) {
+  MG_CHECK(s != nullptr && s->allocator != nullptr && !s->deleter, ValueError,
+           "release_storage: only a storage the allocator made can be released");
+  if (s->data == nullptr) return;
+  if (s->counted) CategoryStats::get(s->device).on_free(s->category, static_cast<int64_t>(s->nbytes));
+  s->allocator->deallocate(s->data, s->nbytes);
+  s->data = nullptr;
+  s->counted = false;
+}
+
+void reallocate_storage(const Storage& s) {
+  MG_CHECK(s != nullptr && s->allocator != nullptr && !s->deleter, ValueError,
+           "reallocate_storage: only a storage the allocator made can be reallocated");
+  if (s->data != nullptr || s->nbytes == 0) return;
+  s->data = s->allocator->allocate(s->nbytes);
+  s->category = MemoryCategoryGuard::current();
+  s->counted = true;
+  CategoryStats::get(s->device).on_alloc(s->category, static_cast<int64_t>(s->nbytes));
+}
+
+void retarget(const Tensor& t, const Tensor& moved) {
+  if (moved.is_same(t)) return;
+  TensorImpl* impl = t.impl();
+  impl->storage = moved.storage();
+  impl->sizes = moved.sizes();
+  impl->strides = moved.strides();
+  impl->offset = moved.offset();
+  impl->dtype = moved.dtype();
+  t.bump_version();
+}
+
 Storage adopt_storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter) {
   auto s = std::make_shared<StorageImpl>();
   s->data = data;
@@ -188,6 +219,11 @@ bool Tensor::is_dense() const {
 
 void* Tensor::raw_data() const {
   const TensorImpl& impl = checked("raw_data");
+  if (impl.storage->data == nullptr && impl.storage->nbytes > 0) [[unlikely]]
+    MG_THROW(ValueError, "a tensor of shape ", shape_str(impl.sizes), " was read while its storage (",
+             impl.storage->nbytes,
+             " bytes) is released: a parameter of a ZeRO-3 or host-offloaded unit used outside its unit's "
+             "gather (autograd/param_units.h)");
   return static_cast<char*>(impl.storage->data) + impl.offset * static_cast<int64_t>(element_size());
 }
 

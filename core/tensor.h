@@ -49,6 +49,21 @@ using Storage = std::shared_ptr<StorageImpl>;
 Storage make_storage(size_t nbytes, Device device);
 // Wraps memory memgrad did not allocate; `deleter` runs when the last view dies.
 Storage adopt_storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter);
+// A storage's block can be given back and taken again while its views stay, as a parameter
+// that lives elsewhere between uses does (a ZeRO-3 shard's gathered form, a parameter streamed
+// from host memory: autograd/param_units.h; FSDP's untyped_storage().resize_(0)).
+// release_storage frees the block and keeps the size: reading a view's data is then a
+// ValueError. reallocate_storage takes a block of the same size again, under the current
+// MemoryCategoryGuard category, contents undefined. Both are no-ops when already in that state;
+// memory the allocator did not make (adopt_storage) is a ValueError.
+void release_storage(const Storage& s);
+void reallocate_storage(const Storage& s);
+inline bool storage_released(const Storage& s) { return s->data == nullptr && s->nbytes > 0; }
+
+class Tensor;
+// Points t's own TensorImpl at `moved`'s storage, layout and dtype, so every handle to t (a
+// module's, an optimizer's) sees it; bumps t's version (nn::retarget, Module::to).
+void retarget(const Tensor& t, const Tensor& moved);
 
 struct TensorImpl;
 

@@ -316,16 +316,6 @@ Module& Module::requires_grad_(bool on) {
   return *this;
 }
 
-void retarget(const Tensor& t, const Tensor& moved) {
-  if (moved.is_same(t)) return;
-  TensorImpl* impl = t.impl();
-  impl->storage = moved.storage();
-  impl->sizes = moved.sizes();
-  impl->strides = moved.strides();
-  impl->offset = moved.offset();
-  impl->dtype = moved.dtype();
-  t.bump_version();
-}
 
 namespace {
 

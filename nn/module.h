@@ -28,9 +28,8 @@ struct LoadStateDictResult {
 // one (so the identity is kept), otherwise a detached alias of it with requires_grad set.
 Tensor parameter(Tensor t);
 
-// Points t's own TensorImpl at `moved`'s storage, layout and dtype, so every handle to t (the
-// module's, an optimizer's) sees it; bumps t's version. What Module::to does per tensor.
-void retarget(const Tensor& t, const Tensor& moved);
+// core/tensor.h's retarget: what Module::to does per tensor.
+using mg::retarget;
 
 class Module : public std::enable_shared_from_this<Module> {
  public:

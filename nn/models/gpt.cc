@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <unordered_set>
 
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
@@ -103,6 +104,7 @@ Tensor GPT::forward_loss(const Tensor& idx, const Tensor& targets, int64_t ignor
 // The blocks run on a residual stream whose adds fuse into the next layer norm (mg::Residual);
 // checkpointing, selective recomputation and offload are the plan's (nn/models/recompute_plan.h).
 Tensor GPT::hidden(const Tensor& idx) {
+  if (recompute.units != nullptr) recompute.units->enter(0);  // the root: embeddings, ln_f, the head
   BlockPlan plan(recompute, config.n_layer);
   Residual x = embed(idx, 0);
   for (int64_t i = 0; i < config.n_layer; ++i) x = plan.run(i, block(i), x);
@@ -226,6 +228,29 @@ int64_t gpt_num_params(const GPTConfig& c) {
   const int64_t block = 12 * d * d + (2 + 2 * b) * d + b * (3 * d + d + 4 * d + d);
   const int64_t head = c.tied_head ? 0 : c.vocab_size * d;
   return c.vocab_size * d + c.block_size * d + c.n_layer * block + (1 + b) * d + head;
+}
+
+std::vector<std::vector<Tensor>> gpt_param_units(GPT& model) {
+  std::vector<std::vector<Tensor>> units(1 + static_cast<size_t>(model.config.n_layer));
+  std::unordered_set<const TensorImpl*> in_blocks;
+  for (int64_t i = 0; i < model.config.n_layer; ++i)
+    for (const Tensor& p : model.block(i).parameters()) {
+      units[static_cast<size_t>(i) + 1].push_back(p);
+      in_blocks.insert(p.impl());
+    }
+  for (const Tensor& p : model.parameters())
+    if (!in_blocks.count(p.impl())) units[0].push_back(p);
+  return units;
+}
+
+std::function<DType(const Tensor&)> gpt_unit_dtype(GPT& model, DType compute) {
+  auto linear = std::make_shared<std::unordered_set<const TensorImpl*>>();
+  for (const auto& [name, m] : model.h->named_modules())
+    if (auto* lin = dynamic_cast<Linear*>(m)) {
+      linear->insert(lin->weight.impl());
+      if (lin->bias.defined()) linear->insert(lin->bias.impl());
+    }
+  return [linear, compute](const Tensor& p) { return linear->count(p.impl()) ? compute : p.dtype(); };
 }
 
 double gpt_flops_per_token(const GPTConfig& cfg, int64_t T) {

@@ -2,6 +2,7 @@
 // embeddings, pre-norm causal blocks, a final LayerNorm and an lm head tied to wte.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,6 +87,15 @@ class GPT : public Module {
   Tensor embed(const Tensor& idx, int64_t start);  // wte(idx) + wpe(start ..), dropout
   Tensor hidden(const Tensor& idx);                // the blocks and ln_f: lm_head's input
 };
+
+// The units a GPT's parameters split into where they live elsewhere between uses (ZeRO-3
+// shards, host memory: autograd/param_units.h): unit 0 the root (wte, wpe, ln_f, an untied
+// head), unit i + 1 block i's. Give the ParamUnits made of them to model.recompute.units.
+std::vector<std::vector<Tensor>> gpt_param_units(GPT& model);
+// ParamUnitsOptions::dtype for bf16 (or f16) autocast: the blocks' Linear weights and biases in
+// `compute` (what autocast casts them to, so the step is the same), every other parameter in
+// its own dtype (the layer norms and embeddings read f32).
+std::function<DType(const Tensor&)> gpt_unit_dtype(GPT& model, DType compute);
 
 struct GenerateOptions {
   int64_t max_new_tokens = 100;

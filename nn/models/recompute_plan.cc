@@ -19,6 +19,7 @@ bool BlockPlan::norm_reads_output(int64_t i) const {
 
 Residual BlockPlan::run(int64_t i, TransformerBlock& block, const Residual& x) {
   if (i == plan_.offload_blocks) offload_.reset();
+  if (plan_.units != nullptr) return run_unit(i, block, x);
   if (!plan_.checkpointed(i)) return norm_reads_output(i) ? block(x) : Residual(block.output(x));
   if (keeps_branch_) return checkpointed_with_branch(block, x);
   return checkpoint([&block](const Tensor& in) { return block.output(in); }, x.value(), opts_);
@@ -41,6 +42,16 @@ Residual BlockPlan::checkpointed_with_branch(TransformerBlock& block, const Resi
       },
       {x.base(), x.pending().out}, opts_);
   return Residual(out[0], Branch{out[1], out[1].defined() ? **out_bias : Tensor()});
+}
+
+Residual BlockPlan::run_unit(int64_t i, TransformerBlock& block, const Residual& x) {
+  ParamUnits& units = *plan_.units;
+  const auto u = static_cast<size_t>(i + 1);
+  units.enter(u);
+  Tensor y = plan_.checkpointed(i)
+                 ? checkpoint([&block](const Tensor& in) { return block.output(in); }, x.value(), opts_)
+                 : block.output(x);
+  return Residual(units.leave(u, {y})[0]);
 }
 
 void BlockPlan::finish() {

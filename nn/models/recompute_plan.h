@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "autograd/offload.h"
+#include "autograd/param_units.h"
 #include "autograd/recompute.h"
 #include "autograd/residual.h"
 #include "nn/transformer.h"
@@ -44,6 +45,11 @@ struct GPTRecompute {
   // (the step's peak) the forward waits for those copies: offload_wait().
   int64_t offload_blocks = 0;
   OffloadOptions offload;
+  // Parameters that live elsewhere between uses (ZeRO-3 shards, host memory): the units
+  // gpt_param_units made (0 the root, i + 1 block i), not owned. Each block then runs as its unit:
+  // gathered before, released after, its output with every add done (the MLP's bias, a
+  // parameter of the block, is not left pending for the next block's layer norm).
+  ParamUnits* units = nullptr;
   bool checkpointed(int64_t layer) const {
     return checkpoint_blocks || (layer < static_cast<int64_t>(block_mask.size()) && block_mask[layer]);
   }
@@ -69,6 +75,7 @@ class BlockPlan {
 
  private:
   Residual checkpointed_with_branch(TransformerBlock& block, const Residual& x);
+  Residual run_unit(int64_t i, TransformerBlock& block, const Residual& x);
   // Whether a layer norm reads block i's output with its pending add: the next block's ln_1
   // (unless that block is a region that takes the stream added up) or ln_f.
   bool norm_reads_output(int64_t i) const;

@@ -1,0 +1,93 @@
+// ZeRO-3 / FSDP: every rank stores 1/N of every parameter. The mechanism is ParamUnits
+// (autograd/param_units.h: a unit's parameters are on the device only while it runs); this file
+// is its source over a process group. A unit's group of parameters is a flat [padded] space cut
+// N ways; rank r keeps elements [r n, (r+1) n) as its f32 master shard, which its optimizer
+// steps (any elementwise optimizer: SGD, Adam, AdamW). Gathering the unit is an all-gather of
+// the shards (of their casts, where the group is materialized in bf16: FSDP2's
+// MixedPrecisionPolicy(param_dtype=bf16)); its gradient is reduce-scattered (averaged, in f32)
+// into the shard's .grad, added to what earlier backwards left (gradient accumulation). A full
+// gradient exists only for the unit whose backward just finished, and only until its
+// reduce-scatter has run.
+//
+//   auto pg = dist::init_process_group();
+//   auto fsdp = dist::fully_shard(nn::gpt_param_units(model), pg);   // or any units
+//   model.recompute.units = fsdp.units.get();                       // GPT runs unit by unit
+//   optim::AdamW opt(fsdp.source->shards(), ao);
+//   loss.backward(); fsdp.source->clip_grad_norm_(1.0); opt.step(); opt.zero_grad();
+//
+// Bytes per parameter on a rank (f32 AdamW): (4 master + 4 gradient + 8 moments) / N, plus the
+// gathered units (2 bytes a parameter in bf16) and one unit's full gradient while it reduces.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "autograd/param_units.h"
+#include "core/state_dict.h"
+#include "distributed/process_group.h"
+
+namespace mg::nn {
+class Module;
+}
+
+namespace mg::dist {
+
+class ShardSource : public ParamSource {
+ public:
+  explicit ShardSource(std::shared_ptr<ProcessGroup> pg, int max_reductions_in_flight = 2);
+  int64_t pad_multiple() const override { return pg_->size(); }
+  void adopt(size_t unit, size_t group, const UnitGroup& layout, const Tensor& values) override;
+  std::function<void()> fetch(size_t unit, size_t group, const Tensor& dst) override;
+  void reduce(size_t unit, size_t group, Tensor grad) override;
+  void end_backward() override;
+
+  // This rank's master shards (leaves that require grad, one per unit group, in unit order):
+  // the optimizer's parameters.
+  std::vector<Tensor> shards() const;
+  const Tensor& shard(size_t unit, size_t group) const { return shards_.at(unit).at(group); }
+  // Clips the global 2-norm of the gradients to max_norm as optim::clip_grad_norm_ does over the
+  // full gradients (coefficient min(max_norm / (norm + 1e-6), 1)), from the shards: each rank's
+  // sum of squares, one all-reduce. Collective. Returns the norm.
+  double clip_grad_norm_(double max_norm);
+  // Reduce-scatters issued during backward since construction.
+  int64_t reductions() const { return reductions_; }
+  ProcessGroup& process_group() { return *pg_; }
+
+ private:
+  struct Pending {
+    WorkPtr work;
+    Tensor out, in;
+    size_t unit, group;
+  };
+  void complete(Pending& p);
+  std::shared_ptr<ProcessGroup> pg_;
+  int max_in_flight_;
+  std::vector<std::vector<Tensor>> shards_;
+  std::vector<Pending> pending_;
+  int64_t reductions_ = 0;
+};
+
+struct FullyShardOptions {
+  int prefetch = 1;                                 // ParamUnitsOptions::prefetch
+  std::vector<size_t> keep = {0};                   // the root unit stays gathered for the step
+  std::function<DType(const Tensor& param)> dtype;  // ParamUnitsOptions::dtype (empty: f32)
+};
+
+struct FullyShardedModel {
+  std::shared_ptr<ShardSource> source;
+  std::unique_ptr<ParamUnits> units;
+  // The full value of every parameter, named as `model` names it, gathered from the shards in
+  // the masters' dtype. Collective.
+  StateDict full_state_dict(const nn::Module& model) const;
+  // Takes this rank's shards of a full state dict (any world size saved it; names as `model`
+  // names its parameters); a missing name or a wrong shape is an mg::ValueError naming it. Not
+  // collective.
+  void load_full_state_dict(const nn::Module& model, const StateDict& sd);
+};
+
+// Shards `units` (their parameters, identical on every rank: broadcast first) over `pg`.
+FullyShardedModel fully_shard(std::vector<std::vector<Tensor>> units, std::shared_ptr<ProcessGroup> pg,
+                              FullyShardOptions opts = {});
+
+}  // namespace mg::dist

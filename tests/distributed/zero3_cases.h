@@ -1,0 +1,248 @@
+// ZeRO-3 (distributed/fully_shard.h) against DDP, on any backend: the same parameters after 20
+// steps, the model state each rank holds, the gathered working set, the full state dict.
+#pragma once
+
+#include <algorithm>
+#include <iostream>
+#include <memory>
+#include <vector>
+
+#include "core/allocator.h"
+#include "distributed/ddp.h"
+#include "distributed/fully_shard.h"
+#include "nn/loss.h"
+#include "nn/models/gpt.h"
+#include "optim/adam.h"
+#include "optim/clip_grad.h"
+#include "optim/sgd.h"
+#include "tests/distributed/ddp_cases.h"
+
+namespace mg::dist::testing {
+
+// f32 parameters after `steps` steps of two runs whose gradients differ only in the order of
+// their sums (micro-batch averages added in another order, a clip coefficient from another
+// summation of squares): each gradient differs by a few ulps (2^-24 relative). SGD carries that
+// into the parameter as lr * |g| * 2^-22 a step; AdamW's normalized step m / sqrt(v) moves by the
+// same few ulps relative, lr * 2^-22 a step. Over 20 steps at lr 0.01 that stays below 1e-7
+// absolute; the bound keeps a factor of ten: 1e-6 + 1e-5 |p|.
+constexpr double kZero3Atol = 1e-6, kZero3Rtol = 1e-5;
+
+enum class Zero3Opt { Sgd, AdamW };
+
+inline std::unique_ptr<optim::Optimizer> zero3_optimizer(Zero3Opt kind, std::vector<Tensor> params) {
+  if (kind == Zero3Opt::Sgd) {
+    optim::SGDOptions o;
+    o.lr = 0.05;
+    o.momentum = 0.9;
+    return std::make_unique<optim::SGD>(std::move(params), o);
+  }
+  optim::AdamWOptions o;
+  o.lr = 0.01;
+  o.weight_decay = 0.1;
+  return std::make_unique<optim::AdamW>(std::move(params), o);
+}
+
+// The largest |a - b| over two state dicts' common tensors (0: bitwise equal).
+inline double max_abs_diff(const Tensor& a, const Tensor& b) {
+  std::vector<double> x = a.cpu().to_vector<double>(), y = b.cpu().to_vector<double>();
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::fabs(x[i] - y[i]));
+  return m;
+}
+
+struct Zero3Case {
+  Backend backend = Backend::Cpu;
+  int world = 2;
+  Zero3Opt opt = Zero3Opt::AdamW;
+  int micro = 1;      // micro-batches a step (gradient accumulation)
+  double clip = 0.0;  // > 0: clip the global norm
+  int steps = 20;
+};
+
+// small_mlp's three Linears as three units (no root); DDP over an identical model beside it.
+// Bitwise equal where the reduction order is the same (one micro-batch, no clipping); else
+// within kZero3Atol/Rtol.
+inline void zero3_mlp_matches_ddp(const Zero3Case& c) {
+  run_ranks(c.world, [&](int rank, int W) {
+    auto pg = join(c.backend);
+    const Device dev = pg->device();
+    auto model = small_mlp(11, DType::f32, dev), refm = small_mlp(11, DType::f32, dev);
+    DistributedDataParallel ddp(refm, pg);
+    std::vector<std::vector<Tensor>> units;
+    std::vector<size_t> unit_of;  // the unit of each child, or -1
+    for (const auto& child : model->children()) {
+      auto params = child->parameters();
+      unit_of.push_back(params.empty() ? static_cast<size_t>(-1) : units.size());
+      if (!params.empty()) units.push_back(params);
+    }
+    FullyShardOptions fo;
+    fo.keep = {};
+    auto fsdp = fully_shard(units, pg, fo);
+    auto opt = zero3_optimizer(c.opt, fsdp.source->shards());
+    auto ref_opt = zero3_optimizer(c.opt, refm->parameters());
+    const auto children = model->children();
+    auto forward = [&](Tensor x) {
+      for (size_t i = 0; i < children.size(); ++i)
+        x = unit_of[i] == static_cast<size_t>(-1)
+                ? (*children[i])(x)
+                : fsdp.units->run(
+                      unit_of[i], [&](const Tensor& in) { return (*children[i])(in); }, x);
+      return x;
+    };
+    const int64_t B = 8;
+    for (int step = 0; step < c.steps; ++step) {
+      Generator data_gen(100 + step);
+      Tensor X = randn({W * B, 6}, {}, &data_gen).to(dev), Y = randn({W * B, 3}, {}, &data_gen).to(dev);
+      const int64_t rows = B / c.micro;
+      for (int k = 0; k < c.micro; ++k) {
+        const int64_t r0 = rank * B + k * rows;
+        Tensor x = raw::contiguous(raw::slice(X, 0, r0, r0 + rows, 1));
+        Tensor y = raw::contiguous(raw::slice(Y, 0, r0, r0 + rows, 1));
+        (mse_loss(forward(x), y) * (1.0 / c.micro)).backward();
+        (mse_loss(ddp(x), y) * (1.0 / c.micro)).backward();
+        for (const Tensor& p : model->parameters())
+          EXPECT_TRUE(storage_released(p.storage())) << "a unit stayed gathered after backward";
+      }
+      if (c.clip > 0) {
+        const double a = fsdp.source->clip_grad_norm_(c.clip), b = optim::clip_grad_norm_(refm->parameters(), c.clip);
+        EXPECT_NEAR(a, b, 1e-5 * b) << "step " << step;  // two summation orders of f32 squares
+      }
+      opt->step();
+      ref_opt->step();
+      opt->zero_grad();
+      ref_opt->zero_grad();
+    }
+    const StateDict full = fsdp.full_state_dict(*model), ref = refm->state_dict();
+    const bool exact = c.micro == 1 && c.clip == 0;
+    for (const auto& [name, t] : ref.tensors) {
+      ASSERT_TRUE(full.tensors.count(name)) << name;
+      if (exact)
+        EXPECT_EQ(max_abs_diff(full.tensors.at(name), t), 0.0) << name << " after " << c.steps << " steps";
+      else
+        EXPECT_TRUE(all_close(full.tensors.at(name), t, kZero3Rtol, kZero3Atol)) << name;
+    }
+    EXPECT_EQ(fsdp.source->reductions(), static_cast<int64_t>(c.steps * c.micro * units.size()));
+  });
+}
+
+inline nn::GPTConfig zero3_gpt_config() {
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 64;
+  cfg.block_size = 16;
+  cfg.n_layer = 3;
+  cfg.n_head = 2;
+  cfg.n_embd = 16;
+  return cfg;
+}
+
+// GPT (tied head, every block checkpointed on both sides so that both run the same ops) as
+// root + one unit a block, AdamW, 20 steps: the parameters equal DDP's bitwise. The full state
+// dict loads into a freshly sharded model of another init, which then holds the same values.
+inline void zero3_gpt_matches_ddp(Backend backend, int world, int prefetch) {
+  run_ranks(world, [&](int rank, int W) {
+    auto pg = join(backend);
+    const Device dev = pg->device();
+    const nn::GPTConfig cfg = zero3_gpt_config();
+    Generator g1(5), g2(5);
+    auto model = std::make_shared<nn::GPT>(cfg, TensorOptions{}, &g1);
+    auto refm = std::make_shared<nn::GPT>(cfg, TensorOptions{}, &g2);
+    model->to(dev);
+    refm->to(dev);
+    model->recompute.checkpoint_blocks = refm->recompute.checkpoint_blocks = true;
+    DistributedDataParallel ddp(refm, pg);
+    FullyShardOptions fo;
+    fo.prefetch = prefetch;
+    auto fsdp = fully_shard(nn::gpt_param_units(*model), pg, fo);
+    model->recompute.units = fsdp.units.get();
+    auto opt = zero3_optimizer(Zero3Opt::AdamW, fsdp.source->shards());
+    auto ref_opt = zero3_optimizer(Zero3Opt::AdamW, refm->parameters());
+    const int64_t B = 2, T = 16;
+    for (int step = 0; step < 20; ++step) {
+      Generator data_gen(300 + step);
+      Tensor idx = randint(0, cfg.vocab_size, {W * B, T + 1}, {DType::i64}, &data_gen).to(dev);
+      Tensor mine = raw::contiguous(raw::slice(idx, 0, rank * B, (rank + 1) * B, 1));
+      Tensor x = raw::contiguous(raw::slice(mine, 1, 0, T, 1)), y = raw::contiguous(raw::slice(mine, 1, 1, T + 1, 1));
+      nn::GPT::loss(model->forward(x), y).backward();
+      nn::GPT::loss(ddp(x), y).backward();
+      opt->step();
+      ref_opt->step();
+      opt->zero_grad();
+      ref_opt->zero_grad();
+    }
+    const ParamUnits::Stats st = fsdp.units->stats();
+    // The gathered working set: the running block and the ones prefetched, never more.
+    EXPECT_LE(st.peak_gathered_units, 1 + prefetch);
+    EXPECT_GE(st.peak_gathered_units, 1);
+    const StateDict full = fsdp.full_state_dict(*model), ref = refm->state_dict();
+    for (const auto& [name, t] : ref.tensors)
+      EXPECT_EQ(max_abs_diff(full.tensors.at(name), t), 0.0) << name << " after 20 steps";
+
+    Generator g3(6);
+    auto other = std::make_shared<nn::GPT>(cfg, TensorOptions{}, &g3);
+    other->to(dev);
+    auto fsdp2 = fully_shard(nn::gpt_param_units(*other), pg, fo);
+    fsdp2.load_full_state_dict(*other, full);
+    const StateDict back = fsdp2.full_state_dict(*other);
+    for (const auto& [name, t] : full.tensors) EXPECT_EQ(max_abs_diff(back.tensors.at(name), t), 0.0) << name;
+  });
+}
+
+// Per rank, measured by the allocator's categories: DDP's model state (parameters, gradients,
+// optimizer state after a step, gradients kept) against ZeRO-3's, each measured alone as the
+// growth over what the rank held before it; ZeRO-3's is at most 1/N + 5 % of DDP's. The gathered
+// parameters peak at the root and two blocks.
+inline void zero3_memory_case(Backend backend, int world) {
+  run_ranks(world, [&](int rank, int W) {
+    auto pg = join(backend);
+    const Device dev = pg->device();
+    nn::GPTConfig cfg = zero3_gpt_config();
+    cfg.n_embd = 64;
+    cfg.n_head = 4;
+    const MemoryCategory state[] = {MemoryCategory::Parameters, MemoryCategory::Gradients,
+                                    MemoryCategory::OptimizerState};
+    auto held = [&] {
+      int64_t n = 0;
+      for (MemoryCategory c : state) n += CategoryStats::get(dev).counter(c).current;
+      return n;
+    };
+    Tensor idx = randint(0, cfg.vocab_size, {2, 17}, {DType::i64}).to(dev);
+    Tensor x = raw::contiguous(raw::slice(idx, 1, 0, 16, 1)), y = raw::contiguous(raw::slice(idx, 1, 1, 17, 1));
+    int64_t ddp_bytes = 0, zero3_bytes = 0;
+    {
+      const int64_t before = held();
+      auto m = std::make_shared<nn::GPT>(cfg);
+      m->to(dev);
+      DistributedDataParallel ddp(m, pg);
+      auto opt = zero3_optimizer(Zero3Opt::AdamW, m->parameters());
+      nn::GPT::loss(ddp(x), y).backward();
+      opt->step();
+      ddp_bytes = held() - before;
+    }
+    {
+      const int64_t before = held();
+      auto m = std::make_shared<nn::GPT>(cfg);
+      m->to(dev);
+      auto fsdp = fully_shard(nn::gpt_param_units(*m), pg);
+      m->recompute.units = fsdp.units.get();
+      auto opt = zero3_optimizer(Zero3Opt::AdamW, fsdp.source->shards());
+      CategoryStats::get(dev).reset_peak();
+      const int64_t gathered_before = CategoryStats::get(dev).counter(MemoryCategory::Gathered).current;
+      nn::GPT::loss(m->forward(x), y).backward();
+      opt->step();
+      zero3_bytes = held() - before;
+      const int64_t gathered_peak = CategoryStats::get(dev).counter(MemoryCategory::Gathered).peak - gathered_before;
+      EXPECT_LE(gathered_peak, fsdp.units->unit_bytes(0) + 2 * fsdp.units->unit_bytes(1))
+          << "the gathered parameters: the root and at most two blocks";
+      EXPECT_GE(gathered_peak, fsdp.units->unit_bytes(0) + fsdp.units->unit_bytes(1));
+    }
+    if (rank == 0)
+      std::cout << "[zero3 memory] world " << W << ": model state " << zero3_bytes << " bytes a rank, DDP's "
+                << ddp_bytes << " (" << static_cast<double>(zero3_bytes) / static_cast<double>(ddp_bytes) << ")"
+                << std::endl;
+    EXPECT_GT(ddp_bytes, 0);
+    EXPECT_LE(static_cast<double>(zero3_bytes), (1.0 / W + 0.05) * static_cast<double>(ddp_bytes))
+        << "ZeRO-3 " << zero3_bytes << " bytes of model state against DDP's " << ddp_bytes;
+  });
+}
+
+}  // namespace mg::dist::testing
