@@ -320,6 +320,7 @@ struct SinkEntry {
   std::weak_ptr<TensorImpl> leaf;  // guards against a new tensor at a dead one's address
   Device device;
   GradientSink fn;
+  std::optional<DType> grad_dtype;  // a wider dtype the sink takes the gradient in
 };
 struct SinkRegistry {
   std::mutex mu;
@@ -339,25 +340,31 @@ std::optional<SinkEntry> sink_of(const Tensor& t) {
   if (it == r.by_leaf.end() || it->second.leaf.lock() != t.impl_ptr()) return std::nullopt;
   return it->second;
 }
-// The device the engine brings `t`'s gradients to before its AccumulateGrad runs.
-void set_accumulator_device(const Tensor& t, Device device) {
+// The device the engine brings `t`'s gradients to before its AccumulateGrad runs, and the wider
+// dtype it takes them in as they come.
+void set_accumulator_device(const Tensor& t, Device device, std::optional<DType> grad_dtype) {
   const AutogradMeta* m = meta(t);
   if (!m) return;
-  if (auto node = m->grad_accumulator_.lock(); node && !node->output_devices.empty()) node->output_devices[0] = device;
+  if (auto node = m->grad_accumulator_.lock(); node && !node->output_devices.empty()) {
+    node->output_devices[0] = device;
+    node->accepts_grad_dtype = grad_dtype;
+  }
 }
 }  // namespace
 
-void set_gradient_sink(const Tensor& leaf, Device device, GradientSink sink) {
+void set_gradient_sink(const Tensor& leaf, Device device, GradientSink sink, std::optional<DType> grad_dtype) {
   MG_CHECK(leaf.defined() && leaf.is_leaf() && leaf.requires_grad() && sink, AutogradError,
            "set_gradient_sink: the tensor must be a leaf that requires grad, and the sink a function");
+  if (grad_dtype && (!is_floating(*grad_dtype) || dtype_size(*grad_dtype) <= dtype_size(leaf.dtype())))
+    grad_dtype.reset();  // only a wider floating dtype changes anything
   SinkRegistry& r = sinks();
   {
     std::lock_guard<std::mutex> lock(r.mu);
     std::erase_if(r.by_leaf, [](const auto& kv) { return kv.second.leaf.expired(); });
-    r.by_leaf[leaf.impl()] = SinkEntry{leaf.impl_ptr(), device, std::move(sink)};
+    r.by_leaf[leaf.impl()] = SinkEntry{leaf.impl_ptr(), device, std::move(sink), grad_dtype};
     r.count = r.by_leaf.size();
   }
-  set_accumulator_device(leaf, device);
+  set_accumulator_device(leaf, device, grad_dtype);
 }
 
 void clear_gradient_sink(const Tensor& leaf) {
@@ -368,7 +375,7 @@ void clear_gradient_sink(const Tensor& leaf) {
     r.by_leaf.erase(leaf.impl());
     r.count = r.by_leaf.size();
   }
-  set_accumulator_device(leaf, leaf.device());
+  set_accumulator_device(leaf, leaf.device(), std::nullopt);
 }
 
 AccumulateGrad::AccumulateGrad(const Tensor& t) : leaf(t.impl_ptr()) {
@@ -377,7 +384,10 @@ AccumulateGrad::AccumulateGrad(const Tensor& t) : leaf(t.impl_ptr()) {
   fill_output_meta(*this, {t});
   output_tensors.clear();  // the leaf is tracked through `leaf`
   // A leaf with a gradient sink takes its gradients where the sink wants them.
-  if (auto s = sink_of(t)) output_devices[0] = s->device;
+  if (auto s = sink_of(t)) {
+    output_devices[0] = s->device;
+    accepts_grad_dtype = s->grad_dtype;
+  }
 }
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
@@ -388,8 +398,9 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   grads.clear();
   MG_CHECK(g.sizes() == t.sizes(), AutogradError, "AccumulateGrad: gradient of shape ", shape_str(g.sizes()),
            " for a leaf of shape ", shape_str(t.sizes()));
-  if (g.dtype() != t.dtype()) g = kernels::cast(g, t.dtype());
-  if (auto s = sink_of(t)) {
+  auto s = sink_of(t);
+  if (g.dtype() != t.dtype() && !(s && s->grad_dtype == g.dtype())) g = kernels::cast(g, t.dtype());
+  if (s) {
     if (g.device() != s->device) g = raw::to_device(g, s->device);
     s->fn(t, std::move(g));
     return {};
@@ -492,6 +503,8 @@ DType grad_dtype_for(const Tensor& t) {
   const AutogradMeta* m = t.defined() ? meta(t) : nullptr;
   if (m && m->grad_fn_ && m->output_nr_ == 0 && m->grad_fn_->accepts_grad_dtype)
     return *m->grad_fn_->accepts_grad_dtype;
+  if (m && !m->grad_fn_ && m->requires_grad_)  // a leaf whose sink takes a wider gradient
+    if (auto s = sink_of(t); s && s->grad_dtype) return *s->grad_dtype;
   return t.dtype();
 }
 

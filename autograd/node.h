@@ -109,14 +109,18 @@ uint64_t register_post_accumulate_grad_hook(const Tensor& leaf, PostAccumulateGr
 void remove_post_accumulate_grad_hook(uint64_t handle);
 
 // A gradient sink takes a leaf's gradients instead of its .grad: each gradient backward
-// produces for `leaf` is handed to `sink` as it arrives, in the leaf's dtype and on `device`
+// produces for `leaf` is handed to `sink` as it arrives, in the leaf's dtype (or grad_dtype) and on `device`
 // (which may differ from the leaf's: a parameter in host memory read on a CUDA device sinks its
 // gradient where it was computed), and nothing accumulates into leaf.grad; post-accumulate-grad
 // hooks do not run for it. The sink runs on the thread running backward, and owns what it does
 // with the gradient (memory/host_params.h copies it to the host asynchronously). One sink a leaf;
 // setting one replaces the last; the registry holds the leaf weakly.
 using GradientSink = std::function<void(const Tensor& leaf, Tensor grad)>;
-void set_gradient_sink(const Tensor& leaf, Device device, GradientSink sink);
+// grad_dtype: a wider floating dtype the sink takes the gradient in, as the op made it (a bf16
+// parameter's GEMM writes its weight gradient in f32, grad_dtype_for, as for an f32 weight's
+// autocast cast): what the f32 master of a bf16 parameter is updated with (autograd/param_units.h).
+void set_gradient_sink(const Tensor& leaf, Device device, GradientSink sink,
+                       std::optional<DType> grad_dtype = std::nullopt);
 void clear_gradient_sink(const Tensor& leaf);
 
 // A node whose backward is a closure written beside the forward (Flashlight style).

@@ -79,8 +79,9 @@ ParamUnits::ParamUnits(std::vector<std::vector<Tensor>> units, std::shared_ptr<P
         const Tensor& p = un.groups[gi].params[k];
         if (!p.requires_grad()) continue;
         ++un.trainable;
-        autograd::set_gradient_sink(p, opts_.device,
-                                    [this, u, gi, k](const Tensor&, Tensor g) { on_gradient(u, gi, k, g); });
+        autograd::set_gradient_sink(
+            p, opts_.device, [this, u, gi, k](const Tensor&, Tensor g) { on_gradient(u, gi, k, g); },
+            un.groups[gi].master_dtype);
       }
     un.got.assign(idx, 0);
     un.grads.resize(un.groups.size());
@@ -235,7 +236,7 @@ void ParamUnits::on_gradient(size_t u, size_t gi, size_t k, const Tensor& grad) 
   Tensor& buf = un.grads[gi];
   if (!buf.defined()) {
     MemoryCategoryGuard cat(MemoryCategory::Gradients);
-    buf = empty({g.padded}, TensorOptions(g.dtype, opts_.device));
+    buf = empty({g.padded}, TensorOptions(g.master_dtype, opts_.device));
   }
   Tensor slot = raw::view(raw::slice(buf, 0, g.offsets[k], g.offsets[k] + g.params[k].numel(), 1), grad.sizes());
   if (un.got[idx]) {  // a second gradient in one backward (a parameter read in two checkpoint regions)

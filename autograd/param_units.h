@@ -21,7 +21,9 @@
 // between uses: reading one then is a ValueError naming it (core/tensor.h, release_storage).
 // A parameter may be materialized in a narrower dtype than its f32 master (bf16 for a Linear
 // under bf16 autocast: ParamUnitsOptions::dtype): what autocast would have cast it to, so the
-// forward and the gradient are bitwise those of the f32 parameter under autocast.
+// forward is bitwise that of the f32 parameter under autocast, and the gradient too: the
+// parameter's sink takes it in the master's dtype, so a GEMM writes a bf16 weight's gradient in
+// f32 as it does for an f32 weight's autocast cast (set_gradient_sink's grad_dtype).
 //
 // What it saves: a unit's parameters cost the device their materialized bytes only while it is
 // gathered; at most 1 + prefetch units (plus the kept ones) at a time, counted under
@@ -63,8 +65,8 @@ class ParamSource {
   // ordered after the work already issued on the calling thread's current stream. The returned
   // function makes them ready for what that thread issues next (a stream wait, or a block).
   virtual std::function<void()> fetch(size_t unit, size_t group, const Tensor& dst) = 0;
-  // One backward's gradient of the group ([padded], the group's dtype, on the device; zero where
-  // a parameter got none). The source owns it from here.
+  // One backward's gradient of the group ([padded], in the master dtype, on the device; zero
+  // where a parameter got none). The source owns it from here.
   virtual void reduce(size_t unit, size_t group, Tensor grad) = 0;
   // The first gather of a step's forward, and the end of a backward (after every reduce).
   virtual void begin_step() {}

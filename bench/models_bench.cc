@@ -37,6 +37,10 @@
 //   --host-params      GPT: the blocks' Linear weights and biases in pinned host memory with their
 //                      gradients and optimizer state, the optimizer stepping them on the CPU, the
 //                      device holding their bf16 casts (memory::HostParams; " host params")
+//   --param-offload K  GPT: every parameter's f32 master and optimizer state in pinned host memory,
+//                      stepped there during backward; a block's parameters (bf16 Linears) on the
+//                      device only while it runs, K blocks fetched ahead (memory::offload_gpt_params;
+//                      the model is built in host memory; " param offload prefetch K")
 //   --memory-cap G     the allocator's per-process limit at G GiB for the whole run (a G GiB
 //                      card out of a larger one, on expandable segments; " cap G GiB" in the config
 //                      string): a step that needs more fails with the allocator's OutOfMemoryError
@@ -108,6 +112,7 @@
 #include "memgrad.h"
 #include "memory/gpt_budget.h"
 #include "memory/host_params.h"
+#include "memory/param_offload.h"
 #include "nn/models/gpt.h"
 #include "nn/models/mobilenet.h"
 #include "nn/models/resnet.h"
@@ -271,6 +276,9 @@ std::unique_ptr<mg::optim::Optimizer> make_optimizer(const std::vector<mg::Tenso
 
 // --host-params: GPT-2's Linear weights and biases in host memory (memory/host_params.h).
 std::unique_ptr<mg::memory::HostParams> g_host_params;
+// --param-offload: every parameter in host memory, a block's on the device while it runs
+// (memory/param_offload.h).
+mg::memory::ParamOffload g_param_offload;
 
 // --host-params' second line: per step, the host update's time (the optimizer, then the casts it
 // writes), the time the next forward waited for it (what backward did not hide), the bytes over
@@ -420,6 +428,7 @@ int run_main(int argc, char** argv) {
   std::string gpt_size = "gpt2";      // --gpt: the GPT preset (nn::gpt_preset)
   double memory_cap_gib = 0;          // --memory-cap: the allocator's per-process limit for the whole run
   bool host_params = false;           // --host-params: GPT's Linear parameters in host memory
+  int param_offload = -1;             // --param-offload PREFETCH: every parameter in host memory
   double resid_dropout = 0;           // GPT-2's output dropouts (--resid-dropout)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--profile")) g_profile = true;
@@ -452,6 +461,8 @@ int run_main(int argc, char** argv) {
       gpt_size = argv[++i];
     else if (!std::strcmp(argv[i], "--memory-cap"))
       memory_cap_gib = std::atof(argv[++i]);
+    else if (!std::strcmp(argv[i], "--param-offload"))
+      param_offload = std::max(0, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--trace"))
       g_trace_path = argv[++i];
     else if (!std::strcmp(argv[i], "--resid-dropout"))
@@ -576,7 +587,9 @@ int run_main(int argc, char** argv) {
                    static_cast<long long>(cfg.block_size));
       return 2;
     }
-    auto model = std::make_shared<mg::nn::GPT>(cfg, mg::TensorOptions(mg::DType::f32, dev));
+    // With --param-offload the model is built in host memory: its f32 form need never fit the device.
+    auto model = std::make_shared<mg::nn::GPT>(
+        cfg, mg::TensorOptions(mg::DType::f32, param_offload >= 0 ? mg::Device::cpu() : dev));
     model->train();
     if (resid_dropout > 0) {
       for (const auto& child : model->h->children()) {
@@ -647,7 +660,15 @@ int run_main(int argc, char** argv) {
       g_host_params->provide_casts();
       variant += " host params";
     }
-    auto opt = make_optimizer(g_host_params ? g_host_params->others(model->parameters()) : model->parameters());
+    if (param_offload >= 0) {
+      g_param_offload = mg::memory::offload_gpt_params(
+          *model, dev, [](std::vector<mg::Tensor> ps) { return make_optimizer(ps); }, param_offload);
+      g_host_params.reset();
+      variant += " param offload prefetch " + std::to_string(param_offload);
+    }
+    auto opt = make_optimizer(g_host_params        ? g_host_params->others(model->parameters())
+                              : param_offload >= 0 ? std::vector<mg::Tensor>{}
+                                                   : model->parameters());
     std::unique_ptr<mg::optim::StepInBackward> sib;
     if (in_backward || budget_gib > 0) {
       sib = std::make_unique<mg::optim::StepInBackward>(*opt);
@@ -719,6 +740,15 @@ int run_main(int argc, char** argv) {
     print(label.c_str(), "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag + variant,
           run(step, warmup, steps, dev), B * T, "tokens");
     if (g_host_params) print_host_params(*g_host_params);
+    if (g_param_offload.source) {
+      print_host_params(g_param_offload.source->host());
+      const mg::ParamUnits::Stats us = g_param_offload.units->stats();
+      std::printf(
+          "{\"param_units\":%zu,\"gathers\":%lld,\"peak_gathered_units\":%lld,\"peak_gathered_gib\":%.3f,"
+          "\"fetch_wait_ms_total\":%.1f}\n",
+          g_param_offload.units->size(), static_cast<long long>(us.gathers),
+          static_cast<long long>(us.peak_gathered_units), us.peak_gathered_bytes / 1073741824.0, us.wait_ms);
+    }
   }
   return 0;
 }

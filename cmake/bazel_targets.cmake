@@ -639,6 +639,19 @@ mg_bazel_target(library //memory:host_params
     //nn/models:models
     //optim:optim
 )
+mg_bazel_target(library //memory:param_offload
+  SRCS
+    memory/param_offload.cc
+  HDRS
+    memory/param_offload.h
+  DEPS
+    //memory:host_params
+    //autograd:autograd
+    //core:core
+    //kernels:kernels
+    //nn:nn
+    //nn/models:models
+)
 mg_bazel_target(test //tests/autograd:autocast_test SIZE small
   SRCS
     tests/autograd/autocast_test.cc
@@ -1137,6 +1150,19 @@ mg_bazel_target(test //tests/memory:memory_tools_test SIZE small
     //nn:nn
     //nn/models:models
     //optim:optim
+    //core:core
+    //core:runtime
+    @system_gtest//:gtest_main
+)
+mg_bazel_target(test //tests/memory:param_offload_test GPU SIZE small
+  SRCS
+    tests/memory/param_offload_test.cc
+  DEPS
+    //memory:param_offload
+    //nn:nn
+    //nn/models:models
+    //optim:optim
+    //tests:error_of
     //core:core
     //core:runtime
     @system_gtest//:gtest_main

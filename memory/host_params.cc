@@ -47,24 +47,32 @@ void write_cast(const Tensor& p, const Tensor& cast) {
 struct HostParams::Task {
   size_t i = 0;
   bool step = true;
+  DType dtype = DType::f32;  // the gradient's, as copied home
   cuda::PinnedBlock block;
   cuda::Event copied;
 };
 
 HostParams::HostParams(std::vector<Tensor> params, Device device, HostOptimizerFactory make_optimizer, DType cast_dtype)
-    : params_(std::move(params)), device_(device), cast_dtype_(cast_dtype) {
+    : HostParams(params, device, std::move(make_optimizer), std::vector<DType>(params.size(), cast_dtype)) {}
+
+HostParams::HostParams(std::vector<Tensor> params, Device device, HostOptimizerFactory make_optimizer,
+                       std::vector<DType> cast_dtypes)
+    : params_(std::move(params)), device_(device), cast_dtypes_(std::move(cast_dtypes)) {
   const char* op = "HostParams";
   MG_CHECK(device.is_cuda(), DeviceError, op, ": the parameters are read on a CUDA device, got ", device);
-  MG_CHECK(cast_dtype == DType::bf16 || cast_dtype == DType::f16, DTypeError, op,
-           ": the device casts are f16 or bf16, got ", cast_dtype);
+  MG_CHECK(cast_dtypes_.size() == params_.size(), ValueError, op, ": ", cast_dtypes_.size(), " cast dtypes for ",
+           params_.size(), " parameters");
+  for (DType d : cast_dtypes_)
+    MG_CHECK(d == DType::bf16 || d == DType::f16 || d == DType::f32, DTypeError, op,
+             ": the device casts are f16, bf16 or f32, got ", d);
   MG_CHECK(static_cast<bool>(make_optimizer), ValueError, op, ": no optimizer factory for the host parameters");
   std::unordered_set<const TensorImpl*> distinct;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     MG_CHECK(p.defined() && p.dtype() == DType::f32 && p.is_leaf() && p.requires_grad() && p.is_contiguous() &&
-                 p.device() == device && !p.grad().defined(),
+                 (p.device() == device || p.device().is_cpu()) && !p.grad().defined(),
              ValueError, op, ": params[", i, "] must be a contiguous f32 leaf that requires grad, on ", device,
-             ", without a gradient; got ",
+             " or the CPU, without a gradient; got ",
              p.defined() ? detail::format(p.dtype(), " ", shape_str(p.sizes()), " on ", p.device(),
                                           p.grad().defined() ? " with a gradient" : "")
                          : std::string("undefined"));
@@ -73,13 +81,18 @@ HostParams::HostParams(std::vector<Tensor> params, Device device, HostOptimizerF
   {
     NoGradGuard ng;
     MemoryCategoryGuard cat(MemoryCategory::Parameters);
-    for (const Tensor& p : params_) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const Tensor& p = params_[i];
       nn::retarget(p, cuda::pin_memory(raw::to_device(p, Device::cpu())));
-      Tensor c = cuda::pin_memory(empty(p.sizes(), TensorOptions(cast_dtype_)));
-      write_cast(p, c);
+      Tensor c;
+      if (cast_dtypes_[i] != DType::f32) {
+        c = cuda::pin_memory(empty(p.sizes(), TensorOptions(cast_dtypes_[i])));
+        write_cast(p, c);
+      }
       casts_.push_back(c);
     }
   }
+  pending_.assign(params_.size(), 0);
   opt_ = make_optimizer(params_);
   MG_CHECK(opt_ != nullptr, ValueError, op, ": the optimizer factory returned no optimizer");
   sums_.resize(params_.size());
@@ -95,7 +108,7 @@ HostParams::HostParams(std::vector<Tensor> params, Device device, HostOptimizerF
   // after every recomputation reading it in the round, and on the stream after the copy.
   source_ = autocast::add_host_cast_source([this](const Tensor& w, const Device& d, DType dtype) {
     auto it = index_.find(w.impl());
-    if (it == index_.end() || d != device_ || dtype != cast_dtype_) return Tensor();
+    if (it == index_.end() || d != device_ || dtype != cast_dtypes_[it->second] || dtype == DType::f32) return Tensor();
     MemoryCategoryGuard act(MemoryCategory::Activations);
     return device_cast(it->second);
   });
@@ -128,6 +141,7 @@ void HostParams::on_gradient(size_t i, Tensor grad) {
   auto t = std::make_unique<Task>();
   t->i = i;
   t->step = step_;
+  t->dtype = grad.dtype();
   t->block = cuda::PinnedBlock::allocate(static_cast<size_t>(grad.nbytes()));
   const cuda::Stream compute = cuda::Stream::current(device_.index);
   cuda::Event ready;
@@ -135,7 +149,7 @@ void HostParams::on_gradient(size_t i, Tensor grad) {
   ready.wait(stream_);
   {
     cuda::StreamGuard sg(stream_);
-    raw::copy_(t->block.view(grad.sizes(), DType::f32), grad, /*non_blocking=*/true);
+    raw::copy_(t->block.view(grad.sizes(), grad.dtype()), grad, /*non_blocking=*/true);
   }
   cuda::record_stream(grad, stream_);  // the device memory is reused only after the copy
   t->block.record(stream_);
@@ -144,6 +158,7 @@ void HostParams::on_gradient(size_t i, Tensor grad) {
     std::lock_guard<std::mutex> g(mu_);
     stats_.gradients++;
     stats_.to_host_bytes += grad.nbytes();
+    pending_[i]++;
     queue_.push_back(std::move(t));
   }
   cv_.notify_one();
@@ -173,11 +188,13 @@ void HostParams::run_worker() {
     } catch (...) {
       err = std::current_exception();
     }
+    const size_t i = t->i;
     t.reset();  // the pinned block back to its pool
     {
       std::lock_guard<std::mutex> g(mu_);
       if (err && !error_) error_ = err;
       --busy_;
+      pending_[i]--;
     }
     idle_cv_.notify_all();
   }
@@ -187,9 +204,10 @@ void HostParams::process(Task& t) {
   t.copied.synchronize();
   profiler::Range range("host update", "optimizer");  // on the worker's track of a trace
   const Tensor& p = params_[t.i];
-  Tensor g = t.block.view(p.sizes(), DType::f32);
   NoGradGuard ng;
   MemoryCategoryGuard cat(MemoryCategory::Gradients);
+  Tensor g = t.block.view(p.sizes(), t.dtype);
+  if (t.dtype != DType::f32) g = kernels::cast(g, DType::f32);  // a 16-bit gradient, exactly
   Tensor& sum = sums_[t.i];
   if (sum.defined()) {
     sum = kernels::add(sum, g);
@@ -208,7 +226,7 @@ void HostParams::process(Task& t) {
   opt_->step();
   const double step_ms = ms_since(t0);
   const auto t1 = std::chrono::steady_clock::now();
-  write_cast(p, casts_[t.i]);
+  if (casts_[t.i].defined()) write_cast(p, casts_[t.i]);
   sum = Tensor();
   std::lock_guard<std::mutex> lk(mu_);
   stats_.updates++;
@@ -226,6 +244,29 @@ void HostParams::wait() {
   }
 }
 
+void HostParams::wait_for(size_t i) {
+  std::unique_lock<std::mutex> g(mu_);
+  idle_cv_.wait(g, [&] { return pending_[i] == 0 || error_ != nullptr; });
+  if (error_) {
+    std::exception_ptr e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void HostParams::copy_to_device(size_t i, const Tensor& dst) {
+  wait_for(i);
+  const Tensor& src = casts_[i].defined() ? casts_[i] : params_[i];
+  MG_CHECK(dst.numel() == src.numel() && dst.dtype() == src.dtype(), ValueError,
+           "HostParams::copy_to_device: parameter ", i, " is ", src.dtype(), " ", shape_str(src.sizes()),
+           ", the destination ", dst.dtype(), " ", shape_str(dst.sizes()));
+  raw::copy_(dst, raw::view(src, dst.sizes()), /*non_blocking=*/true);
+  std::lock_guard<std::mutex> g(mu_);
+  stats_.to_device_bytes += dst.nbytes();
+}
+
+void HostParams::start_round() { std::fill(seen_.begin(), seen_.end(), 0); }
+
 void HostParams::provide_casts() {
   const auto t0 = std::chrono::steady_clock::now();
   wait();
@@ -233,7 +274,7 @@ void HostParams::provide_casts() {
     std::lock_guard<std::mutex> g(mu_);
     stats_.wait_ms += ms_since(t0);
   }
-  std::fill(seen_.begin(), seen_.end(), 0);
+  start_round();
   NoGradGuard ng;
   // The next forward's memory, counted as the casts that forward would make.
   MemoryCategoryGuard act(MemoryCategory::Activations);
@@ -241,8 +282,9 @@ void HostParams::provide_casts() {
 }
 
 Tensor HostParams::device_cast(size_t i) {
-  Tensor c = empty(params_[i].sizes(), TensorOptions(cast_dtype_, device_));
-  raw::copy_(c, casts_[i], /*non_blocking=*/true);  // on the current stream, ahead of its readers
+  const Tensor& src = casts_[i].defined() ? casts_[i] : params_[i];
+  Tensor c = empty(params_[i].sizes(), TensorOptions(src.dtype(), device_));
+  raw::copy_(c, src, /*non_blocking=*/true);  // on the current stream, ahead of its readers
   std::lock_guard<std::mutex> g(mu_);
   stats_.to_device_bytes += c.nbytes();
   return c;

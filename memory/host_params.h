@@ -69,6 +69,10 @@ class HostParams {
   // the CUDA error it raised.
   HostParams(std::vector<Tensor> params, Device device, HostOptimizerFactory make_optimizer,
              DType cast_dtype = DType::bf16);
+  // One cast dtype a parameter (bf16, f16, or f32: the device reads the f32 master itself, no
+  // cast kept). Parameters may also be given on the CPU: they are pinned in place.
+  HostParams(std::vector<Tensor> params, Device device, HostOptimizerFactory make_optimizer,
+             std::vector<DType> cast_dtypes);
   // Waits for the updates in flight; the parameters stay in host memory.
   ~HostParams();
   HostParams(const HostParams&) = delete;
@@ -84,6 +88,18 @@ class HostParams {
   void set_step(bool on) { step_ = on; }
   // Blocks until every update queued so far has run; rethrows the first error an update raised.
   void wait();
+  // Blocks until parameter i's queued updates have run (rethrowing an update's error).
+  void wait_for(size_t i);
+  // Copies parameter i's cast (its master where its cast dtype is f32) into `dst` on the device,
+  // asynchronously on the current stream, after its queued updates: what a parameter-offload
+  // source fetches (memory/param_offload.h). The worker writes the cast again only after the
+  // parameter's next gradient, which the device makes after reading `dst`.
+  void copy_to_device(size_t i, const Tensor& dst);
+  // The gradient of parameter i for this round (f32, f16 or bf16, on the device): copied home
+  // and queued for the update as a gradient sink would (what a parameter-offload source reduces).
+  void add_gradient(size_t i, Tensor grad) { on_gradient(i, std::move(grad)); }
+  // A new round: each parameter may receive one gradient again (provide_casts() starts one).
+  void start_round();
 
   const std::vector<Tensor>& params() const { return params_; }
   // The optimizer stepping the host parameters (its learning rate, state_dict, ...). Change it
@@ -113,12 +129,13 @@ class HostParams {
 
   std::vector<Tensor> params_;
   Device device_;
-  DType cast_dtype_;
   std::unique_ptr<optim::Optimizer> opt_;
-  std::vector<Tensor> casts_;  // each parameter's cast, pinned, written by the update
-  std::vector<Tensor> sums_;   // gradients added up while stepping is off (f32, host)
-  std::vector<uint8_t> seen_;  // a gradient arrived for this parameter in this round
-  cuda::Stream stream_;        // the gradients' copies home
+  std::vector<Tensor> casts_;  // each parameter's cast, pinned, written by the update (undefined: f32)
+  std::vector<DType> cast_dtypes_;
+  std::vector<int64_t> pending_;  // updates queued and not yet run, a parameter
+  std::vector<Tensor> sums_;      // gradients added up while stepping is off (f32, host)
+  std::vector<uint8_t> seen_;     // a gradient arrived for this parameter in this round
+  cuda::Stream stream_;           // the gradients' copies home
   std::unordered_map<const TensorImpl*, size_t> index_;
   uint64_t source_ = 0;  // autocast's host cast source (a checkpoint's recomputation reads it)
   bool step_ = true;

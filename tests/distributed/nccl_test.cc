@@ -13,6 +13,7 @@
 #include "distributed/launch_env.h"
 #include "tests/distributed/amp_ckpt_cases.h"
 #include "tests/distributed/tp_zero_cases.h"
+#include "tests/distributed/zero3_cases.h"
 
 namespace mg::dist {
 namespace {
@@ -276,6 +277,28 @@ TEST(NcclLaunch, TwoNodesOfOneGpuThroughToolsLaunchTrainAndAgree) {
         ddp_rank_matches_single_process({.backend = kNccl, .dtype = DType::f32, .world = W, .steps = 3}, pg);
       },
       [](int node) { return "CUDA_VISIBLE_DEVICES=" + std::to_string(node); });
+}
+
+// ZeRO-3 through NCCL: the same code as the CPU suite's; at world size 1 the gathers and
+// reduce-scatters are copies, and the model equals DDP's.
+TEST(NcclZero3, MlpEqualsDDPOneGpu) {
+  MG_REQUIRE_GPUS(1);
+  zero3_mlp_matches_ddp({Backend::Nccl, 1, Zero3Opt::AdamW});
+}
+
+TEST(NcclZero3, GptEqualsDDPOneGpu) {
+  MG_REQUIRE_GPUS(1);
+  zero3_gpt_matches_ddp(Backend::Nccl, 1, /*prefetch=*/1);
+}
+
+TEST(NcclZero3, GptEqualsDDPTwoGpus) {
+  MG_REQUIRE_GPUS(2);
+  zero3_gpt_matches_ddp(Backend::Nccl, 2, /*prefetch=*/1);
+}
+
+TEST(NcclZero3, ModelStateIsHalfOfDDPsTwoGpus) {
+  MG_REQUIRE_GPUS(2);
+  zero3_memory_case(Backend::Nccl, 2);
 }
 
 }  // namespace

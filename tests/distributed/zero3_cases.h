@@ -27,6 +27,14 @@ namespace mg::dist::testing {
 // absolute; the bound keeps a factor of ten: 1e-6 + 1e-5 |p|.
 constexpr double kZero3Atol = 1e-6, kZero3Rtol = 1e-5;
 
+// Two GPU runs of one training whose backward kernels accumulate atomically differ in their
+// gradients' last bits; AdamW's step m / sqrt(v) is insensitive to such changes except where a
+// gradient is near zero, where its direction may flip: each step can then differ by up to
+// 2 lr in one element. 20 steps at lr 0.01 of the tiny GPT, measured, stay far below that
+// worst case; the bound, 1e-3, is 1/20 of one step's full move: a wrong or stale unit (a step
+// taken on other parameters) moves every element by about lr and fails it.
+constexpr double kGpuTrainingAtol = 1e-3;
+
 enum class Zero3Opt { Sgd, AdamW };
 
 inline std::unique_ptr<optim::Optimizer> zero3_optimizer(Zero3Opt kind, std::vector<Tensor> params) {
@@ -138,6 +146,8 @@ inline nn::GPTConfig zero3_gpt_config() {
 // GPT (tied head, every block checkpointed on both sides so that both run the same ops) as
 // root + one unit a block, AdamW, 20 steps: the parameters equal DDP's bitwise. The full state
 // dict loads into a freshly sharded model of another init, which then holds the same values.
+// On a GPU the two models' runs are not bitwise reproducible (atomic accumulations in backward
+// kernels sum in any order): there the bound is kGpuTrainingAtol.
 inline void zero3_gpt_matches_ddp(Backend backend, int world, int prefetch) {
   run_ranks(world, [&](int rank, int W) {
     auto pg = join(backend);
@@ -174,8 +184,13 @@ inline void zero3_gpt_matches_ddp(Backend backend, int world, int prefetch) {
     EXPECT_LE(st.peak_gathered_units, 1 + prefetch);
     EXPECT_GE(st.peak_gathered_units, 1);
     const StateDict full = fsdp.full_state_dict(*model), ref = refm->state_dict();
-    for (const auto& [name, t] : ref.tensors)
-      EXPECT_EQ(max_abs_diff(full.tensors.at(name), t), 0.0) << name << " after 20 steps";
+    double worst = 0;
+    for (const auto& [name, t] : ref.tensors) {
+      const double d = max_abs_diff(full.tensors.at(name), t);
+      worst = std::max(worst, d);
+      EXPECT_LE(d, backend == Backend::Cpu ? 0.0 : kGpuTrainingAtol) << name << " after 20 steps";
+    }
+    if (rank == 0) std::cout << "[zero3 gpt] largest parameter difference from DDP: " << worst << std::endl;
 
     Generator g3(6);
     auto other = std::make_shared<nn::GPT>(cfg, TensorOptions{}, &g3);

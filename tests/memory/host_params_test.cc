@@ -37,8 +37,8 @@ TEST(HostParams, BadInputSaysWhatIsWrong) {
   // The blocks' Linear weights and biases: 4 Linears a block (qkv, projection, MLP in and out).
   EXPECT_EQ(gpt_linear_params(m).size(), 2u * 4u * 2u);
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  Tensor on_cpu = nn::parameter(randn({4, 4}));
-  EXPECT_NE(testing::error_of([&] { HostParams({on_cpu}, Device::cuda(0), sgd); }).find("params[0] must be"),
+  Tensor f64 = nn::parameter(randn({4, 4}, {DType::f64}));  // a CPU parameter qualifies; an f64 one does not
+  EXPECT_NE(testing::error_of([&] { HostParams({f64}, Device::cuda(0), sgd); }).find("params[0] must be"),
             std::string::npos);
   Tensor w = nn::parameter(randn({4, 4}, {DType::f32, Device::cuda(0)}));
   EXPECT_NE(testing::error_of([&] {
