@@ -3,6 +3,7 @@
 //   dist_bench --compare 2              # 1 GPU, 2 GPUs, 2 GPUs + ZeRO-1: a table
 //   tools/launch --nproc 2 -- dist_bench [--zero]   # one configuration, ranks from the launcher
 //   dist_bench --nproc 2 [--zero]       # the same, spawning its own ranks
+//   dist_bench --nproc 2 --zero3        # ZeRO-3 (dist::fully_shard, a unit a block) instead of DDP
 // Other flags: --steps S --warmup W --batch B (per GPU) --seq T --n_layer L --n_embd C
 // --n_head H --vocab V --momentum M --backend cpu|nccl (cpu: a tiny model on host, a smoke test).
 #include <chrono>
@@ -25,6 +26,7 @@
 #include "distributed/ddp.h"
 #include "distributed/process_group.h"
 #include "distributed/spawn.h"
+#include "distributed/fully_shard.h"
 #include "distributed/zero.h"
 #include "nn/models/gpt.h"
 #include "optim/sgd.h"
@@ -39,6 +41,7 @@ struct Args {
   int n_layer = 12, n_embd = 768, n_head = 12, vocab = 50304;
   double momentum = 0.9;
   bool zero = false;
+  bool zero3 = false;  // --zero3: dist::fully_shard (each block a unit), no DDP
   std::string backend = "auto";
   std::string result_file;
   std::vector<std::string> passthrough;  // flags a spawned rank should see
@@ -59,6 +62,9 @@ Args parse(int argc, char** argv) {
       if (k != "--nproc" && k != "--compare") a.passthrough.insert(a.passthrough.end(), {k, argv[i]});
     } else if (k == "--zero") {
       a.zero = true;
+      a.passthrough.push_back(k);
+    } else if (k == "--zero3") {
+      a.zero3 = true;
       a.passthrough.push_back(k);
     } else if (k == "--momentum") {
       a.momentum = std::stod(next());
@@ -97,7 +103,14 @@ int run_rank(const Args& a) {
   Generator init_gen(1234);
   reset_peak_memory_stats(dev);
   auto model = std::make_shared<nn::GPT>(cfg, TensorOptions{DType::f32, dev}, &init_gen);
-  dist::DistributedDataParallel ddp(model, pg);
+  std::unique_ptr<dist::DistributedDataParallel> ddp;
+  dist::FullyShardedModel fsdp;
+  if (a.zero3) {
+    fsdp = dist::fully_shard(nn::gpt_param_units(*model), pg);
+    model->recompute.units = fsdp.units.get();
+  } else {
+    ddp = std::make_unique<dist::DistributedDataParallel>(model, pg);
+  }
   const optim::SGDOptions so{.lr = 1e-4, .momentum = a.momentum};
   std::unique_ptr<optim::SGD> sgd;
   std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;
@@ -105,7 +118,7 @@ int run_rank(const Args& a) {
     zero = std::make_unique<dist::ZeroRedundancyOptimizer>(
         model->parameters(), pg, [&](std::vector<Tensor> s) { return std::make_unique<optim::SGD>(s, so); });
   else
-    sgd = std::make_unique<optim::SGD>(model->parameters(), so);
+    sgd = std::make_unique<optim::SGD>(a.zero3 ? fsdp.source->shards() : model->parameters(), so);
 
   Generator data_gen(99 + pg->rank());
   double loss_value = 0;
@@ -113,7 +126,7 @@ int run_rank(const Args& a) {
     Tensor tok = raw::to_device(randint(0, cfg.vocab_size, {a.batch, a.seq + 1}, {DType::i64}, &data_gen), dev);
     Tensor idx = raw::contiguous(raw::slice(tok, 1, 0, a.seq, 1));
     Tensor tgt = raw::contiguous(raw::slice(tok, 1, 1, a.seq + 1, 1));
-    Tensor loss = nn::GPT::loss(ddp(idx), tgt);
+    Tensor loss = nn::GPT::loss(ddp ? (*ddp)(idx) : (*model)(idx), tgt);
     loss.backward();
     if (zero) {
       zero->step();
@@ -143,10 +156,11 @@ int run_rank(const Args& a) {
   if (pg->rank() == 0) {
     std::ostringstream js;
     js << "{\"world\": " << pg->size() << ", \"zero\": " << (a.zero ? "true" : "false")
-       << ", \"batch_per_rank\": " << a.batch << ", \"seq\": " << a.seq << ", \"params\": " << model->num_parameters()
-       << ", \"step_ms\": " << step_s * 1000 << ", \"tokens_per_s\": " << a.batch * a.seq * pg->size() / step_s
-       << ", \"peak_allocated_mib\": " << sv[1] << ", \"optimizer_state_mib_rank0\": " << state / 1048576.0
-       << ", \"ddp_bucket_mib\": " << ddp.bucket_bytes() / 1048576.0 << ", \"loss\": " << loss_value
+       << ", \"zero3\": " << (a.zero3 ? "true" : "false") << ", \"batch_per_rank\": " << a.batch
+       << ", \"seq\": " << a.seq << ", \"params\": " << model->num_parameters() << ", \"step_ms\": " << step_s * 1000
+       << ", \"tokens_per_s\": " << a.batch * a.seq * pg->size() / step_s << ", \"peak_allocated_mib\": " << sv[1]
+       << ", \"optimizer_state_mib_rank0\": " << state / 1048576.0
+       << ", \"ddp_bucket_mib\": " << (ddp ? ddp->bucket_bytes() : 0) / 1048576.0 << ", \"loss\": " << loss_value
        << ", \"device\": \"" << (gpu ? cuda::get_device_properties(dev.index).name : std::string("cpu")) << "\"}";
     std::cout << js.str() << std::endl;
     if (!a.result_file.empty()) std::ofstream(a.result_file, std::ios::app) << js.str() << "\n";
