@@ -106,6 +106,11 @@ TEST(CudaRuntime, PhiloxMatchesCpu) {
   auto cu = rand({333}, DType::f64, &a).to_vector<double>();
   auto gu = raw::to_device(rand({333}, {DType::f64, kGpu}, &b), Device::cpu()).to_vector<double>();
   EXPECT_EQ(cu, gu);
+  // A fill of more than 2^21 elements splits over the host's threads: still the same values.
+  const int64_t big = (int64_t{3} << 20) + 5;
+  auto cb = rand({big}, DType::f64, &a).to_vector<double>();
+  auto gb = raw::to_device(rand({big}, {DType::f64, kGpu}, &b), Device::cpu()).to_vector<double>();
+  EXPECT_EQ(cb, gb);
 }
 
 TEST(CudaRuntime, StreamsEventsAndPinnedAsyncCopies) {
