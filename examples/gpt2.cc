@@ -34,6 +34,7 @@
 #include "distributed/ddp.h"
 #include "distributed/process_group.h"
 #include "distributed/spawn.h"
+#include "distributed/fully_shard.h"
 #include "distributed/zero.h"
 #include "examples/gpt2_flags.h"
 #include "examples/run_report.h"
@@ -305,16 +306,27 @@ int train(Run& r) {
   const int64_t T = r.model->config.block_size;
   std::vector<Tensor> params = r.model->parameters();
   const bool zero2 = f.zero && f.zero_stage == 2 && r.world > 1;
-  // ZeRO-2 reduces the gradients itself; rank 0's initial parameters are everyone's, as DDP's are.
-  if (r.world > 1 && !zero2) r.ddp = std::make_shared<dist::DistributedDataParallel>(r.model, r.pg);
-  if (zero2) {
+  const bool zero3 = f.zero && f.zero_stage == 3 && r.world > 1;
+  // ZeRO-2 and ZeRO-3 reduce the gradients themselves; rank 0's initial parameters are
+  // everyone's, as DDP's are.
+  if (r.world > 1 && !zero2 && !zero3) r.ddp = std::make_shared<dist::DistributedDataParallel>(r.model, r.pg);
+  if (zero2 || zero3) {
     NoGradGuard ng;
     for (const Tensor& p : params) r.pg->broadcast(p, 0);
     for (const Tensor& b : r.model->buffers()) r.pg->broadcast(b, 0);
   }
   std::unique_ptr<optim::Optimizer> opt;
   std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;
-  if (f.zero && r.world > 1) {
+  // ZeRO-3: each rank keeps a shard of every block (a unit a block, the embeddings and head the
+  // root); under bf16 autocast the Linears are gathered in bf16. The optimizer steps the shards.
+  dist::FullyShardedModel fsdp;
+  if (zero3) {
+    dist::FullyShardOptions fo;
+    if (r.amp && r.device.is_cuda()) fo.dtype = nn::gpt_unit_dtype(*r.model, r.amp_dtype);
+    fsdp = dist::fully_shard(nn::gpt_param_units(*r.model), r.pg, fo);
+    r.model->recompute.units = fsdp.units.get();
+    opt = examples::make_optimizer(f.train, fsdp.source->shards());
+  } else if (f.zero && r.world > 1) {
     dist::ZeroOptions zo;
     zo.stage = f.zero_stage;
     zero = std::make_unique<dist::ZeroRedundancyOptimizer>(
@@ -331,7 +343,7 @@ int train(Run& r) {
   ckpt.add("model", *r.model).add("schedule", schedule).add("scaler", scaler);
   if (!zero) ckpt.add("optimizer", optimizer);
   ckpt.add_generator("rng", default_generator()).add_generator("data", data_gen);
-  MG_CHECK(!zero || (f.save.empty() && f.resume.empty()), ValueError,
+  MG_CHECK((!zero && !zero3) || (f.save.empty() && f.resume.empty()), ValueError,
            "gpt2: --save/--resume with --zero: each rank holds another shard of the optimizer state");
   if (!f.resume.empty()) {
     ckpt.load(f.resume, r.device);
@@ -343,8 +355,21 @@ int train(Run& r) {
               << r.model->config.vocab_size << "\ntraining: " << f.steps << " steps of " << f.batch * r.world
               << " sequences (" << r.world << " rank(s) x " << f.grad_accum << " micro-batch(es) of " << r.micro
               << "), " << f.train.optimizer << " lr " << f.train.lr << ", " << schedule.describe() << ", amp " << f.amp
-              << ", recompute " << f.recompute << (zero ? (zero2 ? ", ZeRO-2" : ", ZeRO-1") : "") << ", device "
-              << r.device << "\n";
+              << ", recompute " << f.recompute
+              << (zero3  ? ", ZeRO-3"
+                  : zero ? (zero2 ? ", ZeRO-2" : ", ZeRO-1")
+                         : "")
+              << ", device " << r.device << "\n";
+  // The lead rank samples; under ZeRO-3 every rank first gathers the whole model with it.
+  auto print_sample = [&](const std::string& heading) {
+    auto go = [&] {
+      if (r.lead()) std::cout << heading << "\n" << sample(r, sample_gen) << "\n---" << std::endl;
+    };
+    if (zero3)
+      fsdp.units->with_all_gathered(go);
+    else
+      go();
+  };
   CategoryStats::get(r.device).reset_peak();
   examples::ProgressBar bar(f.progress && r.lead());
   const double initial_val = eval_loss(r);
@@ -378,7 +403,9 @@ int train(Run& r) {
     loss /= scaler.get_scale();
     if (f.train.clip_grad_norm > 0) {
       if (!zero) scaler.unscale_(optimizer);
-      if (zero2)
+      if (zero3)
+        fsdp.source->clip_grad_norm_(f.train.clip_grad_norm);  // from the shards: one all-reduce
+      else if (zero2)
         zero->clip_grad_norm_(f.train.clip_grad_norm);  // from the gradient slices: one all-reduce
       else
         optim::clip_grad_norm_(params, f.train.clip_grad_norm);
@@ -417,12 +444,11 @@ int train(Run& r) {
       }
       if (!f.save.empty() && r.lead()) ckpt.save(f.save);
     }
-    if (r.lead() && f.max_new_tokens > 0 && f.sample_every > 0 && ckpt.step % f.sample_every == 0 && !last)
-      std::cout << "--- sample at step " << ckpt.step << " ---\n" << sample(r, sample_gen) << "\n---" << std::endl;
+    if (f.max_new_tokens > 0 && f.sample_every > 0 && ckpt.step % f.sample_every == 0 && !last)
+      print_sample("--- sample at step " + std::to_string(ckpt.step) + " ---");
     if (ckpt.step == f.stop_after) break;
   }
-  if (r.lead() && f.max_new_tokens > 0)
-    std::cout << "--- sample ---\n" << sample(r, sample_gen) << "\n---" << std::endl;
+  if (f.max_new_tokens > 0) print_sample("--- sample ---");
   if (!r.lead()) return 0;
   nlohmann::json out = {
       {"preset", f.preset},
@@ -442,8 +468,8 @@ int train(Run& r) {
       {"tokenizer", r.tok->name()},
       {"amp", f.amp},
       {"recompute", f.recompute},
-      {"zero", zero != nullptr},
-      {"zero_stage", zero ? f.zero_stage : 0},
+      {"zero", zero != nullptr || zero3},
+      {"zero_stage", zero || zero3 ? f.zero_stage : 0},
       {"skipped_steps", skipped},
       {"device", r.device.str()},
       {"seed", f.seed},

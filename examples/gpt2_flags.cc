@@ -69,7 +69,8 @@ Memory and speed:
                        backend); or start the ranks yourself with tools/launch --nproc N -- gpt2
   --zero               with several ranks: shard the optimizer state (ZeRO-1)
   --zero-stage N       1 (the default of --zero) or 2: the gradients sharded too, reduce-scattered
-                       during backward instead of DDP's all-reduce (implies --zero)
+                       during backward instead of DDP's all-reduce; 3: the parameters too, a block
+                       gathered while it runs (dist::fully_shard; implies --zero)
   --save PATH          write a training checkpoint at every validation and at the end (atomic)
   --trace PATH         record the third training step (after two warm-up steps) as a Chrome trace
                        (op, backward-node and phase ranges, memory counters) to open in Perfetto
@@ -248,8 +249,8 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
            "--bpe-encoder and --bpe-vocab go together (GPT-2's encoder.json and vocab.bpe)");
   MG_CHECK(!f.print_logits || !f.init_from.empty(), ValueError, "--print-logits needs --init-from FILE");
   MG_CHECK(f.nproc >= 0 && f.max_batch >= 1, ValueError, "--nproc must be >= 0 and --max-batch >= 1");
-  MG_CHECK(f.zero_stage == 1 || f.zero_stage == 2, ValueError, "--zero-stage must be 1 or 2, got ", f.zero_stage);
-  if (f.zero_stage == 2) f.zero = true;
+  MG_CHECK(f.zero_stage >= 1 && f.zero_stage <= 3, ValueError, "--zero-stage must be 1, 2 or 3, got ", f.zero_stage);
+  if (f.zero_stage >= 2) f.zero = true;
   MG_CHECK(!(f.zero && f.amp == "f16"), ValueError,
            "--zero with --amp f16: the GradScaler steps a whole optimizer, ZeRO a shard (use bf16)");
   if (f.train.warmup_steps < 0) f.train.warmup_steps = f.steps / 20;
