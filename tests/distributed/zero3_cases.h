@@ -2,7 +2,12 @@
 // steps, the model state each rank holds, the gathered working set, the full state dict.
 #pragma once
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <iostream>
 #include <memory>
 #include <vector>
@@ -258,6 +263,47 @@ inline void zero3_memory_case(Backend backend, int world) {
     EXPECT_LE(static_cast<double>(zero3_bytes), (1.0 / W + 0.05) * static_cast<double>(ddp_bytes))
         << "ZeRO-3 " << zero3_bytes << " bytes of model state against DDP's " << ddp_bytes;
   });
+}
+
+// A rank killed between steps: the survivor's next forward (its first gather) raises
+// DistributedError naming the dead rank within the group's timeout, and tearing the sharded model
+// and the group down does not hang.
+inline void zero3_dead_peer_case() {
+  run_ranks(2,
+            [](int rank, int) {
+              auto pg = join(Backend::Cpu, 30);
+              const nn::GPTConfig cfg = zero3_gpt_config();
+              auto model = std::make_shared<nn::GPT>(cfg);
+              auto fsdp = fully_shard(nn::gpt_param_units(*model), pg);
+              model->recompute.units = fsdp.units.get();
+              Tensor idx = randint(0, cfg.vocab_size, {2, 17}, {DType::i64});
+              Tensor x = raw::contiguous(raw::slice(idx, 1, 0, 16, 1)),
+                     y = raw::contiguous(raw::slice(idx, 1, 1, 17, 1));
+              nn::GPT::loss(model->forward(x), y).backward();
+              pg->barrier();
+              pg->set_timeout(std::chrono::seconds(5));
+              if (rank == 1) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 is waiting in a gather
+                std::fflush(nullptr);
+                ::kill(::getpid(), SIGKILL);
+              }
+              const auto t0 = std::chrono::steady_clock::now();
+              auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+              std::string msg = "(no error)";
+              try {
+                nn::GPT::loss(model->forward(x), y).backward();
+              } catch (const DistributedError& e) {
+                msg = e.what();
+              }
+              EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+              EXPECT_LT(since(), 5.0) << "took longer than the timeout: " << msg;
+              model->recompute.units = nullptr;
+              fsdp.units.reset();
+              fsdp.source.reset();
+              pg.reset();
+              EXPECT_LT(since(), 5.0);
+            },
+            120, {}, {{1, 128 + SIGKILL}});
 }
 
 }  // namespace mg::dist::testing

@@ -31,5 +31,7 @@ TEST(CpuZero3, ModelStateIsAnNthOfDDPs) {
   for (int w : {2, 4}) zero3_memory_case(kCpu, w);
 }
 
+TEST(CpuZero3, DeadPeerDuringAGatherRaisesWithinTheTimeout) { zero3_dead_peer_case(); }
+
 }  // namespace
 }  // namespace mg::dist::testing
