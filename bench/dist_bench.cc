@@ -140,6 +140,7 @@ int run_rank(const Args& a) {
   for (int i = 0; i < a.warmup; ++i) step();
   if (gpu) cuda::synchronize();
   pg->barrier();
+  const double wait0 = a.zero3 ? fsdp.units->stats().wait_ms : 0.0;
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < a.steps; ++i) step();
   if (gpu) cuda::synchronize();
@@ -159,7 +160,8 @@ int run_rank(const Args& a) {
        << ", \"zero3\": " << (a.zero3 ? "true" : "false") << ", \"batch_per_rank\": " << a.batch
        << ", \"seq\": " << a.seq << ", \"params\": " << model->num_parameters() << ", \"step_ms\": " << step_s * 1000
        << ", \"tokens_per_s\": " << a.batch * a.seq * pg->size() / step_s << ", \"peak_allocated_mib\": " << sv[1]
-       << ", \"optimizer_state_mib_rank0\": " << state / 1048576.0
+       << ", \"optimizer_state_mib_rank0\": " << state / 1048576.0 << ", \"gather_wait_ms_per_step\": "
+       << (a.zero3 ? (fsdp.units->stats().wait_ms - wait0) / std::max(a.steps, 1) : 0.0)
        << ", \"ddp_bucket_mib\": " << (ddp ? ddp->bucket_bytes() : 0) / 1048576.0 << ", \"loss\": " << loss_value
        << ", \"device\": \"" << (gpu ? cuda::get_device_properties(dev.index).name : std::string("cpu")) << "\"}";
     std::cout << js.str() << std::endl;
