@@ -85,7 +85,6 @@ ParamUnits::ParamUnits(std::vector<std::vector<Tensor>> units, std::shared_ptr<P
       }
     un.got.assign(idx, 0);
     un.grads.resize(un.groups.size());
-    all_params_.push_back(units[u]);
   }
 }
 
@@ -132,21 +131,21 @@ void ParamUnits::gather(size_t u) {
   Unit& un = units_[u];
   if (un.state != State::Fetching) return;
   const auto t0 = std::chrono::steady_clock::now();
+  drain(un);
+  un.state = State::Ready;
+  stats_.wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void ParamUnits::drain(Unit& un) {
   std::vector<std::function<void()>> waiters = std::move(un.waiters);
   un.waiters.clear();
   for (auto& w : waiters) w();
-  un.state = State::Ready;
-  stats_.wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void ParamUnits::release(size_t u) {
   Unit& un = units_[u];
   if (un.state == State::Released) return;
-  if (un.state == State::Fetching) {  // the fetch writes into the storage: let it land first
-    std::vector<std::function<void()>> waiters = std::move(un.waiters);
-    un.waiters.clear();
-    for (auto& w : waiters) w();
-  }
+  if (un.state == State::Fetching) drain(un);  // the fetch writes into the storage: let it land first
   for (UnitGroup& g : un.groups) release_storage(g.flat.storage());
   un.state = State::Released;
   stats_.gathered_bytes -= unit_bytes(u);

@@ -133,6 +133,7 @@ class ParamUnits {
     std::vector<uint8_t> got;  // per parameter of the unit (in group order)
   };
   void start_gather(size_t u);
+  void drain(Unit& un);  // runs (and drops) the unit's fetch waiters
   void gather(size_t u);
   void release(size_t u);
   void pre_backward(size_t u);
@@ -143,7 +144,6 @@ class ParamUnits {
   void prefetch_after(size_t u, int direction);
   std::vector<size_t> order_;          // units in the order the last forward entered them
   std::vector<size_t> current_order_;  // this forward's so far
-  std::vector<std::vector<Tensor>> all_params_;
   std::vector<Unit> units_;
   std::shared_ptr<ParamSource> source_;
   ParamUnitsOptions opts_;

@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "autograd/grad_mode.h"
+#include "distributed/zero.h"
 #include "core/allocator.h"
 #include "kernels/ops.h"
 #include "nn/module.h"
@@ -81,20 +82,11 @@ std::vector<Tensor> ShardSource::shards() const {
 }
 
 double ShardSource::clip_grad_norm_(double max_norm) {
-  MG_CHECK(std::isfinite(max_norm) && max_norm >= 0.0, ValueError,
-           "ShardSource::clip_grad_norm_: max_norm must be finite and >= 0, got ", max_norm);
-  NoGradGuard ng;
-  end_backward();
+  end_backward();  // the reductions still in flight
   std::vector<Tensor> grads;
   for (const Tensor& s : shards())
     if (s.grad().defined()) grads.push_back(s.grad());
-  const double mine = grads.empty() ? 0.0 : kernels::multi_tensor_norm(grads, 2.0);
-  Tensor sq = full({1}, mine * mine, {DType::f64, pg_->device()});
-  pg_->all_reduce(sq, ReduceOp::Sum);  // every element lies in exactly one rank's shard (padding is 0)
-  const double total = std::sqrt(raw::to_device(sq, Device::cpu()).item<double>());
-  const double coef = std::min(max_norm / (total + 1e-6), 1.0);
-  if (coef != 1.0 && !grads.empty()) kernels::multi_tensor_scale_(grads, coef);
-  return total;
+  return clip_sharded_grad_norm_(grads, *pg_, max_norm, "ShardSource::clip_grad_norm_");
 }
 
 namespace {

@@ -177,23 +177,29 @@ void ZeroRedundancyOptimizer::finish_reduction() {
     if (!reduced_[k] && waiting_[k] < static_cast<int64_t>(chunk_params_[k].size())) reduce_chunk(k);
 }
 
+double clip_sharded_grad_norm_(const std::vector<Tensor>& local_grads, ProcessGroup& pg, double max_norm,
+                               const char* op) {
+  MG_CHECK(std::isfinite(max_norm) && max_norm >= 0.0, ValueError, op, ": max_norm must be finite and >= 0, got ",
+           max_norm);
+  NoGradGuard ng;
+  const double mine = local_grads.empty() ? 0.0 : kernels::multi_tensor_norm(local_grads, 2.0);
+  Tensor sq = full({1}, mine * mine, {DType::f64, pg.device()});
+  pg.all_reduce(sq, ReduceOp::Sum);  // every element is in exactly one rank's part
+  const double total = std::sqrt(raw::to_device(sq, Device::cpu()).item<double>());
+  const double coef = std::min(max_norm / (total + 1e-6), 1.0);
+  if (coef != 1.0 && !local_grads.empty()) kernels::multi_tensor_scale_(local_grads, coef);
+  return total;
+}
+
 double ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm) {
   MG_CHECK(opts_.stage == 2, ValueError, "ZeroRedundancyOptimizer::clip_grad_norm_: stage 1 keeps the full ",
            "gradients; clip them with optim::clip_grad_norm_ on the parameters");
-  MG_CHECK(std::isfinite(max_norm) && max_norm >= 0.0, ValueError,
-           "ZeroRedundancyOptimizer::clip_grad_norm_: max_norm must be finite and >= 0, got ", max_norm);
   NoGradGuard ng;
   finish_reduction();
   std::vector<Tensor> slices;
   for (const Tensor& g : shard_grads_)
     if (g.defined()) slices.push_back(g);
-  const double mine = slices.empty() ? 0.0 : kernels::multi_tensor_norm(slices, 2.0);
-  Tensor sq = full({1}, mine * mine, {DType::f64, pg_->device()});
-  pg_->all_reduce(sq, ReduceOp::Sum);  // every element is in exactly one rank's slice
-  const double total = std::sqrt(raw::to_device(sq, Device::cpu()).item<double>());
-  const double coef = std::min(max_norm / (total + 1e-6), 1.0);
-  if (coef != 1.0 && !slices.empty()) kernels::multi_tensor_scale_(slices, coef);
-  return total;
+  return clip_sharded_grad_norm_(slices, *pg_, max_norm, "ZeroRedundancyOptimizer::clip_grad_norm_");
 }
 
 std::pair<std::string, int64_t> ZeroRedundancyOptimizer::state_layout() const {

@@ -32,6 +32,13 @@ struct ZeroOptions {
   int stage = 1;
 };
 
+// Clips gradients whose elements are split over the ranks (each element in exactly one rank's
+// `local_grads`) to a global 2-norm of max_norm, as optim::clip_grad_norm_ would over the whole
+// gradients (coefficient min(max_norm / (norm + 1e-6), 1)): each rank's sum of squares, one
+// all-reduce. Collective; `op` names the caller in errors. Returns the norm.
+double clip_sharded_grad_norm_(const std::vector<Tensor>& local_grads, ProcessGroup& pg, double max_norm,
+                               const char* op);
+
 class ZeroRedundancyOptimizer {
  public:
   // Builds the optimizer for this rank's slice; it must update elementwise (SGD, Adam, AdamW:

@@ -310,16 +310,6 @@ HostParams::Stats HostParams::stats() const {
   return stats_;
 }
 
-std::vector<Tensor> gpt_linear_params(nn::GPT& model) {
-  std::vector<Tensor> out;
-  for (const auto& [name, m] : model.h->named_modules())
-    if (auto* lin = dynamic_cast<nn::Linear*>(m)) {
-      out.push_back(lin->weight);
-      if (lin->bias.defined()) out.push_back(lin->bias);
-    }
-  return out;
-}
-
 double measure_host_copy_bandwidth(int64_t bytes, int repeats) {
   MG_CHECK(bytes >= 1024 && repeats >= 1, ValueError, "measure_host_copy_bandwidth: bytes must be >= 1024 and ",
            "repeats >= 1, got ", bytes, " and ", repeats);

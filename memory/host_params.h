@@ -150,9 +150,8 @@ class HostParams {
   std::thread worker_;
 };
 
-// Every Linear weight and bias of the GPT's blocks: the parameters the blocks read only through
-// autocast's casts (the embeddings, the norms and the tied head stay on the device).
-std::vector<Tensor> gpt_linear_params(nn::GPT& model);
+// The parameters HostParams takes from a GPT: its blocks' Linear weights and biases (nn/models/gpt.h).
+using nn::gpt_linear_params;
 
 // The host's memory bandwidth as a parallel copy of `bytes` over every core sees it (bytes read
 // plus bytes written, per millisecond; the median of `repeats`): the ceiling of a host update.

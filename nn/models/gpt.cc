@@ -243,13 +243,19 @@ std::vector<std::vector<Tensor>> gpt_param_units(GPT& model) {
   return units;
 }
 
-std::function<DType(const Tensor&)> gpt_unit_dtype(GPT& model, DType compute) {
-  auto linear = std::make_shared<std::unordered_set<const TensorImpl*>>();
+std::vector<Tensor> gpt_linear_params(GPT& model) {
+  std::vector<Tensor> out;
   for (const auto& [name, m] : model.h->named_modules())
     if (auto* lin = dynamic_cast<Linear*>(m)) {
-      linear->insert(lin->weight.impl());
-      if (lin->bias.defined()) linear->insert(lin->bias.impl());
+      out.push_back(lin->weight);
+      if (lin->bias.defined()) out.push_back(lin->bias);
     }
+  return out;
+}
+
+std::function<DType(const Tensor&)> gpt_unit_dtype(GPT& model, DType compute) {
+  auto linear = std::make_shared<std::unordered_set<const TensorImpl*>>();
+  for (const Tensor& p : gpt_linear_params(model)) linear->insert(p.impl());
   return [linear, compute](const Tensor& p) { return linear->count(p.impl()) ? compute : p.dtype(); };
 }
 
