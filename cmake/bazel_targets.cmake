@@ -947,6 +947,7 @@ mg_bazel_target(library //tests/distributed:cases TESTONLY
     //nn:nn
     //nn/models:models
     //optim:optim
+    //serialize:serialize
     @system_gtest//:gtest
 )
 mg_bazel_target(test //tests/distributed:dist_test SIZE large

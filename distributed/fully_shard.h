@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "autograd/param_units.h"
@@ -29,6 +30,9 @@
 
 namespace mg::nn {
 class Module;
+}
+namespace mg::optim {
+class Optimizer;
 }
 
 namespace mg::dist {
@@ -84,7 +88,41 @@ struct FullyShardedModel {
   // names its parameters); a missing name or a wrong shape is an mg::ValueError naming it. Not
   // collective.
   void load_full_state_dict(const nn::Module& model, const StateDict& sd);
+
+  // The optimizer's state (`opt` steps source->shards(), one group, elementwise state: SGD's
+  // momentum, Adam's moments) as one optimizer of the same type over model.parameters() would
+  // hold it: "state.<i>.<buffer>" shaped as parameter i, meta "param_names" naming each i.
+  // Collective. Every parameter of `model` must be in a unit (ValueError naming it otherwise).
+  StateDict full_optimizer_state_dict(const nn::Module& model, const optim::Optimizer& opt) const;
+  // Takes this rank's slices of such a dict (any world size saved it; with "param_names" the
+  // parameters are matched by name, else by position). Not collective.
+  void load_full_optimizer_state_dict(const nn::Module& model, optim::Optimizer& opt, const StateDict& sd);
+
+  // Sharded checkpoints. Every rank writes its master shards and `opt`'s state for them to
+  // dir/fsdp-shard-<rank>-of-<N>.safetensors; then, after a barrier, rank 0 writes
+  // dir/fsdp-index.json: the world size, each parameter's name, shape, group and flat offset,
+  // each group's padded length, and the save's id, which every shard also carries. Each file is
+  // written atomically and the index last: a directory whose index is there holds a whole save,
+  // and shards left by an earlier or interrupted save are told apart by their id. The directory
+  // must exist. Collective.
+  void save_sharded(const nn::Module& model, const optim::Optimizer& opt, const std::string& dir) const;
+  // This rank's shards and optimizer state from a directory save_sharded wrote at any world size
+  // (resharding): read_fsdp_checkpoint, then load_full_state_dict and
+  // load_full_optimizer_state_dict. Not collective; it holds the whole state while it loads.
+  void load_sharded(const nn::Module& model, optim::Optimizer& opt, const std::string& dir);
 };
+
+// A whole training state read back from a sharded checkpoint: the parameters by name (what
+// model.load_state_dict takes) and the optimizer state as one optimizer of the saved type over
+// model.parameters() holds it (what its load_state_dict takes): resharding to any world size,
+// or back into one process without ZeRO.
+struct FullCheckpoint {
+  StateDict model;
+  StateDict optimizer;
+};
+// Reads every shard that dir/fsdp-index.json names. A missing index, a missing shard, a shard of
+// another save or layout, is an mg::IOError naming the file (and the rank).
+FullCheckpoint read_fsdp_checkpoint(const std::string& dir);
 
 // Shards `units` (their parameters, identical on every rank: broadcast first) over `pg`.
 FullyShardedModel fully_shard(std::vector<std::vector<Tensor>> units, std::shared_ptr<ProcessGroup> pg,

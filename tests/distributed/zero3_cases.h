@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <thread>
 #include <iostream>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "optim/adam.h"
 #include "optim/clip_grad.h"
 #include "optim/sgd.h"
+#include "serialize/serialize.h"
 #include "tests/distributed/ddp_cases.h"
 
 namespace mg::dist::testing {
@@ -263,6 +265,160 @@ inline void zero3_memory_case(Backend backend, int world) {
     EXPECT_LE(static_cast<double>(zero3_bytes), (1.0 / W + 0.05) * static_cast<double>(ddp_bytes))
         << "ZeRO-3 " << zero3_bytes << " bytes of model state against DDP's " << ddp_bytes;
   });
+}
+
+// A GPT step of the sharded model and of DDP beside it, on step `step`'s data (every rank its
+// slice of a global batch of W * 2 sequences).
+inline void zero3_gpt_step(int step, int rank, int W, Device dev, nn::GPT& model, DistributedDataParallel& ddp,
+                           optim::Optimizer& opt, optim::Optimizer& ref_opt) {
+  const nn::GPTConfig cfg = zero3_gpt_config();
+  const int64_t B = 2, T = 16;
+  Generator data_gen(300 + step);
+  Tensor idx = randint(0, cfg.vocab_size, {W * B, T + 1}, {DType::i64}, &data_gen).to(dev);
+  Tensor mine = raw::contiguous(raw::slice(idx, 0, rank * B, (rank + 1) * B, 1));
+  Tensor x = raw::contiguous(raw::slice(mine, 1, 0, T, 1)), y = raw::contiguous(raw::slice(mine, 1, 1, T + 1, 1));
+  nn::GPT::loss(model.forward(x), y).backward();
+  nn::GPT::loss(ddp(x), y).backward();
+  opt.step();
+  ref_opt.step();
+  opt.zero_grad();
+  ref_opt.zero_grad();
+}
+
+// Every tensor of `want` is in `got` with the same shape and bit for bit the same values.
+inline void expect_same_tensors(const StateDict& got, const StateDict& want, const std::string& what) {
+  EXPECT_EQ(got.tensors.size(), want.tensors.size()) << what;
+  for (const auto& [name, t] : want.tensors) {
+    auto it = got.tensors.find(name);
+    ASSERT_TRUE(it != got.tensors.end()) << what << ": no " << name;
+    ASSERT_EQ(it->second.sizes(), t.sizes()) << what << ": " << name;
+    EXPECT_EQ(max_abs_diff(it->second, t), 0.0) << what << ": " << name;
+  }
+}
+
+// Sharded checkpoints of a GPT (tied head, AdamW) saved by ZeRO-3 on `save_world` ranks after 5
+// steps, beside DDP trained on the same data, which saves its model and optimizer whole:
+// - read in one process, the directory gives DDP's parameters and DDP's AdamW state bitwise (the
+//   two trainings are bitwise equal on the CPU), and a one-process AdamW loads that state;
+// - loaded on `load_world` ranks (other slices), the model and optimizer state gathered again
+//   equal what was saved, bitwise, and 5 more steps equal DDP resumed from its own checkpoint;
+// - a model of another shape is refused naming the parameter; a missing shard, a shard of
+//   another save, a missing index are IOErrors naming the file.
+inline void zero3_sharded_checkpoint_case(Backend backend, int save_world, int load_world) {
+  const std::string root = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") +
+                           "/zero3_ckpt_" + std::to_string(save_world) + "_" + std::to_string(load_world);
+  const std::string dir = root + "/sharded", ref_model = root + "/ddp_model.safetensors",
+                    ref_optim = root + "/ddp_optim.safetensors";
+  const nn::GPTConfig cfg = zero3_gpt_config();
+  auto build = [&](uint64_t seed, Device dev) {
+    Generator g(seed);
+    auto m = std::make_shared<nn::GPT>(cfg, TensorOptions{}, &g);
+    m->to(dev);
+    m->recompute.checkpoint_blocks = true;
+    return m;
+  };
+  std::filesystem::create_directories(dir);
+  run_ranks(save_world, [&](int rank, int W) {
+    auto pg = join(backend);
+    const Device dev = pg->device();
+    auto model = build(5, dev), refm = build(5, dev);
+    DistributedDataParallel ddp(refm, pg);
+    auto fsdp = fully_shard(nn::gpt_param_units(*model), pg);
+    model->recompute.units = fsdp.units.get();
+    auto opt = zero3_optimizer(Zero3Opt::AdamW, fsdp.source->shards());
+    auto ref_opt = zero3_optimizer(Zero3Opt::AdamW, refm->parameters());
+    for (int step = 0; step < 5; ++step) zero3_gpt_step(step, rank, W, dev, *model, ddp, *opt, *ref_opt);
+    fsdp.save_sharded(*model, *opt, dir);
+    if (rank == 0) {
+      serialize::save(refm->state_dict(), ref_model);
+      serialize::save(ref_opt->state_dict(), ref_optim);
+    }
+    pg->barrier();
+  });
+  // One process, no process group: the whole state back. (The ranks of the next run_ranks are
+  // this test's binary again: what only the parent checks is under !in_child().)
+  if (!in_child()) {
+    const FullCheckpoint whole = read_fsdp_checkpoint(dir);
+    const StateDict ddp_model = serialize::load(ref_model), ddp_optim = serialize::load(ref_optim);
+    expect_same_tensors(whole.model, ddp_model, "the sharded checkpoint's parameters against DDP's");
+    expect_same_tensors(whole.optimizer, ddp_optim, "the sharded checkpoint's AdamW state against DDP's");
+    EXPECT_EQ(whole.optimizer.meta["state"], ddp_optim.meta["state"]);
+    EXPECT_EQ(whole.optimizer.meta["type"], ddp_optim.meta["type"]);
+    {
+      auto plain = build(9, Device::cpu());
+      plain->load_state_dict(whole.model);
+      auto plain_opt = zero3_optimizer(Zero3Opt::AdamW, plain->parameters());
+      plain_opt->load_state_dict(whole.optimizer);
+      expect_same_tensors(plain_opt->state_dict(), ddp_optim, "a one-process AdamW loaded from the shards");
+    }
+  }
+
+  run_ranks(load_world, [&](int rank, int W) {
+    auto pg = join(backend);
+    const Device dev = pg->device();
+    auto model = build(6, dev), refm = build(7, dev);  // other initial values: all of it comes from the files
+    auto fsdp = fully_shard(nn::gpt_param_units(*model), pg);
+    model->recompute.units = fsdp.units.get();
+    auto opt = zero3_optimizer(Zero3Opt::AdamW, fsdp.source->shards());
+    fsdp.load_sharded(*model, *opt, dir);
+    const FullCheckpoint whole = read_fsdp_checkpoint(dir);
+    expect_same_tensors(fsdp.full_state_dict(*model), whole.model, "parameters resharded");
+    const StateDict back = fsdp.full_optimizer_state_dict(*model, *opt);
+    expect_same_tensors(back, whole.optimizer, "optimizer state resharded");
+    EXPECT_EQ(back.meta["state"], whole.optimizer.meta["state"]);
+
+    refm->load_state_dict(serialize::load(ref_model));
+    DistributedDataParallel ddp(refm, pg);
+    auto ref_opt = zero3_optimizer(Zero3Opt::AdamW, refm->parameters());
+    ref_opt->load_state_dict(serialize::load(ref_optim));
+    for (int step = 5; step < 10; ++step) zero3_gpt_step(step, rank, W, dev, *model, ddp, *opt, *ref_opt);
+    expect_same_tensors(fsdp.full_state_dict(*model), refm->state_dict(), "5 steps after resuming, against DDP's");
+
+    // A model of another shape cannot take these shards.
+    nn::GPTConfig wide = cfg;
+    wide.n_embd = 32;
+    Generator g(8);
+    auto other = std::make_shared<nn::GPT>(wide, TensorOptions{}, &g);
+    other->to(dev);
+    auto fsdp2 = fully_shard(nn::gpt_param_units(*other), pg);
+    auto opt2 = zero3_optimizer(Zero3Opt::AdamW, fsdp2.source->shards());
+    try {
+      fsdp2.load_sharded(*other, *opt2, dir);
+      ADD_FAILURE() << "a checkpoint of another shape was loaded";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("transformer.wte.weight"), std::string::npos) << e.what();
+    }
+  });
+
+  // Broken directories: each error names the file.
+  if (in_child()) return;
+  auto expect_io_error = [](const std::string& d, const std::string& needle) {
+    try {
+      read_fsdp_checkpoint(d);
+      ADD_FAILURE() << "read " << d << " without an error (expected one naming " << needle << ")";
+    } catch (const IOError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  namespace fs = std::filesystem;
+  const std::string broken = root + "/broken";
+  fs::remove_all(broken);
+  fs::copy(dir, broken);
+  const std::string last =
+      "fsdp-shard-" + std::to_string(save_world - 1) + "-of-" + std::to_string(save_world) + ".safetensors";
+  fs::remove(broken + "/" + last);
+  expect_io_error(broken, last + " is missing (rank " + std::to_string(save_world - 1));
+  // A shard of another save under the same name: the index's id tells them apart.
+  fs::remove_all(broken);
+  fs::copy(dir, broken);
+  {
+    StateDict shard = serialize::load(dir + "/" + last);
+    shard.meta["fsdp"]["id"] = "1";
+    serialize::save(shard, broken + "/" + last);
+  }
+  expect_io_error(broken, last + " (rank " + std::to_string(save_world - 1) + ") belongs to another save");
+  fs::remove(broken + "/fsdp-index.json");
+  expect_io_error(broken, "fsdp-index.json is missing");
 }
 
 // A rank killed between steps: the survivor's next forward (its first gather) raises

@@ -31,6 +31,11 @@ TEST(CpuZero3, ModelStateIsAnNthOfDDPs) {
   for (int w : {2, 4}) zero3_memory_case(kCpu, w);
 }
 
+TEST(CpuZero3, ShardedCheckpointReshardsAndResumesBitwise) {
+  zero3_sharded_checkpoint_case(kCpu, /*save_world=*/2, /*load_world=*/4);
+  zero3_sharded_checkpoint_case(kCpu, /*save_world=*/4, /*load_world=*/2);
+}
+
 TEST(CpuZero3, DeadPeerDuringAGatherRaisesWithinTheTimeout) { zero3_dead_peer_case(); }
 
 }  // namespace
