@@ -340,11 +340,41 @@ int train(Run& r) {
   optim::GradScaler scaler(gso);
   Generator data_gen(f.seed * 1000003 + static_cast<uint64_t>(r.rank)), sample_gen(f.seed + 1);
   serialize::TrainingCheckpoint ckpt;
-  ckpt.add("model", *r.model).add("schedule", schedule).add("scaler", scaler);
-  if (!zero) ckpt.add("optimizer", optimizer);
-  ckpt.add_generator("rng", default_generator()).add_generator("data", data_gen);
-  MG_CHECK((!zero && !zero3) || (f.save.empty() && f.resume.empty()), ValueError,
-           "gpt2: --save/--resume with --zero: each rank holds another shard of the optimizer state");
+  // Under ZeRO-3 the checkpoint holds the whole model and optimizer state, gathered from the
+  // shards (every rank takes part; the lead writes): it resumes at any world size, or without
+  // ZeRO. dist::FullyShardedModel::save_sharded writes per-rank files instead.
+  if (zero3)
+    ckpt.add(
+        "model", [&] { return fsdp.full_state_dict(*r.model); },
+        [&](const StateDict& sd) { fsdp.load_full_state_dict(*r.model, sd); });
+  else
+    ckpt.add("model", *r.model);
+  ckpt.add("schedule", schedule).add("scaler", scaler);
+  if (zero3)
+    ckpt.add(
+        "optimizer", [&] { return fsdp.full_optimizer_state_dict(*r.model, *opt); },
+        [&](const StateDict& sd) { fsdp.load_full_optimizer_state_dict(*r.model, *opt, sd); });
+  else if (!zero)
+    ckpt.add("optimizer", optimizer);
+  ckpt.add_generator("rng", default_generator());
+  // The data stream: every rank's generator has its own seed and advances alike, so the lead's
+  // offset is every rank's; each keeps its seed on resume.
+  ckpt.add(
+      "data",
+      [&] {
+        StateDict sd;
+        sd.meta = {{"seed", data_gen.get_state().seed}, {"offset", data_gen.get_state().offset}};
+        return sd;
+      },
+      [&](const StateDict& sd) {
+        MG_CHECK(sd.meta.is_object() && sd.meta.contains("offset") && sd.meta["offset"].is_number_unsigned(),
+                 ValueError, "gpt2 --resume: the data generator's state needs an unsigned offset, got ",
+                 sd.meta.dump());
+        data_gen.set_state({data_gen.get_state().seed, sd.meta["offset"].get<uint64_t>()});
+      });
+  MG_CHECK(!zero || (f.save.empty() && f.resume.empty()), ValueError,
+           "gpt2: --save/--resume with --zero-stage 1 or 2: each rank holds another shard of the optimizer state "
+           "(--zero-stage 3 saves the gathered state)");
   if (!f.resume.empty()) {
     ckpt.load(f.resume, r.device);
     if (r.lead()) std::cout << "resumed from " << f.resume << " at step " << ckpt.step << "\n";
@@ -442,7 +472,10 @@ int train(Run& r) {
         std::printf("step %lld: train loss %.4f, validation loss %.4f, %.0f tokens/s\n",
                     static_cast<long long>(ckpt.step), loss, val, tokens / train_seconds);
       }
-      if (!f.save.empty() && r.lead()) ckpt.save(f.save);
+      if (!f.save.empty() && r.lead())
+        ckpt.save(f.save);
+      else if (!f.save.empty() && zero3)
+        (void)ckpt.state_dict();  // the gathers the lead's save runs
     }
     if (f.max_new_tokens > 0 && f.sample_every > 0 && ckpt.step % f.sample_every == 0 && !last)
       print_sample("--- sample at step " + std::to_string(ckpt.step) + " ---");

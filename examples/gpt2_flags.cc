@@ -71,7 +71,9 @@ Memory and speed:
   --zero-stage N       1 (the default of --zero) or 2: the gradients sharded too, reduce-scattered
                        during backward instead of DDP's all-reduce; 3: the parameters too, a block
                        gathered while it runs (dist::fully_shard; implies --zero)
-  --save PATH          write a training checkpoint at every validation and at the end (atomic)
+  --save PATH          write a training checkpoint at every validation and at the end (atomic);
+                       under --zero-stage 3 it holds the state gathered from the shards (it
+                       resumes at any --nproc); not with --zero-stage 1 or 2
   --trace PATH         record the third training step (after two warm-up steps) as a Chrome trace
                        (op, backward-node and phase ranges, memory counters) to open in Perfetto
   --resume PATH        continue from it with the same flags; --stop-after N ends after step N

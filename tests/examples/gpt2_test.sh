@@ -3,7 +3,8 @@
 # ln(256) = 5.55 (bytes, uniform) and falls below 4.0 within 120 steps (measured 3.52 here; the
 # margin absorbs other summation orders and compilers); (2) a run stopped at step 20 and resumed from its
 # checkpoint ends exactly where the uninterrupted run ends; (3) --memory-budget fits or names the
-# smallest peak; (4) ZeRO-2 on two ranks trains as DDP does; (5) a bad flag is a usage error.
+# smallest peak; (4) ZeRO-2 and ZeRO-3 on two ranks train as DDP does, and ZeRO-3 resumes exactly;
+# (5) a bad flag is a usage error.
 set -euo pipefail
 BIN="${TEST_SRCDIR}/${TEST_WORKSPACE:-memgrad}/examples/gpt2"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -84,6 +85,16 @@ z3=$("$BIN" "${common[@]}" "${zero[@]}" --zero-stage 3 --max-new-tokens 4 | tail
 [ "$(field "$z3" zero_stage)" = "3" ] || { echo "FAIL: --zero-stage 3 did not run ZeRO-3: $z3"; exit 1; }
 python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= 1e-3 * abs(a) else 1)" \
   "$ddp_loss" "$(field "$z3" val_loss)" || { echo "FAIL: ZeRO-3 val_loss $(field "$z3" val_loss), DDP $ddp_loss"; exit 1; }
+# A ZeRO-3 run stopped at step 3 and resumed from its checkpoint (the state gathered from the
+# shards) ends exactly where the uninterrupted run ends; the same file resumes in one process.
+z3_full=$("$BIN" "${common[@]}" "${zero[@]}" --zero-stage 3 | tail -1)
+"$BIN" "${common[@]}" "${zero[@]}" --zero-stage 3 --stop-after 3 --save "$TMP/z3.safetensors" >/dev/null
+z3_resumed=$("$BIN" "${common[@]}" "${zero[@]}" --zero-stage 3 --resume "$TMP/z3.safetensors" | tail -1)
+[ "$(field "$z3_full" val_loss)" = "$(field "$z3_resumed" val_loss)" ] ||
+  { echo "FAIL: ZeRO-3 val_loss after resume $(field "$z3_resumed" val_loss), uninterrupted $(field "$z3_full" val_loss)"; exit 1; }
+one=$("$BIN" "${common[@]}" --steps 6 --eval-every 0 --max-new-tokens 0 --clip-grad-norm 0.5 --resume "$TMP/z3.safetensors")
+grep -q "resumed from $TMP/z3.safetensors at step 3" <<<"$one" || { echo "FAIL: one process did not resume the ZeRO-3 checkpoint: $one"; exit 1; }
+echo "ZeRO-3 resume: val_loss $(field "$z3_resumed" val_loss) equals the uninterrupted run's; one process resumes the same file"
 if "$BIN" --zero-stage 4 2>"$TMP/err"; then echo "FAIL: --zero-stage 4 was accepted"; exit 1; fi
 grep -q -- "--zero-stage must be 1, 2 or 3, got 4" "$TMP/err" || { echo "FAIL: no message for --zero-stage 4"; cat "$TMP/err"; exit 1; }
 echo "zero stages 2 and 3: two ranks end at val_loss $(field "$z2" val_loss) and $(field "$z3" val_loss), DDP at $ddp_loss"
