@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "core/profiler.h"
 
 namespace mg::bench {
 namespace {
@@ -21,6 +22,7 @@ struct Interval {
   int kind;  // 0 kernel, 1 memcpy, 2 memset
   std::string name;
   uint64_t bytes = 0;  // copies and fills
+  uint32_t device = 0, stream = 0, correlation = 0;
 };
 
 std::mutex g_mu;
@@ -29,8 +31,15 @@ std::vector<Interval> g_records;
 struct ApiCall {
   uint64_t start, end;
   uint32_t cbid;
+  uint32_t correlation = 0;
 };
 std::vector<ApiCall> g_api;
+// One instant on both clocks, taken at start(): CUPTI's (ns) and the trace's (us).
+// Driver calls that launched work (cuBLAS and cuDNN launch through the driver): correlation id
+// and start, for linking their kernels to the op on the trace.
+std::vector<std::pair<uint32_t, uint64_t>> g_driver_launches;
+uint64_t g_cupti_t0 = 0;
+double g_trace_t0 = 0;
 
 std::string api_name(uint32_t cbid) {
   const char* name = nullptr;
@@ -94,27 +103,33 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   CUpti_Activity* rec = nullptr;
   std::vector<Interval> got;
   std::vector<ApiCall> api;
+  std::vector<std::pair<uint32_t, uint64_t>> driver;
   while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
     switch (rec->kind) {
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         auto* k = reinterpret_cast<CUpti_ActivityKernel10*>(rec);
-        got.push_back({k->start, k->end, 0, short_name(k->name)});
+        got.push_back({k->start, k->end, 0, short_name(k->name), 0, k->deviceId, k->streamId, k->correlationId});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         auto* m = reinterpret_cast<CUpti_ActivityMemcpy6*>(rec);
-        got.push_back({m->start, m->end, 1, "[memcpy]", m->bytes});
+        got.push_back({m->start, m->end, 1, "[memcpy]", m->bytes, m->deviceId, m->streamId, m->correlationId});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         auto* m = reinterpret_cast<CUpti_ActivityMemset4*>(rec);
-        got.push_back({m->start, m->end, 2, "[memset]", m->bytes});
+        got.push_back({m->start, m->end, 2, "[memset]", m->bytes, m->deviceId, m->streamId, m->correlationId});
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_DRIVER: {
+        auto* a = reinterpret_cast<CUpti_ActivityAPI*>(rec);
+        driver.emplace_back(static_cast<uint32_t>(a->correlationId), static_cast<uint64_t>(a->start));
         break;
       }
       case CUPTI_ACTIVITY_KIND_RUNTIME: {
         auto* a = reinterpret_cast<CUpti_ActivityAPI*>(rec);
-        api.push_back({a->start, a->end, a->cbid});
+        api.push_back({a->start, a->end, a->cbid, a->correlationId});
         break;
       }
       default:
@@ -125,21 +140,43 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   std::lock_guard<std::mutex> lock(g_mu);
   g_records.insert(g_records.end(), got.begin(), got.end());
   g_api.insert(g_api.end(), api.begin(), api.end());
+  g_driver_launches.insert(g_driver_launches.end(), driver.begin(), driver.end());
 }
 
 }  // namespace
 
-void KernelProfiler::start() {
+void KernelProfiler::start(bool link_driver_launches) {
   {
     std::lock_guard<std::mutex> lock(g_mu);
     g_records.clear();
     g_api.clear();
+    g_driver_launches.clear();
   }
   MG_CUPTI_CHECK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
   MG_CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
   MG_CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME));
+  if (link_driver_launches) MG_CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER));
   MG_CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
   MG_CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET));
+  MG_CUPTI_CHECK(cuptiGetTimestamp(&g_cupti_t0));
+  g_trace_t0 = profiler::now_us();
+}
+
+void KernelProfiler::add_to_trace() const {
+  auto us = [](uint64_t ns) { return g_trace_t0 + (static_cast<double>(ns) - static_cast<double>(g_cupti_t0)) * 1e-3; };
+  static const char* const kCat[] = {"kernel", "memcpy", "memset"};
+  std::vector<profiler::DeviceRecord> recs;
+  std::vector<profiler::LaunchRecord> launches;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (const Interval& r : g_records)
+      recs.push_back({r.name, kCat[r.kind], static_cast<int>(r.device), r.stream, us(r.start),
+                      (static_cast<double>(r.end) - static_cast<double>(r.start)) * 1e-3, r.correlation});
+    for (const ApiCall& a : g_api)
+      if (a.correlation) launches.push_back({a.correlation, us(a.start)});
+    for (const auto& [id, start] : g_driver_launches) launches.push_back({id, us(start)});
+  }
+  profiler::add_device_records(recs, launches);
 }
 
 void KernelProfiler::stop() {
@@ -148,6 +185,7 @@ void KernelProfiler::stop() {
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMCPY);
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMSET);
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_RUNTIME);
+  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_DRIVER);
 }
 
 std::vector<KernelTotal> KernelProfiler::totals() const {

@@ -51,9 +51,11 @@ struct IdleStretch {
 
 class KernelProfiler {
  public:
-  // Enables CUPTI activity collection (kernels, memcpy, memset, the host's CUDA runtime calls).
-  // Throws mg::Error if CUPTI cannot be initialized.
-  void start();
+  // Enables CUPTI activity collection (kernels, memcpy, memset, the host's CUDA runtime calls;
+  // with `link_driver_launches` the driver's calls too, so that add_to_trace links the kernels
+  // cuBLAS and cuDNN launch through the driver to their op). Throws mg::Error if CUPTI cannot be
+  // initialized.
+  void start(bool link_driver_launches = false);
   // Flushes and stops; the records are kept for report().
   void stop();
   // Totals by kernel name, largest first.
@@ -68,6 +70,10 @@ class KernelProfiler {
   std::vector<IdleStretch> longest_idle(int n) const;
   // The copies and fills, most frequent first.
   std::vector<CopySite> copy_sites() const;
+  // Puts the records on mg::profiler's trace (profiler::add_device_records): every kernel, copy
+  // and fill on its device's stream track, linked to the op that launched it. Call after stop(),
+  // with the trace recorded over the same stretch (profiler::start() before start()).
+  void add_to_trace() const;
   // A table: top `top` kernels by time with calls and ms per step (divided by `steps`), the
   // rest summed, copies and fills, the device-busy fraction of `wall_ms_per_step`, and the
   // largest idle stretches by the kernels around them, the host's runtime calls (by function,

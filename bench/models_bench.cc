@@ -95,6 +95,7 @@
 // (bench/runner); its config string is the one bench/pytorch/models_step.py prints.
 #include <algorithm>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -233,17 +234,39 @@ template <class StepFn>
 void trace_one_step(StepFn& step, mg::Device dev) {
   if (g_trace_path.empty()) return;
   mg::cuda::synchronize(dev.index);
+  mg::bench::KernelProfiler kernels;  // the device's side of the trace, from CUPTI
   mg::profiler::start();
+  if (dev.is_cuda()) kernels.start(/*link_driver_launches=*/true);
+  const auto t0 = std::chrono::steady_clock::now();
   {
     mg::profiler::Range r("step", "phase");
     step();
     mg::cuda::synchronize(dev.index);
   }
+  const double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   mg::profiler::stop();
+  double cupti_kernel_ms = 0, trace_kernel_ms = 0;
+  int64_t trace_kernels = 0, linked = 0;
+  if (dev.is_cuda()) {
+    kernels.stop();
+    kernels.add_to_trace();
+    for (const mg::bench::KernelTotal& t : kernels.totals())
+      if (t.name.empty() || t.name[0] != '[') cupti_kernel_ms += t.total_ms;
+  }
+  const std::string text = mg::profiler::chrome_trace_json();
   mg::profiler::export_chrome_trace(g_trace_path);
-  const std::string bad = mg::profiler::validate_chrome_trace(mg::profiler::chrome_trace_json());
-  std::fprintf(stderr, "bench_models: one step's trace, %zu events, in %s (%s)\n", mg::profiler::event_count(),
-               g_trace_path.c_str(), bad.empty() ? "valid" : bad.c_str());
+  const std::string bad = mg::profiler::validate_chrome_trace(text);
+  for (const auto& e : nlohmann::json::parse(text)["traceEvents"])
+    if (e["ph"] == "X" && e["cat"] == "kernel") {
+      ++trace_kernels;
+      trace_kernel_ms += e["dur"].get<double>() * 1e-3;
+      if (e.contains("args") && e["args"].contains("op")) ++linked;
+    }
+  std::fprintf(stderr,
+               "bench_models: one step's trace, %zu events, in %s (%s); the traced step %.2f ms; %lld kernels, "
+               "%lld linked to their op, %.3f ms of kernels on the trace against %.3f ms in CUPTI's table\n",
+               mg::profiler::event_count(), g_trace_path.c_str(), bad.empty() ? "valid" : bad.c_str(), step_ms,
+               static_cast<long long>(trace_kernels), static_cast<long long>(linked), trace_kernel_ms, cupti_kernel_ms);
 }
 
 template <class StepFn>

@@ -22,14 +22,18 @@ std::atomic<bool> enabled{false};
 namespace {
 
 struct Event {
-  char ph;  // 'X' range, 'i' instant, 'C' counter
+  char ph;  // 'X' range, 'i' instant, 'C' counter, 's'/'f' flow
   const char* name = nullptr;
-  std::string track;  // counters: the track's name
+  std::string track;  // counters: the track's name; device records: their name
   const char* cat = "";
   double ts = 0, dur = 0;
   int tid = 0;
+  int pid = -1;  // -1: the process; else a device's track group (kDevicePid + device)
   std::vector<std::pair<const char*, int64_t>> args;
+  std::string op;  // device records: the launching op
 };
+// Device tracks as processes of their own, after the host's.
+constexpr int kDevicePid = 1000000;
 
 struct State {
   std::mutex mu;
@@ -79,6 +83,58 @@ size_t event_count() {
 }
 
 double Range::now_us() { return since_start_us(state()); }
+double now_us() { return since_start_us(state()); }
+
+void add_device_records(const std::vector<DeviceRecord>& records, const std::vector<LaunchRecord>& launches) {
+  State& s = state();
+  std::lock_guard<std::mutex> g(s.mu);
+  // The host ranges, for finding the innermost one open at each launch: sorted by start.
+  std::vector<const Event*> ranges;
+  for (const Event& e : s.events)
+    if (e.ph == 'X' && e.pid < 0) ranges.push_back(&e);
+  std::sort(ranges.begin(), ranges.end(), [](const Event* a, const Event* b) { return a->ts < b->ts; });
+  auto innermost = [&](double t) -> const Event* {
+    const Event* best = nullptr;
+    for (const Event* e : ranges) {
+      if (e->ts > t) break;
+      if (t <= e->ts + e->dur && (!best || e->dur < best->dur)) best = e;
+    }
+    return best;
+  };
+  std::map<uint64_t, double> launch_at;
+  for (const LaunchRecord& l : launches) launch_at[l.correlation] = l.ts;
+  std::vector<Event> flows;
+  for (const DeviceRecord& r : records) {
+    Event e{'X'};
+    e.track = r.name;
+    e.cat = r.cat;
+    e.ts = r.ts;
+    e.dur = std::max(0.0, r.dur);
+    e.pid = kDevicePid + r.device;
+    e.tid = static_cast<int>(r.stream);
+    auto l = r.correlation ? launch_at.find(r.correlation) : launch_at.end();
+    if (l != launch_at.end()) {
+      e.args.push_back({"correlation", static_cast<int64_t>(r.correlation)});
+      if (const Event* op = innermost(l->second)) {
+        e.op = op->name;
+        Event start{'s', "launch"};
+        start.cat = "ac2g";
+        start.ts = l->second;
+        start.tid = op->tid;
+        start.args.push_back({"id", static_cast<int64_t>(r.correlation)});
+        Event end = start;
+        end.ph = 'f';
+        end.ts = e.ts;
+        end.pid = e.pid;
+        end.tid = e.tid;
+        flows.push_back(std::move(start));
+        flows.push_back(std::move(end));
+      }
+    }
+    s.events.push_back(std::move(e));
+  }
+  for (Event& f : flows) s.events.push_back(std::move(f));
+}
 
 void Range::end() {
   State& s = state();
@@ -132,13 +188,35 @@ std::string chrome_trace_json() {
                       {"pid", pid},
                       {"tid", tid},
                       {"args", {{"name", tid == 0 ? "main" : "thread " + std::to_string(tid)}}}});
+  std::set<std::pair<int, int>> device_tracks;
+  for (const Event& e : s.events)
+    if (e.pid >= 0 && e.ph == 'X') device_tracks.insert({e.pid, e.tid});
+  for (const auto& [dpid, stream] : device_tracks) {
+    events.push_back({{"name", "process_name"},
+                      {"ph", "M"},
+                      {"pid", dpid},
+                      {"tid", stream},
+                      {"args", {{"name", "cuda:" + std::to_string(dpid - kDevicePid)}}}});
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", dpid},
+                      {"tid", stream},
+                      {"args", {{"name", "stream " + std::to_string(stream)}}}});
+  }
   for (const Event& e : s.events) {
-    nlohmann::json j = {{"ph", std::string(1, e.ph)}, {"cat", e.cat}, {"ts", e.ts}, {"pid", pid}, {"tid", e.tid}};
-    j["name"] = e.ph == 'C' ? e.track : std::string(e.name);
+    nlohmann::json j = {
+        {"ph", std::string(1, e.ph)}, {"cat", e.cat}, {"ts", e.ts}, {"pid", e.pid >= 0 ? e.pid : pid}, {"tid", e.tid}};
+    j["name"] = e.ph == 'C' || (e.ph == 'X' && e.pid >= 0) ? e.track : std::string(e.name);
     if (e.ph == 'X') j["dur"] = e.dur;
     if (e.ph == 'i') j["s"] = "t";
     nlohmann::json args = nlohmann::json::object();
     for (const auto& [k, v] : e.args) args[k] = v;
+    if (e.ph == 's' || e.ph == 'f') {
+      j["id"] = args["id"];
+      args.erase("id");
+      if (e.ph == 'f') j["bp"] = "e";
+    }
+    if (!e.op.empty()) args["op"] = e.op;
     if (!args.empty()) j["args"] = std::move(args);
     events.push_back(std::move(j));
   }
@@ -161,6 +239,7 @@ std::string validate_chrome_trace(const std::string& text) {
   std::map<std::pair<int64_t, int64_t>, std::vector<std::pair<double, const nlohmann::json*>>> ranges;
   std::map<std::pair<int64_t, int64_t>, std::vector<std::string>> begun;  // B/E stacks per thread
   std::map<std::string, double> last_counter;
+  std::map<std::string, double> flow_start;  // flow id -> its start's ts
   const auto& evs = j["traceEvents"];
   for (size_t i = 0; i < evs.size(); ++i) {
     const auto& e = evs[i];
@@ -192,6 +271,13 @@ std::string validate_chrome_trace(const std::string& text) {
       if (it != last_counter.end() && ts < it->second)
         return where + " (" + e["name"].dump() + ") goes back in time on its track";
       last_counter[track] = ts;
+    } else if (ph == "s" || ph == "f") {
+      if (!e.contains("id")) return where + " (" + e["name"].dump() + ") is a flow without an id";
+      const std::string id = e["id"].dump();
+      if (ph == "s")
+        flow_start[id] = ts;
+      else if (!flow_start.count(id) || ts < flow_start[id] - 1e-3)
+        return where + " ends flow " + id + " that did not start before it";
     } else if (ph != "i" && ph != "I") {
       return where + " has an unknown ph \"" + ph + "\"";
     }

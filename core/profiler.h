@@ -19,6 +19,7 @@
 #include <initializer_list>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace mg::profiler {
 
@@ -70,9 +71,35 @@ void instant(const char* name, const char* cat, std::initializer_list<std::pair<
 void counter(const std::string& track, std::initializer_list<std::pair<const char*, int64_t>> series);
 void counter(const std::string& track, const std::pair<const char*, int64_t>* series, size_t n);
 
+// The trace's clock: microseconds since start(), what every event's ts is.
+double now_us();
+
+// Device work another tool recorded (CUPTI's activity records, bench/kernel_profiler.h), put on
+// the trace after stop(): one "X" event a record on the process "cuda:<device>", one thread a
+// stream ("stream <id>"), in category `cat` ("kernel", "memcpy", "memset"). A record whose
+// `correlation` names a launch gets that id in its args, the host range that was innermost open
+// when the launch was made (the op that asked for it) as its "op", and a flow from that range to
+// the record ("s" at the launch, "f" at the record: the arrow Perfetto draws, as torch.profiler
+// links a kernel to its op).
+struct DeviceRecord {
+  std::string name;
+  const char* cat = "kernel";
+  int device = 0;
+  uint32_t stream = 0;
+  double ts = 0, dur = 0;    // on the trace's clock (us)
+  uint64_t correlation = 0;  // the launching call's id; 0: none
+};
+// A launch on the host: a CUDA runtime call's start on the trace's clock and its id.
+struct LaunchRecord {
+  uint64_t correlation = 0;
+  double ts = 0;
+};
+void add_device_records(const std::vector<DeviceRecord>& records, const std::vector<LaunchRecord>& launches);
+
 // Checks `json` (a trace's text) against what the viewers need: a "traceEvents" array whose
 // events have name, ph, ts, pid and tid; "X" events with dur >= 0, properly nested on each
-// thread; "B"/"E" pairs matched; counter ("C") samples with numeric series and timestamps that
+// thread; "B"/"E" pairs matched; flows ("s"/"f") with an id, every end after a start of the same id;
+// counter ("C") samples with numeric series and timestamps that
 // never go back on a track. Returns "" when it holds, else what is wrong, naming the event.
 std::string validate_chrome_trace(const std::string& json);
 

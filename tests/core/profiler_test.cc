@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -111,6 +113,67 @@ TEST(Profiler, ValidatorRejectsWhatViewersMisread) {
       profiler::validate_chrome_trace(trace(R"({"name":"e","ph":"E","ts":1,"pid":1,"tid":0})")).find("never began"),
       std::string::npos);
   EXPECT_NE(profiler::validate_chrome_trace(trace(R"({"ph":"X","ts":1,"dur":1,"pid":1,"tid":0})")).find("name"),
+            std::string::npos);
+}
+
+// Device records (what bench/kernel_profiler.h gives from CUPTI) on the trace: each on its
+// device's stream track, linked to the op range open at its launch by a flow, the op named in
+// its args; a record launched outside every range, or with no launch, gets no flow.
+TEST(Profiler, DeviceRecordsLandOnStreamTracksLinkedToTheirOp) {
+  profiler::start();
+  double launch_in_op = 0, launch_in_phase = 0;
+  {
+    profiler::Range phase("forward", "phase");
+    launch_in_phase = profiler::now_us();
+    profiler::Range op("matmul", "op");
+    launch_in_op = profiler::now_us();
+  }
+  profiler::stop();
+  const double after = profiler::now_us() + 10;
+  std::vector<profiler::DeviceRecord> recs = {
+      {"gemm_kernel", "kernel", 0, 7, launch_in_op + 5, 20, 11},
+      {"[memcpy]", "memcpy", 0, 9, launch_in_phase + 1, 3, 12},
+      {"orphan_kernel", "kernel", 1, 7, after, 2, 13},  // launched after every range ended
+      {"unlaunched", "kernel", 0, 7, after + 30, 1, 0},
+  };
+  std::vector<profiler::LaunchRecord> launches = {{11, launch_in_op}, {12, launch_in_phase}, {13, after - 1}};
+  profiler::add_device_records(recs, launches);
+  const std::string text = profiler::chrome_trace_json();
+  EXPECT_EQ(profiler::validate_chrome_trace(text), "");
+  const nlohmann::json j = nlohmann::json::parse(text);
+  std::map<std::string, nlohmann::json> by_name;
+  int flow_starts = 0, flow_ends = 0;
+  std::set<std::string> process_names;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "X") by_name[e["name"].get<std::string>()] = e;
+    if (e["ph"] == "s") ++flow_starts;
+    if (e["ph"] == "f") ++flow_ends;
+    if (e["ph"] == "M" && e["name"] == "process_name") process_names.insert(e["args"]["name"].get<std::string>());
+  }
+  ASSERT_TRUE(by_name.count("gemm_kernel") && by_name.count("[memcpy]") && by_name.count("orphan_kernel"));
+  EXPECT_EQ(by_name["gemm_kernel"]["args"]["op"], "matmul");  // the innermost range at its launch
+  EXPECT_EQ(by_name["gemm_kernel"]["args"]["correlation"], 11);
+  EXPECT_EQ(by_name["gemm_kernel"]["tid"], 7);
+  EXPECT_EQ(by_name["gemm_kernel"]["cat"], "kernel");
+  EXPECT_EQ(by_name["[memcpy]"]["args"]["op"], "forward");
+  EXPECT_EQ(by_name["gemm_kernel"]["pid"], by_name["[memcpy]"]["pid"]);
+  EXPECT_NE(by_name["gemm_kernel"]["pid"], by_name["orphan_kernel"]["pid"]);  // another device
+  EXPECT_NE(by_name["gemm_kernel"]["pid"], by_name["matmul"]["pid"]);         // not the host's track
+  EXPECT_FALSE(by_name["orphan_kernel"]["args"].contains("op"));
+  EXPECT_EQ(flow_starts, 2);
+  EXPECT_EQ(flow_ends, 2);
+  EXPECT_TRUE(process_names.count("cuda:0") && process_names.count("cuda:1"));
+}
+
+TEST(Profiler, ValidatorRejectsAFlowThatEndsBeforeItStarts) {
+  auto trace = [](const std::string& events) { return "{\"traceEvents\": [" + events + "]}"; };
+  EXPECT_EQ(profiler::validate_chrome_trace(trace(R"({"name":"l","ph":"s","id":1,"ts":1,"pid":1,"tid":0},)"
+                                                  R"({"name":"l","ph":"f","id":1,"ts":2,"pid":2,"tid":3})")),
+            "");
+  EXPECT_NE(profiler::validate_chrome_trace(trace(R"({"name":"l","ph":"f","id":4,"ts":2,"pid":2,"tid":3})"))
+                .find("did not start"),
+            std::string::npos);
+  EXPECT_NE(profiler::validate_chrome_trace(trace(R"({"name":"l","ph":"s","ts":1,"pid":1,"tid":0})")).find("id"),
             std::string::npos);
 }
 
