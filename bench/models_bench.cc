@@ -323,6 +323,16 @@ void print_host_params(const mg::memory::HostParams& hp) {
       static_cast<long long>(n), hp.host_bytes() / 1073741824.0, steps, s.update_ms / steps, s.cast_ms / steps,
       s.wait_ms / steps, s.to_host_bytes / steps / 1073741824.0, s.to_device_bytes / steps / 1073741824.0, copy / 1e6,
       update_per_ms / 1e6, update_per_ms / copy);
+  // The host-resident state by category (pinned masters and casts, moments, gradients on their
+  // way), as the allocator's categories count the device's.
+  const mg::CategoryStats& host = mg::CategoryStats::get(mg::Device::cpu());
+  std::printf("{\"host_memory_gib\":{");
+  for (int c = 0; c < static_cast<int>(mg::MemoryCategory::kCount); ++c) {
+    const auto cat = static_cast<mg::MemoryCategory>(c);
+    std::printf("%s\"%s\":{\"current\":%.3f,\"peak\":%.3f}", c ? "," : "", mg::memory_category_name(cat),
+                host.counter(cat).current / 1073741824.0, host.counter(cat).peak / 1073741824.0);
+  }
+  std::printf("}}\n");
 }
 
 // One optimizer step on a loss computed under the bench's autocast (--dtype): zero_grad, the

@@ -11,6 +11,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda/cuda_device_memory.h"
 #include "core/cuda_memory.h"
+#include "core/format_bytes.h"
 
 namespace mg::cuda {
 
@@ -123,8 +124,21 @@ Tensor pin_memory(const Tensor& t) {
   MG_CHECK(t.device().is_cpu(), DeviceError, "pin_memory: expected a CPU tensor, got one on ", t.device());
   size_t n = t.nbytes();
   void* p = nullptr;
-  MG_CUDA_CHECK(cudaHostAlloc(&p, n ? n : 1, cudaHostAllocDefault));
-  Storage st = adopt_storage(p, n, Device::cpu(), [](void* q) { (void)cudaFreeHost(q); });
+  const cudaError_t e = cudaHostAlloc(&p, n ? n : 1, cudaHostAllocDefault);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    MG_THROW(OutOfMemoryError, "pin_memory: cannot pin ", format_bytes(static_cast<int64_t>(n)), " of host memory (",
+             cudaGetErrorString(e), "); the host's pinned memory already holds ",
+             format_bytes(CategoryStats::get(Device::cpu()).total().current), " of tensors counted by category");
+  }
+  // Host-resident state counts in the host's categories (what was active when it was pinned:
+  // parameters for a host master, optimizer state for its moments), as the device's does.
+  const MemoryCategory cat = MemoryCategoryGuard::current();
+  CategoryStats::get(Device::cpu()).on_alloc(cat, static_cast<int64_t>(n));
+  Storage st = adopt_storage(p, n, Device::cpu(), [cat, n](void* q) {
+    (void)cudaFreeHost(q);
+    CategoryStats::get(Device::cpu()).on_free(cat, static_cast<int64_t>(n));
+  });
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = st;
   impl->sizes = t.sizes();

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/allocator.h"
 #include "core/cuda_memory.h"
 #include "core/device_runtime.h"
 #include "core/random.h"
@@ -111,6 +112,24 @@ TEST(CudaRuntime, PhiloxMatchesCpu) {
   auto cb = rand({big}, DType::f64, &a).to_vector<double>();
   auto gb = raw::to_device(rand({big}, {DType::f64, kGpu}, &b), Device::cpu()).to_vector<double>();
   EXPECT_EQ(cb, gb);
+}
+
+// Pinned host memory is host-resident state: it counts in the host's categories (the one active
+// when it was pinned) while it lives, and not after.
+TEST(CudaRuntime, PinnedMemoryCountsInTheHostsCategories) {
+  REQUIRE_GPU();
+  CategoryStats& host = CategoryStats::get(Device::cpu());
+  Tensor src = arange(1 << 18, DType::f32);  // 1 MiB, counted as it is made (Other)
+  const int64_t before = host.counter(MemoryCategory::OptimizerState).current;
+  {
+    Tensor pinned;
+    {
+      MemoryCategoryGuard cat(MemoryCategory::OptimizerState);
+      pinned = cuda::pin_memory(src);
+    }
+    EXPECT_EQ(host.counter(MemoryCategory::OptimizerState).current - before, int64_t{1} << 20);
+  }
+  EXPECT_EQ(host.counter(MemoryCategory::OptimizerState).current, before);
 }
 
 TEST(CudaRuntime, StreamsEventsAndPinnedAsyncCopies) {
