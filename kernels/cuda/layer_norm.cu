@@ -430,13 +430,16 @@ __global__ void ln_bwd_params_partial_kernel(const G* g, const T* x, const math_
 // parts: partial[0] -> dw, partial[1] -> db and, when drb is given, partial[2] -> drb (the
 // branch bias of add_ln_bwd_fused_kernel).
 constexpr int kFinalY = 16;
+// The chunks' partials are added in f64 (hundreds of them: in f32 this level's roundings made
+// most of dweight's error), rounded once at the end.
 template <class T>
 __global__ void ln_bwd_params_final_kernel(const math_t<T>* partial, T* dw, T* db, T* drb, int64_t chunks, int64_t n) {
   using A = math_t<T>;
-  __shared__ A sw[kFinalY][33], sb[kFinalY][33], sr[kFinalY][33];
+  using S = double;
+  __shared__ S sw[kFinalY][33], sb[kFinalY][33], sr[kFinalY][33];
   wait_for_previous();  // launched dependent on the kernel that wrote `partial`
   const int64_t j = blockIdx.x * 32 + threadIdx.x;
-  A w = 0, b = 0, rb = 0;
+  S w = 0, b = 0, rb = 0;
   if (j < n)
     for (int64_t c = threadIdx.y; c < chunks; c += kFinalY) {
       w += partial[c * n + j], b += partial[(chunks + c) * n + j];
@@ -448,9 +451,9 @@ __global__ void ln_bwd_params_final_kernel(const math_t<T>* partial, T* dw, T* d
   __syncthreads();
   if (threadIdx.y == 0 && j < n) {
     for (int y = 1; y < kFinalY; ++y) w += sw[y][threadIdx.x], b += sb[y][threadIdx.x], rb += sr[y][threadIdx.x];
-    if (dw) dw[j] = store_m<T>(w);
-    if (db) db[j] = store_m<T>(b);
-    if (drb) drb[j] = store_m<T>(rb);
+    if (dw) dw[j] = store_m<T>(static_cast<A>(w));
+    if (db) db[j] = store_m<T>(static_cast<A>(b));
+    if (drb) drb[j] = store_m<T>(static_cast<A>(rb));
   }
 }
 

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -149,6 +150,43 @@ TEST_F(FusedTransformer, AddLayerNormMatchesF64ForMixedDtypes) {
       }
     }
   }
+}
+
+// A GPT-2 block's layer norm weight gradient at its own size (8 x 1024 rows of 768), f32, from
+// the one-pass backward: each warp adds its rows' g * xhat (ceil(rows / (8 chunks)) terms), the
+// block its 8 warps' sums, then the chunks' partials are added in f64 and rounded once. So each
+// column is within gamma_d(f32) of its sum of magnitudes with d = that depth + 8 + 1, doubled
+// for xhat's own few-u32 error: the launch's depth, not gamma_rows. Prints the normwise error
+// against f64 (the figure torch.nn.functional.layer_norm's CUDA backward is compared by).
+TEST_F(FusedTransformer, LayerNormWeightGradientAtGptSizeIsNearF64) {
+  const int64_t m = 8192, n = 768;
+  Generator g(2024);
+  Tensor x = host({m, n}, DType::f32, g), res = host({m, n}, DType::f32, g);
+  Tensor w = host({n}, DType::f32, g, 0.5, 1.5), b = host({n}, DType::f32, g);
+  Tensor gy = host({m, n}, DType::f32, g), gh = host({m, n}, DType::f32, g);
+  auto [h, y, mean, rstd] =
+      k::add_layer_norm_forward(to_cuda(x), to_cuda(res), {n}, to_cuda(w), to_cuda(b), 1e-5, DType::f32, Tensor());
+  const k::AddLayerNormGrads gr = k::add_layer_norm_backward(to_cuda(gy), to_cuda(gh), h, {n}, mean, rstd, to_cuda(w),
+                                                             DType::f32, DType::f32, {true, false, true, true, false});
+  auto [gx_ref, gw_ref, gb_ref] = k::layer_norm_backward(f64(gy), f64(h), {n}, f64(mean), f64(rstd), f64(w));
+  const std::vector<double> got = values(gr.weight), want = values(gw_ref);
+  const std::vector<double> gyv = values(gy), hv = values(h), mr = values(mean), rr = values(rstd);
+  // The chunks as the launcher picks them: three blocks an SM, never more than the rows need.
+  const int64_t chunks = std::min<int64_t>((m + 7) / 8, 3 * cuda::get_device_properties(0).multi_processor_count);
+  const int64_t depth = (m + 8 * chunks - 1) / (8 * chunks) + 8 + 1;
+  std::vector<double> bound(n, 0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      bound[j] +=
+          2 * gamma_k(depth, DType::f32) * std::abs(gyv[i * n + j]) * (std::abs((hv[i * n + j] - mr[i]) * rr[i]) + 1);
+  double err2 = 0, ref2 = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    err2 += (got[j] - want[j]) * (got[j] - want[j]);
+    ref2 += want[j] * want[j];
+  }
+  std::cout << "[layer norm dweight, 8192 x 768 f32] normwise error against f64: " << std::sqrt(err2 / ref2)
+            << " (summation depth " << depth << ", " << chunks << " chunks)" << std::endl;
+  EXPECT_TRUE(within(f64(gr.weight), gw_ref, bound));
 }
 
 // Without a residual the input is normalized and returned as h; with a residual and no
