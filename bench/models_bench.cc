@@ -256,7 +256,8 @@ void trace_one_step(StepFn& step, mg::Device dev) {
   const std::string text = mg::profiler::chrome_trace_json();
   mg::profiler::export_chrome_trace(g_trace_path);
   const std::string bad = mg::profiler::validate_chrome_trace(text);
-  for (const auto& e : nlohmann::json::parse(text)["traceEvents"])
+  const nlohmann::json trace = nlohmann::json::parse(text);
+  for (const auto& e : trace["traceEvents"])
     if (e["ph"] == "X" && e["cat"] == "kernel") {
       ++trace_kernels;
       trace_kernel_ms += e["dur"].get<double>() * 1e-3;

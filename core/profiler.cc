@@ -34,6 +34,8 @@ struct Event {
 };
 // Device tracks as processes of their own, after the host's.
 constexpr int kDevicePid = 1000000;
+// Tracks a stream may take (see add_device_records).
+constexpr int kLanes = 4;
 
 struct State {
   std::mutex mu;
@@ -103,15 +105,34 @@ void add_device_records(const std::vector<DeviceRecord>& records, const std::vec
   };
   std::map<uint64_t, double> launch_at;
   for (const LaunchRecord& l : launches) launch_at[l.correlation] = l.ts;
+  // One track a stream, and a second (third...) where a kernel began before the one before it on
+  // its stream ended (a programmatic dependent launch overlaps its predecessor's tail): ranges on
+  // one track must nest, and kernels of one stream do not. Lane L of stream S is thread
+  // S * kLanes + L.
+  std::vector<size_t> order(records.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return records[a].ts < records[b].ts; });
+  std::map<std::pair<int, uint32_t>, std::vector<double>> lane_end;  // (device, stream) -> each lane's last end
+  std::vector<int> lane(records.size(), 0);
+  for (size_t i : order) {
+    const DeviceRecord& r = records[i];
+    std::vector<double>& ends = lane_end[{r.device, r.stream}];
+    size_t l = 0;
+    while (l < ends.size() && ends[l] > r.ts) ++l;
+    if (l == ends.size()) ends.push_back(0);
+    ends[std::min<size_t>(l, kLanes - 1)] = r.ts + std::max(0.0, r.dur);
+    lane[i] = static_cast<int>(std::min<size_t>(l, kLanes - 1));
+  }
   std::vector<Event> flows;
-  for (const DeviceRecord& r : records) {
+  for (size_t ri = 0; ri < records.size(); ++ri) {
+    const DeviceRecord& r = records[ri];
     Event e{'X'};
     e.track = r.name;
     e.cat = r.cat;
     e.ts = r.ts;
     e.dur = std::max(0.0, r.dur);
     e.pid = kDevicePid + r.device;
-    e.tid = static_cast<int>(r.stream);
+    e.tid = static_cast<int>(r.stream) * kLanes + lane[ri];
     auto l = r.correlation ? launch_at.find(r.correlation) : launch_at.end();
     if (l != launch_at.end()) {
       e.args.push_back({"correlation", static_cast<int64_t>(r.correlation)});
@@ -191,17 +212,20 @@ std::string chrome_trace_json() {
   std::set<std::pair<int, int>> device_tracks;
   for (const Event& e : s.events)
     if (e.pid >= 0 && e.ph == 'X') device_tracks.insert({e.pid, e.tid});
-  for (const auto& [dpid, stream] : device_tracks) {
+  for (const auto& [dpid, track] : device_tracks) {
     events.push_back({{"name", "process_name"},
                       {"ph", "M"},
                       {"pid", dpid},
-                      {"tid", stream},
+                      {"tid", track},
                       {"args", {{"name", "cuda:" + std::to_string(dpid - kDevicePid)}}}});
-    events.push_back({{"name", "thread_name"},
-                      {"ph", "M"},
-                      {"pid", dpid},
-                      {"tid", stream},
-                      {"args", {{"name", "stream " + std::to_string(stream)}}}});
+    const int stream = track / kLanes, lane = track % kLanes;
+    events.push_back(
+        {{"name", "thread_name"},
+         {"ph", "M"},
+         {"pid", dpid},
+         {"tid", track},
+         {"args",
+          {{"name", "stream " + std::to_string(stream) + (lane ? ", overlapping " + std::to_string(lane) : "")}}}});
   }
   for (const Event& e : s.events) {
     nlohmann::json j = {

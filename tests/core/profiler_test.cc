@@ -135,6 +135,8 @@ TEST(Profiler, DeviceRecordsLandOnStreamTracksLinkedToTheirOp) {
       {"[memcpy]", "memcpy", 0, 9, launch_in_phase + 1, 3, 12},
       {"orphan_kernel", "kernel", 1, 7, after, 2, 13},  // launched after every range ended
       {"unlaunched", "kernel", 0, 7, after + 30, 1, 0},
+      // Launched dependent on "unlaunched": it starts before that one ends (a second track).
+      {"dependent", "kernel", 0, 7, after + 30.5, 2, 0},
   };
   std::vector<profiler::LaunchRecord> launches = {{11, launch_in_op}, {12, launch_in_phase}, {13, after - 1}};
   profiler::add_device_records(recs, launches);
@@ -150,10 +152,12 @@ TEST(Profiler, DeviceRecordsLandOnStreamTracksLinkedToTheirOp) {
     if (e["ph"] == "f") ++flow_ends;
     if (e["ph"] == "M" && e["name"] == "process_name") process_names.insert(e["args"]["name"].get<std::string>());
   }
-  ASSERT_TRUE(by_name.count("gemm_kernel") && by_name.count("[memcpy]") && by_name.count("orphan_kernel"));
+  ASSERT_TRUE(by_name.count("gemm_kernel") && by_name.count("[memcpy]") && by_name.count("orphan_kernel") &&
+              by_name.count("unlaunched") && by_name.count("dependent"));
   EXPECT_EQ(by_name["gemm_kernel"]["args"]["op"], "matmul");  // the innermost range at its launch
   EXPECT_EQ(by_name["gemm_kernel"]["args"]["correlation"], 11);
-  EXPECT_EQ(by_name["gemm_kernel"]["tid"], 7);
+  EXPECT_EQ(by_name["gemm_kernel"]["tid"], by_name["unlaunched"]["tid"]);  // stream 7's first track
+  EXPECT_NE(by_name["dependent"]["tid"], by_name["unlaunched"]["tid"]);    // the overlap on another
   EXPECT_EQ(by_name["gemm_kernel"]["cat"], "kernel");
   EXPECT_EQ(by_name["[memcpy]"]["args"]["op"], "forward");
   EXPECT_EQ(by_name["gemm_kernel"]["pid"], by_name["[memcpy]"]["pid"]);
