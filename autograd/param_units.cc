@@ -131,7 +131,10 @@ void ParamUnits::gather(size_t u) {
   Unit& un = units_[u];
   if (un.state != State::Fetching) return;
   const auto t0 = std::chrono::steady_clock::now();
-  drain(un);
+  {
+    profiler::Range r("gather wait", "param_units");  // what the prefetch left exposed
+    drain(un);
+  }
   un.state = State::Ready;
   stats_.wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -5,7 +5,8 @@
 //   dist_bench --nproc 2 [--zero]       # the same, spawning its own ranks
 //   dist_bench --nproc 2 --zero3        # ZeRO-3 (dist::fully_shard, a unit a block) instead of DDP
 // Other flags: --steps S --warmup W --batch B (per GPU) --seq T --n_layer L --n_embd C
-// --n_head H --vocab V --momentum M --backend cpu|nccl (cpu: a tiny model on host, a smoke test).
+// --n_head H --vocab V --momentum M --backend cpu|nccl (cpu: a tiny model on host, a smoke test)
+// --trace PATH (rank 0's last timed step as a Chrome trace, and how its all-gathers overlapped).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -16,12 +17,14 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include "autograd/functions.h"
 #include "bench/flag_value.h"
 #include "core/allocator.h"
 #include "core/device_runtime.h"
+#include "core/profiler.h"
 #include "core/random.h"
 #include "distributed/ddp.h"
 #include "distributed/process_group.h"
@@ -44,8 +47,36 @@ struct Args {
   bool zero3 = false;  // --zero3: dist::fully_shard (each block a unit), no DDP
   std::string backend = "auto";
   std::string result_file;
+  std::string trace;                     // --trace PATH: rank 0's last step as a Chrome trace
   std::vector<std::string> passthrough;  // flags a spawned rank should see
 };
+
+// --trace: writes rank 0's traced step and prints how its collectives lay against its compute:
+// the time the process group's worker spent in all-gathers, and the part of it the training
+// thread spent waiting for a gather ("gather wait" ranges); the rest ran under compute.
+void print_overlap(const std::string& path) {
+  profiler::export_chrome_trace(path);
+  const std::string text = profiler::chrome_trace_json();
+  const nlohmann::json trace = nlohmann::json::parse(text);
+  double gather_ms = 0, wait_ms = 0, step_ms = 0, reduce_ms = 0;
+  int64_t training_thread = -1;  // the thread that ran the step; the collectives' worker is another
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "X" && e["name"] == "step") training_thread = e["tid"].get<int64_t>();
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const double ms = e["dur"].get<double>() * 1e-3;
+    const bool worker = e["cat"] == "collective" && e["tid"].get<int64_t>() != training_thread;
+    if (e["name"] == "all_gather" && worker) gather_ms += ms;
+    if (e["name"] == "reduce_scatter" && worker) reduce_ms += ms;
+    if (e["name"] == "gather wait") wait_ms += ms;
+    if (e["name"] == "step") step_ms += ms;
+  }
+  std::cout << "{\"trace\": \"" << path << "\", \"valid\": \"" << profiler::validate_chrome_trace(text)
+            << "\", \"step_ms\": " << step_ms << ", \"all_gather_ms_on_the_worker\": " << gather_ms
+            << ", \"reduce_scatter_ms_on_the_worker\": " << reduce_ms << ", \"gather_wait_ms\": " << wait_ms
+            << ", \"all_gather_overlapped_fraction\": " << (gather_ms > 0 ? 1.0 - wait_ms / gather_ms : 0.0) << "}"
+            << std::endl;
+}
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -74,6 +105,9 @@ Args parse(int argc, char** argv) {
       a.passthrough.insert(a.passthrough.end(), {k, argv[i]});
     } else if (k == "--result") {
       a.result_file = next();
+    } else if (k == "--trace") {
+      a.trace = next();
+      a.passthrough.insert(a.passthrough.end(), {k, argv[i]});
     } else {
       std::cerr << "dist_bench: unknown flag " << k << "\n";
       std::exit(2);
@@ -142,7 +176,16 @@ int run_rank(const Args& a) {
   pg->barrier();
   const double wait0 = a.zero3 ? fsdp.units->stats().wait_ms : 0.0;
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < a.steps; ++i) step();
+  for (int i = 0; i < a.steps; ++i) {
+    // --trace: rank 0 records the last timed step (every rank runs the same code).
+    const bool traced = !a.trace.empty() && pg->rank() == 0 && i == a.steps - 1;
+    if (traced) profiler::start();
+    {
+      profiler::Range r("step", "phase");
+      step();
+    }
+    if (traced) profiler::stop();
+  }
   if (gpu) cuda::synchronize();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // The slowest rank sets the pace; memory is reported as the largest per-GPU peak.
@@ -166,6 +209,7 @@ int run_rank(const Args& a) {
        << ", \"device\": \"" << (gpu ? cuda::get_device_properties(dev.index).name : std::string("cpu")) << "\"}";
     std::cout << js.str() << std::endl;
     if (!a.result_file.empty()) std::ofstream(a.result_file, std::ios::app) << js.str() << "\n";
+    if (!a.trace.empty()) print_overlap(a.trace);
   }
   return 0;
 }

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "core/enum_name.h"
+#include "core/profiler.h"
 #include "distributed/backends.h"
 #include "kernels/ops.h"
 
@@ -180,6 +181,9 @@ class CpuProcessGroup final : public ProcessGroup {
   // and replies with the result. Returns the result (undefined for a barrier).
   template <class Combine>
   Tensor exchange(OpCode op, int arg, const Tensor& in, Combine&& combine) {
+    // On the worker's track of a trace: when the collective actually ran, beside the compute of
+    // the thread that launched it (the overlap an asynchronous gather buys).
+    profiler::Range range(op_name(op), "collective");
     const uint64_t seq = ++seq_;
     const std::string what = std::string(op_name(op)) + " #" + std::to_string(seq);
     {
