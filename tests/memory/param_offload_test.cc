@@ -47,9 +47,11 @@ optim::AdamWOptions adamw() {
 // attention's key bias has a zero gradient in exact arithmetic) takes a full step of +-lr in
 // whichever direction the noise points: on the H100 two runs drifted 0.13 apart there in 20
 // steps. With eps 1e-3 such noise (|g| ~ 1e-9) moves nothing, and a gradient difference dg moves
-// an update by at most lr |dg| / eps: |dg| <= gamma_k sum |terms| ~ 1e-6 here, so 1e-5 a step and
-// 2e-4 over 20 steps. Bound: 1e-3, a tenth of one step's full move (lr 1e-2); a stale or wrong
-// unit moves every element of it by about lr a step. The largest difference is printed.
+// an update by at most lr |dg| / eps: |dg| <= gamma_k sum |terms| ~ 1e-6 here, so 1e-5 a step
+// from the rounding alone; the parameters' differences then feed back through the forward, and
+// the H100 measured 9.3e-4 after 20 steps. Bound: 2e-3, a fifth of one step's full move (lr
+// 1e-2); a stale or wrong unit moves every element of it by about lr a step. The largest
+// difference is printed.
 TEST(ParamOffload, GptTrainsAsTheDeviceResidentModel) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const Device dev = Device::cuda(0);
@@ -107,7 +109,7 @@ TEST(ParamOffload, GptTrainsAsTheDeviceResidentModel) {
         double d = 0;
         for (size_t j = 0; j < a.size(); ++j) d = std::max(d, static_cast<double>(std::fabs(a[j] - b[j])));
         worst = std::max(worst, d);
-        EXPECT_LE(d, 1e-3) << n << " after 20 steps";
+        EXPECT_LE(d, 2e-3) << n << " after 20 steps";
         ++compared;
       }
     }
