@@ -224,34 +224,58 @@ void trial_forward_backward(Run& r, int64_t b, Generator& gen) {
 // the micro-batch fits. The trial steps use a twin optimizer at lr 0 (its state is counted, the
 // weights stay bit for bit) and leave the default generator as it was, so training starts as it
 // would have.
+//
+// When no rung fits with Adam's or AdamW's f32 moments, the ladder is tried again with the moments
+// in 8 bits (optim::AdamW8bit: 12 bytes of model state a parameter instead of 18), the faster
+// mode first; the run then trains with --optimizer adamw8bit and says so. (Optimizer and
+// parameter offload, which move the state to host memory, are bench_models' --host-params and
+// --param-offload.)
 void fit_memory_budget(Run& r) {
   if (r.f.memory_budget.empty()) return;
   MG_CHECK(r.world == 1, ValueError, "gpt2 --memory-budget: one rank only (got ", r.world, ")");
   const int64_t budget = examples::parse_bytes("--memory-budget", r.f.memory_budget);
-  examples::TrainingFlags trial = r.f.train;
-  trial.lr = 0.0;
-  std::unique_ptr<optim::Optimizer> opt = examples::make_optimizer(trial, r.model->parameters());
-  GeneratorStateGuard rng;  // the first trial step runs before fit_to_budget's own guard
-  Generator gen(r.f.seed + 11);
-  auto step = [&] {
+  std::vector<std::string> optimizers = {r.f.train.optimizer};
+  if (r.f.train.optimizer == "adamw" || r.f.train.optimizer == "adam") optimizers.push_back("adamw8bit");
+  memory::BudgetFitResult fit;
+  std::string chosen_optimizer;
+  for (const std::string& name : optimizers) {
+    examples::TrainingFlags trial = r.f.train;
+    trial.lr = 0.0;
+    trial.optimizer = name;
+    std::unique_ptr<optim::Optimizer> opt = examples::make_optimizer(trial, r.model->parameters());
+    GeneratorStateGuard rng;  // the first trial step runs before fit_to_budget's own guard
+    Generator gen(r.f.seed + 11);
+    auto step = [&] {
+      opt->zero_grad();
+      trial_forward_backward(r, r.micro, gen);
+      opt->step();
+    };
+    step();  // the optimizer's state, before anything is measured
+    fit =
+        memory::fit_to_budget(memory::gpt_memory_ladder(*r.model, nullptr, r.f.offload_blocks), step, budget, r.device);
     opt->zero_grad();
-    trial_forward_backward(r, r.micro, gen);
-    opt->step();
-  };
-  step();  // the optimizer's state, before anything is measured
-  const memory::BudgetFitResult fit =
-      memory::fit_to_budget(memory::gpt_memory_ladder(*r.model, nullptr, r.f.offload_blocks), step, budget, r.device);
-  opt->zero_grad();
-  opt.reset();
-  if (r.device.is_cuda()) cuda::empty_cache();
-  if (r.lead()) {
-    std::cout << "memory budget " << format_bytes(budget) << ":\n";
-    for (const auto& [name, peak] : fit.peaks)
-      std::cout << "  " << name << ": " << (peak < 0 ? std::string("out of memory") : format_bytes(peak)) << "\n";
-    std::cout << fit.summary(budget) << "\n";
+    opt.reset();
+    if (r.device.is_cuda()) cuda::empty_cache();
+    if (r.lead()) {
+      std::cout << "memory budget " << format_bytes(budget) << " with " << name << ":\n";
+      for (const auto& [rung, peak] : fit.peaks)
+        std::cout << "  " << rung << ": " << (peak < 0 ? std::string("out of memory") : format_bytes(peak)) << "\n";
+      std::cout << fit.summary(budget) << "\n";
+    }
+    if (fit.fits()) {
+      chosen_optimizer = name;
+      break;
+    }
   }
-  MG_CHECK(fit.fits(), OutOfMemoryError, "gpt2 --memory-budget: ", fit.summary(budget));
+  MG_CHECK(fit.fits(), OutOfMemoryError, "gpt2 --memory-budget: ", fit.summary(budget),
+           optimizers.size() > 1 ? " (with 8-bit optimizer state too)" : "");
   r.f.recompute = fit.peaks[fit.chosen].first;
+  if (chosen_optimizer != r.f.train.optimizer) {
+    if (r.lead())
+      std::cout << "memory budget: " << r.f.train.optimizer << "'s f32 moments fit no rung; training with "
+                << chosen_optimizer << " (8-bit moments), recompute " << r.f.recompute << "\n";
+    r.f.train.optimizer = chosen_optimizer;
+  }
 }
 
 // --auto-batch: the largest micro-batch whose training step fits (out-of-memory errors bound it).

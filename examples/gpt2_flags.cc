@@ -51,8 +51,10 @@ Memory and speed:
                        (weights, gradients, optimizer state, casts, activations) peaks under SIZE
                        (bytes such as 3.5GiB, 512MiB): one trial step per configuration, from no
                        recomputation through GELU-only selective to 1 .. n_layer blocks
-                       checkpointed; a clear error naming the smallest peak when none fits.
-                       Replaces --recompute; one rank only
+                       checkpointed; with adam/adamw, when none fits, the same rungs again
+                       with 8-bit moments (--optimizer adamw8bit, said when chosen); a clear
+                       error naming the smallest peak when none fits. Replaces --recompute; one
+                       rank only
   --offload-blocks N   what the first N blocks save for backward goes to pinned host memory
                        during the forward and comes back ahead of backward (CUDA; on the H200
                        one GPT-2 block at B=8 costs under 1 %); with --memory-budget the

@@ -43,6 +43,13 @@ if "$BIN" "${common[@]}" --steps 2 --eval-every 0 --max-new-tokens 0 --memory-bu
 fi
 grep -q "does not fit: the smallest peak is" "$TMP/err" || { echo "FAIL: no smallest peak named"; cat "$TMP/err"; exit 1; }
 grep -q "checkpoint 2 blocks selective gelu head chunk 2048:" "$TMP/out" || { echo "FAIL: not every rung tried"; cat "$TMP/out"; exit 1; }
+# Between the smallest rungs with AdamW's f32 moments (8.60 MiB measured here) and with 8-bit
+# moments (8.12 MiB for the first checkpointing rung): no AdamW rung fits, an 8-bit one does, and
+# the run trains with adamw8bit.
+out=$("$BIN" "${common[@]}" --steps 2 --eval-every 0 --max-new-tokens 0 --memory-budget 8.36MiB)
+grep -q "training with adamw8bit (8-bit moments)" <<<"$out" || { echo "FAIL: the budget did not switch to 8-bit state"; echo "$out"; exit 1; }
+grep -q "adamw8bit lr" <<<"$out" || { echo "FAIL: the run did not train with adamw8bit"; echo "$out"; exit 1; }
+echo "memory budget 8.36 MiB: no AdamW rung fits, AdamW8bit with $(grep -o 'recompute checkpoint[^,]*' <<<"$out" | head -1)"
 if "$BIN" --memory-budget 1GiB --recompute per-block 2>"$TMP/err"; then echo "FAIL: --memory-budget with --recompute"; exit 1; fi
 grep -q "drop --recompute" "$TMP/err" || { echo "FAIL: no message for --memory-budget with --recompute"; cat "$TMP/err"; exit 1; }
 echo "memory budget: 1GiB fits without recomputation; 1KiB names the smallest peak"
