@@ -470,8 +470,9 @@ TEST(CpuZero, Stage2ClipsTheGlobalNormFromTheShards) {
 // ---------------- DDP with the other memory techniques ----------------
 
 // A trace taken on a rank holds its collectives: each blocking collective as a range in the
-// "collective" category, each DDP bucket's launch as an instant with its bytes; the file passes
-// the trace validator.
+// "collective" category on the calling thread and again on the process group's worker as it
+// runs, each DDP bucket's launch as an instant with its bytes (its all-reduce a range on the
+// worker only); the file passes the trace validator.
 TEST(CpuProfiler, CollectivesAreOnTheTrace) {
   run_ranks(2, [](int, int) {
     auto pg = join(kCpu);
@@ -488,16 +489,19 @@ TEST(CpuProfiler, CollectivesAreOnTheTrace) {
     EXPECT_EQ(profiler::validate_chrome_trace(json), "");
     const nlohmann::json trace = nlohmann::json::parse(json);
     std::map<std::string, int> seen;
+    std::map<std::string, std::set<int64_t>> threads;
     for (const auto& e : trace["traceEvents"])
       if (e.value("cat", "") == "collective") {
         seen[e["name"].get<std::string>()]++;
+        threads[e["name"].get<std::string>()].insert(e["tid"].get<int64_t>());
         if (e["name"] == "ddp bucket all_reduce") {
           EXPECT_GT(e["args"]["bytes"].get<int64_t>(), 0);
         }
       }
-    EXPECT_EQ(seen["all_reduce"], 1);
-    EXPECT_EQ(seen["reduce_scatter"], 1);
     EXPECT_GE(seen["ddp bucket all_reduce"], 1);
+    EXPECT_EQ(seen["reduce_scatter"], 2);  // the call, and its run on the worker
+    EXPECT_EQ(threads["reduce_scatter"].size(), 2u);
+    EXPECT_EQ(seen["all_reduce"], 2 + seen["ddp bucket all_reduce"]);  // + each bucket's run
   });
 }
 
