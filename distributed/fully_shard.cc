@@ -112,6 +112,14 @@ std::unordered_map<const TensorImpl*, Place> places(const ParamUnits& units) {
     }
   return out;
 }
+// Copies the part of a parameter's whole value (`value`, any shape, at flat `offset` of its group)
+// that falls in this rank's slice [lo, lo + shard.numel()) of the group into `shard`.
+void copy_into_slice(const Tensor& shard, int64_t lo, const Tensor& value, int64_t offset) {
+  const int64_t b = std::max(lo, offset), e = std::min(lo + shard.numel(), offset + value.numel());
+  if (b >= e) return;
+  raw::copy_(raw::slice(shard, 0, b - lo, e - lo, 1),
+             raw::slice(raw::reshape(raw::contiguous(value), {-1}), 0, b - offset, e - offset, 1));
+}
 }  // namespace
 
 StateDict FullyShardedModel::full_state_dict(const nn::Module& model) const {
@@ -155,12 +163,7 @@ void FullyShardedModel::load_full_state_dict(const nn::Module& model, const Stat
              shape_str(t->second.sizes()), " in the state dict, ", shape_str(p.sizes()), " in the model");
     const Place& pl = it->second;
     const Tensor& s = source->shard(pl.unit, pl.group);
-    const int64_t n = s.numel(), lo = pg.rank() * n, hi = lo + n;
-    // The part of [offset, offset + numel) inside this rank's [lo, hi).
-    const int64_t b = std::max(lo, pl.offset), e = std::min(hi, pl.offset + p.numel());
-    if (b >= e) continue;
-    Tensor flat = raw::reshape(t->second, {-1});
-    raw::copy_(raw::slice(s, 0, b - lo, e - lo, 1), raw::slice(flat, 0, b - pl.offset, e - pl.offset, 1));
+    copy_into_slice(s, pg.rank() * s.numel(), t->second, pl.offset);
   }
 }
 
@@ -329,25 +332,24 @@ void FullyShardedModel::load_full_optimizer_state_dict(const nn::Module& model, 
   for (size_t j = 0; j < shards.size(); ++j) ids.push_back(static_cast<int64_t>(j));
   group["params"] = ids;
   local.meta["param_groups"] = nlohmann::json::array({group});
+  // Every parameter of a group has state or none does (one step count a shard): the first one
+  // seen decides, by name.
+  std::map<size_t, size_t> first_of_group;  // group -> index into L.params
   for (size_t i = 0; i < L.params.size(); ++i) {
     const ParamAt& p = L.params[i];
     const std::string j = std::to_string(p.group);
     const bool has = sd.meta["state"].contains(index[i]);
-    const bool group_has = states.contains(j);
-    // Every parameter of a group has state or none does (one step count a shard).
-    for (size_t k = 0; k < i; ++k)
-      if (L.params[k].group == p.group)
-        MG_CHECK(sd.meta["state"].contains(index[k]) == has, ValueError, op, ": \"", p.name, "\" and \"",
-                 L.params[k].name, "\" share a shard, and only one of them has optimizer state");
+    const size_t first = first_of_group.try_emplace(p.group, i).first->second;
+    MG_CHECK(sd.meta["state"].contains(index[first]) == has, ValueError, op, ": \"", p.name, "\" and \"",
+             L.params[first].name, "\" share a shard, and only one of them has optimizer state");
     if (!has) continue;
     const nlohmann::json& st = sd.meta["state"][index[i]];
     MG_CHECK(st.contains("step") && st["step"].is_number_integer(), ValueError, op, ": the state of \"", p.name,
              "\" has no integer step");
-    if (!group_has) states[j] = {{"step", st["step"]}};
+    if (!states.contains(j)) states[j] = {{"step", st["step"]}};
     MG_CHECK(states[j]["step"] == st["step"], ValueError, op, ": \"", p.name, "\" is at step ", st["step"].dump(),
              ", the other parameters of its shard at ", states[j]["step"].dump());
-    const Tensor& shard = shards[p.group];
-    const int64_t n = shard.numel(), lo = rank * n, hi = lo + n;
+    const int64_t n = shards[p.group].numel();
     const std::string prefix = "state." + index[i] + ".";
     for (auto it = sd.tensors.lower_bound(prefix); it != sd.tensors.end() && it->first.rfind(prefix, 0) == 0; ++it) {
       const Tensor& t = it->second;
@@ -355,10 +357,7 @@ void FullyShardedModel::load_full_optimizer_state_dict(const nn::Module& model, 
                " elements, the parameter ", p.numel);
       const std::string key = "state." + j + "." + it->first.substr(prefix.size());
       if (!local.tensors.count(key)) local.tensors[key] = zeros({n}, TensorOptions(t.dtype(), Device::cpu()));
-      const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
-      if (b >= e) continue;
-      raw::copy_(raw::slice(local.tensors[key], 0, b - lo, e - lo, 1),
-                 raw::slice(raw::reshape(raw::contiguous(t.cpu()), {-1}), 0, b - p.offset, e - p.offset, 1));
+      copy_into_slice(local.tensors[key], rank * n, t.cpu(), p.offset);
     }
   }
   local.meta["state"] = states;
