@@ -105,7 +105,7 @@
 
 #include "autograd/offload.h"
 #include "bench/host_sampler.h"
-#include "bench/kernel_profiler.h"
+#include "core/cuda/kernel_profiler.h"
 #include "bench/step_timer.h"
 #include "core/autocast.h"
 #include "core/nvml.h"
@@ -166,7 +166,7 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
     r.nvml_peak_gib = mon->peak_used_bytes() / 1073741824.0;
   }
   if (g_profile) {
-    mg::bench::KernelProfiler prof;
+    mg::profiler::KernelProfiler prof;
     prof.start();
     for (int i = 0; i < steps; ++i) step();
     mg::cuda::synchronize();
@@ -234,9 +234,7 @@ template <class StepFn>
 void trace_one_step(StepFn& step, mg::Device dev) {
   if (g_trace_path.empty()) return;
   mg::cuda::synchronize(dev.index);
-  mg::bench::KernelProfiler kernels;  // the device's side of the trace, from CUPTI
-  mg::profiler::start();
-  if (dev.is_cuda()) kernels.start(/*link_driver_launches=*/true);
+  mg::profiler::start();  // with the device's side: CUPTI's records (core/cuda/kernel_profiler.h)
   const auto t0 = std::chrono::steady_clock::now();
   {
     mg::profiler::Range r("step", "phase");
@@ -248,9 +246,7 @@ void trace_one_step(StepFn& step, mg::Device dev) {
   double cupti_kernel_ms = 0, trace_kernel_ms = 0;
   int64_t trace_kernels = 0, linked = 0;
   if (dev.is_cuda()) {
-    kernels.stop();
-    kernels.add_to_trace();
-    for (const mg::bench::KernelTotal& t : kernels.totals())
+    for (const mg::profiler::KernelTotal& t : mg::profiler::trace_kernels().totals())
       if (t.name.empty() || t.name[0] != '[') cupti_kernel_ms += t.total_ms;
   }
   const std::string text = mg::profiler::chrome_trace_json();

@@ -486,6 +486,18 @@ mg_bazel_target(library //core/allocator:fake_device
     //core/allocator:caching_allocator
     //core:error
 )
+mg_bazel_target(library //core/cuda:kernel_profiler ALWAYSLINK CUDA_ONLY
+  SRCS
+    core/cuda/kernel_profiler.cc
+  HDRS
+    core/cuda/kernel_profiler.h
+  DEPS
+    //core:error
+    //core:profiler
+    @local_cuda//:cuda_headers
+    @local_cuda//:cudart_static
+    @local_cuda//:cupti
+)
 mg_bazel_target(library //data:tokenizer
   SRCS
     data/tokenizer.cc
@@ -582,6 +594,8 @@ mg_bazel_target(binary //examples:fashion_mnist
     //optim:optim
     //optim:grad_scaler
     @nlohmann_json//:json
+  CUDA_DEPS
+    //core/cuda:kernel_profiler
 )
 mg_bazel_target(library //kernels/reference:reference TESTONLY
   SRCS
@@ -815,6 +829,19 @@ mg_bazel_target(test //tests/core:cuda_runtime_test GPU SIZE small
   SRCS
     tests/core/cuda_runtime_test.cc
   DEPS
+    //core:core
+    //core:runtime
+    @system_gtest//:gtest_main
+)
+mg_bazel_target(test //tests/core:device_trace_test CUDA_ONLY GPU SIZE small
+  SRCS
+    tests/core/device_trace_test.cc
+  DEPS
+    //autograd:autograd
+    //core:profiler
+    //core/cuda:kernel_profiler
+    //nn:nn
+    @nlohmann_json//:json
     //core:core
     //core:runtime
     @system_gtest//:gtest_main

@@ -67,16 +67,31 @@ const char* intern(const std::string& name) {
   return names->insert(name).first->c_str();
 }
 
+namespace {
+DeviceTracer& device_tracer() {
+  static DeviceTracer t;
+  return t;
+}
+}  // namespace
+
+void set_device_tracer(DeviceTracer tracer) { device_tracer() = tracer; }
+
 void start() {
   State& s = state();
-  std::lock_guard<std::mutex> g(s.mu);
-  s.events.clear();
-  s.tids.clear();
-  s.t0 = std::chrono::steady_clock::now();
-  detail::enabled.store(true);
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    s.events.clear();
+    s.tids.clear();
+    s.t0 = std::chrono::steady_clock::now();
+    detail::enabled.store(true);
+  }
+  if (device_tracer().start) device_tracer().start();
 }
 
-void stop() { detail::enabled.store(false); }
+void stop() {
+  const bool was = detail::enabled.exchange(false);
+  if (was && device_tracer().stop) device_tracer().stop();
+}
 
 size_t event_count() {
   State& s = state();

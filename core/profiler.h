@@ -28,10 +28,23 @@ extern std::atomic<bool> enabled;
 }
 inline bool enabled() { return detail::enabled.load(std::memory_order_relaxed); }
 
-// Clears the events and starts recording (the trace's time zero).
+// Clears the events and starts recording (the trace's time zero), and the device tracer with it
+// when one is registered.
 void start();
-// Stops recording; the events stay for export.
+// Stops recording; the events stay for export. A registered device tracer waits for the device,
+// stops, and puts what it recorded on the trace.
 void stop();
+
+// The device's side of a trace. The CUDA build's CUPTI tracer (//core/cuda:kernel_profiler)
+// registers itself when it is linked (the examples and the benches link it), so that start() and
+// stop() put every kernel, copy and fill on the trace without the caller asking; a binary
+// without it traces the host alone. `start` and `stop` run outside the profiler's lock; `stop`
+// adds its records through add_device_records.
+struct DeviceTracer {
+  void (*start)() = nullptr;
+  void (*stop)() = nullptr;
+};
+void set_device_tracer(DeviceTracer tracer);
 // Writes the recorded events as one trace-event JSON object ({"traceEvents": [...]}). The write is
 // atomic (a temporary file renamed over `path`). An IOError names the path when it cannot be written.
 void export_chrome_trace(const std::string& path);
@@ -74,7 +87,7 @@ void counter(const std::string& track, const std::pair<const char*, int64_t>* se
 // The trace's clock: microseconds since start(), what every event's ts is.
 double now_us();
 
-// Device work another tool recorded (CUPTI's activity records, bench/kernel_profiler.h), put on
+// Device work another tool recorded (CUPTI's activity records, core/cuda/kernel_profiler.h), put on
 // the trace after stop(): one "X" event a record on the process "cuda:<device>", one thread a
 // stream ("stream <id>"), in category `cat` ("kernel", "memcpy", "memset"). A record whose
 // `correlation` names a launch gets that id in its args, the host range that was innermost open

@@ -116,7 +116,7 @@ TEST(Profiler, ValidatorRejectsWhatViewersMisread) {
             std::string::npos);
 }
 
-// Device records (what bench/kernel_profiler.h gives from CUPTI) on the trace: each on its
+// Device records (what core/cuda/kernel_profiler.h gives from CUPTI) on the trace: each on its
 // device's stream track, linked to the op range open at its launch by a flow, the op named in
 // its args; a record launched outside every range, or with no launch, gets no flow.
 TEST(Profiler, DeviceRecordsLandOnStreamTracksLinkedToTheirOp) {

@@ -1,13 +1,17 @@
 // KernelProfiler: records every kernel, memcpy and memset on the GPU, and the host's CUDA runtime
 // calls, through CUPTI's activity API between start() and stop(), then prints where a training
 // step's device time goes and what the host did while the device waited.
+//
+// Linking this library (alwayslink) also gives mg::profiler its device side: profiler::start()
+// starts trace_kernels() when a GPU is present, and profiler::stop() waits for the device and
+// puts its records on the trace (core/profiler.h, DeviceTracer).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace mg::bench {
+namespace mg::profiler {
 
 struct KernelTotal {
   std::string name;  // demangled, template arguments elided
@@ -81,4 +85,8 @@ class KernelProfiler {
   std::string report(int steps, double wall_ms_per_step, int top = 25) const;
 };
 
-}  // namespace mg::bench
+// The profiler that profiler::start() and stop() drive for the trace; after stop() its totals()
+// are the trace's kernels as CUPTI's table counts them.
+KernelProfiler& trace_kernels();
+
+}  // namespace mg::profiler

@@ -1,5 +1,6 @@
-#include "bench/kernel_profiler.h"
+#include "core/cuda/kernel_profiler.h"
 
+#include <cuda_runtime.h>
 #include <cupti.h>
 #include <cxxabi.h>
 
@@ -14,7 +15,7 @@
 #include "core/error.h"
 #include "core/profiler.h"
 
-namespace mg::bench {
+namespace mg::profiler {
 namespace {
 
 struct Interval {
@@ -412,4 +413,41 @@ std::string KernelProfiler::report(int steps, double wall_ms_per_step, int top) 
   return os.str();
 }
 
-}  // namespace mg::bench
+KernelProfiler& trace_kernels() {
+  static KernelProfiler p;
+  return p;
+}
+
+namespace {
+
+// profiler::start() and stop() drive the trace's kernel profiler when a GPU is present. It links
+// the driver's launches too: cuBLAS and cuDNN launch through the driver, and their kernels find
+// their op only that way.
+bool g_tracing_device = false;
+
+void start_device_trace() {
+  int n = 0;
+  g_tracing_device = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  if (!g_tracing_device) {
+    cudaGetLastError();  // no device: the trace stays the host's
+    return;
+  }
+  trace_kernels().start(/*link_driver_launches=*/true);
+}
+
+void stop_device_trace() {
+  if (!g_tracing_device) return;
+  g_tracing_device = false;
+  cudaDeviceSynchronize();  // the work launched while tracing, finished and recorded
+  trace_kernels().stop();
+  trace_kernels().add_to_trace();
+}
+
+const bool g_registered = [] {
+  set_device_tracer({start_device_trace, stop_device_trace});
+  return true;
+}();
+
+}  // namespace
+
+}  // namespace mg::profiler
