@@ -13,6 +13,7 @@
 #include "distributed/zero.h"
 #include "core/allocator.h"
 #include "core/atomic_file.h"
+#include "core/cuda_memory.h"
 #include "kernels/ops.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
@@ -20,8 +21,8 @@
 
 namespace mg::dist {
 
-ShardSource::ShardSource(std::shared_ptr<ProcessGroup> pg, int max_reductions_in_flight)
-    : pg_(std::move(pg)), max_in_flight_(max_reductions_in_flight) {
+ShardSource::ShardSource(std::shared_ptr<ProcessGroup> pg, int max_reductions_in_flight, bool host_shards)
+    : pg_(std::move(pg)), max_in_flight_(max_reductions_in_flight), host_shards_(host_shards) {
   MG_CHECK(pg_ != nullptr, ValueError, "ShardSource: no process group");
   MG_CHECK(max_in_flight_ >= 1, ValueError, "ShardSource: max_reductions_in_flight must be >= 1, got ", max_in_flight_);
 }
@@ -33,7 +34,9 @@ void ShardSource::adopt(size_t unit, size_t group, const UnitGroup& layout, cons
   const int64_t n = layout.padded / pg_->size(), r = pg_->rank();
   NoGradGuard ng;
   MemoryCategoryGuard cat(MemoryCategory::Parameters);
-  Tensor shard = raw::to_device(raw::clone(raw::slice(values, 0, r * n, (r + 1) * n, 1)), pg_->device());
+  Tensor shard = raw::to_device(raw::clone(raw::slice(values, 0, r * n, (r + 1) * n, 1)), shard_device());
+  // Pinned, so that its copies to the device for a gather run at the link's speed.
+  if (host_shards_ && pg_->device().is_cuda()) shard = cuda::pin_memory(shard);
   shard.requires_grad_(true);
   shards_[unit].push_back(shard);
 }
@@ -44,7 +47,11 @@ std::function<void()> ShardSource::fetch(size_t unit, size_t group, const Tensor
   {
     NoGradGuard ng;
     MemoryCategoryGuard cat(MemoryCategory::Gathered);
-    src = dst.dtype() == master.dtype() ? master.detach() : kernels::cast(master, dst.dtype());
+    // A shard in host memory goes to the device first (FSDP2's CPUOffloadPolicy: the f32 shard
+    // crosses the link, the cast runs on the device).
+    const Tensor here =
+        master.device() == dst.device() ? master.detach() : raw::to_device(master.detach(), dst.device());
+    src = dst.dtype() == here.dtype() ? here : kernels::cast(here, dst.dtype());
   }
   WorkPtr work = pg_->all_gather_async(dst, src);
   return [work, src] { work->wait(); };  // src stays alive until the gather has read it
@@ -56,6 +63,10 @@ void ShardSource::complete(Pending& p) {
   const Tensor& master = shards_[p.unit][p.group];
   Tensor g = master.grad();
   Tensor add = p.out.dtype() == master.dtype() ? p.out : kernels::cast(p.out, master.dtype());
+  if (add.device() != master.device()) {  // the shard's gradient goes home to host memory
+    MemoryCategoryGuard cat(MemoryCategory::Gradients);
+    add = raw::to_device(add, master.device());
+  }
   master.set_grad(g.defined() ? kernels::add(g, add) : add);
   p = Pending{};
 }
@@ -73,7 +84,7 @@ void ShardSource::reduce(size_t unit, size_t group, Tensor grad) {
   MemoryCategoryGuard cat(MemoryCategory::Gradients);
   // Reduced in f32 (or the master's wider dtype): a bf16 sum over ranks would round each add.
   Tensor in = grad.dtype() == master.dtype() ? grad : kernels::cast(grad, master.dtype());
-  Tensor out = empty({master.numel()}, TensorOptions(master.dtype(), master.device()));
+  Tensor out = empty({master.numel()}, TensorOptions(master.dtype(), pg_->device()));
   pending_.push_back(Pending{pg_->reduce_scatter_async(out, in, ReduceOp::Avg), out, in, unit, group});
   ++reductions_;
 }
@@ -112,6 +123,14 @@ std::unordered_map<const TensorImpl*, Place> places(const ParamUnits& units) {
     }
   return out;
 }
+// Every rank's `slice` (equal lengths), concatenated in rank order: an all-gather on the group's
+// device (a slice in host memory goes there and back).
+Tensor gather_whole(ProcessGroup& pg, const Tensor& slice) {
+  const Tensor src = slice.device() == pg.device() ? slice : raw::to_device(slice, pg.device());
+  Tensor out = empty({slice.numel() * pg.size()}, TensorOptions(slice.dtype(), pg.device()));
+  pg.all_gather(out, src);
+  return out.device() == slice.device() ? out : raw::to_device(out, slice.device());
+}
 // Copies the part of a parameter's whole value (`value`, any shape, at flat `offset` of its group)
 // that falls in this rank's slice [lo, lo + shard.numel()) of the group into `shard`.
 void copy_into_slice(const Tensor& shard, int64_t lo, const Tensor& value, int64_t offset) {
@@ -130,10 +149,7 @@ StateDict FullyShardedModel::full_state_dict(const nn::Module& model) const {
   std::vector<std::vector<Tensor>> full(units->size());
   for (size_t u = 0; u < units->size(); ++u)
     for (size_t g = 0; g < units->groups(u).size(); ++g) {
-      const Tensor& s = source->shard(u, g);
-      Tensor out = empty({s.numel() * pg.size()}, TensorOptions(s.dtype(), s.device()));
-      pg.all_gather(out, s.detach());
-      full[u].push_back(out);
+      full[u].push_back(gather_whole(pg, source->shard(u, g).detach()));
     }
   StateDict sd;
   for (const auto& [name, p] : model.named_parameters()) {
@@ -284,10 +300,7 @@ StateDict FullyShardedModel::full_optimizer_state_dict(const nn::Module& model, 
     if (!local.meta["state"].contains(key)) continue;
     steps[j] = local.meta["state"][key]["step"].get<int64_t>();
     for (const std::string& buf : buffer_names(local, j)) {
-      const Tensor& s = local.tensors.at("state." + key + "." + buf);
-      Tensor out = empty({L.padded[j]}, TensorOptions(s.dtype(), s.device()));
-      pg.all_gather(out, raw::contiguous(s));
-      whole[j][buf] = out;
+      whole[j][buf] = gather_whole(pg, raw::contiguous(local.tensors.at("state." + key + "." + buf)));
     }
   }
   nlohmann::json options = local.meta["param_groups"][0];
@@ -505,7 +518,7 @@ void FullyShardedModel::load_sharded(const nn::Module& model, optim::Optimizer& 
 FullyShardedModel fully_shard(std::vector<std::vector<Tensor>> units, std::shared_ptr<ProcessGroup> pg,
                               FullyShardOptions opts) {
   FullyShardedModel m;
-  m.source = std::make_shared<ShardSource>(pg);
+  m.source = std::make_shared<ShardSource>(pg, /*max_reductions_in_flight=*/2, opts.offload_to_host);
   ParamUnitsOptions po;
   po.device = pg->device();
   po.prefetch = opts.prefetch;

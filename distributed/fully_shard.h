@@ -17,6 +17,7 @@
 //
 // Bytes per parameter on a rank (f32 AdamW): (4 master + 4 gradient + 8 moments) / N, plus the
 // gathered units (2 bytes a parameter in bf16) and one unit's full gradient while it reduces.
+// With FullyShardOptions::offload_to_host the (4 + 4 + 8) / N live in host memory instead.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +40,10 @@ namespace mg::dist {
 
 class ShardSource : public ParamSource {
  public:
-  explicit ShardSource(std::shared_ptr<ProcessGroup> pg, int max_reductions_in_flight = 2);
+  // host_shards: the f32 master shards (and so their gradients and the optimizer's state, which
+  // follow the tensors it steps) live in host memory, pinned on a CUDA group; see
+  // FullyShardOptions::offload_to_host.
+  explicit ShardSource(std::shared_ptr<ProcessGroup> pg, int max_reductions_in_flight = 2, bool host_shards = false);
   int64_t pad_multiple() const override { return pg_->size(); }
   void adopt(size_t unit, size_t group, const UnitGroup& layout, const Tensor& values) override;
   std::function<void()> fetch(size_t unit, size_t group, const Tensor& dst) override;
@@ -57,6 +61,8 @@ class ShardSource : public ParamSource {
   // Reduce-scatters issued during backward since construction.
   int64_t reductions() const { return reductions_; }
   ProcessGroup& process_group() { return *pg_; }
+  // Where the master shards live: host memory with host_shards, else the group's device.
+  Device shard_device() const { return host_shards_ ? Device::cpu() : pg_->device(); }
 
  private:
   struct Pending {
@@ -67,6 +73,7 @@ class ShardSource : public ParamSource {
   void complete(Pending& p);
   std::shared_ptr<ProcessGroup> pg_;
   int max_in_flight_;
+  bool host_shards_;
   std::vector<std::vector<Tensor>> shards_;
   std::vector<Pending> pending_;
   int64_t reductions_ = 0;
@@ -76,6 +83,15 @@ struct FullyShardOptions {
   int prefetch = 1;                                 // ParamUnitsOptions::prefetch
   std::vector<size_t> keep = {0};                   // the root unit stays gathered for the step
   std::function<DType(const Tensor& param)> dtype;  // ParamUnitsOptions::dtype (empty: f32)
+  // ZeRO-3 with its shards in host memory (FSDP2's CPUOffloadPolicy, ZeRO-Infinity's sharded
+  // offload): each rank's f32 master shards, their gradients and the optimizer's state (build the
+  // optimizer over source->shards(): it steps them on the host) live in pinned host memory. A
+  // gather copies the shard to the device, casts it there and all-gathers; a reduce-scatter's
+  // result comes home and is added to the shard's gradient. The device holds no model state
+  // between uses, only the gathered units. Costs: the shard crosses the host link twice a step
+  // (4 bytes a parameter / N each way, f32) and its gradient once, and the update runs at the
+  // host's speed after backward.
+  bool offload_to_host = false;
 };
 
 struct FullyShardedModel {

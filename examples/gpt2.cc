@@ -347,6 +347,7 @@ int train(Run& r) {
   if (zero3) {
     dist::FullyShardOptions fo;
     if (r.amp && r.device.is_cuda()) fo.dtype = nn::gpt_unit_dtype(*r.model, r.amp_dtype);
+    fo.offload_to_host = f.zero_offload;
     fsdp = dist::fully_shard(nn::gpt_param_units(*r.model), r.pg, fo);
     r.model->recompute.units = fsdp.units.get();
     opt = examples::make_optimizer(f.train, fsdp.source->shards());
@@ -527,6 +528,7 @@ int train(Run& r) {
       {"recompute", f.recompute},
       {"zero", zero != nullptr || zero3},
       {"zero_stage", zero || zero3 ? f.zero_stage : 0},
+      {"zero_offload", zero3 && f.zero_offload},
       {"skipped_steps", skipped},
       {"device", r.device.str()},
       {"seed", f.seed},

@@ -73,6 +73,8 @@ Memory and speed:
   --zero-stage N       1 (the default of --zero) or 2: the gradients sharded too, reduce-scattered
                        during backward instead of DDP's all-reduce; 3: the parameters too, a block
                        gathered while it runs (dist::fully_shard; implies --zero)
+  --zero-offload       with --zero-stage 3: the shards, their gradients and the optimizer state in
+                       (pinned) host memory, the update on the host (FSDP2's CPUOffloadPolicy)
   --save PATH          write a training checkpoint at every validation and at the end (atomic);
                        under --zero-stage 3 it holds the state gathered from the shards (it
                        resumes at any --nproc); not with --zero-stage 1 or 2
@@ -158,6 +160,7 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
       .switches = {{"--no-progress", {&f.progress, false}},
                    {"--auto-batch", {&f.auto_batch, true}},
                    {"--zero", {&f.zero, true}},
+                   {"--zero-offload", {&f.zero_offload, true}},
                    {"--print-logits", {&f.print_logits, true}}},
       .fields =
           {
@@ -254,6 +257,8 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
   MG_CHECK(!f.print_logits || !f.init_from.empty(), ValueError, "--print-logits needs --init-from FILE");
   MG_CHECK(f.nproc >= 0 && f.max_batch >= 1, ValueError, "--nproc must be >= 0 and --max-batch >= 1");
   MG_CHECK(f.zero_stage >= 1 && f.zero_stage <= 3, ValueError, "--zero-stage must be 1, 2 or 3, got ", f.zero_stage);
+  MG_CHECK(!f.zero_offload || f.zero_stage == 3, ValueError,
+           "--zero-offload keeps ZeRO-3's shards in host memory: it needs --zero-stage 3, got ", f.zero_stage);
   if (f.zero_stage >= 2) f.zero = true;
   MG_CHECK(!(f.zero && f.amp == "f16"), ValueError,
            "--zero with --amp f16: the GradScaler steps a whole optimizer, ZeRO a shard (use bf16)");

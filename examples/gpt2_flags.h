@@ -41,7 +41,8 @@ struct GPT2Flags {
   bool auto_batch = false;
   int64_t max_batch = 1024;  // --auto-batch never tries more sequences per micro-batch
   bool zero = false;
-  int zero_stage = 1;  // --zero-stage: 1 (optimizer state) or 2 (and the gradients, without DDP)
+  int zero_stage = 1;         // --zero-stage: 1 (optimizer state) or 2 (and the gradients, without DDP)
+  bool zero_offload = false;  // --zero-offload: ZeRO-3's shards in host memory
   int nproc = 0;
   std::string save, resume;
   std::string trace;        // --trace: the third step's Chrome trace (core/profiler.h)

@@ -291,6 +291,17 @@ TEST(NcclZero3, GptEqualsDDPOneGpu) {
   zero3_gpt_matches_ddp(Backend::Nccl, 1, /*prefetch=*/1);
 }
 
+// The shards in pinned host memory, the update on the host: the device keeps no model state.
+TEST(NcclZero3, HostResidentShardsEqualDDPOneGpu) {
+  MG_REQUIRE_GPUS(1);
+  zero3_host_shards_case(Backend::Nccl, 1);
+}
+
+TEST(NcclZero3, HostResidentShardsEqualDDPTwoGpus) {
+  MG_REQUIRE_GPUS(2);
+  zero3_host_shards_case(Backend::Nccl, 2);
+}
+
 TEST(NcclZero3, GptEqualsDDPTwoGpus) {
   MG_REQUIRE_GPUS(2);
   zero3_gpt_matches_ddp(Backend::Nccl, 2, /*prefetch=*/1);

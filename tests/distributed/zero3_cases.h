@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/cuda_memory.h"
 #include "distributed/ddp.h"
 #include "distributed/fully_shard.h"
 #include "nn/loss.h"
@@ -209,6 +210,15 @@ inline void zero3_gpt_matches_ddp(Backend backend, int world, int prefetch) {
   });
 }
 
+// The model state `dev` holds now, by the allocator's categories: parameters, gradients and
+// optimizer state.
+inline int64_t model_state_bytes(Device dev) {
+  int64_t n = 0;
+  for (MemoryCategory c : {MemoryCategory::Parameters, MemoryCategory::Gradients, MemoryCategory::OptimizerState})
+    n += CategoryStats::get(dev).counter(c).current;
+  return n;
+}
+
 // Per rank, measured by the allocator's categories: DDP's model state (parameters, gradients,
 // optimizer state after a step, gradients kept) against ZeRO-3's, each measured alone as the
 // growth over what the rank held before it; ZeRO-3's is at most 1/N + 5 % of DDP's. The gathered
@@ -220,13 +230,7 @@ inline void zero3_memory_case(Backend backend, int world) {
     nn::GPTConfig cfg = zero3_gpt_config();
     cfg.n_embd = 64;
     cfg.n_head = 4;
-    const MemoryCategory state[] = {MemoryCategory::Parameters, MemoryCategory::Gradients,
-                                    MemoryCategory::OptimizerState};
-    auto held = [&] {
-      int64_t n = 0;
-      for (MemoryCategory c : state) n += CategoryStats::get(dev).counter(c).current;
-      return n;
-    };
+    auto held = [&] { return model_state_bytes(dev); };
     Tensor idx = randint(0, cfg.vocab_size, {2, 17}, {DType::i64}).to(dev);
     Tensor x = raw::contiguous(raw::slice(idx, 1, 0, 16, 1)), y = raw::contiguous(raw::slice(idx, 1, 1, 17, 1));
     int64_t ddp_bytes = 0, zero3_bytes = 0;
@@ -264,6 +268,95 @@ inline void zero3_memory_case(Backend backend, int world) {
     EXPECT_GT(ddp_bytes, 0);
     EXPECT_LE(static_cast<double>(zero3_bytes), (1.0 / W + 0.05) * static_cast<double>(ddp_bytes))
         << "ZeRO-3 " << zero3_bytes << " bytes of model state against DDP's " << ddp_bytes;
+  });
+}
+
+// ZeRO-3 with its shards in host memory (FullyShardOptions::offload_to_host): a GPT (tied head,
+// checkpointed blocks) with AdamW, clipped at 0.05, stepped on the host, equals DDP after 20
+// steps (on the CPU within kZero3Atol/Rtol: the clip coefficient comes from another summation of
+// the squares; on a GPU within kGpuTrainingAtol, the host AdamW beside the device's). The shards, their gradients and
+// the optimizer's state are host tensors (pinned on a GPU); after a step the device holds none of the model's state:
+// its parameters, gradients and optimizer-state categories grow by no more than 5 % of DDP's model state (on a GPU; on
+// the CPU backend host and device are one memory).
+inline void zero3_host_shards_case(Backend backend, int world) {
+  run_ranks(world, [&](int rank, int W) {
+    auto pg = join(backend);
+    const Device dev = pg->device();
+    const nn::GPTConfig cfg = zero3_gpt_config();
+    auto held = [&] { return model_state_bytes(dev); };
+    const int64_t before = held();
+    Generator g1(5), g2(5);
+    auto model = std::make_shared<nn::GPT>(cfg, TensorOptions{}, &g1);
+    model->to(dev);
+    model->recompute.checkpoint_blocks = true;
+    FullyShardOptions fo;
+    fo.offload_to_host = true;
+    auto fsdp = fully_shard(nn::gpt_param_units(*model), pg, fo);
+    model->recompute.units = fsdp.units.get();
+    EXPECT_EQ(fsdp.source->shard_device(), Device::cpu());
+    auto opt = zero3_optimizer(Zero3Opt::AdamW, fsdp.source->shards());
+    const int64_t B = 2, T = 16;
+    auto batch = [&](int step) {
+      Generator data_gen(300 + step);
+      Tensor idx = randint(0, cfg.vocab_size, {W * B, T + 1}, {DType::i64}, &data_gen).to(dev);
+      Tensor mine = raw::contiguous(raw::slice(idx, 0, rank * B, (rank + 1) * B, 1));
+      return std::make_pair(raw::contiguous(raw::slice(mine, 1, 0, T, 1)),
+                            raw::contiguous(raw::slice(mine, 1, 1, T + 1, 1)));
+    };
+    auto sharded_step = [&](int step) {
+      auto [x, y] = batch(step);
+      nn::GPT::loss(model->forward(x), y).backward();
+      fsdp.source->clip_grad_norm_(0.05);
+      opt->step();
+    };
+    sharded_step(0);
+    for (const Tensor& s : fsdp.source->shards()) {
+      EXPECT_TRUE(s.device().is_cpu());
+      ASSERT_TRUE(s.grad().defined());
+      EXPECT_TRUE(s.grad().device().is_cpu());
+      if (dev.is_cuda()) EXPECT_TRUE(cuda::is_pinned(s));
+    }
+    for (const auto& [key, t] : opt->state_dict().tensors) EXPECT_TRUE(t.device().is_cpu()) << key;
+    const int64_t on_device = held() - before;
+    opt->zero_grad();
+
+    const int64_t before_ddp = held();
+    auto refm = std::make_shared<nn::GPT>(cfg, TensorOptions{}, &g2);
+    refm->to(dev);
+    refm->recompute.checkpoint_blocks = true;
+    DistributedDataParallel ddp(refm, pg);
+    auto ref_opt = zero3_optimizer(Zero3Opt::AdamW, refm->parameters());
+    auto ddp_step = [&](int step) {
+      auto [x, y] = batch(step);
+      nn::GPT::loss(ddp(x), y).backward();
+      optim::clip_grad_norm_(refm->parameters(), 0.05);
+      ref_opt->step();
+    };
+    ddp_step(0);
+    const int64_t ddp_bytes = held() - before_ddp;
+    ref_opt->zero_grad();
+    if (dev.is_cuda())
+      EXPECT_LE(static_cast<double>(on_device), 0.05 * static_cast<double>(ddp_bytes))
+          << "model state left on the device with the shards in host memory";
+    for (int step = 1; step < 20; ++step) {
+      sharded_step(step);
+      ddp_step(step);
+      opt->zero_grad();
+      ref_opt->zero_grad();
+    }
+    const StateDict full = fsdp.full_state_dict(*model), ref = refm->state_dict();
+    double worst = 0;
+    for (const auto& [name, t] : ref.tensors) {
+      worst = std::max(worst, max_abs_diff(full.tensors.at(name), t));
+      if (backend == Backend::Cpu)
+        EXPECT_TRUE(all_close(full.tensors.at(name), t, kZero3Rtol, kZero3Atol)) << name << " after 20 steps";
+      else
+        EXPECT_LE(max_abs_diff(full.tensors.at(name), t), kGpuTrainingAtol) << name << " after 20 steps";
+    }
+    if (rank == 0)
+      std::cout << "[zero3 host shards] world " << W << ": largest parameter difference from DDP " << worst
+                << "; model state on the device after a step " << on_device << " bytes, DDP's " << ddp_bytes
+                << std::endl;
   });
 }
 

@@ -27,6 +27,10 @@ TEST(CpuZero3, GptWithTiedHeadEqualsDDPBitwise) {
   zero3_gpt_matches_ddp(kCpu, 4, /*prefetch=*/0);
 }
 
+TEST(CpuZero3, HostResidentShardsEqualDDP) {
+  for (int w : {2, 4}) zero3_host_shards_case(kCpu, w);
+}
+
 TEST(CpuZero3, ModelStateIsAnNthOfDDPs) {
   for (int w : {2, 4}) zero3_memory_case(kCpu, w);
 }

@@ -97,6 +97,15 @@ python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b
 z3_full=$("$BIN" "${common[@]}" "${zero[@]}" --zero-stage 3 | tail -1)
 "$BIN" "${common[@]}" "${zero[@]}" --zero-stage 3 --stop-after 3 --save "$TMP/z3.safetensors" >/dev/null
 z3_resumed=$("$BIN" "${common[@]}" "${zero[@]}" --zero-stage 3 --resume "$TMP/z3.safetensors" | tail -1)
+# The shards in host memory (--zero-offload): on the CPU backend the same ops on the same memory,
+# so the same val_loss to the last digit.
+z3_off=$("$BIN" "${common[@]}" "${zero[@]}" --zero-stage 3 --zero-offload | tail -1)
+[ "$(field "$z3_off" zero_offload)" = "True" ] || { echo "FAIL: --zero-offload not reported: $z3_off"; exit 1; }
+[ "$(field "$z3_full" val_loss)" = "$(field "$z3_off" val_loss)" ] ||
+  { echo "FAIL: ZeRO-3 with host shards val_loss $(field "$z3_off" val_loss), on the device $(field "$z3_full" val_loss)"; exit 1; }
+if "$BIN" --zero-offload --zero-stage 2 2>"$TMP/err"; then echo "FAIL: --zero-offload with stage 2 was accepted"; exit 1; fi
+grep -q -- "--zero-offload keeps ZeRO-3's shards in host memory: it needs --zero-stage 3, got 2" "$TMP/err" ||
+  { echo "FAIL: no message for --zero-offload with stage 2"; cat "$TMP/err"; exit 1; }
 [ "$(field "$z3_full" val_loss)" = "$(field "$z3_resumed" val_loss)" ] ||
   { echo "FAIL: ZeRO-3 val_loss after resume $(field "$z3_resumed" val_loss), uninterrupted $(field "$z3_full" val_loss)"; exit 1; }
 one=$("$BIN" "${common[@]}" --steps 6 --eval-every 0 --max-new-tokens 0 --clip-grad-norm 0.5 --resume "$TMP/z3.safetensors")
