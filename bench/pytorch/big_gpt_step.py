@@ -9,8 +9,12 @@ memory cap, in one of PyTorch's modes:
               reduction (MixedPrecisionPolicy), the AdamW step on the CPU, every block
               checkpointed
 
-Prints one JSON line: step_ms (median, min, max over --steps after --warmup), tokens_per_s, the
-peak allocated and reserved GiB, or {"oom": true} when a step does not fit under the cap.
+--compile wraps the model in torch.compile (eager and checkpoint modes). TF32 is off.
+
+Prints one JSON line: step_ms (median, min, max over --steps after --warmup), tokens_per_s, mfu
+(llm.c's 6N + 6LdT FLOPs a token against the card's dense bf16 peak, 989 TFLOP/s on H100 and
+H200), the peak allocated and reserved GiB, or {"oom": true} when a step does not fit under the
+cap.
 
     python3 bench/pytorch/big_gpt_step.py --gpt gpt2-xl --mode fsdp --cap 16
 """
@@ -41,6 +45,7 @@ def main():
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (eager, checkpoint)")
     a = ap.parse_args()
     L, d, H = PRESETS[a.gpt]
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -48,8 +53,10 @@ def main():
     if a.cap > 0:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, a.cap * 2**30 / total))
-    config = f"B={a.batch} T={a.seq} bf16 autocast AdamW {a.mode}" + (f" cap {a.cap:g} GiB" if a.cap > 0 else "")
-    row = {"framework": "pytorch", "model": a.gpt, "config": config, "side": f"pytorch_{a.mode}"}
+    config = (f"B={a.batch} T={a.seq} bf16 autocast AdamW {a.mode}" + (" compile" if a.compile else "") +
+              (f" cap {a.cap:g} GiB" if a.cap > 0 else ""))
+    side = f"pytorch_{a.mode}" + ("_compile" if a.compile else "")
+    row = {"framework": "pytorch", "model": a.gpt, "config": config, "side": side}
     torch.manual_seed(0)
     try:
         if a.mode == "fsdp":
@@ -76,6 +83,9 @@ def main():
             m.checkpoint = a.mode == "checkpoint"
             opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.1, fused=True)
             autocast = True
+        n_params = sum(p.numel() for p in m.parameters())
+        if a.compile:
+            m = torch.compile(m)
         m.train()
         idx = torch.randint(0, 50304, (a.batch, a.seq), device="cuda")
         tgt = torch.randint(0, 50304, (a.batch, a.seq), device="cuda")
@@ -100,6 +110,7 @@ def main():
         med = statistics.median(times)
         row.update(step_ms=round(med, 2), step_ms_min=round(min(times), 2), step_ms_max=round(max(times), 2),
                    n_runs=len(times), tokens_per_s=round(a.batch * a.seq / (med / 1e3)),
+                   mfu=round(a.batch * a.seq / (med / 1e3) * (6 * n_params + 6 * L * d * a.seq) / 989e12, 4),
                    peak_allocated_gib=round(torch.cuda.max_memory_allocated() / 2**30, 3),
                    peak_reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 3))
     except torch.OutOfMemoryError as e:
