@@ -63,13 +63,15 @@
 //                      prefetch_bytes; default 512; " prefetch M MiB" when given)
 //   --selective        GPT-2 under selective recomputation (RecomputePolicy::cheap_ops: GELU
 //                      outputs and layer norms rebuilt in backward; " selective")
-//   --memory-budget G  GPT-2: the fastest mode whose whole step (weights, gradients, optimizer
+//   --memory-budget G  GPT: the fastest mode whose whole step (weights, gradients, optimizer
 //                      state, casts, workspaces, activations) peaks under G GiB, found before
-//                      timing by memory::fit_to_budget over a ladder (plain; GELU-only selective +
-//                      step in backward; then 1..12 blocks checkpointed with a 2048-row head;
-//                      with --offload-blocks N the rungs after plain offload the first N blocks),
-//                      one trial step each; prints the tries and times the choice, or says the
-//                      smallest peak and exits 3 when nothing fits
+//                      timing by memory::fit_state_to_budget: where the state lives (resident;
+//                      with --optimizer adamw 8-bit moments; optimizer offload; parameter
+//                      offload), and in each memory::gpt_memory_ladder (plain; GELU-only selective
+//                      + step in backward; then 1..n_layer blocks checkpointed with a 2048-row
+//                      head; with --offload-blocks N the rungs after plain offload the first N
+//                      blocks), one trial step each; prints each mode's tries and times the
+//                      choice, or says the smallest peak and exits 3 when nothing fits
 //   --max-batch-under G  instead of timing: the largest batch whose whole step (forward, backward,
 //                      optimizer step) fits under a per-process limit of G GiB, by
 //                      find_max_batch_size (doubling, then bisection over OutOfMemoryError); one
@@ -439,6 +441,99 @@ std::string fmt_g(double v) {
   return buf;
 }
 
+// --memory-budget: memory::fit_state_to_budget over where the GPT's state lives and, in each mode,
+// its activation ladder; each mode is built from scratch (the one before torn down first), so a
+// model whose f32 state does not fit the device reaches the offload modes; the first mode and
+// rung that fit are timed.
+int gpt_budget_run(const mg::nn::GPTConfig& cfg, const std::string& label, const std::string& tag, int64_t B, int64_t T,
+                   double budget_gib, int64_t offload_blocks, int warmup, int steps, mg::Device dev) {
+  using mg::memory::StateMode;
+  struct Setup {
+    std::shared_ptr<mg::nn::GPT> model;
+    std::unique_ptr<mg::optim::Optimizer> opt;
+    std::unique_ptr<mg::optim::StepInBackward> sib;
+  } s;
+  auto teardown = [&] {
+    s.sib.reset();
+    s.opt.reset();
+    g_param_offload = {};
+    g_host_params.reset();
+    s.model.reset();
+    mg::cuda::synchronize();
+    mg::cuda::empty_cache();
+  };
+  const std::string requested = g_optimizer;
+  std::vector<StateMode> modes = {StateMode::Resident};
+  if (requested == "adamw") modes.push_back(StateMode::EightBit);
+  modes.insert(modes.end(), {StateMode::OptimizerOffload, StateMode::ParameterOffload});
+  std::function<void()> step;
+  auto setup = [&](StateMode mode) {
+    teardown();
+    g_optimizer = mode == StateMode::EightBit ? "adamw8bit" : requested;
+    const bool params_on_host = mode == StateMode::ParameterOffload;
+    s.model =
+        std::make_shared<mg::nn::GPT>(cfg, mg::TensorOptions(mg::DType::f32, params_on_host ? mg::Device::cpu() : dev));
+    s.model->train();
+    auto host_optimizer = [](std::vector<mg::Tensor> ps) { return make_optimizer(ps); };
+    if (mode == StateMode::OptimizerOffload) {
+      g_host_params =
+          std::make_unique<mg::memory::HostParams>(mg::memory::gpt_linear_params(*s.model), dev, host_optimizer);
+      g_host_params->provide_casts();
+    }
+    if (params_on_host) g_param_offload = mg::memory::offload_gpt_params(*s.model, dev, host_optimizer);
+    s.opt = make_optimizer(g_host_params    ? g_host_params->others(s.model->parameters())
+                           : params_on_host ? std::vector<mg::Tensor>{}
+                                            : s.model->parameters());
+    if (!params_on_host) s.sib = std::make_unique<mg::optim::StepInBackward>(*s.opt);
+    mg::Tensor idx = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
+    mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
+    auto model = s.model;
+    auto plain = train_step(
+        *s.opt, [model, idx, tgt] { return model->forward_loss(idx, tgt); }, s.sib.get());
+    // A step that ran out of memory leaves nothing behind: the step inside backward drops its
+    // round, the gradients go.
+    step = [plain, sib = s.sib.get(), opt = s.opt.get()] {
+      try {
+        plain();
+      } catch (const mg::OutOfMemoryError&) {
+        if (sib) sib->abandon();
+        opt->zero_grad();
+        throw;
+      }
+    };
+    return mg::memory::StateTrial{mg::memory::gpt_memory_ladder(*s.model, s.sib.get(), offload_blocks), step};
+  };
+  const int64_t budget = static_cast<int64_t>(budget_gib * 1073741824.0);
+  const mg::memory::StateFitResult fit = mg::memory::fit_state_to_budget(modes, setup, budget, dev);
+  std::string tries;
+  for (size_t m = 0; m < fit.modes.size(); ++m) {
+    std::string rungs;
+    for (const auto& [name, peak] : fit.ladders[m].peaks)
+      rungs += (rungs.empty() ? "" : ",") + std::string("[\"") + name + "\"," + std::to_string(peak) + "]";
+    tries += (tries.empty() ? "" : ",") + std::string("{\"mode\":\"") + mg::memory::state_mode_name(fit.modes[m]) +
+             "\",\"tries\":[" + rungs + "]}";
+  }
+  std::printf(
+      "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"B=%lld T=%lld%s memory budget %g GiB\","
+      "\"fits\":%s,\"summary\":\"%s\",\"modes\":[%s]}\n",
+      label.c_str(), static_cast<long long>(B), static_cast<long long>(T), tag.c_str(), budget_gib,
+      fit.fits() ? "true" : "false", fit.summary(budget).c_str(), tries.c_str());
+  std::fflush(stdout);
+  if (!fit.fits()) {
+    teardown();
+    return 3;
+  }
+  const mg::memory::BudgetFitResult& rungs = fit.ladders[fit.chosen];
+  print(label.c_str(),
+        "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag + " " +
+            mg::memory::state_mode_name(fit.modes[fit.chosen]) + ", " + rungs.peaks[rungs.chosen].first,
+        run(step, warmup, steps, dev), B * T, "tokens");
+  if (g_host_params) print_host_params(*g_host_params);
+  if (g_param_offload.source) print_host_params(g_param_offload.source->host());
+  teardown();
+  return 0;
+}
+
 int run_main(int argc, char** argv) {
   std::string which = "all";
   int warmup = 3, steps = 10;
@@ -617,6 +712,7 @@ int run_main(int argc, char** argv) {
                    static_cast<long long>(cfg.block_size));
       return 2;
     }
+    if (budget_gib > 0) return gpt_budget_run(cfg, label, tag, B, T, budget_gib, offload_blocks, warmup, steps, dev);
     // With --param-offload the model is built in host memory: its f32 form need never fit the device.
     auto model = std::make_shared<mg::nn::GPT>(
         cfg, mg::TensorOptions(mg::DType::f32, param_offload >= 0 ? mg::Device::cpu() : dev));
@@ -700,7 +796,7 @@ int run_main(int argc, char** argv) {
                               : param_offload >= 0 ? std::vector<mg::Tensor>{}
                                                    : model->parameters());
     std::unique_ptr<mg::optim::StepInBackward> sib;
-    if (in_backward || budget_gib > 0) {
+    if (in_backward) {
       sib = std::make_unique<mg::optim::StepInBackward>(*opt);
       sib->set_enabled(in_backward);
     }
@@ -714,46 +810,6 @@ int run_main(int argc, char** argv) {
           },
           sib.get());
     };
-    if (budget_gib > 0) {
-      // memory::gpt_memory_ladder: plain; GELU-only selective recomputation with the step inside
-      // backward; then 1, 2, ... n_layer blocks checkpointed on top, with a 2048-row head (after
-      // the offloaded blocks, with --offload-blocks).
-      const std::vector<mg::memory::BudgetOption> ladder =
-          mg::memory::gpt_memory_ladder(*model, sib.get(), offload_blocks);
-      auto step = step_at(B);
-      // A step that ran out of memory (a rung too large for --memory-cap) leaves nothing behind:
-      // the step inside backward drops its round, the gradients go.
-      auto trial = [&] {
-        try {
-          step();
-        } catch (const mg::OutOfMemoryError&) {
-          if (sib) sib->abandon();
-          opt->zero_grad();
-          throw;
-        }
-      };
-      try {
-        trial();  // the optimizer's state, before any trial counts it
-      } catch (const mg::OutOfMemoryError&) {
-        mg::cuda::empty_cache();  // under a cap: the first rung that runs makes the state
-      }
-      const int64_t budget = static_cast<int64_t>(budget_gib * 1073741824.0);
-      const mg::memory::BudgetFitResult fit = mg::memory::fit_to_budget(ladder, trial, budget, dev);
-      std::string tries;
-      for (const auto& [name, peak] : fit.peaks)
-        tries += (tries.empty() ? "" : ",") + std::string("[\"") + name + "\"," + std::to_string(peak) + "]";
-      std::printf(
-          "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"B=%lld T=%lld%s memory budget %g GiB\","
-          "\"fits\":%s,\"summary\":\"%s\",\"tries\":[%s]}\n",
-          label.c_str(), static_cast<long long>(B), static_cast<long long>(T), tag.c_str(), budget_gib,
-          fit.fits() ? "true" : "false", fit.summary(budget).c_str(), tries.c_str());
-      std::fflush(stdout);
-      if (!fit.fits()) return 3;
-      print(label.c_str(),
-            "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag + " " + fit.peaks[fit.chosen].first,
-            run(step, warmup, steps, dev), B * T, "tokens");
-      return 0;
-    }
     if (max_batch_gib > 0) {
       print_max_batch(label.c_str(), "T=" + std::to_string(T) + tag + variant, max_batch_gib, dev, [&](int64_t b) {
         try {

@@ -199,4 +199,66 @@ std::string BudgetFitResult::summary(int64_t budget_bytes) const {
          ") against a budget of " + format_bytes(budget_bytes);
 }
 
+const char* state_mode_name(StateMode mode) {
+  switch (mode) {
+    case StateMode::Resident:
+      return "resident";
+    case StateMode::EightBit:
+      return "8-bit optimizer state";
+    case StateMode::OptimizerOffload:
+      return "optimizer offload";
+    case StateMode::ParameterOffload:
+      return "parameter offload";
+  }
+  return "?";
+}
+
+StateFitResult fit_state_to_budget(const std::vector<StateMode>& modes,
+                                   const std::function<StateTrial(StateMode)>& setup, int64_t budget_bytes,
+                                   Device device) {
+  MG_CHECK(!modes.empty(), ValueError, "fit_state_to_budget: no state modes to try");
+  MG_CHECK(budget_bytes > 0, ValueError, "fit_state_to_budget: the budget must be > 0 bytes, got ", budget_bytes);
+  GeneratorStateGuard rng;
+  StateFitResult r;
+  for (StateMode mode : modes) {
+    r.modes.push_back(mode);
+    BudgetFitResult fit;
+    try {
+      StateTrial trial = setup(mode);
+      try {
+        trial.step();  // the optimizer's state, before any rung counts it
+      } catch (const OutOfMemoryError&) {
+        if (device.is_cuda()) cuda::empty_cache();
+      }
+      fit = fit_to_budget(trial.ladder, trial.step, budget_bytes, device);
+    } catch (const OutOfMemoryError&) {
+      if (device.is_cuda()) cuda::empty_cache();  // the state alone does not fit
+    }
+    r.ladders.push_back(fit);
+    if (fit.fits()) {
+      r.chosen = static_cast<int>(r.modes.size()) - 1;
+      return r;
+    }
+  }
+  return r;
+}
+
+std::string StateFitResult::summary(int64_t budget_bytes) const {
+  if (fits()) {
+    const BudgetFitResult& f = ladders[chosen];
+    return std::string("fits: ") + state_mode_name(modes[chosen]) + ", " + f.peaks[f.chosen].first + ", peak " +
+           format_bytes(f.peaks[f.chosen].second) + " of a budget of " + format_bytes(budget_bytes);
+  }
+  int64_t smallest = -1;
+  std::string whose;
+  for (size_t i = 0; i < modes.size(); ++i)
+    if (ladders[i].smallest_peak >= 0 && (smallest < 0 || ladders[i].smallest_peak < smallest)) {
+      smallest = ladders[i].smallest_peak;
+      whose = std::string(state_mode_name(modes[i])) + ", " + ladders[i].smallest;
+    }
+  if (smallest < 0) return "does not fit: every mode ran out of memory (budget " + format_bytes(budget_bytes) + ")";
+  return "does not fit: the smallest peak is " + format_bytes(smallest) + " (" + whose + ") against a budget of " +
+         format_bytes(budget_bytes);
+}
+
 }  // namespace mg::memory

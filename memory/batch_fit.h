@@ -78,6 +78,46 @@ struct BudgetFitResult {
 BudgetFitResult fit_to_budget(const std::vector<BudgetOption>& options, const std::function<void()>& step,
                               int64_t budget_bytes, Device device);
 
+// Where a model's state (parameters, gradients, optimizer state) lives, fastest first
+// (docs/bigger_than_gpu.md gives each one's bytes a parameter and step time):
+//   Resident           everything on the device, the optimizer's moments in f32;
+//   EightBit           the same with 8-bit moments (optim::AdamW8bit);
+//   OptimizerOffload   the large parameters' f32 masters, gradients and optimizer state in host
+//                      memory, stepped there; the device keeps their casts (memory::HostParams);
+//   ParameterOffload   every parameter's state in host memory, a unit's parameters on the device
+//                      only while it runs (memory::HostSource over ParamUnits).
+enum class StateMode { Resident, EightBit, OptimizerOffload, ParameterOffload };
+const char* state_mode_name(StateMode mode);
+
+// One state mode, set up for its trials: its activation ladder (fit_to_budget's options, fastest
+// first) and one training step (which throws mg::OutOfMemoryError if it cannot run).
+struct StateTrial {
+  std::vector<BudgetOption> ladder;
+  std::function<void()> step;
+};
+
+struct StateFitResult {
+  std::vector<StateMode> modes;          // the modes tried, in order
+  std::vector<BudgetFitResult> ladders;  // each one's walk of its ladder (no peaks: its setup ran out of memory)
+  int chosen = -1;                       // index into modes of the one chosen; -1: none fits
+  bool fits() const { return chosen >= 0; }
+  // "fits: <mode>, <rung>, peak X of a budget of Y", or "does not fit: the smallest peak is X
+  // (<mode>, <rung>) against a budget of Y".
+  std::string summary(int64_t budget_bytes) const;
+};
+
+// Fits a training step under budget_bytes over where the state lives and, within each mode, how
+// much is recomputed: for each mode in order, setup(mode) builds it (the caller tears down the
+// one before it: only one mode lives at a time) and returns its trial; one step creates the
+// optimizer's state (an out-of-memory there is forgiven: the ladder's smaller rungs may still
+// fit), then fit_to_budget walks the ladder. The first mode with a rung that fits is chosen and
+// stays set up with that rung applied. A setup that runs out of memory (the state alone does
+// not fit) is a mode with no rung that fits. When nothing fits, the last mode stays set up.
+// The default generator ends as it began.
+StateFitResult fit_state_to_budget(const std::vector<StateMode>& modes,
+                                   const std::function<StateTrial(StateMode)>& setup, int64_t budget_bytes,
+                                   Device device);
+
 // Peak bytes of a padded batch as fixed + per_unit * count * longest (fitted from measurements).
 struct LinearMemoryModel {
   double fixed_bytes = 0;

@@ -21,6 +21,7 @@ std::vector<BudgetOption> gpt_memory_ladder(nn::GPT& model, optim::StepInBackwar
     if (lean) r.selective = true, r.selective_ops = {"gelu"}, r.offload_blocks = off;
     if (keep) r.keep_ops = nn::GPTRecompute::block_outputs();
     r.head_chunk_rows = head_rows;
+    r.units = model.recompute.units;  // parameter offload's or ZeRO-3's units stay
     model.recompute = r;
     if (in_backward) in_backward->set_enabled(lean);
   };

@@ -254,5 +254,56 @@ TEST(FitToBudget, ChoosesTheFirstOptionThatFitsOrSaysTheSmallestPeak) {
   EXPECT_THROW(fit_to_budget(options, step, 0, Device::cpu()), ValueError);
 }
 
+// fit_state_to_budget over four state modes whose state is a tensor of 4, 2 and 1 MiB (the
+// parameter-offload mode's setup runs out of memory), each with two rungs that add 2 or 0.5 MiB
+// of activations in the step: modes are tried fastest first, each set up after the one before
+// was torn down, and the first rung that fits in the first mode where one does is chosen and left
+// set up; the summary names the mode and the rung, or the smallest peak when nothing fits.
+TEST(FitStateToBudget, TriesTheModesFastestFirstAndKeepsTheFirstThatFits) {
+  constexpr int64_t MiB = 1 << 20;
+  Tensor state;            // the mode set up now
+  int64_t activation = 0;  // the rung applied now
+  std::vector<StateMode> set_up;
+  auto setup = [&](StateMode m) {
+    set_up.push_back(m);
+    state = Tensor();  // the mode before goes first
+    if (m == StateMode::ParameterOffload) MG_THROW(OutOfMemoryError, "test: the state does not fit");
+    const int64_t mib = m == StateMode::Resident ? 4 : m == StateMode::EightBit ? 2 : 1;
+    state = zeros({mib * MiB / 4});
+    StateTrial t;
+    t.ladder = {{"plain", [&] { activation = 2 * MiB; }}, {"small", [&] { activation = MiB / 2; }}};
+    t.step = [&] { Tensor a = zeros({activation / 4}); };
+    return t;
+  };
+  const std::vector<StateMode> all = {StateMode::Resident, StateMode::EightBit, StateMode::OptimizerOffload,
+                                      StateMode::ParameterOffload};
+  // Peaks: resident 6 / 4.5 MiB, 8-bit 4 / 2.5, optimizer offload 3 / 1.5 (over what was held).
+  const int64_t held = memory_allocated(Device::cpu());
+  StateFitResult r = fit_state_to_budget(all, setup, held + 3 * MiB, Device::cpu());
+  ASSERT_TRUE(r.fits()) << r.summary(held + 3 * MiB);
+  EXPECT_EQ(r.modes[r.chosen], StateMode::EightBit);
+  EXPECT_EQ(r.ladders[r.chosen].peaks[r.ladders[r.chosen].chosen].first, "small");
+  EXPECT_EQ(set_up, (std::vector<StateMode>{StateMode::Resident, StateMode::EightBit}));
+  EXPECT_EQ(state.numel(), 2 * MiB / 4) << "the chosen mode stays set up";
+  EXPECT_EQ(activation, MiB / 2) << "with its rung applied";
+  EXPECT_NE(r.summary(held + 3 * MiB).find("fits: 8-bit optimizer state, small"), std::string::npos)
+      << r.summary(held + 3 * MiB);
+  // Each mode's peaks are its own: 4 MiB of state more than 8-bit's is resident's first rung.
+  EXPECT_EQ(r.ladders[0].peaks[0].second - r.ladders[1].peaks[0].second, 2 * MiB);
+
+  // Below every rung of the modes that set up: the parameter-offload setup's OOM is a mode with
+  // no rung; the summary names the smallest peak (optimizer offload's small rung).
+  set_up.clear();
+  r = fit_state_to_budget(all, setup, held + MiB, Device::cpu());
+  EXPECT_FALSE(r.fits());
+  EXPECT_EQ(set_up, all);
+  ASSERT_EQ(r.ladders.size(), 4u);
+  EXPECT_TRUE(r.ladders[3].peaks.empty());
+  EXPECT_NE(r.summary(held + MiB).find("(optimizer offload, small)"), std::string::npos) << r.summary(held + MiB);
+
+  EXPECT_THROW(fit_state_to_budget({}, setup, MiB, Device::cpu()), ValueError);
+  EXPECT_THROW(fit_state_to_budget(all, setup, 0, Device::cpu()), ValueError);
+}
+
 }  // namespace
 }  // namespace mg::nn
