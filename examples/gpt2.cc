@@ -219,62 +219,58 @@ void trial_forward_backward(Run& r, int64_t b, Generator& gen) {
   r.model->forward_loss(x, y).backward();
 }
 
-// --memory-budget: the first rung of memory::gpt_memory_ladder (without the step inside backward,
-// which the loop's GradScaler, clipping and accumulation rule out) whose whole training step at
-// the micro-batch fits. The trial steps use a twin optimizer at lr 0 (its state is counted, the
-// weights stay bit for bit) and leave the default generator as it was, so training starts as it
-// would have.
-//
-// When no rung fits with Adam's or AdamW's f32 moments, the ladder is tried again with the moments
-// in 8 bits (optim::AdamW8bit: 12 bytes of model state a parameter instead of 18), the faster
-// mode first; the run then trains with --optimizer adamw8bit and says so. (Optimizer and
-// parameter offload, which move the state to host memory, are bench_models' --host-params and
-// --param-offload.)
+// --memory-budget: memory::fit_state_to_budget over where the optimizer state lives and, in each
+// mode, the rungs of memory::gpt_memory_ladder (without the step inside backward, which the loop's
+// GradScaler, clipping and accumulation rule out): the first whose whole training step at the
+// micro-batch fits. With Adam or AdamW the modes are the f32 moments, then 8-bit moments
+// (optim::AdamW8bit: 12 bytes of model state a parameter instead of 18); the run then trains
+// with adamw8bit and says so. The trial steps use a twin optimizer at lr 0 (its state is counted,
+// the weights stay bit for bit) and leave the default generator as it was, so training starts
+// as it would have. (Optimizer and parameter offload, the modes after these, need the loop
+// without clipping or GradScaler: bench_models --memory-budget walks all four.)
 void fit_memory_budget(Run& r) {
   if (r.f.memory_budget.empty()) return;
   MG_CHECK(r.world == 1, ValueError, "gpt2 --memory-budget: one rank only (got ", r.world, ")");
   const int64_t budget = examples::parse_bytes("--memory-budget", r.f.memory_budget);
-  std::vector<std::string> optimizers = {r.f.train.optimizer};
-  if (r.f.train.optimizer == "adamw" || r.f.train.optimizer == "adam") optimizers.push_back("adamw8bit");
-  memory::BudgetFitResult fit;
-  std::string chosen_optimizer;
-  for (const std::string& name : optimizers) {
+  const std::string requested = r.f.train.optimizer;
+  std::vector<memory::StateMode> modes = {memory::StateMode::Resident};
+  if (requested == "adamw" || requested == "adam") modes.push_back(memory::StateMode::EightBit);
+  std::unique_ptr<optim::Optimizer> opt;
+  Generator gen(r.f.seed + 11);
+  auto setup = [&](memory::StateMode mode) {
+    opt.reset();
+    if (r.device.is_cuda()) cuda::empty_cache();
     examples::TrainingFlags trial = r.f.train;
     trial.lr = 0.0;
-    trial.optimizer = name;
-    std::unique_ptr<optim::Optimizer> opt = examples::make_optimizer(trial, r.model->parameters());
-    GeneratorStateGuard rng;  // the first trial step runs before fit_to_budget's own guard
-    Generator gen(r.f.seed + 11);
+    trial.optimizer = mode == memory::StateMode::EightBit ? "adamw8bit" : requested;
+    opt = examples::make_optimizer(trial, r.model->parameters());
     auto step = [&] {
       opt->zero_grad();
       trial_forward_backward(r, r.micro, gen);
       opt->step();
     };
-    step();  // the optimizer's state, before anything is measured
-    fit =
-        memory::fit_to_budget(memory::gpt_memory_ladder(*r.model, nullptr, r.f.offload_blocks), step, budget, r.device);
-    opt->zero_grad();
-    opt.reset();
-    if (r.device.is_cuda()) cuda::empty_cache();
-    if (r.lead()) {
-      std::cout << "memory budget " << format_bytes(budget) << " with " << name << ":\n";
-      for (const auto& [rung, peak] : fit.peaks)
+    return memory::StateTrial{memory::gpt_memory_ladder(*r.model, nullptr, r.f.offload_blocks), step};
+  };
+  const memory::StateFitResult fit = memory::fit_state_to_budget(modes, setup, budget, r.device);
+  opt->zero_grad();
+  opt.reset();
+  if (r.device.is_cuda()) cuda::empty_cache();
+  if (r.lead())
+    for (size_t m = 0; m < fit.modes.size(); ++m) {
+      const bool eight = fit.modes[m] == memory::StateMode::EightBit;
+      std::cout << "memory budget " << format_bytes(budget) << " with " << (eight ? "adamw8bit" : requested) << ":\n";
+      for (const auto& [rung, peak] : fit.ladders[m].peaks)
         std::cout << "  " << rung << ": " << (peak < 0 ? std::string("out of memory") : format_bytes(peak)) << "\n";
-      std::cout << fit.summary(budget) << "\n";
+      std::cout << fit.ladders[m].summary(budget) << "\n";
     }
-    if (fit.fits()) {
-      chosen_optimizer = name;
-      break;
-    }
-  }
-  MG_CHECK(fit.fits(), OutOfMemoryError, "gpt2 --memory-budget: ", fit.summary(budget),
-           optimizers.size() > 1 ? " (with 8-bit optimizer state too)" : "");
-  r.f.recompute = fit.peaks[fit.chosen].first;
-  if (chosen_optimizer != r.f.train.optimizer) {
+  MG_CHECK(fit.fits(), OutOfMemoryError, "gpt2 --memory-budget: ", fit.summary(budget));
+  const memory::BudgetFitResult& rungs = fit.ladders[fit.chosen];
+  r.f.recompute = rungs.peaks[rungs.chosen].first;
+  if (fit.modes[fit.chosen] == memory::StateMode::EightBit) {
     if (r.lead())
-      std::cout << "memory budget: " << r.f.train.optimizer << "'s f32 moments fit no rung; training with "
-                << chosen_optimizer << " (8-bit moments), recompute " << r.f.recompute << "\n";
-    r.f.train.optimizer = chosen_optimizer;
+      std::cout << "memory budget: " << requested << "'s f32 moments fit no rung; training with adamw8bit (8-bit "
+                << "moments), recompute " << r.f.recompute << "\n";
+    r.f.train.optimizer = "adamw8bit";
   }
 }
 
