@@ -72,6 +72,7 @@ mg_bazel_target(library //kernels:contract
     kernels/backend.h
     kernels/backend_impl.h
     kernels/deferred_checks.h
+    kernels/fp8_math.h
     kernels/optim_math.h
     kernels/types.h
   DEPS
@@ -142,6 +143,7 @@ mg_bazel_target(library //kernels/cuda:cuda_kernels ALWAYSLINK CUDA_ONLY
     kernels/cuda/depthwise_conv.h
     kernels/cuda/thread_handles.h
     kernels/cuda/elementwise.cu
+    kernels/cuda/fp8.cu
     kernels/cuda/index.cu
     kernels/cuda/layer_norm.cu
     kernels/cuda/linalg.cc
@@ -168,6 +170,7 @@ mg_bazel_target(library //kernels:kernels ALWAYSLINK
   SRCS
     kernels/amp.cc
     kernels/attention.cc
+    kernels/fp8.cc
     kernels/backend.cc
     kernels/conv.cc
     kernels/cpu/amp.cc
@@ -176,6 +179,7 @@ mg_bazel_target(library //kernels:kernels ALWAYSLINK
     kernels/cpu/conv.cc
     kernels/cpu/cpu_backend.h
     kernels/cpu/elementwise.cc
+    kernels/cpu/fp8.cc
     kernels/cpu/index.cc
     kernels/cpu/layer_norm.cc
     kernels/cpu/linalg.cc
@@ -200,6 +204,7 @@ mg_bazel_target(library //kernels:kernels ALWAYSLINK
     kernels/attention.h
     kernels/conv.h
     kernels/elementwise.h
+    kernels/fp8.h
     kernels/index.h
     kernels/linalg.h
     kernels/loss.h
@@ -533,6 +538,7 @@ mg_bazel_target(library //distributed:nccl_backend ALWAYSLINK
   DEPS
     //distributed:process_group
     //core:core
+    //core:profiler
     @local_cuda//:cuda_headers
     @local_cuda//:nccl
 )
@@ -1071,6 +1077,16 @@ mg_bazel_target(test //tests/kernels/cuda:dropout_parity_test CUDA_ONLY GPU SIZE
     //core:runtime
     @system_gtest//:gtest_main
 )
+mg_bazel_target(test //tests/kernels/cuda:fp8_parity_test CUDA_ONLY GPU SIZE medium
+  SRCS
+    tests/kernels/cuda/fp8_parity_test.cc
+  DEPS
+    //tests/kernels/cuda:cuda_test_util
+    //kernels:kernels
+    //core:core
+    //core:runtime
+    @system_gtest//:gtest_main
+)
 mg_bazel_target(test //tests/kernels/cuda:fused_transformer_test CUDA_ONLY GPU SIZE medium
   SRCS
     tests/kernels/cuda/fused_transformer_test.cc
@@ -1118,6 +1134,15 @@ mg_bazel_target(test //tests/kernels:dropout_test SIZE small
     //kernels:kernels
     //tests:error_of
     //tests:rounding
+    //core:core
+    //core:runtime
+    @system_gtest//:gtest_main
+)
+mg_bazel_target(test //tests/kernels:fp8_test SIZE small
+  SRCS
+    tests/kernels/fp8_test.cc
+  DEPS
+    //kernels:kernels
     //core:core
     //core:runtime
     @system_gtest//:gtest_main

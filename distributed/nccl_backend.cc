@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/profiler.h"
 #include "core/cuda_memory.h"
 #include "core/enum_name.h"
 #include "core/device_runtime.h"
@@ -374,7 +375,12 @@ class NcclProcessGroup final : public ProcessGroup {
     cuda::Event ready;
     ready.record(current);
     ready.wait(stream_);
-    comm_->call([&](ncclComm_t c) { return call(c, static_cast<cudaStream_t>(stream_.handle())); }, what);
+    {
+      // The launch on a trace's collective track: NCCL's kernels (at world size 1, its copies) are
+      // linked to it, on the communication stream's track (core/profiler.h).
+      profiler::Range range(op, "collective");
+      comm_->call([&](ncclComm_t c) { return call(c, static_cast<cudaStream_t>(stream_.handle())); }, what);
+    }
     // Inside a CUDA graph capture (a captured DDP step) the collective is a node of the graph:
     // the event edges above and in Work::wait order it, the graph's pool keeps its memory from
     // eager code, and there is nothing in flight for the watchdog to follow, so a replayed

@@ -214,6 +214,17 @@ class Backend {
                                 int64_t growth_interval) = 0;
   // Contiguous bf16 param += alpha * update (f32 or bf16, contiguous), stochastically rounded.
   virtual void add_stochastic_bf16(const Tensor& param, const Tensor& update, float alpha, uint64_t seed) = 0;
+
+  // ---- FP8 (fp8.*) ----
+  // out (u8, x's numel) = fp8(x * scale[0]), rounded to nearest even and saturating; x contiguous
+  // f32, f16 or bf16; scale f32 [1] on x's device, read when the kernel runs.
+  virtual void fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out) = 0;
+  // out (contiguous f32, f16 or bf16, q's numel) = decode(q) / scale[0].
+  virtual void fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& out) = 0;
+  // amax (f32 [1]) = max |x| over contiguous x (NaN if any element is NaN), and scale (f32 [1]) =
+  // fp8_math::scale_for(amax, format, margin); nothing read back to the host.
+  virtual void fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, const Tensor& amax,
+                              const Tensor& scale) = 0;
 };
 
 // The error for a cross-entropy label outside [0, classes) other than ignore_index: raised by

@@ -156,6 +156,11 @@ class BackendImpl final : public Backend {
                         const Tensor& found_inf, double growth_factor, double backoff_factor,
                         int64_t growth_interval) override;
   void add_stochastic_bf16(const Tensor& param, const Tensor& update, float alpha, uint64_t seed) override;
+
+  // ---- FP8 (fp8.*)
+  void fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out) override;
+  void fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& out) override;
+  void fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, const Tensor& amax, const Tensor& scale) override;
 };
 
 }  // namespace mg::kernels

@@ -123,6 +123,12 @@ struct Pool2dArgs {
   bool count_include_pad = true;  // avg_pool2d only
 };
 
+// The two 8-bit float formats of Hopper's tensor cores (kernels/fp8_math.h).
+enum class Fp8Format : uint8_t {
+  E4M3,  // 4 exponent, 3 mantissa bits, largest 448: weights and activations
+  E5M2,  // 5 exponent, 2 mantissa bits, largest 57344: gradients (more range, less precision)
+};
+
 // Which attention implementation runs; chosen once, by kernels::attention_kernel (attention.h).
 enum class AttentionKernel {
   Composed,         // generic kernels (matmul, softmax, ...): every device, dropout, f64

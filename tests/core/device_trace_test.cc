@@ -45,7 +45,7 @@ TEST(DeviceTrace, StartAndStopPutTheGpuKernelsOnTheTraceLinkedToTheirOps) {
     if (e["ph"] != "X" || e["cat"] != "kernel") continue;
     ++kernels;
     trace_ms += e["dur"].get<double>() * 1e-3;
-    if (e["args"].contains("op")) {
+    if (e.contains("args") && e["args"].contains("op")) {
       ++linked;
       ops.insert(e["args"]["op"].get<std::string>());
     }

@@ -1,0 +1,147 @@
+// kernels/fp8_math.h and kernels/fp8.h on the CPU: known codes of both formats, every code's
+// round trip, round-to-nearest-even against a brute-force search over all 256 codes, saturation
+// and NaN; the current-scaling rule and the quantize / dequantize ops, with the error the
+// format's mantissa allows; bad input.
+#include "kernels/fp8.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/random.h"
+#include "kernels/fp8_math.h"
+
+namespace mg::kernels {
+namespace {
+
+using fp8_math::decode;
+using fp8_math::encode;
+using fp8_math::kE4M3;
+using fp8_math::kE5M2;
+
+TEST(Fp8Math, KnownCodes) {
+  EXPECT_EQ(encode(1.0f, kE4M3), 0x38);  // biased exponent 7, mantissa 0
+  EXPECT_EQ(encode(448.0f, kE4M3), 0x7e);
+  EXPECT_EQ(encode(464.0f, kE4M3), 0x7e);                    // past the largest finite: saturated
+  EXPECT_EQ(encode(-1e30f, kE4M3), 0xfe);                    // and with its sign
+  EXPECT_EQ(encode(INFINITY, kE4M3), 0x7e);                  // satfinite: inf saturates too
+  EXPECT_EQ(encode(NAN, kE4M3) & 0x7f, 0x7f);                // NaN stays NaN
+  EXPECT_EQ(encode(std::ldexp(1.0f, -9), kE4M3), 0x01);      // the smallest subnormal
+  EXPECT_EQ(encode(std::ldexp(1.0f, -10), kE4M3), 0x00);     // half of it: a tie, to even (0)
+  EXPECT_EQ(encode(std::ldexp(1.5f, -9), kE4M3), 0x02);      // 1.5 units: a tie, to even (2)
+  EXPECT_EQ(encode(1.0625f, kE4M3), 0x38);                   // between 1 and 1.125: to even (1)
+  EXPECT_EQ(encode(1.1875f, kE4M3), 0x3a);                   // between 1.125 and 1.25: to even (1.25)
+  EXPECT_EQ(encode(std::ldexp(1.96875f, -7), kE4M3), 0x08);  // the subnormals' top rounds up into 2^-6
+  EXPECT_EQ(encode(-0.0f, kE4M3), 0x80);
+  EXPECT_EQ(encode(1.0f, kE5M2), 0x3c);  // biased exponent 15
+  EXPECT_EQ(encode(57344.0f, kE5M2), 0x7b);
+  EXPECT_EQ(encode(61440.0f, kE5M2), 0x7b);  // the tie with 2^16 (inf's place): saturated
+  EXPECT_EQ(encode(INFINITY, kE5M2), 0x7b);
+  EXPECT_EQ(encode(std::ldexp(1.0f, -16), kE5M2), 0x01);
+  EXPECT_TRUE(std::isinf(decode(0x7c, kE5M2)));
+  EXPECT_TRUE(std::isnan(decode(0x7d, kE5M2)));
+  EXPECT_TRUE(std::isnan(decode(0x7f, kE4M3)));
+  EXPECT_EQ(decode(0x7e, kE4M3), 448.0f);
+  EXPECT_EQ(decode(0x01, kE4M3), std::ldexp(1.0f, -9));
+}
+
+// Every finite code decodes to a value that encodes back to it (the two zeros included).
+TEST(Fp8Math, EveryFiniteCodeRoundTrips) {
+  for (const fp8_math::Format* f : {&kE4M3, &kE5M2})
+    for (int c = 0; c < 256; ++c) {
+      const float v = decode(static_cast<uint8_t>(c), *f);
+      if (!std::isfinite(v)) continue;
+      EXPECT_EQ(encode(v, *f), c) << "code " << c << " (" << v << ")";
+    }
+}
+
+// Round to nearest, ties to even, against a brute-force search: for values spread over every
+// binade a format holds (and past its ends), the chosen code is a nearest finite one, and on a
+// tie the one with an even mantissa; beyond the largest finite the largest finite.
+TEST(Fp8Math, RoundsToTheNearestCodeTiesToEven) {
+  std::mt19937 rng(3);
+  for (const fp8_math::Format* f : {&kE4M3, &kE5M2}) {
+    const int lo = -(f->bias + f->mantissa_bits + 2), hi = static_cast<int>(std::log2(f->max_finite)) + 2;
+    std::uniform_real_distribution<float> frac(1.0f, 2.0f);
+    std::uniform_int_distribution<int> ex(lo, hi);
+    for (int k = 0; k < 20000; ++k) {
+      float x = std::ldexp(frac(rng), ex(rng));
+      if (k % 7 == 0) {  // an exact midpoint between two neighbouring codes
+        const int c = static_cast<int>(rng() % f->max_code);  // c + 1 is finite too
+        x = 0.5f * (decode(static_cast<uint8_t>(c), *f) + decode(static_cast<uint8_t>(c + 1), *f));
+      }
+      if (k % 2) x = -x;
+      const uint8_t got = encode(x, *f);
+      int best = -1;
+      double best_err = 0;
+      for (int c = 0; c < 256; ++c) {
+        const float v = decode(static_cast<uint8_t>(c), *f);
+        if (!std::isfinite(v) || std::signbit(v) != std::signbit(x)) continue;
+        const double err = std::fabs(static_cast<double>(v) - x);
+        if (best < 0 || err < best_err || (err == best_err && (c & 1) == 0)) best = c, best_err = err;
+      }
+      EXPECT_EQ(got, best) << "x = " << x;
+    }
+  }
+}
+
+TEST(Fp8Math, ScaleRule) {
+  EXPECT_EQ(fp8_math::scale_for(448.0f, kE4M3, 0), 1.0f);
+  EXPECT_EQ(fp8_math::scale_for(2.0f, kE4M3, 0), 224.0f);
+  EXPECT_EQ(fp8_math::scale_for(2.0f, kE4M3, 2), 56.0f);  // 2^2 of headroom
+  EXPECT_EQ(fp8_math::scale_for(0.0f, kE4M3, 0), 1.0f);
+  EXPECT_EQ(fp8_math::scale_for(NAN, kE5M2, 0), 1.0f);
+  EXPECT_EQ(fp8_math::scale_for(INFINITY, kE5M2, 0), 1.0f);
+  EXPECT_EQ(fp8_math::scale_for(1e-42f, kE5M2, 0), 3.40282347e38f);  // capped at the largest f32
+}
+
+// Current scaling of a tensor: its amax lands on the largest finite code, and each element
+// comes back within half a step of its binade: 2^-(M+1) of its magnitude for normals (M the
+// mantissa bits: 1/16 for e4m3, 1/8 for e5m2), and half the subnormal step below them.
+TEST(Fp8Ops, CurrentScalingQuantizesWithinHalfAStep) {
+  Generator g(11);
+  std::vector<float> v = randn({4096}, {}, &g).to_vector<float>();
+  for (float& e : v) e *= 3.0f;
+  Tensor x = from_vector(v, {4096});
+  for (Fp8Format fmt : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+    const fp8_math::Format& f = fmt == Fp8Format::E4M3 ? kE4M3 : kE5M2;
+    Fp8Scale s = fp8_current_scale(x, fmt);
+    const std::vector<float> xv = x.to_vector<float>();
+    float amax = 0;
+    for (float v : xv) amax = std::max(amax, std::fabs(v));
+    EXPECT_EQ(s.amax.item<float>(), amax);
+    EXPECT_EQ(s.scale.item<float>(), f.max_finite / amax);
+    Tensor q = fp8_quantize(x, s.scale, fmt);
+    ASSERT_EQ(q.dtype(), DType::u8);
+    ASSERT_EQ(q.sizes(), x.sizes());
+    const std::vector<uint8_t> qv = q.to_vector<uint8_t>();
+    const std::vector<float> back = fp8_dequantize(q, s.scale, fmt).to_vector<float>();
+    const float scale = s.scale.item<float>();
+    const double min_normal = std::ldexp(1.0, 1 - f.bias) / scale;
+    const double sub_step = std::ldexp(1.0, 1 - f.bias - f.mantissa_bits) / scale;
+    int at_max = 0;
+    for (size_t i = 0; i < xv.size(); ++i) {
+      at_max += (qv[i] & 0x7f) == f.max_code;
+      const double a = std::fabs(xv[i]);
+      // Half a step, plus the f32 roundings of x * scale and of the division (2^-24 each).
+      const double bound = (a >= min_normal ? std::ldexp(a, -(f.mantissa_bits + 1)) : 0.5 * sub_step) + a * 0x1p-23;
+      ASSERT_LE(std::fabs(back[i] - xv[i]), bound) << "element " << i << " = " << xv[i];
+    }
+    EXPECT_GE(at_max, 1) << "the amax element takes the largest finite code";
+  }
+}
+
+TEST(Fp8Ops, BadInputIsAClearError) {
+  Tensor x = ones({4});
+  Tensor scale = ones({1});
+  EXPECT_THROW(fp8_quantize(x, ones({1}, {DType::f64}), Fp8Format::E4M3), DTypeError);
+  EXPECT_THROW(fp8_quantize(x, ones({2}), Fp8Format::E4M3), ShapeError);
+  EXPECT_THROW(fp8_quantize(ones({4}, {DType::i64}), scale, Fp8Format::E4M3), DTypeError);
+  EXPECT_THROW(fp8_dequantize(x, scale, Fp8Format::E4M3), DTypeError);  // f32 is not codes
+  EXPECT_THROW(fp8_dequantize(zeros({4}, {DType::u8}), scale, Fp8Format::E4M3, DType::i32), DTypeError);
+  EXPECT_THROW(fp8_current_scale(x, Fp8Format::E5M2, -1), ValueError);
+}
+
+}  // namespace
+}  // namespace mg::kernels
