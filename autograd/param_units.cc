@@ -281,6 +281,18 @@ void ParamUnits::end_backward() {
   callback_queued_ = false;
 }
 
+void ParamUnits::abandon_step() {
+  for (Unit& un : units_) {
+    for (Tensor& g : un.grads) g = Tensor();
+    std::fill(un.got.begin(), un.got.end(), 0);
+    un.arrived = 0;
+  }
+  release_all();
+  source_->abandon_step();
+  in_step_ = false;
+  callback_queued_ = false;
+}
+
 void ParamUnits::release_all() {
   for (size_t u = 0; u < units_.size(); ++u) release(u);
 }

@@ -71,6 +71,8 @@ class ParamSource {
   // The first gather of a step's forward, and the end of a backward (after every reduce).
   virtual void begin_step() {}
   virtual void end_backward() {}
+  // A step that threw (ParamUnits::abandon_step): forget what it reduced and start clean.
+  virtual void abandon_step() {}
 };
 
 struct ParamUnitsOptions {
@@ -103,6 +105,10 @@ class ParamUnits {
   Tensor run(size_t u, const std::function<Tensor(const Tensor&)>& fn, const Tensor& x);
   // Releases every gathered unit (after a forward that had no backward).
   void release_all();
+  // After a step that threw (an out-of-memory error mid-forward or mid-backward): drops the
+  // gradients gathered so far, releases every unit and tells the source
+  // (ParamSource::abandon_step), so that the next step starts as if the failed one never ran.
+  void abandon_step();
   // Gathers every unit, calls fn, releases them (reading or writing the parameters as a whole:
   // a state dict).
   void with_all_gathered(const std::function<void()>& fn);

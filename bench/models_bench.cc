@@ -498,6 +498,9 @@ int gpt_budget_run(const mg::nn::GPTConfig& cfg, const std::string& label, const
       } catch (const mg::OutOfMemoryError&) {
         if (sib) sib->abandon();
         opt->zero_grad();
+        // The offload modes' host side: the failed step's queued updates run, a new round starts.
+        if (g_param_offload.units) g_param_offload.units->abandon_step();
+        if (g_host_params) g_host_params->provide_casts();
         throw;
       }
     };

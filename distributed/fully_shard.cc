@@ -89,6 +89,11 @@ void ShardSource::reduce(size_t unit, size_t group, Tensor grad) {
   ++reductions_;
 }
 
+void ShardSource::abandon_step() {
+  for (Pending& p : pending_) p.work->wait();
+  pending_.clear();
+}
+
 void ShardSource::end_backward() {
   for (Pending& p : pending_) complete(p);
   pending_.clear();

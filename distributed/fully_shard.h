@@ -49,6 +49,9 @@ class ShardSource : public ParamSource {
   std::function<void()> fetch(size_t unit, size_t group, const Tensor& dst) override;
   void reduce(size_t unit, size_t group, Tensor grad) override;
   void end_backward() override;
+  // Waits for the reductions in flight and drops them: the shards' gradients keep what earlier
+  // steps left.
+  void abandon_step() override;
 
   // This rank's master shards (leaves that require grad, one per unit group, in unit order):
   // the optimizer's parameters.

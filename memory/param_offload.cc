@@ -53,6 +53,11 @@ void HostSource::reduce(size_t unit, size_t group, Tensor grad) {
 
 void HostSource::end_backward() { host().start_round(); }
 
+void HostSource::abandon_step() {
+  host().wait();
+  host().start_round();
+}
+
 ParamOffload offload_gpt_params(nn::GPT& model, Device device, HostOptimizerFactory make_optimizer, int prefetch,
                                 DType compute) {
   ParamOffload out;

@@ -32,6 +32,8 @@ class HostSource : public ParamSource {
   std::function<void()> fetch(size_t unit, size_t group, const Tensor& dst) override;
   void reduce(size_t unit, size_t group, Tensor grad) override;
   void end_backward() override;
+  // Waits for the updates the failed step queued and starts a new round.
+  void abandon_step() override;
   // The masters, their optimizer and the update worker (built at the first use, after every group
   // was adopted): its optimizer() for the learning rate and state, stats(), set_step(false) for
   // gradient accumulation.

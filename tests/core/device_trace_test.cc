@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <iostream>
 #include <set>
 #include <string>
 
@@ -56,12 +57,19 @@ TEST(DeviceTrace, StartAndStopPutTheGpuKernelsOnTheTraceLinkedToTheirOps) {
   EXPECT_TRUE(processes.count("cuda:0"));
   EXPECT_GE(ops.size(), 2u) << "kernels name more than one launching op";
   double table_ms = 0;
+  int64_t table_kernels = 0;
   for (const profiler::KernelTotal& t : profiler::trace_kernels().totals())
-    if (t.name.empty() || t.name[0] != '[') table_ms += t.total_ms;
-  // The same records on both sides, the trace's converted to microseconds as doubles: they agree
-  // to far below a nanosecond a kernel unless a record is lost or doubled on the way, which moves
-  // the sum by a whole kernel (a microsecond or more), so 1e-3 of the total separates the two.
-  EXPECT_NEAR(trace_ms, table_ms, 1e-3 * table_ms);
+    if (t.name.empty() || t.name[0] != '[') {
+      table_ms += t.total_ms;
+      table_kernels += t.calls;
+    }
+  std::cout << "[device trace] " << kernels << " kernels on the trace, " << trace_ms << " ms; CUPTI's table "
+            << table_kernels << " kernels, " << table_ms << " ms" << std::endl;
+  // The trace's kernels are the table's records, but the table is read after stop() and may
+  // hold a record CUPTI delivered after the trace took its copy (on an H100: 0.16 us of a 20.9 us
+  // step here, 1 us of 17.15 ms on a GPT-2 step): the "within a few percent" as the bound.
+  EXPECT_LE(kernels, table_kernels);
+  EXPECT_NEAR(trace_ms, table_ms, 0.02 * table_ms);
 }
 
 }  // namespace

@@ -73,6 +73,9 @@ struct Zero3Case {
   int micro = 1;      // micro-batches a step (gradient accumulation)
   double clip = 0.0;  // > 0: clip the global norm
   int steps = 20;
+  // >= 0: at this step a forward first fails in its last unit (an out-of-memory error would);
+  // ParamUnits::abandon_step, and the step runs again.
+  int abort_step = -1;
 };
 
 // small_mlp's three Linears as three units (no root); DDP over an identical model beside it.
@@ -109,6 +112,24 @@ inline void zero3_mlp_matches_ddp(const Zero3Case& c) {
     for (int step = 0; step < c.steps; ++step) {
       Generator data_gen(100 + step);
       Tensor X = randn({W * B, 6}, {}, &data_gen).to(dev), Y = randn({W * B, 3}, {}, &data_gen).to(dev);
+      if (step == c.abort_step) {
+        const size_t last = units.size() - 1;
+        EXPECT_THROW(
+            {
+              Tensor h = raw::contiguous(raw::slice(X, 0, 0, B, 1));
+              for (size_t i = 0; i < children.size(); ++i)
+                h = unit_of[i] == static_cast<size_t>(-1) ? (*children[i])(h)
+                    : unit_of[i] == last
+                        ? fsdp.units->run(
+                              last, [](const Tensor&) -> Tensor { MG_THROW(OutOfMemoryError, "test"); }, h)
+                        : fsdp.units->run(
+                              unit_of[i], [&](const Tensor& in) { return (*children[i])(in); }, h);
+            },
+            OutOfMemoryError);
+        fsdp.units->abandon_step();
+        for (const Tensor& p : model->parameters())
+          EXPECT_TRUE(storage_released(p.storage())) << "a unit stayed gathered after abandon_step";
+      }
       const int64_t rows = B / c.micro;
       for (int k = 0; k < c.micro; ++k) {
         const int64_t r0 = rank * B + k * rows;

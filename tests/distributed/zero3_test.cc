@@ -16,6 +16,14 @@ TEST(CpuZero3, MlpAdamWEqualsDDPBitwise) {
 
 TEST(CpuZero3, MlpSgdEqualsDDPBitwise) { zero3_mlp_matches_ddp({kCpu, 2, Zero3Opt::Sgd}); }
 
+// A forward that fails in its last unit, then ParamUnits::abandon_step: training goes on as if
+// the failed step never ran, bitwise DDP's.
+TEST(CpuZero3, AFailedStepIsAbandonedCleanly) {
+  Zero3Case c{kCpu, 2, Zero3Opt::AdamW};
+  c.abort_step = 3;
+  zero3_mlp_matches_ddp(c);
+}
+
 TEST(CpuZero3, MlpAccumulatesMicroBatches) { zero3_mlp_matches_ddp({kCpu, 2, Zero3Opt::AdamW, /*micro=*/2}); }
 
 TEST(CpuZero3, MlpClipsTheGlobalNormFromTheShards) {
