@@ -1,6 +1,7 @@
 // matmul / bmm / linear: backward is two more matmuls (g @ b^T, a^T @ g), with broadcast
 // batch dims summed back and 1-D operands' promoted dims removed again. gelu_mlp: the
 // transformer MLP's two linears and GELU as one node whose GEMMs carry the GELU.
+#include "autograd/fp8_linear.h"
 #include "autograd/op_support.h"
 
 #include <array>
@@ -85,6 +86,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) { return around(policy::bmm, bmm_ma
 
 namespace {
 Tensor linear_math(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  if (autograd::fp8_linear_applies(x, w)) return autograd::fp8_linear(x, w, bias, weight_grad_dtype(w));
   const Tensor out = autograd::kept_or_run("linear", linear_shape(x, w.size(0)),
                                            [&] { return std::vector<Tensor>{kernels::linear(x, w, bias)}; })[0];
   if (!any_requires_grad({x, w, bias})) return out;
@@ -114,6 +116,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
 namespace {
 Tensor gelu_mlp_math(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj,
                      const Tensor& b_proj) {
+  if (autograd::fp8_linear_applies(x, w_fc) && autograd::fp8_linear_applies(x, w_proj) &&
+      w_proj.size(1) == w_fc.size(0))
+    return autograd::fp8_gelu_mlp(x, w_fc, b_fc, w_proj, b_proj, weight_grad_dtype(w_fc), weight_grad_dtype(w_proj));
   auto [h, pre] = kernels::linear_gelu(x, w_fc, b_fc);  // h = gelu(pre), pre = x @ w_fc^T + b_fc
   // In a checkpoint replay that kept the output, c_fc and the GELU still run (backward needs
   // pre and h, bitwise those of the forward); c_proj's GEMM does not.

@@ -34,6 +34,8 @@
 //   --trace PATH       after the timed steps, one more eager step recorded by mg::profiler into
 //                      PATH as a Chrome trace (open it in ui.perfetto.dev): op, backward-node and
 //                      phase ranges, the memory counter tracks, the allocator's segment events
+//   --fp8              the linear layers' GEMMs in FP8 inside the autocast region (mg::Fp8Autocast:
+//                      e4m3 weights and activations, e5m2 gradients, current scaling)
 //   --host-params      GPT: the blocks' Linear weights and biases in pinned host memory with their
 //                      gradients and optimizer state, the optimizer stepping them on the CPU, the
 //                      device holding their bf16 casts (memory::HostParams; " host params")
@@ -282,6 +284,7 @@ Result run(StepFn& step, int warmup, int steps, mg::Device dev) {
 // The optimizer every model step uses (--optimizer): SGD with momentum 0.9 (the suite's rows)
 // or fused AdamW (lr 1e-3, weight decay 0.1, GPT-2's usual), PyTorch's fused=True on its side.
 std::string g_optimizer = "sgd";
+bool g_fp8 = false;  // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast) inside the autocast region
 std::unique_ptr<mg::optim::Optimizer> make_optimizer(const std::vector<mg::Tensor>& params) {
   if (g_optimizer == "adamw" || g_optimizer == "adamw8bit") {
     mg::optim::AdamW8bitOptions o;
@@ -359,6 +362,7 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBack
       mg::profiler::Range r("forward", "phase");
       mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
                       g_dtype != mg::DType::f32);
+      mg::Fp8Autocast fp8(g_fp8);
       loss = loss_of();
     }
     phase_end(g_phases.forward);
@@ -569,6 +573,7 @@ int run_main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--step-in-backward")) in_backward = true;
     if (!std::strcmp(argv[i], "--channels-last")) channels_last = true;
     if (!std::strcmp(argv[i], "--host-params")) host_params = true;  // a switch: read here, last or not
+    if (!std::strcmp(argv[i], "--fp8")) g_fp8 = true;
   }
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--dtype"))
@@ -638,8 +643,12 @@ int run_main(int argc, char** argv) {
   // label says which ran.
   if (tune_gemm) mg::kernels::set_gemm_autotune(true);
   tune_gemm = mg::kernels::gemm_autotune();
-  const std::string tag = " " + dtype + (dtype == "f32" ? "" : " autocast") + (tf32 ? " TF32" : "") +
-                          (channels_last ? " channels_last" : "") +
+  if (g_fp8 && dtype == "f32") {
+    std::fprintf(stderr, "bench_models: --fp8 runs inside the autocast region: it needs --dtype bf16 or f16\n");
+    return 2;
+  }
+  const std::string tag = " " + dtype + (dtype == "f32" ? "" : " autocast") + (g_fp8 ? " fp8" : "") +
+                          (tf32 ? " TF32" : "") + (channels_last ? " channels_last" : "") +
                           (g_optimizer == "adamw"       ? " AdamW"
                            : g_optimizer == "adamw8bit" ? " AdamW8bit"
                                                         : "") +

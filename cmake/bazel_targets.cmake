@@ -233,6 +233,8 @@ mg_bazel_target(library //autograd:autograd ALWAYSLINK
     autograd/conv_ops.cc
     autograd/elementwise_ops.cc
     autograd/engine.cc
+    autograd/fp8_linear.cc
+    autograd/fp8_linear.h
     autograd/grad_mode.cc
     autograd/index_ops.cc
     autograd/linalg_ops.cc
@@ -1230,6 +1232,19 @@ mg_bazel_target(test //tests/nn:cuda_graph_test GPU SIZE small
     //nn:nn
     //optim:optim
     //optim:grad_scaler
+    //core:core
+    //core:runtime
+    @system_gtest//:gtest_main
+)
+mg_bazel_target(test //tests/nn:fp8_recipe_test SIZE medium
+  SRCS
+    tests/nn/fp8_recipe_test.cc
+  DEPS
+    //autograd:autograd
+    //kernels:kernels
+    //nn:nn
+    //nn/models:models
+    //optim:optim
     //core:core
     //core:runtime
     @system_gtest//:gtest_main

@@ -58,4 +58,7 @@ Autocast::~Autocast() {
   if (was_outermost) clear_autocast_cache();
 }
 
+Fp8Autocast::Fp8Autocast(bool enabled) : prev_(tl_state.fp8) { tl_state.fp8 = enabled; }
+Fp8Autocast::~Fp8Autocast() { tl_state.fp8 = prev_; }
+
 }  // namespace mg

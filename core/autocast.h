@@ -20,6 +20,9 @@ struct AutocastState {
   DType cpu_dtype = DType::bf16;
   // Depth of nested enabled regions; the weight-cast cache is cleared when it drops to 0.
   int32_t nesting = 0;
+  // The FP8 recipe (Fp8Autocast): inside an enabled f16/bf16 region, linear layers' GEMMs run
+  // on FP8 codes (autograd/fp8_linear.h says which and how).
+  bool fp8 = false;
 
   bool enabled(DeviceType t) const { return t == DeviceType::CUDA ? cuda_enabled : cpu_enabled; }
   DType dtype(DeviceType t) const { return t == DeviceType::CUDA ? cuda_dtype : cpu_dtype; }
@@ -59,6 +62,25 @@ class Autocast {
 
  private:
   AutocastState prev_;
+};
+
+// Scoped guard for the FP8 recipe: inside it, and inside an enabled f16/bf16 Autocast region,
+// the linear layers (mg::linear, mg::gelu_mlp) run their GEMMs on FP8 codes with per-tensor
+// current scaling, e4m3 for weights and activations and e5m2 for gradients; everything else (and
+// a linear whose shape the FP8 GEMMs do not take) keeps the region's dtype:
+//   Autocast amp(DeviceType::CUDA, DType::bf16);
+//   Fp8Autocast fp8;
+//   Tensor loss = model(x) ...;
+// Nestable; enabled == false turns the recipe off inside.
+class Fp8Autocast {
+ public:
+  explicit Fp8Autocast(bool enabled = true);
+  ~Fp8Autocast();
+  Fp8Autocast(const Fp8Autocast&) = delete;
+  Fp8Autocast& operator=(const Fp8Autocast&) = delete;
+
+ private:
+  bool prev_;
 };
 
 }  // namespace mg

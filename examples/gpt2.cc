@@ -149,6 +149,7 @@ double eval_loss(Run& r) {
   r.model->eval();
   NoGradGuard ng;
   Autocast ac(r.device.type, r.amp_dtype, r.amp);
+  Fp8Autocast fp8(r.f.fp8);
   double total = 0;
   for (int64_t i = 0; i < r.f.eval_iters; ++i) {  // fixed windows: the same every time
     std::vector<int64_t> offsets(r.micro);
@@ -447,6 +448,7 @@ int train(Run& r) {
       if (r.ddp && ++m < f.grad_accum) no_sync.emplace(*r.ddp);  // reduce once, after the last
       MemoryCategoryGuard act(MemoryCategory::Activations);
       Autocast ac(r.device.type, r.amp_dtype, r.amp);
+      Fp8Autocast fp8(r.f.fp8);
       // The head and loss as one node (no logits); DDP's forward is the wrapper's, so it
       // keeps the logits form.
       return scaler.scale(r.ddp ? nn::GPT::loss(r.forward_module()(xb), yb) : r.model->forward_loss(xb, yb));
@@ -521,6 +523,7 @@ int train(Run& r) {
       {"vocab_size", r.model->config.vocab_size},
       {"tokenizer", r.tok->name()},
       {"amp", f.amp},
+      {"fp8", f.fp8},
       {"recompute", f.recompute},
       {"zero", zero != nullptr || zero3},
       {"zero_stage", zero || zero3 ? f.zero_stage : 0},

@@ -41,6 +41,8 @@ Evaluation and sampling:
                        --temperature X (0: greedy), --top-k K (0: all), --prompt TEXT
 Memory and speed:
   --amp MODE           off (default), bf16 (autocast) or f16 (autocast + GradScaler; CUDA)
+  --fp8                with --amp: the linear layers' GEMMs in FP8 (e4m3 weights and activations,
+                       e5m2 gradients, per-tensor current scaling; mg::Fp8Autocast)
   --recompute MODE     none (default), per-block (checkpoint every block), per-block-keep (every
                        block checkpointed keeping its attention and MLP outputs and weight casts:
                        about half the replay), selective (rebuild norms, GELU, dropout),
@@ -161,6 +163,7 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
                    {"--auto-batch", {&f.auto_batch, true}},
                    {"--zero", {&f.zero, true}},
                    {"--zero-offload", {&f.zero_offload, true}},
+                   {"--fp8", {&f.fp8, true}},
                    {"--print-logits", {&f.print_logits, true}}},
       .fields =
           {
@@ -232,6 +235,8 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
   MG_CHECK(f.val_fraction > 0 && f.val_fraction < 1, ValueError, "--val-fraction must be in (0, 1), got ",
            f.val_fraction);
   MG_CHECK(f.model.dropout >= 0 && f.model.dropout < 1, ValueError, "--dropout must be in [0, 1)");
+  MG_CHECK(!f.fp8 || f.amp != "off", ValueError,
+           "--fp8 runs the linear layers inside the autocast region: it needs --amp bf16 or f16");
   MG_CHECK(f.amp == "off" || f.amp == "bf16" || f.amp == "f16", ValueError, "unknown --amp \"", f.amp,
            "\" (valid: off, bf16, f16)");
   if (f.recompute.rfind("planner:", 0) == 0) {

@@ -43,6 +43,7 @@ struct GPT2Flags {
   bool zero = false;
   int zero_stage = 1;         // --zero-stage: 1 (optimizer state) or 2 (and the gradients, without DDP)
   bool zero_offload = false;  // --zero-offload: ZeRO-3's shards in host memory
+  bool fp8 = false;           // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast)
   int nproc = 0;
   std::string save, resume;
   std::string trace;        // --trace: the third step's Chrome trace (core/profiler.h)

@@ -221,10 +221,25 @@ class Backend {
   virtual void fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out) = 0;
   // out (contiguous f32, f16 or bf16, q's numel) = decode(q) / scale[0].
   virtual void fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& out) = 0;
-  // amax (f32 [1]) = max |x| over contiguous x (NaN if any element is NaN), and scale (f32 [1]) =
-  // fp8_math::scale_for(amax, format, margin); nothing read back to the host.
-  virtual void fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, const Tensor& amax,
-                              const Tensor& scale) = 0;
+  // amax (f32 [1]) = max |x| over contiguous x (NaN if any element is NaN), scale (f32 [1]) =
+  // fp8_math::scale_for(amax, format, margin) and, when defined, scale_inv (f32 [1]) = 1 / scale
+  // rounded once (what an FP8 GEMM multiplies by); nothing read back to the host.
+  virtual void fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, const Tensor& amax, const Tensor& scale,
+                              const Tensor& scale_inv) = 0;
+  // fp8_quantize of a contiguous 2-D x [R, C] into out (u8 [R, C]) and its transpose out_t (u8
+  // [C, R]) in one pass; either may be undefined. An FP8 GEMM reads both operands along the
+  // reduced dimension, so a linear's backward needs each of x, w and the gradient transposed too.
+  virtual void fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
+                                      const Tensor& out_t) = 0;
+  // out [M, N] (contiguous; bf16, f16 or f32) = (decode(a) @ decode(b)^T) * a_inv[0] * b_inv[0]
+  // (+ bias [N] in out's dtype), accumulated in f32 and rounded once, for u8 codes a [M, K] and
+  // b [N, K] (contiguous) in formats fa and fb (not both E5M2); a_inv and b_inv f32 [1] on the
+  // device. Fp8Epilogue::GeluAux also writes aux = that result and out = gelu_tanh(aux);
+  // DGelu multiplies the result by gelu_tanh'(aux) (aux [M, N] in out's dtype, read). False when
+  // the backend has no FP8 GEMM for these operands or this epilogue; the caller composes.
+  virtual bool fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb,
+                        const Tensor& b_inv, const Tensor& bias, const Tensor& out, Fp8Epilogue epilogue,
+                        const Tensor& aux) = 0;
 };
 
 // The error for a cross-entropy label outside [0, classes) other than ignore_index: raised by

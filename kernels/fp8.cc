@@ -27,8 +27,86 @@ Fp8Scale fp8_current_scale(const Tensor& x, Fp8Format format, int margin) {
   Fp8Scale s;
   s.amax = empty({1}, TensorOptions(DType::f32, x.device()));
   s.scale = empty({1}, TensorOptions(DType::f32, x.device()));
-  backend(x.device(), op).fp8_amax_scale(raw::contiguous(x), format, margin, s.amax, s.scale);
+  s.scale_inv = empty({1}, TensorOptions(DType::f32, x.device()));
+  backend(x.device(), op).fp8_amax_scale(raw::contiguous(x), format, margin, s.amax, s.scale, s.scale_inv);
   return s;
+}
+
+Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, bool rows, bool transposed, int margin) {
+  const char* op = "fp8_cast";
+  MG_CHECK(x.defined() && is_half_or_f32(x.dtype()), DTypeError, op, ": x must be f32, f16 or bf16, got ",
+           x.defined() ? dtype_name(x.dtype()) : "an undefined tensor");
+  MG_CHECK(x.dim() == 2, ShapeError, op, ": x must be 2-D, got ", shape_str(x.sizes()));
+  MG_CHECK(rows || transposed, ValueError, op, ": asked for neither the codes nor their transpose");
+  const Tensor xc = raw::contiguous(x);
+  Fp8Scale s = fp8_current_scale(xc, format, margin);
+  Fp8Matrix m;
+  m.format = format;
+  m.scale_inv = s.scale_inv;
+  const TensorOptions u8(DType::u8, x.device());
+  if (rows) m.codes = empty(x.sizes(), u8);
+  if (transposed) m.codes_t = empty({x.size(1), x.size(0)}, u8);
+  backend(x.device(), op).fp8_quantize_transpose(xc, s.scale, format, m.codes, m.codes_t);
+  return m;
+}
+
+namespace {
+void check_codes(const char* op, const char* name, const Tensor& t, const Tensor& inv, Device dev) {
+  MG_CHECK(t.defined() && t.dtype() == DType::u8, DTypeError, op, ": ", name, " must hold u8 codes, got ",
+           t.defined() ? dtype_name(t.dtype()) : "an undefined tensor");
+  MG_CHECK(t.dim() == 2, ShapeError, op, ": ", name, " must be 2-D, got ", shape_str(t.sizes()));
+  MG_CHECK(t.device() == dev, DeviceError, op, ": ", name, " is on ", t.device(), ", a on ", dev);
+  check_scale(op, inv, dev);
+}
+
+// The codes' values in f32: decode(code) * inv (the GEMM's fallback).
+Tensor decoded(const Tensor& codes, Fp8Format f, const Tensor& inv) {
+  // fp8_dequantize divides by its scale: 1 / inv is the scale again (the fallback's values can
+  // differ from a GEMM's scaling of the product by an f32 rounding; the fallback is not the
+  // reference, the CPU backend's fp8_gemm is).
+  return fp8_dequantize(codes, unary(Unary::Reciprocal, inv), f, DType::f32);
+}
+}  // namespace
+
+Tensor fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb, const Tensor& b_inv,
+                const Tensor& bias, DType dtype, Fp8Epilogue epilogue, const Tensor& aux) {
+  const char* op = "fp8_gemm";
+  MG_CHECK(a.defined(), ValueError, op, ": a is undefined");
+  const Device dev = a.device();
+  check_codes(op, "a", a, a_inv, dev);
+  check_codes(op, "b", b, b_inv, dev);
+  MG_CHECK(a.size(1) == b.size(1), ShapeError, op, ": a ", shape_str(a.sizes()), " and b ", shape_str(b.sizes()),
+           " differ in the reduced dimension (a [M, K] @ b [N, K]^T)");
+  MG_CHECK(!(fa == Fp8Format::E5M2 && fb == Fp8Format::E5M2), ValueError, op,
+           ": both operands are E5M2 (one must be E4M3, as Hopper's FP8 GEMMs take them)");
+  MG_CHECK(is_half_or_f32(dtype), DTypeError, op, ": the result must be f32, f16 or bf16, got ", dtype_name(dtype));
+  const int64_t m = a.size(0), n = b.size(0);
+  if (bias.defined()) {
+    MG_CHECK(bias.dtype() == dtype && bias.dim() == 1 && bias.size(0) == n && bias.device() == dev, ShapeError, op,
+             ": bias must be [", n, "] of ", dtype_name(dtype), " on ", dev, ", got ", shape_str(bias.sizes()), " of ",
+             dtype_name(bias.dtype()), " on ", bias.device());
+    MG_CHECK(epilogue != Fp8Epilogue::DGelu, ValueError, op, ": the DGelu epilogue takes no bias");
+  }
+  if (epilogue != Fp8Epilogue::None)
+    MG_CHECK(aux.defined() && aux.dtype() == dtype && aux.dim() == 2 && aux.size(0) == m && aux.size(1) == n &&
+                 aux.is_contiguous() && aux.device() == dev,
+             ShapeError, op, ": the epilogue's aux must be a contiguous [", m, ", ", n, "] tensor of ",
+             dtype_name(dtype), " on ", dev);
+  const Tensor ac = raw::contiguous(a), bc = raw::contiguous(b), bi = bias.defined() ? raw::contiguous(bias) : bias;
+  Backend& be = backend(dev, op);
+  Tensor out = empty({m, n}, TensorOptions(dtype, dev));
+  if (be.fp8_gemm(ac, fa, a_inv, bc, fb, b_inv, bi, out, epilogue, aux)) return out;
+  // The epilogue as kernels after the plain GEMM; the plain GEMM in f32 where the backend has none.
+  const Tensor target = epilogue == Fp8Epilogue::GeluAux ? aux : out;
+  if (!be.fp8_gemm(ac, fa, a_inv, bc, fb, b_inv, bi, target, Fp8Epilogue::None, Tensor())) {
+    Tensor f = empty({m, n}, TensorOptions(DType::f32, dev));
+    be.gemm(decoded(ac, fa, a_inv), false, decoded(bc, fb, b_inv), true, f, 1.0, 0.0);
+    if (bi.defined()) f = add(f, raw::to_dtype(bi, DType::f32));
+    raw::copy_(target, f);
+  }
+  if (epilogue == Fp8Epilogue::GeluAux) be.unary(Unary::GeluTanh, aux, out);
+  if (epilogue == Fp8Epilogue::DGelu) be.binary(Binary::GeluTanhBackward, out, aux, out);
+  return out;
 }
 
 Tensor fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Format format) {

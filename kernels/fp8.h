@@ -14,8 +14,9 @@
 namespace mg::kernels {
 
 struct Fp8Scale {
-  Tensor amax;   // f32 [1]: max |x|
-  Tensor scale;  // f32 [1]: fp8_math::scale_for(amax, format, margin)
+  Tensor amax;       // f32 [1]: max |x|
+  Tensor scale;      // f32 [1]: fp8_math::scale_for(amax, format, margin)
+  Tensor scale_inv;  // f32 [1]: 1 / scale, rounded once (what a GEMM of the codes multiplies by)
 };
 
 // The amax of `x` (f32, f16 or bf16, any layout) and the scale that puts it at the format's
@@ -27,5 +28,33 @@ Fp8Scale fp8_current_scale(const Tensor& x, Fp8Format format, int margin = 0);
 Tensor fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Format format);
 // decode(q) / scale[0] in `dtype` (f32, f16 or bf16), q's shape. Errors as fp8_quantize's.
 Tensor fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format format, DType dtype = DType::f32);
+
+// A matrix cast for FP8 GEMMs. A GEMM of FP8 codes reads both operands along the reduced
+// dimension (Hopper's "TN" form), so a linear layer needs x and w as they are for the forward and
+// transposed for the two gradients: fp8_cast writes either or both in one pass.
+struct Fp8Matrix {
+  Tensor codes;      // u8 [R, C], the codes of x * scale (undefined unless asked)
+  Tensor codes_t;    // u8 [C, R], the same codes transposed (undefined unless asked)
+  Tensor scale_inv;  // f32 [1]: a code's value is decode(code) * scale_inv
+  Fp8Format format = Fp8Format::E4M3;
+};
+// x [R, C] (f32, f16 or bf16) cast with current scaling: its amax, the scale, then the codes.
+// Errors: DTypeError, ShapeError (not 2-D), ValueError (neither layout asked).
+Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, bool rows, bool transposed, int margin = 0);
+
+// out [M, N] in `dtype` (bf16, f16 or f32) = (decode(a) @ decode(b)^T) * a_inv * b_inv + bias
+// for codes a [M, K] and b [N, K] (u8, formats fa and fb, not both E5M2), accumulated in f32. The
+// epilogue as Backend::fp8_gemm's: GeluAux fills `aux` (an [M, N] tensor of `dtype`) with the
+// result and returns gelu_tanh of it; DGelu multiplies by gelu_tanh'(aux). Where the backend has
+// no FP8 GEMM for the operands (a device without FP8 tensor cores, a shape cuBLASLt refuses) the
+// codes are decoded to f32 and multiplied there, and an epilogue the GEMM cannot fuse runs as the
+// GELU kernels after it: the same values up to the f32 summation order.
+// Errors: DTypeError, ShapeError, DeviceError naming the operand.
+Tensor fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb, const Tensor& b_inv,
+                const Tensor& bias, DType dtype, Fp8Epilogue epilogue = Fp8Epilogue::None,
+                const Tensor& aux = Tensor());
+inline Tensor fp8_gemm(const Fp8Matrix& a, const Fp8Matrix& b, const Tensor& bias, DType dtype) {
+  return fp8_gemm(a.codes, a.format, a.scale_inv, b.codes, b.format, b.scale_inv, bias, dtype);
+}
 
 }  // namespace mg::kernels

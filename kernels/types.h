@@ -129,6 +129,13 @@ enum class Fp8Format : uint8_t {
   E5M2,  // 5 exponent, 2 mantissa bits, largest 57344: gradients (more range, less precision)
 };
 
+// What an FP8 GEMM applies to its f32 result before rounding (Backend::fp8_gemm).
+enum class Fp8Epilogue : uint8_t {
+  None,     // the result (+ bias)
+  GeluAux,  // aux = the result (+ bias), out = gelu_tanh(aux): the MLP's c_fc
+  DGelu,    // out = the result * gelu_tanh'(aux): the gradient reaching c_fc's output
+};
+
 // Which attention implementation runs; chosen once, by kernels::attention_kernel (attention.h).
 enum class AttentionKernel {
   Composed,         // generic kernels (matmul, softmax, ...): every device, dropout, f64

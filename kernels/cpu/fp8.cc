@@ -1,5 +1,7 @@
 // FP8 CPU loops: the reference for cuda/fp8.cu, with fp8_math.h's rounding and scale rule.
+#include <Eigen/Core>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/fp8_math.h"
@@ -57,8 +59,8 @@ void CpuBackend::fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format 
 }
 
 template <>
-void CpuBackend::fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, const Tensor& amax,
-                                const Tensor& scale) {
+void CpuBackend::fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, const Tensor& amax, const Tensor& scale,
+                                const Tensor& scale_inv) {
   float m = 0.0f;
   with_floats(x, [&](auto at, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
@@ -68,7 +70,71 @@ void CpuBackend::fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, c
     }
   });
   *amax.data_ptr<float>() = m;
-  *scale.data_ptr<float>() = fp8_math::scale_for(m, format_of(format), margin);
+  const float sc = fp8_math::scale_for(m, format_of(format), margin);
+  *scale.data_ptr<float>() = sc;
+  if (scale_inv.defined()) *scale_inv.data_ptr<float>() = 1.0f / sc;
+}
+
+template <>
+void CpuBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
+                                        const Tensor& out_t) {
+  const fp8_math::Format& f = format_of(format);
+  const float s = *scale.data_ptr<float>();
+  const int64_t rows = x.size(0), cols = x.size(1);
+  auto* q = out.defined() ? static_cast<uint8_t*>(out.raw_data()) : nullptr;
+  auto* qt = out_t.defined() ? static_cast<uint8_t*>(out_t.raw_data()) : nullptr;
+  with_floats(x, [&](auto at, int64_t) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint8_t code = fp8_math::encode(at(r * cols + c) * s, f);
+        if (q) q[r * cols + c] = code;
+        if (qt) qt[c * rows + r] = code;
+      }
+  });
+}
+
+// The reference FP8 GEMM: the codes decoded exactly to f32 (every e4m3 and e5m2 value is an f32),
+// Eigen's f32 product, then the two inverse scales and the bias in f32 and one rounding. The
+// GELU epilogues are left to the caller's composition (false).
+template <>
+bool CpuBackend::fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb,
+                          const Tensor& b_inv, const Tensor& bias, const Tensor& out, Fp8Epilogue epilogue,
+                          const Tensor&) {
+  if (epilogue != Fp8Epilogue::None) return false;
+  using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
+  const auto decode_all = [k](const Tensor& t, Fp8Format fmt, int64_t r) {
+    const fp8_math::Format& f = format_of(fmt);
+    const auto* c = static_cast<const uint8_t*>(t.raw_data());
+    Mat mtx(r, k);
+    for (int64_t i = 0; i < r * k; ++i) mtx.data()[i] = fp8_math::decode(c[i], f);
+    return mtx;
+  };
+  const Mat A = decode_all(a, fa, m), B = decode_all(b, fb, n);
+  Mat D(m, n);
+  D.noalias() = A * B.transpose();
+  const float s = *a_inv.data_ptr<float>() * *b_inv.data_ptr<float>();
+  std::vector<float> bias_f(n, 0.0f);
+  if (bias.defined())
+    for (int64_t j = 0; j < n; ++j)
+      bias_f[j] = bias.dtype() == DType::f32   ? bias.data_ptr<float>()[j]
+                  : bias.dtype() == DType::f16 ? static_cast<float>(static_cast<const Half*>(bias.raw_data())[j])
+                                               : static_cast<float>(static_cast<const BFloat16*>(bias.raw_data())[j]);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      const float v = D(i, j) * s + bias_f[j];
+      switch (out.dtype()) {
+        case DType::f32:
+          static_cast<float*>(out.raw_data())[i * n + j] = v;
+          break;
+        case DType::f16:
+          static_cast<Half*>(out.raw_data())[i * n + j] = Half(v);
+          break;
+        default:
+          static_cast<BFloat16*>(out.raw_data())[i * n + j] = BFloat16(v);
+      }
+    }
+  return true;
 }
 
 }  // namespace mg::kernels

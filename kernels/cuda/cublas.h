@@ -42,5 +42,9 @@ bool lt_linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias, const 
 // g_pre[rows, n] = (g[rows, k] @ w[k, n]) * gelu_tanh'(pre), one kernel (DGELU, pre as the
 // auxiliary input). f16/bf16 only, like lt_linear_gelu.
 bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre);
+// Backend::fp8_gemm through cuBLASLt: out[M, N] = a[M, K] @ b[N, K]^T * a_inv * b_inv (+ bias),
+// u8 codes in e4m3 (flag true) or e5m2; epilogue 0 none, 1 GELU with aux = pre, 2 DGELU reading aux.
+bool lt_fp8_gemm(const Tensor& a, bool a_e4m3, const Tensor& a_inv, const Tensor& b, bool b_e4m3, const Tensor& b_inv,
+                 const Tensor& bias, const Tensor& out, int epilogue, const Tensor& aux);
 
 }  // namespace mg::kernels::cuda

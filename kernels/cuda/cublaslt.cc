@@ -53,13 +53,15 @@ int alignment(const void* p) {
 // One matmul's shape: column-major D (m x n) = op(A) @ op(B), A and B with leading dims.
 struct Key {
   int dtype, out_dtype, compute, epilogue;  // out_dtype: C and D (and the bias), wider than A and B or the same
+  int dtype_b;                              // B's type: dtype, except for FP8 (e4m3 and e5m2 may mix)
+  bool fast_accum;                          // FP8: accumulate without the periodic f32 promotion
   bool ta, tb;
   int64_t m, n, k, lda, ldb, ldd;
   int align_a, align_b, align_d, align_bias;
   int64_t ld_aux;  // 0: no auxiliary matrix
   auto tie() const {
-    return std::tie(dtype, out_dtype, compute, epilogue, ta, tb, m, n, k, lda, ldb, ldd, align_a, align_b, align_d,
-                    align_bias, ld_aux);
+    return std::tie(dtype, out_dtype, compute, epilogue, dtype_b, fast_accum, ta, tb, m, n, k, lda, ldb, ldd, align_a,
+                    align_b, align_d, align_bias, ld_aux);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -118,10 +120,22 @@ Plan* plan_for(const Key& key, int device, size_t workspace) {
   set_attr(p->op, CUBLASLT_MATMUL_DESC_TRANSB, key.tb ? CUBLAS_OP_T : CUBLAS_OP_N);
   set_attr(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<cublasLtEpilogue_t>(key.epilogue));
   if (key.ld_aux) set_attr(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, key.ld_aux);
-  // A wider D: the bias gradient in D's type too (cuBLASLt's default, said here).
-  if (key.out_dtype != key.dtype) set_attr(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, key.out_dtype);
+  const bool fp8 = data == CUDA_R_8F_E4M3 || data == CUDA_R_8F_E5M2;
+  if (fp8) {
+    // FP8: the bias and the GELU's auxiliary matrix in D's type; the fast accumulation only where
+    // asked (the forward's e4m3 x e4m3 GEMMs; the gradients' keep the f32 promotion).
+    const auto ep = static_cast<cublasLtEpilogue_t>(key.epilogue);
+    if (ep == CUBLASLT_EPILOGUE_BIAS || ep == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+      set_attr(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, key.out_dtype);
+    if (key.ld_aux) set_attr(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, key.out_dtype);
+    set_attr(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(key.fast_accum ? 1 : 0));
+  } else if (key.out_dtype != key.dtype) {
+    // A wider D: the bias gradient in D's type too (cuBLASLt's default, said here).
+    set_attr(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, key.out_dtype);
+  }
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, data, key.ta ? key.k : key.m, key.ta ? key.m : key.k, key.lda));
-  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, data, key.tb ? key.n : key.k, key.tb ? key.k : key.n, key.ldb));
+  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, static_cast<cudaDataType_t>(key.dtype_b), key.tb ? key.n : key.k,
+                                             key.tb ? key.k : key.n, key.ldb));
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, static_cast<cudaDataType_t>(key.out_dtype), key.m, key.n, key.ldd));
   cublasLtMatmulPreference_t pref = nullptr;
   MG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -183,28 +197,63 @@ void tune(Plan& p, cudaStream_t stream, Run&& run) {
 // `aux` (leading dim ld_aux, D's shape and dtype) is the GELU epilogues' auxiliary matrix.
 // A and B are `dt`; D (and the bias) is `out`: `dt`, or f32 from f16/bf16 operands (the f32
 // accumulator written without rounding it to the operands' type).
+// FP8 operands: `fp8` gives A's and B's formats and their scales (device f32 [1], multiplied
+// into the f32 result), and D is `out` (bf16, f16 or f32); `dt` is then unused.
+struct LtFp8 {
+  cudaDataType_t a_type, b_type;
+  const void *a_scale, *b_scale;
+  bool fast_accum;
+};
 bool lt_matmul(int device, DType dt, DType out, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
                int64_t lda, const void* B, int64_t ldb, void* D, int64_t ldd, cublasLtEpilogue_t epilogue, void* bias,
-               void* aux = nullptr, int64_t ld_aux = 0) {
+               void* aux = nullptr, int64_t ld_aux = 0, const LtFp8* fp8 = nullptr) {
   cudaDataType_t data;
   cublasComputeType_t compute;
-  if (!lt_enabled() || !lt_types(dt, &data, &compute)) return false;
-  cudaDataType_t out_data = data;
-  if (out != dt) {
-    if (out != DType::f32 || (dt != DType::f16 && dt != DType::bf16)) return false;
-    out_data = CUDA_R_32F;
+  cudaDataType_t out_data;
+  if (!lt_enabled()) return false;
+  if (fp8) {
+    if (!lt_types(out, &out_data, &compute)) return false;
+    compute = CUBLAS_COMPUTE_32F;  // FP8 accumulates in f32 (no TF32 question)
+    data = fp8->a_type;
+  } else {
+    if (!lt_types(dt, &data, &compute)) return false;
+    out_data = data;
+    if (out != dt) {
+      if (out != DType::f32 || (dt != DType::f16 && dt != DType::bf16)) return false;
+      out_data = CUDA_R_32F;
+    }
   }
   // cuBLASLt wants the auxiliary matrix 16-byte aligned with a leading dim a multiple of 8.
   if (aux && (alignment(aux) < 16 || ld_aux % 8 != 0)) return false;
   size_t ws_bytes = 0;
   void* ws = cublas_workspace(device, &ws_bytes);
-  const Key key{
-      data,         out_data,     compute,         epilogue,        ta, tb, m, n, k, lda, ldb, ldd, alignment(A),
-      alignment(B), alignment(D), alignment(bias), aux ? ld_aux : 0};
+  const Key key{data,
+                out_data,
+                compute,
+                epilogue,
+                fp8 ? fp8->b_type : data,
+                fp8 && fp8->fast_accum,
+                ta,
+                tb,
+                m,
+                n,
+                k,
+                lda,
+                ldb,
+                ldd,
+                alignment(A),
+                alignment(B),
+                alignment(D),
+                alignment(bias),
+                aux ? ld_aux : 0};
   Plan* p = plan_for(key, device, ws_bytes);
   if (!p) return false;
   set_attr(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   if (aux) set_attr(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+  if (fp8) {
+    set_attr(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, fp8->a_scale);
+    set_attr(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, fp8->b_scale);
+  }
   const float one = 1.0f, zero = 0.0f;
   const auto stream = static_cast<cudaStream_t>(mg::cuda::Stream::current(device).handle());
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
@@ -272,6 +321,30 @@ bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre
   if (rows == 0 || n == 0 || k == 0) return false;
   return lt_matmul(g_pre.device().index, g_pre.dtype(), g_pre.dtype(), false, false, n, rows, k, w.raw_data(), n,
                    g.raw_data(), k, g_pre.raw_data(), n, CUBLASLT_EPILOGUE_DGELU, nullptr, pre.raw_data(), n);
+}
+
+// Row-major out[M, N] = a[M, K] @ b[N, K]^T, both read along K: lt_linear_bias's layout with
+// b as cuBLAS's A (transposed) and a as its B, the "TN" form Hopper's FP8 kernels require. The
+// fast accumulation is for e4m3 x e4m3 (the forward); a GEMM with an e5m2 gradient keeps f32.
+bool lt_fp8_gemm(const Tensor& a, bool a_e4m3, const Tensor& a_inv, const Tensor& b, bool b_e4m3, const Tensor& b_inv,
+                 const Tensor& bias, const Tensor& out, int epilogue, const Tensor& aux) {
+  if (!plain_rows(a) || !plain_rows(b) || !plain_rows(out)) return false;
+  if (bias.defined() && (!bias.is_contiguous() || bias.dtype() != out.dtype())) return false;
+  if (aux.defined() && (!plain_rows(aux) || aux.dtype() != out.dtype() || out.dtype() == DType::f32)) return false;
+  const int64_t rows = a.size(0), k = a.size(1), n = b.size(0);
+  if (rows == 0 || n == 0 || k == 0) return false;
+  cublasLtEpilogue_t ep = bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  if (epilogue == 1) ep = bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  if (epilogue == 2) {
+    if (bias.defined()) return false;
+    ep = CUBLASLT_EPILOGUE_DGELU;
+  }
+  if (epilogue != 0 && !aux.defined()) return false;
+  const LtFp8 f{b_e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2, a_e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2, b_inv.raw_data(),
+                a_inv.raw_data(), a_e4m3 && b_e4m3};
+  return lt_matmul(out.device().index, DType::u8, out.dtype(), true, false, n, rows, k, b.raw_data(), k, a.raw_data(),
+                   k, out.raw_data(), n, ep, bias.defined() ? bias.raw_data() : nullptr,
+                   aux.defined() ? aux.raw_data() : nullptr, aux.defined() ? n : 0, &f);
 }
 
 }  // namespace mg::kernels::cuda

@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 
 #include "core/cuda/check.h"
 #include "core/device_runtime.h"
@@ -227,6 +228,24 @@ template <>
 bool CudaBackend::fused_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre) {
   mg::cuda::DeviceGuard guard(g_pre.device());
   return cuda::lt_matmul_gelu_backward(g, w, pre, g_pre);
+}
+
+template <>
+bool CudaBackend::fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb,
+                           const Tensor& b_inv, const Tensor& bias, const Tensor& out, Fp8Epilogue epilogue,
+                           const Tensor& aux) {
+  mg::cuda::DeviceGuard guard(out.device());
+  // FP8 tensor cores: sm_89 (Ada) and sm_90 (Hopper) on; asked once a device.
+  static thread_local std::map<int, bool> has_fp8;
+  const int dev = out.device().index;
+  auto it = has_fp8.find(dev);
+  if (it == has_fp8.end()) {
+    const mg::cuda::DeviceProperties prop = mg::cuda::get_device_properties(dev);
+    it = has_fp8.emplace(dev, prop.major * 10 + prop.minor >= 89).first;
+  }
+  if (!it->second) return false;
+  return cuda::lt_fp8_gemm(a, fa == Fp8Format::E4M3, a_inv, b, fb == Fp8Format::E4M3, b_inv, bias, out,
+                           static_cast<int>(epilogue), aux);
 }
 
 }  // namespace mg::kernels

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "core/random.h"
+#include "kernels/elementwise.h"
 #include "kernels/fp8_math.h"
 
 namespace mg::kernels {
@@ -67,7 +68,7 @@ TEST(Fp8Math, RoundsToTheNearestCodeTiesToEven) {
     std::uniform_int_distribution<int> ex(lo, hi);
     for (int k = 0; k < 20000; ++k) {
       float x = std::ldexp(frac(rng), ex(rng));
-      if (k % 7 == 0) {  // an exact midpoint between two neighbouring codes
+      if (k % 7 == 0) {                                       // an exact midpoint between two neighbouring codes
         const int c = static_cast<int>(rng() % f->max_code);  // c + 1 is finite too
         x = 0.5f * (decode(static_cast<uint8_t>(c), *f) + decode(static_cast<uint8_t>(c + 1), *f));
       }
@@ -141,6 +142,111 @@ TEST(Fp8Ops, BadInputIsAClearError) {
   EXPECT_THROW(fp8_dequantize(x, scale, Fp8Format::E4M3), DTypeError);  // f32 is not codes
   EXPECT_THROW(fp8_dequantize(zeros({4}, {DType::u8}), scale, Fp8Format::E4M3, DType::i32), DTypeError);
   EXPECT_THROW(fp8_current_scale(x, Fp8Format::E5M2, -1), ValueError);
+}
+
+// fp8_cast: the codes are fp8_quantize's at the current scale, the transpose holds the same
+// codes transposed, and scale_inv is 1 / scale rounded once.
+TEST(Fp8Ops, CastWritesTheCodesAndTheirTranspose) {
+  Generator g(3);
+  const Tensor x = raw::to_dtype(randn({48, 80}, {}, &g), DType::bf16);
+  const Fp8Matrix m = fp8_cast(x, Fp8Format::E4M3, true, true);
+  const Fp8Scale s = fp8_current_scale(x, Fp8Format::E4M3);
+  EXPECT_EQ(m.scale_inv.item<float>(), 1.0f / s.scale.item<float>());
+  const std::vector<uint8_t> q = fp8_quantize(x, s.scale, Fp8Format::E4M3).to_vector<uint8_t>();
+  ASSERT_EQ(m.codes.sizes(), (Shape{48, 80}));
+  ASSERT_EQ(m.codes_t.sizes(), (Shape{80, 48}));
+  const std::vector<uint8_t> rows = m.codes.to_vector<uint8_t>(), cols = m.codes_t.to_vector<uint8_t>();
+  for (int64_t r = 0; r < 48; ++r)
+    for (int64_t c = 0; c < 80; ++c) {
+      ASSERT_EQ(rows[r * 80 + c], q[r * 80 + c]) << r << ", " << c;
+      ASSERT_EQ(cols[c * 48 + r], q[r * 80 + c]) << r << ", " << c;
+    }
+  const Fp8Matrix only_t = fp8_cast(x, Fp8Format::E5M2, false, true);
+  EXPECT_FALSE(only_t.codes.defined());
+  EXPECT_EQ(only_t.codes_t.sizes(), (Shape{80, 48}));
+}
+
+// Codes of random values in both formats, with a scale that is not a power of two.
+Fp8Matrix random_codes(int64_t rows, int64_t cols, Fp8Format f, uint64_t seed) {
+  Generator g(seed);
+  return fp8_cast(randn({rows, cols}, {}, &g), f, true, false);
+}
+
+// The reference GEMM against the f64 product of the decoded codes: every product of two codes is
+// exact in f32 (at most 4 x 4 significant bits), so the f32 sum over K terms is within
+// K * 2^-24 of sum |a b| (the sequential bound; Eigen's blocked order is no worse), then the
+// scales' product and the final multiply and bias add round once each (2^-24 of the magnitude).
+TEST(Fp8Ops, GemmIsTheProductOfTheDecodedCodes) {
+  const int64_t M = 32, N = 48, K = 96;
+  for (auto [fa, fb] : {std::pair{Fp8Format::E4M3, Fp8Format::E4M3}, std::pair{Fp8Format::E5M2, Fp8Format::E4M3},
+                        std::pair{Fp8Format::E4M3, Fp8Format::E5M2}}) {
+    const Fp8Matrix a = random_codes(M, K, fa, 1), b = random_codes(N, K, fb, 2);
+    Generator g(4);
+    const Tensor bias = randn({N}, {}, &g);
+    const Tensor out = fp8_gemm(a, b, bias, DType::f32);
+    ASSERT_EQ(out.sizes(), (Shape{M, N}));
+    const auto decode_all = [](const Fp8Matrix& m) {
+      const auto& f = m.format == Fp8Format::E4M3 ? kE4M3 : kE5M2;
+      std::vector<double> v;
+      for (uint8_t c : m.codes.to_vector<uint8_t>()) v.push_back(decode(c, f));
+      return v;
+    };
+    const std::vector<double> A = decode_all(a), B = decode_all(b);
+    const double s = static_cast<double>(a.scale_inv.item<float>()) * b.scale_inv.item<float>();
+    const std::vector<float> o = out.to_vector<float>(), bv = bias.to_vector<float>();
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double exact = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          exact += A[i * K + k] * B[j * K + k];
+          mag += std::fabs(A[i * K + k] * B[j * K + k]);
+        }
+        const double want = exact * s + bv[j];
+        const double bound = (K * mag * s + 4 * (std::fabs(exact * s) + std::fabs(bv[j]))) * 0x1p-24;
+        ASSERT_NEAR(o[i * N + j], want, bound) << i << ", " << j;
+      }
+    // In bf16 the same values with the bias rounded to bf16 first and the result once more (half
+    // of bf16's 2^-7 step each), plus the f32 rounding above.
+    const std::vector<float> o16 =
+        raw::to_dtype(fp8_gemm(a, b, raw::to_dtype(bias, DType::bf16), DType::bf16), DType::f32).to_vector<float>();
+    for (size_t i = 0; i < o.size(); ++i)
+      ASSERT_NEAR(o16[i], o[i], (std::fabs(o[i]) + std::fabs(bv[i % N])) * (0x1p-8 + 0x1p-22)) << i;
+  }
+}
+
+// The GELU epilogues, which the CPU composes: GeluAux returns gelu_tanh of the plain result and
+// leaves the plain result in aux; DGelu multiplies the plain result by gelu_tanh' of aux.
+TEST(Fp8Ops, GemmEpiloguesAreTheGeluOfTheProduct) {
+  const Fp8Matrix a = random_codes(16, 32, Fp8Format::E4M3, 5), b = random_codes(48, 32, Fp8Format::E4M3, 6);
+  const Tensor plain = fp8_gemm(a, b, Tensor(), DType::f32);
+  Tensor aux = empty({16, 48});
+  const Tensor h = fp8_gemm(a.codes, a.format, a.scale_inv, b.codes, b.format, b.scale_inv, Tensor(), DType::f32,
+                            Fp8Epilogue::GeluAux, aux);
+  EXPECT_EQ(aux.to_vector<float>(), plain.to_vector<float>());
+  EXPECT_EQ(h.to_vector<float>(), unary(Unary::GeluTanh, plain).to_vector<float>());
+  const Tensor pre = unary(Unary::Tanh, plain);  // any aux will do
+  const Tensor d = fp8_gemm(a.codes, a.format, a.scale_inv, b.codes, b.format, b.scale_inv, Tensor(), DType::f32,
+                            Fp8Epilogue::DGelu, pre);
+  EXPECT_EQ(d.to_vector<float>(), binary(Binary::GeluTanhBackward, plain, pre).to_vector<float>());
+}
+
+TEST(Fp8Ops, GemmBadInputNamesTheOperand) {
+  const Fp8Matrix a = random_codes(16, 32, Fp8Format::E5M2, 7), b = random_codes(16, 32, Fp8Format::E5M2, 8);
+  const Fp8Matrix c = random_codes(16, 48, Fp8Format::E4M3, 9);
+  EXPECT_THROW(fp8_gemm(a, b, Tensor(), DType::bf16), ValueError);  // e5m2 x e5m2
+  EXPECT_THROW(fp8_gemm(c, b, Tensor(), DType::bf16), ShapeError);  // K 48 against 32
+  EXPECT_THROW(fp8_gemm(a, c, Tensor(), DType::i32), ShapeError);   // K first
+  Fp8Matrix not_codes = c;
+  not_codes.codes = ones({16, 48});
+  try {
+    fp8_gemm(not_codes, c, Tensor(), DType::bf16);
+    FAIL() << "f32 values are not codes";
+  } catch (const DTypeError& e) {
+    EXPECT_NE(std::string(e.what()).find("a must hold u8 codes"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(fp8_gemm(c, c, ones({16}), DType::bf16), ShapeError);  // an f32 bias for a bf16 result
+  EXPECT_THROW(fp8_cast(ones({4, 4}), Fp8Format::E4M3, false, false), ValueError);
+  EXPECT_THROW(fp8_cast(ones({4}), Fp8Format::E4M3, true, false), ShapeError);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 
+#include "kernels/elementwise.h"
 #include "kernels/fp8.h"
 #include "kernels/fp8_math.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
@@ -109,6 +110,119 @@ TEST_F(Fp8Parity, CurrentScalingAndDequantizeMatchTheCpu) {
   const kernels::Fp8Scale d = kernels::fp8_current_scale(to_cuda(x), Fp8Format::E4M3);
   EXPECT_TRUE(std::isnan(d.amax.cpu().item<float>()));
   EXPECT_EQ(d.scale.cpu().item<float>(), 1.0f);
+}
+
+// fp8_cast on the device: the same scale_inv bits, codes and transposed codes as on the CPU.
+TEST_F(Fp8Parity, CastAndTransposeMatchTheCpu) {
+  Generator g(12);
+  const Tensor x = raw::to_dtype(randn({200, 72}, {}, &g), DType::bf16);  // not a multiple of the 32 x 32 tile
+  for (Fp8Format fmt : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+    const kernels::Fp8Matrix c = kernels::fp8_cast(x, fmt, true, true),
+                             d = kernels::fp8_cast(to_cuda(x), fmt, true, true);
+    EXPECT_TRUE(same_bits(c.scale_inv.item<float>(), d.scale_inv.cpu().item<float>()));
+    EXPECT_EQ(c.codes.to_vector<uint8_t>(), d.codes.cpu().to_vector<uint8_t>());
+    EXPECT_EQ(c.codes_t.to_vector<uint8_t>(), d.codes_t.cpu().to_vector<uint8_t>());
+  }
+}
+
+// Codes of small integers (|v| <= 4: exact in both formats) and power-of-two scales: every
+// product, partial sum and result is an integer times a power of two below 2^11, exact in any
+// accumulator the tensor cores use and in f16, so cuBLASLt's FP8 GEMM must give the CPU
+// reference's result bit for bit. This holds the layout, the operand order, the formats and both
+// scale pointers to the reference, every format pair Hopper takes.
+TEST_F(Fp8Parity, GemmOfExactValuesMatchesTheCpuBitForBit) {
+  const int64_t M = 64, N = 96, K = 128;
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int> small(-4, 4);
+  auto codes = [&](int64_t r, int64_t c, Fp8Format fmt) {
+    const auto& f = fmt == Fp8Format::E4M3 ? kernels::fp8_math::kE4M3 : kernels::fp8_math::kE5M2;
+    std::vector<uint8_t> v(r * c);
+    for (auto& e : v) e = kernels::fp8_math::encode(static_cast<float>(small(rng)), f);
+    Tensor t = empty({r, c}, {DType::u8});
+    std::memcpy(t.raw_data(), v.data(), v.size());
+    return t;
+  };
+  std::vector<float> bias_v(N);
+  for (auto& b : bias_v) b = static_cast<float>(small(rng));
+  for (auto [fa, fb] : {std::pair{Fp8Format::E4M3, Fp8Format::E4M3}, std::pair{Fp8Format::E5M2, Fp8Format::E4M3},
+                        std::pair{Fp8Format::E4M3, Fp8Format::E5M2}}) {
+    const Tensor a = codes(M, K, fa), b = codes(N, K, fb);
+    const Tensor ai = from_vector(std::vector<float>{2.0f}, {1}), bi = from_vector(std::vector<float>{0.25f}, {1});
+    for (DType out : {DType::f16, DType::bf16, DType::f32}) {
+      const Tensor bias = raw::to_dtype(from_vector(bias_v, {N}), out);
+      const Tensor c = kernels::fp8_gemm(a, fa, ai, b, fb, bi, bias, out);
+      const Tensor d =
+          kernels::fp8_gemm(to_cuda(a), fa, to_cuda(ai), to_cuda(b), fb, to_cuda(bi), to_cuda(bias), out).cpu();
+      EXPECT_EQ(raw::to_dtype(c, DType::f32).to_vector<float>(), raw::to_dtype(d, DType::f32).to_vector<float>())
+          << (fa == Fp8Format::E4M3 ? "e4m3" : "e5m2") << " x " << (fb == Fp8Format::E4M3 ? "e4m3" : "e5m2") << " -> "
+          << dstr(out);
+    }
+  }
+}
+
+// Random data at a GPT-like K: the normwise difference from the CPU reference, printed, within
+// 2^-8. The reference sums in f32; the FP8 tensor cores keep about 14 bits in their
+// accumulator between promotions to f32 (2^-13 a step, the e4m3 x e4m3 GEMM promoting only at
+// the end: fast accumulation), and the rounding errors of a random-signed sum grow as sqrt(K):
+// 2^-13 * sqrt(1024) = 2^-8.
+TEST_F(Fp8Parity, GemmOfRandomDataIsNearTheCpuReference) {
+  const int64_t M = 256, N = 384, K = 1024;
+  Generator g(22);
+  for (auto [fa, fb] : {std::pair{Fp8Format::E4M3, Fp8Format::E4M3}, std::pair{Fp8Format::E5M2, Fp8Format::E4M3}}) {
+    const kernels::Fp8Matrix a = kernels::fp8_cast(randn({M, K}, {}, &g), fa, true, false);
+    const kernels::Fp8Matrix b = kernels::fp8_cast(randn({N, K}, {}, &g), fb, true, false);
+    const std::vector<float> c = kernels::fp8_gemm(a, b, Tensor(), DType::f32).to_vector<float>();
+    const std::vector<float> d = kernels::fp8_gemm(to_cuda(a.codes), fa, to_cuda(a.scale_inv), to_cuda(b.codes), fb,
+                                                   to_cuda(b.scale_inv), Tensor(), DType::f32)
+                                     .cpu()
+                                     .to_vector<float>();
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < c.size(); ++i) diff += (c[i] - d[i]) * double(c[i] - d[i]), norm += double(c[i]) * c[i];
+    const double rel = std::sqrt(diff / norm);
+    std::printf("%s x e4m3, K %lld: normwise difference from the CPU %.3g\n", fa == Fp8Format::E4M3 ? "e4m3" : "e5m2",
+                static_cast<long long>(K), rel);
+    EXPECT_LT(rel, 0x1p-8);
+  }
+}
+
+// The GELU epilogues on the device (cuBLASLt's, or the composed kernels where it has none):
+// with exact data, aux is the CPU's plain result bit for bit (f16); gelu(aux) and the DGELU
+// product within the epilogue's tanh (about 1e-4 relative) and f16's rounding (2^-11).
+TEST_F(Fp8Parity, GemmGeluEpiloguesMatchTheComposedCpu) {
+  const int64_t M = 64, N = 128, K = 64;
+  std::mt19937 rng(23);
+  std::uniform_int_distribution<int> small(-2, 2);
+  auto codes = [&](int64_t r, int64_t c) {
+    std::vector<uint8_t> v(r * c);
+    for (auto& e : v) e = kernels::fp8_math::encode(static_cast<float>(small(rng)), kernels::fp8_math::kE4M3);
+    Tensor t = empty({r, c}, {DType::u8});
+    std::memcpy(t.raw_data(), v.data(), v.size());
+    return t;
+  };
+  const Tensor a = codes(M, K), b = codes(N, K);
+  const Tensor inv = from_vector(std::vector<float>{0.125f}, {1});  // results in [-4, 4]: where GELU bends
+  const Tensor plain = kernels::fp8_gemm(a, Fp8Format::E4M3, inv, b, Fp8Format::E4M3, inv, Tensor(), DType::f16);
+  Tensor aux = empty({M, N}, {DType::f16, Device::cuda(0)});
+  const Tensor h = kernels::fp8_gemm(to_cuda(a), Fp8Format::E4M3, to_cuda(inv), to_cuda(b), Fp8Format::E4M3,
+                                     to_cuda(inv), Tensor(), DType::f16, kernels::Fp8Epilogue::GeluAux, aux);
+  const std::vector<float> p = raw::to_dtype(plain, DType::f32).to_vector<float>();
+  EXPECT_EQ(raw::to_dtype(aux.cpu(), DType::f32).to_vector<float>(), p);
+  const std::vector<float> want_h =
+      raw::to_dtype(kernels::unary(kernels::Unary::GeluTanh, raw::to_dtype(plain, DType::f32)), DType::f32)
+          .to_vector<float>();
+  const std::vector<float> got_h = raw::to_dtype(h.cpu(), DType::f32).to_vector<float>();
+  for (size_t i = 0; i < p.size(); ++i)
+    ASSERT_NEAR(got_h[i], want_h[i], std::fabs(want_h[i]) * (1e-4 + 0x1p-11) + 1e-4) << i << ": pre " << p[i];
+  // DGELU with the same codes as the gradient and aux = plain / 8 (another range of gelu').
+  const Tensor pre = raw::to_dtype(raw::to_dtype(plain, DType::f32) * 0.125, DType::f16);
+  const Tensor dg = kernels::fp8_gemm(to_cuda(a), Fp8Format::E4M3, to_cuda(inv), to_cuda(b), Fp8Format::E4M3,
+                                      to_cuda(inv), Tensor(), DType::f16, kernels::Fp8Epilogue::DGelu, to_cuda(pre));
+  const std::vector<float> want_d = kernels::binary(kernels::Binary::GeluTanhBackward, raw::to_dtype(plain, DType::f32),
+                                                    raw::to_dtype(pre, DType::f32))
+                                        .to_vector<float>();
+  const std::vector<float> got_d = raw::to_dtype(dg.cpu(), DType::f32).to_vector<float>();
+  for (size_t i = 0; i < p.size(); ++i)
+    ASSERT_NEAR(got_d[i], want_d[i], std::fabs(want_d[i]) * (1e-4 + 0x1p-11) + std::fabs(p[i]) * 1e-4) << i;
 }
 
 }  // namespace

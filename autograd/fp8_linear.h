@@ -1,0 +1,32 @@
+// The FP8 recipe's linear layers (core/autocast.h, Fp8Autocast): mg::linear and mg::gelu_mlp run
+// their GEMMs here when fp8_linear_applies(). Included by autograd/linalg_ops.cc only.
+//
+// The recipe, per GEMM (kernels/fp8.h):
+//   forward    x and w cast to e4m3 with current per-tensor scaling (each tensor's own amax,
+//              on the device), the product accumulated in f32 and written in the region's dtype
+//              with the bias (and, for the MLP's c_fc, the GELU) in the GEMM's epilogue;
+//   backward   the output gradient cast to e5m2 (more range: gradients span more binades);
+//              dx = g @ w and dw = g^T @ x read the e4m3 codes of x and w the forward made,
+//              transposed (Hopper's FP8 GEMMs read both operands along the reduced dimension),
+//              and dw comes out in f32 where w is autocast's cast of an f32 weight.
+// What it keeps for backward: x's and w's transposed codes, 1 byte an element (the bf16 path
+// keeps x itself, 2 bytes), and the MLP's GELU argument in the region's dtype.
+// Attention, the head and the norms stay in the region's dtype. The f32 master weights and the
+// optimizer are untouched: the recipe changes only what the GEMMs read.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace mg::autograd {
+
+// Whether the recipe takes a linear of x [..., K] with weight w [N, K]: Fp8Autocast on, autocast
+// enabled for x's device, x and w already in its f16/bf16 dtype, and K, N and the rows multiples
+// of 16 (the FP8 GEMMs' granularity; other shapes keep the region's dtype).
+bool fp8_linear_applies(const Tensor& x, const Tensor& w);
+
+// linear and gelu_mlp under the recipe; gw_dtype and the like are the weights' gradient dtypes.
+Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType gw_dtype);
+Tensor fp8_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj,
+                    DType dt_fc, DType dt_proj);
+
+}  // namespace mg::autograd
