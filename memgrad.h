@@ -34,6 +34,7 @@
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
 #include "optim/sgd.h"
+#include "optim/state_by_name.h"
 #include "optim/step_in_backward.h"
 #include "serialize/serialize.h"
 #include "serialize/training_checkpoint.h"

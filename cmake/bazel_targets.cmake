@@ -438,6 +438,17 @@ mg_bazel_target(library //optim:grad_scaler
     //core:state_dict
     @nlohmann_json//:json
 )
+mg_bazel_target(library //optim:state_by_name
+  SRCS
+    optim/state_by_name.cc
+  HDRS
+    optim/state_by_name.h
+  DEPS
+    //optim:optim
+    //core:core
+    //core:state_dict
+    @nlohmann_json//:json
+)
 mg_bazel_target(library //serialize:serialize
   SRCS
     serialize/serialize.cc
@@ -481,6 +492,7 @@ mg_bazel_target(library //:memgrad
     //optim:optim
     //optim:bf16_update
     //optim:grad_scaler
+    //optim:state_by_name
     //serialize:serialize
     //serialize:training_checkpoint
 )
@@ -656,6 +668,7 @@ mg_bazel_target(library //memory:host_params
   DEPS
     //autograd:autograd
     //core:core
+    //core:state_dict
     //kernels:kernels
     //nn:nn
     //nn/models:models
@@ -1184,6 +1197,9 @@ mg_bazel_target(test //tests/memory:host_params_test GPU SIZE small
     //nn:nn
     //nn/models:models
     //optim:optim
+    //optim:state_by_name
+    //serialize:serialize
+    //serialize:training_checkpoint
     //tests:error_of
     //core:core
     //core:runtime
@@ -1398,6 +1414,20 @@ mg_bazel_target(test //tests/optim:optim_test SIZE small
     //nn:nn
     //optim:optim
     //optim:grad_scaler
+    //core:core
+    //core:runtime
+    @system_gtest//:gtest_main
+)
+mg_bazel_target(test //tests/optim:state_by_name_test SIZE small
+  SRCS
+    tests/optim/state_by_name_test.cc
+  DEPS
+    //autograd:autograd
+    //nn:nn
+    //nn/models:models
+    //optim:optim
+    //optim:state_by_name
+    //tests:error_of
     //core:core
     //core:runtime
     @system_gtest//:gtest_main

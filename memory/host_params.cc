@@ -90,6 +90,7 @@ HostParams::HostParams(std::vector<Tensor> params, Device device, HostOptimizerF
         write_cast(p, c);
       }
       casts_.push_back(c);
+      cast_versions_.push_back(p.version());
     }
   }
   pending_.assign(params_.size(), 0);
@@ -227,6 +228,7 @@ void HostParams::process(Task& t) {
   const double step_ms = ms_since(t0);
   const auto t1 = std::chrono::steady_clock::now();
   if (casts_[t.i].defined()) write_cast(p, casts_[t.i]);
+  cast_versions_[t.i] = p.version();
   sum = Tensor();
   std::lock_guard<std::mutex> lk(mu_);
   stats_.updates++;
@@ -256,6 +258,7 @@ void HostParams::wait_for(size_t i) {
 
 void HostParams::copy_to_device(size_t i, const Tensor& dst) {
   wait_for(i);
+  refresh_cast(i);
   const Tensor& src = casts_[i].defined() ? casts_[i] : params_[i];
   MG_CHECK(dst.numel() == src.numel() && dst.dtype() == src.dtype(), ValueError,
            "HostParams::copy_to_device: parameter ", i, " is ", src.dtype(), " ", shape_str(src.sizes()),
@@ -275,10 +278,33 @@ void HostParams::provide_casts() {
     stats_.wait_ms += ms_since(t0);
   }
   start_round();
+  for (size_t i = 0; i < params_.size(); ++i) refresh_cast(i);
   NoGradGuard ng;
   // The next forward's memory, counted as the casts that forward would make.
   MemoryCategoryGuard act(MemoryCategory::Activations);
   for (size_t i = 0; i < params_.size(); ++i) autocast::provide_cast(params_[i], device_cast(i));
+}
+
+void HostParams::refresh_cast(size_t i) {
+  const uint32_t v = params_[i].version();
+  if (v == cast_versions_[i]) return;
+  if (casts_[i].defined()) {
+    // An earlier round's copy of this cast to the device may still be in flight (rare: the
+    // master changed outside the update, e.g. a loaded checkpoint).
+    cuda::synchronize(device_.index);
+    write_cast(params_[i], casts_[i]);
+  }
+  cast_versions_[i] = v;
+}
+
+StateDict HostParams::state_dict() {
+  wait();
+  return opt_->state_dict();
+}
+
+StagedLoad HostParams::stage_state_dict(const StateDict& sd) {
+  wait();  // no update may run between the check and the commit
+  return opt_->stage_state_dict(sd);
 }
 
 Tensor HostParams::device_cast(size_t i) {

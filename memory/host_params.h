@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "core/device_runtime.h"
+#include "core/state_dict.h"
 #include "core/tensor.h"
 #include "nn/models/gpt.h"
 #include "optim/optimizer.h"
@@ -105,6 +106,17 @@ class HostParams {
   // The optimizer stepping the host parameters (its learning rate, state_dict, ...). Change it
   // only between wait() and the next backward.
   optim::Optimizer& optimizer() { return *opt_; }
+  // The host optimizer's state (optimizer().state_dict() once the queued updates have run), so a
+  // TrainingCheckpoint saves it as a component: add("host_optimizer", host_params) beside "model"
+  // (which holds the parameters' values: they are the module's tensors) and "optimizer" (the
+  // device optimizer's). optim/state_by_name.h turns these two into one resident optimizer's state
+  // and back. stage_state_dict waits too, then stages the host optimizer's load. Load before
+  // provide_casts(): a master changed outside the update (a loaded model state dict bumps its
+  // version) has its cast written again by the next provide_casts() or copy_to_device(), but
+  // casts already given to a region are copies of the values before.
+  StateDict state_dict();
+  StagedLoad stage_state_dict(const StateDict& sd);
+  void load_state_dict(const StateDict& sd) { stage_state_dict(sd)(); }
   // The tensors of `all` that are not host parameters (what a device optimizer should step).
   std::vector<Tensor> others(const std::vector<Tensor>& all) const;
   // Bytes of f32 masters held in host memory.
@@ -124,6 +136,7 @@ class HostParams {
   struct Task;
   void on_gradient(size_t i, Tensor grad);
   Tensor device_cast(size_t i);  // the parameter's cast copied to the device on the current stream
+  void refresh_cast(size_t i);   // writes the cast again if the master changed since (after a wait)
   void run_worker();
   void process(Task& t);
 
@@ -132,6 +145,9 @@ class HostParams {
   std::unique_ptr<optim::Optimizer> opt_;
   std::vector<Tensor> casts_;  // each parameter's cast, pinned, written by the update (undefined: f32)
   std::vector<DType> cast_dtypes_;
+  // Each master's version when its cast was written: a master changed outside the update (a
+  // loaded model state dict) has its cast written again before the device reads it.
+  std::vector<uint32_t> cast_versions_;
   std::vector<int64_t> pending_;  // updates queued and not yet run, a parameter
   std::vector<Tensor> sums_;      // gradients added up while stepping is off (f32, host)
   std::vector<uint8_t> seen_;     // a gradient arrived for this parameter in this round

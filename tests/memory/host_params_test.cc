@@ -1,12 +1,16 @@
 // memory::HostParams: a GPT whose Linear parameters live in host memory (their optimizer stepping
 // them on the CPU during backward, the device reading their bf16 casts) trains as the GPT with
 // every parameter on the device, with and without gradient accumulation; the host update is the
-// device's within a few ulps; what bad input says. The training cases need a GPU.
+// device's within a few ulps; a checkpoint of the offloaded run resumes it bit-identically, or
+// in the device-resident mode within those ulps; what bad input says. The training cases need a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <unistd.h>
 
 #include "autograd/functions.h"
 #include "core/autocast.h"
@@ -16,6 +20,9 @@
 #include "nn/models/gpt.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "optim/state_by_name.h"
+#include "serialize/serialize.h"
+#include "serialize/training_checkpoint.h"
 #include "tests/error_of.h"
 
 namespace mg::memory {
@@ -195,6 +202,162 @@ TEST(HostParams, EveryHostParameterTrainsUnderAdamW) {
   ASSERT_EQ(out.size(), init.size());
   for (size_t k = 0; k < out.size(); ++k) EXPECT_NE(out[k], init[k]) << "host parameter " << k << " never moved";
   EXPECT_LT(losses.back(), losses.front());
+}
+
+// Checkpoints of the offloaded run (components "model", "optimizer": the device AdamW's,
+// "host_optimizer": HostParams'). Step s trains on batch s (a generator of its own), under bf16
+// autocast, B=4, T=16, so a resumed run sees the batches the uninterrupted one saw.
+const HostOptimizerFactory kAdamW = [](std::vector<Tensor> ps) -> std::unique_ptr<optim::Optimizer> {
+  return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions());
+};
+
+void train_step(nn::GPT& m, optim::Optimizer& opt, HostParams* hp, int s) {
+  const Device dev = Device::cuda(0);
+  Generator data(100 + s);
+  const Tensor idx = randint(0, 97, {4, 16}, {DType::i64}, &data).to(dev);
+  const Tensor tgt = randint(0, 97, {4, 16}, {DType::i64}, &data).to(dev);
+  opt.zero_grad();
+  Tensor loss;
+  {
+    Autocast ac(DeviceType::CUDA, DType::bf16);
+    loss = m.forward_loss(idx, tgt);
+  }
+  loss.backward();
+  opt.step();
+  if (hp) hp->provide_casts();
+}
+
+// A GPT with its Linears in host memory (HostParams, AdamW there) and a device AdamW for the
+// others, from `seed`, with its checkpoint's components registered.
+struct OffloadRun {
+  std::shared_ptr<nn::GPT> model;
+  std::unique_ptr<HostParams> hp;
+  std::unique_ptr<optim::AdamW> opt;
+  serialize::TrainingCheckpoint ckpt;
+  explicit OffloadRun(uint64_t seed) {
+    manual_seed(seed);
+    model = std::make_shared<nn::GPT>(tiny(), TensorOptions(DType::f32, Device::cuda(0)));
+    hp = std::make_unique<HostParams>(gpt_linear_params(*model), Device::cuda(0), kAdamW);
+    opt = std::make_unique<optim::AdamW>(hp->others(model->parameters()), optim::AdamWOptions());
+    ckpt.add("model", *model).add("optimizer", *opt).add("host_optimizer", *hp);
+  }
+  void train(int first, int steps) {
+    for (int s = first; s < first + steps; ++s) {
+      train_step(*model, *opt, hp.get(), s);
+      ++ckpt.step;
+    }
+  }
+};
+
+std::string temp_path(const std::string& name) {
+  const char* t = std::getenv("TEST_TMPDIR");
+  const std::filesystem::path d =
+      std::filesystem::path(t ? t : "/tmp") / ("host_params_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(d);
+  return (d / name).string();
+}
+
+std::vector<std::vector<float>> values(nn::GPT& m) {
+  std::vector<std::vector<float>> out;
+  for (const Tensor& p : m.parameters()) out.push_back(p.to_vector<float>());
+  return out;
+}
+
+constexpr int kSaveAt = 4, kMore = 3;
+
+// The uninterrupted run: kSaveAt steps, the checkpoint at `path`, kMore steps; the parameters
+// after each of those (after[0]: one step past the checkpoint).
+std::vector<std::vector<std::vector<float>>> uninterrupted(const std::string& path) {
+  OffloadRun run(0);
+  run.hp->provide_casts();
+  run.train(0, kSaveAt);
+  run.ckpt.save(path);
+  std::vector<std::vector<std::vector<float>>> after;
+  for (int s = kSaveAt; s < kSaveAt + kMore; ++s) {
+    run.train(s, 1);
+    after.push_back(values(*run.model));
+  }
+  return after;
+}
+
+// A fresh model (other initial values) and a fresh HostParams load the checkpoint and train the
+// same kMore steps: the same arithmetic on the same values, so the same bits. The casts the
+// host parameters' HostParams was built with are of the other values; provide_casts() writes
+// them again from the loaded masters (HostParams notices that their version changed).
+TEST(HostParams, CheckpointResumesBitIdentically) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string path = temp_path("offload.ckpt");
+  const auto after = uninterrupted(path);
+
+  OffloadRun resumed(7);
+  resumed.ckpt.load(path);
+  EXPECT_EQ(resumed.ckpt.step, kSaveAt);
+  for (const Tensor& p : resumed.hp->params()) {
+    ASSERT_NE(resumed.hp->optimizer().state(p), nullptr);
+    EXPECT_EQ(resumed.hp->optimizer().state(p)->step, kSaveAt);
+  }
+  resumed.hp->provide_casts();  // after the load: the next region reads the loaded values' casts
+  resumed.train(kSaveAt, kMore);
+  const auto got = values(*resumed.model);
+  const auto names = resumed.model->named_parameters();
+  ASSERT_EQ(got.size(), after.back().size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].size(), after.back()[i].size());
+    EXPECT_EQ(std::memcmp(got[i].data(), after.back()[i].data(), got[i].size() * sizeof(float)), 0)
+        << names[i].first << " differs from the uninterrupted run";
+  }
+}
+
+// The offloaded checkpoint resumed in the device-resident mode: one AdamW over every parameter
+// on the device loads the device and host optimizers' states merged by name. Its first step
+// computes the same gradients from the same values (the forward reads the same bf16 casts) and
+// applies the same update, which for the host parameters the CUDA kernel now computes instead of
+// the host loop: within HostUpdateIsTheDevicesWithinUlps' bound, 8 ulps of max(|p_old|,
+// |p_new|). One step only: after it the two runs' parameters differ by those ulps, and AdamW's
+// division by sqrt(v) lets the later gradients amplify them (EveryHostParameterTrainsUnderAdamW).
+TEST(HostParams, CheckpointResumesInResidentModeWithinUlps) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string path = temp_path("offload_to_resident.ckpt");
+  const auto after = uninterrupted(path);
+
+  const StateDict sd = serialize::load(path);
+  manual_seed(7);
+  nn::GPT m(tiny(), TensorOptions(DType::f32, Device::cuda(0)));
+  m.load_state_dict(sd.sub("model"));
+  const auto named = m.named_parameters();
+  std::vector<Tensor> linear = gpt_linear_params(m), rest;
+  for (const Tensor& p : m.parameters())
+    if (std::none_of(linear.begin(), linear.end(), [&](const Tensor& l) { return l.is_same(p); })) rest.push_back(p);
+  optim::AdamW one(m.parameters(), optim::AdamWOptions());
+  // The saved parts' names: the device optimizer stepped the others in the model's order (HostParams::
+  // others), the host optimizer the blocks' Linears in gpt_linear_params' order.
+  one.load_state_dict(optim::merge_state_dicts({{sd.sub("optimizer"), optim::param_names(rest, named)},
+                                                {sd.sub("host_optimizer"), optim::param_names(linear, named)}},
+                                               optim::named_state(one, named)));
+  for (const Tensor& p : m.parameters()) {
+    ASSERT_NE(one.state(p), nullptr);
+    EXPECT_EQ(one.state(p)->step, kSaveAt);
+  }
+  const auto before = values(m);
+  train_step(m, one, nullptr, kSaveAt);
+  const auto got = values(m);
+  ASSERT_EQ(got.size(), after[0].size());
+  double worst_ulps = 0, worst_abs = 0;
+  std::string worst_name;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].size(), after[0][i].size());
+    for (size_t j = 0; j < got[i].size(); ++j) {
+      const float mag = std::max(std::fabs(before[i][j]), std::fabs(after[0][i][j]));
+      const double ulp = std::nextafter(mag, INFINITY) - mag, diff = std::fabs(double(got[i][j]) - after[0][i][j]);
+      worst_abs = std::max(worst_abs, diff);
+      if (diff / ulp > worst_ulps) worst_ulps = diff / ulp, worst_name = named[i].first;
+    }
+  }
+  EXPECT_LE(worst_ulps, 8.0) << "at " << worst_name;
+  std::printf(
+      "offloaded checkpoint resumed resident, one step: largest difference %.3g (%.1f ulps of "
+      "max(|p_old|, |p_new|), %s)\n",
+      worst_abs, worst_ulps, worst_name.empty() ? "none" : worst_name.c_str());
 }
 
 }  // namespace
