@@ -335,10 +335,11 @@ bool lt_fp8_gemm(const Tensor& a, bool a_e4m3, const Tensor& a_inv, const Tensor
   if (rows == 0 || n == 0 || k == 0) return false;
   cublasLtEpilogue_t ep = bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   if (epilogue == 1) ep = bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-  if (epilogue == 2) {
-    if (bias.defined()) return false;
-    ep = CUBLASLT_EPILOGUE_DGELU;
-  }
+  // DGELU: the caller's GEMM and GELU-backward kernel instead. With FP8 operands cuBLASLt 13 ran
+  // the epilogue as a generic kernel of its own after the GEMM, 555 us a call at GPT-2 XL's MLP on
+  // the H100 (26.6 ms of a 192 ms step; bench/results/h100_fp8_recipe_casts_2026-12-06.log),
+  // several times the elementwise kernel's cost.
+  if (epilogue == 2) return false;
   if (epilogue != 0 && !aux.defined()) return false;
   const LtFp8 f{b_e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2, a_e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2, b_inv.raw_data(),
                 a_inv.raw_data(), a_e4m3 && b_e4m3};

@@ -6,6 +6,9 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/fp8_math.h"
@@ -71,9 +74,78 @@ __global__ void amax_kernel(const T* x, int64_t n, unsigned* amax_bits) {
   if ((threadIdx.x & 31) == 0) atomicMax(amax_bits, m);
 }
 
-__global__ void scale_kernel(unsigned* amax_bits, fp8_math::Format f, int margin, float* scale, float* scale_inv) {
-  const float amax = __uint_as_float(*amax_bits);
+// Four consecutive elements as floats, from one 8-byte (f16, bf16) or 16-byte (f32) load.
+template <class T>
+__device__ __forceinline__ void load4(const T* p, float (&v)[4]) {
+  if constexpr (sizeof(T) == 2) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = to_f(e[j]);
+  } else {
+    const float4 u = *reinterpret_cast<const float4*>(p);
+    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+  }
+}
+
+__device__ __forceinline__ unsigned abs_bits(float v) {
+  const float a = fabsf(v);
+  return isnan(a) ? 0x7fc00000u : __float_as_uint(a);
+}
+
+// Eight consecutive elements as floats, from one 16-byte load (f16, bf16) or two (f32).
+template <class T>
+__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
+  if constexpr (sizeof(T) == 2) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = to_f(e[j]);
+  } else {
+    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+}
+
+// Each block's max |x| (as amax_kernel's bits) into partial[blockIdx.x]: 8 elements a load, x
+// aligned to 16 bytes; the last n % 8 elements are block 0's. No atomics and no zeroed result:
+// scale_kernel reduces the partials.
+template <class T>
+__global__ void amax_partial_kernel(const T* x, int64_t n, unsigned* partial) {
+  __shared__ unsigned warp_max[kBlock / 32];
+  unsigned m = 0;
+  const int64_t groups = n / 8;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < groups;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v[8];
+    load8(x + 8 * i, v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = max(m, abs_bits(v[j]));
+  }
+  if (blockIdx.x == 0 && threadIdx.x < n - 8 * groups) m = max(m, abs_bits(to_f(x[8 * groups + threadIdx.x])));
+  for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_down_sync(0xffffffffu, m, off));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kBlock / 32; ++w) m = max(m, warp_max[w]);
+    partial[blockIdx.x] = m;
+  }
+}
+
+// One block: the max of `count` partial amax bits, written as the f32 amax, and the scale rule.
+__global__ void scale_kernel(const unsigned* partial, int count, fp8_math::Format f, int margin, float* amax_out,
+                             float* scale, float* scale_inv) {
+  __shared__ unsigned warp_max[kBlock / 32];
+  unsigned m = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) m = max(m, partial[i]);
+  for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_down_sync(0xffffffffu, m, off));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < kBlock / 32; ++w) m = max(m, warp_max[w]);
+  const float amax = __uint_as_float(m);
   const float s = fp8_math::scale_for(amax, f, margin);
+  *amax_out = amax;
   *scale = s;
   if (scale_inv) *scale_inv = __frcp_rn(s);
 }
@@ -147,6 +219,47 @@ void CudaBackend::fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format
   MG_CUDA_CHECK_LAUNCH("fp8_dequantize");
 }
 
+// quantize_transpose_kernel for rows and cols multiples of 4 and 4-element-aligned rows: a
+// 32 x 128 tile, each thread converting 4 consecutive elements from one load and storing their
+// 4 codes as one word; the transpose reads the tile's codes from shared memory and writes 4
+// rows' codes of one column as one word.
+constexpr int kWideCols = 128;
+template <class T>
+__global__ void quantize_transpose_vec_kernel(const T* x, const float* scale, __nv_fp8_interpretation_t kind,
+                                              uint8_t* q, uint8_t* qt, int64_t rows, int64_t cols) {
+  __shared__ __align__(4) uint8_t tile[kTile][kWideCols + 4];
+  const float s = *scale;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kWideCols;
+  const int64_t c = c0 + 4 * threadIdx.x;
+  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+    const int64_t r = r0 + i;
+    if (r < rows && c < cols) {
+      float v[4];
+      load4(x + r * cols + c, v);
+      uint32_t packed = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        packed |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[j] * s, __NV_SATFINITE, kind)) << (8 * j);
+      *reinterpret_cast<uint32_t*>(&tile[i][4 * threadIdx.x]) = packed;
+      if (q) *reinterpret_cast<uint32_t*>(q + r * cols + c) = packed;
+    }
+  }
+  if (!qt) return;
+  __syncthreads();
+  const int t = threadIdx.y * kTile + threadIdx.x;
+  for (int item = t; item < kWideCols * (kTile / 4); item += kTile * kTileRows) {
+    const int cc = item / (kTile / 4), g = item % (kTile / 4);  // the tile's column, its 4-row group
+    const int64_t col = c0 + cc, r = r0 + 4 * g;
+    if (col < cols && r < rows) {
+      const uint32_t packed = tile[4 * g][cc] | (tile[4 * g + 1][cc] << 8) | (tile[4 * g + 2][cc] << 16) |
+                              (static_cast<uint32_t>(tile[4 * g + 3][cc]) << 24);
+      *reinterpret_cast<uint32_t*>(qt + col * rows + r) = packed;
+    }
+  }
+}
+
+bool aligned_to(const void* p, size_t bytes) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 template <>
 void CudaBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
                                          const Tensor& out_t) {
@@ -159,8 +272,16 @@ void CudaBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, F
            65535 * kTile);
   auto* q = out.defined() ? static_cast<uint8_t*>(out.raw_data()) : nullptr;
   auto* qt = out_t.defined() ? static_cast<uint8_t*>(out_t.raw_data()) : nullptr;
+  const bool wide = rows % 4 == 0 && cols % 4 == 0 && aligned_to(x.raw_data(), 4 * dtype_size(x.dtype())) &&
+                    aligned_to(q, 4) && aligned_to(qt, 4);
   dispatch_half_or_f32(x.dtype(), [&](auto t) {
     using T = decltype(t);
+    if (wide) {
+      const dim3 g(static_cast<unsigned>((cols + kWideCols - 1) / kWideCols), grid.y);
+      quantize_transpose_vec_kernel<T><<<g, dim3(kTile, kTileRows), 0, st>>>(
+          static_cast<const T*>(x.raw_data()), data_as<const float>(scale), kind_of(format), q, qt, rows, cols);
+      return;
+    }
     quantize_transpose_kernel<T><<<grid, dim3(kTile, kTileRows), 0, st>>>(
         static_cast<const T*>(x.raw_data()), data_as<const float>(scale), kind_of(format), q, qt, rows, cols);
   });
@@ -172,16 +293,27 @@ void CudaBackend::fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, 
                                  const Tensor& scale_inv) {
   mg::cuda::DeviceGuard guard(x.device());
   cudaStream_t st = stream_of(x);
-  auto* bits = static_cast<unsigned*>(amax.raw_data());  // the f32 result, built as its bits
-  MG_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof(unsigned), st));
   const int64_t n = x.numel();
+  // Aligned: each block's maximum into a partial, reduced by scale_kernel. Otherwise the
+  // one-element-a-thread kernel's atomic maximum into amax's own bits, zeroed first.
+  const bool wide = n > 0 && aligned_to(x.raw_data(), 16);
+  const unsigned blocks =
+      wide ? std::min<unsigned>(blocks_for((n + 7) / 8), 8 * static_cast<unsigned>(sm_count(x.device()))) : 1;
+  Tensor partial = wide ? empty({static_cast<int64_t>(blocks)}, TensorOptions(DType::i32, x.device())) : amax;
+  auto* bits = static_cast<unsigned*>(partial.raw_data());
+  if (!wide) MG_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof(unsigned), st));
   if (n > 0)
     dispatch_half_or_f32(x.dtype(), [&](auto t) {
       using T = decltype(t);
-      amax_kernel<T><<<blocks_for(n), kBlock, 0, st>>>(static_cast<const T*>(x.raw_data()), n, bits);
+      const T* px = static_cast<const T*>(x.raw_data());
+      if (wide)
+        amax_partial_kernel<T><<<blocks, kBlock, 0, st>>>(px, n, bits);
+      else
+        amax_kernel<T><<<blocks_for(n), kBlock, 0, st>>>(px, n, bits);
     });
-  scale_kernel<<<1, 1, 0, st>>>(bits, format == Fp8Format::E4M3 ? fp8_math::kE4M3 : fp8_math::kE5M2, margin,
-                                data_as<float>(scale), scale_inv.defined() ? data_as<float>(scale_inv) : nullptr);
+  scale_kernel<<<1, kBlock, 0, st>>>(
+      bits, static_cast<int>(blocks), format == Fp8Format::E4M3 ? fp8_math::kE4M3 : fp8_math::kE5M2, margin,
+      data_as<float>(amax), data_as<float>(scale), scale_inv.defined() ? data_as<float>(scale_inv) : nullptr);
   MG_CUDA_CHECK_LAUNCH("fp8_current_scale");
 }
 

@@ -205,26 +205,43 @@ TEST(HostParams, EveryHostParameterTrainsUnderAdamW) {
 }
 
 // Checkpoints of the offloaded run (components "model", "optimizer": the device AdamW's,
-// "host_optimizer": HostParams'). Step s trains on batch s (a generator of its own), under bf16
-// autocast, B=4, T=16, so a resumed run sees the batches the uninterrupted one saw.
+// "host_optimizer": HostParams'). The steps after the checkpoint take synthetic gradients (drawn
+// from a generator of the step's own, in the model's parameter order; the host parameters' handed
+// to HostParams as their gradient sinks would), not the GPT's backward: its attention backward
+// on the device accumulates in an order that changes from run to run, so two runs of it differ
+// in the last bits whatever the checkpoint restores. The forward is deterministic: it checks the
+// casts the resumed run reads.
 const HostOptimizerFactory kAdamW = [](std::vector<Tensor> ps) -> std::unique_ptr<optim::Optimizer> {
   return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions());
 };
 
-void train_step(nn::GPT& m, optim::Optimizer& opt, HostParams* hp, int s) {
+void synthetic_step(nn::GPT& m, optim::Optimizer& opt, HostParams* hp, int s) {
   const Device dev = Device::cuda(0);
-  Generator data(100 + s);
+  Generator g(1000 + s);
+  opt.zero_grad();
+  for (const Tensor& p : m.parameters()) {
+    Tensor grad = (randn(p.sizes(), {}, &g) * 1e-2).to(dev);
+    size_t k = 0;
+    const std::vector<Tensor> host = hp ? hp->params() : std::vector<Tensor>{};
+    while (k < host.size() && !host[k].is_same(p)) ++k;
+    if (k < host.size())
+      hp->add_gradient(k, grad);
+    else
+      Tensor(p).set_grad(grad);
+  }
+  opt.step();
+  if (hp) hp->provide_casts();  // waits for the host updates, starts the next round
+}
+
+// The loss on a fixed batch under bf16 autocast, no gradients: what the parameters' casts give.
+float fixed_loss(nn::GPT& m) {
+  const Device dev = Device::cuda(0);
+  Generator data(99);
   const Tensor idx = randint(0, 97, {4, 16}, {DType::i64}, &data).to(dev);
   const Tensor tgt = randint(0, 97, {4, 16}, {DType::i64}, &data).to(dev);
-  opt.zero_grad();
-  Tensor loss;
-  {
-    Autocast ac(DeviceType::CUDA, DType::bf16);
-    loss = m.forward_loss(idx, tgt);
-  }
-  loss.backward();
-  opt.step();
-  if (hp) hp->provide_casts();
+  NoGradGuard ng;
+  Autocast ac(DeviceType::CUDA, DType::bf16);
+  return m.forward_loss(idx, tgt).item<float>();
 }
 
 // A GPT with its Linears in host memory (HostParams, AdamW there) and a device AdamW for the
@@ -243,7 +260,7 @@ struct OffloadRun {
   }
   void train(int first, int steps) {
     for (int s = first; s < first + steps; ++s) {
-      train_step(*model, *opt, hp.get(), s);
+      synthetic_step(*model, *opt, hp.get(), s);
       ++ckpt.step;
     }
   }
@@ -265,29 +282,34 @@ std::vector<std::vector<float>> values(nn::GPT& m) {
 
 constexpr int kSaveAt = 4, kMore = 3;
 
-// The uninterrupted run: kSaveAt steps, the checkpoint at `path`, kMore steps; the parameters
-// after each of those (after[0]: one step past the checkpoint).
-std::vector<std::vector<std::vector<float>>> uninterrupted(const std::string& path) {
+// The uninterrupted run: kSaveAt steps, the checkpoint at `path` (and the fixed batch's loss
+// then), kMore steps; the parameters after each of those (after[0]: one step past the checkpoint).
+struct Uninterrupted {
+  float loss_at_save = 0;
+  std::vector<std::vector<std::vector<float>>> after;
+};
+Uninterrupted uninterrupted(const std::string& path) {
   OffloadRun run(0);
   run.hp->provide_casts();
   run.train(0, kSaveAt);
   run.ckpt.save(path);
-  std::vector<std::vector<std::vector<float>>> after;
+  Uninterrupted u;
+  u.loss_at_save = fixed_loss(*run.model);
   for (int s = kSaveAt; s < kSaveAt + kMore; ++s) {
     run.train(s, 1);
-    after.push_back(values(*run.model));
+    u.after.push_back(values(*run.model));
   }
-  return after;
+  return u;
 }
 
-// A fresh model (other initial values) and a fresh HostParams load the checkpoint and train the
-// same kMore steps: the same arithmetic on the same values, so the same bits. The casts the
-// host parameters' HostParams was built with are of the other values; provide_casts() writes
-// them again from the loaded masters (HostParams notices that their version changed).
+// A fresh model (other initial values) and a fresh HostParams load the checkpoint: the forward
+// gives the saved run's loss bit for bit (the casts HostParams was built with were of the other
+// values; provide_casts() writes them again from the loaded masters, whose version changed), and
+// the same kMore steps give the same bits (masters, moments and step counts restored exactly).
 TEST(HostParams, CheckpointResumesBitIdentically) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const std::string path = temp_path("offload.ckpt");
-  const auto after = uninterrupted(path);
+  const Uninterrupted u = uninterrupted(path);
 
   OffloadRun resumed(7);
   resumed.ckpt.load(path);
@@ -297,28 +319,27 @@ TEST(HostParams, CheckpointResumesBitIdentically) {
     EXPECT_EQ(resumed.hp->optimizer().state(p)->step, kSaveAt);
   }
   resumed.hp->provide_casts();  // after the load: the next region reads the loaded values' casts
+  EXPECT_EQ(fixed_loss(*resumed.model), u.loss_at_save);
   resumed.train(kSaveAt, kMore);
   const auto got = values(*resumed.model);
   const auto names = resumed.model->named_parameters();
-  ASSERT_EQ(got.size(), after.back().size());
+  ASSERT_EQ(got.size(), u.after.back().size());
   for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_EQ(got[i].size(), after.back()[i].size());
-    EXPECT_EQ(std::memcmp(got[i].data(), after.back()[i].data(), got[i].size() * sizeof(float)), 0)
+    ASSERT_EQ(got[i].size(), u.after.back()[i].size());
+    EXPECT_EQ(std::memcmp(got[i].data(), u.after.back()[i].data(), got[i].size() * sizeof(float)), 0)
         << names[i].first << " differs from the uninterrupted run";
   }
 }
 
 // The offloaded checkpoint resumed in the device-resident mode: one AdamW over every parameter
 // on the device loads the device and host optimizers' states merged by name. Its first step
-// computes the same gradients from the same values (the forward reads the same bf16 casts) and
-// applies the same update, which for the host parameters the CUDA kernel now computes instead of
-// the host loop: within HostUpdateIsTheDevicesWithinUlps' bound, 8 ulps of max(|p_old|,
-// |p_new|). One step only: after it the two runs' parameters differ by those ulps, and AdamW's
-// division by sqrt(v) lets the later gradients amplify them (EveryHostParameterTrainsUnderAdamW).
+// applies the same update to the same values with the same gradient, which for the host
+// parameters the CUDA kernel now computes instead of the host loop: within
+// HostUpdateIsTheDevicesWithinUlps' bound, 8 ulps of max(|p_old|, |p_new|).
 TEST(HostParams, CheckpointResumesInResidentModeWithinUlps) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const std::string path = temp_path("offload_to_resident.ckpt");
-  const auto after = uninterrupted(path);
+  const Uninterrupted u = uninterrupted(path);
 
   const StateDict sd = serialize::load(path);
   manual_seed(7);
@@ -339,16 +360,16 @@ TEST(HostParams, CheckpointResumesInResidentModeWithinUlps) {
     EXPECT_EQ(one.state(p)->step, kSaveAt);
   }
   const auto before = values(m);
-  train_step(m, one, nullptr, kSaveAt);
+  synthetic_step(m, one, nullptr, kSaveAt);
   const auto got = values(m);
-  ASSERT_EQ(got.size(), after[0].size());
+  ASSERT_EQ(got.size(), u.after[0].size());
   double worst_ulps = 0, worst_abs = 0;
   std::string worst_name;
   for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_EQ(got[i].size(), after[0][i].size());
+    ASSERT_EQ(got[i].size(), u.after[0][i].size());
     for (size_t j = 0; j < got[i].size(); ++j) {
-      const float mag = std::max(std::fabs(before[i][j]), std::fabs(after[0][i][j]));
-      const double ulp = std::nextafter(mag, INFINITY) - mag, diff = std::fabs(double(got[i][j]) - after[0][i][j]);
+      const float mag = std::max(std::fabs(before[i][j]), std::fabs(u.after[0][i][j]));
+      const double ulp = std::nextafter(mag, INFINITY) - mag, diff = std::fabs(double(got[i][j]) - u.after[0][i][j]);
       worst_abs = std::max(worst_abs, diff);
       if (diff / ulp > worst_ulps) worst_ulps = diff / ulp, worst_name = named[i].first;
     }

@@ -214,7 +214,7 @@ TEST_F(Fp8Parity, GemmGeluEpiloguesMatchTheComposedCpu) {
   for (size_t i = 0; i < p.size(); ++i)
     ASSERT_NEAR(got_h[i], want_h[i], std::fabs(want_h[i]) * (1e-4 + 0x1p-11) + 1e-4) << i << ": pre " << p[i];
   // DGELU with the same codes as the gradient and aux = plain / 8 (another range of gelu').
-  const Tensor pre = raw::to_dtype(raw::to_dtype(plain, DType::f32) * 0.125, DType::f16);
+  const Tensor pre = raw::to_dtype(kernels::mul(raw::to_dtype(plain, DType::f32), full({1}, 0.125)), DType::f16);
   const Tensor dg = kernels::fp8_gemm(to_cuda(a), Fp8Format::E4M3, to_cuda(inv), to_cuda(b), Fp8Format::E4M3,
                                       to_cuda(inv), Tensor(), DType::f16, kernels::Fp8Epilogue::DGelu, to_cuda(pre));
   const std::vector<float> want_d = kernels::binary(kernels::Binary::GeluTanhBackward, raw::to_dtype(plain, DType::f32),
