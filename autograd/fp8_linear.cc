@@ -45,6 +45,7 @@ bool fp8_linear_applies(const Tensor& x, const Tensor& w) {
   if (!st.fp8 || !x.defined() || !w.defined() || x.dim() < 1 || w.dim() != 2) return false;
   const DeviceType dt = x.device().type;
   if (!st.enabled(dt) || !half(st.dtype(dt)) || x.dtype() != st.dtype(dt) || w.dtype() != x.dtype()) return false;
+  if (x.size(-1) < st.fp8_min_features || w.size(0) < st.fp8_min_features) return false;
   return x.size(-1) % 16 == 0 && w.size(0) % 16 == 0 && rows_of(x) % 16 == 0 && rows_of(x) > 0;
 }
 

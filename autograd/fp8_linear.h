@@ -20,8 +20,9 @@
 namespace mg::autograd {
 
 // Whether the recipe takes a linear of x [..., K] with weight w [N, K]: Fp8Autocast on, autocast
-// enabled for x's device, x and w already in its f16/bf16 dtype, and K, N and the rows multiples
-// of 16 (the FP8 GEMMs' granularity; other shapes keep the region's dtype).
+// enabled for x's device, x and w already in its f16/bf16 dtype, K and N at least the recipe's
+// min_features, and K, N and the rows multiples of 16 (the FP8 GEMMs' granularity; other shapes
+// keep the region's dtype).
 bool fp8_linear_applies(const Tensor& x, const Tensor& w);
 
 // linear and gelu_mlp under the recipe; gw_dtype and the like are the weights' gradient dtypes.

@@ -36,6 +36,7 @@
 //                      phase ranges, the memory counter tracks, the allocator's segment events
 //   --fp8              the linear layers' GEMMs in FP8 inside the autocast region (mg::Fp8Autocast:
 //                      e4m3 weights and activations, e5m2 gradients, current scaling)
+//   --fp8-min-features N  with --fp8: only the linears at least N features wide (in and out)
 //   --host-params      GPT: the blocks' Linear weights and biases in pinned host memory with their
 //                      gradients and optimizer state, the optimizer stepping them on the CPU, the
 //                      device holding their bf16 casts (memory::HostParams; " host params")
@@ -284,7 +285,8 @@ Result run(StepFn& step, int warmup, int steps, mg::Device dev) {
 // The optimizer every model step uses (--optimizer): SGD with momentum 0.9 (the suite's rows)
 // or fused AdamW (lr 1e-3, weight decay 0.1, GPT-2's usual), PyTorch's fused=True on its side.
 std::string g_optimizer = "sgd";
-bool g_fp8 = false;  // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast) inside the autocast region
+bool g_fp8 = false;              // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast) inside the autocast region
+int64_t g_fp8_min_features = 0;  // --fp8-min-features N: only linears at least N wide (in and out) in FP8
 std::unique_ptr<mg::optim::Optimizer> make_optimizer(const std::vector<mg::Tensor>& params) {
   if (g_optimizer == "adamw" || g_optimizer == "adamw8bit") {
     mg::optim::AdamW8bitOptions o;
@@ -362,7 +364,7 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBack
       mg::profiler::Range r("forward", "phase");
       mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
                       g_dtype != mg::DType::f32);
-      mg::Fp8Autocast fp8(g_fp8);
+      mg::Fp8Autocast fp8(g_fp8, g_fp8_min_features);
       loss = loss_of();
     }
     phase_end(g_phases.forward);
@@ -598,6 +600,8 @@ int run_main(int argc, char** argv) {
       param_offload = std::max(0, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--trace"))
       g_trace_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--fp8-min-features"))
+      g_fp8_min_features = std::max<int64_t>(0, std::atoll(argv[++i]));
     else if (!std::strcmp(argv[i], "--resid-dropout"))
       resid_dropout = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--optimizer"))
@@ -647,14 +651,16 @@ int run_main(int argc, char** argv) {
     std::fprintf(stderr, "bench_models: --fp8 runs inside the autocast region: it needs --dtype bf16 or f16\n");
     return 2;
   }
-  const std::string tag = " " + dtype + (dtype == "f32" ? "" : " autocast") + (g_fp8 ? " fp8" : "") +
-                          (tf32 ? " TF32" : "") + (channels_last ? " channels_last" : "") +
-                          (g_optimizer == "adamw"       ? " AdamW"
-                           : g_optimizer == "adamw8bit" ? " AdamW8bit"
-                                                        : "") +
-                          (g_graph ? " CUDA graph" : "") + (tune_gemm ? " tuned GEMMs" : "") +
-                          (resid_dropout > 0 ? " resid-dropout " + fmt_g(resid_dropout) : "") +
-                          (memory_cap_gib > 0 ? " cap " + fmt_g(memory_cap_gib) + " GiB" : "");
+  const std::string tag =
+      " " + dtype + (dtype == "f32" ? "" : " autocast") +
+      (g_fp8 ? " fp8" + (g_fp8_min_features ? ">=" + std::to_string(g_fp8_min_features) : std::string()) : "") +
+      (tf32 ? " TF32" : "") + (channels_last ? " channels_last" : "") +
+      (g_optimizer == "adamw"       ? " AdamW"
+       : g_optimizer == "adamw8bit" ? " AdamW8bit"
+                                    : "") +
+      (g_graph ? " CUDA graph" : "") + (tune_gemm ? " tuned GEMMs" : "") +
+      (resid_dropout > 0 ? " resid-dropout " + fmt_g(resid_dropout) : "") +
+      (memory_cap_gib > 0 ? " cap " + fmt_g(memory_cap_gib) + " GiB" : "");
   if (!mg::cuda::is_available()) {
     std::fprintf(stderr, "bench_models: no CUDA device; nothing to measure\n");
     return 0;

@@ -23,6 +23,8 @@ struct AutocastState {
   // The FP8 recipe (Fp8Autocast): inside an enabled f16/bf16 region, linear layers' GEMMs run
   // on FP8 codes (autograd/fp8_linear.h says which and how).
   bool fp8 = false;
+  // ... for linears whose in and out features are both at least this many.
+  int64_t fp8_min_features = 0;
 
   bool enabled(DeviceType t) const { return t == DeviceType::CUDA ? cuda_enabled : cpu_enabled; }
   DType dtype(DeviceType t) const { return t == DeviceType::CUDA ? cuda_dtype : cpu_dtype; }
@@ -71,16 +73,20 @@ class Autocast {
 //   Autocast amp(DeviceType::CUDA, DType::bf16);
 //   Fp8Autocast fp8;
 //   Tensor loss = model(x) ...;
-// Nestable; enabled == false turns the recipe off inside.
+// Nestable; enabled == false turns the recipe off inside. `min_features` leaves the linears
+// narrower than it (in or out features) in the region's dtype: each FP8 GEMM costs a pass over
+// its operands to scale and cast them, which the faster GEMM repays only from some width on
+// (docs/mixed_precision.md has the measurements).
 class Fp8Autocast {
  public:
-  explicit Fp8Autocast(bool enabled = true);
+  explicit Fp8Autocast(bool enabled = true, int64_t min_features = 0);
   ~Fp8Autocast();
   Fp8Autocast(const Fp8Autocast&) = delete;
   Fp8Autocast& operator=(const Fp8Autocast&) = delete;
 
  private:
   bool prev_;
+  int64_t prev_min_;
 };
 
 }  // namespace mg

@@ -50,6 +50,16 @@ TEST(Fp8Recipe, LinearRunsOnTheCodesInsideTheRecipeOnly) {
             raw::to_dtype(bf16_out, DType::f32).to_vector<float>());
   {
     Autocast ac(DeviceType::CPU, DType::bf16);
+    Fp8Autocast narrow(true, 64);  // 64 in, 48 out: narrower than 64, so bf16
+    EXPECT_EQ(raw::to_dtype(lin(x), DType::f32).to_vector<float>(),
+              raw::to_dtype(bf16_out, DType::f32).to_vector<float>());
+    Fp8Autocast wide(true, 48);  // both at least 48: FP8
+    EXPECT_EQ(raw::to_dtype(lin(x), DType::f32).to_vector<float>(),
+              raw::to_dtype(fp8_out, DType::f32).to_vector<float>());
+  }
+  EXPECT_THROW(Fp8Autocast(true, -1), ValueError);
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16);
     Fp8Autocast fp8;
     Fp8Autocast off(false);  // nested off: the region's bf16 again
     EXPECT_EQ(raw::to_dtype(lin(x), DType::f32).to_vector<float>(),
