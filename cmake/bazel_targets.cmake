@@ -683,9 +683,12 @@ mg_bazel_target(library //memory:param_offload
     //memory:host_params
     //autograd:autograd
     //core:core
+    //core:state_dict
     //kernels:kernels
     //nn:nn
     //nn/models:models
+    //optim:state_by_name
+    @nlohmann_json//:json
 )
 mg_bazel_target(test //tests/autograd:autocast_test SIZE small
   SRCS
@@ -1233,6 +1236,8 @@ mg_bazel_target(test //tests/memory:param_offload_test GPU SIZE small
     //nn:nn
     //nn/models:models
     //optim:optim
+    //optim:state_by_name
+    //serialize:training_checkpoint
     //tests:error_of
     //core:core
     //core:runtime

@@ -20,8 +20,10 @@
 
 #include "autograd/param_units.h"
 #include "core/device_runtime.h"
+#include "core/state_dict.h"
 #include "memory/host_params.h"
 #include "nn/models/gpt.h"
+#include "optim/state_by_name.h"
 
 namespace mg::memory {
 
@@ -40,6 +42,8 @@ class HostSource : public ParamSource {
   HostParams& host();
   // The f32 master of a unit's group (pinned; the worker steps it).
   const Tensor& master(size_t unit, size_t group) { return host().params().at(index_.at(unit).at(group)); }
+  // Its index among host().params(), the host optimizer's numbering.
+  size_t master_index(size_t unit, size_t group) const { return index_.at(unit).at(group); }
 
  private:
   Device device_;
@@ -61,5 +65,34 @@ struct ParamOffload {
 };
 ParamOffload offload_gpt_params(nn::GPT& model, Device device, HostOptimizerFactory make_optimizer, int prefetch = 1,
                                 DType compute = DType::bf16);
+
+// Checkpoints of parameter offload, in the model's own layout, by parameter name. The model's
+// parameters own no storage between uses (reading one is a ValueError); their values are the
+// source's f32 masters, one flat tensor a unit group, stepped by the host optimizer
+// (po.source->host().optimizer()), whose state has one entry a master. Each call first waits
+// for the queued updates.
+//   model_state_dict          every parameter's values sliced from its master (f32 copies in
+//                             host memory) under its Module::named_parameters() name: what the
+//                             device-resident model's state_dict() holds, so either mode loads it.
+//   load_model_state_dict     the inverse, from a state dict saved in either mode: every name
+//                             checked (present, the parameter's shape, floating) before any
+//                             master changes; the next fetch casts the loaded values again.
+//   optimizer_named_state     the host optimizer's state with each master's buffers sliced into
+//                             its parameters: the state one optimizer of its type over the
+//                             model's parameters would hold, by name, for optim::merge_state_dicts
+//                             to lay out for any optimizer over the model (a device-resident one).
+//                             Per-element state only (AdamW's moments, SGD's momentum): 8-bit
+//                             moments are quantized in blocks that span a unit's parameters, a
+//                             ValueError naming the buffer (they resume in this mode through
+//                             po.source->host().state_dict()).
+//   load_optimizer_named_state  the inverse: state saved by name in any layout (a resident
+//                             optimizer's optim::named_state) gathered into the masters' layout and
+//                             loaded into the host optimizer (its own checks apply).
+// The same mode also resumes bit for bit from model_state_dict and host().state_dict() (the
+// masters' layout as it is).
+StateDict model_state_dict(ParamOffload& po, const nn::Module& model);
+void load_model_state_dict(ParamOffload& po, const nn::Module& model, const StateDict& sd);
+optim::NamedState optimizer_named_state(ParamOffload& po, const nn::Module& model);
+void load_optimizer_named_state(ParamOffload& po, const nn::Module& model, const optim::NamedState& saved);
 
 }  // namespace mg::memory

@@ -83,6 +83,16 @@ def models_args(dtype, tf32=False):
     return args
 
 
+def fp8_args(fp8):
+    """GPT-2 XL's step in bf16 autocast with and without the FP8 recipe: its time and what it keeps
+    (the rows' peaks; the parameters' state is the same in both). GPT-2 124M under --quick."""
+    def args(ctx):
+        size = "gpt2" if ctx.quick else "gpt2-xl"
+        return (["--model", "gpt2", "--gpt", size, "--dtype", "bf16", "--optimizer", "adamw"] +
+                (["--fp8"] if fp8 else []) + steps(ctx))
+    return args
+
+
 def dist_args(ctx):
     if not ctx.cuda:  # a tiny model on host ranks: the path runs, the numbers are no scaling claim
         tiny = ["--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--vocab", "64", "--seq", "16", "--batch", "2"]
@@ -119,6 +129,8 @@ SUITE = [
     Entry("amp_pytorch", "amp", "pytorch_eager", "pytorch/amp_step.py",
           needs_torch(lambda ctx: ["--model", "gpt2" if ctx.quick else "all"] + steps(ctx)), expect=(45, 15),
           timeout=(240, 90)),
+    Entry("amp_gpt_bf16", "amp", "memgrad", "//bench:bench_models", fp8_args(False), expect=(20, 8)),
+    Entry("amp_gpt_fp8", "amp", "memgrad", "//bench:bench_models", fp8_args(True), expect=(20, 8)),
     Entry("recompute", "recompute", "memgrad", "//bench:bench_recompute",
           lambda ctx: ["--dtype", "bf16" if ctx.cuda else "f32"] + (["--model", "gpt"] if ctx.quick else []) +
           steps(ctx), needs_cuda=False, expect=(25, 10)),
