@@ -3,12 +3,15 @@
 //    reductions, beside a library's read-only kernel: cuBLAS's cublasSasum over the same bytes);
 //  - GEMM TFLOP/s in f16/bf16 (and f32, f32+TF32) through kernels::matmul vs cuBLAS called
 //    directly at 8192^3, both with the same cuBLAS workspace (kWorkspaceMiB: main() sets
-//    memgrad's MG_CUBLAS_WORKSPACE_MB to it, and the direct handle gets a buffer of that size).
+//    memgrad's MG_CUBLAS_WORKSPACE_MB to it, and the direct handle gets a buffer of that size);
+//  - FP8: the cast's bandwidth against the copy, and GPT-2 XL's linears in bf16 beside the FP8
+//    GEMM with and without its casts.
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -18,6 +21,7 @@
 #include "core/random.h"
 #include "core/tensor.h"
 #include "kernels/deferred_checks.h"
+#include "kernels/fp8.h"
 #include "kernels/ops.h"
 
 namespace mg::bench {
@@ -297,6 +301,54 @@ void BM_CublasDirect(benchmark::State& state) {
   state.SetLabel(std::string("cuBLAS cublasGemmEx directly 8192^3 ") + dtype_name(dt) + (mode == 1 ? " (TF32)" : ""));
 }
 BENCHMARK(BM_CublasDirect)->DenseRange(0, 3)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// ---- FP8 (the recipe's pieces, docs/mixed_precision.md) ----
+// fp8_cast of a bf16 [8192, 6400] tensor (GPT-2 XL's MLP activation at B=8) into its e4m3 codes
+// and their transpose: the amax pass reads it, the cast reads it again and writes two codes an
+// element, 6 bytes an element in all (counted as 3 bf16 elements).
+void BM_Fp8Cast(benchmark::State& state) {
+  if (!require_gpu(state)) return;
+  const int64_t rows = 8192, cols = 6400;
+  Tensor x = uniform({rows, cols}, -1, 1, {DType::bf16, kGpu});
+  bandwidth(state, DType::bf16, 3.0 * rows * cols, "fp8_cast [8192, 6400] to e4m3 codes and transpose",
+            [&] { (void)kernels::fp8_cast(x, kernels::Fp8Format::E4M3, true, true); });
+}
+BENCHMARK(BM_Fp8Cast)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// GPT-2 XL's linear layers at B=8, T=1024 (M = 8192 rows): out [M, N] = x [M, K] @ w [N, K]^T,
+// as bf16 kernels::linear, as the FP8 GEMM of already-cast codes (kernels::fp8_gemm, e4m3, fast
+// accumulation), and as the recipe's forward: both casts, then the GEMM. TFLOP/s of the GEMM's
+// 2 M N K in each, so their ratio is the speedup.
+struct XlShape {
+  int64_t k, n;
+  const char* name;
+};
+constexpr XlShape kXlShapes[] = {{1600, 4800, "qkv"}, {1600, 6400, "c_fc"}, {6400, 1600, "c_proj"}};
+
+void BM_XlLinear(benchmark::State& state) {
+  if (!require_gpu(state)) return;
+  const XlShape sh = kXlShapes[state.range(0)];
+  const int mode = static_cast<int>(state.range(1));  // 0 bf16, 1 FP8 codes, 2 FP8 with its casts
+  const int64_t m = 8192;
+  Tensor x = uniform({m, sh.k}, -1, 1, {DType::bf16, kGpu}),
+         w = uniform({sh.n, sh.k}, -0.05, 0.05, {DType::bf16, kGpu});
+  const auto e4m3 = kernels::Fp8Format::E4M3;
+  const kernels::Fp8Matrix xq = kernels::fp8_cast(x, e4m3, true, false), wq = kernels::fp8_cast(w, e4m3, true, false);
+  std::function<void()> run;
+  if (mode == 0) run = [&] { (void)kernels::linear(x, w); };
+  if (mode == 1) run = [&] { (void)kernels::fp8_gemm(xq, wq, Tensor(), DType::bf16); };
+  if (mode == 2)
+    run = [&] {
+      (void)kernels::fp8_gemm(kernels::fp8_cast(x, e4m3, true, false), kernels::fp8_cast(w, e4m3, true, false),
+                              Tensor(), DType::bf16);
+    };
+  const double ms = event_time_ms(state, 3, run);
+  state.counters["TFLOP/s"] = 2.0 * m * sh.n * sh.k / (ms / 1e3) / 1e12;
+  static const char* kMode[] = {"bf16 linear", "FP8 GEMM of the codes", "FP8 casts + GEMM"};
+  state.SetLabel(std::string("GPT-2 XL ") + sh.name + " [8192, " + std::to_string(sh.k) + "] x [" +
+                 std::to_string(sh.n) + ", " + std::to_string(sh.k) + "]^T, " + kMode[mode]);
+}
+BENCHMARK(BM_XlLinear)->ArgsProduct({{0, 1, 2}, {0, 1, 2}})->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace mg::bench
