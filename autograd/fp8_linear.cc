@@ -80,8 +80,8 @@ Tensor fp8_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, con
                                  grad && needs_grad(w_proj), grad && needs_grad(b_proj)};
   const bool need_pre = need[0] || need[1] || need[2];
   const DType dtype = x.dtype();
-  const int64_t c = x.size(-1), hidden = w_fc.size(0);
-  const Fp8Matrix xq = kernels::fp8_cast(raw::reshape(x, {-1, c}), kE4M3, true, need[1]);
+  const int64_t hidden = w_fc.size(0);
+  const Fp8Matrix xq = kernels::fp8_cast(raw::reshape(x, {-1, x.size(-1)}), kE4M3, true, need[1]);
   const Fp8Matrix wfq = kernels::fp8_cast(w_fc, kE4M3, true, need[0]);
   Tensor pre = empty({rows_of(x), hidden}, TensorOptions(dtype, x.device()));
   const Tensor h = kernels::fp8_gemm(xq.codes, kE4M3, xq.scale_inv, wfq.codes, kE4M3, wfq.scale_inv, b_fc, dtype,
@@ -90,31 +90,29 @@ Tensor fp8_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, con
   const Fp8Matrix wpq = kernels::fp8_cast(w_proj, kE4M3, true, need_pre);
   const Tensor out = raw::view(kernels::fp8_gemm(hq, wpq, b_proj, dtype), with_last(x, w_proj.size(0)));
   if (!grad) return out;
-  record(
-      "gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, out,
-      [need, need_pre, c, xs = x.sizes(), dtype, dt_fc, dt_proj, xq = transposed_only(xq), wfq = transposed_only(wfq),
-       hq = transposed_only(hq), wpq = transposed_only(wpq), pre = need_pre ? pre : Tensor()](const Grads& g) {
-        Tensor gx, gw_fc, gb_fc, gw_proj, gb_proj;
-        const Tensor g2 = raw::reshape(g[0], {-1, g[0].size(-1)});
-        if (need_pre || need[3]) {
-          const Fp8Matrix gq = kernels::fp8_cast(g2, kE5M2, need_pre, need[3]);
-          if (need[3]) gw_proj = gemm_tt(gq, hq, dt_proj);
-          if (need_pre) {
-            // g_pre = (g @ w_proj) * gelu'(pre), the derivative in the GEMM's epilogue.
-            const Tensor g_pre = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv,
-                                                   Tensor(), dtype, Fp8Epilogue::DGelu, pre);
-            if (need[0] || need[1]) {
-              const Fp8Matrix gpq = kernels::fp8_cast(g_pre, kE5M2, need[0], need[1]);
-              if (need[1]) gw_fc = gemm_tt(gpq, xq, dt_fc);
-              if (need[0]) gx = raw::view(gemm_t(gpq, wfq, dtype), xs);
-            }
-            if (need[2]) gb_fc = bias_grad(g_pre, dt_fc);
-          }
-        }
-        if (need[4]) gb_proj = bias_grad(g2, dt_proj);
-        (void)c;
-        return Grads{gx, gw_fc, gb_fc, gw_proj, gb_proj};
-      });
+  record("gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, out,
+         [need, need_pre, xs = x.sizes(), dtype, dt_fc, dt_proj, xq = transposed_only(xq), wfq = transposed_only(wfq),
+          hq = transposed_only(hq), wpq = transposed_only(wpq), pre = need_pre ? pre : Tensor()](const Grads& g) {
+           Tensor gx, gw_fc, gb_fc, gw_proj, gb_proj;
+           const Tensor g2 = raw::reshape(g[0], {-1, g[0].size(-1)});
+           if (need_pre || need[3]) {
+             const Fp8Matrix gq = kernels::fp8_cast(g2, kE5M2, need_pre, need[3]);
+             if (need[3]) gw_proj = gemm_tt(gq, hq, dt_proj);
+             if (need_pre) {
+               // g_pre = (g @ w_proj) * gelu'(pre), the derivative in the GEMM's epilogue.
+               const Tensor g_pre = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv,
+                                                      Tensor(), dtype, Fp8Epilogue::DGelu, pre);
+               if (need[0] || need[1]) {
+                 const Fp8Matrix gpq = kernels::fp8_cast(g_pre, kE5M2, need[0], need[1]);
+                 if (need[1]) gw_fc = gemm_tt(gpq, xq, dt_fc);
+                 if (need[0]) gx = raw::view(gemm_t(gpq, wfq, dtype), xs);
+               }
+               if (need[2]) gb_fc = bias_grad(g_pre, dt_fc);
+             }
+           }
+           if (need[4]) gb_proj = bias_grad(g2, dt_proj);
+           return Grads{gx, gw_fc, gb_fc, gw_proj, gb_proj};
+         });
   return out;
 }
 

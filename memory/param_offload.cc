@@ -179,13 +179,14 @@ void load_model_state_dict(ParamOffload& po, const nn::Module& model, const Stat
   }
 }
 
-optim::NamedState optimizer_named_state(ParamOffload& po, const nn::Module& model) {
-  const char* op = "optimizer_named_state";
-  NoGradGuard ng;
-  const auto by_master = slots_by_master(po, model, op);
-  HostParams& h = po.source->host();
-  h.wait();
-  const StateDict flat = h.optimizer().state_dict();
+namespace {
+
+// The host optimizer's state dict `flat` re-keyed per parameter: its groups over the parameters'
+// numbering, their names, each parameter's step meta and, with `buffers`, each master's buffers
+// sliced into its parameters (copies). Without them, the layout alone (what a load lays saved
+// state out on).
+optim::NamedState per_parameter(HostParams& h, const std::vector<std::vector<Slot>>& by_master, const StateDict& flat,
+                                bool buffers, const char* op) {
   const std::vector<size_t> order = masters_in_optimizer_order(h);
   optim::NamedState out;
   out.state.meta = flat.meta;
@@ -200,7 +201,7 @@ optim::NamedState optimizer_named_state(ParamOffload& po, const nn::Module& mode
       const size_t mi = order.at(n);
       const Tensor& master = h.params()[mi];
       const std::string key = std::to_string(n);
-      const std::map<std::string, Tensor> bufs = buffers_of(flat, key);
+      const std::map<std::string, Tensor> bufs = buffers ? buffers_of(flat, key) : std::map<std::string, Tensor>{};
       for (const auto& [b, t] : bufs)
         MG_CHECK(t.numel() == master.numel(), ValueError, op, ": the ", flat.meta.value("type", std::string("?")),
                  " buffer \"", b, "\" of master ", mi, " holds ", t.numel(), " values for its ", master.numel(),
@@ -210,7 +211,7 @@ optim::NamedState optimizer_named_state(ParamOffload& po, const nn::Module& mode
         const std::string jk = std::to_string(j);
         ng["params"].push_back(j);
         out.names.push_back(s.name);
-        if (flat.meta.contains("state") && flat.meta.at("state").contains(key))
+        if (buffers && flat.meta.contains("state") && flat.meta.at("state").contains(key))
           out.state.meta["state"][jk] = flat.meta.at("state").at(key);
         for (const auto& [b, t] : bufs) out.state.tensors["state." + jk + "." + b] = slice_of(t, s).clone();
         ++j;
@@ -222,18 +223,27 @@ optim::NamedState optimizer_named_state(ParamOffload& po, const nn::Module& mode
   return out;
 }
 
+}  // namespace
+
+optim::NamedState optimizer_named_state(ParamOffload& po, const nn::Module& model) {
+  const char* op = "optimizer_named_state";
+  NoGradGuard ng;
+  const auto by_master = slots_by_master(po, model, op);
+  HostParams& h = po.source->host();
+  h.wait();
+  return per_parameter(h, by_master, h.optimizer().state_dict(), true, op);
+}
+
 void load_optimizer_named_state(ParamOffload& po, const nn::Module& model, const optim::NamedState& saved) {
   const char* op = "load_optimizer_named_state";
   NoGradGuard ng;
   const auto by_master = slots_by_master(po, model, op);
   HostParams& h = po.source->host();
   h.wait();
-  // The per-parameter layout of the host optimizer, and the saved state laid out on it by name.
-  optim::NamedState target = optimizer_named_state(po, model);
-  target.state.tensors.clear();
-  target.state.meta["state"] = nlohmann::json::object();
-  const StateDict per_param = optim::merge_state_dicts({saved}, target);
+  // The host optimizer's per-parameter layout, and the saved state laid out on it by name.
   const StateDict now = h.optimizer().state_dict();
+  const optim::NamedState target = per_parameter(h, by_master, now, false, op);
+  const StateDict per_param = optim::merge_state_dicts({saved}, target);
   const std::vector<size_t> order = masters_in_optimizer_order(h);
   StateDict flat;
   flat.meta = per_param.meta;

@@ -170,10 +170,7 @@ StateDict Optimizer::state_dict() const {
   return sd;
 }
 
-namespace {
-
-// A state key: the parameter's index in decimal, nothing else ("01", "1x", "-1" are not).
-bool parse_index(const std::string& key, size_t* out) {
+bool parse_state_index(const std::string& key, size_t* out) {
   if (key.empty() || key.size() > 18 || (key.size() > 1 && key[0] == '0')) return false;
   size_t v = 0;
   for (char c : key) {
@@ -183,6 +180,8 @@ bool parse_index(const std::string& key, size_t* out) {
   *out = v;
   return true;
 }
+
+namespace {
 
 // The first value of a buffer that breaks its invariant (non-finite, or negative where a square
 // is kept), or "" when all hold. Loading is rare: one host pass over each buffer is affordable.
@@ -239,7 +238,7 @@ StagedLoad Optimizer::stage_state_dict(const StateDict& sd) {
   MG_CHECK(jstate.is_object(), ValueError, op, ": \"state\" is not an object");
   for (auto& [key, js] : jstate.items()) {
     size_t i = 0;
-    MG_CHECK(parse_index(key, &i), ValueError, op, ": bad parameter index \"", key, "\"");
+    MG_CHECK(parse_state_index(key, &i), ValueError, op, ": bad parameter index \"", key, "\"");
     MG_CHECK(i < params.size(), ValueError, op, ": state for parameter ", i, ", but there are only ", params.size());
     MG_CHECK(js.is_object() && js.contains("step") && js["step"].is_number_integer(), ValueError, op,
              ": state of parameter ", i, " has no integer \"step\"");

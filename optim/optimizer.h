@@ -153,4 +153,8 @@ class Optimizer {
   std::unordered_map<const TensorImpl*, ParamState> state_;
 };
 
+// A parameter's key in a state dict's "state" (Optimizer::state_dict): its index in decimal,
+// nothing else ("01", "1x", "-1" are not). False for anything else.
+bool parse_state_index(const std::string& key, size_t* out);
+
 }  // namespace mg::optim

@@ -8,18 +8,6 @@
 namespace mg::optim {
 namespace {
 
-// A parameter index as state dicts write it: decimal, no sign, no leading zero.
-bool parse_index(const std::string& s, size_t* out) {
-  if (s.empty() || s.size() > 18 || (s.size() > 1 && s[0] == '0')) return false;
-  size_t v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-    v = v * 10 + static_cast<size_t>(c - '0');
-  }
-  *out = v;
-  return true;
-}
-
 // One state dict read for re-keying: its type, its groups, each parameter's group, and each
 // parameter's state (meta and tensors by buffer name).
 struct Parsed {
@@ -54,15 +42,15 @@ Parsed parse(const std::string& op, const std::string& label, const NamedState& 
            " has no \"state\" object in its meta");
   for (auto& [key, js] : m["state"].items()) {
     size_t i = 0;
-    MG_CHECK(parse_index(key, &i) && i < p.group_of.size(), ValueError, op, ": ", label, " holds state for \"", key,
-             "\", not the index of one of its ", p.group_of.size(), " parameters");
+    MG_CHECK(parse_state_index(key, &i) && i < p.group_of.size(), ValueError, op, ": ", label, " holds state for \"",
+             key, "\", not the index of one of its ", p.group_of.size(), " parameters");
     p.state[i] = &js;
   }
   for (auto& [name, t] : ns.state.tensors) {
     const size_t dot = name.find('.', 6);
     size_t i = 0;
     MG_CHECK(name.compare(0, 6, "state.") == 0 && dot != std::string::npos &&
-                 parse_index(name.substr(6, dot - 6), &i) && i < p.group_of.size() && dot + 1 < name.size(),
+                 parse_state_index(name.substr(6, dot - 6), &i) && i < p.group_of.size() && dot + 1 < name.size(),
              ValueError, op, ": ", label, " holds tensor \"", name, "\", not \"state.<i>.<buffer>\" of one of its ",
              p.group_of.size(), " parameters");
     p.tensors[i][name.substr(dot + 1)] = t;

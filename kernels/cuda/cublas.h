@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/types.h"
 
 // Checks a cuBLAS call; a failure raises mg::CudaError naming the call and the status.
 #define MG_CUBLAS_CHECK(call)                                                                                         \
@@ -42,9 +43,10 @@ bool lt_linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias, const 
 // g_pre[rows, n] = (g[rows, k] @ w[k, n]) * gelu_tanh'(pre), one kernel (DGELU, pre as the
 // auxiliary input). f16/bf16 only, like lt_linear_gelu.
 bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre);
-// Backend::fp8_gemm through cuBLASLt: out[M, N] = a[M, K] @ b[N, K]^T * a_inv * b_inv (+ bias),
-// u8 codes in e4m3 (flag true) or e5m2; epilogue 0 none, 1 GELU with aux = pre, 2 DGELU reading aux.
-bool lt_fp8_gemm(const Tensor& a, bool a_e4m3, const Tensor& a_inv, const Tensor& b, bool b_e4m3, const Tensor& b_inv,
-                 const Tensor& bias, const Tensor& out, int epilogue, const Tensor& aux);
+// Backend::fp8_gemm through cuBLASLt: out[M, N] = a[M, K] @ b[N, K]^T * a_inv * b_inv (+ bias)
+// for u8 codes, on a device with FP8 tensor cores (sm_89 on); false otherwise, and for the DGelu
+// epilogue (see cublaslt.cc).
+bool lt_fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb, const Tensor& b_inv,
+                 const Tensor& bias, const Tensor& out, Fp8Epilogue epilogue, const Tensor& aux);
 
 }  // namespace mg::kernels::cuda

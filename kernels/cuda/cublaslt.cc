@@ -326,26 +326,32 @@ bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre
 // Row-major out[M, N] = a[M, K] @ b[N, K]^T, both read along K: lt_linear_bias's layout with
 // b as cuBLAS's A (transposed) and a as its B, the "TN" form Hopper's FP8 kernels require. The
 // fast accumulation is for e4m3 x e4m3 (the forward); a GEMM with an e5m2 gradient keeps f32.
-bool lt_fp8_gemm(const Tensor& a, bool a_e4m3, const Tensor& a_inv, const Tensor& b, bool b_e4m3, const Tensor& b_inv,
-                 const Tensor& bias, const Tensor& out, int epilogue, const Tensor& aux) {
-  if (!plain_rows(a) || !plain_rows(b) || !plain_rows(out)) return false;
-  if (bias.defined() && (!bias.is_contiguous() || bias.dtype() != out.dtype())) return false;
-  if (aux.defined() && (!plain_rows(aux) || aux.dtype() != out.dtype() || out.dtype() == DType::f32)) return false;
-  const int64_t rows = a.size(0), k = a.size(1), n = b.size(0);
-  if (rows == 0 || n == 0 || k == 0) return false;
-  cublasLtEpilogue_t ep = bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-  if (epilogue == 1) ep = bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+bool lt_fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb, const Tensor& b_inv,
+                 const Tensor& bias, const Tensor& out, Fp8Epilogue epilogue, const Tensor& aux) {
   // DGELU: the caller's GEMM and GELU-backward kernel instead. With FP8 operands cuBLASLt 13 ran
   // the epilogue as a generic kernel of its own after the GEMM, 555 us a call at GPT-2 XL's MLP on
   // the H100 (26.6 ms of a 192 ms step; bench/results/h100_fp8_recipe_casts_2026-12-06.log),
   // several times the elementwise kernel's cost.
-  if (epilogue == 2) return false;
-  if (epilogue != 0 && !aux.defined()) return false;
-  const LtFp8 f{b_e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2, a_e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2, b_inv.raw_data(),
-                a_inv.raw_data(), a_e4m3 && b_e4m3};
-  return lt_matmul(out.device().index, DType::u8, out.dtype(), true, false, n, rows, k, b.raw_data(), k, a.raw_data(),
-                   k, out.raw_data(), n, ep, bias.defined() ? bias.raw_data() : nullptr,
-                   aux.defined() ? aux.raw_data() : nullptr, aux.defined() ? n : 0, &f);
+  if (epilogue == Fp8Epilogue::DGelu) return false;
+  if (!plain_rows(a) || !plain_rows(b) || !plain_rows(out)) return false;
+  if (bias.defined() && (!bias.is_contiguous() || bias.dtype() != out.dtype())) return false;
+  if (aux.defined() && (!plain_rows(aux) || aux.dtype() != out.dtype() || out.dtype() == DType::f32)) return false;
+  const bool gelu = epilogue == Fp8Epilogue::GeluAux;
+  if (gelu && !aux.defined()) return false;
+  const int64_t rows = a.size(0), k = a.size(1), n = b.size(0);
+  if (rows == 0 || n == 0 || k == 0) return false;
+  const int device = out.device().index;
+  int major = 0, minor = 0;  // FP8 tensor cores: sm_89 (Ada) and sm_90 (Hopper) on
+  MG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  MG_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major * 10 + minor < 89) return false;
+  const cublasLtEpilogue_t ep = gelu ? (bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                                     : (bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+  const auto type = [](Fp8Format f) { return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
+  const LtFp8 f{type(fb), type(fa), b_inv.raw_data(), a_inv.raw_data(), fa == Fp8Format::E4M3 && fb == Fp8Format::E4M3};
+  return lt_matmul(device, DType::u8, out.dtype(), true, false, n, rows, k, b.raw_data(), k, a.raw_data(), k,
+                   out.raw_data(), n, ep, bias.defined() ? bias.raw_data() : nullptr, gelu ? aux.raw_data() : nullptr,
+                   gelu ? n : 0, &f);
 }
 
 }  // namespace mg::kernels::cuda

@@ -8,7 +8,6 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 
 #include "core/cuda/check.h"
 #include "core/device_runtime.h"
@@ -235,17 +234,7 @@ bool CudaBackend::fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, c
                            const Tensor& b_inv, const Tensor& bias, const Tensor& out, Fp8Epilogue epilogue,
                            const Tensor& aux) {
   mg::cuda::DeviceGuard guard(out.device());
-  // FP8 tensor cores: sm_89 (Ada) and sm_90 (Hopper) on; asked once a device.
-  static thread_local std::map<int, bool> has_fp8;
-  const int dev = out.device().index;
-  auto it = has_fp8.find(dev);
-  if (it == has_fp8.end()) {
-    const mg::cuda::DeviceProperties prop = mg::cuda::get_device_properties(dev);
-    it = has_fp8.emplace(dev, prop.major * 10 + prop.minor >= 89).first;
-  }
-  if (!it->second) return false;
-  return cuda::lt_fp8_gemm(a, fa == Fp8Format::E4M3, a_inv, b, fb == Fp8Format::E4M3, b_inv, bias, out,
-                           static_cast<int>(epilogue), aux);
+  return cuda::lt_fp8_gemm(a, fa, a_inv, b, fb, b_inv, bias, out, epilogue, aux);
 }
 
 }  // namespace mg::kernels
