@@ -1,8 +1,13 @@
 // Optimizer step time: Adam/AdamW/SGD fused multi-tensor updates vs the per-parameter path
 // (one kernel per op per parameter, PyTorch's foreach=False), timed in the same run and
 // reported as a ratio; on CUDA when there is a device, and on the CPU at small sizes.
+// Then the host update of optimizer offload (memory/host_params.h) on one large parameter:
+// AdamW from a bf16 gradient writing the bf16 cast in the same pass, against the gradient cast
+// to f32 first and the cast written after, and both against the host's copy bandwidth.
 //
-//   bench_optim [--steps N] [--cpu-only] [--benchmark_out=FILE]   last stdout line: JSON
+//   bench_optim [--steps N] [--cpu-only] [--host-only] [--host-elems N] [--benchmark_out=FILE]
+//   last stdout line: JSON
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +22,9 @@
 
 #include "core/device_runtime.h"
 #include "core/random.h"
+#include "kernels/ops.h"
+#include "kernels/parallel.h"
+#include "memory/host_params.h"
 #include "nn/nn.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
@@ -58,17 +66,45 @@ double ms_per_step(const MakeOpt& make, int layers, int64_t d, mg::Device dev, b
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
 }
 
+// One host update of `n` f32 parameters from a bf16 gradient, `steps` times after 2 warm-ups:
+// fused (the gradient widened inside AdamW, the cast a cast target written in its pass) or as
+// two extra passes (the gradient cast to a fresh f32 tensor, the cast written after the step).
+// Returns ms a step, the median of the timed steps.
+double host_update_ms(int64_t n, bool fused, int steps) {
+  mg::manual_seed(0);
+  mg::Tensor p = mg::nn::parameter(mg::randn({n}));
+  const mg::Tensor g16 = mg::randn({n}).to(mg::DType::bf16);
+  mg::Tensor cast = mg::empty({n}, {mg::DType::bf16});
+  mg::optim::AdamW opt({p});
+  if (fused) opt.set_cast_target(p, cast);
+  std::vector<double> ms;
+  for (int i = 0; i < steps + 2; ++i) {
+    const auto t0 = Clock::now();
+    p.set_grad(fused ? g16 : mg::kernels::cast(g16, mg::DType::f32));
+    opt.step();
+    if (!fused) mg::raw::copy_(cast, p);
+    if (i >= 2) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int steps = 20;
-  bool cpu_only = false;
+  bool cpu_only = false, host_only = false;
+  int64_t host_elems = int64_t{1} << 26;
   std::string json_out;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc)
       steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--cpu-only"))
       cpu_only = true;
+    else if (!std::strcmp(argv[i], "--host-only"))
+      host_only = true;
+    else if (!std::strcmp(argv[i], "--host-elems") && i + 1 < argc)
+      host_elems = std::atoll(argv[++i]);
     // The staging runner passes Google Benchmark's output flags to every bench binary: the
     // JSON line goes to that file too; other --benchmark_* flags mean nothing here.
     else if (!std::strncmp(argv[i], "--benchmark_out=", 16))
@@ -76,7 +112,7 @@ int main(int argc, char** argv) {
     else if (!std::strncmp(argv[i], "--benchmark_", 12))
       continue;
     else {
-      std::cerr << "usage: bench_optim [--steps N] [--cpu-only]\n";
+      std::cerr << "usage: bench_optim [--steps N] [--cpu-only] [--host-only] [--host-elems N]\n";
       return 2;
     }
   }
@@ -127,12 +163,32 @@ int main(int argc, char** argv) {
                         {"speedup", per_param / fused}});
       }
   };
-  if (!cpu_only && mg::cuda::is_available())
-    bench(mg::Device::cuda(0), cuda_sizes);
-  else
-    std::printf("(no CUDA device or --cpu-only: CPU rows only)\n");
-  bench(mg::Device::cpu(), cpu_sizes);
-  const std::string line = nlohmann::json{{"bench", "optim"}, {"steps", steps}, {"rows", rows}}.dump();
+  if (!host_only) {
+    if (!cpu_only && mg::cuda::is_available())
+      bench(mg::Device::cuda(0), cuda_sizes);
+    else
+      std::printf("(no CUDA device or --cpu-only: CPU rows only)\n");
+    bench(mg::Device::cpu(), cpu_sizes);
+  }
+  // The host update: bytes a fused step must move (f32 master, both moments read and written,
+  // the bf16 gradient read, the bf16 cast written: 28 a parameter) over its time, as a fraction
+  // of a parallel copy's rate measured in the same run.
+  const double copy_gbps = mg::memory::measure_host_copy_bandwidth() / 1e6;  // bytes a ms to GB/s
+  const double two_pass = host_update_ms(host_elems, false, steps);
+  const double fused = host_update_ms(host_elems, true, steps);
+  const double gbytes = 28.0 * static_cast<double>(host_elems) / 1e9;
+  std::printf(
+      "host  adamw %lld params: cast after %8.2f ms  fused %8.2f ms  speedup %5.2fx  fused %.1f GB/s = %.2f "
+      "of the %.1f GB/s copy\n",
+      static_cast<long long>(host_elems), two_pass, fused, two_pass / fused, gbytes / fused * 1e3,
+      gbytes / fused * 1e3 / copy_gbps, copy_gbps);
+  const nlohmann::json host = {
+      {"params", host_elems},        {"threads", mg::kernels::cpu::num_threads()},
+      {"two_pass_ms", two_pass},     {"fused_ms", fused},
+      {"speedup", two_pass / fused}, {"fused_gbps", gbytes / fused * 1e3},
+      {"copy_gbps", copy_gbps},      {"fused_fraction_of_copy", gbytes / fused * 1e3 / copy_gbps}};
+  const std::string line =
+      nlohmann::json{{"bench", "optim"}, {"steps", steps}, {"rows", rows}, {"host_update", host}}.dump();
   std::cout << line << std::endl;
   if (!json_out.empty()) std::ofstream(json_out) << line << "\n";
   return 0;

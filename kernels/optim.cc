@@ -64,6 +64,8 @@ bool multi_tensor_supported(const Tensor& t) {
   return t.defined() && t.is_contiguous() && dtype_fusable(t) && device_has_fused(t.device());
 }
 
+bool adam_takes_16bit_grads(const Tensor& p) { return p.defined() && p.device().is_cpu() && p.dtype() == DType::f32; }
+
 namespace {
 // The checks adam_multi_tensor_ and adam8bit_multi_tensor_ share: step counts, device scalars
 // and low copies.
@@ -115,7 +117,27 @@ void bump_adam_outputs(const AdamTensors& t) {
 void adam_multi_tensor_(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
   const char* op = "adam_multi_tensor_";
   if (t.params.empty()) return;
-  check_lists(op, t.params, {{"grads", &t.grads}, {"exp_avg", &t.exp_avg}, {"exp_avg_sq", &t.exp_avg_sq}});
+  check_lists(op, t.params, {{"exp_avg", &t.exp_avg}, {"exp_avg_sq", &t.exp_avg_sq}});
+  if (adam_takes_16bit_grads(t.params[0])) {
+    // f16/bf16 gradients are widened as they are read (a host update straight from the gradient
+    // the device copied home, memory/host_params.h); any other one has the params' dtype.
+    MG_CHECK(t.grads.size() == t.params.size(), ValueError, op, ": grads has ", t.grads.size(), " tensors, params ",
+             t.params.size());
+    for (size_t i = 0; i < t.grads.size(); ++i) {
+      const Tensor& g = t.grads[i];
+      MG_CHECK(g.defined(), ValueError, op, ": grads[", i, "] is undefined");
+      MG_CHECK(g.dtype() == t.params[0].dtype() || g.dtype() == DType::f16 || g.dtype() == DType::bf16, DTypeError, op,
+               ": grads[", i, "] has dtype ", g.dtype(), ", params[0] has ", t.params[0].dtype(), " (or f16/bf16)");
+      MG_CHECK(g.device() == t.params[0].device(), DeviceError, op, ": grads[", i, "] is on ", g.device(),
+               ", params[0] on ", t.params[0].device());
+      MG_CHECK(g.is_contiguous(), ValueError, op, ": grads[", i, "] (shape ", shape_str(g.sizes()),
+               ") is not contiguous");
+      MG_CHECK(g.sizes() == t.params[i].sizes(), ShapeError, op, ": grads[", i, "] has shape ", shape_str(g.sizes()),
+               ", its parameter ", shape_str(t.params[i].sizes()));
+    }
+  } else {
+    check_lists(op, t.params, {{"grads", &t.grads}});
+  }
   if (h.amsgrad) check_lists(op, t.params, {{"max_exp_avg_sq", &t.max_exp_avg_sq}});
   MG_CHECK(!t.step_counts.empty() || t.steps.size() == t.params.size(), ValueError, op, ": ", t.steps.size(),
            " step counts for ", t.params.size(), " params");

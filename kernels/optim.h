@@ -13,6 +13,9 @@ namespace mg::kernels {
 // True when `t` can go through the fused update: contiguous, f32 (or f64 on the CPU). The
 // optimizers send every other parameter through their per-parameter path.
 bool multi_tensor_supported(const Tensor& t);
+// True when adam_multi_tensor_ takes f16/bf16 gradients for the f32 parameter `p` (widened as
+// they are read, the same result as the gradients cast to f32 first): f32 parameters on the CPU.
+bool adam_takes_16bit_grads(const Tensor& p);
 
 // In-place updates with torch.optim.Adam/AdamW/SGD's rules (see optim/adam.h, optim/sgd.h).
 // Every tensor must be on one device, contiguous, of one supported dtype, and the lists must

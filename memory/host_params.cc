@@ -16,6 +16,7 @@
 #include "kernels/parallel.h"
 #include "nn/linear.h"
 #include "nn/module.h"
+#include "optim/adam.h"
 
 namespace mg::memory {
 namespace {
@@ -96,6 +97,13 @@ HostParams::HostParams(std::vector<Tensor> params, Device device, HostOptimizerF
   pending_.assign(params_.size(), 0);
   opt_ = make_optimizer(params_);
   MG_CHECK(opt_ != nullptr, ValueError, op, ": the optimizer factory returned no optimizer");
+  // An Adam steps straight from the 16-bit gradient and writes the cast in the same pass: each
+  // byte of the state is read and written once a step (kernels/cpu/optim.cc).
+  if (auto* adam = dynamic_cast<optim::Adam*>(opt_.get())) {
+    takes_16bit_grads_ = true;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (casts_[i].defined()) adam->set_cast_target(params_[i], casts_[i]);
+  }
   sums_.resize(params_.size());
   seen_.assign(params_.size(), 0);
   stream_ = cuda::Stream::create(device.index);
@@ -208,8 +216,10 @@ void HostParams::process(Task& t) {
   NoGradGuard ng;
   MemoryCategoryGuard cat(MemoryCategory::Gradients);
   Tensor g = t.block.view(p.sizes(), t.dtype);
-  if (t.dtype != DType::f32) g = kernels::cast(g, DType::f32);  // a 16-bit gradient, exactly
   Tensor& sum = sums_[t.i];
+  // A 16-bit gradient goes to an Adam as it came home (the update widens it as it reads it);
+  // a sum, or another optimizer, takes it in f32 (exactly).
+  if (t.dtype != DType::f32 && (sum.defined() || !t.step || !takes_16bit_grads_)) g = kernels::cast(g, DType::f32);
   if (sum.defined()) {
     sum = kernels::add(sum, g);
     g = sum;
@@ -224,10 +234,13 @@ void HostParams::process(Task& t) {
     const Tensor& p;
     ~Drop() { p.set_grad(Tensor()); }
   } drop{p};
+  const Tensor& cast = casts_[t.i];
+  const uint32_t cast_version = cast.defined() ? cast.version() : 0;
   opt_->step();
   const double step_ms = ms_since(t0);
   const auto t1 = std::chrono::steady_clock::now();
-  if (casts_[t.i].defined()) write_cast(p, casts_[t.i]);
+  // An Adam writes the cast in its update's pass (a cast target); otherwise it is written here.
+  if (cast.defined() && cast.version() == cast_version) write_cast(p, cast);
   cast_versions_[t.i] = p.version();
   sum = Tensor();
   std::lock_guard<std::mutex> lk(mu_);

@@ -155,6 +155,7 @@ class HostParams {
   std::unordered_map<const TensorImpl*, size_t> index_;
   uint64_t source_ = 0;  // autocast's host cast source (a checkpoint's recomputation reads it)
   bool step_ = true;
+  bool takes_16bit_grads_ = false;  // the optimizer is an Adam: 16-bit gradients go to it as they are
 
   mutable std::mutex mu_;
   std::condition_variable cv_, idle_cv_;

@@ -158,6 +158,20 @@ std::unordered_map<const TensorImpl*, DType> Adam::next_region_casts() const {
   return out;
 }
 
+void Adam::set_cast_target(const Tensor& p, Tensor dst) {
+  MG_CHECK(p.defined(), ValueError, name(), ".set_cast_target: undefined parameter");
+  if (!dst.defined()) {
+    cast_targets_.erase(p.impl());
+    return;
+  }
+  MG_CHECK(p.dtype() == DType::f32 && (dst.dtype() == DType::bf16 || dst.dtype() == DType::f16) &&
+               dst.sizes() == p.sizes() && dst.device() == p.device() && dst.is_contiguous(),
+           ValueError, name(), ".set_cast_target: a contiguous f16/bf16 tensor of the f32 parameter's shape ",
+           shape_str(p.sizes()), " on ", p.device(), " is needed; got ", p.dtype(), " parameter, ", dst.dtype(), " ",
+           shape_str(dst.sizes()), " on ", dst.device());
+  cast_targets_[p.impl()] = std::move(dst);
+}
+
 void Adam::step() {
   NoGradGuard ng;
   MemoryCategoryGuard cat(MemoryCategory::OptimizerState);
@@ -182,7 +196,9 @@ void Adam::step() {
     auto add_to_list = [&](kernels::AdamTensors& l, const Tensor& p, const Tensor& grad, ParamState& st) {
       const auto cast = next_casts.find(p.impl());
       Tensor low;
-      if (cast != next_casts.end() && p.dtype() == DType::f32) {
+      if (const auto target = cast_targets_.find(p.impl()); target != cast_targets_.end()) {
+        low = target->second;
+      } else if (cast != next_casts.end() && p.dtype() == DType::f32) {
         // The next forward's memory, counted as the casts that forward would make (not optimizer state).
         MemoryCategoryGuard act(MemoryCategory::Activations);
         low = empty(p.sizes(), {cast->second, p.device()});
@@ -234,8 +250,13 @@ void Adam::step() {
         adam_bf16(p, grad, st, h);
         continue;
       }
-      const bool fusable = fused_ && kernels::multi_tensor_supported(p) && kernels::multi_tensor_supported(grad) &&
-                           grad.dtype() == p.dtype() && st.buffers["exp_avg"].dtype() == p.dtype() &&
+      // A 16-bit gradient of an f32 parameter on the CPU is widened inside the update (a host
+      // update, memory/host_params.h): no f32 copy of it is made.
+      const bool grad_fusable = (kernels::multi_tensor_supported(grad) && grad.dtype() == p.dtype()) ||
+                                (kernels::adam_takes_16bit_grads(p) && grad.is_contiguous() &&
+                                 (grad.dtype() == DType::bf16 || grad.dtype() == DType::f16));
+      const bool fusable = fused_ && kernels::multi_tensor_supported(p) && grad_fusable &&
+                           st.buffers["exp_avg"].dtype() == p.dtype() &&
                            st.buffers["exp_avg_sq"].dtype() == p.dtype() &&
                            (!h.amsgrad || st.buffers["max_exp_avg_sq"].dtype() == p.dtype());
       if (!fusable) {
@@ -256,7 +277,8 @@ void Adam::step() {
       else
         kernels::adam_multi_tensor_(l, h, d);
       for (size_t i = 0; i < l.low_copies.size(); ++i)
-        if (l.low_copies[i].defined()) autocast::provide_cast(l.params[i], l.low_copies[i]);
+        if (l.low_copies[i].defined() && !cast_targets_.count(l.params[i].impl()))
+          autocast::provide_cast(l.params[i], l.low_copies[i]);
     };
     for (auto& [key, l] : fused) run(l, false);
     for (auto& [key, l] : fused8) run(l, true);

@@ -60,6 +60,12 @@ class Adam : public Optimizer {
   Adam(std::vector<Tensor> params, AdamOptions defaults);
   Adam(std::vector<ParamGroup> groups, AdamOptions defaults);
   void step() override;
+  // Where the fused update also writes p's new value rounded to nearest in dst's dtype (f16 or
+  // bf16, p's shape, contiguous, on p's device), in the same pass as the update and in place of
+  // the cast for autocast's next region: a cast its owner keeps (memory/host_params.h keeps the
+  // pinned casts the device copies). dst's version moves when a step wrote it; a parameter that
+  // takes the per-parameter path leaves it as it was. An undefined dst removes p's target.
+  void set_cast_target(const Tensor& p, Tensor dst);
 
  protected:
   Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions defaults, bool decoupled);
@@ -75,6 +81,7 @@ class Adam : public Optimizer {
   // Whether p's moments are kept in 8 bits (AdamOptions::state_bits).
   bool quantized(const Tensor& p) const;
 
+  std::unordered_map<const TensorImpl*, Tensor> cast_targets_;
   bool decoupled_;
   bool fused_;
   bool write_autocast_casts_;

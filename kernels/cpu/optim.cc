@@ -2,6 +2,8 @@
 // cuda/optim.cu runs.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/optim.h"
@@ -16,21 +18,79 @@ namespace {
 bool skipped(const DeviceScalars& d) { return d.found_inf.defined() && *d.found_inf.data_ptr<float>() != 0.0f; }
 double lr_of(const DeviceScalars& d, double host_lr) { return d.lr.defined() ? *d.lr.data_ptr<double>() : host_lr; }
 
+// A gradient element in the math type: f32/f64 as is, a 16-bit one widened (exactly).
+template <class T, class G>
+inline T widen(const G& g) {
+  if constexpr (std::is_same_v<G, BFloat16>)
+    return BFloat16::to_float(g.x);
+  else if constexpr (std::is_same_v<G, Half>)
+    return Half::to_float(g.x);
+  else
+    return g;
+}
+
 // adam_element over [0, n) for the common case (no amsgrad, no maximize), in a form the compiler
 // vectorizes: the flags it leaves out are constants, the pointers do not alias, sqrt sets no
 // errno (the library's -fno-math-errno), and an AVX2 clone runs where the CPU has it. The same
 // operations on each element in the same order as the scalar loop: the same result, bitwise.
-template <class T>
+// G is the gradient's element type: T, or a 16-bit float widened as it is read.
+template <class T, class G>
 __attribute__((optimize("O3"), target_clones("avx2", "default"))) void adam_range(
-    T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, int64_t n,
+    T* __restrict p, const G* __restrict g, T* __restrict m, T* __restrict v, int64_t n,
     const optim_math::AdamScalars<T>& s, T step_size, T bc2_sqrt) {
   const optim_math::AdamScalars<T> c{s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, false, false};
-  for (int64_t j = 0; j < n; ++j) optim_math::adam_element<T>(p[j], g[j], m[j], v[j], nullptr, c, step_size, bc2_sqrt);
+  for (int64_t j = 0; j < n; ++j)
+    optim_math::adam_element<T>(p[j], widen<T>(g[j]), m[j], v[j], nullptr, c, step_size, bc2_sqrt);
 }
 
+// BFloat16::from_float's rounding (nearest even, a NaN kept quiet) as a select, which vectorizes.
+inline uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+// low[j] = p[j] rounded to nearest in bf16 (or f16: Half's rounding, one element at a time).
+__attribute__((optimize("O3"), target_clones("avx2", "default"))) void low_range(const float* __restrict p,
+                                                                                 uint16_t* __restrict low, int64_t n,
+                                                                                 bool bf16) {
+  if (bf16)
+    for (int64_t j = 0; j < n; ++j) low[j] = bf16_bits(p[j]);
+  else
+    for (int64_t j = 0; j < n; ++j) low[j] = Half::from_float(p[j]);
+}
+
+// One parameter's update with gradient elements of type G, and its low copy (null, or 16-bit
+// codes, bf16 when low_bf16, else f16). Elements are independent: split over the cores (host
+// parameters step here at the host's memory bandwidth), the same result as one loop. The low
+// copy of each tile is written right after the tile's update, from the cache: a host update
+// (memory/host_params.h) reads and writes each byte of its state once.
+template <class T, class G>
+void adam_param(T* p, const G* g, T* m, T* v, T* vmax, uint16_t* low, bool low_bf16, int64_t n,
+                const optim_math::AdamScalars<T>& s, T step_size, T bc2_sqrt) {
+  constexpr int64_t kTile = 4096;  // 64 KiB of f32 state in the cache between the two loops
+  cpu::parallel_for(n, int64_t{1} << 15, [&](int64_t b, int64_t e) {
+    for (int64_t t0 = b; t0 < e; t0 += kTile) {
+      const int64_t len = std::min(kTile, e - t0);
+      if (!s.amsgrad && !s.maximize) {
+        adam_range<T, G>(p + t0, g + t0, m + t0, v + t0, len, s, step_size, bc2_sqrt);
+      } else {
+        for (int64_t j = t0; j < t0 + len; ++j)
+          optim_math::adam_element<T>(p[j], widen<T>(g[j]), m[j], v[j], vmax ? vmax + j : nullptr, s, step_size,
+                                      bc2_sqrt);
+      }
+      if constexpr (std::is_same_v<T, float>)
+        if (low) low_range(p + t0, low + t0, len, low_bf16);
+    }
+  });
+}
+
+// Returns whether the low copies were written (not when the update is skipped: the caller copies
+// the parameters as they are).
 template <class T>
-void adam_cpu(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
-  if (skipped(d)) return;
+bool adam_cpu(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
+  if (skipped(d)) return false;
   const double lr = lr_of(d, h.lr);
   const optim_math::AdamScalars<T> s{
       T(lr), T(h.beta1), T(h.beta2), T(h.eps), T(h.weight_decay), h.decoupled_weight_decay, h.amsgrad, h.maximize};
@@ -40,18 +100,22 @@ void adam_cpu(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) 
     optim_math::adam_bias_corrections(lr, h.beta1, h.beta2, st, &step_size_d, &bc2_sqrt_d);
     const T step_size = T(step_size_d), bc2_sqrt = T(bc2_sqrt_d);
     T* p = t.params[i].data_ptr<T>();
-    const T* g = t.grads[i].data_ptr<T>();
     T* m = t.exp_avg[i].data_ptr<T>();
     T* v = t.exp_avg_sq[i].data_ptr<T>();
     T* vmax = h.amsgrad ? t.max_exp_avg_sq[i].data_ptr<T>() : nullptr;
-    // Elements are independent: split over the cores (host parameters, memory/host_params.h,
-    // step here at the host's memory bandwidth), the same result as one loop.
-    cpu::parallel_for(t.params[i].numel(), int64_t{1} << 15, [&](int64_t b, int64_t e) {
-      if (!h.amsgrad && !h.maximize) return adam_range<T>(p + b, g + b, m + b, v + b, e - b, s, step_size, bc2_sqrt);
-      for (int64_t j = b; j < e; ++j)
-        optim_math::adam_element<T>(p[j], g[j], m[j], v[j], vmax ? vmax + j : nullptr, s, step_size, bc2_sqrt);
-    });
+    const Tensor* lowt = t.low_copies.empty() || !t.low_copies[i].defined() ? nullptr : &t.low_copies[i];
+    auto* low = lowt ? static_cast<uint16_t*>(lowt->raw_data()) : nullptr;  // 16-bit codes
+    const bool low_bf16 = lowt && lowt->dtype() == DType::bf16;
+    const Tensor& g = t.grads[i];
+    const int64_t n = t.params[i].numel();
+    if (g.dtype() == DType::bf16)
+      adam_param<T>(p, g.data_ptr<BFloat16>(), m, v, vmax, low, low_bf16, n, s, step_size, bc2_sqrt);
+    else if (g.dtype() == DType::f16)
+      adam_param<T>(p, g.data_ptr<Half>(), m, v, vmax, low, low_bf16, n, s, step_size, bc2_sqrt);
+    else
+      adam_param<T>(p, g.data_ptr<T>(), m, v, vmax, low, low_bf16, n, s, step_size, bc2_sqrt);
   }
+  return true;
 }
 
 // 8-bit moments: block by block, the moments are read through their codes, updated with
@@ -136,9 +200,12 @@ double cpu_norm_partial(const Tensor& t0, double p) {
 
 template <>
 void CpuBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
-  if (t.params[0].dtype() == DType::f64) return adam_cpu<double>(t, h, d);
-  adam_cpu<float>(t, h, d);
-  for (size_t i = 0; i < t.low_copies.size(); ++i)  // updated, or as they were when skipped
+  if (t.params[0].dtype() == DType::f64) {
+    adam_cpu<double>(t, h, d);
+    return;
+  }
+  if (adam_cpu<float>(t, h, d)) return;             // the low copies were written in the update's pass
+  for (size_t i = 0; i < t.low_copies.size(); ++i)  // skipped: the parameters as they are
     if (t.low_copies[i].defined()) raw::copy_(t.low_copies[i], t.params[i]);
 }
 

@@ -13,6 +13,7 @@
 #include "core/autocast.h"
 #include "core/device_runtime.h"
 #include "core/random.h"
+#include "kernels/optim.h"
 #include "nn/nn.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
@@ -136,6 +137,71 @@ TEST(Adam, CpuLoopIsTheElementRuleBitwise) {
     const auto got = p.to_vector<float>();
     for (size_t j = 0; j < rp.size(); ++j) ASSERT_EQ(got[j], rp[j]) << (adamw ? "AdamW" : "Adam") << " element " << j;
   }
+}
+
+// A host update (memory/host_params.h) steps an f32 parameter straight from the 16-bit gradient
+// the device copied home and writes the parameter's 16-bit cast in the same pass. Widening a
+// bf16/f16 value to f32 is exact, and the cast is round-to-nearest of the new f32 value, so both
+// must equal, bit for bit, the gradient cast to f32 first and the result cast after.
+TEST(Adam, SixteenBitGradientsAndCastTargetEqualTheF32PathBitwise) {
+  manual_seed(6);
+  for (DType gdt : {DType::bf16, DType::f16}) {
+    for (bool amsgrad : {false, true}) {  // the vectorized loop and the per-element one
+      const AdamOptions o = opts(1e-2, 0.1, amsgrad, false, true);
+      const Tensor init = randn({70001});
+      Tensor a = nn::parameter(init.clone()), b = nn::parameter(init.clone());
+      auto oa = make_opt({a}, o, true), ob = make_opt({b}, o, true);
+      Tensor cast = empty(init.sizes(), {gdt});
+      static_cast<Adam&>(*oa).set_cast_target(a, cast);
+      for (int s = 1; s <= 3; ++s) {
+        const Tensor g = randn({70001}).to(gdt);
+        const uint32_t v0 = cast.version();
+        a.set_grad(g);
+        b.set_grad(g.to(DType::f32));
+        oa->step();
+        ob->step();
+        EXPECT_GT(cast.version(), v0) << "the step wrote the cast target";
+        ASSERT_EQ(a.to_vector<float>(), b.to_vector<float>()) << gdt << " gradients, step " << s;
+        ASSERT_EQ(cast.to(DType::f32).to_vector<float>(), b.to(gdt).to(DType::f32).to_vector<float>())
+            << gdt << " cast, step " << s;
+        EXPECT_EQ(oa->state(a)->buffers.at("exp_avg").to_vector<float>(),
+                  ob->state(b)->buffers.at("exp_avg").to_vector<float>());
+      }
+    }
+  }
+  // A cast target must match the parameter; an undefined one removes it.
+  Tensor p = nn::parameter(randn({8}));
+  AdamW opt({p});
+  EXPECT_THROW(opt.set_cast_target(p, empty({9}, {DType::bf16})), ValueError);
+  EXPECT_THROW(opt.set_cast_target(p, empty({8}, {DType::f32})), ValueError);
+  Tensor c = empty({8}, {DType::bf16});
+  opt.set_cast_target(p, c);
+  opt.set_cast_target(p, Tensor());
+  const uint32_t v0 = c.version();
+  p.set_grad(randn({8}));
+  opt.step();
+  EXPECT_EQ(c.version(), v0);
+}
+
+// adam_multi_tensor_ takes 16-bit gradients for f32 parameters on the CPU only where they are
+// f16/bf16 of the parameter's shape; anything else names the op and the list entry.
+TEST(Adam, MultiTensorGradientDtypeChecks) {
+  kernels::AdamTensors t;
+  t.params = {randn({4})};
+  t.exp_avg = {zeros({4})};
+  t.exp_avg_sq = {zeros({4})};
+  t.steps = {1};
+  kernels::AdamHyper h;
+  t.grads = {randn({4}).to(DType::f64)};
+  EXPECT_THROW(kernels::adam_multi_tensor_(t, h), DTypeError);
+  t.grads = {randn({5}).to(DType::bf16)};
+  EXPECT_THROW(kernels::adam_multi_tensor_(t, h), ShapeError);
+  t.grads = {randn({4}).to(DType::bf16)};
+  EXPECT_NO_THROW(kernels::adam_multi_tensor_(t, h));
+  t.params = {randn({4}).to(DType::f64)};
+  t.exp_avg = {zeros({4}, {DType::f64})};
+  t.exp_avg_sq = {zeros({4}, {DType::f64})};
+  EXPECT_THROW(kernels::adam_multi_tensor_(t, h), DTypeError);  // f64 parameters take f64 gradients
 }
 
 TEST(Adam, FusedEqualsPerParameter) {
