@@ -308,17 +308,18 @@ std::unique_ptr<mg::memory::HostParams> g_host_params;
 mg::memory::ParamOffload g_param_offload;
 
 // --host-params' second line: per step, the host update's time (the optimizer, then the casts it
-// writes), the time the next forward waited for it (what backward did not hide), the bytes over
-// the host link each way; and the update's memory traffic against the host's copy bandwidth
-// measured here (AdamW in f32 reads the master, the bf16 gradient as it came home and two
-// moments and writes three of them, 26 bytes an element; 8-bit moments, from the gradient in
-// f32, 16; SGD with momentum 20; plus the cast's 2).
+// writes where the optimizer did not), the time the next forward waited for it (what backward did
+// not hide), the bytes over the host link each way; and the update's memory traffic against the
+// host's copy bandwidth measured here: the gradient as it came home (4 or 2 bytes an element),
+// the state the optimizer reads and writes (AdamW in f32: the master and two moments, 24 bytes;
+// 8-bit moments 12; SGD with momentum 16), and the bf16 cast's 2.
 void print_host_params(const mg::memory::HostParams& hp) {
   const mg::memory::HostParams::Stats s = hp.stats();
   const int64_t n = hp.host_bytes() / 4;
   const double steps = n > 0 ? static_cast<double>(s.updates) / static_cast<double>(hp.params().size()) : 0;
   if (steps <= 0) return;
-  const double bytes_per_elem = (g_optimizer == "adamw" ? 26 : g_optimizer == "adamw8bit" ? 16 : 20) + 2;
+  const double grad_bytes = static_cast<double>(s.to_host_bytes) / steps / static_cast<double>(n);
+  const double bytes_per_elem = (g_optimizer == "adamw" ? 24 : g_optimizer == "adamw8bit" ? 12 : 16) + grad_bytes + 2;
   const double copy = mg::memory::measure_host_copy_bandwidth();
   const double update_per_ms = bytes_per_elem * n * steps / (s.update_ms + s.cast_ms);
   std::printf(
