@@ -40,11 +40,14 @@
 #include "examples/run_report.h"
 #include "memory/batch_fit.h"
 #include "memory/gpt_budget.h"
+#include "memory/host_params.h"
+#include "memory/param_offload.h"
 #include "memory/planner.h"
 #include "nn/models/gpt.h"
 #include "nn/models/gpt_pretrained.h"
 #include "optim/clip_grad.h"
 #include "optim/grad_scaler.h"
+#include "optim/step_in_backward.h"
 #include "tools/cpp/runfiles/runfiles.h"
 
 namespace {
@@ -104,6 +107,9 @@ struct Run {
   bool amp = false;
   DType amp_dtype = DType::bf16;
   int64_t micro = 0;  // sequences per micro-batch on this rank
+  // Under optimizer offload: the device optimizer's step inside backward (what --memory-budget's
+  // chosen rung set; on for --offload).
+  bool offload_in_backward = true;
   bool lead() const { return rank == 0; }
   nn::Module& forward_module() { return ddp ? static_cast<nn::Module&>(*ddp) : *model; }
 };
@@ -130,7 +136,8 @@ void load_data(Run& r, const char* argv0) {
 
 void build_model(Run& r) {
   const GPT2Flags& f = r.f;
-  const TensorOptions opts(DType::f32, r.device);
+  // Under parameter offload the model is built in host memory: its f32 weights need never fit the device.
+  const TensorOptions opts(DType::f32, f.offload == "params" ? Device::cpu() : r.device);
   if (!f.init_from.empty()) {
     r.model = nn::gpt2_from_hf_safetensors(f.init_from, opts, f.n_head_given ? f.model.n_head : 0);
   } else {
@@ -220,46 +227,133 @@ void trial_forward_backward(Run& r, int64_t b, Generator& gen) {
   r.model->forward_loss(x, y).backward();
 }
 
-// --memory-budget: memory::fit_state_to_budget over where the optimizer state lives and, in each
-// mode, the rungs of memory::gpt_memory_ladder (without the step inside backward, which the loop's
-// GradScaler, clipping and accumulation rule out): the first whose whole training step at the
-// micro-batch fits. With Adam or AdamW the modes are the f32 moments, then 8-bit moments
-// (optim::AdamW8bit: 12 bytes of model state a parameter instead of 18); the run then trains
-// with adamw8bit and says so. The trial steps use a twin optimizer at lr 0 (its state is counted,
-// the weights stay bit for bit) and leave the default generator as it was, so training starts
-// as it would have. (Optimizer and parameter offload, the modes after these, need the loop
-// without clipping or GradScaler: bench_models --memory-budget walks all four.)
+// Where the model state lives under --offload (or what --memory-budget chose): the host side of
+// optimizer offload (memory/host_params.h) or of parameter offload (memory/param_offload.h).
+struct StatePlacement {
+  std::unique_ptr<memory::HostParams> host_params;  // optimizer offload
+  memory::ParamOffload param_offload;               // parameter offload
+  // The HostParams whose worker steps the masters in host memory (either mode's), or null.
+  memory::HostParams* host() {
+    if (host_params) return host_params.get();
+    return param_offload.source ? &param_offload.source->host() : nullptr;
+  }
+  // Before a forward under optimizer offload: the last backward's updates done, the casts of the
+  // host parameters given to the next autocast region. (Parameter offload fetches a block's
+  // weights as its forward starts.)
+  void before_forward() {
+    if (host_params) host_params->provide_casts();
+  }
+};
+
+// Moves r.model's state to where `where` keeps it ("optimizer", "params"; "none" leaves it),
+// the host's optimizer built by `make`. Returns the parameters a device optimizer steps.
+std::vector<Tensor> place_state(Run& r, const std::string& where, StatePlacement& s,
+                                const memory::HostOptimizerFactory& make) {
+  if (where == "optimizer") {
+    s.host_params = std::make_unique<memory::HostParams>(memory::gpt_linear_params(*r.model), r.device, make);
+    return s.host_params->others(r.model->parameters());
+  }
+  if (where == "params") {
+    r.model->to(Device::cpu());  // a no-op for a model built there
+    s.param_offload = memory::offload_gpt_params(*r.model, r.device, make, r.f.offload_prefetch);
+    return {};
+  }
+  return r.model->parameters();
+}
+
+// Undoes place_state: every parameter on `to` again with the values the host holds.
+void unplace_state(Run& r, StatePlacement& s, Device to) {
+  if (s.host_params) s.host_params.reset();  // waits for the updates; the parameters stay in host memory
+  if (s.param_offload.source) {
+    const StateDict sd = memory::model_state_dict(s.param_offload, *r.model);
+    r.model->recompute.units = nullptr;
+    s.param_offload = {};
+    for (const auto& [name, p] : r.model->named_parameters()) retarget(p, sd.tensors.at(name));
+  }
+  r.model->to(to);
+}
+
+// --memory-budget: memory::fit_state_to_budget over where the model state lives and, in each mode,
+// the rungs of memory::gpt_memory_ladder: the first mode and rung whose whole training step at the
+// micro-batch fits. The modes, fastest first: the f32 moments; with Adam or AdamW 8-bit moments
+// (optim::AdamW8bit: 12 bytes of model state a parameter instead of 18; the run then trains with
+// adamw8bit and says so); then, where the run's flags allow --offload (no clipping, bf16, one
+// micro-batch: the update runs inside backward), optimizer and then parameter offload, whose
+// ladders also move the device's optimizer step inside backward. The state is moved in place
+// for each mode and back after it. The trial steps use optimizers at lr 0 (their state is
+// counted, the weights stay bit for bit) and leave the default generator as it was, so training
+// starts as it would have.
 void fit_memory_budget(Run& r) {
   if (r.f.memory_budget.empty()) return;
   MG_CHECK(r.world == 1, ValueError, "gpt2 --memory-budget: one rank only (got ", r.world, ")");
+  using memory::StateMode;
   const int64_t budget = examples::parse_bytes("--memory-budget", r.f.memory_budget);
   const std::string requested = r.f.train.optimizer;
-  std::vector<memory::StateMode> modes = {memory::StateMode::Resident};
-  if (requested == "adamw" || requested == "adam") modes.push_back(memory::StateMode::EightBit);
+  std::vector<StateMode> modes = {StateMode::Resident};
+  if (requested == "adamw" || requested == "adam") modes.push_back(StateMode::EightBit);
+  std::string no_offload = examples::offload_conflict(r.f);
+  if (no_offload.empty() && !r.device.is_cuda()) no_offload = "needs a CUDA device";
+  if (no_offload.empty())
+    modes.insert(modes.end(), {StateMode::OptimizerOffload, StateMode::ParameterOffload});
+  else if (r.lead())
+    std::cout << "memory budget: optimizer and parameter offload not tried (" << no_offload << ")\n";
+  auto where_of = [](StateMode m) {
+    return m == StateMode::OptimizerOffload ? "optimizer" : m == StateMode::ParameterOffload ? "params" : "none";
+  };
   std::unique_ptr<optim::Optimizer> opt;
-  Generator gen(r.f.seed + 11);
-  auto setup = [&](memory::StateMode mode) {
+  std::unique_ptr<optim::StepInBackward> sib;
+  StatePlacement place;
+  auto teardown = [&](Device to) {
+    sib.reset();
+    if (opt) opt->zero_grad();
     opt.reset();
+    unplace_state(r, place, to);
     if (r.device.is_cuda()) cuda::empty_cache();
+  };
+  Generator gen(r.f.seed + 11);
+  auto setup = [&](StateMode mode) {
+    teardown(r.device);
     examples::TrainingFlags trial = r.f.train;
     trial.lr = 0.0;
-    trial.optimizer = mode == memory::StateMode::EightBit ? "adamw8bit" : requested;
-    opt = examples::make_optimizer(trial, r.model->parameters());
+    trial.optimizer = mode == StateMode::EightBit ? "adamw8bit" : requested;
+    const std::vector<Tensor> on_device = place_state(
+        r, where_of(mode), place, [trial](std::vector<Tensor> ps) { return examples::make_optimizer(trial, ps); });
+    opt = examples::make_optimizer(trial, on_device);
+    if (place.host_params) sib = std::make_unique<optim::StepInBackward>(*opt);
     auto step = [&] {
       opt->zero_grad();
-      trial_forward_backward(r, r.micro, gen);
-      opt->step();
+      place.before_forward();
+      try {
+        trial_forward_backward(r, r.micro, gen);
+      } catch (const OutOfMemoryError&) {  // the offload modes' host side starts clean
+        if (sib) sib->abandon();
+        opt->zero_grad();
+        if (place.param_offload.units) place.param_offload.units->abandon_step();
+        place.before_forward();
+        throw;
+      }
+      if (sib && sib->enabled())
+        sib->finish();
+      else
+        opt->step();
+      if (place.host()) place.host()->wait();
     };
-    return memory::StateTrial{memory::gpt_memory_ladder(*r.model, nullptr, r.f.offload_blocks), step};
+    return memory::StateTrial{memory::gpt_memory_ladder(*r.model, sib.get(), r.f.offload_blocks), step};
   };
   const memory::StateFitResult fit = memory::fit_state_to_budget(modes, setup, budget, r.device);
-  opt->zero_grad();
-  opt.reset();
-  if (r.device.is_cuda()) cuda::empty_cache();
+  const StateMode chosen = fit.fits() ? fit.modes[fit.chosen] : StateMode::Resident;
+  r.offload_in_backward = sib && sib->enabled();
+  // Parameter offload's model goes back to host memory: its f32 weights may not fit the device.
+  teardown(chosen == StateMode::ParameterOffload ? Device::cpu() : r.device);
   if (r.lead())
     for (size_t m = 0; m < fit.modes.size(); ++m) {
-      const bool eight = fit.modes[m] == memory::StateMode::EightBit;
-      std::cout << "memory budget " << format_bytes(budget) << " with " << (eight ? "adamw8bit" : requested) << ":\n";
+      const StateMode mode = fit.modes[m];
+      std::cout << "memory budget " << format_bytes(budget) << " with "
+                << (mode == StateMode::EightBit ? std::string("adamw8bit") : requested)
+                << (mode == StateMode::OptimizerOffload   ? ", optimizer offload"
+                    : mode == StateMode::ParameterOffload ? ", parameter offload"
+                                                          : "")
+                << ":\n";
       for (const auto& [rung, peak] : fit.ladders[m].peaks)
         std::cout << "  " << rung << ": " << (peak < 0 ? std::string("out of memory") : format_bytes(peak)) << "\n";
       std::cout << fit.ladders[m].summary(budget) << "\n";
@@ -267,11 +361,17 @@ void fit_memory_budget(Run& r) {
   MG_CHECK(fit.fits(), OutOfMemoryError, "gpt2 --memory-budget: ", fit.summary(budget));
   const memory::BudgetFitResult& rungs = fit.ladders[fit.chosen];
   r.f.recompute = rungs.peaks[rungs.chosen].first;
-  if (fit.modes[fit.chosen] == memory::StateMode::EightBit) {
+  if (chosen == StateMode::EightBit) {
     if (r.lead())
       std::cout << "memory budget: " << requested << "'s f32 moments fit no rung; training with adamw8bit (8-bit "
                 << "moments), recompute " << r.f.recompute << "\n";
     r.f.train.optimizer = "adamw8bit";
+  }
+  if (chosen == StateMode::OptimizerOffload || chosen == StateMode::ParameterOffload) {
+    r.f.offload = where_of(chosen);
+    if (r.lead())
+      std::cout << "memory budget: training with " << memory::state_mode_name(chosen) << ", recompute " << r.f.recompute
+                << "\n";
   }
 }
 
@@ -338,6 +438,8 @@ int train(Run& r) {
   }
   std::unique_ptr<optim::Optimizer> opt;
   std::unique_ptr<dist::ZeroRedundancyOptimizer> zero;
+  StatePlacement place;
+  std::unique_ptr<optim::StepInBackward> in_backward;
   // ZeRO-3: each rank keeps a shard of every block (a unit a block, the embeddings and head the
   // root); under bf16 autocast the Linears are gathered in bf16. The optimizer steps the shards.
   dist::FullyShardedModel fsdp;
@@ -353,10 +455,21 @@ int train(Run& r) {
     zo.stage = f.zero_stage;
     zero = std::make_unique<dist::ZeroRedundancyOptimizer>(
         params, r.pg, [&](std::vector<Tensor> p) { return examples::make_optimizer(f.train, std::move(p)); }, zo);
-  } else
-    opt = examples::make_optimizer(f.train, params);
+  } else {
+    // --offload: the host's masters get an optimizer of their own; the device's steps the rest
+    // (none under parameter offload), inside backward under optimizer offload.
+    const std::vector<Tensor> on_device = place_state(
+        r, f.offload, place, [&f](std::vector<Tensor> ps) { return examples::make_optimizer(f.train, ps); });
+    opt = examples::make_optimizer(f.train, on_device);
+    if (place.host_params) {
+      in_backward = std::make_unique<optim::StepInBackward>(*opt);
+      in_backward->set_enabled(r.offload_in_backward);
+    }
+  }
   optim::Optimizer& optimizer = zero ? zero->local_optimizer() : *opt;
   examples::Schedule schedule(f.train, optimizer, f.steps, 1);
+  std::optional<examples::Schedule> host_schedule;  // the host optimizer's learning rate
+  if (place.host()) host_schedule.emplace(f.train, place.host()->optimizer(), f.steps, 1);
   optim::GradScalerOptions gso;
   gso.enabled = f.amp == "f16";
   optim::GradScaler scaler(gso);
@@ -369,9 +482,14 @@ int train(Run& r) {
     ckpt.add(
         "model", [&] { return fsdp.full_state_dict(*r.model); },
         [&](const StateDict& sd) { fsdp.load_full_state_dict(*r.model, sd); });
+  else if (place.param_offload.source)  // the masters in host memory, under the model's names
+    ckpt.add(
+        "model", [&] { return memory::model_state_dict(place.param_offload, *r.model); },
+        [&](const StateDict& sd) { memory::load_model_state_dict(place.param_offload, *r.model, sd); });
   else
     ckpt.add("model", *r.model);
   ckpt.add("schedule", schedule).add("scaler", scaler);
+  if (place.host()) ckpt.add("host_optimizer", *place.host()).add("host_schedule", *host_schedule);
   if (zero3)
     ckpt.add(
         "optimizer", [&] { return fsdp.full_optimizer_state_dict(*r.model, *opt); },
@@ -407,13 +525,14 @@ int train(Run& r) {
               << r.model->config.vocab_size << "\ntraining: " << f.steps << " steps of " << f.batch * r.world
               << " sequences (" << r.world << " rank(s) x " << f.grad_accum << " micro-batch(es) of " << r.micro
               << "), " << f.train.optimizer << " lr " << f.train.lr << ", " << schedule.describe() << ", amp " << f.amp
-              << ", recompute " << f.recompute
+              << ", recompute " << f.recompute << (f.offload == "none" ? "" : ", offload " + f.offload)
               << (zero3  ? ", ZeRO-3"
                   : zero ? (zero2 ? ", ZeRO-2" : ", ZeRO-1")
                          : "")
               << ", device " << r.device << "\n";
   // The lead rank samples; under ZeRO-3 every rank first gathers the whole model with it.
   auto print_sample = [&](const std::string& heading) {
+    place.before_forward();
     auto go = [&] {
       if (r.lead()) std::cout << heading << "\n" << sample(r, sample_gen) << "\n---" << std::endl;
     };
@@ -424,6 +543,7 @@ int train(Run& r) {
   };
   CategoryStats::get(r.device).reset_peak();
   examples::ProgressBar bar(f.progress && r.lead());
+  place.before_forward();
   const double initial_val = eval_loss(r);
   double val = initial_val, last_loss = 0, train_seconds = 0;
   int64_t tokens = 0, skipped = 0;
@@ -441,6 +561,7 @@ int train(Run& r) {
     if (tracing) step_range.emplace("step", "phase");
     const auto t0 = Clock::now();
     zero ? zero->zero_grad() : opt->zero_grad();
+    place.before_forward();
     auto [x, y] = r.train.random_batch(f.batch, T, r.device, data_gen);
     int64_t m = 0;
     double loss = memory::accumulate_gradients(x, y, f.grad_accum, [&](const Tensor& xb, const Tensor& yb) {
@@ -465,10 +586,14 @@ int train(Run& r) {
     }
     if (zero)
       zero->step();
+    else if (in_backward && in_backward->enabled())
+      in_backward->finish();  // the device part's last bucket
     else
       skipped += !scaler.step(optimizer);
     scaler.update();
+    if (place.host()) place.host()->wait();  // the host's updates done before its learning rate moves
     schedule.after_batch();
+    if (host_schedule) host_schedule->after_batch();
     ++ckpt.step;
     last_loss = loss;
     if (r.device.is_cuda()) cuda::synchronize();
@@ -488,6 +613,7 @@ int train(Run& r) {
     bar.update("step", ckpt.step, f.steps, stats, ckpt.step == f.steps);
     const bool last = ckpt.step == f.steps || ckpt.step == f.stop_after;
     if ((f.eval_every > 0 && ckpt.step % f.eval_every == 0) || last) {
+      place.before_forward();
       val = eval_loss(r);
       history.push_back({{"step", ckpt.step}, {"train_loss", loss}, {"val_loss", val}});
       if (r.lead()) {
@@ -528,6 +654,7 @@ int train(Run& r) {
       {"zero", zero != nullptr || zero3},
       {"zero_stage", zero || zero3 ? f.zero_stage : 0},
       {"zero_offload", zero3 && f.zero_offload},
+      {"offload", f.offload},
       {"skipped_steps", skipped},
       {"device", r.device.str()},
       {"seed", f.seed},
@@ -568,6 +695,9 @@ int run(GPT2Flags f, const char* argv0) {
   r.amp = r.f.amp != "off";
   r.amp_dtype = r.f.amp == "f16" ? DType::f16 : DType::bf16;
   MG_CHECK(r.f.amp != "f16" || r.device.is_cuda(), ValueError, "--amp f16 needs a CUDA device (CPU autocast is bf16)");
+  MG_CHECK(r.f.offload == "none" || (r.device.is_cuda() && r.world == 1), ValueError, "--offload ", r.f.offload,
+           " keeps the state in this process's host memory for one CUDA device; got ", r.device, " and ", r.world,
+           " rank(s)");
   r.tok = make_tokenizer(r.f);
   build_model(r);
   if (r.f.print_logits) {

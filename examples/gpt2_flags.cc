@@ -54,9 +54,20 @@ Memory and speed:
                        (bytes such as 3.5GiB, 512MiB): one trial step per configuration, from no
                        recomputation through GELU-only selective to 1 .. n_layer blocks
                        checkpointed; with adam/adamw, when none fits, the same rungs again
-                       with 8-bit moments (--optimizer adamw8bit, said when chosen); a clear
-                       error naming the smallest peak when none fits. Replaces --recompute; one
-                       rank only
+                       with 8-bit moments (--optimizer adamw8bit, said when chosen), then where
+                       --offload is allowed (below) with optimizer and then parameter offload; a
+                       clear error naming the smallest peak when none fits. Replaces --recompute
+                       and --offload; one rank only
+  --offload WHERE      where the model state lives (one CUDA device, --amp bf16, no clipping:
+                       the update runs inside backward, before the global gradient norm exists;
+                       so --clip-grad-norm 0, and --grad-accum 1): none (default); optimizer (the
+                       blocks' Linear parameters' f32 masters and AdamW moments in pinned host
+                       memory, each updated on the host as backward finishes its gradient: 2
+                       bytes a parameter on the device); params (every parameter in host memory,
+                       a block's bf16 weights on the device only while it runs, fetched
+                       --offload-prefetch N blocks ahead, default 1; the model is built in host
+                       memory). With --memory-budget and these conditions met, the budget tries
+                       them after the f32 and 8-bit moments
   --offload-blocks N   what the first N blocks save for backward goes to pinned host memory
                        during the forward and comes back ahead of backward (CUDA; on the H200
                        one GPT-2 block at B=8 costs under 1 %); with --memory-budget the
@@ -106,6 +117,18 @@ const std::map<std::string, Preset> kPresets = {
 };
 
 }  // namespace
+
+std::string offload_conflict(const GPT2Flags& f) {
+  // The host update of a parameter runs as soon as backward has its gradient: nothing may need
+  // every gradient first, and the device keeps only bf16 copies.
+  if (f.train.clip_grad_norm > 0)
+    return "the update runs inside backward, before the global gradient norm exists: pass --clip-grad-norm 0";
+  if (f.amp != "bf16") return "the device computes with bf16 copies of the host's masters: pass --amp bf16";
+  if (f.grad_accum != 1) return "each gradient updates its parameter as it comes home: --grad-accum must be 1";
+  if (f.nproc > 1 || f.zero) return "one rank only (with several, --zero-stage 3 --zero-offload)";
+  if (f.fp8) return "not with --fp8";
+  return "";
+}
 
 int64_t parse_bytes(const std::string& flag, const std::string& v) {
   static const std::vector<std::pair<std::string, double>> units = {
@@ -201,6 +224,8 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
               {"--seed", &f.seed},
               {"--nproc", &f.nproc},
               {"--zero-stage", &f.zero_stage},
+              {"--offload", &f.offload},
+              {"--offload-prefetch", &f.offload_prefetch},
               {"--tokens", &f.logit_tokens},
           },
       .other =
@@ -267,6 +292,15 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
   if (f.zero_stage >= 2) f.zero = true;
   MG_CHECK(!(f.zero && f.amp == "f16"), ValueError,
            "--zero with --amp f16: the GradScaler steps a whole optimizer, ZeRO a shard (use bf16)");
+  MG_CHECK(f.offload == "none" || f.offload == "optimizer" || f.offload == "params", ValueError, "unknown --offload \"",
+           f.offload, "\" (valid: none, optimizer, params)");
+  MG_CHECK(f.offload_prefetch >= 0, ValueError, "--offload-prefetch must be >= 0, got ", f.offload_prefetch);
+  if (f.offload != "none") {
+    MG_CHECK(f.memory_budget.empty(), ValueError,
+             "--memory-budget chooses where the state lives itself; drop --offload ", f.offload);
+    const std::string why = offload_conflict(f);
+    MG_CHECK(why.empty(), ValueError, "--offload ", f.offload, ": ", why);
+  }
   if (f.train.warmup_steps < 0) f.train.warmup_steps = f.steps / 20;
   finalize_training_flags(f.train, 1);
   return f;

@@ -43,7 +43,13 @@ struct GPT2Flags {
   bool zero = false;
   int zero_stage = 1;         // --zero-stage: 1 (optimizer state) or 2 (and the gradients, without DDP)
   bool zero_offload = false;  // --zero-offload: ZeRO-3's shards in host memory
-  bool fp8 = false;           // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast)
+  // --offload: where the model state lives on one GPU. none; optimizer (the blocks' Linear
+  // parameters' masters and moments in host memory, updated there inside backward:
+  // memory/host_params.h); params (every parameter in host memory, a block on the device while it
+  // runs: memory/param_offload.h). --memory-budget may choose either.
+  std::string offload = "none";
+  int offload_prefetch = 1;  // --offload-prefetch: blocks fetched ahead under --offload params
+  bool fp8 = false;          // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast)
   int nproc = 0;
   std::string save, resume;
   std::string trace;        // --trace: the third step's Chrome trace (core/profiler.h)
@@ -60,6 +66,10 @@ extern const char* kGPT2Usage;
 // Parses and checks argv; bad flags or values are an mg::ValueError naming the flag. --help
 // prints the usage and exits.
 GPT2Flags parse_gpt2_flags(int argc, char** argv);
+
+// Why the run's other flags rule out --offload (and --memory-budget's offload modes); empty when
+// they allow it.
+std::string offload_conflict(const GPT2Flags& f);
 
 // Bytes from "512MiB", "2GiB", "1.5GB", "123456"; ValueError otherwise.
 int64_t parse_bytes(const std::string& flag, const std::string& v);

@@ -53,6 +53,32 @@ echo "memory budget 8.36 MiB: no AdamW rung fits, AdamW8bit with $(grep -o 'reco
 if "$BIN" --memory-budget 1GiB --recompute per-block 2>"$TMP/err"; then echo "FAIL: --memory-budget with --recompute"; exit 1; fi
 grep -q "drop --recompute" "$TMP/err" || { echo "FAIL: no message for --memory-budget with --recompute"; cat "$TMP/err"; exit 1; }
 echo "memory budget: 1GiB fits without recomputation; 1KiB names the smallest peak"
+# The offload modes: --memory-budget says why it does not try them here; --offload names the flag
+# that rules it out (each host update runs inside backward) or the device it needs.
+grep -q "optimizer and parameter offload not tried (the update runs inside backward" "$TMP/out" ||
+  { echo "FAIL: the budget does not say why it skipped the offload modes"; cat "$TMP/out"; exit 1; }
+expect_error() {  # expect_error MESSAGE FLAGS...: the run fails before training, saying MESSAGE
+  local msg=$1; shift
+  if "$BIN" "${common[@]}" --steps 1 --eval-every 0 --max-new-tokens 0 "$@" >"$TMP/out" 2>"$TMP/err"; then
+    echo "FAIL: $* was accepted"; exit 1
+  fi
+  grep -qF -- "$msg" "$TMP/err" || { echo "FAIL: $* did not say: $msg"; cat "$TMP/err"; exit 1; }
+}
+expect_error 'unknown --offload "host" (valid: none, optimizer, params)' --offload host
+expect_error "--offload optimizer: the update runs inside backward, before the global gradient norm exists: pass --clip-grad-norm 0" \
+  --offload optimizer --amp bf16
+expect_error "--offload params: the device computes with bf16 copies of the host's masters: pass --amp bf16" \
+  --offload params --clip-grad-norm 0
+expect_error "--offload params: each gradient updates its parameter as it comes home: --grad-accum must be 1" \
+  --offload params --clip-grad-norm 0 --amp bf16 --grad-accum 2
+expect_error "--memory-budget chooses where the state lives itself; drop --offload optimizer" \
+  --offload optimizer --memory-budget 1GiB
+expect_error "--offload optimizer keeps the state in this process's host memory for one CUDA device; got cpu" \
+  --offload optimizer --clip-grad-norm 0 --amp bf16
+out=$("$BIN" "${common[@]}" --steps 1 --eval-every 0 --max-new-tokens 0 --memory-budget 1GiB --clip-grad-norm 0 --amp bf16)
+grep -q "optimizer and parameter offload not tried (needs a CUDA device)" <<<"$out" ||
+  { echo "FAIL: the budget on the CPU does not say the offload modes need a CUDA device"; echo "$out"; exit 1; }
+echo "offload: each conflicting flag named"
 
 if "$BIN" --offload-blocks -1 2>"$TMP/err"; then echo "FAIL: --offload-blocks -1 was accepted"; exit 1; fi
 grep -q -- "--offload-blocks must be >= 0 or auto, got -1" "$TMP/err" || { echo "FAIL: no message for --offload-blocks -1"; cat "$TMP/err"; exit 1; }
