@@ -87,6 +87,7 @@
 //   --head-chunk-rows N  rows of logits linear_cross_entropy makes at a time (default: ~512 MiB)
 //   --step-in-backward the optimizer steps inside backward, 32 MiB of parameters at a time
 //                      (optim::StepInBackward; " step in backward")
+//   --no-step-casts    AdamW does not write the next forward's bf16 weight casts in its update
 //   --logits           GPT-2's head and loss as GPT::loss(model(idx)): the [B, T, V] logits
 //                      made and kept (the A/B row; by default GPT::forward_loss, which never
 //                      makes them: linear_cross_entropy)
@@ -287,6 +288,9 @@ Result run(StepFn& step, int warmup, int steps, mg::Device dev) {
 std::string g_optimizer = "sgd";
 bool g_fp8 = false;              // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast) inside the autocast region
 int64_t g_fp8_min_features = 0;  // --fp8-min-features N: only linears at least N wide (in and out) in FP8
+// --no-step-casts: AdamW does not write the next forward's bf16 casts in its update (the forward
+// casts each weight as it reads it): 2 bytes a parameter fewer between the step and the forward.
+bool g_step_casts = true;
 std::unique_ptr<mg::optim::Optimizer> make_optimizer(const std::vector<mg::Tensor>& params) {
   if (g_optimizer == "adamw" || g_optimizer == "adamw8bit") {
     mg::optim::AdamW8bitOptions o;
@@ -294,6 +298,7 @@ std::unique_ptr<mg::optim::Optimizer> make_optimizer(const std::vector<mg::Tenso
     // A captured step replays the update: its step counts (bias corrections) and lr must live
     // on the device, as PyTorch's fused AdamW keeps its step count there.
     o.capturable = g_graph;
+    o.write_autocast_casts = g_step_casts;
     if (g_optimizer == "adamw8bit") return std::make_unique<mg::optim::AdamW8bit>(params, o);
     o.state_bits = 32;
     return std::make_unique<mg::optim::AdamW>(params, o);
@@ -575,6 +580,7 @@ int run_main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--checkpoint")) checkpoint = true;
     if (!std::strcmp(argv[i], "--selective")) selective = true;
     if (!std::strcmp(argv[i], "--step-in-backward")) in_backward = true;
+    if (!std::strcmp(argv[i], "--no-step-casts")) g_step_casts = false;
     if (!std::strcmp(argv[i], "--channels-last")) channels_last = true;
     if (!std::strcmp(argv[i], "--host-params")) host_params = true;  // a switch: read here, last or not
     if (!std::strcmp(argv[i], "--fp8")) g_fp8 = true;
@@ -660,7 +666,7 @@ int run_main(int argc, char** argv) {
       (g_optimizer == "adamw"       ? " AdamW"
        : g_optimizer == "adamw8bit" ? " AdamW8bit"
                                     : "") +
-      (g_graph ? " CUDA graph" : "") + (tune_gemm ? " tuned GEMMs" : "") +
+      (g_step_casts ? "" : " no step casts") + (g_graph ? " CUDA graph" : "") + (tune_gemm ? " tuned GEMMs" : "") +
       (resid_dropout > 0 ? " resid-dropout " + fmt_g(resid_dropout) : "") +
       (memory_cap_gib > 0 ? " cap " + fmt_g(memory_cap_gib) + " GiB" : "");
   if (!mg::cuda::is_available()) {
