@@ -300,6 +300,12 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
              "--memory-budget chooses where the state lives itself; drop --offload ", f.offload);
     const std::string why = offload_conflict(f);
     MG_CHECK(why.empty(), ValueError, "--offload ", f.offload, ": ", why);
+    // Under parameter offload the model is built in host memory and moves to its units at the
+    // start of training: what runs on the model before that would run it on the CPU.
+    MG_CHECK(f.offload != "params" || !(f.auto_batch || f.offload_auto || !f.planner_budget.empty() || f.print_logits),
+             ValueError,
+             "--offload params: the model stays in host memory until training starts; --auto-batch, --recompute "
+             "planner:, --offload-blocks auto and --print-logits measure or run it before that");
   }
   if (f.train.warmup_steps < 0) f.train.warmup_steps = f.steps / 20;
   finalize_training_flags(f.train, 1);

@@ -32,8 +32,18 @@ __attribute__((optimize("O3"), target_clones("avx2", "default"))) void cast_rang
   for (int64_t j = 0; j < n; ++j) dst[j] = H::from_float(src[j]);
 }
 
+}  // namespace
+
 // cast = p in f16 or bf16, rounded to nearest even: the device's cast kernel's result.
-void write_cast(const Tensor& p, const Tensor& cast) {
+void write_half_cast(const Tensor& p, const Tensor& cast) {
+  MG_CHECK(
+      p.defined() && cast.defined() && p.dtype() == DType::f32 && p.device().is_cpu() && p.is_contiguous() &&
+          (cast.dtype() == DType::bf16 || cast.dtype() == DType::f16) && cast.device().is_cpu() &&
+          cast.is_contiguous() && cast.sizes() == p.sizes(),
+      ValueError, "write_half_cast: a contiguous f32 CPU tensor and a contiguous f16/bf16 CPU tensor of its shape ",
+      "are needed; got ",
+      p.defined() ? detail::format(p.dtype(), " ", shape_str(p.sizes()), " on ", p.device()) : "undefined", " and ",
+      cast.defined() ? detail::format(cast.dtype(), " ", shape_str(cast.sizes()), " on ", cast.device()) : "undefined");
   const float* src = p.data_ptr<float>();
   auto* dst = static_cast<uint16_t*>(cast.storage()->data) + cast.offset();  // 16-bit codes
   const bool bf16 = cast.dtype() == DType::bf16;
@@ -41,8 +51,6 @@ void write_cast(const Tensor& p, const Tensor& cast) {
     bf16 ? cast_range<BFloat16>(src + b, dst + b, e - b) : cast_range<Half>(src + b, dst + b, e - b);
   });
 }
-
-}  // namespace
 
 // One gradient on its way home: the pinned block it lands in and the copy's event.
 struct HostParams::Task {
@@ -88,7 +96,7 @@ HostParams::HostParams(std::vector<Tensor> params, Device device, HostOptimizerF
       Tensor c;
       if (cast_dtypes_[i] != DType::f32) {
         c = cuda::pin_memory(empty(p.sizes(), TensorOptions(cast_dtypes_[i])));
-        write_cast(p, c);
+        write_half_cast(p, c);
       }
       casts_.push_back(c);
       cast_versions_.push_back(p.version());
@@ -100,7 +108,7 @@ HostParams::HostParams(std::vector<Tensor> params, Device device, HostOptimizerF
   // An Adam steps straight from the 16-bit gradient and writes the cast in the same pass: each
   // byte of the state is read and written once a step (kernels/cpu/optim.cc).
   if (auto* adam = dynamic_cast<optim::Adam*>(opt_.get())) {
-    takes_16bit_grads_ = true;
+    takes_16bit_grads_ = adam->widens_16bit_grads();
     for (size_t i = 0; i < params_.size(); ++i)
       if (casts_[i].defined()) adam->set_cast_target(params_[i], casts_[i]);
   }
@@ -240,7 +248,7 @@ void HostParams::process(Task& t) {
   const double step_ms = ms_since(t0);
   const auto t1 = std::chrono::steady_clock::now();
   // An Adam writes the cast in its update's pass (a cast target); otherwise it is written here.
-  if (cast.defined() && cast.version() == cast_version) write_cast(p, cast);
+  if (cast.defined() && cast.version() == cast_version) write_half_cast(p, cast);
   cast_versions_[t.i] = p.version();
   sum = Tensor();
   std::lock_guard<std::mutex> lk(mu_);
@@ -305,7 +313,7 @@ void HostParams::refresh_cast(size_t i) {
     // An earlier round's copy of this cast to the device may still be in flight (rare: the
     // master changed outside the update, e.g. a loaded checkpoint).
     cuda::synchronize(device_.index);
-    write_cast(params_[i], casts_[i]);
+    write_half_cast(params_[i], casts_[i]);
   }
   cast_versions_[i] = v;
 }

@@ -170,6 +170,11 @@ class HostParams {
 // The parameters HostParams takes from a GPT: its blocks' Linear weights and biases (nn/models/gpt.h).
 using nn::gpt_linear_params;
 
+// cast = p (f32, on the CPU) rounded to nearest even in cast's dtype (f16 or bf16, p's shape,
+// contiguous), over every core and vectorized: how HostParams writes a cast that its optimizer
+// did not write in the update's own pass.
+void write_half_cast(const Tensor& p, const Tensor& cast);
+
 // The host's memory bandwidth as a parallel copy of `bytes` over every core sees it (bytes read
 // plus bytes written, per millisecond; the median of `repeats`): the ceiling of a host update.
 double measure_host_copy_bandwidth(int64_t bytes = int64_t{1} << 30, int repeats = 5);

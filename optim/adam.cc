@@ -260,7 +260,8 @@ void Adam::step() {
                            st.buffers["exp_avg_sq"].dtype() == p.dtype() &&
                            (!h.amsgrad || st.buffers["max_exp_avg_sq"].dtype() == p.dtype());
       if (!fusable) {
-        adam_single(p, grad, st, h);
+        // The per-parameter ops compute in the gradient's dtype: a 16-bit one is widened first.
+        adam_single(p, grad.dtype() == p.dtype() ? grad : grad.to(p.dtype()), st, h);
         continue;
       }
       kernels::AdamTensors& l = fused[{p.device().str(), p.dtype()}];

@@ -66,6 +66,9 @@ class Adam : public Optimizer {
   // pinned casts the device copies). dst's version moves when a step wrote it; a parameter that
   // takes the per-parameter path leaves it as it was. An undefined dst removes p's target.
   void set_cast_target(const Tensor& p, Tensor dst);
+  // True when a step reads an f16/bf16 gradient of an f32 CPU parameter as it is, widening it
+  // inside the fused update (fused, not capturable); otherwise such a gradient is cast first.
+  bool widens_16bit_grads() const { return fused_ && !capturable(); }
 
  protected:
   Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions defaults, bool decoupled);

@@ -71,6 +71,8 @@ expect_error "--offload params: the device computes with bf16 copies of the host
   --offload params --clip-grad-norm 0
 expect_error "--offload params: each gradient updates its parameter as it comes home: --grad-accum must be 1" \
   --offload params --clip-grad-norm 0 --amp bf16 --grad-accum 2
+expect_error "--offload params: the model stays in host memory until training starts" \
+  --offload params --clip-grad-norm 0 --amp bf16 --auto-batch
 expect_error "--memory-budget chooses where the state lives itself; drop --offload optimizer" \
   --offload optimizer --memory-budget 1GiB
 expect_error "--offload optimizer keeps the state in this process's host memory for one CUDA device; got cpu" \

@@ -169,6 +169,24 @@ TEST(Adam, SixteenBitGradientsAndCastTargetEqualTheF32PathBitwise) {
       }
     }
   }
+  // The per-parameter path (not fused) widens a 16-bit gradient before its ops: the same bits as
+  // the gradient given in f32.
+  {
+    AdamWOptions o;
+    o.fused = false;
+    const Tensor init = randn({333});
+    Tensor a = nn::parameter(init.clone()), b = nn::parameter(init.clone());
+    AdamW oa({a}, o), ob({b}, o);
+    EXPECT_FALSE(oa.widens_16bit_grads());
+    for (int s = 0; s < 3; ++s) {
+      const Tensor g = randn({333}).to(DType::bf16);
+      a.set_grad(g);
+      b.set_grad(g.to(DType::f32));
+      oa.step();
+      ob.step();
+    }
+    EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>());
+  }
   // A cast target must match the parameter; an undefined one removes it.
   Tensor p = nn::parameter(randn({8}));
   AdamW opt({p});
