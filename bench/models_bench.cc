@@ -36,7 +36,9 @@
 //                      phase ranges, the memory counter tracks, the allocator's segment events
 //   --fp8              the linear layers' GEMMs in FP8 inside the autocast region (mg::Fp8Autocast:
 //                      e4m3 weights and activations, e5m2 gradients, current scaling)
-//   --fp8-min-features N  with --fp8: only the linears at least N features wide (in and out)
+//   --fp8-min-features N  with --fp8: only the linears at least N features wide (in and out);
+//                      default the recipe's (mg::kFp8DefaultMinFeatures, 1280), 0: every linear
+//                      (" fp8>=N" where N is not the default)
 //   --host-params      GPT: the blocks' Linear weights and biases in pinned host memory with their
 //                      gradients and optimizer state, the optimizer stepping them on the CPU, the
 //                      device holding their bf16 casts (memory::HostParams; " host params")
@@ -286,8 +288,8 @@ Result run(StepFn& step, int warmup, int steps, mg::Device dev) {
 // The optimizer every model step uses (--optimizer): SGD with momentum 0.9 (the suite's rows)
 // or fused AdamW (lr 1e-3, weight decay 0.1, GPT-2's usual), PyTorch's fused=True on its side.
 std::string g_optimizer = "sgd";
-bool g_fp8 = false;              // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast) inside the autocast region
-int64_t g_fp8_min_features = 0;  // --fp8-min-features N: only linears at least N wide (in and out) in FP8
+bool g_fp8 = false;  // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast) inside the autocast region
+int64_t g_fp8_min_features = mg::kFp8DefaultMinFeatures;  // --fp8-min-features N
 // --no-step-casts: AdamW does not write the next forward's bf16 casts in its update (the forward
 // casts each weight as it reads it): 2 bytes a parameter fewer between the step and the forward.
 bool g_step_casts = true;
@@ -661,7 +663,9 @@ int run_main(int argc, char** argv) {
   }
   const std::string tag =
       " " + dtype + (dtype == "f32" ? "" : " autocast") +
-      (g_fp8 ? " fp8" + (g_fp8_min_features ? ">=" + std::to_string(g_fp8_min_features) : std::string()) : "") +
+      (g_fp8 ? " fp8" + (g_fp8_min_features != mg::kFp8DefaultMinFeatures ? ">=" + std::to_string(g_fp8_min_features)
+                                                                          : std::string())
+             : "") +
       (tf32 ? " TF32" : "") + (channels_last ? " channels_last" : "") +
       (g_optimizer == "adamw"       ? " AdamW"
        : g_optimizer == "adamw8bit" ? " AdamW8bit"

@@ -156,7 +156,7 @@ double eval_loss(Run& r) {
   r.model->eval();
   NoGradGuard ng;
   Autocast ac(r.device.type, r.amp_dtype, r.amp);
-  Fp8Autocast fp8(r.f.fp8);
+  Fp8Autocast fp8(r.f.fp8, r.f.fp8_min_features);
   double total = 0;
   for (int64_t i = 0; i < r.f.eval_iters; ++i) {  // fixed windows: the same every time
     std::vector<int64_t> offsets(r.micro);
@@ -569,7 +569,7 @@ int train(Run& r) {
       if (r.ddp && ++m < f.grad_accum) no_sync.emplace(*r.ddp);  // reduce once, after the last
       MemoryCategoryGuard act(MemoryCategory::Activations);
       Autocast ac(r.device.type, r.amp_dtype, r.amp);
-      Fp8Autocast fp8(r.f.fp8);
+      Fp8Autocast fp8(r.f.fp8, r.f.fp8_min_features);
       // The head and loss as one node (no logits); DDP's forward is the wrapper's, so it
       // keeps the logits form.
       return scaler.scale(r.ddp ? nn::GPT::loss(r.forward_module()(xb), yb) : r.model->forward_loss(xb, yb));
@@ -650,6 +650,7 @@ int train(Run& r) {
       {"tokenizer", r.tok->name()},
       {"amp", f.amp},
       {"fp8", f.fp8},
+      {"fp8_min_features", f.fp8_min_features},
       {"recompute", f.recompute},
       {"zero", zero != nullptr || zero3},
       {"zero_stage", zero || zero3 ? f.zero_stage : 0},

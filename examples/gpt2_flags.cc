@@ -42,7 +42,9 @@ Evaluation and sampling:
 Memory and speed:
   --amp MODE           off (default), bf16 (autocast) or f16 (autocast + GradScaler; CUDA)
   --fp8                with --amp: the linear layers' GEMMs in FP8 (e4m3 weights and activations,
-                       e5m2 gradients, per-tensor current scaling; mg::Fp8Autocast)
+                       e5m2 gradients, per-tensor current scaling; mg::Fp8Autocast), those whose
+                       in and out features are at least --fp8-min-features N (default 1280,
+                       where FP8 paid on an H100: GPT-2 124M and medium keep bf16; 0: every one)
   --recompute MODE     none (default), per-block (checkpoint every block), per-block-keep (every
                        block checkpointed keeping its attention and MLP outputs and weight casts:
                        about half the replay), selective (rebuild norms, GELU, dropout),
@@ -224,6 +226,7 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
               {"--seed", &f.seed},
               {"--nproc", &f.nproc},
               {"--zero-stage", &f.zero_stage},
+              {"--fp8-min-features", &f.fp8_min_features},
               {"--offload", &f.offload},
               {"--offload-prefetch", &f.offload_prefetch},
               {"--tokens", &f.logit_tokens},
@@ -260,6 +263,7 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
   MG_CHECK(f.val_fraction > 0 && f.val_fraction < 1, ValueError, "--val-fraction must be in (0, 1), got ",
            f.val_fraction);
   MG_CHECK(f.model.dropout >= 0 && f.model.dropout < 1, ValueError, "--dropout must be in [0, 1)");
+  MG_CHECK(f.fp8_min_features >= 0, ValueError, "--fp8-min-features must be >= 0, got ", f.fp8_min_features);
   MG_CHECK(!f.fp8 || f.amp != "off", ValueError,
            "--fp8 runs the linear layers inside the autocast region: it needs --amp bf16 or f16");
   MG_CHECK(f.amp == "off" || f.amp == "bf16" || f.amp == "f16", ValueError, "unknown --amp \"", f.amp,

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/autocast.h"
 #include "examples/training_setup.h"
 #include "nn/models/gpt.h"
 
@@ -48,8 +49,9 @@ struct GPT2Flags {
   // memory/host_params.h); params (every parameter in host memory, a block on the device while it
   // runs: memory/param_offload.h). --memory-budget may choose either.
   std::string offload = "none";
-  int offload_prefetch = 1;  // --offload-prefetch: blocks fetched ahead under --offload params
-  bool fp8 = false;          // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast)
+  int offload_prefetch = 1;                           // --offload-prefetch: blocks fetched ahead under --offload params
+  bool fp8 = false;                                   // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast)
+  int64_t fp8_min_features = kFp8DefaultMinFeatures;  // --fp8-min-features: narrower linears keep bf16
   int nproc = 0;
   std::string save, resume;
   std::string trace;        // --trace: the third step's Chrome trace (core/profiler.h)

@@ -27,14 +27,19 @@ TEST(Fp8Recipe, LinearRunsOnTheCodesInsideTheRecipeOnly) {
   const Tensor x = randn({2, 16, 64}, {}, &g);
   const Tensor plain = lin(x);
   {
-    Fp8Autocast fp8;  // no autocast region: the recipe does not apply
+    Fp8Autocast fp8(true, 0);  // no autocast region: the recipe does not apply
     EXPECT_EQ(lin(x).to_vector<float>(), plain.to_vector<float>());
   }
   Tensor bf16_out, fp8_out;
   {
     Autocast ac(DeviceType::CPU, DType::bf16);
     bf16_out = lin(x);
-    Fp8Autocast fp8;
+    {
+      Fp8Autocast by_default;  // 64 and 48 features, under the default's 1280: bf16
+      EXPECT_EQ(raw::to_dtype(lin(x), DType::f32).to_vector<float>(),
+                raw::to_dtype(bf16_out, DType::f32).to_vector<float>());
+    }
+    Fp8Autocast fp8(true, 0);
     fp8_out = lin(x);
     EXPECT_EQ(fp8_out.dtype(), DType::bf16);
   }
@@ -60,7 +65,7 @@ TEST(Fp8Recipe, LinearRunsOnTheCodesInsideTheRecipeOnly) {
   EXPECT_THROW(Fp8Autocast(true, -1), ValueError);
   {
     Autocast ac(DeviceType::CPU, DType::bf16);
-    Fp8Autocast fp8;
+    Fp8Autocast fp8(true, 0);
     Fp8Autocast off(false);  // nested off: the region's bf16 again
     EXPECT_EQ(raw::to_dtype(lin(x), DType::f32).to_vector<float>(),
               raw::to_dtype(bf16_out, DType::f32).to_vector<float>());
@@ -113,7 +118,7 @@ TEST(Fp8Recipe, LinearOutputAndGradientsAreWithinTheFormatsRounding) {
   Tensor out;
   {
     Autocast ac(DeviceType::CPU, DType::bf16);
-    Fp8Autocast fp8;
+    Fp8Autocast fp8(true, 0);
     out = lin(x);
     sum(out.to(DType::f32) * r).backward();
   }
@@ -182,7 +187,7 @@ TEST(Fp8Recipe, SmallGptTrainsAsUnderBf16) {
       Tensor loss;
       {
         Autocast ac(DeviceType::CPU, DType::bf16);
-        Fp8Autocast f(fp8);
+        Fp8Autocast f(fp8, 0);
         loss = model.forward_loss(idx, tgt);
       }
       loss.backward();
