@@ -293,17 +293,31 @@ void HostParams::start_round() { std::fill(seen_.begin(), seen_.end(), 0); }
 
 void HostParams::provide_casts() {
   const auto t0 = std::chrono::steady_clock::now();
+  NoGradGuard ng;
+  // The next forward's memory, counted as the casts that forward would make.
+  MemoryCategoryGuard act(MemoryCategory::Activations);
+  // Each cast is copied to the device as soon as its parameter's updates have run, in the order
+  // backward queued them (the last parameters first), so the copies overlap the updates still
+  // running instead of following the last one.
+  std::vector<Tensor> on_device(params_.size());
+  for (size_t i = params_.size(); i-- > 0;) {
+    bool failed;
+    {
+      std::unique_lock<std::mutex> g(mu_);
+      idle_cv_.wait(g, [&] { return pending_[i] == 0 || error_ != nullptr; });
+      failed = error_ != nullptr;
+    }
+    if (failed) wait();  // the updates after the error are dropped; rethrows it
+    refresh_cast(i);
+    on_device[i] = device_cast(i);
+  }
   wait();
   {
     std::lock_guard<std::mutex> g(mu_);
     stats_.wait_ms += ms_since(t0);
   }
   start_round();
-  for (size_t i = 0; i < params_.size(); ++i) refresh_cast(i);
-  NoGradGuard ng;
-  // The next forward's memory, counted as the casts that forward would make.
-  MemoryCategoryGuard act(MemoryCategory::Activations);
-  for (size_t i = 0; i < params_.size(); ++i) autocast::provide_cast(params_[i], device_cast(i));
+  for (size_t i = 0; i < params_.size(); ++i) autocast::provide_cast(params_[i], on_device[i]);
 }
 
 void HostParams::refresh_cast(size_t i) {

@@ -3,9 +3,9 @@
 // the host; the device holds only the low-precision cast the forward reads.
 //
 // One step, and where each piece runs:
-//   provide_casts()  waits for the host updates of the last step, then copies each parameter's
-//                    cast (kept in pinned host memory, written by the update) to the device on
-//                    the current stream and gives it to the next autocast region
+//   provide_casts()  waits for the host updates of the last step, copying each parameter's cast
+//                    (kept in pinned host memory, written by the update) to the device on the
+//                    current stream as its update is done, and gives them to the next autocast region
 //                    (autocast::provide_cast); the ops find it there (autograd/op_policy.h: a host
 //                    parameter read by an op on the device comes to it, autocast::lower_to).
 //   forward          reads the casts; nothing else of a host parameter is on the device. A
@@ -80,7 +80,8 @@ class HostParams {
   HostParams& operator=(const HostParams&) = delete;
 
   // Waits for the updates of the last backward, then gives the calling thread's next autocast
-  // region the casts of every parameter, copied to the device on the current stream. Call before
+  // region the casts of every parameter, copied to the device on the current stream (each as
+  // soon as its own updates have run, while the later ones still run). Call before
   // the first forward and between each backward and the next forward; it also starts a new round
   // (a parameter may receive one gradient a round while stepping is on).
   void provide_casts();
