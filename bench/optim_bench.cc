@@ -74,12 +74,17 @@ double ms_per_step(const MakeOpt& make, int layers, int64_t d, mg::Device dev, b
 // the bf16 cast a cast target written in its pass. Two-pass, the host update as it was before
 // the cast target: a 16-bit gradient cast to a fresh f32 tensor first, the cast written after
 // the step by memory::write_half_cast (every core, vectorized). Returns ms a step, the median.
-double host_update_ms(int64_t n, mg::DType grad_dtype, bool fused, int steps) {
+double host_update_ms(int64_t n, mg::DType grad_dtype, bool fused, int steps, bool eight_bit = false) {
   mg::manual_seed(0);
   mg::Tensor p = mg::nn::parameter(mg::randn({n}));
   const mg::Tensor g = mg::randn({n}).to(grad_dtype);
   mg::Tensor cast = mg::empty({n}, {mg::DType::bf16});
-  mg::optim::AdamW opt({p});
+  std::unique_ptr<mg::optim::Adam> owned;
+  if (eight_bit)
+    owned = std::make_unique<mg::optim::AdamW8bit>(std::vector<mg::Tensor>{p});
+  else
+    owned = std::make_unique<mg::optim::AdamW>(std::vector<mg::Tensor>{p});
+  mg::optim::Adam& opt = *owned;
   if (fused) opt.set_cast_target(p, cast);
   std::vector<double> ms;
   for (int i = 0; i < steps + 2; ++i) {
@@ -243,6 +248,19 @@ int main(int argc, char** argv) {
                     {"two_pass_ms", two_pass},
                     {"fused_ms", fused},
                     {"speedup", two_pass / fused},
+                    {"fused_gbps", gbps},
+                    {"copy_gbps", copy_gbps}});
+  }
+  {  // AdamW8bit's host update (the moments' codes read and written: 18 bytes a parameter from an
+     // f32 gradient, the cast written in its pass)
+    const double ms8 = host_update_ms(host_elems, mg::DType::f32, true, steps, true);
+    const double gbps = 18.0 * static_cast<double>(host_elems) / ms8 / 1e6;
+    std::printf("host  adamw8bit %lld params, f32 gradient: %8.2f ms  %.1f GB/s, %.2f x the %.1f GB/s copy\n",
+                static_cast<long long>(host_elems), ms8, gbps, gbps / copy_gbps, copy_gbps);
+    host.push_back({{"params", host_elems},
+                    {"optimizer", "adamw8bit"},
+                    {"grad_dtype", "f32"},
+                    {"fused_ms", ms8},
                     {"fused_gbps", gbps},
                     {"copy_gbps", copy_gbps}});
   }

@@ -139,15 +139,23 @@ static_assert(kCodeUnsigned.v[0] == 0.0f && kCodeUnsigned.v[255] < 1.0f);
 // gives an arbitrary index: its block's absmax is then NaN too (block_absmax propagates it), so
 // the state reads back NaN, as an f32 moment would.
 MG_OPTIM_HD unsigned char quantize_nearest(const float* code, float x) {
-  // pos: the last index whose value is <= x (0 when x is below them all), in 8 fixed steps
-  // without branches, so the searches of a thread's elements interleave.
+  static_assert(kQuantCodeSize == 256, "the search below takes 8 steps");
+  // pos: the last index whose value is <= x (0 when x is below them all), in 8 steps written out
+  // and without branches, so the searches of a thread's elements interleave (and a CPU loop over
+  // elements vectorizes: kernels/cpu/optim.cc).
   int pos = 0;
-#ifdef __CUDACC__
-#pragma unroll
-#endif
-  for (int step = kQuantCodeSize / 2; step >= 1; step /= 2) pos += code[pos + step] <= x ? step : 0;
-  if (pos == kQuantCodeSize - 1) return static_cast<unsigned char>(pos);
-  return static_cast<unsigned char>(x - code[pos] <= code[pos + 1] - x ? pos : pos + 1);  // ties: the smaller
+  pos += code[pos + 128] <= x ? 128 : 0;
+  pos += code[pos + 64] <= x ? 64 : 0;
+  pos += code[pos + 32] <= x ? 32 : 0;
+  pos += code[pos + 16] <= x ? 16 : 0;
+  pos += code[pos + 8] <= x ? 8 : 0;
+  pos += code[pos + 4] <= x ? 4 : 0;
+  pos += code[pos + 2] <= x ? 2 : 0;
+  pos += code[pos + 1] <= x ? 1 : 0;
+  // The nearer of pos and pos + 1 (ties: the smaller); the last index has no neighbour above.
+  const int last = kQuantCodeSize - 1, above = pos < last ? pos + 1 : last;
+  const bool lower = (pos == last) | (x - code[pos] <= code[above] - x);  // | : no branch
+  return static_cast<unsigned char>(lower ? pos : pos + 1);
 }
 
 // x / absmax, the value quantize_nearest takes (0 for an all-zero block).
@@ -165,7 +173,12 @@ MG_OPTIM_HD float nan_max_abs(float a, float b) {
 inline float quantize_block(const float* v, int64_t n, const float* code, unsigned char* q) {
   float absmax = 0.0f;
   for (int64_t i = 0; i < n; ++i) absmax = nan_max_abs(absmax, v[i]);
-  for (int64_t i = 0; i < n; ++i) q[i] = quantize_nearest(code, quant_normalize(v[i], absmax));
+  // quant_normalize with its test taken out of the loop (a division is not speculated), so the
+  // loop has no branch and vectorizes.
+  if (absmax > 0.0f)
+    for (int64_t i = 0; i < n; ++i) q[i] = quantize_nearest(code, v[i] / absmax);
+  else
+    for (int64_t i = 0; i < n; ++i) q[i] = quantize_nearest(code, 0.0f);
   return absmax;
 }
 

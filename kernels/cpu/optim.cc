@@ -118,11 +118,39 @@ bool adam_cpu(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) 
   return true;
 }
 
+// One quantization block of the 8-bit update before its moments are stored: each element's
+// moments read through their codes and the block's scales, the AdamW rule applied (the parameter
+// steps with the unrounded new moments), the new moments left in m and v. In the form the
+// compiler vectorizes (the code lookups as gathers in the AVX2 clone): the same operations on
+// each element in the same order as the scalar rule, so the same result, bitwise.
+template <bool Maximize>
+__attribute__((optimize("O3"), target_clones("avx2", "default"))) void adam8bit_block(
+    float* __restrict p, const float* __restrict g, const uint8_t* __restrict mq, const uint8_t* __restrict vq,
+    float am, float av, float* __restrict m, float* __restrict v, int64_t len, const optim_math::AdamScalars<float>& s,
+    float step_size, float bc2_sqrt, const float* __restrict code_m, const float* __restrict code_v) {
+  const optim_math::AdamScalars<float> c{s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.decoupled, false, Maximize};
+  for (int64_t j = 0; j < len; ++j) {
+    float mj = code_m[mq[j]] * am, vj = code_v[vq[j]] * av;
+    optim_math::adam_element<float>(p[j], g[j], mj, vj, nullptr, c, step_size, bc2_sqrt);
+    m[j] = mj;
+    v[j] = vj;
+  }
+}
+
+// optim_math::quantize_block (the block's absmax, then each value's nearest code), compiled
+// where its branchless search vectorizes.
+__attribute__((optimize("O3"), target_clones("avx2", "default"))) float quantize_block_vec(
+    const float* __restrict v, int64_t n, const float* __restrict code, unsigned char* __restrict q) {
+  return optim_math::quantize_block(v, n, code, q);
+}
+
 // 8-bit moments: block by block, the moments are read through their codes, updated with
 // adam_element (the parameter stepping with the unrounded new moments), and stored against the
-// block's new absmax. Blocks are independent: parallel over them.
-void adam8bit_cpu(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
-  if (skipped(d)) return;
+// block's new absmax; the low copy of the block's parameters (where asked) written right after,
+// from the cache. Blocks are independent: parallel over them. Returns whether the low copies were
+// written (not when the update is skipped).
+bool adam8bit_cpu(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
+  if (skipped(d)) return false;
   const double lr = lr_of(d, h.lr);
   const optim_math::AdamScalars<float> s{
       float(lr), float(h.beta1), float(h.beta2), float(h.eps), float(h.weight_decay), h.decoupled_weight_decay,
@@ -141,21 +169,24 @@ void adam8bit_cpu(const AdamTensors& t, const AdamHyper& h, const DeviceScalars&
     uint8_t* vq = t.exp_avg_sq[i].data_ptr<uint8_t>();
     float* am = t.exp_avg_absmax[i].data_ptr<float>();
     float* av = t.exp_avg_sq_absmax[i].data_ptr<float>();
+    const Tensor* lowt = t.low_copies.empty() || !t.low_copies[i].defined() ? nullptr : &t.low_copies[i];
+    auto* low = lowt ? static_cast<uint16_t*>(lowt->raw_data()) : nullptr;  // 16-bit codes
+    const bool low_bf16 = lowt && lowt->dtype() == DType::bf16;
     const int64_t n = t.params[i].numel();
     cpu::parallel_for(quant_blocks(n), 1, [&](int64_t b0, int64_t b1) {
       std::vector<float> m(B), v(B);
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t begin = b * B, len = std::min(B, n - begin);
-        for (int64_t j = 0; j < len; ++j) {
-          float mj = code_m[mq[begin + j]] * am[b], vj = code_v[vq[begin + j]] * av[b];
-          optim_math::adam_element<float>(p[begin + j], g[begin + j], mj, vj, nullptr, s, step_size, bc2_sqrt);
-          m[j] = mj, v[j] = vj;
-        }
-        am[b] = optim_math::quantize_block(m.data(), len, code_m, mq + begin);
-        av[b] = optim_math::quantize_block(v.data(), len, code_v, vq + begin);
+        (s.maximize ? adam8bit_block<true> : adam8bit_block<false>)(p + begin, g + begin, mq + begin, vq + begin, am[b],
+                                                                    av[b], m.data(), v.data(), len, s, step_size,
+                                                                    bc2_sqrt, code_m, code_v);
+        am[b] = quantize_block_vec(m.data(), len, code_m, mq + begin);
+        av[b] = quantize_block_vec(v.data(), len, code_v, vq + begin);
+        if (low) low_range(p + begin, low + begin, len, low_bf16);
       }
     });
   }
+  return true;
 }
 
 template <class T>
@@ -211,8 +242,8 @@ void CpuBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, con
 
 template <>
 void CpuBackend::adam8bit_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
-  adam8bit_cpu(t, h, d);
-  for (size_t i = 0; i < t.low_copies.size(); ++i)  // updated, or as they were when skipped
+  if (adam8bit_cpu(t, h, d)) return;                // the low copies were written in the update's pass
+  for (size_t i = 0; i < t.low_copies.size(); ++i)  // skipped: the parameters as they are
     if (t.low_copies[i].defined()) raw::copy_(t.low_copies[i], t.params[i]);
 }
 
