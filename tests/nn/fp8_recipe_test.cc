@@ -193,7 +193,9 @@ TEST(Fp8Recipe, SmallGptTrainsAsUnderBf16) {
       loss.backward();
       for (const Tensor& p : model.parameters()) {
         EXPECT_TRUE(p.grad().defined());
-        if (p.grad().defined()) EXPECT_TRUE(std::isfinite(sum(p.grad() * p.grad()).item<float>()));
+        if (p.grad().defined()) {
+          EXPECT_TRUE(std::isfinite(sum(p.grad() * p.grad()).item<float>()));
+        }
       }
       opt.step();
       losses.push_back(loss.item<float>());
