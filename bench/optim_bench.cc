@@ -25,6 +25,7 @@
 #include "core/device_runtime.h"
 #include "core/random.h"
 #include "kernels/ops.h"
+#include "kernels/optim.h"
 #include "kernels/parallel.h"
 #include "memory/host_params.h"
 #include "nn/nn.h"
@@ -73,7 +74,7 @@ double ms_per_step(const MakeOpt& make, int layers, int64_t d, mg::Device dev, b
 // (parameter offload: the device weights' gradient). Fused: the gradient widened inside AdamW and
 // the bf16 cast a cast target written in its pass. Two-pass, the host update as it was before
 // the cast target: a 16-bit gradient cast to a fresh f32 tensor first, the cast written after
-// the step by memory::write_half_cast (every core, vectorized). Returns ms a step, the median.
+// the step by kernels::write_low_copy (every core, vectorized). Returns ms a step, the median.
 double host_update_ms(int64_t n, mg::DType grad_dtype, bool fused, int steps, bool eight_bit = false) {
   mg::manual_seed(0);
   mg::Tensor p = mg::nn::parameter(mg::randn({n}));
@@ -91,7 +92,7 @@ double host_update_ms(int64_t n, mg::DType grad_dtype, bool fused, int steps, bo
     const auto t0 = Clock::now();
     p.set_grad(fused || grad_dtype == mg::DType::f32 ? g : mg::kernels::cast(g, mg::DType::f32));
     opt.step();
-    if (!fused) mg::memory::write_half_cast(p, cast);
+    if (!fused) mg::kernels::write_low_copy(p, cast);
     if (i >= 2) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
   std::sort(ms.begin(), ms.end());

@@ -20,9 +20,10 @@ bool device_has_fused(const Device& d) { return has_backend(d); }
 bool dtype_fusable(const Tensor& t) { return t.dtype() == DType::f32 || (t.dtype() == DType::f64 && !t.is_cuda()); }
 
 // Every list has params.size() entries, each defined, contiguous, of params[0]'s device and
-// dtype and of its parameter's shape.
+// dtype (or, with half_ok, f16/bf16) and of its parameter's shape.
 void check_lists(const char* op, const std::vector<Tensor>& params,
-                 std::initializer_list<std::pair<const char*, const std::vector<Tensor>*>> lists) {
+                 std::initializer_list<std::pair<const char*, const std::vector<Tensor>*>> lists,
+                 bool half_ok = false) {
   if (params.empty()) return;
   const Device dev = params[0].device();
   const DType dt = params[0].dtype();
@@ -32,7 +33,9 @@ void check_lists(const char* op, const std::vector<Tensor>& params,
   auto check_one = [&](const char* what, size_t i, const Tensor& t) {
     MG_CHECK(t.defined(), ValueError, op, ": ", what, "[", i, "] is undefined");
     MG_CHECK(t.device() == dev, DeviceError, op, ": ", what, "[", i, "] is on ", t.device(), ", params[0] on ", dev);
-    MG_CHECK(t.dtype() == dt, DTypeError, op, ": ", what, "[", i, "] has dtype ", t.dtype(), ", params[0] has ", dt);
+    const bool half = half_ok && (t.dtype() == DType::f16 || t.dtype() == DType::bf16);
+    MG_CHECK(t.dtype() == dt || half, DTypeError, op, ": ", what, "[", i, "] has dtype ", t.dtype(), ", params[0] has ",
+             dt, half_ok ? " (or f16/bf16)" : "");
     MG_CHECK(t.is_contiguous(), ValueError, op, ": ", what, "[", i, "] (shape ", shape_str(t.sizes()),
              ") is not contiguous");
     MG_CHECK(t.sizes() == params[i].sizes(), ShapeError, op, ": ", what, "[", i, "] has shape ", shape_str(t.sizes()),
@@ -118,26 +121,9 @@ void adam_multi_tensor_(const AdamTensors& t, const AdamHyper& h, const DeviceSc
   const char* op = "adam_multi_tensor_";
   if (t.params.empty()) return;
   check_lists(op, t.params, {{"exp_avg", &t.exp_avg}, {"exp_avg_sq", &t.exp_avg_sq}});
-  if (adam_takes_16bit_grads(t.params[0])) {
-    // f16/bf16 gradients are widened as they are read (a host update straight from the gradient
-    // the device copied home, memory/host_params.h); any other one has the params' dtype.
-    MG_CHECK(t.grads.size() == t.params.size(), ValueError, op, ": grads has ", t.grads.size(), " tensors, params ",
-             t.params.size());
-    for (size_t i = 0; i < t.grads.size(); ++i) {
-      const Tensor& g = t.grads[i];
-      MG_CHECK(g.defined(), ValueError, op, ": grads[", i, "] is undefined");
-      MG_CHECK(g.dtype() == t.params[0].dtype() || g.dtype() == DType::f16 || g.dtype() == DType::bf16, DTypeError, op,
-               ": grads[", i, "] has dtype ", g.dtype(), ", params[0] has ", t.params[0].dtype(), " (or f16/bf16)");
-      MG_CHECK(g.device() == t.params[0].device(), DeviceError, op, ": grads[", i, "] is on ", g.device(),
-               ", params[0] on ", t.params[0].device());
-      MG_CHECK(g.is_contiguous(), ValueError, op, ": grads[", i, "] (shape ", shape_str(g.sizes()),
-               ") is not contiguous");
-      MG_CHECK(g.sizes() == t.params[i].sizes(), ShapeError, op, ": grads[", i, "] has shape ", shape_str(g.sizes()),
-               ", its parameter ", shape_str(t.params[i].sizes()));
-    }
-  } else {
-    check_lists(op, t.params, {{"grads", &t.grads}});
-  }
+  // f16/bf16 gradients of f32 CPU parameters are widened as they are read (a host update
+  // straight from the gradient the device copied home, memory/host_params.h).
+  check_lists(op, t.params, {{"grads", &t.grads}}, adam_takes_16bit_grads(t.params[0]));
   if (h.amsgrad) check_lists(op, t.params, {{"max_exp_avg_sq", &t.max_exp_avg_sq}});
   MG_CHECK(!t.step_counts.empty() || t.steps.size() == t.params.size(), ValueError, op, ": ", t.steps.size(),
            " step counts for ", t.params.size(), " params");

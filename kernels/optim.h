@@ -16,6 +16,10 @@ bool multi_tensor_supported(const Tensor& t);
 // True when adam_multi_tensor_ takes f16/bf16 gradients for the f32 parameter `p` (widened as
 // they are read, the same result as the gradients cast to f32 first): f32 parameters on the CPU.
 bool adam_takes_16bit_grads(const Tensor& p);
+// low = param rounded to nearest even in low's dtype (f16 or bf16): contiguous CPU tensors of one
+// shape, param f32; over every core, vectorized. What a CPU update writes as a low copy, and
+// memory::HostParams' casts outside one. Errors: ValueError naming both tensors.
+void write_low_copy(const Tensor& param, const Tensor& low);
 
 // In-place updates with torch.optim.Adam/AdamW/SGD's rules (see optim/adam.h, optim/sgd.h).
 // Every tensor must be on one device, contiguous, of one supported dtype, and the lists must

@@ -13,6 +13,7 @@
 #include "core/device_runtime.h"
 #include "core/profiler.h"
 #include "kernels/ops.h"
+#include "kernels/optim.h"
 #include "kernels/parallel.h"
 #include "nn/linear.h"
 #include "nn/module.h"
@@ -25,32 +26,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// dst[j] = round-to-nearest-even(src[j]) in the 16-bit type H, vectorized (AVX2 where the CPU has it).
-template <class H>
-__attribute__((optimize("O3"), target_clones("avx2", "default"))) void cast_range(const float* __restrict src,
-                                                                                  uint16_t* __restrict dst, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) dst[j] = H::from_float(src[j]);
-}
-
 }  // namespace
-
-// cast = p in f16 or bf16, rounded to nearest even: the device's cast kernel's result.
-void write_half_cast(const Tensor& p, const Tensor& cast) {
-  MG_CHECK(
-      p.defined() && cast.defined() && p.dtype() == DType::f32 && p.device().is_cpu() && p.is_contiguous() &&
-          (cast.dtype() == DType::bf16 || cast.dtype() == DType::f16) && cast.device().is_cpu() &&
-          cast.is_contiguous() && cast.sizes() == p.sizes(),
-      ValueError, "write_half_cast: a contiguous f32 CPU tensor and a contiguous f16/bf16 CPU tensor of its shape ",
-      "are needed; got ",
-      p.defined() ? detail::format(p.dtype(), " ", shape_str(p.sizes()), " on ", p.device()) : "undefined", " and ",
-      cast.defined() ? detail::format(cast.dtype(), " ", shape_str(cast.sizes()), " on ", cast.device()) : "undefined");
-  const float* src = p.data_ptr<float>();
-  auto* dst = static_cast<uint16_t*>(cast.storage()->data) + cast.offset();  // 16-bit codes
-  const bool bf16 = cast.dtype() == DType::bf16;
-  kernels::cpu::parallel_for(p.numel(), int64_t{1} << 16, [&](int64_t b, int64_t e) {
-    bf16 ? cast_range<BFloat16>(src + b, dst + b, e - b) : cast_range<Half>(src + b, dst + b, e - b);
-  });
-}
 
 // One gradient on its way home: the pinned block it lands in and the copy's event.
 struct HostParams::Task {
@@ -96,7 +72,7 @@ HostParams::HostParams(std::vector<Tensor> params, Device device, HostOptimizerF
       Tensor c;
       if (cast_dtypes_[i] != DType::f32) {
         c = cuda::pin_memory(empty(p.sizes(), TensorOptions(cast_dtypes_[i])));
-        write_half_cast(p, c);
+        kernels::write_low_copy(p, c);
       }
       casts_.push_back(c);
       cast_versions_.push_back(p.version());
@@ -248,7 +224,7 @@ void HostParams::process(Task& t) {
   const double step_ms = ms_since(t0);
   const auto t1 = std::chrono::steady_clock::now();
   // An Adam writes the cast in its update's pass (a cast target); otherwise it is written here.
-  if (cast.defined() && cast.version() == cast_version) write_half_cast(p, cast);
+  if (cast.defined() && cast.version() == cast_version) kernels::write_low_copy(p, cast);
   cast_versions_[t.i] = p.version();
   sum = Tensor();
   std::lock_guard<std::mutex> lk(mu_);
@@ -268,13 +244,13 @@ void HostParams::wait() {
 }
 
 void HostParams::wait_for(size_t i) {
-  std::unique_lock<std::mutex> g(mu_);
-  idle_cv_.wait(g, [&] { return pending_[i] == 0 || error_ != nullptr; });
-  if (error_) {
-    std::exception_ptr e = error_;
-    error_ = nullptr;
-    std::rethrow_exception(e);
+  bool failed;
+  {
+    std::unique_lock<std::mutex> g(mu_);
+    idle_cv_.wait(g, [&] { return pending_[i] == 0 || error_ != nullptr; });
+    failed = error_ != nullptr;
   }
+  if (failed) wait();  // the updates after the error are dropped; rethrows it
 }
 
 void HostParams::copy_to_device(size_t i, const Tensor& dst) {
@@ -301,13 +277,7 @@ void HostParams::provide_casts() {
   // running instead of following the last one.
   std::vector<Tensor> on_device(params_.size());
   for (size_t i = params_.size(); i-- > 0;) {
-    bool failed;
-    {
-      std::unique_lock<std::mutex> g(mu_);
-      idle_cv_.wait(g, [&] { return pending_[i] == 0 || error_ != nullptr; });
-      failed = error_ != nullptr;
-    }
-    if (failed) wait();  // the updates after the error are dropped; rethrows it
+    wait_for(i);
     refresh_cast(i);
     on_device[i] = device_cast(i);
   }
@@ -327,7 +297,7 @@ void HostParams::refresh_cast(size_t i) {
     // An earlier round's copy of this cast to the device may still be in flight (rare: the
     // master changed outside the update, e.g. a loaded checkpoint).
     cuda::synchronize(device_.index);
-    write_half_cast(params_[i], casts_[i]);
+    kernels::write_low_copy(params_[i], casts_[i]);
   }
   cast_versions_[i] = v;
 }

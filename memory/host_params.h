@@ -90,7 +90,8 @@ class HostParams {
   void set_step(bool on) { step_ = on; }
   // Blocks until every update queued so far has run; rethrows the first error an update raised.
   void wait();
-  // Blocks until parameter i's queued updates have run (rethrowing an update's error).
+  // Blocks until parameter i's queued updates have run. After an update's error, waits as wait()
+  // does (the updates queued after it are dropped) and rethrows it.
   void wait_for(size_t i);
   // Copies parameter i's cast (its master where its cast dtype is f32) into `dst` on the device,
   // asynchronously on the current stream, after its queued updates: what a parameter-offload
@@ -170,11 +171,6 @@ class HostParams {
 
 // The parameters HostParams takes from a GPT: its blocks' Linear weights and biases (nn/models/gpt.h).
 using nn::gpt_linear_params;
-
-// cast = p (f32, on the CPU) rounded to nearest even in cast's dtype (f16 or bf16, p's shape,
-// contiguous), over every core and vectorized: how HostParams writes a cast that its optimizer
-// did not write in the update's own pass.
-void write_half_cast(const Tensor& p, const Tensor& cast);
 
 // The host's memory bandwidth as a parallel copy of `bytes` over every core sees it (bytes read
 // plus bytes written, per millisecond; the median of `repeats`): the ceiling of a host update.

@@ -61,6 +61,17 @@ __attribute__((optimize("O3"), target_clones("avx2", "default"))) void low_range
     for (int64_t j = 0; j < n; ++j) low[j] = Half::from_float(p[j]);
 }
 
+// Where a parameter's low copy goes: its 16-bit codes (null: none) and whether they are bf16.
+struct LowCopy {
+  uint16_t* codes = nullptr;
+  bool bf16 = false;
+};
+LowCopy low_copy_of(const AdamTensors& t, size_t i) {
+  if (t.low_copies.empty() || !t.low_copies[i].defined()) return {};
+  const Tensor& c = t.low_copies[i];
+  return {static_cast<uint16_t*>(c.raw_data()), c.dtype() == DType::bf16};
+}
+
 // One parameter's update with gradient elements of type G, and its low copy (null, or 16-bit
 // codes, bf16 when low_bf16, else f16). Elements are independent: split over the cores (host
 // parameters step here at the host's memory bandwidth), the same result as one loop. The low
@@ -103,9 +114,7 @@ bool adam_cpu(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) 
     T* m = t.exp_avg[i].data_ptr<T>();
     T* v = t.exp_avg_sq[i].data_ptr<T>();
     T* vmax = h.amsgrad ? t.max_exp_avg_sq[i].data_ptr<T>() : nullptr;
-    const Tensor* lowt = t.low_copies.empty() || !t.low_copies[i].defined() ? nullptr : &t.low_copies[i];
-    auto* low = lowt ? static_cast<uint16_t*>(lowt->raw_data()) : nullptr;  // 16-bit codes
-    const bool low_bf16 = lowt && lowt->dtype() == DType::bf16;
+    const auto [low, low_bf16] = low_copy_of(t, i);
     const Tensor& g = t.grads[i];
     const int64_t n = t.params[i].numel();
     if (g.dtype() == DType::bf16)
@@ -169,9 +178,7 @@ bool adam8bit_cpu(const AdamTensors& t, const AdamHyper& h, const DeviceScalars&
     uint8_t* vq = t.exp_avg_sq[i].data_ptr<uint8_t>();
     float* am = t.exp_avg_absmax[i].data_ptr<float>();
     float* av = t.exp_avg_sq_absmax[i].data_ptr<float>();
-    const Tensor* lowt = t.low_copies.empty() || !t.low_copies[i].defined() ? nullptr : &t.low_copies[i];
-    auto* low = lowt ? static_cast<uint16_t*>(lowt->raw_data()) : nullptr;  // 16-bit codes
-    const bool low_bf16 = lowt && lowt->dtype() == DType::bf16;
+    const auto [low, low_bf16] = low_copy_of(t, i);
     const int64_t n = t.params[i].numel();
     cpu::parallel_for(quant_blocks(n), 1, [&](int64_t b0, int64_t b1) {
       std::vector<float> m(B), v(B);
@@ -229,6 +236,24 @@ double cpu_norm_partial(const Tensor& t0, double p) {
 
 }  // namespace
 
+void write_low_copy(const Tensor& param, const Tensor& low) {
+  MG_CHECK(param.defined() && low.defined() && param.dtype() == DType::f32 && param.device().is_cpu() &&
+               param.is_contiguous() && (low.dtype() == DType::bf16 || low.dtype() == DType::f16) &&
+               low.device().is_cpu() && low.is_contiguous() && low.sizes() == param.sizes(),
+           ValueError, "write_low_copy: a contiguous f32 CPU tensor and a contiguous f16/bf16 CPU tensor of its shape ",
+           "are needed; got ",
+           param.defined() ? detail::format(param.dtype(), " ", shape_str(param.sizes()), " on ", param.device())
+                           : std::string("undefined"),
+           " and ",
+           low.defined() ? detail::format(low.dtype(), " ", shape_str(low.sizes()), " on ", low.device())
+                         : std::string("undefined"));
+  const float* p = param.data_ptr<float>();
+  auto* codes = static_cast<uint16_t*>(low.raw_data());
+  const bool bf16 = low.dtype() == DType::bf16;
+  cpu::parallel_for(param.numel(), int64_t{1} << 16,
+                    [&](int64_t b, int64_t e) { low_range(p + b, codes + b, e - b, bf16); });
+}
+
 template <>
 void CpuBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
   if (t.params[0].dtype() == DType::f64) {
@@ -237,14 +262,14 @@ void CpuBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, con
   }
   if (adam_cpu<float>(t, h, d)) return;             // the low copies were written in the update's pass
   for (size_t i = 0; i < t.low_copies.size(); ++i)  // skipped: the parameters as they are
-    if (t.low_copies[i].defined()) raw::copy_(t.low_copies[i], t.params[i]);
+    if (t.low_copies[i].defined()) write_low_copy(t.params[i], t.low_copies[i]);
 }
 
 template <>
 void CpuBackend::adam8bit_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& d) {
   if (adam8bit_cpu(t, h, d)) return;                // the low copies were written in the update's pass
   for (size_t i = 0; i < t.low_copies.size(); ++i)  // skipped: the parameters as they are
-    if (t.low_copies[i].defined()) raw::copy_(t.low_copies[i], t.params[i]);
+    if (t.low_copies[i].defined()) write_low_copy(t.params[i], t.low_copies[i]);
 }
 
 template <>

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "autograd/autocast_policy.h"
 #include "autograd/functions.h"
@@ -199,6 +200,31 @@ TEST(Adam, SixteenBitGradientsAndCastTargetEqualTheF32PathBitwise) {
   p.set_grad(randn({8}));
   opt.step();
   EXPECT_EQ(c.version(), v0);
+}
+
+// The CPU low-copy writer (an update's low copies, HostParams' casts) rounds as a cast does,
+// bit for bit, NaN and infinities included; bad input names both tensors.
+TEST(Adam, WriteLowCopyIsTheCastBitwise) {
+  Tensor p = randn({70001});
+  std::vector<float> v = p.to_vector<float>();
+  v[0] = std::numeric_limits<float>::quiet_NaN();
+  v[1] = std::numeric_limits<float>::infinity();
+  v[2] = -std::numeric_limits<float>::infinity();
+  v[3] = 1.0f + 1.0f / 256.0f;  // a bf16 tie: rounds to even
+  v[4] = 70000.0f;              // beyond f16's range: infinity
+  p = from_vector(v, {70001});
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Tensor low = empty({70001}, {dt});
+    kernels::write_low_copy(p, low);
+    Tensor want = empty({70001}, {dt});
+    raw::copy_(want, p);
+    const auto* a = static_cast<const uint16_t*>(low.raw_data());
+    const auto* b = static_cast<const uint16_t*>(want.raw_data());
+    for (int64_t j = 0; j < 70001; ++j) ASSERT_EQ(a[j], b[j]) << dt << " element " << j;
+  }
+  EXPECT_THROW(kernels::write_low_copy(p, empty({70000}, {DType::bf16})), ValueError);
+  EXPECT_THROW(kernels::write_low_copy(p, empty({70001}, {DType::f32})), ValueError);
+  EXPECT_THROW(kernels::write_low_copy(p.to(DType::f64), empty({70001}, {DType::bf16})), ValueError);
 }
 
 // adam_multi_tensor_ takes 16-bit gradients for f32 parameters on the CPU only where they are
