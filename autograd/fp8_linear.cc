@@ -37,7 +37,11 @@ Fp8Matrix transposed_only(Fp8Matrix m) {
   m.codes = Tensor();
   return m;
 }
-Tensor bias_grad(const Tensor& g2, DType dtype) { return raw::to_dtype(kernels::sum(g2, {0}), dtype); }
+// The rows' sum in `dtype` (f32 for an f32 bias: the f32 sums not rounded to g2's type first).
+Tensor bias_grad(const Tensor& g2, DType dtype) {
+  return dtype == DType::f32 || dtype == g2.dtype() ? kernels::sum(g2, {0}, false, dtype)
+                                                    : raw::to_dtype(kernels::sum(g2, {0}), dtype);
+}
 }  // namespace
 
 bool fp8_linear_applies(const Tensor& x, const Tensor& w) {
@@ -99,13 +103,18 @@ Tensor fp8_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, con
              const Fp8Matrix gq = kernels::fp8_cast(g2, kE5M2, need_pre, need[3]);
              if (need[3]) gw_proj = gemm_tt(gq, hq, dt_proj);
              if (need_pre) {
-               // g_pre = (g @ w_proj) * gelu'(pre), the derivative in the GEMM's epilogue.
-               const Tensor g_pre = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv,
-                                                      Tensor(), dtype, Fp8Epilogue::DGelu, pre);
+               // g_pre = (g @ w_proj) * gelu'(pre): the GEMM, then the derivative in the pass that
+               // takes g_pre's amax for its cast (or in the GEMM's epilogue when nothing casts it).
+               Tensor g_pre;
                if (need[0] || need[1]) {
-                 const Fp8Matrix gpq = kernels::fp8_cast(g_pre, kE5M2, need[0], need[1]);
+                 g_pre = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv, Tensor(),
+                                           dtype);
+                 const Fp8Matrix gpq = kernels::fp8_cast_gelu_backward(g_pre, pre, kE5M2, need[0], need[1]);
                  if (need[1]) gw_fc = gemm_tt(gpq, xq, dt_fc);
                  if (need[0]) gx = raw::view(gemm_t(gpq, wfq, dtype), xs);
+               } else {
+                 g_pre = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv, Tensor(),
+                                           dtype, Fp8Epilogue::DGelu, pre);
                }
                if (need[2]) gb_fc = bias_grad(g_pre, dt_fc);
              }

@@ -143,6 +143,7 @@ mg_bazel_target(library //kernels/cuda:cuda_kernels ALWAYSLINK CUDA_ONLY
     kernels/cuda/depthwise_conv.h
     kernels/cuda/thread_handles.h
     kernels/cuda/elementwise.cu
+    kernels/cuda/gelu.cuh
     kernels/cuda/fp8.cu
     kernels/cuda/index.cu
     kernels/cuda/layer_norm.cu

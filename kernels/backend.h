@@ -226,6 +226,11 @@ class Backend {
   // rounded once (what an FP8 GEMM multiplies by); nothing read back to the host.
   virtual void fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, const Tensor& amax, const Tensor& scale,
                               const Tensor& scale_inv) = 0;
+  // g = g * gelu_tanh'(pre) in place (binary(GeluTanhBackward)'s values; g and pre contiguous, of
+  // one shape and dtype), then fp8_amax_scale of the new g: the FP8 MLP backward's cast of the
+  // gradient reaching GELU's input, the derivative and the amax in one pass where the backend can.
+  virtual void fp8_gelu_backward_amax_scale(const Tensor& g, const Tensor& pre, Fp8Format format, int margin,
+                                            const Tensor& amax, const Tensor& scale, const Tensor& scale_inv) = 0;
   // fp8_quantize of a contiguous 2-D x [R, C] into out (u8 [R, C]) and its transpose out_t (u8
   // [C, R]) in one pass; either may be undefined. An FP8 GEMM reads both operands along the
   // reduced dimension, so a linear's backward needs each of x, w and the gradient transposed too.

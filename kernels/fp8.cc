@@ -19,35 +19,66 @@ void check_scale(const char* op, const Tensor& scale, Device dev) {
 
 }  // namespace
 
+namespace {
+Fp8Scale empty_scale(Device dev) {
+  const TensorOptions f32(DType::f32, dev);
+  return Fp8Scale{empty({1}, f32), empty({1}, f32), empty({1}, f32)};
+}
+
+void check_cast_input(const char* op, const char* name, const Tensor& x) {
+  MG_CHECK(x.defined() && is_half_or_f32(x.dtype()), DTypeError, op, ": ", name, " must be f32, f16 or bf16, got ",
+           x.defined() ? dtype_name(x.dtype()) : "an undefined tensor");
+}
+
+// The codes of a contiguous x [R, C] whose scale s is set (or will be, in stream order).
+Fp8Matrix codes_of(const char* op, const Tensor& xc, const Fp8Scale& s, Fp8Format format, bool rows, bool transposed) {
+  Fp8Matrix m;
+  m.format = format;
+  m.scale_inv = s.scale_inv;
+  const TensorOptions u8(DType::u8, xc.device());
+  if (rows) m.codes = empty(xc.sizes(), u8);
+  if (transposed) m.codes_t = empty({xc.size(1), xc.size(0)}, u8);
+  backend(xc.device(), op).fp8_quantize_transpose(xc, s.scale, format, m.codes, m.codes_t);
+  return m;
+}
+}  // namespace
+
 Fp8Scale fp8_current_scale(const Tensor& x, Fp8Format format, int margin) {
   const char* op = "fp8_current_scale";
-  MG_CHECK(x.defined() && is_half_or_f32(x.dtype()), DTypeError, op, ": x must be f32, f16 or bf16, got ",
-           x.defined() ? dtype_name(x.dtype()) : "an undefined tensor");
+  check_cast_input(op, "x", x);
   MG_CHECK(margin >= 0, ValueError, op, ": margin must be >= 0, got ", margin);
-  Fp8Scale s;
-  s.amax = empty({1}, TensorOptions(DType::f32, x.device()));
-  s.scale = empty({1}, TensorOptions(DType::f32, x.device()));
-  s.scale_inv = empty({1}, TensorOptions(DType::f32, x.device()));
+  Fp8Scale s = empty_scale(x.device());
   backend(x.device(), op).fp8_amax_scale(raw::contiguous(x), format, margin, s.amax, s.scale, s.scale_inv);
   return s;
 }
 
 Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, bool rows, bool transposed, int margin) {
   const char* op = "fp8_cast";
-  MG_CHECK(x.defined() && is_half_or_f32(x.dtype()), DTypeError, op, ": x must be f32, f16 or bf16, got ",
-           x.defined() ? dtype_name(x.dtype()) : "an undefined tensor");
+  check_cast_input(op, "x", x);
   MG_CHECK(x.dim() == 2, ShapeError, op, ": x must be 2-D, got ", shape_str(x.sizes()));
   MG_CHECK(rows || transposed, ValueError, op, ": asked for neither the codes nor their transpose");
   const Tensor xc = raw::contiguous(x);
-  Fp8Scale s = fp8_current_scale(xc, format, margin);
-  Fp8Matrix m;
-  m.format = format;
-  m.scale_inv = s.scale_inv;
-  const TensorOptions u8(DType::u8, x.device());
-  if (rows) m.codes = empty(x.sizes(), u8);
-  if (transposed) m.codes_t = empty({x.size(1), x.size(0)}, u8);
-  backend(x.device(), op).fp8_quantize_transpose(xc, s.scale, format, m.codes, m.codes_t);
-  return m;
+  return codes_of(op, xc, fp8_current_scale(xc, format, margin), format, rows, transposed);
+}
+
+Fp8Matrix fp8_cast_gelu_backward(const Tensor& g, const Tensor& pre, Fp8Format format, bool rows, bool transposed,
+                                 int margin) {
+  const char* op = "fp8_cast_gelu_backward";
+  check_cast_input(op, "g", g);
+  MG_CHECK(g.dim() == 2 && g.is_contiguous(), ShapeError, op,
+           ": g must be a contiguous 2-D tensor (it is overwritten), got ", shape_str(g.sizes()),
+           g.is_contiguous() ? "" : " (not contiguous)");
+  MG_CHECK(pre.defined() && pre.dtype() == g.dtype(), DTypeError, op, ": pre must be ", dtype_name(g.dtype()),
+           " as g is, got ", pre.defined() ? dtype_name(pre.dtype()) : "an undefined tensor");
+  MG_CHECK(pre.sizes() == g.sizes(), ShapeError, op, ": pre ", shape_str(pre.sizes()), " and g ", shape_str(g.sizes()),
+           " differ in shape");
+  MG_CHECK(pre.device() == g.device(), DeviceError, op, ": pre is on ", pre.device(), ", g on ", g.device());
+  MG_CHECK(rows || transposed, ValueError, op, ": asked for neither the codes nor their transpose");
+  MG_CHECK(margin >= 0, ValueError, op, ": margin must be >= 0, got ", margin);
+  Fp8Scale s = empty_scale(g.device());
+  backend(g.device(), op)
+      .fp8_gelu_backward_amax_scale(g, raw::contiguous(pre), format, margin, s.amax, s.scale, s.scale_inv);
+  return codes_of(op, g, s, format, rows, transposed);
 }
 
 namespace {

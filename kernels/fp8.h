@@ -42,6 +42,14 @@ struct Fp8Matrix {
 // Errors: DTypeError, ShapeError (not 2-D), ValueError (neither layout asked).
 Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, bool rows, bool transposed, int margin = 0);
 
+// The FP8 MLP backward's cast of the gradient reaching GELU's input: g (f32, f16 or bf16 [R, C],
+// contiguous; the gradient at GELU's output, overwritten) becomes g * gelu_tanh'(pre), the values
+// binary(GeluTanhBackward) gives, and is cast as fp8_cast casts it. On CUDA the derivative and
+// the amax are one pass over g (fp8_cast would read it again for the amax). Errors as fp8_cast's,
+// and DTypeError, ShapeError or DeviceError for a pre unlike g or a g that is not contiguous.
+Fp8Matrix fp8_cast_gelu_backward(const Tensor& g, const Tensor& pre, Fp8Format format, bool rows, bool transposed,
+                                 int margin = 0);
+
 // out [M, N] in `dtype` (bf16, f16 or f32) = (decode(a) @ decode(b)^T) * a_inv * b_inv + bias
 // for codes a [M, K] and b [N, K] (u8, formats fa and fb, not both E5M2), accumulated in f32. The
 // epilogue as Backend::fp8_gemm's: GeluAux fills `aux` (an [M, N] tensor of `dtype`) with the

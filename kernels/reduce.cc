@@ -49,6 +49,19 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   return squeeze_reduced(out, a, mask, keepdim);
 }
 
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim, DType dtype) {
+  const Device dev = check_device("sum", {&a});
+  const bool widen = (a.dtype() == DType::f16 || a.dtype() == DType::bf16) && dtype == DType::f32;
+  MG_CHECK(is_floating(a.dtype()) && (dtype == a.dtype() || widen), DTypeError,
+           "sum: the result's dtype must be the data's or f32 for f16/bf16 data, got ", dtype, " for ", a.dtype(),
+           " data");
+  std::vector<bool> mask;
+  const Shape k = kept_shape(a, dims, "sum", &mask);
+  Tensor out = empty(k, {dtype, dev});
+  backend(dev, "sum").sum(a, out);
+  return squeeze_reduced(out, a, mask, keepdim);
+}
+
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   const Device dev = check_device("mean", {&a});
   MG_CHECK(is_floating(a.dtype()), DTypeError, "mean: expected a floating tensor, got ", a.dtype(), " (cast it first)");

@@ -12,6 +12,9 @@ namespace mg::kernels {
 
 // ---- reductions (dims may be negative; empty dims = all) ----
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// sum of floating data written in `dtype`: a's own, or f32 for f16/bf16 data, whose f32 sums are
+// then kept as they are (torch.sum(a, dtype=torch.float32)) instead of rounded to a's type.
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim, DType dtype);
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 // Values and i64 indices of the max along one dim.
 std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim = false);

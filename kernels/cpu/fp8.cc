@@ -76,6 +76,13 @@ void CpuBackend::fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, c
 }
 
 template <>
+void CpuBackend::fp8_gelu_backward_amax_scale(const Tensor& g, const Tensor& pre, Fp8Format format, int margin,
+                                              const Tensor& amax, const Tensor& scale, const Tensor& scale_inv) {
+  binary(Binary::GeluTanhBackward, g, pre, g);
+  fp8_amax_scale(g, format, margin, amax, scale, scale_inv);
+}
+
+template <>
 void CpuBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
                                         const Tensor& out_t) {
   const fp8_math::Format& f = format_of(format);

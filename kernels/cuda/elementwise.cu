@@ -9,6 +9,7 @@
 #include "core/philox.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/gelu.cuh"
 
 namespace mg::kernels {
 using namespace cuda;  // NOLINT: the launch helpers and math of kernels/cuda/common.cuh
@@ -27,23 +28,6 @@ struct Params {
 
 constexpr double kSqrt1_2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
-constexpr double kTanhK = 0.7978845608028654;  // sqrt(2/pi)
-constexpr double kTanhC = 0.044715;
-
-// tanh for the 16-bit types' GELU: the hardware's tanh.approx.f32 (one MUFU instruction,
-// relative error below 2^-10.9), where libm's tanhf made the half kernels compute-bound (0.48-0.60
-// of a copy's bandwidth on the H200, bench/results/h200_run_2026-12-02.log). The error is below bf16's
-// rounding (2^-8) and about one f16 rounding (2^-11); f32 and f64 keep the libm tanh.
-template <class T, class M>
-__device__ __forceinline__ M gelu_tanh_of(M x) {
-  if constexpr (mg::cuda::is_half_v<T>) {
-    float t;
-    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(static_cast<float>(x)));
-    return t;
-  } else {
-    return m_tanh(x);
-  }
-}
 
 template <class T>
 __device__ __forceinline__ T unary_op(int op, T xv, const Params& p) {
@@ -190,11 +174,8 @@ __device__ __forceinline__ O binary_op(int op, T av, T bv, const Params& p) {
           const M pdf = M(kInvSqrt2Pi) * m_exp(M(-0.5) * y * y);
           return store_m<O>(x * (cdf + y * pdf));
         }
-        case static_cast<int>(Binary::GeluTanhBackward): {
-          const M t = gelu_tanh_of<T>(M(kTanhK) * (y + M(kTanhC) * y * y * y));
-          const M d = M(0.5) * (M(1) + t) + M(0.5) * y * (M(1) - t * t) * M(kTanhK) * (M(1) + M(3 * kTanhC) * y * y);
-          return store_m<O>(x * d);
-        }
+        case static_cast<int>(Binary::GeluTanhBackward):
+          return store_m<O>(gelu_tanh_backward<T>(x, y));
         case static_cast<int>(Binary::SigmoidBackward):
           return store_m<O>(x * y * (M(1) - y));
         case static_cast<int>(Binary::TanhBackward):

@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/gelu.cuh"
 #include "kernels/fp8_math.h"
 
 namespace mg::kernels {
@@ -56,24 +57,6 @@ __global__ void dequantize_kernel(const uint8_t* q, const float* scale, __nv_fp8
   }
 }
 
-// max |x| as the bits of a non-negative float (their order is the floats' order), a NaN as
-// 0x7fc00000, larger than every finite and infinite magnitude's bits.
-template <class T>
-__global__ void amax_kernel(const T* x, int64_t n, unsigned* amax_bits) {
-  unsigned m = 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float a = fabsf(to_f(x[i]));
-    const unsigned b = isnan(a) ? 0x7fc00000u : __float_as_uint(a);
-    m = b > m ? b : m;
-  }
-  for (int off = 16; off > 0; off /= 2) {
-    const unsigned o = __shfl_down_sync(0xffffffffu, m, off);
-    m = o > m ? o : m;
-  }
-  if ((threadIdx.x & 31) == 0) atomicMax(amax_bits, m);
-}
-
 // Four consecutive elements as floats, from one 8-byte (f16, bf16) or 16-byte (f32) load.
 template <class T>
 __device__ __forceinline__ void load4(const T* p, float (&v)[4]) {
@@ -88,6 +71,8 @@ __device__ __forceinline__ void load4(const T* p, float (&v)[4]) {
   }
 }
 
+// |v| as the bits of a non-negative float (their order is the floats' order), a NaN as 0x7fc00000,
+// larger than every finite and infinite magnitude's bits.
 __device__ __forceinline__ unsigned abs_bits(float v) {
   const float a = fabsf(v);
   return isnan(a) ? 0x7fc00000u : __float_as_uint(a);
@@ -107,35 +92,83 @@ __device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
   }
 }
 
-// Each block's max |x| (as amax_kernel's bits) into partial[blockIdx.x]: 8 elements a load, x
-// aligned to 16 bytes; the last n % 8 elements are block 0's. No atomics and no zeroed result:
-// scale_kernel reduces the partials.
-template <class T>
-__global__ void amax_partial_kernel(const T* x, int64_t n, unsigned* partial) {
+// The block's maximum of each thread's m (abs_bits) into *out, by thread 0.
+__device__ __forceinline__ void block_max_to(unsigned m, unsigned* out) {
   __shared__ unsigned warp_max[kBlock / 32];
-  unsigned m = 0;
-  const int64_t groups = n / 8;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < groups;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float v[8];
-    load8(x + 8 * i, v);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) m = max(m, abs_bits(v[j]));
-  }
-  if (blockIdx.x == 0 && threadIdx.x < n - 8 * groups) m = max(m, abs_bits(to_f(x[8 * groups + threadIdx.x])));
   for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_down_sync(0xffffffffu, m, off));
   if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = m;
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 1; w < kBlock / 32; ++w) m = max(m, warp_max[w]);
-    partial[blockIdx.x] = m;
+    *out = m;
   }
+}
+
+// Each block's max |x| into partial[blockIdx.x], as abs_bits: no atomics and no zeroed result,
+// scale_kernel reduces the partials. With `vec` (x aligned to 16 bytes) the elements are read 8 a
+// load and the last n % 8 one at a time; otherwise all one at a time. Launched dependent: x is
+// mostly the kernel ahead's output.
+template <class T>
+__global__ void amax_partial_kernel(const T* x, int64_t n, bool vec, unsigned* partial) {
+  wait_for_previous();
+  allow_dependents();  // scale_kernel may be scheduled; it waits for this kernel
+  unsigned m = 0;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t groups = vec ? n / 8 : 0;
+  for (int64_t i = first; i < groups; i += stride) {
+    float v[8];
+    load8(x + 8 * i, v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = max(m, abs_bits(v[j]));
+  }
+  for (int64_t i = 8 * groups + first; i < n; i += stride) m = max(m, abs_bits(to_f(x[i])));
+  block_max_to(m, partial + blockIdx.x);
+}
+
+// The FP8 MLP backward's pass over the gradient reaching GELU's input: g = g * gelu_tanh'(pre),
+// rounded to T as binary(GeluTanhBackward) rounds it (gelu.cuh), and each block's max |g| of the
+// rounded values into partial[blockIdx.x], as amax_partial_kernel's. `vec`: g and pre aligned to
+// 16 bytes (8 elements a load for f16/bf16, two loads for f32).
+template <class T>
+__device__ __forceinline__ T gelu_backward_rounded(float g, float pre) {
+  return store_m<T>(gelu_tanh_backward<T>(g, pre));
+}
+template <class T>
+__global__ void gelu_backward_amax_kernel(T* g, const T* pre, int64_t n, bool vec, unsigned* partial) {
+  wait_for_previous();  // launched dependent: g is the GEMM's output, mostly
+  allow_dependents();
+  unsigned m = 0;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t groups = vec ? n / 8 : 0;
+  for (int64_t i = first; i < groups; i += stride) {
+    float gv[8], pv[8];
+    load8(g + 8 * i, gv);
+    load8(pre + 8 * i, pv);
+    AlignedVec<T, 4> r[2];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      r[j / 4].v[j % 4] = gelu_backward_rounded<T>(gv[j], pv[j]);
+      m = max(m, abs_bits(to_f(r[j / 4].v[j % 4])));
+    }
+    reinterpret_cast<AlignedVec<T, 4>*>(g + 8 * i)[0] = r[0];
+    reinterpret_cast<AlignedVec<T, 4>*>(g + 8 * i)[1] = r[1];
+  }
+  for (int64_t i = 8 * groups + first; i < n; i += stride) {
+    const T r = gelu_backward_rounded<T>(to_f(g[i]), to_f(pre[i]));
+    g[i] = r;
+    m = max(m, abs_bits(to_f(r)));
+  }
+  block_max_to(m, partial + blockIdx.x);
 }
 
 // One block: the max of `count` partial amax bits, written as the f32 amax, and the scale rule.
 __global__ void scale_kernel(const unsigned* partial, int count, fp8_math::Format f, int margin, float* amax_out,
                              float* scale, float* scale_inv) {
   __shared__ unsigned warp_max[kBlock / 32];
+  wait_for_previous();  // launched dependent on the kernel that wrote `partial`
+  allow_dependents();   // the quantize may be scheduled; it waits for this kernel
   unsigned m = 0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) m = max(m, partial[i]);
   for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_down_sync(0xffffffffu, m, off));
@@ -157,6 +190,7 @@ template <class T>
 __global__ void quantize_transpose_kernel(const T* x, const float* scale, __nv_fp8_interpretation_t kind, uint8_t* q,
                                           uint8_t* qt, int64_t rows, int64_t cols) {
   __shared__ float tile[kTile][kTile + 1];
+  wait_for_previous();  // launched dependent: the scale is the kernel ahead's output
   const float s = *scale;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
@@ -228,6 +262,7 @@ template <class T>
 __global__ void quantize_transpose_vec_kernel(const T* x, const float* scale, __nv_fp8_interpretation_t kind,
                                               uint8_t* q, uint8_t* qt, int64_t rows, int64_t cols) {
   __shared__ __align__(4) uint8_t tile[kTile][kWideCols + 4];
+  wait_for_previous();  // launched dependent: the scale is the kernel ahead's output
   const float s = *scale;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kWideCols;
   const int64_t c = c0 + 4 * threadIdx.x;
@@ -258,7 +293,9 @@ __global__ void quantize_transpose_vec_kernel(const T* x, const float* scale, __
   }
 }
 
+namespace {
 bool aligned_to(const void* p, size_t bytes) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+}  // namespace
 
 template <>
 void CudaBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
@@ -278,15 +315,32 @@ void CudaBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, F
     using T = decltype(t);
     if (wide) {
       const dim3 g(static_cast<unsigned>((cols + kWideCols - 1) / kWideCols), grid.y);
-      quantize_transpose_vec_kernel<T><<<g, dim3(kTile, kTileRows), 0, st>>>(
-          static_cast<const T*>(x.raw_data()), data_as<const float>(scale), kind_of(format), q, qt, rows, cols);
+      launch_dependent(quantize_transpose_vec_kernel<T>, g, dim3(kTile, kTileRows), 0, st,
+                       static_cast<const T*>(x.raw_data()), data_as<const float>(scale), kind_of(format), q, qt, rows,
+                       cols);
       return;
     }
-    quantize_transpose_kernel<T><<<grid, dim3(kTile, kTileRows), 0, st>>>(
-        static_cast<const T*>(x.raw_data()), data_as<const float>(scale), kind_of(format), q, qt, rows, cols);
+    launch_dependent(quantize_transpose_kernel<T>, grid, dim3(kTile, kTileRows), 0, st,
+                     static_cast<const T*>(x.raw_data()), data_as<const float>(scale), kind_of(format), q, qt, rows,
+                     cols);
   });
   MG_CUDA_CHECK_LAUNCH("fp8_quantize_transpose");
 }
+
+namespace {
+// Blocks for a pass that writes one amax partial a block: enough to saturate the memory, few
+// enough for scale_kernel's one block to reduce.
+unsigned amax_blocks(int64_t n, bool vec, const Device& d) {
+  return std::min<unsigned>(blocks_for(vec ? (n + 7) / 8 : n), 8 * static_cast<unsigned>(sm_count(d)));
+}
+// scale_kernel over `blocks` partials into the amax, scale and (when defined) scale_inv tensors.
+void launch_scale(const unsigned* bits, unsigned blocks, Fp8Format format, int margin, const Tensor& amax,
+                  const Tensor& scale, const Tensor& scale_inv, cudaStream_t st) {
+  launch_dependent(scale_kernel, dim3(1), dim3(kBlock), 0, st, bits, static_cast<int>(blocks),
+                   format == Fp8Format::E4M3 ? fp8_math::kE4M3 : fp8_math::kE5M2, margin, data_as<float>(amax),
+                   data_as<float>(scale), scale_inv.defined() ? data_as<float>(scale_inv) : nullptr);
+}
+}  // namespace
 
 template <>
 void CudaBackend::fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, const Tensor& amax, const Tensor& scale,
@@ -294,27 +348,36 @@ void CudaBackend::fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, 
   mg::cuda::DeviceGuard guard(x.device());
   cudaStream_t st = stream_of(x);
   const int64_t n = x.numel();
-  // Aligned: each block's maximum into a partial, reduced by scale_kernel. Otherwise the
-  // one-element-a-thread kernel's atomic maximum into amax's own bits, zeroed first.
-  const bool wide = n > 0 && aligned_to(x.raw_data(), 16);
-  const unsigned blocks =
-      wide ? std::min<unsigned>(blocks_for((n + 7) / 8), 8 * static_cast<unsigned>(sm_count(x.device()))) : 1;
-  Tensor partial = wide ? empty({static_cast<int64_t>(blocks)}, TensorOptions(DType::i32, x.device())) : amax;
+  const bool vec = aligned_to(x.raw_data(), 16);
+  const unsigned blocks = amax_blocks(n, vec, x.device());
+  Tensor partial = empty({static_cast<int64_t>(blocks)}, TensorOptions(DType::i32, x.device()));
   auto* bits = static_cast<unsigned*>(partial.raw_data());
-  if (!wide) MG_CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof(unsigned), st));
-  if (n > 0)
-    dispatch_half_or_f32(x.dtype(), [&](auto t) {
-      using T = decltype(t);
-      const T* px = static_cast<const T*>(x.raw_data());
-      if (wide)
-        amax_partial_kernel<T><<<blocks, kBlock, 0, st>>>(px, n, bits);
-      else
-        amax_kernel<T><<<blocks_for(n), kBlock, 0, st>>>(px, n, bits);
-    });
-  scale_kernel<<<1, kBlock, 0, st>>>(
-      bits, static_cast<int>(blocks), format == Fp8Format::E4M3 ? fp8_math::kE4M3 : fp8_math::kE5M2, margin,
-      data_as<float>(amax), data_as<float>(scale), scale_inv.defined() ? data_as<float>(scale_inv) : nullptr);
+  dispatch_half_or_f32(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    launch_dependent(amax_partial_kernel<T>, dim3(blocks), dim3(kBlock), 0, st, static_cast<const T*>(x.raw_data()), n,
+                     vec, bits);
+  });
+  launch_scale(bits, blocks, format, margin, amax, scale, scale_inv, st);
   MG_CUDA_CHECK_LAUNCH("fp8_current_scale");
+}
+
+template <>
+void CudaBackend::fp8_gelu_backward_amax_scale(const Tensor& g, const Tensor& pre, Fp8Format format, int margin,
+                                               const Tensor& amax, const Tensor& scale, const Tensor& scale_inv) {
+  mg::cuda::DeviceGuard guard(g.device());
+  cudaStream_t st = stream_of(g);
+  const int64_t n = g.numel();
+  const bool vec = aligned_to(g.raw_data(), 16) && aligned_to(pre.raw_data(), 16);
+  const unsigned blocks = amax_blocks(n, vec, g.device());
+  Tensor partial = empty({static_cast<int64_t>(blocks)}, TensorOptions(DType::i32, g.device()));
+  auto* bits = static_cast<unsigned*>(partial.raw_data());
+  dispatch_half_or_f32(g.dtype(), [&](auto t) {
+    using T = decltype(t);
+    launch_dependent(gelu_backward_amax_kernel<T>, dim3(blocks), dim3(kBlock), 0, st, static_cast<T*>(g.raw_data()),
+                     static_cast<const T*>(pre.raw_data()), n, vec, bits);
+  });
+  launch_scale(bits, blocks, format, margin, amax, scale, scale_inv, st);
+  MG_CUDA_CHECK_LAUNCH("fp8_cast_gelu_backward");
 }
 
 }  // namespace mg::kernels

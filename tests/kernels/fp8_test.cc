@@ -230,6 +230,42 @@ TEST(Fp8Ops, GemmEpiloguesAreTheGeluOfTheProduct) {
   EXPECT_EQ(d.to_vector<float>(), binary(Binary::GeluTanhBackward, plain, pre).to_vector<float>());
 }
 
+// fp8_cast_gelu_backward: g becomes binary(GeluTanhBackward, g, pre), bit for bit, and its cast
+// is fp8_cast's of that (the same scale_inv, codes and transposed codes), in f32 and bf16.
+TEST(Fp8Ops, CastGeluBackwardIsTheDerivativeThenTheCast) {
+  Generator gen(21);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Tensor g0 = raw::to_dtype(randn({24, 40}, {}, &gen), dt);
+    const Tensor pre = raw::to_dtype(mul_scalar(randn({24, 40}, {}, &gen), 3.0), dt);
+    const Tensor want = binary(Binary::GeluTanhBackward, g0, pre);
+    const Fp8Matrix ref = fp8_cast(want, Fp8Format::E5M2, true, true);
+    const Tensor g = g0.clone();
+    const Fp8Matrix got = fp8_cast_gelu_backward(g, pre, Fp8Format::E5M2, true, true);
+    EXPECT_EQ(raw::to_dtype(g, DType::f32).to_vector<float>(), raw::to_dtype(want, DType::f32).to_vector<float>())
+        << dtype_name(dt);
+    EXPECT_EQ(got.scale_inv.item<float>(), ref.scale_inv.item<float>()) << dtype_name(dt);
+    EXPECT_EQ(got.codes.to_vector<uint8_t>(), ref.codes.to_vector<uint8_t>()) << dtype_name(dt);
+    EXPECT_EQ(got.codes_t.to_vector<uint8_t>(), ref.codes_t.to_vector<uint8_t>()) << dtype_name(dt);
+    EXPECT_EQ(got.format, Fp8Format::E5M2);
+  }
+}
+
+TEST(Fp8Ops, CastGeluBackwardBadInputIsAClearError) {
+  const Tensor g = ones({8, 16}), pre = ones({8, 16});
+  EXPECT_THROW(fp8_cast_gelu_backward(g, raw::to_dtype(pre, DType::bf16), Fp8Format::E5M2, true, false), DTypeError);
+  EXPECT_THROW(fp8_cast_gelu_backward(g, ones({16, 8}), Fp8Format::E5M2, true, false), ShapeError);
+  EXPECT_THROW(fp8_cast_gelu_backward(g, pre, Fp8Format::E5M2, false, false), ValueError);
+  EXPECT_THROW(fp8_cast_gelu_backward(g, pre, Fp8Format::E5M2, true, false, -1), ValueError);
+  EXPECT_THROW(fp8_cast_gelu_backward(ones({128}), ones({128}), Fp8Format::E5M2, true, false), ShapeError);
+  EXPECT_THROW(fp8_cast_gelu_backward(ones({4, 4}, {DType::i64}), pre, Fp8Format::E5M2, true, false), DTypeError);
+  try {  // a transposed view cannot be written in place as [R, C]
+    fp8_cast_gelu_backward(ones({16, 8}).t(), pre, Fp8Format::E5M2, true, false);
+    FAIL() << "a non-contiguous g was taken";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("not contiguous"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Fp8Ops, GemmBadInputNamesTheOperand) {
   const Fp8Matrix a = random_codes(16, 32, Fp8Format::E5M2, 7), b = random_codes(16, 32, Fp8Format::E5M2, 8);
   const Fp8Matrix c = random_codes(16, 48, Fp8Format::E4M3, 9);

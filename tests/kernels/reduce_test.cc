@@ -76,6 +76,20 @@ TEST(Reduce, SumDtypes) {
   EXPECT_MG_ERROR(k::mean(i), DTypeError, "mean");
 }
 
+// sum(a, dims, keepdim, f32) of bf16 data keeps the f32 sum: 1 + 2^-8 is a tie between two bf16
+// values (8 significant bits) and rounds to 1 in bf16, but is exact in f32. Other result dtypes
+// are refused, not written in a type the backends do not produce.
+TEST(Reduce, SumIntoF32KeepsTheSumOfHalfData) {
+  const Tensor h = k::cast(T({1.0, 2.0, 0.00390625, 0.0}, {2, 2}), DType::bf16);
+  const Tensor wide = k::sum(h, {0}, false, DType::f32);
+  EXPECT_EQ(wide.dtype(), DType::f32);
+  expect_near(wide, {1.00390625, 2.0}, 0.0);
+  expect_near(k::cast(k::sum(h, {0}), DType::f32), {1.0, 2.0}, 0.0);
+  EXPECT_EQ(k::sum(h, {0}, true, DType::bf16).sizes(), (Shape{1, 2}));
+  EXPECT_MG_ERROR(k::sum(T({1, 2}, {2}), {}, false, DType::bf16), DTypeError, "f32 for f16/bf16 data");
+  EXPECT_MG_ERROR(k::sum(T({1, 2}, {2}, DType::i32), {}, false, DType::f32), DTypeError, "sum");
+}
+
 TEST(Reduce, Empty) {
   Tensor e = zeros({0, 3});
   EXPECT_EQ(k::sum(e).item(), 0);

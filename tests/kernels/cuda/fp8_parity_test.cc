@@ -112,6 +112,34 @@ TEST_F(Fp8Parity, CurrentScalingAndDequantizeMatchTheCpu) {
   EXPECT_EQ(d.scale.cpu().item<float>(), 1.0f);
 }
 
+// amax reads 8 elements a load from a 16-byte-aligned start and one at a time otherwise (and in
+// the last n % 8): a contiguous view starting 0 to 7 elements into its storage, of lengths that
+// leave every remainder, with the largest magnitude placed first, in the middle and last, gives
+// the CPU's amax bits every time, as does an empty tensor (amax 0, scale 1).
+TEST_F(Fp8Parity, AmaxOfUnalignedStartsAndOddLengthsMatchesTheCpu) {
+  Generator g(13);
+  const std::vector<float> base = randn({300}, {}, &g).to_vector<float>();
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (int64_t start = 0; start < 8; ++start)
+      for (int64_t len : {1, 7, 8, 9, 15, 17, 64, 131, 257})
+        for (int at : {0, 1, 2}) {
+          std::vector<float> v = base;
+          const int64_t peak = start + (at == 0 ? 0 : at == 1 ? len / 2 : len - 1);
+          v[peak] = -37.5f;  // exact in f16 and bf16
+          const Tensor whole = raw::to_dtype(from_vector(v, {static_cast<int64_t>(v.size())}), dt);
+          const Tensor view = raw::slice(to_cuda(whole), 0, start, start + len, 1);
+          const kernels::Fp8Scale c =
+              kernels::fp8_current_scale(raw::slice(whole, 0, start, start + len, 1), Fp8Format::E4M3);
+          const kernels::Fp8Scale d = kernels::fp8_current_scale(view, Fp8Format::E4M3);
+          EXPECT_EQ(d.amax.cpu().item<float>(), 37.5f) << dstr(dt) << " start " << start << " len " << len;
+          EXPECT_TRUE(same_bits(c.scale.item<float>(), d.scale.cpu().item<float>()))
+              << dstr(dt) << " start " << start << " len " << len;
+        }
+  const kernels::Fp8Scale e = kernels::fp8_current_scale(to_cuda(zeros({0})), Fp8Format::E5M2);
+  EXPECT_EQ(e.amax.cpu().item<float>(), 0.0f);
+  EXPECT_EQ(e.scale.cpu().item<float>(), 1.0f);
+}
+
 // fp8_cast on the device: the same scale_inv bits, codes and transposed codes as on the CPU.
 TEST_F(Fp8Parity, CastAndTransposeMatchTheCpu) {
   Generator g(12);
@@ -123,6 +151,35 @@ TEST_F(Fp8Parity, CastAndTransposeMatchTheCpu) {
     EXPECT_EQ(c.codes.to_vector<uint8_t>(), d.codes.cpu().to_vector<uint8_t>());
     EXPECT_EQ(c.codes_t.to_vector<uint8_t>(), d.codes_t.cpu().to_vector<uint8_t>());
   }
+}
+
+// fp8_cast_gelu_backward's one pass (the derivative and the amax) against the device's own
+// composition, binary(GeluTanhBackward) then fp8_cast: the same g bits, scale_inv, codes and
+// transposed codes in f32, f16 and bf16, for a shape whose element count is a multiple of 8 (the
+// vector loads) and one that leaves a tail, and from a start that is not 16-byte aligned.
+TEST_F(Fp8Parity, CastGeluBackwardEqualsTheDerivativeThenTheCast) {
+  Generator gen(17);
+  for (DType dt : {DType::f32, DType::f16, DType::bf16})
+    for (Shape shape : {Shape{64, 96}, Shape{33, 37}})
+      for (int64_t start : {0, 1}) {
+        const int64_t n = shape_numel(shape);
+        const Tensor g0 = to_cuda(raw::to_dtype(randn({n + start}, {}, &gen), dt));
+        const Tensor pre = to_cuda(raw::to_dtype(kernels::mul_scalar(randn(shape, {}, &gen), 3.0), dt));
+        const Tensor want = kernels::binary(kernels::Binary::GeluTanhBackward,
+                                            raw::reshape(raw::slice(g0, 0, start, start + n, 1), shape), pre);
+        const kernels::Fp8Matrix ref = kernels::fp8_cast(want, Fp8Format::E5M2, true, true);
+        const Tensor g = raw::reshape(raw::slice(g0.clone(), 0, start, start + n, 1), shape);
+        const kernels::Fp8Matrix got = kernels::fp8_cast_gelu_backward(g, pre, Fp8Format::E5M2, true, true);
+        const std::string what = dstr(dt) + " " + shape_str(shape) + " start " + std::to_string(start);
+        const std::vector<float> a = raw::to_dtype(g, DType::f32).cpu().to_vector<float>();
+        const std::vector<float> b = raw::to_dtype(want, DType::f32).cpu().to_vector<float>();
+        int64_t differ = 0;
+        for (size_t i = 0; i < a.size(); ++i) differ += !same_bits(a[i], b[i]);
+        EXPECT_EQ(differ, 0) << what;
+        EXPECT_TRUE(same_bits(got.scale_inv.cpu().item<float>(), ref.scale_inv.cpu().item<float>())) << what;
+        EXPECT_EQ(got.codes.cpu().to_vector<uint8_t>(), ref.codes.cpu().to_vector<uint8_t>()) << what;
+        EXPECT_EQ(got.codes_t.cpu().to_vector<uint8_t>(), ref.codes_t.cpu().to_vector<uint8_t>()) << what;
+      }
 }
 
 // Codes of small integers (|v| <= 4: exact in both formats) and power-of-two scales: every
