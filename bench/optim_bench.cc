@@ -104,7 +104,9 @@ double host_update_ms(int64_t n, mg::DType grad_dtype, bool fused, int steps, bo
 // 1 GiB's rate in GB/s (bytes read plus written), both in this run: the update moves 28 bytes a
 // parameter (the master, gradient and two moments read, three written), so its rate over the
 // copy's is how close it runs to the memory's ceiling.
-std::pair<double, double> device_adam_xl(int steps, int64_t* n_params) {
+// With eight_bit, AdamW8bit instead: 16 bytes a parameter (the master read and written, the
+// gradient read, the two moments' codes read and written; the blocks' absmax adds 1/256 of that).
+std::pair<double, double> device_adam_xl(int steps, int64_t* n_params, bool eight_bit = false) {
   const mg::Device dev = mg::Device::cuda(0);
   double copy_gbps = 0;
   {
@@ -124,7 +126,12 @@ std::pair<double, double> device_adam_xl(int steps, int64_t* n_params) {
   auto ps = make_params(48, 1600, dev);
   *n_params = 0;
   for (const mg::Tensor& p : ps) *n_params += p.numel();
-  mg::optim::AdamW opt(ps);
+  std::unique_ptr<mg::optim::Adam> owned;
+  if (eight_bit)
+    owned = std::make_unique<mg::optim::AdamW8bit>(ps);
+  else
+    owned = std::make_unique<mg::optim::AdamW>(ps);
+  mg::optim::Adam& opt = *owned;
   std::vector<double> ms;
   for (int i = 0; i < steps + 2; ++i) {  // the first step creates the moments
     sync(dev);
@@ -223,6 +230,12 @@ int main(int argc, char** argv) {
           "copy\n",
           static_cast<long long>(n), adam_ms, gbps, gbps / copy_gbps, copy_gbps);
       xl = {{"params", n}, {"fused_ms", adam_ms}, {"gbps", gbps}, {"copy_gbps", copy_gbps}};
+      const double q_ms = device_adam_xl(steps, &n, true).first;
+      const double q_gbps = 16.0 * static_cast<double>(n) / q_ms / 1e6;
+      std::printf("cuda  adamw8bit gpt2_xl_blocks_48x1600 (%lld params): fused %.2f ms  %.1f GB/s, %.2f of the copy\n",
+                  static_cast<long long>(n), q_ms, q_gbps, q_gbps / copy_gbps);
+      xl["adamw8bit_ms"] = q_ms;
+      xl["adamw8bit_gbps"] = q_gbps;
     } else
       std::printf("(no CUDA device or --cpu-only: CPU rows only)\n");
     bench(mg::Device::cpu(), cpu_sizes);

@@ -8,6 +8,7 @@
 #define MG_OPTIM_HD inline
 #endif
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 
@@ -138,7 +139,10 @@ static_assert(kCodeUnsigned.v[0] == 0.0f && kCodeUnsigned.v[255] < 1.0f);
 // The index of the code value nearest x (x in code's range; outside it, the end index). A NaN x
 // gives an arbitrary index: its block's absmax is then NaN too (block_absmax propagates it), so
 // the state reads back NaN, as an f32 moment would.
-MG_OPTIM_HD unsigned char quantize_nearest(const float* code, float x) {
+// `code` is anything indexed like the table (a pointer, or the CUDA kernel's per-lane view of its
+// shared-memory copies).
+template <class Code>
+MG_OPTIM_HD unsigned char quantize_nearest(const Code& code, float x) {
   static_assert(kQuantCodeSize == 256, "the search below takes 8 steps");
   // pos: the last index whose value is <= x (0 when x is below them all), in 8 steps written out
   // and without branches, so the searches of a thread's elements interleave (and a CPU loop over
@@ -155,6 +159,93 @@ MG_OPTIM_HD unsigned char quantize_nearest(const float* code, float x) {
   // The nearer of pos and pos + 1 (ties: the smaller); the last index has no neighbour above.
   const int last = kQuantCodeSize - 1, above = pos < last ? pos + 1 : last;
   const bool lower = (pos == last) | (x - code[pos] <= code[above] - x);  // | : no branch
+  return static_cast<unsigned char>(lower ? pos : pos + 1);
+}
+
+// quantize_nearest by a table lookup instead of the search, for the CUDA kernel, where the
+// search's eight dependent steps were most of the 8-bit update's instructions. The CPU loop keeps
+// the search: its branch-free steps vectorize and the bucket arithmetic here did not, 2.5x slower
+// there (bench/results/cpu_adam8bit_lookup_vs_search_2026-12-06.log).
+//
+// A float's sign, exponent and top kQuantLutMantissaBits mantissa bits name a bucket of values
+// (magnitudes below 2^-24 share one; those of 2 and more, the infinities and NaN share the top
+// bucket of their sign). QuantLut holds, for each bucket, `lo`: the last index whose code value is
+// at or below the bucket's smallest value (0 when none is). No bucket holds a code value past
+// code[lo + 1] (the buckets are narrower than the codes' spacing; tests/optim/adam8bit_test.cc
+// checks every one), so the last index whose value is <= x is lo or lo + 1: one comparison
+// instead of eight, then quantize_nearest's choice of the nearer neighbour. The same index as
+// quantize_nearest for every x but a NaN (arbitrary in both).
+constexpr int kQuantLutMantissaBits = 7;
+constexpr int kQuantLutMinExp = 103;  // biased exponent of 2^-24
+constexpr int kQuantLutMaxExp = 127;  // of 2^0
+constexpr int kQuantLutBuckets = 1 << kQuantLutMantissaBits;
+constexpr int kQuantLutBinades = kQuantLutMaxExp - kQuantLutMinExp + 1;
+constexpr int kQuantLutSize = 1 + 2 * kQuantLutBinades * kQuantLutBuckets;
+
+MG_OPTIM_HD uint32_t float_bits(float x) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(x);
+#else
+  return std::bit_cast<uint32_t>(x);
+#endif
+}
+
+// The bucket of a float's bits.
+constexpr MG_OPTIM_HD int quant_lut_bucket(uint32_t b) {
+  const int e = static_cast<int>((b >> 23) & 0xffu);
+  if (e < kQuantLutMinExp) return 0;
+  const bool top = e > kQuantLutMaxExp;
+  const int m =
+      top ? kQuantLutBuckets - 1 : static_cast<int>((b >> (23 - kQuantLutMantissaBits)) & (kQuantLutBuckets - 1));
+  const int binade = (top ? kQuantLutMaxExp : e) - kQuantLutMinExp;
+  return 1 + static_cast<int>(b >> 31) * kQuantLutBinades * kQuantLutBuckets + binade * kQuantLutBuckets + m;
+}
+
+// The smallest and largest value of bucket `k` (the top buckets reach the infinities).
+constexpr void quant_lut_bounds(int k, float* lo, float* hi) {
+  constexpr uint32_t kLowBits = (1u << (23 - kQuantLutMantissaBits)) - 1;
+  if (k == 0) {
+    const float edge = std::bit_cast<float>((static_cast<uint32_t>(kQuantLutMinExp) << 23) - 1);
+    *lo = -edge, *hi = edge;
+    return;
+  }
+  const int j = k - 1, neg = j / (kQuantLutBinades * kQuantLutBuckets), r = j % (kQuantLutBinades * kQuantLutBuckets);
+  const int binade = r / kQuantLutBuckets, m = r % kQuantLutBuckets;
+  const uint32_t base = (static_cast<uint32_t>(kQuantLutMinExp + binade) << 23) |
+                        (static_cast<uint32_t>(m) << (23 - kQuantLutMantissaBits));
+  const bool top = binade == kQuantLutBinades - 1 && m == kQuantLutBuckets - 1;
+  const float small = std::bit_cast<float>(base), large = top ? INFINITY : std::bit_cast<float>(base | kLowBits);
+  if (neg)
+    *lo = -large, *hi = -small;
+  else
+    *lo = small, *hi = large;
+}
+
+struct QuantLut {
+  unsigned char lo[kQuantLutSize];
+};
+// The table of a code (ascending), computed at compile time like the code.
+constexpr QuantLut make_quant_lut(const QuantCode& code) {
+  QuantLut t{};
+  for (int k = 0; k < kQuantLutSize; ++k) {
+    float lo = 0, hi = 0;
+    quant_lut_bounds(k, &lo, &hi);
+    int pos = 0;  // the last index whose value is <= lo, 0 when none is (quantize_nearest's search)
+    for (int step = 128; step > 0; step /= 2) pos += code.v[pos + step] <= lo ? step : 0;
+    t.lo[k] = static_cast<unsigned char>(pos);
+  }
+  return t;
+}
+inline constexpr QuantLut kLutSigned = make_quant_lut(kCodeSigned);
+inline constexpr QuantLut kLutUnsigned = make_quant_lut(kCodeUnsigned);
+
+template <class Code, class Lut>
+MG_OPTIM_HD unsigned char quantize_nearest_lut(const Code& code, const Lut& lut, float x) {
+  constexpr int last = kQuantCodeSize - 1;
+  const int lo = lut[quant_lut_bucket(float_bits(x))];
+  const int pos = lo + static_cast<int>((lo < last) & (code[lo < last ? lo + 1 : last] <= x));
+  const int above = pos < last ? pos + 1 : last;
+  const bool lower = (pos == last) | (x - code[pos] <= code[above] - x);
   return static_cast<unsigned char>(lower ? pos : pos + 1);
 }
 

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <mutex>
+#include <set>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
@@ -203,8 +205,9 @@ __global__ void adam_kernel(TensorListMeta<6> m, optim_math::AdamScalars<float> 
 }
 
 // 8-bit Adam: a block of kQuantThreads threads takes the 2048-element quantization blocks of its
-// chunk one at a time, each thread holding 8 elements in registers between the update and the
-// requantization (the new absmax is the block's max over all of them). Chunks as large as the f32
+// chunk one at a time, each thread holding 8 consecutive elements in registers between the update
+// and the requantization (the new absmax is the block's max over all of them), which finds each
+// new code by optim_math::quantize_nearest_lut. Chunks as large as the f32
 // update's keep the launches as few (one 2048-element block a CUDA block took 190 launches for
 // GPT-2 124M). ptr: 0 param, 1 grad, 2 exp_avg codes (u8*),
 // 3 exp_avg_sq codes, 4 exp_avg absmax (one float a block), 5 exp_avg_sq absmax, 6 the low copy
@@ -215,8 +218,24 @@ constexpr int kQuantTensors = 24;
 static_assert(kMinChunk % optim_math::kQuantBlock == 0, "a launch's chunks must be whole quantization blocks");
 using QuantMeta = TensorListMeta<7, kQuantTensors>;
 static_assert(sizeof(QuantMeta) + 64 <= 4096, "kernel parameters must fit in 4 KiB");
-__constant__ optim_math::QuantCode c_code_signed = optim_math::kCodeSigned;
-__constant__ optim_math::QuantCode c_code_unsigned = optim_math::kCodeUnsigned;
+__device__ optim_math::QuantCode g_code_signed = optim_math::kCodeSigned;
+__device__ optim_math::QuantCode g_code_unsigned = optim_math::kCodeUnsigned;
+__device__ optim_math::QuantLut g_lut_signed = optim_math::kLutSigned;
+__device__ optim_math::QuantLut g_lut_unsigned = optim_math::kLutUnsigned;
+
+// The code tables in shared memory, kCodeCopies copies of each: entry i of copy c sits at
+// i * kCodeCopies + c and lane l reads copy l % kCodeCopies, so at most 32 / kCodeCopies lanes of
+// a warp share a bank whatever indices they hold (with one copy the lookups of a warp's elements
+// put up to 8 lanes on a bank). 16 copies keep the tables and the two lookup tables (QuantLut) at
+// 45 KiB of dynamic shared memory a block, four blocks to an SM.
+constexpr int kCodeCopies = 16;
+constexpr int kCodeEntries = optim_math::kQuantCodeSize * kCodeCopies;
+constexpr size_t kCodeTablesBytes = 2 * kCodeEntries * sizeof(float) + 2 * optim_math::kQuantLutSize;
+struct LaneCode {
+  const float* table;
+  int copy;
+  __device__ __forceinline__ float operator[](int i) const { return table[i * kCodeCopies + copy]; }
+};
 
 // max over the block of nan_max_abs; every thread gets the result.
 __device__ __forceinline__ float block_nan_max(float x, float* scratch) {
@@ -240,10 +259,18 @@ __global__ void __launch_bounds__(kQuantThreads)
       for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) low[i] = from_float<D>(p[i]);
     return;
   }
-  __shared__ float code_m[optim_math::kQuantCodeSize], code_v[optim_math::kQuantCodeSize];
+  extern __shared__ float code_tables[];  // kCodeTablesBytes: m's copies, v's, then the two QuantLuts
   __shared__ float scratch_m[kQuantThreads / 32], scratch_v[kQuantThreads / 32];
-  for (int i = threadIdx.x; i < optim_math::kQuantCodeSize; i += blockDim.x)
-    code_m[i] = c_code_signed.v[i], code_v[i] = c_code_unsigned.v[i];
+  for (int i = threadIdx.x; i < kCodeEntries; i += blockDim.x) {
+    code_tables[i] = g_code_signed.v[i / kCodeCopies];
+    code_tables[kCodeEntries + i] = g_code_unsigned.v[i / kCodeCopies];
+  }
+  auto* lut_m = reinterpret_cast<unsigned char*>(code_tables + 2 * kCodeEntries);
+  unsigned char* lut_v = lut_m + optim_math::kQuantLutSize;
+  for (int i = threadIdx.x; i < optim_math::kQuantLutSize; i += blockDim.x)
+    lut_m[i] = g_lut_signed.lo[i], lut_v[i] = g_lut_unsigned.lo[i];
+  const int copy = threadIdx.x % kCodeCopies;
+  const LaneCode code_m{code_tables, copy}, code_v{code_tables + kCodeEntries, copy};
   const float* g = m.ptr[1][t];
   auto* mq = reinterpret_cast<unsigned char*>(m.ptr[2][t]);
   auto* vq = reinterpret_cast<unsigned char*>(m.ptr[3][t]);
@@ -253,34 +280,98 @@ __global__ void __launch_bounds__(kQuantThreads)
   adam_step_scalars(m, t, d, s, step_size, bc2_sqrt);
   __syncthreads();  // the codes
   // The launch's chunk is a multiple of the quantization block: this block's elements are whole
-  // quantization blocks (the last one of a tensor partial), taken one after another.
+  // quantization blocks (the last one of a tensor partial), taken one after another. A thread
+  // holds 8 consecutive elements of each: read with 16-byte loads (8-byte ones for the codes)
+  // before any is updated, so all of a thread's loads are in flight at once, where reads and
+  // writes interleaved through pointers that may alias would wait for each other; one element at
+  // a time where the lists are not aligned at the chunk's start, and in a tensor's partial last
+  // block.
+  const bool vec = ((reinterpret_cast<uintptr_t>(p + begin) | reinterpret_cast<uintptr_t>(g + begin) |
+                     reinterpret_cast<uintptr_t>(low ? low + begin : nullptr)) &
+                    15) == 0 &&
+                   ((reinterpret_cast<uintptr_t>(mq + begin) | reinterpret_cast<uintptr_t>(vq + begin)) & 7) == 0;
   for (int64_t qbegin = begin; qbegin < end; qbegin += optim_math::kQuantBlock) {
     const int64_t qend = min(qbegin + optim_math::kQuantBlock, end);
     const int64_t blk = qbegin / optim_math::kQuantBlock;
     const float old_am = am[blk], old_av = av[blk];
-    float mr[kQuantPerThread], vr[kQuantPerThread];
+    const int64_t i0 = qbegin + kQuantPerThread * threadIdx.x;
+    const bool whole = vec && i0 + kQuantPerThread <= qend;
+    float pr[kQuantPerThread], gr[kQuantPerThread], mr[kQuantPerThread], vr[kQuantPerThread];
+    unsigned char mc[kQuantPerThread], vc[kQuantPerThread];
+    if (whole) {
+      const auto* p4 = reinterpret_cast<const float4*>(p + i0);
+      const auto* g4 = reinterpret_cast<const float4*>(g + i0);
+      const float4 pa = p4[0], pb = p4[1], ga = g4[0], gb = g4[1];
+      const uint2 mw = *reinterpret_cast<const uint2*>(mq + i0), vw = *reinterpret_cast<const uint2*>(vq + i0);
+      const float pf[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+      const float gf[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+#pragma unroll
+      for (int k = 0; k < kQuantPerThread; ++k) {
+        pr[k] = pf[k], gr[k] = gf[k];
+        mc[k] = static_cast<unsigned char>((k < 4 ? mw.x : mw.y) >> (8 * (k % 4)));
+        vc[k] = static_cast<unsigned char>((k < 4 ? vw.x : vw.y) >> (8 * (k % 4)));
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kQuantPerThread; ++k) {
+        const int64_t i = i0 + k;
+        const bool in = i < qend;
+        pr[k] = in ? p[i] : 0.0f, gr[k] = in ? g[i] : 0.0f;
+        mc[k] = in ? mq[i] : 0, vc[k] = in ? vq[i] : 0;
+      }
+    }
     float lm = 0.0f, lv = 0.0f;
 #pragma unroll
     for (int k = 0; k < kQuantPerThread; ++k) {
-      const int64_t i = qbegin + threadIdx.x + k * kQuantThreads;
       mr[k] = vr[k] = 0.0f;
-      if (i >= qend) continue;
-      float mi = code_m[mq[i]] * old_am, vi = code_v[vq[i]] * old_av, pi = p[i];
-      optim_math::adam_element<float>(pi, g[i], mi, vi, nullptr, s, step_size, bc2_sqrt);
-      p[i] = pi;
-      if (low) low[i] = from_float<D>(pi);
+      if (i0 + k >= qend) continue;
+      float mi = code_m[mc[k]] * old_am, vi = code_v[vc[k]] * old_av;
+      optim_math::adam_element<float>(pr[k], gr[k], mi, vi, nullptr, s, step_size, bc2_sqrt);
       mr[k] = mi, vr[k] = vi;
       lm = optim_math::nan_max_abs(lm, mi);
       lv = optim_math::nan_max_abs(lv, vi);
+    }
+    if (whole) {
+      auto* p4 = reinterpret_cast<float4*>(p + i0);
+      p4[0] = float4{pr[0], pr[1], pr[2], pr[3]};
+      p4[1] = float4{pr[4], pr[5], pr[6], pr[7]};
+      if (low) {
+        AlignedVec<D, 8> o;
+#pragma unroll
+        for (int k = 0; k < kQuantPerThread; ++k) o.v[k] = from_float<D>(pr[k]);
+        *reinterpret_cast<AlignedVec<D, 8>*>(low + i0) = o;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kQuantPerThread; ++k) {
+        const int64_t i = i0 + k;
+        if (i >= qend) continue;
+        p[i] = pr[k];
+        if (low) low[i] = from_float<D>(pr[k]);
+      }
     }
     const float new_am = block_nan_max(lm, scratch_m);
     const float new_av = block_nan_max(lv, scratch_v);
 #pragma unroll
     for (int k = 0; k < kQuantPerThread; ++k) {
-      const int64_t i = qbegin + threadIdx.x + k * kQuantThreads;
-      if (i >= qend) continue;
-      mq[i] = optim_math::quantize_nearest(code_m, optim_math::quant_normalize(mr[k], new_am));
-      vq[i] = optim_math::quantize_nearest(code_v, optim_math::quant_normalize(vr[k], new_av));
+      mc[k] = optim_math::quantize_nearest_lut(code_m, lut_m, optim_math::quant_normalize(mr[k], new_am));
+      vc[k] = optim_math::quantize_nearest_lut(code_v, lut_v, optim_math::quant_normalize(vr[k], new_av));
+    }
+    if (whole) {
+      uint2 mw{0, 0}, vw{0, 0};
+#pragma unroll
+      for (int k = 0; k < kQuantPerThread; ++k) {
+        (k < 4 ? mw.x : mw.y) |= static_cast<unsigned>(mc[k]) << (8 * (k % 4));
+        (k < 4 ? vw.x : vw.y) |= static_cast<unsigned>(vc[k]) << (8 * (k % 4));
+      }
+      *reinterpret_cast<uint2*>(mq + i0) = mw;
+      *reinterpret_cast<uint2*>(vq + i0) = vw;
+    } else {
+#pragma unroll
+      for (int k = 0; k < kQuantPerThread; ++k) {
+        const int64_t i = i0 + k;
+        if (i < qend) mq[i] = mc[k], vq[i] = vc[k];
+      }
     }
     if (threadIdx.x == 0) am[blk] = new_am, av[blk] = new_av;
     __syncthreads();  // every thread read this block's scratch before the next one writes it
@@ -465,9 +556,26 @@ void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, co
       });
 }
 
+namespace {
+// adam8bit_kernel's tables may be more than a kernel gets without asking (48 KiB): the attribute
+// is per device, set on its first launch there.
+void allow_code_tables(const Device& device) {
+  static std::mutex mu;
+  static std::set<int> done;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!done.insert(device.index).second) return;
+  mg::cuda::DeviceGuard guard(device);
+  MG_CUDA_CHECK(cudaFuncSetAttribute(adam8bit_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kCodeTablesBytes)));
+  MG_CUDA_CHECK(cudaFuncSetAttribute(adam8bit_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kCodeTablesBytes)));
+}
+}  // namespace
+
 template <>
 void CudaBackend::adam8bit_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& dev) {
   const cudaStream_t stream = stream_of(t.params[0]);
+  allow_code_tables(t.params[0].device());
   const DeviceArgs d = adam_device_args(t, h, dev, stream);
   const optim_math::AdamScalars<float> s{float(h.lr),           float(h.beta1),           float(h.beta2), float(h.eps),
                                          float(h.weight_decay), h.decoupled_weight_decay, false,          h.maximize};
@@ -489,9 +597,9 @@ void CudaBackend::adam8bit_multi_tensor(const AdamTensors& t, const AdamHyper& h
       },
       [&](const QuantMeta& m, int nb) {
         if (to_bf16)
-          adam8bit_kernel<__nv_bfloat16><<<nb, kQuantThreads, 0, stream>>>(m, s, d);
+          adam8bit_kernel<__nv_bfloat16><<<nb, kQuantThreads, kCodeTablesBytes, stream>>>(m, s, d);
         else
-          adam8bit_kernel<__half><<<nb, kQuantThreads, 0, stream>>>(m, s, d);
+          adam8bit_kernel<__half><<<nb, kQuantThreads, kCodeTablesBytes, stream>>>(m, s, d);
         MG_CUDA_CHECK_LAUNCH("adam8bit_multi_tensor");
       });
 }

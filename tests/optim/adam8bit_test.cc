@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 
 #include "autograd/functions.h"
 #include "core/random.h"
 #include "kernels/optim.h"
+#include "kernels/optim_math.h"
 #include "nn/nn.h"
 #include "optim/adam.h"
 #include "tests/error_of.h"
@@ -30,6 +32,77 @@ TEST(AdamW8bit, CodesAreSortedAndSpanTheirRange) {
     EXPECT_GT(smallest, is_signed ? 1e-7f : 1e-8f);
   }
   EXPECT_GT(kernels::quant_code(true)[0], -1.0f);
+}
+
+// The last index whose code value is <= x, 0 when none is (quantize_nearest's search), by a scan.
+int last_at_or_below(const float* code, float x) {
+  int pos = 0;
+  for (int i = 0; i < 256; ++i)
+    if (code[i] <= x) pos = i;
+  return pos;
+}
+
+// The lookup table's promise, bucket by bucket: `lo` is the last index at or below the bucket's
+// smallest value, and no index past lo + 1 is at or below its largest, so lo or lo + 1 is the
+// search's position for every value in it.
+TEST(AdamW8bit, EveryLookupBucketHoldsAtMostOneCodeValuePastItsLo) {
+  namespace om = kernels::optim_math;
+  for (bool is_signed : {true, false}) {
+    const float* code = kernels::quant_code(is_signed);
+    const unsigned char* lut = is_signed ? om::kLutSigned.lo : om::kLutUnsigned.lo;
+    for (int k = 0; k < om::kQuantLutSize; ++k) {
+      float lo = 0, hi = 0;
+      om::quant_lut_bounds(k, &lo, &hi);
+      ASSERT_LE(lo, hi) << k;
+      ASSERT_EQ(om::quant_lut_bucket(om::float_bits(lo)), k) << k;
+      ASSERT_EQ(om::quant_lut_bucket(om::float_bits(hi)), k) << k;
+      ASSERT_EQ(lut[k], last_at_or_below(code, lo)) << "signed " << is_signed << " bucket " << k;
+      ASSERT_LE(last_at_or_below(code, hi), lut[k] + 1)
+          << "signed " << is_signed << " bucket " << k << " [" << lo << ", " << hi << "]";
+    }
+  }
+}
+
+// quantize_nearest_lut gives quantize_nearest's index: at every code value, every midpoint
+// between neighbours and the floats beside both, every bucket's ends and the floats beside them,
+// the specials, and a million values spread over [-1, 1] evenly and by magnitude.
+TEST(AdamW8bit, LookupGivesTheSearchsIndex) {
+  namespace om = kernels::optim_math;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> even(-1.0f, 1.0f), expo(-30.0f, 0.0f);
+  for (bool is_signed : {true, false}) {
+    const float* code = kernels::quant_code(is_signed);
+    const unsigned char* lut = is_signed ? om::kLutSigned.lo : om::kLutUnsigned.lo;
+    std::vector<float> xs = {0.0f,    -0.0f,    1.0f,     -1.0f,     1.5f,   -1.5f,
+                             3.0e38f, -3.0e38f, INFINITY, -INFINITY, 1e-45f, -1e-45f};
+    auto around = [&](float x) {
+      xs.push_back(x);
+      xs.push_back(std::nextafter(x, INFINITY));
+      xs.push_back(std::nextafter(x, -INFINITY));
+    };
+    for (int i = 0; i < 256; ++i) {
+      around(code[i]);
+      if (i < 255) around(0.5f * (code[i] + code[i + 1]));
+    }
+    for (int k = 0; k < om::kQuantLutSize; ++k) {
+      float lo = 0, hi = 0;
+      om::quant_lut_bounds(k, &lo, &hi);
+      around(lo);
+      around(hi);
+    }
+    for (int i = 0; i < 500000; ++i) {
+      xs.push_back(even(rng));
+      const float mag = std::pow(10.0f, expo(rng) / 4.0f);
+      xs.push_back(i % 2 ? mag : -mag);
+    }
+    int64_t differ = 0;
+    for (float x : xs) {
+      const int a = om::quantize_nearest(code, x), b = om::quantize_nearest_lut(code, lut, x);
+      if (a != b && ++differ <= 5)
+        ADD_FAILURE() << "signed " << is_signed << " x " << x << ": search " << a << ", lookup " << b;
+    }
+    EXPECT_EQ(differ, 0) << "of " << xs.size();
+  }
 }
 
 // The code index nearest x, by a linear scan (the kernels use a binary search); ties to the
