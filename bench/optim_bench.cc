@@ -105,7 +105,7 @@ double host_update_ms(int64_t n, mg::DType grad_dtype, bool fused, int steps, bo
 // parameter (the master, gradient and two moments read, three written), so its rate over the
 // copy's is how close it runs to the memory's ceiling.
 // With eight_bit, AdamW8bit instead: 16 bytes a parameter (the master read and written, the
-// gradient read, the two moments' codes read and written; the blocks' absmax adds 1/256 of that).
+// gradient read, the two moments' codes read and written; the blocks' absmax adds 1/2048 of that).
 std::pair<double, double> device_adam_xl(int steps, int64_t* n_params, bool eight_bit = false) {
   const mg::Device dev = mg::Device::cuda(0);
   double copy_gbps = 0;

@@ -47,7 +47,8 @@ class Backend {
   virtual void dropout_backward(const Tensor& grad, const Tensor& keep, double scale, const Tensor& out) = 0;
 
   // ---- reductions (reduce.*); `out` has a's rank with size 1 on the reduced dims ----
-  virtual void sum(const Tensor& a, const Tensor& out) = 0;                      // out: a's dtype (floating) or i64
+  // out: a's dtype (floating), f32 for f16/bf16 a, or i64 for integer a
+  virtual void sum(const Tensor& a, const Tensor& out) = 0;
   virtual void mean(const Tensor& a, const Tensor& out) = 0;                     // floating only
   virtual void var(const Tensor& a, int64_t correction, const Tensor& out) = 0;  // floating only
   // values/indices have a's rank with size 1 at `dim`; a.size(dim) > 0; indices i64.

@@ -171,10 +171,12 @@ MG_OPTIM_HD unsigned char quantize_nearest(const Code& code, float x) {
 // (magnitudes below 2^-24 share one; those of 2 and more, the infinities and NaN share the top
 // bucket of their sign). QuantLut holds, for each bucket, `lo`: the last index whose code value is
 // at or below the bucket's smallest value (0 when none is). No bucket holds a code value past
-// code[lo + 1] (the buckets are narrower than the codes' spacing; tests/optim/adam8bit_test.cc
-// checks every one), so the last index whose value is <= x is lo or lo + 1: one comparison
-// instead of eight, then quantize_nearest's choice of the nearer neighbour. The same index as
-// quantize_nearest for every x but a NaN (arbitrary in both).
+// code[lo + 1] (tests/optim/adam8bit_test.cc checks every one: the buckets are narrower than the
+// codes' spacing, and where one is not, the tiny bucket holding the unsigned code's 0 and its
+// smallest value, or a top bucket reaching infinity, lo is 0 or 255 and the bucket holds one code
+// past it at most), so the last index whose value is <= x is lo or lo + 1: one comparison instead
+// of eight, then quantize_nearest's choice of the nearer neighbour. The same index as
+// quantize_nearest for every x, a NaN included.
 constexpr int kQuantLutMantissaBits = 7;
 constexpr int kQuantLutMinExp = 103;  // biased exponent of 2^-24
 constexpr int kQuantLutMaxExp = 127;  // of 2^0
@@ -242,7 +244,7 @@ inline constexpr QuantLut kLutUnsigned = make_quant_lut(kCodeUnsigned);
 template <class Code, class Lut>
 MG_OPTIM_HD unsigned char quantize_nearest_lut(const Code& code, const Lut& lut, float x) {
   constexpr int last = kQuantCodeSize - 1;
-  const int lo = lut[quant_lut_bucket(float_bits(x))];
+  const int lo = x == x ? lut[quant_lut_bucket(float_bits(x))] : 0;  // a NaN: 1, as the search gives
   const int pos = lo + static_cast<int>((lo < last) & (code[lo < last ? lo + 1 : last] <= x));
   const int above = pos < last ? pos + 1 : last;
   const bool lower = (pos == last) | (x - code[pos] <= code[above] - x);

@@ -51,8 +51,9 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
 
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim, DType dtype) {
   const Device dev = check_device("sum", {&a});
+  MG_CHECK(is_floating(a.dtype()), DTypeError, "sum with a result dtype: expected floating data, got ", a.dtype());
   const bool widen = (a.dtype() == DType::f16 || a.dtype() == DType::bf16) && dtype == DType::f32;
-  MG_CHECK(is_floating(a.dtype()) && (dtype == a.dtype() || widen), DTypeError,
+  MG_CHECK(dtype == a.dtype() || widen, DTypeError,
            "sum: the result's dtype must be the data's or f32 for f16/bf16 data, got ", dtype, " for ", a.dtype(),
            " data");
   std::vector<bool> mask;

@@ -5,8 +5,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <mutex>
-#include <set>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
@@ -214,6 +212,7 @@ __global__ void adam_kernel(TensorListMeta<6> m, optim_math::AdamScalars<float> 
 // (a D*, or null).
 constexpr int kQuantThreads = 256;
 constexpr int kQuantPerThread = optim_math::kQuantBlock / kQuantThreads;
+static_assert(kQuantPerThread == 8, "a thread's elements are two float4 and one uint2 of codes");
 constexpr int kQuantTensors = 24;
 static_assert(kMinChunk % optim_math::kQuantBlock == 0, "a launch's chunks must be whole quantization blocks");
 using QuantMeta = TensorListMeta<7, kQuantTensors>;
@@ -231,6 +230,8 @@ __device__ optim_math::QuantLut g_lut_unsigned = optim_math::kLutUnsigned;
 constexpr int kCodeCopies = 16;
 constexpr int kCodeEntries = optim_math::kQuantCodeSize * kCodeCopies;
 constexpr size_t kCodeTablesBytes = 2 * kCodeEntries * sizeof(float) + 2 * optim_math::kQuantLutSize;
+// With the block reductions' scratch, under the 48 KiB a kernel gets without asking for more.
+static_assert(kCodeTablesBytes + 2 * kQuantThreads / 32 * sizeof(float) <= 48 * 1024);
 struct LaneCode {
   const float* table;
   int copy;
@@ -556,26 +557,9 @@ void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, co
       });
 }
 
-namespace {
-// adam8bit_kernel's tables may be more than a kernel gets without asking (48 KiB): the attribute
-// is per device, set on its first launch there.
-void allow_code_tables(const Device& device) {
-  static std::mutex mu;
-  static std::set<int> done;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!done.insert(device.index).second) return;
-  mg::cuda::DeviceGuard guard(device);
-  MG_CUDA_CHECK(cudaFuncSetAttribute(adam8bit_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(kCodeTablesBytes)));
-  MG_CUDA_CHECK(cudaFuncSetAttribute(adam8bit_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(kCodeTablesBytes)));
-}
-}  // namespace
-
 template <>
 void CudaBackend::adam8bit_multi_tensor(const AdamTensors& t, const AdamHyper& h, const DeviceScalars& dev) {
   const cudaStream_t stream = stream_of(t.params[0]);
-  allow_code_tables(t.params[0].device());
   const DeviceArgs d = adam_device_args(t, h, dev, stream);
   const optim_math::AdamScalars<float> s{float(h.lr),           float(h.beta1),           float(h.beta2), float(h.eps),
                                          float(h.weight_decay), h.decoupled_weight_decay, false,          h.maximize};

@@ -231,10 +231,10 @@ TEST(Fp8Ops, GemmEpiloguesAreTheGeluOfTheProduct) {
 }
 
 // fp8_cast_gelu_backward: g becomes binary(GeluTanhBackward, g, pre), bit for bit, and its cast
-// is fp8_cast's of that (the same scale_inv, codes and transposed codes), in f32 and bf16.
+// is fp8_cast's of that (the same scale_inv, codes and transposed codes), in f32, f16 and bf16.
 TEST(Fp8Ops, CastGeluBackwardIsTheDerivativeThenTheCast) {
   Generator gen(21);
-  for (DType dt : {DType::f32, DType::bf16}) {
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
     const Tensor g0 = raw::to_dtype(randn({24, 40}, {}, &gen), dt);
     const Tensor pre = raw::to_dtype(mul_scalar(randn({24, 40}, {}, &gen), 3.0), dt);
     const Tensor want = binary(Binary::GeluTanhBackward, g0, pre);

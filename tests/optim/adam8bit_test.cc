@@ -65,7 +65,8 @@ TEST(AdamW8bit, EveryLookupBucketHoldsAtMostOneCodeValuePastItsLo) {
 
 // quantize_nearest_lut gives quantize_nearest's index: at every code value, every midpoint
 // between neighbours and the floats beside both, every bucket's ends and the floats beside them,
-// the specials, and a million values spread over [-1, 1] evenly and by magnitude.
+// the specials (NaN of either sign too), and a million values spread over [-1, 1] evenly and by
+// magnitude.
 TEST(AdamW8bit, LookupGivesTheSearchsIndex) {
   namespace om = kernels::optim_math;
   std::mt19937 rng(3);
@@ -73,8 +74,8 @@ TEST(AdamW8bit, LookupGivesTheSearchsIndex) {
   for (bool is_signed : {true, false}) {
     const float* code = kernels::quant_code(is_signed);
     const unsigned char* lut = is_signed ? om::kLutSigned.lo : om::kLutUnsigned.lo;
-    std::vector<float> xs = {0.0f,    -0.0f,    1.0f,     -1.0f,     1.5f,   -1.5f,
-                             3.0e38f, -3.0e38f, INFINITY, -INFINITY, 1e-45f, -1e-45f};
+    std::vector<float> xs = {0.0f,     -0.0f,    1.0f,      -1.0f,  1.5f,    -1.5f, 3.0e38f,
+                             -3.0e38f, INFINITY, -INFINITY, 1e-45f, -1e-45f, NAN,   -NAN};
     auto around = [&](float x) {
       xs.push_back(x);
       xs.push_back(std::nextafter(x, INFINITY));

@@ -91,6 +91,17 @@ TEST(OptimCuda, AdamFusedMatchesCpu) {
 // in the sparsest decade): with lr 1e-2 and parameters of scale ~5 that is under 0.25 of
 // expect_close's floor (1 % of the scale). Flips are rare: under 0.1 % of the codes, and of the
 // parameters off by more than f32 noise.
+// One step of both optimizers on the same random gradients (drawn on the CPU, copied to the GPU).
+void step_both(const std::vector<Tensor>& cpu, const std::vector<Tensor>& gpu, Optimizer& oc, Optimizer& og) {
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    Tensor g = randn(cpu[i].sizes());
+    cpu[i].set_grad(g);
+    gpu[i].set_grad(g.to(Device::cuda(0)));
+  }
+  oc.step();
+  og.step();
+}
+
 TEST(OptimCuda, AdamW8bitMatchesCpu) {
   SKIP_WITHOUT_CUDA();
   AdamW8bitOptions o;
@@ -100,15 +111,7 @@ TEST(OptimCuda, AdamW8bitMatchesCpu) {
   for (auto& s : shapes()) init.push_back(randn(s));
   auto cpu = params_on(init, Device::cpu()), gpu = params_on(init, Device::cuda(0));
   AdamW8bit oc(cpu, o), og(gpu, o);
-  auto step = [&] {
-    for (size_t i = 0; i < cpu.size(); ++i) {
-      Tensor g = randn(cpu[i].sizes());
-      cpu[i].set_grad(g);
-      gpu[i].set_grad(g.to(Device::cuda(0)));
-    }
-    oc.step();
-    og.step();
-  };
+  auto step = [&] { step_both(cpu, gpu, oc, og); };
   // Codes that differ between the two states, and how many were compared.
   auto code_diffs = [&](bool expect_equal) {
     int64_t total = 0, off = 0;
@@ -145,6 +148,46 @@ TEST(OptimCuda, AdamW8bitMatchesCpu) {
     n += static_cast<int64_t>(a.size());
   }
   EXPECT_LT(loose, n / 1000 + 1) << loose << " of " << n << " parameters differ beyond f32 noise";
+}
+
+// Parameters that start one float into a shared buffer (views at odd offsets): the 8-bit kernel's
+// one-element-at-a-time path, taken where a chunk's lists are not 16-byte aligned, against the
+// CPU after one step: the same codes and scales, the parameters within f32 noise.
+TEST(OptimCuda, AdamW8bitOnMisalignedViewsMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  AdamW8bitOptions o;
+  o.lr = 1e-2;
+  manual_seed(11);
+  const std::vector<int64_t> sizes = {4096 + 3, 3 * 2048 + 1, 70001};
+  int64_t total = 1;
+  for (int64_t n : sizes) total += n + 1;
+  const Tensor init = randn({total});
+  auto views_of = [&](const Tensor& flat) {
+    std::vector<Tensor> ps;
+    int64_t at = 1;
+    for (int64_t n : sizes) {
+      ps.push_back(nn::parameter(raw::slice(flat, 0, at, at + n, 1)));
+      at += n + 1;
+    }
+    return ps;
+  };
+  const Tensor flat_c = init.clone(), flat_g = init.to(Device::cuda(0));
+  auto cpu = views_of(flat_c), gpu = views_of(flat_g);
+  ASSERT_NE(reinterpret_cast<uintptr_t>(gpu[0].raw_data()) % 16, 0u);
+  AdamW8bit oc(cpu, o), og(gpu, o);
+  step_both(cpu, gpu, oc, og);
+  expect_close(gpu, cpu, 1e-5, "AdamW8bit on misaligned views, one step");
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    ASSERT_TRUE(oc.state(cpu[i]) && oc.state(cpu[i])->buffers.count("exp_avg_absmax")) << i;
+    for (const char* name : {"exp_avg", "exp_avg_sq"})
+      EXPECT_EQ(oc.state(cpu[i])->buffers.at(name).to_vector<uint8_t>(),
+                og.state(gpu[i])->buffers.at(name).to_vector<uint8_t>())
+          << name << " of tensor " << i;
+    for (const char* name : {"exp_avg_absmax", "exp_avg_sq_absmax"})
+      EXPECT_EQ(oc.state(cpu[i])->buffers.at(name).to_vector<float>(),
+                og.state(gpu[i])->buffers.at(name).to_vector<float>())
+          << name << " of tensor " << i;
+  }
 }
 
 // A capturable 8-bit step (lr and step counts on the device) gives the eager step's result.
