@@ -99,30 +99,31 @@ double host_update_ms(int64_t n, mg::DType grad_dtype, bool fused, int steps, bo
   return ms[ms.size() / 2];
 }
 
+// A device-to-device copy of 1 GiB's rate in GB/s (bytes read plus written), the median of `steps`.
+double device_copy_gbps(int steps) {
+  const mg::Device dev = mg::Device::cuda(0);
+  const mg::Tensor a = mg::zeros({int64_t{1} << 28}, {mg::DType::f32, dev});
+  mg::Tensor b = mg::empty({int64_t{1} << 28}, {mg::DType::f32, dev});
+  std::vector<double> ms;
+  for (int i = 0; i < steps + 2; ++i) {
+    sync(dev);
+    const auto t0 = Clock::now();
+    mg::raw::copy_(b, a);
+    sync(dev);
+    if (i >= 2) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return 2.0 * static_cast<double>(a.nbytes()) / ms[ms.size() / 2] / 1e6;
+}
+
 // The fused AdamW over GPT-2 XL's block parameters (48 blocks of d = 1600: 1.47B parameters in
-// 432 tensors) on the device, ms a step (median of `steps`), and a device-to-device copy of
-// 1 GiB's rate in GB/s (bytes read plus written), both in this run: the update moves 28 bytes a
+// 432 tensors) on the device, ms a step (median of `steps`): the update moves 28 bytes a
 // parameter (the master, gradient and two moments read, three written), so its rate over the
-// copy's is how close it runs to the memory's ceiling.
+// copy's (device_copy_gbps, in the same run) is how close it runs to the memory's ceiling.
 // With eight_bit, AdamW8bit instead: 16 bytes a parameter (the master read and written, the
 // gradient read, the two moments' codes read and written; the blocks' absmax adds 1/2048 of that).
-std::pair<double, double> device_adam_xl(int steps, int64_t* n_params, bool eight_bit = false) {
+double device_adam_xl_ms(int steps, int64_t* n_params, bool eight_bit) {
   const mg::Device dev = mg::Device::cuda(0);
-  double copy_gbps = 0;
-  {
-    const mg::Tensor a = mg::zeros({int64_t{1} << 28}, {mg::DType::f32, dev});
-    mg::Tensor b = mg::empty({int64_t{1} << 28}, {mg::DType::f32, dev});
-    std::vector<double> ms;
-    for (int i = 0; i < steps + 2; ++i) {
-      sync(dev);
-      const auto t0 = Clock::now();
-      mg::raw::copy_(b, a);
-      sync(dev);
-      if (i >= 2) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-    }
-    std::sort(ms.begin(), ms.end());
-    copy_gbps = 2.0 * static_cast<double>(a.nbytes()) / ms[ms.size() / 2] / 1e6;
-  }
   auto ps = make_params(48, 1600, dev);
   *n_params = 0;
   for (const mg::Tensor& p : ps) *n_params += p.numel();
@@ -141,7 +142,7 @@ std::pair<double, double> device_adam_xl(int steps, int64_t* n_params, bool eigh
     if (i >= 2) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
   std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], copy_gbps};
+  return ms[ms.size() / 2];
 }
 
 }  // namespace
@@ -223,14 +224,15 @@ int main(int argc, char** argv) {
     if (!cpu_only && mg::cuda::is_available()) {
       bench(mg::Device::cuda(0), cuda_sizes);
       int64_t n = 0;
-      const auto [adam_ms, copy_gbps] = device_adam_xl(steps, &n);
+      const double copy_gbps = device_copy_gbps(steps);
+      const double adam_ms = device_adam_xl_ms(steps, &n, false);
       const double gbps = 28.0 * static_cast<double>(n) / adam_ms / 1e6;
       std::printf(
           "cuda  adamw gpt2_xl_blocks_48x1600 (%lld params): fused %.2f ms  %.1f GB/s, %.2f of the %.1f GB/s "
           "copy\n",
           static_cast<long long>(n), adam_ms, gbps, gbps / copy_gbps, copy_gbps);
       xl = {{"params", n}, {"fused_ms", adam_ms}, {"gbps", gbps}, {"copy_gbps", copy_gbps}};
-      const double q_ms = device_adam_xl(steps, &n, true).first;
+      const double q_ms = device_adam_xl_ms(steps, &n, true);
       const double q_gbps = 16.0 * static_cast<double>(n) / q_ms / 1e6;
       std::printf("cuda  adamw8bit gpt2_xl_blocks_48x1600 (%lld params): fused %.2f ms  %.1f GB/s, %.2f of the copy\n",
                   static_cast<long long>(n), q_ms, q_gbps, q_gbps / copy_gbps);

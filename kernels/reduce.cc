@@ -40,13 +40,20 @@ Tensor squeeze_reduced(const Tensor& out, const Tensor& a, const std::vector<boo
 
 // ---------------------------------------------------------------- reductions
 
-Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
-  const Device dev = check_device("sum", {&a});
+namespace {
+// sum over dims with the result written in `dtype` (a and dtype checked by the callers).
+Tensor sum_as(const Tensor& a, Device dev, const std::vector<int64_t>& dims, bool keepdim, DType dtype) {
   std::vector<bool> mask;
   const Shape k = kept_shape(a, dims, "sum", &mask);
-  Tensor out = empty(k, {is_floating(a.dtype()) ? a.dtype() : DType::i64, dev});
+  Tensor out = empty(k, {dtype, dev});
   backend(dev, "sum").sum(a, out);
   return squeeze_reduced(out, a, mask, keepdim);
+}
+}  // namespace
+
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  const Device dev = check_device("sum", {&a});
+  return sum_as(a, dev, dims, keepdim, is_floating(a.dtype()) ? a.dtype() : DType::i64);
 }
 
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim, DType dtype) {
@@ -56,11 +63,7 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim, DTyp
   MG_CHECK(dtype == a.dtype() || widen, DTypeError,
            "sum: the result's dtype must be the data's or f32 for f16/bf16 data, got ", dtype, " for ", a.dtype(),
            " data");
-  std::vector<bool> mask;
-  const Shape k = kept_shape(a, dims, "sum", &mask);
-  Tensor out = empty(k, {dtype, dev});
-  backend(dev, "sum").sum(a, out);
-  return squeeze_reduced(out, a, mask, keepdim);
+  return sum_as(a, dev, dims, keepdim, dtype);
 }
 
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
