@@ -42,6 +42,10 @@ Tensor bias_grad(const Tensor& g2, DType dtype) {
   return dtype == DType::f32 || dtype == g2.dtype() ? kernels::sum(g2, {0}, false, dtype)
                                                     : raw::to_dtype(kernels::sum(g2, {0}), dtype);
 }
+// The same from the f32 column sums a gradient's cast took on its way (Fp8CastOutputs::column_sums).
+Tensor bias_grad_from_sums(const Tensor& sums, DType dtype) {
+  return dtype == DType::f32 ? sums : raw::to_dtype(sums, dtype);
+}
 }  // namespace
 
 bool fp8_linear_applies(const Tensor& x, const Tensor& w) {
@@ -66,12 +70,14 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType gw
           wq = transposed_only(wq)](const Grads& g) {
            Tensor gx, gw, gb;
            const Tensor g2 = raw::reshape(g[0], {-1, n});
-           if (need_x || need_w) {
-             const Fp8Matrix gq = kernels::fp8_cast(g2, kE5M2, need_x, need_w);
+           if (need_x || need_w) {  // the bias gradient summed in the cast's pass over g
+             const Fp8Matrix gq = kernels::fp8_cast(g2, kE5M2, {need_x, need_w, need_b});
              if (need_x) gx = raw::view(gemm_t(gq, wq, dtype), xs);  // [M, N] @ w [N, K]
              if (need_w) gw = gemm_tt(gq, xq, gw_dtype);             // g^T [N, M] @ x [M, K]
+             if (need_b) gb = bias_grad_from_sums(gq.column_sums, gw_dtype);
+           } else if (need_b) {
+             gb = bias_grad(g2, gw_dtype);
            }
-           if (need_b) gb = bias_grad(g2, gw_dtype);
            return Grads{gx, gw, gb};
          });
   return out;
@@ -100,7 +106,8 @@ Tensor fp8_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, con
            Tensor gx, gw_fc, gb_fc, gw_proj, gb_proj;
            const Tensor g2 = raw::reshape(g[0], {-1, g[0].size(-1)});
            if (need_pre || need[3]) {
-             const Fp8Matrix gq = kernels::fp8_cast(g2, kE5M2, need_pre, need[3]);
+             const Fp8Matrix gq = kernels::fp8_cast(g2, kE5M2, {need_pre, need[3], need[4]});
+             if (need[4]) gb_proj = bias_grad_from_sums(gq.column_sums, dt_proj);
              if (need[3]) gw_proj = gemm_tt(gq, hq, dt_proj);
              if (need_pre) {
                // g_pre = (g @ w_proj) * gelu'(pre): the GEMM, then the derivative in the pass that
@@ -109,17 +116,19 @@ Tensor fp8_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, con
                if (need[0] || need[1]) {
                  g_pre = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv, Tensor(),
                                            dtype);
-                 const Fp8Matrix gpq = kernels::fp8_cast_gelu_backward(g_pre, pre, kE5M2, need[0], need[1]);
+                 const Fp8Matrix gpq = kernels::fp8_cast_gelu_backward(g_pre, pre, kE5M2, {need[0], need[1], need[2]});
+                 if (need[2]) gb_fc = bias_grad_from_sums(gpq.column_sums, dt_fc);
                  if (need[1]) gw_fc = gemm_tt(gpq, xq, dt_fc);
                  if (need[0]) gx = raw::view(gemm_t(gpq, wfq, dtype), xs);
                } else {
                  g_pre = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv, Tensor(),
                                            dtype, Fp8Epilogue::DGelu, pre);
+                 if (need[2]) gb_fc = bias_grad(g_pre, dt_fc);
                }
-               if (need[2]) gb_fc = bias_grad(g_pre, dt_fc);
              }
+           } else if (need[4]) {
+             gb_proj = bias_grad(g2, dt_proj);
            }
-           if (need[4]) gb_proj = bias_grad(g2, dt_proj);
            return Grads{gx, gw_fc, gb_fc, gw_proj, gb_proj};
          });
   return out;

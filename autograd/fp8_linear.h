@@ -8,7 +8,8 @@
 //   backward   the output gradient cast to e5m2 (more range: gradients span more binades);
 //              dx = g @ w and dw = g^T @ x read the e4m3 codes of x and w the forward made,
 //              transposed (Hopper's FP8 GEMMs read both operands along the reduced dimension),
-//              and dw comes out in f32 where w is autocast's cast of an f32 weight.
+//              and dw comes out in f32 where w is autocast's cast of an f32 weight; the bias
+//              gradient is the f32 column sums of g, taken in the pass that casts g.
 // What it keeps for backward: x's and w's transposed codes, 1 byte an element (the bf16 path
 // keeps x itself, 2 bytes), and the MLP's GELU argument in the region's dtype.
 // Attention, the head and the norms stay in the region's dtype. The f32 master weights and the

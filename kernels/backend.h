@@ -235,8 +235,10 @@ class Backend {
   // fp8_quantize of a contiguous 2-D x [R, C] into out (u8 [R, C]) and its transpose out_t (u8
   // [C, R]) in one pass; either may be undefined. An FP8 GEMM reads both operands along the
   // reduced dimension, so a linear's backward needs each of x, w and the gradient transposed too.
+  // col_sums, when defined (f32 [C]), gets x's column sums in f32, from the values before scaling:
+  // a linear's bias gradient is the column sum of the output gradient this pass reads anyway.
   virtual void fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
-                                      const Tensor& out_t) = 0;
+                                      const Tensor& out_t, const Tensor& col_sums) = 0;
   // out [M, N] (contiguous; bf16, f16 or f32) = (decode(a) @ decode(b)^T) * a_inv[0] * b_inv[0]
   // (+ bias [N] in out's dtype), accumulated in f32 and rounded once, for u8 codes a [M, K] and
   // b [N, K] (contiguous) in formats fa and fb (not both E5M2); a_inv and b_inv f32 [1] on the

@@ -31,14 +31,15 @@ void check_cast_input(const char* op, const char* name, const Tensor& x) {
 }
 
 // The codes of a contiguous x [R, C] whose scale s is set (or will be, in stream order).
-Fp8Matrix codes_of(const char* op, const Tensor& xc, const Fp8Scale& s, Fp8Format format, bool rows, bool transposed) {
+Fp8Matrix codes_of(const char* op, const Tensor& xc, const Fp8Scale& s, Fp8Format format, Fp8CastOutputs outputs) {
   Fp8Matrix m;
   m.format = format;
   m.scale_inv = s.scale_inv;
   const TensorOptions u8(DType::u8, xc.device());
-  if (rows) m.codes = empty(xc.sizes(), u8);
-  if (transposed) m.codes_t = empty({xc.size(1), xc.size(0)}, u8);
-  backend(xc.device(), op).fp8_quantize_transpose(xc, s.scale, format, m.codes, m.codes_t);
+  if (outputs.rows) m.codes = empty(xc.sizes(), u8);
+  if (outputs.transposed) m.codes_t = empty({xc.size(1), xc.size(0)}, u8);
+  if (outputs.column_sums) m.column_sums = empty({xc.size(1)}, TensorOptions(DType::f32, xc.device()));
+  backend(xc.device(), op).fp8_quantize_transpose(xc, s.scale, format, m.codes, m.codes_t, m.column_sums);
   return m;
 }
 }  // namespace
@@ -52,16 +53,16 @@ Fp8Scale fp8_current_scale(const Tensor& x, Fp8Format format, int margin) {
   return s;
 }
 
-Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, bool rows, bool transposed, int margin) {
+Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, int margin) {
   const char* op = "fp8_cast";
   check_cast_input(op, "x", x);
   MG_CHECK(x.dim() == 2, ShapeError, op, ": x must be 2-D, got ", shape_str(x.sizes()));
-  MG_CHECK(rows || transposed, ValueError, op, ": asked for neither the codes nor their transpose");
+  MG_CHECK(outputs.rows || outputs.transposed, ValueError, op, ": asked for neither the codes nor their transpose");
   const Tensor xc = raw::contiguous(x);
-  return codes_of(op, xc, fp8_current_scale(xc, format, margin), format, rows, transposed);
+  return codes_of(op, xc, fp8_current_scale(xc, format, margin), format, outputs);
 }
 
-Fp8Matrix fp8_cast_gelu_backward(const Tensor& g, const Tensor& pre, Fp8Format format, bool rows, bool transposed,
+Fp8Matrix fp8_cast_gelu_backward(const Tensor& g, const Tensor& pre, Fp8Format format, Fp8CastOutputs outputs,
                                  int margin) {
   const char* op = "fp8_cast_gelu_backward";
   check_cast_input(op, "g", g);
@@ -73,12 +74,12 @@ Fp8Matrix fp8_cast_gelu_backward(const Tensor& g, const Tensor& pre, Fp8Format f
   MG_CHECK(pre.sizes() == g.sizes(), ShapeError, op, ": pre ", shape_str(pre.sizes()), " and g ", shape_str(g.sizes()),
            " differ in shape");
   MG_CHECK(pre.device() == g.device(), DeviceError, op, ": pre is on ", pre.device(), ", g on ", g.device());
-  MG_CHECK(rows || transposed, ValueError, op, ": asked for neither the codes nor their transpose");
+  MG_CHECK(outputs.rows || outputs.transposed, ValueError, op, ": asked for neither the codes nor their transpose");
   MG_CHECK(margin >= 0, ValueError, op, ": margin must be >= 0, got ", margin);
   Fp8Scale s = empty_scale(g.device());
   backend(g.device(), op)
       .fp8_gelu_backward_amax_scale(g, raw::contiguous(pre), format, margin, s.amax, s.scale, s.scale_inv);
-  return codes_of(op, g, s, format, rows, transposed);
+  return codes_of(op, g, s, format, outputs);
 }
 
 namespace {

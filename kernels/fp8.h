@@ -33,22 +33,38 @@ Tensor fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format format, DT
 // dimension (Hopper's "TN" form), so a linear layer needs x and w as they are for the forward and
 // transposed for the two gradients: fp8_cast writes either or both in one pass.
 struct Fp8Matrix {
-  Tensor codes;      // u8 [R, C], the codes of x * scale (undefined unless asked)
-  Tensor codes_t;    // u8 [C, R], the same codes transposed (undefined unless asked)
-  Tensor scale_inv;  // f32 [1]: a code's value is decode(code) * scale_inv
+  Tensor codes;        // u8 [R, C], the codes of x * scale (undefined unless asked)
+  Tensor codes_t;      // u8 [C, R], the same codes transposed (undefined unless asked)
+  Tensor scale_inv;    // f32 [1]: a code's value is decode(code) * scale_inv
+  Tensor column_sums;  // f32 [C]: x's column sums, from x's own values (undefined unless asked)
   Fp8Format format = Fp8Format::E4M3;
+};
+// What fp8_cast writes: the codes, their transpose, and x's column sums. A linear's backward asks
+// for the sums with the output gradient's cast: they are its bias gradient, summed in the pass
+// that reads the gradient for the codes instead of a reduction reading it again.
+struct Fp8CastOutputs {
+  bool rows = true;
+  bool transposed = false;
+  bool column_sums = false;
 };
 // x [R, C] (f32, f16 or bf16) cast with current scaling: its amax, the scale, then the codes.
 // Errors: DTypeError, ShapeError (not 2-D), ValueError (neither layout asked).
-Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, bool rows, bool transposed, int margin = 0);
+Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, int margin = 0);
+inline Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, bool rows, bool transposed, int margin = 0) {
+  return fp8_cast(x, format, Fp8CastOutputs{rows, transposed, false}, margin);
+}
 
 // The FP8 MLP backward's cast of the gradient reaching GELU's input: g (f32, f16 or bf16 [R, C],
 // contiguous; the gradient at GELU's output, overwritten) becomes g * gelu_tanh'(pre), the values
 // binary(GeluTanhBackward) gives, and is cast as fp8_cast casts it. On CUDA the derivative and
 // the amax are one pass over g (fp8_cast would read it again for the amax). Errors as fp8_cast's,
 // and DTypeError, ShapeError or DeviceError for a pre unlike g or a g that is not contiguous.
-Fp8Matrix fp8_cast_gelu_backward(const Tensor& g, const Tensor& pre, Fp8Format format, bool rows, bool transposed,
+Fp8Matrix fp8_cast_gelu_backward(const Tensor& g, const Tensor& pre, Fp8Format format, Fp8CastOutputs outputs,
                                  int margin = 0);
+inline Fp8Matrix fp8_cast_gelu_backward(const Tensor& g, const Tensor& pre, Fp8Format format, bool rows,
+                                        bool transposed, int margin = 0) {
+  return fp8_cast_gelu_backward(g, pre, format, Fp8CastOutputs{rows, transposed, false}, margin);
+}
 
 // out [M, N] in `dtype` (bf16, f16 or f32) = (decode(a) @ decode(b)^T) * a_inv * b_inv + bias
 // for codes a [M, K] and b [N, K] (u8, formats fa and fb, not both E5M2), accumulated in f32. The

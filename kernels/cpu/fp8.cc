@@ -1,5 +1,6 @@
 // FP8 CPU loops: the reference for cuda/fp8.cu, with fp8_math.h's rounding and scale rule.
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -84,18 +85,22 @@ void CpuBackend::fp8_gelu_backward_amax_scale(const Tensor& g, const Tensor& pre
 
 template <>
 void CpuBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
-                                        const Tensor& out_t) {
+                                        const Tensor& out_t, const Tensor& col_sums) {
   const fp8_math::Format& f = format_of(format);
   const float s = *scale.data_ptr<float>();
   const int64_t rows = x.size(0), cols = x.size(1);
   auto* q = out.defined() ? static_cast<uint8_t*>(out.raw_data()) : nullptr;
   auto* qt = out_t.defined() ? static_cast<uint8_t*>(out_t.raw_data()) : nullptr;
+  float* sums = col_sums.defined() ? col_sums.data_ptr<float>() : nullptr;
+  if (sums) std::fill(sums, sums + cols, 0.0f);
   with_floats(x, [&](auto at, int64_t) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) {
-        const uint8_t code = fp8_math::encode(at(r * cols + c) * s, f);
+        const float v = at(r * cols + c);
+        const uint8_t code = fp8_math::encode(v * s, f);
         if (q) q[r * cols + c] = code;
         if (qt) qt[c * rows + r] = code;
+        if (sums) sums[c] += v;  // row by row, in f32
       }
   });
 }

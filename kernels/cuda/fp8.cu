@@ -92,16 +92,20 @@ __device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
   }
 }
 
-// The block's maximum of each thread's m (abs_bits) into *out, by thread 0.
-__device__ __forceinline__ void block_max_to(unsigned m, unsigned* out) {
+// The block's maximum of each thread's m (abs_bits), returned to thread 0 (the others get their
+// warp's). Every thread of a kBlock-thread block calls it.
+__device__ __forceinline__ unsigned block_max(unsigned m) {
   __shared__ unsigned warp_max[kBlock / 32];
   for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_down_sync(0xffffffffu, m, off));
   if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = m;
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0)
     for (int w = 1; w < kBlock / 32; ++w) m = max(m, warp_max[w]);
-    *out = m;
-  }
+  return m;
+}
+__device__ __forceinline__ void block_max_to(unsigned m, unsigned* out) {
+  m = block_max(m);
+  if (threadIdx.x == 0) *out = m;
 }
 
 // Each block's max |x| into partial[blockIdx.x], as abs_bits: no atomics and no zeroed result,
@@ -166,16 +170,12 @@ __global__ void gelu_backward_amax_kernel(T* g, const T* pre, int64_t n, bool ve
 // One block: the max of `count` partial amax bits, written as the f32 amax, and the scale rule.
 __global__ void scale_kernel(const unsigned* partial, int count, fp8_math::Format f, int margin, float* amax_out,
                              float* scale, float* scale_inv) {
-  __shared__ unsigned warp_max[kBlock / 32];
   wait_for_previous();  // launched dependent on the kernel that wrote `partial`
   allow_dependents();   // the quantize may be scheduled; it waits for this kernel
   unsigned m = 0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) m = max(m, partial[i]);
-  for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_down_sync(0xffffffffu, m, off));
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = m;
-  __syncthreads();
+  m = block_max(m);
   if (threadIdx.x != 0) return;
-  for (int w = 1; w < kBlock / 32; ++w) m = max(m, warp_max[w]);
   const float amax = __uint_as_float(m);
   const float s = fp8_math::scale_for(amax, f, margin);
   *amax_out = amax;
@@ -184,23 +184,45 @@ __global__ void scale_kernel(const unsigned* partial, int count, fp8_math::Forma
 }
 
 // One 32 x 32 tile of x [rows, cols] through shared memory: its codes written row by row into q
-// and column by column into qt (qt [cols, rows]), each warp writing 32 consecutive bytes.
+// and column by column into qt (qt [cols, rows]), each warp writing 32 consecutive bytes. With
+// col_partial ([gridDim.y, cols] f32), the tile's column sums of x go to row blockIdx.y of it.
 constexpr int kTile = 32, kTileRows = 8;
+
+// The block's column sums: thread (x, y) holds V columns' sums of its rows (columns V * x ...),
+// added over y in order into col_partial[blockIdx.y * cols + c0 + ...]. Every thread calls it.
+template <int V>
+__device__ __forceinline__ void tile_column_sums(const float (&acc)[V], float* col_partial, int64_t c0, int64_t cols) {
+  __shared__ float sums[kTileRows][kTile * V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) sums[threadIdx.y][V * threadIdx.x + j] = acc[j];
+  __syncthreads();
+  for (int t = threadIdx.y * kTile + threadIdx.x; t < kTile * V; t += kTile * kTileRows) {
+    float s = 0.0f;
+#pragma unroll
+    for (int y = 0; y < kTileRows; ++y) s += sums[y][t];
+    if (c0 + t < cols) col_partial[blockIdx.y * cols + c0 + t] = s;
+  }
+}
+
 template <class T>
 __global__ void quantize_transpose_kernel(const T* x, const float* scale, __nv_fp8_interpretation_t kind, uint8_t* q,
-                                          uint8_t* qt, int64_t rows, int64_t cols) {
+                                          uint8_t* qt, int64_t rows, int64_t cols, float* col_partial) {
   __shared__ float tile[kTile][kTile + 1];
   wait_for_previous();  // launched dependent: the scale is the kernel ahead's output
   const float s = *scale;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  float acc[1] = {0.0f};
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
     if (r < rows && c < cols) {
-      const float v = to_f(x[r * cols + c]) * s;
+      const float x_f = to_f(x[r * cols + c]);
+      acc[0] += x_f;
+      const float v = x_f * s;
       tile[i][threadIdx.x] = v;
       if (q) q[r * cols + c] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, kind);
     }
   }
+  if (col_partial) tile_column_sums<1>(acc, col_partial, c0, cols);
   if (!qt) return;
   __syncthreads();
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
@@ -260,12 +282,13 @@ void CudaBackend::fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format
 constexpr int kWideCols = 128;
 template <class T>
 __global__ void quantize_transpose_vec_kernel(const T* x, const float* scale, __nv_fp8_interpretation_t kind,
-                                              uint8_t* q, uint8_t* qt, int64_t rows, int64_t cols) {
+                                              uint8_t* q, uint8_t* qt, int64_t rows, int64_t cols, float* col_partial) {
   __shared__ __align__(4) uint8_t tile[kTile][kWideCols + 4];
   wait_for_previous();  // launched dependent: the scale is the kernel ahead's output
   const float s = *scale;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kWideCols;
   const int64_t c = c0 + 4 * threadIdx.x;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
     const int64_t r = r0 + i;
     if (r < rows && c < cols) {
@@ -273,12 +296,15 @@ __global__ void quantize_transpose_vec_kernel(const T* x, const float* scale, __
       load4(x + r * cols + c, v);
       uint32_t packed = 0;
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < 4; ++j) {
+        acc[j] += v[j];
         packed |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[j] * s, __NV_SATFINITE, kind)) << (8 * j);
+      }
       *reinterpret_cast<uint32_t*>(&tile[i][4 * threadIdx.x]) = packed;
       if (q) *reinterpret_cast<uint32_t*>(q + r * cols + c) = packed;
     }
   }
+  if (col_partial) tile_column_sums<4>(acc, col_partial, c0, cols);  // its barrier also orders the tile's writes
   if (!qt) return;
   __syncthreads();
   const int t = threadIdx.y * kTile + threadIdx.x;
@@ -295,11 +321,27 @@ __global__ void quantize_transpose_vec_kernel(const T* x, const float* scale, __
 
 namespace {
 bool aligned_to(const void* p, size_t bytes) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// out[c] = the sum of partial[0..count)[c] ([count, cols] f32): thread (x, y) adds rows y, y + 8,
+// ... of column x, then the 8 sums are added in order (deterministic, as the tiles' sums are).
+__global__ void column_sums_finalize_kernel(const float* partial, int count, int64_t cols, float* out) {
+  __shared__ float sums[kTileRows][kTile + 1];
+  wait_for_previous();  // launched dependent on the cast that wrote `partial`
+  const int64_t c = blockIdx.x * static_cast<int64_t>(kTile) + threadIdx.x;
+  float s = 0.0f;
+  if (c < cols)
+    for (int k = threadIdx.y; k < count; k += kTileRows) s += partial[k * cols + c];
+  sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  for (int y = 1; y < kTileRows; ++y) s += sums[y][threadIdx.x];
+  out[c] = s;
+}
 }  // namespace
 
 template <>
 void CudaBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
-                                         const Tensor& out_t) {
+                                         const Tensor& out_t, const Tensor& col_sums) {
   const int64_t rows = x.size(0), cols = x.size(1);
   if (rows == 0 || cols == 0) return;
   mg::cuda::DeviceGuard guard(x.device());
@@ -311,20 +353,29 @@ void CudaBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, F
   auto* qt = out_t.defined() ? static_cast<uint8_t*>(out_t.raw_data()) : nullptr;
   const bool wide = rows % 4 == 0 && cols % 4 == 0 && aligned_to(x.raw_data(), 4 * dtype_size(x.dtype())) &&
                     aligned_to(q, 4) && aligned_to(qt, 4);
+  // The column sums: one row of partial sums a row of tiles, added by the finalize kernel.
+  Tensor partial;
+  if (col_sums.defined()) partial = empty({static_cast<int64_t>(grid.y), cols}, TensorOptions(DType::f32, x.device()));
+  float* part = partial.defined() ? data_as<float>(partial) : nullptr;
   dispatch_half_or_f32(x.dtype(), [&](auto t) {
     using T = decltype(t);
     if (wide) {
       const dim3 g(static_cast<unsigned>((cols + kWideCols - 1) / kWideCols), grid.y);
       launch_dependent(quantize_transpose_vec_kernel<T>, g, dim3(kTile, kTileRows), 0, st,
                        static_cast<const T*>(x.raw_data()), data_as<const float>(scale), kind_of(format), q, qt, rows,
-                       cols);
+                       cols, part);
       return;
     }
     launch_dependent(quantize_transpose_kernel<T>, grid, dim3(kTile, kTileRows), 0, st,
                      static_cast<const T*>(x.raw_data()), data_as<const float>(scale), kind_of(format), q, qt, rows,
-                     cols);
+                     cols, part);
   });
   MG_CUDA_CHECK_LAUNCH("fp8_quantize_transpose");
+  if (!part) return;
+  launch_dependent(column_sums_finalize_kernel, dim3(static_cast<unsigned>((cols + kTile - 1) / kTile)),
+                   dim3(kTile, kTileRows), 0, st, static_cast<const float*>(part), static_cast<int>(grid.y), cols,
+                   data_as<float>(col_sums));
+  MG_CUDA_CHECK_LAUNCH("fp8_quantize_transpose (column sums)");
 }
 
 namespace {

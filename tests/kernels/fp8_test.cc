@@ -166,6 +166,28 @@ TEST(Fp8Ops, CastWritesTheCodesAndTheirTranspose) {
   EXPECT_EQ(only_t.codes_t.sizes(), (Shape{80, 48}));
 }
 
+// fp8_cast's column sums: the f32 sums of x's own values (before the scale), row by row, as the
+// bias gradient of a linear is taken from its output gradient's cast. The values are multiples
+// of 1/16 below 8 in magnitude (exact in bf16), so every partial sum over 40 rows is a multiple of
+// 1/16 below 320: exact in f32 in any order, and the sums must equal the f64 ones.
+TEST(Fp8Ops, CastTakesTheColumnSumsOfTheValues) {
+  std::mt19937 rng(4);
+  std::vector<float> vals(40 * 24);
+  for (float& e : vals) e = static_cast<float>(static_cast<int>(rng() % 255) - 127) / 16.0f;
+  const Tensor x = raw::to_dtype(from_vector(vals, {40, 24}), DType::bf16);
+  const Fp8Matrix m = fp8_cast(x, Fp8Format::E5M2, {false, true, true});
+  ASSERT_EQ(m.column_sums.sizes(), (Shape{24}));
+  ASSERT_EQ(m.column_sums.dtype(), DType::f32);
+  EXPECT_FALSE(m.codes.defined());
+  const std::vector<float> v = raw::to_dtype(x, DType::f32).to_vector<float>(), got = m.column_sums.to_vector<float>();
+  for (int64_t c = 0; c < 24; ++c) {
+    double want = 0;
+    for (int64_t r = 0; r < 40; ++r) want += v[r * 24 + c];
+    EXPECT_EQ(got[c], static_cast<float>(want)) << "column " << c;
+  }
+  EXPECT_FALSE(fp8_cast(x, Fp8Format::E5M2, true, true).column_sums.defined());
+}
+
 // Codes of random values in both formats, with a scale that is not a power of two.
 Fp8Matrix random_codes(int64_t rows, int64_t cols, Fp8Format f, uint64_t seed) {
   Generator g(seed);

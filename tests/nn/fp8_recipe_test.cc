@@ -7,7 +7,9 @@
 #include <cmath>
 
 #include "autograd/functions.h"
+#include "autograd/transformer_functions.h"
 #include "core/autocast.h"
+#include "kernels/elementwise.h"
 #include "kernels/fp8.h"
 #include "kernels/fp8_math.h"
 #include "nn/linear.h"
@@ -158,6 +160,49 @@ TEST(Fp8Recipe, LinearOutputAndGradientsAreWithinTheFormatsRounding) {
     ASSERT_NEAR(gb[j], s, (M * 0x1p-24 + bf16_rel) * mag) << "gb " << j;
   }
   std::printf("largest error as a fraction of its bound: %.3f\n", worst);
+}
+
+// Column sums of a [R, C] tensor's values in f32, row by row (the CPU backend's order).
+std::vector<float> column_sums(const Tensor& t) {
+  const int64_t R = t.size(0), C = t.size(1);
+  const std::vector<float> v = raw::to_dtype(t, DType::f32).to_vector<float>();
+  std::vector<float> s(C, 0.0f);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) s[c] += v[r * C + c];
+  return s;
+}
+
+// The MLP under the recipe: its bias gradients are the column sums its gradient casts take, of
+// the output gradient (c_proj's) and of the gradient reaching the GELU's input (c_fc's), rebuilt
+// here from the recipe's pieces (kernels/fp8.h). The CPU backend runs both, so the same values
+// are added in the same order: the same bits.
+TEST(Fp8Recipe, MlpBiasGradientsAreTheColumnSumsOfItsGradients) {
+  const int64_t M = 32, K = 48, H = 64;
+  Generator g(6);
+  const Tensor x = randn({M, K}, {}, &g);
+  const Tensor w_fc = kernels::mul_scalar(randn({H, K}, {}, &g), 0.2).requires_grad_(true);
+  const Tensor b_fc = kernels::mul_scalar(randn({H}, {}, &g), 0.2).requires_grad_(true);
+  const Tensor w_proj = kernels::mul_scalar(randn({K, H}, {}, &g), 0.2).requires_grad_(true);
+  const Tensor b_proj = kernels::mul_scalar(randn({K}, {}, &g), 0.2).requires_grad_(true);
+  const Tensor r = randn({M, K}, {}, &g);
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    Fp8Autocast fp8(true, 0);
+    sum(gelu_mlp(x, w_fc, b_fc, w_proj, b_proj).to(DType::f32) * r).backward();
+  }
+  const auto bf16 = [](const Tensor& t) { return raw::to_dtype(t, DType::bf16); };
+  const Tensor gout = bf16(r);  // the gradient reaching the MLP's output: r rounded as out.to(f32)'s backward rounds it
+  const kernels::Fp8Matrix xq = kernels::fp8_cast(bf16(x), Fp8Format::E4M3, true, false);
+  const kernels::Fp8Matrix wfq = kernels::fp8_cast(bf16(w_fc), Fp8Format::E4M3, true, false);
+  const Tensor pre = kernels::fp8_gemm(xq, wfq, bf16(b_fc), DType::bf16);
+  const kernels::Fp8Matrix gq = kernels::fp8_cast(gout, Fp8Format::E5M2, true, false);
+  const kernels::Fp8Matrix wpq = kernels::fp8_cast(bf16(w_proj), Fp8Format::E4M3, false, true);
+  const Tensor g_h = kernels::fp8_gemm(gq.codes, Fp8Format::E5M2, gq.scale_inv, wpq.codes_t, Fp8Format::E4M3,
+                                       wpq.scale_inv, Tensor(), DType::bf16);
+  const Tensor g_pre = kernels::binary(kernels::Binary::GeluTanhBackward, g_h, pre);
+  EXPECT_EQ(b_proj.grad().to_vector<float>(), column_sums(gout));
+  EXPECT_EQ(b_fc.grad().to_vector<float>(), column_sums(g_pre));
+  EXPECT_EQ(b_fc.grad().dtype(), DType::f32);
 }
 
 // GPT-2's shape scaled down (every linear a multiple of 16 wide, 32 rows a batch), 30 AdamW steps

@@ -153,6 +153,36 @@ TEST_F(Fp8Parity, CastAndTransposeMatchTheCpu) {
   }
 }
 
+// The column sums a cast takes (a linear's bias gradient) on the device, through the 32 x 128
+// tile kernel (rows and columns multiples of 4) and the 32 x 32 one (any shape, and a start not 4
+// elements aligned), against the CPU's row-by-row f32 sums: the device adds each tile's rows, then
+// the tiles, in another order. Both are within R * 2^-24 * sum |x| of the exact sum (f32's
+// rounding of each of R - 1 additions, 2^-24 of the running magnitude), so they differ by at
+// most twice that. The codes are the CPU's bit for bit, with the sums asked or not.
+TEST_F(Fp8Parity, CastColumnSumsMatchTheCpuWithinF32Rounding) {
+  Generator g(13);
+  for (DType dt : {DType::f32, DType::bf16})
+    for (Shape shape : {Shape{256, 640}, Shape{200, 72}, Shape{33, 37}})
+      for (int64_t start : {0, 1}) {
+        const int64_t n = shape_numel(shape), R = shape[0], C = shape[1];
+        const Tensor flat = raw::to_dtype(randn({n + start}, {}, &g), dt);
+        const Tensor x = raw::reshape(raw::slice(flat, 0, start, start + n, 1), shape);
+        const Tensor xd = raw::reshape(raw::slice(to_cuda(flat), 0, start, start + n, 1), shape);
+        const std::string what = dstr(dt) + " " + shape_str(shape) + " start " + std::to_string(start);
+        const kernels::Fp8Matrix c = kernels::fp8_cast(x, Fp8Format::E5M2, {true, true, true});
+        const kernels::Fp8Matrix d = kernels::fp8_cast(xd, Fp8Format::E5M2, {true, true, true});
+        EXPECT_EQ(c.codes.to_vector<uint8_t>(), d.codes.cpu().to_vector<uint8_t>()) << what;
+        EXPECT_EQ(c.codes_t.to_vector<uint8_t>(), d.codes_t.cpu().to_vector<uint8_t>()) << what;
+        const std::vector<float> v = raw::contiguous(raw::to_dtype(x, DType::f32)).to_vector<float>();
+        const std::vector<float> a = c.column_sums.to_vector<float>(), b = d.column_sums.cpu().to_vector<float>();
+        for (int64_t col = 0; col < C; ++col) {
+          double mag = 0;
+          for (int64_t r = 0; r < R; ++r) mag += std::fabs(v[r * C + col]);
+          ASSERT_NEAR(a[col], b[col], 2.0 * R * 0x1p-24 * mag) << what << " column " << col;
+        }
+      }
+}
+
 // fp8_cast_gelu_backward's one pass (the derivative and the amax) against the device's own
 // composition, binary(GeluTanhBackward) then fp8_cast: the same g bits, scale_inv, codes and
 // transposed codes in f32, f16 and bf16, for a shape whose element count is a multiple of 8 (the
@@ -167,9 +197,9 @@ TEST_F(Fp8Parity, CastGeluBackwardEqualsTheDerivativeThenTheCast) {
         const Tensor pre = to_cuda(raw::to_dtype(kernels::mul_scalar(randn(shape, {}, &gen), 3.0), dt));
         const Tensor want = kernels::binary(kernels::Binary::GeluTanhBackward,
                                             raw::reshape(raw::slice(g0, 0, start, start + n, 1), shape), pre);
-        const kernels::Fp8Matrix ref = kernels::fp8_cast(want, Fp8Format::E5M2, true, true);
+        const kernels::Fp8Matrix ref = kernels::fp8_cast(want, Fp8Format::E5M2, {true, true, true});
         const Tensor g = raw::reshape(raw::slice(g0.clone(), 0, start, start + n, 1), shape);
-        const kernels::Fp8Matrix got = kernels::fp8_cast_gelu_backward(g, pre, Fp8Format::E5M2, true, true);
+        const kernels::Fp8Matrix got = kernels::fp8_cast_gelu_backward(g, pre, Fp8Format::E5M2, {true, true, true});
         const std::string what = dstr(dt) + " " + shape_str(shape) + " start " + std::to_string(start);
         const std::vector<float> a = raw::to_dtype(g, DType::f32).cpu().to_vector<float>();
         const std::vector<float> b = raw::to_dtype(want, DType::f32).cpu().to_vector<float>();
@@ -179,6 +209,18 @@ TEST_F(Fp8Parity, CastGeluBackwardEqualsTheDerivativeThenTheCast) {
         EXPECT_TRUE(same_bits(got.scale_inv.cpu().item<float>(), ref.scale_inv.cpu().item<float>())) << what;
         EXPECT_EQ(got.codes.cpu().to_vector<uint8_t>(), ref.codes.cpu().to_vector<uint8_t>()) << what;
         EXPECT_EQ(got.codes_t.cpu().to_vector<uint8_t>(), ref.codes_t.cpu().to_vector<uint8_t>()) << what;
+        // The same values summed: the same bits from an aligned start (the same kernel), else within
+        // the two orders' f32 rounding (the test above).
+        const std::vector<float> sa = got.column_sums.cpu().to_vector<float>();
+        const std::vector<float> sb = ref.column_sums.cpu().to_vector<float>();
+        for (int64_t col = 0; col < shape[1]; ++col) {
+          double mag = 0;
+          for (int64_t r = 0; r < shape[0]; ++r) mag += std::fabs(b[r * shape[1] + col]);
+          if (start == 0)
+            EXPECT_TRUE(same_bits(sa[col], sb[col])) << what << " column " << col;
+          else
+            EXPECT_NEAR(sa[col], sb[col], 2.0 * shape[0] * 0x1p-24 * mag) << what << " column " << col;
+        }
       }
 }
 
