@@ -192,6 +192,14 @@ Tensor provided_cast(const Tensor& weight) {
 
 size_t cache_size() { return tl_cache.entries.size(); }
 
+Tensor cast_source(const Tensor& t) {
+  if (!t.defined()) return Tensor();
+  for (const auto& [key, e] : tl_cache.entries)
+    if (e.cast.defined() && e.cast.impl() == t.impl())
+      if (std::shared_ptr<TensorImpl> src = e.source.lock()) return Tensor(std::move(src));
+  return Tensor();
+}
+
 bool is_cached_cast(const Tensor& t) {
   if (!t.defined()) return false;
   for (const auto& [key, e] : tl_cache.entries)

@@ -73,5 +73,9 @@ size_t cache_size();
 // Whether `t` shares storage with a cast in the calling thread's weight-cast cache (activation
 // offload leaves those on the device: they live for the whole region anyway).
 bool is_cached_cast(const Tensor& t);
+// The weight whose cached cast `t` is (the same tensor), while it lives; undefined otherwise.
+// What stays the same across steps where the casts do not (a region casts anew): the FP8
+// recipe's delayed scaling keeps a layer's histories by it.
+Tensor cast_source(const Tensor& t);
 
 }  // namespace mg::autocast

@@ -2,9 +2,13 @@
 #include "autograd/fp8_linear.h"
 
 #include <array>
+#include <memory>
+#include <unordered_map>
 
+#include "autograd/autocast_policy.h"
 #include "autograd/op_support.h"
 #include "core/autocast.h"
+#include "core/device_runtime.h"
 #include "kernels/fp8.h"
 
 namespace mg::autograd {
@@ -37,6 +41,48 @@ Fp8Matrix transposed_only(Fp8Matrix m) {
   m.codes = Tensor();
   return m;
 }
+using kernels::Fp8CastOutputs;
+using kernels::Fp8History;
+
+// Delayed scaling's histories of one layer's operands (its input, weight and output gradient),
+// kept by the layer's weight: the f32 weight a cached cast came from (the same tensor every step,
+// where its casts are new each region), else the weight itself, while it lives.
+struct LayerHistories {
+  std::weak_ptr<TensorImpl> owner;
+  Fp8History x, w, g;
+};
+thread_local std::unordered_map<const TensorImpl*, std::shared_ptr<LayerHistories>> tl_histories;
+
+std::shared_ptr<LayerHistories> histories_of(const Tensor& w) {
+  Tensor key = autocast::cast_source(w);
+  if (!key.defined()) key = w;
+  auto it = tl_histories.find(key.impl());
+  if (it != tl_histories.end() && it->second->owner.lock() == key.impl_ptr()) return it->second;
+  if (tl_histories.size() > 4096)  // weights that are gone (their entries are never looked up again)
+    std::erase_if(tl_histories, [](const auto& e) { return e.second->owner.expired(); });
+  auto fresh = std::make_shared<LayerHistories>();
+  fresh->owner = key.impl_ptr();
+  tl_histories[key.impl()] = fresh;
+  return fresh;
+}
+
+// The recipe's histories for a layer with weight w, or null under current scaling. A history's
+// slot is chosen on the host, so a CUDA graph being captured would replay one slot for ever: a
+// capture casts with current scaling.
+std::shared_ptr<LayerHistories> delayed_histories(const Tensor& x, const Tensor& w) {
+  if (!autocast_state().fp8_delayed) return nullptr;
+  if (x.is_cuda() && cuda::is_capturing(x.device().index)) return nullptr;
+  return histories_of(w);
+}
+
+// fp8_cast, or fp8_cast_delayed with the history h.
+Fp8Matrix cast(const Tensor& t, Fp8Format f, Fp8CastOutputs o, Fp8History* h) {
+  return h ? kernels::fp8_cast_delayed(t, f, o, *h) : kernels::fp8_cast(t, f, o);
+}
+Fp8History* of(const std::shared_ptr<LayerHistories>& h, Fp8History LayerHistories::*member) {
+  return h ? &(h.get()->*member) : nullptr;
+}
+
 // The rows' sum in `dtype` (f32 for an f32 bias: the f32 sums not rounded to g2's type first).
 Tensor bias_grad(const Tensor& g2, DType dtype) {
   return dtype == DType::f32 || dtype == g2.dtype() ? kernels::sum(g2, {0}, false, dtype)
@@ -61,17 +107,19 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType gw
   const bool grad = any_requires_grad({x, w, bias});
   const bool need_x = grad && needs_grad(x), need_w = grad && needs_grad(w), need_b = grad && needs_grad(bias);
   const int64_t n = w.size(0);
-  const Fp8Matrix xq = kernels::fp8_cast(raw::reshape(x, {-1, x.size(-1)}), kE4M3, true, need_w);
-  const Fp8Matrix wq = kernels::fp8_cast(w, kE4M3, true, need_x);
+  const std::shared_ptr<LayerHistories> hist = delayed_histories(x, w);
+  const Fp8Matrix xq =
+      cast(raw::reshape(x, {-1, x.size(-1)}), kE4M3, {true, need_w, false}, of(hist, &LayerHistories::x));
+  const Fp8Matrix wq = cast(w, kE4M3, {true, need_x, false}, of(hist, &LayerHistories::w));
   const Tensor out = raw::view(kernels::fp8_gemm(xq, wq, bias, x.dtype()), with_last(x, n));
   if (!grad) return out;
   record("linear", {x, w, bias}, out,
          [need_x, need_w, need_b, n, xs = x.sizes(), dtype = x.dtype(), gw_dtype, xq = transposed_only(xq),
-          wq = transposed_only(wq)](const Grads& g) {
+          wq = transposed_only(wq), hist](const Grads& g) {
            Tensor gx, gw, gb;
            const Tensor g2 = raw::reshape(g[0], {-1, n});
            if (need_x || need_w) {  // the bias gradient summed in the cast's pass over g
-             const Fp8Matrix gq = kernels::fp8_cast(g2, kE5M2, {need_x, need_w, need_b});
+             const Fp8Matrix gq = cast(g2, kE5M2, {need_x, need_w, need_b}, of(hist, &LayerHistories::g));
              if (need_x) gx = raw::view(gemm_t(gq, wq, dtype), xs);  // [M, N] @ w [N, K]
              if (need_w) gw = gemm_tt(gq, xq, gw_dtype);             // g^T [N, M] @ x [M, K]
              if (need_b) gb = bias_grad_from_sums(gq.column_sums, gw_dtype);
@@ -91,29 +139,40 @@ Tensor fp8_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, con
   const bool need_pre = need[0] || need[1] || need[2];
   const DType dtype = x.dtype();
   const int64_t hidden = w_fc.size(0);
-  const Fp8Matrix xq = kernels::fp8_cast(raw::reshape(x, {-1, x.size(-1)}), kE4M3, true, need[1]);
-  const Fp8Matrix wfq = kernels::fp8_cast(w_fc, kE4M3, true, need[0]);
+  const std::shared_ptr<LayerHistories> h_fc = delayed_histories(x, w_fc), h_proj = delayed_histories(x, w_proj);
+  const Fp8Matrix xq =
+      cast(raw::reshape(x, {-1, x.size(-1)}), kE4M3, {true, need[1], false}, of(h_fc, &LayerHistories::x));
+  const Fp8Matrix wfq = cast(w_fc, kE4M3, {true, need[0], false}, of(h_fc, &LayerHistories::w));
   Tensor pre = empty({rows_of(x), hidden}, TensorOptions(dtype, x.device()));
   const Tensor h = kernels::fp8_gemm(xq.codes, kE4M3, xq.scale_inv, wfq.codes, kE4M3, wfq.scale_inv, b_fc, dtype,
                                      Fp8Epilogue::GeluAux, pre);  // h = gelu(pre), pre = x @ w_fc^T + b_fc
-  const Fp8Matrix hq = kernels::fp8_cast(h, kE4M3, true, need[3]);
-  const Fp8Matrix wpq = kernels::fp8_cast(w_proj, kE4M3, true, need_pre);
+  const Fp8Matrix hq = cast(h, kE4M3, {true, need[3], false}, of(h_proj, &LayerHistories::x));
+  const Fp8Matrix wpq = cast(w_proj, kE4M3, {true, need_pre, false}, of(h_proj, &LayerHistories::w));
   const Tensor out = raw::view(kernels::fp8_gemm(hq, wpq, b_proj, dtype), with_last(x, w_proj.size(0)));
   if (!grad) return out;
   record("gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, out,
          [need, need_pre, xs = x.sizes(), dtype, dt_fc, dt_proj, xq = transposed_only(xq), wfq = transposed_only(wfq),
-          hq = transposed_only(hq), wpq = transposed_only(wpq), pre = need_pre ? pre : Tensor()](const Grads& g) {
+          hq = transposed_only(hq), wpq = transposed_only(wpq), pre = need_pre ? pre : Tensor(), h_fc,
+          h_proj](const Grads& g) {
            Tensor gx, gw_fc, gb_fc, gw_proj, gb_proj;
            const Tensor g2 = raw::reshape(g[0], {-1, g[0].size(-1)});
            if (need_pre || need[3]) {
-             const Fp8Matrix gq = kernels::fp8_cast(g2, kE5M2, {need_pre, need[3], need[4]});
+             const Fp8Matrix gq = cast(g2, kE5M2, {need_pre, need[3], need[4]}, of(h_proj, &LayerHistories::g));
              if (need[4]) gb_proj = bias_grad_from_sums(gq.column_sums, dt_proj);
              if (need[3]) gw_proj = gemm_tt(gq, hq, dt_proj);
              if (need_pre) {
                // g_pre = (g @ w_proj) * gelu'(pre): the GEMM, then the derivative in the pass that
-               // takes g_pre's amax for its cast (or in the GEMM's epilogue when nothing casts it).
+               // takes g_pre's amax for its cast under current scaling; in the GEMM's epilogue where
+               // no pass takes an amax (delayed scaling, or nothing casts g_pre).
                Tensor g_pre;
-               if (need[0] || need[1]) {
+               if ((need[0] || need[1]) && h_fc) {
+                 g_pre = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv, Tensor(),
+                                           dtype, Fp8Epilogue::DGelu, pre);
+                 const Fp8Matrix gpq = cast(g_pre, kE5M2, {need[0], need[1], need[2]}, &h_fc->g);
+                 if (need[2]) gb_fc = bias_grad_from_sums(gpq.column_sums, dt_fc);
+                 if (need[1]) gw_fc = gemm_tt(gpq, xq, dt_fc);
+                 if (need[0]) gx = raw::view(gemm_t(gpq, wfq, dtype), xs);
+               } else if (need[0] || need[1]) {
                  g_pre = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv, Tensor(),
                                            dtype);
                  const Fp8Matrix gpq = kernels::fp8_cast_gelu_backward(g_pre, pre, kE5M2, {need[0], need[1], need[2]});

@@ -39,6 +39,8 @@
 //   --fp8-min-features N  with --fp8: only the linears at least N features wide (in and out);
 //                      default the recipe's (mg::kFp8DefaultMinFeatures, 1280), 0: every linear
 //                      (" fp8>=N" where N is not the default)
+//   --fp8-delayed      with --fp8: delayed scaling (each cast's scale from the operand's recent
+//                      casts' amax, mg::Fp8Scaling::Delayed) instead of current (" delayed")
 //   --host-params      GPT: the blocks' Linear weights and biases in pinned host memory with their
 //                      gradients and optimizer state, the optimizer stepping them on the CPU, the
 //                      device holding their bf16 casts (memory::HostParams; " host params")
@@ -290,6 +292,7 @@ Result run(StepFn& step, int warmup, int steps, mg::Device dev) {
 std::string g_optimizer = "sgd";
 bool g_fp8 = false;  // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast) inside the autocast region
 int64_t g_fp8_min_features = mg::kFp8DefaultMinFeatures;  // --fp8-min-features N
+bool g_fp8_delayed = false;                               // --fp8-delayed: mg::Fp8Scaling::Delayed
 // --no-step-casts: AdamW does not write the next forward's bf16 casts in its update (the forward
 // casts each weight as it reads it): 2 bytes a parameter fewer between the step and the forward.
 bool g_step_casts = true;
@@ -373,7 +376,7 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBack
       mg::profiler::Range r("forward", "phase");
       mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
                       g_dtype != mg::DType::f32);
-      mg::Fp8Autocast fp8(g_fp8, g_fp8_min_features);
+      mg::Fp8Autocast fp8(g_fp8, g_fp8_min_features, g_fp8_delayed ? mg::Fp8Scaling::Delayed : mg::Fp8Scaling::Current);
       loss = loss_of();
     }
     phase_end(g_phases.forward);
@@ -586,6 +589,7 @@ int run_main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--channels-last")) channels_last = true;
     if (!std::strcmp(argv[i], "--host-params")) host_params = true;  // a switch: read here, last or not
     if (!std::strcmp(argv[i], "--fp8")) g_fp8 = true;
+    if (!std::strcmp(argv[i], "--fp8-delayed")) g_fp8_delayed = true;
   }
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--dtype"))
@@ -663,8 +667,10 @@ int run_main(int argc, char** argv) {
   }
   const std::string tag =
       " " + dtype + (dtype == "f32" ? "" : " autocast") +
-      (g_fp8 ? " fp8" + (g_fp8_min_features != mg::kFp8DefaultMinFeatures ? ">=" + std::to_string(g_fp8_min_features)
-                                                                          : std::string())
+      (g_fp8 ? " fp8" +
+                   (g_fp8_min_features != mg::kFp8DefaultMinFeatures ? ">=" + std::to_string(g_fp8_min_features)
+                                                                     : std::string()) +
+                   (g_fp8_delayed ? " delayed" : "")
              : "") +
       (tf32 ? " TF32" : "") + (channels_last ? " channels_last" : "") +
       (g_optimizer == "adamw"       ? " AdamW"

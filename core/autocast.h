@@ -25,6 +25,8 @@ struct AutocastState {
   bool fp8 = false;
   // ... for linears whose in and out features are both at least this many.
   int64_t fp8_min_features = 0;
+  // ... with each cast's scale from its own amax (false) or from the operand's recent casts'.
+  bool fp8_delayed = false;
 
   bool enabled(DeviceType t) const { return t == DeviceType::CUDA ? cuda_enabled : cpu_enabled; }
   DType dtype(DeviceType t) const { return t == DeviceType::CUDA ? cuda_dtype : cpu_dtype; }
@@ -79,10 +81,16 @@ class Autocast {
 // The default is where it did on an H100 (docs/mixed_precision.md): GPT-2 with every linear in
 // FP8 was slower than bf16 at 768 and 1024 features and faster at 1280 and 1600, so GPT-2 124M
 // and medium keep bf16 under the default recipe; min_features = 0 puts every linear in FP8.
+// Fp8Scaling::Delayed takes each cast's scale from the largest amax of the same operand's
+// previous casts (kernels/fp8.h, Fp8History) instead of a pass over the tensor for its own amax
+// first: one pass over each operand instead of two, with values beyond what the history expected
+// saturating (autograd/fp8_linear.h says how operands are told apart).
 inline constexpr int64_t kFp8DefaultMinFeatures = 1280;
+enum class Fp8Scaling { Current, Delayed };
 class Fp8Autocast {
  public:
-  explicit Fp8Autocast(bool enabled = true, int64_t min_features = kFp8DefaultMinFeatures);
+  explicit Fp8Autocast(bool enabled = true, int64_t min_features = kFp8DefaultMinFeatures,
+                       Fp8Scaling scaling = Fp8Scaling::Current);
   ~Fp8Autocast();
   Fp8Autocast(const Fp8Autocast&) = delete;
   Fp8Autocast& operator=(const Fp8Autocast&) = delete;
@@ -90,6 +98,7 @@ class Fp8Autocast {
  private:
   bool prev_;
   int64_t prev_min_;
+  bool prev_delayed_;
 };
 
 }  // namespace mg

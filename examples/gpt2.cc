@@ -156,7 +156,7 @@ double eval_loss(Run& r) {
   r.model->eval();
   NoGradGuard ng;
   Autocast ac(r.device.type, r.amp_dtype, r.amp);
-  Fp8Autocast fp8(r.f.fp8, r.f.fp8_min_features);
+  Fp8Autocast fp8(r.f.fp8, r.f.fp8_min_features, r.f.fp8_delayed ? Fp8Scaling::Delayed : Fp8Scaling::Current);
   double total = 0;
   for (int64_t i = 0; i < r.f.eval_iters; ++i) {  // fixed windows: the same every time
     std::vector<int64_t> offsets(r.micro);
@@ -569,7 +569,7 @@ int train(Run& r) {
       if (r.ddp && ++m < f.grad_accum) no_sync.emplace(*r.ddp);  // reduce once, after the last
       MemoryCategoryGuard act(MemoryCategory::Activations);
       Autocast ac(r.device.type, r.amp_dtype, r.amp);
-      Fp8Autocast fp8(r.f.fp8, r.f.fp8_min_features);
+      Fp8Autocast fp8(r.f.fp8, r.f.fp8_min_features, r.f.fp8_delayed ? Fp8Scaling::Delayed : Fp8Scaling::Current);
       // The head and loss as one node (no logits); DDP's forward is the wrapper's, so it
       // keeps the logits form.
       return scaler.scale(r.ddp ? nn::GPT::loss(r.forward_module()(xb), yb) : r.model->forward_loss(xb, yb));
@@ -651,6 +651,7 @@ int train(Run& r) {
       {"amp", f.amp},
       {"fp8", f.fp8},
       {"fp8_min_features", f.fp8_min_features},
+      {"fp8_delayed", f.fp8_delayed},
       {"recompute", f.recompute},
       {"zero", zero != nullptr || zero3},
       {"zero_stage", zero || zero3 ? f.zero_stage : 0},

@@ -45,6 +45,8 @@ Memory and speed:
                        e5m2 gradients, per-tensor current scaling; mg::Fp8Autocast), those whose
                        in and out features are at least --fp8-min-features N (default 1280,
                        where FP8 paid on an H100: GPT-2 124M and medium keep bf16; 0: every one)
+  --fp8-delayed        with --fp8: delayed scaling (each cast's scale from the largest amax of the
+                       operand's previous 16 casts: one pass over each operand instead of two)
   --recompute MODE     none (default), per-block (checkpoint every block), per-block-keep (every
                        block checkpointed keeping its attention and MLP outputs and weight casts:
                        about half the replay), selective (rebuild norms, GELU, dropout),
@@ -189,6 +191,7 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
                    {"--zero", {&f.zero, true}},
                    {"--zero-offload", {&f.zero_offload, true}},
                    {"--fp8", {&f.fp8, true}},
+                   {"--fp8-delayed", {&f.fp8_delayed, true}},
                    {"--print-logits", {&f.print_logits, true}}},
       .fields =
           {
@@ -264,6 +267,7 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
            f.val_fraction);
   MG_CHECK(f.model.dropout >= 0 && f.model.dropout < 1, ValueError, "--dropout must be in [0, 1)");
   MG_CHECK(f.fp8_min_features >= 0, ValueError, "--fp8-min-features must be >= 0, got ", f.fp8_min_features);
+  MG_CHECK(!f.fp8_delayed || f.fp8, ValueError, "--fp8-delayed is a scaling for --fp8: give --fp8 too");
   MG_CHECK(!f.fp8 || f.amp != "off", ValueError,
            "--fp8 runs the linear layers inside the autocast region: it needs --amp bf16 or f16");
   MG_CHECK(f.amp == "off" || f.amp == "bf16" || f.amp == "f16", ValueError, "unknown --amp \"", f.amp,

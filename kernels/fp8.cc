@@ -62,6 +62,42 @@ Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, in
   return codes_of(op, xc, fp8_current_scale(xc, format, margin), format, outputs);
 }
 
+Fp8Matrix fp8_cast_delayed(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, Fp8History& history, int margin) {
+  const char* op = "fp8_cast_delayed";
+  check_cast_input(op, "x", x);
+  MG_CHECK(x.dim() == 2, ShapeError, op, ": x must be 2-D, got ", shape_str(x.sizes()));
+  MG_CHECK(outputs.rows || outputs.transposed, ValueError, op, ": asked for neither the codes nor their transpose");
+  MG_CHECK(margin >= 0, ValueError, op, ": margin must be >= 0, got ", margin);
+  constexpr int kSlots = kFp8HistoryLen + 2;
+  if (history.amax.defined())
+    MG_CHECK(
+        history.amax.device() == x.device() && history.amax.numel() == kSlots && history.amax.dtype() == DType::f32,
+        DeviceError, op, ": the history is ", shape_str(history.amax.sizes()), " on ", history.amax.device(), ", x on ",
+        x.device(), " (want f32 [", kSlots, "] on x's device)");
+  const Tensor xc = raw::contiguous(x);
+  const int slot = static_cast<int>(history.casts % kSlots);
+  if (history.casts == 0 || !history.amax.defined()) {  // no history yet: current scaling starts it
+    history.amax = zeros({kSlots}, TensorOptions(DType::f32, x.device()));
+    history.casts = 0;
+    const Fp8Scale s = fp8_current_scale(xc, format, margin);
+    raw::copy_(raw::slice(history.amax, 0, 0, 1, 1), s.amax);
+    ++history.casts;
+    return codes_of(op, xc, s, format, outputs);
+  }
+  Fp8Matrix m;
+  m.format = format;
+  m.scale_inv = empty({1}, TensorOptions(DType::f32, x.device()));
+  const TensorOptions u8(DType::u8, x.device());
+  if (outputs.rows) m.codes = empty(xc.sizes(), u8);
+  if (outputs.transposed) m.codes_t = empty({xc.size(1), xc.size(0)}, u8);
+  if (outputs.column_sums) m.column_sums = empty({xc.size(1)}, TensorOptions(DType::f32, x.device()));
+  backend(x.device(), op)
+      .fp8_quantize_transpose_delayed(xc, history.amax, slot, format, margin, m.scale_inv, m.codes, m.codes_t,
+                                      m.column_sums);
+  ++history.casts;
+  return m;
+}
+
 Fp8Matrix fp8_cast_gelu_backward(const Tensor& g, const Tensor& pre, Fp8Format format, Fp8CastOutputs outputs,
                                  int margin) {
   const char* op = "fp8_cast_gelu_backward";

@@ -54,6 +54,25 @@ inline Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, bool rows, bool tra
   return fp8_cast(x, format, Fp8CastOutputs{rows, transposed, false}, margin);
 }
 
+// Delayed scaling: the scale of a cast comes from the largest amax of the same operand's previous
+// kFp8HistoryLen casts (an operand: a linear layer's input, weight or output gradient across
+// steps), and the cast takes its own amax for the casts after it in the pass that writes the codes:
+// one pass over x where current scaling reads it twice (amax, then codes). A value beyond what
+// the history expected saturates at the format's largest finite value, and the next casts' scale
+// makes room for it. The first cast of a history has none: it is cast with current scaling, whose
+// amax starts the history. The history lives on x's device; `casts` counts on the host, so a cast
+// captured in a CUDA graph would replay one slot for ever: the recipe casts with current scaling
+// while a graph is being captured.
+inline constexpr int kFp8HistoryLen = 16;
+struct Fp8History {
+  Tensor amax;        // f32 [kFp8HistoryLen + 2], made at the first cast (fp8_math::history_max_bits)
+  int64_t casts = 0;  // the casts made with this history
+};
+// x [R, C] cast as fp8_cast casts it, with delayed scaling from `history` (which it updates).
+// Errors as fp8_cast's, and DeviceError for a history on another device.
+Fp8Matrix fp8_cast_delayed(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, Fp8History& history,
+                           int margin = 0);
+
 // The FP8 MLP backward's cast of the gradient reaching GELU's input: g (f32, f16 or bf16 [R, C],
 // contiguous; the gradient at GELU's output, overwritten) becomes g * gelu_tanh'(pre), the values
 // binary(GeluTanhBackward) gives, and is cast as fp8_cast casts it. On CUDA the derivative and

@@ -48,7 +48,7 @@ inline uint8_t encode(float x, const Format& f) {
   const float a = std::fabs(x);
   if (!(a < f.max_finite)) return sign | f.max_code;  // >= the largest finite, or inf
   if (a == 0.0f) return sign;
-  const int min_exp = 1 - f.bias;                     // the smallest normal's exponent
+  const int min_exp = 1 - f.bias;  // the smallest normal's exponent
   int e;
   std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1)
   e -= 1;             // a = (1 + frac) 2^e
@@ -95,6 +95,21 @@ MG_FP8_HD float scale_for(float amax, const Format& f, int margin) {
   float s = f.max_finite / amax;
   for (int i = 0; i < margin; ++i) s *= 0.5f;
   return s > kMaxF32 ? kMaxF32 : s;
+}
+
+// Delayed scaling (kernels/fp8.h, Fp8History): a cast's scale comes from the amaxes of the same
+// operand's recent casts, kept as the bits of non-negative floats (a NaN as 0x7fc00000, above
+// every other magnitude's bits, so an unsigned max is the NaN-first max). Of the `slots` entries,
+// `cur` is the cast in flight's (its amax is being taken) and the one after it is zeroed for the
+// next cast; the largest of the others gives the scale.
+inline constexpr unsigned kNanAmaxBits = 0x7fc00000u;
+MG_FP8_HD int history_next(int cur, int slots) { return cur + 1 == slots ? 0 : cur + 1; }
+MG_FP8_HD unsigned history_max_bits(const unsigned* hist, int slots, int cur) {
+  const int next = history_next(cur, slots);
+  unsigned m = 0;
+  for (int i = 0; i < slots; ++i)
+    if (i != cur && i != next && hist[i] > m) m = hist[i];
+  return m;
 }
 
 }  // namespace mg::kernels::fp8_math

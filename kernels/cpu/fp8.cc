@@ -1,6 +1,7 @@
 // FP8 CPU loops: the reference for cuda/fp8.cu, with fp8_math.h's rounding and scale rule.
 #include <Eigen/Core>
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <vector>
 
@@ -103,6 +104,29 @@ void CpuBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp
         if (sums) sums[c] += v;  // row by row, in f32
       }
   });
+}
+
+template <>
+void CpuBackend::fp8_quantize_transpose_delayed(const Tensor& x, const Tensor& history, int slot, Fp8Format format,
+                                                int margin, const Tensor& scale_inv, const Tensor& out,
+                                                const Tensor& out_t, const Tensor& col_sums) {
+  const int slots = static_cast<int>(history.numel());
+  auto* hist = static_cast<unsigned*>(history.raw_data());
+  const float sc = fp8_math::scale_for(std::bit_cast<float>(fp8_math::history_max_bits(hist, slots, slot)),
+                                       format_of(format), margin);
+  const Tensor s = empty({1}, TensorOptions(DType::f32));
+  *s.data_ptr<float>() = sc;
+  fp8_quantize_transpose(x, s, format, out, out_t, col_sums);
+  *scale_inv.data_ptr<float>() = 1.0f / sc;
+  unsigned m = 0;
+  with_floats(x, [&](auto at, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float a = std::fabs(at(i));
+      m = std::max(m, std::isnan(a) ? fp8_math::kNanAmaxBits : std::bit_cast<unsigned>(a));
+    }
+  });
+  hist[slot] = std::max(hist[slot], m);
+  hist[fp8_math::history_next(slot, slots)] = 0;
 }
 
 // The reference FP8 GEMM: the codes decoded exactly to f32 (every e4m3 and e5m2 value is an f32),

@@ -204,24 +204,58 @@ __device__ __forceinline__ void tile_column_sums(const float (&acc)[V], float* c
   }
 }
 
+// Delayed scaling's arguments (Backend::fp8_quantize_transpose_delayed); hist null: the scale is
+// *scale (current scaling, set by the kernels ahead).
+struct Delayed {
+  unsigned* hist = nullptr;  // the history's amax bits (fp8_math::history_max_bits)
+  int slots = 0, slot = 0;
+  fp8_math::Format f{};
+  int margin = 0;
+  float* scale_inv = nullptr;  // 1 / the scale used, written by block (0, 0)
+};
+__device__ __forceinline__ float tile_scale(const float* scale, const Delayed& d) {
+  if (!d.hist) return *scale;
+  const float s =
+      fp8_math::scale_for(__uint_as_float(fp8_math::history_max_bits(d.hist, d.slots, d.slot)), d.f, d.margin);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
+    *d.scale_inv = __frcp_rn(s);
+    d.hist[fp8_math::history_next(d.slot, d.slots)] = 0;  // no block reads that slot
+  }
+  return s;
+}
+// The tile's max |x| (abs_bits of each thread's m) into the history's slot. A block is kTileRows
+// warps of kTile threads (warp = threadIdx.y); every thread calls it.
+__device__ __forceinline__ void tile_amax_to_history(unsigned m, const Delayed& d) {
+  __shared__ unsigned warp_max[kTileRows];
+  for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_down_sync(0xffffffffu, m, off));
+  if (threadIdx.x == 0) warp_max[threadIdx.y] = m;
+  __syncthreads();
+  if (threadIdx.x != 0 || threadIdx.y != 0) return;
+  for (int w = 1; w < kTileRows; ++w) m = max(m, warp_max[w]);
+  atomicMax(d.hist + d.slot, m);
+}
+
 template <class T>
 __global__ void quantize_transpose_kernel(const T* x, const float* scale, __nv_fp8_interpretation_t kind, uint8_t* q,
-                                          uint8_t* qt, int64_t rows, int64_t cols, float* col_partial) {
+                                          uint8_t* qt, int64_t rows, int64_t cols, float* col_partial, Delayed d) {
   __shared__ float tile[kTile][kTile + 1];
   wait_for_previous();  // launched dependent: the scale is the kernel ahead's output
-  const float s = *scale;
+  const float s = tile_scale(scale, d);
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   float acc[1] = {0.0f};
+  unsigned m = 0;
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
     if (r < rows && c < cols) {
       const float x_f = to_f(x[r * cols + c]);
       acc[0] += x_f;
+      m = max(m, abs_bits(x_f));
       const float v = x_f * s;
       tile[i][threadIdx.x] = v;
       if (q) q[r * cols + c] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, kind);
     }
   }
+  if (d.hist) tile_amax_to_history(m, d);
   if (col_partial) tile_column_sums<1>(acc, col_partial, c0, cols);
   if (!qt) return;
   __syncthreads();
@@ -282,41 +316,50 @@ void CudaBackend::fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format
 constexpr int kWideCols = 128;
 template <class T>
 __global__ void quantize_transpose_vec_kernel(const T* x, const float* scale, __nv_fp8_interpretation_t kind,
-                                              uint8_t* q, uint8_t* qt, int64_t rows, int64_t cols, float* col_partial) {
+                                              uint8_t* q, uint8_t* qt, int64_t rows, int64_t cols, float* col_partial,
+                                              Delayed d, int row_tiles) {
   __shared__ __align__(4) uint8_t tile[kTile][kWideCols + 4];
   wait_for_previous();  // launched dependent: the scale is the kernel ahead's output
-  const float s = *scale;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kWideCols;
+  const float s = tile_scale(scale, d);
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kWideCols;
   const int64_t c = c0 + 4 * threadIdx.x;
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-    const int64_t r = r0 + i;
-    if (r < rows && c < cols) {
-      float v[4];
-      load4(x + r * cols + c, v);
-      uint32_t packed = 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        acc[j] += v[j];
-        packed |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[j] * s, __NV_SATFINITE, kind)) << (8 * j);
-      }
-      *reinterpret_cast<uint32_t*>(&tile[i][4 * threadIdx.x]) = packed;
-      if (q) *reinterpret_cast<uint32_t*>(q + r * cols + c) = packed;
-    }
-  }
-  if (col_partial) tile_column_sums<4>(acc, col_partial, c0, cols);  // its barrier also orders the tile's writes
-  if (!qt) return;
-  __syncthreads();
   const int t = threadIdx.y * kTile + threadIdx.x;
-  for (int item = t; item < kWideCols * (kTile / 4); item += kTile * kTileRows) {
-    const int cc = item / (kTile / 4), g = item % (kTile / 4);  // the tile's column, its 4-row group
-    const int64_t col = c0 + cc, r = r0 + 4 * g;
-    if (col < cols && r < rows) {
-      const uint32_t packed = tile[4 * g][cc] | (tile[4 * g + 1][cc] << 8) | (tile[4 * g + 2][cc] << 16) |
-                              (static_cast<uint32_t>(tile[4 * g + 3][cc]) << 24);
-      *reinterpret_cast<uint32_t*>(qt + col * rows + r) = packed;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  unsigned m = 0;
+  for (int rt = 0; rt < row_tiles; ++rt) {
+    const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * row_tiles + rt) * kTile;
+    if (r0 >= rows) break;
+    if (rt > 0 && qt) __syncthreads();  // the tile before is written out before this one overwrites it
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t r = r0 + i;
+      if (r < rows && c < cols) {
+        float v[4];
+        load4(x + r * cols + c, v);
+        uint32_t packed = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          acc[j] += v[j];
+          m = max(m, abs_bits(v[j]));
+          packed |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[j] * s, __NV_SATFINITE, kind)) << (8 * j);
+        }
+        *reinterpret_cast<uint32_t*>(&tile[i][4 * threadIdx.x]) = packed;
+        if (q) *reinterpret_cast<uint32_t*>(q + r * cols + c) = packed;
+      }
+    }
+    if (!qt) continue;
+    __syncthreads();
+    for (int item = t; item < kWideCols * (kTile / 4); item += kTile * kTileRows) {
+      const int cc = item / (kTile / 4), g = item % (kTile / 4);  // the tile's column, its 4-row group
+      const int64_t col = c0 + cc, r = r0 + 4 * g;
+      if (col < cols && r < rows) {
+        const uint32_t packed = tile[4 * g][cc] | (tile[4 * g + 1][cc] << 8) | (tile[4 * g + 2][cc] << 16) |
+                                (static_cast<uint32_t>(tile[4 * g + 3][cc]) << 24);
+        *reinterpret_cast<uint32_t*>(qt + col * rows + r) = packed;
+      }
     }
   }
+  if (d.hist) tile_amax_to_history(m, d);
+  if (col_partial) tile_column_sums<4>(acc, col_partial, c0, cols);
 }
 
 namespace {
@@ -339,43 +382,70 @@ __global__ void column_sums_finalize_kernel(const float* partial, int count, int
 }
 }  // namespace
 
-template <>
-void CudaBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
-                                         const Tensor& out_t, const Tensor& col_sums) {
+namespace {
+void quantize_transpose(const Tensor& x, const float* scale, const Delayed& d, Fp8Format format, const Tensor& out,
+                        const Tensor& out_t, const Tensor& col_sums) {
   const int64_t rows = x.size(0), cols = x.size(1);
   if (rows == 0 || cols == 0) return;
   mg::cuda::DeviceGuard guard(x.device());
   cudaStream_t st = stream_of(x);
-  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
-  MG_CHECK(grid.y <= 65535, ShapeError, "fp8_quantize_transpose: ", rows, " rows is more than this kernel's ",
-           65535 * kTile);
   auto* q = out.defined() ? static_cast<uint8_t*>(out.raw_data()) : nullptr;
   auto* qt = out_t.defined() ? static_cast<uint8_t*>(out_t.raw_data()) : nullptr;
   const bool wide = rows % 4 == 0 && cols % 4 == 0 && aligned_to(x.raw_data(), 4 * dtype_size(x.dtype())) &&
                     aligned_to(q, 4) && aligned_to(qt, 4);
-  // The column sums: one row of partial sums a row of tiles, added by the finalize kernel.
+  // The 32 x 128 kernel takes up to 8 row tiles a block, as many as leave two blocks a slot of
+  // the device's (8 a multiprocessor): fewer blocks each adding an amax to the history and a row
+  // of column sums, and the scale found fewer times.
+  const int64_t row_tiles_total = (rows + kTile - 1) / kTile;
+  const int64_t col_blocks = wide ? (cols + kWideCols - 1) / kWideCols : (cols + kTile - 1) / kTile;
+  const int64_t slots = 8LL * sm_count(x.device());
+  const int row_tiles =
+      wide ? static_cast<int>(std::clamp<int64_t>(col_blocks * row_tiles_total / (2 * slots), 1, 8)) : 1;
+  const int64_t grid_y = (row_tiles_total + row_tiles - 1) / row_tiles;
+  MG_CHECK(grid_y <= 65535, ShapeError, "fp8_quantize_transpose: ", rows, " rows is more than this kernel's ",
+           65535LL * kTile * row_tiles);
+  const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(grid_y));
+  // The column sums: one row of partial sums a block row, added by the finalize kernel.
   Tensor partial;
-  if (col_sums.defined()) partial = empty({static_cast<int64_t>(grid.y), cols}, TensorOptions(DType::f32, x.device()));
+  if (col_sums.defined()) partial = empty({grid_y, cols}, TensorOptions(DType::f32, x.device()));
   float* part = partial.defined() ? data_as<float>(partial) : nullptr;
   dispatch_half_or_f32(x.dtype(), [&](auto t) {
     using T = decltype(t);
-    if (wide) {
-      const dim3 g(static_cast<unsigned>((cols + kWideCols - 1) / kWideCols), grid.y);
-      launch_dependent(quantize_transpose_vec_kernel<T>, g, dim3(kTile, kTileRows), 0, st,
-                       static_cast<const T*>(x.raw_data()), data_as<const float>(scale), kind_of(format), q, qt, rows,
-                       cols, part);
-      return;
-    }
-    launch_dependent(quantize_transpose_kernel<T>, grid, dim3(kTile, kTileRows), 0, st,
-                     static_cast<const T*>(x.raw_data()), data_as<const float>(scale), kind_of(format), q, qt, rows,
-                     cols, part);
+    if (wide)
+      launch_dependent(quantize_transpose_vec_kernel<T>, grid, dim3(kTile, kTileRows), 0, st,
+                       static_cast<const T*>(x.raw_data()), scale, kind_of(format), q, qt, rows, cols, part, d,
+                       row_tiles);
+    else
+      launch_dependent(quantize_transpose_kernel<T>, grid, dim3(kTile, kTileRows), 0, st,
+                       static_cast<const T*>(x.raw_data()), scale, kind_of(format), q, qt, rows, cols, part, d);
   });
   MG_CUDA_CHECK_LAUNCH("fp8_quantize_transpose");
   if (!part) return;
   launch_dependent(column_sums_finalize_kernel, dim3(static_cast<unsigned>((cols + kTile - 1) / kTile)),
-                   dim3(kTile, kTileRows), 0, st, static_cast<const float*>(part), static_cast<int>(grid.y), cols,
+                   dim3(kTile, kTileRows), 0, st, static_cast<const float*>(part), static_cast<int>(grid_y), cols,
                    data_as<float>(col_sums));
   MG_CUDA_CHECK_LAUNCH("fp8_quantize_transpose (column sums)");
+}
+}  // namespace
+
+template <>
+void CudaBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
+                                         const Tensor& out_t, const Tensor& col_sums) {
+  quantize_transpose(x, data_as<const float>(scale), Delayed{}, format, out, out_t, col_sums);
+}
+
+template <>
+void CudaBackend::fp8_quantize_transpose_delayed(const Tensor& x, const Tensor& history, int slot, Fp8Format format,
+                                                 int margin, const Tensor& scale_inv, const Tensor& out,
+                                                 const Tensor& out_t, const Tensor& col_sums) {
+  Delayed d;
+  d.hist = static_cast<unsigned*>(history.raw_data());
+  d.slots = static_cast<int>(history.numel());
+  d.slot = slot;
+  d.f = format == Fp8Format::E4M3 ? fp8_math::kE4M3 : fp8_math::kE5M2;
+  d.margin = margin;
+  d.scale_inv = data_as<float>(scale_inv);
+  quantize_transpose(x, nullptr, d, format, out, out_t, col_sums);
 }
 
 namespace {

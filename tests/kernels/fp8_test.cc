@@ -188,6 +188,45 @@ TEST(Fp8Ops, CastTakesTheColumnSumsOfTheValues) {
   EXPECT_FALSE(fp8_cast(x, Fp8Format::E5M2, true, true).column_sums.defined());
 }
 
+// Delayed scaling: the first cast of a history is current scaling's; each later one takes its
+// scale from the largest amax of the history's previous kFp8HistoryLen casts (a value beyond it
+// saturates), and its own amax joins the history for the casts after it.
+TEST(Fp8Ops, DelayedScalingUsesTheLargestAmaxOfTheRecentCasts) {
+  Generator g(8);
+  const Tensor base = raw::to_dtype(randn({32, 48}, {}, &g), DType::bf16);
+  const float a0 = fp8_current_scale(base, Fp8Format::E4M3).amax.item<float>();
+  Fp8History h;
+  const auto check = [&](const Tensor& x, float history_amax, const char* what) {
+    const Fp8Matrix m = fp8_cast_delayed(x, Fp8Format::E4M3, {true, true, true}, h);
+    const float scale = fp8_math::scale_for(history_amax, kE4M3, 0);
+    EXPECT_EQ(m.scale_inv.item<float>(), 1.0f / scale) << what;
+    const Tensor s = full({1}, scale);
+    EXPECT_EQ(m.codes.to_vector<uint8_t>(), fp8_quantize(x, s, Fp8Format::E4M3).to_vector<uint8_t>()) << what;
+    EXPECT_EQ(m.codes_t.to_vector<uint8_t>(),
+              fp8_quantize(raw::transpose(x, 0, 1), s, Fp8Format::E4M3).to_vector<uint8_t>())
+        << what;
+    EXPECT_TRUE(m.column_sums.defined()) << what;
+    return m;
+  };
+  check(base, a0, "the first cast: its own amax");
+  EXPECT_EQ(h.casts, 1);
+  check(mul_scalar(base, 0.25), a0, "a smaller tensor: the history's amax");
+  // Four times the history's amax: the largest values saturate at 448 (code 0x7e, or 0xfe negative).
+  const Fp8Matrix big = check(mul_scalar(base, 4.0), a0, "a larger tensor");
+  int saturated = 0;
+  for (uint8_t c : big.codes.to_vector<uint8_t>()) saturated += (c & 0x7f) == 0x7e;
+  EXPECT_GT(saturated, 0);
+  // The big cast's amax now leads the history for kFp8HistoryLen casts, then drops out.
+  for (int k = 0; k < kFp8HistoryLen - 1; ++k) check(mul_scalar(base, 0.5), 4.0f * a0, "after the big cast");
+  check(mul_scalar(base, 0.5), 4.0f * a0, "the big cast is the 16th before");
+  check(mul_scalar(base, 0.5), 0.5f * a0, "the big cast has left the history: the halves' amax");
+  EXPECT_EQ(h.casts, kFp8HistoryLen + 4);
+  Fp8History wrong;
+  wrong.amax = zeros({3});
+  wrong.casts = 1;
+  EXPECT_THROW(fp8_cast_delayed(base, Fp8Format::E4M3, {true, false, false}, wrong), DeviceError);
+}
+
 // Codes of random values in both formats, with a scale that is not a power of two.
 Fp8Matrix random_codes(int64_t rows, int64_t cols, Fp8Format f, uint64_t seed) {
   Generator g(seed);

@@ -220,7 +220,7 @@ TEST(Fp8Recipe, SmallGptTrainsAsUnderBf16) {
   Generator data(9);
   const Tensor idx = randint(0, cfg.vocab_size, {2, 16}, {DType::i64}, &data);
   const Tensor tgt = randint(0, cfg.vocab_size, {2, 16}, {DType::i64}, &data);
-  auto train = [&](bool fp8) {
+  auto train = [&](bool fp8, Fp8Scaling scaling) {
     Generator init(3);
     nn::GPT model(cfg, {}, &init);
     optim::AdamWOptions o;
@@ -232,7 +232,7 @@ TEST(Fp8Recipe, SmallGptTrainsAsUnderBf16) {
       Tensor loss;
       {
         Autocast ac(DeviceType::CPU, DType::bf16);
-        Fp8Autocast f(fp8, 0);
+        Fp8Autocast f(fp8, 0, scaling);
         loss = model.forward_loss(idx, tgt);
       }
       loss.backward();
@@ -247,11 +247,16 @@ TEST(Fp8Recipe, SmallGptTrainsAsUnderBf16) {
     }
     return losses;
   };
-  const std::vector<double> b = train(false), f = train(true);
-  std::printf("loss: bf16 %.4f -> %.4f, fp8 %.4f -> %.4f\n", b.front(), b.back(), f.front(), f.back());
-  EXPECT_NEAR(f.front(), b.front(), 0.02 * b.front());  // the first forward: the same model
-  EXPECT_LT(f.back(), 0.5 * f.front());                 // it learns the batch
-  EXPECT_NEAR(f.back(), b.back(), 0.15 * b.back() + 0.05);
+  const std::vector<double> b = train(false, Fp8Scaling::Current);
+  for (Fp8Scaling scaling : {Fp8Scaling::Current, Fp8Scaling::Delayed}) {
+    const std::vector<double> f = train(true, scaling);
+    const char* name = scaling == Fp8Scaling::Current ? "current" : "delayed";
+    std::printf("loss: bf16 %.4f -> %.4f, fp8 (%s scaling) %.4f -> %.4f\n", b.front(), b.back(), name, f.front(),
+                f.back());
+    EXPECT_NEAR(f.front(), b.front(), 0.02 * b.front()) << name;  // the first forward: the same model
+    EXPECT_LT(f.back(), 0.5 * f.front()) << name;                 // it learns the batch
+    EXPECT_NEAR(f.back(), b.back(), 0.15 * b.back() + 0.05) << name;
+  }
 }
 
 }  // namespace

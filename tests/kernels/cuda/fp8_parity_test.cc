@@ -154,15 +154,15 @@ TEST_F(Fp8Parity, CastAndTransposeMatchTheCpu) {
 }
 
 // The column sums a cast takes (a linear's bias gradient) on the device, through the 32 x 128
-// tile kernel (rows and columns multiples of 4) and the 32 x 32 one (any shape, and a start not 4
-// elements aligned), against the CPU's row-by-row f32 sums: the device adds each tile's rows, then
-// the tiles, in another order. Both are within R * 2^-24 * sum |x| of the exact sum (f32's
-// rounding of each of R - 1 additions, 2^-24 of the running magnitude), so they differ by at
-// most twice that. The codes are the CPU's bit for bit, with the sums asked or not.
+// tile kernel (rows and columns multiples of 4; [3104, 8192] takes 2 row tiles a block on an H100,
+// the last block 1) and the 32 x 32 one (any shape, and a start not 4 elements aligned), against the CPU's row-by-row
+// f32 sums: the device adds each tile's rows, then the tiles, in another order. Both are within R * 2^-24 * sum |x| of
+// the exact sum (f32's rounding of each of R - 1 additions, 2^-24 of the running magnitude), so they differ by at most
+// twice that. The codes are the CPU's bit for bit, with the sums asked or not.
 TEST_F(Fp8Parity, CastColumnSumsMatchTheCpuWithinF32Rounding) {
   Generator g(13);
   for (DType dt : {DType::f32, DType::bf16})
-    for (Shape shape : {Shape{256, 640}, Shape{200, 72}, Shape{33, 37}})
+    for (Shape shape : {Shape{256, 640}, Shape{200, 72}, Shape{33, 37}, Shape{3104, 8192}})
       for (int64_t start : {0, 1}) {
         const int64_t n = shape_numel(shape), R = shape[0], C = shape[1];
         const Tensor flat = raw::to_dtype(randn({n + start}, {}, &g), dt);
@@ -181,6 +181,32 @@ TEST_F(Fp8Parity, CastColumnSumsMatchTheCpuWithinF32Rounding) {
           ASSERT_NEAR(a[col], b[col], 2.0 * R * 0x1p-24 * mag) << what << " column " << col;
         }
       }
+}
+
+// Delayed scaling on the device against the CPU over a run of casts whose amax rises and falls
+// (past the history's, so some values saturate, and back): the same scale_inv, codes, transposed
+// codes and history bits after every cast, through the 32 x 128 tile kernel (one row tile a
+// block, and two for [3104, 8192] on an H100) and the 32 x 32 one.
+TEST_F(Fp8Parity, DelayedScalingMatchesTheCpuCastForCast) {
+  Generator g(14);
+  for (Shape shape : {Shape{256, 640}, Shape{33, 37}, Shape{3104, 8192}}) {
+    kernels::Fp8History hc, hd;
+    const Tensor base = raw::to_dtype(randn(shape, {}, &g), DType::bf16);
+    const double factors[] = {1.0, 0.5, 8.0, 0.25, 3.0, 1.0, 0.125, 2.0};
+    const int casts = shape[0] > 1000 ? 6 : 2 * kernels::kFp8HistoryLen + 4;
+    for (int k = 0; k < casts; ++k) {
+      const Tensor x = raw::to_dtype(kernels::mul_scalar(base, factors[k % 8] * (k < 20 ? 1.0 : 0.01)), DType::bf16);
+      const kernels::Fp8Matrix c = kernels::fp8_cast_delayed(x, Fp8Format::E5M2, {true, true, false}, hc);
+      const kernels::Fp8Matrix d = kernels::fp8_cast_delayed(to_cuda(x), Fp8Format::E5M2, {true, true, false}, hd);
+      const std::string what = shape_str(shape) + " cast " + std::to_string(k);
+      ASSERT_TRUE(same_bits(c.scale_inv.item<float>(), d.scale_inv.cpu().item<float>())) << what;
+      ASSERT_EQ(c.codes.to_vector<uint8_t>(), d.codes.cpu().to_vector<uint8_t>()) << what;
+      ASSERT_EQ(c.codes_t.to_vector<uint8_t>(), d.codes_t.cpu().to_vector<uint8_t>()) << what;
+      const std::vector<float> a = hc.amax.to_vector<float>(), b = hd.amax.cpu().to_vector<float>();
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_TRUE(same_bits(a[i], b[i])) << what << " slot " << i;
+    }
+    EXPECT_EQ(hd.casts, casts);
+  }
 }
 
 // fp8_cast_gelu_backward's one pass (the derivative and the amax) against the device's own
