@@ -162,13 +162,14 @@ Tensor fp8_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, con
              if (need[3]) gw_proj = gemm_tt(gq, hq, dt_proj);
              if (need_pre) {
                // g_pre = (g @ w_proj) * gelu'(pre): the GEMM, then the derivative in the pass that
-               // takes g_pre's amax for its cast under current scaling; in the GEMM's epilogue where
-               // no pass takes an amax (delayed scaling, or nothing casts g_pre).
+               // casts g_pre under delayed scaling (g_pre never written), in the pass that takes its
+               // amax under current scaling, in the GEMM's epilogue when nothing casts it.
                Tensor g_pre;
                if ((need[0] || need[1]) && h_fc) {
-                 g_pre = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv, Tensor(),
-                                           dtype, Fp8Epilogue::DGelu, pre);
-                 const Fp8Matrix gpq = cast(g_pre, kE5M2, {need[0], need[1], need[2]}, &h_fc->g);
+                 const Tensor g_h = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv,
+                                                      Tensor(), dtype);  // the gradient at GELU's output
+                 const Fp8Matrix gpq =
+                     kernels::fp8_cast_gelu_backward_delayed(g_h, pre, kE5M2, {need[0], need[1], need[2]}, h_fc->g);
                  if (need[2]) gb_fc = bias_grad_from_sums(gpq.column_sums, dt_fc);
                  if (need[1]) gw_fc = gemm_tt(gpq, xq, dt_fc);
                  if (need[0]) gx = raw::view(gemm_t(gpq, wfq, dtype), xs);

@@ -62,40 +62,67 @@ Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, in
   return codes_of(op, xc, fp8_current_scale(xc, format, margin), format, outputs);
 }
 
-Fp8Matrix fp8_cast_delayed(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, Fp8History& history, int margin) {
-  const char* op = "fp8_cast_delayed";
-  check_cast_input(op, "x", x);
-  MG_CHECK(x.dim() == 2, ShapeError, op, ": x must be 2-D, got ", shape_str(x.sizes()));
+namespace {
+// fp8_cast_delayed of xc (contiguous, checked), of binary(GeluTanhBackward, xc, pre) where pre is
+// defined.
+Fp8Matrix delayed_cast(const char* op, const Tensor& xc, const Tensor& pre, Fp8Format format, Fp8CastOutputs outputs,
+                       Fp8History& history, int margin) {
   MG_CHECK(outputs.rows || outputs.transposed, ValueError, op, ": asked for neither the codes nor their transpose");
   MG_CHECK(margin >= 0, ValueError, op, ": margin must be >= 0, got ", margin);
   constexpr int kSlots = kFp8HistoryLen + 2;
   if (history.amax.defined())
     MG_CHECK(
-        history.amax.device() == x.device() && history.amax.numel() == kSlots && history.amax.dtype() == DType::f32,
+        history.amax.device() == xc.device() && history.amax.numel() == kSlots && history.amax.dtype() == DType::f32,
         DeviceError, op, ": the history is ", shape_str(history.amax.sizes()), " on ", history.amax.device(), ", x on ",
-        x.device(), " (want f32 [", kSlots, "] on x's device)");
-  const Tensor xc = raw::contiguous(x);
-  const int slot = static_cast<int>(history.casts % kSlots);
+        xc.device(), " (want f32 [", kSlots, "] on x's device)");
   if (history.casts == 0 || !history.amax.defined()) {  // no history yet: current scaling starts it
-    history.amax = zeros({kSlots}, TensorOptions(DType::f32, x.device()));
+    const Tensor v = pre.defined() ? binary(Binary::GeluTanhBackward, xc, pre) : xc;
+    history.amax = zeros({kSlots}, TensorOptions(DType::f32, xc.device()));
     history.casts = 0;
-    const Fp8Scale s = fp8_current_scale(xc, format, margin);
+    const Fp8Scale s = fp8_current_scale(v, format, margin);
     raw::copy_(raw::slice(history.amax, 0, 0, 1, 1), s.amax);
     ++history.casts;
-    return codes_of(op, xc, s, format, outputs);
+    return codes_of(op, v, s, format, outputs);
   }
+  const int slot = static_cast<int>(history.casts % kSlots);
   Fp8Matrix m;
   m.format = format;
-  m.scale_inv = empty({1}, TensorOptions(DType::f32, x.device()));
-  const TensorOptions u8(DType::u8, x.device());
+  m.scale_inv = empty({1}, TensorOptions(DType::f32, xc.device()));
+  const TensorOptions u8(DType::u8, xc.device());
   if (outputs.rows) m.codes = empty(xc.sizes(), u8);
   if (outputs.transposed) m.codes_t = empty({xc.size(1), xc.size(0)}, u8);
-  if (outputs.column_sums) m.column_sums = empty({xc.size(1)}, TensorOptions(DType::f32, x.device()));
-  backend(x.device(), op)
-      .fp8_quantize_transpose_delayed(xc, history.amax, slot, format, margin, m.scale_inv, m.codes, m.codes_t,
+  if (outputs.column_sums) m.column_sums = empty({xc.size(1)}, TensorOptions(DType::f32, xc.device()));
+  backend(xc.device(), op)
+      .fp8_quantize_transpose_delayed(xc, pre, history.amax, slot, format, margin, m.scale_inv, m.codes, m.codes_t,
                                       m.column_sums);
   ++history.casts;
   return m;
+}
+
+// g and pre as the GELU-backward casts take them: one shape, dtype and device.
+void check_gelu_pair(const char* op, const Tensor& g, const Tensor& pre) {
+  check_cast_input(op, "g", g);
+  MG_CHECK(g.dim() == 2, ShapeError, op, ": g must be 2-D, got ", shape_str(g.sizes()));
+  MG_CHECK(pre.defined() && pre.dtype() == g.dtype(), DTypeError, op, ": pre must be ", dtype_name(g.dtype()),
+           " as g is, got ", pre.defined() ? dtype_name(pre.dtype()) : "an undefined tensor");
+  MG_CHECK(pre.sizes() == g.sizes(), ShapeError, op, ": pre ", shape_str(pre.sizes()), " and g ", shape_str(g.sizes()),
+           " differ in shape");
+  MG_CHECK(pre.device() == g.device(), DeviceError, op, ": pre is on ", pre.device(), ", g on ", g.device());
+}
+}  // namespace
+
+Fp8Matrix fp8_cast_delayed(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, Fp8History& history, int margin) {
+  const char* op = "fp8_cast_delayed";
+  check_cast_input(op, "x", x);
+  MG_CHECK(x.dim() == 2, ShapeError, op, ": x must be 2-D, got ", shape_str(x.sizes()));
+  return delayed_cast(op, raw::contiguous(x), Tensor(), format, outputs, history, margin);
+}
+
+Fp8Matrix fp8_cast_gelu_backward_delayed(const Tensor& g, const Tensor& pre, Fp8Format format, Fp8CastOutputs outputs,
+                                         Fp8History& history, int margin) {
+  const char* op = "fp8_cast_gelu_backward_delayed";
+  check_gelu_pair(op, g, pre);
+  return delayed_cast(op, raw::contiguous(g), raw::contiguous(pre), format, outputs, history, margin);
 }
 
 Fp8Matrix fp8_cast_gelu_backward(const Tensor& g, const Tensor& pre, Fp8Format format, Fp8CastOutputs outputs,

@@ -72,6 +72,12 @@ struct Fp8History {
 // Errors as fp8_cast's, and DeviceError for a history on another device.
 Fp8Matrix fp8_cast_delayed(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, Fp8History& history,
                            int margin = 0);
+// The FP8 MLP backward's cast of the gradient reaching GELU's input under delayed scaling: the
+// codes of g * gelu_tanh'(pre) (binary(GeluTanhBackward)'s values; g and pre [R, C] of one shape
+// and dtype, g not written), the derivative taken in the cast's pass: nothing writes it in bf16.
+// Errors as fp8_cast_gelu_backward's.
+Fp8Matrix fp8_cast_gelu_backward_delayed(const Tensor& g, const Tensor& pre, Fp8Format format, Fp8CastOutputs outputs,
+                                         Fp8History& history, int margin = 0);
 
 // The FP8 MLP backward's cast of the gradient reaching GELU's input: g (f32, f16 or bf16 [R, C],
 // contiguous; the gradient at GELU's output, overwritten) becomes g * gelu_tanh'(pre), the values

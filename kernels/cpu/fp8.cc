@@ -107,9 +107,14 @@ void CpuBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp
 }
 
 template <>
-void CpuBackend::fp8_quantize_transpose_delayed(const Tensor& x, const Tensor& history, int slot, Fp8Format format,
-                                                int margin, const Tensor& scale_inv, const Tensor& out,
-                                                const Tensor& out_t, const Tensor& col_sums) {
+void CpuBackend::fp8_quantize_transpose_delayed(const Tensor& x_in, const Tensor& gelu_pre, const Tensor& history,
+                                                int slot, Fp8Format format, int margin, const Tensor& scale_inv,
+                                                const Tensor& out, const Tensor& out_t, const Tensor& col_sums) {
+  Tensor x = x_in;
+  if (gelu_pre.defined()) {
+    x = empty(x_in.sizes(), TensorOptions(x_in.dtype()));
+    binary(Binary::GeluTanhBackward, x_in, gelu_pre, x);
+  }
   const int slots = static_cast<int>(history.numel());
   auto* hist = static_cast<unsigned*>(history.raw_data());
   const float sc = fp8_math::scale_for(std::bit_cast<float>(fp8_math::history_max_bits(hist, slots, slot)),

@@ -236,8 +236,9 @@ __device__ __forceinline__ void tile_amax_to_history(unsigned m, const Delayed& 
 }
 
 template <class T>
-__global__ void quantize_transpose_kernel(const T* x, const float* scale, __nv_fp8_interpretation_t kind, uint8_t* q,
-                                          uint8_t* qt, int64_t rows, int64_t cols, float* col_partial, Delayed d) {
+__global__ void quantize_transpose_kernel(const T* x, const T* pre, const float* scale, __nv_fp8_interpretation_t kind,
+                                          uint8_t* q, uint8_t* qt, int64_t rows, int64_t cols, float* col_partial,
+                                          Delayed d) {
   __shared__ float tile[kTile][kTile + 1];
   wait_for_previous();  // launched dependent: the scale is the kernel ahead's output
   const float s = tile_scale(scale, d);
@@ -247,7 +248,8 @@ __global__ void quantize_transpose_kernel(const T* x, const float* scale, __nv_f
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
     if (r < rows && c < cols) {
-      const float x_f = to_f(x[r * cols + c]);
+      float x_f = to_f(x[r * cols + c]);
+      if (pre) x_f = to_f(gelu_backward_rounded<T>(x_f, to_f(pre[r * cols + c])));
       acc[0] += x_f;
       m = max(m, abs_bits(x_f));
       const float v = x_f * s;
@@ -315,9 +317,9 @@ void CudaBackend::fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format
 // rows' codes of one column as one word.
 constexpr int kWideCols = 128;
 template <class T>
-__global__ void quantize_transpose_vec_kernel(const T* x, const float* scale, __nv_fp8_interpretation_t kind,
-                                              uint8_t* q, uint8_t* qt, int64_t rows, int64_t cols, float* col_partial,
-                                              Delayed d, int row_tiles) {
+__global__ void quantize_transpose_vec_kernel(const T* x, const T* pre, const float* scale,
+                                              __nv_fp8_interpretation_t kind, uint8_t* q, uint8_t* qt, int64_t rows,
+                                              int64_t cols, float* col_partial, Delayed d, int row_tiles) {
   __shared__ __align__(4) uint8_t tile[kTile][kWideCols + 4];
   wait_for_previous();  // launched dependent: the scale is the kernel ahead's output
   const float s = tile_scale(scale, d);
@@ -335,6 +337,12 @@ __global__ void quantize_transpose_vec_kernel(const T* x, const float* scale, __
       if (r < rows && c < cols) {
         float v[4];
         load4(x + r * cols + c, v);
+        if (pre) {  // the gradient reaching GELU's input, rounded as binary(GeluTanhBackward) rounds it
+          float pv[4];
+          load4(pre + r * cols + c, pv);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) v[j] = to_f(gelu_backward_rounded<T>(v[j], pv[j]));
+        }
         uint32_t packed = 0;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -383,16 +391,17 @@ __global__ void column_sums_finalize_kernel(const float* partial, int count, int
 }  // namespace
 
 namespace {
-void quantize_transpose(const Tensor& x, const float* scale, const Delayed& d, Fp8Format format, const Tensor& out,
-                        const Tensor& out_t, const Tensor& col_sums) {
+void quantize_transpose(const Tensor& x, const Tensor& pre, const float* scale, const Delayed& d, Fp8Format format,
+                        const Tensor& out, const Tensor& out_t, const Tensor& col_sums) {
   const int64_t rows = x.size(0), cols = x.size(1);
   if (rows == 0 || cols == 0) return;
   mg::cuda::DeviceGuard guard(x.device());
   cudaStream_t st = stream_of(x);
   auto* q = out.defined() ? static_cast<uint8_t*>(out.raw_data()) : nullptr;
   auto* qt = out_t.defined() ? static_cast<uint8_t*>(out_t.raw_data()) : nullptr;
+  const void* pre_data = pre.defined() ? pre.raw_data() : nullptr;
   const bool wide = rows % 4 == 0 && cols % 4 == 0 && aligned_to(x.raw_data(), 4 * dtype_size(x.dtype())) &&
-                    aligned_to(q, 4) && aligned_to(qt, 4);
+                    aligned_to(pre_data, 4 * dtype_size(x.dtype())) && aligned_to(q, 4) && aligned_to(qt, 4);
   // The 32 x 128 kernel takes up to 8 row tiles a block, as many as leave two blocks a slot of
   // the device's (8 a multiprocessor): fewer blocks each adding an amax to the history and a row
   // of column sums, and the scale found fewer times.
@@ -413,11 +422,12 @@ void quantize_transpose(const Tensor& x, const float* scale, const Delayed& d, F
     using T = decltype(t);
     if (wide)
       launch_dependent(quantize_transpose_vec_kernel<T>, grid, dim3(kTile, kTileRows), 0, st,
-                       static_cast<const T*>(x.raw_data()), scale, kind_of(format), q, qt, rows, cols, part, d,
-                       row_tiles);
+                       static_cast<const T*>(x.raw_data()), static_cast<const T*>(pre_data), scale, kind_of(format), q,
+                       qt, rows, cols, part, d, row_tiles);
     else
       launch_dependent(quantize_transpose_kernel<T>, grid, dim3(kTile, kTileRows), 0, st,
-                       static_cast<const T*>(x.raw_data()), scale, kind_of(format), q, qt, rows, cols, part, d);
+                       static_cast<const T*>(x.raw_data()), static_cast<const T*>(pre_data), scale, kind_of(format), q,
+                       qt, rows, cols, part, d);
   });
   MG_CUDA_CHECK_LAUNCH("fp8_quantize_transpose");
   if (!part) return;
@@ -431,13 +441,13 @@ void quantize_transpose(const Tensor& x, const float* scale, const Delayed& d, F
 template <>
 void CudaBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
                                          const Tensor& out_t, const Tensor& col_sums) {
-  quantize_transpose(x, data_as<const float>(scale), Delayed{}, format, out, out_t, col_sums);
+  quantize_transpose(x, Tensor(), data_as<const float>(scale), Delayed{}, format, out, out_t, col_sums);
 }
 
 template <>
-void CudaBackend::fp8_quantize_transpose_delayed(const Tensor& x, const Tensor& history, int slot, Fp8Format format,
-                                                 int margin, const Tensor& scale_inv, const Tensor& out,
-                                                 const Tensor& out_t, const Tensor& col_sums) {
+void CudaBackend::fp8_quantize_transpose_delayed(const Tensor& x, const Tensor& gelu_pre, const Tensor& history,
+                                                 int slot, Fp8Format format, int margin, const Tensor& scale_inv,
+                                                 const Tensor& out, const Tensor& out_t, const Tensor& col_sums) {
   Delayed d;
   d.hist = static_cast<unsigned*>(history.raw_data());
   d.slots = static_cast<int>(history.numel());
@@ -445,7 +455,7 @@ void CudaBackend::fp8_quantize_transpose_delayed(const Tensor& x, const Tensor& 
   d.f = format == Fp8Format::E4M3 ? fp8_math::kE4M3 : fp8_math::kE5M2;
   d.margin = margin;
   d.scale_inv = data_as<float>(scale_inv);
-  quantize_transpose(x, nullptr, d, format, out, out_t, col_sums);
+  quantize_transpose(x, gelu_pre, nullptr, d, format, out, out_t, col_sums);
 }
 
 namespace {

@@ -227,6 +227,34 @@ TEST(Fp8Ops, DelayedScalingUsesTheLargestAmaxOfTheRecentCasts) {
   EXPECT_THROW(fp8_cast_delayed(base, Fp8Format::E4M3, {true, false, false}, wrong), DeviceError);
 }
 
+// The GELU-backward cast under delayed scaling casts binary(GeluTanhBackward, g, pre)'s values, g
+// left as it was: the same scale_inv, codes, column sums and history as fp8_cast_delayed of the
+// derivative, cast after cast (the first one current scaling's), in f32, f16 and bf16.
+TEST(Fp8Ops, GeluBackwardDelayedCastIsTheDerivativeThenTheDelayedCast) {
+  Generator gen(22);
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    Fp8History fused, plain;
+    for (int k = 0; k < 5; ++k) {
+      const Tensor g = raw::to_dtype(mul_scalar(randn({24, 40}, {}, &gen), 1.0 + k), dt);
+      const Tensor pre = raw::to_dtype(mul_scalar(randn({24, 40}, {}, &gen), 3.0), dt);
+      const std::vector<float> g_before = raw::to_dtype(g, DType::f32).to_vector<float>();
+      const Fp8Matrix want =
+          fp8_cast_delayed(binary(Binary::GeluTanhBackward, g, pre), Fp8Format::E5M2, {true, true, true}, plain);
+      const Fp8Matrix got = fp8_cast_gelu_backward_delayed(g, pre, Fp8Format::E5M2, {true, true, true}, fused);
+      const std::string what = std::string(dtype_name(dt)) + " cast " + std::to_string(k);
+      EXPECT_EQ(raw::to_dtype(g, DType::f32).to_vector<float>(), g_before) << what;
+      EXPECT_EQ(got.scale_inv.item<float>(), want.scale_inv.item<float>()) << what;
+      EXPECT_EQ(got.codes.to_vector<uint8_t>(), want.codes.to_vector<uint8_t>()) << what;
+      EXPECT_EQ(got.codes_t.to_vector<uint8_t>(), want.codes_t.to_vector<uint8_t>()) << what;
+      EXPECT_EQ(got.column_sums.to_vector<float>(), want.column_sums.to_vector<float>()) << what;
+      EXPECT_EQ(fused.amax.to_vector<float>(), plain.amax.to_vector<float>()) << what;
+    }
+  }
+  Fp8History h;
+  EXPECT_THROW(fp8_cast_gelu_backward_delayed(ones({8, 16}), ones({8, 8}), Fp8Format::E5M2, {true, false, false}, h),
+               ShapeError);
+}
+
 // Codes of random values in both formats, with a scale that is not a power of two.
 Fp8Matrix random_codes(int64_t rows, int64_t cols, Fp8Format f, uint64_t seed) {
   Generator g(seed);

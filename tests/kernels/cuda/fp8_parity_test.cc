@@ -209,6 +209,38 @@ TEST_F(Fp8Parity, DelayedScalingMatchesTheCpuCastForCast) {
   }
 }
 
+// The GELU-backward cast under delayed scaling (the derivative taken in the cast's pass) on the
+// device against the CPU, cast after cast: the same scale_inv, codes and history bits; the column
+// sums within the two orders' f32 rounding (CastColumnSumsMatchTheCpuWithinF32Rounding).
+TEST_F(Fp8Parity, GeluBackwardDelayedCastMatchesTheCpu) {
+  Generator g(15);
+  for (Shape shape : {Shape{256, 640}, Shape{33, 37}}) {
+    kernels::Fp8History hc, hd;
+    for (int k = 0; k < 6; ++k) {
+      const Tensor gv = raw::to_dtype(kernels::mul_scalar(randn(shape, {}, &g), 1.0 + 2 * (k % 3)), DType::bf16);
+      const Tensor pre = raw::to_dtype(kernels::mul_scalar(randn(shape, {}, &g), 3.0), DType::bf16);
+      const kernels::Fp8Matrix c =
+          kernels::fp8_cast_gelu_backward_delayed(gv, pre, Fp8Format::E5M2, {true, true, true}, hc);
+      const kernels::Fp8Matrix d =
+          kernels::fp8_cast_gelu_backward_delayed(to_cuda(gv), to_cuda(pre), Fp8Format::E5M2, {true, true, true}, hd);
+      const std::string what = shape_str(shape) + " cast " + std::to_string(k);
+      ASSERT_TRUE(same_bits(c.scale_inv.item<float>(), d.scale_inv.cpu().item<float>())) << what;
+      ASSERT_EQ(c.codes.to_vector<uint8_t>(), d.codes.cpu().to_vector<uint8_t>()) << what;
+      ASSERT_EQ(c.codes_t.to_vector<uint8_t>(), d.codes_t.cpu().to_vector<uint8_t>()) << what;
+      const std::vector<float> a = hc.amax.to_vector<float>(), b = hd.amax.cpu().to_vector<float>();
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_TRUE(same_bits(a[i], b[i])) << what << " slot " << i;
+      const std::vector<float> want =
+          raw::to_dtype(kernels::binary(kernels::Binary::GeluTanhBackward, gv, pre), DType::f32).to_vector<float>();
+      const std::vector<float> sc = c.column_sums.to_vector<float>(), sd = d.column_sums.cpu().to_vector<float>();
+      for (int64_t col = 0; col < shape[1]; ++col) {
+        double mag = 0;
+        for (int64_t r = 0; r < shape[0]; ++r) mag += std::fabs(want[r * shape[1] + col]);
+        ASSERT_NEAR(sc[col], sd[col], 2.0 * shape[0] * 0x1p-24 * mag) << what << " column " << col;
+      }
+    }
+  }
+}
+
 // fp8_cast_gelu_backward's one pass (the derivative and the amax) against the device's own
 // composition, binary(GeluTanhBackward) then fp8_cast: the same g bits, scale_inv, codes and
 // transposed codes in f32, f16 and bf16, for a shape whose element count is a multiple of 8 (the
