@@ -213,13 +213,19 @@ struct Delayed {
   int margin = 0;
   float* scale_inv = nullptr;  // 1 / the scale used, written by block (0, 0)
 };
+// The scale a tile kernel casts with: *scale, or under delayed scaling the history's (each warp
+// reads it with one load a lane and one reduction: blockDim.x is kTile, a warp a row of threads).
 __device__ __forceinline__ float tile_scale(const float* scale, const Delayed& d) {
   if (!d.hist) return *scale;
-  const float s =
-      fp8_math::scale_for(__uint_as_float(fp8_math::history_max_bits(d.hist, d.slots, d.slot)), d.f, d.margin);
+  const int next = fp8_math::history_next(d.slot, d.slots);
+  unsigned m = 0;
+  for (int i = threadIdx.x; i < d.slots; i += kTile)
+    if (i != d.slot && i != next) m = max(m, d.hist[i]);
+  m = __reduce_max_sync(0xffffffffu, m);  // fp8_math::history_max_bits, a lane a slot
+  const float s = fp8_math::scale_for(__uint_as_float(m), d.f, d.margin);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
     *d.scale_inv = __frcp_rn(s);
-    d.hist[fp8_math::history_next(d.slot, d.slots)] = 0;  // no block reads that slot
+    d.hist[next] = 0;  // no block reads that slot
   }
   return s;
 }
@@ -312,62 +318,68 @@ void CudaBackend::fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format
 }
 
 // quantize_transpose_kernel for rows and cols multiples of 4 and 4-element-aligned rows: a
-// 32 x 128 tile, each thread converting 4 consecutive elements from one load and storing their
-// 4 codes as one word; the transpose reads the tile's codes from shared memory and writes 4
-// rows' codes of one column as one word.
+// 32 x 128 tile, each thread converting 4 consecutive elements of 4 rows, read with one load each
+// (all 4 in flight before the scale is known: under delayed scaling block (0, 0) writes to global
+// memory on the way to the scale, which later loads could not be moved above), and storing their
+// 4 codes as one word; the transpose reads the tile's codes from shared memory and writes 4 rows'
+// codes of one column as one word.
 constexpr int kWideCols = 128;
+constexpr int kRowsPerThread = kTile / kTileRows;
 template <class T>
-__global__ void quantize_transpose_vec_kernel(const T* x, const T* pre, const float* scale,
+__global__ void quantize_transpose_vec_kernel(const T* __restrict__ x, const T* __restrict__ pre, const float* scale,
                                               __nv_fp8_interpretation_t kind, uint8_t* q, uint8_t* qt, int64_t rows,
-                                              int64_t cols, float* col_partial, Delayed d, int row_tiles) {
+                                              int64_t cols, float* col_partial, Delayed d) {
   __shared__ __align__(4) uint8_t tile[kTile][kWideCols + 4];
-  wait_for_previous();  // launched dependent: the scale is the kernel ahead's output
-  const float s = tile_scale(scale, d);
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kWideCols;
+  wait_for_previous();  // launched dependent: x (and the scale) are the kernels ahead's output
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kWideCols;
   const int64_t c = c0 + 4 * threadIdx.x;
-  const int t = threadIdx.y * kTile + threadIdx.x;
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  unsigned m = 0;
-  for (int rt = 0; rt < row_tiles; ++rt) {
-    const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * row_tiles + rt) * kTile;
-    if (r0 >= rows) break;
-    if (rt > 0 && qt) __syncthreads();  // the tile before is written out before this one overwrites it
-    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
-      const int64_t r = r0 + i;
-      if (r < rows && c < cols) {
-        float v[4];
-        load4(x + r * cols + c, v);
-        if (pre) {  // the gradient reaching GELU's input, rounded as binary(GeluTanhBackward) rounds it
-          float pv[4];
-          load4(pre + r * cols + c, pv);
+  float v[kRowsPerThread][4];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) v[j] = to_f(gelu_backward_rounded<T>(v[j], pv[j]));
-        }
-        uint32_t packed = 0;
+  for (int k = 0; k < kRowsPerThread; ++k) {
+    const int64_t r = r0 + threadIdx.y + k * kTileRows;
+    if (r < rows && c < cols) {
+      load4(x + r * cols + c, v[k]);
+      if (pre) {  // the gradient reaching GELU's input, rounded as binary(GeluTanhBackward) rounds it
+        float pv[4];
+        load4(pre + r * cols + c, pv);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          acc[j] += v[j];
-          m = max(m, abs_bits(v[j]));
-          packed |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[j] * s, __NV_SATFINITE, kind)) << (8 * j);
-        }
-        *reinterpret_cast<uint32_t*>(&tile[i][4 * threadIdx.x]) = packed;
-        if (q) *reinterpret_cast<uint32_t*>(q + r * cols + c) = packed;
+        for (int j = 0; j < 4; ++j) v[k][j] = to_f(gelu_backward_rounded<T>(v[k][j], pv[j]));
       }
     }
-    if (!qt) continue;
-    __syncthreads();
-    for (int item = t; item < kWideCols * (kTile / 4); item += kTile * kTileRows) {
-      const int cc = item / (kTile / 4), g = item % (kTile / 4);  // the tile's column, its 4-row group
-      const int64_t col = c0 + cc, r = r0 + 4 * g;
-      if (col < cols && r < rows) {
-        const uint32_t packed = tile[4 * g][cc] | (tile[4 * g + 1][cc] << 8) | (tile[4 * g + 2][cc] << 16) |
-                                (static_cast<uint32_t>(tile[4 * g + 3][cc]) << 24);
-        *reinterpret_cast<uint32_t*>(qt + col * rows + r) = packed;
+  }
+  const float s = tile_scale(scale, d);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  unsigned m = 0;
+#pragma unroll
+  for (int k = 0; k < kRowsPerThread; ++k) {
+    const int i = threadIdx.y + k * kTileRows;
+    const int64_t r = r0 + i;
+    if (r < rows && c < cols) {
+      uint32_t packed = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        acc[j] += v[k][j];
+        m = max(m, abs_bits(v[k][j]));
+        packed |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[k][j] * s, __NV_SATFINITE, kind)) << (8 * j);
       }
+      *reinterpret_cast<uint32_t*>(&tile[i][4 * threadIdx.x]) = packed;
+      if (q) *reinterpret_cast<uint32_t*>(q + r * cols + c) = packed;
     }
   }
   if (d.hist) tile_amax_to_history(m, d);
   if (col_partial) tile_column_sums<4>(acc, col_partial, c0, cols);
+  if (!qt) return;
+  __syncthreads();
+  const int t = threadIdx.y * kTile + threadIdx.x;
+  for (int item = t; item < kWideCols * (kTile / 4); item += kTile * kTileRows) {
+    const int cc = item / (kTile / 4), g = item % (kTile / 4);  // the tile's column, its 4-row group
+    const int64_t col = c0 + cc, r = r0 + 4 * g;
+    if (col < cols && r < rows) {
+      const uint32_t packed = tile[4 * g][cc] | (tile[4 * g + 1][cc] << 8) | (tile[4 * g + 2][cc] << 16) |
+                              (static_cast<uint32_t>(tile[4 * g + 3][cc]) << 24);
+      *reinterpret_cast<uint32_t*>(qt + col * rows + r) = packed;
+    }
+  }
 }
 
 namespace {
@@ -402,19 +414,12 @@ void quantize_transpose(const Tensor& x, const Tensor& pre, const float* scale, 
   const void* pre_data = pre.defined() ? pre.raw_data() : nullptr;
   const bool wide = rows % 4 == 0 && cols % 4 == 0 && aligned_to(x.raw_data(), 4 * dtype_size(x.dtype())) &&
                     aligned_to(pre_data, 4 * dtype_size(x.dtype())) && aligned_to(q, 4) && aligned_to(qt, 4);
-  // The 32 x 128 kernel takes up to 8 row tiles a block, as many as leave two blocks a slot of
-  // the device's (8 a multiprocessor): fewer blocks each adding an amax to the history and a row
-  // of column sums, and the scale found fewer times.
-  const int64_t row_tiles_total = (rows + kTile - 1) / kTile;
   const int64_t col_blocks = wide ? (cols + kWideCols - 1) / kWideCols : (cols + kTile - 1) / kTile;
-  const int64_t slots = 8LL * sm_count(x.device());
-  const int row_tiles =
-      wide ? static_cast<int>(std::clamp<int64_t>(col_blocks * row_tiles_total / (2 * slots), 1, 8)) : 1;
-  const int64_t grid_y = (row_tiles_total + row_tiles - 1) / row_tiles;
+  const int64_t grid_y = (rows + kTile - 1) / kTile;
   MG_CHECK(grid_y <= 65535, ShapeError, "fp8_quantize_transpose: ", rows, " rows is more than this kernel's ",
-           65535LL * kTile * row_tiles);
+           65535LL * kTile);
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(grid_y));
-  // The column sums: one row of partial sums a block row, added by the finalize kernel.
+  // The column sums: one row of partial sums a row of tiles, added by the finalize kernel.
   Tensor partial;
   if (col_sums.defined()) partial = empty({grid_y, cols}, TensorOptions(DType::f32, x.device()));
   float* part = partial.defined() ? data_as<float>(partial) : nullptr;
@@ -423,7 +428,7 @@ void quantize_transpose(const Tensor& x, const Tensor& pre, const float* scale, 
     if (wide)
       launch_dependent(quantize_transpose_vec_kernel<T>, grid, dim3(kTile, kTileRows), 0, st,
                        static_cast<const T*>(x.raw_data()), static_cast<const T*>(pre_data), scale, kind_of(format), q,
-                       qt, rows, cols, part, d, row_tiles);
+                       qt, rows, cols, part, d);
     else
       launch_dependent(quantize_transpose_kernel<T>, grid, dim3(kTile, kTileRows), 0, st,
                        static_cast<const T*>(x.raw_data()), static_cast<const T*>(pre_data), scale, kind_of(format), q,
