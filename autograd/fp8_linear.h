@@ -2,8 +2,10 @@
 // their GEMMs here when fp8_linear_applies(). Included by autograd/linalg_ops.cc only.
 //
 // The recipe, per GEMM (kernels/fp8.h):
-//   forward    x and w cast to e4m3 with current per-tensor scaling (each tensor's own amax,
-//              on the device), the product accumulated in f32 and written in the region's dtype
+//   forward    x and w cast to e4m3 with per-tensor scaling, current (each tensor's own amax,
+//              on the device) or delayed (the amax of the operand's recent casts: a history per
+//              layer operand, kept by the layer's f32 weight, kernels/fp8.h Fp8History), the
+//              product accumulated in f32 and written in the region's dtype
 //              with the bias (and, for the MLP's c_fc, the GELU) in the GEMM's epilogue;
 //   backward   the output gradient cast to e5m2 (more range: gradients span more binades);
 //              dx = g @ w and dw = g^T @ x read the e4m3 codes of x and w the forward made,
