@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "autograd/autocast_policy.h"
+#include "autograd/grad_mode.h"
 #include "autograd/op_support.h"
 #include "core/autocast.h"
 #include "core/device_runtime.h"
@@ -66,11 +67,15 @@ std::shared_ptr<LayerHistories> histories_of(const Tensor& w) {
   return fresh;
 }
 
-// The recipe's histories for a layer with weight w, or null under current scaling. A history's
-// slot is chosen on the host, so a CUDA graph being captured would replay one slot for ever: a
-// capture casts with current scaling.
+// The recipe's histories for a layer with weight w, or null where the cast uses current scaling:
+// - under current scaling;
+// - with grad off (an evaluation's activations would fill a training history);
+// - in a checkpoint region, its forward and its replay (the replay must give the forward's values,
+//   and the history moves between the two);
+// - while a CUDA graph is captured (a history's slot is chosen on the host: a replayed graph
+//   would use one slot for ever).
 std::shared_ptr<LayerHistories> delayed_histories(const Tensor& x, const Tensor& w) {
-  if (!autocast_state().fp8_delayed) return nullptr;
+  if (!autocast_state().fp8_delayed || !is_grad_enabled() || checkpoint_depth > 0) return nullptr;
   if (x.is_cuda() && cuda::is_capturing(x.device().index)) return nullptr;
   return histories_of(w);
 }
@@ -93,6 +98,16 @@ Tensor bias_grad_from_sums(const Tensor& sums, DType dtype) {
   return dtype == DType::f32 ? sums : raw::to_dtype(sums, dtype);
 }
 }  // namespace
+
+std::array<int64_t, 3> fp8_history_casts(const Tensor& weight) {
+  if (!weight.defined()) return {0, 0, 0};
+  Tensor key = autocast::cast_source(weight);
+  if (!key.defined()) key = weight;
+  const auto it = tl_histories.find(key.impl());
+  if (it == tl_histories.end() || it->second->owner.lock() != key.impl_ptr()) return {0, 0, 0};
+  const LayerHistories& h = *it->second;
+  return {h.x.casts, h.w.casts, h.g.casts};
+}
 
 bool fp8_linear_applies(const Tensor& x, const Tensor& w) {
   const AutocastState st = autocast_state();

@@ -14,9 +14,14 @@
 //              gradient is the f32 column sums of g, taken in the pass that casts g.
 // What it keeps for backward: x's and w's transposed codes, 1 byte an element (the bf16 path
 // keeps x itself, 2 bytes), and the MLP's GELU argument in the region's dtype.
+// Delayed scaling applies with grad on, outside checkpoint regions and CUDA-graph captures
+// (elsewhere the casts use current scaling); a weight used by two layers shares one history of
+// each operand, so each layer's scale covers both.
 // Attention, the head and the norms stay in the region's dtype. The f32 master weights and the
 // optimizer are untouched: the recipe changes only what the GEMMs read.
 #pragma once
+
+#include <array>
 
 #include "core/tensor.h"
 
@@ -27,6 +32,11 @@ namespace mg::autograd {
 // min_features, and K, N and the rows multiples of 16 (the FP8 GEMMs' granularity; other shapes
 // keep the region's dtype).
 bool fp8_linear_applies(const Tensor& x, const Tensor& w);
+
+// The casts delayed scaling has made of the layer with weight `weight` (its f32 weight, or the
+// cast of it): its input's, weight's and output gradient's, on the calling thread; zeros where
+// it has none (tests, and a check that the histories carry from step to step).
+std::array<int64_t, 3> fp8_history_casts(const Tensor& weight);
 
 // linear and gelu_mlp under the recipe; gw_dtype and the like are the weights' gradient dtypes.
 Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType gw_dtype);

@@ -225,6 +225,10 @@ class RegionStash {
   bool replaying_ = false;
 };
 extern thread_local RegionStash* region_stash;
+// How many checkpoint regions (autograd/recompute.h) this thread is inside, their forward or their
+// replay. An op whose values depend on state that moves between the two (FP8 delayed scaling's
+// histories) must not use that state there: the replay must give the forward's values.
+extern thread_local int checkpoint_depth;
 
 // autocast's weight casts ("weight_casts"): in a region's replay, the forward's cast of `source`
 // (undefined when there is none); in its forward, keep `cast` for the replay.

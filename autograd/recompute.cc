@@ -19,6 +19,10 @@ namespace mg {
 namespace {
 
 std::atomic<int64_t> g_replays{0};
+struct RegionDepth {  // autograd::checkpoint_depth while a region's forward or replay runs
+  RegionDepth() { ++autograd::checkpoint_depth; }
+  ~RegionDepth() { --autograd::checkpoint_depth; }
+};
 
 class CheckpointNode final : public autograd::Node {
  public:
@@ -109,6 +113,7 @@ class CheckpointNode final : public autograd::Node {
     };
     try {
       EnableGradGuard grad(true);
+      RegionDepth depth;
       MemoryCategoryGuard category(MemoryCategory::Activations);
       if (stash) {  // the kept op outputs stand in for those ops
         stash->start_replay();
@@ -214,6 +219,7 @@ SelectiveRecompute::~SelectiveRecompute() {
 }
 
 int64_t checkpoint_replay_count() { return g_replays.load(); }
+bool in_checkpoint_region() { return autograd::checkpoint_depth > 0; }
 
 std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs,
                                const CheckpointOptions& opts) {
@@ -225,6 +231,7 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
     MG_CHECK(ok, ValueError, opts.name ? opts.name : "checkpoint", ": keep_ops names \"", o,
              "\", which no op keeps (known: attention, gelu_mlp, linear, weight_casts)");
   }
+  RegionDepth depth;
   if (!is_grad_enabled()) return fn(inputs);  // nothing to record: e.g. inside an outer region's forward
 
   // The node is built before the forward runs so it captures the RNG state fn starts from.

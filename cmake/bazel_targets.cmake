@@ -1263,6 +1263,7 @@ mg_bazel_target(test //tests/nn:fp8_recipe_test SIZE medium
     tests/nn/fp8_recipe_test.cc
   DEPS
     //autograd:autograd
+    //autograd:recompute
     //kernels:kernels
     //nn:nn
     //nn/models:models

@@ -70,11 +70,17 @@ Fp8Matrix delayed_cast(const char* op, const Tensor& xc, const Tensor& pre, Fp8F
   MG_CHECK(outputs.rows || outputs.transposed, ValueError, op, ": asked for neither the codes nor their transpose");
   MG_CHECK(margin >= 0, ValueError, op, ": margin must be >= 0, got ", margin);
   constexpr int kSlots = kFp8HistoryLen + 2;
-  if (history.amax.defined())
-    MG_CHECK(
-        history.amax.device() == xc.device() && history.amax.numel() == kSlots && history.amax.dtype() == DType::f32,
-        DeviceError, op, ": the history is ", shape_str(history.amax.sizes()), " on ", history.amax.device(), ", x on ",
-        xc.device(), " (want f32 [", kSlots, "] on x's device)");
+  if (xc.numel() == 0) {  // no amax to add: the cast of nothing
+    const Tensor v = pre.defined() ? binary(Binary::GeluTanhBackward, xc, pre) : xc;
+    return codes_of(op, v, fp8_current_scale(v, format, margin), format, outputs);
+  }
+  if (history.amax.defined() && history.amax.device() != xc.device()) history = Fp8History{};  // moved: start again
+  if (history.amax.defined()) {
+    MG_CHECK(history.amax.dtype() == DType::f32, DTypeError, op, ": the history must be f32, got ",
+             dtype_name(history.amax.dtype()));
+    MG_CHECK(history.amax.numel() == kSlots, ShapeError, op, ": the history must have ", kSlots, " slots, got ",
+             shape_str(history.amax.sizes()));
+  }
   if (history.casts == 0 || !history.amax.defined()) {  // no history yet: current scaling starts it
     const Tensor v = pre.defined() ? binary(Binary::GeluTanhBackward, xc, pre) : xc;
     history.amax = zeros({kSlots}, TensorOptions(DType::f32, xc.device()));

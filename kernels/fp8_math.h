@@ -101,14 +101,19 @@ MG_FP8_HD float scale_for(float amax, const Format& f, int margin) {
 // operand's recent casts, kept as the bits of non-negative floats (a NaN as 0x7fc00000, above
 // every other magnitude's bits, so an unsigned max is the NaN-first max). Of the `slots` entries,
 // `cur` is the cast in flight's (its amax is being taken) and the one after it is zeroed for the
-// next cast; the largest of the others gives the scale.
+// next cast; the largest finite one of the others gives the scale (a cast that met an infinity
+// or a NaN, an f16 step the GradScaler skips, leaves no amax: its slot is passed over).
 inline constexpr unsigned kNanAmaxBits = 0x7fc00000u;
+inline constexpr unsigned kInfBits = 0x7f800000u;
 MG_FP8_HD int history_next(int cur, int slots) { return cur + 1 == slots ? 0 : cur + 1; }
+MG_FP8_HD bool history_counts(unsigned bits, int i, int cur, int next) {
+  return i != cur && i != next && bits < kInfBits;
+}
 MG_FP8_HD unsigned history_max_bits(const unsigned* hist, int slots, int cur) {
   const int next = history_next(cur, slots);
   unsigned m = 0;
   for (int i = 0; i < slots; ++i)
-    if (i != cur && i != next && hist[i] > m) m = hist[i];
+    if (history_counts(hist[i], i, cur, next) && hist[i] > m) m = hist[i];
   return m;
 }
 

@@ -220,7 +220,7 @@ __device__ __forceinline__ float tile_scale(const float* scale, const Delayed& d
   const int next = fp8_math::history_next(d.slot, d.slots);
   unsigned m = 0;
   for (int i = threadIdx.x; i < d.slots; i += kTile)
-    if (i != d.slot && i != next) m = max(m, d.hist[i]);
+    if (fp8_math::history_counts(d.hist[i], i, d.slot, next)) m = max(m, d.hist[i]);
   m = __reduce_max_sync(0xffffffffu, m);  // fp8_math::history_max_bits, a lane a slot
   const float s = fp8_math::scale_for(__uint_as_float(m), d.f, d.margin);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
@@ -406,9 +406,13 @@ namespace {
 void quantize_transpose(const Tensor& x, const Tensor& pre, const float* scale, const Delayed& d, Fp8Format format,
                         const Tensor& out, const Tensor& out_t, const Tensor& col_sums) {
   const int64_t rows = x.size(0), cols = x.size(1);
-  if (rows == 0 || cols == 0) return;
   mg::cuda::DeviceGuard guard(x.device());
   cudaStream_t st = stream_of(x);
+  if (rows == 0 || cols == 0) {  // no rows: the column sums are zero
+    if (col_sums.defined() && cols > 0)
+      MG_CUDA_CHECK(cudaMemsetAsync(col_sums.raw_data(), 0, static_cast<size_t>(cols) * sizeof(float), st));
+    return;
+  }
   auto* q = out.defined() ? static_cast<uint8_t*>(out.raw_data()) : nullptr;
   auto* qt = out_t.defined() ? static_cast<uint8_t*>(out_t.raw_data()) : nullptr;
   const void* pre_data = pre.defined() ? pre.raw_data() : nullptr;

@@ -224,7 +224,19 @@ TEST(Fp8Ops, DelayedScalingUsesTheLargestAmaxOfTheRecentCasts) {
   Fp8History wrong;
   wrong.amax = zeros({3});
   wrong.casts = 1;
-  EXPECT_THROW(fp8_cast_delayed(base, Fp8Format::E4M3, {true, false, false}, wrong), DeviceError);
+  EXPECT_THROW(fp8_cast_delayed(base, Fp8Format::E4M3, {true, false, false}, wrong), ShapeError);
+  // A cast that meets an infinity leaves no amax: the next casts' scale is the finite casts'.
+  Fp8History h2;
+  fp8_cast_delayed(base, Fp8Format::E4M3, {true, false, false}, h2);
+  Tensor with_inf = raw::to_dtype(base, DType::f32).clone();
+  with_inf.data_ptr<float>()[5] = INFINITY;
+  fp8_cast_delayed(with_inf, Fp8Format::E4M3, {true, false, false}, h2);
+  const Fp8Matrix after = fp8_cast_delayed(base, Fp8Format::E4M3, {true, false, false}, h2);
+  EXPECT_EQ(after.scale_inv.item<float>(), 1.0f / fp8_math::scale_for(a0, kE4M3, 0));
+  // An empty tensor's cast leaves the history as it was.
+  const int64_t casts = h2.casts;
+  EXPECT_EQ(fp8_cast_delayed(zeros({0, 48}), Fp8Format::E4M3, {true, true, true}, h2).column_sums.sizes(), (Shape{48}));
+  EXPECT_EQ(h2.casts, casts);
 }
 
 // The GELU-backward cast under delayed scaling casts binary(GeluTanhBackward, g, pre)'s values, g

@@ -6,7 +6,10 @@
 
 #include <cmath>
 
+#include "autograd/fp8_linear.h"
 #include "autograd/functions.h"
+#include "autograd/grad_mode.h"
+#include "autograd/recompute.h"
 #include "autograd/transformer_functions.h"
 #include "core/autocast.h"
 #include "kernels/elementwise.h"
@@ -203,6 +206,39 @@ TEST(Fp8Recipe, MlpBiasGradientsAreTheColumnSumsOfItsGradients) {
   EXPECT_EQ(b_proj.grad().to_vector<float>(), column_sums(gout));
   EXPECT_EQ(b_fc.grad().to_vector<float>(), column_sums(g_pre));
   EXPECT_EQ(b_fc.grad().dtype(), DType::f32);
+}
+
+// Delayed scaling's histories carry from step to step (one cast of the input, the weight and the
+// output gradient a step), and neither an evaluation under no_grad nor a checkpoint region (its
+// forward or its replay, which must give the forward's values) moves them: those cast with
+// current scaling.
+TEST(Fp8Recipe, DelayedHistoriesCarryAcrossStepsOutsideEvalAndCheckpoints) {
+  Generator g(5);
+  nn::Linear lin(64, 48, true, {}, &g);
+  const Tensor x = randn({32, 64}, {}, &g);
+  for (int k = 0; k < 3; ++k) {
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    Fp8Autocast fp8(true, 0, Fp8Scaling::Delayed);
+    sum(lin(x).to(DType::f32)).backward();
+  }
+  const std::array<int64_t, 3> three{3, 3, 3};
+  EXPECT_EQ(autograd::fp8_history_casts(lin.weight), three);
+  {
+    NoGradGuard ng;
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    Fp8Autocast fp8(true, 0, Fp8Scaling::Delayed);
+    lin(x);
+  }
+  EXPECT_EQ(autograd::fp8_history_casts(lin.weight), three);
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    Fp8Autocast fp8(true, 0, Fp8Scaling::Delayed);
+    const Tensor xin = x.detach().requires_grad_(true);
+    sum(checkpoint([&](const Tensor& in) { return lin(in); }, xin).to(DType::f32)).backward();
+    EXPECT_TRUE(xin.grad().defined());
+  }
+  EXPECT_EQ(autograd::fp8_history_casts(lin.weight), three);
+  EXPECT_EQ(autograd::fp8_history_casts(randn({4, 4})), (std::array<int64_t, 3>{0, 0, 0}));
 }
 
 // GPT-2's shape scaled down (every linear a multiple of 16 wide, 32 rows a batch), 30 AdamW steps
