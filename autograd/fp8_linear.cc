@@ -59,7 +59,7 @@ std::shared_ptr<LayerHistories> histories_of(const Tensor& w) {
   if (!key.defined()) key = w;
   auto it = tl_histories.find(key.impl());
   if (it != tl_histories.end() && it->second->owner.lock() == key.impl_ptr()) return it->second;
-  if (tl_histories.size() > 4096)  // weights that are gone (their entries are never looked up again)
+  if (tl_histories.size() > 64)  // weights that are gone (their entries are never looked up again)
     std::erase_if(tl_histories, [](const auto& e) { return e.second->owner.expired(); });
   auto fresh = std::make_shared<LayerHistories>();
   fresh->owner = key.impl_ptr();
