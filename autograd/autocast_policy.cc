@@ -53,6 +53,8 @@ struct Entry {
 };
 struct Cache {
   std::unordered_map<const TensorImpl*, Entry> entries;
+  // Each entry's key by its cast (cast_source; an entry replaced since is told by its cast).
+  std::unordered_map<const TensorImpl*, const TensorImpl*> by_cast;
   // The weights cast since the last prefetch, in order, with their dtypes (what the next region
   // will cast again), and the region whose first cast made the last prefetch.
   std::vector<std::pair<std::weak_ptr<TensorImpl>, DType>> sources;
@@ -61,12 +63,19 @@ struct Cache {
 };
 
 thread_local Cache tl_cache;
+void put_entry(const TensorImpl* key, Entry e) {
+  if (e.cast.defined()) tl_cache.by_cast[e.cast.impl()] = key;
+  tl_cache.entries[key] = std::move(e);
+}
 // A weight a lookup used since the last prefetch: the next region casts it ahead.
 void note_source(const Tensor& t, DType dtype) {
   if (tl_cache.source_set.insert(t.impl()).second) tl_cache.sources.emplace_back(t.impl_ptr(), dtype);
 }
 
-void clear_cache() { tl_cache.entries.clear(); }
+void clear_cache() {
+  tl_cache.entries.clear();
+  tl_cache.by_cast.clear();
+}
 
 bool cacheable(const Tensor& t) {
   return t.is_leaf() && t.requires_grad() && t.dtype() == DType::f32 && autocast_state().nesting > 0;
@@ -100,7 +109,7 @@ void prefetch(const Tensor& t, DType dtype) {
   if (src.size() < 2) return;  // one cast: nothing to batch
   kernels::multi_tensor_cast_(src, dst);
   for (size_t i = 0; i < src.size(); ++i) {
-    tl_cache.entries[src[i].impl()] = Entry{src[i].impl_ptr(), src[i].version(), dtype, false, dst[i], true};
+    put_entry(src[i].impl(), Entry{src[i].impl_ptr(), src[i].version(), dtype, false, dst[i], true});
   }
 }
 
@@ -157,7 +166,7 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
   else
     c = t.to(dtype);
   autograd::stash_put_cast(t, c);
-  tl_cache.entries[t.impl()] = Entry{t.impl_ptr(), t.version(), dtype, grad, c};
+  put_entry(t.impl(), Entry{t.impl_ptr(), t.version(), dtype, grad, c});
   note_source(t, dtype);
   return c;
 }
@@ -178,7 +187,7 @@ void provide_cast(const Tensor& weight, const Tensor& cast) {
            shape_str(cast.sizes()), " on ", cast.device());
   Entry e{weight.impl_ptr(), weight.version(), cast.dtype(), false, cast, true};
   e.provided = true;
-  tl_cache.entries[weight.impl()] = std::move(e);
+  put_entry(weight.impl(), std::move(e));
 }
 
 Tensor provided_cast(const Tensor& weight) {
@@ -194,10 +203,12 @@ size_t cache_size() { return tl_cache.entries.size(); }
 
 Tensor cast_source(const Tensor& t) {
   if (!t.defined()) return Tensor();
-  for (const auto& [key, e] : tl_cache.entries)
-    if (e.cast.defined() && e.cast.impl() == t.impl())
-      if (std::shared_ptr<TensorImpl> src = e.source.lock()) return Tensor(std::move(src));
-  return Tensor();
+  const auto k = tl_cache.by_cast.find(t.impl());
+  if (k == tl_cache.by_cast.end()) return Tensor();
+  const auto it = tl_cache.entries.find(k->second);
+  if (it == tl_cache.entries.end() || it->second.cast.impl() != t.impl()) return Tensor();
+  std::shared_ptr<TensorImpl> src = it->second.source.lock();
+  return src ? Tensor(std::move(src)) : Tensor();
 }
 
 bool is_cached_cast(const Tensor& t) {
@@ -294,7 +305,7 @@ Tensor lower_to(const Tensor& t, const Device& device) {
   } else {
     c = t.to(device).to(target);
   }
-  tl_cache.entries[t.impl()] = Entry{t.impl_ptr(), t.version(), target, grad, c};
+  put_entry(t.impl(), Entry{t.impl_ptr(), t.version(), target, grad, c});
   return c;
 }
 

@@ -54,9 +54,14 @@ struct LayerHistories {
 };
 thread_local std::unordered_map<const TensorImpl*, std::shared_ptr<LayerHistories>> tl_histories;
 
+// What a layer's histories are kept by: the f32 weight whose cached cast w is, else w.
+Tensor history_key(const Tensor& w) {
+  const Tensor source = autocast::cast_source(w);
+  return source.defined() ? source : w;
+}
+
 std::shared_ptr<LayerHistories> histories_of(const Tensor& w) {
-  Tensor key = autocast::cast_source(w);
-  if (!key.defined()) key = w;
+  const Tensor key = history_key(w);
   auto it = tl_histories.find(key.impl());
   if (it != tl_histories.end() && it->second->owner.lock() == key.impl_ptr()) return it->second;
   if (tl_histories.size() > 64)  // weights that are gone (their entries are never looked up again)
@@ -101,8 +106,7 @@ Tensor bias_grad_from_sums(const Tensor& sums, DType dtype) {
 
 std::array<int64_t, 3> fp8_history_casts(const Tensor& weight) {
   if (!weight.defined()) return {0, 0, 0};
-  Tensor key = autocast::cast_source(weight);
-  if (!key.defined()) key = weight;
+  const Tensor key = history_key(weight);
   const auto it = tl_histories.find(key.impl());
   if (it == tl_histories.end() || it->second->owner.lock() != key.impl_ptr()) return {0, 0, 0};
   const LayerHistories& h = *it->second;

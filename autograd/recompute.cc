@@ -219,7 +219,6 @@ SelectiveRecompute::~SelectiveRecompute() {
 }
 
 int64_t checkpoint_replay_count() { return g_replays.load(); }
-bool in_checkpoint_region() { return autograd::checkpoint_depth > 0; }
 
 std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs,
                                const CheckpointOptions& opts) {

@@ -94,9 +94,5 @@ class SelectiveRecompute {
 
 // How many checkpoint replays this thread has run (tests and benches count recomputation).
 int64_t checkpoint_replay_count();
-// Whether this thread is inside a checkpoint region, its forward or its replay (an op whose result
-// depends on state that moves between the two, such as FP8 delayed scaling's histories, must not
-// use that state there: the replay must give the forward's values).
-bool in_checkpoint_region();
 
 }  // namespace mg

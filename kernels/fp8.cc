@@ -30,17 +30,34 @@ void check_cast_input(const char* op, const char* name, const Tensor& x) {
            x.defined() ? dtype_name(x.dtype()) : "an undefined tensor");
 }
 
-// The codes of a contiguous x [R, C] whose scale s is set (or will be, in stream order).
-Fp8Matrix codes_of(const char* op, const Tensor& xc, const Fp8Scale& s, Fp8Format format, Fp8CastOutputs outputs) {
+// What a cast of x [R, C] writes, allocated as `outputs` asks, with its scale_inv.
+Fp8Matrix cast_outputs(const Tensor& xc, Fp8Format format, Fp8CastOutputs outputs, const Tensor& scale_inv) {
   Fp8Matrix m;
   m.format = format;
-  m.scale_inv = s.scale_inv;
+  m.scale_inv = scale_inv;
   const TensorOptions u8(DType::u8, xc.device());
   if (outputs.rows) m.codes = empty(xc.sizes(), u8);
   if (outputs.transposed) m.codes_t = empty({xc.size(1), xc.size(0)}, u8);
   if (outputs.column_sums) m.column_sums = empty({xc.size(1)}, TensorOptions(DType::f32, xc.device()));
+  return m;
+}
+
+// The codes of a contiguous x [R, C] whose scale s is set (or will be, in stream order).
+Fp8Matrix codes_of(const char* op, const Tensor& xc, const Fp8Scale& s, Fp8Format format, Fp8CastOutputs outputs) {
+  Fp8Matrix m = cast_outputs(xc, format, outputs, s.scale_inv);
   backend(xc.device(), op).fp8_quantize_transpose(xc, s.scale, format, m.codes, m.codes_t, m.column_sums);
   return m;
+}
+
+// g and pre as the GELU-backward casts take them: one shape, dtype and device.
+void check_gelu_pair(const char* op, const Tensor& g, const Tensor& pre) {
+  check_cast_input(op, "g", g);
+  MG_CHECK(g.dim() == 2, ShapeError, op, ": g must be 2-D, got ", shape_str(g.sizes()));
+  MG_CHECK(pre.defined() && pre.dtype() == g.dtype(), DTypeError, op, ": pre must be ", dtype_name(g.dtype()),
+           " as g is, got ", pre.defined() ? dtype_name(pre.dtype()) : "an undefined tensor");
+  MG_CHECK(pre.sizes() == g.sizes(), ShapeError, op, ": pre ", shape_str(pre.sizes()), " and g ", shape_str(g.sizes()),
+           " differ in shape");
+  MG_CHECK(pre.device() == g.device(), DeviceError, op, ": pre is on ", pre.device(), ", g on ", g.device());
 }
 }  // namespace
 
@@ -70,10 +87,19 @@ Fp8Matrix delayed_cast(const char* op, const Tensor& xc, const Tensor& pre, Fp8F
   MG_CHECK(outputs.rows || outputs.transposed, ValueError, op, ": asked for neither the codes nor their transpose");
   MG_CHECK(margin >= 0, ValueError, op, ": margin must be >= 0, got ", margin);
   constexpr int kSlots = kFp8HistoryLen + 2;
-  if (xc.numel() == 0) {  // no amax to add: the cast of nothing
+  // Current scaling: for a cast of nothing (no amax to add) and a history's first cast, which
+  // starts it with its amax.
+  const auto current = [&](bool start_history) {
     const Tensor v = pre.defined() ? binary(Binary::GeluTanhBackward, xc, pre) : xc;
-    return codes_of(op, v, fp8_current_scale(v, format, margin), format, outputs);
-  }
+    const Fp8Scale s = fp8_current_scale(v, format, margin);
+    if (start_history) {
+      history.amax = zeros({kSlots}, TensorOptions(DType::f32, xc.device()));
+      raw::copy_(raw::slice(history.amax, 0, 0, 1, 1), s.amax);
+      history.casts = 1;
+    }
+    return codes_of(op, v, s, format, outputs);
+  };
+  if (xc.numel() == 0) return current(false);
   if (history.amax.defined() && history.amax.device() != xc.device()) history = Fp8History{};  // moved: start again
   if (history.amax.defined()) {
     MG_CHECK(history.amax.dtype() == DType::f32, DTypeError, op, ": the history must be f32, got ",
@@ -81,23 +107,9 @@ Fp8Matrix delayed_cast(const char* op, const Tensor& xc, const Tensor& pre, Fp8F
     MG_CHECK(history.amax.numel() == kSlots, ShapeError, op, ": the history must have ", kSlots, " slots, got ",
              shape_str(history.amax.sizes()));
   }
-  if (history.casts == 0 || !history.amax.defined()) {  // no history yet: current scaling starts it
-    const Tensor v = pre.defined() ? binary(Binary::GeluTanhBackward, xc, pre) : xc;
-    history.amax = zeros({kSlots}, TensorOptions(DType::f32, xc.device()));
-    history.casts = 0;
-    const Fp8Scale s = fp8_current_scale(v, format, margin);
-    raw::copy_(raw::slice(history.amax, 0, 0, 1, 1), s.amax);
-    ++history.casts;
-    return codes_of(op, v, s, format, outputs);
-  }
+  if (history.casts == 0 || !history.amax.defined()) return current(true);
   const int slot = static_cast<int>(history.casts % kSlots);
-  Fp8Matrix m;
-  m.format = format;
-  m.scale_inv = empty({1}, TensorOptions(DType::f32, xc.device()));
-  const TensorOptions u8(DType::u8, xc.device());
-  if (outputs.rows) m.codes = empty(xc.sizes(), u8);
-  if (outputs.transposed) m.codes_t = empty({xc.size(1), xc.size(0)}, u8);
-  if (outputs.column_sums) m.column_sums = empty({xc.size(1)}, TensorOptions(DType::f32, xc.device()));
+  Fp8Matrix m = cast_outputs(xc, format, outputs, empty({1}, TensorOptions(DType::f32, xc.device())));
   backend(xc.device(), op)
       .fp8_quantize_transpose_delayed(xc, pre, history.amax, slot, format, margin, m.scale_inv, m.codes, m.codes_t,
                                       m.column_sums);
@@ -105,16 +117,6 @@ Fp8Matrix delayed_cast(const char* op, const Tensor& xc, const Tensor& pre, Fp8F
   return m;
 }
 
-// g and pre as the GELU-backward casts take them: one shape, dtype and device.
-void check_gelu_pair(const char* op, const Tensor& g, const Tensor& pre) {
-  check_cast_input(op, "g", g);
-  MG_CHECK(g.dim() == 2, ShapeError, op, ": g must be 2-D, got ", shape_str(g.sizes()));
-  MG_CHECK(pre.defined() && pre.dtype() == g.dtype(), DTypeError, op, ": pre must be ", dtype_name(g.dtype()),
-           " as g is, got ", pre.defined() ? dtype_name(pre.dtype()) : "an undefined tensor");
-  MG_CHECK(pre.sizes() == g.sizes(), ShapeError, op, ": pre ", shape_str(pre.sizes()), " and g ", shape_str(g.sizes()),
-           " differ in shape");
-  MG_CHECK(pre.device() == g.device(), DeviceError, op, ": pre is on ", pre.device(), ", g on ", g.device());
-}
 }  // namespace
 
 Fp8Matrix fp8_cast_delayed(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, Fp8History& history, int margin) {
@@ -134,15 +136,9 @@ Fp8Matrix fp8_cast_gelu_backward_delayed(const Tensor& g, const Tensor& pre, Fp8
 Fp8Matrix fp8_cast_gelu_backward(const Tensor& g, const Tensor& pre, Fp8Format format, Fp8CastOutputs outputs,
                                  int margin) {
   const char* op = "fp8_cast_gelu_backward";
-  check_cast_input(op, "g", g);
-  MG_CHECK(g.dim() == 2 && g.is_contiguous(), ShapeError, op,
-           ": g must be a contiguous 2-D tensor (it is overwritten), got ", shape_str(g.sizes()),
-           g.is_contiguous() ? "" : " (not contiguous)");
-  MG_CHECK(pre.defined() && pre.dtype() == g.dtype(), DTypeError, op, ": pre must be ", dtype_name(g.dtype()),
-           " as g is, got ", pre.defined() ? dtype_name(pre.dtype()) : "an undefined tensor");
-  MG_CHECK(pre.sizes() == g.sizes(), ShapeError, op, ": pre ", shape_str(pre.sizes()), " and g ", shape_str(g.sizes()),
-           " differ in shape");
-  MG_CHECK(pre.device() == g.device(), DeviceError, op, ": pre is on ", pre.device(), ", g on ", g.device());
+  check_gelu_pair(op, g, pre);
+  MG_CHECK(g.is_contiguous(), ShapeError, op, ": g must be a contiguous 2-D tensor (it is overwritten), got ",
+           shape_str(g.sizes()), " (not contiguous)");
   MG_CHECK(outputs.rows || outputs.transposed, ValueError, op, ": asked for neither the codes nor their transpose");
   MG_CHECK(margin >= 0, ValueError, op, ": margin must be >= 0, got ", margin);
   Fp8Scale s = empty_scale(g.device());

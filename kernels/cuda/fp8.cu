@@ -385,34 +385,17 @@ __global__ void quantize_transpose_vec_kernel(const T* __restrict__ x, const T* 
 namespace {
 bool aligned_to(const void* p, size_t bytes) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-// out[c] = the sum of partial[0..count)[c] ([count, cols] f32): thread (x, y) adds rows y, y + 8,
-// ... of column x, then the 8 sums are added in order (deterministic, as the tiles' sums are).
-__global__ void column_sums_finalize_kernel(const float* partial, int count, int64_t cols, float* out) {
-  __shared__ float sums[kTileRows][kTile + 1];
-  wait_for_previous();  // launched dependent on the cast that wrote `partial`
-  const int64_t c = blockIdx.x * static_cast<int64_t>(kTile) + threadIdx.x;
-  float s = 0.0f;
-  if (c < cols)
-    for (int k = threadIdx.y; k < count; k += kTileRows) s += partial[k * cols + c];
-  sums[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= cols) return;
-  for (int y = 1; y < kTileRows; ++y) s += sums[y][threadIdx.x];
-  out[c] = s;
-}
 }  // namespace
 
 namespace {
-void quantize_transpose(const Tensor& x, const Tensor& pre, const float* scale, const Delayed& d, Fp8Format format,
-                        const Tensor& out, const Tensor& out_t, const Tensor& col_sums) {
+// The casts' launch. With col_sums asked it returns each row of tiles' column sums, [row tiles,
+// cols] f32, for finish_column_sums to add; undefined otherwise, and where x has no elements.
+Tensor quantize_transpose(const Tensor& x, const Tensor& pre, const float* scale, const Delayed& d, Fp8Format format,
+                          const Tensor& out, const Tensor& out_t, const Tensor& col_sums) {
   const int64_t rows = x.size(0), cols = x.size(1);
+  if (rows == 0 || cols == 0) return Tensor();
   mg::cuda::DeviceGuard guard(x.device());
   cudaStream_t st = stream_of(x);
-  if (rows == 0 || cols == 0) {  // no rows: the column sums are zero
-    if (col_sums.defined() && cols > 0)
-      MG_CUDA_CHECK(cudaMemsetAsync(col_sums.raw_data(), 0, static_cast<size_t>(cols) * sizeof(float), st));
-    return;
-  }
   auto* q = out.defined() ? static_cast<uint8_t*>(out.raw_data()) : nullptr;
   auto* qt = out_t.defined() ? static_cast<uint8_t*>(out_t.raw_data()) : nullptr;
   const void* pre_data = pre.defined() ? pre.raw_data() : nullptr;
@@ -423,7 +406,7 @@ void quantize_transpose(const Tensor& x, const Tensor& pre, const float* scale, 
   MG_CHECK(grid_y <= 65535, ShapeError, "fp8_quantize_transpose: ", rows, " rows is more than this kernel's ",
            65535LL * kTile);
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(grid_y));
-  // The column sums: one row of partial sums a row of tiles, added by the finalize kernel.
+  // The column sums: one row of partial sums a row of tiles.
   Tensor partial;
   if (col_sums.defined()) partial = empty({grid_y, cols}, TensorOptions(DType::f32, x.device()));
   float* part = partial.defined() ? data_as<float>(partial) : nullptr;
@@ -439,18 +422,27 @@ void quantize_transpose(const Tensor& x, const Tensor& pre, const float* scale, 
                        qt, rows, cols, part, d);
   });
   MG_CUDA_CHECK_LAUNCH("fp8_quantize_transpose");
-  if (!part) return;
-  launch_dependent(column_sums_finalize_kernel, dim3(static_cast<unsigned>((cols + kTile - 1) / kTile)),
-                   dim3(kTile, kTileRows), 0, st, static_cast<const float*>(part), static_cast<int>(grid_y), cols,
-                   data_as<float>(col_sums));
-  MG_CUDA_CHECK_LAUNCH("fp8_quantize_transpose (column sums)");
+  return partial;
+}
+
+// col_sums = the tiles' partial sums added by the backend's column reduction (zero without rows).
+void finish_column_sums(CudaBackend& be, const Tensor& partial, const Tensor& col_sums) {
+  if (!col_sums.defined() || col_sums.numel() == 0) return;
+  mg::cuda::DeviceGuard guard(col_sums.device());
+  if (partial.defined())
+    be.sum(partial, raw::view(col_sums, {1, col_sums.numel()}));
+  else
+    MG_CUDA_CHECK(cudaMemsetAsync(col_sums.raw_data(), 0, static_cast<size_t>(col_sums.numel()) * sizeof(float),
+                                  stream_of(col_sums)));
 }
 }  // namespace
 
 template <>
 void CudaBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
                                          const Tensor& out_t, const Tensor& col_sums) {
-  quantize_transpose(x, Tensor(), data_as<const float>(scale), Delayed{}, format, out, out_t, col_sums);
+  const Tensor partial =
+      quantize_transpose(x, Tensor(), data_as<const float>(scale), Delayed{}, format, out, out_t, col_sums);
+  finish_column_sums(*this, partial, col_sums);
 }
 
 template <>
@@ -464,7 +456,7 @@ void CudaBackend::fp8_quantize_transpose_delayed(const Tensor& x, const Tensor& 
   d.f = format == Fp8Format::E4M3 ? fp8_math::kE4M3 : fp8_math::kE5M2;
   d.margin = margin;
   d.scale_inv = data_as<float>(scale_inv);
-  quantize_transpose(x, gelu_pre, nullptr, d, format, out, out_t, col_sums);
+  finish_column_sums(*this, quantize_transpose(x, gelu_pre, nullptr, d, format, out, out_t, col_sums), col_sums);
 }
 
 namespace {
