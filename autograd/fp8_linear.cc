@@ -74,20 +74,38 @@ std::shared_ptr<LayerHistories> histories_of(const Tensor& w) {
 
 // The recipe's histories for a layer with weight w, or null where the cast uses current scaling:
 // - under current scaling;
-// - with grad off (an evaluation's activations would fill a training history);
-// - in a checkpoint region, its forward and its replay (the replay must give the forward's values,
-//   and the history moves between the two);
 // - while a CUDA graph is captured (a history's slot is chosen on the host: a replayed graph
-//   would use one slot for ever).
+//   would use one slot for ever);
+// - with grad off (an evaluation's activations would fill a training history), except in the
+//   forward of a checkpoint region that records (its grad is off, its replay's on): the forward
+//   keeps its casts' scales and the replay casts with them (RegionScales, forward_cast);
+// - in a region that keeps no scales (one entered with grad off, or before Fp8Autocast).
 std::shared_ptr<LayerHistories> delayed_histories(const Tensor& x, const Tensor& w) {
-  if (!autocast_state().fp8_delayed || !is_grad_enabled() || checkpoint_depth > 0) return nullptr;
+  if (!autocast_state().fp8_delayed) return nullptr;
   if (x.is_cuda() && cuda::is_capturing(x.device().index)) return nullptr;
+  const bool recorded_region = region_scales_put || region_scales_take;
+  if (!recorded_region && (!is_grad_enabled() || checkpoint_depth > 0)) return nullptr;
   return histories_of(w);
 }
 
 // fp8_cast, or fp8_cast_delayed with the history h.
 Fp8Matrix cast(const Tensor& t, Fp8Format f, Fp8CastOutputs o, Fp8History* h) {
   return h ? kernels::fp8_cast_delayed(t, f, o, *h) : kernels::fp8_cast(t, f, o);
+}
+
+// A forward cast (x, w, the MLP's hidden activation): in a checkpoint region's replay, with the
+// scale its forward's cast used (the history is left alone: it took that cast's amax already);
+// elsewhere as cast() casts, its scale kept for the replay in a region's forward.
+Fp8Matrix forward_cast(const Tensor& t, Fp8Format f, Fp8CastOutputs o, Fp8History* h) {
+  Fp8Matrix m;
+  if (RegionScales* const rs = region_scales_take) {
+    const auto [scale, scale_inv] = rs->take();
+    m = kernels::fp8_cast_scaled(t, f, o, scale, scale_inv);
+  } else {
+    m = cast(t, f, o, h);
+  }
+  if (RegionScales* const rs = region_scales_put) rs->put(m.scale, m.scale_inv);
+  return m;
 }
 Fp8History* of(const std::shared_ptr<LayerHistories>& h, Fp8History LayerHistories::*member) {
   return h ? &(h.get()->*member) : nullptr;
@@ -128,8 +146,8 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType gw
   const int64_t n = w.size(0);
   const std::shared_ptr<LayerHistories> hist = delayed_histories(x, w);
   const Fp8Matrix xq =
-      cast(raw::reshape(x, {-1, x.size(-1)}), kE4M3, {true, need_w, false}, of(hist, &LayerHistories::x));
-  const Fp8Matrix wq = cast(w, kE4M3, {true, need_x, false}, of(hist, &LayerHistories::w));
+      forward_cast(raw::reshape(x, {-1, x.size(-1)}), kE4M3, {true, need_w, false}, of(hist, &LayerHistories::x));
+  const Fp8Matrix wq = forward_cast(w, kE4M3, {true, need_x, false}, of(hist, &LayerHistories::w));
   const Tensor out = raw::view(kernels::fp8_gemm(xq, wq, bias, x.dtype()), with_last(x, n));
   if (!grad) return out;
   record("linear", {x, w, bias}, out,
@@ -160,13 +178,13 @@ Tensor fp8_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, con
   const int64_t hidden = w_fc.size(0);
   const std::shared_ptr<LayerHistories> h_fc = delayed_histories(x, w_fc), h_proj = delayed_histories(x, w_proj);
   const Fp8Matrix xq =
-      cast(raw::reshape(x, {-1, x.size(-1)}), kE4M3, {true, need[1], false}, of(h_fc, &LayerHistories::x));
-  const Fp8Matrix wfq = cast(w_fc, kE4M3, {true, need[0], false}, of(h_fc, &LayerHistories::w));
+      forward_cast(raw::reshape(x, {-1, x.size(-1)}), kE4M3, {true, need[1], false}, of(h_fc, &LayerHistories::x));
+  const Fp8Matrix wfq = forward_cast(w_fc, kE4M3, {true, need[0], false}, of(h_fc, &LayerHistories::w));
   Tensor pre = empty({rows_of(x), hidden}, TensorOptions(dtype, x.device()));
   const Tensor h = kernels::fp8_gemm(xq.codes, kE4M3, xq.scale_inv, wfq.codes, kE4M3, wfq.scale_inv, b_fc, dtype,
                                      Fp8Epilogue::GeluAux, pre);  // h = gelu(pre), pre = x @ w_fc^T + b_fc
-  const Fp8Matrix hq = cast(h, kE4M3, {true, need[3], false}, of(h_proj, &LayerHistories::x));
-  const Fp8Matrix wpq = cast(w_proj, kE4M3, {true, need_pre, false}, of(h_proj, &LayerHistories::w));
+  const Fp8Matrix hq = forward_cast(h, kE4M3, {true, need[3], false}, of(h_proj, &LayerHistories::x));
+  const Fp8Matrix wpq = forward_cast(w_proj, kE4M3, {true, need_pre, false}, of(h_proj, &LayerHistories::w));
   const Tensor out = raw::view(kernels::fp8_gemm(hq, wpq, b_proj, dtype), with_last(x, w_proj.size(0)));
   if (!grad) return out;
   record("gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, out,

@@ -14,9 +14,11 @@
 //              gradient is the f32 column sums of g, taken in the pass that casts g.
 // What it keeps for backward: x's and w's transposed codes, 1 byte an element (the bf16 path
 // keeps x itself, 2 bytes), and the MLP's GELU argument in the region's dtype.
-// Delayed scaling applies with grad on, outside checkpoint regions and CUDA-graph captures
-// (elsewhere the casts use current scaling); a weight used by two layers shares one history of
-// each operand, so each layer's scale covers both.
+// Delayed scaling applies where grad is on and in checkpoint regions, whose forward (grad off)
+// keeps each cast's scale for the replay to cast with (autograd/node.h RegionScales), so the
+// replay's codes are the forward's; evaluations under no_grad and CUDA-graph captures cast with
+// current scaling. A weight used by two layers shares one history of each operand, so each
+// layer's scale covers both.
 // Attention, the head and the norms stay in the region's dtype. The f32 master weights and the
 // optimizer are untouched: the recipe changes only what the GEMMs read.
 #pragma once

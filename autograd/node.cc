@@ -167,6 +167,24 @@ void stash_put_cast(const Tensor& source, const Tensor& cast) {
 
 int64_t stash_reuse_count() { return t_stash_reuses; }
 
+// ---------------- RegionScales ----------------
+
+thread_local RegionScales* region_scales_put = nullptr;
+thread_local RegionScales* region_scales_take = nullptr;
+
+void RegionScales::put(const Tensor& scale, const Tensor& scale_inv) { scales_.emplace_back(scale, scale_inv); }
+
+std::pair<Tensor, Tensor> RegionScales::take() {
+  MG_CHECK(next_ < scales_.size(), AutogradError, region_, ": the replay made FP8 cast ", next_ + 1,
+           " where the forward made ", scales_.size(), " (the region must be a function of its inputs)");
+  return scales_[next_++];
+}
+
+void RegionScales::finish_replay() const {
+  MG_CHECK(next_ == scales_.size(), AutogradError, region_, ": the replay made ", next_, " FP8 casts, the forward ",
+           scales_.size(), " (the region must be a function of its inputs)");
+}
+
 // ---------------- SavedTensor ----------------
 
 SavedTensor::SavedTensor(const Tensor& t, const char* op) : op_(op), was_defined_(t.defined()) {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "autograd/autograd_meta.h"
@@ -229,6 +230,34 @@ extern thread_local RegionStash* region_stash;
 // replay. An op whose values depend on state that moves between the two (FP8 delayed scaling's
 // histories) must not use that state there: the replay must give the forward's values.
 extern thread_local int checkpoint_depth;
+
+// The scales of the FP8 casts a checkpoint region makes (the FP8 recipe's forward casts,
+// autograd/fp8_linear.h): its forward puts each cast's scale in, in call order, and its replay
+// casts with them in the same order, so the replay's codes are the forward's although delayed
+// scaling's histories moved in between (and current scaling's replay skips its amax pass).
+// checkpoint() makes one for a region it records under Fp8Autocast.
+class RegionScales {
+ public:
+  explicit RegionScales(std::string region) : region_(std::move(region)) {}
+  void put(const Tensor& scale, const Tensor& scale_inv);
+  // The next cast's scale and scale_inv (AutogradError where the forward made no more casts: the
+  // region was not a function of its inputs).
+  std::pair<Tensor, Tensor> take();
+  void start_replay() { next_ = 0; }
+  // After the replay: every scale was taken (AutogradError otherwise).
+  void finish_replay() const;
+  size_t size() const { return scales_.size(); }
+
+ private:
+  std::string region_;
+  std::vector<std::pair<Tensor, Tensor>> scales_;
+  size_t next_ = 0;
+};
+// While a region's forward runs, where its FP8 casts put their scales (null outside); while a
+// region replays, where they take them. Both are set inside a region's replay whose forward makes
+// a region of its own (the inner forward takes the outer's scales and keeps them for its replay).
+extern thread_local RegionScales* region_scales_put;
+extern thread_local RegionScales* region_scales_take;
 
 // autocast's weight casts ("weight_casts"): in a region's replay, the forward's cast of `source`
 // (undefined when there is none); in its forward, keep `cast` for the replay.

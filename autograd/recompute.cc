@@ -38,6 +38,8 @@ class CheckpointNode final : public autograd::Node {
 
   // The forward's stash, when the region keeps op outputs (set by checkpoint() before fn runs).
   std::shared_ptr<autograd::RegionStash> stash;
+  // The forward's FP8 cast scales, under Fp8Autocast (set by checkpoint() before fn runs).
+  std::shared_ptr<autograd::RegionScales> scales;
 
   std::string name() const override { return name_; }
   bool recomputes_outputs() const override { return opts_.recompute_outputs; }
@@ -70,6 +72,7 @@ class CheckpointNode final : public autograd::Node {
   void release_saved() override {
     saved_.clear();
     stash.reset();
+    scales.reset();
     fn_ = nullptr;
     replay_inputs_.clear();
     replay_outputs_.clear();
@@ -106,10 +109,14 @@ class CheckpointNode final : public autograd::Node {
     set_autocast_state(autocast_);
     std::vector<Tensor> out;
     autograd::RegionStash* const stash_now = autograd::region_stash;
+    autograd::RegionScales* const put_now = autograd::region_scales_put;
+    autograd::RegionScales* const take_now = autograd::region_scales_take;
     auto restore = [&] {
       if (opts_.preserve_rng_state) gen.set_state(rng_now);
       set_autocast_state(autocast_now);
       autograd::region_stash = stash_now;
+      autograd::region_scales_put = put_now;
+      autograd::region_scales_take = take_now;
     };
     try {
       EnableGradGuard grad(true);
@@ -119,8 +126,13 @@ class CheckpointNode final : public autograd::Node {
         stash->start_replay();
         autograd::region_stash = stash.get();
       }
+      // The FP8 casts take their forward's scales; a region made inside keeps its own.
+      autograd::region_scales_put = nullptr;
+      autograd::region_scales_take = scales.get();
+      if (scales) scales->start_replay();
       out = fn_(in);
       if (stash) stash->finish_replay();
+      if (scales) scales->finish_replay();
     } catch (...) {
       restore();
       stash.reset();
@@ -149,6 +161,20 @@ class CheckpointNode final : public autograd::Node {
   PhiloxState rng_;
   AutocastState autocast_;
   std::vector<Tensor> replay_inputs_, replay_outputs_;
+};
+
+// Points region_scales_put at a region's FP8 scales while its forward runs.
+class ScalesScope {
+ public:
+  explicit ScalesScope(autograd::RegionScales* s) : prev_(autograd::region_scales_put) {
+    autograd::region_scales_put = s;
+  }
+  ~ScalesScope() { autograd::region_scales_put = prev_; }
+  ScalesScope(const ScalesScope&) = delete;
+  ScalesScope& operator=(const ScalesScope&) = delete;
+
+ private:
+  autograd::RegionScales* prev_;
 };
 
 // Points region_stash at a region's stash while its forward runs.
@@ -242,6 +268,11 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
     node->stash = std::make_shared<autograd::RegionStash>(opts.keep_ops, node->name());
     stash_scope.emplace(node->stash.get());
   }
+  std::optional<ScalesScope> scales_scope;
+  if (autocast_state().fp8) {
+    node->scales = std::make_shared<autograd::RegionScales>(node->name());
+    scales_scope.emplace(node->scales.get());
+  }
   std::vector<Tensor> raw_out;
   bool needs_node = autograd::any_requires_grad(inputs);
   if (needs_node) {
@@ -255,6 +286,7 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
     for (const Tensor& o : raw_out) needs_node |= o.defined() && o.requires_grad();
   }
   stash_scope.reset();
+  scales_scope.reset();
   std::vector<Tensor> out;
   out.reserve(raw_out.size());
   for (const Tensor& o : raw_out) out.push_back(o.defined() ? o.detach() : Tensor());

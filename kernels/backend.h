@@ -241,13 +241,15 @@ class Backend {
                                       const Tensor& out_t, const Tensor& col_sums) = 0;
   // fp8_quantize_transpose with delayed scaling (kernels/fp8.h, Fp8History): the scale is
   // fp8_math::scale_for(the history's max, format, margin) by history_max_bits(history, slots,
-  // slot), scale_inv (f32 [1]) gets 1 / scale rounded once, history[slot] (zero before) gets x's
-  // amax bits and history[history_next(slot)] is zeroed. history: f32 [slots] on x's device.
+  // slot), scale_inv (f32 [1]) gets 1 / scale rounded once and scale (f32 [1], where defined) the
+  // scale itself, history[slot] (zero before) gets x's amax bits and history[history_next(slot)]
+  // is zeroed. history: f32 [slots] on x's device.
   // With gelu_pre defined (x's shape and dtype, contiguous) the values cast are
   // binary(GeluTanhBackward, x, gelu_pre)'s, computed in the pass (x is read, not written).
   virtual void fp8_quantize_transpose_delayed(const Tensor& x, const Tensor& gelu_pre, const Tensor& history, int slot,
-                                              Fp8Format format, int margin, const Tensor& scale_inv, const Tensor& out,
-                                              const Tensor& out_t, const Tensor& col_sums) = 0;
+                                              Fp8Format format, int margin, const Tensor& scale,
+                                              const Tensor& scale_inv, const Tensor& out, const Tensor& out_t,
+                                              const Tensor& col_sums) = 0;
   // out [M, N] (contiguous; bf16, f16 or f32) = (decode(a) @ decode(b)^T) * a_inv[0] * b_inv[0]
   // (+ bias [N] in out's dtype), accumulated in f32 and rounded once, for u8 codes a [M, K] and
   // b [N, K] (contiguous) in formats fa and fb (not both E5M2); a_inv and b_inv f32 [1] on the

@@ -167,8 +167,8 @@ class BackendImpl final : public Backend {
   void fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
                               const Tensor& out_t, const Tensor& col_sums) override;
   void fp8_quantize_transpose_delayed(const Tensor& x, const Tensor& gelu_pre, const Tensor& history, int slot,
-                                      Fp8Format format, int margin, const Tensor& scale_inv, const Tensor& out,
-                                      const Tensor& out_t, const Tensor& col_sums) override;
+                                      Fp8Format format, int margin, const Tensor& scale, const Tensor& scale_inv,
+                                      const Tensor& out, const Tensor& out_t, const Tensor& col_sums) override;
   bool fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb, const Tensor& b_inv,
                 const Tensor& bias, const Tensor& out, Fp8Epilogue epilogue, const Tensor& aux) override;
 };

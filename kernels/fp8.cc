@@ -10,11 +10,11 @@ namespace {
 
 bool is_half_or_f32(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
 
-void check_scale(const char* op, const Tensor& scale, Device dev) {
-  MG_CHECK(scale.defined() && scale.numel() == 1, ShapeError, op, ": scale must be a one-element tensor, got ",
+void check_scale(const char* op, const Tensor& scale, Device dev, const char* name = "scale") {
+  MG_CHECK(scale.defined() && scale.numel() == 1, ShapeError, op, ": ", name, " must be a one-element tensor, got ",
            scale.defined() ? shape_str(scale.sizes()) : std::string("an undefined tensor"));
-  MG_CHECK(scale.dtype() == DType::f32, DTypeError, op, ": scale must be f32, got ", scale.dtype());
-  MG_CHECK(scale.device() == dev, DeviceError, op, ": scale is on ", scale.device(), ", the tensor on ", dev);
+  MG_CHECK(scale.dtype() == DType::f32, DTypeError, op, ": ", name, " must be f32, got ", scale.dtype());
+  MG_CHECK(scale.device() == dev, DeviceError, op, ": ", name, " is on ", scale.device(), ", the tensor on ", dev);
 }
 
 }  // namespace
@@ -45,6 +45,7 @@ Fp8Matrix cast_outputs(const Tensor& xc, Fp8Format format, Fp8CastOutputs output
 // The codes of a contiguous x [R, C] whose scale s is set (or will be, in stream order).
 Fp8Matrix codes_of(const char* op, const Tensor& xc, const Fp8Scale& s, Fp8Format format, Fp8CastOutputs outputs) {
   Fp8Matrix m = cast_outputs(xc, format, outputs, s.scale_inv);
+  m.scale = s.scale;
   backend(xc.device(), op).fp8_quantize_transpose(xc, s.scale, format, m.codes, m.codes_t, m.column_sums);
   return m;
 }
@@ -79,6 +80,17 @@ Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, in
   return codes_of(op, xc, fp8_current_scale(xc, format, margin), format, outputs);
 }
 
+Fp8Matrix fp8_cast_scaled(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, const Tensor& scale,
+                          const Tensor& scale_inv) {
+  const char* op = "fp8_cast_scaled";
+  check_cast_input(op, "x", x);
+  MG_CHECK(x.dim() == 2, ShapeError, op, ": x must be 2-D, got ", shape_str(x.sizes()));
+  MG_CHECK(outputs.rows || outputs.transposed, ValueError, op, ": asked for neither the codes nor their transpose");
+  check_scale(op, scale, x.device());
+  check_scale(op, scale_inv, x.device(), "scale_inv");
+  return codes_of(op, raw::contiguous(x), Fp8Scale{Tensor(), scale, scale_inv}, format, outputs);
+}
+
 namespace {
 // fp8_cast_delayed of xc (contiguous, checked), of binary(GeluTanhBackward, xc, pre) where pre is
 // defined.
@@ -109,10 +121,12 @@ Fp8Matrix delayed_cast(const char* op, const Tensor& xc, const Tensor& pre, Fp8F
   }
   if (history.casts == 0 || !history.amax.defined()) return current(true);
   const int slot = static_cast<int>(history.casts % kSlots);
-  Fp8Matrix m = cast_outputs(xc, format, outputs, empty({1}, TensorOptions(DType::f32, xc.device())));
+  const TensorOptions f32(DType::f32, xc.device());
+  Fp8Matrix m = cast_outputs(xc, format, outputs, empty({1}, f32));
+  m.scale = empty({1}, f32);
   backend(xc.device(), op)
-      .fp8_quantize_transpose_delayed(xc, pre, history.amax, slot, format, margin, m.scale_inv, m.codes, m.codes_t,
-                                      m.column_sums);
+      .fp8_quantize_transpose_delayed(xc, pre, history.amax, slot, format, margin, m.scale, m.scale_inv, m.codes,
+                                      m.codes_t, m.column_sums);
   ++history.casts;
   return m;
 }

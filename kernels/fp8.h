@@ -36,6 +36,7 @@ struct Fp8Matrix {
   Tensor codes;        // u8 [R, C], the codes of x * scale (undefined unless asked)
   Tensor codes_t;      // u8 [C, R], the same codes transposed (undefined unless asked)
   Tensor scale_inv;    // f32 [1]: a code's value is decode(code) * scale_inv
+  Tensor scale;        // f32 [1]: the scale the codes were made with (x * scale, rounded)
   Tensor column_sums;  // f32 [C]: x's column sums, from x's own values (undefined unless asked)
   Fp8Format format = Fp8Format::E4M3;
 };
@@ -53,6 +54,13 @@ Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, in
 inline Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, bool rows, bool transposed, int margin = 0) {
   return fp8_cast(x, format, Fp8CastOutputs{rows, transposed, false}, margin);
 }
+
+// x [R, C] cast with a scale set before (`scale` and its `scale_inv`, f32 [1] on x's device, as
+// an earlier cast's Fp8Matrix holds them): what a checkpoint region's replay casts with, so that
+// its codes are its forward's whatever the histories did since. Errors as fp8_cast's, and
+// ShapeError, DTypeError or DeviceError naming a scale that is not one f32 on x's device.
+Fp8Matrix fp8_cast_scaled(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, const Tensor& scale,
+                          const Tensor& scale_inv);
 
 // Delayed scaling: the scale of a cast comes from the largest amax of the same operand's previous
 // kFp8HistoryLen casts (an operand: a linear layer's input, weight or output gradient across

@@ -108,8 +108,9 @@ void CpuBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp
 
 template <>
 void CpuBackend::fp8_quantize_transpose_delayed(const Tensor& x_in, const Tensor& gelu_pre, const Tensor& history,
-                                                int slot, Fp8Format format, int margin, const Tensor& scale_inv,
-                                                const Tensor& out, const Tensor& out_t, const Tensor& col_sums) {
+                                                int slot, Fp8Format format, int margin, const Tensor& scale,
+                                                const Tensor& scale_inv, const Tensor& out, const Tensor& out_t,
+                                                const Tensor& col_sums) {
   Tensor x = x_in;
   if (gelu_pre.defined()) {
     x = empty(x_in.sizes(), TensorOptions(x_in.dtype()));
@@ -123,6 +124,7 @@ void CpuBackend::fp8_quantize_transpose_delayed(const Tensor& x_in, const Tensor
   *s.data_ptr<float>() = sc;
   fp8_quantize_transpose(x, s, format, out, out_t, col_sums);
   *scale_inv.data_ptr<float>() = 1.0f / sc;
+  if (scale.defined()) *scale.data_ptr<float>() = sc;
   unsigned m = 0;
   with_floats(x, [&](auto at, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {

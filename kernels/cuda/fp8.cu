@@ -212,6 +212,7 @@ struct Delayed {
   fp8_math::Format f{};
   int margin = 0;
   float* scale_inv = nullptr;  // 1 / the scale used, written by block (0, 0)
+  float* scale = nullptr;      // the scale used (or null), written by block (0, 0)
 };
 // The scale a tile kernel casts with: *scale, or under delayed scaling the history's (each warp
 // reads it with one load a lane and one reduction: blockDim.x is kTile, a warp a row of threads).
@@ -225,6 +226,7 @@ __device__ __forceinline__ float tile_scale(const float* scale, const Delayed& d
   const float s = fp8_math::scale_for(__uint_as_float(m), d.f, d.margin);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
     *d.scale_inv = __frcp_rn(s);
+    if (d.scale) *d.scale = s;
     d.hist[next] = 0;  // no block reads that slot
   }
   return s;
@@ -447,8 +449,9 @@ void CudaBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, F
 
 template <>
 void CudaBackend::fp8_quantize_transpose_delayed(const Tensor& x, const Tensor& gelu_pre, const Tensor& history,
-                                                 int slot, Fp8Format format, int margin, const Tensor& scale_inv,
-                                                 const Tensor& out, const Tensor& out_t, const Tensor& col_sums) {
+                                                 int slot, Fp8Format format, int margin, const Tensor& scale,
+                                                 const Tensor& scale_inv, const Tensor& out, const Tensor& out_t,
+                                                 const Tensor& col_sums) {
   Delayed d;
   d.hist = static_cast<unsigned*>(history.raw_data());
   d.slots = static_cast<int>(history.numel());
@@ -456,6 +459,7 @@ void CudaBackend::fp8_quantize_transpose_delayed(const Tensor& x, const Tensor& 
   d.f = format == Fp8Format::E4M3 ? fp8_math::kE4M3 : fp8_math::kE5M2;
   d.margin = margin;
   d.scale_inv = data_as<float>(scale_inv);
+  d.scale = scale.defined() ? data_as<float>(scale) : nullptr;
   finish_column_sums(*this, quantize_transpose(x, gelu_pre, nullptr, d, format, out, out_t, col_sums), col_sums);
 }
 

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 
 #include "core/random.h"
 #include "kernels/elementwise.h"
@@ -200,6 +201,12 @@ TEST(Fp8Ops, DelayedScalingUsesTheLargestAmaxOfTheRecentCasts) {
     const Fp8Matrix m = fp8_cast_delayed(x, Fp8Format::E4M3, {true, true, true}, h);
     const float scale = fp8_math::scale_for(history_amax, kE4M3, 0);
     EXPECT_EQ(m.scale_inv.item<float>(), 1.0f / scale) << what;
+    EXPECT_EQ(m.scale.item<float>(), scale) << what;
+    // What a checkpoint region's replay casts with: the same codes from the cast's own scale.
+    const Fp8Matrix again = fp8_cast_scaled(x, Fp8Format::E4M3, {true, true, false}, m.scale, m.scale_inv);
+    EXPECT_EQ(again.codes.to_vector<uint8_t>(), m.codes.to_vector<uint8_t>()) << what;
+    EXPECT_EQ(again.codes_t.to_vector<uint8_t>(), m.codes_t.to_vector<uint8_t>()) << what;
+    EXPECT_EQ(again.scale_inv.item<float>(), m.scale_inv.item<float>()) << what;
     const Tensor s = full({1}, scale);
     EXPECT_EQ(m.codes.to_vector<uint8_t>(), fp8_quantize(x, s, Fp8Format::E4M3).to_vector<uint8_t>()) << what;
     EXPECT_EQ(m.codes_t.to_vector<uint8_t>(),
@@ -242,6 +249,28 @@ TEST(Fp8Ops, DelayedScalingUsesTheLargestAmaxOfTheRecentCasts) {
 // The GELU-backward cast under delayed scaling casts binary(GeluTanhBackward, g, pre)'s values, g
 // left as it was: the same scale_inv, codes, column sums and history as fp8_cast_delayed of the
 // derivative, cast after cast (the first one current scaling's), in f32, f16 and bf16.
+// fp8_cast_scaled names the scale that is not one f32 on x's device, and x that is not 2-D.
+TEST(Fp8Ops, ScaledCastBadInputIsAClearError) {
+  const Tensor x = ones({8, 16}), one = full({1}, 2.0f);
+  const auto message = [&](const Tensor& in, const Tensor& scale, const Tensor& inv) {
+    try {
+      fp8_cast_scaled(in, Fp8Format::E4M3, {true, false, false}, scale, inv);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(x, full({2}, 1.0f), one).find("fp8_cast_scaled: scale must be a one-element tensor"),
+            std::string::npos);
+  EXPECT_NE(message(x, one, Tensor()).find("fp8_cast_scaled: scale_inv must be a one-element tensor, got an undefined"),
+            std::string::npos);
+  EXPECT_NE(message(x, one, raw::to_dtype(one, DType::bf16)).find("scale_inv must be f32, got bf16"),
+            std::string::npos);
+  EXPECT_NE(message(ones({8}), one, one).find("x must be 2-D"), std::string::npos);
+  EXPECT_EQ(fp8_cast_scaled(x, Fp8Format::E4M3, {true, false, false}, one, full({1}, 0.5f)).codes.to_vector<uint8_t>(),
+            fp8_quantize(x, one, Fp8Format::E4M3).to_vector<uint8_t>());
+}
+
 TEST(Fp8Ops, GeluBackwardDelayedCastIsTheDerivativeThenTheDelayedCast) {
   Generator gen(22);
   for (DType dt : {DType::f32, DType::f16, DType::bf16}) {

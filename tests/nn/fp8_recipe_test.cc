@@ -209,10 +209,11 @@ TEST(Fp8Recipe, MlpBiasGradientsAreTheColumnSumsOfItsGradients) {
 }
 
 // Delayed scaling's histories carry from step to step (one cast of the input, the weight and the
-// output gradient a step), and neither an evaluation under no_grad nor a checkpoint region (its
-// forward or its replay, which must give the forward's values) moves them: those cast with
-// current scaling.
-TEST(Fp8Recipe, DelayedHistoriesCarryAcrossStepsOutsideEvalAndCheckpoints) {
+// output gradient a step), also through a checkpoint region (its forward casts with the histories
+// and keeps the scales, its replay casts with those: one cast of each a step, as without the
+// region); an evaluation under no_grad casts with current scaling and leaves them alone, also
+// through a region (grad off: nothing replays).
+TEST(Fp8Recipe, DelayedHistoriesCarryAcrossStepsAndCheckpointsNotEvals) {
   Generator g(5);
   nn::Linear lin(64, 48, true, {}, &g);
   const Tensor x = randn({32, 64}, {}, &g);
@@ -221,13 +222,14 @@ TEST(Fp8Recipe, DelayedHistoriesCarryAcrossStepsOutsideEvalAndCheckpoints) {
     Fp8Autocast fp8(true, 0, Fp8Scaling::Delayed);
     sum(lin(x).to(DType::f32)).backward();
   }
-  const std::array<int64_t, 3> three{3, 3, 3};
+  const std::array<int64_t, 3> three{3, 3, 3}, four{4, 4, 4};
   EXPECT_EQ(autograd::fp8_history_casts(lin.weight), three);
   {
     NoGradGuard ng;
     Autocast ac(DeviceType::CPU, DType::bf16);
     Fp8Autocast fp8(true, 0, Fp8Scaling::Delayed);
     lin(x);
+    checkpoint([&](const Tensor& in) { return lin(in); }, x);
   }
   EXPECT_EQ(autograd::fp8_history_casts(lin.weight), three);
   {
@@ -237,8 +239,93 @@ TEST(Fp8Recipe, DelayedHistoriesCarryAcrossStepsOutsideEvalAndCheckpoints) {
     sum(checkpoint([&](const Tensor& in) { return lin(in); }, xin).to(DType::f32)).backward();
     EXPECT_TRUE(xin.grad().defined());
   }
-  EXPECT_EQ(autograd::fp8_history_casts(lin.weight), three);
+  EXPECT_EQ(autograd::fp8_history_casts(lin.weight), four);
   EXPECT_EQ(autograd::fp8_history_casts(randn({4, 4})), (std::array<int64_t, 3>{0, 0, 0}));
+}
+
+// A block (a linear, then the MLP) run inside a checkpoint region gives, step after step, the
+// same gradients bit for bit as the same block run plainly, under delayed scaling: the region's
+// forward casts with the histories and keeps the scales, and its replay casts with those, so its
+// codes are the forward's (a replay casting from the histories would take a scale that moved:
+// the forward added its amax). Current scaling the same way (its replay skips the amax pass).
+// The inputs grow and shrink from step to step so that the histories' scales change; the CPU's
+// kernels add in a fixed order.
+TEST(Fp8Recipe, CheckpointedBlockGradientsAreThePlainBlocksBitForBit) {
+  const int64_t M = 32, K = 32, N = 48, H = 64;
+  struct Block {
+    Tensor w, b, w_fc, b_fc, w_proj, b_proj;
+    std::vector<Tensor> params() const { return {w, b, w_fc, b_fc, w_proj, b_proj}; }
+    Tensor operator()(const Tensor& in) const { return gelu_mlp(linear(in, w, b), w_fc, b_fc, w_proj, b_proj); }
+  };
+  const auto make = [&] {
+    Generator g(12);
+    const auto p = [&](Shape s) { return kernels::mul_scalar(randn(s, {}, &g), 0.2).requires_grad_(true); };
+    return Block{p({N, K}), p({N}), p({H, N}), p({H}), p({N, H}), p({N})};
+  };
+  for (Fp8Scaling scaling : {Fp8Scaling::Delayed, Fp8Scaling::Current}) {
+    const char* name = scaling == Fp8Scaling::Delayed ? "delayed" : "current";
+    const Block plain = make(), ckpt = make();
+    Generator data(13);
+    for (int step = 0; step < 6; ++step) {
+      const double factor[] = {1.0, 4.0, 0.5, 2.0, 0.25, 1.0};
+      const Tensor x = kernels::mul_scalar(randn({M, K}, {}, &data), factor[step]);
+      const Tensor r = randn({M, N}, {}, &data);
+      const Tensor xp = x.detach().requires_grad_(true), xc = x.detach().requires_grad_(true);
+      {
+        Autocast ac(DeviceType::CPU, DType::bf16);
+        Fp8Autocast fp8(true, 0, scaling);
+        sum(plain(xp).to(DType::f32) * r).backward();
+        sum(checkpoint([&](const Tensor& in) { return ckpt(in); }, xc).to(DType::f32) * r).backward();
+      }
+      const std::string what = std::string(name) + " step " + std::to_string(step);
+      EXPECT_EQ(xp.grad().to_vector<float>(), xc.grad().to_vector<float>()) << what;
+      const std::vector<Tensor> pp = plain.params(), pc = ckpt.params();
+      for (size_t i = 0; i < pp.size(); ++i) {
+        EXPECT_EQ(pp[i].grad().to_vector<float>(), pc[i].grad().to_vector<float>()) << what << " parameter " << i;
+        for (Tensor p : {pp[i], pc[i]}) {  // an SGD step, so the weights' amaxes move too
+          NoGradGuard ng;
+          p.copy_(p.detach() - kernels::mul_scalar(p.grad(), 2e-4));
+          p.grad().zero_();
+        }
+      }
+    }
+    if (scaling == Fp8Scaling::Delayed) {
+      const std::array<int64_t, 3> six{6, 6, 6};
+      EXPECT_EQ(autograd::fp8_history_casts(plain.w), six);
+      EXPECT_EQ(autograd::fp8_history_casts(ckpt.w), six);
+      EXPECT_EQ(autograd::fp8_history_casts(ckpt.w_proj), six);
+    }
+  }
+}
+
+// A region whose replay makes more FP8 casts than its forward did is not a function of its
+// inputs: the replay says so instead of casting with a scale that was never taken.
+TEST(Fp8Recipe, ReplayWithOtherCastsThanTheForwardIsAnError) {
+  Generator g(6);
+  nn::Linear lin(32, 32, true, {}, &g);
+  const Tensor xin = randn({16, 32}, {}, &g).requires_grad_(true);
+  int calls = 0;
+  Tensor out;
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    Fp8Autocast fp8(true, 0, Fp8Scaling::Delayed);
+    CheckpointOptions opts;
+    opts.name = "block";
+    out = checkpoint(
+        [&](const Tensor& in) {
+          const Tensor y = lin(in);
+          return ++calls == 1 ? y : lin(y);  // the replay makes two linears, the forward one
+        },
+        xin, opts);
+  }
+  try {
+    sum(out.to(DType::f32)).backward();
+    ADD_FAILURE() << "no error";
+  } catch (const AutogradError& e) {
+    EXPECT_NE(std::string(e.what()).find("block: the replay made FP8 cast 3 where the forward made 2"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // GPT-2's shape scaled down (every linear a multiple of 16 wide, 32 rows a batch), 30 AdamW steps

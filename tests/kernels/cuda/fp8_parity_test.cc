@@ -185,7 +185,8 @@ TEST_F(Fp8Parity, CastColumnSumsMatchTheCpuWithinF32Rounding) {
 
 // Delayed scaling on the device against the CPU over a run of casts whose amax rises and falls
 // (past the history's, so some values saturate, and back): the same scale_inv, codes, transposed
-// codes and history bits after every cast, through the 32 x 128 tile kernel (up to 25,392 tiles
+// codes, history bits and scale after every cast (and the codes again from that scale, as a
+// checkpoint replay casts), through the 32 x 128 tile kernel (up to 25,392 tiles
 // adding their amax to one history slot) and the 32 x 32 one.
 TEST_F(Fp8Parity, DelayedScalingMatchesTheCpuCastForCast) {
   Generator g(14);
@@ -200,8 +201,14 @@ TEST_F(Fp8Parity, DelayedScalingMatchesTheCpuCastForCast) {
       const kernels::Fp8Matrix d = kernels::fp8_cast_delayed(to_cuda(x), Fp8Format::E5M2, {true, true, false}, hd);
       const std::string what = shape_str(shape) + " cast " + std::to_string(k);
       ASSERT_TRUE(same_bits(c.scale_inv.item<float>(), d.scale_inv.cpu().item<float>())) << what;
+      ASSERT_TRUE(same_bits(c.scale.item<float>(), d.scale.cpu().item<float>())) << what;
       ASSERT_EQ(c.codes.to_vector<uint8_t>(), d.codes.cpu().to_vector<uint8_t>()) << what;
       ASSERT_EQ(c.codes_t.to_vector<uint8_t>(), d.codes_t.cpu().to_vector<uint8_t>()) << what;
+      // A checkpoint replay's cast with the scale the cast wrote: the same codes.
+      const kernels::Fp8Matrix r =
+          kernels::fp8_cast_scaled(to_cuda(x), Fp8Format::E5M2, {true, true, false}, d.scale, d.scale_inv);
+      ASSERT_EQ(r.codes.cpu().to_vector<uint8_t>(), c.codes.to_vector<uint8_t>()) << what;
+      ASSERT_EQ(r.codes_t.cpu().to_vector<uint8_t>(), c.codes_t.to_vector<uint8_t>()) << what;
       const std::vector<float> a = hc.amax.to_vector<float>(), b = hd.amax.cpu().to_vector<float>();
       for (size_t i = 0; i < a.size(); ++i) ASSERT_TRUE(same_bits(a[i], b[i])) << what << " slot " << i;
     }
