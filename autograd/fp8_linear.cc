@@ -2,6 +2,7 @@
 #include "autograd/fp8_linear.h"
 
 #include <array>
+#include <map>
 #include <memory>
 #include <unordered_map>
 
@@ -129,6 +130,83 @@ std::array<int64_t, 3> fp8_history_casts(const Tensor& weight) {
   if (it == tl_histories.end() || it->second->owner.lock() != key.impl_ptr()) return {0, 0, 0};
   const LayerHistories& h = *it->second;
   return {h.x.casts, h.w.casts, h.g.casts};
+}
+
+namespace {
+constexpr std::array<std::pair<const char*, Fp8History LayerHistories::*>, 3> kOperands{
+    {{"x", &LayerHistories::x}, {"w", &LayerHistories::w}, {"g", &LayerHistories::g}}};
+}  // namespace
+
+Fp8HistoryState::Fp8HistoryState(std::vector<std::pair<std::string, Tensor>> weights) : weights_(std::move(weights)) {
+  for (const auto& [name, w] : weights_) {
+    MG_CHECK(!name.empty(), ValueError, "Fp8HistoryState: a weight's name is empty");
+    MG_CHECK(w.defined(), ValueError, "Fp8HistoryState: weight \"", name, "\" is undefined");
+  }
+}
+
+StateDict Fp8HistoryState::state_dict() const {
+  StateDict sd;
+  for (const auto& [name, w] : weights_) {
+    const Tensor key = history_key(w);
+    const auto it = tl_histories.find(key.impl());
+    if (it == tl_histories.end() || it->second->owner.lock() != key.impl_ptr()) continue;
+    nlohmann::json counts = nlohmann::json::object();
+    for (const auto& [op, member] : kOperands) {
+      const Fp8History& h = it->second.get()->*member;
+      if (h.casts == 0 || !h.amax.defined()) continue;
+      sd.tensors[name + "." + op] = h.amax.clone();
+      counts[op] = h.casts;
+    }
+    if (!counts.empty()) sd.meta[name] = counts;
+  }
+  return sd;
+}
+
+StagedLoad Fp8HistoryState::stage_state_dict(const StateDict& sd) {
+  const char* op = "Fp8HistoryState::load_state_dict";
+  constexpr int64_t kSlots = kernels::kFp8HistoryLen + 2;
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, w] : weights_) by_name[name] = &w;
+  struct Staged {
+    Tensor weight;
+    std::array<Fp8History, 3> h;
+  };
+  std::map<std::string, Staged> staged;
+  for (const auto& [name, w] : weights_) staged[name].weight = w;
+  for (const auto& [key, t] : sd.tensors) {
+    const size_t dot = key.rfind('.');
+    const std::string name = dot == key.npos ? key : key.substr(0, dot),
+                      operand = dot == key.npos ? "" : key.substr(dot + 1);
+    MG_CHECK(by_name.count(name), ValueError, op, ": \"", key, "\" names no weight given to this state");
+    int k = -1;
+    for (int i = 0; i < 3; ++i)
+      if (operand == kOperands[i].first) k = i;
+    MG_CHECK(k >= 0, ValueError, op, ": \"", key, "\" names no operand (x, w or g)");
+    MG_CHECK(t.defined() && t.dtype() == DType::f32 && t.dim() == 1 && t.numel() == kSlots, ValueError, op, ": \"", key,
+             "\" must be f32 [", kSlots, "], got ", t.defined() ? dtype_name(t.dtype()) : "undefined", " ",
+             t.defined() ? shape_str(t.sizes()) : "");
+    const nlohmann::json* counts = sd.meta.contains(name) ? &sd.meta[name] : nullptr;
+    MG_CHECK(counts && counts->is_object() && counts->contains(operand) && (*counts)[operand].is_number_integer() &&
+                 (*counts)[operand].get<int64_t>() > 0,
+             ValueError, op, ": \"", key, "\" has no positive cast count in meta[\"", name, "\"][\"", operand, "\"]");
+    Fp8History& h = staged[name].h[k];
+    h.amax = raw::to_device(t, by_name[name]->device());
+    if (h.amax.impl() == t.impl()) h.amax = t.clone();  // not the caller's tensor
+    h.casts = (*counts)[operand].get<int64_t>();
+  }
+  for (const auto& [name, counts] : sd.meta.items()) {
+    MG_CHECK(by_name.count(name), ValueError, op, ": meta entry \"", name, "\" names no weight given to this state");
+    MG_CHECK(counts.is_object(), ValueError, op, ": meta[\"", name, "\"] must be an object of cast counts");
+    for (const auto& [operand, n] : counts.items())
+      MG_CHECK(sd.tensors.count(name + "." + operand), ValueError, op, ": meta[\"", name, "\"][\"", operand,
+               "\"] counts casts of a history the state does not hold");
+  }
+  return [staged = std::move(staged)] {
+    for (const auto& [name, s] : staged) {
+      const std::shared_ptr<LayerHistories> h = histories_of(s.weight);
+      for (int i = 0; i < 3; ++i) h.get()->*kOperands[i].second = s.h[i];
+    }
+  };
 }
 
 bool fp8_linear_applies(const Tensor& x, const Tensor& w) {

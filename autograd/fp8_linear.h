@@ -24,7 +24,11 @@
 #pragma once
 
 #include <array>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "core/state_dict.h"
 #include "core/tensor.h"
 
 namespace mg::autograd {
@@ -39,6 +43,26 @@ bool fp8_linear_applies(const Tensor& x, const Tensor& w);
 // cast of it): its input's, weight's and output gradient's, on the calling thread; zeros where
 // it has none (tests, and a check that the histories carry from step to step).
 std::array<int64_t, 3> fp8_history_casts(const Tensor& weight);
+
+// Delayed scaling's histories of the layers whose f32 weights are `weights` (named as the model
+// names its parameters: model.named_parameters()), as a checkpoint component, so that a resumed
+// run casts with the scales an uninterrupted one would:
+//   serialize::TrainingCheckpoint ckpt;  ckpt.add("fp8", fp8_state);   // Fp8HistoryState fp8_state(named)
+// Saved: "<name>.x", "<name>.w", "<name>.g" (the input's, weight's and output gradient's amax
+// slots, f32 [kFp8HistoryLen + 2]) and meta[name] {"x": casts, ...} for each history a layer has.
+// Loading checks every entry first (a ValueError naming the entry: an unknown name or operand, a
+// wrong shape or dtype, a count missing or negative), then replaces the named weights' histories
+// on the calling thread (a weight with none saved starts again), each on its weight's device.
+class Fp8HistoryState {
+ public:
+  explicit Fp8HistoryState(std::vector<std::pair<std::string, Tensor>> weights);
+  StateDict state_dict() const;
+  StagedLoad stage_state_dict(const StateDict& sd);
+  void load_state_dict(const StateDict& sd) { stage_state_dict(sd)(); }
+
+ private:
+  std::vector<std::pair<std::string, Tensor>> weights_;
+};
 
 // linear and gelu_mlp under the recipe; gw_dtype and the like are the weights' gradient dtypes.
 Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType gw_dtype);

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "autograd/fp8_linear.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "serialize/serialize.h"
@@ -497,6 +498,14 @@ int train(Run& r) {
   else if (!zero)
     ckpt.add("optimizer", optimizer);
   ckpt.add_generator("rng", default_generator());
+  // FP8 delayed scaling's histories (each layer's recent amaxes), so that a resumed run casts with
+  // the scales an uninterrupted one would. Kept by the model's own weights: not under ZeRO-3 or
+  // parameter offload, whose layers run on gathered copies.
+  std::optional<autograd::Fp8HistoryState> fp8_state;
+  if (f.fp8 && f.fp8_delayed && !zero3 && !place.param_offload.source) {
+    fp8_state.emplace(r.model->named_parameters());
+    ckpt.add("fp8", *fp8_state);
+  }
   // The data stream: every rank's generator has its own seed and advances alike, so the lead's
   // offset is every rank's; each keeps its seed on resume.
   ckpt.add(

@@ -46,7 +46,8 @@ Memory and speed:
                        in and out features are at least --fp8-min-features N (default 1280,
                        where FP8 paid on an H100: GPT-2 124M and medium keep bf16; 0: every one)
   --fp8-delayed        with --fp8: delayed scaling (each cast's scale from the largest amax of the
-                       operand's previous 16 casts: one pass over each operand instead of two)
+                       operand's previous 16 casts: one pass over each operand instead of two;
+                       --save keeps the histories and --resume restores them)
   --recompute MODE     none (default), per-block (checkpoint every block), per-block-keep (every
                        block checkpointed keeping its attention and MLP outputs and weight casts:
                        about half the replay), selective (rebuild norms, GELU, dropout),

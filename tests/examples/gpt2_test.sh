@@ -2,7 +2,7 @@
 # examples:gpt2 on the CPU, seeded: (1) the tiny preset learns: the validation loss starts near
 # ln(256) = 5.55 (bytes, uniform) and falls below 4.0 within 120 steps (measured 3.52 here; the
 # margin absorbs other summation orders and compilers); (2) a run stopped at step 20 and resumed from its
-# checkpoint ends exactly where the uninterrupted run ends; (3) --memory-budget fits or names the
+# checkpoint ends exactly where the uninterrupted run ends, also under FP8 delayed scaling; (3) --memory-budget fits or names the
 # smallest peak; (4) ZeRO-2 and ZeRO-3 on two ranks train as DDP does, and ZeRO-3 resumes exactly;
 # (5) a bad flag is a usage error.
 set -euo pipefail
@@ -31,6 +31,18 @@ for k in val_loss final_train_loss; do
   [ "$a" = "$b" ] || { echo "FAIL: $k after resume $b, uninterrupted $a"; exit 1; }
 done
 echo "resume: val_loss $(field "$resumed" val_loss) equals the uninterrupted run's"
+# The same under the FP8 recipe with delayed scaling and every block checkpointed: the histories
+# of each layer's amaxes travel in the checkpoint, so the resumed run casts with the same scales.
+fp8=(--amp bf16 --fp8 --fp8-min-features 0 --fp8-delayed --recompute per-block --steps 40 --eval-every 0 --max-new-tokens 0)
+full=$(tail -1 < <("$BIN" "${common[@]}" "${fp8[@]}"))
+"$BIN" "${common[@]}" "${fp8[@]}" --stop-after 20 --save "$TMP/ck8.safetensors" >/dev/null
+resumed=$(tail -1 < <("$BIN" "${common[@]}" "${fp8[@]}" --resume "$TMP/ck8.safetensors"))
+for k in val_loss final_train_loss; do
+  a=$(field "$full" $k)
+  b=$(field "$resumed" $k)
+  [ "$a" = "$b" ] || { echo "FAIL: FP8 delayed: $k after resume $b, uninterrupted $a"; exit 1; }
+done
+echo "resume under FP8 delayed scaling: val_loss $(field "$resumed" val_loss) equals the uninterrupted run's"
 
 # --memory-budget: a roomy budget keeps no recomputation and trains; one below every rung's peak
 # stops before training with the smallest peak named (exit 1); with --recompute it is a usage error.

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <string>
 
 #include "autograd/fp8_linear.h"
 #include "autograd/functions.h"
@@ -18,10 +20,13 @@
 #include "nn/linear.h"
 #include "nn/models/gpt.h"
 #include "optim/adam.h"
+#include "serialize/serialize.h"
+#include "serialize/training_checkpoint.h"
 
 namespace mg {
 namespace {
 
+using autograd::Fp8HistoryState;
 using kernels::Fp8Format;
 
 Tensor bf16_values(const Tensor& t) { return raw::to_dtype(raw::to_dtype(t, DType::bf16), DType::f32); }
@@ -326,6 +331,109 @@ TEST(Fp8Recipe, ReplayWithOtherCastsThanTheForwardIsAnError) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Delayed scaling's histories saved in a training checkpoint file (Fp8HistoryState): a run
+// stopped after three steps and resumed from the file into a fresh layer gives the next two
+// steps' gradients bit for bit as the uninterrupted run; a resume that starts the histories again
+// (its first cast with current scaling) does not.
+TEST(Fp8Recipe, DelayedHistoriesResumeFromACheckpointFileBitForBit) {
+  const std::string path = ::testing::TempDir() + "/fp8_histories.safetensors";
+  Generator data(21);
+  std::vector<Tensor> xs, rs;
+  for (int step = 0; step < 5; ++step) {
+    xs.push_back(kernels::mul_scalar(randn({32, 64}, {}, &data), 1.0 + 0.5 * step));
+    rs.push_back(randn({32, 48}, {}, &data));
+  }
+  // One step: the layer's gradients, then an SGD update.
+  const auto step = [&](nn::Linear& lin, int k) {
+    {
+      Autocast ac(DeviceType::CPU, DType::bf16);
+      Fp8Autocast fp8(true, 0, Fp8Scaling::Delayed);
+      sum(lin(xs[k]).to(DType::f32) * rs[k]).backward();
+    }
+    std::vector<float> g = lin.weight.grad().to_vector<float>();
+    for (Tensor p : lin.parameters()) {
+      NoGradGuard ng;
+      p.copy_(p.detach() - kernels::mul_scalar(p.grad(), 1e-3));
+      p.grad().zero_();
+    }
+    return g;
+  };
+  Generator init(22);
+  nn::Linear run(64, 48, true, {}, &init);
+  for (int k = 0; k < 3; ++k) step(run, k);
+  {
+    Fp8HistoryState fp8(run.named_parameters());
+    serialize::TrainingCheckpoint ckpt;
+    ckpt.add("model", run).add("fp8", fp8);
+    ckpt.save(path);
+  }
+  const std::vector<float> want3 = step(run, 3), want4 = step(run, 4);
+  EXPECT_EQ(autograd::fp8_history_casts(run.weight), (std::array<int64_t, 3>{5, 5, 5}));
+  for (bool with_histories : {true, false}) {
+    Generator other(99);
+    nn::Linear resumed(64, 48, true, {}, &other);
+    if (with_histories) {
+      Fp8HistoryState fp8(resumed.named_parameters());
+      serialize::TrainingCheckpoint ckpt;
+      ckpt.add("model", resumed).add("fp8", fp8);
+      ckpt.load(path);
+    } else {
+      resumed.load_state_dict(serialize::load(path).sub("model"));
+    }
+    EXPECT_EQ(autograd::fp8_history_casts(resumed.weight),
+              (with_histories ? std::array<int64_t, 3>{3, 3, 3} : std::array<int64_t, 3>{0, 0, 0}));
+    const std::vector<float> got3 = step(resumed, 3), got4 = step(resumed, 4);
+    if (with_histories) {
+      EXPECT_EQ(got3, want3);
+      EXPECT_EQ(got4, want4);
+    } else {
+      EXPECT_NE(got3, want3);  // the scale from the step's own amax, not the history's
+    }
+  }
+}
+
+// Fp8HistoryState's load checks every entry before it changes anything, naming the bad one.
+TEST(Fp8Recipe, DelayedHistoriesBadStateIsAClearError) {
+  Generator g(23);
+  nn::Linear lin(32, 32, true, {}, &g);
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    Fp8Autocast fp8(true, 0, Fp8Scaling::Delayed);
+    sum(lin(randn({16, 32}, {}, &g)).to(DType::f32)).backward();
+  }
+  Fp8HistoryState state(lin.named_parameters());
+  const StateDict good = state.state_dict();
+  ASSERT_EQ(good.tensors.size(), 3u);
+  ASSERT_TRUE(good.tensors.count("weight.x"));
+  EXPECT_EQ(good.meta["weight"]["g"], 1);
+  const auto message = [&](const std::function<void(StateDict&)>& edit) {
+    StateDict sd = good;
+    edit(sd);
+    try {
+      state.load_state_dict(sd);
+    } catch (const ValueError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const auto has = [](const std::string& m, const char* want) {
+    return m.find(want) != std::string::npos ? ::testing::AssertionSuccess() : ::testing::AssertionFailure() << m;
+  };
+  EXPECT_TRUE(has(message([](StateDict& sd) { sd.tensors["head.weight.x"] = sd.tensors["weight.x"]; }),
+                  "\"head.weight.x\" names no weight given to this state"));
+  EXPECT_TRUE(has(message([](StateDict& sd) { sd.tensors["weight.q"] = sd.tensors["weight.x"]; }),
+                  "\"weight.q\" names no operand (x, w or g)"));
+  EXPECT_TRUE(has(message([](StateDict& sd) { sd.tensors["weight.x"] = zeros({17}); }),
+                  "\"weight.x\" must be f32 [18], got f32 [17]"));
+  EXPECT_TRUE(has(message([](StateDict& sd) { sd.meta["weight"]["w"] = -2; }),
+                  "\"weight.w\" has no positive cast count in meta[\"weight\"][\"w\"]"));
+  EXPECT_TRUE(has(message([](StateDict& sd) { sd.meta["head.bias"] = nlohmann::json::object(); }),
+                  "meta entry \"head.bias\" names no weight given to this state"));
+  EXPECT_EQ(autograd::fp8_history_casts(lin.weight), (std::array<int64_t, 3>{1, 1, 1}));  // left as it was
+  state.load_state_dict(StateDict{});  // nothing saved: the histories start again
+  EXPECT_EQ(autograd::fp8_history_casts(lin.weight), (std::array<int64_t, 3>{0, 0, 0}));
 }
 
 // GPT-2's shape scaled down (every linear a multiple of 16 wide, 32 rows a batch), 30 AdamW steps
