@@ -66,6 +66,13 @@ mg_bazel_target(library //core:core
     //core:format_bytes
     //core:profiler
 )
+mg_bazel_target(library //core:state_dict
+  HDRS
+    core/state_dict.h
+  DEPS
+    //core:core
+    @nlohmann_json//:json
+)
 mg_bazel_target(library //kernels:contract
   HDRS
     kernels/amp_math.h
@@ -265,6 +272,7 @@ mg_bazel_target(library //autograd:autograd ALWAYSLINK
     autograd/transformer_functions.h
   DEPS
     //core:core
+    //core:state_dict
     //kernels:kernels
 )
 mg_bazel_target(library //autograd:recompute
@@ -295,13 +303,6 @@ mg_bazel_target(library //core:nvml
   LINKOPTS
     -ldl
     -lpthread
-)
-mg_bazel_target(library //core:state_dict
-  HDRS
-    core/state_dict.h
-  DEPS
-    //core:core
-    @nlohmann_json//:json
 )
 mg_bazel_target(library //data:data
   SRCS
@@ -1268,6 +1269,8 @@ mg_bazel_target(test //tests/nn:fp8_recipe_test SIZE medium
     //nn:nn
     //nn/models:models
     //optim:optim
+    //serialize:serialize
+    //serialize:training_checkpoint
     //core:core
     //core:runtime
     @system_gtest//:gtest_main

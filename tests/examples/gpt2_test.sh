@@ -22,27 +22,26 @@ python3 -c "import sys; i, f = map(float, sys.argv[1:]); sys.exit(0 if 5.3 < i <
   "$initial" "$final" || { echo "FAIL: expected ~5.55 falling below 4.0"; exit 1; }
 grep -q -- "--- sample ---" <<<"$out" || { echo "FAIL: no sample printed"; exit 1; }
 
-full=$(tail -1 < <("$BIN" "${common[@]}" --steps 40 --eval-every 0 --max-new-tokens 0))
-"$BIN" "${common[@]}" --steps 40 --eval-every 0 --max-new-tokens 0 --stop-after 20 --save "$TMP/ck.safetensors" >/dev/null
-resumed=$(tail -1 < <("$BIN" "${common[@]}" --steps 40 --eval-every 0 --max-new-tokens 0 --resume "$TMP/ck.safetensors"))
-for k in val_loss final_train_loss; do
-  a=$(field "$full" $k)
-  b=$(field "$resumed" $k)
-  [ "$a" = "$b" ] || { echo "FAIL: $k after resume $b, uninterrupted $a"; exit 1; }
-done
-echo "resume: val_loss $(field "$resumed" val_loss) equals the uninterrupted run's"
-# The same under the FP8 recipe with delayed scaling and every block checkpointed: the histories
-# of each layer's amaxes travel in the checkpoint, so the resumed run casts with the same scales.
-fp8=(--amp bf16 --fp8 --fp8-min-features 0 --fp8-delayed --recompute per-block --steps 40 --eval-every 0 --max-new-tokens 0)
-full=$(tail -1 < <("$BIN" "${common[@]}" "${fp8[@]}"))
-"$BIN" "${common[@]}" "${fp8[@]}" --stop-after 20 --save "$TMP/ck8.safetensors" >/dev/null
-resumed=$(tail -1 < <("$BIN" "${common[@]}" "${fp8[@]}" --resume "$TMP/ck8.safetensors"))
-for k in val_loss final_train_loss; do
-  a=$(field "$full" $k)
-  b=$(field "$resumed" $k)
-  [ "$a" = "$b" ] || { echo "FAIL: FP8 delayed: $k after resume $b, uninterrupted $a"; exit 1; }
-done
-echo "resume under FP8 delayed scaling: val_loss $(field "$resumed" val_loss) equals the uninterrupted run's"
+# check_resume LABEL FLAGS...: a run stopped at step 20 and resumed from its checkpoint ends with
+# the uninterrupted run's losses, to the bit.
+check_resume() {
+  local label=$1 full resumed a b k
+  shift
+  full=$(tail -1 < <("$BIN" "${common[@]}" "$@"))
+  "$BIN" "${common[@]}" "$@" --stop-after 20 --save "$TMP/ck.safetensors" >/dev/null
+  resumed=$(tail -1 < <("$BIN" "${common[@]}" "$@" --resume "$TMP/ck.safetensors"))
+  for k in val_loss final_train_loss; do
+    a=$(field "$full" $k)
+    b=$(field "$resumed" $k)
+    [ "$a" = "$b" ] || { echo "FAIL: $label: $k after resume $b, uninterrupted $a"; exit 1; }
+  done
+  echo "resume ($label): val_loss $(field "$resumed" val_loss) equals the uninterrupted run's"
+}
+check_resume "f32" --steps 40 --eval-every 0 --max-new-tokens 0
+# Under the FP8 recipe with delayed scaling and every block checkpointed, the histories of each
+# layer's amaxes travel in the checkpoint, so the resumed run casts with the same scales.
+check_resume "FP8 delayed" --steps 40 --eval-every 0 --max-new-tokens 0 --amp bf16 --fp8 --fp8-min-features 0 \
+  --fp8-delayed --recompute per-block
 
 # --memory-budget: a roomy budget keeps no recomputation and trains; one below every rung's peak
 # stops before training with the smallest peak named (exit 1); with --recompute it is a usage error.
