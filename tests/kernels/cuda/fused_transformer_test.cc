@@ -43,9 +43,9 @@ double row_gamma(int64_t n) { return gamma_k((n + 31) / 32 + 5, DType::f32); }
 TEST_F(FusedTransformer, AddLayerNormMatchesF64ForMixedDtypes) {
   const double u32 = unit_roundoff(DType::f32);
   // 768, 1024, 256: the backward's one-pass kernel (rows of 128 kG elements), 256 over enough
-  // rows that each warp takes several and the block partials are many; 100: the separate
-  // partial-sum pass; 66: the scalar path (n % 4 != 0).
-  for (int64_t n : {768, 1024, 256, 100, 66}) {
+  // rows that each warp takes several and the block partials are many; 1280, 1600 (GPT-2 large's
+  // and XL's) and 100: the separate partial-sum pass; 66: the scalar path (n % 4 != 0).
+  for (int64_t n : {768, 1024, 256, 1280, 1600, 100, 66}) {
     for (DType rdt : {DType::f32, DType::bf16, DType::f16}) {
       for (DType odt : {DType::bf16, DType::f16, DType::f32}) {
         // Half of the combinations add the branch's bias (a GPT-2 block's c_proj bias) too.
