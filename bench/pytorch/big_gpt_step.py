@@ -9,7 +9,9 @@ memory cap, in one of PyTorch's modes:
               reduction (MixedPrecisionPolicy), the AdamW step on the CPU, every block
               checkpointed
 
---compile wraps the model in torch.compile (eager and checkpoint modes). TF32 is off.
+--compile wraps the model in torch.compile (eager and checkpoint modes). --float8 runs the blocks'
+linear layers in float8 (float8_linear.py: torch._scaled_mm with tensorwise dynamic scaling, as
+torchao's default recipe; torchao is not installed on the device). TF32 is off.
 
 Prints one JSON line: step_ms (median, min, max over --steps after --warmup), tokens_per_s, mfu
 (llm.c's 6N + 6LdT FLOPs a token against the card's dense bf16 peak, 989 TFLOP/s on H100 and
@@ -46,6 +48,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (eager, checkpoint)")
+    ap.add_argument("--float8", action="store_true", help="the blocks' linears in float8 (eager, checkpoint)")
     a = ap.parse_args()
     L, d, H = PRESETS[a.gpt]
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -54,8 +57,9 @@ def main():
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, a.cap * 2**30 / total))
     config = (f"B={a.batch} T={a.seq} bf16 autocast AdamW {a.mode}" + (" compile" if a.compile else "") +
+              (" float8 (torch._scaled_mm, tensorwise)" if a.float8 else "") +
               (f" cap {a.cap:g} GiB" if a.cap > 0 else ""))
-    side = f"pytorch_{a.mode}" + ("_compile" if a.compile else "")
+    side = f"pytorch_{a.mode}" + ("_compile" if a.compile else "") + ("_float8" if a.float8 else "")
     row = {"framework": "pytorch", "model": a.gpt, "config": config, "side": side}
     torch.manual_seed(0)
     try:
@@ -80,6 +84,9 @@ def main():
             autocast = False  # MixedPrecisionPolicy casts
         else:
             m = GPT(L=L, H=H, d=d).cuda()
+            if a.float8:
+                from float8_linear import swap_linears
+                swap_linears(m.h)
             m.checkpoint = a.mode == "checkpoint"
             opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.1, fused=True)
             autocast = True
