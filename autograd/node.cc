@@ -172,7 +172,9 @@ int64_t stash_reuse_count() { return t_stash_reuses; }
 thread_local RegionScales* region_scales_put = nullptr;
 thread_local RegionScales* region_scales_take = nullptr;
 
-void RegionScales::put(const Tensor& scale, const Tensor& scale_inv) { scales_.emplace_back(scale, scale_inv); }
+void RegionScales::put(const Tensor& scale, const Tensor& scale_inv) {
+  for (RegionScales* r = this; r; r = r->enclosing) r->scales_.emplace_back(scale, scale_inv);
+}
 
 std::pair<Tensor, Tensor> RegionScales::take() {
   MG_CHECK(next_ < scales_.size(), AutogradError, region_, ": the replay made FP8 cast ", next_ + 1,

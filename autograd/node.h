@@ -239,7 +239,13 @@ extern thread_local int checkpoint_depth;
 class RegionScales {
  public:
   explicit RegionScales(std::string region) : region_(std::move(region)) {}
+  // Keeps the scale here and in every enclosing region whose forward is running (a region made
+  // with grad on inside another's forward: the outer replay makes the inner casts again, taking
+  // them from its own list).
   void put(const Tensor& scale, const Tensor& scale_inv);
+  // The region whose forward this one's forward runs inside, while it does (checkpoint() sets it
+  // for the forward's span; null otherwise).
+  RegionScales* enclosing = nullptr;
   // The next cast's scale and scale_inv (AutogradError where the forward made no more casts: the
   // region was not a function of its inputs).
   std::pair<Tensor, Tensor> take();

@@ -163,17 +163,23 @@ class CheckpointNode final : public autograd::Node {
   std::vector<Tensor> replay_inputs_, replay_outputs_;
 };
 
-// Points region_scales_put at a region's FP8 scales while its forward runs.
+// Points region_scales_put at a region's FP8 scales while its forward runs, the enclosing
+// recording region (if any) linked behind it.
 class ScalesScope {
  public:
-  explicit ScalesScope(autograd::RegionScales* s) : prev_(autograd::region_scales_put) {
+  explicit ScalesScope(autograd::RegionScales* s) : s_(s), prev_(autograd::region_scales_put) {
+    s->enclosing = prev_;
     autograd::region_scales_put = s;
   }
-  ~ScalesScope() { autograd::region_scales_put = prev_; }
+  ~ScalesScope() {
+    s_->enclosing = nullptr;
+    autograd::region_scales_put = prev_;
+  }
   ScalesScope(const ScalesScope&) = delete;
   ScalesScope& operator=(const ScalesScope&) = delete;
 
  private:
+  autograd::RegionScales* s_;
   autograd::RegionScales* prev_;
 };
 

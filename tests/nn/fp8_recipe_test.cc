@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "autograd/fp8_linear.h"
@@ -301,6 +302,48 @@ TEST(Fp8Recipe, CheckpointedBlockGradientsAreThePlainBlocksBitForBit) {
       EXPECT_EQ(autograd::fp8_history_casts(ckpt.w_proj), six);
     }
   }
+}
+
+// A region made with grad on inside another region's forward (the outer's input needs no
+// gradient, so its forward records; the inner region takes the first layer's output): the
+// outer's list keeps the inner casts too, so the outer replay, which makes the inner region
+// again, finds them; the inner replay then casts with its own. The gradients are the plain
+// layers' bit for bit, step after step, under delayed scaling.
+TEST(Fp8Recipe, NestedCheckpointRegionsReplayWithTheirForwardsScales) {
+  const auto make = [] {
+    Generator g(31);
+    return std::make_pair(std::make_shared<nn::Linear>(32, 48, true, TensorOptions{}, &g),
+                          std::make_shared<nn::Linear>(48, 32, true, TensorOptions{}, &g));
+  };
+  const auto [a1, b1] = make();
+  const auto [a2, b2] = make();
+  Generator data(32);
+  for (int step = 0; step < 4; ++step) {
+    const Tensor x = kernels::mul_scalar(randn({16, 32}, {}, &data), 1.0 + step);
+    const Tensor r = randn({16, 32}, {}, &data);
+    {
+      Autocast ac(DeviceType::CPU, DType::bf16);
+      Fp8Autocast fp8(true, 0, Fp8Scaling::Delayed);
+      sum((*b1)((*a1)(x)).to(DType::f32) * r).backward();
+      const Tensor out = checkpoint(
+          [&](const Tensor& in) { return checkpoint([&](const Tensor& t) { return (*b2)(t); }, (*a2)(in)); }, x);
+      sum(out.to(DType::f32) * r).backward();
+    }
+    const std::string what = "step " + std::to_string(step);
+    const std::vector<Tensor> p1 = a1->parameters(), p2 = a2->parameters(), q1 = b1->parameters(),
+                              q2 = b2->parameters();
+    for (size_t i = 0; i < p1.size(); ++i) {
+      EXPECT_EQ(p1[i].grad().to_vector<float>(), p2[i].grad().to_vector<float>()) << what << " first layer " << i;
+      EXPECT_EQ(q1[i].grad().to_vector<float>(), q2[i].grad().to_vector<float>()) << what << " second layer " << i;
+    }
+    for (const auto& m : {a1, a2, b1, b2})
+      for (Tensor p : m->parameters()) {
+        NoGradGuard ng;
+        p.copy_(p.detach() - kernels::mul_scalar(p.grad(), 1e-3));
+        p.grad().zero_();
+      }
+  }
+  EXPECT_EQ(autograd::fp8_history_casts(b2->weight), (std::array<int64_t, 3>{4, 4, 4}));
 }
 
 // A region whose replay makes more FP8 casts than its forward did is not a function of its
