@@ -201,11 +201,12 @@ StagedLoad Fp8HistoryState::stage_state_dict(const StateDict& sd) {
       MG_CHECK(sd.tensors.count(name + "." + operand), ValueError, op, ": meta[\"", name, "\"][\"", operand,
                "\"] counts casts of a history the state does not hold");
   }
-  return [staged = std::move(staged)] {
-    for (const auto& [name, s] : staged) {
-      const std::shared_ptr<LayerHistories> h = histories_of(s.weight);
-      for (int i = 0; i < 3; ++i) h.get()->*kOperands[i].second = s.h[i];
-    }
+  // Each weight's entry made here (an empty one is the same as none), so the commit only assigns.
+  std::vector<std::pair<std::shared_ptr<LayerHistories>, std::array<Fp8History, 3>>> commits;
+  for (const auto& [name, s] : staged) commits.emplace_back(histories_of(s.weight), s.h);
+  return [commits = std::move(commits)] {
+    for (const auto& [h, hs] : commits)
+      for (int i = 0; i < 3; ++i) h.get()->*kOperands[i].second = hs[i];
   };
 }
 

@@ -51,8 +51,9 @@ std::array<int64_t, 3> fp8_history_casts(const Tensor& weight);
 // Saved: "<name>.x", "<name>.w", "<name>.g" (the input's, weight's and output gradient's amax
 // slots, f32 [kFp8HistoryLen + 2]) and meta[name] {"x": casts, ...} for each history a layer has.
 // Loading checks every entry first (a ValueError naming the entry: an unknown name or operand, a
-// wrong shape or dtype, a count missing or negative), then replaces the named weights' histories
-// on the calling thread (a weight with none saved starts again), each on its weight's device.
+// wrong shape or dtype, a count missing or below 1), then replaces the named weights' histories
+// on the calling thread (a weight with none saved starts again), each on its weight's device (a
+// cast on another device brings its history there).
 class Fp8HistoryState {
  public:
   explicit Fp8HistoryState(std::vector<std::pair<std::string, Tensor>> weights);

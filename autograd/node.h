@@ -227,8 +227,9 @@ class RegionStash {
 };
 extern thread_local RegionStash* region_stash;
 // How many checkpoint regions (autograd/recompute.h) this thread is inside, their forward or their
-// replay. An op whose values depend on state that moves between the two (FP8 delayed scaling's
-// histories) must not use that state there: the replay must give the forward's values.
+// replay. An op whose values depend on state that moves between the two must not read that state
+// there unless the forward keeps what it read for the replay (FP8 delayed scaling's histories:
+// RegionScales below): the replay must give the forward's values.
 extern thread_local int checkpoint_depth;
 
 // The scales of the FP8 casts a checkpoint region makes (the FP8 recipe's forward casts,

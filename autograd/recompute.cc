@@ -275,7 +275,8 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
     stash_scope.emplace(node->stash.get());
   }
   std::optional<ScalesScope> scales_scope;
-  if (autocast_state().fp8) {
+  // Under Fp8Autocast, or inside a region that keeps scales (fn may enter Fp8Autocast itself).
+  if (autocast_state().fp8 || autograd::region_scales_put || autograd::region_scales_take) {
     node->scales = std::make_shared<autograd::RegionScales>(node->name());
     scales_scope.emplace(node->scales.get());
   }

@@ -500,9 +500,10 @@ int train(Run& r) {
   ckpt.add_generator("rng", default_generator());
   // FP8 delayed scaling's histories (each layer's recent amaxes), so that a resumed run casts with
   // the scales an uninterrupted one would. Kept by the model's own weights: not under ZeRO-3 or
-  // parameter offload, whose layers run on gathered copies.
+  // parameter offload, whose layers run on gathered copies; and on one rank only (each rank's
+  // input and gradient histories are its own, and the lead writes the file).
   std::optional<autograd::Fp8HistoryState> fp8_state;
-  if (f.fp8 && f.fp8_delayed && !zero3 && !place.param_offload.source) {
+  if (f.fp8 && f.fp8_delayed && r.world == 1 && !zero3 && !place.param_offload.source) {
     fp8_state.emplace(r.model->named_parameters());
     ckpt.add("fp8", *fp8_state);
   }

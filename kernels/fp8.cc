@@ -112,7 +112,9 @@ Fp8Matrix delayed_cast(const char* op, const Tensor& xc, const Tensor& pre, Fp8F
     return codes_of(op, v, s, format, outputs);
   };
   if (xc.numel() == 0) return current(false);
-  if (history.amax.defined() && history.amax.device() != xc.device()) history = Fp8History{};  // moved: start again
+  // A history on another device (a model moved, histories loaded where its masters live) follows x.
+  if (history.amax.defined() && history.amax.device() != xc.device())
+    history.amax = raw::to_device(history.amax, xc.device());
   if (history.amax.defined()) {
     MG_CHECK(history.amax.dtype() == DType::f32, DTypeError, op, ": the history must be f32, got ",
              dtype_name(history.amax.dtype()));

@@ -77,7 +77,7 @@ struct Fp8History {
   int64_t casts = 0;  // the casts made with this history
 };
 // x [R, C] cast as fp8_cast casts it, with delayed scaling from `history` (which it updates).
-// Errors as fp8_cast's, and DeviceError for a history on another device.
+// Errors as fp8_cast's. A history on another device than x's is copied to x's first.
 Fp8Matrix fp8_cast_delayed(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, Fp8History& history,
                            int margin = 0);
 // The FP8 MLP backward's cast of the gradient reaching GELU's input under delayed scaling: the

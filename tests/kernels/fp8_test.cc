@@ -246,9 +246,6 @@ TEST(Fp8Ops, DelayedScalingUsesTheLargestAmaxOfTheRecentCasts) {
   EXPECT_EQ(h2.casts, casts);
 }
 
-// The GELU-backward cast under delayed scaling casts binary(GeluTanhBackward, g, pre)'s values, g
-// left as it was: the same scale_inv, codes, column sums and history as fp8_cast_delayed of the
-// derivative, cast after cast (the first one current scaling's), in f32, f16 and bf16.
 // fp8_cast_scaled names the scale that is not one f32 on x's device, and x that is not 2-D.
 TEST(Fp8Ops, ScaledCastBadInputIsAClearError) {
   const Tensor x = ones({8, 16}), one = full({1}, 2.0f);
@@ -271,6 +268,9 @@ TEST(Fp8Ops, ScaledCastBadInputIsAClearError) {
             fp8_quantize(x, one, Fp8Format::E4M3).to_vector<uint8_t>());
 }
 
+// The GELU-backward cast under delayed scaling casts binary(GeluTanhBackward, g, pre)'s values, g
+// left as it was: the same scale_inv, codes, column sums and history as fp8_cast_delayed of the
+// derivative, cast after cast (the first one current scaling's), in f32, f16 and bf16.
 TEST(Fp8Ops, GeluBackwardDelayedCastIsTheDerivativeThenTheDelayedCast) {
   Generator gen(22);
   for (DType dt : {DType::f32, DType::f16, DType::bf16}) {

@@ -216,6 +216,29 @@ TEST_F(Fp8Parity, DelayedScalingMatchesTheCpuCastForCast) {
   }
 }
 
+// A history made on the host (casts there, or a checkpoint loaded where a model's masters live)
+// follows the next cast to the device: its amaxes carry over, so the device's cast takes the scale
+// the host's next cast would have, code for code.
+TEST_F(Fp8Parity, DelayedHistoryFollowsTheCastToTheDevice) {
+  Generator g(15);
+  const Tensor base = raw::to_dtype(randn({64, 96}, {}, &g), DType::bf16);
+  kernels::Fp8History on_host, twin;
+  for (double f : {1.0, 4.0, 0.5}) {
+    kernels::fp8_cast_delayed(raw::to_dtype(kernels::mul_scalar(base, f), DType::bf16), Fp8Format::E4M3,
+                              {true, false, false}, on_host);
+    kernels::fp8_cast_delayed(raw::to_dtype(kernels::mul_scalar(base, f), DType::bf16), Fp8Format::E4M3,
+                              {true, false, false}, twin);
+  }
+  const kernels::Fp8Matrix want = kernels::fp8_cast_delayed(base, Fp8Format::E4M3, {true, true, false}, twin);
+  const kernels::Fp8Matrix got =
+      kernels::fp8_cast_delayed(to_cuda(base), Fp8Format::E4M3, {true, true, false}, on_host);
+  EXPECT_TRUE(on_host.amax.is_cuda());
+  EXPECT_EQ(on_host.casts, 4);
+  EXPECT_TRUE(same_bits(got.scale.cpu().item<float>(), want.scale.item<float>()));
+  EXPECT_EQ(got.codes.cpu().to_vector<uint8_t>(), want.codes.to_vector<uint8_t>());
+  EXPECT_EQ(got.codes_t.cpu().to_vector<uint8_t>(), want.codes_t.to_vector<uint8_t>());
+}
+
 // The GELU-backward cast under delayed scaling (the derivative taken in the cast's pass) against
 // the device's own composition, binary(GeluTanhBackward) then fp8_cast_delayed (the derivative's
 // tanh is the device's, not the CPU's: CastGeluBackwardEqualsTheDerivativeThenTheCast), cast after
