@@ -61,6 +61,13 @@ Tensor history_key(const Tensor& w) {
   return source.defined() ? source : w;
 }
 
+// The histories kept for w's layer, or null where it has none.
+LayerHistories* find_histories(const Tensor& w) {
+  const Tensor key = history_key(w);
+  const auto it = tl_histories.find(key.impl());
+  return it != tl_histories.end() && it->second->owner.lock() == key.impl_ptr() ? it->second.get() : nullptr;
+}
+
 std::shared_ptr<LayerHistories> histories_of(const Tensor& w) {
   const Tensor key = history_key(w);
   auto it = tl_histories.find(key.impl());
@@ -79,13 +86,12 @@ std::shared_ptr<LayerHistories> histories_of(const Tensor& w) {
 //   would use one slot for ever);
 // - with grad off (an evaluation's activations would fill a training history), except in the
 //   forward of a checkpoint region that records (its grad is off, its replay's on): the forward
-//   keeps its casts' scales and the replay casts with them (RegionScales, forward_cast);
-// - in a region that keeps no scales (one entered with grad off, or before Fp8Autocast).
+//   keeps its casts' scales and the replay casts with them (RegionScales, forward_cast).
 std::shared_ptr<LayerHistories> delayed_histories(const Tensor& x, const Tensor& w) {
   if (!autocast_state().fp8_delayed) return nullptr;
   if (x.is_cuda() && cuda::is_capturing(x.device().index)) return nullptr;
   const bool recorded_region = region_scales_put || region_scales_take;
-  if (!recorded_region && (!is_grad_enabled() || checkpoint_depth > 0)) return nullptr;
+  if (!recorded_region && !is_grad_enabled()) return nullptr;
   return histories_of(w);
 }
 
@@ -124,12 +130,9 @@ Tensor bias_grad_from_sums(const Tensor& sums, DType dtype) {
 }  // namespace
 
 std::array<int64_t, 3> fp8_history_casts(const Tensor& weight) {
-  if (!weight.defined()) return {0, 0, 0};
-  const Tensor key = history_key(weight);
-  const auto it = tl_histories.find(key.impl());
-  if (it == tl_histories.end() || it->second->owner.lock() != key.impl_ptr()) return {0, 0, 0};
-  const LayerHistories& h = *it->second;
-  return {h.x.casts, h.w.casts, h.g.casts};
+  const LayerHistories* h = weight.defined() ? find_histories(weight) : nullptr;
+  if (!h) return {0, 0, 0};
+  return {h->x.casts, h->w.casts, h->g.casts};
 }
 
 namespace {
@@ -147,12 +150,11 @@ Fp8HistoryState::Fp8HistoryState(std::vector<std::pair<std::string, Tensor>> wei
 StateDict Fp8HistoryState::state_dict() const {
   StateDict sd;
   for (const auto& [name, w] : weights_) {
-    const Tensor key = history_key(w);
-    const auto it = tl_histories.find(key.impl());
-    if (it == tl_histories.end() || it->second->owner.lock() != key.impl_ptr()) continue;
+    const LayerHistories* layer = find_histories(w);
+    if (!layer) continue;
     nlohmann::json counts = nlohmann::json::object();
     for (const auto& [op, member] : kOperands) {
-      const Fp8History& h = it->second.get()->*member;
+      const Fp8History& h = layer->*member;
       if (h.casts == 0 || !h.amax.defined()) continue;
       sd.tensors[name + "." + op] = h.amax.clone();
       counts[op] = h.casts;
@@ -165,8 +167,6 @@ StateDict Fp8HistoryState::state_dict() const {
 StagedLoad Fp8HistoryState::stage_state_dict(const StateDict& sd) {
   const char* op = "Fp8HistoryState::load_state_dict";
   constexpr int64_t kSlots = kernels::kFp8HistoryLen + 2;
-  std::map<std::string, const Tensor*> by_name;
-  for (const auto& [name, w] : weights_) by_name[name] = &w;
   struct Staged {
     Tensor weight;
     std::array<Fp8History, 3> h;
@@ -177,7 +177,7 @@ StagedLoad Fp8HistoryState::stage_state_dict(const StateDict& sd) {
     const size_t dot = key.rfind('.');
     const std::string name = dot == key.npos ? key : key.substr(0, dot),
                       operand = dot == key.npos ? "" : key.substr(dot + 1);
-    MG_CHECK(by_name.count(name), ValueError, op, ": \"", key, "\" names no weight given to this state");
+    MG_CHECK(staged.count(name), ValueError, op, ": \"", key, "\" names no weight given to this state");
     int k = -1;
     for (int i = 0; i < 3; ++i)
       if (operand == kOperands[i].first) k = i;
@@ -190,12 +190,12 @@ StagedLoad Fp8HistoryState::stage_state_dict(const StateDict& sd) {
                  (*counts)[operand].get<int64_t>() > 0,
              ValueError, op, ": \"", key, "\" has no positive cast count in meta[\"", name, "\"][\"", operand, "\"]");
     Fp8History& h = staged[name].h[k];
-    h.amax = raw::to_device(t, by_name[name]->device());
+    h.amax = raw::to_device(t, staged[name].weight.device());
     if (h.amax.impl() == t.impl()) h.amax = t.clone();  // not the caller's tensor
     h.casts = (*counts)[operand].get<int64_t>();
   }
   for (const auto& [name, counts] : sd.meta.items()) {
-    MG_CHECK(by_name.count(name), ValueError, op, ": meta entry \"", name, "\" names no weight given to this state");
+    MG_CHECK(staged.count(name), ValueError, op, ": meta entry \"", name, "\" names no weight given to this state");
     MG_CHECK(counts.is_object(), ValueError, op, ": meta[\"", name, "\"] must be an object of cast counts");
     for (const auto& [operand, n] : counts.items())
       MG_CHECK(sd.tensors.count(name + "." + operand), ValueError, op, ": meta[\"", name, "\"][\"", operand,

@@ -61,7 +61,6 @@ thread_local RecomputeQuery recompute_query = nullptr;
 // ---------------- RegionStash ----------------
 
 thread_local RegionStash* region_stash = nullptr;
-thread_local int checkpoint_depth = 0;
 namespace {
 thread_local int64_t t_stash_reuses = 0;
 }

@@ -226,17 +226,11 @@ class RegionStash {
   bool replaying_ = false;
 };
 extern thread_local RegionStash* region_stash;
-// How many checkpoint regions (autograd/recompute.h) this thread is inside, their forward or their
-// replay. An op whose values depend on state that moves between the two must not read that state
-// there unless the forward keeps what it read for the replay (FP8 delayed scaling's histories:
-// RegionScales below): the replay must give the forward's values.
-extern thread_local int checkpoint_depth;
-
 // The scales of the FP8 casts a checkpoint region makes (the FP8 recipe's forward casts,
 // autograd/fp8_linear.h): its forward puts each cast's scale in, in call order, and its replay
 // casts with them in the same order, so the replay's codes are the forward's although delayed
 // scaling's histories moved in between (and current scaling's replay skips its amax pass).
-// checkpoint() makes one for a region it records under Fp8Autocast.
+// checkpoint() makes one for each region it records.
 class RegionScales {
  public:
   explicit RegionScales(std::string region) : region_(std::move(region)) {}

@@ -19,10 +19,6 @@ namespace mg {
 namespace {
 
 std::atomic<int64_t> g_replays{0};
-struct RegionDepth {  // autograd::checkpoint_depth while a region's forward or replay runs
-  RegionDepth() { ++autograd::checkpoint_depth; }
-  ~RegionDepth() { --autograd::checkpoint_depth; }
-};
 
 class CheckpointNode final : public autograd::Node {
  public:
@@ -120,7 +116,6 @@ class CheckpointNode final : public autograd::Node {
     };
     try {
       EnableGradGuard grad(true);
-      RegionDepth depth;
       MemoryCategoryGuard category(MemoryCategory::Activations);
       if (stash) {  // the kept op outputs stand in for those ops
         stash->start_replay();
@@ -262,7 +257,6 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
     MG_CHECK(ok, ValueError, opts.name ? opts.name : "checkpoint", ": keep_ops names \"", o,
              "\", which no op keeps (known: attention, gelu_mlp, linear, weight_casts)");
   }
-  RegionDepth depth;
   if (!is_grad_enabled()) return fn(inputs);  // nothing to record: e.g. inside an outer region's forward
 
   // The node is built before the forward runs so it captures the RNG state fn starts from.
@@ -274,12 +268,9 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
     node->stash = std::make_shared<autograd::RegionStash>(opts.keep_ops, node->name());
     stash_scope.emplace(node->stash.get());
   }
-  std::optional<ScalesScope> scales_scope;
-  // Under Fp8Autocast, or inside a region that keeps scales (fn may enter Fp8Autocast itself).
-  if (autocast_state().fp8 || autograd::region_scales_put || autograd::region_scales_take) {
-    node->scales = std::make_shared<autograd::RegionScales>(node->name());
-    scales_scope.emplace(node->scales.get());
-  }
+  // Every recorded region keeps its FP8 casts' scales (none where fn makes no FP8 cast).
+  node->scales = std::make_shared<autograd::RegionScales>(node->name());
+  std::optional<ScalesScope> scales_scope(std::in_place, node->scales.get());
   std::vector<Tensor> raw_out;
   bool needs_node = autograd::any_requires_grad(inputs);
   if (needs_node) {

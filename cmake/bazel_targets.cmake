@@ -1163,6 +1163,7 @@ mg_bazel_target(test //tests/kernels:fp8_test SIZE small
     tests/kernels/fp8_test.cc
   DEPS
     //kernels:kernels
+    //tests:error_of
     //core:core
     //core:runtime
     @system_gtest//:gtest_main
@@ -1271,6 +1272,7 @@ mg_bazel_target(test //tests/nn:fp8_recipe_test SIZE medium
     //optim:optim
     //serialize:serialize
     //serialize:training_checkpoint
+    //tests:error_of
     //core:core
     //core:runtime
     @system_gtest//:gtest_main
