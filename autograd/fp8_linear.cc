@@ -61,17 +61,15 @@ Tensor history_key(const Tensor& w) {
   return source.defined() ? source : w;
 }
 
-// The histories kept for w's layer, or null where it has none.
-LayerHistories* find_histories(const Tensor& w) {
-  const Tensor key = history_key(w);
+// The histories kept by `key` (history_key's), or null where it has none.
+std::shared_ptr<LayerHistories> histories_by(const Tensor& key) {
   const auto it = tl_histories.find(key.impl());
-  return it != tl_histories.end() && it->second->owner.lock() == key.impl_ptr() ? it->second.get() : nullptr;
+  return it != tl_histories.end() && it->second->owner.lock() == key.impl_ptr() ? it->second : nullptr;
 }
 
 std::shared_ptr<LayerHistories> histories_of(const Tensor& w) {
   const Tensor key = history_key(w);
-  auto it = tl_histories.find(key.impl());
-  if (it != tl_histories.end() && it->second->owner.lock() == key.impl_ptr()) return it->second;
+  if (std::shared_ptr<LayerHistories> h = histories_by(key)) return h;
   if (tl_histories.size() > 64)  // weights that are gone (their entries are never looked up again)
     std::erase_if(tl_histories, [](const auto& e) { return e.second->owner.expired(); });
   auto fresh = std::make_shared<LayerHistories>();
@@ -130,7 +128,7 @@ Tensor bias_grad_from_sums(const Tensor& sums, DType dtype) {
 }  // namespace
 
 std::array<int64_t, 3> fp8_history_casts(const Tensor& weight) {
-  const LayerHistories* h = weight.defined() ? find_histories(weight) : nullptr;
+  const std::shared_ptr<LayerHistories> h = weight.defined() ? histories_by(history_key(weight)) : nullptr;
   if (!h) return {0, 0, 0};
   return {h->x.casts, h->w.casts, h->g.casts};
 }
@@ -150,11 +148,11 @@ Fp8HistoryState::Fp8HistoryState(std::vector<std::pair<std::string, Tensor>> wei
 StateDict Fp8HistoryState::state_dict() const {
   StateDict sd;
   for (const auto& [name, w] : weights_) {
-    const LayerHistories* layer = find_histories(w);
+    const std::shared_ptr<LayerHistories> layer = histories_by(history_key(w));
     if (!layer) continue;
     nlohmann::json counts = nlohmann::json::object();
     for (const auto& [op, member] : kOperands) {
-      const Fp8History& h = layer->*member;
+      const Fp8History& h = layer.get()->*member;
       if (h.casts == 0 || !h.amax.defined()) continue;
       sd.tensors[name + "." + op] = h.amax.clone();
       counts[op] = h.casts;
