@@ -19,6 +19,7 @@ namespace {
 using kernels::Fp8Epilogue;
 using kernels::Fp8Format;
 using kernels::Fp8Matrix;
+using kernels::Fp8Of;
 constexpr Fp8Format kE4M3 = Fp8Format::E4M3, kE5M2 = Fp8Format::E5M2;
 
 bool half(DType d) { return d == DType::f16 || d == DType::bf16; }
@@ -94,20 +95,20 @@ std::shared_ptr<LayerHistories> delayed_histories(const Tensor& x, const Tensor&
 }
 
 // fp8_cast, or fp8_cast_delayed with the history h.
-Fp8Matrix cast(const Tensor& t, Fp8Format f, Fp8CastOutputs o, Fp8History* h) {
-  return h ? kernels::fp8_cast_delayed(t, f, o, *h) : kernels::fp8_cast(t, f, o);
+Fp8Matrix cast(const Tensor& t, Fp8Format f, Fp8CastOutputs o, Fp8History* h, Fp8Of of = Fp8Of::X) {
+  return h ? kernels::fp8_cast_delayed(t, f, o, *h, 0, of) : kernels::fp8_cast(t, f, o, 0, of);
 }
 
 // A forward cast (x, w, the MLP's hidden activation): in a checkpoint region's replay, with the
 // scale its forward's cast used (the history is left alone: it took that cast's amax already);
 // elsewhere as cast() casts, its scale kept for the replay in a region's forward.
-Fp8Matrix forward_cast(const Tensor& t, Fp8Format f, Fp8CastOutputs o, Fp8History* h) {
+Fp8Matrix forward_cast(const Tensor& t, Fp8Format f, Fp8CastOutputs o, Fp8History* h, Fp8Of of = Fp8Of::X) {
   Fp8Matrix m;
   if (RegionScales* const rs = region_scales_take) {
     const auto [scale, scale_inv] = rs->take();
-    m = kernels::fp8_cast_scaled(t, f, o, scale, scale_inv);
+    m = kernels::fp8_cast_scaled(t, f, o, scale, scale_inv, of);
   } else {
-    m = cast(t, f, o, h);
+    m = cast(t, f, o, h, of);
   }
   if (RegionScales* const rs = region_scales_put) rs->put(m.scale, m.scale_inv);
   return m;
@@ -257,10 +258,11 @@ Tensor fp8_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, con
   const Fp8Matrix xq =
       forward_cast(raw::reshape(x, {-1, x.size(-1)}), kE4M3, {true, need[1], false}, of(h_fc, &LayerHistories::x));
   const Fp8Matrix wfq = forward_cast(w_fc, kE4M3, {true, need[0], false}, of(h_fc, &LayerHistories::w));
-  Tensor pre = empty({rows_of(x), hidden}, TensorOptions(dtype, x.device()));
-  const Tensor h = kernels::fp8_gemm(xq.codes, kE4M3, xq.scale_inv, wfq.codes, kE4M3, wfq.scale_inv, b_fc, dtype,
-                                     Fp8Epilogue::GeluAux, pre);  // h = gelu(pre), pre = x @ w_fc^T + b_fc
-  const Fp8Matrix hq = forward_cast(h, kE4M3, {true, need[3], false}, of(h_proj, &LayerHistories::x));
+  // pre = x @ w_fc^T + b_fc; the hidden activation gelu(pre) is cast from it, the GELU taken in the
+  // cast's passes: the activation is never written in the region's dtype, and the GEMM has only the
+  // bias in its epilogue.
+  const Tensor pre = kernels::fp8_gemm(xq, wfq, b_fc, dtype);
+  const Fp8Matrix hq = forward_cast(pre, kE4M3, {true, need[3], false}, of(h_proj, &LayerHistories::x), Fp8Of::GeluOfX);
   const Fp8Matrix wpq = forward_cast(w_proj, kE4M3, {true, need_pre, false}, of(h_proj, &LayerHistories::w));
   const Tensor out = raw::view(kernels::fp8_gemm(hq, wpq, b_proj, dtype), with_last(x, w_proj.size(0)));
   if (!grad) return out;

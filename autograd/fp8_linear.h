@@ -6,7 +6,8 @@
 //              on the device) or delayed (the amax of the operand's recent casts: a history per
 //              layer operand, kept by the layer's f32 weight, kernels/fp8.h Fp8History), the
 //              product accumulated in f32 and written in the region's dtype
-//              with the bias (and, for the MLP's c_fc, the GELU) in the GEMM's epilogue;
+//              with the bias in the GEMM's epilogue; the MLP's hidden activation gelu(pre) is
+//              cast from c_fc's output pre, the GELU taken in the cast's passes (kernels::Fp8Of);
 //   backward   the output gradient cast to e5m2 (more range: gradients span more binades);
 //              dx = g @ w and dw = g^T @ x read the e4m3 codes of x and w the forward made,
 //              transposed (Hopper's FP8 GEMMs read both operands along the reduced dimension),

@@ -224,9 +224,10 @@ class Backend {
   virtual void fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& out) = 0;
   // amax (f32 [1]) = max |x| over contiguous x (NaN if any element is NaN), scale (f32 [1]) =
   // fp8_math::scale_for(amax, format, margin) and, when defined, scale_inv (f32 [1]) = 1 / scale
-  // rounded once (what an FP8 GEMM multiplies by); nothing read back to the host.
-  virtual void fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, const Tensor& amax, const Tensor& scale,
-                              const Tensor& scale_inv) = 0;
+  // rounded once (what an FP8 GEMM multiplies by); nothing read back to the host. With `gelu`
+  // the values are unary(GeluTanh, x)'s, computed in the pass (here and in the casts below).
+  virtual void fp8_amax_scale(const Tensor& x, bool gelu, Fp8Format format, int margin, const Tensor& amax,
+                              const Tensor& scale, const Tensor& scale_inv) = 0;
   // g = g * gelu_tanh'(pre) in place (binary(GeluTanhBackward)'s values; g and pre contiguous, of
   // one shape and dtype), then fp8_amax_scale of the new g: the FP8 MLP backward's cast of the
   // gradient reaching GELU's input, the derivative and the amax in one pass where the backend can.
@@ -237,17 +238,18 @@ class Backend {
   // reduced dimension, so a linear's backward needs each of x, w and the gradient transposed too.
   // col_sums, when defined (f32 [C]), gets x's column sums in f32, from the values before scaling:
   // a linear's bias gradient is the column sum of the output gradient this pass reads anyway.
-  virtual void fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
-                                      const Tensor& out_t, const Tensor& col_sums) = 0;
+  virtual void fp8_quantize_transpose(const Tensor& x, bool gelu, const Tensor& scale, Fp8Format format,
+                                      const Tensor& out, const Tensor& out_t, const Tensor& col_sums) = 0;
   // fp8_quantize_transpose with delayed scaling (kernels/fp8.h, Fp8History): the scale is
   // fp8_math::scale_for(the history's max, format, margin) by history_max_bits(history, slots,
   // slot), scale_inv (f32 [1]) gets 1 / scale rounded once and scale (f32 [1], where defined) the
   // scale itself, history[slot] (zero before) gets x's amax bits and history[history_next(slot)]
   // is zeroed. history: f32 [slots] on x's device.
   // With gelu_pre defined (x's shape and dtype, contiguous) the values cast are
-  // binary(GeluTanhBackward, x, gelu_pre)'s, computed in the pass (x is read, not written).
-  virtual void fp8_quantize_transpose_delayed(const Tensor& x, const Tensor& gelu_pre, const Tensor& history, int slot,
-                                              Fp8Format format, int margin, const Tensor& scale,
+  // binary(GeluTanhBackward, x, gelu_pre)'s, computed in the pass (x is read, not written); with
+  // `gelu` (gelu_pre undefined) unary(GeluTanh, x)'s.
+  virtual void fp8_quantize_transpose_delayed(const Tensor& x, bool gelu, const Tensor& gelu_pre, const Tensor& history,
+                                              int slot, Fp8Format format, int margin, const Tensor& scale,
                                               const Tensor& scale_inv, const Tensor& out, const Tensor& out_t,
                                               const Tensor& col_sums) = 0;
   // out [M, N] (contiguous; bf16, f16 or f32) = (decode(a) @ decode(b)^T) * a_inv[0] * b_inv[0]

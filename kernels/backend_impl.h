@@ -160,15 +160,16 @@ class BackendImpl final : public Backend {
   // ---- FP8 (fp8.*)
   void fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out) override;
   void fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format format, const Tensor& out) override;
-  void fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, const Tensor& amax, const Tensor& scale,
+  void fp8_amax_scale(const Tensor& x, bool gelu, Fp8Format format, int margin, const Tensor& amax, const Tensor& scale,
                       const Tensor& scale_inv) override;
   void fp8_gelu_backward_amax_scale(const Tensor& g, const Tensor& pre, Fp8Format format, int margin,
                                     const Tensor& amax, const Tensor& scale, const Tensor& scale_inv) override;
-  void fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
+  void fp8_quantize_transpose(const Tensor& x, bool gelu, const Tensor& scale, Fp8Format format, const Tensor& out,
                               const Tensor& out_t, const Tensor& col_sums) override;
-  void fp8_quantize_transpose_delayed(const Tensor& x, const Tensor& gelu_pre, const Tensor& history, int slot,
-                                      Fp8Format format, int margin, const Tensor& scale, const Tensor& scale_inv,
-                                      const Tensor& out, const Tensor& out_t, const Tensor& col_sums) override;
+  void fp8_quantize_transpose_delayed(const Tensor& x, bool gelu, const Tensor& gelu_pre, const Tensor& history,
+                                      int slot, Fp8Format format, int margin, const Tensor& scale,
+                                      const Tensor& scale_inv, const Tensor& out, const Tensor& out_t,
+                                      const Tensor& col_sums) override;
   bool fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb, const Tensor& b_inv,
                 const Tensor& bias, const Tensor& out, Fp8Epilogue epilogue, const Tensor& aux) override;
 };

@@ -42,12 +42,22 @@ Fp8Matrix cast_outputs(const Tensor& xc, Fp8Format format, Fp8CastOutputs output
   return m;
 }
 
-// The codes of a contiguous x [R, C] whose scale s is set (or will be, in stream order).
-Fp8Matrix codes_of(const char* op, const Tensor& xc, const Fp8Scale& s, Fp8Format format, Fp8CastOutputs outputs) {
+// The codes of a contiguous x [R, C] (of gelu_tanh(x) with `gelu`) whose scale s is set (or will
+// be, in stream order).
+Fp8Matrix codes_of(const char* op, const Tensor& xc, const Fp8Scale& s, Fp8Format format, Fp8CastOutputs outputs,
+                   bool gelu = false) {
   Fp8Matrix m = cast_outputs(xc, format, outputs, s.scale_inv);
   m.scale = s.scale;
-  backend(xc.device(), op).fp8_quantize_transpose(xc, s.scale, format, m.codes, m.codes_t, m.column_sums);
+  backend(xc.device(), op).fp8_quantize_transpose(xc, gelu, s.scale, format, m.codes, m.codes_t, m.column_sums);
   return m;
+}
+
+// fp8_current_scale of a contiguous, checked x (of gelu_tanh(x) with `gelu`).
+Fp8Scale current_scale(const char* op, const Tensor& xc, bool gelu, Fp8Format format, int margin) {
+  MG_CHECK(margin >= 0, ValueError, op, ": margin must be >= 0, got ", margin);
+  Fp8Scale s = empty_scale(xc.device());
+  backend(xc.device(), op).fp8_amax_scale(xc, gelu, format, margin, s.amax, s.scale, s.scale_inv);
+  return s;
 }
 
 // g and pre as the GELU-backward casts take them: one shape, dtype and device.
@@ -65,37 +75,35 @@ void check_gelu_pair(const char* op, const Tensor& g, const Tensor& pre) {
 Fp8Scale fp8_current_scale(const Tensor& x, Fp8Format format, int margin) {
   const char* op = "fp8_current_scale";
   check_cast_input(op, "x", x);
-  MG_CHECK(margin >= 0, ValueError, op, ": margin must be >= 0, got ", margin);
-  Fp8Scale s = empty_scale(x.device());
-  backend(x.device(), op).fp8_amax_scale(raw::contiguous(x), format, margin, s.amax, s.scale, s.scale_inv);
-  return s;
+  return current_scale(op, raw::contiguous(x), false, format, margin);
 }
 
-Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, int margin) {
+Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, int margin, Fp8Of of) {
   const char* op = "fp8_cast";
   check_cast_input(op, "x", x);
   MG_CHECK(x.dim() == 2, ShapeError, op, ": x must be 2-D, got ", shape_str(x.sizes()));
   MG_CHECK(outputs.rows || outputs.transposed, ValueError, op, ": asked for neither the codes nor their transpose");
   const Tensor xc = raw::contiguous(x);
-  return codes_of(op, xc, fp8_current_scale(xc, format, margin), format, outputs);
+  const bool gelu = of == Fp8Of::GeluOfX;
+  return codes_of(op, xc, current_scale(op, xc, gelu, format, margin), format, outputs, gelu);
 }
 
 Fp8Matrix fp8_cast_scaled(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, const Tensor& scale,
-                          const Tensor& scale_inv) {
+                          const Tensor& scale_inv, Fp8Of of) {
   const char* op = "fp8_cast_scaled";
   check_cast_input(op, "x", x);
   MG_CHECK(x.dim() == 2, ShapeError, op, ": x must be 2-D, got ", shape_str(x.sizes()));
   MG_CHECK(outputs.rows || outputs.transposed, ValueError, op, ": asked for neither the codes nor their transpose");
   check_scale(op, scale, x.device());
   check_scale(op, scale_inv, x.device(), "scale_inv");
-  return codes_of(op, raw::contiguous(x), Fp8Scale{Tensor(), scale, scale_inv}, format, outputs);
+  return codes_of(op, raw::contiguous(x), Fp8Scale{Tensor(), scale, scale_inv}, format, outputs, of == Fp8Of::GeluOfX);
 }
 
 namespace {
 // fp8_cast_delayed of xc (contiguous, checked), of binary(GeluTanhBackward, xc, pre) where pre is
-// defined.
-Fp8Matrix delayed_cast(const char* op, const Tensor& xc, const Tensor& pre, Fp8Format format, Fp8CastOutputs outputs,
-                       Fp8History& history, int margin) {
+// defined, of unary(GeluTanh, xc) with `gelu`.
+Fp8Matrix delayed_cast(const char* op, const Tensor& xc, const Tensor& pre, bool gelu, Fp8Format format,
+                       Fp8CastOutputs outputs, Fp8History& history, int margin) {
   MG_CHECK(outputs.rows || outputs.transposed, ValueError, op, ": asked for neither the codes nor their transpose");
   MG_CHECK(margin >= 0, ValueError, op, ": margin must be >= 0, got ", margin);
   constexpr int kSlots = kFp8HistoryLen + 2;
@@ -103,13 +111,13 @@ Fp8Matrix delayed_cast(const char* op, const Tensor& xc, const Tensor& pre, Fp8F
   // starts it with its amax.
   const auto current = [&](bool start_history) {
     const Tensor v = pre.defined() ? binary(Binary::GeluTanhBackward, xc, pre) : xc;
-    const Fp8Scale s = fp8_current_scale(v, format, margin);
+    const Fp8Scale s = current_scale(op, v, gelu, format, margin);
     if (start_history) {
       history.amax = zeros({kSlots}, TensorOptions(DType::f32, xc.device()));
       raw::copy_(raw::slice(history.amax, 0, 0, 1, 1), s.amax);
       history.casts = 1;
     }
-    return codes_of(op, v, s, format, outputs);
+    return codes_of(op, v, s, format, outputs, gelu);
   };
   if (xc.numel() == 0) return current(false);
   // A history on another device (a model moved, histories loaded where its masters live) follows x.
@@ -127,7 +135,7 @@ Fp8Matrix delayed_cast(const char* op, const Tensor& xc, const Tensor& pre, Fp8F
   Fp8Matrix m = cast_outputs(xc, format, outputs, empty({1}, f32));
   m.scale = empty({1}, f32);
   backend(xc.device(), op)
-      .fp8_quantize_transpose_delayed(xc, pre, history.amax, slot, format, margin, m.scale, m.scale_inv, m.codes,
+      .fp8_quantize_transpose_delayed(xc, gelu, pre, history.amax, slot, format, margin, m.scale, m.scale_inv, m.codes,
                                       m.codes_t, m.column_sums);
   ++history.casts;
   return m;
@@ -135,18 +143,19 @@ Fp8Matrix delayed_cast(const char* op, const Tensor& xc, const Tensor& pre, Fp8F
 
 }  // namespace
 
-Fp8Matrix fp8_cast_delayed(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, Fp8History& history, int margin) {
+Fp8Matrix fp8_cast_delayed(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, Fp8History& history, int margin,
+                           Fp8Of of) {
   const char* op = "fp8_cast_delayed";
   check_cast_input(op, "x", x);
   MG_CHECK(x.dim() == 2, ShapeError, op, ": x must be 2-D, got ", shape_str(x.sizes()));
-  return delayed_cast(op, raw::contiguous(x), Tensor(), format, outputs, history, margin);
+  return delayed_cast(op, raw::contiguous(x), Tensor(), of == Fp8Of::GeluOfX, format, outputs, history, margin);
 }
 
 Fp8Matrix fp8_cast_gelu_backward_delayed(const Tensor& g, const Tensor& pre, Fp8Format format, Fp8CastOutputs outputs,
                                          Fp8History& history, int margin) {
   const char* op = "fp8_cast_gelu_backward_delayed";
   check_gelu_pair(op, g, pre);
-  return delayed_cast(op, raw::contiguous(g), raw::contiguous(pre), format, outputs, history, margin);
+  return delayed_cast(op, raw::contiguous(g), raw::contiguous(pre), false, format, outputs, history, margin);
 }
 
 Fp8Matrix fp8_cast_gelu_backward(const Tensor& g, const Tensor& pre, Fp8Format format, Fp8CastOutputs outputs,

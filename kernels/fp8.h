@@ -48,9 +48,15 @@ struct Fp8CastOutputs {
   bool transposed = false;
   bool column_sums = false;
 };
+// What a cast casts: x's values, or gelu_tanh(x)'s (unary(GeluTanh)'s values, computed in the
+// cast's passes): the FP8 MLP casts its hidden activation from the pre-activation its first GEMM
+// wrote, so the activation is never written in the region's dtype and the GEMM needs no GELU
+// epilogue. The amax, the column sums and the codes are all of the values cast.
+enum class Fp8Of : uint8_t { X, GeluOfX };
+
 // x [R, C] (f32, f16 or bf16) cast with current scaling: its amax, the scale, then the codes.
 // Errors: DTypeError, ShapeError (not 2-D), ValueError (neither layout asked).
-Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, int margin = 0);
+Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, int margin = 0, Fp8Of of = Fp8Of::X);
 inline Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, bool rows, bool transposed, int margin = 0) {
   return fp8_cast(x, format, Fp8CastOutputs{rows, transposed, false}, margin);
 }
@@ -60,7 +66,7 @@ inline Fp8Matrix fp8_cast(const Tensor& x, Fp8Format format, bool rows, bool tra
 // its codes are its forward's whatever the histories did since. Errors as fp8_cast's, and
 // ShapeError, DTypeError or DeviceError naming a scale that is not one f32 on x's device.
 Fp8Matrix fp8_cast_scaled(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, const Tensor& scale,
-                          const Tensor& scale_inv);
+                          const Tensor& scale_inv, Fp8Of of = Fp8Of::X);
 
 // Delayed scaling: the scale of a cast comes from the largest amax of the same operand's previous
 // kFp8HistoryLen casts (an operand: a linear layer's input, weight or output gradient across
@@ -79,7 +85,7 @@ struct Fp8History {
 // x [R, C] cast as fp8_cast casts it, with delayed scaling from `history` (which it updates).
 // Errors as fp8_cast's. A history on another device than x's is copied to x's first.
 Fp8Matrix fp8_cast_delayed(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, Fp8History& history,
-                           int margin = 0);
+                           int margin = 0, Fp8Of of = Fp8Of::X);
 // The FP8 MLP backward's cast of the gradient reaching GELU's input under delayed scaling: the
 // codes of g * gelu_tanh'(pre) (binary(GeluTanhBackward)'s values; g and pre [R, C] of one shape
 // and dtype, g not written), the derivative taken in the cast's pass: nothing writes it in bf16.

@@ -27,6 +27,14 @@ void with_floats(const Tensor& x, F f) {
   }
 }
 
+// x itself, or with `gelu` unary(GeluTanh, x) in x's dtype: the values a gelu cast casts.
+Tensor values_cast(CpuBackend& be, const Tensor& x, bool gelu) {
+  if (!gelu) return x;
+  Tensor v = empty(x.sizes(), TensorOptions(x.dtype()));
+  be.unary(Unary::GeluTanh, x, v);
+  return v;
+}
+
 }  // namespace
 
 template <>
@@ -61,8 +69,9 @@ void CpuBackend::fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format 
 }
 
 template <>
-void CpuBackend::fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, const Tensor& amax, const Tensor& scale,
-                                const Tensor& scale_inv) {
+void CpuBackend::fp8_amax_scale(const Tensor& x_in, bool gelu, Fp8Format format, int margin, const Tensor& amax,
+                                const Tensor& scale, const Tensor& scale_inv) {
+  const Tensor x = values_cast(*this, x_in, gelu);
   float m = 0.0f;
   with_floats(x, [&](auto at, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
@@ -81,12 +90,13 @@ template <>
 void CpuBackend::fp8_gelu_backward_amax_scale(const Tensor& g, const Tensor& pre, Fp8Format format, int margin,
                                               const Tensor& amax, const Tensor& scale, const Tensor& scale_inv) {
   binary(Binary::GeluTanhBackward, g, pre, g);
-  fp8_amax_scale(g, format, margin, amax, scale, scale_inv);
+  fp8_amax_scale(g, false, format, margin, amax, scale, scale_inv);
 }
 
 template <>
-void CpuBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
-                                        const Tensor& out_t, const Tensor& col_sums) {
+void CpuBackend::fp8_quantize_transpose(const Tensor& x_in, bool gelu, const Tensor& scale, Fp8Format format,
+                                        const Tensor& out, const Tensor& out_t, const Tensor& col_sums) {
+  const Tensor x = values_cast(*this, x_in, gelu);
   const fp8_math::Format& f = format_of(format);
   const float s = *scale.data_ptr<float>();
   const int64_t rows = x.size(0), cols = x.size(1);
@@ -107,11 +117,11 @@ void CpuBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp
 }
 
 template <>
-void CpuBackend::fp8_quantize_transpose_delayed(const Tensor& x_in, const Tensor& gelu_pre, const Tensor& history,
-                                                int slot, Fp8Format format, int margin, const Tensor& scale,
-                                                const Tensor& scale_inv, const Tensor& out, const Tensor& out_t,
-                                                const Tensor& col_sums) {
-  Tensor x = x_in;
+void CpuBackend::fp8_quantize_transpose_delayed(const Tensor& x_in, bool gelu, const Tensor& gelu_pre,
+                                                const Tensor& history, int slot, Fp8Format format, int margin,
+                                                const Tensor& scale, const Tensor& scale_inv, const Tensor& out,
+                                                const Tensor& out_t, const Tensor& col_sums) {
+  Tensor x = values_cast(*this, x_in, gelu);
   if (gelu_pre.defined()) {
     x = empty(x_in.sizes(), TensorOptions(x_in.dtype()));
     binary(Binary::GeluTanhBackward, x_in, gelu_pre, x);
@@ -122,7 +132,7 @@ void CpuBackend::fp8_quantize_transpose_delayed(const Tensor& x_in, const Tensor
                                        format_of(format), margin);
   const Tensor s = empty({1}, TensorOptions(DType::f32));
   *s.data_ptr<float>() = sc;
-  fp8_quantize_transpose(x, s, format, out, out_t, col_sums);
+  fp8_quantize_transpose(x, false, s, format, out, out_t, col_sums);
   *scale_inv.data_ptr<float>() = 1.0f / sc;
   if (scale.defined()) *scale.data_ptr<float>() = sc;
   unsigned m = 0;

@@ -52,7 +52,7 @@ __device__ __forceinline__ T unary_op(int op, T xv, const Params& p) {
       case static_cast<int>(Unary::Gelu):
         return store_m<T>(M(0.5) * x * (M(1) + m_erf(x * M(kSqrt1_2))));
       case static_cast<int>(Unary::GeluTanh):
-        return store_m<T>(M(0.5) * x * (M(1) + gelu_tanh_of<T>(M(kTanhK) * (x + M(kTanhC) * x * x * x))));
+        return store_m<T>(gelu_tanh<T>(x));
       case static_cast<int>(Unary::Sigmoid):
         return store_m<T>(M(1) / (M(1) + m_exp(-x)));
       case static_cast<int>(Unary::Tanh):

@@ -108,12 +108,18 @@ __device__ __forceinline__ void block_max_to(unsigned m, unsigned* out) {
   if (threadIdx.x == 0) *out = m;
 }
 
-// Each block's max |x| into partial[blockIdx.x], as abs_bits: no atomics and no zeroed result,
-// scale_kernel reduces the partials. With `vec` (x aligned to 16 bytes) the elements are read 8 a
-// load and the last n % 8 one at a time; otherwise all one at a time. Launched dependent: x is
-// mostly the kernel ahead's output.
+// gelu_tanh(x) rounded to T, as unary(GeluTanh) rounds it (gelu.cuh): what a gelu cast casts.
 template <class T>
-__global__ void amax_partial_kernel(const T* x, int64_t n, bool vec, unsigned* partial) {
+__device__ __forceinline__ float gelu_rounded(float x) {
+  return to_f(store_m<T>(gelu_tanh<T>(x)));
+}
+
+// Each block's max |x| (of gelu_rounded(x) with `gelu`) into partial[blockIdx.x], as abs_bits: no
+// atomics and no zeroed result, scale_kernel reduces the partials. With `vec` (x aligned to 16
+// bytes) the elements are read 8 a load and the last n % 8 one at a time; otherwise all one at a
+// time. Launched dependent: x is mostly the kernel ahead's output.
+template <class T>
+__global__ void amax_partial_kernel(const T* x, bool gelu, int64_t n, bool vec, unsigned* partial) {
   wait_for_previous();
   allow_dependents();  // scale_kernel may be scheduled; it waits for this kernel
   unsigned m = 0;
@@ -124,9 +130,12 @@ __global__ void amax_partial_kernel(const T* x, int64_t n, bool vec, unsigned* p
     float v[8];
     load8(x + 8 * i, v);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) m = max(m, abs_bits(v[j]));
+    for (int j = 0; j < 8; ++j) m = max(m, abs_bits(gelu ? gelu_rounded<T>(v[j]) : v[j]));
   }
-  for (int64_t i = 8 * groups + first; i < n; i += stride) m = max(m, abs_bits(to_f(x[i])));
+  for (int64_t i = 8 * groups + first; i < n; i += stride) {
+    const float v = to_f(x[i]);
+    m = max(m, abs_bits(gelu ? gelu_rounded<T>(v) : v));
+  }
   block_max_to(m, partial + blockIdx.x);
 }
 
@@ -244,9 +253,9 @@ __device__ __forceinline__ void tile_amax_to_history(unsigned m, const Delayed& 
 }
 
 template <class T>
-__global__ void quantize_transpose_kernel(const T* x, const T* pre, const float* scale, __nv_fp8_interpretation_t kind,
-                                          uint8_t* q, uint8_t* qt, int64_t rows, int64_t cols, float* col_partial,
-                                          Delayed d) {
+__global__ void quantize_transpose_kernel(const T* x, bool gelu, const T* pre, const float* scale,
+                                          __nv_fp8_interpretation_t kind, uint8_t* q, uint8_t* qt, int64_t rows,
+                                          int64_t cols, float* col_partial, Delayed d) {
   __shared__ float tile[kTile][kTile + 1];
   wait_for_previous();  // launched dependent: the scale is the kernel ahead's output
   const float s = tile_scale(scale, d);
@@ -257,6 +266,7 @@ __global__ void quantize_transpose_kernel(const T* x, const T* pre, const float*
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
     if (r < rows && c < cols) {
       float x_f = to_f(x[r * cols + c]);
+      if (gelu) x_f = gelu_rounded<T>(x_f);
       if (pre) x_f = to_f(gelu_backward_rounded<T>(x_f, to_f(pre[r * cols + c])));
       acc[0] += x_f;
       m = max(m, abs_bits(x_f));
@@ -328,9 +338,9 @@ void CudaBackend::fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format
 constexpr int kWideCols = 128;
 constexpr int kRowsPerThread = kTile / kTileRows;
 template <class T>
-__global__ void quantize_transpose_vec_kernel(const T* __restrict__ x, const T* __restrict__ pre, const float* scale,
-                                              __nv_fp8_interpretation_t kind, uint8_t* q, uint8_t* qt, int64_t rows,
-                                              int64_t cols, float* col_partial, Delayed d) {
+__global__ void quantize_transpose_vec_kernel(const T* __restrict__ x, bool gelu, const T* __restrict__ pre,
+                                              const float* scale, __nv_fp8_interpretation_t kind, uint8_t* q,
+                                              uint8_t* qt, int64_t rows, int64_t cols, float* col_partial, Delayed d) {
   __shared__ __align__(4) uint8_t tile[kTile][kWideCols + 4];
   wait_for_previous();  // launched dependent: x (and the scale) are the kernels ahead's output
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kWideCols;
@@ -341,6 +351,10 @@ __global__ void quantize_transpose_vec_kernel(const T* __restrict__ x, const T* 
     const int64_t r = r0 + threadIdx.y + k * kTileRows;
     if (r < rows && c < cols) {
       load4(x + r * cols + c, v[k]);
+      if (gelu) {  // the MLP's hidden activation, rounded as unary(GeluTanh) rounds it
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[k][j] = gelu_rounded<T>(v[k][j]);
+      }
       if (pre) {  // the gradient reaching GELU's input, rounded as binary(GeluTanhBackward) rounds it
         float pv[4];
         load4(pre + r * cols + c, pv);
@@ -392,8 +406,8 @@ bool aligned_to(const void* p, size_t bytes) { return p == nullptr || reinterpre
 namespace {
 // The casts' launch. With col_sums asked it returns each row of tiles' column sums, [row tiles,
 // cols] f32, for finish_column_sums to add; undefined otherwise, and where x has no elements.
-Tensor quantize_transpose(const Tensor& x, const Tensor& pre, const float* scale, const Delayed& d, Fp8Format format,
-                          const Tensor& out, const Tensor& out_t, const Tensor& col_sums) {
+Tensor quantize_transpose(const Tensor& x, bool gelu, const Tensor& pre, const float* scale, const Delayed& d,
+                          Fp8Format format, const Tensor& out, const Tensor& out_t, const Tensor& col_sums) {
   const int64_t rows = x.size(0), cols = x.size(1);
   if (rows == 0 || cols == 0) return Tensor();
   mg::cuda::DeviceGuard guard(x.device());
@@ -416,12 +430,12 @@ Tensor quantize_transpose(const Tensor& x, const Tensor& pre, const float* scale
     using T = decltype(t);
     if (wide)
       launch_dependent(quantize_transpose_vec_kernel<T>, grid, dim3(kTile, kTileRows), 0, st,
-                       static_cast<const T*>(x.raw_data()), static_cast<const T*>(pre_data), scale, kind_of(format), q,
-                       qt, rows, cols, part, d);
+                       static_cast<const T*>(x.raw_data()), gelu, static_cast<const T*>(pre_data), scale,
+                       kind_of(format), q, qt, rows, cols, part, d);
     else
       launch_dependent(quantize_transpose_kernel<T>, grid, dim3(kTile, kTileRows), 0, st,
-                       static_cast<const T*>(x.raw_data()), static_cast<const T*>(pre_data), scale, kind_of(format), q,
-                       qt, rows, cols, part, d);
+                       static_cast<const T*>(x.raw_data()), gelu, static_cast<const T*>(pre_data), scale,
+                       kind_of(format), q, qt, rows, cols, part, d);
   });
   MG_CUDA_CHECK_LAUNCH("fp8_quantize_transpose");
   return partial;
@@ -440,18 +454,18 @@ void finish_column_sums(CudaBackend& be, const Tensor& partial, const Tensor& co
 }  // namespace
 
 template <>
-void CudaBackend::fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out,
-                                         const Tensor& out_t, const Tensor& col_sums) {
+void CudaBackend::fp8_quantize_transpose(const Tensor& x, bool gelu, const Tensor& scale, Fp8Format format,
+                                         const Tensor& out, const Tensor& out_t, const Tensor& col_sums) {
   const Tensor partial =
-      quantize_transpose(x, Tensor(), data_as<const float>(scale), Delayed{}, format, out, out_t, col_sums);
+      quantize_transpose(x, gelu, Tensor(), data_as<const float>(scale), Delayed{}, format, out, out_t, col_sums);
   finish_column_sums(*this, partial, col_sums);
 }
 
 template <>
-void CudaBackend::fp8_quantize_transpose_delayed(const Tensor& x, const Tensor& gelu_pre, const Tensor& history,
-                                                 int slot, Fp8Format format, int margin, const Tensor& scale,
-                                                 const Tensor& scale_inv, const Tensor& out, const Tensor& out_t,
-                                                 const Tensor& col_sums) {
+void CudaBackend::fp8_quantize_transpose_delayed(const Tensor& x, bool gelu, const Tensor& gelu_pre,
+                                                 const Tensor& history, int slot, Fp8Format format, int margin,
+                                                 const Tensor& scale, const Tensor& scale_inv, const Tensor& out,
+                                                 const Tensor& out_t, const Tensor& col_sums) {
   Delayed d;
   d.hist = static_cast<unsigned*>(history.raw_data());
   d.slots = static_cast<int>(history.numel());
@@ -460,7 +474,7 @@ void CudaBackend::fp8_quantize_transpose_delayed(const Tensor& x, const Tensor& 
   d.margin = margin;
   d.scale_inv = data_as<float>(scale_inv);
   d.scale = scale.defined() ? data_as<float>(scale) : nullptr;
-  finish_column_sums(*this, quantize_transpose(x, gelu_pre, nullptr, d, format, out, out_t, col_sums), col_sums);
+  finish_column_sums(*this, quantize_transpose(x, gelu, gelu_pre, nullptr, d, format, out, out_t, col_sums), col_sums);
 }
 
 namespace {
@@ -479,8 +493,8 @@ void launch_scale(const unsigned* bits, unsigned blocks, Fp8Format format, int m
 }  // namespace
 
 template <>
-void CudaBackend::fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, const Tensor& amax, const Tensor& scale,
-                                 const Tensor& scale_inv) {
+void CudaBackend::fp8_amax_scale(const Tensor& x, bool gelu, Fp8Format format, int margin, const Tensor& amax,
+                                 const Tensor& scale, const Tensor& scale_inv) {
   mg::cuda::DeviceGuard guard(x.device());
   cudaStream_t st = stream_of(x);
   const int64_t n = x.numel();
@@ -490,8 +504,8 @@ void CudaBackend::fp8_amax_scale(const Tensor& x, Fp8Format format, int margin, 
   auto* bits = static_cast<unsigned*>(partial.raw_data());
   dispatch_half_or_f32(x.dtype(), [&](auto t) {
     using T = decltype(t);
-    launch_dependent(amax_partial_kernel<T>, dim3(blocks), dim3(kBlock), 0, st, static_cast<const T*>(x.raw_data()), n,
-                     vec, bits);
+    launch_dependent(amax_partial_kernel<T>, dim3(blocks), dim3(kBlock), 0, st, static_cast<const T*>(x.raw_data()),
+                     gelu, n, vec, bits);
   });
   launch_scale(bits, blocks, format, margin, amax, scale, scale_inv, st);
   MG_CUDA_CHECK_LAUNCH("fp8_current_scale");

@@ -1,5 +1,5 @@
 // The tanh GELU's device math, shared by the elementwise kernels (elementwise.cu) and the FP8
-// MLP backward's fused derivative-and-amax pass (fp8.cu), so both round the same way.
+// casts that take the GELU or its derivative in their passes (fp8.cu), so both round the same way.
 #pragma once
 
 #include "kernels/cuda/common.cuh"
@@ -22,6 +22,13 @@ __device__ __forceinline__ M gelu_tanh_of(M x) {
   } else {
     return m_tanh(x);
   }
+}
+
+// gelu_tanh(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in T's math type M, for elements of
+// type T (unary(GeluTanh)'s values once rounded to T).
+template <class T, class M>
+__device__ __forceinline__ M gelu_tanh(M x) {
+  return M(0.5) * x * (M(1) + gelu_tanh_of<T>(M(kTanhK) * (x + M(kTanhC) * x * x * x)));
 }
 
 // g * gelu_tanh'(y) in T's math type M, for elements of type T.

@@ -292,6 +292,37 @@ TEST(Fp8Ops, GeluBackwardDelayedCastIsTheDerivativeThenTheDelayedCast) {
                ShapeError);
 }
 
+// A gelu cast (Fp8Of::GeluOfX) casts unary(GeluTanh, x)'s values, x left as it was: under current
+// scaling, with a scale set before (a checkpoint replay's) and under delayed scaling cast after
+// cast, the same scale_inv, codes, transposed codes, column sums and history as the plain cast of
+// the GELU's output, in f32, f16 and bf16.
+TEST(Fp8Ops, GeluCastIsTheGeluThenTheCast) {
+  Generator gen(23);
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    Fp8History fused, plain;
+    for (int k = 0; k < 5; ++k) {
+      const Tensor pre = raw::to_dtype(mul_scalar(randn({24, 40}, {}, &gen), 1.0 + k), dt);
+      const std::vector<float> pre_before = raw::to_dtype(pre, DType::f32).to_vector<float>();
+      const Tensor h = unary(Unary::GeluTanh, pre);
+      const std::string what = std::string(dtype_name(dt)) + " cast " + std::to_string(k);
+      const auto expect_same = [&](const Fp8Matrix& got, const Fp8Matrix& want, const char* how) {
+        EXPECT_EQ(got.scale_inv.item<float>(), want.scale_inv.item<float>()) << what << " " << how;
+        EXPECT_EQ(got.codes.to_vector<uint8_t>(), want.codes.to_vector<uint8_t>()) << what << " " << how;
+        EXPECT_EQ(got.codes_t.to_vector<uint8_t>(), want.codes_t.to_vector<uint8_t>()) << what << " " << how;
+        EXPECT_EQ(got.column_sums.to_vector<float>(), want.column_sums.to_vector<float>()) << what << " " << how;
+      };
+      const Fp8Matrix want = fp8_cast(h, Fp8Format::E4M3, {true, true, true});
+      expect_same(fp8_cast(pre, Fp8Format::E4M3, {true, true, true}, 0, Fp8Of::GeluOfX), want, "current");
+      expect_same(fp8_cast_scaled(pre, Fp8Format::E4M3, {true, true, true}, want.scale, want.scale_inv, Fp8Of::GeluOfX),
+                  want, "scaled");
+      expect_same(fp8_cast_delayed(pre, Fp8Format::E4M3, {true, true, true}, fused, 0, Fp8Of::GeluOfX),
+                  fp8_cast_delayed(h, Fp8Format::E4M3, {true, true, true}, plain), "delayed");
+      EXPECT_EQ(fused.amax.to_vector<float>(), plain.amax.to_vector<float>()) << what;
+      EXPECT_EQ(raw::to_dtype(pre, DType::f32).to_vector<float>(), pre_before) << what;
+    }
+  }
+}
+
 // Codes of random values in both formats, with a scale that is not a power of two.
 Fp8Matrix random_codes(int64_t rows, int64_t cols, Fp8Format f, uint64_t seed) {
   Generator g(seed);

@@ -267,6 +267,53 @@ TEST_F(Fp8Parity, GeluBackwardDelayedCastIsTheDerivativeThenTheDelayedCast) {
   }
 }
 
+// The gelu casts (the MLP's hidden activation cast from its pre-activation, Fp8Of::GeluOfX)
+// against the device's own composition, unary(GeluTanh) then the plain cast (the GELU's tanh is the
+// device's, not the CPU's): under current scaling (the amax pass and the cast both take the GELU),
+// with a replay's scale, and under delayed scaling cast after cast, the same scale_inv, codes,
+// transposed codes, column sums and history bits; in f32, f16 and bf16, for the vector kernel's
+// shapes and one that leaves a tail (the one-element kernel), from an aligned start and one that
+// is not (the amax pass's one-at-a-time loads).
+TEST_F(Fp8Parity, GeluCastIsTheGeluThenTheCast) {
+  Generator gen(19);
+  for (DType dt : {DType::f32, DType::f16, DType::bf16})
+    for (Shape shape : {Shape{256, 640}, Shape{33, 37}})
+      for (int64_t start : {0, 1}) {
+        kernels::Fp8History fused, plain;
+        for (int k = 0; k < 4; ++k) {
+          const int64_t n = shape_numel(shape);
+          const Tensor p0 = to_cuda(raw::to_dtype(kernels::mul_scalar(randn({n + start}, {}, &gen), 1.0 + k), dt));
+          const Tensor pre = raw::reshape(raw::slice(p0, 0, start, start + n, 1), shape);
+          const Tensor h = kernels::unary(kernels::Unary::GeluTanh, pre);
+          const std::string what =
+              dstr(dt) + " " + shape_str(shape) + " start " + std::to_string(start) + " cast " + std::to_string(k);
+          const auto expect_same = [&](const kernels::Fp8Matrix& got, const kernels::Fp8Matrix& want, const char* how) {
+            ASSERT_TRUE(same_bits(got.scale_inv.cpu().item<float>(), want.scale_inv.cpu().item<float>()))
+                << what << " " << how;
+            ASSERT_EQ(got.codes.cpu().to_vector<uint8_t>(), want.codes.cpu().to_vector<uint8_t>())
+                << what << " " << how;
+            ASSERT_EQ(got.codes_t.cpu().to_vector<uint8_t>(), want.codes_t.cpu().to_vector<uint8_t>())
+                << what << " " << how;
+            const std::vector<float> a = got.column_sums.cpu().to_vector<float>(),
+                                     b = want.column_sums.cpu().to_vector<float>();
+            for (size_t i = 0; i < a.size(); ++i)
+              ASSERT_TRUE(same_bits(a[i], b[i])) << what << " " << how << " col " << i;
+          };
+          const kernels::Fp8Matrix want = kernels::fp8_cast(h, Fp8Format::E4M3, {true, true, true});
+          expect_same(kernels::fp8_cast(pre, Fp8Format::E4M3, {true, true, true}, 0, kernels::Fp8Of::GeluOfX), want,
+                      "current");
+          expect_same(kernels::fp8_cast_scaled(pre, Fp8Format::E4M3, {true, true, true}, want.scale, want.scale_inv,
+                                               kernels::Fp8Of::GeluOfX),
+                      want, "scaled");
+          expect_same(
+              kernels::fp8_cast_delayed(pre, Fp8Format::E4M3, {true, true, true}, fused, 0, kernels::Fp8Of::GeluOfX),
+              kernels::fp8_cast_delayed(h, Fp8Format::E4M3, {true, true, true}, plain), "delayed");
+          const std::vector<float> a = fused.amax.cpu().to_vector<float>(), b = plain.amax.cpu().to_vector<float>();
+          for (size_t i = 0; i < a.size(); ++i) ASSERT_TRUE(same_bits(a[i], b[i])) << what << " slot " << i;
+        }
+      }
+}
+
 // fp8_cast_gelu_backward's one pass (the derivative and the amax) against the device's own
 // composition, binary(GeluTanhBackward) then fp8_cast: the same g bits, scale_inv, codes and
 // transposed codes in f32, f16 and bf16, for a shape whose element count is a multiple of 8 (the
