@@ -209,13 +209,28 @@ StagedLoad Fp8HistoryState::stage_state_dict(const StateDict& sd) {
   };
 }
 
-bool fp8_linear_applies(const Tensor& x, const Tensor& w) {
-  const AutocastState st = autocast_state();
+namespace {
+// The recipe's rules for x [..., K] and w [N, K] but their dtypes: FP8 autocast on and autocast in
+// f16 or bf16 for x's device, the sizes (fp8_linear_applies).
+bool fp8_takes_shapes(const AutocastState& st, const Tensor& x, const Tensor& w) {
   if (!st.fp8 || !x.defined() || !w.defined() || x.dim() < 1 || w.dim() != 2) return false;
   const DeviceType dt = x.device().type;
-  if (!st.enabled(dt) || !half(st.dtype(dt)) || x.dtype() != st.dtype(dt) || w.dtype() != x.dtype()) return false;
+  if (!st.enabled(dt) || !half(st.dtype(dt))) return false;
   if (x.size(-1) < st.fp8_min_features || w.size(0) < st.fp8_min_features) return false;
   return x.size(-1) % 16 == 0 && w.size(0) % 16 == 0 && rows_of(x) % 16 == 0 && rows_of(x) > 0;
+}
+}  // namespace
+
+bool fp8_linear_applies(const Tensor& x, const Tensor& w) {
+  const AutocastState st = autocast_state();
+  if (!fp8_takes_shapes(st, x, w) || x.dtype() != st.dtype(x.device().type)) return false;
+  return w.dtype() == x.dtype() || (w.dtype() == DType::f32 && w.device() == x.device());
+}
+
+bool fp8_keeps_f32_weight(const Tensor& x, const Tensor& w) {
+  const AutocastState st = autocast_state();
+  return fp8_takes_shapes(st, x, w) && w.dtype() == DType::f32 && w.device() == x.device() &&
+         (x.dtype() == DType::f32 || half(x.dtype()));
 }
 
 Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType gw_dtype) {

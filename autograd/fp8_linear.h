@@ -14,7 +14,8 @@
 //              and dw comes out in f32 where w is autocast's cast of an f32 weight; the bias
 //              gradient is the f32 column sums of g, taken in the pass that casts g.
 // What it keeps for backward: x's and w's transposed codes, 1 byte an element (the bf16 path
-// keeps x itself, 2 bytes), and the MLP's GELU argument in the region's dtype.
+// keeps x itself, 2 bytes), and the MLP's GELU argument in the region's dtype. An f32 weight is
+// cast to FP8 from f32 (fp8_keeps_f32_weight): no bf16 copy of it is made or kept.
 // Delayed scaling applies where grad is on and in checkpoint regions, whose forward (grad off)
 // keeps each cast's scale for the replay to cast with (autograd/node.h RegionScales), so the
 // replay's codes are the forward's; evaluations under no_grad and CUDA-graph captures cast with
@@ -35,10 +36,15 @@
 namespace mg::autograd {
 
 // Whether the recipe takes a linear of x [..., K] with weight w [N, K]: Fp8Autocast on, autocast
-// enabled for x's device, x and w already in its f16/bf16 dtype, K and N at least the recipe's
-// min_features, and K, N and the rows multiples of 16 (the FP8 GEMMs' granularity; other shapes
-// keep the region's dtype).
+// enabled for x's device, x already in its f16/bf16 dtype and w in that dtype or an f32 weight on
+// x's device, K and N at least the recipe's min_features, and K, N and the rows multiples of 16
+// (the FP8 GEMMs' granularity; other shapes keep the region's dtype).
 bool fp8_linear_applies(const Tensor& x, const Tensor& w);
+// Whether autocast leaves the f32 weight w of a linear of x as it is because the recipe will take
+// the linear (the rules above, x in any floating dtype before autocast lowers it): the FP8 cast
+// reads the f32 weight itself, so the region keeps no f16/bf16 copy of it (2 bytes a parameter),
+// and the weight's gradient comes straight from the FP8 GEMM in f32.
+bool fp8_keeps_f32_weight(const Tensor& x, const Tensor& w);
 
 // The casts delayed scaling has made of the layer with weight `weight` (its f32 weight, or the
 // cast of it): its input's, weight's and output gradient's, on the calling thread; zeros where

@@ -110,6 +110,8 @@ Tensor linear_math(const Tensor& x, const Tensor& w, const Tensor& bias) {
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  // Under the FP8 recipe an f32 weight stays f32: its FP8 cast reads it (no bf16 copy made).
+  if (autograd::fp8_keeps_f32_weight(x, w)) return around(policy::linear, linear_math, x, as_is(w), bias);
   return around(policy::linear, linear_math, x, w, bias);
 }
 
@@ -172,6 +174,9 @@ Tensor gelu_mlp_math(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, co
 }  // namespace
 
 Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj) {
+  if (autograd::fp8_keeps_f32_weight(x, w_fc) && autograd::fp8_keeps_f32_weight(x, w_proj) &&
+      w_proj.size(1) == w_fc.size(0))  // as linear's: the recipe casts the f32 weights themselves
+    return around(policy::gelu_mlp, gelu_mlp_math, x, as_is(w_fc), b_fc, as_is(w_proj), b_proj);
   return around(policy::gelu_mlp, gelu_mlp_math, x, w_fc, b_fc, w_proj, b_proj);
 }
 

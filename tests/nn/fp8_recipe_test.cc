@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "autograd/autocast_policy.h"
 #include "autograd/fp8_linear.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
@@ -55,12 +56,12 @@ TEST(Fp8Recipe, LinearRunsOnTheCodesInsideTheRecipeOnly) {
     fp8_out = lin(x);
     EXPECT_EQ(fp8_out.dtype(), DType::bf16);
   }
-  // The same GEMM by hand: x and w cast to bf16 (autocast), then to e4m3 codes.
+  // The same GEMM by hand: x cast to bf16 (autocast), then to e4m3 codes; the f32 weight cast to
+  // e4m3 codes itself (the recipe makes no bf16 copy of it: fp8_keeps_f32_weight).
   const Tensor x2 = raw::reshape(raw::to_dtype(x, DType::bf16), {32, 64});
-  const Tensor want =
-      kernels::fp8_gemm(kernels::fp8_cast(x2, Fp8Format::E4M3, true, false),
-                        kernels::fp8_cast(raw::to_dtype(lin.weight, DType::bf16), Fp8Format::E4M3, true, false),
-                        raw::to_dtype(lin.bias, DType::bf16), DType::bf16);
+  const Tensor want = kernels::fp8_gemm(kernels::fp8_cast(x2, Fp8Format::E4M3, true, false),
+                                        kernels::fp8_cast(lin.weight, Fp8Format::E4M3, true, false),
+                                        raw::to_dtype(lin.bias, DType::bf16), DType::bf16);
   EXPECT_EQ(raw::to_dtype(fp8_out, DType::f32).to_vector<float>(),
             raw::to_dtype(raw::reshape(want, {2, 16, 48}), DType::f32).to_vector<float>());
   EXPECT_NE(raw::to_dtype(fp8_out, DType::f32).to_vector<float>(),
@@ -119,6 +120,39 @@ double amax_of(const std::vector<float>& v) {
   double m = 0;
   for (float e : v) m = std::max(m, std::fabs(static_cast<double>(e)));
   return m;
+}
+
+// The recipe casts the f32 weights of the layers it takes to FP8 from f32: the region's cast cache
+// holds the biases' bf16 casts only, for the linear and for the MLP, where a bf16 region without
+// the recipe holds the weights' too, and so does the recipe for a layer it does not take; each
+// weight's gradient comes in f32. Each case makes its own layers, which are gone before the next
+// (a region casts ahead the weights the regions before it cast, while they live).
+TEST(Fp8Recipe, TheRecipeKeepsNoBf16CopyOfTheWeightsItTakes) {
+  const Tensor x = randn({32, 64});
+  // The cache's size inside a region running a linear (64 -> 48) or the MLP (64 -> 48 -> 48).
+  const auto cache_in_region = [&](bool mlp, bool fp8, int64_t min_features) {
+    Generator g(8);
+    const auto param = [&](Shape s) { return kernels::mul_scalar(randn(s, {}, &g), 0.1).requires_grad_(true); };
+    const Tensor w = param({48, 64}), b = param({48}), w_proj = param({48, 48}), b_proj = param({48});
+    size_t cached = 0;
+    {
+      Autocast ac(DeviceType::CPU, DType::bf16);
+      Fp8Autocast recipe(fp8, min_features);
+      const Tensor out = mlp ? gelu_mlp(x, w, b, w_proj, b_proj) : linear(x, w, b);
+      cached = autocast::cache_size();
+      sum(out.to(DType::f32)).backward();
+    }
+    for (const Tensor& t : mlp ? std::vector<Tensor>{w, w_proj} : std::vector<Tensor>{w}) {
+      EXPECT_EQ(t.grad().dtype(), DType::f32);
+      EXPECT_GT(sum(abs(t.grad())).item<float>(), 0.0f);
+    }
+    return cached;
+  };
+  EXPECT_EQ(cache_in_region(false, true, 0), 1u);     // the bias's cast
+  EXPECT_EQ(cache_in_region(true, true, 0), 2u);      // the two biases'
+  EXPECT_EQ(cache_in_region(false, true, 1280), 2u);  // not taken: the weight's and the bias's
+  EXPECT_EQ(cache_in_region(false, false, 0), 2u);
+  EXPECT_EQ(cache_in_region(true, false, 0), 4u);
 }
 
 TEST(Fp8Recipe, LinearOutputAndGradientsAreWithinTheFormatsRounding) {
@@ -203,10 +237,10 @@ TEST(Fp8Recipe, MlpBiasGradientsAreTheColumnSumsOfItsGradients) {
   const auto bf16 = [](const Tensor& t) { return raw::to_dtype(t, DType::bf16); };
   const Tensor gout = bf16(r);  // the gradient reaching the MLP's output: r rounded as out.to(f32)'s backward rounds it
   const kernels::Fp8Matrix xq = kernels::fp8_cast(bf16(x), Fp8Format::E4M3, true, false);
-  const kernels::Fp8Matrix wfq = kernels::fp8_cast(bf16(w_fc), Fp8Format::E4M3, true, false);
+  const kernels::Fp8Matrix wfq = kernels::fp8_cast(w_fc, Fp8Format::E4M3, true, false);  // from f32
   const Tensor pre = kernels::fp8_gemm(xq, wfq, bf16(b_fc), DType::bf16);
   const kernels::Fp8Matrix gq = kernels::fp8_cast(gout, Fp8Format::E5M2, true, false);
-  const kernels::Fp8Matrix wpq = kernels::fp8_cast(bf16(w_proj), Fp8Format::E4M3, false, true);
+  const kernels::Fp8Matrix wpq = kernels::fp8_cast(w_proj, Fp8Format::E4M3, false, true);
   const Tensor g_h = kernels::fp8_gemm(gq.codes, Fp8Format::E5M2, gq.scale_inv, wpq.codes_t, Fp8Format::E4M3,
                                        wpq.scale_inv, Tensor(), DType::bf16);
   const Tensor g_pre = kernels::binary(kernels::Binary::GeluTanhBackward, g_h, pre);
