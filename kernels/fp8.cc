@@ -218,15 +218,13 @@ Tensor fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor
   Backend& be = backend(dev, op);
   Tensor out = empty({m, n}, TensorOptions(dtype, dev));
   if (be.fp8_gemm(ac, fa, a_inv, bc, fb, b_inv, bi, out, epilogue, aux)) return out;
-  // The epilogue as kernels after the plain GEMM; the plain GEMM in f32 where the backend has none.
-  const Tensor target = epilogue == Fp8Epilogue::GeluAux ? aux : out;
-  if (!be.fp8_gemm(ac, fa, a_inv, bc, fb, b_inv, bi, target, Fp8Epilogue::None, Tensor())) {
+  // The epilogue as a kernel after the plain GEMM; the plain GEMM in f32 where the backend has none.
+  if (!be.fp8_gemm(ac, fa, a_inv, bc, fb, b_inv, bi, out, Fp8Epilogue::None, Tensor())) {
     Tensor f = empty({m, n}, TensorOptions(DType::f32, dev));
     be.gemm(decoded(ac, fa, a_inv), false, decoded(bc, fb, b_inv), true, f, 1.0, 0.0);
     if (bi.defined()) f = add(f, raw::to_dtype(bi, DType::f32));
-    raw::copy_(target, f);
+    raw::copy_(out, f);
   }
-  if (epilogue == Fp8Epilogue::GeluAux) be.unary(Unary::GeluTanh, aux, out);
   if (epilogue == Fp8Epilogue::DGelu) be.binary(Binary::GeluTanhBackward, out, aux, out);
   return out;
 }

@@ -131,9 +131,8 @@ enum class Fp8Format : uint8_t {
 
 // What an FP8 GEMM applies to its f32 result before rounding (Backend::fp8_gemm).
 enum class Fp8Epilogue : uint8_t {
-  None,     // the result (+ bias)
-  GeluAux,  // aux = the result (+ bias), out = gelu_tanh(aux): the MLP's c_fc
-  DGelu,    // out = the result * gelu_tanh'(aux): the gradient reaching c_fc's output
+  None,   // the result (+ bias)
+  DGelu,  // out = the result * gelu_tanh'(aux): the gradient reaching c_fc's output
 };
 
 // Which attention implementation runs; chosen once, by kernels::attention_kernel (attention.h).

@@ -148,7 +148,7 @@ void CpuBackend::fp8_quantize_transpose_delayed(const Tensor& x_in, bool gelu, c
 
 // The reference FP8 GEMM: the codes decoded exactly to f32 (every e4m3 and e5m2 value is an f32),
 // Eigen's f32 product, then the two inverse scales and the bias in f32 and one rounding. The
-// GELU epilogues are left to the caller's composition (false).
+// DGELU epilogue is left to the caller's composition (false).
 template <>
 bool CpuBackend::fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb,
                           const Tensor& b_inv, const Tensor& bias, const Tensor& out, Fp8Epilogue epilogue,

@@ -43,10 +43,9 @@ bool lt_linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias, const 
 // g_pre[rows, n] = (g[rows, k] @ w[k, n]) * gelu_tanh'(pre), one kernel (DGELU, pre as the
 // auxiliary input). f16/bf16 only, like lt_linear_gelu.
 bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre);
-// Backend::fp8_gemm through cuBLASLt: out[M, N] = a[M, K] @ b[N, K]^T * a_inv * b_inv (+ bias)
-// for u8 codes, on a device with FP8 tensor cores (sm_89 on); false otherwise, and for the DGelu
-// epilogue (see cublaslt.cc).
+// Backend::fp8_gemm's plain GEMM through cuBLASLt: out[M, N] = a[M, K] @ b[N, K]^T * a_inv * b_inv
+// (+ bias) for u8 codes, on a device with FP8 tensor cores (sm_89 on); false otherwise.
 bool lt_fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb, const Tensor& b_inv,
-                 const Tensor& bias, const Tensor& out, Fp8Epilogue epilogue, const Tensor& aux);
+                 const Tensor& bias, const Tensor& out);
 
 }  // namespace mg::kernels::cuda

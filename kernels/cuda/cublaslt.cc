@@ -122,12 +122,10 @@ Plan* plan_for(const Key& key, int device, size_t workspace) {
   if (key.ld_aux) set_attr(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, key.ld_aux);
   const bool fp8 = data == CUDA_R_8F_E4M3 || data == CUDA_R_8F_E5M2;
   if (fp8) {
-    // FP8: the bias and the GELU's auxiliary matrix in D's type; the fast accumulation only where
-    // asked (the forward's e4m3 x e4m3 GEMMs; the gradients' keep the f32 promotion).
-    const auto ep = static_cast<cublasLtEpilogue_t>(key.epilogue);
-    if (ep == CUBLASLT_EPILOGUE_BIAS || ep == CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+    // FP8: the bias in D's type; the fast accumulation only where asked (the forward's e4m3 x
+    // e4m3 GEMMs; the gradients' keep the f32 promotion).
+    if (static_cast<cublasLtEpilogue_t>(key.epilogue) == CUBLASLT_EPILOGUE_BIAS)
       set_attr(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, key.out_dtype);
-    if (key.ld_aux) set_attr(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, key.out_dtype);
     set_attr(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(key.fast_accum ? 1 : 0));
   } else if (key.out_dtype != key.dtype) {
     // A wider D: the bias gradient in D's type too (cuBLASLt's default, said here).
@@ -327,17 +325,9 @@ bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre
 // b as cuBLAS's A (transposed) and a as its B, the "TN" form Hopper's FP8 kernels require. The
 // fast accumulation is for e4m3 x e4m3 (the forward); a GEMM with an e5m2 gradient keeps f32.
 bool lt_fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb, const Tensor& b_inv,
-                 const Tensor& bias, const Tensor& out, Fp8Epilogue epilogue, const Tensor& aux) {
-  // DGELU: the caller's GEMM and GELU-backward kernel instead. With FP8 operands cuBLASLt 13 ran
-  // the epilogue as a generic kernel of its own after the GEMM, 555 us a call at GPT-2 XL's MLP on
-  // the H100 (26.6 ms of a 192 ms step; bench/results/h100_fp8_recipe_casts_2026-12-06.log),
-  // several times the elementwise kernel's cost.
-  if (epilogue == Fp8Epilogue::DGelu) return false;
+                 const Tensor& bias, const Tensor& out) {
   if (!plain_rows(a) || !plain_rows(b) || !plain_rows(out)) return false;
   if (bias.defined() && (!bias.is_contiguous() || bias.dtype() != out.dtype())) return false;
-  if (aux.defined() && (!plain_rows(aux) || aux.dtype() != out.dtype() || out.dtype() == DType::f32)) return false;
-  const bool gelu = epilogue == Fp8Epilogue::GeluAux;
-  if (gelu && !aux.defined()) return false;
   const int64_t rows = a.size(0), k = a.size(1), n = b.size(0);
   if (rows == 0 || n == 0 || k == 0) return false;
   const int device = out.device().index;
@@ -345,13 +335,11 @@ bool lt_fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tenso
   MG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   MG_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   if (major * 10 + minor < 89) return false;
-  const cublasLtEpilogue_t ep = gelu ? (bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
-                                     : (bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+  const cublasLtEpilogue_t ep = bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   const auto type = [](Fp8Format f) { return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
   const LtFp8 f{type(fb), type(fa), b_inv.raw_data(), a_inv.raw_data(), fa == Fp8Format::E4M3 && fb == Fp8Format::E4M3};
   return lt_matmul(device, DType::u8, out.dtype(), true, false, n, rows, k, b.raw_data(), k, a.raw_data(), k,
-                   out.raw_data(), n, ep, bias.defined() ? bias.raw_data() : nullptr, gelu ? aux.raw_data() : nullptr,
-                   gelu ? n : 0, &f);
+                   out.raw_data(), n, ep, bias.defined() ? bias.raw_data() : nullptr, nullptr, 0, &f);
 }
 
 }  // namespace mg::kernels::cuda
