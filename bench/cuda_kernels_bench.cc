@@ -315,6 +315,52 @@ void BM_Fp8Cast(benchmark::State& state) {
 }
 BENCHMARK(BM_Fp8Cast)->UseManualTime()->Unit(benchmark::kMillisecond);
 
+// The FP8 recipe's casts of one GPT-2 XL block at B=8, T=1024 under delayed scaling (a history
+// already started, so each is one pass: read x, write the codes and their transpose): the
+// layer norms' outputs, the MLP's activation cast from c_fc's output (GELU in the pass), the f32
+// weights, and the output gradients in e5m2 with their column sums (the bias gradients; the MLP's
+// through GELU's derivative from c_fc's output). GB/s counts the bytes read and the two codes
+// written; of_copy against the device-to-device copy, the cast's ceiling.
+struct XlCast {
+  int64_t rows, cols;
+  DType dt;
+  bool gelu, gelu_backward, column_sums;
+  const char* name;
+};
+constexpr XlCast kXlCasts[] = {
+    {8192, 1600, DType::bf16, false, false, false, "layer-norm output [8192, 1600]"},
+    {8192, 6400, DType::bf16, true, false, false, "gelu of c_fc's output [8192, 6400]"},
+    {6400, 1600, DType::f32, false, false, false, "c_fc weight [6400, 1600]"},
+    {4800, 1600, DType::f32, false, false, false, "c_attn weight [4800, 1600]"},
+    {8192, 1600, DType::bf16, false, false, true, "output gradient [8192, 1600], column sums"},
+    {8192, 4800, DType::bf16, false, false, true, "output gradient [8192, 4800], column sums"},
+    {8192, 6400, DType::bf16, false, true, true, "gelu-backward gradient [8192, 6400], column sums"},
+};
+
+void BM_Fp8CastDelayedXl(benchmark::State& state) {
+  if (!require_gpu(state)) return;
+  const XlCast c = kXlCasts[state.range(0)];
+  Tensor x = uniform({c.rows, c.cols}, -1, 1, {c.dt, kGpu});
+  Tensor pre = c.gelu_backward ? uniform({c.rows, c.cols}, -3, 3, {c.dt, kGpu}) : Tensor();
+  const kernels::Fp8Format f = c.column_sums ? kernels::Fp8Format::E5M2 : kernels::Fp8Format::E4M3;
+  const kernels::Fp8CastOutputs out{true, true, c.column_sums};
+  kernels::Fp8History h;
+  auto run = [&] {
+    if (c.gelu_backward)
+      (void)kernels::fp8_cast_gelu_backward_delayed(x, pre, f, out, h);
+    else
+      (void)kernels::fp8_cast_delayed(x, f, out, h, 0, c.gelu ? kernels::Fp8Of::GeluOfX : kernels::Fp8Of::X);
+  };
+  run();  // the history's first cast is a current-scaling one
+  const double elements = static_cast<double>(c.rows) * c.cols;
+  const double bytes = elements * (dtype_size(c.dt) * (c.gelu_backward ? 2 : 1) + 2);
+  const double ms = event_time_ms(state, 2, run);
+  state.counters["GB/s"] = bytes / (ms / 1e3) / 1e9;
+  if (g_copy_gbps > 0) state.counters["of_copy"] = state.counters["GB/s"] / g_copy_gbps;
+  state.SetLabel(std::string("delayed FP8 cast, GPT-2 XL ") + c.name + ", " + dtype_name(c.dt));
+}
+BENCHMARK(BM_Fp8CastDelayedXl)->DenseRange(0, 6)->UseManualTime()->Unit(benchmark::kMillisecond);
+
 // GPT-2 XL's linear layers at B=8, T=1024 (M = 8192 rows): out [M, N] = x [M, K] @ w [N, K]^T,
 // as bf16 kernels::linear, as the FP8 GEMM of already-cast codes (kernels::fp8_gemm, e4m3, fast
 // accumulation), and as the recipe's forward: both casts, then the GEMM. TFLOP/s of the GEMM's

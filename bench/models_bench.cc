@@ -2,7 +2,12 @@
 // comparison with bench/pytorch/models_step.py on the same card and configs:
 //   ResNet-50, B=64, 3x224x224, f32;  GPT-2 124M, B=8, T=1024, f32.
 // Each step: zero_grad, forward, loss, backward, SGD(momentum 0.9) (or AdamW) step. Prints one JSON
-// line per model (median step ms over --steps after --warmup, peak allocated/reserved).
+// line per model (median step ms over --steps after --warmup, peak allocated/reserved), and from
+// one more eager step the peak split by what it scales with: state_bytes_per_param (the
+// parameters, their gradients and the optimizer state on the device at the peak, per parameter),
+// host_state_bytes_per_param (the same categories in host memory: offloaded masters and moments)
+// and activation_kib_per_token (or _per_image: the rest of the peak, per sample), so that
+// peak = state_bytes_per_param x parameters + activation_kib_per_token x 1024 x tokens.
 //   --dtype f16|bf16   forward and loss under mg::Autocast (f32 master weights; no loss
 //                      scaling here: bench_amp has the full GradScaler step)
 //   --tune-gemm        GEMM autotuning (kernels::set_gemm_autotune, or MG_GEMM_TUNE=1: each
@@ -104,6 +109,7 @@
 // at the median (samples_per_s: images, or tokens for GPT-2) for the suite
 // (bench/runner); its config string is the one bench/pytorch/models_step.py prints.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <cstdio>
@@ -149,6 +155,17 @@ struct PhasePeaks {
   bool probe = false;
   int64_t forward = -1, backward = -1, optimizer = -1;
   int64_t offload_pending = 0;  // device bytes of offloaded tensors whose copy out had not finished as forward ended
+  // The device's live bytes by category at the step's highest total (over the phases), for the
+  // per-parameter and per-token split print() reports; total_peak -1 until a phase ends.
+  int64_t total_peak = -1;
+  std::array<int64_t, static_cast<size_t>(mg::MemoryCategory::kCount)> at_peak{};
+  // Keeps the category breakdown of the phase that just ended if its peak is the step's highest.
+  void note_phase_peak(mg::Device dev) {
+    const mg::CategoryStats& cs = mg::CategoryStats::get(dev);
+    if (cs.total().peak <= total_peak) return;
+    total_peak = cs.total().peak;
+    at_peak = cs.at_peak();
+  }
 };
 PhasePeaks g_phases;
 
@@ -368,6 +385,7 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBack
       }
       if (!g_phases.probe) return;
       peak = mg::max_memory_allocated(dev);
+      g_phases.note_phase_peak(dev);
       mg::reset_peak_memory_stats(dev);
     };
     opt.zero_grad();
@@ -405,22 +423,53 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBack
 // autocast on those cards, 0 elsewhere (no "mfu" field).
 double g_flops_per_sample = 0, g_peak_flops = 0;
 
-void print(const char* model, const std::string& config, const Result& r, int64_t samples, const char* unit) {
+// The probe step's peak split by what it scales with (from the allocator's categories at that
+// moment): the model state (parameters, their gradients, the optimizer's state) per parameter,
+// on the device and in host memory, and the rest of the peak (saved activations, autocast's and
+// FP8's copies, gathered parameters, workspaces) per sample. Empty where no eager probe ran
+// (a captured step's replay allocates nothing) or the model has no parameters.
+std::string memory_split(int64_t n_params, int64_t samples, const char* unit) {
+  if (g_phases.total_peak <= 0 || n_params <= 0 || samples <= 0) return "";
+  using C = mg::MemoryCategory;
+  auto at = [](C c) { return g_phases.at_peak[static_cast<size_t>(c)]; };
+  const int64_t state = at(C::Parameters) + at(C::Gradients) + at(C::OptimizerState);
+  const mg::CategoryStats& host = mg::CategoryStats::get(mg::Device::cpu());
+  const int64_t host_state = host.counter(C::Parameters).current + host.counter(C::Gradients).current +
+                             host.counter(C::OptimizerState).current;
+  std::string per(unit);  // "tokens" -> "token"
+  if (!per.empty() && per.back() == 's') per.pop_back();
+  char out[256];
+  std::snprintf(out, sizeof(out),
+                ",\"state_bytes_per_param\":%.3f,\"host_state_bytes_per_param\":%.3f,\"activation_kib_per_%s\":%.3f",
+                static_cast<double>(state) / n_params, static_cast<double>(host_state) / n_params, per.c_str(),
+                static_cast<double>(g_phases.total_peak - state) / samples / 1024.0);
+  return out;
+}
+
+int64_t numel_of(const std::vector<mg::Tensor>& ts) {
+  int64_t n = 0;
+  for (const mg::Tensor& t : ts) n += t.numel();
+  return n;
+}
+
+void print(const char* model, const std::string& config, const Result& r, int64_t samples, const char* unit,
+           int64_t n_params) {
   const double per_s = samples / (r.median_ms / 1000.0);
   char mfu[32] = "";
   if (g_flops_per_sample > 0 && g_peak_flops > 0)
     std::snprintf(mfu, sizeof(mfu), ",\"mfu\":%.4f", per_s * g_flops_per_sample / g_peak_flops);
+  const std::string split = memory_split(n_params, samples, unit);
   std::printf(
       "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"%s\",\"step_ms\":%.2f,\"step_ms_min\":%.2f,"
       "\"step_ms_max\":%.2f,\"n_runs\":%d,\"peak_allocated_gib\":%.3f,\"peak_reserved_gib\":%.3f,"
       "\"nvml_peak_used_gib\":%.3f,\"samples_per_s\":%.0f,\"sample_unit\":\"%s\",\"peak_forward_gib\":%.3f,"
       "\"peak_backward_gib\":%.3f,\"peak_optimizer_gib\":%.3f,\"offloaded_gib\":%.3f,\"offload_used_in_place\":%lld,"
-      "\"offload_pending_gib\":%.3f%s}"
+      "\"offload_pending_gib\":%.3f%s%s}"
       "\n",
       model, config.c_str(), r.median_ms, r.min_ms, r.max_ms, r.n_runs, r.peak_alloc / 1073741824.0,
       r.peak_reserved / 1073741824.0, r.nvml_peak_gib, per_s, unit, g_phases.forward / 1073741824.0,
       g_phases.backward / 1073741824.0, g_phases.optimizer / 1073741824.0, r.offload.offloaded_bytes / 1073741824.0,
-      static_cast<long long>(r.offload.used_in_place), g_phases.offload_pending / 1073741824.0, mfu);
+      static_cast<long long>(r.offload.used_in_place), g_phases.offload_pending / 1073741824.0, mfu, split.c_str());
   std::fflush(stdout);
 }
 
@@ -548,7 +597,7 @@ int gpt_budget_run(const mg::nn::GPTConfig& cfg, const std::string& label, const
   print(label.c_str(),
         "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag + " " +
             mg::memory::state_mode_name(fit.modes[fit.chosen]) + ", " + rungs.peaks[rungs.chosen].first,
-        run(step, warmup, steps, dev), B * T, "tokens");
+        run(step, warmup, steps, dev), B * T, "tokens", numel_of(s.model->parameters()));
   if (g_host_params) print_host_params(*g_host_params);
   if (g_param_offload.source) print_host_params(g_param_offload.source->host());
   teardown();
@@ -707,7 +756,8 @@ int run_main(int argc, char** argv) {
     mg::Tensor x = mg::randn({B, 784}, {mg::DType::f32, dev});
     mg::Tensor y = mg::randint(0, 10, {B}, {mg::DType::i64, dev});
     auto step = train_step(*opt, [&] { return mg::cross_entropy(model->forward(x), y); });
-    print("mlp", "784-256-128-10 B=" + std::to_string(B) + tag, run(step, warmup, steps, dev), B, "images");
+    print("mlp", "784-256-128-10 B=" + std::to_string(B) + tag, run(step, warmup, steps, dev), B, "images",
+          numel_of(model->parameters()));
   }
   // The CNNs: ResNet-50, and MobileNet (v1, 224x224) only when named (not in "all").
   auto cnn = [&](const std::string& name, std::shared_ptr<mg::nn::Module> model) {
@@ -728,7 +778,8 @@ int run_main(int argc, char** argv) {
       });
     } else {
       auto step = step_at(B);
-      print(name.c_str(), "B=" + std::to_string(B) + " 224x224" + tag, run(step, warmup, steps, dev), B, "images");
+      print(name.c_str(), "B=" + std::to_string(B) + " 224x224" + tag, run(step, warmup, steps, dev), B, "images",
+            numel_of(model->parameters()));
     }
   };
   if (which == "all" || which == "resnet50")
@@ -860,7 +911,7 @@ int run_main(int argc, char** argv) {
     }
     auto step = step_at(B);
     print(label.c_str(), "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag + variant,
-          run(step, warmup, steps, dev), B * T, "tokens");
+          run(step, warmup, steps, dev), B * T, "tokens", numel_of(model->parameters()));
     if (g_host_params) print_host_params(*g_host_params);
     if (g_param_offload.source) {
       print_host_params(g_param_offload.source->host());

@@ -39,6 +39,7 @@ UNITS = (
     ("_gib", "GiB"),
     ("_GiB", "GiB"),
     ("_mib", "MiB"),
+    ("_kib", "KiB"),
     ("_bytes", "bytes"),
     ("_ms", "ms"),
     ("ms", "ms"),

@@ -22,6 +22,8 @@ class UnitTest(unittest.TestCase):
             "tokens_per_s": "tokens/s", "samples_per_s": "samples/s", "images_per_s": "images/s",
             "GB/s": "GB/s", "TFLOP/s": "TFLOP/s", "of_copy": "x", "vs_simt": "x", "speedup_vs_f32": "x",
             "ratio_vs_0_workers": "x", "reserved_over_alloc": "x", "mfu": "fraction",
+            "state_bytes_per_param": "bytes", "host_state_bytes_per_param": "bytes",
+            "activation_kib_per_token": "KiB", "activation_kib_per_image": "KiB",
         }
         for name, unit in cases.items():
             self.assertEqual(records.unit_of(name), unit, name)
