@@ -42,6 +42,7 @@ class Entry:
 TECHNIQUES = {
     "models": "Whole-model training steps",
     "amp": "Mixed precision",
+    "state": "Model state: 8-bit moments, optimizer and parameter offload",
     "recompute": "Activation recomputation",
     "optim": "Fused optimizers",
     "attention": "Attention kernels",
@@ -95,6 +96,20 @@ def fp8_args(fp8):
     return args
 
 
+def state_args(mode):
+    """A GPT's AdamW step with its state where `mode` puts it: on the device (f32 or 8-bit moments),
+    the block Linears' masters and moments in host memory (optimizer offload), or every parameter
+    there (parameter offload, one block fetched ahead). GPT-2 large uncapped (the modes' times side
+    by side, and each row's peak split per parameter and per token), 124M under --quick."""
+    def args(ctx):
+        size = "gpt2" if ctx.quick else "gpt2-large"
+        where = {"device": ["--optimizer", "adamw"], "8bit": ["--optimizer", "adamw8bit"],
+                 "host_params": ["--optimizer", "adamw", "--host-params"],
+                 "param_offload": ["--optimizer", "adamw", "--param-offload", "1"]}[mode]
+        return ["--model", "gpt2", "--gpt", size, "--dtype", "bf16"] + where + steps(ctx)
+    return args
+
+
 def dist_args(ctx):
     if not ctx.cuda:  # a tiny model on host ranks: the path runs, the numbers are no scaling claim
         tiny = ["--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--vocab", "64", "--seq", "16", "--batch", "2"]
@@ -133,6 +148,12 @@ SUITE = [
           timeout=(240, 90)),
     Entry("amp_gpt_bf16", "amp", "memgrad", "//bench:bench_models", fp8_args(False), expect=(20, 8)),
     Entry("amp_gpt_fp8", "amp", "memgrad", "//bench:bench_models", fp8_args(True), expect=(20, 8)),
+    Entry("state_device", "state", "memgrad", "//bench:bench_models", state_args("device"), expect=(15, 8)),
+    Entry("state_8bit", "state", "memgrad", "//bench:bench_models", state_args("8bit"), expect=(15, 8)),
+    Entry("state_host_params", "state", "memgrad", "//bench:bench_models", state_args("host_params"),
+          expect=(20, 10)),
+    Entry("state_param_offload", "state", "memgrad", "//bench:bench_models", state_args("param_offload"),
+          expect=(40, 15)),
     Entry("recompute", "recompute", "memgrad", "//bench:bench_recompute",
           lambda ctx: ["--dtype", "bf16" if ctx.cuda else "f32"] + (["--model", "gpt"] if ctx.quick else []) +
           steps(ctx), needs_cuda=False, expect=(25, 10)),
