@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
@@ -197,19 +198,30 @@ __global__ void scale_kernel(const unsigned* partial, int count, fp8_math::Forma
 // col_partial ([gridDim.y, cols] f32), the tile's column sums of x go to row blockIdx.y of it.
 constexpr int kTile = 32, kTileRows = 8;
 
-// The block's column sums: thread (x, y) holds V columns' sums of its rows (columns V * x ...),
-// added over y in order into col_partial[blockIdx.y * cols + c0 + ...]. Every thread calls it.
-template <int V>
-__device__ __forceinline__ void tile_column_sums(const float (&acc)[V], float* col_partial, int64_t c0, int64_t cols) {
-  __shared__ float sums[kTileRows][kTile * V];
+// A tile kernel's thread index in its block of kTile * kTileRows threads (any 2-D shape): a warp is
+// 32 consecutive indices.
+__device__ __forceinline__ int tile_thread() { return threadIdx.y * blockDim.x + threadIdx.x; }
+// The block's column sums, a row of partial sums for each kTile rows of its tile (whatever the
+// kernel, so the sums are added in one order: a thread's rows, then the tile's threads, then the
+// rows of partials). Thread (x, y) of a TX x TY block holds V columns' sums (columns V * x ...) of
+// rows y % kTileRows + kTileRows * k of the tile's (y / kTileRows)-th kTile rows; they are added
+// over those kTileRows threads in order into col_partial[(row of partials) * cols + c0 + ...],
+// for the rows of partials that hold rows of x. Every thread calls it.
+template <int V, int TX, int TY>
+__device__ __forceinline__ void tile_column_sums(const float (&acc)[V], float* col_partial, int64_t c0, int64_t cols,
+                                                 int64_t rows) {
+  constexpr int kParts = TY / kTileRows;  // rows of partials a tile writes
+  __shared__ float sums[TY][TX * V];
 #pragma unroll
   for (int j = 0; j < V; ++j) sums[threadIdx.y][V * threadIdx.x + j] = acc[j];
   __syncthreads();
-  for (int t = threadIdx.y * kTile + threadIdx.x; t < kTile * V; t += kTile * kTileRows) {
+  for (int t = tile_thread(); t < kParts * TX * V; t += TX * TY) {
+    const int part = t / (TX * V), cc = t % (TX * V);
+    const int64_t prow = static_cast<int64_t>(blockIdx.y) * kParts + part;
     float s = 0.0f;
 #pragma unroll
-    for (int y = 0; y < kTileRows; ++y) s += sums[y][t];
-    if (c0 + t < cols) col_partial[blockIdx.y * cols + c0 + t] = s;
+    for (int y = 0; y < kTileRows; ++y) s += sums[kTileRows * part + y][cc];
+    if (c0 + cc < cols && prow * kTile < rows) col_partial[prow * cols + c0 + cc] = s;
   }
 }
 
@@ -224,31 +236,33 @@ struct Delayed {
   float* scale = nullptr;      // the scale used (or null), written by block (0, 0)
 };
 // The scale a tile kernel casts with: *scale, or under delayed scaling the history's (each warp
-// reads it with one load a lane and one reduction: blockDim.x is kTile, a warp a row of threads).
+// reads it with one load a lane and one reduction).
 __device__ __forceinline__ float tile_scale(const float* scale, const Delayed& d) {
   if (!d.hist) return *scale;
   const int next = fp8_math::history_next(d.slot, d.slots);
   unsigned m = 0;
-  for (int i = threadIdx.x; i < d.slots; i += kTile)
+  for (int i = tile_thread() % 32; i < d.slots; i += 32)
     if (fp8_math::history_counts(d.hist[i], i, d.slot, next)) m = max(m, d.hist[i]);
   m = __reduce_max_sync(0xffffffffu, m);  // fp8_math::history_max_bits, a lane a slot
   const float s = fp8_math::scale_for(__uint_as_float(m), d.f, d.margin);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
+  if (blockIdx.x == 0 && blockIdx.y == 0 && tile_thread() == 0) {
     *d.scale_inv = __frcp_rn(s);
     if (d.scale) *d.scale = s;
     d.hist[next] = 0;  // no block reads that slot
   }
   return s;
 }
-// The tile's max |x| (abs_bits of each thread's m) into the history's slot. A block is kTileRows
-// warps of kTile threads (warp = threadIdx.y); every thread calls it.
+// The tile's max |x| (abs_bits of each thread's m) into the history's slot. Every thread of the
+// kTile * kTileRows threads calls it.
 __device__ __forceinline__ void tile_amax_to_history(unsigned m, const Delayed& d) {
-  __shared__ unsigned warp_max[kTileRows];
-  for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_down_sync(0xffffffffu, m, off));
-  if (threadIdx.x == 0) warp_max[threadIdx.y] = m;
+  constexpr int kWarps = kTile * kTileRows / 32;
+  __shared__ unsigned warp_max[kWarps];
+  const int t = tile_thread();
+  m = __reduce_max_sync(0xffffffffu, m);
+  if (t % 32 == 0) warp_max[t / 32] = m;
   __syncthreads();
-  if (threadIdx.x != 0 || threadIdx.y != 0) return;
-  for (int w = 1; w < kTileRows; ++w) m = max(m, warp_max[w]);
+  if (t != 0) return;
+  for (int w = 1; w < kWarps; ++w) m = max(m, warp_max[w]);
   atomicMax(d.hist + d.slot, m);
 }
 
@@ -276,7 +290,7 @@ __global__ void quantize_transpose_kernel(const T* x, bool gelu, const T* pre, c
     }
   }
   if (d.hist) tile_amax_to_history(m, d);
-  if (col_partial) tile_column_sums<1>(acc, col_partial, c0, cols);
+  if (col_partial) tile_column_sums<1, kTile, kTileRows>(acc, col_partial, c0, cols, rows);
   if (!qt) return;
   __syncthreads();
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
@@ -329,71 +343,104 @@ void CudaBackend::fp8_dequantize(const Tensor& q, const Tensor& scale, Fp8Format
   MG_CUDA_CHECK_LAUNCH("fp8_dequantize");
 }
 
-// quantize_transpose_kernel for rows and cols multiples of 4 and 4-element-aligned rows: a
-// 32 x 128 tile, each thread converting 4 consecutive elements of 4 rows, read with one load each
-// (all 4 in flight before the scale is known: under delayed scaling block (0, 0) writes to global
-// memory on the way to the scale, which later loads could not be moved above), and storing their
-// 4 codes as one word; the transpose reads the tile's codes from shared memory and writes 4 rows'
-// codes of one column as one word.
+// quantize_transpose_kernel for rows and cols multiples of V (4 or 8) and rows starting
+// V-element aligned: a tile of WideTile<V>::kRows rows by 128 columns, each thread converting V
+// consecutive elements of 4 rows, read with one load each (8 bytes for 4 bf16, 16 for 8; all 4
+// in flight before the scale is known: under delayed scaling block (0, 0) writes to global memory
+// on the way to the scale, which later loads could not be moved above), and storing their V codes
+// as one word; the transpose reads the tile's codes from shared memory and writes V rows' codes of
+// one column as one word. V = 8 moves twice the bytes a load and a thread as V = 4: the casts of
+// the FP8 recipe's shapes all take it.
 constexpr int kWideCols = 128;
-constexpr int kRowsPerThread = kTile / kTileRows;
-template <class T>
+constexpr int kRowsPerThread = 4;
+static_assert(kRowsPerThread * kTileRows == kTile, "a thread row's elements are kTile rows' worth of thread rows");
+template <int V>
+struct WideTile {
+  static constexpr int kThreadsX = kWideCols / V;                  // 32 or 16
+  static constexpr int kThreadsY = kTile * kTileRows / kThreadsX;  // 8 or 16
+  static constexpr int kRows = kThreadsY * kRowsPerThread;         // 32 or 64
+  using Word = std::conditional_t<V == 4, uint32_t, uint2>;        // V codes
+  // The tile's row of thread row threadIdx.y's k-th element: kTile rows for each kTileRows thread
+  // rows, a row kTileRows apart (the column sums' order, tile_column_sums).
+  static __device__ __forceinline__ int row(int k) {
+    return kTile * (threadIdx.y / kTileRows) + threadIdx.y % kTileRows + kTileRows * k;
+  }
+};
+// V codes, the first in the lowest byte, as one word.
+template <int V>
+__device__ __forceinline__ typename WideTile<V>::Word pack_codes(const uint32_t (&c)[V]) {
+  uint32_t w[V / 4];
+#pragma unroll
+  for (int h = 0; h < V / 4; ++h) w[h] = c[4 * h] | (c[4 * h + 1] << 8) | (c[4 * h + 2] << 16) | (c[4 * h + 3] << 24);
+  if constexpr (V == 4)
+    return w[0];
+  else
+    return uint2{w[0], w[1]};
+}
+template <class T, int V>
 __global__ void quantize_transpose_vec_kernel(const T* __restrict__ x, bool gelu, const T* __restrict__ pre,
                                               const float* scale, __nv_fp8_interpretation_t kind, uint8_t* q,
                                               uint8_t* qt, int64_t rows, int64_t cols, float* col_partial, Delayed d) {
-  __shared__ __align__(4) uint8_t tile[kTile][kWideCols + 4];
+  using Tile = WideTile<V>;
+  using Word = typename Tile::Word;
+  __shared__ __align__(4) uint8_t tile[Tile::kRows][kWideCols + 4];
   wait_for_previous();  // launched dependent: x (and the scale) are the kernels ahead's output
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kWideCols;
-  const int64_t c = c0 + 4 * threadIdx.x;
-  float v[kRowsPerThread][4];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * Tile::kRows, c0 = static_cast<int64_t>(blockIdx.x) * kWideCols;
+  const int64_t c = c0 + V * threadIdx.x;
+  float v[kRowsPerThread][V];
 #pragma unroll
   for (int k = 0; k < kRowsPerThread; ++k) {
-    const int64_t r = r0 + threadIdx.y + k * kTileRows;
+    const int64_t r = r0 + Tile::row(k);
     if (r < rows && c < cols) {
-      load4(x + r * cols + c, v[k]);
+      load_v<V>(x + r * cols + c, v[k]);
       if (gelu) {  // the MLP's hidden activation, rounded as unary(GeluTanh) rounds it
 #pragma unroll
-        for (int j = 0; j < 4; ++j) v[k][j] = gelu_rounded<T>(v[k][j]);
+        for (int j = 0; j < V; ++j) v[k][j] = gelu_rounded<T>(v[k][j]);
       }
       if (pre) {  // the gradient reaching GELU's input, rounded as binary(GeluTanhBackward) rounds it
-        float pv[4];
-        load4(pre + r * cols + c, pv);
+        float pv[V];
+        load_v<V>(pre + r * cols + c, pv);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) v[k][j] = to_f(gelu_backward_rounded<T>(v[k][j], pv[j]));
+        for (int j = 0; j < V; ++j) v[k][j] = to_f(gelu_backward_rounded<T>(v[k][j], pv[j]));
       }
     }
   }
   const float s = tile_scale(scale, d);
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float acc[V] = {};
   unsigned m = 0;
 #pragma unroll
   for (int k = 0; k < kRowsPerThread; ++k) {
-    const int i = threadIdx.y + k * kTileRows;
+    const int i = Tile::row(k);
     const int64_t r = r0 + i;
     if (r < rows && c < cols) {
-      uint32_t packed = 0;
+      uint32_t codes[V];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < V; ++j) {
         acc[j] += v[k][j];
         m = max(m, abs_bits(v[k][j]));
-        packed |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v[k][j] * s, __NV_SATFINITE, kind)) << (8 * j);
+        codes[j] = __nv_cvt_float_to_fp8(v[k][j] * s, __NV_SATFINITE, kind);
       }
-      *reinterpret_cast<uint32_t*>(&tile[i][4 * threadIdx.x]) = packed;
-      if (q) *reinterpret_cast<uint32_t*>(q + r * cols + c) = packed;
+      const Word packed = pack_codes<V>(codes);
+      // Shared memory's rows are 4-byte aligned (kWideCols + 4 bytes apart): a word at a time.
+#pragma unroll
+      for (int h = 0; h < V / 4; ++h)
+        *reinterpret_cast<uint32_t*>(&tile[i][V * threadIdx.x + 4 * h]) = reinterpret_cast<const uint32_t*>(&packed)[h];
+      if (q) *reinterpret_cast<Word*>(q + r * cols + c) = packed;
     }
   }
   if (d.hist) tile_amax_to_history(m, d);
-  if (col_partial) tile_column_sums<4>(acc, col_partial, c0, cols);
+  if (col_partial) tile_column_sums<V, Tile::kThreadsX, Tile::kThreadsY>(acc, col_partial, c0, cols, rows);
   if (!qt) return;
   __syncthreads();
-  const int t = threadIdx.y * kTile + threadIdx.x;
-  for (int item = t; item < kWideCols * (kTile / 4); item += kTile * kTileRows) {
-    const int cc = item / (kTile / 4), g = item % (kTile / 4);  // the tile's column, its 4-row group
-    const int64_t col = c0 + cc, r = r0 + 4 * g;
+  constexpr int kGroups = Tile::kRows / V;  // a column's groups of V rows
+  for (int item = tile_thread(); item < kWideCols * kGroups; item += kTile * kTileRows) {
+    const int cc = item / kGroups, g = item % kGroups;  // the tile's column, its V-row group
+    const int64_t col = c0 + cc, r = r0 + V * g;
     if (col < cols && r < rows) {
-      const uint32_t packed = tile[4 * g][cc] | (tile[4 * g + 1][cc] << 8) | (tile[4 * g + 2][cc] << 16) |
-                              (static_cast<uint32_t>(tile[4 * g + 3][cc]) << 24);
-      *reinterpret_cast<uint32_t*>(qt + col * rows + r) = packed;
+      uint32_t codes[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) codes[j] = tile[V * g + j][cc];
+      *reinterpret_cast<Word*>(qt + col * rows + r) = pack_codes<V>(codes);
     }
   }
 }
@@ -404,8 +451,8 @@ bool aligned_to(const void* p, size_t bytes) { return p == nullptr || reinterpre
 }  // namespace
 
 namespace {
-// The casts' launch. With col_sums asked it returns each row of tiles' column sums, [row tiles,
-// cols] f32, for finish_column_sums to add; undefined otherwise, and where x has no elements.
+// The casts' launch. With col_sums asked it returns the column sums of each kTile rows, [rows / kTile
+// rounded up, cols] f32, for finish_column_sums to add; undefined otherwise, and where x has no elements.
 Tensor quantize_transpose(const Tensor& x, bool gelu, const Tensor& pre, const float* scale, const Delayed& d,
                           Fp8Format format, const Tensor& out, const Tensor& out_t, const Tensor& col_sums) {
   const int64_t rows = x.size(0), cols = x.size(1);
@@ -415,41 +462,80 @@ Tensor quantize_transpose(const Tensor& x, bool gelu, const Tensor& pre, const f
   auto* q = out.defined() ? static_cast<uint8_t*>(out.raw_data()) : nullptr;
   auto* qt = out_t.defined() ? static_cast<uint8_t*>(out_t.raw_data()) : nullptr;
   const void* pre_data = pre.defined() ? pre.raw_data() : nullptr;
-  const bool wide = rows % 4 == 0 && cols % 4 == 0 && aligned_to(x.raw_data(), 4 * dtype_size(x.dtype())) &&
-                    aligned_to(pre_data, 4 * dtype_size(x.dtype())) && aligned_to(q, 4) && aligned_to(qt, 4);
-  const int64_t col_blocks = wide ? (cols + kWideCols - 1) / kWideCols : (cols + kTile - 1) / kTile;
-  const int64_t grid_y = (rows + kTile - 1) / kTile;
+  // The widest vector kernel the shape and the pointers allow (V elements a load, V codes a
+  // store), else the one-element kernel.
+  const size_t es = dtype_size(x.dtype());
+  auto fits = [&](int v, size_t x_align) {
+    return rows % v == 0 && cols % v == 0 && aligned_to(x.raw_data(), x_align) && aligned_to(pre_data, x_align) &&
+           aligned_to(q, v) && aligned_to(qt, v);
+  };
+  const int vec = fits(8, 8 * es) ? 8 : fits(4, 4 * es) ? 4 : 1;
+  const int64_t tile_rows = vec == 8 ? WideTile<8>::kRows : kTile;
+  const int64_t col_blocks = vec > 1 ? (cols + kWideCols - 1) / kWideCols : (cols + kTile - 1) / kTile;
+  const int64_t grid_y = (rows + tile_rows - 1) / tile_rows;
   MG_CHECK(grid_y <= 65535, ShapeError, "fp8_quantize_transpose: ", rows, " rows is more than this kernel's ",
-           65535LL * kTile);
+           65535LL * tile_rows);
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(grid_y));
-  // The column sums: one row of partial sums a row of tiles.
+  // The column sums: one row of partial sums for each kTile rows.
   Tensor partial;
-  if (col_sums.defined()) partial = empty({grid_y, cols}, TensorOptions(DType::f32, x.device()));
+  if (col_sums.defined()) partial = empty({(rows + kTile - 1) / kTile, cols}, TensorOptions(DType::f32, x.device()));
   float* part = partial.defined() ? data_as<float>(partial) : nullptr;
   dispatch_half_or_f32(x.dtype(), [&](auto t) {
     using T = decltype(t);
-    if (wide)
-      launch_dependent(quantize_transpose_vec_kernel<T>, grid, dim3(kTile, kTileRows), 0, st,
-                       static_cast<const T*>(x.raw_data()), gelu, static_cast<const T*>(pre_data), scale,
-                       kind_of(format), q, qt, rows, cols, part, d);
+    const auto* xp = static_cast<const T*>(x.raw_data());
+    const auto* pp = static_cast<const T*>(pre_data);
+    if (vec == 8)
+      launch_dependent(quantize_transpose_vec_kernel<T, 8>, grid, dim3(WideTile<8>::kThreadsX, WideTile<8>::kThreadsY),
+                       0, st, xp, gelu, pp, scale, kind_of(format), q, qt, rows, cols, part, d);
+    else if (vec == 4)
+      launch_dependent(quantize_transpose_vec_kernel<T, 4>, grid, dim3(WideTile<4>::kThreadsX, WideTile<4>::kThreadsY),
+                       0, st, xp, gelu, pp, scale, kind_of(format), q, qt, rows, cols, part, d);
     else
-      launch_dependent(quantize_transpose_kernel<T>, grid, dim3(kTile, kTileRows), 0, st,
-                       static_cast<const T*>(x.raw_data()), gelu, static_cast<const T*>(pre_data), scale,
+      launch_dependent(quantize_transpose_kernel<T>, grid, dim3(kTile, kTileRows), 0, st, xp, gelu, pp, scale,
                        kind_of(format), q, qt, rows, cols, part, d);
   });
   MG_CUDA_CHECK_LAUNCH("fp8_quantize_transpose");
   return partial;
 }
 
-// col_sums = the tiles' partial sums added by the backend's column reduction (zero without rows).
-void finish_column_sums(CudaBackend& be, const Tensor& partial, const Tensor& col_sums) {
+// col_sums[c] = the sum of partial[:, c] ([P, C] f32, P = rows / kTile rounded up: 256 for
+// GPT-2's 8192 rows): thread (x, y) of a 32 x kTileRows block adds rows y, y + kTileRows, ... of
+// column 32 * blockIdx.x + x, then the block adds its kTileRows sums in order. One launch a cast
+// where the backend's general column sum makes two (a split and its finalize) for so few rows.
+__global__ void column_partials_sum_kernel(const float* __restrict__ partial, int64_t parts, int64_t cols,
+                                           float* __restrict__ out) {
+  __shared__ float sums[kTileRows][kTile];
+  wait_for_previous();  // launched dependent: the partials are the cast's output
+  allow_dependents();
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x;
+  float s = 0.0f;
+  if (c < cols) {
+#pragma unroll 8
+    for (int64_t p = threadIdx.y; p < parts; p += kTileRows) s += partial[p * cols + c];
+  }
+  sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  float t = sums[0][threadIdx.x];
+#pragma unroll
+  for (int y = 1; y < kTileRows; ++y) t += sums[y][threadIdx.x];
+  out[c] = t;
+}
+
+// col_sums = the tiles' partial sums added up (zero without rows).
+void finish_column_sums(const Tensor& partial, const Tensor& col_sums) {
   if (!col_sums.defined() || col_sums.numel() == 0) return;
   mg::cuda::DeviceGuard guard(col_sums.device());
-  if (partial.defined())
-    be.sum(partial, raw::view(col_sums, {1, col_sums.numel()}));
-  else
-    MG_CUDA_CHECK(cudaMemsetAsync(col_sums.raw_data(), 0, static_cast<size_t>(col_sums.numel()) * sizeof(float),
-                                  stream_of(col_sums)));
+  cudaStream_t st = stream_of(col_sums);
+  const int64_t cols = col_sums.numel();
+  if (partial.defined()) {
+    launch_dependent(column_partials_sum_kernel, dim3(static_cast<unsigned>((cols + kTile - 1) / kTile)),
+                     dim3(kTile, kTileRows), 0, st, data_as<const float>(partial), partial.size(0), cols,
+                     data_as<float>(col_sums));
+    MG_CUDA_CHECK_LAUNCH("fp8_cast column sums");
+  } else {
+    MG_CUDA_CHECK(cudaMemsetAsync(col_sums.raw_data(), 0, static_cast<size_t>(cols) * sizeof(float), st));
+  }
 }
 }  // namespace
 
@@ -458,7 +544,7 @@ void CudaBackend::fp8_quantize_transpose(const Tensor& x, bool gelu, const Tenso
                                          const Tensor& out, const Tensor& out_t, const Tensor& col_sums) {
   const Tensor partial =
       quantize_transpose(x, gelu, Tensor(), data_as<const float>(scale), Delayed{}, format, out, out_t, col_sums);
-  finish_column_sums(*this, partial, col_sums);
+  finish_column_sums(partial, col_sums);
 }
 
 template <>
@@ -474,7 +560,7 @@ void CudaBackend::fp8_quantize_transpose_delayed(const Tensor& x, bool gelu, con
   d.margin = margin;
   d.scale_inv = data_as<float>(scale_inv);
   d.scale = scale.defined() ? data_as<float>(scale) : nullptr;
-  finish_column_sums(*this, quantize_transpose(x, gelu, gelu_pre, nullptr, d, format, out, out_t, col_sums), col_sums);
+  finish_column_sums(quantize_transpose(x, gelu, gelu_pre, nullptr, d, format, out, out_t, col_sums), col_sums);
 }
 
 namespace {

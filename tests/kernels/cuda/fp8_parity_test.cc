@@ -153,17 +153,18 @@ TEST_F(Fp8Parity, CastAndTransposeMatchTheCpu) {
   }
 }
 
-// The column sums a cast takes (a linear's bias gradient) on the device, through the 32 x 128
-// tile kernel (rows and columns multiples of 4, up to [3104, 8192]) and the 32 x 32 one (any
-// shape, and a start not 4 elements aligned), against the CPU's row-by-row
+// The column sums a cast takes (a linear's bias gradient) on the device, through the vector tile
+// kernels (64 x 128 tiles for rows and columns multiples of 8 from a start 8 elements aligned, up to
+// [3104, 8192]; 32 x 128 for multiples of 4, [100, 68], or a start 4 elements aligned) and the
+// 32 x 32 one (any shape, and a start not 4 elements aligned), against the CPU's row-by-row
 // f32 sums: the device adds each tile's rows, then the tiles, in another order. Both are within R * 2^-24 * sum |x| of
 // the exact sum (f32's rounding of each of R - 1 additions, 2^-24 of the running magnitude), so they differ by at most
 // twice that. The codes are the CPU's bit for bit, with the sums asked or not.
 TEST_F(Fp8Parity, CastColumnSumsMatchTheCpuWithinF32Rounding) {
   Generator g(13);
   for (DType dt : {DType::f32, DType::bf16})
-    for (Shape shape : {Shape{256, 640}, Shape{200, 72}, Shape{33, 37}, Shape{3104, 8192}})
-      for (int64_t start : {0, 1}) {
+    for (Shape shape : {Shape{256, 640}, Shape{200, 72}, Shape{100, 68}, Shape{33, 37}, Shape{3104, 8192}})
+      for (int64_t start : {0, 1, 4}) {
         const int64_t n = shape_numel(shape), R = shape[0], C = shape[1];
         const Tensor flat = raw::to_dtype(randn({n + start}, {}, &g), dt);
         const Tensor x = raw::reshape(raw::slice(flat, 0, start, start + n, 1), shape);
@@ -186,11 +187,11 @@ TEST_F(Fp8Parity, CastColumnSumsMatchTheCpuWithinF32Rounding) {
 // Delayed scaling on the device against the CPU over a run of casts whose amax rises and falls
 // (past the history's, so some values saturate, and back): the same scale_inv, codes, transposed
 // codes, history bits and scale after every cast (and the codes again from that scale, as a
-// checkpoint replay casts), through the 32 x 128 tile kernel (up to 25,392 tiles
-// adding their amax to one history slot) and the 32 x 32 one.
+// checkpoint replay casts), through the 64 x 128 tile kernel (up to 3,136 tiles adding their amax
+// to one history slot), the 32 x 128 one ([100, 68]) and the 32 x 32 one.
 TEST_F(Fp8Parity, DelayedScalingMatchesTheCpuCastForCast) {
   Generator g(14);
-  for (Shape shape : {Shape{256, 640}, Shape{33, 37}, Shape{3104, 8192}}) {
+  for (Shape shape : {Shape{256, 640}, Shape{100, 68}, Shape{33, 37}, Shape{3104, 8192}}) {
     kernels::Fp8History hc, hd;
     const Tensor base = raw::to_dtype(randn(shape, {}, &g), DType::bf16);
     const double factors[] = {1.0, 0.5, 8.0, 0.25, 3.0, 1.0, 0.125, 2.0};
@@ -271,13 +272,14 @@ TEST_F(Fp8Parity, GeluBackwardDelayedCastIsTheDerivativeThenTheDelayedCast) {
 // against the device's own composition, unary(GeluTanh) then the plain cast (the GELU's tanh is the
 // device's, not the CPU's): under current scaling (the amax pass and the cast both take the GELU),
 // with a replay's scale, and under delayed scaling cast after cast, the same scale_inv, codes,
-// transposed codes, column sums and history bits; in f32, f16 and bf16, for the vector kernel's
-// shapes and one that leaves a tail (the one-element kernel), from an aligned start and one that
-// is not (the amax pass's one-at-a-time loads).
+// transposed codes, column sums and history bits; in f32, f16 and bf16, for the vector kernels'
+// shapes (8 and 4 elements a load) and one that leaves a tail (the one-element kernel), from an
+// aligned start and one that is not (the amax pass's one-at-a-time loads; the composition's
+// fresh GELU output takes a vector kernel, whose column sums are added in the same order).
 TEST_F(Fp8Parity, GeluCastIsTheGeluThenTheCast) {
   Generator gen(19);
   for (DType dt : {DType::f32, DType::f16, DType::bf16})
-    for (Shape shape : {Shape{256, 640}, Shape{33, 37}})
+    for (Shape shape : {Shape{256, 640}, Shape{100, 68}, Shape{33, 37}})
       for (int64_t start : {0, 1}) {
         kernels::Fp8History fused, plain;
         for (int k = 0; k < 4; ++k) {
