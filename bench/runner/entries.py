@@ -84,13 +84,15 @@ def models_args(dtype, tf32=False):
     return args
 
 
-def fp8_args(fp8):
-    """GPT-2 XL's step in bf16 autocast with and without the FP8 recipe: its time and what it keeps
-    (the rows' peaks; the parameters' state is the same in both). GPT-2 124M under --quick, every
-    linear in FP8 there (the recipe's default keeps linears narrower than 1280 in bf16)."""
+def fp8_args(fp8, delayed=False):
+    """GPT-2 XL's step in bf16 autocast with and without the FP8 recipe (current or delayed
+    scaling): its time and what it keeps (the rows' peaks, split per parameter and per token).
+    GPT-2 124M under --quick, every linear in FP8 there (the recipe's default keeps linears
+    narrower than 1280 in bf16)."""
     def args(ctx):
         size = "gpt2" if ctx.quick else "gpt2-xl"
-        recipe = ["--fp8"] + (["--fp8-min-features", "0"] if ctx.quick else []) if fp8 else []
+        recipe = (["--fp8"] + (["--fp8-min-features", "0"] if ctx.quick else []) +
+                  (["--fp8-delayed"] if delayed else [])) if fp8 else []
         return (["--model", "gpt2", "--gpt", size, "--dtype", "bf16", "--optimizer", "adamw"] +
                 recipe + steps(ctx))
     return args
@@ -148,6 +150,8 @@ SUITE = [
           timeout=(240, 90)),
     Entry("amp_gpt_bf16", "amp", "memgrad", "//bench:bench_models", fp8_args(False), expect=(20, 8)),
     Entry("amp_gpt_fp8", "amp", "memgrad", "//bench:bench_models", fp8_args(True), expect=(20, 8)),
+    Entry("amp_gpt_fp8_delayed", "amp", "memgrad", "//bench:bench_models", fp8_args(True, delayed=True),
+          expect=(20, 8)),
     Entry("state_device", "state", "memgrad", "//bench:bench_models", state_args("device"), expect=(15, 8)),
     Entry("state_8bit", "state", "memgrad", "//bench:bench_models", state_args("8bit"), expect=(15, 8)),
     Entry("state_host_params", "state", "memgrad", "//bench:bench_models", state_args("host_params"),
