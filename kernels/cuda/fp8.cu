@@ -58,20 +58,6 @@ __global__ void dequantize_kernel(const uint8_t* q, const float* scale, __nv_fp8
   }
 }
 
-// Four consecutive elements as floats, from one 8-byte (f16, bf16) or 16-byte (f32) load.
-template <class T>
-__device__ __forceinline__ void load4(const T* p, float (&v)[4]) {
-  if constexpr (sizeof(T) == 2) {
-    const uint2 u = *reinterpret_cast<const uint2*>(p);
-    const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = to_f(e[j]);
-  } else {
-    const float4 u = *reinterpret_cast<const float4*>(p);
-    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
-  }
-}
-
 // |v| as the bits of a non-negative float (their order is the floats' order), a NaN as 0x7fc00000,
 // larger than every finite and infinite magnitude's bits.
 __device__ __forceinline__ unsigned abs_bits(float v) {
