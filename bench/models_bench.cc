@@ -446,12 +446,6 @@ std::string memory_split(int64_t n_params, int64_t samples, const char* unit) {
   return out;
 }
 
-int64_t numel_of(const std::vector<mg::Tensor>& ts) {
-  int64_t n = 0;
-  for (const mg::Tensor& t : ts) n += t.numel();
-  return n;
-}
-
 void print(const char* model, const std::string& config, const Result& r, int64_t samples, const char* unit,
            int64_t n_params) {
   const double per_s = samples / (r.median_ms / 1000.0);
@@ -597,7 +591,7 @@ int gpt_budget_run(const mg::nn::GPTConfig& cfg, const std::string& label, const
   print(label.c_str(),
         "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag + " " +
             mg::memory::state_mode_name(fit.modes[fit.chosen]) + ", " + rungs.peaks[rungs.chosen].first,
-        run(step, warmup, steps, dev), B * T, "tokens", numel_of(s.model->parameters()));
+        run(step, warmup, steps, dev), B * T, "tokens", s.model->num_parameters());
   if (g_host_params) print_host_params(*g_host_params);
   if (g_param_offload.source) print_host_params(g_param_offload.source->host());
   teardown();
@@ -757,7 +751,7 @@ int run_main(int argc, char** argv) {
     mg::Tensor y = mg::randint(0, 10, {B}, {mg::DType::i64, dev});
     auto step = train_step(*opt, [&] { return mg::cross_entropy(model->forward(x), y); });
     print("mlp", "784-256-128-10 B=" + std::to_string(B) + tag, run(step, warmup, steps, dev), B, "images",
-          numel_of(model->parameters()));
+          model->num_parameters());
   }
   // The CNNs: ResNet-50, and MobileNet (v1, 224x224) only when named (not in "all").
   auto cnn = [&](const std::string& name, std::shared_ptr<mg::nn::Module> model) {
@@ -779,7 +773,7 @@ int run_main(int argc, char** argv) {
     } else {
       auto step = step_at(B);
       print(name.c_str(), "B=" + std::to_string(B) + " 224x224" + tag, run(step, warmup, steps, dev), B, "images",
-            numel_of(model->parameters()));
+            model->num_parameters());
     }
   };
   if (which == "all" || which == "resnet50")
@@ -911,7 +905,7 @@ int run_main(int argc, char** argv) {
     }
     auto step = step_at(B);
     print(label.c_str(), "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag + variant,
-          run(step, warmup, steps, dev), B * T, "tokens", numel_of(model->parameters()));
+          run(step, warmup, steps, dev), B * T, "tokens", model->num_parameters());
     if (g_host_params) print_host_params(*g_host_params);
     if (g_param_offload.source) {
       print_host_params(g_param_offload.source->host());

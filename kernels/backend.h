@@ -255,12 +255,10 @@ class Backend {
   // out [M, N] (contiguous; bf16, f16 or f32) = (decode(a) @ decode(b)^T) * a_inv[0] * b_inv[0]
   // (+ bias [N] in out's dtype), accumulated in f32 and rounded once, for u8 codes a [M, K] and
   // b [N, K] (contiguous) in formats fa and fb (not both E5M2); a_inv and b_inv f32 [1] on the
-  // device. Fp8Epilogue::DGelu multiplies the result by gelu_tanh'(aux) (aux [M, N] in out's
-  // dtype, read). False when the backend has no FP8 GEMM for these operands or this epilogue; the
-  // caller composes.
+  // device. False when the backend has no FP8 GEMM for these operands; kernels::fp8_gemm then
+  // multiplies the decoded codes in f32. Epilogues beyond the bias are kernels::fp8_gemm's.
   virtual bool fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb,
-                        const Tensor& b_inv, const Tensor& bias, const Tensor& out, Fp8Epilogue epilogue,
-                        const Tensor& aux) = 0;
+                        const Tensor& b_inv, const Tensor& bias, const Tensor& out) = 0;
 };
 
 // The error for a cross-entropy label outside [0, classes) other than ignore_index: raised by

@@ -217,14 +217,17 @@ Tensor fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor
   const Tensor ac = raw::contiguous(a), bc = raw::contiguous(b), bi = bias.defined() ? raw::contiguous(bias) : bias;
   Backend& be = backend(dev, op);
   Tensor out = empty({m, n}, TensorOptions(dtype, dev));
-  if (be.fp8_gemm(ac, fa, a_inv, bc, fb, b_inv, bi, out, epilogue, aux)) return out;
-  // The epilogue as a kernel after the plain GEMM; the plain GEMM in f32 where the backend has none.
-  if (!be.fp8_gemm(ac, fa, a_inv, bc, fb, b_inv, bi, out, Fp8Epilogue::None, Tensor())) {
+  // The plain GEMM, in f32 from the decoded codes where the backend has none.
+  if (!be.fp8_gemm(ac, fa, a_inv, bc, fb, b_inv, bi, out)) {
     Tensor f = empty({m, n}, TensorOptions(DType::f32, dev));
     be.gemm(decoded(ac, fa, a_inv), false, decoded(bc, fb, b_inv), true, f, 1.0, 0.0);
     if (bi.defined()) f = add(f, raw::to_dtype(bi, DType::f32));
     raw::copy_(out, f);
   }
+  // DGelu as the GELU-backward kernel after the GEMM: with FP8 operands cuBLASLt 13 ran its DGELU
+  // epilogue as a generic kernel of its own, 555 us a call at GPT-2 XL's MLP on the H100 (26.6 ms
+  // of a 192 ms step; bench/results/h100_fp8_recipe_casts_2026-12-06.log), several times this
+  // elementwise kernel's cost.
   if (epilogue == Fp8Epilogue::DGelu) be.binary(Binary::GeluTanhBackward, out, aux, out);
   return out;
 }

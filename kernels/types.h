@@ -129,7 +129,7 @@ enum class Fp8Format : uint8_t {
   E5M2,  // 5 exponent, 2 mantissa bits, largest 57344: gradients (more range, less precision)
 };
 
-// What an FP8 GEMM applies to its f32 result before rounding (Backend::fp8_gemm).
+// What kernels::fp8_gemm applies to the GEMM's result.
 enum class Fp8Epilogue : uint8_t {
   None,   // the result (+ bias)
   DGelu,  // out = the result * gelu_tanh'(aux): the gradient reaching c_fc's output

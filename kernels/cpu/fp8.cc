@@ -147,13 +147,10 @@ void CpuBackend::fp8_quantize_transpose_delayed(const Tensor& x_in, bool gelu, c
 }
 
 // The reference FP8 GEMM: the codes decoded exactly to f32 (every e4m3 and e5m2 value is an f32),
-// Eigen's f32 product, then the two inverse scales and the bias in f32 and one rounding. The
-// DGELU epilogue is left to the caller's composition (false).
+// Eigen's f32 product, then the two inverse scales and the bias in f32 and one rounding.
 template <>
 bool CpuBackend::fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb,
-                          const Tensor& b_inv, const Tensor& bias, const Tensor& out, Fp8Epilogue epilogue,
-                          const Tensor&) {
-  if (epilogue != Fp8Epilogue::None) return false;
+                          const Tensor& b_inv, const Tensor& bias, const Tensor& out) {
   using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
   const auto decode_all = [k](const Tensor& t, Fp8Format fmt, int64_t r) {

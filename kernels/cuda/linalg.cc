@@ -231,13 +231,7 @@ bool CudaBackend::fused_matmul_gelu_backward(const Tensor& g, const Tensor& w, c
 
 template <>
 bool CudaBackend::fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb,
-                           const Tensor& b_inv, const Tensor& bias, const Tensor& out, Fp8Epilogue epilogue,
-                           const Tensor&) {
-  // DGELU: the caller's GEMM and GELU-backward kernel instead. With FP8 operands cuBLASLt 13 ran
-  // the epilogue as a generic kernel of its own after the GEMM, 555 us a call at GPT-2 XL's MLP on
-  // the H100 (26.6 ms of a 192 ms step; bench/results/h100_fp8_recipe_casts_2026-12-06.log),
-  // several times the elementwise kernel's cost.
-  if (epilogue != Fp8Epilogue::None) return false;
+                           const Tensor& b_inv, const Tensor& bias, const Tensor& out) {
   mg::cuda::DeviceGuard guard(out.device());
   return cuda::lt_fp8_gemm(a, fa, a_inv, b, fb, b_inv, bias, out);
 }
