@@ -162,10 +162,10 @@ MG_OPTIM_HD unsigned char quantize_nearest(const Code& code, float x) {
   return static_cast<unsigned char>(lower ? pos : pos + 1);
 }
 
-// quantize_nearest by a table lookup instead of the search, for the CUDA kernel, where the
-// search's eight dependent steps were most of the 8-bit update's instructions. The CPU loop keeps
-// the search: its branch-free steps vectorize and the bucket arithmetic here did not, 2.5x slower
-// there (bench/results/cpu_adam8bit_lookup_vs_search_2026-12-06.log).
+// quantize_nearest by a table lookup instead of the search: in the CUDA kernel, where the search's
+// eight dependent steps were most of the 8-bit update's instructions, and in the CPU loop in the
+// form below that vectorizes (quantize_nearest_lut32; written like this one, GCC 12 left the CPU
+// loop scalar, 2.5x slower than the search: bench/results/cpu_adam8bit_lookup_vs_search_2026-12-06.log).
 //
 // A float's sign, exponent and top kQuantLutMantissaBits mantissa bits name a bucket of values
 // (magnitudes below 2^-24 share one; those of 2 and more, the infinities and NaN share the top
@@ -251,6 +251,41 @@ MG_OPTIM_HD unsigned char quantize_nearest_lut(const Code& code, const Lut& lut,
   return static_cast<unsigned char>(lower ? pos : pos + 1);
 }
 
+// The tables as 32-bit entries, for the CPU loop (kernels/cpu/optim.cc): an AVX2 gather loads 32
+// bits a lane.
+struct QuantLut32 {
+  int32_t lo[kQuantLutSize];
+};
+constexpr QuantLut32 widen_quant_lut(const QuantLut& t) {
+  QuantLut32 w{};
+  for (int k = 0; k < kQuantLutSize; ++k) w.lo[k] = t.lo[k];
+  return w;
+}
+inline constexpr QuantLut32 kLut32Signed = widen_quant_lut(kLutSigned);
+inline constexpr QuantLut32 kLut32Unsigned = widen_quant_lut(kLutUnsigned);
+
+// quantize_nearest_lut on the 32-bit tables, host only, with each choice written as masks and
+// shifts: GCC 12 vectorizes this form for AVX2 (a select feeding a gather's index keeps the
+// written-out form above from vectorizing there). Four gathers a value where the search makes
+// ten. The same index as quantize_nearest_lut for every x (tests/optim/adam8bit_test.cc).
+inline unsigned char quantize_nearest_lut32(const float* code, const int32_t* lut, float x) {
+  constexpr int last = kQuantCodeSize - 1;
+  int32_t b;
+  __builtin_memcpy(&b, &x, sizeof b);
+  const int32_t sign = (b >> 31) & 1, e = (b >> 23) & 0xff,
+                m = (b >> (23 - kQuantLutMantissaBits)) & (kQuantLutBuckets - 1);
+  const int32_t over = (kQuantLutMaxExp - e) >> 31;  // all ones past 2^0: the top bucket of its sign
+  const int32_t ec = e + (over & (kQuantLutMaxExp - e)), mc = m | (over & (kQuantLutBuckets - 1));
+  int32_t k = 1 + sign * kQuantLutBinades * kQuantLutBuckets + (ec - kQuantLutMinExp) * kQuantLutBuckets + mc;
+  k &= ~((e - kQuantLutMinExp) >> 31);            // below 2^-24: bucket 0
+  const int32_t lo = lut[k] & (x == x ? -1 : 0);  // a NaN: 0
+  const int32_t at_last = (last - 1 - lo) >> 31;  // all ones where lo is the last index
+  const int32_t pos = lo + (~at_last & (code[lo + 1 + at_last] <= x ? 1 : 0));
+  const int32_t pos_last = (last - 1 - pos) >> 31;
+  const int32_t lower = (pos_last & 1) | (x - code[pos] <= code[pos + 1 + pos_last] - x ? 1 : 0);
+  return static_cast<unsigned char>(pos + 1 - lower);
+}
+
 // x / absmax, the value quantize_nearest takes (0 for an all-zero block).
 MG_OPTIM_HD float quant_normalize(float x, float absmax) { return absmax > 0.0f ? x / absmax : 0.0f; }
 
@@ -267,7 +302,7 @@ inline float quantize_block(const float* v, int64_t n, const float* code, unsign
   float absmax = 0.0f;
   for (int64_t i = 0; i < n; ++i) absmax = nan_max_abs(absmax, v[i]);
   // quant_normalize with its test taken out of the loop (a division is not speculated), so the
-  // loop has no branch and vectorizes.
+  // loop has no branch.
   if (absmax > 0.0f)
     for (int64_t i = 0; i < n; ++i) q[i] = quantize_nearest(code, v[i] / absmax);
   else

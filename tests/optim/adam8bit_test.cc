@@ -50,6 +50,7 @@ TEST(AdamW8bit, EveryLookupBucketHoldsAtMostOneCodeValuePastItsLo) {
   for (bool is_signed : {true, false}) {
     const float* code = kernels::quant_code(is_signed);
     const unsigned char* lut = is_signed ? om::kLutSigned.lo : om::kLutUnsigned.lo;
+    const int32_t* lut32 = is_signed ? om::kLut32Signed.lo : om::kLut32Unsigned.lo;  // the CPU loop's
     for (int k = 0; k < om::kQuantLutSize; ++k) {
       float lo = 0, hi = 0;
       om::quant_lut_bounds(k, &lo, &hi);
@@ -63,10 +64,10 @@ TEST(AdamW8bit, EveryLookupBucketHoldsAtMostOneCodeValuePastItsLo) {
   }
 }
 
-// quantize_nearest_lut gives quantize_nearest's index: at every code value, every midpoint
-// between neighbours and the floats beside both, every bucket's ends and the floats beside them,
-// the specials (NaN of either sign too), and a million values spread over [-1, 1] evenly and by
-// magnitude.
+// quantize_nearest_lut and the CPU's quantize_nearest_lut32 give quantize_nearest's index: at
+// every code value, every midpoint between neighbours and the floats beside both, every bucket's
+// ends and the floats beside them, the specials (NaN of either sign too), and a million values
+// spread over [-1, 1] evenly and by magnitude.
 TEST(AdamW8bit, LookupGivesTheSearchsIndex) {
   namespace om = kernels::optim_math;
   std::mt19937 rng(3);
@@ -74,6 +75,7 @@ TEST(AdamW8bit, LookupGivesTheSearchsIndex) {
   for (bool is_signed : {true, false}) {
     const float* code = kernels::quant_code(is_signed);
     const unsigned char* lut = is_signed ? om::kLutSigned.lo : om::kLutUnsigned.lo;
+    const int32_t* lut32 = is_signed ? om::kLut32Signed.lo : om::kLut32Unsigned.lo;  // the CPU loop's
     std::vector<float> xs = {0.0f,     -0.0f,    1.0f,      -1.0f,  1.5f,    -1.5f, 3.0e38f,
                              -3.0e38f, INFINITY, -INFINITY, 1e-45f, -1e-45f, NAN,   -NAN};
     auto around = [&](float x) {
@@ -98,9 +100,11 @@ TEST(AdamW8bit, LookupGivesTheSearchsIndex) {
     }
     int64_t differ = 0;
     for (float x : xs) {
-      const int a = om::quantize_nearest(code, x), b = om::quantize_nearest_lut(code, lut, x);
-      if (a != b && ++differ <= 5)
-        ADD_FAILURE() << "signed " << is_signed << " x " << x << ": search " << a << ", lookup " << b;
+      const int a = om::quantize_nearest(code, x), b = om::quantize_nearest_lut(code, lut, x),
+                c = om::quantize_nearest_lut32(code, lut32, x);
+      if ((a != b || a != c) && ++differ <= 5)
+        ADD_FAILURE() << "signed " << is_signed << " x " << x << ": search " << a << ", lookup " << b
+                      << ", the CPU's lookup " << c;
     }
     EXPECT_EQ(differ, 0) << "of " << xs.size();
   }
