@@ -294,8 +294,8 @@ std::pair<std::vector<uint8_t>, std::vector<float>> quantize_blocks(const std::v
   std::vector<uint8_t> q(v.size());
   std::vector<float> absmax(nb);
   for (int64_t b = 0; b < nb; ++b)
-    absmax[b] = kernels::optim_math::quantize_block(v.data() + b * B, std::min(B, n - b * B),
-                                                    kernels::quant_code(is_signed), q.data() + b * B);
+    absmax[b] =
+        kernels::optim_math::quantize_block(v.data() + b * B, std::min(B, n - b * B), is_signed, q.data() + b * B);
   return {q, absmax};
 }
 std::vector<float> dequantize_blocks(const std::vector<uint8_t>& q, const std::vector<float>& absmax, bool is_signed) {

@@ -146,22 +146,12 @@ __attribute__((optimize("O3"), target_clones("avx2", "default"))) void adam8bit_
   }
 }
 
-// optim_math::quantize_block (the block's absmax, then each value's nearest code), each index by
-// quantize_nearest_lut32 (the search's index, in four gathers a value in the AVX2 clone where the
-// search makes ten: 1.5x the 8-bit host update,
-// bench/results/cpu_adam8bit_lut32_2026-12-07.log). The loops are written here, in the function
-// the clones are made of, with its restrict pointers.
+// optim_math::quantize_block (the block's absmax, then each value's nearest code by the bucket
+// table), compiled where its loops vectorize: four gathers a value in the AVX2 clone, 1.5x the
+// 8-bit host update of the search's ten (bench/results/cpu_adam8bit_lut32_2026-12-07.log).
 __attribute__((optimize("O3"), target_clones("avx2", "default"))) float quantize_block_vec(
-    const float* __restrict v, int64_t n, const float* __restrict code, const int32_t* __restrict lut32,
-    unsigned char* __restrict q) {
-  float absmax = 0.0f;
-  for (int64_t i = 0; i < n; ++i) absmax = optim_math::nan_max_abs(absmax, v[i]);
-  if (!(absmax > 0.0f)) {
-    for (int64_t i = 0; i < n; ++i) q[i] = optim_math::quantize_nearest(code, 0.0f);
-  } else {
-    for (int64_t i = 0; i < n; ++i) q[i] = optim_math::quantize_nearest_lut32(code, lut32, v[i] / absmax);
-  }
-  return absmax;
+    const float* __restrict v, int64_t n, bool is_signed, unsigned char* __restrict q) {
+  return optim_math::quantize_block(v, n, is_signed, q);
 }
 
 // 8-bit moments: block by block, the moments are read through their codes, updated with
@@ -198,8 +188,8 @@ bool adam8bit_cpu(const AdamTensors& t, const AdamHyper& h, const DeviceScalars&
         (s.maximize ? adam8bit_block<true> : adam8bit_block<false>)(p + begin, g + begin, mq + begin, vq + begin, am[b],
                                                                     av[b], m.data(), v.data(), len, s, step_size,
                                                                     bc2_sqrt, code_m, code_v);
-        am[b] = quantize_block_vec(m.data(), len, code_m, optim_math::kLut32Signed.lo, mq + begin);
-        av[b] = quantize_block_vec(v.data(), len, code_v, optim_math::kLut32Unsigned.lo, vq + begin);
+        am[b] = quantize_block_vec(m.data(), len, true, mq + begin);
+        av[b] = quantize_block_vec(v.data(), len, false, vq + begin);
         if (low) low_range(p + begin, low + begin, len, low_bf16);
       }
     });
