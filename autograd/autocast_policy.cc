@@ -78,7 +78,8 @@ void clear_cache() {
 }
 
 bool cacheable(const Tensor& t) {
-  return t.is_leaf() && t.requires_grad() && t.dtype() == DType::f32 && autocast_state().nesting > 0;
+  const AutocastState st = autocast_state();
+  return t.is_leaf() && t.requires_grad() && t.dtype() == DType::f32 && st.nesting > 0 && st.cache_weight_casts;
 }
 
 // A new region (the first cast since an Autocast guard entered): cast every weight the previous

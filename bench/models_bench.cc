@@ -97,6 +97,8 @@
 //   --step-in-backward the optimizer steps inside backward, 32 MiB of parameters at a time
 //                      (optim::StepInBackward; " step in backward")
 //   --no-step-casts    AdamW does not write the next forward's bf16 weight casts in its update
+//   --no-weight-cast-cache  autocast casts each f32 weight at each use instead of once per step
+//                      (mg::Autocast's cache_enabled = false; implies --no-step-casts)
 //   --logits           GPT-2's head and loss as GPT::loss(model(idx)): the [B, T, V] logits
 //                      made and kept (the A/B row; by default GPT::forward_loss, which never
 //                      makes them: linear_cross_entropy)
@@ -313,6 +315,9 @@ bool g_fp8_delayed = false;                               // --fp8-delayed: mg::
 // --no-step-casts: AdamW does not write the next forward's bf16 casts in its update (the forward
 // casts each weight as it reads it): 2 bytes a parameter fewer between the step and the forward.
 bool g_step_casts = true;
+// --no-weight-cast-cache: no cast of a weight outlives its use (and its backward's): the forward's
+// end holds none of them where every block is checkpointed.
+bool g_cast_cache = true;
 std::unique_ptr<mg::optim::Optimizer> make_optimizer(const std::vector<mg::Tensor>& params) {
   if (g_optimizer == "adamw" || g_optimizer == "adamw8bit") {
     mg::optim::AdamW8bitOptions o;
@@ -393,7 +398,7 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBack
     {
       mg::profiler::Range r("forward", "phase");
       mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
-                      g_dtype != mg::DType::f32);
+                      g_dtype != mg::DType::f32, g_cast_cache);
       mg::Fp8Autocast fp8(g_fp8, g_fp8_min_features, g_fp8_delayed ? mg::Fp8Scaling::Delayed : mg::Fp8Scaling::Current);
       loss = loss_of();
     }
@@ -629,6 +634,7 @@ int run_main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--selective")) selective = true;
     if (!std::strcmp(argv[i], "--step-in-backward")) in_backward = true;
     if (!std::strcmp(argv[i], "--no-step-casts")) g_step_casts = false;
+    if (!std::strcmp(argv[i], "--no-weight-cast-cache")) g_cast_cache = g_step_casts = false;
     if (!std::strcmp(argv[i], "--channels-last")) channels_last = true;
     if (!std::strcmp(argv[i], "--host-params")) host_params = true;  // a switch: read here, last or not
     if (!std::strcmp(argv[i], "--fp8")) g_fp8 = true;
@@ -719,7 +725,8 @@ int run_main(int argc, char** argv) {
       (g_optimizer == "adamw"       ? " AdamW"
        : g_optimizer == "adamw8bit" ? " AdamW8bit"
                                     : "") +
-      (g_step_casts ? "" : " no step casts") + (g_graph ? " CUDA graph" : "") + (tune_gemm ? " tuned GEMMs" : "") +
+      (g_step_casts ? "" : " no step casts") + (g_cast_cache ? "" : " no weight-cast cache") +
+      (g_graph ? " CUDA graph" : "") + (tune_gemm ? " tuned GEMMs" : "") +
       (resid_dropout > 0 ? " resid-dropout " + fmt_g(resid_dropout) : "") +
       (memory_cap_gib > 0 ? " cap " + fmt_g(memory_cap_gib) + " GiB" : "");
   if (!mg::cuda::is_available()) {
@@ -824,7 +831,7 @@ int run_main(int argc, char** argv) {
       mg::memory::GPTOffloadPlan plan;
       {
         mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
-                        g_dtype != mg::DType::f32);
+                        g_dtype != mg::DType::f32, g_cast_cache);
         plan = mg::memory::plan_gpt_offload(*model, B, dev);
         std::string predicted;
         for (int64_t m = 0; m <= cfg.n_layer; ++m)

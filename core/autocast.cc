@@ -32,7 +32,7 @@ void clear_autocast_cache() {
   if (detail::autocast_cache_clear_hook) detail::autocast_cache_clear_hook();
 }
 
-Autocast::Autocast(DeviceType device, DType dtype, bool enabled) : prev_(tl_state) {
+Autocast::Autocast(DeviceType device, DType dtype, bool enabled, bool cache_enabled) : prev_(tl_state) {
   if (enabled) {
     const bool ok = device == DeviceType::CUDA ? (dtype == DType::f16 || dtype == DType::bf16) : dtype == DType::bf16;
     if (!ok)
@@ -48,7 +48,10 @@ Autocast::Autocast(DeviceType device, DType dtype, bool enabled) : prev_(tl_stat
     if (enabled) s.cpu_dtype = dtype;
   }
   if (enabled) ++s.nesting;
-  if (enabled && prev_.nesting == 0) ++tl_regions;
+  if (enabled && prev_.nesting == 0) {
+    ++tl_regions;
+    s.cache_weight_casts = cache_enabled;
+  }
   tl_state = s;
 }
 

@@ -20,6 +20,10 @@ struct AutocastState {
   DType cpu_dtype = DType::bf16;
   // Depth of nested enabled regions; the weight-cast cache is cleared when it drops to 0.
   int32_t nesting = 0;
+  // Whether the region casts each f32 weight once and keeps the cast until the outermost region
+  // exits (PyTorch's autocast cache_enabled), or casts it at each use: no cast outlives its op
+  // unless the op's backward keeps it.
+  bool cache_weight_casts = true;
   // The FP8 recipe (Fp8Autocast): inside an enabled f16/bf16 region, linear layers' GEMMs run
   // on FP8 codes (autograd/fp8_linear.h says which and how).
   bool fp8 = false;
@@ -57,9 +61,13 @@ extern void (*autocast_cache_clear_hook)();
 // Scoped guard: enables (or, with enabled == false, disables) autocast for one device type
 // and restores the previous state on exit. Nestable. Raises mg::ValueError for a dtype the
 // device type does not support (CUDA: f16/bf16; CPU: bf16).
+// cache_enabled == false (set by the outermost enabled guard; the regions inside it keep its
+// choice, as the cache is its) casts each f32 weight at each use instead of once per region: a
+// forward of every block checkpointed then holds no weight casts (2 bytes a parameter at GPT-2
+// XL's forward's end: docs/bigger_than_gpu.md), at one cast kernel a use.
 class Autocast {
  public:
-  explicit Autocast(DeviceType device, DType dtype = DType::f16, bool enabled = true);
+  explicit Autocast(DeviceType device, DType dtype = DType::f16, bool enabled = true, bool cache_enabled = true);
   ~Autocast();
   Autocast(const Autocast&) = delete;
   Autocast& operator=(const Autocast&) = delete;

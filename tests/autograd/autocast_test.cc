@@ -251,6 +251,41 @@ TEST(Autocast, NextRegionCastsThePreviousRegionsWeightsAtOnce) {
   EXPECT_EQ(autocast::cache_size(), 1u);
 }
 
+// cache_enabled == false: each use of a weight casts it anew and nothing is cached, a nested guard keeps the outermost
+// one's choice, and the forward and the gradients are bitwise the cached region's (the same casts, the same GEMMs).
+TEST(Autocast, WithoutTheCacheEachUseCastsAndGradientsAreTheSame) {
+  Generator g(9);
+  Tensor x = randn({4, 8}, {DType::f32}, &g);
+  Tensor w1 = leaf({6, 8}, Device::cpu(), g), w2 = leaf({3, 6}, Device::cpu(), g);
+  auto step = [&](bool cache) {
+    w1.set_grad(Tensor());
+    w2.set_grad(Tensor());
+    Autocast ac(DeviceType::CPU, DType::bf16, true, cache);
+    Tensor y = linear(linear(x, w1), w2);
+    EXPECT_EQ(autocast::cache_size(), cache ? 2u : 0u);
+    sum(y).backward();
+    return std::vector<Tensor>{y.detach(), w1.grad(), w2.grad()};
+  };
+  const std::vector<Tensor> cached = step(true);
+  const std::vector<Tensor> uncached = step(false);
+  ASSERT_EQ(cached.size(), uncached.size());
+  for (size_t i = 0; i < cached.size(); ++i) EXPECT_TRUE(bitwise_equal(uncached[i], cached[i])) << i;
+  EXPECT_EQ(uncached[1].dtype(), DType::f32);
+  {
+    Autocast ac(DeviceType::CPU, DType::bf16, true, false);
+    Tensor c1 = autocast::lower(w1), c2 = autocast::lower(w1);
+    EXPECT_FALSE(c1.is_same(c2));
+    EXPECT_TRUE(bitwise_equal(c1, w1.to(DType::bf16)));
+    {
+      Autocast inner(DeviceType::CPU, DType::bf16);  // cache_enabled's default: the outer region's choice holds
+      EXPECT_FALSE(autocast_state().cache_weight_casts);
+      autocast::lower(w2);
+    }
+    EXPECT_EQ(autocast::cache_size(), 0u);
+  }
+  EXPECT_TRUE(autocast_state().cache_weight_casts);
+}
+
 // The gradient through an autocast matmul is exactly the gradient of the explicitly cast
 // computation: backward ran in bf16, and the f32 weight received it as f32.
 TEST(Autocast, BackwardRunsInTheForwardDtype) {
