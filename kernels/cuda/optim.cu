@@ -3,6 +3,7 @@
 // (the apex/PyTorch multi_tensor_apply scheme) instead of one launch per op per parameter.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -249,10 +250,28 @@ __device__ __forceinline__ float block_nan_max(float x, float* scratch) {
   return x;
 }
 
+// A launch's table holds kMaxBlocks chunks: one CUDA block a chunk leaves 320 blocks of 256
+// threads a launch, 2.4 a multiprocessor on an H100 where 4 fit, for a kernel that waits on its
+// loads and its block reductions once a quantization block. So each chunk is split among
+// `split` CUDA blocks, each a run of whole quantization blocks (kQuantSplit at the largest
+// chunks: 2,560 blocks a launch).
+constexpr int kQuantSplit = 8;
+int quant_split(int64_t chunk) {
+  return static_cast<int>(std::clamp<int64_t>(chunk / optim_math::kQuantBlock, 1, kQuantSplit));
+}
+__device__ __forceinline__ BlockRange quant_block_range(const QuantMeta& m, int split) {
+  const int entry = blockIdx.x / split, part = blockIdx.x % split;
+  const int t = m.block_tensor[entry];
+  const int64_t chunk_begin = static_cast<int64_t>(m.block_chunk[entry]) * m.chunk;
+  const int64_t chunk_end = min(chunk_begin + m.chunk, m.numel[t]), per = m.chunk / split;
+  const int64_t begin = min(chunk_begin + part * per, chunk_end);
+  return {t, begin, min(begin + per, chunk_end)};
+}
+
 template <class D>
 __global__ void __launch_bounds__(kQuantThreads)
-    adam8bit_kernel(QuantMeta m, optim_math::AdamScalars<float> s, DeviceArgs d) {
-  const auto [t, begin, end] = block_range(m);
+    adam8bit_kernel(QuantMeta m, optim_math::AdamScalars<float> s, DeviceArgs d, int split) {
+  const auto [t, begin, end] = quant_block_range(m, split);
   float* p = m.ptr[0][t];
   D* low = reinterpret_cast<D*>(m.ptr[6][t]);
   if (skip_update(d)) {
@@ -353,10 +372,11 @@ __global__ void __launch_bounds__(kQuantThreads)
     }
     const float new_am = block_nan_max(lm, scratch_m);
     const float new_av = block_nan_max(lv, scratch_v);
+    const float inv_m = optim_math::quant_inverse(new_am), inv_v = optim_math::quant_inverse(new_av);
 #pragma unroll
     for (int k = 0; k < kQuantPerThread; ++k) {
-      mc[k] = optim_math::quantize_nearest_lut(code_m, lut_m, optim_math::quant_normalize(mr[k], new_am));
-      vc[k] = optim_math::quantize_nearest_lut(code_v, lut_v, optim_math::quant_normalize(vr[k], new_av));
+      mc[k] = optim_math::quantize_nearest_lut(code_m, lut_m, optim_math::quant_normalize(mr[k], new_am, inv_m));
+      vc[k] = optim_math::quantize_nearest_lut(code_v, lut_v, optim_math::quant_normalize(vr[k], new_av, inv_v));
     }
     if (whole) {
       uint2 mw{0, 0}, vw{0, 0};
@@ -580,10 +600,11 @@ void CudaBackend::adam8bit_multi_tensor(const AdamTensors& t, const AdamHyper& h
         fill_adam_step(m, slot, t, h, i);
       },
       [&](const QuantMeta& m, int nb) {
+        const int split = quant_split(m.chunk);
         if (to_bf16)
-          adam8bit_kernel<__nv_bfloat16><<<nb, kQuantThreads, kCodeTablesBytes, stream>>>(m, s, d);
+          adam8bit_kernel<__nv_bfloat16><<<nb * split, kQuantThreads, kCodeTablesBytes, stream>>>(m, s, d, split);
         else
-          adam8bit_kernel<__half><<<nb, kQuantThreads, kCodeTablesBytes, stream>>>(m, s, d);
+          adam8bit_kernel<__half><<<nb * split, kQuantThreads, kCodeTablesBytes, stream>>>(m, s, d, split);
         MG_CUDA_CHECK_LAUNCH("adam8bit_multi_tensor");
       });
 }

@@ -152,9 +152,14 @@ void ref8_step(Ref8& r, const std::vector<float>& g, const AdamW8bitOptions& o) 
       m[i - b0] = mi, v[i - b0] = vi;
       am = std::max(am, std::fabs(mi)), av = std::max(av, vi);
     }
+    // Each moment times the block's 1 / absmax, rounded once; 0 in an all-zero block. (A block
+    // whose reciprocal is not a normal float divides instead: none here, checked.)
+    EXPECT_TRUE(am == 0 || (am >= 0x1p-126f && am <= 0x1p126f)) << am;
+    EXPECT_TRUE(av == 0 || (av >= 0x1p-126f && av <= 0x1p126f)) << av;
+    const float inv_m = am > 0 ? 1.0f / am : 0.0f, inv_v = av > 0 ? 1.0f / av : 0.0f;
     for (size_t i = b0; i < e; ++i) {
-      r.mq[i] = static_cast<uint8_t>(nearest(cm, am > 0 ? m[i - b0] / am : 0.0f));
-      r.vq[i] = static_cast<uint8_t>(nearest(cv, av > 0 ? v[i - b0] / av : 0.0f));
+      r.mq[i] = static_cast<uint8_t>(nearest(cm, m[i - b0] * inv_m));
+      r.vq[i] = static_cast<uint8_t>(nearest(cv, v[i - b0] * inv_v));
     }
     r.am[b] = am, r.av[b] = av;
   }
@@ -335,7 +340,8 @@ TEST(AdamW8bit, StateConvertsBetweenAdamWAndAdamW8bit) {
   ASSERT_EQ(absmax.size(), 3u);
   for (size_t i = 0; i < codes.size(); ++i) {
     const float am = absmax[i / kBlock];
-    ASSERT_EQ(codes[i], nearest(kernels::quant_code(true), am > 0 ? m32[i] / am : 0.0f)) << "element " << i;
+    ASSERT_GT(am, 0x1p-126f);  // a normal reciprocal: the moment times 1 / am
+    ASSERT_EQ(codes[i], nearest(kernels::quant_code(true), m32[i] * (1.0f / am))) << "element " << i;
   }
   // AdamW8bit -> AdamW: the f32 moments are what the codes stand for.
   Tensor d = nn::parameter(b.detach().clone());
