@@ -133,7 +133,16 @@ void record_cast_edge(const Tensor& t, const Tensor& c) {
 
 Tensor cached_cast(const Tensor& t, DType dtype) {
   if (!t.defined() || t.dtype() == dtype) return t;
-  if (!cacheable(t)) return t.to(dtype);
+  if (!cacheable(t)) {
+    // A region without the cache: the weights earlier regions cast are not cast ahead of the next
+    // region, nor written by an optimizer for it (weights_cast_next_region), where they would
+    // stay for that region as the cache's entries.
+    if (autocast_state().nesting > 0 && !autocast_state().cache_weight_casts && !tl_cache.sources.empty()) {
+      tl_cache.sources.clear();
+      tl_cache.source_set.clear();
+    }
+    return t.to(dtype);
+  }
   const bool grad = is_grad_enabled();
   prefetch(t, dtype);
   auto it = tl_cache.entries.find(t.impl());

@@ -251,7 +251,8 @@ TEST(Autocast, NextRegionCastsThePreviousRegionsWeightsAtOnce) {
   EXPECT_EQ(autocast::cache_size(), 1u);
 }
 
-// cache_enabled == false: each use of a weight casts it anew and nothing is cached, a nested guard keeps the outermost
+// cache_enabled == false: each use of a weight casts it anew and nothing is cached (nor cast
+// ahead of the next region), a nested guard keeps the outermost
 // one's choice, and the forward and the gradients are bitwise the cached region's (the same casts, the same GEMMs).
 TEST(Autocast, WithoutTheCacheEachUseCastsAndGradientsAreTheSame) {
   Generator g(9);
@@ -282,6 +283,9 @@ TEST(Autocast, WithoutTheCacheEachUseCastsAndGradientsAreTheSame) {
       autocast::lower(w2);
     }
     EXPECT_EQ(autocast::cache_size(), 0u);
+    // The cached step's weights are no longer cast ahead of the next region (nor written for it
+    // by an optimizer's update).
+    EXPECT_TRUE(autocast::weights_cast_next_region().empty());
   }
   EXPECT_TRUE(autocast_state().cache_weight_casts);
 }
