@@ -318,6 +318,9 @@ bool g_step_casts = true;
 // --no-weight-cast-cache: no cast of a weight outlives its use (and its backward's): the forward's
 // end holds none of them where every block is checkpointed.
 bool g_cast_cache = true;
+// --memory-budget: the chosen rung's setting (memory::gpt_memory_ladder sets it: off where blocks
+// are checkpointed).
+bool g_rung_cast_cache = true;
 std::unique_ptr<mg::optim::Optimizer> make_optimizer(const std::vector<mg::Tensor>& params) {
   if (g_optimizer == "adamw" || g_optimizer == "adamw8bit") {
     mg::optim::AdamW8bitOptions o;
@@ -398,7 +401,7 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBack
     {
       mg::profiler::Range r("forward", "phase");
       mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
-                      g_dtype != mg::DType::f32, g_cast_cache);
+                      g_dtype != mg::DType::f32, g_cast_cache && g_rung_cast_cache);
       mg::Fp8Autocast fp8(g_fp8, g_fp8_min_features, g_fp8_delayed ? mg::Fp8Scaling::Delayed : mg::Fp8Scaling::Current);
       loss = loss_of();
     }
@@ -570,7 +573,8 @@ int gpt_budget_run(const mg::nn::GPTConfig& cfg, const std::string& label, const
         throw;
       }
     };
-    return mg::memory::StateTrial{mg::memory::gpt_memory_ladder(*s.model, s.sib.get(), offload_blocks), step};
+    return mg::memory::StateTrial{
+        mg::memory::gpt_memory_ladder(*s.model, s.sib.get(), offload_blocks, &g_rung_cast_cache), step};
   };
   const int64_t budget = static_cast<int64_t>(budget_gib * 1073741824.0);
   const mg::memory::StateFitResult fit = mg::memory::fit_state_to_budget(modes, setup, budget, dev);
@@ -831,7 +835,7 @@ int run_main(int argc, char** argv) {
       mg::memory::GPTOffloadPlan plan;
       {
         mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
-                        g_dtype != mg::DType::f32, g_cast_cache);
+                        g_dtype != mg::DType::f32, g_cast_cache && g_rung_cast_cache);
         plan = mg::memory::plan_gpt_offload(*model, B, dev);
         std::string predicted;
         for (int64_t m = 0; m <= cfg.n_layer; ++m)

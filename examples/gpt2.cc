@@ -107,6 +107,9 @@ struct Run {
   std::shared_ptr<dist::DistributedDataParallel> ddp;
   bool amp = false;
   DType amp_dtype = DType::bf16;
+  // Autocast's weight-cast cache (cache_enabled): off where --memory-budget chose a rung that
+  // checkpoints blocks (memory::gpt_memory_ladder sets it).
+  bool cast_cache = true;
   int64_t micro = 0;  // sequences per micro-batch on this rank
   // Under optimizer offload: the device optimizer's step inside backward (what --memory-budget's
   // chosen rung set; on for --offload).
@@ -156,7 +159,7 @@ double eval_loss(Run& r) {
   const auto span = static_cast<int64_t>(r.val.tokens.size()) - T - 1;
   r.model->eval();
   NoGradGuard ng;
-  Autocast ac(r.device.type, r.amp_dtype, r.amp);
+  Autocast ac(r.device.type, r.amp_dtype, r.amp, r.cast_cache);
   Fp8Autocast fp8(r.f.fp8, r.f.fp8_min_features, r.f.fp8_delayed ? Fp8Scaling::Delayed : Fp8Scaling::Current);
   double total = 0;
   for (int64_t i = 0; i < r.f.eval_iters; ++i) {  // fixed windows: the same every time
@@ -177,7 +180,7 @@ std::string sample(Run& r, Generator& gen) {
   o.top_k = r.f.top_k;
   std::vector<int64_t> prompt = r.tok->encode(r.f.prompt);
   if (prompt.empty()) prompt = {0};
-  Autocast ac(r.device.type, r.amp_dtype, r.amp);
+  Autocast ac(r.device.type, r.amp_dtype, r.amp, r.cast_cache);
   MemoryCategoryGuard act(MemoryCategory::Activations);
   return r.f.prompt + r.tok->decode(nn::generate(*r.model, prompt, o, &gen));
 }
@@ -186,7 +189,7 @@ std::string sample(Run& r, Generator& gen) {
 void plan_offload_blocks(Run& r) {
   memory::GPTOffloadPlan plan;
   {
-    Autocast ac(r.device.type, r.amp_dtype, r.amp);
+    Autocast ac(r.device.type, r.amp_dtype, r.amp, r.cast_cache);
     plan = memory::plan_gpt_offload(*r.model, r.micro, r.device);
   }
   r.f.offload_blocks = plan.plan.segments;
@@ -204,7 +207,7 @@ void set_recompute(Run& r) {
   if (r.f.planner_budget.empty()) return;
   std::vector<memory::SegmentProfile> prof;
   {
-    Autocast ac(r.device.type, r.amp_dtype, r.amp);
+    Autocast ac(r.device.type, r.amp_dtype, r.amp, r.cast_cache);
     prof = memory::profile_gpt_blocks(*r.model, r.micro, r.device);
   }
   const std::string& b = r.f.planner_budget;
@@ -224,7 +227,7 @@ void set_recompute(Run& r) {
 void trial_forward_backward(Run& r, int64_t b, Generator& gen) {
   auto [x, y] = r.train.random_batch(b, r.model->config.block_size, r.device, gen);
   MemoryCategoryGuard act(MemoryCategory::Activations);
-  Autocast ac(r.device.type, r.amp_dtype, r.amp);
+  Autocast ac(r.device.type, r.amp_dtype, r.amp, r.cast_cache);
   r.model->forward_loss(x, y).backward();
 }
 
@@ -339,7 +342,7 @@ void fit_memory_budget(Run& r) {
         opt->step();
       if (place.host()) place.host()->wait();
     };
-    return memory::StateTrial{memory::gpt_memory_ladder(*r.model, sib.get(), r.f.offload_blocks), step};
+    return memory::StateTrial{memory::gpt_memory_ladder(*r.model, sib.get(), r.f.offload_blocks, &r.cast_cache), step};
   };
   const memory::StateFitResult fit = memory::fit_state_to_budget(modes, setup, budget, r.device);
   const StateMode chosen = fit.fits() ? fit.modes[fit.chosen] : StateMode::Resident;
@@ -578,7 +581,7 @@ int train(Run& r) {
       std::optional<dist::DistributedDataParallel::NoSyncGuard> no_sync;
       if (r.ddp && ++m < f.grad_accum) no_sync.emplace(*r.ddp);  // reduce once, after the last
       MemoryCategoryGuard act(MemoryCategory::Activations);
-      Autocast ac(r.device.type, r.amp_dtype, r.amp);
+      Autocast ac(r.device.type, r.amp_dtype, r.amp, r.cast_cache);
       Fp8Autocast fp8(r.f.fp8, r.f.fp8_min_features, r.f.fp8_delayed ? Fp8Scaling::Delayed : Fp8Scaling::Current);
       // The head and loss as one node (no logits); DDP's forward is the wrapper's, so it
       // keeps the logits form.

@@ -9,12 +9,15 @@
 
 namespace mg::memory {
 
-std::vector<BudgetOption> gpt_memory_ladder(nn::GPT& model, optim::StepInBackward* in_backward,
-                                            int64_t offload_blocks) {
+std::vector<BudgetOption> gpt_memory_ladder(nn::GPT& model, optim::StepInBackward* in_backward, int64_t offload_blocks,
+                                            bool* weight_cast_cache) {
   const int64_t n = model.config.n_layer, off = std::clamp<int64_t>(offload_blocks, 0, n);
   const std::string sib = in_backward ? " step in backward" : "";
   const std::string offloaded = off > 0 ? " offload " + std::to_string(off) + " blocks" : "";
-  auto mode = [&model, in_backward, n, off](int64_t blocks, bool lean, bool keep, int64_t head_rows) {
+  const std::string per_use = weight_cast_cache ? " casts per use" : "";
+  auto mode = [&model, in_backward, n, off, weight_cast_cache](int64_t blocks, bool lean, bool keep,
+                                                               int64_t head_rows) {
+    if (weight_cast_cache) *weight_cast_cache = blocks == 0;
     nn::GPTRecompute r;
     r.block_mask.assign(n, false);
     for (int64_t i = 0; i < blocks; ++i) r.block_mask[off + i] = true;
@@ -32,14 +35,16 @@ std::vector<BudgetOption> gpt_memory_ladder(nn::GPT& model, optim::StepInBackwar
   // checkpoint saves (GPT-2 at B=8: 0.17 GiB against 0.19) for half its replay time.
   const std::string keeping = " keeping attention, gelu_mlp, weight_casts selective gelu";
   for (int64_t k = 1; k <= n - off; ++k)
-    ladder.push_back({"checkpoint " + std::to_string(k) + " blocks" + keeping + sib + offloaded,
+    ladder.push_back({"checkpoint " + std::to_string(k) + " blocks" + keeping + sib + offloaded + per_use,
                       [mode, k] { mode(k, true, true, 0); }});
   // Then the head in smaller chunks, and last the blocks keeping nothing but their inputs.
   const int64_t all = n - off;
-  ladder.push_back({"checkpoint " + std::to_string(all) + " blocks" + keeping + " head chunk 2048" + sib + offloaded,
-                    [mode, all] { mode(all, true, true, 2048); }});
-  ladder.push_back({"checkpoint " + std::to_string(all) + " blocks selective gelu head chunk 2048" + sib + offloaded,
-                    [mode, all] { mode(all, true, false, 2048); }});
+  ladder.push_back(
+      {"checkpoint " + std::to_string(all) + " blocks" + keeping + " head chunk 2048" + sib + offloaded + per_use,
+       [mode, all] { mode(all, true, true, 2048); }});
+  ladder.push_back(
+      {"checkpoint " + std::to_string(all) + " blocks selective gelu head chunk 2048" + sib + offloaded + per_use,
+       [mode, all] { mode(all, true, false, 2048); }});
   return ladder;
 }
 

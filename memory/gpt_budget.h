@@ -26,8 +26,14 @@ namespace mg::memory {
 // each way) one block of GPT-2 at B=8 costs under 1 %, the second about 24 % (docs/recompute.md).
 // Each rung sets model.recompute whole (block mask, selective ops, head chunk rows, offload) and
 // enables or disables in_backward; the model and in_backward must outlive the ladder.
+// With weight_cast_cache given, each rung also sets it: false on the rungs that checkpoint blocks
+// (" casts per use" in their names), true on the others. The caller's step opens its Autocast
+// with it (cache_enabled): a checkpointed block's weight casts then live only while its replay
+// and its backward run, where the cache would hold every block's for the whole step (GPT-2 XL
+// with AdamW8bit under a 16 GiB cap: 1.22x the uncapped step where the cache gave 1.37x,
+// docs/bigger_than_gpu.md). It must outlive the ladder too.
 std::vector<BudgetOption> gpt_memory_ladder(nn::GPT& model, optim::StepInBackward* in_backward = nullptr,
-                                            int64_t offload_blocks = 0);
+                                            int64_t offload_blocks = 0, bool* weight_cast_cache = nullptr);
 
 // GPT's blocks profiled (memory::profile_segments: bytes each keeps for backward, forward time) on
 // a random batch of `batch` sequences of block_size positions on `device`, under the caller's

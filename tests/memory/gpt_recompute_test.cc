@@ -196,6 +196,23 @@ TEST(GPTMemoryLadder, RungsSetTheirModesAndFitToBudgetChoosesOne) {
   off[0].apply();
   EXPECT_EQ(m.recompute.offload_blocks, 0);
 
+  // With a weight-cast cache setting to drive: off on the rungs that checkpoint blocks, named so.
+  bool cache = true;
+  const std::vector<BudgetOption> cast = gpt_memory_ladder(m, &sib, 0, &cache);
+  ASSERT_EQ(cast.size(), ladder.size());
+  cast[2].apply();
+  EXPECT_FALSE(cache);
+  EXPECT_EQ(
+      cast[2].name,
+      "checkpoint 1 blocks keeping attention, gelu_mlp, weight_casts selective gelu step in backward casts per use");
+  cast[1].apply();
+  EXPECT_TRUE(cache);
+  EXPECT_EQ(cast[1].name, ladder[1].name);
+  cast[6].apply();
+  EXPECT_FALSE(cache);
+  cast[0].apply();
+  EXPECT_TRUE(cache);
+
   Tensor idx = randint(0, 64, {4, 16}, {DType::i64}, &g), targets = randint(0, 64, {4, 16}, {DType::i64}, &g);
   auto step = [&] {
     opt.zero_grad();
