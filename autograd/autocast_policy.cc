@@ -129,20 +129,33 @@ void record_cast_edge(const Tensor& t, const Tensor& c) {
   return true;
 }();
 
+// A new cast of t, or in a checkpoint replay that kept the forward's casts (keep_ops
+// "weight_casts") the kept one, which stands in for it: the same values, with the edge a fresh
+// t.to(dtype) would record. A region's forward keeping them keeps this one.
+Tensor stashed_or_new_cast(const Tensor& t, DType dtype) {
+  Tensor c = autograd::stash_take_cast(t, dtype);
+  if (c.defined())
+    record_cast_edge(t, c);
+  else
+    c = t.to(dtype);
+  autograd::stash_put_cast(t, c);
+  return c;
+}
 }  // namespace
 
 Tensor cached_cast(const Tensor& t, DType dtype) {
   if (!t.defined() || t.dtype() == dtype) return t;
-  if (!cacheable(t)) {
-    // A region without the cache: the weights earlier regions cast are not cast ahead of the next
-    // region, nor written by an optimizer for it (weights_cast_next_region), where they would
-    // stay for that region as the cache's entries.
-    if (autocast_state().nesting > 0 && !autocast_state().cache_weight_casts && !tl_cache.sources.empty()) {
-      tl_cache.sources.clear();
-      tl_cache.source_set.clear();
-    }
-    return t.to(dtype);
+  const AutocastState st = autocast_state();
+  if (st.nesting > 0 && !st.cache_weight_casts && t.is_leaf() && t.requires_grad() && t.dtype() == DType::f32) {
+    // A region without the cache: each use casts (a checkpoint region that keeps weight casts
+    // still keeps them), and the weights earlier regions cast are not cast ahead of the next
+    // region nor written by an optimizer for it (weights_cast_next_region), where they would stay
+    // for that region as the cache's entries.
+    tl_cache.sources.clear();
+    tl_cache.source_set.clear();
+    return stashed_or_new_cast(t, dtype);
   }
+  if (!cacheable(t)) return t.to(dtype);
   const bool grad = is_grad_enabled();
   prefetch(t, dtype);
   auto it = tl_cache.entries.find(t.impl());
@@ -168,14 +181,7 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
       return e.cast;
     }
   }
-  // In a checkpoint replay that kept the forward's casts (keep_ops "weight_casts"), the kept cast
-  // stands in for a new one: the same values, with the edge a fresh t.to(dtype) would record.
-  Tensor c = autograd::stash_take_cast(t, dtype);
-  if (c.defined())
-    record_cast_edge(t, c);
-  else
-    c = t.to(dtype);
-  autograd::stash_put_cast(t, c);
+  Tensor c = stashed_or_new_cast(t, dtype);
   put_entry(t.impl(), Entry{t.impl_ptr(), t.version(), dtype, grad, c});
   note_source(t, dtype);
   return c;

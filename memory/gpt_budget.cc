@@ -23,6 +23,9 @@ std::vector<BudgetOption> gpt_memory_ladder(nn::GPT& model, optim::StepInBackwar
     for (int64_t i = 0; i < blocks; ++i) r.block_mask[off + i] = true;
     if (lean) r.selective = true, r.selective_ops = {"gelu"}, r.offload_blocks = off;
     if (keep) r.keep_ops = nn::GPTRecompute::block_outputs();
+    // Casting per use, a checkpointed block keeps no weight casts for its replay either: that is
+    // the memory the rung gives up the cache for.
+    if (keep && weight_cast_cache) std::erase(r.keep_ops, std::string("weight_casts"));
     r.head_chunk_rows = head_rows;
     r.units = model.recompute.units;  // parameter offload's or ZeRO-3's units stay
     model.recompute = r;
@@ -33,7 +36,8 @@ std::vector<BudgetOption> gpt_memory_ladder(nn::GPT& model, optim::StepInBackwar
   ladder.push_back({"selective gelu" + sib + offloaded, [mode] { mode(0, true, false, 0); }});
   // Blocks that keep their attention and MLP outputs first: each saves nearly what a plain
   // checkpoint saves (GPT-2 at B=8: 0.17 GiB against 0.19) for half its replay time.
-  const std::string keeping = " keeping attention, gelu_mlp, weight_casts selective gelu";
+  const std::string keeping =
+      std::string(" keeping attention, gelu_mlp") + (weight_cast_cache ? "" : ", weight_casts") + " selective gelu";
   for (int64_t k = 1; k <= n - off; ++k)
     ladder.push_back({"checkpoint " + std::to_string(k) + " blocks" + keeping + sib + offloaded + per_use,
                       [mode, k] { mode(k, true, true, 0); }});

@@ -27,11 +27,10 @@ namespace mg::memory {
 // Each rung sets model.recompute whole (block mask, selective ops, head chunk rows, offload) and
 // enables or disables in_backward; the model and in_backward must outlive the ladder.
 // With weight_cast_cache given, each rung also sets it: false on the rungs that checkpoint blocks
-// (" casts per use" in their names), true on the others. The caller's step opens its Autocast
-// with it (cache_enabled): a checkpointed block's weight casts then live only while its replay
-// and its backward run, where the cache would hold every block's for the whole step (GPT-2 XL
-// with AdamW8bit under a 16 GiB cap: 1.22x the uncapped step where the cache gave 1.37x,
-// docs/bigger_than_gpu.md). It must outlive the ladder too.
+// (" casts per use" in their names; their blocks keep no weight casts either), true on the others. The caller's step
+// opens its Autocast with it (cache_enabled): a checkpointed block's weight casts then live only while its replay and
+// its backward run, where the cache would hold every block's for the whole step (GPT-2 XL with AdamW8bit under a 16 GiB
+// cap: 1.22x the uncapped step where the cache gave 1.37x, docs/bigger_than_gpu.md). It must outlive the ladder too.
 std::vector<BudgetOption> gpt_memory_ladder(nn::GPT& model, optim::StepInBackward* in_backward = nullptr,
                                             int64_t offload_blocks = 0, bool* weight_cast_cache = nullptr);
 

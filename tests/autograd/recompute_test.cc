@@ -381,19 +381,20 @@ TEST(CheckpointKeepOps, FusedMlpKeepsItsOutput) {
 // Under autocast the region's forward casts its f32 weights once (w1, b1, w2 to bf16); keeping
 // "weight_casts", the replay records those very casts instead of casting again: the gradients
 // are bitwise those of a plain checkpoint, three casts are reused, and the weights' gradients
-// still arrive in f32.
+// still arrive in f32. The same without autocast's weight-cast cache (cache_enabled false): the
+// region keeps the casts it asked for whatever the cache does.
 TEST(CheckpointKeepOps, WeightCastsAreReusedUnderAutocast) {
   Block b(8, DType::f32, 90);
   Tensor x = param({6, 8}, DType::f32, 26);
   std::vector<Tensor> all = b.params();
   all.push_back(x);
-  auto run = [&](std::vector<std::string> keep) {
+  auto run = [&](std::vector<std::string> keep, bool cache = true) {
     clear_grads(all);
     CheckpointOptions opts;
     opts.keep_ops = std::move(keep);
     Tensor y;
     {
-      Autocast ac(DeviceType::CPU, DType::bf16);
+      Autocast ac(DeviceType::CPU, DType::bf16, true, cache);
       y = checkpoint([&](const Tensor& in) { return b(in); }, x, opts);
     }
     sum(y.to(DType::f32)).backward();
@@ -405,6 +406,12 @@ TEST(CheckpointKeepOps, WeightCastsAreReusedUnderAutocast) {
   EXPECT_EQ(autograd::stash_reuse_count() - reuses, 3);
   expect_bitwise(got, want);
   for (const Tensor& p : b.params()) EXPECT_EQ(p.grad().dtype(), DType::f32);
+  const int64_t uncached_reuses = autograd::stash_reuse_count();
+  expect_bitwise(run({"weight_casts"}, false), want);
+  EXPECT_EQ(autograd::stash_reuse_count() - uncached_reuses, 3);
+  const int64_t none = autograd::stash_reuse_count();
+  expect_bitwise(run({}, false), want);
+  EXPECT_EQ(autograd::stash_reuse_count(), none);
 }
 
 // Nested regions keep what the outermost region keeps: the inner region's forward inside the

@@ -202,9 +202,9 @@ TEST(GPTMemoryLadder, RungsSetTheirModesAndFitToBudgetChoosesOne) {
   ASSERT_EQ(cast.size(), ladder.size());
   cast[2].apply();
   EXPECT_FALSE(cache);
-  EXPECT_EQ(
-      cast[2].name,
-      "checkpoint 1 blocks keeping attention, gelu_mlp, weight_casts selective gelu step in backward casts per use");
+  EXPECT_EQ(cast[2].name,
+            "checkpoint 1 blocks keeping attention, gelu_mlp selective gelu step in backward casts per use");
+  EXPECT_EQ(m.recompute.keep_ops, (std::vector<std::string>{"attention", "gelu_mlp"}));
   cast[1].apply();
   EXPECT_TRUE(cache);
   EXPECT_EQ(cast[1].name, ladder[1].name);
