@@ -49,6 +49,11 @@
 //   --host-params      GPT: the blocks' Linear weights and biases in pinned host memory with their
 //                      gradients and optimizer state, the optimizer stepping them on the CPU, the
 //                      device holding their bf16 casts (memory::HostParams; " host params")
+//   --host-param-blocks N  GPT: as --host-params, for the last N blocks' Linear parameters only
+//                      (partial offload; " host params N blocks"); N = auto: memory::
+//                      plan_host_param_blocks chooses N from this run's measured resident step and
+//                      host update (--host-param-ratio R: the longest step allowed against the
+//                      resident one, default 1.3; the plan is printed as its own JSON line)
 //   --param-offload K  GPT: every parameter's f32 master and optimizer state in pinned host memory,
 //                      stepped there during backward; a block's parameters (bf16 Linears) on the
 //                      device only while it runs, K blocks fetched ahead (memory::offload_gpt_params;
@@ -176,6 +181,7 @@ PhasePeaks g_phases;
 // host did. A host that takes as long as the step is the bound (launch overhead), not the device.
 struct HostPhases {
   bool probe = false;
+  bool sync = false;  // synchronize at each phase's end: the device's time of each phase
   std::chrono::steady_clock::time_point t0, forward, backward, optimizer;
 };
 HostPhases g_host;
@@ -386,6 +392,7 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBack
     const mg::Device dev = mg::Device::cuda(0);
     auto phase_end = [&](int64_t& peak) {
       if (g_host.probe) {
+        if (g_host.sync) mg::cuda::synchronize();  // the device's phase, not the host's launches
         const auto now = std::chrono::steady_clock::now();
         (&peak == &g_phases.forward    ? g_host.forward
          : &peak == &g_phases.backward ? g_host.backward
@@ -502,6 +509,67 @@ void print_max_batch(const char* model, const std::string& config, double gib, m
 }
 
 }  // namespace
+
+// --host-param-blocks auto: times the resident step's phases on this model (a device optimizer
+// over every parameter, torn down after), the host update of one block's Linear parameters and
+// the host link, and returns memory::plan_host_param_blocks' choice, printed with its inputs.
+int64_t plan_host_blocks(mg::nn::GPT& model, const mg::nn::GPTConfig& cfg, int64_t B, int64_t T, bool in_backward,
+                         double ratio, const std::string& label) {
+  const mg::Device dev = mg::Device::cuda(0);
+  double fwd = 0, bwd = 0;
+  {
+    auto opt = make_optimizer(model.parameters());
+    std::unique_ptr<mg::optim::StepInBackward> sib;
+    if (in_backward) sib = std::make_unique<mg::optim::StepInBackward>(*opt);
+    mg::Tensor idx = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
+    mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
+    auto step = train_step(
+        *opt, [&] { return model.forward_loss(idx, tgt); }, sib.get());
+    for (int i = 0; i < 2; ++i) step();
+    std::vector<double> f, b;
+    auto ms_between = [](auto a, auto z) { return std::chrono::duration<double, std::milli>(z - a).count(); };
+    g_host.probe = g_host.sync = true;
+    for (int i = 0; i < 5; ++i) {
+      mg::cuda::synchronize();
+      g_host.t0 = std::chrono::steady_clock::now();
+      step();
+      f.push_back(ms_between(g_host.t0, g_host.forward));
+      b.push_back(ms_between(g_host.forward, g_host.optimizer));  // backward and the rest of the update
+    }
+    g_host.probe = g_host.sync = false;
+    std::sort(f.begin(), f.end());
+    std::sort(b.begin(), b.end());
+    fwd = f[f.size() / 2];
+    bwd = b[b.size() / 2];
+    opt->zero_grad();
+  }
+  mg::cuda::synchronize();
+  mg::cuda::empty_cache();
+  int64_t elements = 0;
+  for (const mg::Tensor& p : mg::memory::gpt_linear_params(model, cfg.n_layer - 1)) elements += p.numel();
+  mg::memory::HostBlocksInput in;
+  in.n_layer = cfg.n_layer;
+  in.forward_ms = fwd;
+  in.backward_ms = bwd;
+  in.block_update_ms =
+      mg::memory::measure_host_update_ms([](std::vector<mg::Tensor> ps) { return make_optimizer(ps); }, elements);
+  const mg::HostLink link = mg::measure_host_link(dev);
+  in.block_copy_ms = link.to_device_bytes_per_ms > 0 ? 2.0 * elements / link.to_device_bytes_per_ms : 0.0;
+  in.max_step_ratio = ratio;
+  const mg::memory::HostBlocksPlan plan = mg::memory::plan_host_param_blocks(in);
+  std::string steps;
+  for (double ms : plan.step_ms) steps += (steps.empty() ? "" : ",") + std::to_string(ms);
+  std::printf(
+      "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"B=%lld T=%lld host param plan\","
+      "\"forward_ms\":%.2f,\"backward_ms\":%.2f,\"block_params\":%lld,\"block_update_ms\":%.2f,"
+      "\"block_copy_ms\":%.2f,\"max_step_ratio\":%.2f,\"blocks\":%lld,\"predicted_ms\":%.2f,"
+      "\"predicted_step_ms\":[%s]}\n",
+      label.c_str(), static_cast<long long>(B), static_cast<long long>(T), fwd, bwd, static_cast<long long>(elements),
+      in.block_update_ms, in.block_copy_ms, ratio, static_cast<long long>(plan.blocks), plan.predicted_ms,
+      steps.c_str());
+  std::fflush(stdout);
+  return plan.blocks;
+}
 
 // %g of v: 0.1 as "0.1".
 std::string fmt_g(double v) {
@@ -626,6 +694,8 @@ int run_main(int argc, char** argv) {
   std::string gpt_size = "gpt2";      // --gpt: the GPT preset (nn::gpt_preset)
   double memory_cap_gib = 0;          // --memory-cap: the allocator's per-process limit for the whole run
   bool host_params = false;           // --host-params: GPT's Linear parameters in host memory
+  int host_param_blocks = -1;         // --host-param-blocks N: the last N blocks' only; -2: auto
+  double host_param_ratio = 1.3;      // --host-param-ratio R: auto's longest step against the resident one
   int param_offload = -1;             // --param-offload PREFETCH: every parameter in host memory
   double resid_dropout = 0;           // GPT-2's output dropouts (--resid-dropout)
   for (int i = 1; i < argc; ++i) {
@@ -641,6 +711,11 @@ int run_main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--no-weight-cast-cache")) g_cast_cache = g_step_casts = false;
     if (!std::strcmp(argv[i], "--channels-last")) channels_last = true;
     if (!std::strcmp(argv[i], "--host-params")) host_params = true;  // a switch: read here, last or not
+    if (!std::strcmp(argv[i], "--host-param-blocks") && i + 1 < argc) {
+      host_params = true;
+      host_param_blocks = !std::strcmp(argv[i + 1], "auto") ? -2 : std::max(0, std::atoi(argv[i + 1]));
+    }
+    if (!std::strcmp(argv[i], "--host-param-ratio") && i + 1 < argc) host_param_ratio = std::atof(argv[i + 1]);
     if (!std::strcmp(argv[i], "--fp8")) g_fp8 = true;
     if (!std::strcmp(argv[i], "--fp8-delayed")) g_fp8_delayed = true;
   }
@@ -870,13 +945,22 @@ int run_main(int argc, char** argv) {
                (selective_ops.empty() ? "" : " selective " + selective_ops) + (logits ? " logits" : "");
     if (head_chunk_rows > 0) variant += " head chunk " + std::to_string(head_chunk_rows);
     if (in_backward) variant += " step in backward";
-    if (host_params) {
+    if (host_params && host_param_blocks == -2) {
+      host_param_blocks = static_cast<int>(plan_host_blocks(*model, cfg, B, T, in_backward, host_param_ratio, label));
+      variant += " host params " + std::to_string(host_param_blocks) + " blocks (planned)";
+    } else if (host_params && host_param_blocks >= 0) {
+      variant += " host params " + std::to_string(host_param_blocks) + " blocks";
+    } else if (host_params) {
+      variant += " host params";
+    }
+    if (host_params && host_param_blocks != 0) {
       // The same optimizer, built a second time over the host parameters: the host's loop steps
       // those, the device's kernel the rest.
-      g_host_params = std::make_unique<mg::memory::HostParams>(
-          mg::memory::gpt_linear_params(*model), dev, [](std::vector<mg::Tensor> ps) { return make_optimizer(ps); });
+      const int64_t first = host_param_blocks < 0 ? 0 : std::max<int64_t>(0, cfg.n_layer - host_param_blocks);
+      g_host_params =
+          std::make_unique<mg::memory::HostParams>(mg::memory::gpt_linear_params(*model, first), dev,
+                                                   [](std::vector<mg::Tensor> ps) { return make_optimizer(ps); });
       g_host_params->provide_casts();
-      variant += " host params";
     }
     if (param_offload >= 0) {
       g_param_offload = mg::memory::offload_gpt_params(

@@ -254,7 +254,11 @@ struct StatePlacement {
 std::vector<Tensor> place_state(Run& r, const std::string& where, StatePlacement& s,
                                 const memory::HostOptimizerFactory& make) {
   if (where == "optimizer") {
-    s.host_params = std::make_unique<memory::HostParams>(memory::gpt_linear_params(*r.model), r.device, make);
+    // --offload-optimizer-blocks N: the last N blocks only (gpt_linear_params names a bad N).
+    const int64_t n = r.f.offload_optimizer_blocks, layers = r.model->config.n_layer;
+    MG_CHECK(n <= layers, ValueError, "--offload-optimizer-blocks ", n, ": the model has ", layers, " blocks");
+    s.host_params = std::make_unique<memory::HostParams>(memory::gpt_linear_params(*r.model, n < 0 ? 0 : layers - n),
+                                                         r.device, make);
     return s.host_params->others(r.model->parameters());
   }
   if (where == "params") {

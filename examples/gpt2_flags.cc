@@ -73,6 +73,9 @@ Memory and speed:
                        --offload-prefetch N blocks ahead, default 1; the model is built in host
                        memory). With --memory-budget and these conditions met, the budget tries
                        them after the f32 and 8-bit moments
+  --offload-optimizer-blocks N  with --offload optimizer: only the last N blocks' Linear
+                       parameters go to the host (their updates hide behind backward; the others
+                       stay on the device); default every block
   --offload-blocks N   what the first N blocks save for backward goes to pinned host memory
                        during the forward and comes back ahead of backward (CUDA; on the H200
                        one GPT-2 block at B=8 costs under 1 %); with --memory-budget the
@@ -233,6 +236,7 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
               {"--fp8-min-features", &f.fp8_min_features},
               {"--offload", &f.offload},
               {"--offload-prefetch", &f.offload_prefetch},
+              {"--offload-optimizer-blocks", &f.offload_optimizer_blocks},
               {"--tokens", &f.logit_tokens},
           },
       .other =
@@ -304,6 +308,10 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
   MG_CHECK(f.offload == "none" || f.offload == "optimizer" || f.offload == "params", ValueError, "unknown --offload \"",
            f.offload, "\" (valid: none, optimizer, params)");
   MG_CHECK(f.offload_prefetch >= 0, ValueError, "--offload-prefetch must be >= 0, got ", f.offload_prefetch);
+  MG_CHECK(f.offload_optimizer_blocks == -1 || f.offload_optimizer_blocks >= 1, ValueError,
+           "--offload-optimizer-blocks must be >= 1, got ", f.offload_optimizer_blocks);
+  MG_CHECK(f.offload_optimizer_blocks < 0 || f.offload == "optimizer", ValueError,
+           "--offload-optimizer-blocks goes with --offload optimizer, got --offload ", f.offload);
   if (f.offload != "none") {
     MG_CHECK(f.memory_budget.empty(), ValueError,
              "--memory-budget chooses where the state lives itself; drop --offload ", f.offload);

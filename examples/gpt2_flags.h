@@ -49,8 +49,9 @@ struct GPT2Flags {
   // memory/host_params.h); params (every parameter in host memory, a block on the device while it
   // runs: memory/param_offload.h). --memory-budget may choose either.
   std::string offload = "none";
-  int offload_prefetch = 1;                           // --offload-prefetch: blocks fetched ahead under --offload params
-  bool fp8 = false;                                   // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast)
+  int offload_prefetch = 1;               // --offload-prefetch: blocks fetched ahead under --offload params
+  int64_t offload_optimizer_blocks = -1;  // --offload-optimizer-blocks: the last N blocks' (-1: every block)
+  bool fp8 = false;                       // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast)
   int64_t fp8_min_features = kFp8DefaultMinFeatures;  // --fp8-min-features: narrower linears keep bf16
   bool fp8_delayed = false;                           // --fp8-delayed: Fp8Scaling::Delayed
   int nproc = 0;

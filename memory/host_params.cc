@@ -28,13 +28,16 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-// One gradient on its way home: the pinned block it lands in and the copy's event.
+// One gradient on its way home: the pinned block it lands in and the copy's event; and, once
+// provide_casts() has been used, the device tensor the update's new cast is copied to.
 struct HostParams::Task {
   size_t i = 0;
   bool step = true;
   DType dtype = DType::f32;  // the gradient's, as copied home
   cuda::PinnedBlock block;
-  cuda::Event copied;
+  cuda::Event ready;   // on the compute stream, after the gradient and `next_cast` were made
+  cuda::Event copied;  // the gradient is home
+  Tensor next_cast;
 };
 
 HostParams::HostParams(std::vector<Tensor> params, Device device, HostOptimizerFactory make_optimizer, DType cast_dtype)
@@ -91,6 +94,8 @@ HostParams::HostParams(std::vector<Tensor> params, Device device, HostOptimizerF
   sums_.resize(params_.size());
   seen_.assign(params_.size(), 0);
   stream_ = cuda::Stream::create(device.index);
+  cast_stream_ = cuda::Stream::create(device.index);
+  ahead_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     index_[params_[i].impl()] = i;
     autograd::set_gradient_sink(params_[i], device,
@@ -136,10 +141,17 @@ void HostParams::on_gradient(size_t i, Tensor grad) {
   t->step = step_;
   t->dtype = grad.dtype();
   t->block = cuda::PinnedBlock::allocate(static_cast<size_t>(grad.nbytes()));
+  if (step_ && casts_ahead_ && casts_[i].defined()) {
+    // The next forward's cast, copied by the worker as soon as the update wrote it (counted as
+    // the casts that forward would make). Made here, on the compute stream: the copy waits for
+    // `ready`, after whatever last used this memory.
+    NoGradGuard ng;
+    MemoryCategoryGuard act(MemoryCategory::Activations);
+    t->next_cast = empty(params_[i].sizes(), TensorOptions(cast_dtypes_[i], device_));
+  }
   const cuda::Stream compute = cuda::Stream::current(device_.index);
-  cuda::Event ready;
-  ready.record(compute);
-  ready.wait(stream_);
+  t->ready.record(compute);
+  t->ready.wait(stream_);
   {
     cuda::StreamGuard sg(stream_);
     raw::copy_(t->block.view(grad.sizes(), grad.dtype()), grad, /*non_blocking=*/true);
@@ -177,7 +189,10 @@ void HostParams::run_worker() {
       failed = error_ != nullptr;
     }
     try {
-      if (!failed) process(*t);  // after an error the remaining updates are dropped until wait()
+      if (!failed) {  // after an error the remaining updates are dropped until wait()
+        process(*t);
+        if (t->next_cast.defined() && t->step) copy_cast_ahead(*t);
+      }
     } catch (...) {
       err = std::current_exception();
     }
@@ -233,6 +248,24 @@ void HostParams::process(Task& t) {
   stats_.cast_ms += ms_since(t1);
 }
 
+// On the worker, right after parameter t.i's update wrote its cast: the cast to the device on
+// the cast stream, while backward goes on; provide_casts() hands it over without copying.
+void HostParams::copy_cast_ahead(Task& t) {
+  cuda::DeviceGuard dg(device_);
+  t.ready.wait(cast_stream_);
+  {
+    cuda::StreamGuard sg(cast_stream_);
+    raw::copy_(t.next_cast, casts_[t.i], /*non_blocking=*/true);
+  }
+  cuda::record_stream(t.next_cast, cast_stream_);  // freed unused, its memory waits for the copy
+  auto a = std::make_unique<Ahead>(Ahead{std::move(t.next_cast), cuda::Event(), cast_versions_[t.i]});
+  a->copied.record(cast_stream_);
+  std::lock_guard<std::mutex> g(mu_);
+  stats_.to_device_bytes += a->cast.nbytes();
+  stats_.casts_ahead++;
+  ahead_[t.i] = std::move(a);
+}
+
 void HostParams::wait() {
   std::unique_lock<std::mutex> g(mu_);
   idle_cv_.wait(g, [&] { return queue_.empty() && busy_ == 0; });
@@ -276,12 +309,25 @@ void HostParams::provide_casts() {
   // backward queued them (the last parameters first), so the copies overlap the updates still
   // running instead of following the last one.
   std::vector<Tensor> on_device(params_.size());
+  const cuda::Stream compute = cuda::Stream::current(device_.index);
   for (size_t i = params_.size(); i-- > 0;) {
     wait_for(i);
     refresh_cast(i);
-    on_device[i] = device_cast(i);
+    std::unique_ptr<Ahead> a;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      a = std::move(ahead_[i]);
+    }
+    // The worker's copy, unless the master changed after it (a loaded state dict).
+    if (a && a->version == cast_versions_[i]) {
+      a->copied.wait(compute);
+      on_device[i] = std::move(a->cast);
+    } else {
+      on_device[i] = device_cast(i);
+    }
   }
   wait();
+  casts_ahead_ = true;  // from now on each update's cast goes to the device behind it
   {
     std::lock_guard<std::mutex> g(mu_);
     stats_.wait_ms += ms_since(t0);
@@ -354,6 +400,61 @@ double measure_host_copy_bandwidth(int64_t bytes, int repeats) {
   }
   std::sort(per_ms.begin(), per_ms.end());
   return per_ms[per_ms.size() / 2];
+}
+
+}  // namespace mg::memory
+
+namespace mg::memory {
+
+HostBlocksPlan plan_host_param_blocks(const HostBlocksInput& in) {
+  const char* op = "plan_host_param_blocks";
+  MG_CHECK(in.n_layer >= 1, ValueError, op, ": n_layer must be >= 1, got ", in.n_layer);
+  MG_CHECK(in.forward_ms >= 0 && in.backward_ms > 0 && in.block_update_ms >= 0 && in.block_copy_ms >= 0, ValueError, op,
+           ": the times must be >= 0 (backward > 0), got forward ", in.forward_ms, " ms, backward ", in.backward_ms,
+           " ms, block update ", in.block_update_ms, " ms, block copy ", in.block_copy_ms, " ms");
+  MG_CHECK(in.max_step_ratio >= 1.0, ValueError, op, ": max_step_ratio must be >= 1, got ", in.max_step_ratio);
+  HostBlocksPlan plan;
+  plan.resident_ms = in.forward_ms + in.backward_ms;
+  const double slice = in.backward_ms / static_cast<double>(in.n_layer);
+  double worker_done = 0;  // from backward's start, when the worker finishes the j-th block offloaded
+  plan.step_ms.push_back(plan.resident_ms);
+  for (int64_t j = 1; j <= in.n_layer; ++j) {
+    worker_done = std::max(worker_done, static_cast<double>(j) * slice) + in.block_update_ms;
+    plan.step_ms.push_back(in.forward_ms + std::max(in.backward_ms, worker_done + in.block_copy_ms));
+  }
+  for (int64_t n = 0; n <= in.n_layer; ++n)
+    if (plan.step_ms[n] <= in.max_step_ratio * plan.resident_ms) plan.blocks = n;
+  plan.predicted_ms = plan.step_ms[plan.blocks];
+  return plan;
+}
+
+double measure_host_update_ms(const HostOptimizerFactory& make_optimizer, int64_t elements, DType cast_dtype,
+                              int repeats) {
+  const char* op = "measure_host_update_ms";
+  MG_CHECK(static_cast<bool>(make_optimizer), ValueError, op, ": no optimizer factory");
+  MG_CHECK(elements >= 1 && repeats >= 1, ValueError, op, ": elements and repeats must be >= 1, got ", elements,
+           " and ", repeats);
+  MG_CHECK(cast_dtype == DType::bf16 || cast_dtype == DType::f16 || cast_dtype == DType::f32, DTypeError, op,
+           ": the cast is f16, bf16 or f32, got ", cast_dtype);
+  NoGradGuard ng;
+  Tensor p = full({elements}, 0.5, TensorOptions(DType::f32, Device::cpu(), /*rg=*/true));
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer({p});
+  MG_CHECK(opt != nullptr, ValueError, op, ": the optimizer factory returned no optimizer");
+  Tensor cast = cast_dtype == DType::f32 ? Tensor() : empty({elements}, TensorOptions(cast_dtype));
+  auto* adam = dynamic_cast<optim::Adam*>(opt.get());
+  if (adam && cast.defined()) adam->set_cast_target(p, cast);
+  p.set_grad(full({elements}, 1e-3, TensorOptions(DType::f32)));
+  kernels::cpu::ThreadCap cap(kernels::cpu::num_threads() - 1);  // as the worker runs
+  std::vector<double> ms;
+  for (int r = 0; r <= repeats; ++r) {  // the first step creates the state
+    const auto t0 = std::chrono::steady_clock::now();
+    opt->step();
+    if (cast.defined() && !adam) kernels::write_low_copy(p, cast);
+    if (r > 0) ms.push_back(ms_since(t0));
+  }
+  p.set_grad(Tensor());
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 }  // namespace mg::memory

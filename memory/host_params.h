@@ -3,9 +3,11 @@
 // the host; the device holds only the low-precision cast the forward reads.
 //
 // One step, and where each piece runs:
-//   provide_casts()  waits for the host updates of the last step, copying each parameter's cast
-//                    (kept in pinned host memory, written by the update) to the device on the
-//                    current stream as its update is done, and gives them to the next autocast region
+//   provide_casts()  waits for the host updates of the last step and gives the next autocast
+//                    region each parameter's new cast on the device: the worker copied it there on
+//                    a side stream right after the update wrote it (in pinned host memory), so the
+//                    copies ran during backward; the first call copies them itself. It gives them
+//                    to the region
 //                    (autocast::provide_cast); the ops find it there (autograd/op_policy.h: a host
 //                    parameter read by an op on the device comes to it, autocast::lower_to).
 //   forward          reads the casts; nothing else of a host parameter is on the device. A
@@ -14,9 +16,9 @@
 //   backward         each host parameter's f32 gradient, as soon as backward has it (a gradient
 //                    sink on the parameter, autograd/node.h), is copied to pinned host memory on
 //                    a side stream; a worker thread waits for that copy, runs the optimizer on the
-//                    parameter (kernels/cpu/optim.cc: AdamW's rule, over all cores) and writes its
-//                    new cast. The updates of the last blocks run while backward still computes
-//                    the first blocks' gradients.
+//                    parameter (kernels/cpu/optim.cc: AdamW's rule, over all cores), writes its
+//                    new cast and copies that to the device. The updates of the last blocks run
+//                    while backward still computes the first blocks' gradients.
 //
 // The update is the optimizer's own, on the f32 master and the f32 gradient the device-resident
 // model would have: the same result as the device's optimizer, up to the rounding of fused
@@ -129,6 +131,7 @@ class HostParams {
   // the worker (the update time not hidden behind backward).
   struct Stats {
     int64_t gradients = 0, updates = 0;
+    int64_t casts_ahead = 0;  // casts the worker copied to the device right after their update
     int64_t to_host_bytes = 0, to_device_bytes = 0;
     double update_ms = 0.0, cast_ms = 0.0, wait_ms = 0.0;
   };
@@ -141,6 +144,7 @@ class HostParams {
   void refresh_cast(size_t i);   // writes the cast again if the master changed since (after a wait)
   void run_worker();
   void process(Task& t);
+  void copy_cast_ahead(Task& t);
 
   std::vector<Tensor> params_;
   Device device_;
@@ -154,6 +158,18 @@ class HostParams {
   std::vector<Tensor> sums_;      // gradients added up while stepping is off (f32, host)
   std::vector<uint8_t> seen_;     // a gradient arrived for this parameter in this round
   cuda::Stream stream_;           // the gradients' copies home
+  cuda::Stream cast_stream_;      // the new casts' copies to the device
+  // A parameter's new cast on the device, copied by the worker after its update (the master's
+  // version it was cast from), for the next provide_casts().
+  struct Ahead {
+    Tensor cast;
+    cuda::Event copied;
+    uint32_t version = 0;
+  };
+  std::vector<std::unique_ptr<Ahead>> ahead_;
+  // Set by the first provide_casts(): each update's cast then follows it to the device (a
+  // parameter-offload source, which fetches with copy_to_device(), never sets it).
+  bool casts_ahead_ = false;
   std::unordered_map<const TensorImpl*, size_t> index_;
   uint64_t source_ = 0;  // autocast's host cast source (a checkpoint's recomputation reads it)
   bool step_ = true;
@@ -169,8 +185,44 @@ class HostParams {
   std::thread worker_;
 };
 
-// The parameters HostParams takes from a GPT: its blocks' Linear weights and biases (nn/models/gpt.h).
+// The parameters HostParams takes from a GPT: its blocks' Linear weights and biases
+// (nn/models/gpt.h), of every block or of the last ones (first_block).
 using nn::gpt_linear_params;
+
+// Partial optimizer offload (ZeRO-Offload++'s offload ratio, in whole blocks). The host update
+// bounds a fully offloaded step: it overlaps backward only (provide_casts() waits for every
+// update before the next forward), and the first block's gradient comes last. Offloading only
+// the last N blocks' Linear parameters lets their updates start with backward's first gradients
+// and end while backward still runs on the device; the other blocks keep their state and update
+// on the device. plan_host_param_blocks picks the largest N whose predicted step stays within
+// max_step_ratio of the resident step, from the resident step's measured phases and the host
+// update of one block (measure_host_update_ms).
+struct HostBlocksInput {
+  int64_t n_layer = 0;
+  double forward_ms = 0, backward_ms = 0;  // the resident step's (backward with the device update in it)
+  double block_update_ms = 0;              // the host update of one block's Linear parameters
+  double block_copy_ms = 0;                // one block's new casts over the host link
+  double max_step_ratio = 1.3;             // the longest step allowed, against forward + backward
+};
+struct HostBlocksPlan {
+  int64_t blocks = 0;           // the last `blocks` blocks go to the host
+  double resident_ms = 0;       // forward + backward
+  double predicted_ms = 0;      // the step with `blocks` offloaded
+  std::vector<double> step_ms;  // the predicted step for 0 .. n_layer blocks offloaded
+};
+// The model: backward takes backward_ms / n_layer a block, last block first; the j-th block
+// offloaded (counted from the last) hands its gradient over after j such slices; one worker
+// updates the blocks in that order, block_update_ms each, and the last cast reaches the device
+// block_copy_ms after its update. The next forward starts when backward and that copy are done.
+// A ValueError names an input out of range.
+HostBlocksPlan plan_host_param_blocks(const HostBlocksInput& in);
+
+// The host update of `elements` parameters as HostParams' worker runs it: `make_optimizer`'s
+// optimizer over one f32 host tensor with an f32 gradient, writing a `cast_dtype` cast when it is
+// an Adam (its cast target), over all cores but one; the median of `repeats` steps after one that
+// creates the state. In milliseconds.
+double measure_host_update_ms(const HostOptimizerFactory& make_optimizer, int64_t elements,
+                              DType cast_dtype = DType::bf16, int repeats = 3);
 
 // The host's memory bandwidth as a parallel copy of `bytes` over every core sees it (bytes read
 // plus bytes written, per millisecond; the median of `repeats`): the ceiling of a host update.

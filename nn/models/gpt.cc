@@ -243,13 +243,16 @@ std::vector<std::vector<Tensor>> gpt_param_units(GPT& model) {
   return units;
 }
 
-std::vector<Tensor> gpt_linear_params(GPT& model) {
+std::vector<Tensor> gpt_linear_params(GPT& model, int64_t first_block) {
+  MG_CHECK(first_block >= 0 && first_block <= model.config.n_layer, ValueError,
+           "gpt_linear_params: first_block must be in [0, ", model.config.n_layer, "], got ", first_block);
   std::vector<Tensor> out;
-  for (const auto& [name, m] : model.h->named_modules())
-    if (auto* lin = dynamic_cast<Linear*>(m)) {
-      out.push_back(lin->weight);
-      if (lin->bias.defined()) out.push_back(lin->bias);
-    }
+  for (int64_t b = first_block; b < model.config.n_layer; ++b)
+    for (const auto& [name, m] : model.block(b).named_modules())
+      if (auto* lin = dynamic_cast<Linear*>(m)) {
+        out.push_back(lin->weight);
+        if (lin->bias.defined()) out.push_back(lin->bias);
+      }
   return out;
 }
 

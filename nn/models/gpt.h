@@ -92,9 +92,10 @@ class GPT : public Module {
 // shards, host memory: autograd/param_units.h): unit 0 the root (wte, wpe, ln_f, an untied
 // head), unit i + 1 block i's. Give the ParamUnits made of them to model.recompute.units.
 std::vector<std::vector<Tensor>> gpt_param_units(GPT& model);
-// Every Linear weight and bias of the GPT's blocks: the parameters the blocks read only through
-// autocast's casts (the embeddings, the norms and the tied head read f32).
-std::vector<Tensor> gpt_linear_params(GPT& model);
+// Every Linear weight and bias of the GPT's blocks from `first_block` on (0: all of them): the
+// parameters the blocks read only through autocast's casts (the embeddings, the norms and the
+// tied head read f32). A ValueError names a first_block outside [0, n_layer].
+std::vector<Tensor> gpt_linear_params(GPT& model, int64_t first_block = 0);
 // ParamUnitsOptions::dtype for bf16 (or f16) autocast: the blocks' Linear weights and biases in
 // `compute` (what autocast casts them to, so the step is the same), every other parameter in
 // its own dtype (the layer norms and embeddings read f32).

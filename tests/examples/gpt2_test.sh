@@ -84,6 +84,9 @@ expect_error "--offload params: each gradient updates its parameter as it comes 
   --offload params --clip-grad-norm 0 --amp bf16 --grad-accum 2
 expect_error "--offload params: the model stays in host memory until training starts" \
   --offload params --clip-grad-norm 0 --amp bf16 --auto-batch
+expect_error "--offload-optimizer-blocks goes with --offload optimizer, got --offload params" \
+  --offload params --offload-optimizer-blocks 4
+expect_error "--offload-optimizer-blocks must be >= 1, got 0" --offload optimizer --offload-optimizer-blocks 0
 expect_error "--memory-budget chooses where the state lives itself; drop --offload optimizer" \
   --offload optimizer --memory-budget 1GiB
 expect_error "--offload optimizer keeps the state in this process's host memory for one CUDA device; got cpu" \

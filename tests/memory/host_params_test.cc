@@ -43,6 +43,9 @@ TEST(HostParams, BadInputSaysWhatIsWrong) {
             std::string::npos);
   // The blocks' Linear weights and biases: 4 Linears a block (qkv, projection, MLP in and out).
   EXPECT_EQ(gpt_linear_params(m).size(), 2u * 4u * 2u);
+  EXPECT_NE(testing::error_of([&] { gpt_linear_params(m, 3); }).find("first_block must be in [0, 2], got 3"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] { gpt_linear_params(m, -1); }).find("got -1"), std::string::npos);
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   Tensor f64 = nn::parameter(randn({4, 4}, {DType::f64}));  // a CPU parameter qualifies; an f64 one does not
   EXPECT_NE(testing::error_of([&] { HostParams({f64}, Device::cuda(0), sgd); }).find("params[0] must be"),
@@ -53,6 +56,62 @@ TEST(HostParams, BadInputSaysWhatIsWrong) {
             }).find("listed twice"),
             std::string::npos);
   EXPECT_NE(testing::error_of([&] { HostParams({w}, Device::cuda(0), nullptr); }).find("no optimizer factory"),
+            std::string::npos);
+}
+
+// Partial offload: the last blocks' Linear parameters, in the order the full list has them.
+TEST(HostParams, LastBlocksLinearParamsAreTheFullListsTail) {
+  nn::GPT m(tiny());
+  const std::vector<Tensor> all = gpt_linear_params(m), last = gpt_linear_params(m, 1), none = gpt_linear_params(m, 2);
+  ASSERT_EQ(last.size(), 4u * 2u);
+  for (size_t i = 0; i < last.size(); ++i) EXPECT_TRUE(last[i].is_same(all[all.size() - last.size() + i]));
+  EXPECT_TRUE(none.empty());
+}
+
+// The plan's model by hand: 4 blocks, forward 10 ms, backward 40 (10 a block), a block's host
+// update 15 ms, its casts' copy 2 ms, step at most 1.3 x 50 = 65 ms. The worker ends the j-th
+// block offloaded at max(end of the one before, 10 j) + 15: 25, 40, 55, 70 ms into backward; the
+// step is the forward plus the later of backward and that end + 2: 50, 52, 67, 82 ms.
+TEST(HostParams, PlanOffloadsTheMostBlocksWithinTheRatio) {
+  HostBlocksInput in;
+  in.n_layer = 4, in.forward_ms = 10, in.backward_ms = 40, in.block_update_ms = 15, in.block_copy_ms = 2;
+  const HostBlocksPlan plan = plan_host_param_blocks(in);
+  EXPECT_EQ(plan.blocks, 2);
+  EXPECT_DOUBLE_EQ(plan.resident_ms, 50.0);
+  EXPECT_DOUBLE_EQ(plan.predicted_ms, 52.0);
+  const std::vector<double> want = {50, 50, 52, 67, 82};
+  ASSERT_EQ(plan.step_ms.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_DOUBLE_EQ(plan.step_ms[i], want[i]) << i << " blocks";
+  in.max_step_ratio = 1.0;  // no slower than resident: only the block whose update hides entirely
+  EXPECT_EQ(plan_host_param_blocks(in).blocks, 1);
+  in.max_step_ratio = 2.0;  // 82 <= 100: every block
+  EXPECT_EQ(plan_host_param_blocks(in).blocks, 4);
+  in.block_update_ms = 0, in.block_copy_ms = 0;  // a free update hides behind any backward
+  in.max_step_ratio = 1.0;
+  EXPECT_EQ(plan_host_param_blocks(in).blocks, 4);
+  in.max_step_ratio = 0.9;
+  EXPECT_NE(testing::error_of([&] { plan_host_param_blocks(in); }).find("max_step_ratio must be >= 1, got 0.9"),
+            std::string::npos);
+  in.max_step_ratio = 1.3, in.backward_ms = 0;
+  EXPECT_NE(testing::error_of([&] { plan_host_param_blocks(in); }).find("backward 0 ms"), std::string::npos);
+  in.backward_ms = 40, in.n_layer = 0;
+  EXPECT_NE(testing::error_of([&] { plan_host_param_blocks(in); }).find("n_layer must be >= 1, got 0"),
+            std::string::npos);
+}
+
+// The calibration runs the factory's optimizer on the host as the worker would: the update
+// writes the cast, the master moves, and the time is positive.
+TEST(HostParams, MeasuresTheHostUpdate) {
+  const HostOptimizerFactory adamw = [](std::vector<Tensor> ps) {
+    return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions{});
+  };
+  EXPECT_GT(measure_host_update_ms(adamw, 1 << 16), 0.0);
+  EXPECT_GT(measure_host_update_ms(adamw, 1000, DType::f32, 1), 0.0);
+  EXPECT_NE(testing::error_of([&] { measure_host_update_ms(adamw, 0); }).find("elements and repeats must be >= 1"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] { measure_host_update_ms(adamw, 8, DType::f64); }).find("got f64"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] { measure_host_update_ms(nullptr, 8); }).find("no optimizer factory"),
             std::string::npos);
 }
 
@@ -72,7 +131,7 @@ TEST(HostParams, BadInputSaysWhatIsWrong) {
 // with set_step(false), in .grad on the device), each loss divided by `micro`.
 std::vector<std::vector<float>> train(bool host, bool adamw, std::vector<double>* losses,
                                       std::vector<std::vector<float>>* host_init = nullptr, int micro = 1,
-                                      bool same_batch = false) {
+                                      bool same_batch = false, int64_t first_block = 0) {
   const Device dev = Device::cuda(0);
   manual_seed(0);
   auto m = std::make_shared<nn::GPT>(tiny(), TensorOptions(DType::f32, dev));
@@ -82,7 +141,7 @@ std::vector<std::vector<float>> train(bool host, bool adamw, std::vector<double>
   };
   std::unique_ptr<HostParams> hp;
   if (host) {
-    hp = std::make_unique<HostParams>(gpt_linear_params(*m), dev, make);
+    hp = std::make_unique<HostParams>(gpt_linear_params(*m, first_block), dev, make);
     hp->provide_casts();
     for (const Tensor& p : hp->params()) {
       EXPECT_FALSE(p.is_cuda());
@@ -120,6 +179,9 @@ std::vector<std::vector<float>> train(bool host, bool adamw, std::vector<double>
     const HostParams::Stats st = hp->stats();
     EXPECT_EQ(st.updates, 20 * static_cast<int64_t>(hp->params().size()));
     EXPECT_EQ(st.gradients, 20 * micro * static_cast<int64_t>(hp->params().size()));
+    // Every update's cast went to the device behind it (provide_casts() ran before the first
+    // backward), and provide_casts() handed those copies over.
+    EXPECT_EQ(st.casts_ahead, 20 * static_cast<int64_t>(hp->params().size()));
   }
   return out;
 }
@@ -128,10 +190,10 @@ std::vector<std::vector<float>> train(bool host, bool adamw, std::vector<double>
 // returns its host parameters; the device run all of the model's, where the host ones are the
 // blocks' Linears).
 void expect_same_training(const std::vector<std::vector<float>>& all, const std::vector<std::vector<float>>& host,
-                          const std::vector<double>& la, const std::vector<double>& lb) {
+                          const std::vector<double>& la, const std::vector<double>& lb, int64_t first_block = 0) {
   manual_seed(0);
   auto m = std::make_shared<nn::GPT>(tiny(), TensorOptions(DType::f32, Device::cuda(0)));
-  const std::vector<Tensor> linear = gpt_linear_params(*m), params = m->parameters();
+  const std::vector<Tensor> linear = gpt_linear_params(*m, first_block), params = m->parameters();
   ASSERT_EQ(host.size(), linear.size());
   size_t k = 0;
   for (size_t i = 0; i < params.size() && k < linear.size(); ++i) {
@@ -151,6 +213,16 @@ TEST(HostParams, TrainsAsTheDeviceResidentModel) {
   const auto all = train(false, false, &la);
   const auto host = train(true, false, &lb);
   expect_same_training(all, host, la, lb);
+}
+
+TEST(HostParams, PartialOffloadTrainsAsTheDeviceResidentModel) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  // The last block's Linear parameters on the host, the first block's on the device with the
+  // rest: the same bound as every block on the host.
+  std::vector<double> la, lb;
+  const auto all = train(false, false, &la);
+  const auto host = train(true, false, &lb, nullptr, 1, false, /*first_block=*/1);
+  expect_same_training(all, host, la, lb, 1);
 }
 
 TEST(HostParams, AccumulatesOnTheHostAsTheDeviceDoes) {
