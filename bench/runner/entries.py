@@ -100,13 +100,15 @@ def fp8_args(fp8, delayed=False):
 
 def state_args(mode):
     """A GPT's AdamW step with its state where `mode` puts it: on the device (f32 or 8-bit moments),
-    the block Linears' masters and moments in host memory (optimizer offload), or every parameter
+    the block Linears' masters and moments in host memory (optimizer offload; of the last blocks
+    only, as many as plan_host_param_blocks hides within 1.3x of the resident step), or every parameter
     there (parameter offload, one block fetched ahead). GPT-2 large uncapped (the modes' times side
     by side, and each row's peak split per parameter and per token), 124M under --quick."""
     def args(ctx):
         size = "gpt2" if ctx.quick else "gpt2-large"
         where = {"device": ["--optimizer", "adamw"], "8bit": ["--optimizer", "adamw8bit"],
                  "host_params": ["--optimizer", "adamw", "--host-params"],
+                 "host_params_planned": ["--optimizer", "adamw", "--step-in-backward", "--host-param-blocks", "auto"],
                  "param_offload": ["--optimizer", "adamw", "--param-offload", "1"]}[mode]
         return ["--model", "gpt2", "--gpt", size, "--dtype", "bf16"] + where + steps(ctx)
     return args
@@ -156,6 +158,8 @@ SUITE = [
     Entry("state_8bit", "state", "memgrad", "//bench:bench_models", state_args("8bit"), expect=(15, 8)),
     Entry("state_host_params", "state", "memgrad", "//bench:bench_models", state_args("host_params"),
           expect=(20, 10)),
+    Entry("state_host_params_planned", "state", "memgrad", "//bench:bench_models", state_args("host_params_planned"),
+          expect=(25, 12)),
     Entry("state_param_offload", "state", "memgrad", "//bench:bench_models", state_args("param_offload"),
           expect=(40, 15)),
     Entry("recompute", "recompute", "memgrad", "//bench:bench_recompute",
