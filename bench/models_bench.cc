@@ -54,6 +54,9 @@
 //                      plan_host_param_blocks chooses N from this run's measured resident step and
 //                      host update (--host-param-ratio R: the longest step allowed against the
 //                      resident one, default 1.3; the plan is printed as its own JSON line)
+//   --host-casts-on-use  with --host-params: the next forward waits for a host parameter's update
+//                      at its first read, not before it starts (HostParams::set_casts_on_first_use;
+//                      " casts on use"); the plan counts that overlap
 //   --param-offload K  GPT: every parameter's f32 master and optimizer state in pinned host memory,
 //                      stepped there during backward; a block's parameters (bf16 Linears) on the
 //                      device only while it runs, K blocks fetched ahead (memory::offload_gpt_params;
@@ -514,7 +517,7 @@ void print_max_batch(const char* model, const std::string& config, double gib, m
 // over every parameter, torn down after), the host update of one block's Linear parameters and
 // the host link, and returns memory::plan_host_param_blocks' choice, printed with its inputs.
 int64_t plan_host_blocks(mg::nn::GPT& model, const mg::nn::GPTConfig& cfg, int64_t B, int64_t T, bool in_backward,
-                         double ratio, const std::string& label) {
+                         double ratio, bool casts_on_use, const std::string& label) {
   const mg::Device dev = mg::Device::cuda(0);
   double fwd = 0, bwd = 0;
   {
@@ -556,6 +559,7 @@ int64_t plan_host_blocks(mg::nn::GPT& model, const mg::nn::GPTConfig& cfg, int64
   const mg::HostLink link = mg::measure_host_link(dev);
   in.block_copy_ms = link.to_device_bytes_per_ms > 0 ? 2.0 * elements / link.to_device_bytes_per_ms : 0.0;
   in.max_step_ratio = ratio;
+  in.casts_on_first_use = casts_on_use;
   const mg::memory::HostBlocksPlan plan = mg::memory::plan_host_param_blocks(in);
   std::string steps;
   for (double ms : plan.step_ms) steps += (steps.empty() ? "" : ",") + std::to_string(ms);
@@ -615,7 +619,9 @@ int gpt_budget_run(const mg::nn::GPTConfig& cfg, const std::string& label, const
     if (mode == StateMode::OptimizerOffload) {
       g_host_params =
           std::make_unique<mg::memory::HostParams>(mg::memory::gpt_linear_params(*s.model), dev, host_optimizer);
+      g_host_params->set_casts_on_first_use(host_casts_on_use);
       g_host_params->provide_casts();
+      if (host_casts_on_use) variant += " casts on use";
     }
     if (params_on_host) g_param_offload = mg::memory::offload_gpt_params(*s.model, dev, host_optimizer);
     s.opt = make_optimizer(g_host_params    ? g_host_params->others(s.model->parameters())
@@ -696,6 +702,7 @@ int run_main(int argc, char** argv) {
   bool host_params = false;           // --host-params: GPT's Linear parameters in host memory
   int host_param_blocks = -1;         // --host-param-blocks N: the last N blocks' only; -2: auto
   double host_param_ratio = 1.3;      // --host-param-ratio R: auto's longest step against the resident one
+  bool host_casts_on_use = false;     // --host-casts-on-use: HostParams::set_casts_on_first_use
   int param_offload = -1;             // --param-offload PREFETCH: every parameter in host memory
   double resid_dropout = 0;           // GPT-2's output dropouts (--resid-dropout)
   for (int i = 1; i < argc; ++i) {
@@ -716,6 +723,7 @@ int run_main(int argc, char** argv) {
       host_param_blocks = !std::strcmp(argv[i + 1], "auto") ? -2 : std::max(0, std::atoi(argv[i + 1]));
     }
     if (!std::strcmp(argv[i], "--host-param-ratio") && i + 1 < argc) host_param_ratio = std::atof(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--host-casts-on-use")) host_casts_on_use = true;
     if (!std::strcmp(argv[i], "--fp8")) g_fp8 = true;
     if (!std::strcmp(argv[i], "--fp8-delayed")) g_fp8_delayed = true;
   }
@@ -946,7 +954,8 @@ int run_main(int argc, char** argv) {
     if (head_chunk_rows > 0) variant += " head chunk " + std::to_string(head_chunk_rows);
     if (in_backward) variant += " step in backward";
     if (host_params && host_param_blocks == -2) {
-      host_param_blocks = static_cast<int>(plan_host_blocks(*model, cfg, B, T, in_backward, host_param_ratio, label));
+      host_param_blocks = static_cast<int>(
+          plan_host_blocks(*model, cfg, B, T, in_backward, host_param_ratio, host_casts_on_use, label));
       variant += " host params " + std::to_string(host_param_blocks) + " blocks (planned)";
     } else if (host_params && host_param_blocks >= 0) {
       variant += " host params " + std::to_string(host_param_blocks) + " blocks";
@@ -960,7 +969,9 @@ int run_main(int argc, char** argv) {
       g_host_params =
           std::make_unique<mg::memory::HostParams>(mg::memory::gpt_linear_params(*model, first), dev,
                                                    [](std::vector<mg::Tensor> ps) { return make_optimizer(ps); });
+      g_host_params->set_casts_on_first_use(host_casts_on_use);
       g_host_params->provide_casts();
+      if (host_casts_on_use) variant += " casts on use";
     }
     if (param_offload >= 0) {
       g_param_offload = mg::memory::offload_gpt_params(

@@ -108,7 +108,13 @@ HostParams::HostParams(std::vector<Tensor> params, Device device, HostOptimizerF
     auto it = index_.find(w.impl());
     if (it == index_.end() || d != device_ || dtype != cast_dtypes_[it->second] || dtype == DType::f32) return Tensor();
     MemoryCategoryGuard act(MemoryCategory::Activations);
-    return device_cast(it->second);
+    // Under casts_on_first_use, the forward's first read of a parameter whose update was still
+    // queued at provide_casts(): wait for it here.
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor c = take_cast(it->second);
+    std::lock_guard<std::mutex> g(mu_);
+    stats_.wait_ms += ms_since(t0);
+    return c;
   });
   worker_ = std::thread([this] { run_worker(); });
 }
@@ -305,35 +311,42 @@ void HostParams::provide_casts() {
   NoGradGuard ng;
   // The next forward's memory, counted as the casts that forward would make.
   MemoryCategoryGuard act(MemoryCategory::Activations);
-  // Each cast is copied to the device as soon as its parameter's updates have run, in the order
-  // backward queued them (the last parameters first), so the copies overlap the updates still
-  // running instead of following the last one.
+  // In the order backward queued the updates (the last parameters first). Under
+  // casts_on_first_use a parameter whose update is still queued is left to the region's first
+  // read of it (the host cast source above waits for it there).
   std::vector<Tensor> on_device(params_.size());
-  const cuda::Stream compute = cuda::Stream::current(device_.index);
   for (size_t i = params_.size(); i-- > 0;) {
-    wait_for(i);
-    refresh_cast(i);
-    std::unique_ptr<Ahead> a;
-    {
+    if (casts_on_first_use_) {
       std::lock_guard<std::mutex> g(mu_);
-      a = std::move(ahead_[i]);
+      if (pending_[i] > 0) continue;
     }
-    // The worker's copy, unless the master changed after it (a loaded state dict).
-    if (a && a->version == cast_versions_[i]) {
-      a->copied.wait(compute);
-      on_device[i] = std::move(a->cast);
-    } else {
-      on_device[i] = device_cast(i);
-    }
+    on_device[i] = take_cast(i);
   }
-  wait();
+  if (!casts_on_first_use_) wait();
   casts_ahead_ = true;  // from now on each update's cast goes to the device behind it
   {
     std::lock_guard<std::mutex> g(mu_);
     stats_.wait_ms += ms_since(t0);
   }
   start_round();
-  for (size_t i = 0; i < params_.size(); ++i) autocast::provide_cast(params_[i], on_device[i]);
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (on_device[i].defined()) autocast::provide_cast(params_[i], on_device[i]);
+}
+
+Tensor HostParams::take_cast(size_t i) {
+  wait_for(i);
+  refresh_cast(i);
+  std::unique_ptr<Ahead> a;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    a = std::move(ahead_[i]);
+  }
+  // The worker's copy, unless the master changed after it (a loaded state dict).
+  if (a && a->version == cast_versions_[i]) {
+    a->copied.wait(cuda::Stream::current(device_.index));
+    return std::move(a->cast);
+  }
+  return device_cast(i);
 }
 
 void HostParams::refresh_cast(size_t i) {
@@ -416,11 +429,18 @@ HostBlocksPlan plan_host_param_blocks(const HostBlocksInput& in) {
   HostBlocksPlan plan;
   plan.resident_ms = in.forward_ms + in.backward_ms;
   const double slice = in.backward_ms / static_cast<double>(in.n_layer);
+  const double layers = static_cast<double>(in.n_layer);
   double worker_done = 0;  // from backward's start, when the worker finishes the j-th block offloaded
   plan.step_ms.push_back(plan.resident_ms);
   for (int64_t j = 1; j <= in.n_layer; ++j) {
     worker_done = std::max(worker_done, static_cast<double>(j) * slice) + in.block_update_ms;
-    plan.step_ms.push_back(in.forward_ms + std::max(in.backward_ms, worker_done + in.block_copy_ms));
+    const double cast_ready = worker_done + in.block_copy_ms;  // the j-th block's, the last to come
+    if (in.casts_on_first_use)                                 // needed when the next forward reaches block n_layer - j
+      plan.step_ms.push_back(
+          plan.resident_ms +
+          std::max(0.0, cast_ready - in.backward_ms - in.forward_ms * static_cast<double>(in.n_layer - j) / layers));
+    else
+      plan.step_ms.push_back(in.forward_ms + std::max(in.backward_ms, cast_ready));
   }
   for (int64_t n = 0; n <= in.n_layer; ++n)
     if (plan.step_ms[n] <= in.max_step_ratio * plan.resident_ms) plan.blocks = n;

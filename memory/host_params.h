@@ -87,6 +87,12 @@ class HostParams {
   // the first forward and between each backward and the next forward; it also starts a new round
   // (a parameter may receive one gradient a round while stepping is on).
   void provide_casts();
+  // On: provide_casts() waits for no update. It gives the region the casts whose updates have
+  // run and leaves each other parameter to the region's first read of it, which waits for that
+  // update (the next forward's first blocks run while the updates of its last ones finish: with
+  // the last blocks on the host, gpt_linear_params(model, first_block)). Default off:
+  // provide_casts() waits for every update.
+  void set_casts_on_first_use(bool on) { casts_on_first_use_ = on; }
   // Off: the gradients of the next backwards add up on the host (f32) without an update; the next
   // backward with it on updates with the sum. Default on.
   void set_step(bool on) { step_ = on; }
@@ -145,6 +151,7 @@ class HostParams {
   void run_worker();
   void process(Task& t);
   void copy_cast_ahead(Task& t);
+  Tensor take_cast(size_t i);  // after i's queued updates: its cast on the device, on the current stream
 
   std::vector<Tensor> params_;
   Device device_;
@@ -170,6 +177,7 @@ class HostParams {
   // Set by the first provide_casts(): each update's cast then follows it to the device (a
   // parameter-offload source, which fetches with copy_to_device(), never sets it).
   bool casts_ahead_ = false;
+  bool casts_on_first_use_ = false;
   std::unordered_map<const TensorImpl*, size_t> index_;
   uint64_t source_ = 0;  // autocast's host cast source (a checkpoint's recomputation reads it)
   bool step_ = true;
@@ -203,6 +211,9 @@ struct HostBlocksInput {
   double block_update_ms = 0;              // the host update of one block's Linear parameters
   double block_copy_ms = 0;                // one block's new casts over the host link
   double max_step_ratio = 1.3;             // the longest step allowed, against forward + backward
+  // HostParams::set_casts_on_first_use: the next forward waits for a block's update only when it
+  // reaches the block, so the updates overlap that forward's earlier blocks too.
+  bool casts_on_first_use = false;
 };
 struct HostBlocksPlan {
   int64_t blocks = 0;           // the last `blocks` blocks go to the host
@@ -213,8 +224,10 @@ struct HostBlocksPlan {
 // The model: backward takes backward_ms / n_layer a block, last block first; the j-th block
 // offloaded (counted from the last) hands its gradient over after j such slices; one worker
 // updates the blocks in that order, block_update_ms each, and the last cast reaches the device
-// block_copy_ms after its update. The next forward starts when backward and that copy are done.
-// A ValueError names an input out of range.
+// block_copy_ms after its update. The next forward starts when backward and that copy are done;
+// with casts_on_first_use it starts when backward is done and waits, if at all, when it reaches
+// block n_layer - N (the last offloaded block to be updated). A ValueError names an input out
+// of range.
 HostBlocksPlan plan_host_param_blocks(const HostBlocksInput& in);
 
 // The host update of `elements` parameters as HostParams' worker runs it: `make_optimizer`'s

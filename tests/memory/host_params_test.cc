@@ -92,7 +92,16 @@ TEST(HostParams, PlanOffloadsTheMostBlocksWithinTheRatio) {
   in.max_step_ratio = 0.9;
   EXPECT_NE(testing::error_of([&] { plan_host_param_blocks(in); }).find("max_step_ratio must be >= 1, got 0.9"),
             std::string::npos);
-  in.max_step_ratio = 1.3, in.backward_ms = 0;
+  // Casts on first use: the next forward reaches block 4 - j at 40 + 10 (4 - j) / 4 ms after
+  // backward's start, when the j-th block's cast must be there (27, 42, 57, 72 ms): the step
+  // waits 0, 0, 14.5 and 32 ms past the resident 50.
+  in.max_step_ratio = 1.3, in.block_update_ms = 15, in.block_copy_ms = 2, in.casts_on_first_use = true;
+  const HostBlocksPlan lazy = plan_host_param_blocks(in);
+  const std::vector<double> want_lazy = {50, 50, 50, 64.5, 82};
+  ASSERT_EQ(lazy.step_ms.size(), want_lazy.size());
+  for (size_t i = 0; i < want_lazy.size(); ++i) EXPECT_DOUBLE_EQ(lazy.step_ms[i], want_lazy[i]) << i << " blocks";
+  EXPECT_EQ(lazy.blocks, 3);
+  in.casts_on_first_use = false, in.backward_ms = 0;
   EXPECT_NE(testing::error_of([&] { plan_host_param_blocks(in); }).find("backward 0 ms"), std::string::npos);
   in.backward_ms = 40, in.n_layer = 0;
   EXPECT_NE(testing::error_of([&] { plan_host_param_blocks(in); }).find("n_layer must be >= 1, got 0"),
@@ -131,7 +140,7 @@ TEST(HostParams, MeasuresTheHostUpdate) {
 // with set_step(false), in .grad on the device), each loss divided by `micro`.
 std::vector<std::vector<float>> train(bool host, bool adamw, std::vector<double>* losses,
                                       std::vector<std::vector<float>>* host_init = nullptr, int micro = 1,
-                                      bool same_batch = false, int64_t first_block = 0) {
+                                      bool same_batch = false, int64_t first_block = 0, bool on_first_use = false) {
   const Device dev = Device::cuda(0);
   manual_seed(0);
   auto m = std::make_shared<nn::GPT>(tiny(), TensorOptions(DType::f32, dev));
@@ -142,6 +151,7 @@ std::vector<std::vector<float>> train(bool host, bool adamw, std::vector<double>
   std::unique_ptr<HostParams> hp;
   if (host) {
     hp = std::make_unique<HostParams>(gpt_linear_params(*m, first_block), dev, make);
+    hp->set_casts_on_first_use(on_first_use);
     hp->provide_casts();
     for (const Tensor& p : hp->params()) {
       EXPECT_FALSE(p.is_cuda());
@@ -219,10 +229,15 @@ TEST(HostParams, PartialOffloadTrainsAsTheDeviceResidentModel) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   // The last block's Linear parameters on the host, the first block's on the device with the
   // rest: the same bound as every block on the host.
-  std::vector<double> la, lb;
+  std::vector<double> la, lb, lc, ld;
   const auto all = train(false, false, &la);
   const auto host = train(true, false, &lb, nullptr, 1, false, /*first_block=*/1);
   expect_same_training(all, host, la, lb, 1);
+  // The next forward taking each cast at its first read, after its update: the same values.
+  const auto lazy = train(true, false, &lc, nullptr, 1, false, 1, /*on_first_use=*/true);
+  expect_same_training(all, lazy, la, lc, 1);
+  const auto lazy_all = train(true, false, &ld, nullptr, 1, false, 0, true);
+  expect_same_training(all, lazy_all, la, ld);
 }
 
 TEST(HostParams, AccumulatesOnTheHostAsTheDeviceDoes) {

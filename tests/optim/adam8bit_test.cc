@@ -58,6 +58,7 @@ TEST(AdamW8bit, EveryLookupBucketHoldsAtMostOneCodeValuePastItsLo) {
       ASSERT_EQ(om::quant_lut_bucket(om::float_bits(lo)), k) << k;
       ASSERT_EQ(om::quant_lut_bucket(om::float_bits(hi)), k) << k;
       ASSERT_EQ(lut[k], last_at_or_below(code, lo)) << "signed " << is_signed << " bucket " << k;
+      ASSERT_EQ(lut32[k], lut[k]) << "signed " << is_signed << " bucket " << k;
       ASSERT_LE(last_at_or_below(code, hi), lut[k] + 1)
           << "signed " << is_signed << " bucket " << k << " [" << lo << ", " << hi << "]";
     }
