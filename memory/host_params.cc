@@ -128,6 +128,9 @@ HostParams::~HostParams() {
   }
   cv_.notify_all();
   worker_.join();
+  // Casts copied ahead and never taken: their copies finish before their memory goes back.
+  for (const std::unique_ptr<Ahead>& a : ahead_)
+    if (a) a->copied.synchronize();
 }
 
 // On the thread running backward: the gradient to pinned memory on the copy stream, once the
@@ -263,12 +266,15 @@ void HostParams::copy_cast_ahead(Task& t) {
     cuda::StreamGuard sg(cast_stream_);
     raw::copy_(t.next_cast, casts_[t.i], /*non_blocking=*/true);
   }
-  cuda::record_stream(t.next_cast, cast_stream_);  // freed unused, its memory waits for the copy
+  // No record_stream: a cast handed to a region may outlive this object and its stream. The
+  // compute stream waits for the copy before it reads the cast (take_cast), and a cast dropped
+  // unread is waited for first (drop_ahead).
   auto a = std::make_unique<Ahead>(Ahead{std::move(t.next_cast), cuda::Event(), cast_versions_[t.i]});
   a->copied.record(cast_stream_);
   std::lock_guard<std::mutex> g(mu_);
   stats_.to_device_bytes += a->cast.nbytes();
   stats_.casts_ahead++;
+  if (ahead_[t.i]) ahead_[t.i]->copied.synchronize();  // an untaken one (a round without a forward)
   ahead_[t.i] = std::move(a);
 }
 
@@ -341,11 +347,10 @@ Tensor HostParams::take_cast(size_t i) {
     std::lock_guard<std::mutex> g(mu_);
     a = std::move(ahead_[i]);
   }
-  // The worker's copy, unless the master changed after it (a loaded state dict).
-  if (a && a->version == cast_versions_[i]) {
-    a->copied.wait(cuda::Stream::current(device_.index));
-    return std::move(a->cast);
-  }
+  // The worker's copy, unless the master changed after it (a loaded state dict). Either way the
+  // compute stream waits for it before its memory is read or reused.
+  if (a) a->copied.wait(cuda::Stream::current(device_.index));
+  if (a && a->version == cast_versions_[i]) return std::move(a->cast);
   return device_cast(i);
 }
 
