@@ -619,9 +619,7 @@ int gpt_budget_run(const mg::nn::GPTConfig& cfg, const std::string& label, const
     if (mode == StateMode::OptimizerOffload) {
       g_host_params =
           std::make_unique<mg::memory::HostParams>(mg::memory::gpt_linear_params(*s.model), dev, host_optimizer);
-      g_host_params->set_casts_on_first_use(host_casts_on_use);
       g_host_params->provide_casts();
-      if (host_casts_on_use) variant += " casts on use";
     }
     if (params_on_host) g_param_offload = mg::memory::offload_gpt_params(*s.model, dev, host_optimizer);
     s.opt = make_optimizer(g_host_params    ? g_host_params->others(s.model->parameters())

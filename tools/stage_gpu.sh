@@ -19,11 +19,19 @@ else
   TESTS=$(bazel query 'kind(cc_test, //tests/...)' 2>/dev/null)
   BINS=$(bazel query 'kind(cc_binary, //bench/... + //examples/...)' 2>/dev/null || true)
 fi
-bazel build --keep_going --jobs="${MG_JOBS:-2}" $TESTS $BINS || echo "stage: some targets failed to build; staging the rest"
+STAGE=$(printf '%s\n' $TESTS $BINS)
+if ! bazel build --keep_going --jobs="${MG_JOBS:-2}" $TESTS $BINS; then
+  # bazel-bin still holds the last good binary of a target that failed now: stage only the
+  # targets that build, and name the others.
+  STAGE=""
+  for t in $TESTS $BINS; do
+    if bazel build --jobs="${MG_JOBS:-2}" "$t" >/dev/null 2>&1; then STAGE="$STAGE $t"; else echo "stage: $t failed to build; not staged"; fi
+  done
+fi
 
 rm -rf .stage
 mkdir -p .stage/bin .stage/lib
-for t in $TESTS $BINS; do
+for t in $STAGE; do
   p=${t#//}
   p=bazel-bin/${p/://}
   [ -x "$p" ] && cp "$p" ".stage/bin/$(echo "${t#//}" | tr '/:' '__')"
