@@ -703,77 +703,90 @@ int run_main(int argc, char** argv) {
   bool host_casts_on_use = false;     // --host-casts-on-use: HostParams::set_casts_on_first_use
   int param_offload = -1;             // --param-offload PREFETCH: every parameter in host memory
   double resid_dropout = 0;           // GPT-2's output dropouts (--resid-dropout)
+  // Each argument a flag below matched; a "--" argument none matched is refused at the end.
+  std::vector<bool> known(static_cast<size_t>(argc), false);
+  auto flag = [&](int i, const char* name) {
+    if (std::strcmp(argv[i], name)) return false;
+    known[static_cast<size_t>(i)] = true;
+    return true;
+  };
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--profile")) g_profile = true;
-    if (!std::strcmp(argv[i], "--tf32")) tf32 = true;
-    if (!std::strcmp(argv[i], "--tune-gemm")) tune_gemm = true;
-    if (!std::strcmp(argv[i], "--cuda-graph")) g_graph = true;
-    if (!std::strcmp(argv[i], "--logits")) logits = true;
-    if (!std::strcmp(argv[i], "--checkpoint")) checkpoint = true;
-    if (!std::strcmp(argv[i], "--selective")) selective = true;
-    if (!std::strcmp(argv[i], "--step-in-backward")) in_backward = true;
-    if (!std::strcmp(argv[i], "--no-step-casts")) g_step_casts = false;
-    if (!std::strcmp(argv[i], "--no-weight-cast-cache")) g_cast_cache = g_step_casts = false;
-    if (!std::strcmp(argv[i], "--channels-last")) channels_last = true;
-    if (!std::strcmp(argv[i], "--host-params")) host_params = true;  // a switch: read here, last or not
-    if (!std::strcmp(argv[i], "--host-param-blocks") && i + 1 < argc) {
+    if (flag(i, "--profile")) g_profile = true;
+    if (flag(i, "--tf32")) tf32 = true;
+    if (flag(i, "--tune-gemm")) tune_gemm = true;
+    if (flag(i, "--cuda-graph")) g_graph = true;
+    if (flag(i, "--logits")) logits = true;
+    if (flag(i, "--checkpoint")) checkpoint = true;
+    if (flag(i, "--selective")) selective = true;
+    if (flag(i, "--step-in-backward")) in_backward = true;
+    if (flag(i, "--no-step-casts")) g_step_casts = false;
+    if (flag(i, "--no-weight-cast-cache")) g_cast_cache = g_step_casts = false;
+    if (flag(i, "--channels-last")) channels_last = true;
+    if (flag(i, "--host-params")) host_params = true;  // a switch: read here, last or not
+    if (flag(i, "--host-param-blocks") && i + 1 < argc) {
       host_params = true;
       host_param_blocks = !std::strcmp(argv[i + 1], "auto") ? -2 : std::max(0, std::atoi(argv[i + 1]));
     }
-    if (!std::strcmp(argv[i], "--host-param-ratio") && i + 1 < argc) host_param_ratio = std::atof(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--host-casts-on-use")) host_casts_on_use = true;
-    if (!std::strcmp(argv[i], "--fp8")) g_fp8 = true;
-    if (!std::strcmp(argv[i], "--fp8-delayed")) g_fp8_delayed = true;
+    if (flag(i, "--host-param-ratio") && i + 1 < argc) host_param_ratio = std::atof(argv[i + 1]);
+    if (flag(i, "--host-casts-on-use")) host_casts_on_use = true;
+    if (flag(i, "--fp8")) g_fp8 = true;
+    if (flag(i, "--fp8-delayed")) g_fp8_delayed = true;
   }
   for (int i = 1; i + 1 < argc; ++i) {
-    if (!std::strcmp(argv[i], "--dtype"))
+    if (flag(i, "--dtype"))
       dtype = argv[++i];
-    else if (!std::strcmp(argv[i], "--model"))
+    else if (flag(i, "--model"))
       which = argv[++i];
-    else if (!std::strcmp(argv[i], "--steps"))
+    else if (flag(i, "--steps"))
       steps = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--profile-top"))
+    else if (flag(i, "--profile-top"))
       g_profile_top = std::max(1, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--warmup"))
+    else if (flag(i, "--warmup"))
       warmup = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--batch"))
+    else if (flag(i, "--batch"))
       batch = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--seq"))
+    else if (flag(i, "--seq"))
       seq = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--gpt"))
+    else if (flag(i, "--gpt"))
       gpt_size = argv[++i];
-    else if (!std::strcmp(argv[i], "--memory-cap"))
+    else if (flag(i, "--memory-cap"))
       memory_cap_gib = std::atof(argv[++i]);
-    else if (!std::strcmp(argv[i], "--param-offload"))
+    else if (flag(i, "--param-offload"))
       param_offload = std::max(0, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--trace"))
+    else if (flag(i, "--trace"))
       g_trace_path = argv[++i];
-    else if (!std::strcmp(argv[i], "--fp8-min-features"))
+    else if (flag(i, "--fp8-min-features"))
       g_fp8_min_features = std::max<int64_t>(0, std::atoll(argv[++i]));
-    else if (!std::strcmp(argv[i], "--resid-dropout"))
+    else if (flag(i, "--resid-dropout"))
       resid_dropout = std::atof(argv[++i]);
-    else if (!std::strcmp(argv[i], "--optimizer"))
+    else if (flag(i, "--optimizer"))
       g_optimizer = argv[++i];
-    else if (!std::strcmp(argv[i], "--checkpoint-blocks"))
+    else if (flag(i, "--checkpoint-blocks"))
       checkpoint_blocks = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--offload-blocks")) {
+    else if (flag(i, "--offload-blocks")) {
       offload_auto = !std::strcmp(argv[++i], "auto");
       offload_blocks = offload_auto ? 0 : std::atoi(argv[i]);
-    } else if (!std::strcmp(argv[i], "--offload-prefetch-mib"))
+    } else if (flag(i, "--offload-prefetch-mib"))
       offload_prefetch_mib = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--selective-ops"))
+    else if (flag(i, "--selective-ops"))
       selective_ops = argv[++i];
-    else if (!std::strcmp(argv[i], "--keep-ops"))
+    else if (flag(i, "--keep-ops"))
       keep_ops = argv[++i];
-    else if (!std::strcmp(argv[i], "--head-chunk-rows"))
+    else if (flag(i, "--head-chunk-rows"))
       head_chunk_rows = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--memory-budget"))
+    else if (flag(i, "--memory-budget"))
       budget_gib = std::atof(argv[++i]);
-    else if (!std::strcmp(argv[i], "--max-batch-under"))
+    else if (flag(i, "--max-batch-under"))
       max_batch_gib = std::atof(argv[++i]);
-    else if (!std::strcmp(argv[i], "--host-samples"))
+    else if (flag(i, "--host-samples"))
       g_host_samples = argv[++i];
   }
+  for (int i = 1; i < argc; ++i)
+    if (!known[static_cast<size_t>(i)] && !std::strncmp(argv[i], "--", 2)) {
+      std::fprintf(stderr, "bench_models: unknown flag %s (the flags are listed at the top of bench/models_bench.cc)\n",
+                   argv[i]);
+      return 2;
+    }
   if (g_optimizer != "sgd" && g_optimizer != "adamw" && g_optimizer != "adamw8bit") {
     std::fprintf(stderr, "bench_models: --optimizer must be sgd, adamw or adamw8bit, got %s\n", g_optimizer.c_str());
     return 2;
