@@ -188,6 +188,37 @@ struct HostPhases {
   std::chrono::steady_clock::time_point t0, forward, backward, optimizer;
 };
 HostPhases g_host;
+
+// Medians over `steps` steps, each started on an idle device, of the host's time in each phase
+// (with `sync`, of the device's: each phase ends synchronized), and of how long the device ran
+// on after the host's last phase.
+struct PhaseMedians {
+  double forward = 0, backward = 0, optimizer = 0, device_after = 0;
+};
+template <class StepFn>
+PhaseMedians phase_medians(StepFn&& step, int steps, bool sync) {
+  std::vector<double> f, b, o, d;
+  auto ms_between = [](auto a, auto z) { return std::chrono::duration<double, std::milli>(z - a).count(); };
+  g_host.probe = true;
+  g_host.sync = sync;
+  for (int i = 0; i < steps; ++i) {
+    mg::cuda::synchronize();
+    g_host.t0 = g_host.forward = g_host.backward = g_host.optimizer = std::chrono::steady_clock::now();
+    step();
+    mg::cuda::synchronize();
+    const auto done = std::chrono::steady_clock::now();
+    f.push_back(ms_between(g_host.t0, g_host.forward));
+    b.push_back(ms_between(g_host.forward, g_host.backward));
+    o.push_back(ms_between(g_host.backward, g_host.optimizer));
+    d.push_back(ms_between(g_host.optimizer, done));
+  }
+  g_host.probe = g_host.sync = false;
+  auto med = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return {med(f), med(b), med(o), med(d)};
+}
 std::string g_host_samples;  // --host-samples PATH: sampled host stacks of the eager steps
 
 template <class StepFn>
@@ -211,30 +242,11 @@ Result measure(StepFn&& step, int warmup, int steps, mg::Device dev) {
     prof.stop();
     std::printf("%s", prof.report(steps, ms[ms.size() / 2], g_profile_top).c_str());
     if (!g_graph) {
-      // Host phases, medians over `steps` steps each started on an idle device.
-      std::vector<double> f, b, o, d;
-      auto ms_between = [](auto a, auto z) { return std::chrono::duration<double, std::milli>(z - a).count(); };
-      g_host.probe = true;
-      for (int i = 0; i < steps; ++i) {
-        mg::cuda::synchronize();
-        g_host.t0 = g_host.forward = g_host.backward = g_host.optimizer = std::chrono::steady_clock::now();
-        step();
-        mg::cuda::synchronize();
-        const auto done = std::chrono::steady_clock::now();
-        f.push_back(ms_between(g_host.t0, g_host.forward));
-        b.push_back(ms_between(g_host.forward, g_host.backward));
-        o.push_back(ms_between(g_host.backward, g_host.optimizer));
-        d.push_back(ms_between(g_host.optimizer, done));
-      }
-      g_host.probe = false;
-      auto med = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v[v.size() / 2];
-      };
+      const PhaseMedians h = phase_medians(step, steps, /*sync=*/false);
       std::printf(
           "host ms/step (medians, each step from an idle device): forward+loss %.3f, backward %.3f, optimizer "
           "%.3f; the device finished %.3f ms after the host\n",
-          med(f), med(b), med(o), med(d));
+          h.forward, h.backward, h.optimizer, h.device_after);
     }
   }
   if (!g_host_samples.empty() && !g_graph) {
@@ -529,21 +541,9 @@ int64_t plan_host_blocks(mg::nn::GPT& model, const mg::nn::GPTConfig& cfg, int64
     auto step = train_step(
         *opt, [&] { return model.forward_loss(idx, tgt); }, sib.get());
     for (int i = 0; i < 2; ++i) step();
-    std::vector<double> f, b;
-    auto ms_between = [](auto a, auto z) { return std::chrono::duration<double, std::milli>(z - a).count(); };
-    g_host.probe = g_host.sync = true;
-    for (int i = 0; i < 5; ++i) {
-      mg::cuda::synchronize();
-      g_host.t0 = std::chrono::steady_clock::now();
-      step();
-      f.push_back(ms_between(g_host.t0, g_host.forward));
-      b.push_back(ms_between(g_host.forward, g_host.optimizer));  // backward and the rest of the update
-    }
-    g_host.probe = g_host.sync = false;
-    std::sort(f.begin(), f.end());
-    std::sort(b.begin(), b.end());
-    fwd = f[f.size() / 2];
-    bwd = b[b.size() / 2];
+    const PhaseMedians ph = phase_medians(step, 5, /*sync=*/true);
+    fwd = ph.forward;
+    bwd = ph.backward + ph.optimizer;  // backward and the rest of the update
     opt->zero_grad();
   }
   mg::cuda::synchronize();

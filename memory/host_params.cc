@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <unordered_set>
+#include <utility>
 
 #include "autograd/autocast_policy.h"
 #include "autograd/grad_mode.h"
@@ -267,15 +268,19 @@ void HostParams::copy_cast_ahead(Task& t) {
     raw::copy_(t.next_cast, casts_[t.i], /*non_blocking=*/true);
   }
   // No record_stream: a cast handed to a region may outlive this object and its stream. The
-  // compute stream waits for the copy before it reads the cast (take_cast), and a cast dropped
-  // unread is waited for first (drop_ahead).
+  // compute stream waits for the copy before it reads the cast or drops it (take_cast); a cast
+  // nobody took is waited for before its memory goes back (here, when a newer one replaces it,
+  // and in the destructor).
   auto a = std::make_unique<Ahead>(Ahead{std::move(t.next_cast), cuda::Event(), cast_versions_[t.i]});
   a->copied.record(cast_stream_);
-  std::lock_guard<std::mutex> g(mu_);
-  stats_.to_device_bytes += a->cast.nbytes();
-  stats_.casts_ahead++;
-  if (ahead_[t.i]) ahead_[t.i]->copied.synchronize();  // an untaken one (a round without a forward)
-  ahead_[t.i] = std::move(a);
+  std::unique_ptr<Ahead> untaken;  // a round without a forward left one
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stats_.to_device_bytes += a->cast.nbytes();
+    stats_.casts_ahead++;
+    untaken = std::exchange(ahead_[t.i], std::move(a));
+  }
+  if (untaken) untaken->copied.synchronize();
 }
 
 void HostParams::wait() {
@@ -420,10 +425,6 @@ double measure_host_copy_bandwidth(int64_t bytes, int repeats) {
   return per_ms[per_ms.size() / 2];
 }
 
-}  // namespace mg::memory
-
-namespace mg::memory {
-
 HostBlocksPlan plan_host_param_blocks(const HostBlocksInput& in) {
   const char* op = "plan_host_param_blocks";
   MG_CHECK(in.n_layer >= 1, ValueError, op, ": n_layer must be >= 1, got ", in.n_layer);
@@ -433,8 +434,7 @@ HostBlocksPlan plan_host_param_blocks(const HostBlocksInput& in) {
   MG_CHECK(in.max_step_ratio >= 1.0, ValueError, op, ": max_step_ratio must be >= 1, got ", in.max_step_ratio);
   HostBlocksPlan plan;
   plan.resident_ms = in.forward_ms + in.backward_ms;
-  const double slice = in.backward_ms / static_cast<double>(in.n_layer);
-  const double layers = static_cast<double>(in.n_layer);
+  const double layers = static_cast<double>(in.n_layer), slice = in.backward_ms / layers;
   double worker_done = 0;  // from backward's start, when the worker finishes the j-th block offloaded
   plan.step_ms.push_back(plan.resident_ms);
   for (int64_t j = 1; j <= in.n_layer; ++j) {
