@@ -363,6 +363,11 @@ std::unique_ptr<mg::memory::HostParams> g_host_params;
 // (memory/param_offload.h).
 mg::memory::ParamOffload g_param_offload;
 
+// The HostParams of --host-params or --param-offload, if either is on.
+mg::memory::HostParams* host_side() {
+  return g_host_params ? g_host_params.get() : g_param_offload.source ? &g_param_offload.source->host() : nullptr;
+}
+
 // --host-params' second line: per step, the host update's time (the optimizer, then the casts it
 // writes where the optimizer did not), the time the next forward waited for it (what backward did
 // not hide), the bytes over the host link each way; and the update's memory traffic against the
@@ -525,54 +530,108 @@ void print_max_batch(const char* model, const std::string& config, double gib, m
 
 }  // namespace
 
-// --host-param-blocks auto: times the resident step's phases on this model (a device optimizer
-// over every parameter, torn down after), the host update of one block's Linear parameters and
-// the host link, and returns memory::plan_host_param_blocks' choice, printed with its inputs.
+// --host-param-blocks auto: memory::plan_host_param_blocks' model gives a first count from this
+// run's resident phases (a device optimizer over every parameter, torn down after), the host
+// update of one block as a HostParams runs it, and the host link. The model leaves out what the
+// host's ordering adds (the launching thread waits for the updates, and the device then waits for
+// its launches), so the count is then checked by timing: full steps with N blocks on the host,
+// the largest N within the ratio found by bisection below the model's count (each trial's
+// parameters come back to the device after it). Prints the model's inputs, its count and each
+// trial, and returns the count the trials chose.
 int64_t plan_host_blocks(mg::nn::GPT& model, const mg::nn::GPTConfig& cfg, int64_t B, int64_t T, bool in_backward,
                          double ratio, bool casts_on_use, const std::string& label) {
   const mg::Device dev = mg::Device::cuda(0);
-  double fwd = 0, bwd = 0;
-  {
-    auto opt = make_optimizer(model.parameters());
-    std::unique_ptr<mg::optim::StepInBackward> sib;
-    if (in_backward) sib = std::make_unique<mg::optim::StepInBackward>(*opt);
-    mg::Tensor idx = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
-    mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
-    auto step = train_step(
-        *opt, [&] { return model.forward_loss(idx, tgt); }, sib.get());
-    for (int i = 0; i < 2; ++i) step();
-    const PhaseMedians ph = phase_medians(step, 5, /*sync=*/true);
-    fwd = ph.forward;
-    bwd = ph.backward + ph.optimizer;  // backward and the rest of the update
-    opt->zero_grad();
-  }
-  mg::cuda::synchronize();
-  mg::cuda::empty_cache();
+  mg::Tensor idx = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
+  mg::Tensor tgt = mg::randint(0, cfg.vocab_size, {B, T}, {mg::DType::i64, dev});
+  const mg::memory::HostOptimizerFactory factory = [](std::vector<mg::Tensor> ps) { return make_optimizer(ps); };
+  // Median step (ms) with the last n blocks' Linear parameters on the host (n = 0: resident);
+  // `phases` also takes the resident step's forward and backward.
+  auto trial = [&](int64_t n, PhaseMedians* phases) {
+    std::vector<mg::Tensor> host;
+    if (n > 0) {
+      host = mg::memory::gpt_linear_params(model, cfg.n_layer - n);
+      g_host_params = std::make_unique<mg::memory::HostParams>(host, dev, factory);
+      g_host_params->set_casts_on_first_use(casts_on_use);
+      g_host_params->provide_casts();
+    }
+    double ms = 0;
+    {
+      auto opt = make_optimizer(g_host_params ? g_host_params->others(model.parameters()) : model.parameters());
+      std::unique_ptr<mg::optim::StepInBackward> sib;
+      if (in_backward) sib = std::make_unique<mg::optim::StepInBackward>(*opt);
+      auto step = train_step(
+          *opt, [&] { return model.forward_loss(idx, tgt); }, sib.get());
+      std::vector<double> t = mg::bench::time_steps(step, 3, 8, dev);  // the first step makes the state
+      std::sort(t.begin(), t.end());
+      ms = t[t.size() / 2];
+      if (phases) *phases = phase_medians(step, 5, /*sync=*/true);
+      opt->zero_grad();
+    }
+    g_host_params.reset();
+    mg::NoGradGuard ng;
+    mg::MemoryCategoryGuard cat(mg::MemoryCategory::Parameters);
+    for (const mg::Tensor& p : host) mg::nn::retarget(p, mg::raw::to_device(p, dev));  // back on the device
+    mg::cuda::synchronize();
+    mg::cuda::empty_cache();
+    return ms;
+  };
+  PhaseMedians ph;
+  const double resident_ms = trial(0, &ph);
+  const std::vector<mg::Tensor> block = mg::memory::gpt_linear_params(model, cfg.n_layer - 1);
   int64_t elements = 0;
-  for (const mg::Tensor& p : mg::memory::gpt_linear_params(model, cfg.n_layer - 1)) elements += p.numel();
+  for (const mg::Tensor& p : block) elements += p.numel();
   mg::memory::HostBlocksInput in;
   in.n_layer = cfg.n_layer;
-  in.forward_ms = fwd;
-  in.backward_ms = bwd;
-  in.block_update_ms =
-      mg::memory::measure_host_update_ms([](std::vector<mg::Tensor> ps) { return make_optimizer(ps); }, elements);
+  in.forward_ms = ph.forward;
+  in.backward_ms = ph.backward + ph.optimizer;  // backward and the rest of the update
+  // The model takes the update as a HostParams runs it (pinned memory, the gradients' copies);
+  // the bare loop on pageable memory is printed beside it.
+  in.block_update_ms = mg::memory::measure_host_params_update_ms(block, dev, factory);
+  const double loop_ms = mg::memory::measure_host_update_ms(factory, elements);
+  mg::cuda::empty_cache();
   const mg::HostLink link = mg::measure_host_link(dev);
   in.block_copy_ms = link.to_device_bytes_per_ms > 0 ? 2.0 * elements / link.to_device_bytes_per_ms : 0.0;
   in.max_step_ratio = ratio;
   in.casts_on_first_use = casts_on_use;
   const mg::memory::HostBlocksPlan plan = mg::memory::plan_host_param_blocks(in);
+  // Bisection: lo within the ratio (0 is), hi the smallest count known over it.
+  std::string trials;
+  auto within = [&](int64_t n) {
+    const double ms = trial(n, nullptr);
+    trials += std::string(trials.empty() ? "" : ",") + "[" + std::to_string(n) + "," + std::to_string(ms) + "]";
+    return ms <= ratio * resident_ms;
+  };
+  // The model's count first; above it, steps that double while they stay within.
+  int64_t lo = 0, hi = plan.blocks;
+  if (plan.blocks > 0 && within(plan.blocks)) {
+    lo = plan.blocks;
+    hi = cfg.n_layer + 1;
+    for (int64_t step = 1; lo + step <= cfg.n_layer; step *= 2) {
+      if (!within(lo + step)) {
+        hi = lo + step;
+        break;
+      }
+      lo += step;
+    }
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (within(mid) ? lo : hi) = mid;
+  }
   std::string steps;
   for (double ms : plan.step_ms) steps += (steps.empty() ? "" : ",") + std::to_string(ms);
   std::printf(
       "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"B=%lld T=%lld host param plan\","
       "\"forward_ms\":%.2f,\"backward_ms\":%.2f,\"block_params\":%lld,\"block_update_ms\":%.2f,"
-      "\"block_copy_ms\":%.2f,\"max_step_ratio\":%.2f,\"blocks\":%lld,\"predicted_ms\":%.2f,"
-      "\"predicted_step_ms\":[%s]}\n",
-      label.c_str(), static_cast<long long>(B), static_cast<long long>(T), fwd, bwd, static_cast<long long>(elements),
-      in.block_update_ms, in.block_copy_ms, ratio, static_cast<long long>(plan.blocks), plan.predicted_ms,
-      steps.c_str());
+      "\"block_update_loop_ms\":%.2f,\"block_copy_ms\":%.2f,\"max_step_ratio\":%.2f,\"model_blocks\":%lld,"
+      "\"predicted_ms\":%.2f,\"predicted_step_ms\":[%s],\"resident_step_ms\":%.2f,\"trials\":[%s],"
+      "\"blocks\":%lld}\n",
+      label.c_str(), static_cast<long long>(B), static_cast<long long>(T), in.forward_ms, in.backward_ms,
+      static_cast<long long>(elements), in.block_update_ms, loop_ms, in.block_copy_ms, ratio,
+      static_cast<long long>(plan.blocks), plan.predicted_ms, steps.c_str(), resident_ms, trials.c_str(),
+      static_cast<long long>(lo));
   std::fflush(stdout);
-  return plan.blocks;
+  return lo;
 }
 
 // %g of v: 0.1 as "0.1".
@@ -669,6 +728,7 @@ int gpt_budget_run(const mg::nn::GPTConfig& cfg, const std::string& label, const
     return 3;
   }
   const mg::memory::BudgetFitResult& rungs = fit.ladders[fit.chosen];
+  if (mg::memory::HostParams* host = host_side()) host->reset_stats();  // the trials' steps made the state
   print(label.c_str(),
         "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag + " " +
             mg::memory::state_mode_name(fit.modes[fit.chosen]) + ", " + rungs.peaks[rungs.chosen].first,
@@ -1021,6 +1081,12 @@ int run_main(int argc, char** argv) {
       return 0;
     }
     auto step = step_at(B);
+    // The host optimizer's first step creates its state (the moments' first touch): the host
+    // stats count the steps after it.
+    if (mg::memory::HostParams* host = host_side()) {
+      step();
+      host->reset_stats();
+    }
     print(label.c_str(), "B=" + std::to_string(B) + " T=" + std::to_string(T) + tag + variant,
           run(step, warmup, steps, dev), B * T, "tokens", model->num_parameters());
     if (g_host_params) print_host_params(*g_host_params);
@@ -1034,6 +1100,9 @@ int run_main(int argc, char** argv) {
           static_cast<long long>(us.peak_gathered_units), us.peak_gathered_bytes / 1073741824.0, us.wait_ms);
     }
   }
+  // Before main() returns: the host parameters' last casts go back while CUDA is still up.
+  g_host_params.reset();
+  g_param_offload = {};
   return 0;
 }
 

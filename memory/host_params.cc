@@ -129,9 +129,20 @@ HostParams::~HostParams() {
   }
   cv_.notify_all();
   worker_.join();
-  // Casts copied ahead and never taken: their copies finish before their memory goes back.
-  for (const std::unique_ptr<Ahead>& a : ahead_)
-    if (a) a->copied.synchronize();
+  try {
+    release_sent_gradients(/*wait_all=*/true);  // the worker waited for each copy it took
+  } catch (const CudaError&) {
+  }
+  // Casts copied ahead and never taken: their copies finish before their memory goes back. A
+  // destructor throws nothing: where the CUDA runtime is already unloading (a HostParams that
+  // outlives main()), there is no copy left to wait for.
+  for (const std::unique_ptr<Ahead>& a : ahead_) {
+    if (!a) continue;
+    try {
+      a->copied.synchronize();
+    } catch (const CudaError&) {
+    }
+  }
 }
 
 // On the thread running backward: the gradient to pinned memory on the copy stream, once the
@@ -166,13 +177,20 @@ void HostParams::on_gradient(size_t i, Tensor grad) {
     cuda::StreamGuard sg(stream_);
     raw::copy_(t->block.view(grad.sizes(), grad.dtype()), grad, /*non_blocking=*/true);
   }
-  cuda::record_stream(grad, stream_);  // the device memory is reused only after the copy
   t->block.record(stream_);
   t->copied.record(stream_);
+  const int64_t nbytes = grad.nbytes();
+  {
+    // The device memory is reused only after the copy: held until its event (not record_stream,
+    // which ties the memory's release to stream_, which dies with this object).
+    std::lock_guard<std::mutex> g(sending_mu_);
+    sending_.emplace_back(t->copied, std::move(grad));
+  }
+  release_sent_gradients(/*wait_all=*/false);
   {
     std::lock_guard<std::mutex> g(mu_);
     stats_.gradients++;
-    stats_.to_host_bytes += grad.nbytes();
+    stats_.to_host_bytes += nbytes;
     pending_[i]++;
     queue_.push_back(std::move(t));
   }
@@ -286,6 +304,9 @@ void HostParams::copy_cast_ahead(Task& t) {
 void HostParams::wait() {
   std::unique_lock<std::mutex> g(mu_);
   idle_cv_.wait(g, [&] { return queue_.empty() && busy_ == 0; });
+  g.unlock();
+  release_sent_gradients(/*wait_all=*/true);  // every copy home is done or dropped: none is needed
+  g.lock();
   if (error_) {
     std::exception_ptr e = error_;
     error_ = nullptr;
@@ -317,6 +338,18 @@ void HostParams::copy_to_device(size_t i, const Tensor& dst) {
 
 void HostParams::start_round() { std::fill(seen_.begin(), seen_.end(), 0); }
 
+void HostParams::release_sent_gradients(bool wait_all) {
+  std::deque<std::pair<cuda::Event, Tensor>> done;  // freed outside the lock
+  {
+    std::lock_guard<std::mutex> g(sending_mu_);
+    while (!sending_.empty() && (wait_all || sending_.front().first.query())) {
+      if (wait_all) sending_.front().first.synchronize();
+      done.push_back(std::move(sending_.front()));
+      sending_.pop_front();
+    }
+  }
+}
+
 void HostParams::provide_casts() {
   const auto t0 = std::chrono::steady_clock::now();
   NoGradGuard ng;
@@ -334,6 +367,7 @@ void HostParams::provide_casts() {
     on_device[i] = take_cast(i);
   }
   if (!casts_on_first_use_) wait();
+  release_sent_gradients(/*wait_all=*/false);
   casts_ahead_ = true;  // from now on each update's cast goes to the device behind it
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -410,6 +444,12 @@ HostParams::Stats HostParams::stats() const {
   return stats_;
 }
 
+void HostParams::reset_stats() {
+  wait();
+  std::lock_guard<std::mutex> g(mu_);
+  stats_ = Stats{};
+}
+
 double measure_host_copy_bandwidth(int64_t bytes, int repeats) {
   MG_CHECK(bytes >= 1024 && repeats >= 1, ValueError, "measure_host_copy_bandwidth: bytes must be >= 1024 and ",
            "repeats >= 1, got ", bytes, " and ", repeats);
@@ -478,6 +518,35 @@ double measure_host_update_ms(const HostOptimizerFactory& make_optimizer, int64_
     if (r > 0) ms.push_back(ms_since(t0));
   }
   p.set_grad(Tensor());
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+double measure_host_params_update_ms(const std::vector<Tensor>& like, Device device,
+                                     const HostOptimizerFactory& make_optimizer, int repeats) {
+  const char* op = "measure_host_params_update_ms";
+  MG_CHECK(device.is_cuda(), DeviceError, op, ": the gradients come from a CUDA device, got ", device);
+  MG_CHECK(!like.empty(), ValueError, op, ": no parameter shapes to measure");
+  MG_CHECK(repeats >= 1, ValueError, op, ": repeats must be >= 1, got ", repeats);
+  MG_CHECK(static_cast<bool>(make_optimizer), ValueError, op, ": no optimizer factory");
+  std::vector<Tensor> params, grads;
+  {
+    NoGradGuard ng;
+    for (const Tensor& p : like) {
+      params.push_back(full(p.sizes(), 0.5, TensorOptions(DType::f32, device, /*rg=*/true)));
+      grads.push_back(full(p.sizes(), 1e-3, TensorOptions(DType::bf16, device)));
+    }
+  }
+  HostParams hp(params, device, make_optimizer);
+  std::vector<double> ms;
+  for (int r = 0; r <= repeats; ++r) {  // the first round creates the state
+    const HostParams::Stats before = hp.stats();
+    hp.start_round();
+    for (size_t i = 0; i < grads.size(); ++i) hp.add_gradient(i, grads[i]);
+    hp.wait();
+    const HostParams::Stats after = hp.stats();
+    if (r > 0) ms.push_back(after.update_ms + after.cast_ms - before.update_ms - before.cast_ms);
+  }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }

@@ -142,6 +142,9 @@ class HostParams {
     double update_ms = 0.0, cast_ms = 0.0, wait_ms = 0.0;
   };
   Stats stats() const;
+  // Zeroes the stats (after a first step that created the optimizer's state, say, so that they
+  // count steady steps only). Waits for the queued updates first.
+  void reset_stats();
 
  private:
   struct Task;
@@ -174,6 +177,12 @@ class HostParams {
     uint32_t version = 0;
   };
   std::vector<std::unique_ptr<Ahead>> ahead_;
+  // The device gradients on their way home, each with its copy's event: dropped on the caller's
+  // thread once the copy is done (release_sent_gradients), where a record_stream on stream_ could
+  // have outlived this object (a gradient the caller keeps, freed after the destructor).
+  std::deque<std::pair<cuda::Event, Tensor>> sending_;
+  std::mutex sending_mu_;
+  void release_sent_gradients(bool wait_all);
   // Set by the first provide_casts(): each update's cast then follows it to the device (a
   // parameter-offload source, which fetches with copy_to_device(), never sets it).
   bool casts_ahead_ = false;
@@ -204,7 +213,8 @@ using nn::gpt_linear_params;
 // and end while backward still runs on the device; the other blocks keep their state and update
 // on the device. plan_host_param_blocks picks the largest N whose predicted step stays within
 // max_step_ratio of the resident step, from the resident step's measured phases and the host
-// update of one block (measure_host_update_ms).
+// update of one block (measure_host_params_update_ms). The model leaves out the launching
+// thread's waits for the updates; bench_models --host-param-blocks auto checks its count by timing.
 struct HostBlocksInput {
   int64_t n_layer = 0;
   double forward_ms = 0, backward_ms = 0;  // the resident step's (backward with the device update in it)
@@ -236,6 +246,16 @@ HostBlocksPlan plan_host_param_blocks(const HostBlocksInput& in);
 // creates the state. In milliseconds.
 double measure_host_update_ms(const HostOptimizerFactory& make_optimizer, int64_t elements,
                               DType cast_dtype = DType::bf16, int repeats = 3);
+
+// The host update of parameters shaped as `like` inside a HostParams on `device`, as a training
+// step runs it: f32 masters and bf16 casts in pinned memory, a bf16 gradient each copied home from
+// the device, the worker's update over all cores but one. The median over `repeats` rounds (after
+// one that creates the state) of the worker's time a round (Stats::update_ms + cast_ms), in
+// milliseconds. Where the bare loop (measure_host_update_ms) runs on pageable memory it has alone,
+// this one meets what a run meets: pinned pages and the copies to and from the device beside it.
+// A DeviceError for a device that is not CUDA, a ValueError for no shapes.
+double measure_host_params_update_ms(const std::vector<Tensor>& like, Device device,
+                                     const HostOptimizerFactory& make_optimizer, int repeats = 3);
 
 // The host's memory bandwidth as a parallel copy of `bytes` over every core sees it (bytes read
 // plus bytes written, per millisecond; the median of `repeats`): the ceiling of a host update.

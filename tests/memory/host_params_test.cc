@@ -122,6 +122,44 @@ TEST(HostParams, MeasuresTheHostUpdate) {
             std::string::npos);
   EXPECT_NE(testing::error_of([&] { measure_host_update_ms(nullptr, 8); }).find("no optimizer factory"),
             std::string::npos);
+  // The measure inside a HostParams takes its gradients from a CUDA device, and shapes to measure.
+  const std::vector<Tensor> like{zeros({4, 4})};
+  EXPECT_NE(testing::error_of([&] {
+              measure_host_params_update_ms(like, Device::cpu(), adamw);
+            }).find("measure_host_params_update_ms: the gradients come from a CUDA device, got cpu"),
+            std::string::npos);
+  EXPECT_NE(
+      testing::error_of([&] { measure_host_params_update_ms({}, Device::cuda(0), adamw); }).find("no parameter shapes"),
+      std::string::npos);
+}
+
+// The update as a HostParams runs it: one round's worker time for a few shapes, each round after
+// the first one that creates the state; and reset_stats() zeroes what the rounds counted.
+TEST(HostParams, MeasuresTheUpdateInsideHostParams) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const HostOptimizerFactory adamw = [](std::vector<Tensor> ps) {
+    return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions{});
+  };
+  const std::vector<Tensor> like{zeros({256, 1024}), zeros({1024})};
+  const double ms = measure_host_params_update_ms(like, Device::cuda(0), adamw, 2);
+  EXPECT_GT(ms, 0.0);
+  EXPECT_LT(ms, 1e4);  // a finite time: 263K elements take well under a second
+  EXPECT_NE(testing::error_of([&] {
+              measure_host_params_update_ms(like, Device::cuda(0), adamw, 0);
+            }).find("repeats must be >= 1, got 0"),
+            std::string::npos);
+
+  Tensor p = full({64}, 0.5, TensorOptions(DType::f32, Device::cuda(0), /*rg=*/true));
+  HostParams hp({p}, Device::cuda(0), adamw);
+  hp.start_round();
+  hp.add_gradient(0, full({64}, 1e-3, TensorOptions(DType::f32, Device::cuda(0))));
+  hp.wait();
+  EXPECT_EQ(hp.stats().updates, 1);
+  EXPECT_EQ(hp.stats().gradients, 1);
+  hp.reset_stats();
+  EXPECT_EQ(hp.stats().updates, 0);
+  EXPECT_EQ(hp.stats().gradients, 0);
+  EXPECT_EQ(hp.stats().update_ms, 0.0);
 }
 
 // 20 steps under bf16 autocast, B=4, T=16, from one seed and one data stream: every parameter
@@ -183,6 +221,9 @@ std::vector<std::vector<float>> train(bool host, bool adamw, std::vector<double>
     if (hp) hp->provide_casts();
     losses->push_back(total);
   }
+  // With casts on first use the last provide_casts() waited for no update: the masters are read
+  // once every update has run.
+  if (hp) hp->wait();
   std::vector<std::vector<float>> out;
   for (const Tensor& p : (hp ? hp->params() : m->parameters())) out.push_back(p.to_vector<float>());
   if (hp) {
