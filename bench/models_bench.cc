@@ -594,30 +594,11 @@ int64_t plan_host_blocks(mg::nn::GPT& model, const mg::nn::GPTConfig& cfg, int64
   in.max_step_ratio = ratio;
   in.casts_on_first_use = casts_on_use;
   const mg::memory::HostBlocksPlan plan = mg::memory::plan_host_param_blocks(in);
-  // Bisection: lo within the ratio (0 is), hi the smallest count known over it.
+  const mg::memory::HostBlocksSearch found = mg::memory::search_host_param_blocks(
+      cfg.n_layer, plan.blocks, resident_ms, ratio, [&](int64_t n) { return trial(n, nullptr); });
   std::string trials;
-  auto within = [&](int64_t n) {
-    const double ms = trial(n, nullptr);
+  for (const auto& [n, ms] : found.trials)
     trials += std::string(trials.empty() ? "" : ",") + "[" + std::to_string(n) + "," + std::to_string(ms) + "]";
-    return ms <= ratio * resident_ms;
-  };
-  // The model's count first; above it, steps that double while they stay within.
-  int64_t lo = 0, hi = plan.blocks;
-  if (plan.blocks > 0 && within(plan.blocks)) {
-    lo = plan.blocks;
-    hi = cfg.n_layer + 1;
-    for (int64_t step = 1; lo + step <= cfg.n_layer; step *= 2) {
-      if (!within(lo + step)) {
-        hi = lo + step;
-        break;
-      }
-      lo += step;
-    }
-  }
-  while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    (within(mid) ? lo : hi) = mid;
-  }
   std::string steps;
   for (double ms : plan.step_ms) steps += (steps.empty() ? "" : ",") + std::to_string(ms);
   std::printf(
@@ -629,9 +610,9 @@ int64_t plan_host_blocks(mg::nn::GPT& model, const mg::nn::GPTConfig& cfg, int64
       label.c_str(), static_cast<long long>(B), static_cast<long long>(T), in.forward_ms, in.backward_ms,
       static_cast<long long>(elements), in.block_update_ms, loop_ms, in.block_copy_ms, ratio,
       static_cast<long long>(plan.blocks), plan.predicted_ms, steps.c_str(), resident_ms, trials.c_str(),
-      static_cast<long long>(lo));
+      static_cast<long long>(found.blocks));
   std::fflush(stdout);
-  return lo;
+  return found.blocks;
 }
 
 // %g of v: 0.1 as "0.1".

@@ -493,6 +493,40 @@ HostBlocksPlan plan_host_param_blocks(const HostBlocksInput& in) {
   return plan;
 }
 
+HostBlocksSearch search_host_param_blocks(int64_t n_layer, int64_t first, double resident_ms, double max_step_ratio,
+                                          const std::function<double(int64_t)>& step_ms) {
+  const char* op = "search_host_param_blocks";
+  MG_CHECK(n_layer >= 1 && first >= 0 && first <= n_layer, ValueError, op,
+           ": need n_layer >= 1 and 0 <= first <= n_layer, got n_layer ", n_layer, " and first ", first);
+  MG_CHECK(resident_ms > 0 && max_step_ratio >= 1.0, ValueError, op,
+           ": need resident_ms > 0 and max_step_ratio >= 1, got ", resident_ms, " ms and ", max_step_ratio);
+  MG_CHECK(static_cast<bool>(step_ms), ValueError, op, ": no step timing function");
+  HostBlocksSearch out;
+  auto within = [&](int64_t n) {
+    const double ms = step_ms(n);
+    out.trials.emplace_back(n, ms);
+    return ms <= max_step_ratio * resident_ms;
+  };
+  int64_t lo = 0, hi = first;  // lo is within the ratio (0 is: the resident step), hi is not
+  if (first > 0 && within(first)) {
+    lo = first;
+    hi = n_layer + 1;
+    for (int64_t step = 1; lo + step <= n_layer; step *= 2) {
+      if (!within(lo + step)) {
+        hi = lo + step;
+        break;
+      }
+      lo += step;
+    }
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (within(mid) ? lo : hi) = mid;
+  }
+  out.blocks = lo;
+  return out;
+}
+
 double measure_host_update_ms(const HostOptimizerFactory& make_optimizer, int64_t elements, DType cast_dtype,
                               int repeats) {
   const char* op = "measure_host_update_ms";

@@ -240,6 +240,19 @@ struct HostBlocksPlan {
 // of range.
 HostBlocksPlan plan_host_param_blocks(const HostBlocksInput& in);
 
+// The model leaves out the launching thread's waits, so a run checks its count by timing:
+// `step_ms(n)` runs steps with the last n blocks on the host and returns their step time. The
+// search times `first` (the model's count), then doubles the step above a count within
+// max_step_ratio x resident_ms while the counts stay within, and bisects below the first count
+// over it. It returns the largest count found within (0 when none is) and every count timed, in
+// order, with its step. A ValueError names an input out of range.
+struct HostBlocksSearch {
+  int64_t blocks = 0;
+  std::vector<std::pair<int64_t, double>> trials;
+};
+HostBlocksSearch search_host_param_blocks(int64_t n_layer, int64_t first, double resident_ms, double max_step_ratio,
+                                          const std::function<double(int64_t)>& step_ms);
+
 // The host update of `elements` parameters as HostParams' worker runs it: `make_optimizer`'s
 // optimizer over one f32 host tensor with an f32 gradient, writing a `cast_dtype` cast when it is
 // an Adam (its cast target), over all cores but one; the median of `repeats` steps after one that

@@ -110,6 +110,36 @@ TEST(HostParams, PlanOffloadsTheMostBlocksWithinTheRatio) {
 
 // The calibration runs the factory's optimizer on the host as the worker would: the update
 // writes the cast, the master moves, and the time is positive.
+// The timed search on a step that grows by 15 ms a block past 6 blocks, against a resident step
+// of 100 ms and a ratio of 1.3 (130 ms: 8 blocks at most). From above the answer it bisects down;
+// from below it doubles up, then bisects; from 0 (no model count) it bisects all the way.
+TEST(HostParams, SearchFindsTheMostBlocksWithinTheRatio) {
+  const auto step = [](int64_t n) { return 100.0 + 15.0 * static_cast<double>(std::max<int64_t>(0, n - 6)); };
+  using Trials = std::vector<std::pair<int64_t, double>>;
+  HostBlocksSearch s = search_host_param_blocks(36, 12, 100.0, 1.3, step);
+  EXPECT_EQ(s.blocks, 8);
+  EXPECT_EQ(s.trials, (Trials{{12, 190}, {6, 100}, {9, 145}, {7, 115}, {8, 130}}));
+  s = search_host_param_blocks(36, 3, 100.0, 1.3, step);
+  EXPECT_EQ(s.blocks, 8);
+  EXPECT_EQ(s.trials, (Trials{{3, 100}, {4, 100}, {6, 100}, {10, 160}, {8, 130}, {9, 145}}));
+  s = search_host_param_blocks(36, 0, 100.0, 1.3, step);
+  EXPECT_EQ(s.blocks, 0);
+  EXPECT_TRUE(s.trials.empty());
+  // Every count within: the search ends at n_layer.
+  s = search_host_param_blocks(5, 2, 100.0, 1.3, step);
+  EXPECT_EQ(s.blocks, 5);
+  EXPECT_EQ(s.trials, (Trials{{2, 100}, {3, 100}, {5, 100}}));
+  EXPECT_NE(testing::error_of([&] { search_host_param_blocks(36, 37, 100.0, 1.3, step); })
+                .find("search_host_param_blocks: need n_layer >= 1 and 0 <= first <= n_layer, got n_layer 36 and "
+                      "first 37"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] { search_host_param_blocks(36, 4, 100.0, 0.9, step); }).find("max_step_ratio >= 1"),
+            std::string::npos);
+  EXPECT_NE(
+      testing::error_of([&] { search_host_param_blocks(36, 4, 100.0, 1.3, nullptr); }).find("no step timing function"),
+      std::string::npos);
+}
+
 TEST(HostParams, MeasuresTheHostUpdate) {
   const HostOptimizerFactory adamw = [](std::vector<Tensor> ps) {
     return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions{});
