@@ -51,9 +51,10 @@
 //                      device holding their bf16 casts (memory::HostParams; " host params")
 //   --host-param-blocks N  GPT: as --host-params, for the last N blocks' Linear parameters only
 //                      (partial offload; " host params N blocks"); N = auto: memory::
-//                      plan_host_param_blocks chooses N from this run's measured resident step and
-//                      host update (--host-param-ratio R: the longest step allowed against the
-//                      resident one, default 1.3; the plan is printed as its own JSON line)
+//                      plan_host_param_blocks' model gives a first N from this run's measured
+//                      resident step and host update, and memory::search_host_param_blocks times
+//                      steps to find the largest N within --host-param-ratio R (the longest step
+//                      allowed against the resident one, default 1.3); printed as its own JSON line
 //   --host-casts-on-use  with --host-params: the next forward waits for a host parameter's update
 //                      at its first read, not before it starts (HostParams::set_casts_on_first_use;
 //                      " casts on use"); the plan counts that overlap
@@ -535,9 +536,9 @@ void print_max_batch(const char* model, const std::string& config, double gib, m
 // update of one block as a HostParams runs it, and the host link. The model leaves out what the
 // host's ordering adds (the launching thread waits for the updates, and the device then waits for
 // its launches), so the count is then checked by timing: full steps with N blocks on the host,
-// the largest N within the ratio found by bisection below the model's count (each trial's
-// parameters come back to the device after it). Prints the model's inputs, its count and each
-// trial, and returns the count the trials chose.
+// the largest N within the ratio found by memory::search_host_param_blocks from the model's
+// count (each trial's parameters come back to the device after it). Prints the model's inputs,
+// its count and each trial, and returns the count the trials chose.
 int64_t plan_host_blocks(mg::nn::GPT& model, const mg::nn::GPTConfig& cfg, int64_t B, int64_t T, bool in_backward,
                          double ratio, bool casts_on_use, const std::string& label) {
   const mg::Device dev = mg::Device::cuda(0);

@@ -214,7 +214,7 @@ using nn::gpt_linear_params;
 // on the device. plan_host_param_blocks picks the largest N whose predicted step stays within
 // max_step_ratio of the resident step, from the resident step's measured phases and the host
 // update of one block (measure_host_params_update_ms). The model leaves out the launching
-// thread's waits for the updates; bench_models --host-param-blocks auto checks its count by timing.
+// thread's waits for the updates; search_host_param_blocks checks its count by timing.
 struct HostBlocksInput {
   int64_t n_layer = 0;
   double forward_ms = 0, backward_ms = 0;  // the resident step's (backward with the device update in it)
@@ -261,8 +261,9 @@ double measure_host_update_ms(const HostOptimizerFactory& make_optimizer, int64_
                               DType cast_dtype = DType::bf16, int repeats = 3);
 
 // The host update of parameters shaped as `like` inside a HostParams on `device`, as a training
-// step runs it: f32 masters and bf16 casts in pinned memory, a bf16 gradient each copied home from
-// the device, the worker's update over all cores but one. The median over `repeats` rounds (after
+// step runs it: f32 masters and bf16 casts in pinned memory, a gradient each copied home from the
+// device (bf16: a GPT's f32 master gets an f32 one, 2 bytes an element more to read), the
+// worker's update over all cores but one. The median over `repeats` rounds (after
 // one that creates the state) of the worker's time a round (Stats::update_ms + cast_ms), in
 // milliseconds. Where the bare loop (measure_host_update_ms) runs on pageable memory it has alone,
 // this one meets what a run meets: pinned pages and the copies to and from the device beside it.
