@@ -7,6 +7,7 @@
 //
 // The last stdout line is one JSON object for scripts to parse.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -383,6 +384,68 @@ void fit_memory_budget(Run& r) {
   }
 }
 
+// --offload-optimizer-blocks auto: times training steps of random micro-batches at learning rate 0
+// (the weights stay bit for bit; each trial's optimizer state is dropped after it) with every
+// block on the device, then with the last N blocks' Linear parameters on the host, and keeps the
+// most blocks whose step stays within --offload-optimizer-ratio of the resident one
+// (memory::search_host_param_blocks, from a quarter of the blocks). The device optimizer steps
+// inside backward in every trial, as it does under optimizer offload. None within the ratio:
+// the run trains with the state on the device. The default generator is left as it was.
+void plan_offload_optimizer_blocks(Run& r) {
+  if (!r.f.offload_optimizer_auto || r.f.offload != "optimizer") return;
+  const int64_t layers = r.model->config.n_layer;
+  GeneratorStateGuard keep;  // dropout in the trials draws from it: training starts as it would have
+  Generator gen(r.f.seed + 13);
+  auto trial = [&](int64_t n) {
+    examples::TrainingFlags zero_lr = r.f.train;
+    zero_lr.lr = 0.0;
+    const auto make = [zero_lr](std::vector<Tensor> ps) { return examples::make_optimizer(zero_lr, ps); };
+    StatePlacement place;
+    r.f.offload_optimizer_blocks = n;
+    std::vector<double> ms;
+    {
+      std::unique_ptr<optim::Optimizer> opt =
+          examples::make_optimizer(zero_lr, place_state(r, n > 0 ? "optimizer" : "none", place, make));
+      optim::StepInBackward sib(*opt);
+      for (int s = 0; s < 7; ++s) {  // 2 to make the state and warm up, 5 timed
+        const auto t0 = std::chrono::steady_clock::now();
+        place.before_forward();
+        trial_forward_backward(r, r.micro, gen);
+        sib.finish();
+        cuda::synchronize();
+        if (s >= 2)
+          ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+      opt->zero_grad();
+    }
+    unplace_state(r, place, r.device);
+    cuda::empty_cache();
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  double resident_ms = 0;
+  try {
+    resident_ms = trial(0);
+  } catch (const OutOfMemoryError& e) {
+    MG_THROW(OutOfMemoryError,
+             "gpt2 --offload-optimizer-blocks auto: the step with every block on the device, "
+             "against which the ratio is taken, ran out of memory; give a count instead (",
+             e.what(), ")");
+  }
+  const memory::HostBlocksSearch found = memory::search_host_param_blocks(
+      layers, std::max<int64_t>(1, layers / 4), resident_ms, r.f.offload_optimizer_ratio, trial);
+  if (r.lead()) {
+    std::printf("offload optimizer blocks: resident step %.2f ms; trials", resident_ms);
+    for (const auto& [n, ms] : found.trials)
+      std::printf(" %lld: %.2f ms (%.2fx)", static_cast<long long>(n), ms, ms / resident_ms);
+    std::printf("; %lld of %lld blocks within %.2fx%s\n", static_cast<long long>(found.blocks),
+                static_cast<long long>(layers), r.f.offload_optimizer_ratio,
+                found.blocks > 0 ? "" : ": training with the state on the device");
+  }
+  r.f.offload_optimizer_blocks = found.blocks;
+  if (found.blocks == 0) r.f.offload = "none";
+}
+
 // --auto-batch: the largest micro-batch whose training step fits (out-of-memory errors bound it).
 void find_micro_batch(Run& r) {
   std::vector<Tensor> params = r.model->parameters();
@@ -728,6 +791,7 @@ int run(GPT2Flags f, const char* argv0) {
   if (r.f.auto_batch) find_micro_batch(r);
   set_recompute(r);
   fit_memory_budget(r);
+  plan_offload_optimizer_blocks(r);
   return train(r);
 }
 

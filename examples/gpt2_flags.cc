@@ -75,7 +75,10 @@ Memory and speed:
                        them after the f32 and 8-bit moments
   --offload-optimizer-blocks N  with --offload optimizer: only the last N blocks' Linear
                        parameters go to the host (their updates hide behind backward; the others
-                       stay on the device); default every block
+                       stay on the device); default every block. N = auto: the most blocks whose
+                       step, timed before training at learning rate 0, stays within
+                       --offload-optimizer-ratio R (default 1.3) of the step with every block on
+                       the device
   --offload-blocks N   what the first N blocks save for backward goes to pinned host memory
                        during the forward and comes back ahead of backward (CUDA; on the H200
                        one GPT-2 block at B=8 costs under 1 %); with --memory-budget the
@@ -236,7 +239,6 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
               {"--fp8-min-features", &f.fp8_min_features},
               {"--offload", &f.offload},
               {"--offload-prefetch", &f.offload_prefetch},
-              {"--offload-optimizer-blocks", &f.offload_optimizer_blocks},
               {"--tokens", &f.logit_tokens},
           },
       .other =
@@ -247,6 +249,11 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
             } else if (flag == "--offload-blocks") {
               f.offload_auto = value == "auto";
               if (!f.offload_auto) f.offload_blocks = parse_integer(flag, value);
+            } else if (flag == "--offload-optimizer-blocks") {
+              f.offload_optimizer_auto = value == "auto";
+              if (!f.offload_optimizer_auto) f.offload_optimizer_blocks = parse_integer(flag, value);
+            } else if (flag == "--offload-optimizer-ratio") {
+              f.offload_optimizer_ratio = parse_number(flag, value);
             } else {
               return false;
             }
@@ -310,8 +317,10 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
   MG_CHECK(f.offload_prefetch >= 0, ValueError, "--offload-prefetch must be >= 0, got ", f.offload_prefetch);
   MG_CHECK(f.offload_optimizer_blocks == -1 || f.offload_optimizer_blocks >= 1, ValueError,
            "--offload-optimizer-blocks must be >= 1, got ", f.offload_optimizer_blocks);
-  MG_CHECK(f.offload_optimizer_blocks < 0 || f.offload == "optimizer", ValueError,
+  MG_CHECK((f.offload_optimizer_blocks < 0 && !f.offload_optimizer_auto) || f.offload == "optimizer", ValueError,
            "--offload-optimizer-blocks goes with --offload optimizer, got --offload ", f.offload);
+  MG_CHECK(f.offload_optimizer_ratio >= 1.0, ValueError, "--offload-optimizer-ratio must be >= 1, got ",
+           f.offload_optimizer_ratio);
   if (f.offload != "none") {
     MG_CHECK(f.memory_budget.empty(), ValueError,
              "--memory-budget chooses where the state lives itself; drop --offload ", f.offload);

@@ -51,7 +51,11 @@ struct GPT2Flags {
   std::string offload = "none";
   int offload_prefetch = 1;               // --offload-prefetch: blocks fetched ahead under --offload params
   int64_t offload_optimizer_blocks = -1;  // --offload-optimizer-blocks: the last N blocks' (-1: every block)
-  bool fp8 = false;                       // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast)
+  // --offload-optimizer-blocks auto: the most blocks whose timed step stays within
+  // --offload-optimizer-ratio of the resident step (memory::search_host_param_blocks).
+  bool offload_optimizer_auto = false;
+  double offload_optimizer_ratio = 1.3;
+  bool fp8 = false;                                   // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast)
   int64_t fp8_min_features = kFp8DefaultMinFeatures;  // --fp8-min-features: narrower linears keep bf16
   bool fp8_delayed = false;                           // --fp8-delayed: Fp8Scaling::Delayed
   int nproc = 0;

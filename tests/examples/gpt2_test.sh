@@ -87,6 +87,9 @@ expect_error "--offload params: the model stays in host memory until training st
 expect_error "--offload-optimizer-blocks goes with --offload optimizer, got --offload params" \
   --offload params --offload-optimizer-blocks 4
 expect_error "--offload-optimizer-blocks must be >= 1, got 0" --offload optimizer --offload-optimizer-blocks 0
+expect_error "--offload-optimizer-blocks goes with --offload optimizer, got --offload none" --offload-optimizer-blocks auto
+expect_error "--offload-optimizer-ratio must be >= 1, got 0.5" --offload optimizer --offload-optimizer-blocks auto \
+  --offload-optimizer-ratio 0.5
 expect_error "--memory-budget chooses where the state lives itself; drop --offload optimizer" \
   --offload optimizer --memory-budget 1GiB
 expect_error "--offload optimizer keeps the state in this process's host memory for one CUDA device; got cpu" \
