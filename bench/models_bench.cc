@@ -569,9 +569,10 @@ int64_t plan_host_blocks(mg::nn::GPT& model, const mg::nn::GPTConfig& cfg, int64
       opt->zero_grad();
     }
     g_host_params.reset();
-    mg::NoGradGuard ng;
-    mg::MemoryCategoryGuard cat(mg::MemoryCategory::Parameters);
-    for (const mg::Tensor& p : host) mg::nn::retarget(p, mg::raw::to_device(p, dev));  // back on the device
+    {
+      mg::MemoryCategoryGuard cat(mg::MemoryCategory::Parameters);
+      model.to(dev);  // the host parameters back on the device
+    }
     mg::cuda::synchronize();
     mg::cuda::empty_cache();
     return ms;
@@ -585,10 +586,8 @@ int64_t plan_host_blocks(mg::nn::GPT& model, const mg::nn::GPTConfig& cfg, int64
   in.n_layer = cfg.n_layer;
   in.forward_ms = ph.forward;
   in.backward_ms = ph.backward + ph.optimizer;  // backward and the rest of the update
-  // The model takes the update as a HostParams runs it (pinned memory, the gradients' copies);
-  // the bare loop on pageable memory is printed beside it.
+  // The model takes the update as a HostParams runs it (pinned memory, the gradients' copies).
   in.block_update_ms = mg::memory::measure_host_params_update_ms(block, dev, factory);
-  const double loop_ms = mg::memory::measure_host_update_ms(factory, elements);
   mg::cuda::empty_cache();
   const mg::HostLink link = mg::measure_host_link(dev);
   in.block_copy_ms = link.to_device_bytes_per_ms > 0 ? 2.0 * elements / link.to_device_bytes_per_ms : 0.0;
@@ -605,11 +604,11 @@ int64_t plan_host_blocks(mg::nn::GPT& model, const mg::nn::GPTConfig& cfg, int64
   std::printf(
       "{\"framework\":\"memgrad\",\"model\":\"%s\",\"config\":\"B=%lld T=%lld host param plan\","
       "\"forward_ms\":%.2f,\"backward_ms\":%.2f,\"block_params\":%lld,\"block_update_ms\":%.2f,"
-      "\"block_update_loop_ms\":%.2f,\"block_copy_ms\":%.2f,\"max_step_ratio\":%.2f,\"model_blocks\":%lld,"
+      "\"block_copy_ms\":%.2f,\"max_step_ratio\":%.2f,\"model_blocks\":%lld,"
       "\"predicted_ms\":%.2f,\"predicted_step_ms\":[%s],\"resident_step_ms\":%.2f,\"trials\":[%s],"
       "\"blocks\":%lld}\n",
       label.c_str(), static_cast<long long>(B), static_cast<long long>(T), in.forward_ms, in.backward_ms,
-      static_cast<long long>(elements), in.block_update_ms, loop_ms, in.block_copy_ms, ratio,
+      static_cast<long long>(elements), in.block_update_ms, in.block_copy_ms, ratio,
       static_cast<long long>(plan.blocks), plan.predicted_ms, steps.c_str(), resident_ms, trials.c_str(),
       static_cast<long long>(found.blocks));
   std::fflush(stdout);

@@ -302,11 +302,12 @@ void HostParams::copy_cast_ahead(Task& t) {
 }
 
 void HostParams::wait() {
-  std::unique_lock<std::mutex> g(mu_);
-  idle_cv_.wait(g, [&] { return queue_.empty() && busy_ == 0; });
-  g.unlock();
+  {
+    std::unique_lock<std::mutex> g(mu_);
+    idle_cv_.wait(g, [&] { return queue_.empty() && busy_ == 0; });
+  }
   release_sent_gradients(/*wait_all=*/true);  // every copy home is done or dropped: none is needed
-  g.lock();
+  std::lock_guard<std::mutex> g(mu_);
   if (error_) {
     std::exception_ptr e = error_;
     error_ = nullptr;
@@ -525,35 +526,6 @@ HostBlocksSearch search_host_param_blocks(int64_t n_layer, int64_t first, double
   }
   out.blocks = lo;
   return out;
-}
-
-double measure_host_update_ms(const HostOptimizerFactory& make_optimizer, int64_t elements, DType cast_dtype,
-                              int repeats) {
-  const char* op = "measure_host_update_ms";
-  MG_CHECK(static_cast<bool>(make_optimizer), ValueError, op, ": no optimizer factory");
-  MG_CHECK(elements >= 1 && repeats >= 1, ValueError, op, ": elements and repeats must be >= 1, got ", elements,
-           " and ", repeats);
-  MG_CHECK(cast_dtype == DType::bf16 || cast_dtype == DType::f16 || cast_dtype == DType::f32, DTypeError, op,
-           ": the cast is f16, bf16 or f32, got ", cast_dtype);
-  NoGradGuard ng;
-  Tensor p = full({elements}, 0.5, TensorOptions(DType::f32, Device::cpu(), /*rg=*/true));
-  std::unique_ptr<optim::Optimizer> opt = make_optimizer({p});
-  MG_CHECK(opt != nullptr, ValueError, op, ": the optimizer factory returned no optimizer");
-  Tensor cast = cast_dtype == DType::f32 ? Tensor() : empty({elements}, TensorOptions(cast_dtype));
-  auto* adam = dynamic_cast<optim::Adam*>(opt.get());
-  if (adam && cast.defined()) adam->set_cast_target(p, cast);
-  p.set_grad(full({elements}, 1e-3, TensorOptions(DType::f32)));
-  kernels::cpu::ThreadCap cap(kernels::cpu::num_threads() - 1);  // as the worker runs
-  std::vector<double> ms;
-  for (int r = 0; r <= repeats; ++r) {  // the first step creates the state
-    const auto t0 = std::chrono::steady_clock::now();
-    opt->step();
-    if (cast.defined() && !adam) kernels::write_low_copy(p, cast);
-    if (r > 0) ms.push_back(ms_since(t0));
-  }
-  p.set_grad(Tensor());
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
 }
 
 double measure_host_params_update_ms(const std::vector<Tensor>& like, Device device,

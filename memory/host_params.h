@@ -253,20 +253,13 @@ struct HostBlocksSearch {
 HostBlocksSearch search_host_param_blocks(int64_t n_layer, int64_t first, double resident_ms, double max_step_ratio,
                                           const std::function<double(int64_t)>& step_ms);
 
-// The host update of `elements` parameters as HostParams' worker runs it: `make_optimizer`'s
-// optimizer over one f32 host tensor with an f32 gradient, writing a `cast_dtype` cast when it is
-// an Adam (its cast target), over all cores but one; the median of `repeats` steps after one that
-// creates the state. In milliseconds.
-double measure_host_update_ms(const HostOptimizerFactory& make_optimizer, int64_t elements,
-                              DType cast_dtype = DType::bf16, int repeats = 3);
-
 // The host update of parameters shaped as `like` inside a HostParams on `device`, as a training
 // step runs it: f32 masters and bf16 casts in pinned memory, a gradient each copied home from the
 // device (bf16: a GPT's f32 master gets an f32 one, 2 bytes an element more to read), the
 // worker's update over all cores but one. The median over `repeats` rounds (after
 // one that creates the state) of the worker's time a round (Stats::update_ms + cast_ms), in
-// milliseconds. Where the bare loop (measure_host_update_ms) runs on pageable memory it has alone,
-// this one meets what a run meets: pinned pages and the copies to and from the device beside it.
+// milliseconds: what a run meets, pinned pages and the copies to and from the device beside it
+// (the same loop on pageable memory of its own measures less: docs/bigger_than_gpu.md).
 // A DeviceError for a device that is not CUDA, a ValueError for no shapes.
 double measure_host_params_update_ms(const std::vector<Tensor>& like, Device device,
                                      const HostOptimizerFactory& make_optimizer, int repeats = 3);
