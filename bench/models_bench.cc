@@ -569,10 +569,7 @@ int64_t plan_host_blocks(mg::nn::GPT& model, const mg::nn::GPTConfig& cfg, int64
       opt->zero_grad();
     }
     g_host_params.reset();
-    {
-      mg::MemoryCategoryGuard cat(mg::MemoryCategory::Parameters);
-      model.to(dev);  // the host parameters back on the device
-    }
+    model.to(dev);  // the host parameters back on the device, still counted as parameters
     mg::cuda::synchronize();
     mg::cuda::empty_cache();
     return ms;

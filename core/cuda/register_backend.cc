@@ -139,6 +139,7 @@ Tensor pin_memory(const Tensor& t) {
     (void)cudaFreeHost(q);
     CategoryStats::get(Device::cpu()).on_free(cat, static_cast<int64_t>(n));
   });
+  st->category = cat;  // what a copy of it counts as (Module::to keeps a tensor's category)
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = st;
   impl->sizes = t.sizes();

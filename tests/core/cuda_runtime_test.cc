@@ -128,6 +128,8 @@ TEST(CudaRuntime, PinnedMemoryCountsInTheHostsCategories) {
       pinned = cuda::pin_memory(src);
     }
     EXPECT_EQ(host.counter(MemoryCategory::OptimizerState).current - before, int64_t{1} << 20);
+    // The storage says so too: a copy made by category (Module::to) stays optimizer state.
+    EXPECT_EQ(pinned.storage()->category, MemoryCategory::OptimizerState);
   }
   EXPECT_EQ(host.counter(MemoryCategory::OptimizerState).current, before);
 }
