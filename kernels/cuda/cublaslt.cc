@@ -337,7 +337,9 @@ bool lt_fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tenso
   if (major * 10 + minor < 89) return false;
   const cublasLtEpilogue_t ep = bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   const auto type = [](Fp8Format f) { return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
-  const LtFp8 f{type(fb), type(fa), b_inv.raw_data(), a_inv.raw_data(), fa == Fp8Format::E4M3 && fb == Fp8Format::E4M3};
+  static const bool fast_all = env::choice("MG_FP8_FAST_ACCUM", {"forward", "all"}) == "all";
+  const LtFp8 f{type(fb), type(fa), b_inv.raw_data(), a_inv.raw_data(),
+                fast_all || (fa == Fp8Format::E4M3 && fb == Fp8Format::E4M3)};
   return lt_matmul(device, DType::u8, out.dtype(), true, false, n, rows, k, b.raw_data(), k, a.raw_data(), k,
                    out.raw_data(), n, ep, bias.defined() ? bias.raw_data() : nullptr, nullptr, 0, &f);
 }
