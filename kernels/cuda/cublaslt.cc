@@ -337,9 +337,11 @@ bool lt_fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tenso
   if (major * 10 + minor < 89) return false;
   const cublasLtEpilogue_t ep = bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   const auto type = [](Fp8Format f) { return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
-  static const bool fast_all = env::choice("MG_FP8_FAST_ACCUM", {"forward", "all"}) == "all";
+  static const std::string_view fast = env::choice("MG_FP8_FAST_ACCUM", {"forward", "dgrad", "all"});
+  const bool forward = fa == Fp8Format::E4M3 && fb == Fp8Format::E4M3;
+  const bool dgrad = !forward && out.dtype() != DType::f32;
   const LtFp8 f{type(fb), type(fa), b_inv.raw_data(), a_inv.raw_data(),
-                fast_all || (fa == Fp8Format::E4M3 && fb == Fp8Format::E4M3)};
+                forward || fast == "all" || (fast == "dgrad" && dgrad)};
   return lt_matmul(device, DType::u8, out.dtype(), true, false, n, rows, k, b.raw_data(), k, a.raw_data(), k,
                    out.raw_data(), n, ep, bias.defined() ? bias.raw_data() : nullptr, nullptr, 0, &f);
 }

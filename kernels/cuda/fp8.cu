@@ -8,16 +8,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <type_traits>
-#include <utility>
 
-#include "core/env.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gelu.cuh"
-#include "kernels/cuda/mma_ptx.cuh"
 #include "kernels/fp8_math.h"
 
 namespace mg::kernels {
@@ -200,7 +195,7 @@ __device__ __forceinline__ int tile_thread() { return threadIdx.y * blockDim.x +
 // for the rows of partials that hold rows of x. Every thread calls it.
 template <int V, int TX, int TY>
 __device__ __forceinline__ void tile_column_sums(const float (&acc)[V], float* col_partial, int64_t c0, int64_t cols,
-                                                 int64_t rows, int64_t tile_row) {
+                                                 int64_t rows) {
   constexpr int kParts = TY / kTileRows;  // rows of partials a tile writes
   __shared__ float sums[TY][TX * V];
 #pragma unroll
@@ -208,7 +203,7 @@ __device__ __forceinline__ void tile_column_sums(const float (&acc)[V], float* c
   __syncthreads();
   for (int t = tile_thread(); t < kParts * TX * V; t += TX * TY) {
     const int part = t / (TX * V), cc = t % (TX * V);
-    const int64_t prow = tile_row * kParts + part;
+    const int64_t prow = static_cast<int64_t>(blockIdx.y) * kParts + part;
     float s = 0.0f;
 #pragma unroll
     for (int y = 0; y < kTileRows; ++y) s += sums[kTileRows * part + y][cc];
@@ -281,7 +276,7 @@ __global__ void quantize_transpose_kernel(const T* x, bool gelu, const T* pre, c
     }
   }
   if (d.hist) tile_amax_to_history(m, d);
-  if (col_partial) tile_column_sums<1, kTile, kTileRows>(acc, col_partial, c0, cols, rows, blockIdx.y);
+  if (col_partial) tile_column_sums<1, kTile, kTileRows>(acc, col_partial, c0, cols, rows);
   if (!qt) return;
   __syncthreads();
   for (int i = threadIdx.y; i < kTile; i += kTileRows) {
@@ -420,7 +415,7 @@ __global__ void quantize_transpose_vec_kernel(const T* __restrict__ x, bool gelu
     }
   }
   if (d.hist) tile_amax_to_history(m, d);
-  if (col_partial) tile_column_sums<V, Tile::kThreadsX, Tile::kThreadsY>(acc, col_partial, c0, cols, rows, blockIdx.y);
+  if (col_partial) tile_column_sums<V, Tile::kThreadsX, Tile::kThreadsY>(acc, col_partial, c0, cols, rows);
   if (!qt) return;
   __syncthreads();
   constexpr int kGroups = Tile::kRows / V;  // a column's groups of V rows
@@ -436,179 +431,9 @@ __global__ void quantize_transpose_vec_kernel(const T* __restrict__ x, bool gelu
   }
 }
 
-// quantize_transpose_vec_kernel<T, 8>'s tiles with their loads ahead of the work: each block
-// walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... and copies the next tile's elements (and
-// pre's) into shared memory with cp.async while it converts the current one, so a block's loads
-// are in flight through its stores and its transpose, and no registers hold them. Every thread
-// copies the 16-byte pieces it will convert itself (its own slots: the wait for its copies is
-// all the synchronization the staging needs). A thread converts the elements
-// quantize_transpose_vec_kernel<T, 8>'s thread of the same index converts, in the same order, so
-// the amax, the codes and the column sums are its results bit for bit.
-constexpr int kPipeStages = 2;
-template <class T>
-constexpr int pipe_pieces() {  // 16-byte pieces a thread copies per input and tile
-  return kRowsPerThread * static_cast<int>(sizeof(T)) * 8 / 16;
-}
-template <class T>
-size_t pipe_smem_bytes(bool with_pre) {
-  return static_cast<size_t>(kPipeStages) * (with_pre ? 2 : 1) * pipe_pieces<T>() * kTile * kTileRows * 16;
-}
-template <class T>
-__global__ void __launch_bounds__(kTile* kTileRows)
-    quantize_transpose_pipe_kernel(const T* __restrict__ x, bool gelu, const T* __restrict__ pre, const float* scale,
-                                   __nv_fp8_interpretation_t kind, uint8_t* q, uint8_t* qt, int64_t rows, int64_t cols,
-                                   float* col_partial, Delayed d, int64_t col_tiles, int64_t tiles) {
-  constexpr int V = 8, kThreads = kTile * kTileRows, kPieces = pipe_pieces<T>();
-  using Tile = WideTile<V>;
-  using Word = typename Tile::Word;
-  extern __shared__ uint4 staged[];  // [stage][input][piece][thread]
-  __shared__ __align__(4) uint8_t tile[Tile::kRows][kWideCols + 4];
-  const int t = tile_thread(), inputs = pre ? 2 : 1;
-  auto slot = [&](int stage, int input, int piece) {
-    return staged + ((stage * inputs + input) * kPieces + piece) * kThreads + t;
-  };
-  // Copies tile `id`'s elements of this thread into `stage`, as one committed group.
-  auto fetch = [&](int64_t id, int stage) {
-    const int64_t r0 = id / col_tiles * Tile::kRows, c = id % col_tiles * kWideCols + V * threadIdx.x;
-#pragma unroll
-    for (int k = 0; k < kRowsPerThread; ++k) {
-      const int64_t r = r0 + Tile::row(k);
-      const bool ok = r < rows && c < cols;
-      const int64_t at = ok ? r * cols + c : 0;
-#pragma unroll
-      for (int h = 0; h < kPieces / kRowsPerThread; ++h) {
-        const int piece = k * (kPieces / kRowsPerThread) + h;
-        ptx::cp_async16(slot(stage, 0, piece), x + at + h * (16 / sizeof(T)), ok);
-        if (pre) ptx::cp_async16(slot(stage, 1, piece), pre + at + h * (16 / sizeof(T)), ok);
-      }
-    }
-    ptx::cp_async_commit();
-  };
-  // This thread's 8 elements of row k from `stage`'s `input`, as floats.
-  auto staged_row = [&](int stage, int input, int k, float(&v)[V]) {
-    constexpr int kPer = kPieces / kRowsPerThread;  // 1 (f16, bf16) or 2 (f32)
-    uint4 u[kPer];
-#pragma unroll
-    for (int h = 0; h < kPer; ++h) u[h] = *slot(stage, input, k * kPer + h);
-    const T* e = reinterpret_cast<const T*>(u);
-#pragma unroll
-    for (int j = 0; j < V; ++j) v[j] = to_f(e[j]);
-  };
-  wait_for_previous();  // launched dependent: x (and the scale) are the kernels ahead's output
-  const float s = tile_scale(scale, d);
-  int64_t id = blockIdx.x;
-  if (id < tiles) fetch(id, 0);
-  unsigned m = 0;
-  for (int stage = 0; id < tiles; id += gridDim.x, stage ^= 1) {
-    if (id + gridDim.x < tiles) {
-      fetch(id + gridDim.x, stage ^ 1);
-      ptx::cp_async_wait<1>();
-    } else {
-      ptx::cp_async_wait<0>();
-    }
-    const int64_t tile_row = id / col_tiles, r0 = tile_row * Tile::kRows, c0 = id % col_tiles * kWideCols;
-    const int64_t c = c0 + V * threadIdx.x;
-    float acc[V] = {};
-#pragma unroll
-    for (int k = 0; k < kRowsPerThread; ++k) {
-      const int i = Tile::row(k);
-      const int64_t r = r0 + i;
-      if (r < rows && c < cols) {
-        float v[V];
-        staged_row(stage, 0, k, v);
-        if (gelu) {
-#pragma unroll
-          for (int j = 0; j < V; ++j) v[j] = gelu_rounded<T>(v[j]);
-        }
-        if (pre) {
-          float pv[V];
-          staged_row(stage, 1, k, pv);
-#pragma unroll
-          for (int j = 0; j < V; ++j) v[j] = to_f(gelu_backward_rounded<T>(v[j], pv[j]));
-        }
-        uint32_t codes[V];
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          acc[j] += v[j];
-          m = max(m, abs_bits(v[j]));
-          codes[j] = __nv_cvt_float_to_fp8(v[j] * s, __NV_SATFINITE, kind);
-        }
-        const Word packed = pack_codes<V>(codes);
-#pragma unroll
-        for (int h = 0; h < V / 4; ++h)
-          *reinterpret_cast<uint32_t*>(&tile[i][V * threadIdx.x + 4 * h]) =
-              reinterpret_cast<const uint32_t*>(&packed)[h];
-        if (q) *reinterpret_cast<Word*>(q + r * cols + c) = packed;
-      }
-    }
-    if (col_partial) tile_column_sums<V, Tile::kThreadsX, Tile::kThreadsY>(acc, col_partial, c0, cols, rows, tile_row);
-    __syncthreads();
-    if (qt) {
-      constexpr int kGroups = Tile::kRows / V;
-      for (int item = t; item < kWideCols * kGroups; item += kThreads) {
-        const int cc = item / kGroups, g = item % kGroups;
-        const int64_t col = c0 + cc, r = r0 + V * g;
-        if (col < cols && r < rows) {
-          uint32_t codes[V];
-#pragma unroll
-          for (int j = 0; j < V; ++j) codes[j] = tile[V * g + j][cc];
-          *reinterpret_cast<Word*>(qt + col * rows + r) = pack_codes<V>(codes);
-        }
-      }
-    }
-    __syncthreads();  // the next tile rewrites `tile` and the column sums' buffer
-  }
-  if (d.hist) tile_amax_to_history(m, d);
-}
-
-// Which tile kernel the V = 8 casts take: "pipe" (quantize_transpose_pipe_kernel, the default) or
-// "tile" (quantize_transpose_vec_kernel, a block a tile), MG_FP8_CAST_KERNEL; both cast bit for bit alike.
-bool fp8_cast_pipelined() {
-  static const bool on = env::choice("MG_FP8_CAST_KERNEL", {"pipe", "tile"}) == "pipe";
-  return on;
-}
-
 namespace {
 bool aligned_to(const void* p, size_t bytes) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-}  // namespace
-
-namespace {
-// quantize_transpose_pipe_kernel's launch: as many blocks as the device holds at once (each
-// walking its share of the tiles), no more than there are tiles.
-template <class T>
-void launch_pipelined(const T* x, bool gelu, const T* pre, const float* scale, __nv_fp8_interpretation_t kind,
-                      uint8_t* q, uint8_t* qt, int64_t rows, int64_t cols, float* part, const Delayed& d,
-                      const Device& dev, cudaStream_t st) {
-  const int64_t col_tiles = (cols + kWideCols - 1) / kWideCols,
-                row_tiles = (rows + WideTile<8>::kRows - 1) / WideTile<8>::kRows;
-  const int64_t tiles = col_tiles * row_tiles;
-  const size_t smem = pipe_smem_bytes<T>(pre != nullptr);
-  constexpr int kThreads = kTile * kTileRows;
-  // Per device, dtype and with or without pre: the opt-in to more than 48 KiB of dynamic shared
-  // memory and the blocks an SM holds, found once (the kernel's resources do not change).
-  static std::mutex mu;
-  static std::map<std::pair<int, bool>, int> per_sm;
-  int blocks_per_sm = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    int& known = per_sm[{dev.index, pre != nullptr}];
-    if (known == 0) {
-      MG_CUDA_CHECK(cudaFuncSetAttribute(quantize_transpose_pipe_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem)));
-      MG_CUDA_CHECK(
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&known, quantize_transpose_pipe_kernel<T>, kThreads, smem));
-      known = std::max(known, 1);
-    }
-    blocks_per_sm = known;
-  }
-  const int64_t slots = static_cast<int64_t>(blocks_per_sm) * sm_count(dev);
-  const int64_t per_block = (tiles + slots - 1) / slots;  // tiles a block walks, spread evenly
-  const int64_t blocks = (tiles + per_block - 1) / per_block;
-  launch_dependent(quantize_transpose_pipe_kernel<T>, dim3(static_cast<unsigned>(blocks)),
-                   dim3(WideTile<8>::kThreadsX, WideTile<8>::kThreadsY), smem, st, x, gelu, pre, scale, kind, q, qt,
-                   rows, cols, part, d, col_tiles, tiles);
-}
 }  // namespace
 
 namespace {
@@ -645,9 +470,7 @@ Tensor quantize_transpose(const Tensor& x, bool gelu, const Tensor& pre, const f
     using T = decltype(t);
     const auto* xp = static_cast<const T*>(x.raw_data());
     const auto* pp = static_cast<const T*>(pre_data);
-    if (vec == 8 && fp8_cast_pipelined())
-      launch_pipelined<T>(xp, gelu, pp, scale, kind_of(format), q, qt, rows, cols, part, d, x.device(), st);
-    else if (vec == 8)
+    if (vec == 8)
       launch_dependent(quantize_transpose_vec_kernel<T, 8>, grid, dim3(WideTile<8>::kThreadsX, WideTile<8>::kThreadsY),
                        0, st, xp, gelu, pp, scale, kind_of(format), q, qt, rows, cols, part, d);
     else if (vec == 4)
