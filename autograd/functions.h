@@ -71,6 +71,11 @@ Tensor var(const Tensor& a, const std::vector<int64_t>& dims = {}, int64_t corre
 Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor bmm(const Tensor& a, const Tensor& b);
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor());
+// Whether linear(x, w, bias) runs under the FP8 recipe (core/autocast.h, Fp8Autocast). Its GEMM
+// adds the bias in the epilogue and its backward sums the bias gradient in the pass that casts the
+// output gradient, so a branch keeps its bias there rather than leave it to the residual stream's
+// norm, whose backward would take a column reduction of its own (nn::Linear::branch).
+bool fp8_takes_linear(const Tensor& x, const Tensor& w);
 
 // ---- softmax family ----
 Tensor softmax(const Tensor& a, int64_t dim);

@@ -115,6 +115,10 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   return around(policy::linear, linear_math, x, w, bias);
 }
 
+bool fp8_takes_linear(const Tensor& x, const Tensor& w) {
+  return autograd::fp8_keeps_f32_weight(x, w) || autograd::fp8_linear_applies(x, w);
+}
+
 namespace {
 Tensor gelu_mlp_math(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj,
                      const Tensor& b_proj) {

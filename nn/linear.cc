@@ -50,7 +50,7 @@ bool Linear::leaves_bias(bool bias_pending) const {
 Branch Linear::branch(const Tensor& x, bool bias_pending) {
   run_forward_pre_hooks();
   check_input(x);
-  if (!leaves_bias(bias_pending)) return {mg::linear(x, weight, bias)};
+  if (!leaves_bias(bias_pending) || fp8_takes_linear(x, weight)) return {mg::linear(x, weight, bias)};
   return {mg::linear(x, weight, Tensor()), bias};
 }
 

@@ -16,7 +16,8 @@ class Linear : public Module {
   Tensor forward(const Tensor& x) override;
   // The layer as a residual branch (mg::Residual): the output without the bias, and the bias,
   // which the stream adds inside its next layer norm. With bias_pending false (no norm reads
-  // the stream next) or a derived bias the bias stays in the GEMM (leaves_bias).
+  // the stream next), a derived bias (leaves_bias) or a linear the FP8 recipe takes
+  // (mg::fp8_takes_linear) the bias stays in the GEMM.
   Branch branch(const Tensor& x, bool bias_pending = true);
   // Whether branch() leaves the bias to the stream: asked to, with a bias that is the parameter
   // itself. A derived bias (pruning's bias_orig * mask, made by a pre-hook) must not outlive the

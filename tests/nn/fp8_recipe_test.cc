@@ -21,6 +21,7 @@
 #include "kernels/fp8_math.h"
 #include "nn/linear.h"
 #include "nn/models/gpt.h"
+#include "nn/transformer.h"
 #include "optim/adam.h"
 #include "serialize/serialize.h"
 #include "serialize/training_checkpoint.h"
@@ -83,6 +84,34 @@ TEST(Fp8Recipe, LinearRunsOnTheCodesInsideTheRecipeOnly) {
     EXPECT_EQ(raw::to_dtype(lin(x), DType::f32).to_vector<float>(),
               raw::to_dtype(bf16_out, DType::f32).to_vector<float>());
   }
+}
+
+// A branch of the residual stream leaves its bias to the stream's next norm, except under the
+// recipe, whose GEMM adds it and whose gradient cast sums it: there the branch's output carries
+// the bias and none is left pending. So for the MLP, whose two layers the recipe takes together.
+TEST(Fp8Recipe, BranchesKeepTheirBiasInTheGemmUnderTheRecipe) {
+  Generator g(3);
+  nn::Linear lin(64, 48, true, {}, &g);
+  nn::TransformerBlockOptions o;
+  o.n_embd = 64, o.n_head = 4;
+  nn::MLP mlp(o, {}, &g);
+  const Tensor x = randn({2, 16, 64}, {}, &g);
+  Autocast ac(DeviceType::CPU, DType::bf16);
+  {
+    const Branch b = lin.branch(x), m = mlp.branch(x);
+    EXPECT_EQ(b.bias.impl(), lin.bias.impl());  // bf16: the stream adds the biases
+    EXPECT_EQ(m.bias.impl(), mlp.c_proj->bias.impl());
+  }
+  Fp8Autocast fp8(true, 0);
+  const Branch b = lin.branch(x), m = mlp.branch(x);
+  EXPECT_FALSE(b.bias.defined());
+  EXPECT_FALSE(m.bias.defined());
+  EXPECT_EQ(raw::to_dtype(b.out, DType::f32).to_vector<float>(), raw::to_dtype(lin(x), DType::f32).to_vector<float>());
+  EXPECT_EQ(raw::to_dtype(m.out, DType::f32).to_vector<float>(), raw::to_dtype(mlp(x), DType::f32).to_vector<float>());
+  EXPECT_TRUE(fp8_takes_linear(x, lin.weight));
+  Fp8Autocast narrow(true, 1280);  // 64 features: bf16 again, and the stream adds the bias
+  EXPECT_FALSE(fp8_takes_linear(x, lin.weight));
+  EXPECT_EQ(lin.branch(x).bias.impl(), lin.bias.impl());
 }
 
 // One element's error after current scaling to `f`: half a step of its binade (2^-(M+1) of it)
