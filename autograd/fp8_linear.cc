@@ -16,6 +16,7 @@
 namespace mg::autograd {
 
 namespace {
+using kernels::Fp8Accum;
 using kernels::Fp8Epilogue;
 using kernels::Fp8Format;
 using kernels::Fp8Matrix;
@@ -31,14 +32,19 @@ Shape with_last(const Tensor& x, int64_t n) {
   return s;
 }
 
-// dx-style GEMM: a's codes [M, K'] against b's transposed codes.
-Tensor gemm_t(const Fp8Matrix& a, const Fp8Matrix& b, DType dtype) {
-  return kernels::fp8_gemm(a.codes, a.format, a.scale_inv, b.codes_t, b.format, b.scale_inv, Tensor(), dtype);
+// dx-style GEMM: a's codes [M, K'] against b's transposed codes, accumulated as `acc` says.
+Tensor gemm_t(const Fp8Matrix& a, const Fp8Matrix& b, DType dtype, Fp8Accum acc) {
+  return kernels::fp8_gemm(a.codes, a.format, a.scale_inv, b.codes_t, b.format, b.scale_inv, Tensor(), dtype,
+                           Fp8Epilogue::None, Tensor(), acc);
 }
 // dw-style GEMM: both operands' transposed codes.
-Tensor gemm_tt(const Fp8Matrix& a, const Fp8Matrix& b, DType dtype) {
-  return kernels::fp8_gemm(a.codes_t, a.format, a.scale_inv, b.codes_t, b.format, b.scale_inv, Tensor(), dtype);
+Tensor gemm_tt(const Fp8Matrix& a, const Fp8Matrix& b, DType dtype, Fp8Accum acc) {
+  return kernels::fp8_gemm(a.codes_t, a.format, a.scale_inv, b.codes_t, b.format, b.scale_inv, Tensor(), dtype,
+                           Fp8Epilogue::None, Tensor(), acc);
 }
+// How the gradients' GEMMs of a layer made now accumulate (Fp8Autocast's Fp8Accumulation):
+// taken at the forward, as its backward runs after the region has closed.
+Fp8Accum gradient_accum() { return autocast_state().fp8_fast_grads ? Fp8Accum::Fast : Fp8Accum::Auto; }
 // Only what backward reads: the transposed codes and the scale.
 Fp8Matrix transposed_only(Fp8Matrix m) {
   m.codes = Tensor();
@@ -245,13 +251,13 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType gw
   if (!grad) return out;
   record("linear", {x, w, bias}, out,
          [need_x, need_w, need_b, n, xs = x.sizes(), dtype = x.dtype(), gw_dtype, xq = transposed_only(xq),
-          wq = transposed_only(wq), hist](const Grads& g) {
+          wq = transposed_only(wq), hist, acc = gradient_accum()](const Grads& g) {
            Tensor gx, gw, gb;
            const Tensor g2 = raw::reshape(g[0], {-1, n});
            if (need_x || need_w) {  // the bias gradient summed in the cast's pass over g
              const Fp8Matrix gq = cast(g2, kE5M2, {need_x, need_w, need_b}, of(hist, &LayerHistories::g));
-             if (need_x) gx = raw::view(gemm_t(gq, wq, dtype), xs);  // [M, N] @ w [N, K]
-             if (need_w) gw = gemm_tt(gq, xq, gw_dtype);             // g^T [N, M] @ x [M, K]
+             if (need_x) gx = raw::view(gemm_t(gq, wq, dtype, acc), xs);  // [M, N] @ w [N, K]
+             if (need_w) gw = gemm_tt(gq, xq, gw_dtype, acc);             // g^T [N, M] @ x [M, K]
              if (need_b) gb = bias_grad_from_sums(gq.column_sums, gw_dtype);
            } else if (need_b) {
              gb = bias_grad(g2, gw_dtype);
@@ -283,14 +289,14 @@ Tensor fp8_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, con
   if (!grad) return out;
   record("gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, out,
          [need, need_pre, xs = x.sizes(), dtype, dt_fc, dt_proj, xq = transposed_only(xq), wfq = transposed_only(wfq),
-          hq = transposed_only(hq), wpq = transposed_only(wpq), pre = need_pre ? pre : Tensor(), h_fc,
-          h_proj](const Grads& g) {
+          hq = transposed_only(hq), wpq = transposed_only(wpq), pre = need_pre ? pre : Tensor(), h_fc, h_proj,
+          acc = gradient_accum()](const Grads& g) {
            Tensor gx, gw_fc, gb_fc, gw_proj, gb_proj;
            const Tensor g2 = raw::reshape(g[0], {-1, g[0].size(-1)});
            if (need_pre || need[3]) {
              const Fp8Matrix gq = cast(g2, kE5M2, {need_pre, need[3], need[4]}, of(h_proj, &LayerHistories::g));
              if (need[4]) gb_proj = bias_grad_from_sums(gq.column_sums, dt_proj);
-             if (need[3]) gw_proj = gemm_tt(gq, hq, dt_proj);
+             if (need[3]) gw_proj = gemm_tt(gq, hq, dt_proj, acc);
              if (need_pre) {
                // g_pre = (g @ w_proj) * gelu'(pre): the GEMM, then the derivative in the pass that
                // casts g_pre under delayed scaling (g_pre never written), in the pass that takes its
@@ -298,22 +304,23 @@ Tensor fp8_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, con
                Tensor g_pre;
                if ((need[0] || need[1]) && h_fc) {
                  const Tensor g_h = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv,
-                                                      Tensor(), dtype);  // the gradient at GELU's output
+                                                      Tensor(), dtype, Fp8Epilogue::None, Tensor(),
+                                                      acc);  // the gradient at GELU's output
                  const Fp8Matrix gpq =
                      kernels::fp8_cast_gelu_backward_delayed(g_h, pre, kE5M2, {need[0], need[1], need[2]}, h_fc->g);
                  if (need[2]) gb_fc = bias_grad_from_sums(gpq.column_sums, dt_fc);
-                 if (need[1]) gw_fc = gemm_tt(gpq, xq, dt_fc);
-                 if (need[0]) gx = raw::view(gemm_t(gpq, wfq, dtype), xs);
+                 if (need[1]) gw_fc = gemm_tt(gpq, xq, dt_fc, acc);
+                 if (need[0]) gx = raw::view(gemm_t(gpq, wfq, dtype, acc), xs);
                } else if (need[0] || need[1]) {
                  g_pre = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv, Tensor(),
-                                           dtype);
+                                           dtype, Fp8Epilogue::None, Tensor(), acc);
                  const Fp8Matrix gpq = kernels::fp8_cast_gelu_backward(g_pre, pre, kE5M2, {need[0], need[1], need[2]});
                  if (need[2]) gb_fc = bias_grad_from_sums(gpq.column_sums, dt_fc);
-                 if (need[1]) gw_fc = gemm_tt(gpq, xq, dt_fc);
-                 if (need[0]) gx = raw::view(gemm_t(gpq, wfq, dtype), xs);
+                 if (need[1]) gw_fc = gemm_tt(gpq, xq, dt_fc, acc);
+                 if (need[0]) gx = raw::view(gemm_t(gpq, wfq, dtype, acc), xs);
                } else {
                  g_pre = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv, Tensor(),
-                                           dtype, Fp8Epilogue::DGelu, pre);
+                                           dtype, Fp8Epilogue::DGelu, pre, acc);
                  if (need[2]) gb_fc = bias_grad(g_pre, dt_fc);
                }
              }

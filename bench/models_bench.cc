@@ -46,6 +46,8 @@
 //                      (" fp8>=N" where N is not the default)
 //   --fp8-delayed      with --fp8: delayed scaling (each cast's scale from the operand's recent
 //                      casts' amax, mg::Fp8Scaling::Delayed) instead of current (" delayed")
+//   --fp8-fast-accum   with --fp8: the gradients' GEMMs accumulate fast too, as the forward's do
+//                      (mg::Fp8Accumulation::Fast; " fast-accum")
 //   --host-params      GPT: the blocks' Linear weights and biases in pinned host memory with their
 //                      gradients and optimizer state, the optimizer stepping them on the CPU, the
 //                      device holding their bf16 casts (memory::HostParams; " host params")
@@ -334,6 +336,7 @@ std::string g_optimizer = "sgd";
 bool g_fp8 = false;  // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast) inside the autocast region
 int64_t g_fp8_min_features = mg::kFp8DefaultMinFeatures;  // --fp8-min-features N
 bool g_fp8_delayed = false;                               // --fp8-delayed: mg::Fp8Scaling::Delayed
+bool g_fp8_fast_accum = false;                            // --fp8-fast-accum: mg::Fp8Accumulation::Fast
 // --no-step-casts: AdamW does not write the next forward's bf16 casts in its update (the forward
 // casts each weight as it reads it): 2 bytes a parameter fewer between the step and the forward.
 bool g_step_casts = true;
@@ -430,7 +433,8 @@ auto train_step(mg::optim::Optimizer& opt, LossFn loss_of, mg::optim::StepInBack
       mg::profiler::Range r("forward", "phase");
       mg::Autocast ac(mg::DeviceType::CUDA, g_dtype == mg::DType::f32 ? mg::DType::f16 : g_dtype,
                       g_dtype != mg::DType::f32, g_cast_cache && g_rung_cast_cache);
-      mg::Fp8Autocast fp8(g_fp8, g_fp8_min_features, g_fp8_delayed ? mg::Fp8Scaling::Delayed : mg::Fp8Scaling::Current);
+      mg::Fp8Autocast fp8(g_fp8, g_fp8_min_features, g_fp8_delayed ? mg::Fp8Scaling::Delayed : mg::Fp8Scaling::Current,
+                          g_fp8_fast_accum ? mg::Fp8Accumulation::Fast : mg::Fp8Accumulation::Promoted);
       loss = loss_of();
     }
     phase_end(g_phases.forward);
@@ -769,6 +773,7 @@ int run_main(int argc, char** argv) {
     if (flag(i, "--host-casts-on-use")) host_casts_on_use = true;
     if (flag(i, "--fp8")) g_fp8 = true;
     if (flag(i, "--fp8-delayed")) g_fp8_delayed = true;
+    if (flag(i, "--fp8-fast-accum")) g_fp8_fast_accum = true;
   }
   for (int i = 1; i + 1 < argc; ++i) {
     if (flag(i, "--dtype"))
@@ -855,7 +860,7 @@ int run_main(int argc, char** argv) {
       (g_fp8 ? " fp8" +
                    (g_fp8_min_features != mg::kFp8DefaultMinFeatures ? ">=" + std::to_string(g_fp8_min_features)
                                                                      : std::string()) +
-                   (g_fp8_delayed ? " delayed" : "")
+                   (g_fp8_delayed ? " delayed" : "") + (g_fp8_fast_accum ? " fast-accum" : "")
              : "") +
       (tf32 ? " TF32" : "") + (channels_last ? " channels_last" : "") +
       (g_optimizer == "adamw"       ? " AdamW"

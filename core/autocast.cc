@@ -61,17 +61,22 @@ Autocast::~Autocast() {
   if (was_outermost) clear_autocast_cache();
 }
 
-Fp8Autocast::Fp8Autocast(bool enabled, int64_t min_features, Fp8Scaling scaling)
-    : prev_(tl_state.fp8), prev_min_(tl_state.fp8_min_features), prev_delayed_(tl_state.fp8_delayed) {
+Fp8Autocast::Fp8Autocast(bool enabled, int64_t min_features, Fp8Scaling scaling, Fp8Accumulation gradients)
+    : prev_(tl_state.fp8),
+      prev_min_(tl_state.fp8_min_features),
+      prev_delayed_(tl_state.fp8_delayed),
+      prev_fast_grads_(tl_state.fp8_fast_grads) {
   MG_CHECK(min_features >= 0, ValueError, "Fp8Autocast: min_features must be >= 0, got ", min_features);
   tl_state.fp8 = enabled;
   tl_state.fp8_min_features = min_features;
   tl_state.fp8_delayed = scaling == Fp8Scaling::Delayed;
+  tl_state.fp8_fast_grads = gradients == Fp8Accumulation::Fast;
 }
 Fp8Autocast::~Fp8Autocast() {
   tl_state.fp8 = prev_;
   tl_state.fp8_min_features = prev_min_;
   tl_state.fp8_delayed = prev_delayed_;
+  tl_state.fp8_fast_grads = prev_fast_grads_;
 }
 
 }  // namespace mg

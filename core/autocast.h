@@ -31,6 +31,8 @@ struct AutocastState {
   int64_t fp8_min_features = 0;
   // ... with each cast's scale from its own amax (false) or from the operand's recent casts'.
   bool fp8_delayed = false;
+  // ... with the gradients' GEMMs accumulating as the forward's do (Fp8Accumulation::Fast).
+  bool fp8_fast_grads = false;
 
   bool enabled(DeviceType t) const { return t == DeviceType::CUDA ? cuda_enabled : cpu_enabled; }
   DType dtype(DeviceType t) const { return t == DeviceType::CUDA ? cuda_dtype : cpu_dtype; }
@@ -93,12 +95,19 @@ class Autocast {
 // previous casts (kernels/fp8.h, Fp8History) instead of a pass over the tensor for its own amax
 // first: one pass over each operand instead of two, with values beyond what the history expected
 // saturating (autograd/fp8_linear.h says how operands are told apart).
+// The forward GEMMs (e4m3 x e4m3) accumulate fast: the tensor cores' narrower accumulator over
+// all of K (kernels/types.h, Fp8Accum). The gradients' GEMMs (an e5m2 operand) promote their
+// partial sums to f32 every few steps of K, unless Fp8Accumulation::Fast: faster by 2.6 ms of
+// GPT-2 XL's 152 ms step on an H100, at the cost of the gradients' precision over long
+// reductions (the weight gradient's K is the batch's B * T tokens); docs/mixed_precision.md
+// has its measured speed and loss curves.
 inline constexpr int64_t kFp8DefaultMinFeatures = 1280;
 enum class Fp8Scaling { Current, Delayed };
+enum class Fp8Accumulation { Promoted, Fast };
 class Fp8Autocast {
  public:
   explicit Fp8Autocast(bool enabled = true, int64_t min_features = kFp8DefaultMinFeatures,
-                       Fp8Scaling scaling = Fp8Scaling::Current);
+                       Fp8Scaling scaling = Fp8Scaling::Current, Fp8Accumulation gradients = Fp8Accumulation::Promoted);
   ~Fp8Autocast();
   Fp8Autocast(const Fp8Autocast&) = delete;
   Fp8Autocast& operator=(const Fp8Autocast&) = delete;
@@ -107,6 +116,7 @@ class Fp8Autocast {
   bool prev_;
   int64_t prev_min_;
   bool prev_delayed_;
+  bool prev_fast_grads_;
 };
 
 }  // namespace mg

@@ -20,9 +20,6 @@ const std::vector<Switch>& switches() {
        "1 times the heuristic's top cuBLASLt algorithms once per GEMM shape and keeps the fastest"},
       {"MG_BIAS_GRAD", "reduce",
        "epilogue takes a linear's bias gradient from cuBLASLt's BGRADB epilogue instead of memgrad's column sum"},
-      {"MG_FP8_FAST_ACCUM", "forward",
-       "dgrad (the input gradients' GEMMs) or all lets the FP8 recipe's gradient GEMMs accumulate without the periodic "
-       "f32 promotion too"},
       {"MG_CUDNN_BENCHMARK", "0", "1 lets cuDNN time its convolution algorithms (torch.backends.cudnn.benchmark)"},
       {"MG_CUDNN_WORKSPACE_LIMIT_MB", "1024", "the most workspace one cuDNN convolution may take, in MiB"},
       {"MG_DEPTHWISE_NHWC", "auto", "0 runs every depthwise convolution in cuDNN, 1 in memgrad's NHWC kernels"},

@@ -155,13 +155,19 @@ void build_model(Run& r) {
            r.tok->vocab_size(), ") is larger than the model's (", r.model->config.vocab_size, ")");
 }
 
+// The FP8 recipe the flags ask for (off without --fp8).
+Fp8Autocast fp8_recipe(const GPT2Flags& f) {
+  return Fp8Autocast(f.fp8, f.fp8_min_features, f.fp8_delayed ? Fp8Scaling::Delayed : Fp8Scaling::Current,
+                     f.fp8_fast_accum ? Fp8Accumulation::Fast : Fp8Accumulation::Promoted);
+}
+
 double eval_loss(Run& r) {
   const int64_t T = r.model->config.block_size;
   const auto span = static_cast<int64_t>(r.val.tokens.size()) - T - 1;
   r.model->eval();
   NoGradGuard ng;
   Autocast ac(r.device.type, r.amp_dtype, r.amp, r.cast_cache);
-  Fp8Autocast fp8(r.f.fp8, r.f.fp8_min_features, r.f.fp8_delayed ? Fp8Scaling::Delayed : Fp8Scaling::Current);
+  Fp8Autocast fp8 = fp8_recipe(r.f);
   double total = 0;
   for (int64_t i = 0; i < r.f.eval_iters; ++i) {  // fixed windows: the same every time
     std::vector<int64_t> offsets(r.micro);
@@ -649,7 +655,7 @@ int train(Run& r) {
       if (r.ddp && ++m < f.grad_accum) no_sync.emplace(*r.ddp);  // reduce once, after the last
       MemoryCategoryGuard act(MemoryCategory::Activations);
       Autocast ac(r.device.type, r.amp_dtype, r.amp, r.cast_cache);
-      Fp8Autocast fp8(r.f.fp8, r.f.fp8_min_features, r.f.fp8_delayed ? Fp8Scaling::Delayed : Fp8Scaling::Current);
+      Fp8Autocast fp8 = fp8_recipe(r.f);
       // The head and loss as one node (no logits); DDP's forward is the wrapper's, so it
       // keeps the logits form.
       return scaler.scale(r.ddp ? nn::GPT::loss(r.forward_module()(xb), yb) : r.model->forward_loss(xb, yb));
@@ -732,6 +738,7 @@ int train(Run& r) {
       {"fp8", f.fp8},
       {"fp8_min_features", f.fp8_min_features},
       {"fp8_delayed", f.fp8_delayed},
+      {"fp8_fast_accum", f.fp8_fast_accum},
       {"recompute", f.recompute},
       {"zero", zero != nullptr || zero3},
       {"zero_stage", zero || zero3 ? f.zero_stage : 0},

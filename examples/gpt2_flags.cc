@@ -48,6 +48,8 @@ Memory and speed:
   --fp8-delayed        with --fp8: delayed scaling (each cast's scale from the largest amax of the
                        operand's previous 16 casts: one pass over each operand instead of two;
                        --save keeps the histories and --resume restores them)
+  --fp8-fast-accum     with --fp8: the gradients' GEMMs accumulate fast too, as the forward's do
+                       (no periodic f32 promotion of their partial sums; Fp8Accumulation::Fast)
   --recompute MODE     none (default), per-block (checkpoint every block), per-block-keep (every
                        block checkpointed keeping its attention and MLP outputs and weight casts:
                        about half the replay), selective (rebuild norms, GELU, dropout),
@@ -199,6 +201,7 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
                    {"--zero-offload", {&f.zero_offload, true}},
                    {"--fp8", {&f.fp8, true}},
                    {"--fp8-delayed", {&f.fp8_delayed, true}},
+                   {"--fp8-fast-accum", {&f.fp8_fast_accum, true}},
                    {"--print-logits", {&f.print_logits, true}}},
       .fields =
           {
@@ -280,6 +283,7 @@ GPT2Flags parse_gpt2_flags(int argc, char** argv) {
   MG_CHECK(f.model.dropout >= 0 && f.model.dropout < 1, ValueError, "--dropout must be in [0, 1)");
   MG_CHECK(f.fp8_min_features >= 0, ValueError, "--fp8-min-features must be >= 0, got ", f.fp8_min_features);
   MG_CHECK(!f.fp8_delayed || f.fp8, ValueError, "--fp8-delayed is a scaling for --fp8: give --fp8 too");
+  MG_CHECK(!f.fp8_fast_accum || f.fp8, ValueError, "--fp8-fast-accum is an accumulation for --fp8: give --fp8 too");
   MG_CHECK(!f.fp8 || f.amp != "off", ValueError,
            "--fp8 runs the linear layers inside the autocast region: it needs --amp bf16 or f16");
   MG_CHECK(f.amp == "off" || f.amp == "bf16" || f.amp == "f16", ValueError, "unknown --amp \"", f.amp,

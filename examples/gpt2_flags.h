@@ -58,6 +58,7 @@ struct GPT2Flags {
   bool fp8 = false;                                   // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast)
   int64_t fp8_min_features = kFp8DefaultMinFeatures;  // --fp8-min-features: narrower linears keep bf16
   bool fp8_delayed = false;                           // --fp8-delayed: Fp8Scaling::Delayed
+  bool fp8_fast_accum = false;                        // --fp8-fast-accum: Fp8Accumulation::Fast
   int nproc = 0;
   std::string save, resume;
   std::string trace;        // --trace: the third step's Chrome trace (core/profiler.h)

@@ -257,8 +257,9 @@ class Backend {
   // b [N, K] (contiguous) in formats fa and fb (not both E5M2); a_inv and b_inv f32 [1] on the
   // device. False when the backend has no FP8 GEMM for these operands; kernels::fp8_gemm then
   // multiplies the decoded codes in f32. Epilogues beyond the bias are kernels::fp8_gemm's.
+  // `fast_accum`: Fp8Accum::Fast's accumulation, where the device has it.
   virtual bool fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb,
-                        const Tensor& b_inv, const Tensor& bias, const Tensor& out) = 0;
+                        const Tensor& b_inv, const Tensor& bias, const Tensor& out, bool fast_accum) = 0;
 };
 
 // The error for a cross-entropy label outside [0, classes) other than ignore_index: raised by

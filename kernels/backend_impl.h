@@ -171,7 +171,7 @@ class BackendImpl final : public Backend {
                                       const Tensor& scale_inv, const Tensor& out, const Tensor& out_t,
                                       const Tensor& col_sums) override;
   bool fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb, const Tensor& b_inv,
-                const Tensor& bias, const Tensor& out) override;
+                const Tensor& bias, const Tensor& out, bool fast_accum) override;
 };
 
 }  // namespace mg::kernels

@@ -191,7 +191,7 @@ Tensor decoded(const Tensor& codes, Fp8Format f, const Tensor& inv) {
 }  // namespace
 
 Tensor fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb, const Tensor& b_inv,
-                const Tensor& bias, DType dtype, Fp8Epilogue epilogue, const Tensor& aux) {
+                const Tensor& bias, DType dtype, Fp8Epilogue epilogue, const Tensor& aux, Fp8Accum accum) {
   const char* op = "fp8_gemm";
   MG_CHECK(a.defined(), ValueError, op, ": a is undefined");
   const Device dev = a.device();
@@ -218,7 +218,8 @@ Tensor fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor
   Backend& be = backend(dev, op);
   Tensor out = empty({m, n}, TensorOptions(dtype, dev));
   // The plain GEMM, in f32 from the decoded codes where the backend has none.
-  if (!be.fp8_gemm(ac, fa, a_inv, bc, fb, b_inv, bi, out)) {
+  const bool fast = accum == Fp8Accum::Fast || (accum == Fp8Accum::Auto && fa == Fp8Format::E4M3 && fb == fa);
+  if (!be.fp8_gemm(ac, fa, a_inv, bc, fb, b_inv, bi, out, fast)) {
     Tensor f = empty({m, n}, TensorOptions(DType::f32, dev));
     be.gemm(decoded(ac, fa, a_inv), false, decoded(bc, fb, b_inv), true, f, 1.0, 0.0);
     if (bi.defined()) f = add(f, raw::to_dtype(bi, DType::f32));

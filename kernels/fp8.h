@@ -113,8 +113,8 @@ inline Fp8Matrix fp8_cast_gelu_backward(const Tensor& g, const Tensor& pre, Fp8F
 // there: the same values up to the f32 summation order.
 // Errors: DTypeError, ShapeError, DeviceError naming the operand.
 Tensor fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb, const Tensor& b_inv,
-                const Tensor& bias, DType dtype, Fp8Epilogue epilogue = Fp8Epilogue::None,
-                const Tensor& aux = Tensor());
+                const Tensor& bias, DType dtype, Fp8Epilogue epilogue = Fp8Epilogue::None, const Tensor& aux = Tensor(),
+                Fp8Accum accum = Fp8Accum::Auto);
 inline Tensor fp8_gemm(const Fp8Matrix& a, const Fp8Matrix& b, const Tensor& bias, DType dtype) {
   return fp8_gemm(a.codes, a.format, a.scale_inv, b.codes, b.format, b.scale_inv, bias, dtype);
 }

@@ -129,6 +129,14 @@ enum class Fp8Format : uint8_t {
   E5M2,  // 5 exponent, 2 mantissa bits, largest 57344: gradients (more range, less precision)
 };
 
+// How an FP8 GEMM accumulates on the device. Hopper's FP8 tensor cores keep partial sums in an
+// accumulator narrower than f32; Promoted adds them into f32 every few steps of K (cuBLASLt's
+// default), Fast leaves them there for the whole of K (CUBLASLT_MATMUL_DESC_FAST_ACCUM: faster,
+// and less exact as K grows). Auto: Fast for e4m3 x e4m3 (the FP8 recipe's forward), Promoted
+// where an operand is e5m2 (its gradients), as torchao's and TransformerEngine's recipes do. The
+// CPU reference accumulates in f32 whichever is asked.
+enum class Fp8Accum : uint8_t { Auto, Fast, Promoted };
+
 // What kernels::fp8_gemm applies to the GEMM's result.
 enum class Fp8Epilogue : uint8_t {
   None,   // the result (+ bias)

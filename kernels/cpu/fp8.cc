@@ -150,7 +150,7 @@ void CpuBackend::fp8_quantize_transpose_delayed(const Tensor& x_in, bool gelu, c
 // Eigen's f32 product, then the two inverse scales and the bias in f32 and one rounding.
 template <>
 bool CpuBackend::fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb,
-                          const Tensor& b_inv, const Tensor& bias, const Tensor& out) {
+                          const Tensor& b_inv, const Tensor& bias, const Tensor& out, bool /*fast_accum*/) {
   using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
   const auto decode_all = [k](const Tensor& t, Fp8Format fmt, int64_t r) {

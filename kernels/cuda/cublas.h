@@ -45,7 +45,8 @@ bool lt_linear_gelu(const Tensor& x, const Tensor& w, const Tensor& bias, const 
 bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre, const Tensor& g_pre);
 // Backend::fp8_gemm's plain GEMM through cuBLASLt: out[M, N] = a[M, K] @ b[N, K]^T * a_inv * b_inv
 // (+ bias) for u8 codes, on a device with FP8 tensor cores (sm_89 on); false otherwise.
+// `fast_accum`: CUBLASLT_MATMUL_DESC_FAST_ACCUM (kernels/types.h, Fp8Accum).
 bool lt_fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb, const Tensor& b_inv,
-                 const Tensor& bias, const Tensor& out);
+                 const Tensor& bias, const Tensor& out, bool fast_accum);
 
 }  // namespace mg::kernels::cuda

@@ -323,9 +323,9 @@ bool lt_matmul_gelu_backward(const Tensor& g, const Tensor& w, const Tensor& pre
 
 // Row-major out[M, N] = a[M, K] @ b[N, K]^T, both read along K: lt_linear_bias's layout with
 // b as cuBLAS's A (transposed) and a as its B, the "TN" form Hopper's FP8 kernels require. The
-// fast accumulation is for e4m3 x e4m3 (the forward); a GEMM with an e5m2 gradient keeps f32.
+// caller chooses the accumulation (kernels::fp8_gemm resolves Fp8Accum).
 bool lt_fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb, const Tensor& b_inv,
-                 const Tensor& bias, const Tensor& out) {
+                 const Tensor& bias, const Tensor& out, bool fast_accum) {
   if (!plain_rows(a) || !plain_rows(b) || !plain_rows(out)) return false;
   if (bias.defined() && (!bias.is_contiguous() || bias.dtype() != out.dtype())) return false;
   const int64_t rows = a.size(0), k = a.size(1), n = b.size(0);
@@ -337,11 +337,7 @@ bool lt_fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tenso
   if (major * 10 + minor < 89) return false;
   const cublasLtEpilogue_t ep = bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   const auto type = [](Fp8Format f) { return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
-  static const std::string_view fast = env::choice("MG_FP8_FAST_ACCUM", {"forward", "dgrad", "all"});
-  const bool forward = fa == Fp8Format::E4M3 && fb == Fp8Format::E4M3;
-  const bool dgrad = !forward && out.dtype() != DType::f32;
-  const LtFp8 f{type(fb), type(fa), b_inv.raw_data(), a_inv.raw_data(),
-                forward || fast == "all" || (fast == "dgrad" && dgrad)};
+  const LtFp8 f{type(fb), type(fa), b_inv.raw_data(), a_inv.raw_data(), fast_accum};
   return lt_matmul(device, DType::u8, out.dtype(), true, false, n, rows, k, b.raw_data(), k, a.raw_data(), k,
                    out.raw_data(), n, ep, bias.defined() ? bias.raw_data() : nullptr, nullptr, 0, &f);
 }

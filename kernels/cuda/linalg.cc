@@ -231,9 +231,9 @@ bool CudaBackend::fused_matmul_gelu_backward(const Tensor& g, const Tensor& w, c
 
 template <>
 bool CudaBackend::fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb,
-                           const Tensor& b_inv, const Tensor& bias, const Tensor& out) {
+                           const Tensor& b_inv, const Tensor& bias, const Tensor& out, bool fast_accum) {
   mg::cuda::DeviceGuard guard(out.device());
-  return cuda::lt_fp8_gemm(a, fa, a_inv, b, fb, b_inv, bias, out);
+  return cuda::lt_fp8_gemm(a, fa, a_inv, b, fb, b_inv, bias, out, fast_accum);
 }
 
 }  // namespace mg::kernels

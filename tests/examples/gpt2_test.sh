@@ -41,7 +41,7 @@ check_resume "f32" --steps 40 --eval-every 0 --max-new-tokens 0
 # Under the FP8 recipe with delayed scaling and every block checkpointed, the histories of each
 # layer's amaxes travel in the checkpoint, so the resumed run casts with the same scales.
 check_resume "FP8 delayed" --steps 40 --eval-every 0 --max-new-tokens 0 --amp bf16 --fp8 --fp8-min-features 0 \
-  --fp8-delayed --recompute per-block
+  --fp8-delayed --fp8-fast-accum --recompute per-block
 
 # --memory-budget: a roomy budget keeps no recomputation and trains; one below every rung's peak
 # stops before training with the smallest peak named (exit 1); with --recompute it is a usage error.
@@ -76,6 +76,7 @@ expect_error() {  # expect_error MESSAGE FLAGS...: the run fails before training
   grep -qF -- "$msg" "$TMP/err" || { echo "FAIL: $* did not say: $msg"; cat "$TMP/err"; exit 1; }
 }
 expect_error 'unknown --offload "host" (valid: none, optimizer, params)' --offload host
+expect_error "--fp8-fast-accum is an accumulation for --fp8: give --fp8 too" --amp bf16 --fp8-fast-accum
 expect_error "--offload optimizer: the update runs inside backward, before the global gradient norm exists: pass --clip-grad-norm 0" \
   --offload optimizer --amp bf16
 expect_error "--offload params: the device computes with bf16 copies of the host's masters: pass --amp bf16" \

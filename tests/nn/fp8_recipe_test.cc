@@ -86,6 +86,33 @@ TEST(Fp8Recipe, LinearRunsOnTheCodesInsideTheRecipeOnly) {
   }
 }
 
+// Fp8Autocast's accumulation for the gradients' GEMMs: promoted unless asked, restored when the
+// guard closes, and the same results on the CPU (its reference GEMM accumulates in f32 either way).
+TEST(Fp8Recipe, GradientAccumulationIsTheGuardsAndRestored) {
+  EXPECT_FALSE(autocast_state().fp8_fast_grads);
+  Generator g(4);
+  nn::Linear lin(64, 48, true, {}, &g);
+  const Tensor x = randn({2, 16, 64}, {}, &g);
+  std::vector<std::vector<float>> grads;
+  for (Fp8Accumulation acc : {Fp8Accumulation::Promoted, Fp8Accumulation::Fast}) {
+    lin.zero_grad();
+    {
+      Autocast ac(DeviceType::CPU, DType::bf16);
+      Fp8Autocast fp8(true, 0, Fp8Scaling::Current, acc);
+      EXPECT_EQ(autocast_state().fp8_fast_grads, acc == Fp8Accumulation::Fast);
+      {
+        Fp8Autocast inner(true, 0);  // the default inside: promoted again
+        EXPECT_FALSE(autocast_state().fp8_fast_grads);
+      }
+      EXPECT_EQ(autocast_state().fp8_fast_grads, acc == Fp8Accumulation::Fast);
+      sum(lin(x).to(DType::f32)).backward();
+    }
+    EXPECT_FALSE(autocast_state().fp8_fast_grads);
+    grads.push_back(lin.weight.grad().to_vector<float>());
+  }
+  EXPECT_EQ(grads[0], grads[1]);
+}
+
 // A branch of the residual stream leaves its bias to the stream's next norm, except under the
 // recipe, whose GEMM adds it and whose gradient cast sums it: there the branch's output carries
 // the bias and none is left pending. So for the MLP, whose two layers the recipe takes together.
