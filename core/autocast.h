@@ -97,10 +97,9 @@ class Autocast {
 // saturating (autograd/fp8_linear.h says how operands are told apart).
 // The forward GEMMs (e4m3 x e4m3) accumulate fast: the tensor cores' narrower accumulator over
 // all of K (kernels/types.h, Fp8Accum). The gradients' GEMMs (an e5m2 operand) promote their
-// partial sums to f32 every few steps of K, unless Fp8Accumulation::Fast: faster by 2.6 ms of
-// GPT-2 XL's 152 ms step on an H100, at the cost of the gradients' precision over long
-// reductions (the weight gradient's K is the batch's B * T tokens); docs/mixed_precision.md
-// has its measured speed and loss curves.
+// partial sums to f32 every few steps of K, unless Fp8Accumulation::Fast: a faster step, at the
+// cost of the gradients' precision over long reductions (the weight gradient's K is the batch's
+// B * T tokens); docs/mixed_precision.md has its measured speed, error and loss curves.
 inline constexpr int64_t kFp8DefaultMinFeatures = 1280;
 enum class Fp8Scaling { Current, Delayed };
 enum class Fp8Accumulation { Promoted, Fast };
