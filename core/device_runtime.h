@@ -49,6 +49,12 @@ class Stream {
   static Stream default_stream(int device = -1);
   // A new stream owned by the returned object.
   static Stream create(int device = -1, int priority = 0);
+  // A new stream that is never destroyed: for a stream that tensors are recorded on
+  // (record_stream) by an owner they may outlive. The caching allocator records an event on each
+  // recorded stream when such a tensor is freed, which on a destroyed stream is an error or a
+  // crash; so the NCCL process group's communication stream is one (PyTorch keeps its side
+  // streams in a pool it never frees, for the same reason). One per owner that lives long.
+  static Stream create_lasting(int device = -1, int priority = 0);
   // The stream ops on the current device are issued to (default unless a StreamGuard is set).
   static Stream current(int device = -1);
   void* handle() const { return handle_; }

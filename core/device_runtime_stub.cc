@@ -24,6 +24,7 @@ DeviceGuard::DeviceGuard(int index) {
 DeviceGuard::~DeviceGuard() = default;
 Stream Stream::default_stream(int) { no_cuda("Stream::default_stream"); }
 Stream Stream::create(int, int) { no_cuda("Stream::create"); }
+Stream Stream::create_lasting(int, int) { no_cuda("Stream::create_lasting"); }
 Stream Stream::current(int) { no_cuda("Stream::current"); }
 void Stream::synchronize() const {}
 bool Stream::query() const { return true; }

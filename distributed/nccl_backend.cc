@@ -299,7 +299,8 @@ class NcclProcessGroup final : public ProcessGroup {
     std::memcpy(&id, blob.data(), sizeof(id));
     comm_ = std::make_shared<Comm>(describe(), timeout());
     comm_->init(size(), id, rank());
-    stream_ = cuda::Stream::create(local_rank());
+    // A lasting stream: the collectives' tensors are recorded on it and may outlive this group.
+    stream_ = cuda::Stream::create_lasting(local_rank());
     watchdog_ = std::thread([this] { watch(); });
   }
 

@@ -109,6 +109,16 @@ Stream Stream::create(int device, int priority) {
   return s;
 }
 
+Stream Stream::create_lasting(int device, int priority) {
+  Stream s;
+  s.device_ = resolve(device);
+  DeviceGuard g(s.device_);
+  cudaStream_t st = nullptr;
+  MG_CUDA_CHECK(cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, priority));
+  s.handle_ = st;  // no owner: the stream outlives every Stream that names it
+  return s;
+}
+
 Stream Stream::current(int device) {
   int d = resolve(device);
   auto it = tl_current_stream.find(d);

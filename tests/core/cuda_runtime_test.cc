@@ -225,6 +225,29 @@ TEST(CachingAllocatorGpu, RecordStreamDelaysReuse) {
   (void)first;  // reuse once the side stream is done is allowed; not before (fake-device tests check the order)
 }
 
+// A tensor recorded on a lasting stream outlives every Stream that named it (as a collective's
+// tensors outlive the NCCL process group whose stream recorded them): freeing it records the
+// allocator's event on that stream, which still exists, and the memory is reused once it fires.
+TEST(CachingAllocatorGpu, RecordStreamOnALastingStreamOutlivesItsOwner) {
+  REQUIRE_GPU();
+  Tensor kept = empty({1 << 18}, {DType::f32, kGpu});
+  void* handle = nullptr;
+  {
+    cuda::Stream side = cuda::Stream::create_lasting(0);
+    handle = side.handle();
+    kept.fill_(1.0f);
+    cuda::record_stream(kept, side);
+  }                 // the owner, and every Stream naming the stream, gone
+  kept = Tensor();  // freed: the allocator records its event on the lasting stream
+  cuda::synchronize(0);
+  Tensor again = empty({1 << 18}, {DType::f32, kGpu});
+  again.fill_(2.0f);
+  const std::vector<float> v = raw::to_device(again, Device::cpu()).to_vector<float>();
+  EXPECT_EQ(v.front(), 2.0f);
+  EXPECT_EQ(v.back(), 2.0f);
+  EXPECT_NE(handle, nullptr);
+}
+
 TEST(CachingAllocatorGpu, ExpandableSegmentsGrowInPlace) {
   REQUIRE_GPU();
   cuda::empty_cache();
