@@ -98,17 +98,6 @@ Stream Stream::default_stream(int device) {
   return s;
 }
 
-Stream Stream::create(int device, int priority) {
-  Stream s;
-  s.device_ = resolve(device);
-  DeviceGuard g(s.device_);
-  cudaStream_t st = nullptr;
-  MG_CUDA_CHECK(cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, priority));
-  s.handle_ = st;
-  s.owner_ = std::shared_ptr<void>(st, [](void* p) { (void)cudaStreamDestroy(static_cast<cudaStream_t>(p)); });
-  return s;
-}
-
 Stream Stream::create_lasting(int device, int priority) {
   Stream s;
   s.device_ = resolve(device);
@@ -116,6 +105,12 @@ Stream Stream::create_lasting(int device, int priority) {
   cudaStream_t st = nullptr;
   MG_CUDA_CHECK(cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, priority));
   s.handle_ = st;  // no owner: the stream outlives every Stream that names it
+  return s;
+}
+
+Stream Stream::create(int device, int priority) {
+  Stream s = create_lasting(device, priority);
+  s.owner_ = std::shared_ptr<void>(s.handle_, [](void* p) { (void)cudaStreamDestroy(static_cast<cudaStream_t>(p)); });
   return s;
 }
 
