@@ -106,11 +106,12 @@ inline Fp8Matrix fp8_cast_gelu_backward(const Tensor& g, const Tensor& pre, Fp8F
 }
 
 // out [M, N] in `dtype` (bf16, f16 or f32) = (decode(a) @ decode(b)^T) * a_inv * b_inv + bias
-// for codes a [M, K] and b [N, K] (u8, formats fa and fb, not both E5M2), accumulated in f32. The
-// DGelu epilogue multiplies the result by gelu_tanh'(aux) (an [M, N] tensor of `dtype`), as the
-// GELU-backward kernel after the GEMM. Where the backend has no FP8 GEMM for the operands (a device
-// without FP8 tensor cores, a shape cuBLASLt refuses) the codes are decoded to f32 and multiplied
-// there: the same values up to the f32 summation order.
+// for codes a [M, K] and b [N, K] (u8, formats fa and fb, not both E5M2), accumulated in f32 (on
+// the device as `accum` says: kernels/types.h, Fp8Accum). The DGelu epilogue multiplies the
+// result by gelu_tanh'(aux) (an [M, N] tensor of `dtype`), as the GELU-backward kernel after the
+// GEMM. Where the backend has no FP8 GEMM for the operands (a device without FP8 tensor cores, a
+// shape cuBLASLt refuses) the codes are decoded to f32 and multiplied there: the same values up
+// to the f32 summation order.
 // Errors: DTypeError, ShapeError, DeviceError naming the operand.
 Tensor fp8_gemm(const Tensor& a, Fp8Format fa, const Tensor& a_inv, const Tensor& b, Fp8Format fb, const Tensor& b_inv,
                 const Tensor& bias, DType dtype, Fp8Epilogue epilogue = Fp8Epilogue::None, const Tensor& aux = Tensor(),
