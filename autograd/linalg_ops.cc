@@ -177,6 +177,11 @@ Tensor gelu_mlp_math(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, co
 }
 }  // namespace
 
+bool fp8_takes_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& w_proj) {
+  return fp8_takes_linear(x, w_fc) && fp8_takes_linear(x, w_proj) && w_proj.dim() == 2 && w_fc.dim() == 2 &&
+         w_proj.size(1) == w_fc.size(0);
+}
+
 Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj) {
   if (autograd::fp8_keeps_f32_weight(x, w_fc) && autograd::fp8_keeps_f32_weight(x, w_proj) &&
       w_proj.size(1) == w_fc.size(0))  // as linear's: the recipe casts the f32 weights themselves

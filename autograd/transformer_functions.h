@@ -41,6 +41,9 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual
 // Saves what the two linears and the GELU would (x, the GELU's argument and its output).
 // Follows autocast like linear; under a selective-recompute policy it runs as the three ops.
 Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj);
+// Whether gelu_mlp(x, w_fc, ..., w_proj, ...) runs under the FP8 recipe: both its linears do
+// (fp8_takes_linear) and the shapes chain. Its c_proj bias then stays in the GEMM, as a linear's.
+bool fp8_takes_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& w_proj);
 
 // Rows of weight [num_embeddings, dim] picked by integer indices (i64 or i32, any shape) ->
 // [*indices.shape, dim]. The gradient is dense: grad rows are index_add-ed into a zero

@@ -157,8 +157,7 @@ Branch MLP::branch(const Tensor& x, bool bias_pending) {
   run_forward_pre_hooks();
   if (gelu->approximate != "tanh") return dropout->branch(c_proj->branch((*gelu)((*c_fc)(x)), bias_pending));
   // Under the FP8 recipe c_proj's bias stays in its GEMM (fp8_takes_linear says why).
-  const bool leaves =
-      c_proj->leaves_bias(bias_pending) && !(fp8_takes_linear(x, c_fc->weight) && fp8_takes_linear(x, c_proj->weight));
+  const bool leaves = c_proj->leaves_bias(bias_pending) && !fp8_takes_gelu_mlp(x, c_fc->weight, c_proj->weight);
   return dropout->branch({fused(x, !leaves), leaves ? c_proj->bias : Tensor()});
 }
 

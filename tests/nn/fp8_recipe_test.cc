@@ -136,6 +136,8 @@ TEST(Fp8Recipe, BranchesKeepTheirBiasInTheGemmUnderTheRecipe) {
   EXPECT_EQ(raw::to_dtype(b.out, DType::f32).to_vector<float>(), raw::to_dtype(lin(x), DType::f32).to_vector<float>());
   EXPECT_EQ(raw::to_dtype(m.out, DType::f32).to_vector<float>(), raw::to_dtype(mlp(x), DType::f32).to_vector<float>());
   EXPECT_TRUE(fp8_takes_linear(x, lin.weight));
+  EXPECT_TRUE(fp8_takes_gelu_mlp(x, mlp.c_fc->weight, mlp.c_proj->weight));
+  EXPECT_FALSE(fp8_takes_gelu_mlp(x, mlp.c_fc->weight, mlp.c_fc->weight));  // 256 out into 64 in: no chain
   Fp8Autocast narrow(true, 1280);  // 64 features: bf16 again, and the stream adds the bias
   EXPECT_FALSE(fp8_takes_linear(x, lin.weight));
   EXPECT_EQ(lin.branch(x).bias.impl(), lin.bias.impl());
