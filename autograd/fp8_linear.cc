@@ -9,6 +9,7 @@
 #include "autograd/autocast_policy.h"
 #include "autograd/grad_mode.h"
 #include "autograd/op_support.h"
+#include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/device_runtime.h"
 #include "kernels/fp8.h"
@@ -59,6 +60,14 @@ using kernels::Fp8History;
 struct LayerHistories {
   std::weak_ptr<TensorImpl> owner;
   Fp8History x, w, g;
+  // The weight's next cast, written by an optimizer's update (provide_fp8_weight_cast), with the
+  // weight's version and the history's cast count when it was reserved.
+  struct Provided {
+    kernels::Fp8WeightCast cast;
+    uint32_t version = 0;
+    int64_t casts = 0;
+  };
+  std::optional<Provided> provided;
 };
 thread_local std::unordered_map<const TensorImpl*, std::shared_ptr<LayerHistories>> tl_histories;
 
@@ -123,6 +132,30 @@ Fp8History* of(const std::shared_ptr<LayerHistories>& h, Fp8History LayerHistori
   return h ? &(h.get()->*member) : nullptr;
 }
 
+// A forward's cast of the weight w (its transpose too with `transposed`): the one an optimizer's
+// update wrote (provide_fp8_weight_cast) where w and the history are as they were then, else
+// forward_cast's. A checkpoint region's replay casts with its forward's scale and leaves it.
+Fp8Matrix weight_cast(const Tensor& w, bool transposed, const std::shared_ptr<LayerHistories>& h) {
+  if (h && h->provided && !region_scales_take) {
+    const LayerHistories::Provided p = std::move(*h->provided);
+    h->provided.reset();
+    if (p.version == w.version() && p.casts == h->w.casts) {
+      ++h->w.casts;  // the update cast at this slot
+      Fp8Matrix m;
+      m.codes = p.cast.codes;
+      if (transposed) m.codes_t = p.cast.codes_t;
+      m.scale = p.cast.scale;
+      m.scale_inv = p.cast.scale_inv;
+      m.format = p.cast.format;
+      if (RegionScales* const rs = region_scales_put) rs->put(m.scale, m.scale_inv);
+      return m;
+    }
+    // The cast below takes the slot the update wrote: the amax of the weight as it was goes.
+    if (p.casts == h->w.casts) raw::fill_(raw::slice(h->w.amax, 0, p.cast.slot, p.cast.slot + 1, 1), 0.0);
+  }
+  return forward_cast(w, kE4M3, {true, transposed, false}, of(h, &LayerHistories::w));
+}
+
 // The rows' sum in `dtype` (f32 for an f32 bias: the f32 sums not rounded to g2's type first).
 Tensor bias_grad(const Tensor& g2, DType dtype) {
   return dtype == DType::f32 || dtype == g2.dtype() ? kernels::sum(g2, {0}, false, dtype)
@@ -133,6 +166,40 @@ Tensor bias_grad_from_sums(const Tensor& sums, DType dtype) {
   return dtype == DType::f32 ? sums : raw::to_dtype(sums, dtype);
 }
 }  // namespace
+
+std::optional<kernels::Fp8WeightCast> fp8_next_weight_cast(const Tensor& w) {
+  if (!w.defined() || w.dtype() != DType::f32 || w.dim() != 2 || !w.is_contiguous()) return std::nullopt;
+  if (w.is_cuda() && cuda::is_capturing(w.device().index)) return std::nullopt;
+  const std::shared_ptr<LayerHistories> h = histories_by(history_key(w));
+  if (!h || h->w.casts == 0 || !h->w.amax.defined() || h->w.amax.device() != w.device()) return std::nullopt;
+  // The next forward's memory, counted as the casts that forward would make (as autocast's casts
+  // an update writes are).
+  MemoryCategoryGuard act(MemoryCategory::Activations);
+  const TensorOptions u8(DType::u8, w.device()), f32(DType::f32, w.device());
+  kernels::Fp8WeightCast c;
+  c.codes = empty(w.sizes(), u8);
+  c.codes_t = empty({w.size(1), w.size(0)}, u8);
+  c.history = h->w.amax;
+  c.scale = empty({1}, f32);
+  c.scale_inv = empty({1}, f32);
+  c.slot = static_cast<int>(h->w.casts % (kernels::kFp8HistoryLen + 2));  // delayed_cast's slot
+  c.format = kE4M3;
+  return c;
+}
+
+void provide_fp8_weight_cast(const Tensor& w, const kernels::Fp8WeightCast& cast) {
+  MG_CHECK(w.defined() && cast.codes.defined(), ValueError, "provide_fp8_weight_cast: undefined tensor");
+  const std::shared_ptr<LayerHistories> h = histories_by(history_key(w));
+  MG_CHECK(h && h->w.amax.defined() && h->w.amax.impl() == cast.history.impl(), ValueError,
+           "provide_fp8_weight_cast: the cast of weight ", shape_str(w.sizes()),
+           " was not reserved against its layer's history (fp8_next_weight_cast)");
+  h->provided = LayerHistories::Provided{cast, w.version(), h->w.casts};
+}
+
+bool fp8_weight_cast_provided(const Tensor& w) {
+  const std::shared_ptr<LayerHistories> h = w.defined() ? histories_by(history_key(w)) : nullptr;
+  return h && h->provided.has_value();
+}
 
 std::array<int64_t, 3> fp8_history_casts(const Tensor& weight) {
   const std::shared_ptr<LayerHistories> h = weight.defined() ? histories_by(history_key(weight)) : nullptr;
@@ -210,8 +277,10 @@ StagedLoad Fp8HistoryState::stage_state_dict(const StateDict& sd) {
   std::vector<std::pair<std::shared_ptr<LayerHistories>, std::array<Fp8History, 3>>> commits;
   for (const auto& [name, s] : staged) commits.emplace_back(histories_of(s.weight), s.h);
   return [commits = std::move(commits)] {
-    for (const auto& [h, hs] : commits)
+    for (const auto& [h, hs] : commits) {
       for (int i = 0; i < 3; ++i) h.get()->*kOperands[i].second = hs[i];
+      h->provided.reset();  // reserved against the history replaced
+    }
   };
 }
 
@@ -246,7 +315,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType gw
   const std::shared_ptr<LayerHistories> hist = delayed_histories(x, w);
   const Fp8Matrix xq =
       forward_cast(raw::reshape(x, {-1, x.size(-1)}), kE4M3, {true, need_w, false}, of(hist, &LayerHistories::x));
-  const Fp8Matrix wq = forward_cast(w, kE4M3, {true, need_x, false}, of(hist, &LayerHistories::w));
+  const Fp8Matrix wq = weight_cast(w, need_x, hist);
   const Tensor out = raw::view(kernels::fp8_gemm(xq, wq, bias, x.dtype()), with_last(x, n));
   if (!grad) return out;
   record("linear", {x, w, bias}, out,
@@ -278,13 +347,13 @@ Tensor fp8_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, con
   const std::shared_ptr<LayerHistories> h_fc = delayed_histories(x, w_fc), h_proj = delayed_histories(x, w_proj);
   const Fp8Matrix xq =
       forward_cast(raw::reshape(x, {-1, x.size(-1)}), kE4M3, {true, need[1], false}, of(h_fc, &LayerHistories::x));
-  const Fp8Matrix wfq = forward_cast(w_fc, kE4M3, {true, need[0], false}, of(h_fc, &LayerHistories::w));
+  const Fp8Matrix wfq = weight_cast(w_fc, need[0], h_fc);
   // pre = x @ w_fc^T + b_fc; the hidden activation gelu(pre) is cast from it, the GELU taken in the
   // cast's passes: the activation is never written in the region's dtype, and the GEMM has only the
   // bias in its epilogue.
   const Tensor pre = kernels::fp8_gemm(xq, wfq, b_fc, dtype);
   const Fp8Matrix hq = forward_cast(pre, kE4M3, {true, need[3], false}, of(h_proj, &LayerHistories::x), Fp8Of::GeluOfX);
-  const Fp8Matrix wpq = forward_cast(w_proj, kE4M3, {true, need_pre, false}, of(h_proj, &LayerHistories::w));
+  const Fp8Matrix wpq = weight_cast(w_proj, need_pre, h_proj);
   const Tensor out = raw::view(kernels::fp8_gemm(hq, wpq, b_proj, dtype), with_last(x, w_proj.size(0)));
   if (!grad) return out;
   record("gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, out,

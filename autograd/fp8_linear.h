@@ -1,5 +1,6 @@
 // The FP8 recipe's linear layers (core/autocast.h, Fp8Autocast): mg::linear and mg::gelu_mlp run
-// their GEMMs here when fp8_linear_applies(). Included by autograd/linalg_ops.cc only.
+// their GEMMs here when fp8_linear_applies(). Included by autograd/linalg_ops.cc, and by the
+// optimizers that write the recipe's weight casts (fp8_next_weight_cast).
 //
 // The recipe, per GEMM (kernels/fp8.h):
 //   forward    x and w cast to e4m3 with per-tensor scaling, current (each tensor's own amax,
@@ -22,16 +23,20 @@
 // current scaling. A weight used by two layers shares one history of each operand, so each
 // layer's scale covers both.
 // Attention, the head and the norms stay in the region's dtype. The f32 master weights and the
-// optimizer are untouched: the recipe changes only what the GEMMs read.
+// optimizer's rule are untouched: the recipe changes only what the GEMMs read. An optimizer may
+// write a weight's next cast in its update (fp8_next_weight_cast), as it writes autocast's casts.
+
 #pragma once
 
 #include <array>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/state_dict.h"
 #include "core/tensor.h"
+#include "kernels/types.h"
 
 namespace mg::autograd {
 
@@ -71,6 +76,24 @@ class Fp8HistoryState {
  private:
   std::vector<std::pair<std::string, Tensor>> weights_;
 };
+
+// The weight casts an optimizer's update writes (AdamOptions::write_autocast_casts), the FP8
+// counterpart of autocast's low copies: the update reads the f32 weight anyway, so writing its
+// codes there spares the next forward's cast a read of 4 bytes a parameter and a launch.
+// fp8_next_weight_cast(w): for an f32 2-D weight whose layer has cast it under delayed scaling
+// (on the calling thread), the cast its next forward would make, reserved: the codes and scales
+// allocated on w's device and the history's next slot, the one that forward's cast would take
+// (kernels::Fp8WeightCast). None for a weight without such a history, or while w's device is
+// capturing a CUDA graph.
+std::optional<kernels::Fp8WeightCast> fp8_next_weight_cast(const Tensor& w);
+// Hands the cast an update wrote (fp8_next_weight_cast's) to w's layer: its next forward under
+// delayed scaling uses it instead of casting w, the same codes and scale and the same history
+// after, where w is unchanged since (its version) and the history has cast nothing since. A
+// forward that cannot use it casts as before (the slot's amax cleared first) and drops it; a
+// history loaded from a checkpoint drops it too.
+void provide_fp8_weight_cast(const Tensor& w, const kernels::Fp8WeightCast& cast);
+// Whether w's layer holds a cast an update wrote that its next forward has not taken yet (tests).
+bool fp8_weight_cast_provided(const Tensor& w);
 
 // linear and gelu_mlp under the recipe; gw_dtype and the like are the weights' gradient dtypes.
 Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType gw_dtype);

@@ -107,7 +107,8 @@
 //   --head-chunk-rows N  rows of logits linear_cross_entropy makes at a time (default: ~512 MiB)
 //   --step-in-backward the optimizer steps inside backward, 32 MiB of parameters at a time
 //                      (optim::StepInBackward; " step in backward")
-//   --no-step-casts    AdamW does not write the next forward's bf16 weight casts in its update
+//   --no-step-casts    AdamW does not write the next forward's weight casts in its update (bf16,
+//                      and the FP8 recipe's under --fp8-delayed)
 //   --no-weight-cast-cache  autocast casts each f32 weight at each use instead of once per step
 //                      (mg::Autocast's cache_enabled = false; implies --no-step-casts)
 //   --logits           GPT-2's head and loss as GPT::loss(model(idx)): the [B, T, V] logits
@@ -337,8 +338,9 @@ bool g_fp8 = false;  // --fp8: the linear layers' GEMMs in FP8 (mg::Fp8Autocast)
 int64_t g_fp8_min_features = mg::kFp8DefaultMinFeatures;  // --fp8-min-features N
 bool g_fp8_delayed = false;                               // --fp8-delayed: mg::Fp8Scaling::Delayed
 bool g_fp8_fast_accum = false;                            // --fp8-fast-accum: mg::Fp8Accumulation::Fast
-// --no-step-casts: AdamW does not write the next forward's bf16 casts in its update (the forward
-// casts each weight as it reads it): 2 bytes a parameter fewer between the step and the forward.
+// --no-step-casts: AdamW does not write the next forward's bf16 casts (or FP8 codes) in its update
+// (the forward casts each weight as it reads it): 2 bytes a parameter fewer between the step and
+// the forward.
 bool g_step_casts = true;
 // --no-weight-cast-cache: no cast of a weight outlives its use (and its backward's): the forward's
 // end holds none of them where every block is checkpointed.

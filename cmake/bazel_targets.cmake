@@ -242,7 +242,6 @@ mg_bazel_target(library //autograd:autograd ALWAYSLINK
     autograd/elementwise_ops.cc
     autograd/engine.cc
     autograd/fp8_linear.cc
-    autograd/fp8_linear.h
     autograd/grad_mode.cc
     autograd/index_ops.cc
     autograd/linalg_ops.cc
@@ -261,6 +260,7 @@ mg_bazel_target(library //autograd:autograd ALWAYSLINK
     autograd/autograd_meta.h
     autograd/conv_functions.h
     autograd/engine.h
+    autograd/fp8_linear.h
     autograd/functions.h
     autograd/grad_mode.h
     autograd/node.h

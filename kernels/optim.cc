@@ -10,6 +10,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
 #include "kernels/elementwise.h"
+#include "kernels/fp8.h"
 #include "kernels/optim_math.h"
 
 namespace mg::kernels {
@@ -109,11 +110,57 @@ void check_adam_steps(const char* op, const AdamTensors& t, const DeviceScalars&
   }
 }
 
+std::string described(const Tensor& t) {
+  return t.defined() ? detail::format(t.dtype(), " ", shape_str(t.sizes()), " on ", t.device()) : "undefined";
+}
+
+// The FP8 weight casts an update writes (AdamTensors::fp8_casts): each defined entry's codes and
+// history fit its parameter, 2-D f32, on the parameters' device; device step counts (a captured
+// update) take none, as they take no low copies from a region ahead.
+void check_fp8_casts(const char* op, const AdamTensors& t, const DeviceScalars& d) {
+  if (t.fp8_casts.empty()) return;
+  MG_CHECK(t.fp8_casts.size() == t.params.size(), ValueError, op, ": ", t.fp8_casts.size(), " FP8 casts for ",
+           t.params.size(), " params");
+  const Device dev = t.params[0].device();
+  constexpr int64_t kSlots = kFp8HistoryLen + 2;
+  for (size_t i = 0; i < t.fp8_casts.size(); ++i) {
+    const Fp8WeightCast& c = t.fp8_casts[i];
+    if (!c.codes.defined()) continue;
+    MG_CHECK(t.step_counts.empty() && !d.lr.defined(), ValueError, op, ": fp8_casts[", i,
+             "]: a captured update writes no FP8 casts (its graph casts in the forward)");
+    const Tensor& p = t.params[i];
+    MG_CHECK(p.dtype() == DType::f32 && p.dim() == 2, DTypeError, op, ": fp8_casts[", i,
+             "] needs a 2-D f32 parameter, got ", p.dtype(), " ", shape_str(p.sizes()));
+    const int64_t r = p.size(0), k = p.size(1);
+    const auto u8_of = [&](const Tensor& q, int64_t a, int64_t b) {
+      return q.defined() && q.dtype() == DType::u8 && q.device() == dev && q.is_contiguous() && q.dim() == 2 &&
+             q.size(0) == a && q.size(1) == b;
+    };
+    MG_CHECK(u8_of(c.codes, r, k) && u8_of(c.codes_t, k, r), ValueError, op, ": fp8_casts[", i,
+             "] needs contiguous u8 codes [", r, ", ", k, "] and codes_t [", k, ", ", r, "] on ", dev, ", got ",
+             described(c.codes), " and ", described(c.codes_t));
+    const auto f32_of = [&](const Tensor& x, int64_t n) {
+      return x.defined() && x.dtype() == DType::f32 && x.device() == dev && x.is_contiguous() && x.numel() == n;
+    };
+    MG_CHECK(f32_of(c.history, kSlots) && f32_of(c.scale, 1) && f32_of(c.scale_inv, 1), ValueError, op, ": fp8_casts[",
+             i, "] needs an f32 history of ", kSlots, " slots and one-element f32 scale and scale_inv on ", dev,
+             ", got ", described(c.history), ", ", described(c.scale), " and ", described(c.scale_inv));
+    MG_CHECK(c.slot >= 0 && c.slot < kSlots && c.margin >= 0, ValueError, op, ": fp8_casts[", i, "]: slot ", c.slot,
+             " (0 to ", kSlots - 1, ") and margin ", c.margin, " (>= 0)");
+  }
+}
+
 // Bumps the versions of what an Adam update wrote.
 void bump_adam_outputs(const AdamTensors& t) {
   for (const Tensor& p : t.params) p.bump_version();
   for (const Tensor& c : t.low_copies)
     if (c.defined()) c.bump_version();
+  for (const Fp8WeightCast& c : t.fp8_casts)
+    if (c.codes.defined()) {
+      c.codes.bump_version();
+      c.codes_t.bump_version();
+      c.history.bump_version();
+    }
 }
 }  // namespace
 
@@ -128,6 +175,7 @@ void adam_multi_tensor_(const AdamTensors& t, const AdamHyper& h, const DeviceSc
   MG_CHECK(!t.step_counts.empty() || t.steps.size() == t.params.size(), ValueError, op, ": ", t.steps.size(),
            " step counts for ", t.params.size(), " params");
   check_adam_steps(op, t, d);
+  check_fp8_casts(op, t, d);
   backend(t.params[0].device(), op).adam_multi_tensor(t, h, d);
   bump_adam_outputs(t);
 }

@@ -169,15 +169,30 @@ struct AdamHyper {
 // the f32 parameter's shape that the update also writes: the new parameter rounded to nearest
 // (the parameter as it was when a GradScaler skips the update), the cast the next autocast
 // region would make. Every defined one of one dtype.
+// fp8_casts (empty, or one entry per parameter): where an entry's codes are defined, the FP8
+// recipe's cast of the updated 2-D f32 parameter that its layer's next forward would make
+// (autograd/fp8_linear.h, fp8_next_weight_cast), written by the update: see Fp8WeightCast.
 // 8-bit state (adam8bit_multi_tensor_): exp_avg and exp_avg_sq are u8 codes of the params' shapes
 // (kernels/optim_math.h's dynamic codes) and exp_avg_absmax / exp_avg_sq_absmax their f32 block
 // scales, [ceil(numel / 2048)] each.
+// A weight's cast for an FP8 GEMM with delayed scaling (kernels/fp8.h, fp8_cast_delayed): codes
+// [R, C] and codes_t [C, R] (u8) of the parameter times the scale that the amax `history` (f32
+// [kFp8HistoryLen + 2]) gives at `slot`, whose amax the cast records; `scale` and `scale_inv` (f32
+// [1]) receive the scale used and its reciprocal. The same codes, scale and history as
+// fp8_cast_delayed casting the updated parameter at that slot.
+struct Fp8WeightCast {
+  Tensor codes, codes_t, history, scale, scale_inv;
+  int slot = 0;
+  Fp8Format format = Fp8Format::E4M3;
+  int margin = 0;
+};
 struct AdamTensors {
   std::vector<Tensor> params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq;
   std::vector<Tensor> exp_avg_absmax, exp_avg_sq_absmax;
   std::vector<int64_t> steps;
   std::vector<Tensor> step_counts;
   std::vector<Tensor> low_copies;
+  std::vector<Fp8WeightCast> fp8_casts;
 };
 struct SGDHyper {
   double lr = 1e-3, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "autograd/autocast_policy.h"
+#include "autograd/fp8_linear.h"
 #include "autograd/grad_mode.h"
 #include "core/allocator.h"
 #include "core/device_runtime.h"
@@ -204,6 +205,7 @@ void Adam::step() {
         low = empty(p.sizes(), {cast->second, p.device()});
       }
       l.low_copies.push_back(low);
+      l.fp8_casts.emplace_back();  // the FP8 recipe's cast, below, for the f32 update's lists
       l.params.push_back(p);
       l.grads.push_back(grad);
       l.exp_avg.push_back(st.buffers["exp_avg"]);
@@ -266,11 +268,16 @@ void Adam::step() {
       }
       kernels::AdamTensors& l = fused[{p.device().str(), p.dtype()}];
       add_to_list(l, p, grad, st);
+      // The FP8 recipe's next cast of the weight, written by the update (as the low copies are).
+      if (write_autocast_casts_ && !capturable_ && !h.amsgrad)
+        if (std::optional<kernels::Fp8WeightCast> c = autograd::fp8_next_weight_cast(p)) l.fp8_casts.back() = *c;
       if (h.amsgrad) l.max_exp_avg_sq.push_back(st.buffers["max_exp_avg_sq"]);
     }
     auto run = [&](kernels::AdamTensors& l, bool eight_bit) {
       if (std::none_of(l.low_copies.begin(), l.low_copies.end(), [](const Tensor& c) { return c.defined(); }))
         l.low_copies.clear();
+      if (std::none_of(l.fp8_casts.begin(), l.fp8_casts.end(), [](const auto& c) { return c.codes.defined(); }))
+        l.fp8_casts.clear();
       const kernels::DeviceScalars d =
           capturable_ ? device_scalars(gi, l.params[0].device()) : kernels::DeviceScalars{};
       if (eight_bit)
@@ -280,6 +287,8 @@ void Adam::step() {
       for (size_t i = 0; i < l.low_copies.size(); ++i)
         if (l.low_copies[i].defined() && !cast_targets_.count(l.params[i].impl()))
           autocast::provide_cast(l.params[i], l.low_copies[i]);
+      for (size_t i = 0; i < l.fp8_casts.size(); ++i)
+        if (l.fp8_casts[i].codes.defined()) autograd::provide_fp8_weight_cast(l.params[i], l.fp8_casts[i]);
     };
     for (auto& [key, l] : fused) run(l, false);
     for (auto& [key, l] : fused8) run(l, true);

@@ -32,8 +32,11 @@ struct AdamOptions {
   // before the forward's first GEMM. The copies are handed to the autocast cache
   // (autocast::provide_cast) and live from the step until that region exits, where casts made
   // by the region would live from its start; memory stats count them as activations, as they
-  // count a forward's casts. Off in capturable mode (a captured step casts in
-  // its graph).
+  // count a forward's casts. Likewise the FP8 recipe's weight casts (autograd/fp8_linear.h,
+  // fp8_next_weight_cast): for each f32 weight its layers cast under delayed scaling, the e4m3
+  // codes and their transpose (2 bytes a parameter) written from the new values in the update's
+  // pass, instead of a cast reading the f32 weight again in the next forward. Off in capturable
+  // mode (a captured step casts in its graph).
   bool write_autocast_casts = true;
   // 8: 8-bit optimizer state. The moments of every contiguous f32 parameter with at least
   // min_8bit_size elements are kept as blockwise-quantized codes (one byte an element and one f32

@@ -261,9 +261,17 @@ void CpuBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, con
     adam_cpu<double>(t, h, d);
     return;
   }
-  if (adam_cpu<float>(t, h, d)) return;             // the low copies were written in the update's pass
-  for (size_t i = 0; i < t.low_copies.size(); ++i)  // skipped: the parameters as they are
-    if (t.low_copies[i].defined()) write_low_copy(t.params[i], t.low_copies[i]);
+  if (!adam_cpu<float>(t, h, d))                      // else written in the update's pass
+    for (size_t i = 0; i < t.low_copies.size(); ++i)  // skipped: the parameters as they are
+      if (t.low_copies[i].defined()) write_low_copy(t.params[i], t.low_copies[i]);
+  // The FP8 recipe's casts of the new values (of the parameters as they are where skipped): the
+  // delayed cast itself, after the update. The CUDA backend does both in one pass.
+  for (size_t i = 0; i < t.fp8_casts.size(); ++i) {
+    const Fp8WeightCast& c = t.fp8_casts[i];
+    if (c.codes.defined())
+      fp8_quantize_transpose_delayed(t.params[i], false, Tensor(), c.history, c.slot, c.format, c.margin, c.scale,
+                                     c.scale_inv, c.codes, c.codes_t, Tensor());
+  }
 }
 
 template <>

@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gelu.cuh"
 #include "kernels/fp8_math.h"
+#include "kernels/optim_math.h"
 
 namespace mg::kernels {
 using namespace cuda;  // NOLINT: the launch helpers of kernels/cuda/common.cuh
@@ -363,12 +364,62 @@ __device__ __forceinline__ typename WideTile<V>::Word pack_codes(const uint32_t 
   else
     return uint2{w[0], w[1]};
 }
+// A vec tile kernel's codes: thread (x, y) casts its kRowsPerThread rows' V values v (row
+// Tile::row(k), columns c ...) with scale s, writes them to q row by row (where q is given) and to
+// the tile's shared memory for the transpose, and adds them into acc (the column sums) and their
+// abs_bits into m (the amax).
+template <int V>
+__device__ __forceinline__ void codes_to_tile(const float (&v)[kRowsPerThread][V], float s,
+                                              __nv_fp8_interpretation_t kind, uint8_t (*tile)[kWideCols + 4],
+                                              uint8_t* q, int64_t r0, int64_t c, int64_t rows, int64_t cols,
+                                              float (&acc)[V], unsigned& m) {
+  using Tile = WideTile<V>;
+  using Word = typename Tile::Word;
+#pragma unroll
+  for (int k = 0; k < kRowsPerThread; ++k) {
+    const int i = Tile::row(k);
+    const int64_t r = r0 + i;
+    if (r < rows && c < cols) {
+      uint32_t codes[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        acc[j] += v[k][j];
+        m = max(m, abs_bits(v[k][j]));
+        codes[j] = __nv_cvt_float_to_fp8(v[k][j] * s, __NV_SATFINITE, kind);
+      }
+      const Word packed = pack_codes<V>(codes);
+      // Shared memory's rows are 4-byte aligned (kWideCols + 4 bytes apart): a word at a time.
+#pragma unroll
+      for (int h = 0; h < V / 4; ++h)
+        *reinterpret_cast<uint32_t*>(&tile[i][V * threadIdx.x + 4 * h]) = reinterpret_cast<const uint32_t*>(&packed)[h];
+      if (q) *reinterpret_cast<Word*>(q + r * cols + c) = packed;
+    }
+  }
+}
+// The tile's codes (codes_to_tile's, after a __syncthreads) written transposed into qt [cols, rows]:
+// V rows' codes of one column as one word.
+template <int V>
+__device__ __forceinline__ void tile_to_transposed(const uint8_t (*tile)[kWideCols + 4], uint8_t* qt, int64_t r0,
+                                                   int64_t c0, int64_t rows, int64_t cols) {
+  using Tile = WideTile<V>;
+  constexpr int kGroups = Tile::kRows / V;  // a column's groups of V rows
+  for (int item = tile_thread(); item < kWideCols * kGroups; item += kTile * kTileRows) {
+    const int cc = item / kGroups, g = item % kGroups;  // the tile's column, its V-row group
+    const int64_t col = c0 + cc, r = r0 + V * g;
+    if (col < cols && r < rows) {
+      uint32_t codes[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) codes[j] = tile[V * g + j][cc];
+      *reinterpret_cast<typename Tile::Word*>(qt + col * rows + r) = pack_codes<V>(codes);
+    }
+  }
+}
+
 template <class T, int V>
 __global__ void quantize_transpose_vec_kernel(const T* __restrict__ x, bool gelu, const T* __restrict__ pre,
                                               const float* scale, __nv_fp8_interpretation_t kind, uint8_t* q,
                                               uint8_t* qt, int64_t rows, int64_t cols, float* col_partial, Delayed d) {
   using Tile = WideTile<V>;
-  using Word = typename Tile::Word;
   __shared__ __align__(4) uint8_t tile[Tile::kRows][kWideCols + 4];
   wait_for_previous();  // launched dependent: x (and the scale) are the kernels ahead's output
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * Tile::kRows, c0 = static_cast<int64_t>(blockIdx.x) * kWideCols;
@@ -394,41 +445,57 @@ __global__ void quantize_transpose_vec_kernel(const T* __restrict__ x, bool gelu
   const float s = tile_scale(scale, d);
   float acc[V] = {};
   unsigned m = 0;
-#pragma unroll
-  for (int k = 0; k < kRowsPerThread; ++k) {
-    const int i = Tile::row(k);
-    const int64_t r = r0 + i;
-    if (r < rows && c < cols) {
-      uint32_t codes[V];
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        acc[j] += v[k][j];
-        m = max(m, abs_bits(v[k][j]));
-        codes[j] = __nv_cvt_float_to_fp8(v[k][j] * s, __NV_SATFINITE, kind);
-      }
-      const Word packed = pack_codes<V>(codes);
-      // Shared memory's rows are 4-byte aligned (kWideCols + 4 bytes apart): a word at a time.
-#pragma unroll
-      for (int h = 0; h < V / 4; ++h)
-        *reinterpret_cast<uint32_t*>(&tile[i][V * threadIdx.x + 4 * h]) = reinterpret_cast<const uint32_t*>(&packed)[h];
-      if (q) *reinterpret_cast<Word*>(q + r * cols + c) = packed;
-    }
-  }
+  codes_to_tile<V>(v, s, kind, tile, q, r0, c, rows, cols, acc, m);
   if (d.hist) tile_amax_to_history(m, d);
   if (col_partial) tile_column_sums<V, Tile::kThreadsX, Tile::kThreadsY>(acc, col_partial, c0, cols, rows);
   if (!qt) return;
   __syncthreads();
-  constexpr int kGroups = Tile::kRows / V;  // a column's groups of V rows
-  for (int item = tile_thread(); item < kWideCols * kGroups; item += kTile * kTileRows) {
-    const int cc = item / kGroups, g = item % kGroups;  // the tile's column, its V-row group
-    const int64_t col = c0 + cc, r = r0 + V * g;
-    if (col < cols && r < rows) {
-      uint32_t codes[V];
+  tile_to_transposed<V>(tile, qt, r0, c0, rows, cols);
+}
+
+// One f32 parameter [rows, cols]'s Adam update and the FP8 recipe's cast of its new values in one
+// pass (AdamTensors::fp8_casts): each thread updates its 4 consecutive elements of kRowsPerThread
+// rows of a WideTile<4> with the fused update's rule (optim_math::adam_element), stores them and
+// the moments, and the tile is cast as quantize_transpose_vec_kernel casts it under delayed
+// scaling. A nonzero *found_inf (a GradScaler's skipped step) leaves the parameter and moments
+// as they are, and casts the parameter.
+__global__ void adam_fp8_cast_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ ea,
+                                     float* __restrict__ eas, optim_math::AdamScalars<float> s, float step_size,
+                                     float bc2_sqrt, const float* found_inf, __nv_fp8_interpretation_t kind, uint8_t* q,
+                                     uint8_t* qt, int64_t rows, int64_t cols, Delayed d) {
+  constexpr int V = 4;
+  using Tile = WideTile<V>;
+  __shared__ __align__(4) uint8_t tile[Tile::kRows][kWideCols + 4];
+  const bool skip = found_inf && *found_inf != 0.0f;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * Tile::kRows, c0 = static_cast<int64_t>(blockIdx.x) * kWideCols;
+  const int64_t c = c0 + V * threadIdx.x;
+  float v[kRowsPerThread][V];
 #pragma unroll
-      for (int j = 0; j < V; ++j) codes[j] = tile[V * g + j][cc];
-      *reinterpret_cast<Word*>(qt + col * rows + r) = pack_codes<V>(codes);
+  for (int k = 0; k < kRowsPerThread; ++k) {
+    const int64_t r = r0 + Tile::row(k), at = r * cols + c;
+    if (r < rows && c < cols) {
+      float4 pv = *reinterpret_cast<const float4*>(p + at);
+      if (!skip) {
+        const float4 gv = *reinterpret_cast<const float4*>(g + at);
+        float4 mv = *reinterpret_cast<const float4*>(ea + at), vv = *reinterpret_cast<const float4*>(eas + at);
+        optim_math::adam_element<float>(pv.x, gv.x, mv.x, vv.x, nullptr, s, step_size, bc2_sqrt);
+        optim_math::adam_element<float>(pv.y, gv.y, mv.y, vv.y, nullptr, s, step_size, bc2_sqrt);
+        optim_math::adam_element<float>(pv.z, gv.z, mv.z, vv.z, nullptr, s, step_size, bc2_sqrt);
+        optim_math::adam_element<float>(pv.w, gv.w, mv.w, vv.w, nullptr, s, step_size, bc2_sqrt);
+        *reinterpret_cast<float4*>(p + at) = pv;
+        *reinterpret_cast<float4*>(ea + at) = mv;
+        *reinterpret_cast<float4*>(eas + at) = vv;
+      }
+      v[k][0] = pv.x, v[k][1] = pv.y, v[k][2] = pv.z, v[k][3] = pv.w;
     }
   }
+  const float sc = tile_scale(nullptr, d);
+  float acc[V] = {};
+  unsigned m = 0;
+  codes_to_tile<V>(v, sc, kind, tile, q, r0, c, rows, cols, acc, m);
+  tile_amax_to_history(m, d);
+  __syncthreads();
+  tile_to_transposed<V>(tile, qt, r0, c0, rows, cols);
 }
 
 namespace {
@@ -600,6 +667,37 @@ void CudaBackend::fp8_gelu_backward_amax_scale(const Tensor& g, const Tensor& pr
   });
   launch_scale(bits, blocks, format, margin, amax, scale, scale_inv, st);
   MG_CUDA_CHECK_LAUNCH("fp8_cast_gelu_backward");
+}
+
+bool adam_fp8_cast(const Tensor& p, const Tensor& g, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                   const optim_math::AdamScalars<float>& s, float step_size, float bc2_sqrt, const float* found_inf,
+                   const Fp8WeightCast& c) {
+  const int64_t rows = p.size(0), cols = p.size(1);
+  const bool fits = rows % 4 == 0 && cols % 4 == 0 && g.dtype() == DType::f32 && !s.amsgrad &&
+                    aligned_to(p.raw_data(), 16) && aligned_to(g.raw_data(), 16) &&
+                    aligned_to(exp_avg.raw_data(), 16) && aligned_to(exp_avg_sq.raw_data(), 16) &&
+                    aligned_to(c.codes.raw_data(), 4) && aligned_to(c.codes_t.raw_data(), 4);
+  if (!fits) return false;
+  if (rows == 0 || cols == 0) return true;
+  const int64_t grid_y = (rows + WideTile<4>::kRows - 1) / WideTile<4>::kRows;
+  MG_CHECK(grid_y <= 65535, ShapeError, "adam_multi_tensor_: an FP8 cast of ", rows, " rows is more than ",
+           65535LL * WideTile<4>::kRows);
+  mg::cuda::DeviceGuard guard(p.device());
+  Delayed d;
+  d.hist = static_cast<unsigned*>(c.history.raw_data());
+  d.slots = static_cast<int>(c.history.numel());
+  d.slot = c.slot;
+  d.f = c.format == Fp8Format::E4M3 ? fp8_math::kE4M3 : fp8_math::kE5M2;
+  d.margin = c.margin;
+  d.scale_inv = data_as<float>(c.scale_inv);
+  d.scale = data_as<float>(c.scale);
+  const dim3 grid(static_cast<unsigned>((cols + kWideCols - 1) / kWideCols), static_cast<unsigned>(grid_y));
+  adam_fp8_cast_kernel<<<grid, dim3(WideTile<4>::kThreadsX, WideTile<4>::kThreadsY), 0, stream_of(p)>>>(
+      data_as<float>(p), data_as<const float>(g), data_as<float>(exp_avg), data_as<float>(exp_avg_sq), s, step_size,
+      bc2_sqrt, found_inf, kind_of(c.format), static_cast<uint8_t*>(c.codes.raw_data()),
+      static_cast<uint8_t*>(c.codes_t.raw_data()), rows, cols, d);
+  MG_CUDA_CHECK_LAUNCH("adam_multi_tensor_ (FP8 cast)");
+  return true;
 }
 
 }  // namespace mg::kernels

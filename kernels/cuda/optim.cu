@@ -556,8 +556,24 @@ void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, co
   bool to_bf16 = true;  // the low copies' type (one a call, checked by kernels::adam_multi_tensor_)
   for (const Tensor& c : t.low_copies)
     if (c.defined()) to_bf16 = c.dtype() == DType::bf16;
+  // The parameters with an FP8 cast to write: updated and cast in one tile kernel each, and left
+  // out of the lists (numel 0); the ones it does not take (or with a low copy to write too) are
+  // cast after their list's update.
+  std::vector<int64_t> numel = numels(t.params);
+  std::vector<size_t> cast_after;
+  for (size_t i = 0; i < t.fp8_casts.size(); ++i) {
+    if (!t.fp8_casts[i].codes.defined()) continue;
+    double step_size = 0, bc2_sqrt = 0;
+    optim_math::adam_bias_corrections(h.lr, h.beta1, h.beta2, static_cast<double>(t.steps[i]), &step_size, &bc2_sqrt);
+    const bool low = lows && t.low_copies[i].defined();  // written by the list's kernel
+    if (!low && adam_fp8_cast(t.params[i], t.grads[i], t.exp_avg[i], t.exp_avg_sq[i], s, static_cast<float>(step_size),
+                              static_cast<float>(bc2_sqrt), d.found_inf, t.fp8_casts[i]))
+      numel[i] = 0;
+    else
+      cast_after.push_back(i);
+  }
   multi_tensor_apply<6>(
-      t.params.size(), numels(t.params),
+      t.params.size(), numel,
       [&](TensorListMeta<6>& m, int slot, size_t i) {
         m.ptr[0][slot] = fptr(t.params[i]);
         m.ptr[1][slot] = fptr(t.grads[i]);
@@ -575,6 +591,11 @@ void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, co
           adam_kernel<__half><<<nb, kThreads, 0, stream>>>(m, s, d);
         MG_CUDA_CHECK_LAUNCH("adam_multi_tensor");
       });
+  for (size_t i : cast_after) {
+    const Fp8WeightCast& c = t.fp8_casts[i];
+    fp8_quantize_transpose_delayed(t.params[i], false, Tensor(), c.history, c.slot, c.format, c.margin, c.scale,
+                                   c.scale_inv, c.codes, c.codes_t, Tensor());
+  }
 }
 
 template <>

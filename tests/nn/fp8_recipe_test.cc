@@ -16,6 +16,7 @@
 #include "autograd/recompute.h"
 #include "autograd/transformer_functions.h"
 #include "core/autocast.h"
+#include "core/device_runtime.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8.h"
 #include "kernels/fp8_math.h"
@@ -561,18 +562,24 @@ TEST(Fp8Recipe, DelayedHistoriesBadStateIsAClearError) {
   EXPECT_EQ(autograd::fp8_history_casts(lin.weight), (std::array<int64_t, 3>{0, 0, 0}));
 }
 
-// GPT-2's shape scaled down (every linear a multiple of 16 wide, 32 rows a batch), 30 AdamW steps
-// on one batch from the same initialization under bf16 autocast with and without the recipe.
-// Not a rounding bound: the check is that FP8 trains as bf16 does (e4m3's 2^-4 relative step on
-// every operand perturbs each step's update by a few percent); the device's 1,000-step run on
-// the example's corpus is the quality measure (docs/mixed_precision.md).
-TEST(Fp8Recipe, SmallGptTrainsAsUnderBf16) {
+// GPT-2's shape scaled down: every linear a multiple of 16 wide, 32 rows a batch of 2 x 16.
+nn::GPTConfig small_gpt() {
   nn::GPTConfig cfg;
   cfg.vocab_size = 64;
   cfg.block_size = 16;
   cfg.n_layer = 2;
   cfg.n_head = 2;
   cfg.n_embd = 32;
+  return cfg;
+}
+
+// The small GPT (small_gpt()), 30 AdamW steps
+// on one batch from the same initialization under bf16 autocast with and without the recipe.
+// Not a rounding bound: the check is that FP8 trains as bf16 does (e4m3's 2^-4 relative step on
+// every operand perturbs each step's update by a few percent); the device's 1,000-step run on
+// the example's corpus is the quality measure (docs/mixed_precision.md).
+TEST(Fp8Recipe, SmallGptTrainsAsUnderBf16) {
+  const nn::GPTConfig cfg = small_gpt();
   Generator data(9);
   const Tensor idx = randint(0, cfg.vocab_size, {2, 16}, {DType::i64}, &data);
   const Tensor tgt = randint(0, cfg.vocab_size, {2, 16}, {DType::i64}, &data);
@@ -613,6 +620,86 @@ TEST(Fp8Recipe, SmallGptTrainsAsUnderBf16) {
     EXPECT_LT(f.back(), 0.5 * f.front()) << name;                 // it learns the batch
     EXPECT_NEAR(f.back(), b.back(), 0.15 * b.back() + 0.05) << name;
   }
+}
+
+// AdamW writing the recipe's weight casts in its update (AdamOptions::write_autocast_casts,
+// autograd::fp8_next_weight_cast) against the forward casting the weights itself: the small GPT
+// above trains to the same losses, weights and delayed histories, bit for bit. After each update
+// every FP8 weight holds the cast the update wrote, and the next forward takes them all; a weight
+// changed after the update (its version) is cast anew, its slot's amax cleared first.
+void expect_update_casts_train_bit_for_bit(Device dev) {
+  const nn::GPTConfig cfg = small_gpt();
+  Generator data(9);
+  const Tensor idx = randint(0, cfg.vocab_size, {2, 16}, {DType::i64}, &data).to(dev);
+  const Tensor tgt = randint(0, cfg.vocab_size, {2, 16}, {DType::i64}, &data).to(dev);
+  struct Run {
+    std::vector<float> losses, weights, histories;
+  };
+  auto train = [&](bool write) {
+    Generator init(3);
+    nn::GPT model(cfg, {}, &init);
+    model.to(dev);
+    optim::AdamWOptions o;
+    o.lr = 3e-3;
+    o.write_autocast_casts = write;
+    optim::AdamW opt(model.parameters(), o);
+    // The weights the recipe takes: every block's linears and the head's (the token embedding, tied
+    // to it), not the position embedding.
+    std::vector<Tensor> fp8_weights;
+    for (const auto& [name, p] : model.named_parameters())
+      if (p.dim() == 2 && name.find("wpe") == std::string::npos) fp8_weights.push_back(p);
+    EXPECT_EQ(fp8_weights.size(), 9u);
+    Run r;
+    for (int step = 0; step < 8; ++step) {
+      opt.zero_grad();
+      Tensor loss;
+      {
+        Autocast ac(dev.type, DType::bf16);
+        Fp8Autocast f(true, 0, Fp8Scaling::Delayed);
+        loss = model.forward_loss(idx, tgt);
+      }
+      for (const Tensor& w : fp8_weights) EXPECT_FALSE(autograd::fp8_weight_cast_provided(w)) << "step " << step;
+      loss.backward();
+      opt.step();
+      for (const Tensor& w : fp8_weights) EXPECT_EQ(autograd::fp8_weight_cast_provided(w), write) << "step " << step;
+      if (step == 4) {  // a change after the update: the cast it wrote is not the weight's any more
+        NoGradGuard ng;
+        fp8_weights[1].copy_(kernels::mul_scalar(fp8_weights[1], 0.5));
+      }
+      r.losses.push_back(loss.item<float>());
+    }
+    {  // a last forward: it takes the casts the last update wrote (the other run casts them itself)
+      Autocast ac(dev.type, DType::bf16);
+      Fp8Autocast f(true, 0, Fp8Scaling::Delayed);
+      r.losses.push_back(model.forward_loss(idx, tgt).item<float>());
+    }
+    for (const Tensor& w : fp8_weights) EXPECT_FALSE(autograd::fp8_weight_cast_provided(w));
+    for (const Tensor& p : model.parameters()) {
+      const std::vector<float> v = p.cpu().to_vector<float>();
+      r.weights.insert(r.weights.end(), v.begin(), v.end());
+    }
+    const StateDict sd = Fp8HistoryState(model.named_parameters()).state_dict();
+    EXPECT_EQ(sd.tensors.size(), 27u);  // x, w and g of each FP8 weight
+    for (const auto& [key, t] : sd.tensors) {
+      const std::vector<float> v = t.cpu().to_vector<float>();
+      r.histories.insert(r.histories.end(), v.begin(), v.end());
+    }
+    return r;
+  };
+  const Run own = train(false), written = train(true);
+  EXPECT_EQ(written.losses, own.losses);
+  EXPECT_EQ(written.weights, own.weights);
+  EXPECT_EQ(written.histories, own.histories);
+  EXPECT_LT(own.losses.back(), own.losses.front());
+}
+
+TEST(Fp8Recipe, UpdateWrittenWeightCastsTrainAsTheForwardsCastsBitForBit) {
+  expect_update_casts_train_bit_for_bit(Device::cpu());
+}
+
+TEST(Fp8Recipe, UpdateWrittenWeightCastsTrainAsTheForwardsCastsBitForBitOnCuda) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  expect_update_casts_train_bit_for_bit(Device::cuda(0));
 }
 
 }  // namespace

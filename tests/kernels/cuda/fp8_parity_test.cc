@@ -8,10 +8,12 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 
 #include "kernels/elementwise.h"
 #include "kernels/fp8.h"
 #include "kernels/fp8_math.h"
+#include "kernels/optim.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
 
 namespace mg::testing {
@@ -214,6 +216,64 @@ TEST_F(Fp8Parity, DelayedScalingMatchesTheCpuCastForCast) {
       for (size_t i = 0; i < a.size(); ++i) ASSERT_TRUE(same_bits(a[i], b[i])) << what << " slot " << i;
     }
     EXPECT_EQ(hd.casts, casts);
+  }
+}
+
+// An Adam update that also writes the FP8 recipe's cast of the new weight (AdamTensors::fp8_casts:
+// one tile kernel on the device, or the list's update and the cast apart where the tile kernel
+// does not take the shape) against the update, then fp8_cast_delayed of its result: the same
+// parameters and moments, codes, scales and history, bit for bit, over several steps; a step a
+// GradScaler skips leaves the weight as it is and casts it.
+TEST_F(Fp8Parity, AdamUpdateWritesTheDelayedCastOfItsResult) {
+  Generator g(16);
+  for (Shape shape : {Shape{96, 160}, Shape{6400, 1600}, Shape{100, 68}, Shape{30, 18}}) {
+    const Tensor p0 = to_cuda(randn(shape, {}, &g)), m0 = to_cuda(kernels::mul_scalar(randn(shape, {}, &g), 0.1));
+    const Tensor v0 = to_cuda(zeros(shape));
+    Tensor found = to_cuda(zeros({1}));
+    // Two copies: one updated with the cast written, one updated and then cast.
+    Tensor pa = p0.clone(), ma = m0.clone(), va = v0.clone(), pb = p0.clone(), mb = m0.clone(), vb = v0.clone();
+    kernels::Fp8History ha, hb;
+    for (int k = 0; k < 3; ++k) {  // a history of a few casts of the weight, the same in both
+      kernels::fp8_cast_delayed(pa, Fp8Format::E4M3, {true, true, false}, ha);
+      kernels::fp8_cast_delayed(pb, Fp8Format::E4M3, {true, true, false}, hb);
+    }
+    kernels::AdamHyper h;
+    h.lr = 1e-2;
+    h.weight_decay = 0.1;
+    h.decoupled_weight_decay = true;
+    for (int step = 1; step <= 4; ++step) {
+      const std::string what = shape_str(shape) + " step " + std::to_string(step);
+      const Tensor grad = to_cuda(randn(shape, {}, &g));
+      const bool skipped = step == 3;
+      const std::vector<float> before = pa.cpu().to_vector<float>();
+      found.fill_(skipped ? 1.0 : 0.0);
+      kernels::Fp8WeightCast c;
+      c.codes = empty(shape, {DType::u8, pa.device()});
+      c.codes_t = empty({shape[1], shape[0]}, {DType::u8, pa.device()});
+      c.history = ha.amax;
+      c.scale = empty({1}, {DType::f32, pa.device()});
+      c.scale_inv = empty({1}, {DType::f32, pa.device()});
+      c.slot = static_cast<int>(ha.casts % (kernels::kFp8HistoryLen + 2));
+      kernels::AdamTensors a{{pa}, {grad}, {ma}, {va}, {}, {}, {}, {step}, {}, {}, {c}};
+      kernels::adam_multi_tensor_(a, h, {Tensor(), found});
+      ++ha.casts;
+      kernels::AdamTensors b{{pb}, {grad}, {mb}, {vb}, {}, {}, {}, {step}, {}, {}, {}};
+      kernels::adam_multi_tensor_(b, h, {Tensor(), found});
+      const kernels::Fp8Matrix want = kernels::fp8_cast_delayed(pb, Fp8Format::E4M3, {true, true, false}, hb);
+      if (skipped) EXPECT_EQ(pa.cpu().to_vector<float>(), before) << what;
+      for (const auto& [x, y, name] :
+           {std::tuple{pa, pb, "param"}, std::tuple{ma, mb, "exp_avg"}, std::tuple{va, vb, "exp_avg_sq"}}) {
+        const std::vector<float> xv = x.cpu().to_vector<float>(), yv = y.cpu().to_vector<float>();
+        ASSERT_EQ(xv.size(), yv.size());
+        for (size_t i = 0; i < xv.size(); ++i) ASSERT_TRUE(same_bits(xv[i], yv[i])) << what << " " << name << " " << i;
+      }
+      ASSERT_EQ(c.codes.cpu().to_vector<uint8_t>(), want.codes.cpu().to_vector<uint8_t>()) << what;
+      ASSERT_EQ(c.codes_t.cpu().to_vector<uint8_t>(), want.codes_t.cpu().to_vector<uint8_t>()) << what;
+      ASSERT_TRUE(same_bits(c.scale.cpu().item<float>(), want.scale.cpu().item<float>())) << what;
+      ASSERT_TRUE(same_bits(c.scale_inv.cpu().item<float>(), want.scale_inv.cpu().item<float>())) << what;
+      const std::vector<float> hav = ha.amax.cpu().to_vector<float>(), hbv = hb.amax.cpu().to_vector<float>();
+      for (size_t i = 0; i < hav.size(); ++i) ASSERT_TRUE(same_bits(hav[i], hbv[i])) << what << " slot " << i;
+    }
   }
 }
 
