@@ -21,27 +21,53 @@ struct AdamScalars {
   bool decoupled, amsgrad, maximize;
 };
 
+// A product, sum or difference rounded on its own: on the device nvcc would otherwise contract
+// a * b + c into one FMA wherever it sees fit, a choice that can differ from kernel to kernel (the
+// fused lists' update and the FP8 weight cast's, kernels/cuda/fp8.cu), so that two kernels of one
+// rule would not give the same bits. On the host, the plain expression, as written inline.
+#ifdef __CUDA_ARCH__
+#define MG_OPTIM_RN(name, op, f32, f64)                           \
+  template <class A, class B>                                     \
+  MG_OPTIM_HD auto name(A a, B b) {                               \
+    if constexpr (sizeof(A) == 4 && sizeof(B) == 4)               \
+      return f32(a, b);                                           \
+    else                                                          \
+      return f64(static_cast<double>(a), static_cast<double>(b)); \
+  }
+#else
+#define MG_OPTIM_RN(name, op, f32, f64) \
+  template <class A, class B>           \
+  MG_OPTIM_HD auto name(A a, B b) {     \
+    return a op b;                      \
+  }
+#endif
+MG_OPTIM_RN(mul_rn, *, __fmul_rn, __dmul_rn)
+MG_OPTIM_RN(add_rn, +, __fadd_rn, __dadd_rn)
+MG_OPTIM_RN(sub_rn, -, __fsub_rn, __dsub_rn)
+#undef MG_OPTIM_RN
+
 // torch.optim.Adam (foreach=False) for one element: m = b1*m + (1-b1)*g,
-// v = b2*v + (1-b2)*(g*g), denom = sqrt(vmax or v)/sqrt(1-b2^t) + eps, p -= lr/(1-b1^t) * m/denom.
+// v = b2*v + (1-b2)*(g*g), denom = sqrt(vmax or v)/sqrt(1-b2^t) + eps, p -= lr/(1-b1^t) * m/denom,
+// each operation rounded on its own (mul_rn).
 template <class T>
 MG_OPTIM_HD void adam_element(T& p, T g, T& m, T& v, T* vmax, const AdamScalars<T>& s, T step_size, T bc2_sqrt) {
   if (s.maximize) g = -g;
   if (s.weight_decay != T(0)) {
     if (s.decoupled)
-      p = p * (T(1) - s.lr * s.weight_decay);
+      p = mul_rn(p, sub_rn(T(1), mul_rn(s.lr, s.weight_decay)));
     else
-      g = g + s.weight_decay * p;
+      g = add_rn(g, mul_rn(s.weight_decay, p));
   }
-  m = s.beta1 * m + (T(1) - s.beta1) * g;
-  v = s.beta2 * v + (T(1) - s.beta2) * (g * g);
+  m = add_rn(mul_rn(s.beta1, m), mul_rn(sub_rn(T(1), s.beta1), g));
+  v = add_rn(mul_rn(s.beta2, v), mul_rn(sub_rn(T(1), s.beta2), mul_rn(g, g)));
   T vv = v;
   if (s.amsgrad) {
     // NaN-propagating max, like torch.maximum.
     if (v > *vmax || v != v) *vmax = v;  // a NaN in either stays
     vv = *vmax;
   }
-  const T denom = sqrt(vv) / bc2_sqrt + s.eps;
-  p = p - step_size * (m / denom);
+  const T denom = add_rn(sqrt(vv) / bc2_sqrt, s.eps);
+  p = sub_rn(p, mul_rn(step_size, m / denom));
 }
 
 template <class T>
