@@ -68,6 +68,10 @@ struct LayerHistories {
     int64_t casts = 0;
   };
   std::optional<Provided> provided;
+  // Whether the layer's last weight cast read the f32 weight the histories are kept by (not a
+  // bf16 cast of it, which autocast gives a weight it also casts for another op): only then is an
+  // update's cast of the f32 values the cast the forward would make.
+  bool w_of_source = false;
 };
 thread_local std::unordered_map<const TensorImpl*, std::shared_ptr<LayerHistories>> tl_histories;
 
@@ -136,10 +140,11 @@ Fp8History* of(const std::shared_ptr<LayerHistories>& h, Fp8History LayerHistori
 // update wrote (provide_fp8_weight_cast) where w and the history are as they were then, else
 // forward_cast's. A checkpoint region's replay casts with its forward's scale and leaves it.
 Fp8Matrix weight_cast(const Tensor& w, bool transposed, const std::shared_ptr<LayerHistories>& h) {
+  if (h && !region_scales_take) h->w_of_source = !autocast::cast_source(w).defined();
   if (h && h->provided && !region_scales_take) {
     const LayerHistories::Provided p = std::move(*h->provided);
     h->provided.reset();
-    if (p.version == w.version() && p.casts == h->w.casts) {
+    if (h->w_of_source && p.version == w.version() && p.casts == h->w.casts) {
       ++h->w.casts;  // the update cast at this slot
       Fp8Matrix m;
       m.codes = p.cast.codes;
@@ -171,7 +176,8 @@ std::optional<kernels::Fp8WeightCast> fp8_next_weight_cast(const Tensor& w) {
   if (!w.defined() || w.dtype() != DType::f32 || w.dim() != 2 || !w.is_contiguous()) return std::nullopt;
   if (w.is_cuda() && cuda::is_capturing(w.device().index)) return std::nullopt;
   const std::shared_ptr<LayerHistories> h = histories_by(history_key(w));
-  if (!h || h->w.casts == 0 || !h->w.amax.defined() || h->w.amax.device() != w.device()) return std::nullopt;
+  if (!h || !h->w_of_source || h->w.casts == 0 || !h->w.amax.defined() || h->w.amax.device() != w.device())
+    return std::nullopt;
   // The next forward's memory, counted as the casts that forward would make (as autocast's casts
   // an update writes are).
   MemoryCategoryGuard act(MemoryCategory::Activations);
@@ -228,7 +234,15 @@ StateDict Fp8HistoryState::state_dict() const {
     for (const auto& [op, member] : kOperands) {
       const Fp8History& h = layer.get()->*member;
       if (h.casts == 0 || !h.amax.defined()) continue;
-      sd.tensors[name + "." + op] = h.amax.clone();
+      Tensor amax = h.amax.clone();
+      // A cast an update wrote and no forward has taken yet: its slot saved empty, as the resumed
+      // run's forward, casting the weight itself, finds it (an uninterrupted forward that takes
+      // the cast writes the same amax there; one that cannot clears it first).
+      if (member == &LayerHistories::w && layer->provided && layer->provided->casts == h.casts) {
+        const int slot = layer->provided->cast.slot;
+        raw::fill_(raw::slice(amax, 0, slot, slot + 1, 1), 0.0);
+      }
+      sd.tensors[name + "." + op] = amax;
       counts[op] = h.casts;
     }
     if (!counts.empty()) sd.meta[name] = counts;
