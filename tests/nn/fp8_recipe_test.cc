@@ -622,6 +622,72 @@ TEST(Fp8Recipe, SmallGptTrainsAsUnderBf16) {
   }
 }
 
+// A checkpoint saved between an update that wrote the weights' casts and the forward that would
+// take them: the run resumed from it (whose forward casts each weight itself) reaches the
+// uninterrupted run's losses, bit for bit, also where a weight changed after the update (the
+// uninterrupted forward clears the slot the update wrote and casts anew; the file holds that slot
+// empty).
+TEST(Fp8Recipe, ResumeBetweenAnUpdateAndItsWrittenCastsIsBitForBit) {
+  const std::string path = ::testing::TempDir() + "/fp8_update_casts.safetensors";
+  const nn::GPTConfig cfg = small_gpt();
+  Generator data(9);
+  const Tensor idx = randint(0, cfg.vocab_size, {2, 16}, {DType::i64}, &data);
+  const Tensor tgt = randint(0, cfg.vocab_size, {2, 16}, {DType::i64}, &data);
+  struct Trainer {
+    nn::GPT model;
+    optim::AdamW opt;
+    Trainer(const nn::GPTConfig& c, Generator* g, optim::AdamWOptions o)
+        : model(c, {}, g), opt(model.parameters(), o) {}
+  };
+  optim::AdamWOptions o;
+  o.lr = 3e-3;
+  const auto step = [&](Trainer& t) {
+    t.opt.zero_grad();
+    Tensor loss;
+    {
+      Autocast ac(DeviceType::CPU, DType::bf16);
+      Fp8Autocast f(true, 0, Fp8Scaling::Delayed);
+      loss = t.model.forward_loss(idx, tgt);
+    }
+    loss.backward();
+    t.opt.step();
+    return loss.item<float>();
+  };
+  // The weight changed after the save, in both runs: half its values (a smaller amax than the one
+  // the update's cast wrote).
+  const auto change = [](Trainer& t) {
+    NoGradGuard ng;
+    Tensor w = t.model.named_parameters().front().second;
+    for (const auto& [name, p] : t.model.named_parameters())
+      if (name.find("c_fc.weight") != std::string::npos) w = p;
+    w.copy_(kernels::mul_scalar(w, 0.5));
+  };
+  const auto checkpoint = [](Trainer& t, Fp8HistoryState& fp8) {
+    serialize::TrainingCheckpoint ckpt;
+    ckpt.add("model", t.model).add("opt", t.opt).add("fp8", fp8);
+    return ckpt;
+  };
+  Generator init(3);
+  Trainer run(cfg, &init, o);
+  for (int k = 0; k < 4; ++k) step(run);
+  for (const auto& [name, p] : run.model.named_parameters())
+    if (name.find(".h.") != std::string::npos && p.dim() == 2) EXPECT_TRUE(autograd::fp8_weight_cast_provided(p));
+  Fp8HistoryState fp8(run.model.named_parameters());
+  checkpoint(run, fp8).save(path);
+  change(run);
+  std::vector<float> want;
+  for (int k = 0; k < 3; ++k) want.push_back(step(run));
+
+  Generator other(4);
+  Trainer resumed(cfg, &other, o);
+  Fp8HistoryState fp8_resumed(resumed.model.named_parameters());
+  checkpoint(resumed, fp8_resumed).load(path);
+  change(resumed);
+  std::vector<float> got;
+  for (int k = 0; k < 3; ++k) got.push_back(step(resumed));
+  EXPECT_EQ(got, want);
+}
+
 // AdamW writing the recipe's weight casts in its update (AdamOptions::write_autocast_casts,
 // autograd::fp8_next_weight_cast) against the forward casting the weights itself: the small GPT
 // above trains to the same losses, weights and delayed histories, bit for bit. After each update
