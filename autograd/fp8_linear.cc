@@ -181,16 +181,7 @@ std::optional<kernels::Fp8WeightCast> fp8_next_weight_cast(const Tensor& w) {
   // The next forward's memory, counted as the casts that forward would make (as autocast's casts
   // an update writes are).
   MemoryCategoryGuard act(MemoryCategory::Activations);
-  const TensorOptions u8(DType::u8, w.device()), f32(DType::f32, w.device());
-  kernels::Fp8WeightCast c;
-  c.codes = empty(w.sizes(), u8);
-  c.codes_t = empty({w.size(1), w.size(0)}, u8);
-  c.history = h->w.amax;
-  c.scale = empty({1}, f32);
-  c.scale_inv = empty({1}, f32);
-  c.slot = static_cast<int>(h->w.casts % (kernels::kFp8HistoryLen + 2));  // delayed_cast's slot
-  c.format = kE4M3;
-  return c;
+  return kernels::fp8_reserve_delayed(w, kE4M3, h->w);
 }
 
 void provide_fp8_weight_cast(const Tensor& w, const kernels::Fp8WeightCast& cast) {
@@ -252,7 +243,6 @@ StateDict Fp8HistoryState::state_dict() const {
 
 StagedLoad Fp8HistoryState::stage_state_dict(const StateDict& sd) {
   const char* op = "Fp8HistoryState::load_state_dict";
-  constexpr int64_t kSlots = kernels::kFp8HistoryLen + 2;
   struct Staged {
     Tensor weight;
     std::array<Fp8History, 3> h;
@@ -268,9 +258,9 @@ StagedLoad Fp8HistoryState::stage_state_dict(const StateDict& sd) {
     for (int i = 0; i < 3; ++i)
       if (operand == kOperands[i].first) k = i;
     MG_CHECK(k >= 0, ValueError, op, ": \"", key, "\" names no operand (x, w or g)");
-    MG_CHECK(t.defined() && t.dtype() == DType::f32 && t.dim() == 1 && t.numel() == kSlots, ValueError, op, ": \"", key,
-             "\" must be f32 [", kSlots, "], got ", t.defined() ? dtype_name(t.dtype()) : "undefined", " ",
-             t.defined() ? shape_str(t.sizes()) : "");
+    MG_CHECK(t.defined() && t.dtype() == DType::f32 && t.dim() == 1 && t.numel() == kernels::kFp8HistorySlots,
+             ValueError, op, ": \"", key, "\" must be f32 [", kernels::kFp8HistorySlots, "], got ",
+             t.defined() ? dtype_name(t.dtype()) : "undefined", " ", t.defined() ? shape_str(t.sizes()) : "");
     const nlohmann::json* counts = sd.meta.contains(name) ? &sd.meta[name] : nullptr;
     MG_CHECK(counts && counts->is_object() && counts->contains(operand) && (*counts)[operand].is_number_integer() &&
                  (*counts)[operand].get<int64_t>() > 0,

@@ -252,6 +252,12 @@ class Backend {
                                               int slot, Fp8Format format, int margin, const Tensor& scale,
                                               const Tensor& scale_inv, const Tensor& out, const Tensor& out_t,
                                               const Tensor& col_sums) = 0;
+  // The cast `c` reserved of x (kernels::fp8_reserve_delayed: an update's FP8 weight cast, made
+  // apart where the update does not write it in its own pass).
+  void fp8_cast_reserved(const Tensor& x, const Fp8WeightCast& c) {
+    fp8_quantize_transpose_delayed(x, false, Tensor(), c.history, c.slot, c.format, c.margin, c.scale, c.scale_inv,
+                                   c.codes, c.codes_t, Tensor());
+  }
   // out [M, N] (contiguous; bf16, f16 or f32) = (decode(a) @ decode(b)^T) * a_inv[0] * b_inv[0]
   // (+ bias [N] in out's dtype), accumulated in f32 and rounded once, for u8 codes a [M, K] and
   // b [N, K] (contiguous) in formats fa and fb (not both E5M2); a_inv and b_inv f32 [1] on the

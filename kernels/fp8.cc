@@ -106,14 +106,13 @@ Fp8Matrix delayed_cast(const char* op, const Tensor& xc, const Tensor& pre, bool
                        Fp8CastOutputs outputs, Fp8History& history, int margin) {
   MG_CHECK(outputs.rows || outputs.transposed, ValueError, op, ": asked for neither the codes nor their transpose");
   MG_CHECK(margin >= 0, ValueError, op, ": margin must be >= 0, got ", margin);
-  constexpr int kSlots = kFp8HistoryLen + 2;
   // Current scaling: for a cast of nothing (no amax to add) and a history's first cast, which
   // starts it with its amax.
   const auto current = [&](bool start_history) {
     const Tensor v = pre.defined() ? binary(Binary::GeluTanhBackward, xc, pre) : xc;
     const Fp8Scale s = current_scale(op, v, gelu, format, margin);
     if (start_history) {
-      history.amax = zeros({kSlots}, TensorOptions(DType::f32, xc.device()));
+      history.amax = zeros({kFp8HistorySlots}, TensorOptions(DType::f32, xc.device()));
       raw::copy_(raw::slice(history.amax, 0, 0, 1, 1), s.amax);
       history.casts = 1;
     }
@@ -126,11 +125,11 @@ Fp8Matrix delayed_cast(const char* op, const Tensor& xc, const Tensor& pre, bool
   if (history.amax.defined()) {
     MG_CHECK(history.amax.dtype() == DType::f32, DTypeError, op, ": the history must be f32, got ",
              dtype_name(history.amax.dtype()));
-    MG_CHECK(history.amax.numel() == kSlots, ShapeError, op, ": the history must have ", kSlots, " slots, got ",
-             shape_str(history.amax.sizes()));
+    MG_CHECK(history.amax.numel() == kFp8HistorySlots, ShapeError, op, ": the history must have ", kFp8HistorySlots,
+             " slots, got ", shape_str(history.amax.sizes()));
   }
   if (history.casts == 0 || !history.amax.defined()) return current(true);
-  const int slot = static_cast<int>(history.casts % kSlots);
+  const int slot = history.slot();
   const TensorOptions f32(DType::f32, xc.device());
   Fp8Matrix m = cast_outputs(xc, format, outputs, empty({1}, f32));
   m.scale = empty({1}, f32);
@@ -149,6 +148,29 @@ Fp8Matrix fp8_cast_delayed(const Tensor& x, Fp8Format format, Fp8CastOutputs out
   check_cast_input(op, "x", x);
   MG_CHECK(x.dim() == 2, ShapeError, op, ": x must be 2-D, got ", shape_str(x.sizes()));
   return delayed_cast(op, raw::contiguous(x), Tensor(), of == Fp8Of::GeluOfX, format, outputs, history, margin);
+}
+
+Fp8WeightCast fp8_reserve_delayed(const Tensor& x, Fp8Format format, const Fp8History& history, int margin) {
+  const char* op = "fp8_reserve_delayed";
+  MG_CHECK(x.defined() && x.dim() == 2, ShapeError, op, ": x must be 2-D, got ",
+           x.defined() ? shape_str(x.sizes()) : std::string("an undefined tensor"));
+  MG_CHECK(margin >= 0, ValueError, op, ": margin must be >= 0, got ", margin);
+  MG_CHECK(history.casts > 0 && history.amax.defined(), ValueError, op,
+           ": the history has no cast yet (its first cast uses current scaling)");
+  MG_CHECK(history.amax.device() == x.device(), DeviceError, op, ": the history is on ", history.amax.device(),
+           ", x on ", x.device());
+  const TensorOptions f32(DType::f32, x.device());
+  const Fp8Matrix m = cast_outputs(x, format, {true, true, false}, empty({1}, f32));
+  Fp8WeightCast c;
+  c.codes = m.codes;
+  c.codes_t = m.codes_t;
+  c.history = history.amax;
+  c.scale = empty({1}, f32);
+  c.scale_inv = m.scale_inv;
+  c.slot = history.slot();
+  c.format = format;
+  c.margin = margin;
+  return c;
 }
 
 Fp8Matrix fp8_cast_gelu_backward_delayed(const Tensor& g, const Tensor& pre, Fp8Format format, Fp8CastOutputs outputs,

@@ -78,14 +78,25 @@ Fp8Matrix fp8_cast_scaled(const Tensor& x, Fp8Format format, Fp8CastOutputs outp
 // captured in a CUDA graph would replay one slot for ever: the recipe casts with current scaling
 // while a graph is being captured.
 inline constexpr int kFp8HistoryLen = 16;
+inline constexpr int kFp8HistorySlots = kFp8HistoryLen + 2;  // and the cast in flight's, and the next one's
 struct Fp8History {
-  Tensor amax;        // f32 [kFp8HistoryLen + 2], made at the first cast (fp8_math::history_max_bits)
+  Tensor amax;        // f32 [kFp8HistorySlots], made at the first cast (fp8_math::history_max_bits)
   int64_t casts = 0;  // the casts made with this history
+  int slot() const { return static_cast<int>(casts % kFp8HistorySlots); }  // the next cast's slot
 };
 // x [R, C] cast as fp8_cast casts it, with delayed scaling from `history` (which it updates).
 // Errors as fp8_cast's. A history on another device than x's is copied to x's first.
 Fp8Matrix fp8_cast_delayed(const Tensor& x, Fp8Format format, Fp8CastOutputs outputs, Fp8History& history,
                            int margin = 0, Fp8Of of = Fp8Of::X);
+// The cast fp8_cast_delayed(x, format, {true, true, false}, history, margin) would make next, for a
+// producer that writes it in a pass of its own (an optimizer's update: AdamTensors::fp8_casts):
+// its codes, transpose and scales allocated on x's device and the history's next slot named,
+// nothing written and the history not advanced (the caller counts the cast once it is taken).
+// x [R, C]; the history must have had its first cast (which uses current scaling) and live on
+// x's device. Errors: ShapeError (x not 2-D), ValueError (a history without casts, a negative
+// margin), DeviceError.
+Fp8WeightCast fp8_reserve_delayed(const Tensor& x, Fp8Format format, const Fp8History& history, int margin = 0);
+
 // The FP8 MLP backward's cast of the gradient reaching GELU's input under delayed scaling: the
 // codes of g * gelu_tanh'(pre) (binary(GeluTanhBackward)'s values; g and pre [R, C] of one shape
 // and dtype, g not written), the derivative taken in the cast's pass: nothing writes it in bf16.

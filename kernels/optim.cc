@@ -16,6 +16,11 @@
 namespace mg::kernels {
 namespace {
 
+// A tensor as an error names it: dtype, shape and device, or "undefined".
+std::string described(const Tensor& t) {
+  return t.defined() ? detail::format(t.dtype(), " ", shape_str(t.sizes()), " on ", t.device()) : "undefined";
+}
+
 bool device_has_fused(const Device& d) { return has_backend(d); }
 
 bool dtype_fusable(const Tensor& t) { return t.dtype() == DType::f32 || (t.dtype() == DType::f64 && !t.is_cuda()); }
@@ -110,10 +115,6 @@ void check_adam_steps(const char* op, const AdamTensors& t, const DeviceScalars&
   }
 }
 
-std::string described(const Tensor& t) {
-  return t.defined() ? detail::format(t.dtype(), " ", shape_str(t.sizes()), " on ", t.device()) : "undefined";
-}
-
 // The FP8 weight casts an update writes (AdamTensors::fp8_casts): each defined entry's codes and
 // history fit its parameter, 2-D f32, on the parameters' device; device step counts (a captured
 // update) take none, as they take no low copies from a region ahead.
@@ -122,7 +123,6 @@ void check_fp8_casts(const char* op, const AdamTensors& t, const DeviceScalars& 
   MG_CHECK(t.fp8_casts.size() == t.params.size(), ValueError, op, ": ", t.fp8_casts.size(), " FP8 casts for ",
            t.params.size(), " params");
   const Device dev = t.params[0].device();
-  constexpr int64_t kSlots = kFp8HistoryLen + 2;
   for (size_t i = 0; i < t.fp8_casts.size(); ++i) {
     const Fp8WeightCast& c = t.fp8_casts[i];
     if (!c.codes.defined()) continue;
@@ -142,11 +142,12 @@ void check_fp8_casts(const char* op, const AdamTensors& t, const DeviceScalars& 
     const auto f32_of = [&](const Tensor& x, int64_t n) {
       return x.defined() && x.dtype() == DType::f32 && x.device() == dev && x.is_contiguous() && x.numel() == n;
     };
-    MG_CHECK(f32_of(c.history, kSlots) && f32_of(c.scale, 1) && f32_of(c.scale_inv, 1), ValueError, op, ": fp8_casts[",
-             i, "] needs an f32 history of ", kSlots, " slots and one-element f32 scale and scale_inv on ", dev,
-             ", got ", described(c.history), ", ", described(c.scale), " and ", described(c.scale_inv));
-    MG_CHECK(c.slot >= 0 && c.slot < kSlots && c.margin >= 0, ValueError, op, ": fp8_casts[", i, "]: slot ", c.slot,
-             " (0 to ", kSlots - 1, ") and margin ", c.margin, " (>= 0)");
+    MG_CHECK(f32_of(c.history, kFp8HistorySlots) && f32_of(c.scale, 1) && f32_of(c.scale_inv, 1), ValueError, op,
+             ": fp8_casts[", i, "] needs an f32 history of ", kFp8HistorySlots,
+             " slots and one-element f32 scale and scale_inv on ", dev, ", got ", described(c.history), ", ",
+             described(c.scale), " and ", described(c.scale_inv));
+    MG_CHECK(c.slot >= 0 && c.slot < kFp8HistorySlots && c.margin >= 0, ValueError, op, ": fp8_casts[", i, "]: slot ",
+             c.slot, " (0 to ", kFp8HistorySlots - 1, ") and margin ", c.margin, " (>= 0)");
   }
 }
 
@@ -208,15 +209,11 @@ void adam8bit_multi_tensor_(const AdamTensors& t, const AdamHyper& h, const Devi
       const int64_t n = t.params[i].numel();
       MG_CHECK(q.defined() && q.dtype() == DType::u8 && q.device() == dev && q.is_contiguous() && q.numel() == n,
                ValueError, op, ": ", codes[k].first, "[", i, "] must be a contiguous u8 tensor of ", n, " elements on ",
-               dev, ", got ",
-               q.defined() ? detail::format(q.dtype(), " ", shape_str(q.sizes()), " on ", q.device())
-                           : std::string("undefined"));
+               dev, ", got ", described(q));
       MG_CHECK(a.defined() && a.dtype() == DType::f32 && a.device() == dev && a.is_contiguous() &&
                    a.numel() == quant_blocks(n),
                ValueError, op, ": ", scales[k].first, "[", i, "] must be a contiguous f32 tensor of ", quant_blocks(n),
-               " elements (one per 2048) on ", dev, ", got ",
-               a.defined() ? detail::format(a.dtype(), " ", shape_str(a.sizes()), " on ", a.device())
-                           : std::string("undefined"));
+               " elements (one per 2048) on ", dev, ", got ", described(a));
     }
   }
   check_adam_steps(op, t, d);

@@ -175,9 +175,9 @@ struct AdamHyper {
 // 8-bit state (adam8bit_multi_tensor_): exp_avg and exp_avg_sq are u8 codes of the params' shapes
 // (kernels/optim_math.h's dynamic codes) and exp_avg_absmax / exp_avg_sq_absmax their f32 block
 // scales, [ceil(numel / 2048)] each.
-// A weight's cast for an FP8 GEMM with delayed scaling (kernels/fp8.h, fp8_cast_delayed): codes
+// A weight's cast for an FP8 GEMM with delayed scaling, reserved (kernels/fp8.h, fp8_reserve_delayed): codes
 // [R, C] and codes_t [C, R] (u8) of the parameter times the scale that the amax `history` (f32
-// [kFp8HistoryLen + 2]) gives at `slot`, whose amax the cast records; `scale` and `scale_inv` (f32
+// [kFp8HistorySlots]) gives at `slot`, whose amax the cast records; `scale` and `scale_inv` (f32
 // [1]) receive the scale used and its reciprocal. The same codes, scale and history as
 // fp8_cast_delayed casting the updated parameter at that slot.
 struct Fp8WeightCast {

@@ -266,12 +266,8 @@ void CpuBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, con
       if (t.low_copies[i].defined()) write_low_copy(t.params[i], t.low_copies[i]);
   // The FP8 recipe's casts of the new values (of the parameters as they are where skipped): the
   // delayed cast itself, after the update. The CUDA backend does both in one pass.
-  for (size_t i = 0; i < t.fp8_casts.size(); ++i) {
-    const Fp8WeightCast& c = t.fp8_casts[i];
-    if (c.codes.defined())
-      fp8_quantize_transpose_delayed(t.params[i], false, Tensor(), c.history, c.slot, c.format, c.margin, c.scale,
-                                     c.scale_inv, c.codes, c.codes_t, Tensor());
-  }
+  for (size_t i = 0; i < t.fp8_casts.size(); ++i)
+    if (t.fp8_casts[i].codes.defined()) fp8_cast_reserved(t.params[i], t.fp8_casts[i]);
 }
 
 template <>

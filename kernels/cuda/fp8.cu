@@ -222,6 +222,21 @@ struct Delayed {
   float* scale_inv = nullptr;  // 1 / the scale used, written by block (0, 0)
   float* scale = nullptr;      // the scale used (or null), written by block (0, 0)
 };
+// A delayed cast's arguments: the history (f32 slots on the device, read as amax bits), the slot it
+// takes, the scale rule, and where the scale used (or null) and its inverse go.
+Delayed delayed_args(const Tensor& history, int slot, Fp8Format format, int margin, const Tensor& scale,
+                     const Tensor& scale_inv) {
+  Delayed d;
+  d.hist = static_cast<unsigned*>(history.raw_data());
+  d.slots = static_cast<int>(history.numel());
+  d.slot = slot;
+  d.f = format == Fp8Format::E4M3 ? fp8_math::kE4M3 : fp8_math::kE5M2;
+  d.margin = margin;
+  d.scale_inv = data_as<float>(scale_inv);
+  d.scale = scale.defined() ? data_as<float>(scale) : nullptr;
+  return d;
+}
+
 // The scale a tile kernel casts with: *scale, or under delayed scaling the history's (each warp
 // reads it with one load a lane and one reduction).
 __device__ __forceinline__ float tile_scale(const float* scale, const Delayed& d) {
@@ -605,14 +620,7 @@ void CudaBackend::fp8_quantize_transpose_delayed(const Tensor& x, bool gelu, con
                                                  const Tensor& history, int slot, Fp8Format format, int margin,
                                                  const Tensor& scale, const Tensor& scale_inv, const Tensor& out,
                                                  const Tensor& out_t, const Tensor& col_sums) {
-  Delayed d;
-  d.hist = static_cast<unsigned*>(history.raw_data());
-  d.slots = static_cast<int>(history.numel());
-  d.slot = slot;
-  d.f = format == Fp8Format::E4M3 ? fp8_math::kE4M3 : fp8_math::kE5M2;
-  d.margin = margin;
-  d.scale_inv = data_as<float>(scale_inv);
-  d.scale = scale.defined() ? data_as<float>(scale) : nullptr;
+  const Delayed d = delayed_args(history, slot, format, margin, scale, scale_inv);
   finish_column_sums(quantize_transpose(x, gelu, gelu_pre, nullptr, d, format, out, out_t, col_sums), col_sums);
 }
 
@@ -683,14 +691,7 @@ bool adam_fp8_cast(const Tensor& p, const Tensor& g, const Tensor& exp_avg, cons
   MG_CHECK(grid_y <= 65535, ShapeError, "adam_multi_tensor_: an FP8 cast of ", rows, " rows is more than ",
            65535LL * WideTile<4>::kRows);
   mg::cuda::DeviceGuard guard(p.device());
-  Delayed d;
-  d.hist = static_cast<unsigned*>(c.history.raw_data());
-  d.slots = static_cast<int>(c.history.numel());
-  d.slot = c.slot;
-  d.f = c.format == Fp8Format::E4M3 ? fp8_math::kE4M3 : fp8_math::kE5M2;
-  d.margin = c.margin;
-  d.scale_inv = data_as<float>(c.scale_inv);
-  d.scale = data_as<float>(c.scale);
+  const Delayed d = delayed_args(c.history, c.slot, c.format, c.margin, c.scale, c.scale_inv);
   const dim3 grid(static_cast<unsigned>((cols + kWideCols - 1) / kWideCols), static_cast<unsigned>(grid_y));
   adam_fp8_cast_kernel<<<grid, dim3(WideTile<4>::kThreadsX, WideTile<4>::kThreadsY), 0, stream_of(p)>>>(
       data_as<float>(p), data_as<const float>(g), data_as<float>(exp_avg), data_as<float>(exp_avg_sq), s, step_size,

@@ -591,11 +591,7 @@ void CudaBackend::adam_multi_tensor(const AdamTensors& t, const AdamHyper& h, co
           adam_kernel<__half><<<nb, kThreads, 0, stream>>>(m, s, d);
         MG_CUDA_CHECK_LAUNCH("adam_multi_tensor");
       });
-  for (size_t i : cast_after) {
-    const Fp8WeightCast& c = t.fp8_casts[i];
-    fp8_quantize_transpose_delayed(t.params[i], false, Tensor(), c.history, c.slot, c.format, c.margin, c.scale,
-                                   c.scale_inv, c.codes, c.codes_t, Tensor());
-  }
+  for (size_t i : cast_after) fp8_cast_reserved(t.params[i], t.fp8_casts[i]);
 }
 
 template <>

@@ -13,6 +13,7 @@
 #include "core/random.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8_math.h"
+#include "kernels/optim.h"
 #include "tests/error_of.h"
 
 namespace mg::kernels {
@@ -262,6 +263,65 @@ TEST(Fp8Ops, ScaledCastBadInputIsAClearError) {
   EXPECT_NE(message(ones({8}), one, one).find("x must be 2-D"), std::string::npos);
   EXPECT_EQ(fp8_cast_scaled(x, Fp8Format::E4M3, {true, false, false}, one, full({1}, 0.5f)).codes.to_vector<uint8_t>(),
             fp8_quantize(x, one, Fp8Format::E4M3).to_vector<uint8_t>());
+}
+
+// A reserved cast (fp8_reserve_delayed) names the history's next slot and advances nothing; an
+// update that writes it (AdamTensors::fp8_casts) gives the codes, scale and history of the update
+// followed by fp8_cast_delayed, bit for bit on the CPU. Bad reservations and bad entries are clear
+// errors naming the entry.
+TEST(Fp8Ops, ReservedCastWrittenByAnUpdateIsTheDelayedCastOfItsResult) {
+  Generator g(41);
+  const Tensor p0 = randn({48, 32}, {}, &g), grad = randn({48, 32}, {}, &g);
+  Tensor pa = p0.clone(), pb = p0.clone(), ma = zeros({48, 32}), va = zeros({48, 32}), mb = zeros({48, 32}),
+         vb = zeros({48, 32});
+  Fp8History ha, hb;
+  for (int k = 0; k < 3; ++k) {
+    fp8_cast_delayed(pa, Fp8Format::E4M3, {true, true, false}, ha);
+    fp8_cast_delayed(pb, Fp8Format::E4M3, {true, true, false}, hb);
+  }
+  const Fp8WeightCast c = fp8_reserve_delayed(pa, Fp8Format::E4M3, ha);
+  EXPECT_EQ(c.slot, ha.slot());
+  EXPECT_EQ(ha.casts, 3);  // nothing advanced
+  EXPECT_EQ(c.codes.sizes(), (Shape{48, 32}));
+  EXPECT_EQ(c.codes_t.sizes(), (Shape{32, 48}));
+  AdamHyper h;
+  h.lr = 1e-2;
+  adam_multi_tensor_({{pa}, {grad}, {ma}, {va}, {}, {}, {}, {1}, {}, {}, {c}}, h);
+  adam_multi_tensor_({{pb}, {grad}, {mb}, {vb}, {}, {}, {}, {1}, {}, {}, {}}, h);
+  const Fp8Matrix want = fp8_cast_delayed(pb, Fp8Format::E4M3, {true, true, false}, hb);
+  EXPECT_EQ(pa.to_vector<float>(), pb.to_vector<float>());
+  EXPECT_EQ(c.codes.to_vector<uint8_t>(), want.codes.to_vector<uint8_t>());
+  EXPECT_EQ(c.codes_t.to_vector<uint8_t>(), want.codes_t.to_vector<uint8_t>());
+  EXPECT_EQ(c.scale_inv.to_vector<float>(), want.scale_inv.to_vector<float>());
+  EXPECT_EQ(ha.amax.to_vector<float>(), hb.amax.to_vector<float>());
+
+  EXPECT_NE(mg::testing::error_of([&] {
+              fp8_reserve_delayed(ones({8}), Fp8Format::E4M3, ha);
+            }).find("fp8_reserve_delayed: x must be 2-D"),
+            std::string::npos);
+  EXPECT_NE(mg::testing::error_of([&] {
+              fp8_reserve_delayed(pa, Fp8Format::E4M3, Fp8History{});
+            }).find("the history has no cast yet"),
+            std::string::npos);
+  EXPECT_NE(
+      mg::testing::error_of([&] { fp8_reserve_delayed(pa, Fp8Format::E4M3, ha, -1); }).find("margin must be >= 0"),
+      std::string::npos);
+  Fp8WeightCast bad = fp8_reserve_delayed(pa, Fp8Format::E4M3, ha);
+  bad.codes_t = empty({48, 32}, {DType::u8});
+  EXPECT_NE(mg::testing::error_of([&] {
+              adam_multi_tensor_({{pa}, {grad}, {ma}, {va}, {}, {}, {}, {2}, {}, {}, {bad}}, h);
+            }).find("adam_multi_tensor_: fp8_casts[0] needs contiguous u8 codes [48, 32] and codes_t [32, 48]"),
+            std::string::npos);
+  bad = fp8_reserve_delayed(pa, Fp8Format::E4M3, ha);
+  bad.slot = kFp8HistorySlots;
+  EXPECT_NE(mg::testing::error_of([&] {
+              adam_multi_tensor_({{pa}, {grad}, {ma}, {va}, {}, {}, {}, {2}, {}, {}, {bad}}, h);
+            }).find("fp8_casts[0]: slot 18 (0 to 17)"),
+            std::string::npos);
+  EXPECT_NE(mg::testing::error_of([&] {
+              adam_multi_tensor_({{pa}, {grad}, {ma}, {va}, {}, {}, {}, {2}, {}, {}, {c, c}}, h);
+            }).find("2 FP8 casts for 1 params"),
+            std::string::npos);
 }
 
 // The GELU-backward cast under delayed scaling casts binary(GeluTanhBackward, g, pre)'s values, g

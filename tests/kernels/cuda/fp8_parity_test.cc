@@ -247,13 +247,7 @@ TEST_F(Fp8Parity, AdamUpdateWritesTheDelayedCastOfItsResult) {
       const bool skipped = step == 3;
       const std::vector<float> before = pa.cpu().to_vector<float>();
       found.fill_(skipped ? 1.0 : 0.0);
-      kernels::Fp8WeightCast c;
-      c.codes = empty(shape, {DType::u8, pa.device()});
-      c.codes_t = empty({shape[1], shape[0]}, {DType::u8, pa.device()});
-      c.history = ha.amax;
-      c.scale = empty({1}, {DType::f32, pa.device()});
-      c.scale_inv = empty({1}, {DType::f32, pa.device()});
-      c.slot = static_cast<int>(ha.casts % (kernels::kFp8HistoryLen + 2));
+      const kernels::Fp8WeightCast c = kernels::fp8_reserve_delayed(pa, Fp8Format::E4M3, ha);
       kernels::AdamTensors a{{pa}, {grad}, {ma}, {va}, {}, {}, {}, {step}, {}, {}, {c}};
       kernels::adam_multi_tensor_(a, h, {Tensor(), found});
       ++ha.casts;
