@@ -9,10 +9,12 @@
 #include "autograd/autocast_policy.h"
 #include "autograd/grad_mode.h"
 #include "autograd/op_support.h"
+#include "autograd/residual.h"
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/device_runtime.h"
 #include "kernels/fp8.h"
+#include "kernels/norm.h"
 
 namespace mg::autograd {
 
@@ -312,6 +314,33 @@ bool fp8_keeps_f32_weight(const Tensor& x, const Tensor& w) {
          (x.dtype() == DType::f32 || half(x.dtype()));
 }
 
+namespace {
+// A linear's backward under the recipe, from its output gradient g: {gx, gw, gb} (fp8_linear's,
+// and fp8_norm_linear's, whose gx goes on into the norm's backward).
+struct LinearBackward {
+  bool need_x = false, need_w = false, need_b = false;
+  int64_t n = 0;  // out features
+  Shape xs;       // the input's shape
+  DType dtype = DType::bf16, gw_dtype = DType::f32;
+  Fp8Matrix xq, wq;  // transposed_only
+  std::shared_ptr<LayerHistories> hist;
+  Fp8Accum acc = Fp8Accum::Auto;
+  Grads operator()(const Tensor& g) const {
+    Tensor gx, gw, gb;
+    const Tensor g2 = raw::reshape(g, {-1, n});
+    if (need_x || need_w) {  // the bias gradient summed in the cast's pass over g
+      const Fp8Matrix gq = cast(g2, kE5M2, {need_x, need_w, need_b}, of(hist, &LayerHistories::g));
+      if (need_x) gx = raw::view(gemm_t(gq, wq, dtype, acc), xs);  // [M, N] @ w [N, K]
+      if (need_w) gw = gemm_tt(gq, xq, gw_dtype, acc);             // g^T [N, M] @ x [M, K]
+      if (need_b) gb = bias_grad_from_sums(gq.column_sums, gw_dtype);
+    } else if (need_b) {
+      gb = bias_grad(g2, gw_dtype);
+    }
+    return Grads{gx, gw, gb};
+  }
+};
+}  // namespace
+
 Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType gw_dtype) {
   const bool grad = any_requires_grad({x, w, bias});
   const bool need_x = grad && needs_grad(x), need_w = grad && needs_grad(w), need_b = grad && needs_grad(bias);
@@ -323,85 +352,230 @@ Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType gw
   const Tensor out = raw::view(kernels::fp8_gemm(xq, wq, bias, x.dtype()), with_last(x, n));
   if (!grad) return out;
   record("linear", {x, w, bias}, out,
-         [need_x, need_w, need_b, n, xs = x.sizes(), dtype = x.dtype(), gw_dtype, xq = transposed_only(xq),
-          wq = transposed_only(wq), hist, acc = gradient_accum()](const Grads& g) {
-           Tensor gx, gw, gb;
-           const Tensor g2 = raw::reshape(g[0], {-1, n});
-           if (need_x || need_w) {  // the bias gradient summed in the cast's pass over g
-             const Fp8Matrix gq = cast(g2, kE5M2, {need_x, need_w, need_b}, of(hist, &LayerHistories::g));
-             if (need_x) gx = raw::view(gemm_t(gq, wq, dtype, acc), xs);  // [M, N] @ w [N, K]
-             if (need_w) gw = gemm_tt(gq, xq, gw_dtype, acc);             // g^T [N, M] @ x [M, K]
-             if (need_b) gb = bias_grad_from_sums(gq.column_sums, gw_dtype);
-           } else if (need_b) {
-             gb = bias_grad(g2, gw_dtype);
-           }
-           return Grads{gx, gw, gb};
-         });
+         [b = LinearBackward{need_x, need_w, need_b, n, x.sizes(), x.dtype(), gw_dtype, transposed_only(xq),
+                             transposed_only(wq), hist, gradient_accum()}](const Grads& g) { return b(g[0]); });
   return out;
 }
+
+namespace {
+// The MLP's backward under the recipe, from its output gradient g: the gradients of x, w_fc,
+// b_fc, w_proj and b_proj (fp8_gelu_mlp's, and fp8_norm_gelu_mlp's, whose gx goes on into the
+// norm's backward).
+struct MlpBackward {
+  std::array<bool, 5> need{};
+  bool need_pre = false;
+  Shape xs;
+  DType dtype = DType::bf16, dt_fc = DType::f32, dt_proj = DType::f32;
+  Fp8Matrix xq, wfq, hq, wpq;  // transposed_only
+  Tensor pre;                  // c_fc's output, GELU's argument (where the gradient reaches it)
+  std::shared_ptr<LayerHistories> h_fc, h_proj;
+  Fp8Accum acc = Fp8Accum::Auto;
+  Grads operator()(const Tensor& g) const {
+    Tensor gx, gw_fc, gb_fc, gw_proj, gb_proj;
+    const Tensor g2 = raw::reshape(g, {-1, g.size(-1)});
+    if (need_pre || need[3]) {
+      const Fp8Matrix gq = cast(g2, kE5M2, {need_pre, need[3], need[4]}, of(h_proj, &LayerHistories::g));
+      if (need[4]) gb_proj = bias_grad_from_sums(gq.column_sums, dt_proj);
+      if (need[3]) gw_proj = gemm_tt(gq, hq, dt_proj, acc);
+      if (need_pre) {
+        // g_pre = (g @ w_proj) * gelu'(pre): the GEMM, then the derivative in the pass that
+        // casts g_pre under delayed scaling (g_pre never written), in the pass that takes its
+        // amax under current scaling, in the GEMM's epilogue when nothing casts it.
+        Tensor g_pre;
+        if ((need[0] || need[1]) && h_fc) {
+          const Tensor g_h = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv,
+                                               Tensor(), dtype, Fp8Epilogue::None, Tensor(),
+                                               acc);  // the gradient at GELU's output
+          const Fp8Matrix gpq =
+              kernels::fp8_cast_gelu_backward_delayed(g_h, pre, kE5M2, {need[0], need[1], need[2]}, h_fc->g);
+          if (need[2]) gb_fc = bias_grad_from_sums(gpq.column_sums, dt_fc);
+          if (need[1]) gw_fc = gemm_tt(gpq, xq, dt_fc, acc);
+          if (need[0]) gx = raw::view(gemm_t(gpq, wfq, dtype, acc), xs);
+        } else if (need[0] || need[1]) {
+          g_pre = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv, Tensor(), dtype,
+                                    Fp8Epilogue::None, Tensor(), acc);
+          const Fp8Matrix gpq = kernels::fp8_cast_gelu_backward(g_pre, pre, kE5M2, {need[0], need[1], need[2]});
+          if (need[2]) gb_fc = bias_grad_from_sums(gpq.column_sums, dt_fc);
+          if (need[1]) gw_fc = gemm_tt(gpq, xq, dt_fc, acc);
+          if (need[0]) gx = raw::view(gemm_t(gpq, wfq, dtype, acc), xs);
+        } else {
+          g_pre = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv, Tensor(), dtype,
+                                    Fp8Epilogue::DGelu, pre, acc);
+          if (need[2]) gb_fc = bias_grad(g_pre, dt_fc);
+        }
+      }
+    } else if (need[4]) {
+      gb_proj = bias_grad(g2, dt_proj);
+    }
+    return Grads{gx, gw_fc, gb_fc, gw_proj, gb_proj};
+  }
+};
+
+// The MLP from its input's cast xq (x [..., K] as xs says): pre = x @ w_fc^T + b_fc, the hidden
+// activation gelu(pre) cast from it, the GELU taken in the cast's passes (the activation is never
+// written in the region's dtype, and the GEMM has only the bias in its epilogue), then c_proj.
+// Fills `b` with what its backward keeps.
+Tensor mlp_from_cast(const Fp8Matrix& xq, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj,
+                     const Tensor& b_proj, MlpBackward& b) {
+  const Fp8Matrix wfq = weight_cast(w_fc, b.need[0], b.h_fc);
+  const Tensor pre = kernels::fp8_gemm(xq, wfq, b_fc, b.dtype);
+  const Fp8Matrix hq =
+      forward_cast(pre, kE4M3, {true, b.need[3], false}, of(b.h_proj, &LayerHistories::x), Fp8Of::GeluOfX);
+  const Fp8Matrix wpq = weight_cast(w_proj, b.need_pre, b.h_proj);
+  Shape out_shape = b.xs;
+  out_shape.back() = w_proj.size(0);
+  const Tensor out = raw::view(kernels::fp8_gemm(hq, wpq, b_proj, b.dtype), out_shape);
+  b.xq = transposed_only(xq);
+  b.wfq = transposed_only(wfq);
+  b.hq = transposed_only(hq);
+  b.wpq = transposed_only(wpq);
+  if (b.need_pre) b.pre = pre;
+  b.acc = gradient_accum();
+  return out;
+}
+}  // namespace
 
 Tensor fp8_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj,
                     DType dt_fc, DType dt_proj) {
   const bool grad = any_requires_grad({x, w_fc, b_fc, w_proj, b_proj});
-  const std::array<bool, 5> need{grad && needs_grad(x), grad && needs_grad(w_fc), grad && needs_grad(b_fc),
-                                 grad && needs_grad(w_proj), grad && needs_grad(b_proj)};
-  const bool need_pre = need[0] || need[1] || need[2];
-  const DType dtype = x.dtype();
-  const int64_t hidden = w_fc.size(0);
-  const std::shared_ptr<LayerHistories> h_fc = delayed_histories(x, w_fc), h_proj = delayed_histories(x, w_proj);
+  MlpBackward b;
+  b.need = {grad && needs_grad(x), grad && needs_grad(w_fc), grad && needs_grad(b_fc), grad && needs_grad(w_proj),
+            grad && needs_grad(b_proj)};
+  b.need_pre = b.need[0] || b.need[1] || b.need[2];
+  b.xs = x.sizes();
+  b.dtype = x.dtype();
+  b.dt_fc = dt_fc;
+  b.dt_proj = dt_proj;
+  b.h_fc = delayed_histories(x, w_fc);
+  b.h_proj = delayed_histories(x, w_proj);
   const Fp8Matrix xq =
-      forward_cast(raw::reshape(x, {-1, x.size(-1)}), kE4M3, {true, need[1], false}, of(h_fc, &LayerHistories::x));
-  const Fp8Matrix wfq = weight_cast(w_fc, need[0], h_fc);
-  // pre = x @ w_fc^T + b_fc; the hidden activation gelu(pre) is cast from it, the GELU taken in the
-  // cast's passes: the activation is never written in the region's dtype, and the GEMM has only the
-  // bias in its epilogue.
-  const Tensor pre = kernels::fp8_gemm(xq, wfq, b_fc, dtype);
-  const Fp8Matrix hq = forward_cast(pre, kE4M3, {true, need[3], false}, of(h_proj, &LayerHistories::x), Fp8Of::GeluOfX);
-  const Fp8Matrix wpq = weight_cast(w_proj, need_pre, h_proj);
-  const Tensor out = raw::view(kernels::fp8_gemm(hq, wpq, b_proj, dtype), with_last(x, w_proj.size(0)));
+      forward_cast(raw::reshape(x, {-1, x.size(-1)}), kE4M3, {true, b.need[1], false}, of(b.h_fc, &LayerHistories::x));
+  const Tensor out = mlp_from_cast(xq, w_fc, b_fc, w_proj, b_proj, b);
   if (!grad) return out;
-  record("gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, out,
-         [need, need_pre, xs = x.sizes(), dtype, dt_fc, dt_proj, xq = transposed_only(xq), wfq = transposed_only(wfq),
-          hq = transposed_only(hq), wpq = transposed_only(wpq), pre = need_pre ? pre : Tensor(), h_fc, h_proj,
-          acc = gradient_accum()](const Grads& g) {
-           Tensor gx, gw_fc, gb_fc, gw_proj, gb_proj;
-           const Tensor g2 = raw::reshape(g[0], {-1, g[0].size(-1)});
-           if (need_pre || need[3]) {
-             const Fp8Matrix gq = cast(g2, kE5M2, {need_pre, need[3], need[4]}, of(h_proj, &LayerHistories::g));
-             if (need[4]) gb_proj = bias_grad_from_sums(gq.column_sums, dt_proj);
-             if (need[3]) gw_proj = gemm_tt(gq, hq, dt_proj, acc);
-             if (need_pre) {
-               // g_pre = (g @ w_proj) * gelu'(pre): the GEMM, then the derivative in the pass that
-               // casts g_pre under delayed scaling (g_pre never written), in the pass that takes its
-               // amax under current scaling, in the GEMM's epilogue when nothing casts it.
-               Tensor g_pre;
-               if ((need[0] || need[1]) && h_fc) {
-                 const Tensor g_h = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv,
-                                                      Tensor(), dtype, Fp8Epilogue::None, Tensor(),
-                                                      acc);  // the gradient at GELU's output
-                 const Fp8Matrix gpq =
-                     kernels::fp8_cast_gelu_backward_delayed(g_h, pre, kE5M2, {need[0], need[1], need[2]}, h_fc->g);
-                 if (need[2]) gb_fc = bias_grad_from_sums(gpq.column_sums, dt_fc);
-                 if (need[1]) gw_fc = gemm_tt(gpq, xq, dt_fc, acc);
-                 if (need[0]) gx = raw::view(gemm_t(gpq, wfq, dtype, acc), xs);
-               } else if (need[0] || need[1]) {
-                 g_pre = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv, Tensor(),
-                                           dtype, Fp8Epilogue::None, Tensor(), acc);
-                 const Fp8Matrix gpq = kernels::fp8_cast_gelu_backward(g_pre, pre, kE5M2, {need[0], need[1], need[2]});
-                 if (need[2]) gb_fc = bias_grad_from_sums(gpq.column_sums, dt_fc);
-                 if (need[1]) gw_fc = gemm_tt(gpq, xq, dt_fc, acc);
-                 if (need[0]) gx = raw::view(gemm_t(gpq, wfq, dtype, acc), xs);
-               } else {
-                 g_pre = kernels::fp8_gemm(gq.codes, kE5M2, gq.scale_inv, wpq.codes_t, kE4M3, wpq.scale_inv, Tensor(),
-                                           dtype, Fp8Epilogue::DGelu, pre, acc);
-                 if (need[2]) gb_fc = bias_grad(g_pre, dt_fc);
-               }
-             }
-           } else if (need[4]) {
-             gb_proj = bias_grad(g2, dt_proj);
-           }
-           return Grads{gx, gw_fc, gb_fc, gw_proj, gb_proj};
-         });
+  record("gelu_mlp", {x, w_fc, b_fc, w_proj, b_proj}, out, [b = std::move(b)](const Grads& g) { return b(g[0]); });
+  return out;
+}
+
+namespace {
+thread_local bool tl_norm_casts = true;
+
+// The norm's part of a fused norm-and-linear node: its five inputs (the stream's value without
+// its pending branch, the branch, the norm's weight and bias, the branch's bias).
+std::array<Tensor, 5> norm_inputs(const Normed& x) {
+  const Residual& r = x.stream();
+  return {r.base(), r.pending().out, x.weight(), x.bias(), r.pending().bias};
+}
+
+// The norm of x run inside the op, its output cast for the first GEMM (kernels::
+// add_layer_norm_fp8_delayed with the layer's input history), the stream told (Normed::ran), and
+// the norm's backward filled.
+Fp8Matrix norm_cast(const Normed& x, const std::array<Tensor, 5>& in, bool transposed, Fp8History& hx, bool grad,
+                    AddLayerNormBackward& ln) {
+  const DType dtype = autocast_state().dtype(in[0].device().type);
+  kernels::Fp8NormCast nc = kernels::add_layer_norm_fp8_delayed(
+      in[0], in[1], x.normalized_shape(), in[2], in[3], x.eps(), dtype, in[4], kE4M3, {true, transposed, false}, hx);
+  const bool has_res = in[1].defined();
+  x.ran(nc.sum);
+  if (grad) {
+    ln.mask = {needs_grad(in[0]), needs_grad(in[1]), needs_grad(in[2]), needs_grad(in[3]), needs_grad(in[4])};
+    ln.has_res = has_res;
+    ln.res_t = has_res ? in[1].dtype() : in[0].dtype();
+    ln.rb_t = in[4].defined() ? in[4].dtype() : in[0].dtype();
+    ln.normalized_shape = x.normalized_shape();
+    ln.sum = SavedTensor(nc.sum, "add_layer_norm");
+    if (in[2].defined()) ln.weight = SavedTensor(in[2], "add_layer_norm");
+    ln.mean = nc.mean;
+    ln.rstd = nc.rstd;
+  }
+  return nc.out;
+}
+
+// Records a fused node: inputs the norm's five (norm_inputs, taken before the norm ran) then the
+// layer's, outputs the stream's sum (where the norm had a pending branch) and the layer's output;
+// `layer` maps the output's gradient to {the norm output's gradient, the layer's parameters'
+// gradients...}.
+template <class Layer>
+void record_norm_node(const char* name, const Normed& x, const std::array<Tensor, 5>& in, std::vector<Tensor> params,
+                      const Tensor& out, AddLayerNormBackward ln, Layer layer) {
+  std::vector<Tensor> inputs(in.begin(), in.end());
+  inputs.insert(inputs.end(), params.begin(), params.end());
+  const bool has_res = ln.has_res;
+  const size_t n_params = params.size();
+  auto backward = [ln = std::move(ln), layer = std::move(layer), n_params](const Grads& g) {
+    const Tensor gh = ln.has_res ? g[0] : Tensor(), gout = ln.has_res ? g[1] : g[0];
+    Grads lg = gout.defined() ? layer(gout) : Grads(1 + n_params);
+    Grads grads = ln.mask[0] || ln.mask[1] || ln.mask[2] || ln.mask[3] || ln.mask[4] ? ln(lg[0], gh) : Grads(5);
+    grads.insert(grads.end(), lg.begin() + 1, lg.end());
+    return grads;
+  };
+  if (has_res)
+    record(name, inputs, std::vector<Tensor>{x.stream().base(), out}, backward);
+  else
+    record(name, inputs, out, backward);
+}
+}  // namespace
+
+void set_fp8_norm_casts(bool on) { tl_norm_casts = on; }
+bool fp8_norm_casts() { return tl_norm_casts; }
+
+bool fp8_norm_applies(const Normed& x, const Tensor& w) {
+  if (!tl_norm_casts || !x.pending() || !w.defined()) return false;
+  const AutocastState st = autocast_state();
+  if (!st.fp8 || !st.fp8_delayed || !is_grad_enabled() || region_scales_put || region_scales_take) return false;
+  const std::array<Tensor, 5> in = norm_inputs(x);
+  const Tensor& base = in[0];
+  if (!base.defined() || base.dtype() != DType::f32 || !fp8_keeps_f32_weight(base, w)) return false;
+  if (base.is_cuda() && cuda::is_capturing(base.device().index)) return false;
+  if (x.normalized_shape().size() != 1 || x.normalized_shape()[0] != base.size(-1)) return false;
+  for (const Tensor& t : in)
+    if (t.defined() && t.device() != base.device()) return false;
+  return !rebuilds("layer_norm");
+}
+
+// A bias as autocast's policy for the linears lowers it (op_policy.h): the region's dtype, the
+// gradient back in f32 through the cast's node.
+Tensor lowered(const Tensor& b) { return b.defined() ? autocast::lower(b) : b; }
+
+Tensor fp8_norm_linear(const Normed& x, const Tensor& w, const Tensor& bias_arg, DType gw_dtype) {
+  const Tensor bias = lowered(bias_arg);
+  const std::array<Tensor, 5> in = norm_inputs(x);
+  const bool grad = any_requires_grad({in[0], in[1], in[2], in[3], in[4], w, bias});
+  const bool need_x = grad && any_requires_grad({in[0], in[1], in[2], in[3], in[4]});
+  const bool need_w = grad && needs_grad(w), need_b = grad && needs_grad(bias);
+  const std::shared_ptr<LayerHistories> hist = delayed_histories(in[0], w);
+  const DType dtype = autocast_state().dtype(in[0].device().type);
+  const Shape xs = in[0].sizes();
+  AddLayerNormBackward ln;
+  const Fp8Matrix xq = norm_cast(x, in, need_w, hist->x, grad, ln);
+  const Fp8Matrix wq = weight_cast(w, need_x, hist);
+  const Tensor out = raw::view(kernels::fp8_gemm(xq, wq, bias, dtype), with_last(in[0], w.size(0)));
+  if (!grad) return out;
+  record_norm_node("add_layer_norm_linear", x, in, {w, bias}, out, std::move(ln),
+                   LinearBackward{need_x, need_w, need_b, w.size(0), xs, dtype, gw_dtype, transposed_only(xq),
+                                  transposed_only(wq), hist, gradient_accum()});
+  return out;
+}
+
+Tensor fp8_norm_gelu_mlp(const Normed& x, const Tensor& w_fc, const Tensor& b_fc_arg, const Tensor& w_proj,
+                         const Tensor& b_proj_arg, DType dt_fc, DType dt_proj) {
+  const Tensor b_fc = lowered(b_fc_arg), b_proj = lowered(b_proj_arg);
+  const std::array<Tensor, 5> in = norm_inputs(x);
+  const bool grad = any_requires_grad({in[0], in[1], in[2], in[3], in[4], w_fc, b_fc, w_proj, b_proj});
+  MlpBackward b;
+  b.need = {grad && any_requires_grad({in[0], in[1], in[2], in[3], in[4]}), grad && needs_grad(w_fc),
+            grad && needs_grad(b_fc), grad && needs_grad(w_proj), grad && needs_grad(b_proj)};
+  b.need_pre = b.need[0] || b.need[1] || b.need[2];
+  b.xs = in[0].sizes();
+  b.dtype = autocast_state().dtype(in[0].device().type);
+  b.dt_fc = dt_fc;
+  b.dt_proj = dt_proj;
+  b.h_fc = delayed_histories(in[0], w_fc);
+  b.h_proj = delayed_histories(in[0], w_proj);
+  AddLayerNormBackward ln;
+  const Fp8Matrix xq = norm_cast(x, in, b.need[1], b.h_fc->x, grad, ln);
+  const Tensor out = mlp_from_cast(xq, w_fc, b_fc, w_proj, b_proj, b);
+  if (!grad) return out;
+  record_norm_node("add_layer_norm_gelu_mlp", x, in, {w_fc, b_fc, w_proj, b_proj}, out, std::move(ln), std::move(b));
   return out;
 }
 

@@ -38,6 +38,10 @@
 #include "core/tensor.h"
 #include "kernels/types.h"
 
+namespace mg {
+class Normed;
+}  // namespace mg
+
 namespace mg::autograd {
 
 // Whether the recipe takes a linear of x [..., K] with weight w [N, K]: Fp8Autocast on, autocast
@@ -99,5 +103,23 @@ bool fp8_weight_cast_provided(const Tensor& w);
 Tensor fp8_linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType gw_dtype);
 Tensor fp8_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj,
                     DType dt_fc, DType dt_proj);
+
+// The same reading a layer norm left pending (mg::Normed, autograd/residual.h): one node runs the
+// stream's add, the norm and the cast of its output for the first GEMM in one pass
+// (kernels::add_layer_norm_fp8_delayed), so the norm's output is written only as e4m3 codes (the
+// bf16 rows and the cast's read of them go), then the layer as fp8_linear and fp8_gelu_mlp run it;
+// its backward is the layer's, then the norm's (add_layer_norm's). The same values, codes and
+// histories as the norm then the layer, bit for bit. fp8_norm_applies: the norm still pending,
+// the recipe on with delayed scaling, grad on (not an evaluation, a checkpoint region or a CUDA
+// graph capture, which cast as they do elsewhere), an f32 stream, w an f32 weight the recipe
+// casts itself (fp8_keeps_f32_weight) on the stream's device, a norm over the last dim, and no
+// policy rebuilding layer_norm; set_fp8_norm_casts(false) turns it off on the calling thread
+// (the A/B of bench_models --no-norm-casts, and the tests).
+bool fp8_norm_applies(const Normed& x, const Tensor& w);
+Tensor fp8_norm_linear(const Normed& x, const Tensor& w, const Tensor& bias, DType gw_dtype);
+Tensor fp8_norm_gelu_mlp(const Normed& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj,
+                         const Tensor& b_proj, DType dt_fc, DType dt_proj);
+void set_fp8_norm_casts(bool on);
+bool fp8_norm_casts();
 
 }  // namespace mg::autograd

@@ -37,6 +37,17 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   return around(policy::layer_norm, layer_norm_math, x, normalized_shape, weight, bias, eps);
 }
 
+Grads AddLayerNormBackward::operator()(const Tensor& gy, const Tensor& gh) const {
+  if (!gy.defined()) {  // only the sum was used: its gradient passes to both inputs (never one tensor for both)
+    Tensor gres = mask[1] && gh.defined() ? (gh.dtype() == res_t ? gh.clone() : gh.to(res_t)) : Tensor();
+    Tensor grb = mask[4] && gh.defined() ? kernels::sum_to(gh, normalized_shape).to(rb_t) : Tensor();
+    return Grads{gh, gres, Tensor(), Tensor(), grb};
+  }
+  kernels::AddLayerNormGrads r = kernels::add_layer_norm_backward(gy, gh, sum.unpack(), normalized_shape, mean, rstd,
+                                                                  weight.unpack(), res_t, rb_t, mask);
+  return Grads{r.x, r.residual, r.weight, r.bias, r.residual_bias};
+}
+
 namespace {
 std::pair<Tensor, Tensor> add_layer_norm_math(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
                                               const Tensor& weight, const Tensor& bias, double eps,
@@ -48,23 +59,17 @@ std::pair<Tensor, Tensor> add_layer_norm_math(const Tensor& x, const Tensor& res
   if (!any_requires_grad({x, residual, weight, bias, residual_bias})) return {h, y};
   const std::array<bool, 5> mask{needs_grad(x), needs_grad(residual), needs_grad(weight), needs_grad(bias),
                                  needs_grad(residual_bias)};
-  const DType res_t = has_res ? residual.dtype() : x.dtype();
-  const DType rb_t = residual_bias.defined() ? residual_bias.dtype() : x.dtype();
   // h is saved for backward (the norm's input), not the normalized y; without a residual, h is x.
-  auto backward = [mask, has_res, res_t, rb_t, normalized_shape, sh = SavedTensor(h, "add_layer_norm"),
-                   sw = weight.defined() ? SavedTensor(weight, "add_layer_norm") : SavedTensor(), mean = mean,
-                   rstd = rstd](const Grads& g) {
-    const Tensor& gh = has_res ? g[0] : Tensor();
-    const Tensor& gy = has_res ? g[1] : g[0];
-    if (!gy.defined()) {  // only h was used: its gradient passes to both inputs (never one tensor for both)
-      Tensor gres = mask[1] && gh.defined() ? (gh.dtype() == res_t ? gh.clone() : gh.to(res_t)) : Tensor();
-      Tensor grb = mask[4] && gh.defined() ? kernels::sum_to(gh, normalized_shape).to(rb_t) : Tensor();
-      return Grads{gh, gres, Tensor(), Tensor(), grb};
-    }
-    kernels::AddLayerNormGrads r = kernels::add_layer_norm_backward(gy, gh, sh.unpack(), normalized_shape, mean, rstd,
-                                                                    sw.unpack(), res_t, rb_t, mask);
-    return Grads{r.x, r.residual, r.weight, r.bias, r.residual_bias};
-  };
+  AddLayerNormBackward ln{mask,
+                          has_res,
+                          has_res ? residual.dtype() : x.dtype(),
+                          residual_bias.defined() ? residual_bias.dtype() : x.dtype(),
+                          normalized_shape,
+                          SavedTensor(h, "add_layer_norm"),
+                          weight.defined() ? SavedTensor(weight, "add_layer_norm") : SavedTensor(),
+                          mean,
+                          rstd};
+  auto backward = [ln = std::move(ln)](const Grads& g) { return ln.has_res ? ln(g[1], g[0]) : ln(g[0], Tensor()); };
   if (has_res)
     record("add_layer_norm", {x, residual, weight, bias, residual_bias}, std::vector<Tensor>{h, y}, backward);
   else

@@ -6,6 +6,7 @@
 // and device, once, for every op (engine.cc, conform).
 #pragma once
 
+#include <array>
 #include <vector>
 
 #include "autograd/autocast_policy.h"
@@ -40,5 +41,19 @@ Tensor batched(const Tensor& x, const char* op, F f) {
   if (x.dim() == 4) return f(x);
   return f(x.unsqueeze(0)).squeeze(0);
 }
+
+// add_layer_norm's backward (norm_ops.cc), for an op that runs the stream's norm inside it (the
+// FP8 recipe's norm and linear, fp8_linear.cc): the gradients of its five inputs (x, residual,
+// weight, bias, residual_bias) from gy, the normalized output's, and gh, the sum's (either may be
+// undefined; gh is only for a norm with a residual).
+struct AddLayerNormBackward {
+  std::array<bool, 5> mask{};  // which inputs need a gradient
+  bool has_res = false;
+  DType res_t = DType::f32, rb_t = DType::f32;  // the residual's and residual bias's dtypes
+  Shape normalized_shape;
+  SavedTensor sum, weight;  // the norm's input (the sum) and weight
+  Tensor mean, rstd;
+  Grads operator()(const Tensor& gy, const Tensor& gh) const;
+};
 
 }  // namespace mg

@@ -3,6 +3,7 @@
 #include <optional>
 #include <utility>
 
+#include "autograd/fp8_linear.h"
 #include "autograd/functions.h"
 #include "core/autocast.h"
 
@@ -41,6 +42,42 @@ Tensor layer_norm(const Residual& x, const Shape& normalized_shape, const Tensor
   x.s_->base = std::move(h);
   x.s_->pending = {};
   return y;
+}
+
+Normed::Normed(Residual x, Shape normalized_shape, Tensor weight, Tensor bias, double eps)
+    : s_(std::make_shared<State>(
+          State{std::move(x), std::move(normalized_shape), std::move(weight), std::move(bias), eps, Tensor(), false})) {
+  MG_CHECK(s_->stream.base().defined(), ValueError, "layer_norm: the residual stream is an undefined tensor");
+}
+
+const Tensor& Normed::value() const {
+  if (!s_->value.defined()) s_->value = layer_norm(s_->stream, s_->normalized_shape, s_->weight, s_->bias, s_->eps);
+  return s_->value;
+}
+
+void Normed::ran(Tensor sum) const {
+  s_->stream.s_->base = std::move(sum);
+  s_->stream.s_->pending = {};
+  s_->ran = true;
+}
+
+Tensor linear(const Normed& x, const Tensor& w, const Tensor& bias) {
+  // fp8_norm_applies takes f32 weights only: their gradients come in f32.
+  if (autograd::fp8_norm_applies(x, w)) return autograd::fp8_norm_linear(x, w, bias, DType::f32);
+  return linear(x.value(), w, bias);
+}
+
+Tensor gelu_mlp(const Normed& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj) {
+  if (autograd::fp8_norm_applies(x, w_fc) && autograd::fp8_norm_applies(x, w_proj) && w_fc.dim() == 2 &&
+      w_proj.dim() == 2 && w_proj.size(1) == w_fc.size(0))
+    return autograd::fp8_norm_gelu_mlp(x, w_fc, b_fc, w_proj, b_proj, DType::f32, DType::f32);
+  return gelu_mlp(x.value(), w_fc, b_fc, w_proj, b_proj);
+}
+
+bool fp8_takes_linear(const Normed& x, const Tensor& w) { return fp8_takes_linear(x.stream().base(), w); }
+
+bool fp8_takes_gelu_mlp(const Normed& x, const Tensor& w_fc, const Tensor& w_proj) {
+  return fp8_takes_gelu_mlp(x.stream().base(), w_fc, w_proj);
 }
 
 }  // namespace mg

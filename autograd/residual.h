@@ -45,6 +45,7 @@ class Residual {
  private:
   friend Tensor layer_norm(const Residual& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                            double eps);
+  friend class Normed;
   struct State {
     Tensor base;
     Branch pending;
@@ -58,5 +59,52 @@ class Residual {
 // linear, which would cast it anyway.
 Tensor layer_norm(const Residual& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
+
+// The layer norm of a residual stream, left for the op that reads it (nn::LayerNorm of a
+// Residual returns one). mg::linear and mg::gelu_mlp take it: under the FP8 recipe with delayed
+// scaling they run the stream's pending add, the norm and the cast of its output for their first
+// GEMM as one pass (autograd/fp8_linear.h, fp8_norm_linear), so the normalized rows are written
+// only as that GEMM's FP8 codes. Anything else reads value(): layer_norm(stream, ...), run once
+// and kept. A handle, as Residual is: copies share one state.
+class Normed {
+ public:
+  Normed(Residual x, Shape normalized_shape, Tensor weight, Tensor bias, double eps);
+
+  // The norm's output: layer_norm(stream(), ...), run at the first call.
+  const Tensor& value() const;
+  operator const Tensor&() const { return value(); }  // NOLINT(google-explicit-constructor): it is the norm's output
+
+  // What an op that runs the norm itself reads, while pending() (nothing has run it).
+  bool pending() const { return !s_->value.defined() && !s_->ran; }
+  const Residual& stream() const { return s_->stream; }
+  const Shape& normalized_shape() const { return s_->normalized_shape; }
+  const Tensor& weight() const { return s_->weight; }
+  const Tensor& bias() const { return s_->bias; }
+  double eps() const { return s_->eps; }
+  // The shape of the norm's output (the stream's).
+  const Shape& sizes() const { return s_->stream.base().sizes(); }
+  // Called by an op that ran the norm itself: the stream's value is now `sum` (the pending add
+  // done). value() after it runs the norm again, on the sum.
+  void ran(Tensor sum) const;
+
+ private:
+  struct State {
+    Residual stream;
+    Shape normalized_shape;
+    Tensor weight, bias;
+    double eps = 1e-5;
+    Tensor value;
+    bool ran = false;
+  };
+  std::shared_ptr<State> s_;
+};
+
+// linear and gelu_mlp reading a pending norm: under the FP8 recipe with delayed scaling the norm
+// runs inside them (autograd/fp8_linear.h, fp8_norm_linear), else they read x.value(). And
+// whether the recipe takes them, decided on the stream, which has the norm output's shape.
+Tensor linear(const Normed& x, const Tensor& w, const Tensor& bias = Tensor());
+Tensor gelu_mlp(const Normed& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj);
+bool fp8_takes_linear(const Normed& x, const Tensor& w);
+bool fp8_takes_gelu_mlp(const Normed& x, const Tensor& w_fc, const Tensor& w_proj);
 
 }  // namespace mg

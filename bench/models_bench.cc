@@ -109,6 +109,8 @@
 //                      (optim::StepInBackward; " step in backward")
 //   --no-step-casts    AdamW does not write the next forward's weight casts in its update (bf16,
 //                      and the FP8 recipe's under --fp8-delayed)
+//   --no-norm-casts    under --fp8-delayed, the layer norm before a linear writes bf16 and the
+//                      linear casts it (autograd::set_fp8_norm_casts(false); " no norm casts")
 //   --no-weight-cast-cache  autocast casts each f32 weight at each use instead of once per step
 //                      (mg::Autocast's cache_enabled = false; implies --no-step-casts)
 //   --logits           GPT-2's head and loss as GPT::loss(model(idx)): the [B, T, V] logits
@@ -133,6 +135,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/fp8_linear.h"
 #include "autograd/offload.h"
 #include "bench/host_sampler.h"
 #include "core/cuda/kernel_profiler.h"
@@ -342,6 +345,9 @@ bool g_fp8_fast_accum = false;                            // --fp8-fast-accum: m
 // (the forward casts each weight as it reads it): 2 bytes a parameter fewer between the step and
 // the forward.
 bool g_step_casts = true;
+// --no-norm-casts: the FP8 recipe's norms write bf16 for the linear after them to cast (the A/B of
+// the norm writing the linear's FP8 codes, autograd::fp8_norm_linear).
+bool g_norm_casts = true;
 // --no-weight-cast-cache: no cast of a weight outlives its use (and its backward's): the forward's
 // end holds none of them where every block is checkpointed.
 bool g_cast_cache = true;
@@ -764,6 +770,7 @@ int run_main(int argc, char** argv) {
     if (flag(i, "--selective")) selective = true;
     if (flag(i, "--step-in-backward")) in_backward = true;
     if (flag(i, "--no-step-casts")) g_step_casts = false;
+    if (flag(i, "--no-norm-casts")) g_norm_casts = false;
     if (flag(i, "--no-weight-cast-cache")) g_cast_cache = g_step_casts = false;
     if (flag(i, "--channels-last")) channels_last = true;
     if (flag(i, "--host-params")) host_params = true;  // a switch: read here, last or not
@@ -868,10 +875,11 @@ int run_main(int argc, char** argv) {
       (g_optimizer == "adamw"       ? " AdamW"
        : g_optimizer == "adamw8bit" ? " AdamW8bit"
                                     : "") +
-      (g_step_casts ? "" : " no step casts") + (g_cast_cache ? "" : " no weight-cast cache") +
-      (g_graph ? " CUDA graph" : "") + (tune_gemm ? " tuned GEMMs" : "") +
-      (resid_dropout > 0 ? " resid-dropout " + fmt_g(resid_dropout) : "") +
+      (g_step_casts ? "" : " no step casts") + (g_norm_casts ? "" : " no norm casts") +
+      (g_cast_cache ? "" : " no weight-cast cache") + (g_graph ? " CUDA graph" : "") +
+      (tune_gemm ? " tuned GEMMs" : "") + (resid_dropout > 0 ? " resid-dropout " + fmt_g(resid_dropout) : "") +
       (memory_cap_gib > 0 ? " cap " + fmt_g(memory_cap_gib) + " GiB" : "");
+  mg::autograd::set_fp8_norm_casts(g_norm_casts);
   if (!mg::cuda::is_available()) {
     std::fprintf(stderr, "bench_models: no CUDA device; nothing to measure\n");
     return 0;

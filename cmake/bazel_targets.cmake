@@ -152,6 +152,7 @@ mg_bazel_target(library //kernels/cuda:cuda_kernels ALWAYSLINK CUDA_ONLY
     kernels/cuda/elementwise.cu
     kernels/cuda/gelu.cuh
     kernels/cuda/fp8.cu
+    kernels/cuda/fp8_tile.cuh
     kernels/cuda/index.cu
     kernels/cuda/layer_norm.cu
     kernels/cuda/linalg.cc

@@ -133,6 +133,18 @@ class Backend {
                                              const Tensor& mean, const Tensor& rstd, const Tensor& weight,
                                              const Tensor& grad_x, const Tensor& grad_x_low, const Tensor& grad_weight,
                                              const Tensor& grad_bias, const Tensor& grad_residual_bias) = 0;
+  // The forward's rows (fused_add_layer_norm_forward's x, residual, residual_bias, weight, bias,
+  // eps, sum, mean and rstd) with the normalized rows rounded to out_dtype and cast as
+  // fp8_quantize_transpose_delayed casts them (history, slot, format, margin, scale, scale_inv,
+  // out, out_t; either output may be undefined), never written in out_dtype: the FP8 recipe's
+  // cast of the input of the linear that reads the norm, made where the norm has the rows. False
+  // where the backend has no such kernel; kernels::add_layer_norm_fp8_delayed then composes them.
+  virtual bool fused_add_layer_norm_fp8(const Tensor& x, const Tensor& residual, const Tensor& residual_bias,
+                                        const Tensor& weight, const Tensor& bias, double eps, DType out_dtype,
+                                        const Tensor& sum, const Tensor& mean, const Tensor& rstd,
+                                        const Tensor& history, int slot, Fp8Format format, int margin,
+                                        const Tensor& scale, const Tensor& scale_inv, const Tensor& out,
+                                        const Tensor& out_t) = 0;
 
   // ---- batch norm (batch_norm.*); x [N, C, *] contiguous (on CUDA also channels-last),
   // per-channel tensors [C] of x's dtype (on CUDA f32 for an f16/bf16 x as well) ----

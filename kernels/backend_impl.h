@@ -97,6 +97,11 @@ class BackendImpl final : public Backend {
                                      const Tensor& mean, const Tensor& rstd, const Tensor& weight, const Tensor& grad_x,
                                      const Tensor& grad_x_low, const Tensor& grad_weight, const Tensor& grad_bias,
                                      const Tensor& grad_residual_bias) override;
+  bool fused_add_layer_norm_fp8(const Tensor& x, const Tensor& residual, const Tensor& residual_bias,
+                                const Tensor& weight, const Tensor& bias, double eps, DType out_dtype,
+                                const Tensor& sum, const Tensor& mean, const Tensor& rstd, const Tensor& history,
+                                int slot, Fp8Format format, int margin, const Tensor& scale, const Tensor& scale_inv,
+                                const Tensor& out, const Tensor& out_t) override;
 
   // ---- batch norm (batch_norm.*)
   void batch_norm_forward_training(const Tensor& x, const Tensor& weight, const Tensor& bias,

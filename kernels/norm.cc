@@ -111,11 +111,11 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad_out, c
           gb.defined() ? raw::view(gb, normalized_shape) : gb};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_forward(const Tensor& x, const Tensor& residual,
-                                                                  const Shape& normalized_shape, const Tensor& weight,
-                                                                  const Tensor& bias, double eps, DType out_dtype,
-                                                                  const Tensor& residual_bias) {
-  const char* op = "add_layer_norm";
+namespace {
+// add_layer_norm_forward's checks: its arguments' shapes, dtypes and devices.
+LnShape check_add_layer_norm(const char* op, const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                             const Tensor& weight, const Tensor& bias, double eps, DType out_dtype,
+                             const Tensor& residual_bias) {
   const LnShape s = check_layer_norm(op, x, normalized_shape, weight, bias);
   check_eps(eps);
   MG_CHECK(is_floating(out_dtype), DTypeError, op, ": the output dtype must be floating, got ", out_dtype);
@@ -130,6 +130,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_forward(const Tensor& 
              ") needs a residual, got none");
     check_norm_param(op, x, normalized_shape, residual_bias, "residual_bias");
   }
+  return s;
+}
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_forward(const Tensor& x, const Tensor& residual,
+                                                                  const Shape& normalized_shape, const Tensor& weight,
+                                                                  const Tensor& bias, double eps, DType out_dtype,
+                                                                  const Tensor& residual_bias) {
+  const char* op = "add_layer_norm";
+  const LnShape s =
+      check_add_layer_norm(op, x, residual, normalized_shape, weight, bias, eps, out_dtype, residual_bias);
   const DType st = layer_norm_stats_dtype(x.dtype());
   const auto same = [&](const Tensor& t) { return !t.defined() || t.dtype() == x.dtype(); };
   if (s.rows > 0 && same(weight) && same(bias) && same(residual_bias)) {
@@ -148,6 +159,47 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_forward(const Tensor& 
   if (residual_bias.defined()) sum = add(sum, cast(residual_bias, x.dtype()));  // (x + residual) + residual_bias
   auto [out, mean, rstd] = layer_norm_forward(sum, normalized_shape, weight, bias, eps);
   return {sum, out.dtype() == out_dtype ? out : cast(out, out_dtype), mean, rstd};
+}
+
+Fp8NormCast add_layer_norm_fp8_delayed(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                                       const Tensor& weight, const Tensor& bias, double eps, DType out_dtype,
+                                       const Tensor& residual_bias, Fp8Format format, Fp8CastOutputs outputs,
+                                       Fp8History& history, int margin) {
+  const char* op = "add_layer_norm_fp8_delayed";
+  const LnShape s =
+      check_add_layer_norm(op, x, residual, normalized_shape, weight, bias, eps, out_dtype, residual_bias);
+  const auto f32 = [&](const Tensor& t) { return !t.defined() || t.dtype() == DType::f32; };
+  const Tensor& h = history.amax;
+  // The fused kernel's case; anything else (and a history's first cast, which uses current
+  // scaling) is the two calls in turn, which also make their checks.
+  if (s.rows > 0 && normalized_shape.size() == 1 && x.dtype() == DType::f32 && f32(weight) && f32(bias) &&
+      f32(residual_bias) && (out_dtype == DType::f16 || out_dtype == DType::bf16) && margin >= 0 &&
+      (outputs.rows || outputs.transposed) && !outputs.column_sums && history.casts > 0 && h.defined() &&
+      h.dtype() == DType::f32 && h.numel() == kFp8HistorySlots && h.device() == x.device()) {
+    const TensorOptions f32o(DType::f32, x.device()), u8(DType::u8, x.device());
+    const DType st = layer_norm_stats_dtype(x.dtype());
+    const Tensor x2 = as_rows(x, x.dtype(), {s.rows, s.n});
+    const Tensor r2 = residual.defined() ? as_rows(residual, residual.dtype(), {s.rows, s.n}) : Tensor();
+    const Tensor sum = residual.defined() ? empty({s.rows, s.n}, {x.dtype(), x.device()}) : x2;
+    const Tensor mean = empty({s.rows}, {st, x.device()}), rstd = empty({s.rows}, {st, x.device()});
+    Fp8Matrix m;
+    m.format = format;
+    m.scale = empty({1}, f32o);
+    m.scale_inv = empty({1}, f32o);
+    if (outputs.rows) m.codes = empty({s.rows, s.n}, u8);
+    if (outputs.transposed) m.codes_t = empty({s.n, s.rows}, u8);
+    const auto row = [&](const Tensor& t) { return t.defined() ? as_rows(t, x.dtype(), {s.n}) : Tensor(); };
+    if (backend(x.device(), op)
+            .fused_add_layer_norm_fp8(x2, r2, row(residual_bias), row(weight), row(bias), eps, out_dtype, sum, mean,
+                                      rstd, h, history.slot(), format, margin, m.scale, m.scale_inv, m.codes,
+                                      m.codes_t)) {
+      ++history.casts;
+      return {raw::view(sum, x.sizes()), raw::view(mean, s.stats), raw::view(rstd, s.stats), m};
+    }
+  }
+  auto [sum, out, mean, rstd] =
+      add_layer_norm_forward(x, residual, normalized_shape, weight, bias, eps, out_dtype, residual_bias);
+  return {sum, mean, rstd, fp8_cast_delayed(raw::reshape(out, {s.rows, s.n}), format, outputs, history, margin)};
 }
 
 AddLayerNormGrads add_layer_norm_backward(const Tensor& grad_out, const Tensor& grad_sum, const Tensor& sum,

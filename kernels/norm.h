@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "core/tensor.h"
+#include "kernels/fp8.h"
 #include "kernels/types.h"
 
 namespace mg::kernels {
@@ -44,6 +45,23 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm_forward(const Tensor& 
                                                                   const Shape& normalized_shape, const Tensor& weight,
                                                                   const Tensor& bias, double eps, DType out_dtype,
                                                                   const Tensor& residual_bias = Tensor());
+// add_layer_norm_forward for a norm whose output only the FP8 linear after it reads (the FP8
+// recipe's pre-norm linears): out is not returned but cast for that linear's GEMM under delayed
+// scaling, fp8_cast_delayed(out as [rows, n], format, outputs, history, margin) of out's values
+// in out_dtype, the same codes, scales and history bit for bit. Where the backend fuses the two
+// (CUDA: f32 x, weight, bias and residual_bias, a 1-D normalized_shape, a history past its first
+// cast on x's device) the normalized rows are never written in out_dtype: the cast's read of
+// them and the norm's write go. Returns (sum, mean, rstd) as add_layer_norm_forward does, and the
+// cast. Errors as the two calls'.
+struct Fp8NormCast {
+  Tensor sum, mean, rstd;
+  Fp8Matrix out;
+};
+Fp8NormCast add_layer_norm_fp8_delayed(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                                       const Tensor& weight, const Tensor& bias, double eps, DType out_dtype,
+                                       const Tensor& residual_bias, Fp8Format format, Fp8CastOutputs outputs,
+                                       Fp8History& history, int margin = 0);
+
 // Its backward. grad_out has out's dtype; grad_sum (sum's dtype, or undefined) is the gradient
 // reaching sum from later ops. grad of sum = grad_sum + layer norm backward of grad_out; returns
 // (grad_x = that, in sum's dtype; grad_residual = that again, in residual_dtype; grad_weight;

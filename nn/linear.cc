@@ -32,14 +32,20 @@ void Linear::reset_parameters(Generator* gen) {
   }
 }
 
-void Linear::check_input(const Tensor& x) const {
-  MG_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in_features, ShapeError, "Linear(in_features=", in_features,
+void Linear::check_input(const Shape* x) const {
+  MG_CHECK(x && !x->empty() && x->back() == in_features, ShapeError, "Linear(in_features=", in_features,
            ", out_features=", out_features, "): input's last dim must be ", in_features, ", got shape ",
-           x.defined() ? shape_str(x.sizes()) : std::string("(undefined)"));
+           x ? shape_str(*x) : std::string("(undefined)"));
 }
 
 Tensor Linear::forward(const Tensor& x) {
-  check_input(x);
+  check_input(x.defined() ? &x.sizes() : nullptr);
+  return mg::linear(x, weight, bias);
+}
+
+Tensor Linear::operator()(const Normed& x) {
+  run_forward_pre_hooks();
+  check_input(&x.sizes());
   return mg::linear(x, weight, bias);
 }
 
@@ -49,7 +55,7 @@ bool Linear::leaves_bias(bool bias_pending) const {
 
 Branch Linear::branch(const Tensor& x, bool bias_pending) {
   run_forward_pre_hooks();
-  check_input(x);
+  check_input(x.defined() ? &x.sizes() : nullptr);
   if (!leaves_bias(bias_pending) || fp8_takes_linear(x, weight)) return {mg::linear(x, weight, bias)};
   return {mg::linear(x, weight, Tensor()), bias};
 }

@@ -14,6 +14,10 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features, bool bias = true, TensorOptions opts = {},
          Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
+  using Module::operator();
+  // The layer reading a pending layer norm (mg::Normed): under the FP8 recipe the norm runs in
+  // the layer's node (mg::linear(Normed)). After the pre-hooks, as operator()(Tensor).
+  Tensor operator()(const Normed& x);
   // The layer as a residual branch (mg::Residual): the output without the bias, and the bias,
   // which the stream adds inside its next layer norm. With bias_pending false (no norm reads
   // the stream next), a derived bias (leaves_bias) or a linear the FP8 recipe takes
@@ -34,7 +38,7 @@ class Linear : public Module {
   Tensor& bias;    // [out], undefined when bias = false
 
  private:
-  void check_input(const Tensor& x) const;
+  void check_input(const Shape* x) const;
 };
 
 }  // namespace mg::nn

@@ -9,6 +9,10 @@ namespace mg::nn {
 
 namespace {
 std::string shape_or_undefined(const Tensor& x) { return x.defined() ? shape_str(x.sizes()) : "(undefined)"; }
+std::string shape_or_undefined(const Normed& x) { return shape_str(x.sizes()); }
+// The shape of a layer's input, a tensor or a pending norm's output, without running the norm.
+const Shape* shape_of(const Tensor& x) { return x.defined() ? &x.sizes() : nullptr; }
+const Shape* shape_of(const Normed& x) { return &x.sizes(); }
 }  // namespace
 
 // ---------------- LayerNorm ----------------
@@ -35,9 +39,9 @@ void LayerNorm::reset_parameters() {
 
 Tensor LayerNorm::forward(const Tensor& x) { return mg::layer_norm(x, normalized_shape, weight, bias, eps); }
 
-Tensor LayerNorm::operator()(const Residual& x) {
+Normed LayerNorm::operator()(const Residual& x) {
   run_forward_pre_hooks();
-  return mg::layer_norm(x, normalized_shape, weight, bias, eps);
+  return Normed(x, normalized_shape, weight, bias, eps);
 }
 
 std::string LayerNorm::extra_repr() const {
@@ -82,10 +86,11 @@ MultiheadSelfAttention::MultiheadSelfAttention(int64_t embed_dim, int64_t num_he
   resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(dropout));
 }
 
-Tensor MultiheadSelfAttention::attend(const Tensor& x) {
-  MG_CHECK(x.defined() && x.dim() == 3 && x.size(2) == embed_dim, ShapeError,
-           "MultiheadSelfAttention(embed_dim=", embed_dim, "): expected input [B, T, ", embed_dim, "], got ",
-           shape_or_undefined(x));
+template <class X>
+Tensor MultiheadSelfAttention::attend(const X& x) {
+  const Shape* s = shape_of(x);
+  MG_CHECK(s && s->size() == 3 && (*s)[2] == embed_dim, ShapeError, "MultiheadSelfAttention(embed_dim=", embed_dim,
+           "): expected input [B, T, ", embed_dim, "], got ", shape_or_undefined(x));
   Tensor qkv = (*c_attn)(x);  // [B, T, 3C]
   // On CUDA the flash kernels read the heads straight out of qkv and write y as [B, T, C]: no
   // head split, merge or gradient concatenation copies (216 strided copies a GPT-2 step before).
@@ -95,6 +100,11 @@ Tensor MultiheadSelfAttention::attend(const Tensor& x) {
 Tensor MultiheadSelfAttention::forward(const Tensor& x) { return (*resid_dropout)((*c_proj)(attend(x))); }
 
 Branch MultiheadSelfAttention::branch(const Tensor& x) {
+  run_forward_pre_hooks();
+  return resid_dropout->branch(c_proj->branch(attend(x)));
+}
+
+Branch MultiheadSelfAttention::branch(const Normed& x) {
   run_forward_pre_hooks();
   return resid_dropout->branch(c_proj->branch(attend(x)));
 }
@@ -153,7 +163,11 @@ Tensor MLP::forward(const Tensor& x) {
   return (*dropout)(fused(x, true));
 }
 
-Branch MLP::branch(const Tensor& x, bool bias_pending) {
+Branch MLP::branch(const Tensor& x, bool bias_pending) { return branch_of(x, bias_pending); }
+Branch MLP::branch(const Normed& x, bool bias_pending) { return branch_of(x, bias_pending); }
+
+template <class X>
+Branch MLP::branch_of(const X& x, bool bias_pending) {
   run_forward_pre_hooks();
   if (gelu->approximate != "tanh") return dropout->branch(c_proj->branch((*gelu)((*c_fc)(x)), bias_pending));
   // Under the FP8 recipe c_proj's bias stays in its GEMM (fp8_takes_linear says why).
@@ -163,8 +177,10 @@ Branch MLP::branch(const Tensor& x, bool bias_pending) {
 
 // The MLP as one node whose GEMMs carry the GELU (autograd/linalg_ops.cc), with or without
 // c_proj's bias; the children's pre-hooks (pruning) still run first.
-Tensor MLP::fused(const Tensor& x, bool with_bias) {
-  MG_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == c_fc->in_features, ShapeError, "MLP(n_embd=", c_fc->in_features,
+template <class X>
+Tensor MLP::fused(const X& x, bool with_bias) {
+  const Shape* s = shape_of(x);
+  MG_CHECK(s && !s->empty() && s->back() == c_fc->in_features, ShapeError, "MLP(n_embd=", c_fc->in_features,
            "): input's last dim must be ", c_fc->in_features, ", got shape ", shape_or_undefined(x));
   c_fc->run_forward_pre_hooks();
   c_proj->run_forward_pre_hooks();

@@ -23,9 +23,10 @@ class LayerNorm : public Module {
                      TensorOptions opts = {});
   Tensor forward(const Tensor& x) override;
   using Module::operator();
-  // The norm of a residual stream: a pending add runs inside it (mg::layer_norm(Residual)), and
-  // under autocast the output comes in the autocast dtype, for the linear that reads it.
-  Tensor operator()(const Residual& x);
+  // The norm of a residual stream, left for the layer that reads it (mg::Normed): a pending add
+  // runs inside it (mg::layer_norm(Residual)), under autocast the output comes in the autocast
+  // dtype, and under the FP8 recipe the linear after it runs it, its output cast to FP8 in its pass.
+  Normed operator()(const Residual& x);
   void reset_parameters();
   std::string extra_repr() const override;
 
@@ -70,6 +71,7 @@ class MultiheadSelfAttention : public Module {
   Tensor forward(const Tensor& x) override;
   // forward(x) as a residual branch: c_proj's bias and the output dropout left to the stream.
   Branch branch(const Tensor& x);
+  Branch branch(const Normed& x);  // of a pending norm, which c_attn runs (Linear(Normed))
   // Inference on the next x.size(1) positions after cache.length: their keys and values are
   // written into layer `layer` of the cache and the queries attend to every cached position.
   // Causal (the model's mask) needs cache.length == 0 or one new position (no dropout either way).
@@ -83,7 +85,8 @@ class MultiheadSelfAttention : public Module {
   std::shared_ptr<Dropout> resid_dropout;
 
  private:
-  Tensor attend(const Tensor& x);  // the heads' output [B, T, C], before c_proj
+  template <class X>
+  Tensor attend(const X& x);  // the heads' output [B, T, C], before c_proj
 };
 
 struct TransformerBlockOptions {
@@ -106,12 +109,16 @@ class MLP : public Module {
   // forward(x) as a residual branch: the dropout, and c_proj's bias where Linear::leaves_bias
   // says so, left to the stream.
   Branch branch(const Tensor& x, bool bias_pending = true);
+  Branch branch(const Normed& x, bool bias_pending = true);  // of a pending norm, which c_fc runs
   std::shared_ptr<Linear> c_fc, c_proj;
   std::shared_ptr<GELU> gelu;
   std::shared_ptr<Dropout> dropout;
 
  private:
-  Tensor fused(const Tensor& x, bool with_bias);  // the gelu_mlp node, without the dropout
+  template <class X>
+  Branch branch_of(const X& x, bool bias_pending);
+  template <class X>
+  Tensor fused(const X& x, bool with_bias);  // the gelu_mlp node, without the dropout
 };
 
 // Pre-norm residual block (GPT-2): x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). On a residual

@@ -115,6 +115,15 @@ bool CpuBackend::fused_add_layer_norm_forward(const Tensor&, const Tensor&, cons
   return false;
 }
 
+// So does its FP8 cast (kernels::add_layer_norm_fp8_delayed: the norm in out_dtype, then the cast).
+template <>
+bool CpuBackend::fused_add_layer_norm_fp8(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                          double, DType, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                          int, Fp8Format, int, const Tensor&, const Tensor&, const Tensor&,
+                                          const Tensor&) {
+  return false;
+}
+
 template <>
 bool CpuBackend::fused_add_layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                const Tensor&, const Tensor&, const Tensor&, const Tensor&,

@@ -12,12 +12,14 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/fp8_tile.cuh"
 #include "kernels/cuda/gelu.cuh"
 #include "kernels/fp8_math.h"
 #include "kernels/optim_math.h"
 
 namespace mg::kernels {
-using namespace cuda;  // NOLINT: the launch helpers of kernels/cuda/common.cuh
+using namespace cuda;      // NOLINT: the launch helpers of kernels/cuda/common.cuh
+using namespace fp8_tile;  // NOLINT: the tile casts' pieces shared with the layer norm's
 namespace {
 
 __device__ __forceinline__ float to_f(float v) { return v; }
@@ -57,13 +59,6 @@ __global__ void dequantize_kernel(const uint8_t* q, const float* scale, __nv_fp8
     const float v = __half2float(__half(__nv_cvt_fp8_to_halfraw(q[i], kind)));
     store(out + i, __fdiv_rn(v, s));
   }
-}
-
-// |v| as the bits of a non-negative float (their order is the floats' order), a NaN as 0x7fc00000,
-// larger than every finite and infinite magnitude's bits.
-__device__ __forceinline__ unsigned abs_bits(float v) {
-  const float a = fabsf(v);
-  return isnan(a) ? 0x7fc00000u : __float_as_uint(a);
 }
 
 // Eight consecutive elements as floats, from one 16-byte load (f16, bf16) or two (f32).
@@ -180,14 +175,6 @@ __global__ void scale_kernel(const unsigned* partial, int count, fp8_math::Forma
   if (scale_inv) *scale_inv = __frcp_rn(s);
 }
 
-// One 32 x 32 tile of x [rows, cols] through shared memory: its codes written row by row into q
-// and column by column into qt (qt [cols, rows]), each warp writing 32 consecutive bytes. With
-// col_partial ([gridDim.y, cols] f32), the tile's column sums of x go to row blockIdx.y of it.
-constexpr int kTile = 32, kTileRows = 8;
-
-// A tile kernel's thread index in its block of kTile * kTileRows threads (any 2-D shape): a warp is
-// 32 consecutive indices.
-__device__ __forceinline__ int tile_thread() { return threadIdx.y * blockDim.x + threadIdx.x; }
 // The block's column sums, a row of partial sums for each kTile rows of its tile (whatever the
 // kernel, so the sums are added in one order: a thread's rows, then the tile's threads, then the
 // rows of partials). Thread (x, y) of a TX x TY block holds V columns' sums (columns V * x ...) of
@@ -212,62 +199,9 @@ __device__ __forceinline__ void tile_column_sums(const float (&acc)[V], float* c
   }
 }
 
-// Delayed scaling's arguments (Backend::fp8_quantize_transpose_delayed); hist null: the scale is
-// *scale (current scaling, set by the kernels ahead).
-struct Delayed {
-  unsigned* hist = nullptr;  // the history's amax bits (fp8_math::history_max_bits)
-  int slots = 0, slot = 0;
-  fp8_math::Format f{};
-  int margin = 0;
-  float* scale_inv = nullptr;  // 1 / the scale used, written by block (0, 0)
-  float* scale = nullptr;      // the scale used (or null), written by block (0, 0)
-};
-// A delayed cast's arguments: the history (f32 slots on the device, read as amax bits), the slot it
-// takes, the scale rule, and where the scale used (or null) and its inverse go.
-Delayed delayed_args(const Tensor& history, int slot, Fp8Format format, int margin, const Tensor& scale,
-                     const Tensor& scale_inv) {
-  Delayed d;
-  d.hist = static_cast<unsigned*>(history.raw_data());
-  d.slots = static_cast<int>(history.numel());
-  d.slot = slot;
-  d.f = format == Fp8Format::E4M3 ? fp8_math::kE4M3 : fp8_math::kE5M2;
-  d.margin = margin;
-  d.scale_inv = data_as<float>(scale_inv);
-  d.scale = scale.defined() ? data_as<float>(scale) : nullptr;
-  return d;
-}
-
-// The scale a tile kernel casts with: *scale, or under delayed scaling the history's (each warp
-// reads it with one load a lane and one reduction).
-__device__ __forceinline__ float tile_scale(const float* scale, const Delayed& d) {
-  if (!d.hist) return *scale;
-  const int next = fp8_math::history_next(d.slot, d.slots);
-  unsigned m = 0;
-  for (int i = tile_thread() % 32; i < d.slots; i += 32)
-    if (fp8_math::history_counts(d.hist[i], i, d.slot, next)) m = max(m, d.hist[i]);
-  m = __reduce_max_sync(0xffffffffu, m);  // fp8_math::history_max_bits, a lane a slot
-  const float s = fp8_math::scale_for(__uint_as_float(m), d.f, d.margin);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && tile_thread() == 0) {
-    *d.scale_inv = __frcp_rn(s);
-    if (d.scale) *d.scale = s;
-    d.hist[next] = 0;  // no block reads that slot
-  }
-  return s;
-}
-// The tile's max |x| (abs_bits of each thread's m) into the history's slot. Every thread of the
-// kTile * kTileRows threads calls it.
-__device__ __forceinline__ void tile_amax_to_history(unsigned m, const Delayed& d) {
-  constexpr int kWarps = kTile * kTileRows / 32;
-  __shared__ unsigned warp_max[kWarps];
-  const int t = tile_thread();
-  m = __reduce_max_sync(0xffffffffu, m);
-  if (t % 32 == 0) warp_max[t / 32] = m;
-  __syncthreads();
-  if (t != 0) return;
-  for (int w = 1; w < kWarps; ++w) m = max(m, warp_max[w]);
-  atomicMax(d.hist + d.slot, m);
-}
-
+// One 32 x 32 tile of x [rows, cols] through shared memory: its codes written row by row into q
+// and column by column into qt (qt [cols, rows]), each warp writing 32 consecutive bytes. With
+// col_partial ([gridDim.y, cols] f32), the tile's column sums of x go to row blockIdx.y of it.
 template <class T>
 __global__ void quantize_transpose_kernel(const T* x, bool gelu, const T* pre, const float* scale,
                                           __nv_fp8_interpretation_t kind, uint8_t* q, uint8_t* qt, int64_t rows,
@@ -301,8 +235,6 @@ __global__ void quantize_transpose_kernel(const T* x, bool gelu, const T* pre, c
   }
 }
 
-__nv_fp8_interpretation_t kind_of(Fp8Format f) { return f == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2; }
-
 template <class F>
 void dispatch_half_or_f32(DType d, F f) {
   if (d == DType::f32)
@@ -314,6 +246,21 @@ void dispatch_half_or_f32(DType d, F f) {
 }
 
 }  // namespace
+
+namespace fp8_tile {
+Delayed delayed_args(const Tensor& history, int slot, Fp8Format format, int margin, const Tensor& scale,
+                     const Tensor& scale_inv) {
+  Delayed d;
+  d.hist = static_cast<unsigned*>(history.raw_data());
+  d.slots = static_cast<int>(history.numel());
+  d.slot = slot;
+  d.f = format == Fp8Format::E4M3 ? fp8_math::kE4M3 : fp8_math::kE5M2;
+  d.margin = margin;
+  d.scale_inv = data_as<float>(scale_inv);
+  d.scale = scale.defined() ? data_as<float>(scale) : nullptr;
+  return d;
+}
+}  // namespace fp8_tile
 
 template <>
 void CudaBackend::fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Format format, const Tensor& out) {

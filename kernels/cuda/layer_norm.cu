@@ -9,6 +9,8 @@
 // dweight = sum over rows of g * xhat and dbias = sum of g are column sums, taken without
 // atomics in two steps (a grid of row chunks writes f32 partial sums, one more kernel adds
 // the chunks in a fixed order), so results are deterministic.
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -16,6 +18,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/fp8_tile.cuh"
 #include "kernels/cuda/reference.h"
 
 namespace mg::kernels {
@@ -149,6 +152,17 @@ __device__ __forceinline__ void load_or(const float* p, int64_t j, float dflt, f
   }
 }
 
+// The residual-stream norm's per-element arithmetic, each rounding spelled out, so that the
+// kernels below that compute it (add_ln_fwd_kernel, add_ln_fp8_kernel) agree bit for bit whatever
+// the compiler would contract: acc + (v - m)^2, and (v - m) * r * w + b.
+__device__ __forceinline__ float deviation_sq(float v, float m, float acc) {
+  const float d = __fsub_rn(v, m);
+  return __fmaf_rn(d, d, acc);
+}
+__device__ __forceinline__ float normalized(float v, float m, float r, float w, float b) {
+  return __fmaf_rn(__fmul_rn(__fsub_rn(v, m), r), w, b);
+}
+
 // Lane l handles elements [kV (l + 32 t), kV (l + 32 t) + kV) of its row: kV = 4 when n % 4 == 0
 // and every tensor is aligned to 4 elements (the launcher checks), 1 otherwise. rb (the
 // branch's bias, or null) is added after the branch: h = (x + res) + rb.
@@ -187,7 +201,7 @@ __global__ void add_ln_fwd_kernel(const float* x, const R* res, const float* rb,
     float v[kV];
     load_v<kV>(h + j, v);
 #pragma unroll
-    for (int k = 0; k < kV; ++k) var += (v[k] - m) * (v[k] - m);
+    for (int k = 0; k < kV; ++k) var = deviation_sq(v[k], m, var);
   }
   const float r = 1.0f / m_sqrt(warp_sum(var) / static_cast<float>(n) + static_cast<float>(eps));
   if (threadIdx.x == 0) {
@@ -201,8 +215,102 @@ __global__ void add_ln_fwd_kernel(const float* x, const R* res, const float* rb,
     load_or<kV>(w, j, 1.0f, wv);
     load_or<kV>(b, j, 0.0f, bv);
 #pragma unroll
-    for (int k = 0; k < kV; ++k) v[k] = (v[k] - m) * r * wv[k] + bv[k];
+    for (int k = 0; k < kV; ++k) v[k] = normalized(v[k], m, r, wv[k], bv[k]);
     store_v<kV>(yr + j, v);
+  }
+}
+
+// add_ln_fwd_kernel<4, R, O>'s rows cast for the FP8 linear that reads them, as
+// fp8_quantize_transpose_delayed casts the rows it writes: each normalized value rounded to O, its
+// code written into q [rows, n] and qt [n, rows] (either may be null) with the history's scale,
+// its |value| into the history's slot; the rows are never written in O. A block of 8 warps takes
+// kNormRows rows, a warp a row at a time held in registers (kIters * 128 >= n elements, 4 a lane
+// as add_ln_fwd_kernel<4> reads them, so the sums add in its order), and keeps their codes in
+// shared memory ([kNormRows][n + 4] bytes) for the transpose, where each column's kNormRows codes
+// are 32 consecutive bytes of qt, written 4 rows a word.
+constexpr int kNormRows = 32;
+template <int kIters, class R, class O>
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    add_ln_fp8_kernel(const float* x, const R* res, const float* rb, const float* w, const float* b, float* sum,
+                      float* mean, float* rstd, int64_t rows, int64_t n, double eps, __nv_fp8_interpretation_t kind,
+                      uint8_t* q, uint8_t* qt, fp8_tile::Delayed d) {
+  extern __shared__ __align__(16) uint8_t codes[];
+  const int64_t pitch = n + 4;  // 4-byte aligned rows (n % 16 == 0): a word at a time
+  wait_for_previous();          // launched dependent: the branch is mostly the GEMM ahead's output
+  const float s = fp8_tile::tile_scale(nullptr, d);
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kNormRows;
+  unsigned amax = 0;
+  for (int rr = threadIdx.y; rr < kNormRows && r0 + rr < rows; rr += kRowsPerBlock) {
+    const int64_t i = r0 + rr;
+    float v[kIters][4];
+    float sm = 0;
+#pragma unroll
+    for (int t = 0; t < kIters; ++t) {
+      const int64_t j = 4 * (threadIdx.x + 32 * t);
+      if (j < n) {
+        load_v<4>(x + i * n + j, v[t]);
+        if (res) {
+          float r[4];
+          load_v<4>(res + i * n + j, r);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) v[t][k] += r[k];
+          if (rb) {
+            load_v<4>(rb + j, r);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) v[t][k] += r[k];
+          }
+          store_v<4>(sum + i * n + j, v[t]);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) sm += v[t][k];
+      }
+    }
+    const float m = warp_sum(sm) / static_cast<float>(n);
+    float var = 0;
+#pragma unroll
+    for (int t = 0; t < kIters; ++t)
+      if (4 * (threadIdx.x + 32 * t) < n) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) var = deviation_sq(v[t][k], m, var);
+      }
+    const float r = 1.0f / m_sqrt(warp_sum(var) / static_cast<float>(n) + static_cast<float>(eps));
+    if (threadIdx.x == 0) {
+      mean[i] = m;
+      rstd[i] = r;
+    }
+#pragma unroll
+    for (int t = 0; t < kIters; ++t) {
+      const int64_t j = 4 * (threadIdx.x + 32 * t);
+      if (j < n) {
+        float wv[4], bv[4];
+        load_or<4>(w, j, 1.0f, wv);
+        load_or<4>(b, j, 0.0f, bv);
+        uint32_t word = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float y = load_m(store_m<O>(normalized(v[t][k], m, r, wv[k], bv[k])));  // as O holds it
+          amax = max(amax, fp8_tile::abs_bits(y));
+          word |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(y * s, __NV_SATFINITE, kind)) << (8 * k);
+        }
+        if (q) *reinterpret_cast<uint32_t*>(q + i * n + j) = word;
+        *reinterpret_cast<uint32_t*>(codes + rr * pitch + j) = word;
+      }
+    }
+  }
+  fp8_tile::tile_amax_to_history(amax, d);
+  if (!qt) return;
+  __syncthreads();
+  const int64_t here = rows - r0 < kNormRows ? rows - r0 : kNormRows;  // a multiple of 4 (the launcher checks)
+  constexpr int kGroups = kNormRows / 4;
+  for (int64_t item = fp8_tile::tile_thread(); item < n * kGroups; item += 32 * kRowsPerBlock) {
+    const int64_t c = item / kGroups;
+    const int g = static_cast<int>(item % kGroups);
+    if (4 * g < here) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) word |= static_cast<uint32_t>(codes[(4 * g + k) * pitch + c]) << (8 * k);
+      *reinterpret_cast<uint32_t*>(qt + c * rows + r0 + 4 * g) = word;
+    }
   }
 }
 
@@ -707,6 +815,58 @@ bool CudaBackend::fused_add_layer_norm_backward(const Tensor& grad_out, const Te
     param_grads<float, G>(grad_out, sum, mean, rstd, grad_weight, grad_bias, st);
   });
   if (branch_bias) this->sum(dx, raw::view(grad_residual_bias, {1, n}));
+  return true;
+}
+
+template <>
+bool CudaBackend::fused_add_layer_norm_fp8(const Tensor& x, const Tensor& residual, const Tensor& residual_bias,
+                                           const Tensor& weight, const Tensor& bias, double eps, DType out_dtype,
+                                           const Tensor& sum, const Tensor& mean, const Tensor& rstd,
+                                           const Tensor& history, int slot, Fp8Format format, int margin,
+                                           const Tensor& scale, const Tensor& scale_inv, const Tensor& out,
+                                           const Tensor& out_t) {
+  const DType rt = residual.defined() ? residual.dtype() : DType::f32;
+  const int64_t rows = x.size(0), n = x.size(1);
+  // add_ln_fwd_kernel<4>'s case (its sums' order), rows a word of codes apart, and rows of at most
+  // 16 * 128 elements (the registers a lane holds them in).
+  if (x.dtype() != DType::f32 || !f32_or_none(weight) || !f32_or_none(bias) || !f32_or_none(residual_bias) ||
+      !stream_dtype(rt) || (out_dtype != DType::f16 && out_dtype != DType::bf16) || rows == 0 || n % 16 != 0 ||
+      rows % 4 != 0 || n > 16 * 128 || !vec4_rows(n, {&x, &residual, &residual_bias, &weight, &bias, &sum}))
+    return false;
+  mg::cuda::DeviceGuard guard(x.device());
+  cudaStream_t st = stream_of(x);
+  const fp8_tile::Delayed d = fp8_tile::delayed_args(history, slot, format, margin, scale, scale_inv);
+  const int64_t blocks = (rows + kNormRows - 1) / kNormRows;
+  MG_CHECK(blocks <= 0x7fffffff, ShapeError, "add_layer_norm_fp8_delayed: too many rows (", rows, ")");
+  const size_t smem = static_cast<size_t>(kNormRows) * static_cast<size_t>(n + 4);
+  const int iters = static_cast<int>((n + 127) / 128);
+  with_stream_dtype(rt, [&](auto r_tag) {
+    using R = decltype(r_tag);
+    auto launch = [&](auto kernel) {
+      MG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      launch_dependent(kernel, dim3(static_cast<unsigned>(blocks)), dim3(32, kRowsPerBlock), smem, st,
+                       data_as<const float>(x), data_as<const R>(residual), data_as<const float>(residual_bias),
+                       data_as<const float>(weight), data_as<const float>(bias),
+                       residual.defined() ? data_as<float>(sum) : nullptr, data_as<float>(mean), data_as<float>(rstd),
+                       rows, n, eps, fp8_tile::kind_of(format), data_as<uint8_t>(out), data_as<uint8_t>(out_t), d);
+    };
+    auto by_width = [&](auto o_tag) {
+      using O = decltype(o_tag);
+      if (iters <= 4)
+        launch(add_ln_fp8_kernel<4, R, O>);
+      else if (iters <= 8)
+        launch(add_ln_fp8_kernel<8, R, O>);
+      else if (iters <= 12)
+        launch(add_ln_fp8_kernel<12, R, O>);
+      else
+        launch(add_ln_fp8_kernel<16, R, O>);
+    };
+    if (out_dtype == DType::bf16)
+      by_width(__nv_bfloat16{});
+    else
+      by_width(__half{});
+    MG_CUDA_CHECK_LAUNCH("add_layer_norm_fp8_delayed");
+  });
   return true;
 }
 

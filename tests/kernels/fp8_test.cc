@@ -13,6 +13,7 @@
 #include "core/random.h"
 #include "kernels/elementwise.h"
 #include "kernels/fp8_math.h"
+#include "kernels/norm.h"
 #include "kernels/optim.h"
 #include "tests/error_of.h"
 
@@ -475,6 +476,41 @@ TEST(Fp8Ops, CastGeluBackwardBadInputIsAClearError) {
   } catch (const ShapeError& e) {
     EXPECT_NE(std::string(e.what()).find("not contiguous"), std::string::npos) << e.what();
   }
+}
+
+// The norm's output cast for the linear after it (add_layer_norm_fp8_delayed; the CPU composes
+// the two): the codes, scales and history of the norm in bf16 then fp8_cast_delayed, the norm's sum
+// and statistics add_layer_norm_forward's, over a 3-D stream with a residual and its bias; a bad
+// argument is the norm's error, named after the op.
+TEST(Fp8Ops, NormCastIsTheNormThenTheDelayedCast) {
+  Generator g(43);
+  const Tensor w = randn({32}, {}, &g), b = randn({32}, {}, &g), rb = randn({32}, {}, &g);
+  Fp8History fused, apart;
+  for (int k = 0; k < 3; ++k) {
+    const Tensor x = randn({2, 8, 32}, {}, &g), res = raw::to_dtype(randn({2, 8, 32}, {}, &g), DType::bf16);
+    const Fp8NormCast f = add_layer_norm_fp8_delayed(x, res, {32}, w, b, 1e-5, DType::bf16, rb, Fp8Format::E4M3,
+                                                     {true, true, false}, fused);
+    auto [sum, y, mean, rstd] = add_layer_norm_forward(x, res, {32}, w, b, 1e-5, DType::bf16, rb);
+    const Fp8Matrix want = fp8_cast_delayed(raw::reshape(y, {16, 32}), Fp8Format::E4M3, {true, true, false}, apart);
+    EXPECT_EQ(f.sum.sizes(), x.sizes());
+    EXPECT_EQ(f.sum.to_vector<float>(), sum.to_vector<float>());
+    EXPECT_EQ(f.mean.to_vector<float>(), mean.to_vector<float>());
+    EXPECT_EQ(f.rstd.to_vector<float>(), rstd.to_vector<float>());
+    EXPECT_EQ(f.out.codes.to_vector<uint8_t>(), want.codes.to_vector<uint8_t>());
+    EXPECT_EQ(f.out.codes_t.to_vector<uint8_t>(), want.codes_t.to_vector<uint8_t>());
+    EXPECT_EQ(f.out.scale_inv.to_vector<float>(), want.scale_inv.to_vector<float>());
+    EXPECT_EQ(fused.amax.to_vector<float>(), apart.amax.to_vector<float>());
+    EXPECT_EQ(fused.casts, k + 1);
+  }
+  const std::string bad = mg::testing::error_of([&] {
+    add_layer_norm_fp8_delayed(ones({4, 32}), ones({4, 16}), {32}, w, b, 1e-5, DType::bf16, Tensor(), Fp8Format::E4M3,
+                               {true, true, false}, fused);
+  });
+  EXPECT_NE(bad.find("add_layer_norm_fp8_delayed"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("residual shape [4, 16]"), std::string::npos) << bad;
+  EXPECT_THROW(add_layer_norm_fp8_delayed(ones({4, 32}), ones({4, 32}), {32}, w, b, 1e-5, DType::bf16, Tensor(),
+                                          Fp8Format::E4M3, {false, false, false}, fused),
+               ValueError);
 }
 
 TEST(Fp8Ops, GemmBadInputNamesTheOperand) {

@@ -6,13 +6,16 @@
 
 #include <cmath>
 #include <functional>
+#include <algorithm>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "autograd/autocast_policy.h"
 #include "autograd/fp8_linear.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
+#include "autograd/node.h"
 #include "autograd/recompute.h"
 #include "autograd/transformer_functions.h"
 #include "core/autocast.h"
@@ -688,6 +691,33 @@ TEST(Fp8Recipe, ResumeBetweenAnUpdateAndItsWrittenCastsIsBitForBit) {
   EXPECT_EQ(got, want);
 }
 
+// The small GPT's batch of two sequences of 16 tokens on `dev` (inputs, targets).
+std::pair<Tensor, Tensor> small_gpt_batch(const nn::GPTConfig& cfg, Device dev) {
+  Generator data(9);
+  const Tensor idx = randint(0, cfg.vocab_size, {2, 16}, {DType::i64}, &data).to(dev);
+  const Tensor tgt = randint(0, cfg.vocab_size, {2, 16}, {DType::i64}, &data).to(dev);
+  return {idx, tgt};
+}
+
+// What two training runs compare bit for bit: the losses, and at the end every parameter and the
+// delayed histories (Fp8HistoryState's tensors, in its order).
+struct Run {
+  std::vector<float> losses, weights, histories;
+  size_t history_tensors = 0;
+  void take_state(nn::GPT& model) {
+    for (const Tensor& p : model.parameters()) {
+      const std::vector<float> v = p.cpu().to_vector<float>();
+      weights.insert(weights.end(), v.begin(), v.end());
+    }
+    const StateDict sd = Fp8HistoryState(model.named_parameters()).state_dict();
+    history_tensors = sd.tensors.size();
+    for (const auto& [key, t] : sd.tensors) {
+      const std::vector<float> v = t.cpu().to_vector<float>();
+      histories.insert(histories.end(), v.begin(), v.end());
+    }
+  }
+};
+
 // AdamW writing the recipe's weight casts in its update (AdamOptions::write_autocast_casts,
 // autograd::fp8_next_weight_cast) against the forward casting the weights itself: the small GPT
 // above trains to the same losses, weights and delayed histories, bit for bit. After each update
@@ -696,12 +726,7 @@ TEST(Fp8Recipe, ResumeBetweenAnUpdateAndItsWrittenCastsIsBitForBit) {
 // its forward casts from a bf16 copy gets none.
 void expect_update_casts_train_bit_for_bit(Device dev) {
   const nn::GPTConfig cfg = small_gpt();
-  Generator data(9);
-  const Tensor idx = randint(0, cfg.vocab_size, {2, 16}, {DType::i64}, &data).to(dev);
-  const Tensor tgt = randint(0, cfg.vocab_size, {2, 16}, {DType::i64}, &data).to(dev);
-  struct Run {
-    std::vector<float> losses, weights, histories;
-  };
+  const auto [idx, tgt] = small_gpt_batch(cfg, dev);
   auto train = [&](bool write) {
     Generator init(3);
     nn::GPT model(cfg, {}, &init);
@@ -752,16 +777,8 @@ void expect_update_casts_train_bit_for_bit(Device dev) {
       r.losses.push_back(model.forward_loss(idx, tgt).item<float>());
     }
     for (const Tensor& w : fp8_weights) EXPECT_FALSE(autograd::fp8_weight_cast_provided(w));
-    for (const Tensor& p : model.parameters()) {
-      const std::vector<float> v = p.cpu().to_vector<float>();
-      r.weights.insert(r.weights.end(), v.begin(), v.end());
-    }
-    const StateDict sd = Fp8HistoryState(model.named_parameters()).state_dict();
-    EXPECT_EQ(sd.tensors.size(), 3 * fp8_weights.size());  // x, w and g of each FP8 weight
-    for (const auto& [key, t] : sd.tensors) {
-      const std::vector<float> v = t.cpu().to_vector<float>();
-      r.histories.insert(r.histories.end(), v.begin(), v.end());
-    }
+    r.take_state(model);
+    EXPECT_EQ(r.history_tensors, 3 * fp8_weights.size());  // x, w and g of each FP8 weight
     return r;
   };
   const Run own = train(false), written = train(true);
@@ -778,6 +795,81 @@ TEST(Fp8Recipe, UpdateWrittenWeightCastsTrainAsTheForwardsCastsBitForBit) {
 TEST(Fp8Recipe, UpdateWrittenWeightCastsTrainAsTheForwardsCastsBitForBitOnCuda) {
   if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   expect_update_casts_train_bit_for_bit(Device::cuda(0));
+}
+
+// The names of the nodes the backward of `t` runs through (a walk of the recorded graph).
+std::vector<std::string> node_names(const Tensor& t) {
+  std::vector<std::string> names;
+  std::vector<std::shared_ptr<autograd::Node>> todo{autograd::grad_fn(t)};
+  std::set<const autograd::Node*> seen;
+  while (!todo.empty()) {
+    const std::shared_ptr<autograd::Node> n = todo.back();
+    todo.pop_back();
+    if (!n || !seen.insert(n.get()).second) continue;
+    names.push_back(n->name());
+    for (const autograd::Edge& e : n->next_edges) todo.push_back(e.node);
+  }
+  return names;
+}
+
+// The layer norm before a linear run inside the linear's node, its output cast to FP8 in its pass
+// (autograd::fp8_norm_linear, on by default), against the norm then the linear
+// (set_fp8_norm_casts(false)): the small GPT trains to the same losses, weights (the norms'
+// included: their gradients come through the fused node's backward) and delayed histories, bit
+// for bit. Each block's two norms run in their linears' nodes (at the first step, whose casts use
+// current scaling, the node's kernels are the norm then the cast), never under no_grad.
+void expect_norm_casts_train_bit_for_bit(Device dev) {
+  const nn::GPTConfig cfg = small_gpt();
+  const auto [idx, tgt] = small_gpt_batch(cfg, dev);
+  auto train = [&](bool fused) {
+    autograd::set_fp8_norm_casts(fused);
+    Generator init(3);
+    nn::GPT model(cfg, {}, &init);
+    model.to(dev);
+    optim::AdamWOptions o;
+    o.lr = 3e-3;
+    optim::AdamW opt(model.parameters(), o);
+    Run r;
+    for (int step = 0; step < 6; ++step) {
+      opt.zero_grad();
+      Tensor loss;
+      {
+        Autocast ac(dev.type, DType::bf16);
+        Fp8Autocast f(true, 0, Fp8Scaling::Delayed);
+        loss = model.forward_loss(idx, tgt);
+      }
+      const std::vector<std::string> names = node_names(loss);
+      const auto count = [&](const char* n) { return std::count(names.begin(), names.end(), n); };
+      const int64_t expected = fused ? cfg.n_layer : 0;
+      EXPECT_EQ(count("add_layer_norm_linear"), expected) << "step " << step;
+      EXPECT_EQ(count("add_layer_norm_gelu_mlp"), expected) << "step " << step;
+      loss.backward();
+      opt.step();
+      r.losses.push_back(loss.item<float>());
+    }
+    {  // an evaluation under no_grad runs the norm on its own
+      NoGradGuard ng;
+      Autocast ac(dev.type, DType::bf16);
+      Fp8Autocast f(true, 0, Fp8Scaling::Delayed);
+      r.losses.push_back(model.forward_loss(idx, tgt).item<float>());
+    }
+    r.take_state(model);
+    autograd::set_fp8_norm_casts(true);
+    return r;
+  };
+  const Run apart = train(false), fused = train(true);
+  EXPECT_EQ(fused.losses, apart.losses);
+  EXPECT_EQ(fused.weights, apart.weights);
+  EXPECT_EQ(fused.histories, apart.histories);
+  EXPECT_FALSE(fused.histories.empty());
+  EXPECT_LT(apart.losses[5], apart.losses.front());
+}
+
+TEST(Fp8Recipe, NormCastsTrainAsTheNormThenTheLinearBitForBit) { expect_norm_casts_train_bit_for_bit(Device::cpu()); }
+
+TEST(Fp8Recipe, NormCastsTrainAsTheNormThenTheLinearBitForBitOnCuda) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  expect_norm_casts_train_bit_for_bit(Device::cuda(0));
 }
 
 }  // namespace

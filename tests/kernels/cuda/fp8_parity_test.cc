@@ -13,6 +13,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/fp8.h"
 #include "kernels/fp8_math.h"
+#include "kernels/norm.h"
 #include "kernels/optim.h"
 #include "tests/kernels/cuda/cuda_test_util.h"
 
@@ -267,6 +268,49 @@ TEST_F(Fp8Parity, AdamUpdateWritesTheDelayedCastOfItsResult) {
       ASSERT_TRUE(same_bits(c.scale_inv.cpu().item<float>(), want.scale_inv.cpu().item<float>())) << what;
       const std::vector<float> hav = ha.amax.cpu().to_vector<float>(), hbv = hb.amax.cpu().to_vector<float>();
       for (size_t i = 0; i < hav.size(); ++i) ASSERT_TRUE(same_bits(hav[i], hbv[i])) << what << " slot " << i;
+    }
+  }
+}
+
+// The layer norm's pass writing the FP8 codes of its output for the linear after it
+// (kernels::add_layer_norm_fp8_delayed, the fused kernel) against the norm writing bf16 then the
+// delayed cast of that: the same sum, statistics, codes, transpose, scales and history, bit for
+// bit. Widths of one to sixteen 128-element groups and one past the kernel's (composed), a last
+// block of 16 rows, with and without the residual, its bias and the norm's bias; the history's
+// scale grows past some values (saturation) in the third cast.
+TEST_F(Fp8Parity, NormCastIsTheNormThenTheDelayedCast) {
+  Generator g(17);
+  struct Case {
+    int64_t rows, n;
+    bool res, rb, bias;
+  };
+  for (const Case c :
+       {Case{96, 1600, true, true, true}, Case{48, 768, true, false, true}, Case{64, 2048, false, false, true},
+        Case{32, 64, true, true, false}, Case{16, 2064, true, true, true}, Case{8208, 1600, true, false, true}}) {
+    const std::string what = std::to_string(c.rows) + " x " + std::to_string(c.n);
+    const Tensor w = to_cuda(kernels::add_scalar(kernels::mul_scalar(randn({c.n}, {}, &g), 0.1), 1.0));
+    const Tensor b = c.bias ? to_cuda(kernels::mul_scalar(randn({c.n}, {}, &g), 0.1)) : Tensor();
+    const Tensor rb = c.rb ? to_cuda(randn({c.n}, {}, &g)) : Tensor();
+    kernels::Fp8History fused, apart;
+    for (int k = 0; k < 4; ++k) {
+      const std::string at = what + " cast " + std::to_string(k);
+      const Tensor x = to_cuda(kernels::mul_scalar(randn({c.rows, c.n}, {}, &g), k == 2 ? 4.0 : 1.0));
+      const Tensor res = c.res ? to_cuda(raw::to_dtype(randn({c.rows, c.n}, {}, &g), DType::bf16)) : Tensor();
+      const kernels::Fp8NormCast f = kernels::add_layer_norm_fp8_delayed(x, res, {c.n}, w, b, 1e-5, DType::bf16, rb,
+                                                                         Fp8Format::E4M3, {true, true, false}, fused);
+      auto [sum, y, mean, rstd] = kernels::add_layer_norm_forward(x, res, {c.n}, w, b, 1e-5, DType::bf16, rb);
+      const kernels::Fp8Matrix want = kernels::fp8_cast_delayed(y, Fp8Format::E4M3, {true, true, false}, apart);
+      ASSERT_EQ(fused.casts, apart.casts) << at;
+      for (const auto& [u, v, name] :
+           {std::tuple{f.sum, sum, "sum"}, std::tuple{f.mean, mean, "mean"}, std::tuple{f.rstd, rstd, "rstd"},
+            std::tuple{f.out.scale, want.scale, "scale"}, std::tuple{f.out.scale_inv, want.scale_inv, "scale_inv"},
+            std::tuple{fused.amax, apart.amax, "history"}}) {
+        const std::vector<float> uv = u.cpu().to_vector<float>(), vv = v.cpu().to_vector<float>();
+        ASSERT_EQ(uv.size(), vv.size()) << at << " " << name;
+        for (size_t i = 0; i < uv.size(); ++i) ASSERT_TRUE(same_bits(uv[i], vv[i])) << at << " " << name << " " << i;
+      }
+      ASSERT_EQ(f.out.codes.cpu().to_vector<uint8_t>(), want.codes.cpu().to_vector<uint8_t>()) << at;
+      ASSERT_EQ(f.out.codes_t.cpu().to_vector<uint8_t>(), want.codes_t.cpu().to_vector<uint8_t>()) << at;
     }
   }
 }
