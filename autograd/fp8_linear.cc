@@ -475,7 +475,9 @@ Fp8Matrix norm_cast(const Normed& x, const std::array<Tensor, 5>& in, bool trans
   kernels::Fp8NormCast nc = kernels::add_layer_norm_fp8_delayed(
       in[0], in[1], x.normalized_shape(), in[2], in[3], x.eps(), dtype, in[4], kE4M3, {true, transposed, false}, hx);
   const bool has_res = in[1].defined();
-  x.ran(nc.sum);
+  // Without a residual the stream keeps its tensor (nc.sum is a view of it, outside the graph), as
+  // add_layer_norm returns it.
+  x.ran(has_res ? nc.sum : in[0]);
   if (grad) {
     ln.mask = {needs_grad(in[0]), needs_grad(in[1]), needs_grad(in[2]), needs_grad(in[3]), needs_grad(in[4])};
     ln.has_res = has_res;

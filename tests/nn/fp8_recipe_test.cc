@@ -874,3 +874,4 @@ TEST(Fp8Recipe, NormCastsTrainAsTheNormThenTheLinearBitForBitOnCuda) {
 
 }  // namespace
 }  // namespace mg
+
