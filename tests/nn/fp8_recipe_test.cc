@@ -874,4 +874,3 @@ TEST(Fp8Recipe, NormCastsTrainAsTheNormThenTheLinearBitForBitOnCuda) {
 
 }  // namespace
 }  // namespace mg
-
