@@ -17,6 +17,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "autograd/recompute.h"
+#include "autograd/residual.h"
 #include "autograd/transformer_functions.h"
 #include "core/autocast.h"
 #include "core/device_runtime.h"
@@ -689,6 +690,68 @@ TEST(Fp8Recipe, ResumeBetweenAnUpdateAndItsWrittenCastsIsBitForBit) {
   std::vector<float> got;
   for (int k = 0; k < 3; ++k) got.push_back(step(resumed));
   EXPECT_EQ(got, want);
+}
+
+// A pending norm (mg::Normed) read twice: the first linear runs the norm in its node under the
+// recipe, the second reads Normed::value(), the norm of the stream the first left (the add done):
+// both outputs are the norm-then-linear ones, bit for bit, and so are the gradients of the stream,
+// the branch and the norm's weight through the first (through both, the fused run sums two norm
+// backwards where the other sums the linears' bf16 gradients first: equal up to that rounding). A linear of the wrong
+// width is a ShapeError naming it, before anything runs; outside the recipe's delayed scaling the norm runs on its own.
+TEST(Fp8Recipe, APendingNormReadTwiceGivesTheNormThenTheLinears) {
+  Generator data(5);
+  const Tensor base = randn({2, 16, 32}, {}, &data);
+  const Tensor branch = raw::to_dtype(randn({2, 16, 32}, {}, &data), DType::bf16);
+  struct Out {
+    std::vector<float> ya, yb, gbase, gbranch, gw;
+  };
+  auto run = [&](bool fused) {  // new layers each run: their histories start again
+    autograd::set_fp8_norm_casts(fused);
+    Generator g(6);
+    nn::LayerNorm ln(32);
+    {
+      NoGradGuard ng;
+      ln.weight.copy_(kernels::add_scalar(kernels::mul_scalar(randn({32}, {}, &g), 0.1), 1.0));
+    }
+    nn::Linear a(32, 48, true, {}, &g), b(32, 16, true, {}, &g), wrong(16, 8, true, {}, &g);
+    Out o;
+    for (int step = 0; step < 3; ++step) {  // the first casts start the histories: then delayed
+      const Tensor x = base.detach().requires_grad_(true), r = branch.detach().requires_grad_(true);
+      ln.zero_grad();
+      Tensor ya, yb;
+      {
+        Autocast ac(DeviceType::CPU, DType::bf16);
+        Fp8Autocast f(true, 0, Fp8Scaling::Delayed);
+        const Normed n = ln(Residual(x, Branch{r}));
+        EXPECT_THROW(wrong(n), ShapeError);
+        EXPECT_EQ(autograd::fp8_norm_applies(n, a.weight), fused);
+        ya = a(n);
+        EXPECT_FALSE(n.pending());
+        yb = b(n);
+      }
+      sum(ya.to(DType::f32)).backward();  // through the first linear: one norm's backward either way
+      o.ya = raw::to_dtype(ya, DType::f32).to_vector<float>();
+      o.yb = raw::to_dtype(yb, DType::f32).to_vector<float>();
+      o.gbase = x.grad().to_vector<float>();
+      o.gbranch = raw::to_dtype(r.grad(), DType::f32).to_vector<float>();
+      o.gw = ln.weight.grad().to_vector<float>();
+    }
+    autograd::set_fp8_norm_casts(true);
+    return o;
+  };
+  const Out apart = run(false), fused = run(true);
+  EXPECT_EQ(fused.ya, apart.ya);
+  EXPECT_EQ(fused.yb, apart.yb);
+  EXPECT_EQ(fused.gbase, apart.gbase);
+  EXPECT_EQ(fused.gbranch, apart.gbranch);
+  EXPECT_EQ(fused.gw, apart.gw);
+  {  // current scaling: no fused node
+    nn::LayerNorm ln(32);
+    nn::Linear a(32, 48);
+    Autocast ac(DeviceType::CPU, DType::bf16);
+    Fp8Autocast f(true, 0);
+    EXPECT_FALSE(autograd::fp8_norm_applies(ln(Residual(base)), a.weight));
+  }
 }
 
 // The small GPT's batch of two sequences of 16 tokens on `dev` (inputs, targets).
