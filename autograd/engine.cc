@@ -196,7 +196,7 @@ void execute(GraphTask& task, const std::vector<Tensor>& roots, const std::vecto
     for (const Tensor& g : buf) any_defined |= g.defined();
     std::vector<Tensor> outs;
     if (any_defined) {
-      if (!is_sink)
+      if (!is_sink && node->materialize_grads)
         for (size_t i = 0; i < buf.size(); ++i)
           if (!buf[i].defined())
             buf[i] = zeros(node->output_shapes[i], {node->output_dtypes[i], node->output_devices[i]});

@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "autograd/autocast_policy.h"
+#include "autograd/autograd_meta.h"
 #include "autograd/grad_mode.h"
 #include "autograd/op_support.h"
 #include "autograd/residual.h"
@@ -493,27 +494,41 @@ Fp8Matrix norm_cast(const Normed& x, const std::array<Tensor, 5>& in, bool trans
 }
 
 // Records a fused node: inputs the norm's five (norm_inputs, taken before the norm ran) then the
-// layer's, outputs the stream's sum (where the norm had a pending branch) and the layer's output;
-// `layer` maps the output's gradient to {the norm output's gradient, the layer's parameters'
-// gradients...}.
+// layer's, outputs the stream's sum (where the norm had a pending branch and an input of it needs a
+// gradient, as add_layer_norm records it) and the layer's output; `layer` maps the output's
+// gradient to {the norm output's gradient, the layer's parameters' gradients...}. An output
+// nothing used keeps its gradient undefined (Node::materialize_grads): its part of the backward
+// is skipped, as the separate op's node would not run.
+// A bias as autocast's policy for the linears lowers it (op_policy.h): the region's dtype, the
+// gradient back in f32 through the cast's node.
+Tensor lowered(const Tensor& b) { return b.defined() ? autocast::lower(b) : b; }
+
 template <class Layer>
 void record_norm_node(const char* name, const Normed& x, const std::array<Tensor, 5>& in, std::vector<Tensor> params,
                       const Tensor& out, AddLayerNormBackward ln, Layer layer) {
   std::vector<Tensor> inputs(in.begin(), in.end());
   inputs.insert(inputs.end(), params.begin(), params.end());
-  const bool has_res = ln.has_res;
+  const bool norm_grads = ln.mask[0] || ln.mask[1] || ln.mask[2] || ln.mask[3] || ln.mask[4];
+  const bool sum_out = ln.has_res && norm_grads;
   const size_t n_params = params.size();
-  auto backward = [ln = std::move(ln), layer = std::move(layer), n_params](const Grads& g) {
-    const Tensor gh = ln.has_res ? g[0] : Tensor(), gout = ln.has_res ? g[1] : g[0];
+  // The norm's output as the plain norm node would have it: zeros when the layer did not run (the
+  // engine gives a node zeros for an output nothing used).
+  const Shape y_shape = in[0].sizes();
+  const TensorOptions y_opts(autocast_state().dtype(in[0].device().type), in[0].device());
+  auto backward = [ln = std::move(ln), layer = std::move(layer), n_params, sum_out, norm_grads, y_shape,
+                   y_opts](const Grads& g) {
+    const Tensor gh = sum_out ? g[0] : Tensor(), gout = sum_out ? g[1] : g[0];
     Grads lg = gout.defined() ? layer(gout) : Grads(1 + n_params);
-    Grads grads = ln.mask[0] || ln.mask[1] || ln.mask[2] || ln.mask[3] || ln.mask[4] ? ln(lg[0], gh) : Grads(5);
+    const bool run_norm = norm_grads && (lg[0].defined() || gh.defined());
+    Grads grads = run_norm ? ln(lg[0].defined() ? lg[0] : zeros(y_shape, y_opts), gh) : Grads(5);
     grads.insert(grads.end(), lg.begin() + 1, lg.end());
     return grads;
   };
-  if (has_res)
+  if (sum_out)
     record(name, inputs, std::vector<Tensor>{x.stream().base(), out}, backward);
   else
     record(name, inputs, out, backward);
+  grad_fn(out)->materialize_grads = false;
 }
 }  // namespace
 
@@ -529,14 +544,13 @@ bool fp8_norm_applies(const Normed& x, const Tensor& w) {
   if (!base.defined() || base.dtype() != DType::f32 || !fp8_keeps_f32_weight(base, w)) return false;
   if (base.is_cuda() && cuda::is_capturing(base.device().index)) return false;
   if (x.normalized_shape().size() != 1 || x.normalized_shape()[0] != base.size(-1)) return false;
-  for (const Tensor& t : in)
-    if (t.defined() && t.device() != base.device()) return false;
+  // The norm's parameters (and the branch's bias) as add_layer_norm's policy leaves them (f32: it
+  // widens others), everything on the stream's device (a parameter held in host memory comes to it
+  // through the plain ops); the branch itself is read in its dtype either way.
+  for (size_t i = 0; i < in.size(); ++i)
+    if (in[i].defined() && (in[i].device() != base.device() || (i >= 2 && in[i].dtype() != DType::f32))) return false;
   return !rebuilds("layer_norm");
 }
-
-// A bias as autocast's policy for the linears lowers it (op_policy.h): the region's dtype, the
-// gradient back in f32 through the cast's node.
-Tensor lowered(const Tensor& b) { return b.defined() ? autocast::lower(b) : b; }
 
 Tensor fp8_norm_linear(const Normed& x, const Tensor& w, const Tensor& bias_arg, DType gw_dtype) {
   const Tensor bias = lowered(bias_arg);

@@ -109,12 +109,15 @@ Tensor fp8_gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, con
 // (kernels::add_layer_norm_fp8_delayed), so the norm's output is written only as e4m3 codes (the
 // bf16 rows and the cast's read of them go), then the layer as fp8_linear and fp8_gelu_mlp run it;
 // its backward is the layer's, then the norm's (add_layer_norm's). The same values, codes and
-// histories as the norm then the layer, bit for bit. fp8_norm_applies: the norm still pending,
-// the recipe on with delayed scaling, grad on (not an evaluation, a checkpoint region or a CUDA
-// graph capture, which cast as they do elsewhere), an f32 stream, w an f32 weight the recipe
-// casts itself (fp8_keeps_f32_weight) on the stream's device, a norm over the last dim, and no
-// policy rebuilding layer_norm; set_fp8_norm_casts(false) turns it off on the calling thread
-// (the A/B of bench_models --no-norm-casts, and the tests).
+// histories as the norm then the layer, bit for bit. (A norm two layers read runs once in the
+// first's node and again for the second, Normed::value(): the stream's gradient then sums two norm
+// backwards where the plain ops sum the layers' gradients first, equal up to that rounding.)
+// fp8_norm_applies: the norm still pending, the recipe on with delayed scaling, grad on (not an
+// evaluation, a checkpoint region or a CUDA graph capture, which cast as they do elsewhere), an f32
+// stream, f32 norm parameters and w an f32 weight the recipe casts itself (fp8_keeps_f32_weight)
+// on the stream's device, a norm over the last dim, and no policy rebuilding layer_norm;
+// set_fp8_norm_casts(false) turns it off on the calling thread (the A/B of bench_models
+// --no-norm-casts, and the tests).
 bool fp8_norm_applies(const Normed& x, const Tensor& w);
 Tensor fp8_norm_linear(const Normed& x, const Tensor& w, const Tensor& bias, DType gw_dtype);
 Tensor fp8_norm_gelu_mlp(const Normed& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj,

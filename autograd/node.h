@@ -77,6 +77,10 @@ struct Node : std::enable_shared_from_this<Node> {
   uint32_t num_outputs = 1;
   uint64_t sequence_nr = 0;  // creation order: later nodes run first on ties
   bool released = false;
+  // Whether the engine hands apply() zeros for an output that got no gradient (the default), or
+  // leaves it undefined: a fused node whose outputs belong to different ops (the FP8 recipe's
+  // norm and linear) skips the part whose output nothing used, as the separate ops would.
+  bool materialize_grads = true;
   // Input metadata so undefined/zero grads can be materialized with the right shape.
   std::vector<Shape> output_shapes;
   std::vector<DType> output_dtypes;

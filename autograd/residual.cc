@@ -61,15 +61,21 @@ void Normed::ran(Tensor sum) const {
   s_->ran = true;
 }
 
+namespace {
+bool on_device_of(const Tensor& b, const Tensor& w) { return !b.defined() || b.device() == w.device(); }
+}  // namespace
+
 Tensor linear(const Normed& x, const Tensor& w, const Tensor& bias) {
-  // fp8_norm_applies takes f32 weights only: their gradients come in f32.
-  if (autograd::fp8_norm_applies(x, w)) return autograd::fp8_norm_linear(x, w, bias, DType::f32);
+  // fp8_norm_applies takes f32 weights on the stream's device only: their gradients come in f32. A
+  // bias elsewhere (held in host memory) comes to the device through the plain linear's policy.
+  if (autograd::fp8_norm_applies(x, w) && on_device_of(bias, w))
+    return autograd::fp8_norm_linear(x, w, bias, DType::f32);
   return linear(x.value(), w, bias);
 }
 
 Tensor gelu_mlp(const Normed& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj) {
   if (autograd::fp8_norm_applies(x, w_fc) && autograd::fp8_norm_applies(x, w_proj) && w_fc.dim() == 2 &&
-      w_proj.dim() == 2 && w_proj.size(1) == w_fc.size(0))
+      w_proj.dim() == 2 && w_proj.size(1) == w_fc.size(0) && on_device_of(b_fc, w_fc) && on_device_of(b_proj, w_fc))
     return autograd::fp8_norm_gelu_mlp(x, w_fc, b_fc, w_proj, b_proj, DType::f32, DType::f32);
   return gelu_mlp(x.value(), w_fc, b_fc, w_proj, b_proj);
 }

@@ -229,6 +229,8 @@ __global__ void add_ln_fwd_kernel(const float* x, const R* res, const float* rb,
 // shared memory ([kNormRows][n + 4] bytes) for the transpose, where each column's kNormRows codes
 // are 32 consecutive bytes of qt, written 4 rows a word.
 constexpr int kNormRows = 32;
+static_assert(32 * kRowsPerBlock == fp8_tile::kTile * fp8_tile::kTileRows,
+              "fp8_tile::tile_amax_to_history reduces over a tile kernel's block");
 template <int kIters, class R, class O>
 __global__ void __launch_bounds__(32 * kRowsPerBlock)
     add_ln_fp8_kernel(const float* x, const R* res, const float* rb, const float* w, const float* b, float* sum,
@@ -831,7 +833,8 @@ bool CudaBackend::fused_add_layer_norm_fp8(const Tensor& x, const Tensor& residu
   // 16 * 128 elements (the registers a lane holds them in).
   if (x.dtype() != DType::f32 || !f32_or_none(weight) || !f32_or_none(bias) || !f32_or_none(residual_bias) ||
       !stream_dtype(rt) || (out_dtype != DType::f16 && out_dtype != DType::bf16) || rows == 0 || n % 16 != 0 ||
-      rows % 4 != 0 || n > 16 * 128 || !vec4_rows(n, {&x, &residual, &residual_bias, &weight, &bias, &sum}))
+      rows % 4 != 0 || n > 16 * 128 || !vec4_rows(n, {&x, &residual, &residual_bias, &weight, &bias, &sum}) ||
+      !vec4_rows(n, {&out, &out_t}))  // the codes written a word at a time
     return false;
   mg::cuda::DeviceGuard guard(x.device());
   cudaStream_t st = stream_of(x);

@@ -754,6 +754,59 @@ TEST(Fp8Recipe, APendingNormReadTwiceGivesTheNormThenTheLinears) {
   }
 }
 
+// A norm run in its linear's node whose linear output nothing uses, while the stream's sum is
+// used: the linear's backward does not run (its weight gets no gradient and its output gradient's
+// history no cast), and the stream, the branch and the norm's weight get the plain ops' gradients,
+// bit for bit.
+TEST(Fp8Recipe, AFusedNormWhoseLinearOutputIsUnusedLeavesTheLinearAlone) {
+  Generator data(7);
+  const Tensor base = randn({2, 16, 32}, {}, &data);
+  const Tensor branch = raw::to_dtype(randn({2, 16, 32}, {}, &data), DType::bf16);
+  struct Out {
+    std::vector<float> gbase, gbranch, gw;
+    bool linear_grad = true;
+    int64_t g_casts = -1;
+  };
+  auto run = [&](bool fused) {
+    autograd::set_fp8_norm_casts(fused);
+    Generator g(8);
+    nn::LayerNorm ln(32);
+    nn::Linear a(32, 48, true, {}, &g);
+    Out o;
+    for (int step = 0; step < 2; ++step) {
+      const Tensor x = base.detach().requires_grad_(true), r = branch.detach().requires_grad_(true);
+      ln.zero_grad();
+      Tensor h;
+      {
+        Autocast ac(DeviceType::CPU, DType::bf16);
+        Fp8Autocast f(true, 0, Fp8Scaling::Delayed);
+        const Residual stream(x, Branch{r});
+        const Normed n = ln(stream);
+        EXPECT_EQ(autograd::fp8_norm_applies(n, a.weight), fused);
+        const Tensor unused = a(n);
+        h = stream.value();
+      }
+      sum(h * h).backward();
+      o.gbase = x.grad().to_vector<float>();
+      o.gbranch = raw::to_dtype(r.grad(), DType::f32).to_vector<float>();
+      o.gw = ln.weight.grad().defined() ? ln.weight.grad().to_vector<float>() : std::vector<float>{};
+      o.linear_grad = a.weight.grad().defined() || a.bias.grad().defined();
+      o.g_casts = autograd::fp8_history_casts(a.weight)[2];
+    }
+    autograd::set_fp8_norm_casts(true);
+    return o;
+  };
+  const Out apart = run(false), fused = run(true);
+  EXPECT_FALSE(apart.linear_grad);
+  EXPECT_FALSE(fused.linear_grad);
+  EXPECT_EQ(apart.g_casts, 0);
+  EXPECT_EQ(fused.g_casts, 0);
+  EXPECT_EQ(fused.gbase, apart.gbase);
+  EXPECT_EQ(fused.gbranch, apart.gbranch);
+  EXPECT_EQ(fused.gw, apart.gw);
+  EXPECT_FALSE(apart.gbase.empty());
+}
+
 // The small GPT's batch of two sequences of 16 tokens on `dev` (inputs, targets).
 std::pair<Tensor, Tensor> small_gpt_batch(const nn::GPTConfig& cfg, Device dev) {
   Generator data(9);
