@@ -533,7 +533,6 @@ void record_norm_node(const char* name, const Normed& x, const std::array<Tensor
 }  // namespace
 
 void set_fp8_norm_casts(bool on) { tl_norm_casts = on; }
-bool fp8_norm_casts() { return tl_norm_casts; }
 
 bool fp8_norm_applies(const Normed& x, const Tensor& w) {
   if (!tl_norm_casts || !x.pending() || !w.defined()) return false;

@@ -123,6 +123,5 @@ Tensor fp8_norm_linear(const Normed& x, const Tensor& w, const Tensor& bias, DTy
 Tensor fp8_norm_gelu_mlp(const Normed& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj,
                          const Tensor& b_proj, DType dt_fc, DType dt_proj);
 void set_fp8_norm_casts(bool on);
-bool fp8_norm_casts();
 
 }  // namespace mg::autograd

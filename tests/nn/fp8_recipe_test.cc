@@ -815,6 +815,14 @@ std::pair<Tensor, Tensor> small_gpt_batch(const nn::GPTConfig& cfg, Device dev) 
   return {idx, tgt};
 }
 
+// The small GPT's loss on its batch under bf16 autocast and the recipe with delayed scaling,
+// every linear in FP8, on the batch's device.
+Tensor delayed_fp8_loss(nn::GPT& model, const Tensor& idx, const Tensor& tgt) {
+  Autocast ac(idx.device().type, DType::bf16);
+  Fp8Autocast f(true, 0, Fp8Scaling::Delayed);
+  return model.forward_loss(idx, tgt);
+}
+
 // What two training runs compare bit for bit: the losses, and at the end every parameter and the
 // delayed histories (Fp8HistoryState's tensors, in its order).
 struct Run {
@@ -859,12 +867,7 @@ void expect_update_casts_train_bit_for_bit(Device dev) {
     Run r;
     for (int step = 0; step < 8; ++step) {
       opt.zero_grad();
-      Tensor loss;
-      {
-        Autocast ac(dev.type, DType::bf16);
-        Fp8Autocast f(true, 0, Fp8Scaling::Delayed);
-        loss = model.forward_loss(idx, tgt);
-      }
+      const Tensor loss = delayed_fp8_loss(model, idx, tgt);
       if (step == 0) {
         for (const auto& [name, p] : model.named_parameters()) {
           if (autograd::fp8_history_casts(p)[1] == 0) continue;
@@ -887,11 +890,8 @@ void expect_update_casts_train_bit_for_bit(Device dev) {
       }
       r.losses.push_back(loss.item<float>());
     }
-    {  // a last forward: it takes the casts the last update wrote (the other run casts them itself)
-      Autocast ac(dev.type, DType::bf16);
-      Fp8Autocast f(true, 0, Fp8Scaling::Delayed);
-      r.losses.push_back(model.forward_loss(idx, tgt).item<float>());
-    }
+    // a last forward: it takes the casts the last update wrote (the other run casts them itself)
+    r.losses.push_back(delayed_fp8_loss(model, idx, tgt).item<float>());
     for (const Tensor& w : fp8_weights) EXPECT_FALSE(autograd::fp8_weight_cast_provided(w));
     r.take_state(model);
     EXPECT_EQ(r.history_tensors, 3 * fp8_weights.size());  // x, w and g of each FP8 weight
@@ -948,12 +948,7 @@ void expect_norm_casts_train_bit_for_bit(Device dev) {
     Run r;
     for (int step = 0; step < 6; ++step) {
       opt.zero_grad();
-      Tensor loss;
-      {
-        Autocast ac(dev.type, DType::bf16);
-        Fp8Autocast f(true, 0, Fp8Scaling::Delayed);
-        loss = model.forward_loss(idx, tgt);
-      }
+      const Tensor loss = delayed_fp8_loss(model, idx, tgt);
       const std::vector<std::string> names = node_names(loss);
       const auto count = [&](const char* n) { return std::count(names.begin(), names.end(), n); };
       const int64_t expected = fused ? cfg.n_layer : 0;
@@ -965,9 +960,7 @@ void expect_norm_casts_train_bit_for_bit(Device dev) {
     }
     {  // an evaluation under no_grad runs the norm on its own
       NoGradGuard ng;
-      Autocast ac(dev.type, DType::bf16);
-      Fp8Autocast f(true, 0, Fp8Scaling::Delayed);
-      r.losses.push_back(model.forward_loss(idx, tgt).item<float>());
+      r.losses.push_back(delayed_fp8_loss(model, idx, tgt).item<float>());
     }
     r.take_state(model);
     autograd::set_fp8_norm_casts(true);
